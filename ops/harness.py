@@ -1,0 +1,339 @@
+"""Start and stop the real processes squeal runs against: MariaDB, memcached, the router, ZooKeeper.
+
+Used by `squealctl up` and by the test fixtures alike, so tests exercise exactly what operators run.
+Every process gets a free loopback port, its own work directory (logs kept there) and is stopped by
+pid: SIGTERM, then SIGKILL after a grace period. A missing binary is a clear error that says which
+Debian package to install.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pymysql
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ROUTER_BIN = Path(os.environ.get("SQUEAL_ROUTER_BIN", REPO_ROOT / "router/target/release/squeal-router"))
+
+
+class HarnessError(RuntimeError):
+    """A component could not be started (missing binary, failed readiness check)."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def require_binary(name: str, package: str, *, search: tuple[str, ...] = ()) -> str:
+    """Absolute path of `name`, or an error telling the operator how to install it."""
+    found = shutil.which(name) or next((p for p in search if os.access(p, os.X_OK)), None)
+    if not found:
+        raise HarnessError(f"{name} not found: install it with `apt-get install {package}` (or run scripts/setup.sh)")
+    return found
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str, proc: subprocess.Popen | None = None,
+               log_file: Path | None = None) -> None:
+    """Poll `check` until it is true; fail with the process's log tail if it exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise HarnessError(f"{what} exited with code {proc.returncode} during start-up{_tail(log_file)}")
+        with contextlib.suppress(OSError):
+            if check():
+                return
+        time.sleep(0.05)
+    raise HarnessError(f"{what} not ready after {timeout:.0f}s{_tail(log_file)}")
+
+
+def _tail(log_file: Path | None, lines: int = 15) -> str:
+    if log_file is None or not log_file.exists():
+        return ""
+    text = log_file.read_text(errors="replace").splitlines()[-lines:]
+    return f"\n--- last lines of {log_file} ---\n" + "\n".join(text)
+
+
+def memcached_command(address: tuple[str, int], command: bytes, timeout: float = 2.0) -> bytes:
+    """Send one text command and return the first reply line (with its terminator stripped)."""
+    with socket.create_connection(address, timeout=timeout) as s:
+        s.sendall(command)
+        buf = b""
+        while not buf.endswith(b"\r\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+        return buf.rstrip(b"\r\n")
+
+
+class ManagedProcess:
+    """One child process with a work dir, a log file and a readiness check. Context manager."""
+
+    name = "process"
+
+    def __init__(self, port: int | None = None, workdir: str | Path | None = None, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"squeal-{self.name}-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log_file = self.workdir / f"{self.name}-{self.port}.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def prepare(self) -> None:
+        """Anything to do before the first start (e.g. initialise a datadir)."""
+
+    start_timeout = 30.0
+
+    def start(self) -> ManagedProcess:
+        if self.proc and self.proc.poll() is None:
+            return self
+        self.prepare()
+        log_handle = open(self.log_file, "ab")  # noqa: SIM115 - handed to the child
+        log.info("starting %s on %s (log %s)", self.name, self.address, self.log_file)
+        self.proc = subprocess.Popen(
+            self.command(), stdout=log_handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C in the terminal must not kill children before we stop them
+        )
+        log_handle.close()
+        try:
+            wait_until(self.ready, self.start_timeout, f"{self.name} on {self.address}", self.proc, self.log_file)
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM, wait up to `grace` seconds, then SIGKILL."""
+        if not self.proc or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            log.warning("%s pid %s ignored SIGTERM for %.0fs; killing", self.name, self.proc.pid, grace)
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL: for tests that simulate a crash."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def pause(self) -> None:
+        """SIGSTOP: the process keeps its port but stops answering (a hung server)."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def cleanup(self) -> None:
+        """Stop, and remove the work dir if we created it."""
+        self.stop()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class Memcached(ManagedProcess):
+    """memcached 1.6 on loopback, TCP only (`-U 0`)."""
+
+    name = "memcached"
+
+    def __init__(self, port: int | None = None, workdir: str | Path | None = None, memory_mb: int = 64,
+                 host: str = "127.0.0.1") -> None:
+        super().__init__(port, workdir, host)
+        self.memory_mb = memory_mb
+        self.binary = require_binary("memcached", "memcached")
+
+    def command(self) -> list[str]:
+        return [self.binary, "-l", self.host, "-p", str(self.port), "-U", "0", "-m", str(self.memory_mb),
+                "-c", "4096", "-u", "root"]
+
+    def ready(self) -> bool:
+        return memcached_command((self.host, self.port), b"version\r\n").startswith(b"VERSION")
+
+
+class MariaDB(ManagedProcess):
+    """A MariaDB server with the binlog settings squeal needs (ROW, FULL image + metadata, annotations, GTID).
+
+    `user`/`password`: a TCP account (root has no password; the test account is created at start).
+    """
+
+    name = "mariadb"
+    start_timeout = 60.0
+    user = "squeal"
+    password = "squeal"
+
+    def __init__(self, server_id: int, port: int | None = None, workdir: str | Path | None = None,
+                 host: str = "127.0.0.1", replica: bool = False) -> None:
+        super().__init__(port, workdir, host)
+        self.server_id = server_id
+        self.replica = replica
+        self.datadir = self.workdir / f"data-{self.port}"
+        self.socket_path = self.workdir / f"mariadb-{self.port}.sock"
+        self.mariadbd = require_binary("mariadbd", "mariadb-server", search=("/usr/sbin/mariadbd",))
+        self.install_db = require_binary("mariadb-install-db", "mariadb-server")
+
+    def prepare(self) -> None:
+        if (self.datadir / "mysql").exists():
+            return
+        self.datadir.mkdir(parents=True, exist_ok=True)
+        result = subprocess.run(
+            [self.install_db, "--no-defaults", f"--datadir={self.datadir}", "--auth-root-authentication-method=normal",
+             "--user=root", "--skip-test-db"],
+            capture_output=True, text=True,
+        )
+        if result.returncode != 0:
+            raise HarnessError(f"mariadb-install-db failed for {self.datadir}:\n{result.stdout}\n{result.stderr}")
+
+    def command(self) -> list[str]:
+        cmd = [
+            self.mariadbd, "--no-defaults", f"--datadir={self.datadir}", f"--port={self.port}",
+            f"--bind-address={self.host}", f"--socket={self.socket_path}", "--user=root",
+            f"--server-id={self.server_id}", f"--log-bin={self.datadir}/binlog",
+            "--binlog-format=ROW", "--binlog-row-image=FULL", "--binlog-row-metadata=FULL",
+            "--binlog-annotate-row-events=ON", "--skip-name-resolve", "--innodb-buffer-pool-size=32M",
+            "--innodb-log-file-size=16M", "--performance-schema=OFF", "--max-connections=500",
+            f"--pid-file={self.workdir}/mariadb-{self.port}.pid", f"--log-error={self.log_file}",
+        ]
+        if self.replica:
+            cmd += ["--log-slave-updates", "--read-only=OFF"]
+        return cmd
+
+    def ready(self) -> bool:
+        try:
+            conn = pymysql.connect(unix_socket=str(self.socket_path), user="root", connect_timeout=1)
+        except pymysql.err.OperationalError:
+            return False
+        with conn, conn.cursor() as cur:
+            # Idempotent: a restarted server keeps its accounts.
+            cur.execute(f"CREATE USER IF NOT EXISTS '{self.user}'@'%' IDENTIFIED BY '{self.password}'")
+            cur.execute(f"GRANT ALL PRIVILEGES ON *.* TO '{self.user}'@'%' WITH GRANT OPTION")
+        return True
+
+    def connect(self, database: str | None = None, **kwargs) -> pymysql.connections.Connection:
+        """A PyMySQL connection over TCP as the squeal account, autocommit on by default."""
+        kwargs.setdefault("autocommit", True)
+        return pymysql.connect(host=self.host, port=self.port, user=self.user, password=self.password,
+                               database=database, **kwargs)
+
+    def execute(self, *statements: str) -> list[tuple]:
+        """Run statements in one autocommit session; returns the rows of the last one."""
+        with self.connect() as conn, conn.cursor() as cur:
+            rows: list[tuple] = []
+            for sql in statements:
+                cur.execute(sql)
+                rows = list(cur.fetchall())
+            return rows
+
+    def gtid_binlog_pos(self) -> str:
+        return self.execute("SELECT @@gtid_binlog_pos")[0][0]
+
+    def replicate_from(self, primary: MariaDB) -> None:
+        """Make this server a GTID replica of `primary` and start replicating."""
+        self.execute(
+            "STOP SLAVE",
+            f"CHANGE MASTER TO MASTER_HOST='{primary.host}', MASTER_PORT={primary.port}, "
+            f"MASTER_USER='{primary.user}', MASTER_PASSWORD='{primary.password}', MASTER_USE_GTID=slave_pos, "
+            "MASTER_CONNECT_RETRY=1",
+            "START SLAVE",
+        )
+
+    def wait_for_gtid(self, gtid_pos: str, timeout: float = 30.0) -> None:
+        """Block until this replica has applied `gtid_pos` (e.g. the primary's @@gtid_binlog_pos)."""
+        result = self.execute(f"SELECT MASTER_GTID_WAIT('{gtid_pos}', {timeout})")[0][0]
+        if result != 0:
+            status = self.execute("SHOW SLAVE STATUS")
+            raise HarnessError(f"replica on {self.address} did not reach {gtid_pos} in {timeout}s: {status}")
+
+
+class Router(ManagedProcess):
+    """squeal-router (the Rust binary built by scripts/setup.sh) serving one cluster's config."""
+
+    name = "router"
+
+    def __init__(self, config_path: str | Path, port: int | None = None, workdir: str | Path | None = None,
+                 metrics_port: int | None = None, spool_dir: str | Path | None = None,
+                 host: str = "127.0.0.1", extra_args: tuple[str, ...] = ()) -> None:
+        super().__init__(port, workdir, host)
+        if not ROUTER_BIN.exists():
+            raise HarnessError(f"{ROUTER_BIN} not built: run scripts/setup.sh (cargo build --release in router/)")
+        self.config_path = Path(config_path)
+        self.metrics_port = metrics_port
+        self.spool_dir = Path(spool_dir) if spool_dir else self.workdir / f"spool-{self.port}"
+        self.extra_args = extra_args
+
+    def command(self) -> list[str]:
+        cmd = [str(ROUTER_BIN), "--config-file", str(self.config_path), "-p", str(self.port),
+               "--listen", self.host, "--spool-dir", str(self.spool_dir)]
+        if self.metrics_port:
+            cmd += ["--metrics-port", str(self.metrics_port)]
+        return cmd + list(self.extra_args)
+
+    def ready(self) -> bool:
+        return memcached_command((self.host, self.port), b"version\r\n").startswith(b"VERSION")
+
+
+class ZooKeeper(ManagedProcess):
+    """A standalone ZooKeeper 3.8 (Debian package) for squeal's HA mode."""
+
+    name = "zookeeper"
+
+    def __init__(self, port: int | None = None, workdir: str | Path | None = None, host: str = "127.0.0.1") -> None:
+        super().__init__(port, workdir, host)
+        self.java = require_binary("java", "default-jre-headless")
+        self.lib = Path("/usr/share/zookeeper")
+        if not self.lib.exists():
+            raise HarnessError("ZooKeeper not found: install it with `apt-get install zookeeper`")
+
+    def command(self) -> list[str]:
+        conf = self.workdir / f"zoo-{self.port}.cfg"
+        data = self.workdir / f"zkdata-{self.port}"
+        data.mkdir(exist_ok=True)
+        conf.write_text(f"tickTime=500\ndataDir={data}\nclientPort={self.port}\nclientPortAddress={self.host}\n"
+                        "admin.enableServer=false\n4lw.commands.whitelist=ruok\n")
+        # zookeeper.jar's manifest names its dependencies; /etc/zookeeper/conf holds its log4j settings.
+        jars = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar"
+        return [self.java, "-cp", jars, "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(conf)]
+
+    def ready(self) -> bool:
+        with socket.create_connection((self.host, self.port), timeout=1) as s:
+            s.sendall(b"ruok")
+            return s.recv(16) == b"imok"

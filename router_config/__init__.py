@@ -1,0 +1,44 @@
+"""The topology model: one TOML file describes regions, databases, clusters, pools and invalidation rules.
+
+Every other package reads topology through this API (never by parsing the file itself).
+"""
+
+from router_config.emitter import EMITTED_HANDLES, all_cluster_configs, cluster_config, handle_types, render
+from router_config.loader import TopologyError, load, loads
+from router_config.model import (
+    Address,
+    Cluster,
+    ColdStart,
+    Database,
+    Pool,
+    Region,
+    RegionalPool,
+    Rule,
+    SquealSettings,
+    Topology,
+)
+from router_config.rewrite import dumps, reassign_ports, to_document
+
+__all__ = [
+    "EMITTED_HANDLES",
+    "Address",
+    "Cluster",
+    "ColdStart",
+    "Database",
+    "Pool",
+    "Region",
+    "RegionalPool",
+    "Rule",
+    "SquealSettings",
+    "Topology",
+    "TopologyError",
+    "all_cluster_configs",
+    "cluster_config",
+    "dumps",
+    "handle_types",
+    "load",
+    "loads",
+    "reassign_ports",
+    "render",
+    "to_document",
+]

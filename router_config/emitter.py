@@ -1,0 +1,129 @@
+"""Render one mcrouter-dialect JSON config per frontend cluster.
+
+The output is valid for real mcrouter and is what `squeal-router` loads. Shape of a cluster's tree:
+
+    PrefixSelectorRoute
+      policies:  app/replicated pool prefixes -> that pool; regional prefixes -> the region's pool
+      wildcard:  FailoverWithExptimeRoute(normal=wildcard pool, failover=gutter pool)   [if a gutter]
+                 wrapped in WarmUpRoute(cold=..., warm=warm cluster's wildcard) [if the cluster is cold]
+
+Replicated pools: reads go to one replica (each router starts at a different one so load spreads,
+failing over to the others), sets and deletes go to every replica (AllSyncRoute).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from router_config.model import Cluster, Pool, Topology
+
+# Every route handle type this emitter may produce; the router must implement each (tested).
+EMITTED_HANDLES = frozenset(
+    {
+        "PoolRoute",
+        "PrefixSelectorRoute",
+        "OperationSelectorRoute",
+        "AllSyncRoute",
+        "FailoverRoute",
+        "FailoverWithExptimeRoute",
+        "WarmUpRoute",
+    }
+)
+
+REGIONAL_POOL = "regional"
+# Operations that change data: on a replicated pool they must reach every replica.
+_WRITE_OPS = ("set", "add", "replace", "append", "prepend", "cas", "delete", "incr", "decr", "touch")
+
+
+def _servers(pool_servers: tuple) -> list[str]:
+    return [str(a) for a in pool_servers]
+
+
+def _replicated_route(pool: Pool, rotate: int) -> dict[str, Any]:
+    all_replicas = {"type": "AllSyncRoute", "children": f"Pool|{pool.name}"}
+    # mcrouter expands "Pool|X" in server order; list explicitly so each router reads from its own replica first.
+    n = len(pool.servers)
+    order = [f"PoolRoute|{pool.name}__r{(i + rotate) % n}" for i in range(n)]
+    return {
+        "type": "OperationSelectorRoute",
+        "operation_policies": {op: all_replicas for op in _WRITE_OPS},
+        "default_policy": {"type": "FailoverRoute", "children": order},
+    }
+
+
+def cluster_config(topo: Topology, cluster_name: str) -> dict[str, Any]:
+    """The mcrouter JSON config (as a dict) for every router of `cluster_name`."""
+    cluster = topo.cluster(cluster_name)
+    region = topo.region(cluster.region)
+    index = [c.name for c in region.clusters].index(cluster.name)
+    pools: dict[str, Any] = {p.name: {"servers": _servers(p.servers)} for p in cluster.pools}
+    policies: dict[str, Any] = {}
+    for p in cluster.pools:
+        if p.kind == "app":
+            for prefix in p.prefixes:
+                policies[prefix] = f"PoolRoute|{p.name}"
+        elif p.kind == "replicated":
+            # single-server pools per replica, for the read-side FailoverRoute order
+            for i, server in enumerate(p.servers):
+                pools[f"{p.name}__r{i}"] = {"servers": [str(server)]}
+            route = _replicated_route(p, rotate=index)
+            for prefix in p.prefixes:
+                policies[prefix] = route
+    if region.regional_pool is not None:
+        pools[REGIONAL_POOL] = {"servers": _servers(region.regional_pool.servers)}
+        for prefix in region.regional_pool.prefixes:
+            policies[prefix] = f"PoolRoute|{REGIONAL_POOL}"
+
+    wildcard: Any = f"PoolRoute|{cluster.wildcard.name}"
+    if cluster.gutter is not None:
+        wildcard = {
+            "type": "FailoverWithExptimeRoute",
+            "normal": wildcard,
+            "failover": f"PoolRoute|{cluster.gutter.name}",
+            "failover_exptime": cluster.gutter.ttl,
+        }
+    if cluster.cold is not None:
+        warm: Cluster = topo.cluster(cluster.cold.warm_cluster)
+        warm_pool = f"warm__{warm.name}"
+        pools[warm_pool] = {"servers": _servers(warm.wildcard.servers)}
+        wildcard = {
+            "type": "WarmUpRoute",
+            "cold": wildcard,
+            "warm": f"PoolRoute|{warm_pool}",
+            "exptime": cluster.cold.exptime,
+        }
+    route: Any = wildcard
+    if policies:
+        route = {"type": "PrefixSelectorRoute", "policies": policies, "wildcard": wildcard}
+    return {"pools": pools, "route": route}
+
+
+def all_cluster_configs(topo: Topology) -> dict[str, dict[str, Any]]:
+    """Every cluster's router config, keyed by cluster name."""
+    return {c.name: cluster_config(topo, c.name) for c in topo.clusters}
+
+
+def render(config: dict[str, Any]) -> str:
+    """Stable JSON text (sorted keys) so generated files diff cleanly."""
+    return json.dumps(config, indent=2, sort_keys=True) + "\n"
+
+
+def handle_types(node: Any) -> set[str]:
+    """All route handle type names used anywhere in a config tree (objects and `Type|rest` strings)."""
+    found: set[str] = set()
+    if isinstance(node, str):
+        if "|" in node:
+            head = node.split("|", 1)[0]
+            if head != "Pool":
+                found.add(head)
+    elif isinstance(node, dict):
+        if isinstance(node.get("type"), str):
+            found.add(node["type"])
+        for key, value in node.items():
+            if key != "pools":
+                found |= handle_types(value)
+    elif isinstance(node, list):
+        for item in node:
+            found |= handle_types(item)
+    return found

@@ -1,0 +1,299 @@
+"""Load and validate a topology TOML file into `router_config.model` objects.
+
+Every mistake raises `TopologyError` naming the file, the key path (`regions.east.clusters.east-a.pools`)
+and what is wrong, so an operator can fix it without reading this code. Unknown keys are errors too:
+a typo such as `serverz` must not silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from router_config.model import (
+    COLUMN_NAME,
+    PLACEHOLDER,
+    POOL_KINDS,
+    Address,
+    Cluster,
+    ColdStart,
+    Database,
+    Pool,
+    Region,
+    RegionalPool,
+    Rule,
+    SquealSettings,
+    Topology,
+)
+
+
+class TopologyError(ValueError):
+    """A topology file is invalid. `str()` is `file: key.path: what is wrong`."""
+
+    def __init__(self, source: str, path: str, message: str) -> None:
+        self.source, self.path, self.message = source, path, message
+        where = f"{source}: {path}: " if path else f"{source}: "
+        super().__init__(where + message)
+
+
+def load(path: str | Path) -> Topology:
+    """Read and validate the topology file at `path`."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise TopologyError(str(path), "", f"cannot read topology file: {e.strerror}") from e
+    return loads(text, source=str(path))
+
+
+def loads(text: str, source: str = "<string>") -> Topology:
+    """Validate topology TOML given as text; `source` names it in errors."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise TopologyError(source, "", f"not valid TOML: {e}") from e
+    return _Builder(source).topology(doc)
+
+
+class _Builder:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.ports: dict[tuple[str, int], str] = {}  # (host, port) -> key path that claimed it
+
+    def fail(self, path: str, message: str) -> TopologyError:
+        return TopologyError(self.source, path, message)
+
+    # -- generic readers ---------------------------------------------------------------------------
+
+    def table(self, value: Any, path: str, allowed: set[str], required: set[str] = frozenset()) -> dict:
+        if not isinstance(value, dict):
+            raise self.fail(path, f"must be a table, got {type(value).__name__}")
+        for key in value:
+            if key not in allowed:
+                raise self.fail(f"{path}.{key}", f"unknown key (expected one of: {', '.join(sorted(allowed))})")
+        for key in sorted(required):
+            if key not in value:
+                raise self.fail(path, f"missing required key {key!r}")
+        return value
+
+    def typed(self, value: Any, path: str, kind: type | tuple[type, ...], what: str) -> Any:
+        if isinstance(value, bool) and kind is not bool:
+            raise self.fail(path, f"must be {what}, got a boolean")
+        if not isinstance(value, kind):
+            raise self.fail(path, f"must be {what}, got {type(value).__name__} {value!r}")
+        return value
+
+    def string_list(self, value: Any, path: str, *, non_empty: bool = True) -> tuple[str, ...]:
+        self.typed(value, path, list, "a list of strings")
+        if non_empty and not value:
+            raise self.fail(path, "must not be empty")
+        for i, item in enumerate(value):
+            self.typed(item, f"{path}[{i}]", str, "a string")
+        return tuple(value)
+
+    def port(self, value: Any, path: str) -> int:
+        self.typed(value, path, int, "a port number")
+        if not 1 <= value <= 65535:
+            raise self.fail(path, f"port {value} is out of range 1-65535")
+        return value
+
+    def claim(self, host: str, port: int, path: str) -> None:
+        """Every listening socket in the topology must be distinct."""
+        previous = self.ports.get((host, port))
+        if previous is not None:
+            raise self.fail(path, f"duplicate port: {host}:{port} is already used by {previous}")
+        self.ports[(host, port)] = path
+
+    def address(self, value: Any, path: str) -> Address:
+        self.typed(value, path, str, 'a "host:port" string')
+        host, sep, port_text = value.rpartition(":")
+        if not sep or not host or not port_text.isdigit():
+            raise self.fail(path, f'{value!r} is not a "host:port" address')
+        port = self.port(int(port_text), path)
+        self.claim(host, port, path)
+        return Address(host, port)
+
+    def addresses(self, value: Any, path: str) -> tuple[Address, ...]:
+        items = self.string_list(value, path)
+        return tuple(self.address(v, f"{path}[{i}]") for i, v in enumerate(items))
+
+    # -- the document ------------------------------------------------------------------------------
+
+    def topology(self, doc: dict) -> Topology:
+        self.table(doc, "", {"squeal", "rules", "regions"}, {"regions"})
+        squeal = self.settings(doc.get("squeal", {}), "squeal")
+        rules = self.rules(doc.get("rules", []), "rules")
+        regions_doc = self.typed(doc["regions"], "regions", dict, "a table of regions")
+        if not regions_doc:
+            raise self.fail("regions", "no regions defined")
+        regions = tuple(self.region(name, body, f"regions.{name}") for name, body in regions_doc.items())
+        masters = [r.name for r in regions if r.master]
+        if len(masters) != 1:
+            found = ", ".join(masters) if masters else "none"
+            raise self.fail("regions", f"exactly one region must have master = true (found: {found})")
+        topo = Topology(source=self.source, regions=regions, rules=rules, squeal=squeal)
+        self.check_cluster_references(topo)
+        return topo
+
+    def settings(self, value: Any, path: str) -> SquealSettings:
+        names = {f.name for f in fields(SquealSettings)}
+        self.table(value, path, names)
+        defaults = SquealSettings()
+        kinds: dict[str, tuple[type | tuple[type, ...], str]] = {
+            "batch_size": (int, "a positive integer"),
+            "flush_interval_ms": ((int, float), "a number of milliseconds"),
+            "max_backlog": (int, "a positive integer"),
+            "datamarker_dir": (str, "a directory path"),
+            "metrics_port_base": (int, "a port number"),
+        }
+        out = {}
+        for name in names:
+            v = value.get(name, getattr(defaults, name))
+            kind, what = kinds[name]
+            self.typed(v, f"{path}.{name}", kind, what)
+            if isinstance(v, int | float) and not isinstance(v, bool) and v <= 0:
+                raise self.fail(f"{path}.{name}", f"must be greater than 0, got {v}")
+            out[name] = float(v) if name == "flush_interval_ms" else v
+        return SquealSettings(**out)
+
+    def rules(self, value: Any, path: str) -> tuple[Rule, ...]:
+        self.typed(value, path, list, "an array of [[rules]] tables")
+        rules: list[Rule] = []
+        seen: set[str] = set()
+        for i, body in enumerate(value):
+            here = f"{path}[{i}]"
+            self.table(body, here, {"table", "keys"}, {"table", "keys"})
+            table = self.typed(body["table"], f"{here}.table", str, 'a "schema.table" name')
+            parts = table.split(".")
+            if len(parts) != 2 or not all(COLUMN_NAME.match(p) for p in parts):
+                raise self.fail(f"{here}.table", f'{table!r} is not a "schema.table" name')
+            if table in seen:
+                raise self.fail(f"{here}.table", f"duplicate rule for table {table!r}")
+            seen.add(table)
+            keys = self.string_list(body["keys"], f"{here}.keys")
+            for k, template in enumerate(keys):
+                self.template(template, f"{here}.keys[{k}]")
+            rules.append(Rule(table=table, keys=keys))
+        return tuple(rules)
+
+    def template(self, template: str, path: str) -> None:
+        if template.count("{") != template.count("}"):
+            raise self.fail(path, f"unbalanced braces in key template {template!r}")
+        names = PLACEHOLDER.findall(template)
+        if not names:
+            raise self.fail(path, f"key template {template!r} names no {{column}}: every row would share one key")
+        for name in names:
+            if not COLUMN_NAME.match(name):
+                raise self.fail(path, f"{{{name}}} in {template!r} is not a column name like {{user_id}}")
+        if any(c.isspace() for c in PLACEHOLDER.sub("", template)):
+            raise self.fail(path, f"key template {template!r} contains whitespace; memcache keys cannot")
+
+    def region(self, name: str, body: Any, path: str) -> Region:
+        self.table(body, path, {"master", "database", "regional_pool", "clusters"}, {"database", "clusters"})
+        master = self.typed(body.get("master", False), f"{path}.master", bool, "true or false")
+        db_path = f"{path}.database"
+        db = self.table(body["database"], db_path, {"role", "host", "port", "server_id"}, {"role", "port", "server_id"})
+        role = db["role"]
+        expected = "primary" if master else "replica"
+        if role not in ("primary", "replica"):
+            raise self.fail(f"{db_path}.role", f'must be "primary" or "replica", got {role!r}')
+        if role != expected:
+            raise self.fail(f"{db_path}.role", f'the {"master" if master else "non-master"} region needs a {expected} database, got {role!r}')
+        host = self.typed(db.get("host", "127.0.0.1"), f"{db_path}.host", str, "a host name")
+        port = self.port(db["port"], f"{db_path}.port")
+        self.claim(host, port, f"{db_path}.port")
+        server_id = self.typed(db["server_id"], f"{db_path}.server_id", int, "a positive integer")
+        database = Database(role=role, host=host, port=port, server_id=server_id)
+
+        regional = None
+        if "regional_pool" in body:
+            rp_path = f"{path}.regional_pool"
+            rp = self.table(body["regional_pool"], rp_path, {"servers", "prefixes"}, {"servers", "prefixes"})
+            regional = RegionalPool(
+                servers=self.addresses(rp["servers"], f"{rp_path}.servers"),
+                prefixes=self.prefixes(rp["prefixes"], f"{rp_path}.prefixes"),
+            )
+        clusters_doc = body["clusters"]
+        self.typed(clusters_doc, f"{path}.clusters", dict, "a table of clusters")
+        if not clusters_doc:
+            raise self.fail(f"{path}.clusters", "a region needs at least one frontend cluster")
+        clusters = tuple(
+            self.cluster(cname, cbody, name, f"{path}.clusters.{cname}", regional)
+            for cname, cbody in clusters_doc.items()
+        )
+        return Region(name=name, master=master, database=database, regional_pool=regional, clusters=clusters)
+
+    def prefixes(self, value: Any, path: str) -> tuple[str, ...]:
+        items = self.string_list(value, path)
+        for i, p in enumerate(items):
+            if not p or any(c.isspace() for c in p):
+                raise self.fail(f"{path}[{i}]", f"key prefix {p!r} must be non-empty without whitespace")
+        return items
+
+    def cluster(self, name: str, body: Any, region: str, path: str, regional: RegionalPool | None) -> Cluster:
+        self.table(body, path, {"routers", "pools", "cold"}, {"routers", "pools"})
+        routers = self.addresses(body["routers"], f"{path}.routers")
+        pools_doc = self.typed(body["pools"], f"{path}.pools", dict, "a table of pools")
+        pools = tuple(self.pool(pname, pbody, f"{path}.pools.{pname}") for pname, pbody in pools_doc.items())
+        kinds = [p.kind for p in pools]
+        if kinds.count("wildcard") != 1:
+            raise self.fail(f"{path}.pools", f"a cluster needs exactly one wildcard pool, found {kinds.count('wildcard')}")
+        if kinds.count("gutter") > 1:
+            raise self.fail(f"{path}.pools", "a cluster has at most one gutter pool")
+        owner: dict[str, str] = {p: f"{path[: path.index('.clusters')]}.regional_pool" for p in (regional.prefixes if regional else ())}
+        for p in pools:
+            for prefix in p.prefixes:
+                if prefix in owner:
+                    raise self.fail(f"{path}.pools.{p.name}.prefixes", f"prefix {prefix!r} is already routed by {owner[prefix]}")
+                owner[prefix] = f"{path}.pools.{p.name}"
+        cold = None
+        if "cold" in body:
+            cpath = f"{path}.cold"
+            c = self.table(body["cold"], cpath, {"warm_cluster", "exptime"}, {"warm_cluster"})
+            exptime = self.typed(c.get("exptime", 3600), f"{cpath}.exptime", int, "seconds")
+            cold = ColdStart(warm_cluster=self.typed(c["warm_cluster"], f"{cpath}.warm_cluster", str, "a cluster name"), exptime=exptime)
+        return Cluster(name=name, region=region, routers=routers, pools=pools, cold=cold)
+
+    def pool(self, name: str, body: Any, path: str) -> Pool:
+        self.table(body, path, {"kind", "servers", "prefixes", "ttl"}, {"servers"})
+        kind = body.get("kind", "wildcard")
+        if kind not in POOL_KINDS:
+            raise self.fail(f"{path}.kind", f"unknown pool kind {kind!r} (expected one of: {', '.join(POOL_KINDS)})")
+        servers = self.addresses(body["servers"], f"{path}.servers")
+        prefixes: tuple[str, ...] = ()
+        if kind in ("app", "replicated"):
+            if "prefixes" not in body:
+                raise self.fail(path, f"a {kind} pool needs `prefixes`: the key prefixes it serves")
+            prefixes = self.prefixes(body["prefixes"], f"{path}.prefixes")
+        elif "prefixes" in body:
+            raise self.fail(f"{path}.prefixes", f"a {kind} pool takes no prefixes")
+        ttl = None
+        if kind == "gutter":
+            ttl = self.typed(body.get("ttl", 10), f"{path}.ttl", int, "seconds")
+            if ttl <= 0:
+                raise self.fail(f"{path}.ttl", f"must be greater than 0, got {ttl}")
+        elif "ttl" in body:
+            raise self.fail(f"{path}.ttl", "only a gutter pool takes a ttl")
+        return Pool(name=name, kind=kind, servers=servers, prefixes=prefixes, ttl=ttl)
+
+    def check_cluster_references(self, topo: Topology) -> None:
+        seen: dict[str, str] = {}
+        for region in topo.regions:
+            for c in region.clusters:
+                if c.name in seen:
+                    raise self.fail(f"regions.{region.name}.clusters.{c.name}", f"cluster name also used in region {seen[c.name]}")
+                seen[c.name] = region.name
+        for region in topo.regions:
+            for c in region.clusters:
+                if c.cold is None:
+                    continue
+                path = f"regions.{region.name}.clusters.{c.name}.cold.warm_cluster"
+                warm = c.cold.warm_cluster
+                if warm not in seen:
+                    raise self.fail(path, f"unknown cluster {warm!r}")
+                if warm == c.name:
+                    raise self.fail(path, "a cluster cannot warm up from itself")
+                if topo.cluster(warm).cold is not None:
+                    raise self.fail(path, f"warm cluster {warm!r} is itself cold")

@@ -1,0 +1,161 @@
+"""Typed topology objects. Built only by `router_config.loader`; everything else reads them.
+
+Frozen dataclasses so a topology can be shared across threads and compared in tests.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+# A rule template placeholder: `{column_name}`.
+PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+COLUMN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+POOL_KINDS = ("wildcard", "app", "replicated", "gutter")
+
+
+@dataclass(frozen=True)
+class Address:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A memcached pool inside one frontend cluster.
+
+    kind: `wildcard` (the default, hashed), `app` (hashed, selected by key prefix),
+    `replicated` (every server holds every key; reads hit one replica, writes and deletes all),
+    `gutter` (failover target with short TTL).
+    """
+
+    name: str
+    kind: str
+    servers: tuple[Address, ...]
+    prefixes: tuple[str, ...] = ()
+    ttl: int | None = None  # gutter only: cap on the TTL of failover sets (seconds)
+
+
+@dataclass(frozen=True)
+class ColdStart:
+    """A cluster being warmed up: misses are read from `warm`'s pools and added here."""
+
+    warm_cluster: str
+    exptime: int = 3600
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    region: str
+    routers: tuple[Address, ...]
+    pools: tuple[Pool, ...]
+    cold: ColdStart | None = None
+
+    def pool(self, name: str) -> Pool:
+        for p in self.pools:
+            if p.name == name:
+                return p
+        raise KeyError(f"cluster {self.name} has no pool {name!r}")
+
+    def pools_of_kind(self, kind: str) -> tuple[Pool, ...]:
+        return tuple(p for p in self.pools if p.kind == kind)
+
+    @property
+    def wildcard(self) -> Pool:
+        return self.pools_of_kind("wildcard")[0]
+
+    @property
+    def gutter(self) -> Pool | None:
+        found = self.pools_of_kind("gutter")
+        return found[0] if found else None
+
+
+@dataclass(frozen=True)
+class RegionalPool:
+    """Shared by all clusters of a region; keys with one of `prefixes` live here (and remote markers)."""
+
+    servers: tuple[Address, ...]
+    prefixes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Database:
+    role: str  # "primary" (master region) or "replica"
+    host: str
+    port: int
+    server_id: int
+
+    @property
+    def address(self) -> Address:
+        return Address(self.host, self.port)
+
+
+@dataclass(frozen=True)
+class Region:
+    name: str
+    master: bool
+    database: Database
+    regional_pool: RegionalPool | None
+    clusters: tuple[Cluster, ...]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Invalidation rule: a change to a row of `table` (schema.table) deletes each rendered key."""
+
+    table: str
+    keys: tuple[str, ...]
+
+    @property
+    def columns(self) -> frozenset[str]:
+        return frozenset(m for k in self.keys for m in PLACEHOLDER.findall(k))
+
+
+@dataclass(frozen=True)
+class SquealSettings:
+    batch_size: int = 256
+    flush_interval_ms: float = 0.5
+    max_backlog: int = 100_000
+    datamarker_dir: str = "var/datamarkers"
+    metrics_port_base: int = 39100
+
+
+@dataclass(frozen=True)
+class Topology:
+    source: str  # the file it was loaded from (for error messages and relative paths)
+    regions: tuple[Region, ...]
+    rules: tuple[Rule, ...]
+    squeal: SquealSettings = field(default_factory=SquealSettings)
+
+    @property
+    def master(self) -> Region:
+        return next(r for r in self.regions if r.master)
+
+    def region(self, name: str) -> Region:
+        for r in self.regions:
+            if r.name == name:
+                return r
+        raise KeyError(f"{self.source}: no region {name!r} (have: {', '.join(r.name for r in self.regions)})")
+
+    @property
+    def clusters(self) -> tuple[Cluster, ...]:
+        return tuple(c for r in self.regions for c in r.clusters)
+
+    def cluster(self, name: str) -> Cluster:
+        for c in self.clusters:
+            if c.name == name:
+                return c
+        raise KeyError(
+            f"{self.source}: no cluster {name!r} (have: {', '.join(c.name for c in self.clusters)})"
+        )
+
+    def rule_for(self, table: str) -> Rule | None:
+        for r in self.rules:
+            if r.table == table:
+                return r
+        return None

@@ -1,0 +1,94 @@
+"""Turn a topology back into TOML, optionally moving every port.
+
+Tests and `squealctl up --free-ports` start the example topology on ports that are free right now,
+so runs never collide with each other or with services the machine happens to run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import tomli_w
+
+from router_config.model import Address, Cluster, Pool, Region, Topology
+
+
+def reassign_ports(topo: Topology, allocate: Callable[[], int]) -> Topology:
+    """A copy of `topo` where every listening port is replaced by `allocate()`."""
+
+    def addr(a: Address) -> Address:
+        return Address(a.host, allocate())
+
+    def addrs(items: tuple[Address, ...]) -> tuple[Address, ...]:
+        return tuple(addr(a) for a in items)
+
+    def pool(p: Pool) -> Pool:
+        return replace(p, servers=addrs(p.servers))
+
+    def cluster(c: Cluster) -> Cluster:
+        return replace(c, routers=addrs(c.routers), pools=tuple(pool(p) for p in c.pools))
+
+    def region(r: Region) -> Region:
+        rp = r.regional_pool
+        return replace(
+            r,
+            database=replace(r.database, port=allocate()),
+            regional_pool=replace(rp, servers=addrs(rp.servers)) if rp else None,
+            clusters=tuple(cluster(c) for c in r.clusters),
+        )
+
+    base = allocate()
+    return replace(
+        topo,
+        regions=tuple(region(r) for r in topo.regions),
+        squeal=replace(topo.squeal, metrics_port_base=base),
+    )
+
+
+def to_document(topo: Topology) -> dict[str, Any]:
+    """The TOML document (as plain data) that `router_config.loads` reads back into `topo`."""
+    s = topo.squeal
+    doc: dict[str, Any] = {
+        "squeal": {
+            "batch_size": s.batch_size,
+            "flush_interval_ms": s.flush_interval_ms,
+            "max_backlog": s.max_backlog,
+            "datamarker_dir": s.datamarker_dir,
+            "metrics_port_base": s.metrics_port_base,
+        },
+        "rules": [{"table": r.table, "keys": list(r.keys)} for r in topo.rules],
+        "regions": {},
+    }
+    for r in topo.regions:
+        db = r.database
+        body: dict[str, Any] = {
+            "master": r.master,
+            "database": {"role": db.role, "host": db.host, "port": db.port, "server_id": db.server_id},
+            "clusters": {},
+        }
+        if r.regional_pool:
+            body["regional_pool"] = {
+                "servers": [str(a) for a in r.regional_pool.servers],
+                "prefixes": list(r.regional_pool.prefixes),
+            }
+        for c in r.clusters:
+            cbody: dict[str, Any] = {"routers": [str(a) for a in c.routers], "pools": {}}
+            for p in c.pools:
+                pbody: dict[str, Any] = {"kind": p.kind, "servers": [str(a) for a in p.servers]}
+                if p.prefixes:
+                    pbody["prefixes"] = list(p.prefixes)
+                if p.ttl is not None:
+                    pbody["ttl"] = p.ttl
+                cbody["pools"][p.name] = pbody
+            if c.cold:
+                cbody["cold"] = {"warm_cluster": c.cold.warm_cluster, "exptime": c.cold.exptime}
+            body["clusters"][c.name] = cbody
+        doc["regions"][r.name] = body
+    return doc
+
+
+def dumps(topo: Topology) -> str:
+    """TOML text for `topo`."""
+    return tomli_w.dumps(to_document(topo))

@@ -1,0 +1,99 @@
+"""Shared fixtures: real MariaDB, memcached, router and ZooKeeper processes on free loopback ports.
+
+Work dirs live under pytest's tmp_path (pytest keeps the last runs), so logs survive a failure.
+Every process is stopped by pid at teardown, whatever the test did to it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from ops.harness import ManagedProcess, MariaDB, Memcached, Router, ZooKeeper
+
+
+class _Processes:
+    """Starts processes for one test (or session) and stops them all at the end."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.started: list[ManagedProcess] = []
+
+    def add(self, proc: ManagedProcess) -> ManagedProcess:
+        self.started.append(proc)
+        return proc.start()
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.started):
+            if proc.proc is not None and proc.proc.poll() is None:
+                try:
+                    proc.resume()  # a test may have left it SIGSTOPped
+                except (OSError, AssertionError):
+                    pass
+            proc.stop(grace=5)
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[_Processes]:
+    procs = _Processes(tmp_path)
+    yield procs
+    procs.stop_all()
+
+
+@pytest.fixture
+def memcached_factory(processes: _Processes) -> Callable[..., Memcached]:
+    """`memcached_factory()` starts one memcached on a free port."""
+
+    def make(**kwargs) -> Memcached:
+        return processes.add(Memcached(workdir=processes.base / "memcached", **kwargs))
+
+    return make
+
+
+@pytest.fixture
+def mariadb_factory(processes: _Processes) -> Callable[..., MariaDB]:
+    """`mariadb_factory(server_id, replica=False)` starts a MariaDB with squeal's binlog settings."""
+
+    def make(server_id: int = 1, **kwargs) -> MariaDB:
+        return processes.add(MariaDB(server_id, workdir=processes.base / f"mariadb{server_id}", **kwargs))
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def mariadb_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MariaDB, MariaDB]]:
+    """A primary and a GTID replica (log_slave_updates) shared by the session: use your own database names."""
+    procs = _Processes(tmp_path_factory.mktemp("mariadb-pair"))
+    primary = procs.add(MariaDB(1, workdir=procs.base / "primary"))
+    replica = procs.add(MariaDB(2, workdir=procs.base / "replica", replica=True))
+    replica.replicate_from(primary)
+    yield primary, replica
+    procs.stop_all()
+
+
+@pytest.fixture
+def router_factory(processes: _Processes) -> Callable[..., Router]:
+    """`router_factory(config)` writes `config` (a dict, or a path) and starts squeal-router on it."""
+    count = 0
+
+    def make(config: dict | str | Path, **kwargs) -> Router:
+        nonlocal count
+        count += 1
+        workdir = processes.base / f"router{count}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        if isinstance(config, dict):
+            path = workdir / "config.json"
+            path.write_text(json.dumps(config, indent=2))
+        else:
+            path = Path(config)
+        return processes.add(Router(path, workdir=workdir, **kwargs))
+
+    return make
+
+
+@pytest.fixture
+def zookeeper(processes: _Processes) -> ZooKeeper:
+    return processes.add(ZooKeeper(workdir=processes.base / "zookeeper"))
