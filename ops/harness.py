@@ -337,3 +337,33 @@ class ZooKeeper(ManagedProcess):
         with socket.create_connection((self.host, self.port), timeout=1) as s:
             s.sendall(b"ruok")
             return s.recv(16) == b"imok"
+
+
+class SquealDaemon(ManagedProcess):
+    """`squeal run TOPOLOGY --region R`: the invalidation daemon for one region's database.
+
+    Ready when its `/healthz` answers 200 on `metrics_port` (this object's `port`).
+    """
+
+    name = "squeal"
+
+    def __init__(self, topology_path: str | Path, region: str, port: int | None = None,
+                 workdir: str | Path | None = None, state_dir: str | Path | None = None,
+                 extra_args: tuple[str, ...] = (), host: str = "127.0.0.1") -> None:
+        super().__init__(port, workdir, host)
+        self.topology_path = Path(topology_path)
+        self.region = region
+        self.state_dir = Path(state_dir) if state_dir else self.workdir / f"state-{region}"
+        self.extra_args = extra_args
+        self.log_file = self.workdir / f"squeal-{region}.log"
+
+    def command(self) -> list[str]:
+        exe = Path(os.environ.get("VIRTUAL_ENV", REPO_ROOT / ".venv")) / "bin" / "squeal"
+        return [str(exe if exe.exists() else "squeal"), "run", str(self.topology_path), "--region", self.region,
+                "--metrics-port", str(self.port), "--state-dir", str(self.state_dir), *self.extra_args]
+
+    def ready(self) -> bool:
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://{self.host}:{self.port}/healthz", timeout=1) as resp:
+            return resp.status == 200

@@ -194,7 +194,8 @@ class _Builder:
         self.table(body, path, {"master", "database", "regional_pool", "clusters"}, {"database", "clusters"})
         master = self.typed(body.get("master", False), f"{path}.master", bool, "true or false")
         db_path = f"{path}.database"
-        db = self.table(body["database"], db_path, {"role", "host", "port", "server_id"}, {"role", "port", "server_id"})
+        db = self.table(body["database"], db_path, {"role", "host", "port", "server_id", "user", "password"},
+                        {"role", "port", "server_id"})
         role = db["role"]
         expected = "primary" if master else "replica"
         if role not in ("primary", "replica"):
@@ -205,7 +206,9 @@ class _Builder:
         port = self.port(db["port"], f"{db_path}.port")
         self.claim(host, port, f"{db_path}.port")
         server_id = self.typed(db["server_id"], f"{db_path}.server_id", int, "a positive integer")
-        database = Database(role=role, host=host, port=port, server_id=server_id)
+        user = self.typed(db.get("user", "squeal"), f"{db_path}.user", str, "an account name")
+        password = self.typed(db.get("password", "squeal"), f"{db_path}.password", str, "a password")
+        database = Database(role=role, host=host, port=port, server_id=server_id, user=user, password=password)
 
         regional = None
         if "regional_pool" in body:

@@ -89,6 +89,8 @@ class Database:
     host: str
     port: int
     server_id: int
+    user: str = "squeal"  # the account squeal and the web tier use (the harness creates it)
+    password: str = "squeal"
 
     @property
     def address(self) -> Address:

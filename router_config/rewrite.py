@@ -65,7 +65,8 @@ def to_document(topo: Topology) -> dict[str, Any]:
         db = r.database
         body: dict[str, Any] = {
             "master": r.master,
-            "database": {"role": db.role, "host": db.host, "port": db.port, "server_id": db.server_id},
+            "database": {"role": db.role, "host": db.host, "port": db.port, "server_id": db.server_id,
+                         "user": db.user, "password": db.password},
             "clusters": {},
         }
         if r.regional_pool:
