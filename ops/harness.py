@@ -47,8 +47,13 @@ def require_binary(name: str, package: str, *, search: tuple[str, ...] = ()) -> 
     return found
 
 
-def wait_until(check: Callable[[], bool], timeout: float, what: str, proc: subprocess.Popen | None = None,
-               log_file: Path | None = None) -> None:
+def wait_until(
+    check: Callable[[], bool],
+    timeout: float,
+    what: str,
+    proc: subprocess.Popen | None = None,
+    log_file: Path | None = None,
+) -> None:
     """Poll `check` until it is true; fail with the process's log tail if it exits or time runs out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -90,7 +95,7 @@ class ManagedProcess:
         self.host = host
         self.port = port or free_port(host)
         self._own_workdir = workdir is None
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"squeal-{self.name}-"))
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"squeal-{self.name}-")).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log_file = self.workdir / f"{self.name}-{self.port}.log"
         self.proc: subprocess.Popen | None = None
@@ -121,7 +126,10 @@ class ManagedProcess:
         log_handle = open(self.log_file, "ab")  # noqa: SIM115 - handed to the child
         log.info("starting %s on %s (log %s)", self.name, self.address, self.log_file)
         self.proc = subprocess.Popen(
-            self.command(), stdout=log_handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            self.command(),
+            stdout=log_handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,  # a Ctrl-C in the terminal must not kill children before we stop them
         )
         log_handle.close()
@@ -176,15 +184,29 @@ class Memcached(ManagedProcess):
 
     name = "memcached"
 
-    def __init__(self, port: int | None = None, workdir: str | Path | None = None, memory_mb: int = 64,
-                 host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, port: int | None = None, workdir: str | Path | None = None, memory_mb: int = 64, host: str = "127.0.0.1"
+    ) -> None:
         super().__init__(port, workdir, host)
         self.memory_mb = memory_mb
         self.binary = require_binary("memcached", "memcached")
 
     def command(self) -> list[str]:
-        return [self.binary, "-l", self.host, "-p", str(self.port), "-U", "0", "-m", str(self.memory_mb),
-                "-c", "4096", "-u", "root"]
+        return [
+            self.binary,
+            "-l",
+            self.host,
+            "-p",
+            str(self.port),
+            "-U",
+            "0",
+            "-m",
+            str(self.memory_mb),
+            "-c",
+            "4096",
+            "-u",
+            "root",
+        ]
 
     def ready(self) -> bool:
         return memcached_command((self.host, self.port), b"version\r\n").startswith(b"VERSION")
@@ -201,8 +223,14 @@ class MariaDB(ManagedProcess):
     user = "squeal"
     password = "squeal"
 
-    def __init__(self, server_id: int, port: int | None = None, workdir: str | Path | None = None,
-                 host: str = "127.0.0.1", replica: bool = False) -> None:
+    def __init__(
+        self,
+        server_id: int,
+        port: int | None = None,
+        workdir: str | Path | None = None,
+        host: str = "127.0.0.1",
+        replica: bool = False,
+    ) -> None:
         super().__init__(port, workdir, host)
         self.server_id = server_id
         self.replica = replica
@@ -216,22 +244,42 @@ class MariaDB(ManagedProcess):
             return
         self.datadir.mkdir(parents=True, exist_ok=True)
         result = subprocess.run(
-            [self.install_db, "--no-defaults", f"--datadir={self.datadir}", "--auth-root-authentication-method=normal",
-             "--user=root", "--skip-test-db"],
-            capture_output=True, text=True,
+            [
+                self.install_db,
+                "--no-defaults",
+                f"--datadir={self.datadir}",
+                "--auth-root-authentication-method=normal",
+                "--user=root",
+                "--skip-test-db",
+            ],
+            capture_output=True,
+            text=True,
         )
         if result.returncode != 0:
             raise HarnessError(f"mariadb-install-db failed for {self.datadir}:\n{result.stdout}\n{result.stderr}")
 
     def command(self) -> list[str]:
         cmd = [
-            self.mariadbd, "--no-defaults", f"--datadir={self.datadir}", f"--port={self.port}",
-            f"--bind-address={self.host}", f"--socket={self.socket_path}", "--user=root",
-            f"--server-id={self.server_id}", f"--log-bin={self.datadir}/binlog",
-            "--binlog-format=ROW", "--binlog-row-image=FULL", "--binlog-row-metadata=FULL",
-            "--binlog-annotate-row-events=ON", "--skip-name-resolve", "--innodb-buffer-pool-size=32M",
-            "--innodb-log-file-size=16M", "--performance-schema=OFF", "--max-connections=500",
-            f"--pid-file={self.workdir}/mariadb-{self.port}.pid", f"--log-error={self.log_file}",
+            self.mariadbd,
+            "--no-defaults",
+            f"--datadir={self.datadir}",
+            f"--port={self.port}",
+            f"--bind-address={self.host}",
+            f"--socket={self.socket_path}",
+            "--user=root",
+            f"--server-id={self.server_id}",
+            f"--log-bin={self.datadir}/binlog",
+            "--binlog-format=ROW",
+            "--binlog-row-image=FULL",
+            "--binlog-row-metadata=FULL",
+            "--binlog-annotate-row-events=ON",
+            "--skip-name-resolve",
+            "--innodb-buffer-pool-size=32M",
+            "--innodb-log-file-size=16M",
+            "--performance-schema=OFF",
+            "--max-connections=500",
+            f"--pid-file={self.workdir}/mariadb-{self.port}.pid",
+            f"--log-error={self.log_file}",
         ]
         if self.replica:
             cmd += ["--log-slave-updates", "--read-only=OFF"]
@@ -251,8 +299,9 @@ class MariaDB(ManagedProcess):
     def connect(self, database: str | None = None, **kwargs) -> pymysql.connections.Connection:
         """A PyMySQL connection over TCP as the squeal account, autocommit on by default."""
         kwargs.setdefault("autocommit", True)
-        return pymysql.connect(host=self.host, port=self.port, user=self.user, password=self.password,
-                               database=database, **kwargs)
+        return pymysql.connect(
+            host=self.host, port=self.port, user=self.user, password=self.password, database=database, **kwargs
+        )
 
     def execute(self, *statements: str) -> list[tuple]:
         """Run statements in one autocommit session; returns the rows of the last one."""
@@ -289,9 +338,16 @@ class Router(ManagedProcess):
 
     name = "router"
 
-    def __init__(self, config_path: str | Path, port: int | None = None, workdir: str | Path | None = None,
-                 metrics_port: int | None = None, spool_dir: str | Path | None = None,
-                 host: str = "127.0.0.1", extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        config_path: str | Path,
+        port: int | None = None,
+        workdir: str | Path | None = None,
+        metrics_port: int | None = None,
+        spool_dir: str | Path | None = None,
+        host: str = "127.0.0.1",
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
         super().__init__(port, workdir, host)
         if not ROUTER_BIN.exists():
             raise HarnessError(f"{ROUTER_BIN} not built: run scripts/setup.sh (cargo build --release in router/)")
@@ -301,8 +357,17 @@ class Router(ManagedProcess):
         self.extra_args = extra_args
 
     def command(self) -> list[str]:
-        cmd = [str(ROUTER_BIN), "--config-file", str(self.config_path), "-p", str(self.port),
-               "--listen", self.host, "--spool-dir", str(self.spool_dir)]
+        cmd = [
+            str(ROUTER_BIN),
+            "--config-file",
+            str(self.config_path),
+            "-p",
+            str(self.port),
+            "--listen",
+            self.host,
+            "--spool-dir",
+            str(self.spool_dir),
+        ]
         if self.metrics_port:
             cmd += ["--metrics-port", str(self.metrics_port)]
         return cmd + list(self.extra_args)
@@ -327,8 +392,10 @@ class ZooKeeper(ManagedProcess):
         conf = self.workdir / f"zoo-{self.port}.cfg"
         data = self.workdir / f"zkdata-{self.port}"
         data.mkdir(exist_ok=True)
-        conf.write_text(f"tickTime=500\ndataDir={data}\nclientPort={self.port}\nclientPortAddress={self.host}\n"
-                        "admin.enableServer=false\n4lw.commands.whitelist=ruok\n")
+        conf.write_text(
+            f"tickTime=500\ndataDir={data}\nclientPort={self.port}\nclientPortAddress={self.host}\n"
+            "admin.enableServer=false\n4lw.commands.whitelist=ruok\n"
+        )
         # zookeeper.jar's manifest names its dependencies; /etc/zookeeper/conf holds its log4j settings.
         jars = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar"
         return [self.java, "-cp", jars, "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(conf)]
@@ -347,9 +414,16 @@ class SquealDaemon(ManagedProcess):
 
     name = "squeal"
 
-    def __init__(self, topology_path: str | Path, region: str, port: int | None = None,
-                 workdir: str | Path | None = None, state_dir: str | Path | None = None,
-                 extra_args: tuple[str, ...] = (), host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        topology_path: str | Path,
+        region: str,
+        port: int | None = None,
+        workdir: str | Path | None = None,
+        state_dir: str | Path | None = None,
+        extra_args: tuple[str, ...] = (),
+        host: str = "127.0.0.1",
+    ) -> None:
         super().__init__(port, workdir, host)
         self.topology_path = Path(topology_path)
         self.region = region
@@ -359,8 +433,18 @@ class SquealDaemon(ManagedProcess):
 
     def command(self) -> list[str]:
         exe = Path(os.environ.get("VIRTUAL_ENV", REPO_ROOT / ".venv")) / "bin" / "squeal"
-        return [str(exe if exe.exists() else "squeal"), "run", str(self.topology_path), "--region", self.region,
-                "--metrics-port", str(self.port), "--state-dir", str(self.state_dir), *self.extra_args]
+        return [
+            str(exe if exe.exists() else "squeal"),
+            "run",
+            str(self.topology_path),
+            "--region",
+            self.region,
+            "--metrics-port",
+            str(self.port),
+            "--state-dir",
+            str(self.state_dir),
+            *self.extra_args,
+        ]
 
     def ready(self) -> bool:
         import urllib.request

@@ -194,14 +194,21 @@ class _Builder:
         self.table(body, path, {"master", "database", "regional_pool", "clusters"}, {"database", "clusters"})
         master = self.typed(body.get("master", False), f"{path}.master", bool, "true or false")
         db_path = f"{path}.database"
-        db = self.table(body["database"], db_path, {"role", "host", "port", "server_id", "user", "password"},
-                        {"role", "port", "server_id"})
+        db = self.table(
+            body["database"],
+            db_path,
+            {"role", "host", "port", "server_id", "user", "password"},
+            {"role", "port", "server_id"},
+        )
         role = db["role"]
         expected = "primary" if master else "replica"
         if role not in ("primary", "replica"):
             raise self.fail(f"{db_path}.role", f'must be "primary" or "replica", got {role!r}')
         if role != expected:
-            raise self.fail(f"{db_path}.role", f'the {"master" if master else "non-master"} region needs a {expected} database, got {role!r}')
+            raise self.fail(
+                f"{db_path}.role",
+                f"the {'master' if master else 'non-master'} region needs a {expected} database, got {role!r}",
+            )
         host = self.typed(db.get("host", "127.0.0.1"), f"{db_path}.host", str, "a host name")
         port = self.port(db["port"], f"{db_path}.port")
         self.claim(host, port, f"{db_path}.port")
@@ -242,21 +249,30 @@ class _Builder:
         pools = tuple(self.pool(pname, pbody, f"{path}.pools.{pname}") for pname, pbody in pools_doc.items())
         kinds = [p.kind for p in pools]
         if kinds.count("wildcard") != 1:
-            raise self.fail(f"{path}.pools", f"a cluster needs exactly one wildcard pool, found {kinds.count('wildcard')}")
+            raise self.fail(
+                f"{path}.pools", f"a cluster needs exactly one wildcard pool, found {kinds.count('wildcard')}"
+            )
         if kinds.count("gutter") > 1:
             raise self.fail(f"{path}.pools", "a cluster has at most one gutter pool")
-        owner: dict[str, str] = {p: f"{path[: path.index('.clusters')]}.regional_pool" for p in (regional.prefixes if regional else ())}
+        owner: dict[str, str] = {
+            p: f"{path[: path.index('.clusters')]}.regional_pool" for p in (regional.prefixes if regional else ())
+        }
         for p in pools:
             for prefix in p.prefixes:
                 if prefix in owner:
-                    raise self.fail(f"{path}.pools.{p.name}.prefixes", f"prefix {prefix!r} is already routed by {owner[prefix]}")
+                    raise self.fail(
+                        f"{path}.pools.{p.name}.prefixes", f"prefix {prefix!r} is already routed by {owner[prefix]}"
+                    )
                 owner[prefix] = f"{path}.pools.{p.name}"
         cold = None
         if "cold" in body:
             cpath = f"{path}.cold"
             c = self.table(body["cold"], cpath, {"warm_cluster", "exptime"}, {"warm_cluster"})
             exptime = self.typed(c.get("exptime", 3600), f"{cpath}.exptime", int, "seconds")
-            cold = ColdStart(warm_cluster=self.typed(c["warm_cluster"], f"{cpath}.warm_cluster", str, "a cluster name"), exptime=exptime)
+            cold = ColdStart(
+                warm_cluster=self.typed(c["warm_cluster"], f"{cpath}.warm_cluster", str, "a cluster name"),
+                exptime=exptime,
+            )
         return Cluster(name=name, region=region, routers=routers, pools=pools, cold=cold)
 
     def pool(self, name: str, body: Any, path: str) -> Pool:
@@ -286,7 +302,9 @@ class _Builder:
         for region in topo.regions:
             for c in region.clusters:
                 if c.name in seen:
-                    raise self.fail(f"regions.{region.name}.clusters.{c.name}", f"cluster name also used in region {seen[c.name]}")
+                    raise self.fail(
+                        f"regions.{region.name}.clusters.{c.name}", f"cluster name also used in region {seen[c.name]}"
+                    )
                 seen[c.name] = region.name
         for region in topo.regions:
             for c in region.clusters:

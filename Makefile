@@ -1,0 +1,21 @@
+# The two commands the README promises. Both run scripts/setup.sh first (idempotent).
+.PHONY: setup demo test lint down
+
+setup:
+	@bash scripts/setup.sh
+
+# The main job: a local two-region topology with a demo workload and the dashboard.
+demo: setup
+	.venv/bin/squealctl up examples/local.toml
+
+down:
+	.venv/bin/squealctl down
+
+lint:
+	.venv/bin/ruff check .
+	@if [ -f router/Cargo.toml ]; then cd router && cargo fmt --check && cargo clippy --locked -q --all-targets -- -D warnings; fi
+
+# All tests: lint, the router's cargo tests, then every Python test (unit + integration with real servers).
+test: setup lint
+	@if [ -f router/Cargo.toml ]; then cd router && cargo test --locked -q; fi
+	.venv/bin/pytest

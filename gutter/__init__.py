@@ -1,0 +1,1 @@
+"""gutter (in progress)."""

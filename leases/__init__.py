@@ -1,0 +1,1 @@
+"""leases (in progress)."""

@@ -1,0 +1,1 @@
+"""loadtest (in progress)."""

@@ -1,0 +1,155 @@
+"""`squealctl`: the operator's command for a squeal deployment.
+
+squealctl up TOPOLOGY            start the whole topology on this machine
+squealctl status [--json]        what runs, where, and whether it answers
+squealctl down                   stop everything `up` started
+squealctl router-config TOPOLOGY --cluster NAME | --all
+                                 print the mcrouter-dialect JSON a cluster's routers run
+squealctl check TOPOLOGY         validate a topology file and summarise it
+squealctl replay ...             rewind a squeal flow's datamarker (see `squealctl replay --help`)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+import router_config
+from ops.harness import HarnessError
+from ops.local import ALL_ROLES, Deployment
+
+DEFAULT_STATE_DIR = os.environ.get("SQUEAL_STATE_DIR", "var/local")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="squealctl",
+        description="Operate a squeal deployment: bring a local topology up and down, inspect it, "
+        "print router configs, replay invalidations.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Example: squealctl up examples/local.toml && squealctl status && squealctl down",
+    )
+    p.add_argument(
+        "--state-dir",
+        default=DEFAULT_STATE_DIR,
+        help="where `up` keeps data dirs, logs and the component list (default: %(default)s, or $SQUEAL_STATE_DIR)",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="log every process start and stop")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser("up", help="start every component of a topology on this machine")
+    up.add_argument("topology", help="topology TOML file, e.g. examples/local.toml")
+    up.add_argument(
+        "--without",
+        default="",
+        metavar="ROLES",
+        help="comma-separated components not to start: mariadb, memcached, router, squeal",
+    )
+
+    st = sub.add_parser("status", help="list the components `up` started and whether they answer")
+    st.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON list, an object per component: role, region, cluster, pool, pid, address",
+    )
+
+    sub.add_parser("down", help="stop every component `up` started (SIGTERM, then SIGKILL after 10 s)")
+
+    rc = sub.add_parser("router-config", help="print the mcrouter-dialect JSON config of a cluster's routers")
+    rc.add_argument("topology")
+    which = rc.add_mutually_exclusive_group(required=True)
+    which.add_argument("--cluster", help="cluster name, e.g. east-a")
+    which.add_argument("--all", action="store_true", help="one JSON object keyed by cluster name")
+
+    ck = sub.add_parser("check", help="validate a topology file and print a summary")
+    ck.add_argument("topology")
+
+    rp = sub.add_parser(
+        "replay", help="rewind a squeal flow to a GTID so its invalidations are sent again", add_help=False
+    )
+    rp.add_argument("args", nargs=argparse.REMAINDER, help="passed to `squeal replay` (see its --help)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return _dispatch(args)
+    except (router_config.TopologyError, HarnessError) as e:
+        print(f"squealctl: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    deployment = Deployment(args.state_dir)
+    if args.command == "up":
+        without = frozenset(r.strip() for r in args.without.split(",") if r.strip())
+        unknown = without - {"mariadb", "memcached", "router", "squeal"}
+        if unknown:
+            raise HarnessError(f"--without: unknown component(s) {', '.join(sorted(unknown))}")
+        started = deployment.up(args.topology, without)
+        print(
+            f"squeal: {len(started)} components up (state in {deployment.state_dir}); "
+            "`squealctl status` lists them, `squealctl down` stops them."
+        )
+        _print_status(deployment.status())
+        return 0
+    if args.command == "status":
+        rows = deployment.status()
+        if args.json:
+            keys = ("role", "region", "cluster", "pool", "pid", "address", "running", "answering", "log")
+            print(json.dumps([{k: r[k] for k in keys} for r in rows], indent=2))
+        else:
+            _print_status(rows)
+        return 0 if all(r["running"] for r in rows) else 1
+    if args.command == "down":
+        n = deployment.down()
+        print(f"squeal: stopped {n} components")
+        return 0
+    if args.command == "router-config":
+        topo = router_config.load(args.topology)
+        if args.all:
+            print(router_config.render(router_config.all_cluster_configs(topo)), end="")
+        else:
+            print(router_config.render(router_config.cluster_config(topo, args.cluster)), end="")
+        return 0
+    if args.command == "check":
+        topo = router_config.load(args.topology)
+        for region in topo.regions:
+            role = "master" if region.master else "replica"
+            print(
+                f"region {region.name} ({role}): database {region.database.address}, "
+                f"{len(region.clusters)} clusters: {', '.join(c.name for c in region.clusters)}"
+            )
+        print(f"{len(topo.rules)} invalidation rules")
+        return 0
+    if args.command == "replay":
+        from squeal.cli import main as squeal_main
+
+        return squeal_main(["replay", *args.args])
+    raise AssertionError(args.command)
+
+
+def _print_status(rows: list[dict]) -> None:
+    if not rows:
+        print("nothing is running (no components recorded)")
+        return
+    order = {role: i for i, role in enumerate(ALL_ROLES)}
+    print(f"{'ROLE':16} {'REGION':7} {'CLUSTER':8} {'POOL':9} {'PID':>7}  {'ADDRESS':21} STATE")
+    for r in sorted(rows, key=lambda r: (order.get(r["role"], 99), r["region"], r["cluster"] or "", r["address"])):
+        state = "up" if r["answering"] else ("running, not answering" if r["running"] else "DOWN")
+        print(
+            f"{r['role']:16} {r['region']:7} {r['cluster'] or '-':8} {r['pool'] or '-':9} {r['pid']:>7}  "
+            f"{r['address']:21} {state}"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

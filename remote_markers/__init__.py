@@ -1,0 +1,1 @@
+"""remote_markers (in progress)."""

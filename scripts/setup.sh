@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Idempotent set-up of everything squeal needs on a Debian machine:
+#   1. Debian packages (MariaDB, memcached, libmemcached-tools, twemproxy, ZooKeeper) — only if missing
+#   2. the Python venv in .venv with squeal installed (editable) and its pinned dependencies
+#   3. the Rust router, built in release mode (router/target/release/squeal-router)
+# Safe to run again: each step checks what is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || need_apt+=(mariadb-server mariadb-client)
+command -v memcached >/dev/null 2>&1 || need_apt+=(memcached)
+command -v memcstat >/dev/null 2>&1 || need_apt+=(libmemcached-tools)
+command -v nutcracker >/dev/null 2>&1 || [ -x /usr/sbin/nutcracker ] || need_apt+=(nutcracker)
+[ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${need_apt[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+# Debian starts the packaged services on install; squeal runs its own instances on free ports.
+for svc in mariadb memcached zookeeper; do
+  (command -v service >/dev/null 2>&1 && service "$svc" stop >/dev/null 2>&1) || true
+done
+
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv with $($PYTHON --version)"
+  "$PYTHON" -m venv .venv
+fi
+stamp=.venv/.squeal-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "setup: installing Python dependencies (pinned in pyproject.toml)"
+  .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+  touch "$stamp"
+fi
+
+if [ -f router/Cargo.toml ]; then
+  command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found: install Rust (https://rustup.rs)" >&2; exit 1; }
+  echo "setup: building the router (cargo build --release)"
+  (cd router && cargo build --release --locked -q)
+fi
+echo "setup: done"

@@ -1,0 +1,1 @@
+"""squeal (in progress)."""

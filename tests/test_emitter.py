@@ -1,0 +1,90 @@
+"""Router configs emitted from the example topology: golden files and handle coverage."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import router_config
+
+HERE = Path(__file__).resolve().parent
+GOLDEN = HERE / "golden" / "router-configs-local.json"
+EXAMPLE = HERE.parent / "examples" / "local.toml"
+
+# The route handles the router issue (#3) commits to implement.
+ROUTER_HANDLES = {
+    "PoolRoute",
+    "HashRoute",
+    "AllSyncRoute",
+    "AllAsyncRoute",
+    "AllInitialRoute",
+    "AllMajorityRoute",
+    "FailoverRoute",
+    "FailoverWithExptimeRoute",
+    "MissFailoverRoute",
+    "WarmUpRoute",
+    "OperationSelectorRoute",
+    "PrefixSelectorRoute",
+    "ModifyExptimeRoute",
+    "NullRoute",
+    "ErrorRoute",
+}
+
+
+def test_example_configs_match_golden_file():
+    """Regenerate with SQUEAL_UPDATE_GOLDEN=1 after an intended change, and review the diff."""
+    rendered = router_config.render(router_config.all_cluster_configs(router_config.load(EXAMPLE)))
+    if os.environ.get("SQUEAL_UPDATE_GOLDEN"):
+        GOLDEN.write_text(rendered)
+    assert rendered == GOLDEN.read_text()
+
+
+def test_every_emitted_handle_is_one_the_router_implements():
+    configs = router_config.all_cluster_configs(router_config.load(EXAMPLE))
+    used = set().union(*(router_config.handle_types(c["route"]) for c in configs.values()))
+    assert used <= router_config.EMITTED_HANDLES
+    assert router_config.EMITTED_HANDLES <= ROUTER_HANDLES
+
+
+def test_every_pool_reference_exists():
+    for name, config in router_config.all_cluster_configs(router_config.load(EXAMPLE)).items():
+        text = json.dumps(config["route"])
+        for pool in config["pools"]:
+            assert config["pools"][pool]["servers"], f"{name}: empty pool {pool}"
+        refs = {s.split("|", 1)[1] for s in _strings(config["route"]) if "|" in s}
+        assert refs <= set(config["pools"]), f"{name}: unknown pools {refs - set(config['pools'])} in {text}"
+
+
+def test_gutter_caps_ttl_and_cold_cluster_reads_from_warm():
+    topo = router_config.loads(
+        EXAMPLE.read_text().replace(
+            'routers = ["127.0.0.1:31200"]', 'routers = ["127.0.0.1:31200"]\ncold = { warm_cluster = "east-a" }'
+        )
+    )
+    config = router_config.cluster_config(topo, "east-b")
+    warm_up = config["route"]["wildcard"]
+    assert warm_up["type"] == "WarmUpRoute"
+    assert warm_up["cold"]["type"] == "FailoverWithExptimeRoute"
+    assert warm_up["cold"]["failover_exptime"] == 10
+    assert config["pools"][warm_up["warm"].split("|")[1]]["servers"] == ["127.0.0.1:31101", "127.0.0.1:31102"]
+
+
+def test_replicated_pool_reads_start_at_a_different_replica_per_cluster():
+    topo = router_config.load(EXAMPLE)
+    firsts = [
+        router_config.cluster_config(topo, c)["route"]["policies"]["session:"]["default_policy"]["children"][0]
+        for c in ("east-a", "east-b")
+    ]
+    assert firsts[0] != firsts[1]
+
+
+def _strings(node):
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, dict):
+        for v in node.values():
+            yield from _strings(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _strings(v)

@@ -1,0 +1,79 @@
+"""`squealctl up / status / down` over the example topology, moved to free ports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+import router_config
+from ops.harness import ROUTER_BIN, free_port, memcached_command
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "local.toml"
+
+
+def squealctl(state: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "--state-dir", str(state), *args], capture_output=True, text=True, timeout=180
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"squealctl {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+@pytest.fixture
+def topology_file(tmp_path: Path) -> Path:
+    topo = router_config.reassign_ports(router_config.load(EXAMPLE), free_port)
+    path = tmp_path / "local.toml"
+    path.write_text(router_config.dumps(topo))
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_up_status_down_leaves_no_process(tmp_path, topology_file):
+    state = tmp_path / "state"
+    without = [] if ROUTER_BIN.exists() else ["--without", "router,squeal"]
+    try:
+        squealctl(state, "up", str(topology_file), *without)
+        rows = json.loads(squealctl(state, "status", "--json").stdout)
+        roles = [r["role"] for r in rows]
+        assert roles.count("mariadb-primary") == 1 and roles.count("mariadb-replica") == 1
+        assert roles.count("memcached") == 22  # 4 clusters x (2 wildcard + 1 gutter + 2 replicated) + 2 regional
+        assert all(r["running"] and r["answering"] for r in rows), rows
+        assert {tuple(sorted(r)) for r in rows} == {
+            tuple(sorted(["role", "region", "cluster", "pool", "pid", "address", "running", "answering", "log"]))
+        }
+        a_memcached = next(r for r in rows if r["role"] == "memcached")
+        host, port = a_memcached["address"].split(":")
+        assert memcached_command((host, int(port)), b"version\r\n").startswith(b"VERSION")
+        pids = [r["pid"] for r in rows]
+    finally:
+        squealctl(state, "down")
+    assert not [pid for pid in pids if _alive(pid)], "processes left behind after down"
+    assert "nothing is running" in squealctl(state, "status", check=False).stdout
+
+
+def test_up_refuses_a_bad_topology_and_names_the_key(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(EXAMPLE.read_text().replace('kind = "gutter"', 'kind = "gutterr"', 1))
+    result = squealctl(tmp_path / "state", "up", str(bad), check=False)
+    assert result.returncode == 2
+    assert f"{bad}: regions.east.clusters.east-a.pools.gutter.kind: unknown pool kind 'gutterr'" in result.stderr
+
+
+def test_router_config_all_prints_every_cluster(tmp_path):
+    result = squealctl(tmp_path, "router-config", str(EXAMPLE), "--all")
+    configs = json.loads(result.stdout)
+    assert sorted(configs) == ["east-a", "east-b", "west-a", "west-b"]
+    one = json.loads(squealctl(tmp_path, "router-config", str(EXAMPLE), "--cluster", "west-b").stdout)
+    assert one == configs["west-b"]

@@ -1,0 +1,127 @@
+"""The topology loader: the example loads, and each kind of mistake gives one error naming its key."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+import router_config
+from router_config import TopologyError
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "local.toml"
+
+GOOD = """
+[[rules]]
+table = "app.users"
+keys = ["user:{id}"]
+
+[regions.east]
+master = true
+database = { role = "primary", port = 33306, server_id = 1 }
+[regions.east.clusters.a]
+routers = ["127.0.0.1:5000"]
+pools.wildcard = { servers = ["127.0.0.1:5001"] }
+pools.gutter = { kind = "gutter", servers = ["127.0.0.1:5002"] }
+"""
+
+
+def test_example_topology_loads():
+    topo = router_config.load(EXAMPLE)
+    assert [r.name for r in topo.regions] == ["east", "west"]
+    assert topo.master.name == "east"
+    assert [c.name for c in topo.clusters] == ["east-a", "east-b", "west-a", "west-b"]
+    east_a = topo.cluster("east-a")
+    assert len(east_a.wildcard.servers) == 2
+    assert east_a.gutter is not None and len(east_a.gutter.servers) == 1
+    assert [len(p.servers) for p in east_a.pools_of_kind("replicated")] == [2]
+    assert topo.region("west").database.role == "replica"
+    assert topo.rule_for("app.users").columns == {"id", "email"}
+
+
+def test_minimal_topology_gets_defaults():
+    topo = router_config.loads(GOOD)
+    assert topo.squeal.batch_size == 256
+    assert topo.cluster("a").gutter.ttl == 10
+    assert topo.region("east").database.host == "127.0.0.1"
+
+
+def test_round_trip_with_new_ports():
+    topo = router_config.load(EXAMPLE)
+    ports = itertools.count(41000)
+    moved = router_config.reassign_ports(topo, lambda: next(ports))
+    again = router_config.loads(router_config.dumps(moved))
+    assert again.regions == moved.regions and again.rules == moved.rules and again.squeal == moved.squeal
+    assert moved.cluster("east-a").wildcard.servers != topo.cluster("east-a").wildcard.servers
+
+
+# (what to change in GOOD, the key path the error must name, words the error must contain)
+MISTAKES = [
+    (
+        'master = true\ndatabase = { role = "primary"',
+        'master = false\ndatabase = { role = "replica"',
+        "regions",
+        "exactly one region must have master = true (found: none)",
+    ),
+    (
+        'pools.gutter = { kind = "gutter", servers = ["127.0.0.1:5002"] }',
+        'pools.gutter = { kind = "gutter", servers = ["127.0.0.1:5001"] }',
+        "regions.east.clusters.a.pools.gutter.servers[0]",
+        "duplicate port: 127.0.0.1:5001",
+    ),
+    ('kind = "gutter"', 'kind = "guter"', "regions.east.clusters.a.pools.gutter.kind", "unknown pool kind 'guter'"),
+    ('keys = ["user:{id}"]', 'keys = ["user:{user id}"]', "rules[0].keys[0]", "is not a column name"),
+    ('keys = ["user:{id}"]', 'keys = ["user:all"]', "rules[0].keys[0]", "names no {column}"),
+    ('table = "app.users"', 'table = "users"', "rules[0].table", 'is not a "schema.table" name'),
+    (
+        'pools.wildcard = { servers = ["127.0.0.1:5001"] }',
+        'pools.wildcard = { serverz = ["127.0.0.1:5001"] }',
+        "regions.east.clusters.a.pools.wildcard.serverz",
+        "unknown key",
+    ),
+    (
+        'routers = ["127.0.0.1:5000"]',
+        'routers = ["127.0.0.1"]',
+        "regions.east.clusters.a.routers[0]",
+        'is not a "host:port" address',
+    ),
+    ('role = "primary"', 'role = "replica"', "regions.east.database.role", "needs a primary database"),
+    (
+        'pools.wildcard = { servers = ["127.0.0.1:5001"] }',
+        'pools.wildcard = { servers = ["127.0.0.1:5001"] }\npools.more = { servers = ["127.0.0.1:5003"] }',
+        "regions.east.clusters.a.pools",
+        "exactly one wildcard pool, found 2",
+    ),
+    (
+        'pools.gutter = { kind = "gutter", servers = ["127.0.0.1:5002"] }',
+        'pools.gutter = { kind = "app", servers = ["127.0.0.1:5002"] }',
+        "regions.east.clusters.a.pools.gutter",
+        "needs `prefixes`",
+    ),
+    ("port = 33306", "port = 70000", "regions.east.database.port", "out of range"),
+    (
+        'routers = ["127.0.0.1:5000"]',
+        'routers = ["127.0.0.1:5000"]\ncold = { warm_cluster = "b" }',
+        "regions.east.clusters.a.cold.warm_cluster",
+        "unknown cluster 'b'",
+    ),
+    ("[[rules]]", "[[rules]]\ntable = 'app.users'\nkeys = ['u:{id}']\n[[rules]]", "rules[1].table", "duplicate rule"),
+    ("[regions.east]", "[regions.east\n", "", "not valid TOML"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "path", "words"), MISTAKES, ids=[m[3][:30] for m in MISTAKES])
+def test_each_mistake_names_file_and_key(old, new, path, words):
+    assert old in GOOD, "the test's edit must apply"
+    with pytest.raises(TopologyError) as info:
+        router_config.loads(GOOD.replace(old, new, 1), source="bad.toml")
+    message = str(info.value)
+    assert message.startswith("bad.toml: "), message
+    assert info.value.path == path, message
+    assert words in message, message
+
+
+def test_unreadable_file_names_it(tmp_path):
+    with pytest.raises(TopologyError, match="missing.toml: cannot read topology file"):
+        router_config.load(tmp_path / "missing.toml")

@@ -1,0 +1,1 @@
+"""warmup (in progress)."""
