@@ -1,1 +1,7 @@
-"""monitoring (in progress)."""
+"""Monitoring: Prometheus scraping, the invalidation-latency prober, the consistency checker, the dashboard."""
+
+from monitoring.panels import build as build_panels
+from monitoring.prober import CANARY_TABLE, Prober, ProberError, ProbeResult
+from monitoring.scrape import Scraper, Store, Target
+
+__all__ = ["CANARY_TABLE", "ProbeResult", "Prober", "ProberError", "Scraper", "Store", "Target", "build_panels"]

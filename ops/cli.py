@@ -91,7 +91,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     deployment = Deployment(args.state_dir)
     if args.command == "up":
         without = frozenset(r.strip() for r in args.without.split(",") if r.strip())
-        unknown = without - {"mariadb", "memcached", "router", "squeal"}
+        unknown = without - {"mariadb", "memcached", "router", "squeal", "monitoring"}
         if unknown:
             raise HarnessError(f"--without: unknown component(s) {', '.join(sorted(unknown))}")
         started = deployment.up(args.topology, without)
@@ -104,7 +104,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "status":
         rows = deployment.status()
         if args.json:
-            keys = ("role", "region", "cluster", "pool", "pid", "address", "running", "answering", "log")
+            keys = ("role", "region", "cluster", "pool", "pid", "address", "metrics", "running", "answering", "log")
             print(json.dumps([{k: r[k] for k in keys} for r in rows], indent=2))
         else:
             _print_status(rows)

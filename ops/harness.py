@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -447,7 +448,53 @@ class SquealDaemon(ManagedProcess):
         ]
 
     def ready(self) -> bool:
-        import urllib.request
+        return _http_ok(f"http://{self.host}:{self.port}/healthz")
 
-        with urllib.request.urlopen(f"http://{self.host}:{self.port}/healthz", timeout=1) as resp:
+
+class MonitoringServer(ManagedProcess):
+    """`python -m monitoring serve`: scrapes the deployment, runs the prober, serves the dashboard."""
+
+    name = "monitoring"
+
+    def __init__(
+        self,
+        topology_path: str | Path,
+        state_dir: str | Path,
+        port: int | None = None,
+        workdir: str | Path | None = None,
+        extra_args: tuple[str, ...] = (),
+        host: str = "127.0.0.1",
+    ) -> None:
+        super().__init__(port, workdir, host)
+        self.topology_path, self.state_dir, self.extra_args = Path(topology_path), Path(state_dir), extra_args
+
+    def command(self) -> list[str]:
+        python = Path(os.environ.get("VIRTUAL_ENV", REPO_ROOT / ".venv")) / "bin" / "python"
+        return [
+            str(python if python.exists() else sys.executable),
+            "-m",
+            "monitoring",
+            "serve",
+            str(self.topology_path),
+            "--state-dir",
+            str(self.state_dir),
+            "--port",
+            str(self.port),
+            "--host",
+            self.host,
+            *self.extra_args,
+        ]
+
+    def ready(self) -> bool:
+        return _http_ok(f"http://{self.host}:{self.port}/healthz")
+
+
+def _http_ok(url: str) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:
             return resp.status == 200
+    except urllib.error.URLError:
+        return False

@@ -21,7 +21,17 @@ from pathlib import Path
 import psutil
 
 import router_config
-from ops.harness import REPO_ROOT, HarnessError, ManagedProcess, MariaDB, Memcached, Router, SquealDaemon
+from ops.harness import (
+    REPO_ROOT,
+    HarnessError,
+    ManagedProcess,
+    MariaDB,
+    Memcached,
+    MonitoringServer,
+    Router,
+    SquealDaemon,
+    free_port,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +51,7 @@ class Component:
     address: str
     log: str
     cmdline: list[str]
+    metrics: str | None = None  # host:port serving Prometheus /metrics, if the component has one
 
 
 class Deployment:
@@ -89,11 +100,18 @@ class Deployment:
         topology_text = str(Path(topology_path).resolve())
 
         def track(
-            proc: ManagedProcess, role: str, region: str, cluster: str | None = None, pool: str | None = None
+            proc: ManagedProcess,
+            role: str,
+            region: str,
+            cluster: str | None = None,
+            pool: str | None = None,
+            metrics: str | None = None,
         ) -> None:
             proc.start()
             started.append(
-                Component(role, region, cluster, pool, proc.pid, proc.address, str(proc.log_file), proc.command())
+                Component(
+                    role, region, cluster, pool, proc.pid, proc.address, str(proc.log_file), proc.command(), metrics
+                )
             )
             self._save(started, topology_text)
 
@@ -106,25 +124,34 @@ class Deployment:
                     config.parent.mkdir(parents=True, exist_ok=True)
                     config.write_text(router_config.render(router_config.cluster_config(topo, cluster.name)))
                     for addr in cluster.routers:
-                        track(
-                            Router(config, port=addr.port, host=addr.host, workdir=self.state_dir / "routers"),
-                            "router",
-                            cluster.region,
-                            cluster.name,
+                        metrics_port = free_port(addr.host)
+                        router = Router(
+                            config,
+                            port=addr.port,
+                            host=addr.host,
+                            metrics_port=metrics_port,
+                            workdir=self.state_dir / "routers",
                         )
+                        track(router, "router", cluster.region, cluster.name, metrics=f"{addr.host}:{metrics_port}")
             if "squeal" not in without:
                 for i, region in enumerate(topo.regions):
-                    track(
-                        SquealDaemon(
-                            topology_path,
-                            region.name,
-                            port=topo.squeal.metrics_port_base + i,
-                            workdir=self.state_dir / "squeal",
-                            state_dir=self.state_dir / "squeal" / f"markers-{region.name}",
-                        ),
-                        "squeal",
+                    daemon = SquealDaemon(
+                        topology_path,
                         region.name,
+                        port=topo.squeal.metrics_port_base + i,
+                        workdir=self.state_dir / "squeal",
+                        state_dir=self.state_dir / "squeal" / f"markers-{region.name}",
                     )
+                    track(daemon, "squeal", region.name, metrics=daemon.address)
+            if "monitoring" not in without:
+                monitor = MonitoringServer(
+                    topology_path,
+                    self.state_dir,
+                    port=topo.monitoring.port,
+                    workdir=self.state_dir / "monitoring",
+                    extra_args=("--probe-interval", str(topo.monitoring.probe_interval)),
+                )
+                track(monitor, "monitoring", topo.master.name, metrics=monitor.address)
         except BaseException:
             log.error("start-up failed; stopping the %d components already started", len(started))
             self._stop(started)

@@ -20,6 +20,7 @@ from router_config.model import (
     Cluster,
     ColdStart,
     Database,
+    MonitoringSettings,
     Pool,
     Region,
     RegionalPool,
@@ -122,8 +123,9 @@ class _Builder:
     # -- the document ------------------------------------------------------------------------------
 
     def topology(self, doc: dict) -> Topology:
-        self.table(doc, "", {"squeal", "rules", "regions"}, {"regions"})
+        self.table(doc, "", {"squeal", "monitoring", "rules", "regions"}, {"regions"})
         squeal = self.settings(doc.get("squeal", {}), "squeal")
+        monitoring = self.monitoring(doc.get("monitoring", {}), "monitoring")
         rules = self.rules(doc.get("rules", []), "rules")
         regions_doc = self.typed(doc["regions"], "regions", dict, "a table of regions")
         if not regions_doc:
@@ -133,7 +135,7 @@ class _Builder:
         if len(masters) != 1:
             found = ", ".join(masters) if masters else "none"
             raise self.fail("regions", f"exactly one region must have master = true (found: {found})")
-        topo = Topology(source=self.source, regions=regions, rules=rules, squeal=squeal)
+        topo = Topology(source=self.source, regions=regions, rules=rules, squeal=squeal, monitoring=monitoring)
         self.check_cluster_references(topo)
         return topo
 
@@ -157,6 +159,20 @@ class _Builder:
                 raise self.fail(f"{path}.{name}", f"must be greater than 0, got {v}")
             out[name] = float(v) if name == "flush_interval_ms" else v
         return SquealSettings(**out)
+
+    def monitoring(self, value: Any, path: str) -> MonitoringSettings:
+        self.table(value, path, {"port", "probe_interval"})
+        port = self.port(value.get("port", MonitoringSettings.port), f"{path}.port")
+        self.claim("127.0.0.1", port, f"{path}.port")
+        interval = self.typed(
+            value.get("probe_interval", MonitoringSettings.probe_interval),
+            f"{path}.probe_interval",
+            (int, float),
+            "seconds",
+        )
+        if interval <= 0:
+            raise self.fail(f"{path}.probe_interval", f"must be greater than 0, got {interval}")
+        return MonitoringSettings(port=port, probe_interval=float(interval))
 
     def rules(self, value: Any, path: str) -> tuple[Rule, ...]:
         self.typed(value, path, list, "an array of [[rules]] tables")

@@ -128,11 +128,18 @@ class SquealSettings:
 
 
 @dataclass(frozen=True)
+class MonitoringSettings:
+    port: int = 39000  # the dashboard / monitoring server
+    probe_interval: float = 1.0  # seconds between canary probes
+
+
+@dataclass(frozen=True)
 class Topology:
     source: str  # the file it was loaded from (for error messages and relative paths)
     regions: tuple[Region, ...]
     rules: tuple[Rule, ...]
     squeal: SquealSettings = field(default_factory=SquealSettings)
+    monitoring: MonitoringSettings = field(default_factory=MonitoringSettings)
 
     @property
     def master(self) -> Region:
@@ -152,9 +159,7 @@ class Topology:
         for c in self.clusters:
             if c.name == name:
                 return c
-        raise KeyError(
-            f"{self.source}: no cluster {name!r} (have: {', '.join(c.name for c in self.clusters)})"
-        )
+        raise KeyError(f"{self.source}: no cluster {name!r} (have: {', '.join(c.name for c in self.clusters)})")
 
     def rule_for(self, table: str) -> Rule | None:
         for r in self.rules:

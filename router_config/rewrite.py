@@ -44,6 +44,7 @@ def reassign_ports(topo: Topology, allocate: Callable[[], int]) -> Topology:
         topo,
         regions=tuple(region(r) for r in topo.regions),
         squeal=replace(topo.squeal, metrics_port_base=base),
+        monitoring=replace(topo.monitoring, port=allocate()),
     )
 
 
@@ -58,6 +59,7 @@ def to_document(topo: Topology) -> dict[str, Any]:
             "datamarker_dir": s.datamarker_dir,
             "metrics_port_base": s.metrics_port_base,
         },
+        "monitoring": {"port": topo.monitoring.port, "probe_interval": topo.monitoring.probe_interval},
         "rules": [{"table": r.table, "keys": list(r.keys)} for r in topo.rules],
         "regions": {},
     }
@@ -65,8 +67,14 @@ def to_document(topo: Topology) -> dict[str, Any]:
         db = r.database
         body: dict[str, Any] = {
             "master": r.master,
-            "database": {"role": db.role, "host": db.host, "port": db.port, "server_id": db.server_id,
-                         "user": db.user, "password": db.password},
+            "database": {
+                "role": db.role,
+                "host": db.host,
+                "port": db.port,
+                "server_id": db.server_id,
+                "user": db.user,
+                "password": db.password,
+            },
             "clusters": {},
         }
         if r.regional_pool:

@@ -42,7 +42,7 @@ def _alive(pid: int) -> bool:
 
 def test_up_status_down_leaves_no_process(tmp_path, topology_file):
     state = tmp_path / "state"
-    without = [] if ROUTER_BIN.exists() else ["--without", "router,squeal"]
+    without = [] if ROUTER_BIN.exists() else ["--without", "router,squeal,monitoring"]
     try:
         squealctl(state, "up", str(topology_file), *without)
         rows = json.loads(squealctl(state, "status", "--json").stdout)

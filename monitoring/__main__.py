@@ -1,0 +1,5 @@
+import sys
+
+from monitoring.server import main
+
+sys.exit(main())

@@ -1,0 +1,174 @@
+"""Dashboard panels computed from scraped samples: rates, ratios and histogram percentiles over time.
+
+The page only draws lines; all arithmetic lives here so it is tested in Python. A panel is
+`{"title", "unit", "lines": [{"label", "points": [[t, v], ...]}]}`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+
+from monitoring.scrape import Store
+
+WINDOW = 15.0  # seconds over which rates and percentiles are computed
+
+
+def _aligned(series: list[dict], group: Callable[[dict], str | None]) -> dict[str, dict[float, float]]:
+    """Sum series that share a group label at each scrape time (scrapes of one round share a timestamp)."""
+    out: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+    for s in series:
+        label = group(s["labels"])
+        if label is None:
+            continue
+        for t, v in s["points"]:
+            out[label][t] += v
+    return out
+
+
+def rate(points: dict[float, float], window: float = WINDOW) -> list[list[float]]:
+    """Per-second increase of a counter over the trailing window (counter resets count from zero)."""
+    times = sorted(points)
+    out = []
+    start = 0
+    for i, t in enumerate(times):
+        while times[start] < t - window:
+            start += 1
+        if start == i:
+            continue
+        t0 = times[start]
+        delta = points[t] - points[t0]
+        if delta < 0:  # restart
+            delta = points[t]
+        out.append([t, delta / (t - t0)])
+    return out
+
+
+def ratio(num: list[list[float]], den: list[list[float]]) -> list[list[float]]:
+    d = dict((t, v) for t, v in den)
+    return [[t, v / d[t]] for t, v in num if d.get(t)]
+
+
+def histogram_quantile(q: float, buckets: dict[float, dict[float, float]], window: float = WINDOW) -> list[list[float]]:
+    """q-quantile over time from cumulative bucket counters {le: {t: count}} (upper bound of the bucket)."""
+    if not buckets:
+        return []
+    bounds = sorted(buckets)
+    times = sorted(set().union(*(set(b) for b in buckets.values())))
+    out = []
+    for t in times:
+        t0 = next((x for x in times if x >= t - window), t)
+        if t0 == t:
+            continue
+        counts = [buckets[le].get(t, 0.0) - buckets[le].get(t0, 0.0) for le in bounds]
+        total = counts[-1]
+        if total <= 0:
+            continue
+        target = q * total
+        for le, c in zip(bounds, counts, strict=True):
+            if c >= target:
+                out.append([t, le])
+                break
+    return out
+
+
+def _histogram_by(store: Store, name: str, group: Callable[[dict], str]) -> dict[str, dict[float, dict[float, float]]]:
+    grouped: dict[str, dict[float, dict[float, float]]] = defaultdict(lambda: defaultdict(dict))
+    for s in store.select(f"{name}_bucket"):
+        le = float(s["labels"]["le"])
+        if le == float("inf"):
+            continue
+        for t, v in s["points"]:
+            bucket = grouped[group(s["labels"])][le]
+            bucket[t] = bucket.get(t, 0.0) + v
+    return grouped
+
+
+def _lines(data: dict[str, list[list[float]]]) -> list[dict]:
+    return [{"label": label, "points": pts} for label, pts in sorted(data.items()) if pts]
+
+
+def build(store: Store) -> list[dict]:
+    """Every panel of the dashboard, from what the store holds now."""
+    panels = []
+
+    by_cluster = _histogram_by(
+        store, "squeal_probe_invalidation_seconds", lambda lab: f"{lab.get('region')}/{lab.get('cluster')}"
+    )
+    lat = {}
+    for cluster, buckets in by_cluster.items():
+        lat[f"{cluster} p50"] = histogram_quantile(0.5, buckets)
+        lat[f"{cluster} p99"] = histogram_quantile(0.99, buckets)
+    panels.append({"title": "Invalidation latency (canary commit → key gone)", "unit": "s", "lines": _lines(lat)})
+
+    by_flow = _histogram_by(store, "squeal_invalidation_latency_seconds", lambda lab: lab.get("flow", "?"))
+    panels.append(
+        {
+            "title": "squeal delivery latency p99 per flow (commit → delete acknowledged)",
+            "unit": "s",
+            "lines": _lines({f: histogram_quantile(0.99, b) for f, b in by_flow.items()}),
+        }
+    )
+
+    for metric, title, unit in (
+        ("squeal_flow_lag_seconds", "squeal lag per flow", "s"),
+        ("squeal_flow_backlog", "squeal backlog per flow (keys queued)", "keys"),
+    ):
+        series = _aligned(store.select(metric), lambda lab: lab.get("flow"))
+        panels.append(
+            {"title": title, "unit": unit, "lines": _lines({f: sorted(p.items()) for f, p in series.items()})}
+        )
+
+    deletes = _aligned(store.select("squeal_deletes_sent_total"), lambda lab: lab.get("flow"))
+    writes = _aligned(store.select("squeal_delete_writes_total"), lambda lab: lab.get("flow"))
+    panels.append(
+        {"title": "Deletes sent per second", "unit": "/s", "lines": _lines({f: rate(p) for f, p in deletes.items()})}
+    )
+    panels.append(
+        {
+            "title": "Deletes per packet",
+            "unit": "keys",
+            "lines": _lines({f: ratio(rate(deletes[f]), rate(writes[f])) for f in deletes if f in writes}),
+        }
+    )
+
+    def cluster_pool(kind: str) -> Callable[[dict], str | None]:
+        def pick(lab: dict) -> str | None:
+            if lab.get("pool") != kind and not (kind == "wildcard" and lab.get("pool") not in ("gutter", "regional")):
+                return None
+            return lab.get("cluster") or lab.get("region")
+
+        return pick
+
+    hit_rates = {}
+    for label, kind in (("", "wildcard"), (" gutter", "gutter")):
+        hits = _aligned(store.select("memcached_get_hits"), cluster_pool(kind))
+        misses = _aligned(store.select("memcached_get_misses"), cluster_pool(kind))
+        for cluster in hits:
+            h, m = rate(hits[cluster]), dict((t, v) for t, v in rate(misses.get(cluster, {})))
+            hit_rates[f"{cluster}{label}"] = [[t, v / (v + m.get(t, 0.0))] for t, v in h if v + m.get(t, 0.0) > 0]
+    panels.append(
+        {"title": "Cache hit rate per cluster (memcached get_hits / gets)", "unit": "ratio", "lines": _lines(hit_rates)}
+    )
+
+    gutter = _aligned(store.select("squeal_router_gutter_failovers_total"), lambda lab: lab.get("cluster"))
+    panels.append(
+        {
+            "title": "Gutter failovers per second (router)",
+            "unit": "/s",
+            "lines": _lines({c: rate(p) for c, p in gutter.items()}),
+        }
+    )
+
+    lease_lines = {}
+    for metric in (
+        "squeal_client_lease_wins_total",
+        "squeal_client_lease_waits_total",
+        "squeal_client_stale_served_total",
+        "squeal_client_fills_refused_total",
+    ):
+        series = _aligned(store.select(metric), lambda lab: "all")
+        if "all" in series:
+            lease_lines[metric.removeprefix("squeal_client_").removesuffix("_total")] = rate(series["all"])
+    panels.append({"title": "Lease activity (web tier) per second", "unit": "/s", "lines": _lines(lease_lines)})
+    return panels

@@ -1,0 +1,178 @@
+"""Invalidation-latency prober: commit → key gone, per cluster, in every region.
+
+Each probe (paper 7.3's measurement, done actively):
+  1. fill the canary row's key in every cluster of every region (through the cluster's router),
+  2. commit an UPDATE of that row on the master database (time taken just before COMMIT),
+  3. poll every cluster until the key is gone; the elapsed time is that cluster's invalidation latency.
+Replica regions see the change after replication, so their latency includes replication lag.
+A key still cached after `deadline` seconds is logged as an error and counted: that is a lost invalidation
+or a stalled flow, exactly what operators must hear about.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pymysql
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from pymemcache.client.base import Client
+from pymemcache.exceptions import MemcacheError
+
+from router_config import Topology
+
+log = logging.getLogger(__name__)
+
+CANARY_SCHEMA = "squeal_canary"
+CANARY_TABLE = f"{CANARY_SCHEMA}.probe"
+LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+class ProberError(RuntimeError):
+    pass
+
+
+@dataclass
+class ProbeResult:
+    key: str
+    latencies: dict[str, float | None] = field(default_factory=dict)  # cluster → seconds (None: deadline passed)
+
+
+class Prober:
+    """Runs probes against a live topology. `probe_once()` for tests; `start()` for a background loop."""
+
+    def __init__(
+        self,
+        topo: Topology,
+        registry: CollectorRegistry | None = None,
+        interval: float = 1.0,
+        deadline: float = 5.0,
+        canary_rows: int = 16,
+    ) -> None:
+        rule = topo.rule_for(CANARY_TABLE)
+        if rule is None:
+            raise ProberError(
+                f"{topo.source}: no invalidation rule for {CANARY_TABLE}; add "
+                f'[[rules]] table = "{CANARY_TABLE}" keys = ["squeal:canary:{{id}}"]'
+            )
+        self.template = rule.keys[0]
+        self.topo, self.interval, self.deadline, self.rows = topo, interval, deadline, canary_rows
+        self.master = topo.master.database
+        self.clusters = [(c.region, c.name, str(c.routers[0])) for c in topo.clusters]
+        self._clients: dict[str, Client] = {}
+        self._next = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.latency = Histogram(
+            "squeal_probe_invalidation_seconds",
+            "Canary commit to key gone, per cluster",
+            ["region", "cluster"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.missed = Counter(
+            "squeal_probe_deadline_missed_total",
+            "Canary keys still cached after the deadline (lost or late invalidations)",
+            ["region", "cluster"],
+            registry=registry,
+        )
+        self.failures = Counter(
+            "squeal_probe_errors_total",
+            "Probes that could not run (database or router down)",
+            ["stage"],
+            registry=registry,
+        )
+
+    # -- set-up ------------------------------------------------------------------------------------
+
+    def _db(self) -> pymysql.connections.Connection:
+        return pymysql.connect(
+            host=self.master.host,
+            port=self.master.port,
+            user=self.master.user,
+            password=self.master.password,
+            autocommit=True,
+            connect_timeout=3,
+        )
+
+    def ensure_canary_table(self) -> None:
+        with self._db() as conn, conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE IF NOT EXISTS {CANARY_SCHEMA}")
+            cur.execute(
+                f"CREATE TABLE IF NOT EXISTS {CANARY_TABLE} (id INT PRIMARY KEY, seq BIGINT NOT NULL, "
+                "committed_at DOUBLE NOT NULL)"
+            )
+            cur.executemany(
+                f"INSERT IGNORE INTO {CANARY_TABLE} VALUES (%s, 0, 0)", [(i,) for i in range(1, self.rows + 1)]
+            )
+
+    def _client(self, address: str) -> Client:
+        client = self._clients.get(address)
+        if client is None:
+            host, _, port = address.rpartition(":")
+            client = Client((host, int(port)), connect_timeout=1, timeout=1)
+            self._clients[address] = client
+        return client
+
+    # -- one probe ---------------------------------------------------------------------------------
+
+    def probe_once(self) -> ProbeResult:
+        self._next = self._next % self.rows + 1
+        row_id = self._next
+        key = self.template.format(id=row_id)
+        result = ProbeResult(key)
+        for _, _, address in self.clusters:
+            self._client(address).set(key, b"canary", expire=60)
+        with self._db() as conn, conn.cursor() as cur:
+            conn.begin()
+            cur.execute(
+                f"UPDATE {CANARY_TABLE} SET seq = seq + 1, committed_at = %s WHERE id = %s", (time.time(), row_id)
+            )
+            committed = time.monotonic()
+            conn.commit()
+        pending = {cluster: (region, address) for region, cluster, address in self.clusters}
+        while pending:
+            now = time.monotonic()
+            for cluster, (region, address) in list(pending.items()):
+                if self._client(address).get(key) is None:
+                    result.latencies[cluster] = now - committed
+                    self.latency.labels(region, cluster).observe(now - committed)
+                    del pending[cluster]
+                elif now - committed > self.deadline:
+                    log.error(
+                        "canary key %s still cached in cluster %s %.1fs after commit: invalidation lost or "
+                        "stalled (check `squealctl status` and squeal's flow backlog)",
+                        key,
+                        cluster,
+                        now - committed,
+                    )
+                    self.missed.labels(region, cluster).inc()
+                    result.latencies[cluster] = None
+                    del pending[cluster]
+            if pending:
+                time.sleep(0.0005)
+        return result
+
+    # -- background loop ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.ensure_canary_table()
+        self._thread = threading.Thread(target=self._run, name="prober", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.probe_once()
+            except (OSError, MemcacheError, pymysql.MySQLError) as e:
+                self.failures.labels("probe").inc()
+                log.warning("probe failed: %s", e)
+                for client in self._clients.values():
+                    client.close()
+                self._clients.clear()
+            self._stop.wait(self.interval)

@@ -1,0 +1,141 @@
+"""A tiny in-memory time-series store fed by scraping Prometheus `/metrics` endpoints and memcached `stats`.
+
+The dashboard needs a few minutes of history from a handful of local daemons; a real Prometheus (see
+`monitoring/prometheus.yml`) does this in production. Samples are kept per (metric, labels) in bounded
+ring buffers, so memory stays flat however long the demo runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+import urllib.request
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+log = logging.getLogger(__name__)
+
+HISTORY = 600  # samples kept per series (10 minutes at one scrape a second)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Something to scrape: `kind` is `prometheus` (HTTP /metrics) or `memcached` (stats command)."""
+
+    kind: str
+    address: str  # host:port
+    labels: tuple[tuple[str, str], ...] = ()  # added to every sample (e.g. region, cluster, pool)
+
+
+@dataclass
+class Series:
+    name: str
+    labels: dict[str, str]
+    points: deque = field(default_factory=lambda: deque(maxlen=HISTORY))  # (unix time, value)
+
+
+class Store:
+    """Thread-safe map (name, sorted labels) → Series."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._series: dict[tuple[str, tuple[tuple[str, str], ...]], Series] = {}
+
+    def add(self, name: str, labels: dict[str, str], value: float, at: float) -> None:
+        key = (name, tuple(sorted(labels.items())))
+        with self._lock:
+            series = self._series.get(key)
+            if series is None:
+                series = self._series[key] = Series(name, dict(labels))
+            series.points.append((at, value))
+
+    def select(self, name: str, since: float = 0.0) -> list[dict]:
+        """All series of one metric name, as JSON-ready dicts with points newer than `since`."""
+        with self._lock:
+            found = [s for (n, _), s in self._series.items() if n == name]
+            return [{"labels": s.labels, "points": [p for p in s.points if p[0] > since]} for s in found]
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted({n for n, _ in self._series})
+
+
+def scrape_prometheus(address: str, timeout: float = 2.0) -> Iterable[tuple[str, dict[str, str], float]]:
+    """(sample name, labels, value) for every sample an endpoint exposes."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=timeout) as resp:
+        text = resp.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            yield sample.name, dict(sample.labels), float(sample.value)
+
+
+# memcached `stats` fields worth charting (hit rate = get_hits / (get_hits + get_misses))
+MEMCACHED_FIELDS = (
+    "get_hits",
+    "get_misses",
+    "cmd_get",
+    "cmd_set",
+    "delete_hits",
+    "delete_misses",
+    "curr_items",
+    "bytes",
+    "curr_connections",
+)
+
+
+def scrape_memcached(address: str, timeout: float = 1.0) -> Iterable[tuple[str, dict[str, str], float]]:
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(b"stats\r\n")
+        buf = b""
+        while not buf.endswith(b"END\r\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    for line in buf.decode().splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "STAT" and parts[1] in MEMCACHED_FIELDS:
+            yield f"memcached_{parts[1]}", {}, float(parts[2])
+
+
+class Scraper:
+    """Scrapes every target once per `interval` on a daemon thread into `store`."""
+
+    def __init__(self, targets: list[Target], store: Store, interval: float = 1.0) -> None:
+        self.targets, self.store, self.interval = targets, store, interval
+        self.up: dict[str, bool] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scraper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def scrape_once(self) -> None:
+        now = time.time()
+        for target in self.targets:
+            fetch = scrape_prometheus if target.kind == "prometheus" else scrape_memcached
+            try:
+                samples = list(fetch(target.address))
+            except OSError as e:
+                if self.up.get(target.address, True):
+                    log.warning("scrape of %s %s failed: %s", target.kind, target.address, e)
+                self.up[target.address] = False
+                continue
+            self.up[target.address] = True
+            extra = dict(target.labels)
+            for name, labels, value in samples:
+                self.store.add(name, {**labels, **extra}, value, now)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.scrape_once()
+            self._stop.wait(self.interval)

@@ -1,0 +1,116 @@
+"""The monitoring server: scrapes every component, runs the prober, serves the dashboard.
+
+    python -m monitoring serve TOPOLOGY --state-dir var/local --port 39000
+
+Routes: `/` the dashboard page, `/api/panels` its data (JSON), `/api/targets` scrape health,
+`/metrics` the prober's own Prometheus metrics, `/healthz`.
+Targets come from `squealctl`'s component list (every memcached, and every process that recorded a
+metrics address), so whatever `squealctl up` started is watched without extra configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+from twisted.internet import reactor
+from twisted.web import resource, server
+
+import router_config
+from monitoring import panels
+from monitoring.prober import Prober
+from monitoring.scrape import Scraper, Store, Target
+
+log = logging.getLogger(__name__)
+PAGE = Path(__file__).with_name("dashboard.html")
+
+
+def targets_from_components(components_file: Path) -> list[Target]:
+    """Scrape targets for every component `squealctl up` recorded."""
+    if not components_file.exists():
+        return []
+    out = []
+    for c in json.loads(components_file.read_text())["components"]:
+        labels = tuple((k, c[k]) for k in ("role", "region", "cluster", "pool") if c.get(k))
+        if c["role"] == "memcached":
+            out.append(Target("memcached", c["address"], labels))
+        if c.get("metrics"):
+            out.append(Target("prometheus", c["metrics"], labels))
+    return out
+
+
+class _Leaf(resource.Resource):
+    isLeaf = True
+
+    def __init__(self, render, content_type: bytes) -> None:
+        super().__init__()
+        self._render, self._type = render, content_type
+
+    def render_GET(self, request):  # noqa: N802 - twisted's naming
+        request.setHeader(b"content-type", self._type)
+        request.setHeader(b"cache-control", b"no-store")
+        return self._render()
+
+
+def build_site(store: Store, scraper: Scraper, registry: CollectorRegistry) -> server.Site:
+    root = resource.Resource()
+    root.putChild(b"", _Leaf(PAGE.read_bytes, b"text/html; charset=utf-8"))
+    root.putChild(b"healthz", _Leaf(lambda: b"ok\n", b"text/plain"))
+    root.putChild(b"metrics", _Leaf(lambda: generate_latest(registry), b"text/plain; version=0.0.4"))
+    api = resource.Resource()
+    root.putChild(b"api", api)
+    api.putChild(b"panels", _Leaf(lambda: json.dumps(panels.build(store)).encode(), b"application/json"))
+    api.putChild(
+        b"targets",
+        _Leaf(
+            lambda: json.dumps(
+                [
+                    {"kind": t.kind, "address": t.address, "labels": dict(t.labels), "up": scraper.up.get(t.address)}
+                    for t in scraper.targets
+                ]
+            ).encode(),
+            b"application/json",
+        ),
+    )
+    return server.Site(root)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m monitoring",
+        description="Scrape a local squeal deployment, probe invalidation latency, and serve the operators' dashboard.",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the monitoring server")
+    s.add_argument("topology", help="topology TOML (the prober writes canary rows to its master database)")
+    s.add_argument("--state-dir", default="var/local", help="squealctl state dir whose components are scraped")
+    s.add_argument("--port", type=int, default=39000, help="HTTP port for the dashboard (default %(default)s)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--probe-interval", type=float, default=1.0, help="seconds between canary probes")
+    s.add_argument("--no-prober", action="store_true", help="only scrape and serve")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        topo = router_config.load(args.topology)
+    except router_config.TopologyError as e:
+        print(f"monitoring: error: {e}", file=sys.stderr)
+        return 2
+    registry = CollectorRegistry()
+    store = Store()
+    scraper = Scraper(targets_from_components(Path(args.state_dir) / "components.json"), store)
+    scraper.targets.append(Target("prometheus", f"{args.host}:{args.port}", (("role", "monitoring"),)))
+    scraper.start()
+    if not args.no_prober:
+        prober = Prober(topo, registry, interval=args.probe_interval)
+        prober.start()
+    reactor.listenTCP(args.port, build_site(store, scraper, registry), interface=args.host)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: reactor.callFromThread(reactor.stop))
+    log.info("dashboard on http://%s:%d/ scraping %d targets", args.host, args.port, len(scraper.targets))
+    reactor.run(installSignalHandlers=False)
+    return 0
