@@ -14,6 +14,7 @@ command -v memcstat >/dev/null 2>&1 || need_apt+=(libmemcached-tools)
 command -v nutcracker >/dev/null 2>&1 || [ -x /usr/sbin/nutcracker ] || need_apt+=(nutcracker)
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -1,0 +1,76 @@
+"""The dashboard page in a real headless Chromium, fed by a real monitoring server scraping real memcached."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+import router_config
+from ops.harness import MonitoringServer, free_port
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "local.toml"
+
+pytestmark = pytest.mark.skipif(not shutil.which("chromedriver"), reason="chromium-driver not installed")
+
+
+def _load(address: tuple[str, int], seconds: float) -> None:
+    """Some gets (half hits) so the hit-rate panel has data."""
+    end = time.monotonic() + seconds
+    with socket.create_connection(address) as s:
+        s.sendall(b"set present 0 0 1\r\nx\r\n")
+        s.recv(100)
+        while time.monotonic() < end:
+            s.sendall(b"get present\r\nget absent\r\n")
+            s.recv(1000)
+            time.sleep(0.01)
+
+
+def test_dashboard_renders_live_charts(tmp_path, memcached_factory):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    cache = memcached_factory()
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "components.json").write_text(json.dumps({"topology": "x", "components": [
+        {"role": "memcached", "region": "east", "cluster": "east-a", "pool": "wildcard", "pid": cache.pid,
+         "address": cache.address, "log": "", "cmdline": [], "metrics": None}]}))
+    topo = router_config.reassign_ports(router_config.load(EXAMPLE), free_port)
+    topo_file = tmp_path / "topo.toml"
+    topo_file.write_text(router_config.dumps(topo))
+    monitor = MonitoringServer(topo_file, state, workdir=tmp_path / "monitoring", extra_args=("--no-prober",))
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1400,1000", f"--user-data-dir={tmp_path / 'chrome'}"):
+        options.add_argument(flag)
+    with monitor:
+        _load((cache.host, cache.port), 4.0)
+        driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+        try:
+            driver.get(f"http://{monitor.address}/")
+
+            def hit_rate_panel_has_points(d):
+                return d.execute_script(
+                    "return [...document.querySelectorAll('.panel')].filter(p => "
+                    "p.querySelector('h2').textContent.includes('hit rate') && +p.dataset.points > 0).length")
+
+            WebDriverWait(driver, 20).until(hit_rate_panel_has_points)
+            assert "live" in driver.find_element("id", "status").text
+            legend = driver.execute_script(
+                "return [...document.querySelectorAll('.panel')].find(p => "
+                "p.querySelector('h2').textContent.includes('hit rate')).querySelector('.legend').textContent")
+            assert "east-a: 50%" in legend
+            shot = Path(__file__).resolve().parents[2] / "reports" / "dashboard-test.png"
+            shot.parent.mkdir(exist_ok=True)
+            driver.save_screenshot(str(shot))
+            assert shot.stat().st_size > 10_000
+        finally:
+            driver.quit()

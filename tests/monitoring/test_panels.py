@@ -1,0 +1,45 @@
+"""Dashboard arithmetic on plain data: rates, ratios and histogram percentiles."""
+
+from __future__ import annotations
+
+import pytest
+
+from monitoring import Store, build_panels
+from monitoring.panels import histogram_quantile, rate
+
+
+def test_rate_is_increase_per_second_over_the_window():
+    counter = {float(t): 10.0 * t for t in range(0, 31)}  # +10 per second
+    out = rate(counter, window=5)
+    assert out and all(v == pytest.approx(10.0) for _, v in out)
+
+
+def test_rate_survives_a_counter_reset():
+    counter = {0.0: 100.0, 1.0: 110.0, 2.0: 3.0}  # process restarted between 1 and 2
+    assert rate(counter, window=1)[-1] == [2.0, 3.0]
+
+
+def test_histogram_quantile_picks_the_bucket_holding_the_quantile():
+    # 100 observations: 90 under 10 ms, 9 under 100 ms, 1 under 1 s
+    buckets = {0.01: {0.0: 0, 10.0: 90}, 0.1: {0.0: 0, 10.0: 99}, 1.0: {0.0: 0, 10.0: 100}}
+    assert histogram_quantile(0.5, buckets, window=20) == [[10.0, 0.01]]
+    assert histogram_quantile(0.99, buckets, window=20) == [[10.0, 0.1]]
+    assert histogram_quantile(0.999, buckets, window=20) == [[10.0, 1.0]]
+
+
+def test_panels_from_scraped_samples():
+    store = Store()
+    for t in range(10):
+        for cluster, hits in (("east-a", 9), ("east-b", 1)):
+            store.add("memcached_get_hits", {"cluster": cluster, "pool": "wildcard"}, hits * t, float(t))
+            store.add("memcached_get_misses", {"cluster": cluster, "pool": "wildcard"}, (10 - hits) * t, float(t))
+        store.add("squeal_probe_invalidation_seconds_bucket", {"region": "east", "cluster": "east-a", "le": "0.005"},
+                  float(t), float(t))
+        store.add("squeal_probe_invalidation_seconds_bucket", {"region": "east", "cluster": "east-a", "le": "+Inf"},
+                  float(t), float(t))
+    panels = {p["title"]: p for p in build_panels(store)}
+    hit = {line["label"]: line["points"][-1][1] for line in panels[next(t for t in panels if "hit rate" in t)]["lines"]}
+    assert hit == {"east-a": pytest.approx(0.9), "east-b": pytest.approx(0.1)}
+    latency = panels[next(t for t in panels if t.startswith("Invalidation latency"))]["lines"]
+    assert {line["label"] for line in latency} == {"east/east-a p50", "east/east-a p99"}
+    assert latency[0]["points"][-1][1] == 0.005
