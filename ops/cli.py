@@ -17,9 +17,11 @@ import logging
 import os
 import sys
 
+import gutter
 import router_config
 from ops.harness import HarnessError
 from ops.local import ALL_ROLES, Deployment
+from warmup import WarmupController, WarmupError
 
 DEFAULT_STATE_DIR = os.environ.get("SQUEAL_STATE_DIR", "var/local")
 
@@ -66,6 +68,29 @@ def _parser() -> argparse.ArgumentParser:
 
     ck = sub.add_parser("check", help="validate a topology file and print a summary")
     ck.add_argument("topology")
+
+    wu = sub.add_parser(
+        "warmup",
+        help="cold-cluster warm-up: start | status | finish CLUSTER (runbook: docs/runbooks/cold-cluster-warmup.md)",
+    )
+    wu.add_argument("action", choices=("start", "status", "finish"))
+    wu.add_argument("cluster", help="the cold cluster, e.g. east-b")
+    wu.add_argument(
+        "--warm", help="start: the warm cluster to read misses from (default: another cluster of the same region)"
+    )
+    wu.add_argument("--exptime", type=int, default=3600, help="start: TTL of items copied into the cold cluster")
+    wu.add_argument(
+        "--target",
+        type=float,
+        default=0.9,
+        help="finish: required share of the warm cluster's hit rate (default %(default)s)",
+    )
+    wu.add_argument("--force", action="store_true", help="finish: turn the route off whatever the hit rate")
+    wu.add_argument("--sample", type=float, default=2.0, help="seconds of traffic to measure hit rates over")
+
+    gu = sub.add_parser("gutter", help="gutter pools: sizing advice, or live health of a cluster")
+    gu.add_argument("topology")
+    gu.add_argument("--cluster", help="show which servers answer and the gutter's hit rate for this cluster")
 
     rp = sub.add_parser(
         "replay", help="rewind a squeal flow to a GTID so its invalidations are sent again", add_help=False
@@ -130,11 +155,45 @@ def _dispatch(args: argparse.Namespace) -> int:
             )
         print(f"{len(topo.rules)} invalidation rules")
         return 0
+    if args.command == "warmup":
+        return _warmup(deployment.state_dir, args)
+    if args.command == "gutter":
+        topo = router_config.load(args.topology)
+        if args.cluster:
+            health = gutter.gutter_health(topo.cluster(args.cluster))
+            for server in health.servers:
+                print(f"{server.pool:10} {server.address:21} {'up' if server.up else 'DOWN'}")
+            rate = "-" if health.gutter_hit_rate is None else f"{health.gutter_hit_rate:.0%}"
+            print(f"gutter: {health.gutter_gets_per_second:.0f} gets/s, hit rate {rate}")
+            return 1 if health.down else 0
+        advice = gutter.check_topology(topo)
+        for a in advice:
+            print(a)
+        return 0 if all(a.ok for a in advice) else 1
     if args.command == "replay":
         from squeal.cli import main as squeal_main
 
         return squeal_main(["replay", *args.args])
     raise AssertionError(args.command)
+
+
+def _warmup(state_dir, args: argparse.Namespace) -> int:
+    try:
+        controller = WarmupController(state_dir)
+        if args.action == "start":
+            path = controller.start(args.cluster, args.warm, args.exptime)
+            warm = controller.overlay()[args.cluster]["warm"]
+            print(f"warm-up on: {args.cluster} reads its misses from {warm}; routers reload {path}")
+        elif args.action == "status":
+            print(controller.status(args.cluster, args.sample).bar())
+        else:
+            status = controller.finish(args.cluster, args.target, args.force, args.sample)
+            done = status.bar() if status else "forced"
+            print(f"warm-up off for {args.cluster} ({done})")
+    except WarmupError as e:
+        print(f"squealctl warmup: error: {e}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _print_status(rows: list[dict]) -> None:

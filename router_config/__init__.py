@@ -18,7 +18,7 @@ from router_config.model import (
     SquealSettings,
     Topology,
 )
-from router_config.rewrite import dumps, reassign_ports, to_document
+from router_config.rewrite import dumps, reassign_ports, to_document, with_cold_cluster
 
 __all__ = [
     "EMITTED_HANDLES",
@@ -43,4 +43,5 @@ __all__ = [
     "reassign_ports",
     "render",
     "to_document",
+    "with_cold_cluster",
 ]

@@ -12,7 +12,7 @@ from typing import Any
 
 import tomli_w
 
-from router_config.model import Address, Cluster, Pool, Region, Topology
+from router_config.model import Address, Cluster, ColdStart, Pool, Region, Topology
 
 
 def reassign_ports(topo: Topology, allocate: Callable[[], int]) -> Topology:
@@ -101,3 +101,19 @@ def to_document(topo: Topology) -> dict[str, Any]:
 def dumps(topo: Topology) -> str:
     """TOML text for `topo`."""
     return tomli_w.dumps(to_document(topo))
+
+
+def with_cold_cluster(topo: Topology, cluster: str, warm_cluster: str | None, exptime: int = 3600) -> Topology:
+    """A copy of `topo` where `cluster` warms up from `warm_cluster` (None: back to normal)."""
+
+    topo.cluster(cluster)  # raises a clear KeyError for an unknown name
+    if warm_cluster is not None:
+        topo.cluster(warm_cluster)
+        if warm_cluster == cluster:
+            raise ValueError(f"cluster {cluster} cannot warm up from itself")
+    cold = ColdStart(warm_cluster, exptime) if warm_cluster else None
+    regions = tuple(
+        replace(r, clusters=tuple(replace(c, cold=cold) if c.name == cluster else c for c in r.clusters))
+        for r in topo.regions
+    )
+    return replace(topo, regions=regions)
