@@ -92,6 +92,8 @@ def _parser() -> argparse.ArgumentParser:
     gu.add_argument("topology")
     gu.add_argument("--cluster", help="show which servers answer and the gutter's hit rate for this cluster")
 
+    sub.add_parser("prometheus-config", help="print a Prometheus scrape config for every component `up` started")
+
     rp = sub.add_parser(
         "replay", help="rewind a squeal flow to a GTID so its invalidations are sent again", add_help=False
     )
@@ -170,6 +172,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         for a in advice:
             print(a)
         return 0 if all(a.ok for a in advice) else 1
+    if args.command == "prometheus-config":
+        from monitoring.prometheus import render_yaml, scrape_config
+
+        if not deployment.state_file.exists():
+            raise HarnessError(f"no deployment in {deployment.state_dir} (run `squealctl up` first)")
+        print(render_yaml(scrape_config(deployment.state_file)), end="")
+        return 0
     if args.command == "replay":
         from squeal.cli import main as squeal_main
 

@@ -1,0 +1,121 @@
+"""The whole platform on this machine: `squealctl up` of the example topology (on free ports), real
+MariaDB primary + replica, memcached pools, one router per cluster, one squeal daemon per region and the
+monitoring server with its prober. Updates at the master must disappear from every cluster of both regions.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pymysql
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from pymemcache.client.base import Client
+
+import router_config
+from ops.harness import ROUTER_BIN, free_port
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "local.toml"
+UPDATES = 1000
+
+pytestmark = pytest.mark.skipif(not ROUTER_BIN.exists(), reason="router not built (scripts/setup.sh)")
+
+
+def squealctl(state: Path, *args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "--state-dir", str(state), *args], capture_output=True, text=True, timeout=300
+    )
+    if result.returncode != 0:
+        raise AssertionError(f"squealctl {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory):
+    base = tmp_path_factory.mktemp("platform")
+    topo = router_config.reassign_ports(router_config.load(EXAMPLE), free_port)
+    topo_file = base / "local.toml"
+    topo_file.write_text(router_config.dumps(topo))
+    state = base / "state"
+    try:
+        squealctl(state, "up", str(topo_file))
+        yield topo, state
+    finally:
+        squealctl(state, "down")
+
+
+def _router_client(cluster: router_config.Cluster) -> Client:
+    r = cluster.routers[0]
+    return Client((r.host, r.port), connect_timeout=2, timeout=2)
+
+
+def _wait(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def test_updates_at_master_invalidate_every_cluster_of_both_regions(platform):
+    topo, _ = platform
+    db = topo.master.database
+    clients = {c.name: _router_client(c) for c in topo.clusters}
+    conn = pymysql.connect(host=db.host, port=db.port, user=db.user, password=db.password, autocommit=True)
+    with conn, conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO app.users (id, name, email) VALUES (%s, %s, %s)",
+            [(i, f"user{i}", f"u{i}@example.com") for i in range(1, UPDATES + 1)],
+        )
+        # the insert's own deletes may still be in flight: fill only after they have passed
+        _wait(lambda: all(c.get(f"user:{UPDATES}") is None for c in clients.values()), 30, "insert deletes")
+        for client in clients.values():
+            client.set_many({f"user:{i}": b"cached" for i in range(1, UPDATES + 1)}, expire=600)
+        for i in range(1, UPDATES + 1):
+            cur.execute("UPDATE app.users SET name = %s WHERE id = %s", (f"renamed{i}", i))
+
+    def all_gone() -> bool:
+        return all(not c.get_many([f"user:{i}" for i in range(1, UPDATES + 1)]) for c in clients.values())
+
+    _wait(all_gone, 60, "every user:N key to leave every cluster")
+    leftovers = {name: sorted(c.get_many([f"user:{i}" for i in range(1, UPDATES + 1)])) for name, c in clients.items()}
+    assert leftovers == {name: [] for name in clients}
+
+
+def _histogram(address: str, name: str) -> dict[tuple[str, str], dict[float, float]]:
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    out: dict[tuple[str, str], dict[float, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == f"{name}_bucket":
+                out.setdefault((s.labels["region"], s.labels["cluster"]), {})[float(s.labels["le"])] = s.value
+    return out
+
+
+def test_prober_sees_master_region_invalidations_under_one_second(platform):
+    topo, state = platform
+    monitor = f"127.0.0.1:{topo.monitoring.port}"
+
+    def probes() -> dict:
+        return _histogram(monitor, "squeal_probe_invalidation_seconds")
+
+    _wait(
+        lambda: len(probes()) == 4 and all(b[float("inf")] >= 20 for b in probes().values()),
+        120,
+        "20 probes per cluster",
+    )
+    for (region, cluster), buckets in probes().items():
+        total, under_1s = buckets[float("inf")], buckets[1.0]
+        print(f"{region}/{cluster}: {under_1s:.0f}/{total:.0f} probes under 1 s")
+        if region == topo.master.name:
+            assert under_1s / total >= 0.999, (cluster, buckets)
+        assert total - buckets[10.0] == 0, f"{cluster}: a canary stayed cached over 10 s"
+    status = json.loads(squealctl(state, "status", "--json"))
+    assert all(c["running"] for c in status)
