@@ -1,1 +1,50 @@
-"""squeal (in progress)."""
+"""squeal: the binlog invalidation daemon (the paper's mcsqueal, with Wormhole's reliable delivery).
+
+The pipeline, one module per stage, read top to bottom:
+
+    reader        binlog events (MariaDB, GTID, annotate rows) as plain events; owns reconnects
+    transactions  events -> committed transactions (nothing before the XID/commit)
+    rules         transaction -> keys (rule templates over before/after images, /* mcd: */ comments)
+    flows         one flow per destination: queue, datamarker position, shedding, catch-up
+    batcher       `md <key> q` ... `mn` batches over TCP, failover across routers, backoff
+    datamarkers   durable per-flow positions (file store; the interface allows ZooKeeper)
+    daemon        wires them on the Twisted reactor; cli: `squeal run` / `squeal replay`
+"""
+
+from squeal.daemon import Daemon, run
+from squeal.datamarkers import DatamarkerStore, FileDatamarkerStore
+from squeal.flows import Committed, Dispatcher, Flow, flow_names, flows_for_region, split_keys
+from squeal.gtid import GtidError, format_position, parse_gtid, parse_position
+from squeal.reader import BinlogReader, ReaderConfigError, Source, check_server, current_position
+from squeal.rules import KeyExtractor, RuleError, check_rules, comment_keys, delete_line, encode_key
+from squeal.transactions import Transaction, TransactionGrouper
+
+__all__ = [
+    "BinlogReader",
+    "Committed",
+    "Daemon",
+    "DatamarkerStore",
+    "Dispatcher",
+    "FileDatamarkerStore",
+    "Flow",
+    "GtidError",
+    "KeyExtractor",
+    "ReaderConfigError",
+    "RuleError",
+    "Source",
+    "Transaction",
+    "TransactionGrouper",
+    "check_rules",
+    "check_server",
+    "comment_keys",
+    "current_position",
+    "delete_line",
+    "encode_key",
+    "flow_names",
+    "flows_for_region",
+    "format_position",
+    "parse_gtid",
+    "parse_position",
+    "run",
+    "split_keys",
+]

@@ -1,0 +1,242 @@
+"""Stage 5: send a flow's deletes in batches, one socket write per batch.
+
+A batch is `md <key> q` lines closed by `mn` (see `Flow.take_batch`). Quiet deletes answer only on a miss
+(`NF`) or an error; `mn` answers `MN`, so `MN` acknowledges the whole batch. One batch is in flight per
+flow, which keeps deletes in commit order per destination.
+
+When to send: as soon as `batch_size` keys are waiting, otherwise `flush_interval` after the first one
+(sub-millisecond by default). While a batch is in flight new keys pile up and leave in the next write,
+so the busier the flow, the fuller the packets (the paper's 18x fewer packets).
+
+Failures (connect error, no `MN` within `reply_timeout`, `SERVER_ERROR`, connection lost): the batch
+stays queued, the connection is dropped, the next router of the flow's set is tried after a capped
+exponential backoff. A dead destination only ever delays its own flow.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet import defer, protocol
+from twisted.internet.endpoints import TCP4ClientEndpoint
+
+from squeal.flows import Batch, Flow
+from squeal.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class DeleteProtocol(protocol.Protocol):
+    """One connection to one router (or memcached): writes batches, reads replies up to `MN`."""
+
+    def __init__(self, on_reply: Callable[[int, list[bytes]], None], on_lost: Callable[[str], None]) -> None:
+        self.on_reply = on_reply  # (server error count, other error lines) for the batch just finished
+        self.on_lost = on_lost
+        self._buf = b""
+        self._errors: list[bytes] = []
+        self._server_errors = 0
+
+    def send(self, payload: bytes) -> None:
+        self._errors = []
+        self._server_errors = 0
+        self.transport.write(payload)
+
+    def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted's name
+        buf = self._buf + data
+        lines = buf.split(b"\r\n")
+        self._buf = lines.pop()
+        for line in lines:
+            if line == b"MN":
+                self.on_reply(self._server_errors, self._errors)
+                self._errors = []
+                self._server_errors = 0
+            elif line == b"NF" or line == b"HD":
+                continue  # a miss is fine: nothing cached under that key
+            elif line.startswith(b"SERVER_ERROR"):
+                self._server_errors += 1
+                self._errors.append(line)
+            else:
+                self._errors.append(line)  # CLIENT_ERROR and the like: retrying would not help
+
+    def connectionLost(self, reason: Any = None) -> None:  # noqa: N802
+        self.on_lost(str(reason.value) if reason is not None else "closed")
+
+
+class Sender:
+    """Drives one flow: timer, connection, failover across its routers, backoff."""
+
+    def __init__(self, flow: Flow, reactor: Any, batch_size: int, flush_interval: float,
+                 reply_timeout: float = 2.0, backoff_initial: float = 0.05, backoff_max: float = 5.0,
+                 metrics: Metrics | None = None) -> None:
+        self.flow = flow
+        self.reactor = reactor
+        self.batch_size = batch_size
+        self.flush_interval = flush_interval
+        self.reply_timeout = reply_timeout
+        self.backoff_initial = self.backoff = backoff_initial
+        self.backoff_max = backoff_max
+        self.metrics = metrics
+        self.router = 0  # index into flow.destinations
+        self.client: DeleteProtocol | None = None
+        self.connecting = False
+        self.waiting = False  # backing off after a failure
+        self.timer: Any = None
+        self.timeout: Any = None
+        self.batch: Batch | None = None
+        self.stopped = False
+        self._drained: list[defer.Deferred] = []
+        flow.on_ready = self.kick
+
+    # -- scheduling --------------------------------------------------------------------------------------
+
+    def kick(self) -> None:
+        """There may be something to send."""
+        if self.stopped or self.batch is not None or self.connecting or self.waiting:
+            return
+        pending = self.flow.pending_keys
+        if pending <= 0 and not self.flow.queue:
+            self._check_drained()
+            return
+        if pending >= self.batch_size or self.flush_interval <= 0:
+            self._send()
+        elif self.timer is None:
+            self.timer = self.reactor.callLater(self.flush_interval, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        self._send()
+
+    def _send(self) -> None:
+        if self.timer is not None:
+            if self.timer.active():
+                self.timer.cancel()
+            self.timer = None
+        if self.stopped or self.batch is not None or self.connecting or self.waiting:
+            return
+        if self.client is None:
+            self._connect()
+            return
+        batch = self.flow.take_batch(self.batch_size)
+        if batch is None:
+            self._check_drained()
+            return
+        if batch.nkeys == 0:  # only key-less transactions: they are done without a round trip
+            self.flow.ack(batch)
+            self._check_drained()
+            return
+        self.batch = batch
+        self.timeout = self.reactor.callLater(self.reply_timeout, self._on_timeout)
+        self.client.send(batch.payload)
+        if self.metrics is not None:
+            self.metrics.writes.labels(flow=self.flow.name).inc()
+            self.metrics.deletes_per_write.labels(flow=self.flow.name).observe(batch.nkeys)
+
+    # -- connection ----------------------------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        addr = self.flow.destinations[self.router % len(self.flow.destinations)]
+        self.connecting = True
+        client = DeleteProtocol(self._on_reply, self._on_lost)
+        endpoint = TCP4ClientEndpoint(self.reactor, addr.host, addr.port, timeout=self.reply_timeout)
+        d = endpoint.connect(protocol.Factory.forProtocol(lambda: client))
+
+        def connected(p: DeleteProtocol) -> None:
+            self.connecting = False
+            if self.stopped:
+                p.transport.abortConnection()
+                return
+            self.client = p
+            self._send()
+
+        def failed(f: Any) -> None:
+            self.connecting = False
+            self._failure(f"connect to {addr}: {f.getErrorMessage()}")
+
+        d.addCallbacks(connected, failed)
+
+    def _on_reply(self, server_errors: int, errors: list[bytes]) -> None:
+        batch, self.batch = self.batch, None
+        if self.timeout is not None and self.timeout.active():
+            self.timeout.cancel()
+        self.timeout = None
+        if batch is None:
+            return
+        m = self.metrics
+        for line in errors:
+            if m is not None:
+                m.reply_errors.labels(flow=self.flow.name, error=line.split(b" ", 1)[0].decode(errors="replace")).inc()
+        if server_errors:
+            self.batch = batch  # _failure hands it back to the flow
+            self._failure(f"{server_errors} SERVER_ERROR replies, e.g. {errors[0]!r}")
+            return
+        if errors:
+            log.warning("flow %s: %d error replies in a batch (not retried), e.g. %r", self.flow.name,
+                        len(errors), errors[0])
+        self.backoff = self.backoff_initial
+        self.flow.ack(batch)
+        if m is not None:
+            m.deletes.labels(flow=self.flow.name).inc(batch.nkeys)
+        self.kick()
+
+    def _on_timeout(self) -> None:
+        self.timeout = None
+        self._failure(f"no reply within {self.reply_timeout:.1f}s")
+
+    def _on_lost(self, reason: str) -> None:
+        if self.client is not None and not self.stopped:
+            self._failure(f"connection lost: {reason}")
+
+    def _failure(self, why: str) -> None:
+        addr = self.flow.destinations[self.router % len(self.flow.destinations)]
+        if self.batch is not None:
+            self.flow.fail(self.batch)
+            self.batch = None
+        if self.timeout is not None and self.timeout.active():
+            self.timeout.cancel()
+        self.timeout = None
+        client, self.client = self.client, None
+        if client is not None and client.transport is not None:
+            client.transport.abortConnection()
+        if self.stopped or self.waiting:
+            return
+        self.router += 1  # the next router of the set, round robin
+        if self.metrics is not None:
+            self.metrics.retries.labels(flow=self.flow.name).inc()
+        log.warning("flow %s: %s %s; retrying in %.2fs via %s", self.flow.name, addr, why, self.backoff,
+                    self.flow.destinations[self.router % len(self.flow.destinations)])
+        self.waiting = True
+        self.reactor.callLater(self.backoff, self._retry)
+        self.backoff = min(self.backoff * 2, self.backoff_max)
+
+    def _retry(self) -> None:
+        self.waiting = False
+        self.kick()
+
+    # -- shutdown ------------------------------------------------------------------------------------------
+
+    def drained(self) -> bool:
+        return not self.flow.queue and self.batch is None
+
+    def _check_drained(self) -> None:
+        if self.drained():
+            waiters, self._drained = self._drained, []
+            for d in waiters:
+                d.callback(None)
+
+    def when_drained(self) -> defer.Deferred:
+        """Fires once nothing is queued or in flight."""
+        d: defer.Deferred = defer.Deferred()
+        self._drained.append(d)
+        self._check_drained()
+        return d
+
+    def stop(self) -> None:
+        self.stopped = True
+        for call in (self.timer, self.timeout):
+            if call is not None and call.active():
+                call.cancel()
+        if self.client is not None and self.client.transport is not None:
+            self.client.transport.loseConnection()
+        self.client = None

@@ -1,0 +1,276 @@
+"""Stage 4: flows, one per destination, each with its own queue, position and fate.
+
+Destinations of a region: every frontend cluster (its set of routers; the batcher tries the next router
+when one fails) and, if the region has one, the regional pool. A key that starts with one of the
+regional pool's prefixes goes ONLY to the regional flow (sent through any router of the region, which
+routes it to the regional pool); every other key goes to every cluster flow.
+
+A flow is plain data and logic, no I/O (the batcher does that):
+
+* `offer_live(c)` queues a committed transaction's keys, unless the flow has already got it (its
+  `enqueued` position covers the GTID: after a restart the live reader starts at the earliest marker).
+* `take_batch(n)` / `ack(batch)` / `fail(batch)`: one batch in flight at a time, in order. `acked` (the
+  datamarker) only moves past a transaction once all of its keys are acknowledged.
+* Bounded memory (Wormhole's caravans): when the unacknowledged keys pass `max_backlog` the flow is
+  *shed*: its queue is dropped and it ignores the live stream. The daemon then starts a catch-up reader
+  (its own binlog connection) from `acked`, feeding `offer_catchup`; the catch-up reader waits while the
+  backlog is above half the bound. Once the flow has queued everything the live stream has dispatched,
+  it `rejoin`s the live stream and the catch-up reader stops.
+
+Everything here runs on the reactor thread; only `backlog` is read from other threads (a plain int).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from router_config import Address, Region
+from squeal import gtid as g
+from squeal.metrics import Metrics
+
+LIVE, SHED, CATCHING_UP = "live", "shed", "catching_up"
+STATES = (LIVE, SHED, CATCHING_UP)
+REGIONAL = "regional"
+
+
+@dataclass(slots=True)
+class Committed:
+    """One committed transaction as the flows see it: its GTID, times, and the delete lines per kind."""
+
+    gtid: g.Gtid
+    commit_ts: float  # GTID event timestamp (wall clock, 1 s resolution)
+    read_ts: float  # when squeal read its commit (wall clock)
+    cluster_lines: tuple[bytes, ...]
+    regional_lines: tuple[bytes, ...]
+
+
+def split_keys(keys: Sequence[str], regional_prefixes: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(keys for every cluster, keys for the regional pool only)."""
+    if not regional_prefixes:
+        return list(keys), []
+    prefixes = tuple(regional_prefixes)
+    cluster, regional = [], []
+    for k in keys:
+        (regional if k.startswith(prefixes) else cluster).append(k)
+    return cluster, regional
+
+
+@dataclass(slots=True)
+class Entry:
+    gtid: g.Gtid
+    commit_ts: float
+    read_ts: float
+    lines: tuple[bytes, ...]
+
+
+@dataclass(slots=True)
+class Batch:
+    payload: bytes  # `md ... q` lines then `mn`
+    nkeys: int
+    entries: int  # queue entries completed by this batch (from the head)
+    end_offset: int  # lines of the next entry already in this batch
+    epoch: int
+
+
+class Flow:
+    def __init__(self, name: str, kind: str, destinations: Sequence[Address], start: g.Position,
+                 max_backlog: int, metrics: Metrics | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.name = name
+        self.kind = kind  # "cluster" or "regional": which lines of a Committed it takes
+        self.destinations = tuple(destinations)
+        self.acked: g.Position = dict(start)
+        self.enqueued: g.Position = dict(start)
+        self.max_backlog = max_backlog
+        self.metrics = metrics
+        self.clock = clock
+        self.queue: deque[Entry] = deque()
+        self.head_offset = 0
+        self.backlog = 0  # unacknowledged keys, including the batch in flight
+        self.in_flight: Batch | None = None
+        self.epoch = 0
+        self.state = LIVE
+        self.dirty = False  # acked moved since the last checkpoint
+        self.last_acked_commit_ts: float | None = None
+        self.on_ready: Callable[[], None] = lambda: None  # the batcher: there is something to send
+        self.on_shed: Callable[[Flow], None] = lambda flow: None  # the daemon: start a catch-up reader
+        if metrics is not None:
+            metrics.backlog.labels(flow=name).set_function(lambda: self.backlog)
+            metrics.lag.labels(flow=name).set_function(self.lag)
+            self._set_state(LIVE)
+
+    # -- input ------------------------------------------------------------------------------------------
+
+    def lines_of(self, c: Committed) -> tuple[bytes, ...]:
+        return c.regional_lines if self.kind == REGIONAL else c.cluster_lines
+
+    def offer_live(self, c: Committed) -> None:
+        if self.state == LIVE:
+            self._enqueue(c, may_shed=True)
+
+    def offer_catchup(self, c: Committed) -> None:
+        if self.state == CATCHING_UP:
+            self._enqueue(c, may_shed=False)  # the catch-up reader is held back by backlog instead
+
+    def _enqueue(self, c: Committed, may_shed: bool) -> None:
+        if g.covers(self.enqueued, c.gtid):
+            return
+        g.advance(self.enqueued, c.gtid)
+        lines = self.lines_of(c)
+        if not lines and not self.queue and self.in_flight is None:
+            g.advance(self.acked, c.gtid)  # nothing to delete and nothing ahead of it: done already
+            self.dirty = True
+            return
+        self.queue.append(Entry(c.gtid, c.commit_ts, c.read_ts, lines))
+        self.backlog += len(lines)
+        if may_shed and self.backlog > self.max_backlog:
+            self.shed()
+        elif lines:
+            self.on_ready()
+
+    # -- bounded memory -----------------------------------------------------------------------------------
+
+    def shed(self) -> None:
+        """Drop everything queued; the flow will be re-read from `acked` by a catch-up reader."""
+        self.queue.clear()
+        self.head_offset = 0
+        self.backlog = 0
+        self.in_flight = None
+        self.epoch += 1  # an ack for the batch in flight now belongs to the past
+        self.enqueued = dict(self.acked)
+        self._set_state(SHED)
+        if self.metrics is not None:
+            self.metrics.sheds.labels(flow=self.name).inc()
+        self.on_shed(self)
+
+    def start_catchup(self) -> g.Position:
+        """Enter catch-up; returns the position the catch-up reader starts from."""
+        self.enqueued = dict(self.acked)
+        self._set_state(CATCHING_UP)
+        if self.metrics is not None:
+            self.metrics.catchups.labels(flow=self.name).inc()
+        return dict(self.acked)
+
+    def caught_up(self, live: g.Position) -> bool:
+        """True once this (catching-up) flow has queued everything the live stream has dispatched."""
+        return self.state == CATCHING_UP and g.covers_position(self.enqueued, live)
+
+    def rejoin(self) -> None:
+        self._set_state(LIVE)
+        if self.metrics is not None:
+            self.metrics.rejoins.labels(flow=self.name).inc()
+
+    def rewind(self, position: g.Position) -> None:
+        """Operator replay: forget the queue, resume from `position` through a catch-up reader."""
+        self.acked = dict(position)
+        self.dirty = True
+        self.shed()
+
+    # -- output (the batcher) -------------------------------------------------------------------------------
+
+    @property
+    def pending_keys(self) -> int:
+        """Keys queued and not yet in flight."""
+        return self.backlog - (self.in_flight.nkeys if self.in_flight else 0)
+
+    def take_batch(self, batch_size: int) -> Batch | None:
+        """The next batch (up to `batch_size` keys), now in flight; None if one is in flight or none queued."""
+        if self.in_flight is not None or not self.queue:
+            return None
+        parts: list[bytes] = []
+        n = 0
+        done = 0
+        offset = self.head_offset
+        for e in self.queue:
+            lines = e.lines
+            room = batch_size - n
+            avail = len(lines) - offset
+            if avail <= room:
+                parts.extend(lines[offset:] if offset else lines)
+                n += avail
+                done += 1
+                offset = 0
+                if n >= batch_size:
+                    break
+            else:
+                parts.extend(lines[offset:offset + room])
+                n += room
+                offset += room
+                break
+        parts.append(b"mn\r\n")
+        self.in_flight = Batch(b"".join(parts), n, done, offset, self.epoch)
+        return self.in_flight
+
+    def ack(self, batch: Batch) -> None:
+        """The destination answered `MN` for `batch`: its transactions are done."""
+        if batch.epoch != self.epoch or batch is not self.in_flight:
+            return
+        self.in_flight = None
+        now = self.clock()
+        m = self.metrics
+        latency = m.latency.labels(flow=self.name) if m is not None else None
+        delivery = m.delivery_latency.labels(flow=self.name) if m is not None else None
+        for _ in range(batch.entries):
+            e = self.queue.popleft()
+            g.advance(self.acked, e.gtid)
+            self.last_acked_commit_ts = e.commit_ts
+            if e.lines and latency is not None and delivery is not None:
+                latency.observe(max(0.0, now - e.commit_ts))
+                delivery.observe(max(0.0, now - e.read_ts))
+        self.head_offset = batch.end_offset
+        self.backlog -= batch.nkeys
+        self.dirty = True
+        if self.queue:
+            self.on_ready()
+
+    def fail(self, batch: Batch) -> None:
+        """`batch` was not acknowledged: it stays queued and is sent again."""
+        if batch is self.in_flight:
+            self.in_flight = None
+
+    # -- observability ----------------------------------------------------------------------------------------
+
+    def lag(self) -> float:
+        now = self.clock()
+        if self.queue:
+            return max(0.0, now - self.queue[0].commit_ts)
+        if self.state != LIVE and self.last_acked_commit_ts is not None:
+            return max(0.0, now - self.last_acked_commit_ts)
+        return 0.0
+
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        if self.metrics is not None:
+            for s in STATES:
+                self.metrics.state.labels(flow=self.name, state=s).set(1 if s == state else 0)
+
+
+def flows_for_region(region: Region, starts: dict[str, g.Position], max_backlog: int,
+                     metrics: Metrics | None = None) -> list[Flow]:
+    """One flow per cluster of `region`, plus the regional flow if the region has a regional pool."""
+    flows = [Flow(c.name, "cluster", c.routers, starts[c.name], max_backlog, metrics) for c in region.clusters]
+    if region.regional_pool is not None:
+        every_router = tuple(a for c in region.clusters for a in c.routers)
+        flows.append(Flow(REGIONAL, REGIONAL, every_router, starts[REGIONAL], max_backlog, metrics))
+    return flows
+
+
+def flow_names(region: Region) -> list[str]:
+    names = [c.name for c in region.clusters]
+    return names + ([REGIONAL] if region.regional_pool is not None else [])
+
+
+class Dispatcher:
+    """Hands each committed transaction of the live stream to every flow; remembers how far it got."""
+
+    def __init__(self, flows: Sequence[Flow], start: g.Position) -> None:
+        self.flows = {f.name: f for f in flows}
+        self.live: g.Position = dict(start)
+
+    def dispatch(self, c: Committed) -> None:
+        g.advance(self.live, c.gtid)
+        for f in self.flows.values():
+            f.offer_live(c)

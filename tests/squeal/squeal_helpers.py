@@ -1,0 +1,143 @@
+"""Shared pieces of squeal's integration tests: a test schema, a topology on free ports, memcached probes."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import time
+import urllib.request
+from collections.abc import Iterable
+from pathlib import Path
+
+from ops.harness import MariaDB, free_port
+
+_counter = itertools.count(1)
+
+SCHEMA = """
+CREATE TABLE users (id INT PRIMARY KEY, email VARCHAR(200), name VARCHAR(200)) ENGINE=InnoDB;
+CREATE TABLE posts (id INT PRIMARY KEY, author_id INT, title VARCHAR(200)) ENGINE=InnoDB;
+CREATE TABLE other (id INT PRIMARY KEY, v VARCHAR(200)) ENGINE=InnoDB;
+"""
+
+
+def unique_db(prefix: str) -> str:
+    return f"sq_{prefix}_{next(_counter)}_{int(time.time() * 1000) % 100000}"
+
+
+def create_schema(db: MariaDB, name: str) -> None:
+    db.execute(f"CREATE DATABASE {name}")
+    with db.connect(name) as conn, conn.cursor() as cur:
+        for stmt in filter(str.strip, SCHEMA.split(";")):
+            cur.execute(stmt)
+
+
+def topology_text(db: MariaDB, schema: str, cluster_ports: list[int], *, regional: bool = True,
+                  batch_size: int = 256, flush_interval_ms: float = 0.5, max_backlog: int = 100000,
+                  extra_rules: Iterable[tuple[str, list[str]]] = (), routers_per_cluster: list[list[int]] | None = None,
+                  ) -> str:
+    """One region ("east") whose clusters' routers are `cluster_ports` (memcached or squeal-router)."""
+    rules = [(f"{schema}.users", ["user:{id}", "user:email:{email}"]),
+             (f"{schema}.posts", ["post:{id}", "feed:{author_id}"]), *extra_rules]
+    out = [f"[squeal]\nbatch_size = {batch_size}\nflush_interval_ms = {flush_interval_ms}\n"
+           f"max_backlog = {max_backlog}\ndatamarker_dir = \"var/dm\"\nmetrics_port_base = {free_port()}\n"]
+    for table, keys in rules:
+        listed = ", ".join(f'"{k}"' for k in keys)
+        out.append(f'[[rules]]\ntable = "{table}"\nkeys = [{listed}]\n')
+    out.append("[regions.east]\nmaster = true\n"
+               f"database = {{ role = \"primary\", host = \"127.0.0.1\", port = {db.port}, server_id = {db.server_id},"
+               f" user = \"{db.user}\", password = \"{db.password}\" }}\n")
+    if regional:
+        out.append(f"regional_pool = {{ servers = [\"127.0.0.1:{free_port()}\"], prefixes = [\"regional:\"] }}\n")
+    for i, port in enumerate(cluster_ports):
+        routers = routers_per_cluster[i] if routers_per_cluster else [port]
+        listed = ", ".join(f'"127.0.0.1:{p}"' for p in routers)
+        pool = f'"127.0.0.1:{free_port()}"'
+        out.append(f"[regions.east.clusters.c{i}]\nrouters = [{listed}]\n"
+                   f'pools.wildcard = {{ kind = "wildcard", servers = [{pool}] }}\n')
+    return "\n".join(out)
+
+
+def write_topology(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+class Cache:
+    """A tiny memcached text-protocol client for one server (tests only)."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
+        self.addr = (host, port)
+        self.sock = socket.create_connection(self.addr, timeout=5)
+        self.buf = b""
+
+    def _line(self) -> bytes:
+        while b"\r\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("closed")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def set_many(self, keys: Iterable[str], value: bytes = b"stale") -> None:
+        keys = list(keys)
+        payload = b"".join(b"ms " + k.encode() + b" %d q\r\n" % len(value) + value + b"\r\n" for k in keys)
+        self.sock.sendall(payload + b"mn\r\n")
+        while (line := self._line()) != b"MN":
+            raise AssertionError(f"set failed: {line!r}")
+
+    def set(self, key: str, value: bytes = b"stale") -> None:
+        self.set_many([key], value)
+
+    def present(self, keys: Iterable[str]) -> set[str]:
+        """Which of `keys` are cached."""
+        keys = list(keys)
+        if not keys:
+            return set()
+        self.sock.sendall(b"".join(b"mg " + k.encode() + b" k q\r\n" for k in keys) + b"mn\r\n")
+        found = set()
+        while (line := self._line()) != b"MN":
+            if line.startswith(b"HD"):
+                for tok in line.split()[1:]:
+                    if tok.startswith(b"k"):
+                        found.add(tok[1:].decode())
+        return found
+
+    def has(self, key: str) -> bool:
+        return key in self.present([key])
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def wait_until(check, timeout: float, what: str, interval: float = 0.02):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def wait_gone(caches: list[Cache], keys: list[str], timeout: float = 10.0) -> None:
+    def gone() -> bool:
+        return all(not c.present(keys) for c in caches)
+
+    try:
+        wait_until(gone, timeout, f"keys {keys[:5]}... to be deleted")
+    except AssertionError:
+        left = {f"{c.addr[1]}": sorted(c.present(keys))[:10] for c in caches}
+        raise AssertionError(f"keys still cached after {timeout}s: {left}") from None
+
+
+def scrape(port: int) -> dict[str, float]:
+    """/metrics as {"name{labels}": value}."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
