@@ -94,6 +94,11 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("prometheus-config", help="print a Prometheus scrape config for every component `up` started")
 
+    lt = sub.add_parser(
+        "loadtest", help="run one of the paper's experiments (see `squealctl loadtest --help`)", add_help=False
+    )
+    lt.add_argument("args", nargs=argparse.REMAINDER, help="passed to `python -m loadtest` (see its --help)")
+
     rp = sub.add_parser(
         "replay", help="rewind a squeal flow to a GTID so its invalidations are sent again", add_help=False
     )
@@ -179,6 +184,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             raise HarnessError(f"no deployment in {deployment.state_dir} (run `squealctl up` first)")
         print(render_yaml(scrape_config(deployment.state_file)), end="")
         return 0
+    if args.command == "loadtest":
+        from loadtest.cli import main as loadtest_main
+
+        return loadtest_main(args.args)
     if args.command == "replay":
         from squeal.cli import main as squeal_main
 
