@@ -9,7 +9,7 @@ import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
-from ops.harness import MariaDB, free_port
+from ops.harness import MariaDB, Memcached, SquealDaemon, free_port
 
 _counter = itertools.count(1)
 
@@ -141,3 +141,55 @@ def scrape(port: int) -> dict[str, float]:
             name, _, value = line.rpartition(" ")
             out[name] = float(value)
     return out
+
+
+class SquealEnv:
+    """A schema, N memcached "clusters", a topology pointing at them and a squeal daemon."""
+
+    def __init__(self, base: Path, db: MariaDB, clusters: int = 2, extra_args: tuple[str, ...] = (),
+                 **topo_kwargs) -> None:
+        self.base = base
+        self.db = db
+        self.schema = unique_db(base.name[:8].replace("-", "_"))
+        create_schema(db, self.schema)
+        self.memcacheds = [Memcached(workdir=base / "memcached").start() for _ in range(clusters)]
+        self.topology = write_topology(base / "topology.toml",
+                                       topology_text(db, self.schema, [m.port for m in self.memcacheds],
+                                                     **topo_kwargs))
+        self.state_dir = base / "state"
+        self.daemon = SquealDaemon(self.topology, "east", workdir=base / "squeal", state_dir=self.state_dir,
+                                   extra_args=extra_args)
+        self.caches = [Cache(m.port) for m in self.memcacheds]
+        self._fence = itertools.count(1_000_000)
+
+    def start(self) -> SquealEnv:
+        self.daemon.start()
+        return self
+
+    def sql(self, *statements: str) -> list[tuple]:
+        return self.db.execute(f"USE {self.schema}", *statements)
+
+    def connect(self, **kwargs):
+        return self.db.connect(self.schema, **kwargs)
+
+    def fence(self, timeout: float = 10.0) -> None:
+        """Commit one more change and wait for its delete everywhere: everything before it was processed."""
+        n = next(self._fence)
+        for c in self.caches:
+            c.set(f"user:{n}")
+        self.sql(f"INSERT INTO users VALUES ({n}, 'fence{n}@x', 'fence')")
+        wait_gone(self.caches, [f"user:{n}"], timeout)
+
+    def log(self) -> str:
+        return self.daemon.log_file.read_text() if self.daemon.log_file.exists() else ""
+
+    def stop(self) -> None:
+        for c in self.caches:
+            c.close()
+        for proc in [self.daemon, *self.memcacheds]:
+            if proc.proc is not None and proc.proc.poll() is None:
+                try:
+                    proc.resume()
+                except (OSError, AssertionError):
+                    pass
+            proc.stop(grace=5)

@@ -1,0 +1,31 @@
+"""Fixtures for squeal's integration tests: the session's MariaDB primary, memcached per cluster, a daemon."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from squeal_helpers import SquealEnv
+
+from ops.harness import MariaDB
+
+
+@pytest.fixture(scope="session")
+def primary(mariadb_pair: tuple[MariaDB, MariaDB]) -> MariaDB:
+    return mariadb_pair[0]
+
+
+@pytest.fixture
+def squeal_env(primary: MariaDB, tmp_path: Path) -> Iterator:
+    """`squeal_env(**kwargs)` builds a SquealEnv (not started); everything is stopped afterwards."""
+    made: list[SquealEnv] = []
+
+    def make(**kwargs) -> SquealEnv:
+        env = SquealEnv(tmp_path / f"env{len(made)}", primary, **kwargs)
+        made.append(env)
+        return env
+
+    yield make
+    for env in made:
+        env.stop()
