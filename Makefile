@@ -6,7 +6,7 @@ setup:
 
 # The main job: a local two-region topology with a demo workload and the dashboard.
 demo: setup
-	.venv/bin/squealctl up examples/local.toml
+	.venv/bin/squealctl up examples/local.toml --demo
 
 down:
 	.venv/bin/squealctl down

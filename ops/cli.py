@@ -45,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="start every component of a topology on this machine")
     up.add_argument("topology", help="topology TOML file, e.g. examples/local.toml")
     up.add_argument(
+        "--demo", action="store_true", help="also run the demo web tier (loadtest/webtier.py) against every cluster"
+    )
+    up.add_argument("--demo-rate", type=float, default=40.0, help="demo requests per second per cluster")
+    up.add_argument(
         "--without",
         default="",
         metavar="ROLES",
@@ -126,12 +130,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         unknown = without - {"mariadb", "memcached", "router", "squeal", "monitoring"}
         if unknown:
             raise HarnessError(f"--without: unknown component(s) {', '.join(sorted(unknown))}")
-        started = deployment.up(args.topology, without)
+        started = deployment.up(args.topology, without, demo=args.demo, demo_rate=args.demo_rate)
         print(
             f"squeal: {len(started)} components up (state in {deployment.state_dir}); "
             "`squealctl status` lists them, `squealctl down` stops them."
         )
         _print_status(deployment.status())
+        monitor = next((c for c in started if c.role == "monitoring"), None)
+        if monitor:
+            print(f"\ndashboard: http://{monitor.address}/   (metrics: http://{monitor.address}/metrics)")
         return 0
     if args.command == "status":
         rows = deployment.status()

@@ -23,6 +23,7 @@ import psutil
 import router_config
 from ops.harness import (
     REPO_ROOT,
+    DemoWorkload,
     HarnessError,
     ManagedProcess,
     MariaDB,
@@ -35,7 +36,7 @@ from ops.harness import (
 
 log = logging.getLogger(__name__)
 
-ALL_ROLES = ("mariadb-primary", "mariadb-replica", "memcached", "router", "squeal", "monitoring")
+ALL_ROLES = ("mariadb-primary", "mariadb-replica", "memcached", "router", "squeal", "monitoring", "demo")
 DEMO_SCHEMA = REPO_ROOT / "loadtest" / "schema.sql"
 
 
@@ -88,7 +89,13 @@ class Deployment:
 
     # -- up --------------------------------------------------------------------------------------
 
-    def up(self, topology_path: str | Path, without: frozenset[str] = frozenset()) -> list[Component]:
+    def up(
+        self,
+        topology_path: str | Path,
+        without: frozenset[str] = frozenset(),
+        demo: bool = False,
+        demo_rate: float = 40.0,
+    ) -> list[Component]:
         """Start every component of the topology; on any failure stop what was started and re-raise."""
         topo = router_config.load(topology_path)
         if any(self.is_running(c) for c in self.components()):
@@ -152,6 +159,9 @@ class Deployment:
                     extra_args=("--probe-interval", str(topo.monitoring.probe_interval)),
                 )
                 track(monitor, "monitoring", topo.master.name, metrics=monitor.address)
+            if demo:
+                workload = DemoWorkload(topology_path, workdir=self.state_dir / "demo", rate=demo_rate)
+                track(workload, "demo", topo.master.name, metrics=workload.address)
         except BaseException:
             log.error("start-up failed; stopping the %d components already started", len(started))
             self._stop(started)
