@@ -1,0 +1,305 @@
+"""Fast unit tests of each pipeline stage on plain data (no servers)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from meta_memcache_socket import build_meta_delete
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+
+from router_config import Address, Rule
+from squeal import gtid as g
+from squeal.batcher import DeleteProtocol, Sender
+from squeal.cli import main as cli_main
+from squeal.datamarkers import FileDatamarkerStore
+from squeal.flows import CATCHING_UP, LIVE, SHED, Committed, Dispatcher, Flow, split_keys
+from squeal.reader import ReaderConfigError, check_server
+from squeal.rules import KeyExtractor, RuleError, check_rules, comment_keys, delete_line, encode_key
+from squeal.transactions import Annotate, Begin, Commit, Query, Restart, Rows, Transaction, TransactionGrouper
+
+# -- gtid -------------------------------------------------------------------------------------------------
+
+
+def test_positions_parse_compare_and_merge() -> None:
+    pos = g.parse_position("0-1-42, 1-7-3")
+    assert pos == {0: (1, 42), 1: (7, 3)}
+    assert g.format_position(pos) == "0-1-42,1-7-3"
+    assert g.covers(pos, (0, 1, 42)) and not g.covers(pos, (0, 1, 43)) and not g.covers(pos, (2, 1, 1))
+    assert g.earliest([pos, {0: (1, 10), 1: (7, 9)}, {0: (2, 50)}]) == {0: (1, 10)}
+    assert g.parse_position("") == {}
+    with pytest.raises(g.GtidError):
+        g.parse_position("0-1")
+
+
+# -- transactions ---------------------------------------------------------------------------------------------
+
+
+def rows(table: str, *images: dict, kind: str = "insert") -> Rows:
+    return Rows("app", table, kind, tuple(images))
+
+
+def feed(events) -> list[Transaction]:
+    grouper = TransactionGrouper()
+    return [t for t in (grouper.feed(e) for e in events) if t is not None]
+
+
+def test_transactions_are_emitted_only_at_commit() -> None:
+    events = [Begin((0, 1, 1), 100.0), Annotate(b"INSERT ..."), rows("users", {"id": 1}), rows("users", {"id": 2}),
+              Commit(),
+              Begin((0, 1, 2), 101.0), rows("users", {"id": 3}), Query("ROLLBACK"),
+              Begin((0, 1, 3), 102.0, standalone=True), Query("ALTER TABLE users ADD c INT"),
+              Begin((0, 1, 4), 103.0), rows("users", {"id": 4}), Restart(),  # reconnect mid-transaction
+              Begin((0, 1, 4), 103.0), rows("users", {"id": 4}), Query("COMMIT")]
+    txns = feed(events)
+    assert [t.gtid for t in txns] == [(0, 1, 1), (0, 1, 3), (0, 1, 4)]
+    assert [len(t.rows) for t in txns] == [2, 0, 1]
+    assert txns[0].statements == [b"INSERT ..."]
+    assert txns[1].ddl == "ALTER TABLE users ADD c INT"
+
+
+def test_a_transaction_without_commit_is_never_emitted() -> None:
+    grouper = TransactionGrouper()
+    for e in [Begin((0, 1, 1), 1.0), rows("users", {"id": 1}), Begin((0, 1, 2), 2.0), Commit()]:
+        out = grouper.feed(e)
+    assert out is not None and out.gtid == (0, 1, 2) and out.rows == []
+    assert grouper.discarded == 1
+
+
+# -- rules ----------------------------------------------------------------------------------------------------
+
+
+RULES = [Rule("app.users", ("user:{id}", "user:email:{email}")), Rule("app.posts", ("post:{id}", "feed:{author_id}"))]
+
+
+def test_keys_from_before_and_after_images_and_comments() -> None:
+    txn = Transaction((0, 1, 5), 1.0, statements=[b"UPDATE users SET email='b' /* mcd:k1, k2 */ WHERE id=1"],
+                      rows=[rows("users", {"id": 1, "email": "a"}, {"id": 1, "email": "b"}, kind="update"),
+                            rows("posts", {"id": 9, "author_id": None}),
+                            rows("unruled", {"id": 1})])
+    keys, from_rules, from_comments = KeyExtractor(RULES).keys(txn)
+    assert keys == ["k1", "k2", "user:1", "user:email:a", "user:email:b", "post:9"]
+    assert (from_rules, from_comments) == (4, 2)  # NULL author_id renders no feed: key
+
+
+def test_a_dropped_column_is_counted_not_fatal() -> None:
+    ex = KeyExtractor(RULES)
+    keys, _, _ = ex.keys(Transaction((0, 1, 1), 1.0, rows=[rows("users", {"id": 3})]))
+    assert keys == ["user:3"]
+    assert ex.missing_columns == {("app", "users", "email"): 1}
+
+
+def test_comment_parsing() -> None:
+    assert comment_keys(b"/* mcd:a,b */ INSERT /*mcd: c */ /* other */") == ["a", "b", "c"]
+    assert comment_keys(b"INSERT INTO t VALUES (1)") == []
+
+
+def test_key_encoding_matches_the_web_tier_client() -> None:
+    """squeal must delete the very key meta-memcache stored: same plain / base64 / hashed choice."""
+    rng = random.Random(7)
+    alphabet = [b"a", b"Z", b":", b"_", b" ", b"\x01", b"\x7f", "é".encode(), b"~", b"\t"]
+    keys = [b"user:1", b"k" * 186, b"k" * 187, b"k" * 250, b"k" * 251, b"a b", b"\x00"]
+    keys += [b"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 260))) for _ in range(500)]
+    for k in keys:
+        line, how = delete_line(k.decode("utf-8", "surrogateescape"))
+        assert line == build_meta_delete(k)[:-2] + b" q\r\n", (k, how)
+    assert encode_key(b"a b")[1] == "base64" and encode_key(b"x" * 300)[1] == "hashed"
+
+
+def test_rule_check_names_the_rule_and_column() -> None:
+    cols = {("app", "users"): ["id", "email"]}
+    bad = [Rule("app.users", ("user:{id}", "user:nick:{nick}"))]
+    with pytest.raises(RuleError, match=r"rules\[0\] \(table app.users\).*'nick'.*columns: id, email"):
+        check_rules(bad, cols)
+    warnings = check_rules([Rule("app.missing", ("m:{id}",))], cols)
+    assert warnings and "does not exist" in warnings[0]
+
+
+# -- reader settings ----------------------------------------------------------------------------------------------
+
+
+class FakeConn:
+    def __init__(self, row) -> None:
+        self.row = row
+
+    def cursor(self):
+        conn = self
+
+        class Cur:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *a):
+                return False
+
+            def execute(self, sql):
+                conn.sql = sql
+
+            def fetchone(self):
+                return conn.row
+
+        return Cur()
+
+
+def test_server_settings_check() -> None:
+    check_server(FakeConn((1, "ROW", "FULL", "FULL", 1)))
+    with pytest.raises(ReaderConfigError) as e:
+        check_server(FakeConn((1, "MIXED", "MINIMAL", "NO_LOG", 0)))
+    text = str(e.value)
+    for needed in ("--binlog-format=ROW", "--binlog-row-image=FULL", "--binlog-row-metadata=FULL",
+                   "--binlog-annotate-row-events=ON"):
+        assert needed in text
+
+
+# -- flows --------------------------------------------------------------------------------------------------------
+
+
+def committed(seq: int, keys: list[str], regional: list[str] = ()) -> Committed:
+    return Committed((0, 1, seq), 1000.0 + seq, 1000.0 + seq, tuple(delete_line(k)[0] for k in keys),
+                     tuple(delete_line(k)[0] for k in regional))
+
+
+def make_flow(max_backlog: int = 1000, start: int = 0) -> Flow:
+    return Flow("c0", "cluster", [Address("127.0.0.1", 1)], {0: (1, start)}, max_backlog, clock=lambda: 2000.0)
+
+
+def test_batches_span_and_split_transactions_and_ack_in_order() -> None:
+    f = make_flow()
+    f.offer_live(committed(1, ["a", "b", "c"]))
+    f.offer_live(committed(2, ["d"]))
+    b1 = f.take_batch(2)
+    assert b1.payload == b"md a q\r\nmd b q\r\nmn\r\n" and f.take_batch(2) is None  # one in flight
+    f.ack(b1)
+    assert f.acked == {0: (1, 0)}  # txn 1 is only partly acknowledged: the marker must not move
+    b2 = f.take_batch(2)
+    assert b2.payload == b"md c q\r\nmd d q\r\nmn\r\n"
+    f.fail(b2)  # not acknowledged: sent again, identical
+    b3 = f.take_batch(2)
+    assert b3.payload == b2.payload
+    f.ack(b3)
+    assert f.acked == {0: (1, 2)} and f.backlog == 0 and not f.queue
+
+
+def test_keyless_and_duplicate_transactions() -> None:
+    f = make_flow(start=5)
+    f.offer_live(committed(4, ["old"]))  # already covered by the datamarker
+    f.offer_live(committed(6, []))  # nothing to delete, nothing queued: done at once
+    assert not f.queue and f.acked == {0: (1, 6)}
+
+
+def test_shed_catch_up_and_rejoin() -> None:
+    f = make_flow(max_backlog=3)
+    shed = []
+    f.on_shed = shed.append
+    d = Dispatcher([f], {0: (1, 0)})
+    d.dispatch(committed(1, ["a"]))
+    batch = f.take_batch(10)
+    d.dispatch(committed(2, ["b", "c"]))
+    d.dispatch(committed(3, ["d", "e"]))  # backlog 5 > 3
+    assert f.state == SHED and shed == [f] and not f.queue and f.backlog == 0
+    f.ack(batch)  # the ack of the batch in flight before the shed is from the past: ignored
+    assert f.acked == {0: (1, 0)}
+    d.dispatch(committed(4, ["f"]))  # ignored while shed
+    assert not f.queue
+    assert f.start_catchup() == {0: (1, 0)} and f.state == CATCHING_UP
+    for seq, keys in [(1, ["a"]), (2, ["b", "c"]), (3, ["d", "e"])]:
+        f.offer_catchup(committed(seq, keys))
+        assert not f.caught_up(d.live)
+    f.offer_catchup(committed(4, ["f"]))
+    assert f.caught_up(d.live)
+    f.rejoin()
+    d.dispatch(committed(4, ["f"]))  # a duplicate from the live stream is skipped
+    assert f.state == LIVE and [e.gtid[2] for e in f.queue] == [1, 2, 3, 4]
+    f.ack(f.take_batch(10))
+    d.dispatch(committed(5, ["g"]))
+    assert f.state == LIVE and [e.gtid[2] for e in f.queue] == [5] and f.acked == {0: (1, 4)}
+
+
+def test_regional_split() -> None:
+    assert split_keys(["regional:1", "user:1", "rmk:x"], ["regional:", "rmk:"]) == (["user:1"], ["regional:1", "rmk:x"])
+    assert split_keys(["a"], []) == (["a"], [])
+
+
+# -- batcher ------------------------------------------------------------------------------------------------------
+
+
+def test_protocol_reads_replies_to_mn() -> None:
+    replies = []
+    p = DeleteProtocol(lambda n, errs: replies.append((n, errs)), lambda why: None)
+    p.makeConnection(StringTransport())
+    p.send(b"md a q\r\nmn\r\n")
+    p.dataReceived(b"NF\r\nM")
+    assert replies == []
+    p.dataReceived(b"N\r\nCLIENT_ERROR bad\r\nSERVER_ERROR out of memory\r\nMN\r\n")
+    assert replies == [(0, []), (1, [b"CLIENT_ERROR bad", b"SERVER_ERROR out of memory"])]
+
+
+def _connect(reactor: MemoryReactorClock, index: int) -> tuple[StringTransport, object]:
+    host, port, factory, _timeout, _bind = reactor.tcpClients[index]
+    proto = factory.buildProtocol(None)
+    transport = StringTransport()
+    proto.makeConnection(transport)
+    return transport, proto
+
+
+def test_sender_batches_by_timer_fails_over_and_backs_off() -> None:
+    reactor = MemoryReactorClock()
+    f = Flow("c0", "cluster", [Address("127.0.0.1", 1001), Address("127.0.0.1", 1002)], {}, 1000)
+    Sender(f, reactor, batch_size=3, flush_interval=0.0005, reply_timeout=1.0)
+    f.offer_live(committed(1, ["a"]))
+    f.offer_live(committed(2, ["b"]))
+    assert reactor.tcpClients == []  # waiting for the flush timer to fill the batch
+    reactor.advance(0.001)
+    assert reactor.tcpClients[0][1] == 1001
+    transport, proto = _connect(reactor, 0)
+    assert transport.value() == b"md a q\r\nmd b q\r\nmn\r\n"  # one write, both transactions
+    reactor.advance(1.0)  # no MN: timeout -> failed, next router after backoff
+    assert f.acked == {} and f.in_flight is None
+    reactor.advance(0.05)  # backoff ...
+    reactor.advance(0.001)  # ... then the flush timer again
+    assert reactor.tcpClients[1][1] == 1002
+    transport2, proto2 = _connect(reactor, 1)
+    assert transport2.value() == b"md a q\r\nmd b q\r\nmn\r\n"
+    proto2.dataReceived(b"MN\r\n")
+    assert f.acked == {0: (1, 2)} and f.backlog == 0
+    f.offer_live(committed(3, ["c", "d", "e"]))  # a full batch leaves at once, no timer
+    assert transport2.value().endswith(b"md c q\r\nmd d q\r\nmd e q\r\nmn\r\n")
+
+
+# -- datamarkers and replay -----------------------------------------------------------------------------------------
+
+
+def test_file_datamarkers_are_atomic_and_replay_requests_taken_once(tmp_path) -> None:
+    store = FileDatamarkerStore(tmp_path)
+    assert store.load("east-a") is None
+    store.save("east-a", "0-1-5")
+    store.save("east-a", "0-1-9")
+    assert store.load("east-a") == "0-1-9"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["east-a.marker"]  # no temporary files left
+    store.request_replay("east-a", "0-1-2")
+    assert store.take_replay_requests() == {"east-a": "0-1-2"} and store.take_replay_requests() == {}
+    (tmp_path / "bad.marker").write_text(json.dumps({"position": "garbage"}))
+    with pytest.raises(g.GtidError):
+        store.load("bad")
+    with pytest.raises(ValueError):
+        store.save("../escape", "0-1-1")
+
+
+def test_cli_replay_rewrites_the_marker(tmp_path, capsys) -> None:
+    topo = tmp_path / "t.toml"
+    topo.write_text(
+        '[[rules]]\ntable = "app.users"\nkeys = ["user:{id}"]\n'
+        '[regions.east]\nmaster = true\ndatabase = { role = "primary", port = 3306, server_id = 1 }\n'
+        '[regions.east.clusters.a]\nrouters = ["127.0.0.1:7001"]\n'
+        'pools.wildcard = { servers = ["127.0.0.1:7002"] }\n')
+    state = tmp_path / "state"
+    assert cli_main(["replay", str(topo), "--region", "east", "--flow", "a", "--from", "0-1-17",
+                     "--state-dir", str(state)]) == 0
+    assert FileDatamarkerStore(state).load("a") == "0-1-17"
+    assert cli_main(["replay", str(topo), "--region", "east", "--flow", "nope", "--from", "0-1-1",
+                     "--state-dir", str(state)]) == 2
+    assert "no flow 'nope'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli_main(["run", "--help"])
+    assert "--state-dir" in capsys.readouterr().out
