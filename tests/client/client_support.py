@@ -127,26 +127,45 @@ pools.wildcard = {{ kind = "wildcard", servers = ["{west_wildcard}"] }}
 
 
 class Regions:
-    """Two regions' memcached (a memcached stands in for each cluster's router) and their topology."""
+    """Two regions (east master, west replica), one cluster each, on free ports.
 
-    def __init__(self, base: Path, primary: MariaDB, replica: MariaDB, database: str, memcached_factory) -> None:
+    Without `router_factory` a memcached stands in for each cluster's router (as in squeal's tests: no
+    prefix routing, so clients write markers to the regional pool directly). With it, each cluster gets a
+    real squeal-router running `router_config.cluster_config` in front of its own memcached.
+    """
+
+    def __init__(
+        self, base: Path, primary: MariaDB, replica: MariaDB, database: str, memcached_factory, router_factory=None
+    ) -> None:
         self.primary, self.replica, self.database = primary, replica, database
         self.east_mc, self.west_mc = memcached_factory(), memcached_factory()
         self.east_regional, self.west_regional = memcached_factory(), memcached_factory()
+        self.with_routers = router_factory is not None
+        if self.with_routers:
+            routers = {"east": f"127.0.0.1:{free_port()}", "west": f"127.0.0.1:{free_port()}"}
+            wildcard = {"east": self.east_mc.address, "west": self.west_mc.address}
+        else:
+            routers = {"east": self.east_mc.address, "west": self.west_mc.address}
+            wildcard = {"east": f"127.0.0.1:{free_port()}", "west": f"127.0.0.1:{free_port()}"}
         self.text = two_region_topology_text(
             primary,
             replica,
             database,
-            east_router=self.east_mc.address,
-            west_router=self.west_mc.address,
-            east_wildcard=f"127.0.0.1:{free_port()}",
-            west_wildcard=f"127.0.0.1:{free_port()}",
+            east_router=routers["east"],
+            west_router=routers["west"],
+            east_wildcard=wildcard["east"],
+            west_wildcard=wildcard["west"],
             east_regional=self.east_regional.address,
             west_regional=self.west_regional.address,
         )
         self.path = base / "topology.toml"
         self.path.write_text(self.text)
         self.topology = router_config.load(self.path)
+        self.routers = {}
+        if router_factory is not None:
+            for cluster in self.topology.clusters:
+                config = router_config.cluster_config(self.topology, cluster.name)
+                self.routers[cluster.name] = router_factory(config, port=cluster.routers[0].port)
 
     def caught_up(self) -> None:
         """Wait until the replica has applied everything the primary committed."""
