@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from leases import LeaseCache, WaitPolicy, connect
+from leases import ClientStats, LeaseCache, WaitPolicy, connect
 from remote_markers import RemoteMarkers, SqlClient
 from router_config import Topology
 
@@ -99,7 +99,7 @@ class WebServer:
         )
 
     @property
-    def stats(self) -> Any:
+    def stats(self) -> ClientStats:
         return self.cache.stats
 
     # -- users ----------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import time
 
 import pytest
 from client_support import new_user
+from prometheus_client import REGISTRY
 
 from leases import LeaseCache, WaitPolicy, connect
 
@@ -54,6 +55,7 @@ def test_stale_set_race_fill_refused(make_cache, master_sql, invalidation):
     assert result == [{"id": uid, "name": "old"}]  # A's caller gets what the database said when asked
     assert cache.stats.lease_wins == 1
     assert cache.stats.fills_refused == 1 and cache.stats.fills == 0
+    assert REGISTRY.get_sample_value("squeal_client_fills_refused_total", {"cache": cache.name}) == 1
     assert cache.get_or_fill(key, load, ttl=300)["name"] == "new"
     assert cache.get(key) == {"id": uid, "name": "new"}
 
@@ -227,6 +229,15 @@ def test_memcached_hung_reads_fall_back(memcached_factory, master_sql):
         assert cache.stats.errors >= 1
     finally:
         mc.resume()
+
+
+def test_wait_policy_is_bounded_and_jittered():
+    policy = WaitPolicy(first=0.01, max_step=0.1, backoff=2, budget=1.0)
+    runs = [list(policy.steps()) for _ in range(5)]
+    for steps in runs:
+        assert sum(steps) == pytest.approx(1.0)
+        assert max(steps) <= 0.15 and steps[0] <= 0.015
+    assert len({tuple(r) for r in runs}) == 5  # jittered: no two readers retry in lock-step
 
 
 def test_invalid_keys_rejected(make_cache):
