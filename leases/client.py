@@ -190,6 +190,11 @@ class LeaseCache:
                 return self._load_unfilled(key, loader, first)
             f = r.flags
             if f.win is True:
+                if f.cas_token is None:
+                    # Without the lease's CAS a fill would be an unconditional set: exactly the stale set
+                    # leases exist to prevent. (A proxy that drops the `c` flag would cause this.)
+                    log.warning("%s: lease on %r came without a CAS token; not filling", self.name, key)
+                    return self._load_unfilled(key, loader, first)
                 self._count_miss(first)
                 self.stats.incr("lease_wins")
                 return self._fill(key, loader, ttl, cas=f.cas_token, placeholder=r.size == 0)
