@@ -3,10 +3,8 @@ directly or through squeal-router, and a two-region topology on free ports."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from client_support import (
@@ -70,39 +68,15 @@ def make_cache(cache_servers: list[str]) -> Callable[..., LeaseCache]:
 
 
 @pytest.fixture
-def fast_memcached(tmp_path) -> Iterator[Callable[[], Memcached]]:
-    """Like `memcached_factory`, but stopped in parallel at teardown: memcached takes ~1 s to exit on
-    SIGTERM, and a two-region setup has four of them."""
-    started: list[Memcached] = []
-
-    def make() -> Memcached:
-        mc = Memcached(workdir=tmp_path / "memcached")
-        started.append(mc)
-        return mc.start()
-
-    yield make
-    stoppers = []
-    for mc in started:
-        if mc.proc is not None and mc.proc.poll() is None:
-            with contextlib.suppress(OSError):
-                mc.resume()  # a test may have paused it
-        stoppers.append(threading.Thread(target=mc.stop, kwargs={"grace": 5}))
-    for t in stoppers:
-        t.start()
-    for t in stoppers:
-        t.join()
-
-
-@pytest.fixture
-def regions(tmp_path, mariadb_pair, client_db, fast_memcached) -> Regions:
+def regions(tmp_path, mariadb_pair, client_db, memcached_factory) -> Regions:
     primary, replica = mariadb_pair
-    return Regions(tmp_path, primary, replica, client_db, fast_memcached)
+    return Regions(tmp_path, primary, replica, client_db, memcached_factory)
 
 
 @pytest.fixture
-def routed_regions(tmp_path, mariadb_pair, client_db, fast_memcached, router_factory) -> Regions:
+def routed_regions(tmp_path, mariadb_pair, client_db, memcached_factory, router_factory) -> Regions:
     """Like `regions`, with a real squeal-router per cluster (skips if the router is not built)."""
     if not ROUTER_AVAILABLE:
         pytest.skip(ROUTER_SKIP)
     primary, replica = mariadb_pair
-    return Regions(tmp_path, primary, replica, client_db, fast_memcached, router_factory)
+    return Regions(tmp_path, primary, replica, client_db, memcached_factory, router_factory)
