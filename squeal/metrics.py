@@ -20,7 +20,7 @@ class Metrics:
         # reader / pipeline
         self.transactions = Counter("squeal_transactions", "Committed transactions read from the binlog",
                                     ["reader"], registry=r)
-        self.rows = Counter("squeal_rows", "Row images of tables with rules, read from the binlog", ["reader"],
+        self.rows = Counter("squeal_rows", "Row changes of tables with rules, read from the binlog", ["reader"],
                             registry=r)
         self.keys = Counter("squeal_keys", "Keys extracted, by source (rule templates or mcd comments)",
                             ["source"], registry=r)

@@ -135,7 +135,7 @@ class ReadLoop:
                 c = self.stage.process(txn)
                 if tx is not None and rows is not None:
                     tx.inc()
-                    n = sum(len(r.images) for r in txn.rows)
+                    n = sum(r.changes for r in txn.rows)
                     if n:
                         rows.inc(n)
                     m.reader_event_time.labels(reader=name).set(txn.timestamp)

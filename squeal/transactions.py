@@ -47,6 +47,11 @@ class Rows:
     kind: str  # "insert" | "update" | "delete"
     images: tuple[dict, ...]  # every row image: after (insert), before (delete), before and after (update)
 
+    @property
+    def changes(self) -> int:
+        """Rows changed (an UPDATE carries two images per row)."""
+        return len(self.images) // 2 if self.kind == "update" else len(self.images)
+
 
 @dataclass(frozen=True, slots=True)
 class Commit:

@@ -1,0 +1,231 @@
+"""squeal throughput, batching and memory benchmark (not a test: prints figures for docs/benchmarks.md).
+
+    .venv/bin/python bench/squeal_throughput.py [--rows 50000] [--dead-seconds 60]
+
+1. Throughput: one binlog of `--rows` row changes (a 4-column table, transactions of 10 single-row
+   statements, half INSERTs, half UPDATEs) is read twice in the same run: by bare python-mysql-replication
+   (decode every row, nothing else) and by `squeal run` end to end (keys rendered, batched, sent to two
+   memcached "clusters", acknowledged, datamarkers written). Ratio = squeal rows/s / bare rows/s.
+2. Batching: deletes per write (squeal_deletes_sent_total / squeal_delete_writes_total) for the same
+   replay with the topology's batch_size (256) and with batch_size = 1 (no batching).
+3. Memory: squeal following a steady write load while one cluster's memcached is SIGSTOPped for
+   `--dead-seconds`; squeal's RSS is sampled throughout, then after the dead cluster has caught up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.event import MariadbGtidEvent, XidEvent
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "squeal"))
+from squeal_helpers import topology_text  # noqa: E402
+
+from ops.harness import MariaDB, Memcached, SquealDaemon  # noqa: E402
+from squeal import gtid as g  # noqa: E402
+from squeal.reader import BinlogReader  # noqa: E402
+
+
+def health(port: int) -> dict:
+    return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read())
+
+
+def metric_sum(port: int, name: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def load(db: MariaDB, schema: str, rows: int, first_id: int = 1) -> None:
+    """rows/2 INSERTs then rows/2 UPDATEs, 10 statements per transaction."""
+    n = rows // 2
+    with db.connect(schema, autocommit=False) as conn, conn.cursor() as cur:
+        for start in range(first_id, first_id + n, 10):
+            for i in range(start, min(start + 10, first_id + n)):
+                cur.execute("INSERT INTO users VALUES (%s, %s, %s, %s)", (i, f"u{i}@example.com", f"name {i}", i))
+            conn.commit()
+        for start in range(first_id, first_id + n, 10):
+            for i in range(start, min(start + 10, first_id + n)):
+                cur.execute("UPDATE users SET n = n + 1, email = %s WHERE id = %s", (f"v{i}@example.com", i))
+            conn.commit()
+
+
+def bare_decode(db: MariaDB, schema: str, start: str, end: g.Position) -> tuple[int, float]:
+    """Decode every row of the binlog after `start` up to `end`, nothing else (the library's own speed).
+
+    Same library options as squeal's reader (events, schema and table filters), so the ratio is squeal's
+    own cost on top of decoding.
+
+    Blocking mode, stopped at the last transaction's XID: MariaDB ends a non-blocking dump with a lost
+    connection, which the library answers by reconnecting from `start` (upstream issue 367), forever.
+    """
+    stream = BinLogStreamReader(
+        connection_settings={"host": db.host, "port": db.port, "user": db.user, "passwd": db.password},
+        server_id=987654, blocking=True, is_mariadb=True, annotate_rows_event=True, auto_position=start,
+        only_events=BinlogReader.EVENTS, only_schemas=[schema], only_tables=["users", "posts"],
+        enable_logging=False)
+    last = next(iter(end.items()))
+    final_gtid = f"{last[0]}-{last[1][0]}-{last[1][1]}"
+    rows = 0
+    in_final = False
+    t0 = time.perf_counter()
+    for ev in stream:
+        if hasattr(ev, "rows"):
+            rows += len(ev.rows)
+        elif isinstance(ev, MariadbGtidEvent):
+            in_final = ev.gtid == final_gtid
+        elif in_final and isinstance(ev, XidEvent):
+            break
+    elapsed = time.perf_counter() - t0
+    stream.close()
+    return rows, elapsed
+
+
+def squeal_replay(base: Path, db: MariaDB, schema: str, caches: list[Memcached], start: str, end: g.Position,
+                  batch_size: int) -> dict:
+    work = Path(tempfile.mkdtemp(dir=base))
+    topo = work / "topology.toml"
+    topo.write_text(topology_text(db, schema, [m.port for m in caches], regional=False, batch_size=batch_size))
+    # The 4-column table: rules render two keys per row image.
+    daemon = SquealDaemon(topo, "east", workdir=work, state_dir=work / "state", extra_args=("--from-gtid", start))
+    daemon.start()
+    t0 = time.perf_counter()
+    try:
+        while True:
+            flows = health(daemon.port)["flows"]
+            if all(g.covers_position(g.parse_position(f["acked"]), end) for f in flows.values()):
+                break
+            time.sleep(0.01)
+        elapsed = time.perf_counter() - t0
+        rows = metric_sum(daemon.port, "squeal_rows_total")
+        deletes = metric_sum(daemon.port, "squeal_deletes_sent_total")
+        writes = metric_sum(daemon.port, "squeal_delete_writes_total")
+        rss = psutil.Process(daemon.pid).memory_info().rss
+    finally:
+        daemon.stop()
+    return {"rows": rows, "seconds": elapsed, "rows_per_s": rows / elapsed, "deletes": deletes, "writes": writes,
+            "deletes_per_write": deletes / max(writes, 1), "rss_mb": rss / 2**20}
+
+
+def memory_run(base: Path, db: MariaDB, schema: str, caches: list[Memcached], dead_seconds: float) -> dict:
+    work = Path(tempfile.mkdtemp(dir=base))
+    topo = work / "topology.toml"
+    topo.write_text(topology_text(db, schema, [m.port for m in caches], regional=False))
+    daemon = SquealDaemon(topo, "east", workdir=work, state_dir=work / "state", extra_args=("--reply-timeout", "1"))
+    daemon.start()
+    proc = psutil.Process(daemon.pid)
+    samples: list[tuple[float, float]] = []
+    stop = threading.Event()
+    stop_sampling = threading.Event()
+    written = [0]
+
+    def writer() -> None:
+        with db.connect(schema, autocommit=False) as conn, conn.cursor() as cur:
+            i = 10_000_000
+            while not stop.is_set():
+                for _ in range(10):
+                    cur.execute("INSERT INTO users VALUES (%s, %s, 'n', 0)", (i, f"m{i}@example.com"))
+                    i += 1
+                conn.commit()
+                written[0] += 10
+
+    def sampler() -> None:
+        t0 = time.monotonic()
+        while not stop_sampling.is_set():
+            samples.append((time.monotonic() - t0, proc.memory_info().rss / 2**20))
+            time.sleep(0.25)
+
+    threads = [threading.Thread(target=writer, daemon=True), threading.Thread(target=sampler, daemon=True)]
+    for t in threads:
+        t.start()
+    time.sleep(3)
+    before = proc.memory_info().rss / 2**20
+    caches[1].pause()
+    time.sleep(dead_seconds)
+    caches[1].resume()
+    resumed_at = time.monotonic()
+    stop.set()
+    rows_written = written[0]
+    end = g.parse_position(db.gtid_binlog_pos())
+    while True:
+        flows = health(daemon.port)["flows"]
+        if all(g.covers_position(g.parse_position(f["acked"]), end) for f in flows.values()):
+            break
+        if time.monotonic() - resumed_at > 300:
+            raise RuntimeError(f"the dead cluster did not catch up in 300 s: {flows}")
+        time.sleep(0.1)
+    catch_up = time.monotonic() - resumed_at
+    time.sleep(2)
+    stop_sampling.set()
+    after = proc.memory_info().rss / 2**20
+    sheds = metric_sum(daemon.port, "squeal_flow_sheds_total")
+    rejoins = metric_sum(daemon.port, "squeal_flow_rejoins_total")
+    deletes = metric_sum(daemon.port, "squeal_deletes_sent_total")
+    writes = metric_sum(daemon.port, "squeal_delete_writes_total")
+    daemon.stop()
+    return {"dead_seconds": dead_seconds, "rows_written": rows_written,
+            "write_rate": rows_written / (dead_seconds + 3), "rss_before_mb": before,
+            "rss_peak_mb": max(r for _, r in samples), "rss_after_catchup_mb": after,
+            "catch_up_seconds": catch_up, "sheds": sheds, "rejoins": rejoins,
+            "live_deletes_per_write": deletes / max(writes, 1)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=50_000)
+    ap.add_argument("--dead-seconds", type=float, default=60.0)
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="squeal-bench-"))
+    db = MariaDB(1, workdir=base / "db").start()
+    caches = [Memcached(workdir=base / "mc", memory_mb=256).start() for _ in range(2)]
+    try:
+        schema = "bench"
+        db.execute(f"CREATE DATABASE {schema}",
+                   f"CREATE TABLE {schema}.users (id INT PRIMARY KEY, email VARCHAR(100), name VARCHAR(100), n INT)",
+                   f"CREATE TABLE {schema}.posts (id INT PRIMARY KEY, author_id INT, title VARCHAR(100))")
+        start = db.gtid_binlog_pos()
+        t = time.perf_counter()
+        load(db, schema, args.rows)
+        end = g.parse_position(db.gtid_binlog_pos())
+        print(f"wrote {args.rows} row changes in {time.perf_counter() - t:.1f}s ({start} -> {g.format_position(end)})")
+
+        bare_rows, bare_s = bare_decode(db, schema, start, end)
+        bare = bare_rows / bare_s
+        print(f"bare mysql-replication decode: {bare_rows} rows in {bare_s:.2f}s = {bare:,.0f} rows/s")
+        batched = squeal_replay(base, db, schema, caches, start, end, batch_size=256)
+        print(f"squeal end to end (batch 256): {batched['rows']:.0f} rows in {batched['seconds']:.2f}s = "
+              f"{batched['rows_per_s']:,.0f} rows/s; {batched['deletes_per_write']:.1f} deletes/write; "
+              f"RSS {batched['rss_mb']:.0f} MB")
+        single = squeal_replay(base, db, schema, caches, start, end, batch_size=1)
+        print(f"squeal end to end (batch 1):   {single['rows']:.0f} rows in {single['seconds']:.2f}s = "
+              f"{single['rows_per_s']:,.0f} rows/s; {single['deletes_per_write']:.1f} deletes/write")
+        print(f"RATIO squeal/bare = {batched['rows_per_s'] / bare:.2f}; batching = "
+              f"{batched['deletes_per_write'] / single['deletes_per_write']:.0f}x deletes per write")
+
+        mem = memory_run(base, db, schema, caches, args.dead_seconds)
+        print(f"memory: one cluster dead {mem['dead_seconds']:.0f}s under {mem['write_rate']:,.0f} rows/s: RSS "
+              f"{mem['rss_before_mb']:.0f} MB before, peak {mem['rss_peak_mb']:.0f} MB, "
+              f"{mem['rss_after_catchup_mb']:.0f} MB after catch-up ({mem['catch_up_seconds']:.1f}s to catch up; "
+              f"sheds {mem['sheds']:.0f}, rejoins {mem['rejoins']:.0f}); live deletes/write "
+              f"{mem['live_deletes_per_write']:.1f}")
+    finally:
+        for m in caches:
+            try:
+                m.resume()
+            except (OSError, AssertionError):
+                pass
+            m.stop()
+        db.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
