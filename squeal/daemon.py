@@ -155,7 +155,7 @@ class Daemon:
         start = g.earliest([f.acked for f in flows])
         self.dispatcher = Dispatcher(flows, start)
         reader = BinlogReader(self.source, start, self.extractor.tables, name="live")
-        handoff = Handoff(self.reactor, self._deliver_live)
+        handoff = Handoff(self.reactor, self._deliver_live, bound=max(100, s.max_backlog // 4))
         self.live = ReadLoop(reader, self.stage, handoff.put, self.metrics)
         self.metrics.reader_connected.labels(reader="live").set_function(lambda: int(reader.connected.is_set()))
 
@@ -208,7 +208,8 @@ class Daemon:
                 time.sleep(0.01)
 
         loop: ReadLoop
-        handoff = Handoff(self.reactor, lambda items: self._deliver_catchup(flow, loop, items), bound=1000)
+        handoff = Handoff(self.reactor, lambda items: self._deliver_catchup(flow, loop, items),
+                          bound=max(100, bound // 2))
         loop = ReadLoop(reader, self.stage, handoff.put, self.metrics, wait=brake)
         self.catchups[flow.name] = loop
         log.info("flow %s: catch-up reader from %s", flow.name, g.format_position(start) or "the start")

@@ -66,37 +66,53 @@ class KeyStage:
 
 
 class Handoff:
-    """Reader thread -> reactor thread, coalescing, with a bound (the reader waits when it is full)."""
+    """Reader thread -> reactor thread, coalescing and bounded.
 
-    def __init__(self, reactor: Any, deliver: Callable[[list[Committed]], None], bound: int = 20000) -> None:
+    The bound counts keys (plus one per transaction) and is squeal's own back-pressure: if the reactor
+    thread cannot keep up with decoding, the reader waits here instead of piling transactions up (and
+    making healthy flows shed). Destinations never hold the reader back; only their flows shed.
+    The reactor takes at most `chunk` transactions per turn so sockets (acks, sends) are served between.
+    """
+
+    def __init__(self, reactor: Any, deliver: Callable[[list[Committed]], None], bound: int = 20000,
+                 chunk: int = 200) -> None:
         self.reactor = reactor
         self.deliver = deliver
         self.bound = bound
+        self.chunk = chunk
         self._items: collections.deque[Committed] = collections.deque()
+        self._weight = 0
         self._scheduled = False
-        self._lock = threading.Lock()
-        self._room = threading.Event()
-        self._room.set()
+        self._cond = threading.Condition()
+
+    @staticmethod
+    def _weigh(c: Committed) -> int:
+        return 1 + len(c.cluster_lines) + len(c.regional_lines)
 
     def put(self, c: Committed) -> None:  # reader thread
-        if len(self._items) >= self.bound:
-            self._room.clear()
-            self._room.wait(1.0)
-        with self._lock:
+        w = self._weigh(c)
+        with self._cond:
+            while self._weight >= self.bound:
+                self._cond.wait(0.5)
             self._items.append(c)
+            self._weight += w
             if self._scheduled:
                 return
             self._scheduled = True
         self.reactor.callFromThread(self._drain)
 
     def _drain(self) -> None:  # reactor thread
-        with self._lock:
-            items = list(self._items)
-            self._items.clear()
-            self._scheduled = False
-        self._room.set()
+        with self._cond:
+            n = min(self.chunk, len(self._items))
+            items = [self._items.popleft() for _ in range(n)]
+            self._weight -= sum(self._weigh(c) for c in items)
+            more = bool(self._items)
+            self._scheduled = more
+            self._cond.notify_all()
         if items:
             self.deliver(items)
+        if more:
+            self.reactor.callLater(0, self._drain)  # let the reactor serve sockets before the next chunk
 
 
 class ReadLoop:
