@@ -135,13 +135,16 @@ class ReadLoop:
         tx = m.transactions.labels(reader=name) if m else None
         rows = m.rows.labels(reader=name) if m else None
         try:
-            reconnects = 0
+            reconnects = rolled_back = 0
             for ev in self.reader:
                 txn = self.grouper.feed(ev)
                 if txn is None:
                     if m is not None and self.reader.reconnects != reconnects:
                         m.reader_reconnects.labels(reader=name).inc(self.reader.reconnects - reconnects)
                         reconnects = self.reader.reconnects
+                    if m is not None and self.grouper.rolled_back != rolled_back and name == "live":
+                        m.rolled_back.inc(self.grouper.rolled_back - rolled_back)
+                        rolled_back = self.grouper.rolled_back
                     continue
                 self.reader.commit(txn.gtid)
                 if self.wait is not None:

@@ -10,6 +10,7 @@ import time
 from squeal_helpers import create_schema, scrape, topology_text, unique_db, wait_until, write_topology
 
 from ops.harness import REPO_ROOT, MariaDB
+from squeal import FileDatamarkerStore
 
 
 class Writer(threading.Thread):
@@ -155,3 +156,29 @@ def test_server_without_annotations_is_refused(mariadb_factory, tmp_path) -> Non
     assert result.returncode == 2, result.stderr
     assert "binlog_annotate_row_events" in result.stderr and "binlog_row_image" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_replay_rewinds_one_flow_of_the_running_daemon_and_sigterm_checkpoints(squeal_env) -> None:
+    env = squeal_env().start()
+    before = env.db.gtid_binlog_pos()
+    keys = [f"user:{i}" for i in range(1, 21)]
+    env.sql("INSERT INTO users VALUES " + ", ".join(f"({i}, NULL, 'n')" for i in range(1, 21)))
+    env.fence()
+    for c in env.caches:  # the web tier re-fills the caches (say, with data a broken router misrouted)
+        c.set_many(keys)
+    replay = subprocess.run(
+        [str(REPO_ROOT / ".venv" / "bin" / "squeal"), "replay", str(env.topology), "--region", "east",
+         "--flow", "c1", "--from", before, "--state-dir", str(env.state_dir)],
+        capture_output=True, text=True, timeout=30)
+    assert replay.returncode == 0, replay.stderr
+    assert "told the running daemon" in replay.stdout
+    wait_until(lambda: not env.caches[1].present(keys), 10, "c1 to be replayed")
+    env.fence()
+    assert env.caches[0].present(keys) == set(keys), "replaying c1 touched c0"
+
+    # SIGTERM: flush and checkpoint; every flow's datamarker is the server's last GTID.
+    last = env.db.gtid_binlog_pos()
+    env.daemon.stop()
+    assert env.daemon.proc.returncode == 0
+    store = FileDatamarkerStore(env.state_dir)
+    assert {f: store.load(f) for f in ("c0", "c1", "regional")} == {"c0": last, "c1": last, "regional": last}
