@@ -16,6 +16,7 @@ Locust workloads drive this object directly (no HTTP layer: the cache and databa
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,64 @@ def install_schema(db: SqlClient, database: str = "app") -> None:
     """Create the demo schema on `db` (the master; replicas get it through replication)."""
     for stmt in schema_statements(database):
         db.execute(stmt)
+
+
+@dataclass(frozen=True)
+class KeyFamily:
+    """One kind of cache key the web tier fills: `<prefix>:<arg>` holds what `query` returns for `arg`.
+
+    The read methods below and the consistency checker (`squealctl verify`) both load through this, so
+    what the checker expects is exactly what a web server would cache.
+    shape: "row" (one dict or None), "rows" (list of dicts), "column" (list of the first column's values).
+    """
+
+    prefix: str
+    query: str  # one %s: the key's argument
+    shape: str
+    all_args: str  # every argument currently in the database (for sampling)
+
+    def key(self, arg: Any) -> str:
+        return f"{self.prefix}:{arg}"
+
+    def load(self, db: SqlClient, key: str) -> Any:
+        arg = key[len(self.prefix) + 1 :]
+        if self.shape == "row":
+            return db.query_one(self.query, (arg,))
+        rows = db.query(self.query, (arg,))
+        if self.shape == "column":
+            return [next(iter(r.values())) for r in rows]
+        return rows
+
+    def all_keys(self, db: SqlClient) -> list[str]:
+        return [self.key(next(iter(r.values()))) for r in db.query(self.all_args, ())]
+
+
+KEY_FAMILIES: dict[str, KeyFamily] = {
+    f.prefix: f
+    for f in (
+        KeyFamily("user", "SELECT id, name, email FROM users WHERE id = %s", "row", "SELECT id FROM users"),
+        KeyFamily("user:email", "SELECT id, name, email FROM users WHERE email = %s", "row", "SELECT email FROM users"),
+        KeyFamily("post", "SELECT id, author_id, body FROM posts WHERE id = %s", "row", "SELECT id FROM posts"),
+        KeyFamily(
+            "feed",
+            f"SELECT id, author_id, body FROM posts WHERE author_id = %s ORDER BY id DESC LIMIT {FEED_LENGTH}",
+            "rows",
+            "SELECT DISTINCT author_id FROM posts",
+        ),
+        KeyFamily(
+            "followers",
+            "SELECT follower_id FROM follows WHERE followee_id = %s ORDER BY 1",
+            "column",
+            "SELECT DISTINCT followee_id FROM follows",
+        ),
+        KeyFamily(
+            "following",
+            "SELECT followee_id FROM follows WHERE follower_id = %s ORDER BY 1",
+            "column",
+            "SELECT DISTINCT follower_id FROM follows",
+        ),
+    )
+}
 
 
 class WebServer:
@@ -102,22 +161,19 @@ class WebServer:
     def stats(self) -> ClientStats:
         return self.cache.stats
 
+    def _read(self, family: str, arg: Any, *, stale_ok: bool = False) -> Any:
+        """Look-aside read of one key family (leases, remote markers) loading through KEY_FAMILIES."""
+        fam = KEY_FAMILIES[family]
+        key = fam.key(arg)
+        return self.rm.read_through(key, lambda db: fam.load(db, key), self.ttl, stale_ok=stale_ok)
+
     # -- users ----------------------------------------------------------------------------------------
 
     def get_user(self, user_id: int, *, stale_ok: bool = False) -> dict[str, Any] | None:
-        return self.rm.read_through(
-            f"user:{user_id}",
-            lambda db: db.query_one("SELECT id, name, email FROM users WHERE id = %s", (user_id,)),
-            self.ttl,
-            stale_ok=stale_ok,
-        )
+        return self._read("user", user_id, stale_ok=stale_ok)
 
     def get_user_by_email(self, email: str) -> dict[str, Any] | None:
-        return self.rm.read_through(
-            f"user:email:{email}",
-            lambda db: db.query_one("SELECT id, name, email FROM users WHERE email = %s", (email,)),
-            self.ttl,
-        )
+        return self._read("user:email", email)
 
     def create_user(self, name: str, email: str) -> int:
         _, user_id = self.rm.write_with_marker(
@@ -155,23 +211,11 @@ class WebServer:
         return post_id
 
     def get_post(self, post_id: int) -> dict[str, Any] | None:
-        return self.rm.read_through(
-            f"post:{post_id}",
-            lambda db: db.query_one("SELECT id, author_id, body FROM posts WHERE id = %s", (post_id,)),
-            self.ttl,
-        )
+        return self._read("post", post_id)
 
     def get_feed(self, author_id: int, *, stale_ok: bool = True) -> list[dict[str, Any]]:
         """An author's latest posts, newest first. Feeds tolerate a stale copy while one reader refreshes."""
-        return self.rm.read_through(
-            f"feed:{author_id}",
-            lambda db: db.query(
-                "SELECT id, author_id, body FROM posts WHERE author_id = %s ORDER BY id DESC LIMIT %s",
-                (author_id, FEED_LENGTH),
-            ),
-            self.ttl,
-            stale_ok=stale_ok,
-        )
+        return self._read("feed", author_id, stale_ok=stale_ok)
 
     # -- follows --------------------------------------------------------------------------------------
 
@@ -190,24 +234,10 @@ class WebServer:
         )
 
     def get_followers(self, user_id: int) -> list[int]:
-        return self.rm.read_through(
-            f"followers:{user_id}",
-            lambda db: [
-                r["follower_id"]
-                for r in db.query("SELECT follower_id FROM follows WHERE followee_id = %s ORDER BY 1", (user_id,))
-            ],
-            self.ttl,
-        )
+        return self._read("followers", user_id)
 
     def get_following(self, user_id: int) -> list[int]:
-        return self.rm.read_through(
-            f"following:{user_id}",
-            lambda db: [
-                r["followee_id"]
-                for r in db.query("SELECT followee_id FROM follows WHERE follower_id = %s ORDER BY 1", (user_id,))
-            ],
-            self.ttl,
-        )
+        return self._read("following", user_id)
 
     def get_timeline(self, user_id: int) -> list[dict[str, Any]]:
         """Home page: the latest posts of everyone `user_id` follows (one cached feed per followee)."""

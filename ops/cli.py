@@ -103,6 +103,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     lt.add_argument("args", nargs=argparse.REMAINDER, help="passed to `python -m loadtest` (see its --help)")
 
+    vf = sub.add_parser("verify", help="consistency check: compare each cluster's cached demo rows with the database")
+    vf.add_argument("topology")
+    vf.add_argument("--sample", type=int, default=200, help="rows per key family to check (default %(default)s)")
+    vf.add_argument("--all", action="store_true", help="check every row instead of a sample")
+    vf.add_argument("--database", default="app", help="the web tier's database (default %(default)s)")
+
     rp = sub.add_parser(
         "replay", help="rewind a squeal flow to a GTID so its invalidations are sent again", add_help=False
     )
@@ -195,6 +201,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         from loadtest.cli import main as loadtest_main
 
         return loadtest_main(args.args)
+    if args.command == "verify":
+        from monitoring.verify import verify
+
+        report = verify(
+            router_config.load(args.topology), database=args.database, sample=None if args.all else args.sample
+        )
+        for stale in report.stale:
+            print(stale)
+        print(f"verify: {report.checked} cached copies compared, {report.absent} not cached, {len(report.stale)} stale")
+        return 0 if report.ok else 1
     if args.command == "replay":
         from squeal.cli import main as squeal_main
 
