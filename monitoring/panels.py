@@ -114,13 +114,16 @@ def build(store: Store) -> list[dict]:
         ("squeal_flow_lag_seconds", "squeal lag per flow", "s"),
         ("squeal_flow_backlog", "squeal backlog per flow (keys queued)", "keys"),
     ):
-        series = _aligned(store.select(metric), lambda lab: lab.get("flow"))
+        series = _aligned(store.select(metric), lambda lab: f"{lab.get('region', '?')}/{lab.get('flow')}")
         panels.append(
             {"title": title, "unit": unit, "lines": _lines({f: sorted(p.items()) for f, p in series.items()})}
         )
 
-    deletes = _aligned(store.select("squeal_deletes_sent_total"), lambda lab: lab.get("flow"))
-    writes = _aligned(store.select("squeal_delete_writes_total"), lambda lab: lab.get("flow"))
+    def flow(lab: dict) -> str:
+        return f"{lab.get('region', '?')}/{lab.get('flow')}"
+
+    deletes = _aligned(store.select("squeal_deletes_sent_total"), flow)
+    writes = _aligned(store.select("squeal_delete_writes_total"), flow)
     panels.append(
         {"title": "Deletes sent per second", "unit": "/s", "lines": _lines({f: rate(p) for f, p in deletes.items()})}
     )
