@@ -1,0 +1,426 @@
+//! Loading mcrouter's JSON config dialect into a route tree.
+//!
+//! Top level: `pools` (name → `{servers, server_timeout}`), optional `named_handles`, and exactly
+//! one of `route` (one tree) or `routes` (`[{"aliases": ["/a/b/"], "route": …}]`, selected by the
+//! key's routing prefix, which is stripped before forwarding). A handle is an object with `type`,
+//! a `"Type|rest"` shorthand string, or the name of a handle defined earlier with `"name"`.
+//! `"Pool|NAME"` as `children` is one destination per server of the pool. An object without
+//! `type` but with `policies`/`wildcard` is a PrefixSelectorRoute (the implicit root).
+//! Errors name the path of the problem so a rejected reload says why.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use crate::Context;
+use crate::protocol::{Reply, Request, Res};
+use crate::routes::destination::Destination;
+use crate::routes::{RouteRef, get_i64, lookup};
+
+pub struct Builder<'c> {
+    ctx: &'c Arc<Context>,
+    pools: Map<String, Value>,
+    pool_cache: HashMap<String, Vec<RouteRef>>,
+    named: HashMap<String, RouteRef>,
+    /// Every handle type built (for tests and the load log line).
+    pub types_used: std::collections::BTreeSet<&'static str>,
+}
+
+impl<'c> Builder<'c> {
+    pub fn new(ctx: &'c Arc<Context>, pools: Map<String, Value>) -> Builder<'c> {
+        Builder {
+            ctx,
+            pools,
+            pool_cache: HashMap::new(),
+            named: HashMap::new(),
+            types_used: Default::default(),
+        }
+    }
+
+    pub fn ctx(&self) -> &Arc<Context> {
+        self.ctx
+    }
+
+    /// Build one route handle.
+    pub fn route(&mut self, v: &Value) -> Result<RouteRef, String> {
+        match v {
+            Value::String(s) => {
+                if let Some((ty, rest)) = s.split_once('|') {
+                    if ty == "Pool" {
+                        return Err(format!("`{s}` is a list of destinations: use it as `children`"));
+                    }
+                    let h = lookup(ty).ok_or_else(|| format!("unknown route handle type `{ty}` in `{s}`"))?;
+                    let mut obj = Map::new();
+                    obj.insert("type".into(), Value::String(ty.to_string()));
+                    if let Some(field) = h.shorthand {
+                        obj.insert(field.into(), Value::String(rest.to_string()));
+                    }
+                    self.types_used.insert(h.name);
+                    (h.build)(self, &obj).map_err(|e| format!("{s}: {e}"))
+                } else if let Some(r) = self.named.get(s) {
+                    Ok(r.clone())
+                } else if let Some(h) = lookup(s) {
+                    self.types_used.insert(h.name);
+                    (h.build)(self, &Map::new()).map_err(|e| format!("{s}: {e}"))
+                } else {
+                    Err(format!("`{s}` is neither a route handle type nor a named handle"))
+                }
+            }
+            Value::Object(obj) => {
+                let ty = match obj.get("type") {
+                    Some(Value::String(t)) => t.as_str(),
+                    Some(_) => return Err("`type` must be a string".into()),
+                    None if obj.contains_key("policies") || obj.contains_key("wildcard") => "PrefixSelectorRoute",
+                    None => {
+                        return Err(format!("route handle object without `type`: {}", short(v)));
+                    }
+                };
+                let h = lookup(ty).ok_or_else(|| format!("unknown route handle type `{ty}`"))?;
+                self.types_used.insert(h.name);
+                let r = (h.build)(self, obj).map_err(|e| if e.starts_with(ty) { e } else { format!("{ty}: {e}") })?;
+                if let Some(Value::String(name)) = obj.get("name") {
+                    self.named.insert(name.clone(), r.clone());
+                }
+                Ok(r)
+            }
+            other => Err(format!(
+                "a route handle must be an object or a string, not {}",
+                short(other)
+            )),
+        }
+    }
+
+    /// A `children` value: a list of handles, `"Pool|NAME"`, or a single handle.
+    pub fn children(&mut self, v: &Value) -> Result<Vec<RouteRef>, String> {
+        match v {
+            Value::Array(items) => items.iter().map(|i| self.route(i)).collect(),
+            Value::String(s) if s.starts_with("Pool|") => self.pool(&Value::String(s["Pool|".len()..].to_string())),
+            other => Ok(vec![self.route(other)?]),
+        }
+    }
+
+    /// The destinations of a pool given by name or inline (`{"name"?, "servers": [...]}`).
+    pub fn pool(&mut self, v: &Value) -> Result<Vec<RouteRef>, String> {
+        match v {
+            Value::String(name) => {
+                if let Some(d) = self.pool_cache.get(name) {
+                    return Ok(d.clone());
+                }
+                let def = self
+                    .pools
+                    .get(name)
+                    .cloned()
+                    .ok_or_else(|| format!("unknown pool `{name}`"))?;
+                let dests = self.build_pool(name, &def)?;
+                self.pool_cache.insert(name.clone(), dests.clone());
+                Ok(dests)
+            }
+            Value::Object(obj) => {
+                let name = obj.get("name").and_then(Value::as_str).unwrap_or("inline").to_string();
+                let dests = self.build_pool(&name, v)?;
+                if name != "inline" {
+                    self.pool_cache.insert(name, dests.clone());
+                }
+                Ok(dests)
+            }
+            other => Err(format!("a pool must be a name or an object, not {}", short(other))),
+        }
+    }
+
+    fn build_pool(&mut self, name: &str, def: &Value) -> Result<Vec<RouteRef>, String> {
+        let obj = def
+            .as_object()
+            .ok_or_else(|| format!("pool `{name}` must be an object"))?;
+        let servers = obj
+            .get("servers")
+            .and_then(Value::as_array)
+            .ok_or_else(|| format!("pool `{name}`: `servers` must be a list of \"host:port\""))?;
+        let timeout = match get_i64(obj, "server_timeout").map_err(|e| format!("pool `{name}`: {e}"))? {
+            Some(ms) if ms > 0 => Duration::from_millis(ms as u64),
+            Some(_) => return Err(format!("pool `{name}`: `server_timeout` must be positive")),
+            None => self.ctx.opts.server_timeout,
+        };
+        let pool: Arc<str> = Arc::from(name);
+        let mut dests: Vec<RouteRef> = Vec::with_capacity(servers.len());
+        for s in servers {
+            let addr = s
+                .as_str()
+                .ok_or_else(|| format!("pool `{name}`: server entries must be strings"))?;
+            let addr = normalize_addr(addr).ok_or_else(|| format!("pool `{name}`: bad server address `{addr}`"))?;
+            dests.push(Arc::new(Destination {
+                server: self.ctx.server(&addr),
+                pool: pool.clone(),
+                timeout,
+                ctx: self.ctx.clone(),
+            }));
+        }
+        Ok(dests)
+    }
+}
+
+/// `host:port` (an optional mcrouter `:ascii:plain`-style suffix dropped; `[v6]:port` kept).
+fn normalize_addr(addr: &str) -> Option<String> {
+    let (host, rest) = if let Some(stripped) = addr.strip_prefix('[') {
+        let (h, r) = stripped.split_once("]:")?;
+        (format!("[{h}]"), r)
+    } else {
+        let (h, r) = addr.split_once(':')?;
+        (h.to_string(), r)
+    };
+    let port = rest.split(':').next()?;
+    let port: u16 = port.parse().ok()?;
+    if host.is_empty() || port == 0 {
+        return None;
+    }
+    Some(format!("{host}:{port}"))
+}
+
+fn short(v: &Value) -> String {
+    let s = v.to_string();
+    if s.len() > 80 { format!("{}…", &s[..80]) } else { s }
+}
+
+enum Root {
+    Single(RouteRef),
+    Aliased {
+        aliases: Vec<(Vec<u8>, RouteRef)>,
+        default: RouteRef,
+    },
+}
+
+/// A loaded config: the route tree plus routing-prefix selection.
+pub struct RouterConfig {
+    root: Root,
+    pub types_used: Vec<&'static str>,
+    pub pools: usize,
+}
+
+/// The routing prefix of a key (`/region/cluster/`), if it has one.
+fn routing_prefix(key: &[u8]) -> Option<usize> {
+    if key.first() != Some(&b'/') {
+        return None;
+    }
+    let second = key[1..].iter().position(|&b| b == b'/')? + 1;
+    let third = key[second + 1..].iter().position(|&b| b == b'/')? + second + 1;
+    (second > 1 && third > second + 1).then_some(third + 1)
+}
+
+impl RouterConfig {
+    /// Choose the tree for `req`, stripping a matched routing prefix from its key.
+    pub fn select(&self, req: &mut Request) -> Result<RouteRef, Reply> {
+        match &self.root {
+            Root::Single(r) => Ok(r.clone()),
+            Root::Aliased { aliases, default } => {
+                if req.base64_key {
+                    return Ok(default.clone());
+                }
+                let Some(len) = routing_prefix(&req.key) else {
+                    return Ok(default.clone());
+                };
+                let prefix = &req.key[..len];
+                match aliases.iter().find(|(a, _)| a.as_slice() == prefix) {
+                    Some((_, r)) => {
+                        let r = r.clone();
+                        req.key = req.key.slice(len..);
+                        if req.key.is_empty() {
+                            return Err(Reply::error(Res::ClientError, "bad command line format"));
+                        }
+                        Ok(r)
+                    }
+                    None => Err(Reply::error(Res::ClientError, "no route for this routing prefix")),
+                }
+            }
+        }
+    }
+}
+
+/// Parse and build a config. `default_prefix` picks the default of a `routes` config (mcrouter's
+/// `--route-prefix`); without it, the first alias of the first entry is the default.
+pub fn load(ctx: &Arc<Context>, text: &str, default_prefix: Option<&str>) -> Result<RouterConfig, String> {
+    let v: Value = serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
+    let top = v.as_object().ok_or("config must be a JSON object")?;
+    let pools = match top.get("pools") {
+        None => Map::new(),
+        Some(Value::Object(p)) => p.clone(),
+        Some(_) => return Err("`pools` must be an object".into()),
+    };
+    let pool_count = pools.len();
+    let mut b = Builder::new(ctx, pools);
+    match top.get("named_handles") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(items)) => {
+            for item in items {
+                if item.get("name").and_then(Value::as_str).is_none() {
+                    return Err("named_handles: every entry needs a `name`".into());
+                }
+                b.route(item).map_err(|e| format!("named_handles: {e}"))?;
+            }
+        }
+        Some(Value::Object(map)) => {
+            for (name, item) in map {
+                let r = b.route(item).map_err(|e| format!("named_handles.{name}: {e}"))?;
+                b.named.insert(name.clone(), r);
+            }
+        }
+        Some(_) => return Err("`named_handles` must be a list or an object".into()),
+    }
+    let root = match (top.get("route"), top.get("routes")) {
+        (Some(_), Some(_)) => return Err("config has both `route` and `routes`: use one".into()),
+        (None, None) => return Err("config has neither `route` nor `routes`".into()),
+        (Some(r), None) => Root::Single(b.route(r).map_err(|e| format!("route: {e}"))?),
+        (None, Some(Value::Array(entries))) => {
+            let mut aliases = Vec::new();
+            for (i, entry) in entries.iter().enumerate() {
+                let list = entry
+                    .get("aliases")
+                    .and_then(Value::as_array)
+                    .ok_or_else(|| format!("routes[{i}]: `aliases` must be a list"))?;
+                let tree = b
+                    .route(
+                        entry
+                            .get("route")
+                            .ok_or_else(|| format!("routes[{i}]: missing `route`"))?,
+                    )
+                    .map_err(|e| format!("routes[{i}].route: {e}"))?;
+                for a in list {
+                    let a = a
+                        .as_str()
+                        .ok_or_else(|| format!("routes[{i}]: aliases must be strings"))?;
+                    if routing_prefix(a.as_bytes()) != Some(a.len()) {
+                        return Err(format!(
+                            "routes[{i}]: alias `{a}` is not a routing prefix like /region/cluster/"
+                        ));
+                    }
+                    aliases.push((a.as_bytes().to_vec(), tree.clone()));
+                }
+            }
+            let default = match default_prefix {
+                Some(p) => aliases
+                    .iter()
+                    .find(|(a, _)| a.as_slice() == p.as_bytes())
+                    .map(|(_, r)| r.clone())
+                    .ok_or_else(|| format!("--route-prefix {p} matches no alias"))?,
+                None => aliases
+                    .first()
+                    .map(|(_, r)| r.clone())
+                    .ok_or("`routes` has no aliases")?,
+            };
+            Root::Aliased { aliases, default }
+        }
+        (None, Some(_)) => return Err("`routes` must be a list".into()),
+    };
+    Ok(RouterConfig {
+        root,
+        types_used: b.types_used.into_iter().collect(),
+        pools: pool_count,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Options;
+    use crate::protocol::Cmd;
+    use crate::routes::testing::{req, run};
+
+    fn ctx() -> Arc<Context> {
+        Context::new(Options::default(), None)
+    }
+
+    #[test]
+    fn every_registered_handle_loads() {
+        run(async {
+            let c = ctx();
+            let text = r#"{
+              "pools": {"a": {"servers": ["127.0.0.1:1", "127.0.0.1:2"], "server_timeout": 200},
+                        "b": {"servers": ["127.0.0.1:3"]}},
+              "named_handles": [{"name": "gutter", "type": "PoolRoute", "pool": "b"}],
+              "route": {"type": "PrefixSelectorRoute", "policies": {
+                  "h:": {"type": "HashRoute", "children": "Pool|a", "hash_func": "Crc32", "salt": "x"},
+                  "s:": {"type": "AllSyncRoute", "children": "Pool|a"},
+                  "as:": {"type": "AllAsyncRoute", "children": ["PoolRoute|a", "gutter"]},
+                  "ai:": {"type": "AllInitialRoute", "children": "Pool|a"},
+                  "am:": {"type": "AllMajorityRoute", "children": "Pool|a"},
+                  "f:": {"type": "FailoverRoute", "children": ["PoolRoute|a", "gutter"]},
+                  "mf:": {"type": "MissFailoverRoute", "children": ["PoolRoute|a", "PoolRoute|b"]},
+                  "w:": {"type": "WarmUpRoute", "cold": "PoolRoute|a", "warm": "PoolRoute|b", "exptime": 30},
+                  "o:": {"type": "OperationSelectorRoute", "operation_policies": {"delete": "NullRoute"},
+                         "default_policy": {"type": "PoolRoute", "pool": {"name": "inl", "servers": ["127.0.0.1:4"]}}},
+                  "m:": {"type": "ModifyExptimeRoute", "target": "PoolRoute|a", "exptime": 10, "action": "min"},
+                  "e:": "ErrorRoute|fenced",
+                  "n:": "NullRoute"},
+                "wildcard": {"type": "FailoverWithExptimeRoute", "normal": "PoolRoute|a",
+                             "failover": ["gutter"], "failover_exptime": 10}}
+            }"#;
+            let cfg = load(&c, text, None).unwrap();
+            let expected: std::collections::BTreeSet<&str> = crate::routes::REGISTRY.iter().map(|h| h.name).collect();
+            let used: std::collections::BTreeSet<&str> = cfg.types_used.iter().copied().collect();
+            assert_eq!(used, expected);
+            // Servers are shared by address: 4 distinct.
+            assert_eq!(c.all_servers().len(), 4);
+        });
+    }
+
+    #[test]
+    fn errors_say_why() {
+        run(async {
+            let c = ctx();
+            let cases = [
+                ("{", "invalid JSON"),
+                (r#"{"pools": {}}"#, "neither"),
+                (r#"{"route": "PoolRoute|nope"}"#, "unknown pool `nope`"),
+                (
+                    r#"{"route": {"type": "BogusRoute"}}"#,
+                    "unknown route handle type `BogusRoute`",
+                ),
+                (
+                    r#"{"pools": {"a": {"servers": ["nohost"]}}, "route": "PoolRoute|a"}"#,
+                    "bad server address",
+                ),
+                (r#"{"route": "NullRoute", "routes": []}"#, "both"),
+                (
+                    r#"{"route": {"type": "OperationSelectorRoute", "operation_policies": {"frob": "NullRoute"}}}"#,
+                    "unknown operation",
+                ),
+            ];
+            for (text, want) in cases {
+                let err = load(&c, text, None).err().unwrap_or_else(|| panic!("{text} loaded"));
+                assert!(err.contains(want), "{text}: {err}");
+            }
+        });
+    }
+
+    #[test]
+    fn routing_prefix_aliases_strip() {
+        run(async {
+            let c = ctx();
+            let text = r#"{"routes": [{"aliases": ["/east/a/"], "route": "NullRoute"},
+                                      {"aliases": ["/west/b/"], "route": "ErrorRoute|west"}]}"#;
+            let cfg = load(&c, text, None).unwrap();
+            let mut r = req(Cmd::Get, "/west/b/user:1");
+            let route = cfg.select(&mut r).ok().unwrap();
+            assert_eq!(&r.key[..], b"user:1");
+            assert_eq!(route.route(&r).await.res, Res::LocalError);
+            let mut r = req(Cmd::Get, "user:1");
+            assert_eq!(cfg.select(&mut r).ok().unwrap().route(&r).await.res, Res::Miss);
+            let mut r = req(Cmd::Get, "/north/x/k");
+            assert!(cfg.select(&mut r).is_err());
+            assert_eq!(routing_prefix(b"/a/b/c"), Some(5));
+            assert_eq!(routing_prefix(b"/ab"), None);
+            assert_eq!(routing_prefix(b"//b/c"), None);
+        });
+    }
+
+    #[test]
+    fn addresses() {
+        assert_eq!(normalize_addr("127.0.0.1:11211").unwrap(), "127.0.0.1:11211");
+        assert_eq!(
+            normalize_addr("127.0.0.1:11211:ascii:plain").unwrap(),
+            "127.0.0.1:11211"
+        );
+        assert_eq!(normalize_addr("[::1]:5").unwrap(), "[::1]:5");
+        assert!(normalize_addr("h:0").is_none());
+    }
+}

@@ -1,0 +1,270 @@
+//! `squeal-router`: command line, start-up, config reload, and shutdown.
+//!
+//! Wires the library together: loads the config (refusing to start on a bad one), listens for
+//! clients, serves `/metrics`, polls the config file for changes (a bad new config is rejected
+//! and the old one keeps serving), replays spooled deletes, and exits cleanly on SIGTERM/SIGINT.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use squeal_router::{Context, Options, Shared, config, connection, metrics_http, spool};
+use tokio::net::TcpListener;
+
+const USAGE: &str = "\
+squeal-router: a memcached-protocol router that reads mcrouter's JSON config dialect
+
+usage: squeal-router --config-file PATH -p PORT [options]
+
+  -f, --config-file PATH        mcrouter-format JSON config (reloaded when the file changes)
+  -p, --port PORT               port to serve memcached clients on
+      --listen ADDR             address to listen on (default 127.0.0.1)
+      --metrics-port PORT       serve Prometheus /metrics and /healthz on this port
+      --spool-dir DIR           spool failed deletes here and replay them (asynclog AS2.0 lines)
+      --spool-max-mb N          bound of one server's spool file (default 64)
+      --server-timeout-ms N     default per-request server timeout (default 1000)
+      --connect-timeout-ms N    server connect timeout (default 1000)
+      --probe-delay-initial-ms N  first TKO probe after N ms (default 10000)
+      --probe-delay-max-ms N    TKO probe delay cap (default 60000)
+  -R, --route-prefix PREFIX     default routing prefix of a `routes` config
+      --threads N               worker threads (default: number of cores)
+  -h, --help                    this text
+";
+
+struct Args {
+    config_file: PathBuf,
+    port: u16,
+    listen: String,
+    metrics_port: Option<u16>,
+    spool_dir: Option<PathBuf>,
+    spool_max_mb: u64,
+    route_prefix: Option<String>,
+    threads: Option<usize>,
+    opts: Options,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut it = std::env::args().skip(1);
+    let mut config_file = None;
+    let mut port = None;
+    let mut a = Args {
+        config_file: PathBuf::new(),
+        port: 0,
+        listen: "127.0.0.1".into(),
+        metrics_port: None,
+        spool_dir: None,
+        spool_max_mb: 64,
+        route_prefix: None,
+        threads: None,
+        opts: Options::default(),
+    };
+    fn num<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
+        let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
+        v.parse().map_err(|_| format!("{flag}: `{v}` is not a valid number"))
+    }
+    while let Some(flag) = it.next() {
+        let (flag, inline) = match flag.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (flag, None),
+        };
+        let mut value = || inline.clone().or_else(|| it.next());
+        match flag.as_str() {
+            "-h" | "--help" => {
+                print!("{USAGE}");
+                std::process::exit(0);
+            }
+            "-f" | "--config-file" => config_file = Some(PathBuf::from(value().ok_or("--config-file needs a path")?)),
+            "-p" | "--port" => port = Some(num::<u16>("--port", value())?),
+            "--listen" => a.listen = value().ok_or("--listen needs an address")?,
+            "--metrics-port" => a.metrics_port = Some(num("--metrics-port", value())?),
+            "--spool-dir" => a.spool_dir = Some(PathBuf::from(value().ok_or("--spool-dir needs a path")?)),
+            "--spool-max-mb" => a.spool_max_mb = num("--spool-max-mb", value())?,
+            "--server-timeout-ms" => {
+                a.opts.server_timeout = Duration::from_millis(num("--server-timeout-ms", value())?)
+            }
+            "--connect-timeout-ms" => {
+                a.opts.connect_timeout = Duration::from_millis(num("--connect-timeout-ms", value())?)
+            }
+            "--probe-delay-initial-ms" => {
+                a.opts.probe_initial = Duration::from_millis(num("--probe-delay-initial-ms", value())?)
+            }
+            "--probe-delay-max-ms" => a.opts.probe_max = Duration::from_millis(num("--probe-delay-max-ms", value())?),
+            "-R" | "--route-prefix" => a.route_prefix = Some(value().ok_or("--route-prefix needs a value")?),
+            "--threads" => a.threads = Some(num("--threads", value())?),
+            other => return Err(format!("unknown option `{other}` (see --help)")),
+        }
+    }
+    a.config_file = config_file.ok_or("--config-file is required")?;
+    a.port = port.ok_or("-p PORT is required")?;
+    if a.opts.server_timeout.is_zero() || a.opts.probe_initial.is_zero() {
+        return Err("timeouts and probe delays must be positive".into());
+    }
+    Ok(a)
+}
+
+fn mtime(path: &PathBuf) -> Option<(SystemTime, u64)> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len()))
+}
+
+fn load(ctx: &Arc<Context>, args: &Args) -> Result<config::RouterConfig, String> {
+    let text = std::fs::read_to_string(&args.config_file)
+        .map_err(|e| format!("cannot read {}: {e}", args.config_file.display()))?;
+    config::load(ctx, &text, args.route_prefix.as_deref())
+}
+
+/// Poll the config file every 500 ms; after a change, wait until it has been still for ~1 s.
+async fn watch_config(shared: Arc<Shared>, args: Arc<Args>) {
+    let mut seen = mtime(&args.config_file);
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = mtime(&args.config_file);
+        if now == seen || now.is_none() {
+            continue;
+        }
+        // settle: the writer may not be done
+        let mut settled = now;
+        loop {
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            let again = mtime(&args.config_file);
+            if again == settled {
+                break;
+            }
+            settled = again;
+        }
+        seen = settled;
+        let ctx = shared.ctx.clone();
+        match load(&ctx, &args) {
+            Ok(cfg) => {
+                eprintln!(
+                    "squeal-router: config {} reloaded ({} pools; handles: {})",
+                    args.config_file.display(),
+                    cfg.pools,
+                    cfg.types_used.join(", ")
+                );
+                ctx.stats
+                    .config_loads
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                shared.replace(cfg);
+            }
+            Err(e) => {
+                ctx.stats
+                    .config_rejects
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                eprintln!(
+                    "squeal-router: config {} rejected, keeping the previous one: {e}",
+                    args.config_file.display()
+                );
+            }
+        }
+    }
+}
+
+/// Every second, replay spooled deletes of servers that are not TKO (covers spools left by an
+/// earlier run and deletes spooled after single timeouts).
+async fn replay_tick(ctx: Arc<Context>) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let Some(spool) = ctx.spool.as_ref() else {
+            return;
+        };
+        for addr in spool.servers_with_entries() {
+            let server = ctx.server(&addr);
+            if !server.is_tko() {
+                spool::spawn_replay(&ctx, server);
+            }
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let args = Arc::new(args);
+    let spool = match &args.spool_dir {
+        Some(dir) => Some(
+            spool::Spool::open(dir, args.spool_max_mb * 1024 * 1024)
+                .map_err(|e| format!("cannot open spool dir {}: {e}", dir.display()))?,
+        ),
+        None => None,
+    };
+    let ctx = Context::new(args.opts.clone(), spool);
+    let cfg = load(&ctx, &args).map_err(|e| format!("config {} rejected: {e}", args.config_file.display()))?;
+    eprintln!(
+        "squeal-router: config {} loaded ({} pools; handles: {})",
+        args.config_file.display(),
+        cfg.pools,
+        cfg.types_used.join(", ")
+    );
+    ctx.stats
+        .config_loads
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let shared = Shared::new(ctx.clone(), cfg);
+    let addr = format!("{}:{}", args.listen, args.port);
+    let listener = TcpListener::bind(&addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    eprintln!("squeal-router: listening on {addr}");
+    if let Some(p) = args.metrics_port {
+        let maddr = format!("{}:{p}", args.listen);
+        let ml = TcpListener::bind(&maddr)
+            .await
+            .map_err(|e| format!("cannot listen on {maddr}: {e}"))?;
+        eprintln!("squeal-router: metrics on http://{maddr}/metrics");
+        tokio::spawn(metrics_http::serve(ml, shared.clone()));
+    }
+    tokio::spawn(watch_config(shared.clone(), args.clone()));
+    tokio::spawn(replay_tick(ctx.clone()));
+    let accept = {
+        let shared = shared.clone();
+        async move {
+            loop {
+                match listener.accept().await {
+                    Ok((stream, _)) => {
+                        tokio::spawn(connection::serve(shared.clone(), stream));
+                    }
+                    Err(e) => {
+                        // e.g. out of file descriptors: back off instead of spinning
+                        eprintln!("squeal-router: accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        }
+    };
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
+    tokio::select! {
+        _ = accept => {}
+        _ = term.recv() => eprintln!("squeal-router: SIGTERM, shutting down"),
+        _ = tokio::signal::ctrl_c() => eprintln!("squeal-router: SIGINT, shutting down"),
+    }
+    Ok(())
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("squeal-router: {e}\n\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    rt.enable_all();
+    if let Some(n) = args.threads {
+        rt.worker_threads(n.max(1));
+    }
+    let rt = match rt.build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("squeal-router: cannot start runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let result = rt.block_on(run(args));
+    // Spooled deletes were fsync'd before they were acknowledged; nothing else needs draining.
+    rt.shutdown_timeout(Duration::from_millis(200));
+    if let Err(e) = result {
+        eprintln!("squeal-router: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,301 @@
+//! Server replies: framing (how many bytes one reply spans) and a result class for routing.
+//!
+//! A reply keeps its raw bytes (`wire`) so the router passes servers' answers through unchanged;
+//! `res` is what route handles look at (hit or miss, stored, which kind of error).
+
+use bytes::{Bytes, BytesMut};
+
+/// Result class of a reply, roughly mcrouter's result codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Res {
+    Found,
+    Stored,
+    Deleted,
+    Touched,
+    Ok,
+    Miss,
+    NotFound,
+    NotStored,
+    Exists,
+    Busy,
+    Tko,
+    ConnectError,
+    ConnectTimeout,
+    Timeout,
+    RemoteError,
+    LocalError,
+    ClientError,
+}
+
+impl Res {
+    /// AllSyncRoute's order: the reply with the highest severity wins.
+    pub fn severity(self) -> u8 {
+        match self {
+            Res::Found | Res::Stored | Res::Deleted | Res::Touched | Res::Ok => 0,
+            Res::Miss | Res::NotFound | Res::NotStored | Res::Exists => 1,
+            Res::Busy | Res::Tko | Res::ConnectError | Res::ConnectTimeout | Res::Timeout => 2,
+            Res::RemoteError => 4,
+            Res::LocalError => 5,
+            Res::ClientError => 6,
+        }
+    }
+
+    /// Errors after which FailoverRoute / FailoverWithExptimeRoute try the next destination.
+    pub fn is_failover_error(self) -> bool {
+        matches!(
+            self,
+            Res::Busy
+                | Res::Tko
+                | Res::ConnectError
+                | Res::ConnectTimeout
+                | Res::Timeout
+                | Res::RemoteError
+                | Res::LocalError
+        )
+    }
+
+    pub fn is_error(self) -> bool {
+        self.severity() >= 2
+    }
+
+    pub fn is_hit(self) -> bool {
+        self == Res::Found
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Res::Found => "found",
+            Res::Stored => "stored",
+            Res::Deleted => "deleted",
+            Res::Touched => "touched",
+            Res::Ok => "ok",
+            Res::Miss => "miss",
+            Res::NotFound => "notfound",
+            Res::NotStored => "notstored",
+            Res::Exists => "exists",
+            Res::Busy => "busy",
+            Res::Tko => "tko",
+            Res::ConnectError => "connect_error",
+            Res::ConnectTimeout => "connect_timeout",
+            Res::Timeout => "timeout",
+            Res::RemoteError => "remote_error",
+            Res::LocalError => "local_error",
+            Res::ClientError => "client_error",
+        }
+    }
+}
+
+/// How a server frames the reply to a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplyKind {
+    /// Classic get/gets: `VALUE` blocks then `END`. `wire` keeps the blocks, not the `END`.
+    Values,
+    /// One line.
+    Line,
+    /// mg/ma: one line, plus a data block after `VA <len>`.
+    Meta,
+}
+
+/// One reply for one request.
+#[derive(Clone, Debug)]
+pub struct Reply {
+    pub res: Res,
+    pub wire: Bytes,
+    /// A failed delete that was written to the spool (answered as not-found if nothing better).
+    pub spooled: bool,
+}
+
+impl Reply {
+    pub fn new(res: Res, wire: Bytes) -> Reply {
+        Reply {
+            res,
+            wire,
+            spooled: false,
+        }
+    }
+
+    /// A one-line reply; `text` without CRLF.
+    pub fn line(res: Res, text: &str) -> Reply {
+        let mut b = BytesMut::with_capacity(text.len() + 2);
+        b.extend_from_slice(text.as_bytes());
+        b.extend_from_slice(b"\r\n");
+        Reply::new(res, b.freeze())
+    }
+
+    /// An error made by the router itself.
+    pub fn error(res: Res, msg: &str) -> Reply {
+        if res == Res::ClientError {
+            Reply::line(res, &format!("CLIENT_ERROR {msg}"))
+        } else {
+            Reply::line(res, &format!("SERVER_ERROR {msg}"))
+        }
+    }
+
+    /// For a classic `VALUE <key> <flags> <bytes> [<cas>]` reply: (flags, data).
+    pub fn value_parts(&self) -> Option<(u32, Bytes)> {
+        let nl = self.wire.iter().position(|&b| b == b'\n')?;
+        let line = std::str::from_utf8(&self.wire[..nl]).ok()?.trim_end();
+        let mut it = line.split(' ');
+        if it.next()? != "VALUE" {
+            return None;
+        }
+        let _key = it.next()?;
+        let flags: u32 = it.next()?.parse().ok()?;
+        let len: usize = it.next()?.parse().ok()?;
+        let start = nl + 1;
+        if self.wire.len() < start + len {
+            return None;
+        }
+        Some((flags, self.wire.slice(start..start + len)))
+    }
+
+    /// For a meta reply: whether its flag list contains the bare flag `flag` (e.g. `W`, `Z`, `X`).
+    pub fn meta_has_flag(&self, flag: u8) -> bool {
+        let end = self
+            .wire
+            .iter()
+            .position(|&b| b == b'\r' || b == b'\n')
+            .unwrap_or(self.wire.len());
+        self.wire[..end]
+            .split(|&b| b == b' ')
+            .skip(1)
+            .any(|t| t.first() == Some(&flag))
+    }
+}
+
+/// A reply the router cannot frame: the server connection is out of sync and must be closed.
+#[derive(Debug)]
+pub struct Desync;
+
+fn line_at(buf: &[u8], pos: usize) -> Option<(&[u8], usize)> {
+    let nl = buf[pos..].iter().position(|&b| b == b'\n')? + pos;
+    let end = if nl > pos && buf[nl - 1] == b'\r' { nl - 1 } else { nl };
+    Some((&buf[pos..end], nl + 1))
+}
+
+fn classify_line(line: &[u8], meta: bool) -> Option<Res> {
+    let head = line.split(|&b| b == b' ').next().unwrap_or(b"");
+    Some(match head {
+        b"STORED" => Res::Stored,
+        b"NOT_STORED" => Res::NotStored,
+        b"EXISTS" => Res::Exists,
+        b"NOT_FOUND" => Res::NotFound,
+        b"DELETED" => Res::Deleted,
+        b"TOUCHED" => Res::Touched,
+        b"OK" | b"VERSION" | b"MN" => Res::Ok,
+        b"HD" => {
+            if meta {
+                Res::Found
+            } else {
+                Res::Ok
+            }
+        }
+        b"NF" => Res::NotFound,
+        b"NS" => Res::NotStored,
+        b"EX" => Res::Exists,
+        b"EN" => Res::Miss,
+        b"ME" => Res::Found,
+        b"ERROR" | b"CLIENT_ERROR" => Res::ClientError,
+        b"SERVER_ERROR" => Res::RemoteError,
+        h if !h.is_empty() && h.iter().all(u8::is_ascii_digit) => Res::Found,
+        _ => return None,
+    })
+}
+
+fn token_len(line: &[u8], index: usize) -> Option<usize> {
+    let tok = line.split(|&b| b == b' ').filter(|t| !t.is_empty()).nth(index)?;
+    std::str::from_utf8(tok).ok()?.parse().ok()
+}
+
+/// Frame one reply at the start of `buf`: `Ok(Some((res, consumed, keep)))` where the reply's
+/// bytes to pass on are `buf[..keep]`; `Ok(None)` if more bytes are needed.
+pub fn parse_reply(buf: &[u8], kind: ReplyKind) -> Result<Option<(Res, usize, usize)>, Desync> {
+    match kind {
+        ReplyKind::Values => {
+            let mut pos = 0;
+            let mut found = false;
+            loop {
+                let Some((line, next)) = line_at(buf, pos) else {
+                    return Ok(None);
+                };
+                if line.starts_with(b"VALUE ") {
+                    let len = token_len(line, 3).ok_or(Desync)?;
+                    if buf.len() < next + len + 2 {
+                        return Ok(None);
+                    }
+                    pos = next + len + 2;
+                    found = true;
+                } else if line == b"END" {
+                    return Ok(Some((if found { Res::Found } else { Res::Miss }, next, pos)));
+                } else if pos == 0 {
+                    return match classify_line(line, false) {
+                        Some(res) if res.is_error() => Ok(Some((res, next, next))),
+                        _ => Err(Desync),
+                    };
+                } else {
+                    return Err(Desync);
+                }
+            }
+        }
+        ReplyKind::Line | ReplyKind::Meta => {
+            let Some((line, next)) = line_at(buf, 0) else {
+                return Ok(None);
+            };
+            if kind == ReplyKind::Meta && line.starts_with(b"VA ") {
+                let len = token_len(line, 1).ok_or(Desync)?;
+                if buf.len() < next + len + 2 {
+                    return Ok(None);
+                }
+                return Ok(Some((Res::Found, next + len + 2, next + len + 2)));
+            }
+            let res = classify_line(line, kind == ReplyKind::Meta).ok_or(Desync)?;
+            Ok(Some((res, next, next)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_framing() {
+        let buf = b"VALUE k 5 3\r\nabc\r\nEND\r\nSTORED\r\n";
+        let (res, consumed, keep) = parse_reply(buf, ReplyKind::Values).unwrap().unwrap();
+        assert_eq!((res, consumed, keep), (Res::Found, 23, 18));
+        assert_eq!(
+            parse_reply(b"END\r\n", ReplyKind::Values).unwrap().unwrap(),
+            (Res::Miss, 5, 0)
+        );
+        assert!(parse_reply(b"VALUE k 5 3\r\nab", ReplyKind::Values).unwrap().is_none());
+        let r = Reply::new(Res::Found, Bytes::from_static(b"VALUE k 5 3\r\nabc\r\n"));
+        assert_eq!(r.value_parts(), Some((5, Bytes::from_static(b"abc"))));
+    }
+
+    #[test]
+    fn meta_framing() {
+        let (res, consumed, _) = parse_reply(b"VA 2 t30 W\r\nhi\r\n", ReplyKind::Meta).unwrap().unwrap();
+        assert_eq!((res, consumed), (Res::Found, 16));
+        let r = Reply::new(Res::Found, Bytes::from_static(b"VA 0 c6 t30 W\r\n\r\n"));
+        assert!(r.meta_has_flag(b'W'));
+        assert!(!r.meta_has_flag(b'Z'));
+        assert_eq!(parse_reply(b"EN\r\n", ReplyKind::Meta).unwrap().unwrap().0, Res::Miss);
+        assert_eq!(parse_reply(b"HD\r\n", ReplyKind::Line).unwrap().unwrap().0, Res::Ok);
+        assert_eq!(
+            parse_reply(b"SERVER_ERROR x\r\n", ReplyKind::Values)
+                .unwrap()
+                .unwrap()
+                .0,
+            Res::RemoteError
+        );
+        assert!(parse_reply(b"WHAT\r\n", ReplyKind::Line).is_err());
+    }
+
+    #[test]
+    fn severity_order() {
+        assert!(Res::NotFound.severity() > Res::Deleted.severity());
+        assert!(Res::Tko.severity() > Res::NotFound.severity());
+        assert!(Res::ClientError.severity() > Res::RemoteError.severity());
+        assert!(!Res::Miss.is_failover_error());
+    }
+}

@@ -1,0 +1,795 @@
+//! Client requests: parsing (classic and meta commands) and encoding for servers.
+//!
+//! Every request forwarded to a server gets exactly one reply: `noreply` and the meta `q` flag are
+//! stripped here and honoured by the router itself (see `Request::suppress`), so server
+//! connections can match replies to requests purely by order.
+
+use base64::Engine;
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::reply::{Reply, Res};
+
+/// memcached's key length limit.
+pub const MAX_KEY_LEN: usize = 250;
+/// Largest value accepted (memcached's default item size limit, `-I 1m`).
+pub const MAX_VALUE_LEN: usize = 1024 * 1024;
+/// A command line longer than this without a newline is refused and the connection closed.
+pub const MAX_LINE_LEN: usize = 8192;
+
+/// The commands that are routed by key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cmd {
+    Get,
+    Gets,
+    Set,
+    Add,
+    Replace,
+    Append,
+    Prepend,
+    Cas,
+    Delete,
+    Incr,
+    Decr,
+    Touch,
+    MetaGet,
+    MetaSet,
+    MetaDelete,
+    MetaArith,
+    MetaDebug,
+}
+
+impl Cmd {
+    pub fn name(self) -> &'static str {
+        match self {
+            Cmd::Get => "get",
+            Cmd::Gets => "gets",
+            Cmd::Set => "set",
+            Cmd::Add => "add",
+            Cmd::Replace => "replace",
+            Cmd::Append => "append",
+            Cmd::Prepend => "prepend",
+            Cmd::Cas => "cas",
+            Cmd::Delete => "delete",
+            Cmd::Incr => "incr",
+            Cmd::Decr => "decr",
+            Cmd::Touch => "touch",
+            Cmd::MetaGet => "mg",
+            Cmd::MetaSet => "ms",
+            Cmd::MetaDelete => "md",
+            Cmd::MetaArith => "ma",
+            Cmd::MetaDebug => "me",
+        }
+    }
+
+    pub fn is_meta(self) -> bool {
+        matches!(
+            self,
+            Cmd::MetaGet | Cmd::MetaSet | Cmd::MetaDelete | Cmd::MetaArith | Cmd::MetaDebug
+        )
+    }
+}
+
+/// mcrouter's operation names, used by `OperationSelectorRoute`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    Get,
+    Gets,
+    Set,
+    Add,
+    Replace,
+    Append,
+    Prepend,
+    Cas,
+    Delete,
+    Incr,
+    Decr,
+    Touch,
+}
+
+impl Op {
+    pub fn from_name(name: &str) -> Option<Op> {
+        Some(match name {
+            "get" => Op::Get,
+            "gets" => Op::Gets,
+            "set" => Op::Set,
+            "add" => Op::Add,
+            "replace" => Op::Replace,
+            "append" => Op::Append,
+            "prepend" => Op::Prepend,
+            "cas" => Op::Cas,
+            "delete" => Op::Delete,
+            "incr" => Op::Incr,
+            "decr" => Op::Decr,
+            "touch" => Op::Touch,
+            _ => return None,
+        })
+    }
+}
+
+/// One single-key request as it travels down the route tree.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub cmd: Cmd,
+    /// The key as forwarded (routing prefix already stripped; base64 text for meta `b` keys).
+    pub key: Bytes,
+    pub client_flags: u32,
+    /// Classic exptime (storage, touch). Meta commands keep theirs in the `T` flag.
+    pub exptime: i64,
+    pub cas: u64,
+    pub delta: u64,
+    /// Storage payload without the trailing CRLF.
+    pub value: Bytes,
+    /// Meta flag tokens, passed through untouched except that `q` is removed.
+    pub meta: Vec<Bytes>,
+    /// `noreply` (classic) or `q` (meta): the router decides what to suppress.
+    pub quiet: bool,
+    /// Meta `b` flag: `key` is base64; routing hashes the decoded bytes.
+    pub base64_key: bool,
+}
+
+/// A parsed client command.
+#[derive(Debug)]
+pub enum Command {
+    /// Routed by key.
+    Keyed(Request),
+    /// Classic `get`/`gets` with one or more keys: split per key, merged in order.
+    MultiGet {
+        gets: bool,
+        keys: Vec<Bytes>,
+    },
+    /// Meta no-op: answered after every earlier request of the connection.
+    MetaNoop,
+    Version,
+    Stats,
+    Quit,
+    /// `verbosity`: accepted and ignored.
+    Verbosity {
+        noreply: bool,
+    },
+    /// A command the router deliberately does not forward (e.g. `flush_all`).
+    Unsupported(&'static str),
+}
+
+/// Result of trying to parse one command from the front of a buffer.
+#[derive(Debug)]
+pub enum ParseOutcome {
+    /// More bytes needed.
+    Incomplete,
+    /// A command and how many bytes it used.
+    Done(Command, usize),
+    /// A malformed command: answer `reply`, skip `consume` bytes (may exceed the buffer: the rest of
+    /// a refused value is swallowed as it arrives); `close` ends the connection after the reply.
+    Error {
+        reply: &'static str,
+        consume: usize,
+        close: bool,
+    },
+}
+
+const BAD_FORMAT: &str = "CLIENT_ERROR bad command line format\r\n";
+const BAD_CHUNK: &str = "CLIENT_ERROR bad data chunk\r\n";
+const TOO_LARGE: &str = "SERVER_ERROR object too large for cache\r\n";
+const LINE_TOO_LONG: &str = "CLIENT_ERROR line too long\r\n";
+const UNKNOWN: &str = "ERROR\r\n";
+const BAD_DELTA: &str = "CLIENT_ERROR invalid numeric delta argument\r\n";
+
+fn find_newline(buf: &[u8]) -> Option<usize> {
+    buf.iter().position(|&b| b == b'\n')
+}
+
+fn parse_num<T: std::str::FromStr>(tok: &[u8]) -> Option<T> {
+    std::str::from_utf8(tok).ok()?.parse().ok()
+}
+
+fn valid_key(key: &[u8]) -> bool {
+    !key.is_empty() && key.len() <= MAX_KEY_LEN && key.iter().all(|&b| b > b' ' && b != 0x7f)
+}
+
+impl Request {
+    fn new(cmd: Cmd, key: Bytes) -> Request {
+        Request {
+            cmd,
+            key,
+            client_flags: 0,
+            exptime: 0,
+            cas: 0,
+            delta: 0,
+            value: Bytes::new(),
+            meta: Vec::new(),
+            quiet: false,
+            base64_key: false,
+        }
+    }
+
+    /// A plain single-key request (used for gets split out of multi-gets and for internal traffic).
+    pub fn simple(cmd: Cmd, key: Bytes) -> Request {
+        Request::new(cmd, key)
+    }
+
+    /// The mcrouter operation this request counts as.
+    pub fn op(&self) -> Op {
+        match self.cmd {
+            Cmd::Get | Cmd::MetaGet | Cmd::MetaDebug => Op::Get,
+            Cmd::Gets => Op::Gets,
+            Cmd::Set => Op::Set,
+            Cmd::Add => Op::Add,
+            Cmd::Replace => Op::Replace,
+            Cmd::Append => Op::Append,
+            Cmd::Prepend => Op::Prepend,
+            Cmd::Cas => Op::Cas,
+            Cmd::Delete | Cmd::MetaDelete => Op::Delete,
+            Cmd::Incr => Op::Incr,
+            Cmd::Decr => Op::Decr,
+            Cmd::Touch => Op::Touch,
+            Cmd::MetaSet => match self.meta_flag(b'M').and_then(|m| m.first().copied()) {
+                Some(b'E' | b'e') => Op::Add,
+                Some(b'A' | b'a') => Op::Append,
+                Some(b'P' | b'p') => Op::Prepend,
+                Some(b'R' | b'r') => Op::Replace,
+                _ => Op::Set,
+            },
+            Cmd::MetaArith => match self.meta_flag(b'M').and_then(|m| m.first().copied()) {
+                Some(b'D' | b'd' | b'-') => Op::Decr,
+                _ => Op::Incr,
+            },
+        }
+    }
+
+    pub fn is_get(&self) -> bool {
+        matches!(self.cmd, Cmd::Get | Cmd::Gets | Cmd::MetaGet)
+    }
+
+    pub fn is_delete(&self) -> bool {
+        matches!(self.cmd, Cmd::Delete | Cmd::MetaDelete)
+    }
+
+    /// Requests that carry an exptime the router may rewrite (storage commands and touch).
+    pub fn has_exptime(&self) -> bool {
+        matches!(
+            self.cmd,
+            Cmd::Set | Cmd::Add | Cmd::Replace | Cmd::Append | Cmd::Prepend | Cmd::Cas | Cmd::Touch | Cmd::MetaSet
+        )
+    }
+
+    /// The value of meta flag `flag` (bytes after the letter), if present.
+    pub fn meta_flag(&self, flag: u8) -> Option<&[u8]> {
+        self.meta.iter().find(|t| t.first() == Some(&flag)).map(|t| &t[1..])
+    }
+
+    /// The bytes to hash for routing: the decoded key for base64 meta keys.
+    pub fn routing_key(&self) -> std::borrow::Cow<'_, [u8]> {
+        if self.base64_key
+            && let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(&self.key)
+        {
+            return std::borrow::Cow::Owned(decoded);
+        }
+        std::borrow::Cow::Borrowed(&self.key)
+    }
+
+    /// The request's exptime (meta: its `T` flag; absent means 0, never expires).
+    pub fn exptime(&self) -> i64 {
+        if self.cmd.is_meta() {
+            self.meta_flag(b'T').and_then(parse_num).unwrap_or(0)
+        } else {
+            self.exptime
+        }
+    }
+
+    pub fn set_exptime(&mut self, exptime: i64) {
+        if self.cmd.is_meta() {
+            let token = Bytes::from(format!("T{exptime}"));
+            match self.meta.iter_mut().find(|t| t.first() == Some(&b'T')) {
+                Some(t) => *t = token,
+                None => self.meta.push(token),
+            }
+        } else {
+            self.exptime = exptime;
+        }
+    }
+
+    /// Encode for a server: one request, always answered (no noreply, no q).
+    pub fn encode(&self, out: &mut BytesMut) {
+        let name = self.cmd.name().as_bytes();
+        out.reserve(name.len() + self.key.len() + self.value.len() + 64);
+        out.put_slice(name);
+        out.put_u8(b' ');
+        out.put_slice(&self.key);
+        match self.cmd {
+            Cmd::Get | Cmd::Gets | Cmd::Delete => {}
+            Cmd::Set | Cmd::Add | Cmd::Replace | Cmd::Append | Cmd::Prepend | Cmd::Cas => {
+                let head = if self.cmd == Cmd::Cas {
+                    format!(
+                        " {} {} {} {}",
+                        self.client_flags,
+                        self.exptime,
+                        self.value.len(),
+                        self.cas
+                    )
+                } else {
+                    format!(" {} {} {}", self.client_flags, self.exptime, self.value.len())
+                };
+                out.put_slice(head.as_bytes());
+            }
+            Cmd::Incr | Cmd::Decr => out.put_slice(format!(" {}", self.delta).as_bytes()),
+            Cmd::Touch => out.put_slice(format!(" {}", self.exptime).as_bytes()),
+            Cmd::MetaSet => {
+                out.put_slice(format!(" {}", self.value.len()).as_bytes());
+                for t in &self.meta {
+                    out.put_u8(b' ');
+                    out.put_slice(t);
+                }
+            }
+            Cmd::MetaGet | Cmd::MetaDelete | Cmd::MetaArith | Cmd::MetaDebug => {
+                for t in &self.meta {
+                    out.put_u8(b' ');
+                    out.put_slice(t);
+                }
+            }
+        }
+        out.put_slice(b"\r\n");
+        if matches!(
+            self.cmd,
+            Cmd::Set | Cmd::Add | Cmd::Replace | Cmd::Append | Cmd::Prepend | Cmd::Cas | Cmd::MetaSet
+        ) {
+            out.put_slice(&self.value);
+            out.put_slice(b"\r\n");
+        }
+    }
+
+    /// Whether the reply must not be sent to the client (noreply / meta quiet mode, as memcached
+    /// 1.6 does it: mg hides EN; ms, md and ma hide HD (ma also its VA); errors always show).
+    pub fn suppress(&self, reply: &Reply) -> bool {
+        if !self.quiet {
+            return false;
+        }
+        if !self.cmd.is_meta() {
+            return true;
+        }
+        match self.cmd {
+            Cmd::MetaGet => reply.res == Res::Miss,
+            Cmd::MetaSet | Cmd::MetaDelete => reply.wire.starts_with(b"HD"),
+            Cmd::MetaArith => reply.wire.starts_with(b"HD") || reply.wire.starts_with(b"VA"),
+            _ => false,
+        }
+    }
+
+    /// A meta reply line made by the router (e.g. `NF` for a spooled delete), echoing `O` and `k`.
+    pub fn meta_line(&self, code: &str) -> Bytes {
+        let mut line = BytesMut::from(code.as_bytes());
+        for t in &self.meta {
+            match t.first() {
+                Some(b'O') => {
+                    line.put_u8(b' ');
+                    line.put_slice(t);
+                }
+                Some(b'k') => {
+                    line.put_slice(b" k");
+                    line.put_slice(&self.key);
+                }
+                Some(b'b') => line.put_slice(b" b"),
+                _ => {}
+            }
+        }
+        line.put_slice(b"\r\n");
+        line.freeze()
+    }
+}
+
+/// Parse one command from the front of `buf` (which must be the start of a command).
+pub fn parse(buf: &Bytes) -> ParseOutcome {
+    let Some(nl) = find_newline(buf) else {
+        if buf.len() > MAX_LINE_LEN {
+            return ParseOutcome::Error {
+                reply: LINE_TOO_LONG,
+                consume: buf.len(),
+                close: true,
+            };
+        }
+        return ParseOutcome::Incomplete;
+    };
+    let line_end = if nl > 0 && buf[nl - 1] == b'\r' { nl - 1 } else { nl };
+    let line_len = nl + 1;
+    if line_end > MAX_LINE_LEN {
+        return ParseOutcome::Error {
+            reply: LINE_TOO_LONG,
+            consume: line_len,
+            close: true,
+        };
+    }
+    let line = buf.slice(..line_end);
+    let mut tokens: Vec<Bytes> = Vec::with_capacity(8);
+    let mut start = None;
+    for (i, &b) in line.iter().enumerate() {
+        if b == b' ' {
+            if let Some(s) = start.take() {
+                tokens.push(line.slice(s..i));
+            }
+        } else if start.is_none() {
+            start = Some(i);
+        }
+    }
+    if let Some(s) = start {
+        tokens.push(line.slice(s..));
+    }
+    let err = |reply: &'static str| ParseOutcome::Error {
+        reply,
+        consume: line_len,
+        close: false,
+    };
+    let Some(name) = tokens.first() else {
+        return err(UNKNOWN);
+    };
+    let done = |c: Command| ParseOutcome::Done(c, line_len);
+    match &name[..] {
+        b"get" | b"gets" => {
+            if tokens.len() < 2 {
+                return err(UNKNOWN);
+            }
+            if !tokens[1..].iter().all(|k| valid_key(k)) {
+                return err(BAD_FORMAT);
+            }
+            done(Command::MultiGet {
+                gets: &name[..] == b"gets",
+                keys: tokens[1..].to_vec(),
+            })
+        }
+        b"set" | b"add" | b"replace" | b"append" | b"prepend" | b"cas" => parse_storage(buf, &tokens, line_len),
+        b"delete" => {
+            // delete <key> [0] [noreply]
+            if tokens.len() < 2 || tokens.len() > 4 || !valid_key(&tokens[1]) {
+                return err(BAD_FORMAT);
+            }
+            let mut req = Request::new(Cmd::Delete, tokens[1].clone());
+            for t in &tokens[2..] {
+                match &t[..] {
+                    b"noreply" => req.quiet = true,
+                    b"0" => {}
+                    _ => {
+                        return err("CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n");
+                    }
+                }
+            }
+            done(Command::Keyed(req))
+        }
+        b"incr" | b"decr" => {
+            if tokens.len() < 3 || tokens.len() > 4 || !valid_key(&tokens[1]) {
+                return err(BAD_FORMAT);
+            }
+            let cmd = if &name[..] == b"incr" { Cmd::Incr } else { Cmd::Decr };
+            let mut req = Request::new(cmd, tokens[1].clone());
+            let Some(delta) = parse_num::<u64>(&tokens[2]) else {
+                return err(BAD_DELTA);
+            };
+            req.delta = delta;
+            if tokens.len() == 4 {
+                if &tokens[3][..] != b"noreply" {
+                    return err(BAD_FORMAT);
+                }
+                req.quiet = true;
+            }
+            done(Command::Keyed(req))
+        }
+        b"touch" => {
+            if tokens.len() < 3 || tokens.len() > 4 || !valid_key(&tokens[1]) {
+                return err(BAD_FORMAT);
+            }
+            let mut req = Request::new(Cmd::Touch, tokens[1].clone());
+            let Some(exptime) = parse_num::<i64>(&tokens[2]) else {
+                return err("CLIENT_ERROR invalid exptime argument\r\n");
+            };
+            req.exptime = exptime;
+            if tokens.len() == 4 {
+                if &tokens[3][..] != b"noreply" {
+                    return err(BAD_FORMAT);
+                }
+                req.quiet = true;
+            }
+            done(Command::Keyed(req))
+        }
+        b"mg" | b"md" | b"ma" | b"me" => {
+            let cmd = match &name[..] {
+                b"mg" => Cmd::MetaGet,
+                b"md" => Cmd::MetaDelete,
+                b"ma" => Cmd::MetaArith,
+                _ => Cmd::MetaDebug,
+            };
+            match meta_request(cmd, &tokens[1..]) {
+                Some(req) => done(Command::Keyed(req)),
+                None => err(BAD_FORMAT),
+            }
+        }
+        b"ms" => {
+            if tokens.len() < 3 {
+                return err(BAD_FORMAT);
+            }
+            let Some(len) = parse_num::<usize>(&tokens[2]) else {
+                return err(BAD_CHUNK);
+            };
+            let mut rest: Vec<Bytes> = Vec::with_capacity(tokens.len() - 2);
+            rest.push(tokens[1].clone());
+            rest.extend_from_slice(&tokens[3..]);
+            let Some(mut req) = meta_request(Cmd::MetaSet, &rest) else {
+                return ParseOutcome::Error {
+                    reply: BAD_FORMAT,
+                    consume: line_len + len + 2,
+                    close: false,
+                };
+            };
+            match take_value(buf, line_len, len) {
+                Ok(Some(v)) => {
+                    req.value = v;
+                    ParseOutcome::Done(Command::Keyed(req), line_len + len + 2)
+                }
+                Ok(None) => ParseOutcome::Incomplete,
+                Err(e) => *e,
+            }
+        }
+        b"mn" => done(Command::MetaNoop),
+        b"version" => done(Command::Version),
+        b"stats" => done(Command::Stats),
+        b"quit" => done(Command::Quit),
+        b"verbosity" => done(Command::Verbosity {
+            noreply: tokens.last().is_some_and(|t| &t[..] == b"noreply"),
+        }),
+        b"flush_all" => done(Command::Unsupported("flush_all")),
+        b"shutdown" => done(Command::Unsupported("shutdown")),
+        _ => err(UNKNOWN),
+    }
+}
+
+fn meta_request(cmd: Cmd, tokens: &[Bytes]) -> Option<Request> {
+    let key = tokens.first()?.clone();
+    let mut req = Request::new(cmd, key);
+    req.meta.reserve(tokens.len().saturating_sub(1));
+    for t in &tokens[1..] {
+        match t.first() {
+            Some(b'q') if t.len() == 1 => req.quiet = true,
+            Some(b'b') if t.len() == 1 => {
+                req.base64_key = true;
+                req.meta.push(t.clone());
+            }
+            Some(c) if c.is_ascii_alphabetic() => req.meta.push(t.clone()),
+            _ => return None,
+        }
+    }
+    if req.base64_key {
+        let decoded = base64::engine::general_purpose::STANDARD.decode(&req.key).ok()?;
+        if decoded.is_empty() || decoded.len() > MAX_KEY_LEN {
+            return None;
+        }
+    } else if !valid_key(&req.key) {
+        return None;
+    }
+    Some(req)
+}
+
+/// The `len`-byte payload after a command line, checked for its CRLF.
+fn take_value(buf: &Bytes, line_len: usize, len: usize) -> Result<Option<Bytes>, Box<ParseOutcome>> {
+    if len > MAX_VALUE_LEN {
+        return Err(Box::new(ParseOutcome::Error {
+            reply: TOO_LARGE,
+            consume: line_len + len + 2,
+            close: false,
+        }));
+    }
+    if buf.len() < line_len + len + 2 {
+        return Ok(None);
+    }
+    if &buf[line_len + len..line_len + len + 2] != b"\r\n" {
+        return Err(Box::new(ParseOutcome::Error {
+            reply: BAD_CHUNK,
+            consume: line_len + len + 2,
+            close: false,
+        }));
+    }
+    Ok(Some(buf.slice(line_len..line_len + len)))
+}
+
+fn parse_storage(buf: &Bytes, tokens: &[Bytes], line_len: usize) -> ParseOutcome {
+    let cmd = match &tokens[0][..] {
+        b"set" => Cmd::Set,
+        b"add" => Cmd::Add,
+        b"replace" => Cmd::Replace,
+        b"append" => Cmd::Append,
+        b"prepend" => Cmd::Prepend,
+        _ => Cmd::Cas,
+    };
+    let fixed = if cmd == Cmd::Cas { 6 } else { 5 };
+    let bad = ParseOutcome::Error {
+        reply: BAD_FORMAT,
+        consume: line_len,
+        close: false,
+    };
+    if tokens.len() < fixed || tokens.len() > fixed + 1 {
+        return bad;
+    }
+    let (Some(flags), Some(exptime), Some(len)) = (
+        parse_num::<u32>(&tokens[2]),
+        parse_num::<i64>(&tokens[3]),
+        parse_num::<i64>(&tokens[4]),
+    ) else {
+        return bad;
+    };
+    if len < 0 {
+        return bad;
+    }
+    let len = len as usize;
+    let mut req = Request::new(cmd, tokens[1].clone());
+    req.client_flags = flags;
+    req.exptime = exptime;
+    if cmd == Cmd::Cas {
+        let Some(cas) = parse_num::<u64>(&tokens[5]) else {
+            return bad;
+        };
+        req.cas = cas;
+    }
+    if tokens.len() == fixed + 1 {
+        if &tokens[fixed][..] != b"noreply" {
+            return bad;
+        }
+        req.quiet = true;
+    }
+    if !valid_key(&req.key) {
+        // memcached swallows the value of a refused storage command
+        return ParseOutcome::Error {
+            reply: BAD_FORMAT,
+            consume: line_len + len + 2,
+            close: false,
+        };
+    }
+    match take_value(buf, line_len, len) {
+        Ok(Some(v)) => {
+            req.value = v;
+            ParseOutcome::Done(Command::Keyed(req), line_len + len + 2)
+        }
+        Ok(None) => ParseOutcome::Incomplete,
+        Err(e) => *e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &[u8]) -> ParseOutcome {
+        parse(&Bytes::copy_from_slice(s))
+    }
+
+    fn keyed(s: &[u8]) -> (Request, usize) {
+        match p(s) {
+            ParseOutcome::Done(Command::Keyed(r), n) => (r, n),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn encoded(r: &Request) -> Vec<u8> {
+        let mut b = BytesMut::new();
+        r.encode(&mut b);
+        b.to_vec()
+    }
+
+    #[test]
+    fn classic_set_roundtrip() {
+        let (r, n) = keyed(b"set foo 5 100 3 noreply\r\nbar\r\nget foo\r\n");
+        assert_eq!(n, 30);
+        assert!(r.quiet);
+        assert_eq!(r.exptime(), 100);
+        assert_eq!(encoded(&r), b"set foo 5 100 3\r\nbar\r\n");
+    }
+
+    #[test]
+    fn incomplete_value_waits() {
+        assert!(matches!(p(b"set foo 0 0 10\r\nabc"), ParseOutcome::Incomplete));
+        assert!(matches!(p(b"get foo"), ParseOutcome::Incomplete));
+    }
+
+    #[test]
+    fn multiget() {
+        match p(b"get a b  c\r\n") {
+            ParseOutcome::Done(Command::MultiGet { gets: false, keys }, 12) => {
+                assert_eq!(keys.len(), 3)
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn errors_keep_connection() {
+        assert!(matches!(
+            p(b"bogus\r\n"),
+            ParseOutcome::Error {
+                reply: "ERROR\r\n",
+                consume: 7,
+                close: false
+            }
+        ));
+        let long = format!("get {}\r\n", "a".repeat(251));
+        assert!(matches!(
+            p(long.as_bytes()),
+            ParseOutcome::Error { reply: BAD_FORMAT, .. }
+        ));
+        match p(b"set x 0 0 2000000\r\n") {
+            ParseOutcome::Error {
+                reply,
+                consume,
+                close: false,
+            } => {
+                assert_eq!(reply, TOO_LARGE);
+                assert_eq!(consume, 19 + 2_000_002);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            p(b"set x 0 0 1\r\nab\r\n"),
+            ParseOutcome::Error {
+                reply: BAD_CHUNK,
+                consume: 16,
+                ..
+            }
+        ));
+        assert!(matches!(
+            p(b"incr x y\r\n"),
+            ParseOutcome::Error { reply: BAD_DELTA, .. }
+        ));
+        assert!(matches!(
+            p(b"set x 0 0 -1\r\n"),
+            ParseOutcome::Error { reply: BAD_FORMAT, .. }
+        ));
+    }
+
+    #[test]
+    fn meta_flags_pass_through_without_q() {
+        let (r, _) = keyed(b"mg foo N30 v c t q O123 k\r\n");
+        assert!(r.quiet);
+        assert_eq!(r.op(), Op::Get);
+        assert_eq!(encoded(&r), b"mg foo N30 v c t O123 k\r\n");
+        let (r, n) = keyed(b"ms foo 3 C99 T30 q\r\nbar\r\n");
+        assert_eq!(n, 25);
+        assert_eq!(encoded(&r), b"ms foo 3 C99 T30\r\nbar\r\n");
+        assert_eq!(r.exptime(), 30);
+    }
+
+    #[test]
+    fn meta_ops_by_mode() {
+        assert_eq!(keyed(b"ms k 1 ME\r\nx\r\n").0.op(), Op::Add);
+        assert_eq!(keyed(b"ms k 1 MA\r\nx\r\n").0.op(), Op::Append);
+        assert_eq!(keyed(b"ms k 1 MR\r\nx\r\n").0.op(), Op::Replace);
+        assert_eq!(keyed(b"ms k 1\r\nx\r\n").0.op(), Op::Set);
+        assert_eq!(keyed(b"ma k MD\r\n").0.op(), Op::Decr);
+        assert_eq!(keyed(b"ma k\r\n").0.op(), Op::Incr);
+        assert_eq!(keyed(b"md k q\r\n").0.op(), Op::Delete);
+    }
+
+    #[test]
+    fn meta_exptime_rewrite() {
+        let (mut r, _) = keyed(b"ms k 1 T100 F5\r\nx\r\n");
+        r.set_exptime(10);
+        assert_eq!(encoded(&r), b"ms k 1 T10 F5\r\nx\r\n");
+        let (mut r, _) = keyed(b"ms k 1\r\nx\r\n");
+        assert_eq!(r.exptime(), 0);
+        r.set_exptime(10);
+        assert_eq!(encoded(&r), b"ms k 1 T10\r\nx\r\n");
+    }
+
+    #[test]
+    fn base64_keys_route_by_decoded_bytes() {
+        let (r, _) = keyed(b"mg Zm9v b v\r\n");
+        assert_eq!(&r.routing_key()[..], b"foo");
+        assert_eq!(encoded(&r), b"mg Zm9v b v\r\n");
+        assert!(matches!(p(b"mg !!! b v\r\n"), ParseOutcome::Error { .. }));
+    }
+
+    #[test]
+    fn quiet_rules_follow_memcached() {
+        let (mg, _) = keyed(b"mg k v q\r\n");
+        assert!(mg.suppress(&Reply::line(Res::Miss, "EN")));
+        assert!(!mg.suppress(&Reply::line(Res::Found, "HD")));
+        let (md, _) = keyed(b"md k q\r\n");
+        assert!(md.suppress(&Reply::line(Res::Deleted, "HD")));
+        assert!(!md.suppress(&Reply::line(Res::NotFound, "NF")));
+        let (ms, _) = keyed(b"ms k 1 q\r\nx\r\n");
+        assert!(!ms.suppress(&Reply::line(Res::NotStored, "NS")));
+        let (del, _) = keyed(b"delete k noreply\r\n");
+        assert!(del.suppress(&Reply::line(Res::NotFound, "NOT_FOUND")));
+    }
+}

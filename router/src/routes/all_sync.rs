@@ -1,0 +1,63 @@
+//! AllSyncRoute: sends to every child at once, waits for all, answers the worst reply
+//! (e.g. a replicated pool's delete: any replica failing shows).
+
+use std::sync::Arc;
+
+use futures_util::future::join_all;
+use serde_json::{Map, Value};
+
+use super::{BoxFuture, Route, RouteRef, required};
+use crate::config::Builder;
+use crate::protocol::{Reply, Request};
+
+pub struct AllSync {
+    pub children: Vec<RouteRef>,
+}
+
+/// The reply with the highest severity (the first one among equals).
+pub fn worst(replies: Vec<Reply>) -> Option<Reply> {
+    let mut best: Option<Reply> = None;
+    for r in replies {
+        match &best {
+            Some(b) if b.res.severity() >= r.res.severity() => {}
+            _ => best = Some(r),
+        }
+    }
+    best
+}
+
+impl Route for AllSync {
+    fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
+        Box::pin(async move {
+            let replies = join_all(self.children.iter().map(|c| c.route(req))).await;
+            worst(replies).unwrap_or_else(|| super::default_reply(req))
+        })
+    }
+}
+
+pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
+    let children = b.children(required(obj, "children", "AllSyncRoute")?)?;
+    Ok(Arc::new(AllSync { children }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Cmd, Res};
+    use crate::routes::testing::*;
+
+    #[test]
+    fn reaches_all_and_returns_worst() {
+        let a = Fake::new("a", Res::Deleted);
+        let b = Fake::new("b", Res::NotFound);
+        let c = Fake::new("c", Res::Deleted);
+        let r = AllSync {
+            children: vec![a.clone(), b.clone(), c.clone()],
+        };
+        let reply = run(r.route(&req(Cmd::Delete, "k")));
+        assert_eq!(reply.res, Res::NotFound);
+        assert_eq!((a.count(), b.count(), c.count()), (1, 1, 1));
+        c.set(Res::Tko);
+        assert_eq!(run(r.route(&req(Cmd::Delete, "k"))).res, Res::Tko);
+    }
+}

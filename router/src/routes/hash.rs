@@ -1,0 +1,86 @@
+//! HashRoute: picks one child by hashing the key (Ch3 by default, or Crc32), with an optional salt.
+//!
+//! Hashes the routing key: the decoded bytes for base64 meta keys, after any routing prefix is
+//! stripped, so the same key lands on the same server whichever way it is sent.
+
+use serde_json::{Map, Value};
+
+use super::{BoxFuture, Route, RouteRef, get_str, required};
+use crate::config::Builder;
+use crate::hash::HashFunc;
+use crate::protocol::{Reply, Request};
+
+pub struct HashRoute {
+    pub children: Vec<RouteRef>,
+    pub func: HashFunc,
+    pub salt: Vec<u8>,
+}
+
+impl Route for HashRoute {
+    fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
+        let i = self.func.pick(&req.routing_key(), &self.salt, self.children.len());
+        self.children[i].route(req)
+    }
+}
+
+/// `hash_func`/`salt` from the handle itself or from a `hash` field (string or object).
+pub fn hash_settings(obj: &Map<String, Value>) -> Result<(HashFunc, Vec<u8>), String> {
+    let mut func_name = get_str(obj, "hash_func")?.map(str::to_string);
+    let mut salt = get_str(obj, "salt")?.unwrap_or("").as_bytes().to_vec();
+    match obj.get("hash") {
+        Some(Value::String(s)) => func_name = Some(s.clone()),
+        Some(Value::Object(h)) => {
+            if let Some(f) = get_str(h, "hash_func")? {
+                func_name = Some(f.to_string());
+            }
+            if let Some(s) = get_str(h, "salt")? {
+                salt = s.as_bytes().to_vec();
+            }
+        }
+        _ => {}
+    }
+    let func = match func_name {
+        None => HashFunc::Ch3,
+        Some(name) => HashFunc::from_name(&name).ok_or_else(|| format!("unknown hash_func `{name}` (Ch3, Crc32)"))?,
+    };
+    Ok((func, salt))
+}
+
+pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
+    let children = b.children(required(obj, "children", "HashRoute")?)?;
+    if children.is_empty() {
+        return Err("HashRoute: empty `children`".into());
+    }
+    let (func, salt) = hash_settings(obj)?;
+    Ok(std::sync::Arc::new(HashRoute { children, func, salt }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Cmd, Res};
+    use crate::routes::testing::*;
+
+    #[test]
+    fn spreads_and_is_stable() {
+        let fakes: Vec<_> = (0..4).map(|_| Fake::new("x", Res::Stored)).collect();
+        let route = HashRoute {
+            children: fakes.iter().map(|f| f.clone() as RouteRef).collect(),
+            func: HashFunc::Ch3,
+            salt: vec![],
+        };
+        run(async {
+            for i in 0..4000 {
+                route.route(&req(Cmd::Get, &format!("key{i}"))).await;
+            }
+        });
+        for f in &fakes {
+            assert!(f.count() > 800 && f.count() < 1200, "{}", f.count());
+        }
+        let k = req(Cmd::Get, "key1");
+        assert_eq!(
+            HashFunc::Ch3.pick(&k.routing_key(), b"", 4),
+            HashFunc::Ch3.pick(b"key1", b"", 4)
+        );
+    }
+}

@@ -1,0 +1,276 @@
+//! The route tree: route handles that compose, one per file, and the registry of config names.
+//!
+//! A handle takes one single-key request and produces one reply; it knows its children only as
+//! `RouteRef`s. Adding a handle means one new file and one line in `REGISTRY`. Leaves are
+//! `Destination`s (one memcached server of one pool).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use crate::config::Builder;
+use crate::protocol::{Cmd, Reply, Request, Res};
+
+pub mod all_async;
+pub mod all_initial;
+pub mod all_majority;
+pub mod all_sync;
+pub mod destination;
+pub mod error;
+pub mod failover;
+pub mod failover_with_exptime;
+pub mod hash;
+pub mod miss_failover;
+pub mod modify_exptime;
+pub mod null;
+pub mod operation_selector;
+pub mod pool;
+pub mod prefix_selector;
+pub mod warm_up;
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub type RouteRef = Arc<dyn Route>;
+
+/// A route handle.
+pub trait Route: Send + Sync + 'static {
+    fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply>;
+}
+
+/// Builds a handle from its config object (`"Type|rest"` shorthands arrive as objects, see below).
+pub type Constructor = fn(&mut Builder, &Map<String, Value>) -> Result<RouteRef, String>;
+
+/// A registry entry: config `type` name, constructor, and the field that the `rest` of a
+/// `"Type|rest"` shorthand fills (e.g. `"PoolRoute|wildcard"` means `{"pool": "wildcard"}`).
+pub struct Handle {
+    pub name: &'static str,
+    pub build: Constructor,
+    pub shorthand: Option<&'static str>,
+}
+
+pub const REGISTRY: &[Handle] = &[
+    Handle {
+        name: "PoolRoute",
+        build: pool::build,
+        shorthand: Some("pool"),
+    },
+    Handle {
+        name: "HashRoute",
+        build: hash::build,
+        shorthand: Some("children"),
+    },
+    Handle {
+        name: "AllSyncRoute",
+        build: all_sync::build,
+        shorthand: Some("children"),
+    },
+    Handle {
+        name: "AllAsyncRoute",
+        build: all_async::build,
+        shorthand: Some("children"),
+    },
+    Handle {
+        name: "AllInitialRoute",
+        build: all_initial::build,
+        shorthand: Some("children"),
+    },
+    Handle {
+        name: "AllMajorityRoute",
+        build: all_majority::build,
+        shorthand: Some("children"),
+    },
+    Handle {
+        name: "FailoverRoute",
+        build: failover::build,
+        shorthand: Some("children"),
+    },
+    Handle {
+        name: "FailoverWithExptimeRoute",
+        build: failover_with_exptime::build,
+        shorthand: None,
+    },
+    Handle {
+        name: "MissFailoverRoute",
+        build: miss_failover::build,
+        shorthand: Some("children"),
+    },
+    Handle {
+        name: "WarmUpRoute",
+        build: warm_up::build,
+        shorthand: None,
+    },
+    Handle {
+        name: "OperationSelectorRoute",
+        build: operation_selector::build,
+        shorthand: None,
+    },
+    Handle {
+        name: "PrefixSelectorRoute",
+        build: prefix_selector::build,
+        shorthand: None,
+    },
+    Handle {
+        name: "ModifyExptimeRoute",
+        build: modify_exptime::build,
+        shorthand: None,
+    },
+    Handle {
+        name: "NullRoute",
+        build: null::build,
+        shorthand: None,
+    },
+    Handle {
+        name: "ErrorRoute",
+        build: error::build,
+        shorthand: Some("response"),
+    },
+];
+
+pub fn lookup(name: &str) -> Option<&'static Handle> {
+    REGISTRY.iter().find(|h| h.name == name)
+}
+
+/// What a route answers when it has nothing better (NullRoute, AllAsyncRoute): a miss for gets,
+/// not-stored for updates, not-found for the rest.
+pub fn default_reply(req: &Request) -> Reply {
+    match req.cmd {
+        Cmd::Get | Cmd::Gets => Reply::new(Res::Miss, bytes::Bytes::new()),
+        Cmd::MetaGet | Cmd::MetaDebug => Reply::new(Res::Miss, req.meta_line("EN")),
+        Cmd::Set | Cmd::Add | Cmd::Replace | Cmd::Append | Cmd::Prepend | Cmd::Cas => {
+            Reply::line(Res::NotStored, "NOT_STORED")
+        }
+        Cmd::MetaSet => Reply::new(Res::NotStored, req.meta_line("NS")),
+        Cmd::Delete | Cmd::Incr | Cmd::Decr | Cmd::Touch => Reply::line(Res::NotFound, "NOT_FOUND"),
+        Cmd::MetaDelete | Cmd::MetaArith => Reply::new(Res::NotFound, req.meta_line("NF")),
+    }
+}
+
+/// memcached treats an exptime above 30 days as an absolute unix time.
+const RELATIVE_LIMIT: i64 = 60 * 60 * 24 * 30;
+
+/// The exptime in seconds from now (0 = never expires, negative = already expired).
+pub fn relative_exptime(exptime: i64) -> i64 {
+    if exptime > RELATIVE_LIMIT {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        (exptime - now as i64).max(-1)
+    } else {
+        exptime
+    }
+}
+
+/// `req` with its TTL capped at `cap` seconds (a TTL of 0, "forever", is capped too).
+pub fn cap_exptime(req: &Request, cap: i64) -> Option<Request> {
+    if !req.has_exptime() || cap <= 0 {
+        return None;
+    }
+    let e = relative_exptime(req.exptime());
+    if e == 0 || e > cap {
+        let mut r = req.clone();
+        r.set_exptime(cap);
+        return Some(r);
+    }
+    None
+}
+
+// ---- config field helpers shared by constructors ----
+
+pub fn get_i64(obj: &Map<String, Value>, field: &str) -> Result<Option<i64>, String> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => n
+            .as_i64()
+            .map(Some)
+            .ok_or_else(|| format!("`{field}` must be an integer")),
+        Some(Value::String(s)) => s.parse().map(Some).map_err(|_| format!("`{field}` must be an integer")),
+        Some(_) => Err(format!("`{field}` must be an integer")),
+    }
+}
+
+pub fn get_str<'a>(obj: &'a Map<String, Value>, field: &str) -> Result<Option<&'a str>, String> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(format!("`{field}` must be a string")),
+    }
+}
+
+pub fn required<'a>(obj: &'a Map<String, Value>, field: &str, handle: &str) -> Result<&'a Value, String> {
+    obj.get(field).ok_or_else(|| format!("{handle}: missing `{field}`"))
+}
+
+#[cfg(test)]
+pub mod testing {
+    //! Fake destinations for route tests.
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Answers every request with a fixed result (or a scripted one per key) and records what it saw.
+    pub struct Fake {
+        pub name: &'static str,
+        pub res: Mutex<Res>,
+        pub seen: Mutex<Vec<Request>>,
+    }
+
+    impl Fake {
+        pub fn new(name: &'static str, res: Res) -> Arc<Fake> {
+            Arc::new(Fake {
+                name,
+                res: Mutex::new(res),
+                seen: Mutex::new(Vec::new()),
+            })
+        }
+        pub fn count(&self) -> usize {
+            self.seen.lock().unwrap().len()
+        }
+        pub fn last(&self) -> Request {
+            self.seen.lock().unwrap().last().cloned().expect("a request")
+        }
+        pub fn set(&self, res: Res) {
+            *self.res.lock().unwrap() = res;
+        }
+    }
+
+    impl Route for Fake {
+        fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
+            Box::pin(async move {
+                self.seen.lock().unwrap().push(req.clone());
+                let res = *self.res.lock().unwrap();
+                match res {
+                    Res::Found if req.cmd == Cmd::Get => Reply::new(
+                        res,
+                        bytes::Bytes::from(format!(
+                            "VALUE {} 7 2\r\n{}\r\n",
+                            String::from_utf8_lossy(&req.key),
+                            self.name.get(..2).unwrap_or(self.name)
+                        )),
+                    ),
+                    r if r.is_error() => Reply::error(r, self.name),
+                    r => Reply::line(r, self.name),
+                }
+            })
+        }
+    }
+
+    pub fn req(cmd: Cmd, key: &str) -> Request {
+        Request::simple(cmd, bytes::Bytes::copy_from_slice(key.as_bytes()))
+    }
+
+    pub fn set_req(key: &str, exptime: i64) -> Request {
+        let mut r = req(Cmd::Set, key);
+        r.exptime = exptime;
+        r.value = bytes::Bytes::from_static(b"v");
+        r
+    }
+
+    pub fn run<F: Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+}

@@ -1,0 +1,258 @@
+//! The server pool: one pipelined connection per memcached server, timeouts and TKO.
+//!
+//! Requests to one server go through a queue to a writer that batches everything queued into one
+//! write; a reader matches replies to requests by order (every forwarded request is answered, see
+//! `protocol::request`). A caller waits at most its timeout. Failure handling follows mcrouter:
+//! a connect error or connect timeout marks the server TKO ("technical knockout") at once; three
+//! consecutive timeouts do too. While TKO, requests fail immediately so failover routes (gutter)
+//! take over without waiting; a prober sends `version` on a fresh connection, first after the
+//! initial delay, then with delays growing x1.5 (with jitter) to the maximum; the first success
+//! clears TKO and replays the server's spooled deletes.
+//!
+//! Servers are shared by address across pools and across config reloads, so a reload keeps
+//! connections and TKO state.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::OwnedReadHalf;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::Context;
+use crate::protocol::reply::parse_reply;
+use crate::protocol::{Cmd, Reply, ReplyKind, Request, Res};
+
+/// Consecutive timeouts that make a server TKO.
+pub const SOFT_TKO_THRESHOLD: u32 = 3;
+/// Requests queued for one server before new ones are refused as `busy`.
+const QUEUE_DEPTH: usize = 65_536;
+/// A batch write is cut at this size.
+const MAX_BATCH: usize = 256 * 1024;
+
+struct Job {
+    data: Bytes,
+    kind: ReplyKind,
+    reply: oneshot::Sender<Reply>,
+}
+
+/// One memcached server as seen by the router.
+pub struct Server {
+    pub addr: String,
+    tx: mpsc::Sender<Job>,
+    tko: AtomicBool,
+    consecutive_timeouts: AtomicU32,
+    ctx: Weak<Context>,
+}
+
+pub fn reply_kind(cmd: Cmd) -> ReplyKind {
+    match cmd {
+        Cmd::Get | Cmd::Gets => ReplyKind::Values,
+        Cmd::MetaGet | Cmd::MetaArith => ReplyKind::Meta,
+        _ => ReplyKind::Line,
+    }
+}
+
+fn jitter(d: Duration) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos();
+    // 0.9x .. 1.1x
+    d.mul_f64(0.9 + (nanos % 1000) as f64 / 5000.0)
+}
+
+impl Server {
+    pub fn new(addr: String, ctx: &Arc<Context>) -> Arc<Server> {
+        let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
+        let server = Arc::new(Server {
+            addr,
+            tx,
+            tko: AtomicBool::new(false),
+            consecutive_timeouts: AtomicU32::new(0),
+            ctx: Arc::downgrade(ctx),
+        });
+        tokio::spawn(server.clone().run(rx));
+        server
+    }
+
+    pub fn is_tko(&self) -> bool {
+        self.tko.load(Relaxed)
+    }
+
+    /// Send one request and wait for its reply, at most `timeout`.
+    pub async fn send(self: &Arc<Self>, req: &Request, timeout: Duration) -> Reply {
+        let mut data = BytesMut::new();
+        req.encode(&mut data);
+        self.send_raw(data.freeze(), reply_kind(req.cmd), timeout).await
+    }
+
+    async fn send_raw(self: &Arc<Self>, data: Bytes, kind: ReplyKind, timeout: Duration) -> Reply {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.try_send(Job { data, kind, reply: tx }).is_err() {
+            return Reply::error(Res::Busy, "busy: server queue full");
+        }
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(reply)) => {
+                if !reply.res.is_failover_error() || reply.res == Res::RemoteError {
+                    self.consecutive_timeouts.store(0, Relaxed);
+                }
+                reply
+            }
+            Ok(Err(_)) => Reply::error(Res::ConnectError, "connection to server lost"),
+            Err(_) => {
+                let n = self.consecutive_timeouts.fetch_add(1, Relaxed) + 1;
+                if n >= SOFT_TKO_THRESHOLD {
+                    self.mark_tko(&format!("{n} consecutive timeouts"));
+                }
+                Reply::error(Res::Timeout, "timeout")
+            }
+        }
+    }
+
+    fn mark_tko(self: &Arc<Self>, why: &str) {
+        if self.tko.swap(true, Relaxed) {
+            return;
+        }
+        let Some(ctx) = self.ctx.upgrade() else {
+            return;
+        };
+        ctx.stats.tko_events.fetch_add(1, Relaxed);
+        eprintln!(
+            "squeal-router: server {} marked TKO ({why}); failing fast until a probe succeeds",
+            self.addr
+        );
+        tokio::spawn(self.clone().probe_loop(ctx));
+    }
+
+    async fn probe_loop(self: Arc<Self>, ctx: Arc<Context>) {
+        let mut delay = ctx.opts.probe_initial;
+        loop {
+            tokio::time::sleep(jitter(delay)).await;
+            if self.probe(&ctx).await {
+                self.consecutive_timeouts.store(0, Relaxed);
+                self.tko.store(false, Relaxed);
+                ctx.stats.tko_recoveries.fetch_add(1, Relaxed);
+                eprintln!(
+                    "squeal-router: server {} is back (version probe answered); TKO cleared",
+                    self.addr
+                );
+                crate::spool::spawn_replay(&ctx, self.clone());
+                return;
+            }
+            delay = delay.mul_f64(1.5).min(ctx.opts.probe_max);
+        }
+    }
+
+    async fn probe(&self, ctx: &Context) -> bool {
+        let attempt = async {
+            let mut s = TcpStream::connect(&self.addr).await.ok()?;
+            s.write_all(b"version\r\n").await.ok()?;
+            let mut buf = [0u8; 128];
+            let n = s.read(&mut buf).await.ok()?;
+            buf[..n].starts_with(b"VERSION").then_some(())
+        };
+        matches!(
+            tokio::time::timeout(ctx.opts.connect_timeout + ctx.opts.server_timeout, attempt).await,
+            Ok(Some(()))
+        )
+    }
+
+    /// Connection manager: connects on demand, serves until the connection breaks, repeats.
+    async fn run(self: Arc<Self>, mut rx: mpsc::Receiver<Job>) {
+        while let Some(first) = rx.recv().await {
+            let Some(ctx) = self.ctx.upgrade() else {
+                return;
+            };
+            let connect = tokio::time::timeout(ctx.opts.connect_timeout, TcpStream::connect(&self.addr)).await;
+            drop(ctx);
+            let failure = match connect {
+                Ok(Ok(stream)) => {
+                    let _ = stream.set_nodelay(true);
+                    self.serve(stream, first, &mut rx).await;
+                    continue;
+                }
+                Ok(Err(e)) => (Res::ConnectError, format!("connect error: {e}")),
+                Err(_) => (Res::ConnectTimeout, "connect timeout".to_string()),
+            };
+            self.mark_tko(&failure.1);
+            let _ = first.reply.send(Reply::error(failure.0, &failure.1));
+            while let Ok(job) = rx.try_recv() {
+                let _ = job.reply.send(Reply::error(failure.0, &failure.1));
+            }
+        }
+    }
+
+    async fn serve(&self, stream: TcpStream, first: Job, rx: &mut mpsc::Receiver<Job>) {
+        let (rd, mut wr) = stream.into_split();
+        let (ptx, prx) = mpsc::unbounded_channel();
+        let (dead_tx, mut dead_rx) = oneshot::channel::<()>();
+        let reader = tokio::spawn(read_loop(rd, prx, dead_tx));
+        let mut next = Some(first);
+        let mut wbuf = BytesMut::new();
+        loop {
+            let job = match next.take() {
+                Some(j) => j,
+                None => tokio::select! {
+                    j = rx.recv() => match j { Some(j) => j, None => break },
+                    _ = &mut dead_rx => break,
+                },
+            };
+            let mut job = Some(job);
+            while let Some(j) = job.take() {
+                wbuf.extend_from_slice(&j.data);
+                if let Err(mpsc::error::SendError((_, reply))) = ptx.send((j.kind, j.reply)) {
+                    let _ = reply.send(Reply::error(Res::ConnectError, "connection to server lost"));
+                }
+                if wbuf.len() < MAX_BATCH {
+                    job = rx.try_recv().ok();
+                }
+            }
+            if wr.write_all(&wbuf).await.is_err() {
+                break;
+            }
+            wbuf.clear();
+        }
+        // Pending requests' senders drop with the reader: their callers see a connection error.
+        reader.abort();
+    }
+}
+
+type Pending = (ReplyKind, oneshot::Sender<Reply>);
+
+async fn read_loop(mut rd: OwnedReadHalf, mut prx: mpsc::UnboundedReceiver<Pending>, _dead: oneshot::Sender<()>) {
+    let mut buf = BytesMut::with_capacity(16 * 1024);
+    let mut pending: VecDeque<Pending> = VecDeque::new();
+    loop {
+        while !buf.is_empty() {
+            if pending.is_empty() {
+                while let Ok(p) = prx.try_recv() {
+                    pending.push_back(p);
+                }
+            }
+            let Some((kind, _)) = pending.front() else {
+                return; // a reply nobody asked for: out of sync
+            };
+            match parse_reply(&buf, *kind) {
+                Ok(Some((res, consumed, keep))) => {
+                    let chunk = buf.split_to(consumed).freeze();
+                    let (_, tx) = pending.pop_front().expect("front exists");
+                    let _ = tx.send(Reply::new(res, chunk.slice(..keep)));
+                }
+                Ok(None) => break,
+                Err(_) => return,
+            }
+        }
+        if buf.capacity() - buf.len() < 4096 {
+            buf.reserve(16 * 1024);
+        }
+        match rd.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}

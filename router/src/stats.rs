@@ -1,0 +1,194 @@
+//! Router counters, shared by every task, rendered as memcached `stats` lines and as Prometheus text.
+//!
+//! Plain atomics: no locks on the request path.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+/// Labels of the per-operation request counter (client commands as received).
+pub const OPS: &[&str] = &[
+    "get", "gets", "set", "add", "replace", "append", "prepend", "cas", "delete", "incr", "decr", "touch", "mg", "ms",
+    "md", "ma", "me", "mn", "version", "stats", "other",
+];
+
+/// Upper bounds (seconds) of the latency histogram buckets.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+pub struct Stats {
+    started: Instant,
+    pub requests: Vec<AtomicU64>,
+    pub errors: AtomicU64,
+    pub client_errors: AtomicU64,
+    pub tko_events: AtomicU64,
+    pub tko_recoveries: AtomicU64,
+    pub gutter_failovers: AtomicU64,
+    pub failovers: AtomicU64,
+    pub warmup_fills: AtomicU64,
+    pub spooled_deletes: AtomicU64,
+    pub spool_dropped: AtomicU64,
+    pub replayed_deletes: AtomicU64,
+    pub curr_connections: AtomicU64,
+    pub total_connections: AtomicU64,
+    pub config_loads: AtomicU64,
+    pub config_rejects: AtomicU64,
+    latency: Vec<AtomicU64>,
+    latency_sum_ns: AtomicU64,
+    latency_count: AtomicU64,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            started: Instant::now(),
+            requests: OPS.iter().map(|_| AtomicU64::new(0)).collect(),
+            errors: AtomicU64::new(0),
+            client_errors: AtomicU64::new(0),
+            tko_events: AtomicU64::new(0),
+            tko_recoveries: AtomicU64::new(0),
+            gutter_failovers: AtomicU64::new(0),
+            failovers: AtomicU64::new(0),
+            warmup_fills: AtomicU64::new(0),
+            spooled_deletes: AtomicU64::new(0),
+            spool_dropped: AtomicU64::new(0),
+            replayed_deletes: AtomicU64::new(0),
+            curr_connections: AtomicU64::new(0),
+            total_connections: AtomicU64::new(0),
+            config_loads: AtomicU64::new(0),
+            config_rejects: AtomicU64::new(0),
+            latency: (0..=LATENCY_BUCKETS.len()).map(|_| AtomicU64::new(0)).collect(),
+            latency_sum_ns: AtomicU64::new(0),
+            latency_count: AtomicU64::new(0),
+        }
+    }
+}
+
+pub fn op_index(name: &str) -> usize {
+    OPS.iter().position(|o| *o == name).unwrap_or(OPS.len() - 1)
+}
+
+impl Stats {
+    pub fn count_request(&self, op: &str) {
+        self.requests[op_index(op)].fetch_add(1, Relaxed);
+    }
+
+    pub fn observe_latency(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        let i = LATENCY_BUCKETS
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(LATENCY_BUCKETS.len());
+        self.latency[i].fetch_add(1, Relaxed);
+        self.latency_sum_ns.fetch_add(d.as_nanos() as u64, Relaxed);
+        self.latency_count.fetch_add(1, Relaxed);
+    }
+
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    fn scalars(&self) -> Vec<(&'static str, &'static str, u64)> {
+        let g = |a: &AtomicU64| a.load(Relaxed);
+        vec![
+            ("errors", "replies that were errors", g(&self.errors)),
+            ("client_errors", "malformed client commands", g(&self.client_errors)),
+            ("tko_events", "servers marked TKO", g(&self.tko_events)),
+            (
+                "tko_recoveries",
+                "TKO servers brought back by a probe",
+                g(&self.tko_recoveries),
+            ),
+            ("failovers", "requests answered by a failover child", g(&self.failovers)),
+            (
+                "gutter_failovers",
+                "requests sent to a FailoverWithExptimeRoute failover (gutter)",
+                g(&self.gutter_failovers),
+            ),
+            (
+                "warmup_fills",
+                "values copied from warm to cold by WarmUpRoute",
+                g(&self.warmup_fills),
+            ),
+            (
+                "spooled_deletes",
+                "failed deletes written to the spool",
+                g(&self.spooled_deletes),
+            ),
+            (
+                "spool_dropped_deletes",
+                "failed deletes the full spool refused",
+                g(&self.spool_dropped),
+            ),
+            (
+                "replayed_deletes",
+                "spooled deletes replayed to their server",
+                g(&self.replayed_deletes),
+            ),
+            ("config_loads", "configs loaded", g(&self.config_loads)),
+            ("config_rejects", "configs rejected", g(&self.config_rejects)),
+        ]
+    }
+
+    /// `stats` command reply (memcached style).
+    pub fn memcached_text(&self, servers_tko: usize) -> String {
+        let mut s = String::new();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        s += &format!("STAT pid {}\r\n", std::process::id());
+        s += &format!("STAT uptime {}\r\n", self.uptime().as_secs());
+        s += &format!("STAT time {now}\r\n");
+        s += &format!("STAT version squeal-router-{}\r\n", env!("CARGO_PKG_VERSION"));
+        s += &format!("STAT curr_connections {}\r\n", self.curr_connections.load(Relaxed));
+        s += &format!("STAT total_connections {}\r\n", self.total_connections.load(Relaxed));
+        for (i, op) in OPS.iter().enumerate() {
+            s += &format!("STAT cmd_{op} {}\r\n", self.requests[i].load(Relaxed));
+        }
+        for (name, _, v) in self.scalars() {
+            s += &format!("STAT {name} {v}\r\n");
+        }
+        s += &format!("STAT servers_tko {servers_tko}\r\n");
+        s += "END\r\n";
+        s
+    }
+
+    /// Prometheus text format, every name starting `squeal_router_`.
+    pub fn prometheus_text(&self, servers_tko: usize) -> String {
+        let mut s = String::new();
+        s += "# HELP squeal_router_requests_total client requests by command\n# TYPE squeal_router_requests_total counter\n";
+        for (i, op) in OPS.iter().enumerate() {
+            s += &format!(
+                "squeal_router_requests_total{{op=\"{op}\"}} {}\n",
+                self.requests[i].load(Relaxed)
+            );
+        }
+        for (name, help, v) in self.scalars() {
+            s += &format!("# HELP squeal_router_{name}_total {help}\n# TYPE squeal_router_{name}_total counter\n");
+            s += &format!("squeal_router_{name}_total {v}\n");
+        }
+        s += "# HELP squeal_router_connections open client connections\n# TYPE squeal_router_connections gauge\n";
+        s += &format!("squeal_router_connections {}\n", self.curr_connections.load(Relaxed));
+        s += "# HELP squeal_router_servers_tko servers currently marked TKO\n# TYPE squeal_router_servers_tko gauge\n";
+        s += &format!("squeal_router_servers_tko {servers_tko}\n");
+        s += "# HELP squeal_router_request_duration_seconds client request latency\n";
+        s += "# TYPE squeal_router_request_duration_seconds histogram\n";
+        let mut cumulative = 0;
+        for (i, b) in LATENCY_BUCKETS.iter().enumerate() {
+            cumulative += self.latency[i].load(Relaxed);
+            s += &format!("squeal_router_request_duration_seconds_bucket{{le=\"{b}\"}} {cumulative}\n");
+        }
+        cumulative += self.latency[LATENCY_BUCKETS.len()].load(Relaxed);
+        s += &format!("squeal_router_request_duration_seconds_bucket{{le=\"+Inf\"}} {cumulative}\n");
+        s += &format!(
+            "squeal_router_request_duration_seconds_sum {}\n",
+            self.latency_sum_ns.load(Relaxed) as f64 / 1e9
+        );
+        s += &format!(
+            "squeal_router_request_duration_seconds_count {}\n",
+            self.latency_count.load(Relaxed)
+        );
+        s
+    }
+}
