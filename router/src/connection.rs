@@ -18,8 +18,10 @@ use tokio::net::TcpStream;
 use crate::config::RouterConfig;
 use crate::protocol::request::parse;
 use crate::protocol::{Cmd, Command, ParseOutcome, Reply, Request, Res};
-use crate::routes::BoxFuture;
+use crate::routes::{BoxFuture, RouteRef};
+use crate::server::Server;
 use crate::{Context, Shared};
+use std::time::Duration;
 
 /// Requests in flight per connection before the router stops reading from it (backpressure).
 const MAX_IN_FLIGHT: usize = 4096;
@@ -240,35 +242,77 @@ impl Conn {
         let start = Instant::now();
         let cmd = if gets { Cmd::Gets } else { Cmd::Get };
         let config = self.config.clone();
-        let single = keys.len() == 1;
         self.in_flight.push_back(
             async move {
-                let items: Vec<(Bytes, Request)> =
-                    keys.into_iter().map(|k| (k.clone(), Request::simple(cmd, k))).collect();
-                let lookups = items.into_iter().map(|(orig, mut req)| {
-                    let config = &config;
-                    async move {
-                        let reply = match config.select(&mut req) {
-                            Ok(route) => route.route(&req).await,
-                            Err(e) => e,
-                        };
-                        (orig, req, reply)
+                let n = keys.len();
+                let mut reqs: Vec<Request> = Vec::with_capacity(n);
+                let mut routes: Vec<Option<RouteRef>> = Vec::with_capacity(n);
+                let mut replies: Vec<Option<Reply>> = vec![None; n];
+                // Keys whose route asks one server first are batched into one multi-key get per
+                // server; the others (and any batch that fails) take their full route.
+                let mut groups: Vec<(Arc<Server>, Duration, Vec<usize>)> = Vec::new();
+                for (i, k) in keys.iter().enumerate() {
+                    let mut req = Request::simple(cmd, k.clone());
+                    match config.select(&mut req) {
+                        Ok(route) => {
+                            if let Some((srv, timeout)) = route.first_get_target(&req) {
+                                match groups.iter_mut().find(|g| Arc::ptr_eq(&g.0, &srv)) {
+                                    Some(g) => g.2.push(i),
+                                    None => groups.push((srv, timeout, vec![i])),
+                                }
+                            }
+                            routes.push(Some(route));
+                        }
+                        Err(e) => {
+                            replies[i] = Some(e);
+                            routes.push(None);
+                        }
                     }
-                });
-                let results = if single {
-                    let mut it = lookups;
-                    vec![it.next().expect("one key").await]
-                } else {
-                    join_all(lookups).await
-                };
+                    reqs.push(req);
+                }
+                let batched = join_all(groups.iter().map(|(srv, timeout, idx)| {
+                    let ks: Vec<&Bytes> = idx.iter().map(|&i| &reqs[i].key).collect();
+                    async move { srv.send_multi_get(gets, &ks, *timeout).await }
+                }))
+                .await;
+                for ((_, _, idx), reply) in groups.iter().zip(batched) {
+                    if reply.res.is_failover_error() {
+                        continue;
+                    }
+                    if reply.res.is_error() {
+                        for &i in idx {
+                            replies[i] = Some(reply.clone());
+                        }
+                        continue;
+                    }
+                    split_values(&reply.wire, idx, &reqs, &mut replies);
+                }
+                let slow: Vec<usize> = (0..n).filter(|&i| replies[i].is_none()).collect();
+                if !slow.is_empty() {
+                    let outs = join_all(slow.iter().map(|&i| {
+                        let route = routes[i].clone();
+                        let req = &reqs[i];
+                        async move {
+                            match route {
+                                Some(r) => r.route(req).await,
+                                None => Reply::error(Res::LocalError, "no route"),
+                            }
+                        }
+                    }))
+                    .await;
+                    for (i, r) in slow.into_iter().zip(outs) {
+                        replies[i] = Some(r);
+                    }
+                }
                 ctx.stats.observe_latency(start.elapsed());
                 let mut out = BytesMut::new();
-                for (orig, req, reply) in &results {
+                for (i, reply) in replies.iter().enumerate() {
+                    let Some(reply) = reply else { continue };
                     if reply.res.is_hit() {
-                        append_value(&mut out, orig, req, reply);
+                        append_value(&mut out, &keys[i], &reqs[i], reply);
                     } else if reply.res.is_error() {
                         ctx.stats.errors.fetch_add(1, Relaxed);
-                        if single {
+                        if n == 1 {
                             return Some(reply.wire.clone());
                         }
                     }
@@ -278,6 +322,39 @@ impl Conn {
             }
             .boxed(),
         );
+    }
+}
+
+/// Hand the VALUE blocks of one batched multi-get to the keys that asked (in order; absent = miss).
+fn split_values(wire: &Bytes, idx: &[usize], reqs: &[Request], replies: &mut [Option<Reply>]) {
+    let mut pos = 0;
+    let mut j = 0;
+    while pos < wire.len() {
+        let Some(nl) = wire[pos..].iter().position(|&b| b == b'\n') else {
+            break;
+        };
+        let line = &wire[pos..pos + nl];
+        let mut toks = line.split(|&b| b == b' ' || b == b'\r').filter(|t| !t.is_empty());
+        let (Some(b"VALUE"), Some(key), Some(_flags), Some(len)) = (toks.next(), toks.next(), toks.next(), toks.next())
+        else {
+            break;
+        };
+        let Some(len) = std::str::from_utf8(len).ok().and_then(|l| l.parse::<usize>().ok()) else {
+            break;
+        };
+        let end = (pos + nl + 1 + len + 2).min(wire.len());
+        while j < idx.len() && reqs[idx[j]].key[..] != key[..] {
+            replies[idx[j]] = Some(Reply::new(Res::Miss, Bytes::new()));
+            j += 1;
+        }
+        if j < idx.len() {
+            replies[idx[j]] = Some(Reply::new(Res::Found, wire.slice(pos..end)));
+            j += 1;
+        }
+        pos = end;
+    }
+    for &i in &idx[j.min(idx.len())..] {
+        replies[i] = Some(Reply::new(Res::Miss, Bytes::new()));
     }
 }
 

@@ -91,6 +91,18 @@ impl Server {
         self.send_raw(data.freeze(), reply_kind(req.cmd), timeout).await
     }
 
+    /// One classic multi-key `get`/`gets` for keys that all live here: the VALUE blocks, no END.
+    pub async fn send_multi_get(self: &Arc<Self>, gets: bool, keys: &[&Bytes], timeout: Duration) -> Reply {
+        let mut data = BytesMut::with_capacity(8 + keys.iter().map(|k| k.len() + 1).sum::<usize>());
+        data.extend_from_slice(if gets { b"gets" } else { b"get" });
+        for k in keys {
+            data.extend_from_slice(b" ");
+            data.extend_from_slice(k);
+        }
+        data.extend_from_slice(b"\r\n");
+        self.send_raw(data.freeze(), ReplyKind::Values, timeout).await
+    }
+
     async fn send_raw(self: &Arc<Self>, data: Bytes, kind: ReplyKind, timeout: Duration) -> Reply {
         let (tx, rx) = oneshot::channel();
         if self.tx.try_send(Job { data, kind, reply: tx }).is_err() {
@@ -202,6 +214,9 @@ impl Server {
                     _ = &mut dead_rx => break,
                 },
             };
+            // Let tasks that are fanning out (a multi-get, a pipeline) queue the rest of their
+            // requests first, so they leave in one write rather than one write each.
+            tokio::task::yield_now().await;
             let mut job = Some(job);
             while let Some(j) = job.take() {
                 wbuf.extend_from_slice(&j.data);

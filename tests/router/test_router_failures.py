@@ -12,7 +12,7 @@ import pytest
 from pymemcache.client.base import Client as PyClient
 
 import router_config as rc
-from tests.router.conftest import FAST, REPO, Conn, furc_hash, wait_for
+from tests.router.conftest import REPO, Conn, furc_hash, wait_for
 
 
 def _has(address: str, key: bytes) -> bool:

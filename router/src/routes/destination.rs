@@ -43,4 +43,8 @@ impl Route for Destination {
             reply
         })
     }
+
+    fn first_get_target(&self, _req: &Request) -> Option<(Arc<Server>, Duration)> {
+        (!self.server.is_tko()).then(|| (self.server.clone(), self.timeout))
+    }
 }

@@ -49,6 +49,10 @@ impl Route for Failover {
             }
         })
     }
+
+    fn first_get_target(&self, req: &Request) -> Option<(Arc<crate::server::Server>, std::time::Duration)> {
+        self.children[0].first_get_target(req)
+    }
 }
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {

@@ -42,6 +42,10 @@ impl Route for FailoverWithExptime {
             }
         })
     }
+
+    fn first_get_target(&self, req: &Request) -> Option<(Arc<crate::server::Server>, std::time::Duration)> {
+        self.normal.first_get_target(req)
+    }
 }
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {

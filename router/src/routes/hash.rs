@@ -21,6 +21,11 @@ impl Route for HashRoute {
         let i = self.func.pick(&req.routing_key(), &self.salt, self.children.len());
         self.children[i].route(req)
     }
+
+    fn first_get_target(&self, req: &Request) -> Option<(std::sync::Arc<crate::server::Server>, std::time::Duration)> {
+        let i = self.func.pick(&req.routing_key(), &self.salt, self.children.len());
+        self.children[i].first_get_target(req)
+    }
 }
 
 /// `hash_func`/`salt` from the handle itself or from a `hash` field (string or object).

@@ -36,6 +36,13 @@ pub type RouteRef = Arc<dyn Route>;
 /// A route handle.
 pub trait Route: Send + Sync + 'static {
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply>;
+
+    /// For classic gets: the server this route would ask first, when a hit or a miss from it is
+    /// the final answer (errors may still fail over). Lets a multi-get send one multi-key `get`
+    /// per server; any key whose batched get fails goes through `route` as usual.
+    fn first_get_target(&self, _req: &Request) -> Option<(Arc<crate::server::Server>, std::time::Duration)> {
+        None
+    }
 }
 
 /// Builds a handle from its config object (`"Type|rest"` shorthands arrive as objects, see below).

@@ -23,6 +23,13 @@ impl Route for OperationSelector {
             None => Box::pin(async move { default_reply(req) }),
         }
     }
+
+    fn first_get_target(&self, req: &Request) -> Option<(Arc<crate::server::Server>, std::time::Duration)> {
+        self.policies
+            .get(&req.op())
+            .or(self.default.as_ref())?
+            .first_get_target(req)
+    }
 }
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {

@@ -33,6 +33,10 @@ impl Route for PrefixSelector {
             None => Box::pin(async move { default_reply(req) }),
         }
     }
+
+    fn first_get_target(&self, req: &Request) -> Option<(Arc<crate::server::Server>, std::time::Duration)> {
+        self.select(&req.routing_key())?.first_get_target(req)
+    }
 }
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
