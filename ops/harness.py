@@ -33,11 +33,19 @@ class HarnessError(RuntimeError):
     """A component could not be started (missing binary, failed readiness check)."""
 
 
+_handed_out: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nobody listens on right now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port nobody listens on right now (the kernel picks it), never one this process handed out before:
+    callers often ask for many ports before binding any (a whole topology), and must not get one twice."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def require_binary(name: str, package: str, *, search: tuple[str, ...] = ()) -> str:

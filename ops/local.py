@@ -83,7 +83,10 @@ class Deployment:
         """The pid is alive and still runs the command we started (not a reused pid)."""
         try:
             proc = psutil.Process(c.pid)
-            return proc.status() != psutil.STATUS_ZOMBIE and proc.cmdline()[:1] == c.cmdline[:1]
+            actual = proc.cmdline()
+            # A script's shebang puts its interpreter first, so compare the arguments after the program.
+            same = actual[len(actual) - len(c.cmdline) + 1 :] == c.cmdline[1:] if len(c.cmdline) > 1 else True
+            return proc.status() != psutil.STATUS_ZOMBIE and same
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return False
 

@@ -49,9 +49,15 @@ def test_up_status_down_leaves_no_process(tmp_path, topology_file):
         roles = [r["role"] for r in rows]
         assert roles.count("mariadb-primary") == 1 and roles.count("mariadb-replica") == 1
         assert roles.count("memcached") == 22  # 4 clusters x (2 wildcard + 1 gutter + 2 replicated) + 2 regional
+        if not without:
+            assert (roles.count("router"), roles.count("squeal"), roles.count("monitoring")) == (4, 2, 1)
         assert all(r["running"] and r["answering"] for r in rows), rows
         assert {tuple(sorted(r)) for r in rows} == {
-            tuple(sorted(["role", "region", "cluster", "pool", "pid", "address", "running", "answering", "log"]))
+            tuple(
+                sorted(
+                    ["role", "region", "cluster", "pool", "pid", "address", "metrics", "running", "answering", "log"]
+                )
+            )
         }
         a_memcached = next(r for r in rows if r["role"] == "memcached")
         host, port = a_memcached["address"].split(":")
