@@ -165,7 +165,8 @@ class Daemon:
             root = resource.Resource()
             root.putChild(b"metrics", MetricsResource(registry=self.metrics.registry))
             root.putChild(b"healthz", _Health(self))
-            self._site_port = self.reactor.listenTCP(self.metrics_port, server.Site(root), interface="0.0.0.0")
+            # loopback only: /metrics is for the local scraper, not the network
+            self._site_port = self.reactor.listenTCP(self.metrics_port, server.Site(root), interface="127.0.0.1")
         assert self.live is not None
         self.live.start()
         self._checkpoints = task.LoopingCall(self.checkpoint)
