@@ -6,6 +6,7 @@ so runs never collide with each other or with services the machine happens to ru
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -39,13 +40,32 @@ def reassign_ports(topo: Topology, allocate: Callable[[], int]) -> Topology:
             clusters=tuple(cluster(c) for c in r.clusters),
         )
 
-    base = allocate()
+    base = _free_run(allocate, len(topo.regions))
     return replace(
         topo,
         regions=tuple(region(r) for r in topo.regions),
         squeal=replace(topo.squeal, metrics_port_base=base),
         monitoring=replace(topo.monitoring, port=allocate()),
     )
+
+
+def _free_run(allocate: Callable[[], int], n: int) -> int:
+    """A port from `allocate` whose next n-1 ports are free too (squeal daemon i serves on base + i)."""
+    while True:
+        base = allocate()
+        if all(_bindable(base + i) for i in range(1, n)):
+            return base
+
+
+def _bindable(port: int) -> bool:
+    if port > 65535:
+        return False
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def to_document(topo: Topology) -> dict[str, Any]:
