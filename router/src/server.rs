@@ -214,9 +214,6 @@ impl Server {
                     _ = &mut dead_rx => break,
                 },
             };
-            // Let tasks that are fanning out (a multi-get, a pipeline) queue the rest of their
-            // requests first, so they leave in one write rather than one write each.
-            tokio::task::yield_now().await;
             let mut job = Some(job);
             while let Some(j) = job.take() {
                 wbuf.extend_from_slice(&j.data);
