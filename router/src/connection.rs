@@ -104,14 +104,13 @@ impl Conn {
                     if rbuf.capacity() - rbuf.len() < READ_CHUNK / 2 {
                         rbuf.reserve(READ_CHUNK);
                     }
-                    match stream.try_read_buf(&mut rbuf) {
-                        Ok(0) => {
+                    match crate::server::read_ready(stream, &mut rbuf)? {
+                        Some(0) => {
                             self.closing = true;
                             continue;
                         }
-                        Ok(_) => {}
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                        Err(e) => return Err(e),
+                        Some(_) => {}
+                        None => continue,
                     }
                     let data = rbuf.split().freeze();
                     let used = self.process(&data);
