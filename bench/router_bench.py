@@ -76,8 +76,6 @@ def worker(port: int, multi: int, depth: int, seconds: float, seed: int, out: mp
             # keep a tail in case END\r\n spans two reads
             cut = buf.rfind(b"END\r\n")
             buf = buf[cut + 5:] if cut >= 0 else buf[-4:]
-            if cut >= 0 and len(buf) > 0 and False:
-                pass
         lat.append(time.perf_counter() - t0)
         done += depth
     out.put((done, lat))
@@ -184,7 +182,8 @@ def main() -> None:
                     px0 = cpu_seconds(proxy_pid) if proxy_pid else 0.0
                     r = run_load(port, multi, depth, args.seconds, args.procs)
                     r["memcached_cpu_us_per_req"] = (cpu_seconds(mc.pid) - mc0) / r["requests"] * 1e6
-                    r["proxy_cpu_us_per_req"] = ((cpu_seconds(proxy_pid) - px0) / r["requests"] * 1e6) if proxy_pid else None
+                    proxy_cpu = (cpu_seconds(proxy_pid) - px0) if proxy_pid else None
+                    r["proxy_cpu_us_per_req"] = proxy_cpu / r["requests"] * 1e6 if proxy_cpu is not None else None
                     r.update(target=name, keys=multi, depth=depth)
                     results.append(r)
                     print(f"{name:14s} keys={multi:2d} depth={depth:3d} req/s={r['rps']:9.0f} "

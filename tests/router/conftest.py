@@ -17,8 +17,16 @@ REPO = Path(__file__).resolve().parents[2]
 ROUTER_BIN = REPO / "router/target/release/squeal-router"
 
 # Fast failure handling for tests: probes after 300 ms, 300 ms request timeout.
-FAST = ("--probe-delay-initial-ms", "300", "--probe-delay-max-ms", "1000", "--server-timeout-ms", "300",
-        "--connect-timeout-ms", "300")
+FAST = (
+    "--probe-delay-initial-ms",
+    "300",
+    "--probe-delay-max-ms",
+    "1000",
+    "--server-timeout-ms",
+    "300",
+    "--connect-timeout-ms",
+    "300",
+)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -103,13 +111,13 @@ def _murmur64a(data: bytes, seed: int = 4193360111) -> int:
     h = (seed ^ (len(data) * _M)) & _MASK
     n = len(data) // 8
     for i in range(n):
-        k = int.from_bytes(data[8 * i:8 * i + 8], "little")
+        k = int.from_bytes(data[8 * i : 8 * i + 8], "little")
         k = (k * _M) & _MASK
         k ^= k >> 47
         k = (k * _M) & _MASK
         h ^= k
         h = (h * _M) & _MASK
-    rest = data[8 * n:]
+    rest = data[8 * n :]
     if rest:
         h ^= int.from_bytes(rest, "little")
         h = (h * _M) & _MASK
@@ -150,8 +158,14 @@ def furc_hash(key: bytes, m: int) -> int:
 
 
 # ---- the example topology's east-a cluster on real ports ----
-EAST_A_PORTS = {"wildcard0": 31101, "wildcard1": 31102, "gutter": 31103, "sessions0": 31104, "sessions1": 31105,
-                "regional": 31901}
+EAST_A_PORTS = {
+    "wildcard0": 31101,
+    "wildcard1": 31102,
+    "gutter": 31103,
+    "sessions0": 31104,
+    "sessions1": 31105,
+    "regional": 31901,
+}
 
 
 @pytest.fixture

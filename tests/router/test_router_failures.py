@@ -128,13 +128,15 @@ def test_delete_to_dead_server_is_replayed_when_it_returns(memcached_factory, ro
     mc = memcached_factory()
     spool = tmp_path / "spool"
     # probe late enough that the restarted server gets its stale value first
-    router = router_factory({"pools": {"p": {"servers": [mc.address]}}, "route": "PoolRoute|p"},
-                            spool_dir=spool, extra_args=("--probe-delay-initial-ms", "1500",
-                                                         "--connect-timeout-ms", "300"))
+    router = router_factory(
+        {"pools": {"p": {"servers": [mc.address]}}, "route": "PoolRoute|p"},
+        spool_dir=spool,
+        extra_args=("--probe-delay-initial-ms", "1500", "--connect-timeout-ms", "300"),
+    )
     c = Conn(router.address)
     mc.kill()
     assert c.call(b"delete user:1\r\n") == b"NOT_FOUND"  # spooled, answered as mcrouter does
-    assert c.call(b"md user:2 q\r\nmn\r\n") == b"NF"      # quiet meta delete: NF shows, then MN
+    assert c.call(b"md user:2 q\r\nmn\r\n") == b"NF"  # quiet meta delete: NF shows, then MN
     assert c.line() == b"MN"
     lines = (spool / f"127.0.0.1_{mc.port}.asynclog").read_text().splitlines()
     entries = [json.loads(line) for line in lines]
@@ -144,18 +146,21 @@ def test_delete_to_dead_server_is_replayed_when_it_returns(memcached_factory, ro
     mc.start()  # comes back empty; simulate the stale copies a restarted/partitioned server could hold
     Conn(mc.address).call(b"set user:1 0 0 5\r\nstale\r\n")
     Conn(mc.address).call(b"set user:2 0 0 5\r\nstale\r\n")
-    wait_for(lambda: not _has(mc.address, b"user:1") and not _has(mc.address, b"user:2"),
-             what="spooled deletes replayed")
+    wait_for(
+        lambda: not _has(mc.address, b"user:1") and not _has(mc.address, b"user:2"), what="spooled deletes replayed"
+    )
     stats = {line.split()[1]: line.split()[2] for line in _router_stats(router.address)}
     assert stats[b"replayed_deletes"] == b"2"
 
 
 def test_warm_up_route_fills_cold_from_warm(memcached_factory, router_factory) -> None:
     cold, warm = memcached_factory(), memcached_factory()
-    router = router_factory({
-        "pools": {"cold": {"servers": [cold.address]}, "warm": {"servers": [warm.address]}},
-        "route": {"type": "WarmUpRoute", "cold": "PoolRoute|cold", "warm": "PoolRoute|warm", "exptime": 120},
-    })
+    router = router_factory(
+        {
+            "pools": {"cold": {"servers": [cold.address]}, "warm": {"servers": [warm.address]}},
+            "route": {"type": "WarmUpRoute", "cold": "PoolRoute|cold", "warm": "PoolRoute|warm", "exptime": 120},
+        }
+    )
     Conn(warm.address).call(b"set user:1 5 0 5\r\nhello\r\n")
     Conn(warm.address).call(b"set user:2 6 0 5\r\nworld\r\n")
     c = Conn(router.address)
@@ -184,10 +189,14 @@ def test_every_emitted_config_loads(router_factory, tmp_path) -> None:
         used |= rc.handle_types(config)
         router.stop()
     # every handle the emitter may produce is accepted, including ones local.toml does not use
-    synthetic = {"pools": {"p": {"servers": ["127.0.0.1:1"]}}, "route": {
-        "type": "PrefixSelectorRoute",
-        "policies": {f"{h}:": _minimal(h) for h in sorted(rc.EMITTED_HANDLES)},
-        "wildcard": "PoolRoute|p"}}
+    synthetic = {
+        "pools": {"p": {"servers": ["127.0.0.1:1"]}},
+        "route": {
+            "type": "PrefixSelectorRoute",
+            "policies": {f"{h}:": _minimal(h) for h in sorted(rc.EMITTED_HANDLES)},
+            "wildcard": "PoolRoute|p",
+        },
+    }
     router = router_factory(synthetic)
     assert Conn(router.address).call(b"version\r\n").startswith(b"VERSION")
     log = router.log_file.read_text()
@@ -201,12 +210,19 @@ def _minimal(handle: str) -> dict:
     return {
         "PoolRoute": {"type": "PoolRoute", "pool": "p"},
         "PrefixSelectorRoute": {"type": "PrefixSelectorRoute", "policies": {"a": leaf}, "wildcard": leaf},
-        "OperationSelectorRoute": {"type": "OperationSelectorRoute", "operation_policies": {"delete": leaf},
-                                   "default_policy": leaf},
+        "OperationSelectorRoute": {
+            "type": "OperationSelectorRoute",
+            "operation_policies": {"delete": leaf},
+            "default_policy": leaf,
+        },
         "AllSyncRoute": {"type": "AllSyncRoute", "children": "Pool|p"},
         "FailoverRoute": {"type": "FailoverRoute", "children": [leaf, leaf]},
-        "FailoverWithExptimeRoute": {"type": "FailoverWithExptimeRoute", "normal": leaf, "failover": leaf,
-                                     "failover_exptime": 10},
+        "FailoverWithExptimeRoute": {
+            "type": "FailoverWithExptimeRoute",
+            "normal": leaf,
+            "failover": leaf,
+            "failover_exptime": 10,
+        },
         "WarmUpRoute": {"type": "WarmUpRoute", "cold": leaf, "warm": leaf, "exptime": 60},
     }[handle]
 

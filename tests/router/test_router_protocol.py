@@ -69,6 +69,7 @@ def test_crc32_pool(three, router_factory) -> None:
     c = Conn(router.address)
     assert c.call(b"set sample 0 0 1\r\nv\r\n") == b"STORED"
     import zlib
+
     owner = three[(zlib.crc32(b"sample") & 0x7FFFFFFF) % 3]
     assert Conn(owner.address).call(b"mg sample v\r\n") == b"VA 1\r\nv\r\n"
 
@@ -144,21 +145,21 @@ def test_libmemcached_tools_through_router(three, router_factory) -> None:
 
 
 META_SEQUENCE = [
-    b"mg lease N30 v c t\r\n",              # W: first caller wins the lease
-    b"mg lease N30 v c t\r\n",              # Z: others wait
-    b"ms lease 3 C{cas} T30\r\nbar\r\n",    # winner fills with the lease cas
+    b"mg lease N30 v c t\r\n",  # W: first caller wins the lease
+    b"mg lease N30 v c t\r\n",  # Z: others wait
+    b"ms lease 3 C{cas} T30\r\nbar\r\n",  # winner fills with the lease cas
     b"mg lease v t\r\n",
-    b"mg gone N30 c\r\n",                   # lease, then a delete in between: fill is refused (NF)
+    b"mg gone N30 c\r\n",  # lease, then a delete in between: fill is refused (NF)
     b"md gone\r\n",
     b"ms gone 3 C{cas}\r\nold\r\n",
-    b"mg inv N30 c\r\n",                    # lease, then an invalidate: fill is refused (EX)
+    b"mg inv N30 c\r\n",  # lease, then an invalidate: fill is refused (EX)
     b"md inv I T30\r\n",
     b"ms inv 3 C{cas}\r\nold\r\n",
-    b"ms swr 3 T60\r\nval\r\n",             # stale-while-revalidate
+    b"ms swr 3 T60\r\nval\r\n",  # stale-while-revalidate
     b"md swr I T30\r\n",
     b"mg swr v c\r\n",
     b"mg swr v c\r\n",
-    b"ms hold 0 ME T3 q\r\n\r\n",           # hold-off on an absent key
+    b"ms hold 0 ME T3 q\r\n\r\n",  # hold-off on an absent key
     b"md hold I T3 q\r\n",
     b"ms hold 1 ME\r\nz\r\n",
     b"mg " + base64.b64encode(b"bin key") + b" b v k O77\r\n",
@@ -205,9 +206,15 @@ def test_stats_and_metrics(three, router_factory) -> None:
     stats = dict(line.split()[1:3] for line in lines)
     assert stats[b"cmd_get"] == b"1" and stats[b"cmd_set"] == b"1"
     body = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5).read().decode()
-    for name in ("squeal_router_requests_total{op=\"get\"} 1", "squeal_router_tko_events_total",
-                 "squeal_router_gutter_failovers_total", "squeal_router_warmup_fills_total",
-                 "squeal_router_spooled_deletes_total", "squeal_router_replayed_deletes_total",
-                 "squeal_router_errors_total", "squeal_router_request_duration_seconds_bucket"):
+    for name in (
+        'squeal_router_requests_total{op="get"} 1',
+        "squeal_router_tko_events_total",
+        "squeal_router_gutter_failovers_total",
+        "squeal_router_warmup_fills_total",
+        "squeal_router_spooled_deletes_total",
+        "squeal_router_replayed_deletes_total",
+        "squeal_router_errors_total",
+        "squeal_router_request_duration_seconds_bucket",
+    ):
         assert name in body, name
     assert all(line.startswith(("squeal_router_", "#")) for line in body.splitlines() if line)
