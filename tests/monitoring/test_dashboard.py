@@ -38,18 +38,44 @@ def test_dashboard_renders_live_charts(tmp_path, memcached_factory):
     cache = memcached_factory()
     state = tmp_path / "state"
     state.mkdir()
-    (state / "components.json").write_text(json.dumps({"topology": "x", "components": [
-        {"role": "memcached", "region": "east", "cluster": "east-a", "pool": "wildcard", "pid": cache.pid,
-         "address": cache.address, "log": "", "cmdline": [], "metrics": None}]}))
+    (state / "components.json").write_text(
+        json.dumps(
+            {
+                "topology": "x",
+                "components": [
+                    {
+                        "role": "memcached",
+                        "region": "east",
+                        "cluster": "east-a",
+                        "pool": "wildcard",
+                        "pid": cache.pid,
+                        "address": cache.address,
+                        "log": "",
+                        "cmdline": [],
+                        "metrics": None,
+                    }
+                ],
+            }
+        )
+    )
     topo = router_config.reassign_ports(router_config.load(EXAMPLE), free_port)
     topo_file = tmp_path / "topo.toml"
     topo_file.write_text(router_config.dumps(topo))
     monitor = MonitoringServer(topo_file, state, workdir=tmp_path / "monitoring", extra_args=("--no-prober",))
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1400,1000", f"--user-data-dir={tmp_path / 'chrome'}"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1400,1000",
+        f"--user-data-dir={tmp_path / 'chrome'}",
+    ):
         options.add_argument(flag)
     with monitor:
         _load((cache.host, cache.port), 4.0)
@@ -60,13 +86,15 @@ def test_dashboard_renders_live_charts(tmp_path, memcached_factory):
             def hit_rate_panel_has_points(d):
                 return d.execute_script(
                     "return [...document.querySelectorAll('.panel')].filter(p => "
-                    "p.querySelector('h2').textContent.includes('hit rate') && +p.dataset.points > 0).length")
+                    "p.querySelector('h2').textContent.includes('hit rate') && +p.dataset.points > 0).length"
+                )
 
             WebDriverWait(driver, 20).until(hit_rate_panel_has_points)
             assert "live" in driver.find_element("id", "status").text
             legend = driver.execute_script(
                 "return [...document.querySelectorAll('.panel')].find(p => "
-                "p.querySelector('h2').textContent.includes('hit rate')).querySelector('.legend').textContent")
+                "p.querySelector('h2').textContent.includes('hit rate')).querySelector('.legend').textContent"
+            )
             assert "east-a: 50%" in legend
             shot = Path(__file__).resolve().parents[2] / "reports" / "dashboard-test.png"
             shot.parent.mkdir(exist_ok=True)

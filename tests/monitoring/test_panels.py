@@ -33,10 +33,18 @@ def test_panels_from_scraped_samples():
         for cluster, hits in (("east-a", 9), ("east-b", 1)):
             store.add("memcached_get_hits", {"cluster": cluster, "pool": "wildcard"}, hits * t, float(t))
             store.add("memcached_get_misses", {"cluster": cluster, "pool": "wildcard"}, (10 - hits) * t, float(t))
-        store.add("squeal_probe_invalidation_seconds_bucket", {"region": "east", "cluster": "east-a", "le": "0.005"},
-                  float(t), float(t))
-        store.add("squeal_probe_invalidation_seconds_bucket", {"region": "east", "cluster": "east-a", "le": "+Inf"},
-                  float(t), float(t))
+        store.add(
+            "squeal_probe_invalidation_seconds_bucket",
+            {"region": "east", "cluster": "east-a", "le": "0.005"},
+            float(t),
+            float(t),
+        )
+        store.add(
+            "squeal_probe_invalidation_seconds_bucket",
+            {"region": "east", "cluster": "east-a", "le": "+Inf"},
+            float(t),
+            float(t),
+        )
     panels = {p["title"]: p for p in build_panels(store)}
     hit = {line["label"]: line["points"][-1][1] for line in panels[next(t for t in panels if "hit rate" in t)]["lines"]}
     assert hit == {"east-a": pytest.approx(0.9), "east-b": pytest.approx(0.1)}

@@ -28,8 +28,11 @@ def test_gutter_ttl_never_exceeds_the_cap():
 
 
 def test_sizing_advice_flags_a_cluster_without_gutter():
-    topo = router_config.loads(EXAMPLE.read_text().replace(
-        'pools.gutter = { kind = "gutter", servers = ["127.0.0.1:31103"], ttl = 10 }\n', "", 1))
+    topo = router_config.loads(
+        EXAMPLE.read_text().replace(
+            'pools.gutter = { kind = "gutter", servers = ["127.0.0.1:31103"], ttl = 10 }\n', "", 1
+        )
+    )
     advice = {a.cluster: a for a in gutter.check_topology(topo)}
     assert not advice["east-a"].ok and "too small: add 1" in str(advice["east-a"])
     assert advice["east-b"].ok
@@ -88,8 +91,13 @@ def _gets(server: Memcached, hits: int, misses: int) -> None:
 
 def test_warmup_status_compares_hit_rates_and_finish_waits_for_target(deployment, processes, monkeypatch):
     state, topo = deployment
-    servers = {name: [processes.add(Memcached(port=a.port, workdir=processes.base / "mc"))
-                      for a in topo.cluster(name).wildcard.servers] for name in ("east-a", "east-b")}
+    servers = {
+        name: [
+            processes.add(Memcached(port=a.port, workdir=processes.base / "mc"))
+            for a in topo.cluster(name).wildcard.servers
+        ]
+        for name in ("east-a", "east-b")
+    }
     controller = WarmupController(state)
     controller.start("east-b")
     samples = iter([(servers["east-b"][0], 2, 8), (servers["east-a"][0], 8, 2)])
