@@ -13,7 +13,7 @@ import threading
 import time
 import urllib.request
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -105,10 +105,21 @@ def scrape_memcached(address: str, timeout: float = 1.0) -> Iterable[tuple[str, 
 
 
 class Scraper:
-    """Scrapes every target once per `interval` on a daemon thread into `store`."""
+    """Scrapes every target once per `interval` on a daemon thread into `store`.
 
-    def __init__(self, targets: list[Target], store: Store, interval: float = 1.0) -> None:
-        self.targets, self.store, self.interval = targets, store, interval
+    `discover`, if given, is called before each round and its targets are added to the fixed ones: components
+    started after the monitoring server (the demo web tier) are picked up without a restart.
+    """
+
+    def __init__(
+        self,
+        targets: list[Target],
+        store: Store,
+        interval: float = 1.0,
+        discover: Callable[[], list[Target]] | None = None,
+    ) -> None:
+        self.fixed, self.store, self.interval, self.discover = list(targets), store, interval, discover
+        self.targets = list(targets)
         self.up: dict[str, bool] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scraper", daemon=True)
@@ -121,6 +132,13 @@ class Scraper:
 
     def scrape_once(self) -> None:
         now = time.time()
+        if self.discover is not None:
+            try:
+                found = self.discover()
+                seen = {(t.kind, t.address) for t in found}
+                self.targets = [t for t in self.fixed if (t.kind, t.address) not in seen] + found
+            except (OSError, ValueError) as e:
+                log.warning("target discovery failed, keeping the last list: %s", e)
         for target in self.targets:
             fetch = scrape_prometheus if target.kind == "prometheus" else scrape_memcached
             try:

@@ -102,8 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     registry = CollectorRegistry()
     store = Store()
-    scraper = Scraper(targets_from_components(Path(args.state_dir) / "components.json"), store)
-    scraper.targets.append(Target("prometheus", f"{args.host}:{args.port}", (("role", "monitoring"),)))
+    components = Path(args.state_dir) / "components.json"
+    own = Target("prometheus", f"{args.host}:{args.port}", (("role", "monitoring"),))
+    scraper = Scraper([own], store, discover=lambda: targets_from_components(components))
     scraper.start()
     if not args.no_prober:
         prober = Prober(topo, registry, interval=args.probe_interval)
