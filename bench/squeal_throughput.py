@@ -1,11 +1,13 @@
 """squeal throughput, batching and memory benchmark (not a test: prints figures for docs/benchmarks.md).
 
-    .venv/bin/python bench/squeal_throughput.py [--rows 50000] [--dead-seconds 60]
+    .venv/bin/python bench/squeal_throughput.py [--rows 50000] [--repeat 3] [--dead-seconds 60] [--no-memory]
 
 1. Throughput: one binlog of `--rows` row changes (a 4-column table, transactions of 10 single-row
-   statements, half INSERTs, half UPDATEs) is read twice in the same run: by bare python-mysql-replication
-   (decode every row, nothing else) and by `squeal run` end to end (keys rendered, batched, sent to two
-   memcached "clusters", acknowledged, datamarkers written). Ratio = squeal rows/s / bare rows/s.
+   statements, half INSERTs, half UPDATEs) is read by bare python-mysql-replication (decode every row,
+   nothing else) and by `squeal run` end to end (keys rendered, batched, sent to two memcached "clusters",
+   acknowledged, datamarkers written). After one unmeasured warm-up decode, the two alternate `--repeat`
+   times over the same binlog; each pair gives a ratio (squeal rows/s / bare rows/s) and the median pair
+   is reported, with every pair and the load average (the machine is shared) printed.
 2. Batching: deletes per write (squeal_deletes_sent_total / squeal_delete_writes_total) for the same
    replay with the topology's batch_size (256) and with batch_size = 1 (no batching).
 3. Memory: squeal following a steady write load while one cluster's memcached is SIGSTOPped for
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import threading
@@ -40,8 +43,15 @@ def health(port: int) -> dict:
 
 
 def metric_sum(port: int, name: str) -> float:
+    """Sum of a metric's series; `name` may carry the start of a label set (`squeal_rows_total{reader="live"`)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+    prefix = name if "{" in name else name + "{"
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def loadavg() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f}"
 
 
 def load(db: MariaDB, schema: str, rows: int, first_id: int = 1) -> None:
@@ -103,16 +113,19 @@ def squeal_replay(base: Path, db: MariaDB, schema: str, caches: list[Memcached],
             flows = health(daemon.port)["flows"]
             if all(g.covers_position(g.parse_position(f["acked"]), end) for f in flows.values()):
                 break
-            time.sleep(0.01)
+            time.sleep(0.02)  # each poll costs the daemon's reactor a little: not too often
         elapsed = time.perf_counter() - t0
-        rows = metric_sum(daemon.port, "squeal_rows_total")
+        # The live reader's rows only: a flow that shed is re-read by a catch-up reader, whose rows are
+        # extra work, not extra throughput.
+        rows = metric_sum(daemon.port, 'squeal_rows_total{reader="live"')
+        sheds = metric_sum(daemon.port, "squeal_flow_sheds_total")
         deletes = metric_sum(daemon.port, "squeal_deletes_sent_total")
         writes = metric_sum(daemon.port, "squeal_delete_writes_total")
         rss = psutil.Process(daemon.pid).memory_info().rss
     finally:
         daemon.stop()
     return {"rows": rows, "seconds": elapsed, "rows_per_s": rows / elapsed, "deletes": deletes, "writes": writes,
-            "deletes_per_write": deletes / max(writes, 1), "rss_mb": rss / 2**20}
+            "deletes_per_write": deletes / max(writes, 1), "rss_mb": rss / 2**20, "sheds": sheds}
 
 
 def memory_run(base: Path, db: MariaDB, schema: str, caches: list[Memcached], dead_seconds: float) -> dict:
@@ -181,7 +194,9 @@ def memory_run(base: Path, db: MariaDB, schema: str, caches: list[Memcached], de
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=50_000)
+    ap.add_argument("--repeat", type=int, default=3, help="bare/squeal pairs over the same binlog (median reported)")
     ap.add_argument("--dead-seconds", type=float, default=60.0)
+    ap.add_argument("--no-memory", action="store_true", help="skip the dead-cluster memory run")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="squeal-bench-"))
     db = MariaDB(1, workdir=base / "db").start()
@@ -197,20 +212,37 @@ def main() -> int:
         end = g.parse_position(db.gtid_binlog_pos())
         print(f"wrote {args.rows} row changes in {time.perf_counter() - t:.1f}s ({start} -> {g.format_position(end)})")
 
-        bare_rows, bare_s = bare_decode(db, schema, start, end)
-        bare = bare_rows / bare_s
-        print(f"bare mysql-replication decode: {bare_rows} rows in {bare_s:.2f}s = {bare:,.0f} rows/s")
-        batched = squeal_replay(base, db, schema, caches, start, end, batch_size=256)
-        print(f"squeal end to end (batch 256): {batched['rows']:.0f} rows in {batched['seconds']:.2f}s = "
-              f"{batched['rows_per_s']:,.0f} rows/s; {batched['deletes_per_write']:.1f} deletes/write; "
-              f"RSS {batched['rss_mb']:.0f} MB")
+        bare_decode(db, schema, start, end)  # warm-up: binlog in the page cache, server and library warm
+        pairs = []
+        for i in range(args.repeat):
+            print(f"pair {i + 1}/{args.repeat}: {loadavg()}")
+            bare_rows, bare_s = bare_decode(db, schema, start, end)
+            bare = bare_rows / bare_s
+            batched = squeal_replay(base, db, schema, caches, start, end, batch_size=256)
+            if batched["rows"] != bare_rows:
+                raise RuntimeError(f"squeal read {batched['rows']:.0f} rows, bare decode {bare_rows}")
+            ratio = batched["rows_per_s"] / bare
+            pairs.append((ratio, bare, batched))
+            print(f"  bare mysql-replication decode: {bare_rows} rows in {bare_s:.2f}s = {bare:,.0f} rows/s")
+            print(f"  squeal end to end (batch 256): {batched['rows']:.0f} rows in {batched['seconds']:.2f}s = "
+                  f"{batched['rows_per_s']:,.0f} rows/s; {batched['deletes_per_write']:.1f} deletes/write; "
+                  f"RSS {batched['rss_mb']:.0f} MB; sheds {batched['sheds']:.0f}; ratio {ratio:.2f}")
+        pairs.sort(key=lambda p: p[0])
+        ratio, bare, batched = pairs[(len(pairs) - 1) // 2]
+        print(f"after the pairs: {loadavg()}")
         single = squeal_replay(base, db, schema, caches, start, end, batch_size=1)
         print(f"squeal end to end (batch 1):   {single['rows']:.0f} rows in {single['seconds']:.2f}s = "
-              f"{single['rows_per_s']:,.0f} rows/s; {single['deletes_per_write']:.1f} deletes/write")
-        print(f"RATIO squeal/bare = {batched['rows_per_s'] / bare:.2f}; batching = "
+              f"{single['rows_per_s']:,.0f} rows/s; {single['deletes_per_write']:.1f} deletes/write; "
+              f"sheds {single['sheds']:.0f}")
+        print(f"RATIO squeal/bare: median {ratio:.2f} of {len(pairs)} pairs "
+              f"({', '.join(f'{p[0]:.2f}' for p in pairs)}; bare {bare:,.0f} rows/s, squeal "
+              f"{batched['rows_per_s']:,.0f} rows/s in the median pair); batching = "
               f"{batched['deletes_per_write'] / single['deletes_per_write']:.0f}x deletes per write")
+        if args.no_memory:
+            return 0
 
         mem = memory_run(base, db, schema, caches, args.dead_seconds)
+        print(f"memory run done: {loadavg()}")
         print(f"memory: one cluster dead {mem['dead_seconds']:.0f}s under {mem['write_rate']:,.0f} rows/s: RSS "
               f"{mem['rss_before_mb']:.0f} MB before, peak {mem['rss_peak_mb']:.0f} MB, "
               f"{mem['rss_after_catchup_mb']:.0f} MB after catch-up ({mem['catch_up_seconds']:.1f}s to catch up; "

@@ -9,8 +9,9 @@ A flow is plain data and logic, no I/O (the batcher does that):
 
 * `offer_live(c)` queues a committed transaction's keys, unless the flow has already got it (its
   `enqueued` position covers the GTID: after a restart the live reader starts at the earliest marker).
-* `take_batch(n)` / `ack(batch)` / `fail(batch)`: one batch in flight at a time, in order. `acked` (the
-  datamarker) only moves past a transaction once all of its keys are acknowledged.
+* `take_batch(n, max_in_flight)` / `ack(batch)` / `fail(batch)`: up to `max_in_flight` batches in flight on
+  one connection (pipelined), acknowledged strictly in order; a failure hands every batch in flight back.
+  `acked` (the datamarker) only moves past a transaction once all of its keys are acknowledged.
 * Bounded memory (Wormhole's caravans): when the unacknowledged keys pass `max_backlog` the flow is
   *shed*: its queue is dropped and it ignores the live stream. The daemon then starts a catch-up reader
   (its own binlog connection) from `acked`, feeding `offer_catchup`; the catch-up reader waits while the
@@ -22,6 +23,7 @@ Everything here runs on the reactor thread; only `backlog` is read from other th
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -70,8 +72,8 @@ class Entry:
 class Batch:
     payload: bytes  # `md ... q` lines then `mn`
     nkeys: int
-    entries: int  # queue entries completed by this batch (from the head)
-    end_offset: int  # lines of the next entry already in this batch
+    entries: int  # queue entries completed by this batch (counted from where the batch before it ended)
+    end_offset: int  # lines of the next entry already in this batch (or in the batches before it)
     epoch: int
 
 
@@ -89,14 +91,19 @@ class Flow:
         self.clock = clock
         self.queue: deque[Entry] = deque()
         self.head_offset = 0
-        self.backlog = 0  # unacknowledged keys, including the batch in flight
-        self.in_flight: Batch | None = None
+        self.backlog = 0  # unacknowledged keys, including the batches in flight
+        self.sending: deque[Batch] = deque()  # batches in flight, oldest first (acknowledged in this order)
+        self._sent_entries = 0  # queue entries (from the head) wholly inside the batches in flight
+        self._sent_offset = 0  # lines of the entry after those already inside the batches in flight
+        self._sent_keys = 0
         self.epoch = 0
         self.state = LIVE
         self.dirty = False  # acked moved since the last checkpoint
         self.last_acked_commit_ts: float | None = None
         self.on_ready: Callable[[], None] = lambda: None  # the batcher: there is something to send
         self.on_shed: Callable[[Flow], None] = lambda flow: None  # the daemon: start a catch-up reader
+        self._latency = metrics.latency.labels(flow=name) if metrics is not None else None
+        self._delivery = metrics.delivery_latency.labels(flow=name) if metrics is not None else None
         if metrics is not None:
             metrics.backlog.labels(flow=name).set_function(lambda: self.backlog)
             metrics.lag.labels(flow=name).set_function(self.lag)
@@ -120,7 +127,7 @@ class Flow:
             return
         g.advance(self.enqueued, c.gtid)
         lines = self.lines_of(c)
-        if not lines and not self.queue and self.in_flight is None:
+        if not lines and not self.queue and not self.sending:
             g.advance(self.acked, c.gtid)  # nothing to delete and nothing ahead of it: done already
             self.dirty = True
             return
@@ -138,7 +145,7 @@ class Flow:
         self.queue.clear()
         self.head_offset = 0
         self.backlog = 0
-        self.in_flight = None
+        self._drop_in_flight()
         self.epoch += 1  # an ack for the batch in flight now belongs to the past
         self.enqueued = dict(self.acked)
         self._set_state(SHED)
@@ -172,19 +179,31 @@ class Flow:
     # -- output (the batcher) -------------------------------------------------------------------------------
 
     @property
+    def in_flight(self) -> Batch | None:
+        """The oldest batch in flight (the next one to be acknowledged), if any."""
+        return self.sending[0] if self.sending else None
+
+    @property
     def pending_keys(self) -> int:
         """Keys queued and not yet in flight."""
-        return self.backlog - (self.in_flight.nkeys if self.in_flight else 0)
+        return self.backlog - self._sent_keys
 
-    def take_batch(self, batch_size: int) -> Batch | None:
-        """The next batch (up to `batch_size` keys), now in flight; None if one is in flight or none queued."""
-        if self.in_flight is not None or not self.queue:
+    def take_batch(self, batch_size: int, max_in_flight: int = 1) -> Batch | None:
+        """The next batch (up to `batch_size` keys), now in flight behind any others.
+
+        None if `max_in_flight` batches are in flight or nothing is left to send. A batch of key-less
+        transactions only is handed out when nothing else is in flight (it is acknowledged without a
+        round trip, and acknowledgements go in order).
+        """
+        sending = self.sending
+        if len(sending) >= max_in_flight or self._sent_entries >= len(self.queue):
             return None
         parts: list[bytes] = []
         n = 0
         done = 0
-        offset = self.head_offset
-        for e in self.queue:
+        offset = self._sent_offset
+        entries = itertools.islice(self.queue, self._sent_entries, None) if self._sent_entries else self.queue
+        for e in entries:
             lines = e.lines
             room = batch_size - n
             avail = len(lines) - offset
@@ -200,19 +219,25 @@ class Flow:
                 n += room
                 offset += room
                 break
+        if n == 0 and sending:
+            return None
         parts.append(b"mn\r\n")
-        self.in_flight = Batch(b"".join(parts), n, done, offset, self.epoch)
-        return self.in_flight
+        batch = Batch(b"".join(parts), n, done, offset, self.epoch)
+        sending.append(batch)
+        self._sent_entries += done
+        self._sent_offset = offset
+        self._sent_keys += n
+        return batch
 
     def ack(self, batch: Batch) -> None:
-        """The destination answered `MN` for `batch`: its transactions are done."""
-        if batch.epoch != self.epoch or batch is not self.in_flight:
+        """The destination answered `MN` for `batch` (the oldest in flight): its transactions are done."""
+        if batch.epoch != self.epoch or not self.sending or batch is not self.sending[0]:
             return
-        self.in_flight = None
+        self.sending.popleft()
+        self._sent_entries -= batch.entries
+        self._sent_keys -= batch.nkeys
         now = self.clock()
-        m = self.metrics
-        latency = m.latency.labels(flow=self.name) if m is not None else None
-        delivery = m.delivery_latency.labels(flow=self.name) if m is not None else None
+        latency, delivery = self._latency, self._delivery
         for _ in range(batch.entries):
             e = self.queue.popleft()
             g.advance(self.acked, e.gtid)
@@ -227,9 +252,15 @@ class Flow:
             self.on_ready()
 
     def fail(self, batch: Batch) -> None:
-        """`batch` was not acknowledged: it stays queued and is sent again."""
-        if batch is self.in_flight:
-            self.in_flight = None
+        """`batch` was not acknowledged: it and every batch sent after it stay queued and are sent again."""
+        if batch.epoch == self.epoch and batch in self.sending:
+            self._drop_in_flight()
+
+    def _drop_in_flight(self) -> None:
+        self.sending.clear()
+        self._sent_entries = 0
+        self._sent_offset = self.head_offset
+        self._sent_keys = 0
 
     # -- observability ----------------------------------------------------------------------------------------
 

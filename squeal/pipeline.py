@@ -17,7 +17,7 @@ from typing import Any
 from squeal.flows import Committed, split_keys
 from squeal.metrics import Metrics
 from squeal.reader import BinlogReader
-from squeal.rules import KeyExtractor, delete_line
+from squeal.rules import KeyExtractor, delete_lines
 from squeal.transactions import Transaction, TransactionGrouper
 
 log = logging.getLogger(__name__)
@@ -32,29 +32,26 @@ class KeyStage:
         self.regional_prefixes = tuple(regional_prefixes)
         self.metrics = metrics
         self._missing_reported: dict[tuple[str, str, str], int] = {}
+        # Label lookups are dict work under a lock: resolve the children once, not per transaction.
+        self._keys_rule = metrics.keys.labels(source="rule") if metrics is not None else None
+        self._keys_comment = metrics.keys.labels(source="comment") if metrics is not None else None
 
     def process(self, txn: Transaction, read_ts: float | None = None) -> Committed:
         keys, from_rules, from_comments = self.extractor.keys(txn)
-        cluster, regional = split_keys(keys, self.regional_prefixes)
         rewritten: dict[str, int] = {}
-
-        def lines(ks: list[str]) -> tuple[bytes, ...]:
-            out = []
-            for k in ks:
-                line, how = delete_line(k)
-                if how != "plain":
-                    rewritten[how] = rewritten.get(how, 0) + 1
-                out.append(line)
-            return tuple(out)
-
+        if self.regional_prefixes:
+            cluster, regional = split_keys(keys, self.regional_prefixes)
+            cluster_lines, regional_lines = delete_lines(cluster, rewritten), delete_lines(regional, rewritten)
+        else:
+            cluster_lines, regional_lines = delete_lines(keys, rewritten), ()
         c = Committed(txn.gtid, txn.timestamp, time.time() if read_ts is None else read_ts,
-                      lines(cluster), lines(regional))
+                      cluster_lines, regional_lines)
         m = self.metrics
         if m is not None:
             if from_rules:
-                m.keys.labels(source="rule").inc(from_rules)
+                self._keys_rule.inc(from_rules)  # type: ignore[union-attr]
             if from_comments:
-                m.keys.labels(source="comment").inc(from_comments)
+                self._keys_comment.inc(from_comments)  # type: ignore[union-attr]
             for how, n in rewritten.items():
                 m.keys_rewritten.labels(encoding=how).inc(n)
             if len(self.extractor.missing_columns) != len(self._missing_reported):
@@ -134,6 +131,7 @@ class ReadLoop:
         m = self.metrics
         tx = m.transactions.labels(reader=name) if m else None
         rows = m.rows.labels(reader=name) if m else None
+        event_time = m.reader_event_time.labels(reader=name) if m else None
         try:
             reconnects = rolled_back = 0
             for ev in self.reader:
@@ -152,12 +150,12 @@ class ReadLoop:
                     if self.reader.stopped:
                         break
                 c = self.stage.process(txn)
-                if tx is not None and rows is not None:
+                if tx is not None and rows is not None and event_time is not None:
                     tx.inc()
-                    n = sum(r.changes for r in txn.rows)
+                    n = sum([r.changes for r in txn.rows])
                     if n:
                         rows.inc(n)
-                    m.reader_event_time.labels(reader=name).set(txn.timestamp)
+                    event_time.set(txn.timestamp)
                 self.sink(c)
         except BaseException as e:  # noqa: BLE001 - reported by the daemon, which stops
             self.error = e

@@ -31,29 +31,46 @@ def create_schema(db: MariaDB, name: str) -> None:
             cur.execute(stmt)
 
 
-def topology_text(db: MariaDB, schema: str, cluster_ports: list[int], *, regional: bool = True,
-                  batch_size: int = 256, flush_interval_ms: float = 0.5, max_backlog: int = 100000,
-                  extra_rules: Iterable[tuple[str, list[str]]] = (), routers_per_cluster: list[list[int]] | None = None,
-                  ) -> str:
+def topology_text(
+    db: MariaDB,
+    schema: str,
+    cluster_ports: list[int],
+    *,
+    regional: bool = True,
+    batch_size: int = 256,
+    flush_interval_ms: float = 0.5,
+    max_backlog: int = 100000,
+    extra_rules: Iterable[tuple[str, list[str]]] = (),
+    routers_per_cluster: list[list[int]] | None = None,
+) -> str:
     """One region ("east") whose clusters' routers are `cluster_ports` (memcached or squeal-router)."""
-    rules = [(f"{schema}.users", ["user:{id}", "user:email:{email}"]),
-             (f"{schema}.posts", ["post:{id}", "feed:{author_id}"]), *extra_rules]
-    out = [f"[squeal]\nbatch_size = {batch_size}\nflush_interval_ms = {flush_interval_ms}\n"
-           f"max_backlog = {max_backlog}\ndatamarker_dir = \"var/dm\"\nmetrics_port_base = {free_port()}\n"]
+    rules = [
+        (f"{schema}.users", ["user:{id}", "user:email:{email}"]),
+        (f"{schema}.posts", ["post:{id}", "feed:{author_id}"]),
+        *extra_rules,
+    ]
+    out = [
+        f"[squeal]\nbatch_size = {batch_size}\nflush_interval_ms = {flush_interval_ms}\n"
+        f'max_backlog = {max_backlog}\ndatamarker_dir = "var/dm"\nmetrics_port_base = {free_port()}\n'
+    ]
     for table, keys in rules:
         listed = ", ".join(f'"{k}"' for k in keys)
         out.append(f'[[rules]]\ntable = "{table}"\nkeys = [{listed}]\n')
-    out.append("[regions.east]\nmaster = true\n"
-               f"database = {{ role = \"primary\", host = \"127.0.0.1\", port = {db.port}, server_id = {db.server_id},"
-               f" user = \"{db.user}\", password = \"{db.password}\" }}\n")
+    out.append(
+        "[regions.east]\nmaster = true\n"
+        f'database = {{ role = "primary", host = "127.0.0.1", port = {db.port}, server_id = {db.server_id},'
+        f' user = "{db.user}", password = "{db.password}" }}\n'
+    )
     if regional:
-        out.append(f"regional_pool = {{ servers = [\"127.0.0.1:{free_port()}\"], prefixes = [\"regional:\"] }}\n")
+        out.append(f'regional_pool = {{ servers = ["127.0.0.1:{free_port()}"], prefixes = ["regional:"] }}\n')
     for i, port in enumerate(cluster_ports):
         routers = routers_per_cluster[i] if routers_per_cluster else [port]
         listed = ", ".join(f'"127.0.0.1:{p}"' for p in routers)
         pool = f'"127.0.0.1:{free_port()}"'
-        out.append(f"[regions.east.clusters.c{i}]\nrouters = [{listed}]\n"
-                   f'pools.wildcard = {{ kind = "wildcard", servers = [{pool}] }}\n')
+        out.append(
+            f"[regions.east.clusters.c{i}]\nrouters = [{listed}]\n"
+            f'pools.wildcard = {{ kind = "wildcard", servers = [{pool}] }}\n'
+        )
     return "\n".join(out)
 
 
@@ -146,19 +163,21 @@ def scrape(port: int) -> dict[str, float]:
 class SquealEnv:
     """A schema, N memcached "clusters", a topology pointing at them and a squeal daemon."""
 
-    def __init__(self, base: Path, db: MariaDB, clusters: int = 2, extra_args: tuple[str, ...] = (),
-                 **topo_kwargs) -> None:
+    def __init__(
+        self, base: Path, db: MariaDB, clusters: int = 2, extra_args: tuple[str, ...] = (), **topo_kwargs
+    ) -> None:
         self.base = base
         self.db = db
         self.schema = unique_db(base.name[:8].replace("-", "_"))
         create_schema(db, self.schema)
         self.memcacheds = [Memcached(workdir=base / "memcached").start() for _ in range(clusters)]
-        self.topology = write_topology(base / "topology.toml",
-                                       topology_text(db, self.schema, [m.port for m in self.memcacheds],
-                                                     **topo_kwargs))
+        self.topology = write_topology(
+            base / "topology.toml", topology_text(db, self.schema, [m.port for m in self.memcacheds], **topo_kwargs)
+        )
         self.state_dir = base / "state"
-        self.daemon = SquealDaemon(self.topology, "east", workdir=base / "squeal", state_dir=self.state_dir,
-                                   extra_args=extra_args)
+        self.daemon = SquealDaemon(
+            self.topology, "east", workdir=base / "squeal", state_dir=self.state_dir, extra_args=extra_args
+        )
         self.caches = [Cache(m.port) for m in self.memcacheds]
         self._fence = itertools.count(1_000_000)
 

@@ -71,7 +71,8 @@ def test_kill_9_mid_stream_then_restart_loses_nothing(squeal_env) -> None:
     # Never-written rows were not invalidated: squeal deletes exactly what committed.
     for c in env.caches:
         assert c.present(post_keys(range(written[-1] + 1, written[-1] + 50))) == set(
-            post_keys(range(written[-1] + 1, written[-1] + 50)))
+            post_keys(range(written[-1] + 1, written[-1] + 50))
+        )
 
 
 def _p99(samples: list[float]) -> float:
@@ -115,13 +116,14 @@ def test_stopped_cluster_does_not_delay_the_other_and_catches_up(squeal_env) -> 
         env.memcacheds[1].resume()
     written = writer.stop()
     base_p99, fault_p99 = _p99(baseline), _p99(during)
-    print(f"healthy-cluster p99: baseline {base_p99 * 1000:.1f} ms ({len(baseline)} probes), "
-          f"other cluster stopped {fault_p99 * 1000:.1f} ms ({len(during)} probes)")
+    print(
+        f"healthy-cluster p99: baseline {base_p99 * 1000:.1f} ms ({len(baseline)} probes), "
+        f"other cluster stopped {fault_p99 * 1000:.1f} ms ({len(during)} probes)"
+    )
     assert fault_p99 < max(5 * base_p99, 0.5), (base_p99, fault_p99)
 
     # The stopped cluster catches up fully: every committed row's key is gone from it too.
-    wait_until(lambda: not stopped.present(post_keys(written)), 30, "the stopped cluster to catch up",
-               interval=0.2)
+    wait_until(lambda: not stopped.present(post_keys(written)), 30, "the stopped cluster to catch up", interval=0.2)
     assert not healthy.present(post_keys(written))
     m = scrape(env.daemon.port)
     assert m['squeal_flow_sheds_total{flow="c1"}'] >= 1  # it went over max_backlog ...
@@ -132,8 +134,21 @@ def test_stopped_cluster_does_not_delay_the_other_and_catches_up(squeal_env) -> 
 
 def _run_squeal(topology, *args: str) -> subprocess.CompletedProcess:
     exe = REPO_ROOT / ".venv" / "bin" / "squeal"
-    return subprocess.run([str(exe if exe.exists() else sys.executable), "run", str(topology), "--region", "east",
-                           "--metrics-port", "0", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [
+            str(exe if exe.exists() else sys.executable),
+            "run",
+            str(topology),
+            "--region",
+            "east",
+            "--metrics-port",
+            "0",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_rule_naming_a_missing_column_is_a_start_up_error(primary: MariaDB, tmp_path) -> None:
@@ -151,8 +166,9 @@ def test_server_without_annotations_is_refused(mariadb_factory, tmp_path) -> Non
     db.execute("SET GLOBAL binlog_annotate_row_events = OFF", "SET GLOBAL binlog_row_image = 'MINIMAL'")
     schema = unique_db("refuse")
     create_schema(db, schema)
-    result = _run_squeal(write_topology(tmp_path / "t.toml", topology_text(db, schema, [1])),
-                         "--state-dir", str(tmp_path / "s"))
+    result = _run_squeal(
+        write_topology(tmp_path / "t.toml", topology_text(db, schema, [1])), "--state-dir", str(tmp_path / "s")
+    )
     assert result.returncode == 2, result.stderr
     assert "binlog_annotate_row_events" in result.stderr and "binlog_row_image" in result.stderr
     assert "Traceback" not in result.stderr
@@ -167,9 +183,23 @@ def test_replay_rewinds_one_flow_of_the_running_daemon_and_sigterm_checkpoints(s
     for c in env.caches:  # the web tier re-fills the caches (say, with data a broken router misrouted)
         c.set_many(keys)
     replay = subprocess.run(
-        [str(REPO_ROOT / ".venv" / "bin" / "squeal"), "replay", str(env.topology), "--region", "east",
-         "--flow", "c1", "--from", before, "--state-dir", str(env.state_dir)],
-        capture_output=True, text=True, timeout=30)
+        [
+            str(REPO_ROOT / ".venv" / "bin" / "squeal"),
+            "replay",
+            str(env.topology),
+            "--region",
+            "east",
+            "--flow",
+            "c1",
+            "--from",
+            before,
+            "--state-dir",
+            str(env.state_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert replay.returncode == 0, replay.stderr
     assert "told the running daemon" in replay.stdout
     wait_until(lambda: not env.caches[1].present(keys), 10, "c1 to be replayed")

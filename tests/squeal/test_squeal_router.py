@@ -32,7 +32,7 @@ def test_invalidation_through_routers(primary, tmp_path) -> None:
     text = (
         f'[squeal]\ndatamarker_dir = "dm"\nmetrics_port_base = {free_port()}\n'
         f'[[rules]]\ntable = "{schema}.users"\nkeys = ["user:{{id}}", "user:email:{{email}}"]\n'
-        f'[regions.east]\nmaster = true\n'
+        f"[regions.east]\nmaster = true\n"
         f'database = {{ role = "primary", host = "127.0.0.1", port = {primary.port}, server_id = 1 }}\n'
         f'regional_pool = {{ servers = ["127.0.0.1:{mc["regional"].port}"], prefixes = ["regional:"] }}\n'
         f'[regions.east.clusters.c0]\nrouters = ["127.0.0.1:{r0}"]\n'

@@ -16,7 +16,16 @@ from squeal.cli import main as cli_main
 from squeal.datamarkers import FileDatamarkerStore
 from squeal.flows import CATCHING_UP, LIVE, SHED, Committed, Dispatcher, Flow, split_keys
 from squeal.reader import ReaderConfigError, check_server
-from squeal.rules import KeyExtractor, RuleError, check_rules, comment_keys, delete_line, encode_key
+from squeal.rules import (
+    KeyExtractor,
+    RuleError,
+    Template,
+    check_rules,
+    comment_keys,
+    delete_line,
+    delete_lines,
+    encode_key,
+)
 from squeal.transactions import Annotate, Begin, Commit, Query, Restart, Rows, Transaction, TransactionGrouper
 
 # -- gtid -------------------------------------------------------------------------------------------------
@@ -46,12 +55,24 @@ def feed(events) -> list[Transaction]:
 
 
 def test_transactions_are_emitted_only_at_commit() -> None:
-    events = [Begin((0, 1, 1), 100.0), Annotate(b"INSERT ..."), rows("users", {"id": 1}), rows("users", {"id": 2}),
-              Commit(),
-              Begin((0, 1, 2), 101.0), rows("users", {"id": 3}), Query("ROLLBACK"),
-              Begin((0, 1, 3), 102.0, standalone=True), Query("ALTER TABLE users ADD c INT"),
-              Begin((0, 1, 4), 103.0), rows("users", {"id": 4}), Restart(),  # reconnect mid-transaction
-              Begin((0, 1, 4), 103.0), rows("users", {"id": 4}), Query("COMMIT")]
+    events = [
+        Begin((0, 1, 1), 100.0),
+        Annotate(b"INSERT ..."),
+        rows("users", {"id": 1}),
+        rows("users", {"id": 2}),
+        Commit(),
+        Begin((0, 1, 2), 101.0),
+        rows("users", {"id": 3}),
+        Query("ROLLBACK"),
+        Begin((0, 1, 3), 102.0, standalone=True),
+        Query("ALTER TABLE users ADD c INT"),
+        Begin((0, 1, 4), 103.0),
+        rows("users", {"id": 4}),
+        Restart(),  # reconnect mid-transaction
+        Begin((0, 1, 4), 103.0),
+        rows("users", {"id": 4}),
+        Query("COMMIT"),
+    ]
     txns = feed(events)
     assert [t.gtid for t in txns] == [(0, 1, 1), (0, 1, 3), (0, 1, 4)]
     assert [len(t.rows) for t in txns] == [2, 0, 1]
@@ -74,10 +95,16 @@ RULES = [Rule("app.users", ("user:{id}", "user:email:{email}")), Rule("app.posts
 
 
 def test_keys_from_before_and_after_images_and_comments() -> None:
-    txn = Transaction((0, 1, 5), 1.0, statements=[b"UPDATE users SET email='b' /* mcd:k1, k2 */ WHERE id=1"],
-                      rows=[rows("users", {"id": 1, "email": "a"}, {"id": 1, "email": "b"}, kind="update"),
-                            rows("posts", {"id": 9, "author_id": None}),
-                            rows("unruled", {"id": 1})])
+    txn = Transaction(
+        (0, 1, 5),
+        1.0,
+        statements=[b"UPDATE users SET email='b' /* mcd:k1, k2 */ WHERE id=1"],
+        rows=[
+            rows("users", {"id": 1, "email": "a"}, {"id": 1, "email": "b"}, kind="update"),
+            rows("posts", {"id": 9, "author_id": None}),
+            rows("unruled", {"id": 1}),
+        ],
+    )
     keys, from_rules, from_comments = KeyExtractor(RULES).keys(txn)
     assert keys == ["k1", "k2", "user:1", "user:email:a", "user:email:b", "post:9"]
     assert (from_rules, from_comments) == (4, 2)  # NULL author_id renders no feed: key
@@ -105,6 +132,26 @@ def test_key_encoding_matches_the_web_tier_client() -> None:
         line, how = delete_line(k.decode("utf-8", "surrogateescape"))
         assert line == build_meta_delete(k)[:-2] + b" q\r\n", (k, how)
     assert encode_key(b"a b")[1] == "base64" and encode_key(b"x" * 300)[1] == "hashed"
+    # The batch form (fast path for printable ASCII) gives the very same lines, and counts the rewrites.
+    texts = [k.decode("utf-8", "surrogateescape") for k in keys] + ["", "a\x7fb", "ok:" + "x" * 183]
+    rewritten: dict[str, int] = {}
+    assert delete_lines(texts, rewritten) == tuple(delete_line(k)[0] for k in texts)
+    expected: dict[str, int] = {}
+    for k in texts:
+        how = delete_line(k)[1]
+        if how != "plain":
+            expected[how] = expected.get(how, 0) + 1
+    assert rewritten == expected and set(rewritten) == {"base64", "hashed"}
+
+
+def test_template_rendering_one_and_many_columns() -> None:
+    one, two = Template.compile("user:{id}"), Template.compile("{a}-{b}!")
+    for value, text in [(7, "7"), ("é", "é"), (b"\xff", "\udcff"), (1.5, "1.5"), (True, "True")]:
+        assert one.render({"id": value}) == "user:" + text
+        assert two.render({"a": value, "b": value}) == f"{text}-{text}!"
+    assert one.render({"id": None}) is None and two.render({"a": 1, "b": None}) is None
+    with pytest.raises(KeyError):
+        one.render({"email": "x"})
 
 
 def test_rule_check_names_the_rule_and_column() -> None:
@@ -147,8 +194,12 @@ def test_server_settings_check() -> None:
     with pytest.raises(ReaderConfigError) as e:
         check_server(FakeConn((1, "MIXED", "MINIMAL", "NO_LOG", 0)))
     text = str(e.value)
-    for needed in ("--binlog-format=ROW", "--binlog-row-image=FULL", "--binlog-row-metadata=FULL",
-                   "--binlog-annotate-row-events=ON"):
+    for needed in (
+        "--binlog-format=ROW",
+        "--binlog-row-image=FULL",
+        "--binlog-row-metadata=FULL",
+        "--binlog-annotate-row-events=ON",
+    ):
         assert needed in text
 
 
@@ -156,8 +207,13 @@ def test_server_settings_check() -> None:
 
 
 def committed(seq: int, keys: list[str], regional: list[str] = ()) -> Committed:
-    return Committed((0, 1, seq), 1000.0 + seq, 1000.0 + seq, tuple(delete_line(k)[0] for k in keys),
-                     tuple(delete_line(k)[0] for k in regional))
+    return Committed(
+        (0, 1, seq),
+        1000.0 + seq,
+        1000.0 + seq,
+        tuple(delete_line(k)[0] for k in keys),
+        tuple(delete_line(k)[0] for k in regional),
+    )
 
 
 def make_flow(max_backlog: int = 1000, start: int = 0) -> Flow:
@@ -179,6 +235,39 @@ def test_batches_span_and_split_transactions_and_ack_in_order() -> None:
     assert b3.payload == b2.payload
     f.ack(b3)
     assert f.acked == {0: (1, 2)} and f.backlog == 0 and not f.queue
+
+
+def test_pipelined_batches_ack_in_order_and_fail_back_together() -> None:
+    f = make_flow()
+    f.offer_live(committed(1, ["a", "b", "c"]))
+    f.offer_live(committed(2, ["d", "e"]))
+    b1, b2, b3 = (f.take_batch(2, max_in_flight=3) for _ in range(3))
+    f.offer_live(committed(3, []))  # key-less, queued behind the batches in flight
+    assert [b.payload for b in (b1, b2, b3)] == [b"md a q\r\nmd b q\r\nmn\r\n", b"md c q\r\nmd d q\r\nmn\r\n",
+                                                  b"md e q\r\nmn\r\n"]
+    assert f.take_batch(2, max_in_flight=4) is None  # only the key-less txn is left: not behind batches in flight
+    assert f.pending_keys == 0 and f.in_flight is b1
+    f.ack(b2)  # out of order: ignored
+    assert f.acked == {0: (1, 0)} and f.in_flight is b1
+    f.ack(b1)
+    assert f.acked == {0: (1, 0)} and f.backlog == 3  # txn 1 is partly in b2
+    f.fail(b2)  # the connection failed: b2 and b3 go back, and are sent again identically
+    assert f.in_flight is None and f.pending_keys == 3
+    r2, r3 = f.take_batch(2, max_in_flight=3), f.take_batch(2, max_in_flight=3)
+    assert (r2.payload, r3.payload) == (b2.payload, b3.payload)
+    f.ack(r2)
+    assert f.acked == {0: (1, 1)}
+    f.ack(r3)  # the re-sent last batch now also completes the key-less txn queued behind it
+    assert f.acked == {0: (1, 3)} and f.backlog == 0 and not f.queue
+    f.offer_live(committed(4, ["f"]))
+    b4 = f.take_batch(2, max_in_flight=3)
+    f.offer_live(committed(5, []))
+    assert f.take_batch(2, max_in_flight=3) is None  # key-less behind a batch in flight: waits for its ack
+    f.ack(b4)
+    last = f.take_batch(2, max_in_flight=3)  # nothing ahead now: handed out, acknowledged without a round trip
+    assert last.nkeys == 0 and last.payload == b"mn\r\n"
+    f.ack(last)
+    assert f.acked == {0: (1, 5)} and not f.queue
 
 
 def test_keyless_and_duplicate_transactions() -> None:
@@ -267,6 +356,29 @@ def test_sender_batches_by_timer_fails_over_and_backs_off() -> None:
     assert transport2.value().endswith(b"md c q\r\nmd d q\r\nmd e q\r\nmn\r\n")
 
 
+def test_sender_pipelines_full_batches_and_keeps_replies_apart() -> None:
+    reactor = MemoryReactorClock()
+    f = Flow("c0", "cluster", [Address("127.0.0.1", 1001), Address("127.0.0.1", 1002)], {}, 1000)
+    s = Sender(f, reactor, batch_size=2, flush_interval=0.0005, reply_timeout=1.0, max_in_flight=2)
+    f.offer_live(committed(1, ["a", "b", "c", "d", "e"]))
+    transport, proto = _connect(reactor, 0)
+    # Two full batches in flight; the fifth key waits for an ack (no partial batch joins a pipeline).
+    assert transport.value() == b"md a q\r\nmd b q\r\nmn\r\nmd c q\r\nmd d q\r\nmn\r\n"
+    proto.dataReceived(b"MN\r\nSERVER_ERROR busy")  # first batch fine; the second one's reply half read
+    assert len(s.batches) == 1 and f.backlog == 3 and transport.value().endswith(b"md d q\r\nmn\r\n")
+    proto.dataReceived(b"\r\nMN\r\n")  # the error belongs to the second batch only: it goes back
+    assert not s.batches and f.pending_keys == 3 and f.acked == {}
+    reactor.advance(0.05)  # backoff, then the next router
+    transport2, proto2 = _connect(reactor, 1)
+    assert transport2.value() == b"md c q\r\nmd d q\r\nmn\r\n"
+    proto2.dataReceived(b"MN\r\n")
+    assert f.acked == {} and f.backlog == 1  # txn 1 still has "e" to go: the marker must not move
+    reactor.advance(0.001)  # the partial batch leaves on the flush timer
+    assert transport2.value().endswith(b"mn\r\nmd e q\r\nmn\r\n")
+    proto2.dataReceived(b"MN\r\n")
+    assert f.acked == {0: (1, 1)} and s.drained()
+
+
 # -- datamarkers and replay -----------------------------------------------------------------------------------------
 
 
@@ -292,13 +404,22 @@ def test_cli_replay_rewrites_the_marker(tmp_path, capsys) -> None:
         '[[rules]]\ntable = "app.users"\nkeys = ["user:{id}"]\n'
         '[regions.east]\nmaster = true\ndatabase = { role = "primary", port = 3306, server_id = 1 }\n'
         '[regions.east.clusters.a]\nrouters = ["127.0.0.1:7001"]\n'
-        'pools.wildcard = { servers = ["127.0.0.1:7002"] }\n')
+        'pools.wildcard = { servers = ["127.0.0.1:7002"] }\n'
+    )
     state = tmp_path / "state"
-    assert cli_main(["replay", str(topo), "--region", "east", "--flow", "a", "--from", "0-1-17",
-                     "--state-dir", str(state)]) == 0
+    assert (
+        cli_main(
+            ["replay", str(topo), "--region", "east", "--flow", "a", "--from", "0-1-17", "--state-dir", str(state)]
+        )
+        == 0
+    )
     assert FileDatamarkerStore(state).load("a") == "0-1-17"
-    assert cli_main(["replay", str(topo), "--region", "east", "--flow", "nope", "--from", "0-1-1",
-                     "--state-dir", str(state)]) == 2
+    assert (
+        cli_main(
+            ["replay", str(topo), "--region", "east", "--flow", "nope", "--from", "0-1-1", "--state-dir", str(state)]
+        )
+        == 2
+    )
     assert "no flow 'nope'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli_main(["run", "--help"])
