@@ -210,9 +210,9 @@ class Sender:
 
     def _failure(self, why: str) -> None:
         addr = self.flow.destinations[self.router % len(self.flow.destinations)]
-        if self.batches:
-            self.flow.fail(self.batches[0])  # every batch in flight goes back, in order
-            self.batches.clear()
+        for batch in self.batches:  # every batch in flight goes back, in order (some may predate a shed)
+            self.flow.fail(batch)
+        self.batches.clear()
         if self.timeout is not None and self.timeout.active():
             self.timeout.cancel()
         self.timeout = None

@@ -253,7 +253,7 @@ class Flow:
 
     def fail(self, batch: Batch) -> None:
         """`batch` was not acknowledged: it and every batch sent after it stay queued and are sent again."""
-        if batch.epoch == self.epoch and batch in self.sending:
+        if any(b is batch for b in self.sending):  # (batches from before a shed are no longer here)
             self._drop_in_flight()
 
     def _drop_in_flight(self) -> None:

@@ -379,6 +379,21 @@ def test_sender_pipelines_full_batches_and_keeps_replies_apart() -> None:
     assert f.acked == {0: (1, 1)} and s.drained()
 
 
+def test_sender_failure_after_a_shed_hands_back_the_current_batches() -> None:
+    reactor = MemoryReactorClock()
+    f = Flow("c0", "cluster", [Address("127.0.0.1", 1001)], {}, 3)
+    s = Sender(f, reactor, batch_size=2, flush_interval=0.0005, reply_timeout=1.0, max_in_flight=4)
+    f.offer_live(committed(1, ["a", "b"]))
+    transport, proto = _connect(reactor, 0)
+    f.offer_live(committed(2, ["c", "d"]))  # backlog 4 > 3: shed while a batch is in flight
+    assert f.state == SHED and f.in_flight is None and len(s.batches) == 1
+    f.start_catchup()
+    f.offer_catchup(committed(1, ["a", "b"]))  # re-read: sent behind the stale batch on the same connection
+    assert len(s.batches) == 2 and f.in_flight is s.batches[1]
+    proto.connectionLost(None)  # nothing acknowledged: the current batch must go back to the flow
+    assert f.in_flight is None and f.pending_keys == 2 and not s.batches
+
+
 # -- datamarkers and replay -----------------------------------------------------------------------------------------
 
 
