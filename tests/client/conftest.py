@@ -61,7 +61,9 @@ def make_cache(cache_servers: list[str]) -> Callable[..., LeaseCache]:
 
     def make(**kwargs) -> LeaseCache:
         kwargs.setdefault("wait", WaitPolicy(budget=5.0))
-        client = connect(cache_servers, recv_timeout=kwargs.pop("recv_timeout", 2.0))
+        client = connect(
+            cache_servers, recv_timeout=kwargs.pop("recv_timeout", 2.0), max_pool_size=kwargs.pop("max_pool_size", 64)
+        )
         return LeaseCache(client, name=f"test-{next_name()}", **kwargs)
 
     return make
