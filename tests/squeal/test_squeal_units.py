@@ -394,6 +394,44 @@ def test_sender_failure_after_a_shed_hands_back_the_current_batches() -> None:
     assert f.in_flight is None and f.pending_keys == 2 and not s.batches
 
 
+class _ThreadReactor:
+    """`callFromThread` recorded (run by the test), `callLater` on a fake clock."""
+
+    def __init__(self) -> None:
+        from twisted.internet.task import Clock
+
+        self.clock = Clock()
+        self.woken: list = []
+        self.callLater = self.clock.callLater
+
+    def callFromThread(self, f, *args) -> None:  # noqa: N802 - Twisted's name
+        self.woken.append((f, args))
+
+
+def test_handoff_wakes_once_then_lingers_while_busy() -> None:
+    from squeal.pipeline import Handoff
+
+    reactor = _ThreadReactor()
+    got: list[list] = []
+    h = Handoff(reactor, got.append, bound=1000, chunk=2, linger=0.001)
+    h.put(committed(1, ["a"]))
+    h.put(committed(2, ["b"]))
+    assert len(reactor.woken) == 1  # one wake-up for both
+    f, args = reactor.woken.pop()
+    f(*args)
+    assert [[c.gtid[2] for c in batch] for batch in got] == [[1, 2]]
+    h.put(committed(3, ["c"]))  # busy: the reactor looks again after `linger`, no wake-up needed
+    h.put(committed(4, ["d"]))
+    h.put(committed(5, ["e"]))
+    assert reactor.woken == []
+    reactor.clock.advance(0.001)
+    reactor.clock.advance(0)  # the rest of a chunked drain follows at once
+    assert [c.gtid[2] for batch in got for c in batch] == [1, 2, 3, 4, 5]
+    reactor.clock.advance(0.001)  # a look that finds nothing: quiet again
+    h.put(committed(6, ["f"]))
+    assert len(reactor.woken) == 1  # so the next transaction wakes the reactor at once
+
+
 # -- datamarkers and replay -----------------------------------------------------------------------------------------
 
 
