@@ -15,6 +15,10 @@ pub const MAX_KEY_LEN: usize = 250;
 pub const MAX_VALUE_LEN: usize = 1024 * 1024;
 /// A command line longer than this without a newline is refused and the connection closed.
 pub const MAX_LINE_LEN: usize = 8192;
+/// The bound for retrieval lines (`get`/`gets`/`gat`/`gats`), which carry many keys: memcached
+/// reads those however long they are (a client's 1,000-key multi-get is ~10 KB); past this the
+/// line is refused like any other overlong line.
+pub const MAX_GET_LINE_LEN: usize = 1024 * 1024;
 
 /// The commands that are routed by key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,6 +174,23 @@ const BAD_FORMAT: &str = "CLIENT_ERROR bad command line format\r\n";
 const BAD_CHUNK: &str = "CLIENT_ERROR bad data chunk\r\n";
 const TOO_LARGE: &str = "SERVER_ERROR object too large for cache\r\n";
 const LINE_TOO_LONG: &str = "CLIENT_ERROR line too long\r\n";
+const GET_LINE_TOO_LONG: &str = "CLIENT_ERROR line too long (get/gets lines are limited to 1048576 bytes)\r\n";
+
+/// Whether `buf` starts a retrieval command, whose line may be up to `MAX_GET_LINE_LEN` long.
+fn is_retrieval_line(buf: &[u8]) -> bool {
+    [&b"get "[..], b"gets ", b"gat ", b"gats "]
+        .iter()
+        .any(|p| buf.starts_with(p))
+}
+
+/// The longest line allowed for the command at the start of `buf`, and the error past it.
+fn line_limit(buf: &[u8]) -> (usize, &'static str) {
+    if is_retrieval_line(buf) {
+        (MAX_GET_LINE_LEN, GET_LINE_TOO_LONG)
+    } else {
+        (MAX_LINE_LEN, LINE_TOO_LONG)
+    }
+}
 const UNKNOWN: &str = "ERROR\r\n";
 const BAD_DELTA: &str = "CLIENT_ERROR invalid numeric delta argument\r\n";
 
@@ -378,9 +399,10 @@ impl Request {
 /// Parse one command from the front of `buf` (which must be the start of a command).
 pub fn parse(buf: &Bytes) -> ParseOutcome {
     let Some(nl) = find_newline(buf) else {
-        if buf.len() > MAX_LINE_LEN {
+        let (limit, too_long) = line_limit(buf);
+        if buf.len() > limit {
             return ParseOutcome::Error {
-                reply: LINE_TOO_LONG,
+                reply: too_long,
                 consume: buf.len(),
                 close: true,
             };
@@ -389,9 +411,10 @@ pub fn parse(buf: &Bytes) -> ParseOutcome {
     };
     let line_end = if nl > 0 && buf[nl - 1] == b'\r' { nl - 1 } else { nl };
     let line_len = nl + 1;
-    if line_end > MAX_LINE_LEN {
+    let (limit, too_long) = line_limit(buf);
+    if line_end > limit {
         return ParseOutcome::Error {
-            reply: LINE_TOO_LONG,
+            reply: too_long,
             consume: line_len,
             close: true,
         };
@@ -735,6 +758,55 @@ mod tests {
             p(b"set x 0 0 -1\r\n"),
             ParseOutcome::Error { reply: BAD_FORMAT, .. }
         ));
+    }
+
+    #[test]
+    fn long_multi_get_lines_up_to_a_bound() {
+        let keys: Vec<String> = (0..1000).map(|i| format!("some:longish:key:{i:06}")).collect();
+        let line = format!("get {}\r\n", keys.join(" "));
+        assert!(line.len() > MAX_LINE_LEN);
+        match p(line.as_bytes()) {
+            ParseOutcome::Done(Command::MultiGet { gets: false, keys: k }, n) => {
+                assert_eq!((k.len(), n), (1000, line.len()));
+            }
+            other => panic!("{other:?}"),
+        }
+        // still incomplete (not refused) while a long get line is arriving
+        assert!(matches!(
+            p(&line.as_bytes()[..line.len() - 2]),
+            ParseOutcome::Incomplete
+        ));
+        let gets = format!("gets {}\r\n", keys.join(" "));
+        assert!(matches!(
+            p(gets.as_bytes()),
+            ParseOutcome::Done(Command::MultiGet { gets: true, .. }, _)
+        ));
+        // other commands keep the strict limit
+        let long_set = format!("set {} 0 0 1\r\nx\r\n", "k ".repeat(MAX_LINE_LEN));
+        assert!(matches!(
+            p(long_set.as_bytes()),
+            ParseOutcome::Error {
+                reply: LINE_TOO_LONG,
+                close: true,
+                ..
+            }
+        ));
+        assert!(matches!(
+            p("mg ".repeat(MAX_LINE_LEN).as_bytes()),
+            ParseOutcome::Error {
+                reply: LINE_TOO_LONG,
+                close: true,
+                ..
+            }
+        ));
+        // past the get bound: refused with a clear error, with or without the newline yet
+        let huge = format!("get {}", "k ".repeat(MAX_GET_LINE_LEN / 2 + 1));
+        for buf in [huge.clone(), format!("{huge}\r\n")] {
+            match p(buf.as_bytes()) {
+                ParseOutcome::Error { reply, close: true, .. } => assert_eq!(reply, GET_LINE_TOO_LONG),
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     #[test]
