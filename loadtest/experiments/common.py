@@ -73,6 +73,15 @@ def topology_doc(
     return doc
 
 
+def replace_cluster(topo: Topology, name: str, **changes: Any) -> Topology:
+    """A copy of `topo` with cluster `name`'s fields changed (e.g. routers=…, pools=…)."""
+    regions = tuple(
+        replace(r, clusters=tuple(replace(c, **changes) if c.name == name else c for c in r.clusters))
+        for r in topo.regions
+    )
+    return replace(topo, regions=regions)
+
+
 class Stack:
     """A deployment of one topology document on free ports, in its own state directory.
 
