@@ -130,6 +130,8 @@ class Nutcracker:
 
 def idle_connections_rss(router: Router, n: int) -> tuple[float, float, int]:
     before = rss_mb(router.pid)
+    if n <= 0:  # --idle 0: skip the idle-connection run
+        return before, before, 0
     socks = []
     try:
         for _ in range(n):

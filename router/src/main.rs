@@ -27,7 +27,7 @@ usage: squeal-router --config-file PATH -p PORT [options]
       --probe-delay-initial-ms N  first TKO probe after N ms (default 10000)
       --probe-delay-max-ms N    TKO probe delay cap (default 60000)
   -R, --route-prefix PREFIX     default routing prefix of a `routes` config
-      --threads N               worker threads (default: number of cores)
+      --threads N               worker threads (default 1: one thread runs everything)
   -h, --help                    this text
 ";
 
@@ -248,10 +248,18 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    // One thread by default: it runs everything, so a client connection and the server connection
+    // it waits on never wake each other across threads (measured here at depth 1: 27-30 us of CPU
+    // per get against 34-43 us with 2 workers, where park/unpark dominated); `--threads N` for
+    // tokio's work-stealing pool.
+    let mut rt = if args.threads.unwrap_or(1) <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
     rt.enable_all();
-    if let Some(n) = args.threads {
-        rt.worker_threads(n.max(1));
+    if let Some(n) = args.threads.filter(|&n| n > 1) {
+        rt.worker_threads(n);
     }
     let rt = match rt.build() {
         Ok(rt) => rt,
