@@ -7,7 +7,9 @@
    nothing else) and by `squeal run` end to end (keys rendered, batched, sent to two memcached "clusters",
    acknowledged, datamarkers written). After one unmeasured warm-up decode, the two alternate `--repeat`
    times over the same binlog; each pair gives a ratio (squeal rows/s / bare rows/s) and the median pair
-   is reported, with every pair and the load average (the machine is shared) printed.
+   is reported, with every pair and the load average (the machine is shared) printed. Also reported:
+   the CPU ratio, bare decode's CPU time / the squeal process's CPU time (all threads) for the same
+   rows, which moves much less with the machine's load than wall time does.
 2. Batching: deletes per write (squeal_deletes_sent_total / squeal_delete_writes_total) for the same
    replay with the topology's batch_size (256) and with batch_size = 1 (no batching).
 3. Memory: squeal following a steady write load while one cluster's memcached is SIGSTOPped for
@@ -68,8 +70,8 @@ def load(db: MariaDB, schema: str, rows: int, first_id: int = 1) -> None:
             conn.commit()
 
 
-def bare_decode(db: MariaDB, schema: str, start: str, end: g.Position) -> tuple[int, float]:
-    """Decode every row of the binlog after `start` up to `end`, nothing else (the library's own speed).
+def bare_decode(db: MariaDB, schema: str, start: str, end: g.Position) -> tuple[int, float, float]:
+    """Decode every row of the binlog after `start` up to `end`, nothing else: (rows, seconds, CPU seconds).
 
     Same library options as squeal's reader (events, schema and table filters), so the ratio is squeal's
     own cost on top of decoding.
@@ -86,6 +88,7 @@ def bare_decode(db: MariaDB, schema: str, start: str, end: g.Position) -> tuple[
     final_gtid = f"{last[0]}-{last[1][0]}-{last[1][1]}"
     rows = 0
     in_final = False
+    c0 = time.thread_time()
     t0 = time.perf_counter()
     for ev in stream:
         if hasattr(ev, "rows"):
@@ -95,8 +98,9 @@ def bare_decode(db: MariaDB, schema: str, start: str, end: g.Position) -> tuple[
         elif in_final and isinstance(ev, XidEvent):
             break
     elapsed = time.perf_counter() - t0
+    cpu = time.thread_time() - c0
     stream.close()
-    return rows, elapsed
+    return rows, elapsed, cpu
 
 
 def squeal_replay(base: Path, db: MariaDB, schema: str, caches: list[Memcached], start: str, end: g.Position,
@@ -107,6 +111,8 @@ def squeal_replay(base: Path, db: MariaDB, schema: str, caches: list[Memcached],
     # The 4-column table: rules render two keys per row image.
     daemon = SquealDaemon(topo, "east", workdir=work, state_dir=work / "state", extra_args=("--from-gtid", start))
     daemon.start()
+    proc = psutil.Process(daemon.pid)
+    cpu0 = proc.cpu_times()
     t0 = time.perf_counter()
     try:
         while True:
@@ -115,17 +121,19 @@ def squeal_replay(base: Path, db: MariaDB, schema: str, caches: list[Memcached],
                 break
             time.sleep(0.02)  # each poll costs the daemon's reactor a little: not too often
         elapsed = time.perf_counter() - t0
+        cpu1 = proc.cpu_times()
         # The live reader's rows only: a flow that shed is re-read by a catch-up reader, whose rows are
         # extra work, not extra throughput.
         rows = metric_sum(daemon.port, 'squeal_rows_total{reader="live"')
         sheds = metric_sum(daemon.port, "squeal_flow_sheds_total")
         deletes = metric_sum(daemon.port, "squeal_deletes_sent_total")
         writes = metric_sum(daemon.port, "squeal_delete_writes_total")
-        rss = psutil.Process(daemon.pid).memory_info().rss
+        rss = proc.memory_info().rss
     finally:
         daemon.stop()
     return {"rows": rows, "seconds": elapsed, "rows_per_s": rows / elapsed, "deletes": deletes, "writes": writes,
-            "deletes_per_write": deletes / max(writes, 1), "rss_mb": rss / 2**20, "sheds": sheds}
+            "deletes_per_write": deletes / max(writes, 1), "rss_mb": rss / 2**20, "sheds": sheds,
+            "cpu": (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)}
 
 
 def memory_run(base: Path, db: MariaDB, schema: str, caches: list[Memcached], dead_seconds: float) -> dict:
@@ -216,19 +224,23 @@ def main() -> int:
         pairs = []
         for i in range(args.repeat):
             print(f"pair {i + 1}/{args.repeat}: {loadavg()}")
-            bare_rows, bare_s = bare_decode(db, schema, start, end)
+            bare_rows, bare_s, bare_cpu = bare_decode(db, schema, start, end)
             bare = bare_rows / bare_s
             batched = squeal_replay(base, db, schema, caches, start, end, batch_size=256)
             if batched["rows"] != bare_rows:
                 raise RuntimeError(f"squeal read {batched['rows']:.0f} rows, bare decode {bare_rows}")
             ratio = batched["rows_per_s"] / bare
-            pairs.append((ratio, bare, batched))
-            print(f"  bare mysql-replication decode: {bare_rows} rows in {bare_s:.2f}s = {bare:,.0f} rows/s")
+            cpu_ratio = bare_cpu / batched["cpu"]
+            pairs.append((ratio, bare, batched, cpu_ratio))
+            print(f"  bare mysql-replication decode: {bare_rows} rows in {bare_s:.2f}s = {bare:,.0f} rows/s; "
+                  f"CPU {bare_cpu:.2f}s")
             print(f"  squeal end to end (batch 256): {batched['rows']:.0f} rows in {batched['seconds']:.2f}s = "
                   f"{batched['rows_per_s']:,.0f} rows/s; {batched['deletes_per_write']:.1f} deletes/write; "
-                  f"RSS {batched['rss_mb']:.0f} MB; sheds {batched['sheds']:.0f}; ratio {ratio:.2f}")
+                  f"RSS {batched['rss_mb']:.0f} MB; sheds {batched['sheds']:.0f}; "
+                  f"CPU {batched['cpu']:.2f}s (all threads); ratio {ratio:.2f}, CPU ratio {cpu_ratio:.2f}")
         pairs.sort(key=lambda p: p[0])
-        ratio, bare, batched = pairs[(len(pairs) - 1) // 2]
+        ratio, bare, batched, _ = pairs[(len(pairs) - 1) // 2]
+        cpu_ratios = sorted(p[3] for p in pairs)
         print(f"after the pairs: {loadavg()}")
         single = squeal_replay(base, db, schema, caches, start, end, batch_size=1)
         print(f"squeal end to end (batch 1):   {single['rows']:.0f} rows in {single['seconds']:.2f}s = "
@@ -236,7 +248,9 @@ def main() -> int:
               f"sheds {single['sheds']:.0f}")
         print(f"RATIO squeal/bare: median {ratio:.2f} of {len(pairs)} pairs "
               f"({', '.join(f'{p[0]:.2f}' for p in pairs)}; bare {bare:,.0f} rows/s, squeal "
-              f"{batched['rows_per_s']:,.0f} rows/s in the median pair); batching = "
+              f"{batched['rows_per_s']:,.0f} rows/s in the median pair); CPU ratio (bare decode CPU / squeal "
+              f"process CPU) median {cpu_ratios[(len(cpu_ratios) - 1) // 2]:.2f} "
+              f"({', '.join(f'{r:.2f}' for r in cpu_ratios)}); batching = "
               f"{batched['deletes_per_write'] / single['deletes_per_write']:.0f}x deletes per write")
         if args.no_memory:
             return 0
