@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import tempfile
 import time
-import urllib.request
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,31 +21,13 @@ from typing import Any
 import psutil
 
 import router_config
-from loadtest.experiments.common import LocustRun, Stack, topology_doc
+from loadtest.experiments.common import LocustRun, Stack, flow_value, scrape, topology_doc
 from loadtest.experiments.report import Report, figure
 from loadtest.workload import seed_posts
 from ops.harness import SquealDaemon, free_port
 
 PAPER = "18x more deletes per packet (median) with batching"
 DESTINATION = "east-b"  # the cluster without web traffic
-
-
-def scrape(port: int) -> dict[str, float]:
-    """squeal's /metrics as {"name{labels}": value}."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            try:
-                out[name] = float(value)
-            except ValueError:
-                continue
-    return out
-
-
-def flow_value(metrics: dict[str, float], name: str, flow: str) -> float:
-    return sum(v for k, v in metrics.items() if k.startswith(name + "{") and f'flow="{flow}"' in k)
 
 
 def histogram_median(metrics: dict[str, float], flow: str) -> float:

@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -301,6 +302,24 @@ def memcached_command_all(servers: Any, command: bytes) -> None:
     for addr in servers:
         with contextlib.suppress(OSError):
             memcached_command((addr.host, addr.port), command)
+
+
+def scrape(port: int) -> dict[str, float]:
+    """squeal's /metrics as {"name{labels}": value}."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            try:
+                out[name] = float(value)
+            except ValueError:
+                continue
+    return out
+
+
+def flow_value(metrics: dict[str, float], name: str, flow: str) -> float:
+    return sum(v for k, v in metrics.items() if k.startswith(name + "{") and f'flow="{flow}"' in k)
 
 
 def db_selects(db: SqlClient) -> float:
