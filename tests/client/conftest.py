@@ -61,8 +61,14 @@ def make_cache(cache_servers: list[str]) -> Callable[..., LeaseCache]:
 
     def make(**kwargs) -> LeaseCache:
         kwargs.setdefault("wait", WaitPolicy(budget=5.0))
+        # A generous connect timeout: on a loaded 2-core machine 200 threads' first connects can take longer
+        # than the 0.5 s default, and one failed connect marks the only server (the router) down for 2 s,
+        # which would measure the fallback path, not leases.
         client = connect(
-            cache_servers, recv_timeout=kwargs.pop("recv_timeout", 2.0), max_pool_size=kwargs.pop("max_pool_size", 64)
+            cache_servers,
+            connect_timeout=kwargs.pop("connect_timeout", 5.0),
+            recv_timeout=kwargs.pop("recv_timeout", 2.0),
+            max_pool_size=kwargs.pop("max_pool_size", 64),
         )
         return LeaseCache(client, name=f"test-{next_name()}", **kwargs)
 
