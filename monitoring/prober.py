@@ -59,6 +59,7 @@ class Prober:
             )
         self.template = rule.keys[0]
         self.topo, self.interval, self.deadline, self.rows = topo, interval, deadline, canary_rows
+        self.registry = registry
         self.master = topo.master.database
         self.clusters = [(c.region, c.name, str(c.routers[0])) for c in topo.clusters]
         self._clients: dict[str, Client] = {}
@@ -166,7 +167,16 @@ class Prober:
         self._stop.set()
 
     def _run(self) -> None:
+        from monitoring.sampled import SampledDeleteChecker
+
+        sampled = SampledDeleteChecker(self.topo, self.registry)
         while not self._stop.is_set():
+            try:
+                sampled.fetch()
+                sampled.check_due()
+            except (OSError, MemcacheError, pymysql.MySQLError) as e:
+                self.failures.labels("sampled").inc()
+                log.warning("re-check of sampled deletes failed: %s", e)
             try:
                 self.probe_once()
             except (OSError, MemcacheError, pymysql.MySQLError) as e:

@@ -48,7 +48,7 @@ class VerifyReport:
         return not self.stale
 
 
-def _decode(value: bytes, flags: int) -> Any:
+def decode_value(value: bytes, flags: int) -> Any:
     if flags != JSON_FLAG:
         return value
     return json.loads(value)
@@ -90,7 +90,7 @@ def verify(
         stale: list[StaleKey] = []
         for cluster in topo.clusters:
             router = cluster.routers[0]
-            client = Client((router.host, router.port), connect_timeout=2, timeout=5, serde=_KeepFlags())
+            client = Client((router.host, router.port), connect_timeout=2, timeout=5, serde=KeepFlags())
             try:
                 for start in range(0, len(keys), 100):
                     chunk = keys[start : start + 100]
@@ -98,7 +98,7 @@ def verify(
                     absent += len(chunk) - len(found)
                     for key, (value, flags) in found.items():
                         checked += 1
-                        cached, expected = _decode(value, flags), expected_value(db, key)
+                        cached, expected = decode_value(value, flags), expected_value(db, key)
                         if cached != expected:
                             stale.append(StaleKey(cluster.name, key, cached, expected, _ttl_left(client, key)))
             finally:
@@ -114,7 +114,7 @@ def expected_value(db: SqlClient, key: str) -> Any:
     return family.load(db, key)
 
 
-class _KeepFlags:
+class KeepFlags:
     """pymemcache serde that hands back (raw bytes, client flags): the checker decodes by flag itself."""
 
     def serialize(self, key: str, value: Any) -> tuple[bytes, int]:

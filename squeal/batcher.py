@@ -19,6 +19,7 @@ exponential backoff. A dead destination only ever delays its own flow.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,7 @@ from twisted.internet.endpoints import TCP4ClientEndpoint
 
 from squeal.flows import Batch, Flow
 from squeal.metrics import Metrics
+from squeal.sampler import DeleteSampler
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +74,10 @@ class Sender:
 
     def __init__(self, flow: Flow, reactor: Any, batch_size: int, flush_interval: float,
                  reply_timeout: float = 2.0, backoff_initial: float = 0.05, backoff_max: float = 5.0,
-                 metrics: Metrics | None = None, max_in_flight: int = 4) -> None:
+                 metrics: Metrics | None = None, max_in_flight: int = 4,
+                 sampler: DeleteSampler | None = None) -> None:
         self.flow = flow
+        self.sampler = sampler
         self.max_in_flight = max(1, max_in_flight)
         self.reactor = reactor
         self.batch_size = batch_size
@@ -198,6 +202,8 @@ class Sender:
         self.flow.ack(batch)
         if self._deletes is not None:
             self._deletes.inc(batch.nkeys)
+        if self.sampler is not None:
+            self.sampler.offer(self.flow.name, batch.payload, batch.nkeys, time.time())
         self.kick()
 
     def _on_timeout(self) -> None:

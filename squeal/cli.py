@@ -53,7 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if port is None:
         port = topo.squeal.metrics_port_base + [r.name for r in topo.regions].index(args.region)
     return run(topo, args.region, state_dir=args.state_dir, metrics_port=port, from_gtid=args.from_gtid,
-               reply_timeout=args.reply_timeout)
+               reply_timeout=args.reply_timeout, sample_every=args.sample_every)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -99,6 +99,9 @@ def parser() -> argparse.ArgumentParser:
                      help="where datamarkers live (default: the topology's squeal.datamarker_dir)")
     run.add_argument("--from-gtid", default=None, metavar="GTID",
                      help="flows with no datamarker start after this GTID position instead of now")
+    run.add_argument("--sample-every", type=int, default=1000, metavar="N",
+                     help="keep 1 in N acknowledged deletes for /sampled-deletes (the prober re-checks them; "
+                     "default %(default)s)")
     run.add_argument("--reply-timeout", type=float, default=2.0, metavar="SECONDS",
                      help="a destination that does not answer a batch within this is retried (default 2)")
     run.set_defaults(func=cmd_run)

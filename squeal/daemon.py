@@ -38,6 +38,7 @@ from squeal.metrics import Metrics
 from squeal.pipeline import Handoff, KeyStage, ReadLoop
 from squeal.reader import BinlogReader, Source, check_server, current_position
 from squeal.rules import KeyExtractor, check_rules, load_columns
+from squeal.sampler import DeleteSampler
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,26 @@ def connect_with_retry(source: Source, timeout: float) -> Any:
             time.sleep(0.5)
 
 
+class _SampledDeletes(resource.Resource):
+    """`GET /sampled-deletes?since=UNIXTIME`: 1-in-N acknowledged deletes, for the prober to re-check."""
+
+    isLeaf = True
+
+    def __init__(self, sampler: DeleteSampler) -> None:
+        super().__init__()
+        self.sampler = sampler
+
+    def render_GET(self, request: Any) -> bytes:  # noqa: N802 - Twisted's name
+        try:
+            since = float(request.args.get(b"since", [b"0"])[0])
+        except ValueError:
+            request.setResponseCode(400)
+            return b"since must be a unix time\n"
+        request.setHeader(b"content-type", b"application/json")
+        return json.dumps([{"flow": s.flow, "key": s.key, "acked_at": s.acked_at}
+                           for s in self.sampler.recent(since)]).encode()
+
+
 class _Health(resource.Resource):
     isLeaf = True
 
@@ -84,7 +105,8 @@ class Daemon:
     def __init__(self, topology: Topology, region: str, state_dir: str | Path | None = None,
                  metrics_port: int | None = None, from_gtid: str | None = None,
                  store: DatamarkerStore | None = None, reactor: Any = None, reply_timeout: float = 2.0,
-                 checkpoint_interval: float = 1.0, connect_timeout: float = 20.0) -> None:
+                 checkpoint_interval: float = 1.0, connect_timeout: float = 20.0,
+                 sample_every: int = 1000) -> None:
         if reactor is None:
             from twisted.internet import reactor as default_reactor
             reactor = default_reactor
@@ -97,6 +119,7 @@ class Daemon:
         self.from_gtid = g.parse_position(from_gtid) if from_gtid else None
         self.reply_timeout = reply_timeout
         self.checkpoint_interval = checkpoint_interval
+        self.sampler = DeleteSampler(every=sample_every)
         self.connect_timeout = connect_timeout
         self.settings = topology.squeal
         self.metrics = Metrics()
@@ -151,7 +174,8 @@ class Daemon:
             self.store.save(f.name, g.format_position(f.acked))  # a new destination's "now" is now durable
             f.on_shed = self._on_shed
             self.senders[f.name] = Sender(f, self.reactor, s.batch_size, s.flush_interval_ms / 1000.0,
-                                          reply_timeout=self.reply_timeout, metrics=self.metrics)
+                                          reply_timeout=self.reply_timeout, metrics=self.metrics,
+                                          sampler=self.sampler)
         start = g.earliest([f.acked for f in flows])
         self.dispatcher = Dispatcher(flows, start)
         reader = BinlogReader(self.source, start, self.extractor.tables, name="live")
@@ -165,6 +189,7 @@ class Daemon:
             root = resource.Resource()
             root.putChild(b"metrics", MetricsResource(registry=self.metrics.registry))
             root.putChild(b"healthz", _Health(self))
+            root.putChild(b"sampled-deletes", _SampledDeletes(self.sampler))
             # loopback only: /metrics is for the local scraper, not the network
             self._site_port = self.reactor.listenTCP(self.metrics_port, server.Site(root), interface="127.0.0.1")
         assert self.live is not None
@@ -304,12 +329,12 @@ class Daemon:
 
 
 def run(topology: Topology, region: str, state_dir: str | Path | None = None, metrics_port: int | None = None,
-        from_gtid: str | None = None, reply_timeout: float = 2.0) -> int:
+        from_gtid: str | None = None, reply_timeout: float = 2.0, sample_every: int = 1000) -> int:
     """Run the daemon until SIGTERM/SIGINT; returns the exit code."""
     from twisted.internet import reactor
 
     daemon = Daemon(topology, region, state_dir, metrics_port, from_gtid, reactor=reactor,
-                    reply_timeout=reply_timeout)
+                    reply_timeout=reply_timeout, sample_every=sample_every)
     daemon.prepare()
     reactor.callWhenRunning(daemon.start)
     reactor.run()

@@ -477,3 +477,24 @@ def test_cli_replay_rewrites_the_marker(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
         cli_main(["run", "--help"])
     assert "--state-dir" in capsys.readouterr().out
+
+
+def test_delete_sampler_keeps_every_nth_plain_key_across_batches():
+    from squeal.sampler import DeleteSampler
+
+    sampler = DeleteSampler(every=3, keep=10)
+    keys = [f"k{i}" for i in range(1, 11)]
+    lines = [f"md {k} q\r\n".encode() for k in keys]
+    sampler.offer("a", b"".join(lines[:4]) + b"mn\r\n", 4, 1.0)  # k1..k4: samples k3
+    sampler.offer("a", b"".join(lines[4:5]) + b"mn\r\n", 1, 2.0)  # k5: none
+    sampler.offer("b", b"".join(lines[5:]) + b"mn\r\n", 5, 3.0)  # k6..k10: samples k6, k9
+    assert [(s.flow, s.key) for s in sampler.recent()] == [("a", "k3"), ("b", "k6"), ("b", "k9")]
+    assert [s.key for s in sampler.recent(since=2.0)] == ["k6", "k9"]
+
+
+def test_delete_sampler_skips_base64_keys():
+    from squeal.sampler import DeleteSampler
+
+    sampler = DeleteSampler(every=1)
+    sampler.offer("a", b"md a2V5 b q\r\nmd plain q\r\nmn\r\n", 2, 1.0)
+    assert [s.key for s in sampler.recent()] == ["plain"]

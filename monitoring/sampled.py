@@ -1,0 +1,109 @@
+"""Re-check a sample of the deletes squeal really sent (the paper's passive measurement, 7.3).
+
+Each squeal daemon keeps 1 in N acknowledged deletes (`GET /sampled-deletes`). Some seconds after a
+delete was acknowledged, this checker reads that key from the flow's cluster (through its router): it must
+be absent, or hold what the web tier would cache from the database now (a web server may refill it after
+the delete). Anything else is a stale copy that survived its invalidation: logged as an error and counted.
+Keys the web tier does not know how to load (`loadtest.webtier.KEY_FAMILIES`) are only checked when absent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.request
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter
+from pymemcache.client.base import Client
+
+from loadtest.webtier import KEY_FAMILIES, SqlClient
+from monitoring.verify import KeepFlags, decode_value
+from router_config import Topology
+
+log = logging.getLogger(__name__)
+
+
+class SampledDeleteChecker:
+    def __init__(
+        self,
+        topo: Topology,
+        registry: CollectorRegistry | None = None,
+        recheck_after: float = 2.0,
+        database: str = "app",
+    ) -> None:
+        self.topo, self.recheck_after, self.database = topo, recheck_after, database
+        self.daemons = {r.name: f"127.0.0.1:{topo.squeal.metrics_port_base + i}" for i, r in enumerate(topo.regions)}
+        self.since = {name: time.time() for name in self.daemons}
+        self.pending: list[tuple[str, dict[str, Any]]] = []  # (region, sample)
+        self._clients: dict[str, Client] = {}
+        self._db: SqlClient | None = None
+        self.checked = Counter(
+            "squeal_probe_sampled_deletes_checked",
+            "Sampled squeal deletes re-checked later",
+            ["region", "flow"],
+            registry=registry,
+        )
+        self.stale = Counter(
+            "squeal_probe_sampled_deletes_stale",
+            "Sampled deletes whose key later held a value the database disagrees with",
+            ["region", "flow"],
+            registry=registry,
+        )
+
+    def _router(self, region: str, flow: str) -> str:
+        clusters = self.topo.region(region).clusters
+        cluster = next((c for c in clusters if c.name == flow), clusters[0])  # "regional": any router of the region
+        return str(cluster.routers[0])
+
+    def _client(self, address: str) -> Client:
+        if address not in self._clients:
+            host, _, port = address.rpartition(":")
+            self._clients[address] = Client((host, int(port)), connect_timeout=1, timeout=2, serde=KeepFlags())
+        return self._clients[address]
+
+    def fetch(self) -> int:
+        """Collect new samples from every daemon; returns how many arrived."""
+        new = 0
+        for region, address in self.daemons.items():
+            url = f"http://{address}/sampled-deletes?since={self.since[region]}"
+            try:
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    samples = json.loads(resp.read())
+            except OSError as e:
+                log.debug("sampled deletes of %s unavailable: %s", region, e)
+                continue
+            for sample in samples:
+                self.pending.append((region, sample))
+                self.since[region] = max(self.since[region], sample["acked_at"])
+                new += 1
+        return new
+
+    def check_due(self, now: float | None = None) -> list[str]:
+        """Re-check samples acknowledged at least `recheck_after` ago; returns descriptions of stale ones."""
+        now = time.time() if now is None else now
+        due = [(r, s) for r, s in self.pending if now - s["acked_at"] >= self.recheck_after]
+        self.pending = [(r, s) for r, s in self.pending if now - s["acked_at"] < self.recheck_after]
+        problems = []
+        for region, sample in due:
+            key, flow = sample["key"], sample["flow"]
+            got = self._client(self._router(region, flow)).get(key)
+            self.checked.labels(region, flow).inc()
+            if got is None:
+                continue
+            family = KEY_FAMILIES.get(key.rsplit(":", 1)[0])
+            if family is None:
+                continue  # refilled by someone whose values we cannot recompute: not judged
+            if self._db is None:
+                self._db = SqlClient.for_database(self.topo.master.database, self.database, role="master")
+            cached, expected = decode_value(*got), family.load(self._db, key)
+            if cached != expected:
+                self.stale.labels(region, flow).inc()
+                problem = (
+                    f"{flow}: {key} still holds {cached!r} {now - sample['acked_at']:.1f}s after squeal's "
+                    f"delete was acknowledged; the database has {expected!r}"
+                )
+                log.error("stale copy survived invalidation: %s", problem)
+                problems.append(problem)
+        return problems
