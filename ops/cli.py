@@ -116,8 +116,18 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+FORWARDED = ("loadtest", "replay")  # subcommands whose arguments belong to another program's parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    # argparse's REMAINDER drops a leading option such as --help: hand forwarded commands their words as given.
+    split = next((i for i, word in enumerate(argv) if word in FORWARDED), None)
+    if split is not None:
+        args = _parser().parse_args([*argv[:split], argv[split]])
+        args.args = argv[split + 1 :]
+    else:
+        args = _parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
