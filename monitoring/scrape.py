@@ -7,6 +7,7 @@ ring buffers, so memory stays flat however long the demo runs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -88,7 +89,8 @@ MEMCACHED_FIELDS = (
 )
 
 
-def scrape_memcached(address: str, timeout: float = 1.0) -> Iterable[tuple[str, dict[str, str], float]]:
+def memcached_stats(address: str, timeout: float = 1.0) -> dict[str, float]:
+    """memcached's `stats` as numbers (non-numeric fields dropped)."""
     host, _, port = address.rpartition(":")
     with socket.create_connection((host, int(port)), timeout=timeout) as s:
         s.sendall(b"stats\r\n")
@@ -98,10 +100,20 @@ def scrape_memcached(address: str, timeout: float = 1.0) -> Iterable[tuple[str, 
             if not chunk:
                 break
             buf += chunk
+    out: dict[str, float] = {}
     for line in buf.decode().splitlines():
         parts = line.split()
-        if len(parts) == 3 and parts[0] == "STAT" and parts[1] in MEMCACHED_FIELDS:
-            yield f"memcached_{parts[1]}", {}, float(parts[2])
+        if len(parts) == 3 and parts[0] == "STAT":
+            with contextlib.suppress(ValueError):
+                out[parts[1]] = float(parts[2])
+    return out
+
+
+def scrape_memcached(address: str, timeout: float = 1.0) -> Iterable[tuple[str, dict[str, str], float]]:
+    stats = memcached_stats(address, timeout)
+    for name in MEMCACHED_FIELDS:
+        if name in stats:
+            yield f"memcached_{name}", {}, stats[name]
 
 
 class Scraper:

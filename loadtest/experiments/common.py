@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -27,6 +26,7 @@ from typing import Any
 
 import router_config
 from loadtest.workload import Spec
+from monitoring.scrape import memcached_stats  # noqa: F401 - re-exported for the experiments
 from ops.harness import REPO_ROOT, free_port, memcached_command
 from ops.local import Component, Deployment
 from remote_markers import SqlClient
@@ -275,26 +275,7 @@ def final_counts(timeline: list[dict[str, Any]], cluster: str | None = None) -> 
 
 
 # -- server-side samplers --------------------------------------------------------------------------
-
-
-def memcached_stats(address: str, timeout: float = 1.0) -> dict[str, float]:
-    """memcached's `stats` as numbers (non-numeric fields dropped)."""
-    host, _, port = address.rpartition(":")
-    with socket.create_connection((host, int(port)), timeout=timeout) as s:
-        s.sendall(b"stats\r\n")
-        buf = b""
-        while not buf.endswith(b"END\r\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-    out: dict[str, float] = {}
-    for line in buf.decode().splitlines():
-        parts = line.split()
-        if len(parts) == 3 and parts[0] == "STAT":
-            with contextlib.suppress(ValueError):
-                out[parts[1]] = float(parts[2])
-    return out
+# memcached `stats`: monitoring.scrape.memcached_stats (imported above)
 
 
 def memcached_command_all(servers: Any, command: bytes) -> None:
