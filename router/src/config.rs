@@ -18,6 +18,7 @@ use crate::Context;
 use crate::protocol::{Reply, Request, Res};
 use crate::routes::destination::Destination;
 use crate::routes::{RouteRef, get_i64, lookup};
+use crate::stats::RouteCounters;
 
 pub struct Builder<'c> {
     ctx: &'c Arc<Context>,
@@ -182,11 +183,14 @@ fn short(v: &Value) -> String {
     if s.len() > 80 { format!("{}…", &s[..80]) } else { s }
 }
 
+/// A route tree with the request counters of its label.
+type Labeled = (RouteRef, Arc<RouteCounters>);
+
 enum Root {
-    Single(RouteRef),
+    Single(Labeled),
     Aliased {
-        aliases: Vec<(Vec<u8>, RouteRef)>,
-        default: RouteRef,
+        aliases: Vec<(Vec<u8>, Labeled)>,
+        default: Labeled,
     },
 }
 
@@ -208,21 +212,27 @@ fn routing_prefix(key: &[u8]) -> Option<usize> {
 }
 
 impl RouterConfig {
-    /// Choose the tree for `req`, stripping a matched routing prefix from its key.
+    /// Choose the tree for `req`, stripping a matched routing prefix from its key, and count the
+    /// request on the chosen route.
     pub fn select(&self, req: &mut Request) -> Result<RouteRef, Reply> {
+        let (route, counters) = self.choose(req)?;
+        counters.count(req.cmd.name());
+        Ok(route.clone())
+    }
+
+    fn choose(&self, req: &mut Request) -> Result<&Labeled, Reply> {
         match &self.root {
-            Root::Single(r) => Ok(r.clone()),
+            Root::Single(r) => Ok(r),
             Root::Aliased { aliases, default } => {
                 if req.base64_key {
-                    return Ok(default.clone());
+                    return Ok(default);
                 }
                 let Some(len) = routing_prefix(&req.key) else {
-                    return Ok(default.clone());
+                    return Ok(default);
                 };
                 let prefix = &req.key[..len];
                 match aliases.iter().find(|(a, _)| a.as_slice() == prefix) {
                     Some((_, r)) => {
-                        let r = r.clone();
                         req.key = req.key.slice(len..);
                         if req.key.is_empty() {
                             return Err(Reply::error(Res::ClientError, "bad command line format"));
@@ -269,7 +279,10 @@ pub fn load(ctx: &Arc<Context>, text: &str, default_prefix: Option<&str>) -> Res
     let root = match (top.get("route"), top.get("routes")) {
         (Some(_), Some(_)) => return Err("config has both `route` and `routes`: use one".into()),
         (None, None) => return Err("config has neither `route` nor `routes`".into()),
-        (Some(r), None) => Root::Single(b.route(r).map_err(|e| format!("route: {e}"))?),
+        (Some(r), None) => Root::Single((
+            b.route(r).map_err(|e| format!("route: {e}"))?,
+            ctx.stats.route_counters("default"),
+        )),
         (None, Some(Value::Array(entries))) => {
             let mut aliases = Vec::new();
             for (i, entry) in entries.iter().enumerate() {
@@ -293,7 +306,8 @@ pub fn load(ctx: &Arc<Context>, text: &str, default_prefix: Option<&str>) -> Res
                             "routes[{i}]: alias `{a}` is not a routing prefix like /region/cluster/"
                         ));
                     }
-                    aliases.push((a.as_bytes().to_vec(), tree.clone()));
+                    let counters = ctx.stats.route_counters(a);
+                    aliases.push((a.as_bytes().to_vec(), (tree.clone(), counters)));
                 }
             }
             let default = match default_prefix {
@@ -410,6 +424,31 @@ mod tests {
             assert_eq!(routing_prefix(b"/a/b/c"), Some(5));
             assert_eq!(routing_prefix(b"/ab"), None);
             assert_eq!(routing_prefix(b"//b/c"), None);
+        });
+    }
+
+    #[test]
+    fn requests_count_on_their_route_across_reloads() {
+        run(async {
+            let c = ctx();
+            let text = r#"{"routes": [{"aliases": ["/east/a/"], "route": "NullRoute"},
+                                      {"aliases": ["/west/b/"], "route": "NullRoute"}]}"#;
+            let cfg = load(&c, text, None).unwrap();
+            for key in ["/west/b/k", "/west/b/k2", "k", "/east/a/k"] {
+                cfg.select(&mut req(Cmd::Get, key)).ok().unwrap();
+            }
+            cfg.select(&mut req(Cmd::Delete, "/west/b/k")).ok().unwrap();
+            let again = load(&c, text, None).unwrap(); // a reload keeps the counts
+            again.select(&mut req(Cmd::Get, "/west/b/k")).ok().unwrap();
+            let text = c.stats.memcached_text(0);
+            for line in [
+                "route:/west/b/:cmd_get 3",
+                "route:/west/b/:cmd_delete 1",
+                "route:/east/a/:cmd_get 2",
+            ] {
+                assert!(text.contains(line), "{line} missing from {text}");
+            }
+            assert!(text.contains("STAT cmd_get 5\r\n"), "{text}");
         });
     }
 

@@ -179,37 +179,31 @@ impl Conn {
     fn command(&mut self, cmd: Command) {
         let ctx = self.shared.ctx.clone();
         match cmd {
-            Command::Keyed(req) => {
-                ctx.stats.count_request(req.cmd.name());
-                self.keyed(ctx, req);
-            }
-            Command::MultiGet { gets, keys } => {
-                ctx.stats.count_request(if gets { "gets" } else { "get" });
-                self.multi_get(ctx, gets, keys);
-            }
+            Command::Keyed(req) => self.keyed(ctx, req),
+            Command::MultiGet { gets, keys } => self.multi_get(ctx, gets, keys),
             Command::MetaNoop => {
-                ctx.stats.count_request("mn");
+                ctx.stats.no_route.count("mn");
                 self.push_ready(Bytes::from_static(b"MN\r\n"));
             }
             Command::Version => {
-                ctx.stats.count_request("version");
+                ctx.stats.no_route.count("version");
                 let v = format!("VERSION 1.6.18-squeal-router-{}\r\n", env!("CARGO_PKG_VERSION"));
                 self.push_ready(Bytes::from(v));
             }
             Command::Stats => {
-                ctx.stats.count_request("stats");
+                ctx.stats.no_route.count("stats");
                 let text = ctx.stats.memcached_text(ctx.servers_tko());
                 self.push_ready(Bytes::from(text));
             }
             Command::Quit => self.closing = true,
             Command::Verbosity { noreply } => {
-                ctx.stats.count_request("other");
+                ctx.stats.no_route.count("other");
                 if !noreply {
                     self.push_ready(Bytes::from_static(b"OK\r\n"));
                 }
             }
             Command::Unsupported(name) => {
-                ctx.stats.count_request("other");
+                ctx.stats.no_route.count("other");
                 self.push_ready(Bytes::from(format!(
                     "SERVER_ERROR {name} is not supported by squeal-router\r\n"
                 )));
@@ -222,6 +216,7 @@ impl Conn {
         let route = match self.config.select(&mut req) {
             Ok(r) => r,
             Err(reply) => {
+                ctx.stats.no_route.count(req.cmd.name());
                 ctx.stats.errors.fetch_add(1, Relaxed);
                 self.push_ready(reply.wire);
                 return;
@@ -237,95 +232,189 @@ impl Conn {
         );
     }
 
-    fn multi_get(&mut self, ctx: Arc<Context>, gets: bool, keys: Vec<Bytes>) {
+    fn multi_get(&mut self, ctx: Arc<Context>, gets: bool, mut keys: Vec<Bytes>) {
         let start = Instant::now();
         let cmd = if gets { Cmd::Gets } else { Cmd::Get };
+        if keys.len() == 1 {
+            // The common case gets no batching machinery: route the one key like any keyed request.
+            let key = keys.pop().expect("one key");
+            let mut req = Request::simple(cmd, key.clone());
+            let route = match self.config.select(&mut req) {
+                Ok(r) => r,
+                Err(reply) => {
+                    ctx.stats.no_route.count(cmd.name());
+                    ctx.stats.errors.fetch_add(1, Relaxed);
+                    self.push_ready(reply.wire);
+                    return;
+                }
+            };
+            self.in_flight.push_back(
+                async move {
+                    let reply = route.route(&req).await;
+                    ctx.stats.observe_latency(start.elapsed());
+                    Some(single_get_reply(&ctx, &key, &req, reply))
+                }
+                .boxed(),
+            );
+            return;
+        }
         let config = self.config.clone();
         self.in_flight.push_back(
             async move {
-                let n = keys.len();
-                let mut reqs: Vec<Request> = Vec::with_capacity(n);
-                let mut routes: Vec<Option<RouteRef>> = Vec::with_capacity(n);
-                let mut replies: Vec<Option<Reply>> = vec![None; n];
-                // Keys whose route asks one server first are batched into one multi-key get per
-                // server; the others (and any batch that fails) take their full route.
-                let mut groups: Vec<(Arc<Server>, Duration, Vec<usize>)> = Vec::new();
-                for (i, k) in keys.iter().enumerate() {
-                    let mut req = Request::simple(cmd, k.clone());
-                    match config.select(&mut req) {
-                        Ok(route) => {
-                            if let Some((srv, timeout)) = route.first_get_target(&req) {
-                                match groups.iter_mut().find(|g| Arc::ptr_eq(&g.0, &srv)) {
-                                    Some(g) => g.2.push(i),
-                                    None => groups.push((srv, timeout, vec![i])),
-                                }
-                            }
-                            routes.push(Some(route));
-                        }
-                        Err(e) => {
-                            replies[i] = Some(e);
-                            routes.push(None);
-                        }
-                    }
-                    reqs.push(req);
-                }
-                let batched = join_all(groups.iter().map(|(srv, timeout, idx)| {
-                    let ks: Vec<&Bytes> = idx.iter().map(|&i| &reqs[i].key).collect();
-                    async move { srv.send_multi_get(gets, &ks, *timeout).await }
-                }))
-                .await;
-                for ((_, _, idx), reply) in groups.iter().zip(batched) {
-                    if reply.res.is_failover_error() {
-                        continue;
-                    }
-                    if reply.res.is_error() {
-                        for &i in idx {
-                            replies[i] = Some(reply.clone());
-                        }
-                        continue;
-                    }
-                    split_values(&reply.wire, idx, &reqs, &mut replies);
-                }
-                let slow: Vec<usize> = (0..n).filter(|&i| replies[i].is_none()).collect();
-                if !slow.is_empty() {
-                    let outs = join_all(slow.iter().map(|&i| {
-                        let route = routes[i].clone();
-                        let req = &reqs[i];
-                        async move {
-                            match route {
-                                Some(r) => r.route(req).await,
-                                None => Reply::error(Res::LocalError, "no route"),
-                            }
-                        }
-                    }))
-                    .await;
-                    for (i, r) in slow.into_iter().zip(outs) {
-                        replies[i] = Some(r);
-                    }
-                }
+                let out = multi_get_reply(&ctx, &config, cmd, keys).await;
                 ctx.stats.observe_latency(start.elapsed());
-                let mut out = BytesMut::new();
-                for (i, reply) in replies.iter().enumerate() {
-                    let Some(reply) = reply else { continue };
-                    if reply.res.is_hit() {
-                        append_value(&mut out, &keys[i], &reqs[i], reply);
-                    } else if reply.res.is_error() {
-                        ctx.stats.errors.fetch_add(1, Relaxed);
-                        if n == 1 {
-                            return Some(reply.wire.clone());
-                        }
-                    }
-                }
-                out.put_slice(b"END\r\n");
-                Some(out.freeze())
+                Some(out)
             }
             .boxed(),
         );
     }
 }
 
-/// Hand the VALUE blocks of one batched multi-get to the keys that asked (in order; absent = miss).
-fn split_values(wire: &Bytes, idx: &[usize], reqs: &[Request], replies: &mut [Option<Reply>]) {
+const END: &[u8] = b"END\r\n";
+
+/// A one-key `get`: the VALUE block (with the client's key) and END, or END, or the error line.
+fn single_get_reply(ctx: &Context, orig: &Bytes, req: &Request, reply: Reply) -> Bytes {
+    if reply.res.is_hit() {
+        let mut out = BytesMut::with_capacity(reply.wire.len() + orig.len() + END.len());
+        append_value(&mut out, orig, req, &reply.wire);
+        out.put_slice(END);
+        out.freeze()
+    } else if reply.res.is_error() {
+        ctx.stats.errors.fetch_add(1, Relaxed);
+        reply.wire
+    } else {
+        Bytes::from_static(END)
+    }
+}
+
+/// The answer for one key of a multi-key get.
+enum Part {
+    Pending,
+    Miss,
+    /// A VALUE block inside the reply of batch number `.0`.
+    Batched(usize, std::ops::Range<usize>),
+    Routed(Reply),
+}
+
+/// Keys that one server answers first, sent as one multi-key get.
+struct Batch {
+    server: Arc<Server>,
+    timeout: Duration,
+    members: Vec<usize>,
+}
+
+/// A multi-key `get`: keys whose route asks one server first are batched into one multi-key get
+/// per server; the others (and the keys of any batch that fails over) take their full route.
+/// VALUE blocks go back in the order the keys were asked.
+async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: Cmd, keys: Vec<Bytes>) -> Bytes {
+    let n = keys.len();
+    let mut reqs: Vec<Request> = Vec::with_capacity(n);
+    let mut routes: Vec<Option<RouteRef>> = Vec::with_capacity(n);
+    let mut parts: Vec<Part> = Vec::with_capacity(n);
+    let mut batches: Vec<Batch> = Vec::new();
+    let mut stripped = false;
+    for (i, k) in keys.iter().enumerate() {
+        let mut req = Request::simple(cmd, k.clone());
+        match config.select(&mut req) {
+            Ok(route) => {
+                if let Some((server, timeout)) = route.first_get_target(&req) {
+                    match batches.iter_mut().find(|b| Arc::ptr_eq(&b.server, &server)) {
+                        Some(b) => b.members.push(i),
+                        None => batches.push(Batch {
+                            server,
+                            timeout,
+                            members: vec![i],
+                        }),
+                    }
+                }
+                routes.push(Some(route));
+                parts.push(Part::Pending);
+            }
+            Err(e) => {
+                ctx.stats.no_route.count(cmd.name());
+                routes.push(None);
+                parts.push(Part::Routed(e));
+            }
+        }
+        stripped |= req.key.len() != k.len();
+        reqs.push(req);
+    }
+    let gets = cmd == Cmd::Gets;
+    let replies: Vec<Reply> = if batches.len() == 1 {
+        vec![send_batch(&batches[0], gets, &reqs).await]
+    } else {
+        join_all(batches.iter().map(|b| send_batch(b, gets, &reqs))).await
+    };
+    if let [reply] = &replies[..]
+        && batches[0].members.len() == n
+        && !stripped
+        && !reply.res.is_error()
+    {
+        // One server had every key, as asked: its VALUE blocks are the answer.
+        let mut out = BytesMut::with_capacity(reply.wire.len() + END.len());
+        out.put_slice(&reply.wire);
+        out.put_slice(END);
+        return out.freeze();
+    }
+    for (b, (batch, reply)) in batches.iter().zip(&replies).enumerate() {
+        if reply.res.is_failover_error() {
+            continue; // these keys take their full route below
+        }
+        if reply.res.is_error() {
+            for &i in &batch.members {
+                parts[i] = Part::Routed(reply.clone());
+            }
+            continue;
+        }
+        split_values(b, &reply.wire, &batch.members, &reqs, &mut parts);
+    }
+    let slow: Vec<usize> = (0..n).filter(|&i| matches!(parts[i], Part::Pending)).collect();
+    if !slow.is_empty() {
+        let outs = join_all(slow.iter().map(|&i| {
+            let route = routes[i].clone().expect("pending keys have a route");
+            let req = &reqs[i];
+            async move { route.route(req).await }
+        }))
+        .await;
+        for (i, r) in slow.into_iter().zip(outs) {
+            parts[i] = Part::Routed(r);
+        }
+    }
+    let mut out = BytesMut::new();
+    for (i, part) in parts.iter().enumerate() {
+        match part {
+            Part::Batched(b, range) => append_value(&mut out, &keys[i], &reqs[i], &replies[*b].wire[range.clone()]),
+            Part::Routed(reply) if reply.res.is_hit() => append_value(&mut out, &keys[i], &reqs[i], &reply.wire),
+            Part::Routed(reply) if reply.res.is_error() => {
+                // one key's error makes that key a miss, as mcrouter answers a multi-get
+                ctx.stats.errors.fetch_add(1, Relaxed);
+            }
+            _ => {}
+        }
+    }
+    out.put_slice(END);
+    out.freeze()
+}
+
+async fn send_batch(batch: &Batch, gets: bool, reqs: &[Request]) -> Reply {
+    let keys: Vec<&Bytes> = batch.members.iter().map(|&i| &reqs[i].key).collect();
+    batch.server.send_multi_get(gets, &keys, batch.timeout).await
+}
+
+/// Digits to a number, None unless all digits (and no overflow).
+fn parse_decimal(digits: &[u8]) -> Option<usize> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0usize, |acc, &d| {
+        d.is_ascii_digit()
+            .then_some(())
+            .and_then(|_| acc.checked_mul(10)?.checked_add(usize::from(d - b'0')))
+    })
+}
+
+/// Hand the VALUE blocks of batch `batch`'s reply to the keys that asked (in order; absent = miss).
+fn split_values(batch: usize, wire: &[u8], members: &[usize], reqs: &[Request], parts: &mut [Part]) {
     let mut pos = 0;
     let mut j = 0;
     while pos < wire.len() {
@@ -338,39 +427,39 @@ fn split_values(wire: &Bytes, idx: &[usize], reqs: &[Request], replies: &mut [Op
         else {
             break;
         };
-        let Some(len) = std::str::from_utf8(len).ok().and_then(|l| l.parse::<usize>().ok()) else {
+        let Some(len) = parse_decimal(len) else {
             break;
         };
         let end = (pos + nl + 1 + len + 2).min(wire.len());
-        while j < idx.len() && reqs[idx[j]].key[..] != key[..] {
-            replies[idx[j]] = Some(Reply::new(Res::Miss, Bytes::new()));
+        while j < members.len() && reqs[members[j]].key[..] != key[..] {
+            parts[members[j]] = Part::Miss;
             j += 1;
         }
-        if j < idx.len() {
-            replies[idx[j]] = Some(Reply::new(Res::Found, wire.slice(pos..end)));
+        if j < members.len() {
+            parts[members[j]] = Part::Batched(batch, pos..end);
             j += 1;
         }
         pos = end;
     }
-    for &i in &idx[j.min(idx.len())..] {
-        replies[i] = Some(Reply::new(Res::Miss, Bytes::new()));
+    for &i in &members[j.min(members.len())..] {
+        parts[i] = Part::Miss;
     }
 }
 
 /// Append a server's VALUE block, with the client's key if a routing prefix was stripped.
-fn append_value(out: &mut BytesMut, orig: &Bytes, req: &Request, reply: &Reply) {
-    if orig.len() == req.key.len() || !reply.wire.starts_with(b"VALUE ") {
-        out.put_slice(&reply.wire);
+fn append_value(out: &mut BytesMut, orig: &Bytes, req: &Request, block: &[u8]) {
+    if orig.len() == req.key.len() || !block.starts_with(b"VALUE ") {
+        out.put_slice(block);
         return;
     }
     let after = 6 + req.key.len();
-    if reply.wire.len() < after || reply.wire[6..after] != req.key[..] {
-        out.put_slice(&reply.wire);
+    if block.len() < after || block[6..after] != req.key[..] {
+        out.put_slice(block);
         return;
     }
     out.put_slice(b"VALUE ");
     out.put_slice(orig);
-    out.put_slice(&reply.wire[after..]);
+    out.put_slice(&block[after..]);
 }
 
 /// The bytes to send for one keyed request's reply (None: suppressed by noreply / quiet mode).

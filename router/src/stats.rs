@@ -3,6 +3,7 @@
 //! Plain atomics: no locks on the request path.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Labels of the per-operation request counter (client commands as received).
@@ -16,9 +17,34 @@ pub const LATENCY_BUCKETS: &[f64] = &[
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
 
+/// Route label of commands that no route handles (`version`, `stats`, `mn`, unroutable keys).
+pub const NO_ROUTE: &str = "none";
+
+/// Request counters of one route: a routing prefix such as `/east/a/`, `default` for a config
+/// with a single `route`, or [`NO_ROUTE`].
+pub struct RouteCounters {
+    pub label: String,
+    requests: Vec<AtomicU64>,
+}
+
+impl RouteCounters {
+    fn new(label: &str) -> RouteCounters {
+        RouteCounters {
+            label: label.to_string(),
+            requests: OPS.iter().map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    pub fn count(&self, op: &str) {
+        self.requests[op_index(op)].fetch_add(1, Relaxed);
+    }
+}
+
 pub struct Stats {
     started: Instant,
-    pub requests: Vec<AtomicU64>,
+    /// Every route's counters, kept across reloads (a label keeps its counters).
+    routes: Mutex<Vec<Arc<RouteCounters>>>,
+    pub no_route: Arc<RouteCounters>,
     pub errors: AtomicU64,
     pub client_errors: AtomicU64,
     pub tko_events: AtomicU64,
@@ -40,9 +66,11 @@ pub struct Stats {
 
 impl Default for Stats {
     fn default() -> Self {
+        let no_route = Arc::new(RouteCounters::new(NO_ROUTE));
         Stats {
             started: Instant::now(),
-            requests: OPS.iter().map(|_| AtomicU64::new(0)).collect(),
+            routes: Mutex::new(vec![no_route.clone()]),
+            no_route,
             errors: AtomicU64::new(0),
             client_errors: AtomicU64::new(0),
             tko_events: AtomicU64::new(0),
@@ -69,8 +97,30 @@ pub fn op_index(name: &str) -> usize {
 }
 
 impl Stats {
-    pub fn count_request(&self, op: &str) {
-        self.requests[op_index(op)].fetch_add(1, Relaxed);
+    /// The counters of route `label`, created on first use (config loads call this, not requests).
+    pub fn route_counters(&self, label: &str) -> Arc<RouteCounters> {
+        let mut routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = routes.iter().find(|r| r.label == label) {
+            return r.clone();
+        }
+        let r = Arc::new(RouteCounters::new(label));
+        routes.push(r.clone());
+        r
+    }
+
+    fn route_snapshot(&self) -> Vec<Arc<RouteCounters>> {
+        self.routes.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Requests per op, summed over routes.
+    fn op_totals(&self) -> Vec<u64> {
+        let mut totals = vec![0; OPS.len()];
+        for r in self.route_snapshot() {
+            for (t, c) in totals.iter_mut().zip(&r.requests) {
+                *t += c.load(Relaxed);
+            }
+        }
+        totals
     }
 
     pub fn observe_latency(&self, d: Duration) {
@@ -143,8 +193,16 @@ impl Stats {
         s += &format!("STAT version squeal-router-{}\r\n", env!("CARGO_PKG_VERSION"));
         s += &format!("STAT curr_connections {}\r\n", self.curr_connections.load(Relaxed));
         s += &format!("STAT total_connections {}\r\n", self.total_connections.load(Relaxed));
-        for (i, op) in OPS.iter().enumerate() {
-            s += &format!("STAT cmd_{op} {}\r\n", self.requests[i].load(Relaxed));
+        for (op, n) in OPS.iter().zip(self.op_totals()) {
+            s += &format!("STAT cmd_{op} {n}\r\n");
+        }
+        for r in self.route_snapshot() {
+            for (op, c) in OPS.iter().zip(&r.requests) {
+                let n = c.load(Relaxed);
+                if n > 0 {
+                    s += &format!("STAT route:{}:cmd_{op} {n}\r\n", r.label);
+                }
+            }
         }
         for (name, _, v) in self.scalars() {
             s += &format!("STAT {name} {v}\r\n");
@@ -157,12 +215,16 @@ impl Stats {
     /// Prometheus text format, every name starting `squeal_router_`.
     pub fn prometheus_text(&self, servers_tko: usize) -> String {
         let mut s = String::new();
-        s += "# HELP squeal_router_requests_total client requests by command\n# TYPE squeal_router_requests_total counter\n";
-        for (i, op) in OPS.iter().enumerate() {
-            s += &format!(
-                "squeal_router_requests_total{{op=\"{op}\"}} {}\n",
-                self.requests[i].load(Relaxed)
-            );
+        s += "# HELP squeal_router_requests_total client requests by command and route (get/gets: keys)\n";
+        s += "# TYPE squeal_router_requests_total counter\n";
+        for r in self.route_snapshot() {
+            for (op, c) in OPS.iter().zip(&r.requests) {
+                s += &format!(
+                    "squeal_router_requests_total{{op=\"{op}\",route=\"{}\"}} {}\n",
+                    r.label,
+                    c.load(Relaxed)
+                );
+            }
         }
         for (name, help, v) in self.scalars() {
             s += &format!("# HELP squeal_router_{name}_total {help}\n# TYPE squeal_router_{name}_total counter\n");

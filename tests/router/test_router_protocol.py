@@ -233,7 +233,7 @@ def test_stats_and_metrics(three, router_factory) -> None:
     assert stats[b"cmd_get"] == b"1" and stats[b"cmd_set"] == b"1"
     body = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5).read().decode()
     for name in (
-        'squeal_router_requests_total{op="get"} 1',
+        'squeal_router_requests_total{op="get",route="default"} 1',
         "squeal_router_tko_events_total",
         "squeal_router_gutter_failovers_total",
         "squeal_router_warmup_fills_total",
@@ -244,3 +244,43 @@ def test_stats_and_metrics(three, router_factory) -> None:
     ):
         assert name in body, name
     assert all(line.startswith(("squeal_router_", "#")) for line in body.splitlines() if line)
+
+
+def test_prefixed_multi_get_across_routes_and_servers(memcached_factory, router_factory) -> None:
+    """Keys of two routing prefixes and several servers in one get: values come back in the order
+    asked, with the client's (prefixed) keys, and stats count every key on its own route."""
+    east, west = [memcached_factory() for _ in range(2)], [memcached_factory() for _ in range(2)]
+    config = {
+        "pools": {"east": {"servers": [m.address for m in east]}, "west": {"servers": [m.address for m in west]}},
+        "routes": [
+            {"aliases": ["/east/a/"], "route": "PoolRoute|east"},
+            {"aliases": ["/west/b/"], "route": "PoolRoute|west"},
+        ],
+    }
+    router = router_factory(config)
+    c = Conn(router.address)
+    keys = [b"/east/a/k%d" % i for i in range(6)] + [b"/west/b/k%d" % i for i in range(6)]
+    for k in keys[::2]:  # every other key is stored; the rest miss
+        assert c.call(b"set " + k + b" 0 0 2\r\n" + k[-2:] + b"\r\n") == b"STORED"
+    assert all(int(_stat_map(m.address)[b"curr_items"]) > 0 for m in east + west), "keys should reach every server"
+    order = keys[::-1]
+    c.send(b"get " + b" ".join(order) + b"\r\n")
+    got = []
+    while (line := c.line()) != b"END":
+        assert line.startswith(b"VALUE "), line
+        got.append((line.split()[1], c.line()))
+    assert got == [(k, k[-2:]) for k in order if k in keys[::2]]
+    stats = _stat_map(router.address)
+    assert stats[b"route:/east/a/:cmd_get"] == b"6" and stats[b"route:/west/b/:cmd_get"] == b"6"
+    assert stats[b"route:/east/a/:cmd_set"] == b"3" and stats[b"route:/west/b/:cmd_set"] == b"3"
+    assert stats[b"cmd_get"] == b"12"
+
+
+def _stat_map(address: tuple[str, int]) -> dict[bytes, bytes]:
+    c = Conn(address)
+    c.send(b"stats\r\n")
+    stats = {}
+    while (line := c.line()) != b"END":
+        _, name, value = line.split(b" ", 2)
+        stats[name] = value
+    return stats
