@@ -6,17 +6,20 @@ several pipeline depths, CPU time per request of the proxy vs memcached's own (f
 /proc/PID/stat utime+stime), and the router's RSS with 10,000 idle client connections.
 Not a test: nothing here asserts on time. Run from the repository root:
 
-    .venv/bin/python bench/router_bench.py [--seconds 3] [--depths 1,8,32] [--idle 10000]
+    .venv/bin/python bench/router_bench.py [--seconds 3] [--depths 1,8,32] [--conns 2,32] [--keys 1,10]
+        [--rounds 3] [--idle 10000]
+
+The load generator is router/examples/loadgen.rs (built here with cargo), one thread by default.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import resource
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ops.harness import Memcached, Router, free_port, memcached_command, wait_until  # noqa: E402
 
 KEYS = [f"bench:key:{i}".encode() for i in range(1000)]
+ROUTER_DIR = Path(__file__).resolve().parent.parent / "router"
 VALUE = b"v" * 100
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -44,63 +48,29 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def worker(port: int, multi: int, depth: int, seconds: float, seed: int, out: mp.Queue) -> None:
-    s = socket.create_connection(("127.0.0.1", port))
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    n = len(KEYS)
-    batches = []
-    for b in range(64):
-        reqs = []
-        for r in range(depth):
-            base = (seed * 7919 + b * depth * multi + r * multi) % n
-            reqs.append(b"get " + b" ".join(KEYS[(base + j) % n] for j in range(multi)) + b"\r\n")
-        batches.append(b"".join(reqs))
-    done = 0
-    lat: list[float] = []
-    deadline = time.perf_counter() + seconds
-    i = 0
-    buf = b""
-    while True:
-        t0 = time.perf_counter()
-        if t0 >= deadline:
-            break
-        s.sendall(batches[i % 64])
-        i += 1
-        ends = 0
-        while ends < depth:
-            chunk = s.recv(1 << 20)
-            if not chunk:
-                raise ConnectionError("closed")
-            buf += chunk
-            ends += buf.count(b"END\r\n")
-            # keep a tail in case END\r\n spans two reads
-            cut = buf.rfind(b"END\r\n")
-            buf = buf[cut + 5:] if cut >= 0 else buf[-4:]
-        lat.append(time.perf_counter() - t0)
-        done += depth
-    out.put((done, lat))
+LOADGEN = ROUTER_DIR / "target" / "release" / "examples" / "loadgen"
 
 
-def run_load(port: int, multi: int, depth: int, seconds: float, procs: int) -> dict:
-    q: mp.Queue = mp.Queue()
-    ps = [mp.Process(target=worker, args=(port, multi, depth, seconds, i, q)) for i in range(procs)]
-    t0 = time.perf_counter()
-    for p in ps:
-        p.start()
-    results = [q.get() for _ in ps]
-    for p in ps:
-        p.join()
-    elapsed = time.perf_counter() - t0
-    total = sum(r[0] for r in results)
-    lat = sorted(x for r in results for x in r[1])
-    return {
-        "requests": total,
-        "rps": total / seconds,
-        "keys_per_s": total * multi / seconds,
-        "p50_ms": lat[len(lat) // 2] * 1000 if lat else 0,
-        "p99_ms": lat[int(len(lat) * 0.99)] * 1000 if lat else 0,
-        "elapsed": elapsed,
-    }
+def build_loadgen() -> None:
+    subprocess.run(["cargo", "build", "--release", "--locked", "--example", "loadgen"], cwd=ROUTER_DIR, check=True)
+
+
+def run_load(port: int, multi: int, depth: int, conns: int, seconds: float, threads: int) -> dict:
+    """One run of router/examples/loadgen.rs against `port` (same generator for every target)."""
+    out = subprocess.run(
+        [str(LOADGEN), "--port", str(port), "--conns", str(conns), "--threads", str(threads), "--depth", str(depth),
+         "--keys", str(multi), "--seconds", str(seconds), "--key-count", str(len(KEYS)), "--prefix", "bench:key:"],
+        check=True, capture_output=True, text=True).stdout
+    r = json.loads(out)
+    r["rps"] = r["requests"] / r["seconds"]
+    r["keys_per_s"] = r["rps"] * multi
+    return r
+
+
+def median_run(runs: list[dict]) -> dict:
+    """Per-field median over the rounds of one cell and target (noise on a shared 2-core box)."""
+    fields = ("rps", "p50_ms", "p99_ms", "memcached_cpu_us_per_req", "proxy_cpu_us_per_req")
+    return {f: statistics.median(r[f] for r in runs) if runs[0][f] is not None else None for f in fields}
 
 
 class Nutcracker:
@@ -149,18 +119,24 @@ def idle_connections_rss(router: Router, n: int) -> tuple[float, float, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=3.0)
-    ap.add_argument("--depths", default="1,8,32")
-    ap.add_argument("--procs", type=int, default=2, help="load generator processes (one connection each)")
-    ap.add_argument("--idle", type=int, default=10_000)
+    ap.add_argument("--seconds", type=float, default=3.0, help="length of each cell's run")
+    ap.add_argument("--depths", default="1,8,32", help="pipeline depths per connection (requests per batch)")
+    ap.add_argument("--conns", default="2,32", help="concurrent client connections (comma list)")
+    ap.add_argument("--keys", default="1,10", help="keys per get request (comma list)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="runs per cell and target, interleaved; the table shows medians")
+    ap.add_argument("--loadgen-threads", type=int, default=1, help="threads of the load generator")
+    ap.add_argument("--idle", type=int, default=10_000, help="idle connections for the RSS check (0: skip)")
     ap.add_argument("--router-threads", type=int, default=None)
-    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--json", type=Path, default=None, help="also write every cell here")
     args = ap.parse_args()
     depths = [int(d) for d in args.depths.split(",")]
+    conn_counts = [int(c) for c in args.conns.split(",")]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = args.idle + 1000
     if soft < want:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))  # children inherit it
+    build_loadgen()
 
     work = Path(tempfile.mkdtemp(prefix="router-bench-"))
     mc = Memcached(workdir=work, memory_mb=256).start()
@@ -170,6 +146,8 @@ def main() -> None:
     router = Router(cfg, workdir=work, extra_args=extra).start()
     nut = Nutcracker(mc.address, work)
     results = []
+    key_counts = [int(k) for k in args.keys.split(",")]
+    cells = [(multi, conns, depth) for multi in key_counts for conns in conn_counts for depth in depths]
     try:
         s = socket.create_connection(("127.0.0.1", mc.port))
         s.sendall(b"".join(b"set %s 0 0 %d noreply\r\n%s\r\n" % (k, len(VALUE), VALUE) for k in KEYS) + b"mn\r\n")
@@ -177,21 +155,20 @@ def main() -> None:
             pass
         targets = [("memcached", mc.port, None), ("squeal-router", router.port, router.pid),
                    ("nutcracker", nut.port, nut.proc.pid)]
-        for multi in (1, 10):
-            for depth in depths:
-                for name, port, proxy_pid in targets:
-                    mc0 = cpu_seconds(mc.pid)
-                    px0 = cpu_seconds(proxy_pid) if proxy_pid else 0.0
-                    r = run_load(port, multi, depth, args.seconds, args.procs)
-                    r["memcached_cpu_us_per_req"] = (cpu_seconds(mc.pid) - mc0) / r["requests"] * 1e6
-                    proxy_cpu = (cpu_seconds(proxy_pid) - px0) if proxy_pid else None
-                    r["proxy_cpu_us_per_req"] = proxy_cpu / r["requests"] * 1e6 if proxy_cpu is not None else None
-                    r.update(target=name, keys=multi, depth=depth)
-                    results.append(r)
-                    print(f"{name:14s} keys={multi:2d} depth={depth:3d} req/s={r['rps']:9.0f} "
-                          f"keys/s={r['keys_per_s']:9.0f} p50={r['p50_ms']:.3f}ms p99={r['p99_ms']:.3f}ms "
-                          f"mc_cpu={r['memcached_cpu_us_per_req']:.2f}us "
-                          f"proxy_cpu={r['proxy_cpu_us_per_req'] or 0:.2f}us", flush=True)
+        for multi, conns, depth in cells:
+            for name, port, proxy_pid in [t for _ in range(args.rounds) for t in targets]:
+                mc0 = cpu_seconds(mc.pid)
+                px0 = cpu_seconds(proxy_pid) if proxy_pid else 0.0
+                r = run_load(port, multi, depth, conns, args.seconds, args.loadgen_threads)
+                r["memcached_cpu_us_per_req"] = (cpu_seconds(mc.pid) - mc0) / r["requests"] * 1e6
+                proxy_cpu = (cpu_seconds(proxy_pid) - px0) if proxy_pid else None
+                r["proxy_cpu_us_per_req"] = proxy_cpu / r["requests"] * 1e6 if proxy_cpu is not None else None
+                r.update(target=name, keys=multi, depth=depth, conns=conns)
+                results.append(r)
+                print(f"{name:14s} keys={multi:2d} conns={conns:3d} depth={depth:3d} req/s={r['rps']:9.0f} "
+                      f"p50={r['p50_ms']:.3f}ms p99={r['p99_ms']:.3f}ms "
+                      f"mc_cpu={r['memcached_cpu_us_per_req']:.2f}us "
+                      f"proxy_cpu={r['proxy_cpu_us_per_req'] or 0:.2f}us", flush=True)
         before, after, n = idle_connections_rss(router, args.idle)
         print(f"squeal-router RSS: {before:.1f} MB idle, {after:.1f} MB with {n} idle client connections")
     finally:
@@ -199,17 +176,17 @@ def main() -> None:
         router.stop()
         mc.stop()
 
-    print("\n| keys/req | depth | memcached req/s | router req/s | nutcracker req/s | router/nutcracker "
-          "| p50 ms (mc / router / nut) | p99 ms (mc / router / nut) | router CPU/req ÷ memcached CPU/req |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for multi in (1, 10):
-        for depth in depths:
-            row = {r["target"]: r for r in results if r["keys"] == multi and r["depth"] == depth}
-            m, ro, nu = row["memcached"], row["squeal-router"], row["nutcracker"]
-            ratio = ro["proxy_cpu_us_per_req"] / m["memcached_cpu_us_per_req"]
-            print(f"| {multi} | {depth} | {m['rps']:.0f} | {ro['rps']:.0f} | {nu['rps']:.0f} | "
-                  f"{ro['rps'] / nu['rps']:.2f}x | {m['p50_ms']:.3f} / {ro['p50_ms']:.3f} / {nu['p50_ms']:.3f} | "
-                  f"{m['p99_ms']:.3f} / {ro['p99_ms']:.3f} / {nu['p99_ms']:.3f} | {ratio:.2f}x |")
+    print("\n| keys/req | conns | depth | memcached req/s | router req/s | nutcracker req/s | router/nutcracker "
+          "| p50 ms (mc / router / nut) | p99 ms (mc / router / nut) | CPU/req ÷ memcached's (router / nut) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for multi, conns, depth in cells:
+        m, ro, nu = (median_run([r for r in results if (r["target"], r["keys"], r["conns"], r["depth"])
+                                 == (t, multi, conns, depth)]) for t in ("memcached", "squeal-router", "nutcracker"))
+        base = m["memcached_cpu_us_per_req"]
+        print(f"| {multi} | {conns} | {depth} | {m['rps']:.0f} | {ro['rps']:.0f} | {nu['rps']:.0f} | "
+              f"{ro['rps'] / nu['rps']:.2f}x | {m['p50_ms']:.3f} / {ro['p50_ms']:.3f} / {nu['p50_ms']:.3f} | "
+              f"{m['p99_ms']:.3f} / {ro['p99_ms']:.3f} / {nu['p99_ms']:.3f} | "
+              f"{ro['proxy_cpu_us_per_req'] / base:.2f}x / {nu['proxy_cpu_us_per_req'] / base:.2f}x |")
     print(f"\nRSS with {n} idle client connections: {after:.1f} MB (before: {before:.1f} MB)")
     if args.json:
         args.json.write_text(json.dumps({"results": results, "rss_idle_mb": after, "idle": n}, indent=2))
