@@ -27,6 +27,8 @@ pub struct Builder<'c> {
     named: HashMap<String, RouteRef>,
     /// Every handle type built (for tests and the load log line).
     pub types_used: std::collections::BTreeSet<&'static str>,
+    /// Fields the router does not understand (mcrouter options it lacks, typos): logged, ignored.
+    pub warnings: Vec<String>,
 }
 
 impl<'c> Builder<'c> {
@@ -37,6 +39,7 @@ impl<'c> Builder<'c> {
             pool_cache: HashMap::new(),
             named: HashMap::new(),
             types_used: Default::default(),
+            warnings: Vec::new(),
         }
     }
 
@@ -81,6 +84,14 @@ impl<'c> Builder<'c> {
                 let h = lookup(ty).ok_or_else(|| format!("unknown route handle type `{ty}`"))?;
                 self.types_used.insert(h.name);
                 let r = (h.build)(self, obj).map_err(|e| if e.starts_with(ty) { e } else { format!("{ty}: {e}") })?;
+                for field in obj.keys() {
+                    if field != "type" && field != "name" && !h.fields.contains(&field.as_str()) {
+                        self.warnings.push(format!(
+                            "{ty}: unknown field `{field}` ignored (knows: {})",
+                            h.fields.join(", ")
+                        ));
+                    }
+                }
                 if let Some(Value::String(name)) = obj.get("name") {
                     self.named.insert(name.clone(), r.clone());
                 }
@@ -198,6 +209,8 @@ enum Root {
 pub struct RouterConfig {
     root: Root,
     pub types_used: Vec<&'static str>,
+    /// Config fields that were ignored, one line each, for the load log.
+    pub warnings: Vec<String>,
     pub pools: usize,
 }
 
@@ -325,8 +338,16 @@ pub fn load(ctx: &Arc<Context>, text: &str, default_prefix: Option<&str>) -> Res
         }
         (None, Some(_)) => return Err("`routes` must be a list".into()),
     };
+    for field in top.keys() {
+        if !["pools", "route", "routes", "named_handles"].contains(&field.as_str()) {
+            b.warnings.push(format!(
+                "top level: unknown field `{field}` ignored (knows: pools, route, routes, named_handles)"
+            ));
+        }
+    }
     Ok(RouterConfig {
         root,
+        warnings: b.warnings,
         types_used: b.types_used.into_iter().collect(),
         pools: pool_count,
     })
@@ -449,6 +470,33 @@ mod tests {
                 assert!(text.contains(line), "{line} missing from {text}");
             }
             assert!(text.contains("STAT cmd_get 5\r\n"), "{text}");
+        });
+    }
+
+    #[test]
+    fn unknown_fields_are_reported_not_fatal() {
+        run(async {
+            let c = ctx();
+            let text = r#"{"pools": {"p": {"servers": ["127.0.0.1:1"]}}, "timeouts": 5,
+                       "route": {"type": "FailoverRoute", "failover_errors": ["tko"],
+                                 "children": ["PoolRoute|p", {"type": "PoolRoute", "pool": "p", "hsah": "Ch3"}]}}"#;
+            let cfg = load(&c, text, None).unwrap();
+            let w = cfg.warnings.join("\n");
+            for want in [
+                "FailoverRoute: unknown field `failover_errors`",
+                "PoolRoute: unknown field `hsah`",
+                "`timeouts`",
+            ] {
+                assert!(w.contains(want), "{want} not in {w}");
+            }
+            assert_eq!(cfg.warnings.len(), 3, "{w}");
+            let clean = load(
+                &c,
+                r#"{"route": {"type": "ErrorRoute", "response": "x", "name": "e"}}"#,
+                None,
+            )
+            .unwrap();
+            assert!(clean.warnings.is_empty(), "{:?}", clean.warnings);
         });
     }
 

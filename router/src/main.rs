@@ -113,6 +113,18 @@ fn load(ctx: &Arc<Context>, args: &Args) -> Result<config::RouterConfig, String>
     config::load(ctx, &text, args.route_prefix.as_deref())
 }
 
+fn log_loaded(verb: &str, path: &std::path::Path, cfg: &config::RouterConfig) {
+    eprintln!(
+        "squeal-router: config {} {verb} ({} pools; handles: {})",
+        path.display(),
+        cfg.pools,
+        cfg.types_used.join(", ")
+    );
+    for w in &cfg.warnings {
+        eprintln!("squeal-router: config {}: warning: {w}", path.display());
+    }
+}
+
 /// Poll the config file every 500 ms; after a change, wait until it has been still for ~1 s.
 async fn watch_config(shared: Arc<Shared>, args: Arc<Args>) {
     let mut seen = mtime(&args.config_file);
@@ -136,12 +148,7 @@ async fn watch_config(shared: Arc<Shared>, args: Arc<Args>) {
         let ctx = shared.ctx.clone();
         match load(&ctx, &args) {
             Ok(cfg) => {
-                eprintln!(
-                    "squeal-router: config {} reloaded ({} pools; handles: {})",
-                    args.config_file.display(),
-                    cfg.pools,
-                    cfg.types_used.join(", ")
-                );
+                log_loaded("reloaded", &args.config_file, &cfg);
                 ctx.stats
                     .config_loads
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -188,12 +195,7 @@ async fn run(args: Args) -> Result<(), String> {
     };
     let ctx = Context::new(args.opts.clone(), spool);
     let cfg = load(&ctx, &args).map_err(|e| format!("config {} rejected: {e}", args.config_file.display()))?;
-    eprintln!(
-        "squeal-router: config {} loaded ({} pools; handles: {})",
-        args.config_file.display(),
-        cfg.pools,
-        cfg.types_used.join(", ")
-    );
+    log_loaded("loaded", &args.config_file, &cfg);
     ctx.stats
         .config_loads
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

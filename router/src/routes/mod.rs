@@ -48,12 +48,14 @@ pub trait Route: Send + Sync + 'static {
 /// Builds a handle from its config object (`"Type|rest"` shorthands arrive as objects, see below).
 pub type Constructor = fn(&mut Builder, &Map<String, Value>) -> Result<RouteRef, String>;
 
-/// A registry entry: config `type` name, constructor, and the field that the `rest` of a
+/// A registry entry: config `type` name, constructor, known fields, and the field that the `rest` of a
 /// `"Type|rest"` shorthand fills (e.g. `"PoolRoute|wildcard"` means `{"pool": "wildcard"}`).
 pub struct Handle {
     pub name: &'static str,
     pub build: Constructor,
     pub shorthand: Option<&'static str>,
+    /// Config fields the handle reads (besides `type` and `name`); others draw a load warning.
+    pub fields: &'static [&'static str],
 }
 
 pub const REGISTRY: &[Handle] = &[
@@ -61,76 +63,91 @@ pub const REGISTRY: &[Handle] = &[
         name: "PoolRoute",
         build: pool::build,
         shorthand: Some("pool"),
+        fields: &["pool", "hash", "hash_func", "salt"],
     },
     Handle {
         name: "HashRoute",
         build: hash::build,
         shorthand: Some("children"),
+        fields: &["children", "hash", "hash_func", "salt"],
     },
     Handle {
         name: "AllSyncRoute",
         build: all_sync::build,
         shorthand: Some("children"),
+        fields: &["children"],
     },
     Handle {
         name: "AllAsyncRoute",
         build: all_async::build,
         shorthand: Some("children"),
+        fields: &["children"],
     },
     Handle {
         name: "AllInitialRoute",
         build: all_initial::build,
         shorthand: Some("children"),
+        fields: &["children"],
     },
     Handle {
         name: "AllMajorityRoute",
         build: all_majority::build,
         shorthand: Some("children"),
+        fields: &["children"],
     },
     Handle {
         name: "FailoverRoute",
         build: failover::build,
         shorthand: Some("children"),
+        fields: &["children"],
     },
     Handle {
         name: "FailoverWithExptimeRoute",
         build: failover_with_exptime::build,
         shorthand: None,
+        fields: &["normal", "failover", "failover_exptime"],
     },
     Handle {
         name: "MissFailoverRoute",
         build: miss_failover::build,
         shorthand: Some("children"),
+        fields: &["children"],
     },
     Handle {
         name: "WarmUpRoute",
         build: warm_up::build,
         shorthand: None,
+        fields: &["cold", "warm", "exptime"],
     },
     Handle {
         name: "OperationSelectorRoute",
         build: operation_selector::build,
         shorthand: None,
+        fields: &["default_policy", "operation_policies"],
     },
     Handle {
         name: "PrefixSelectorRoute",
         build: prefix_selector::build,
         shorthand: None,
+        fields: &["policies", "wildcard"],
     },
     Handle {
         name: "ModifyExptimeRoute",
         build: modify_exptime::build,
         shorthand: None,
+        fields: &["action", "exptime", "target"],
     },
     Handle {
         name: "NullRoute",
         build: null::build,
         shorthand: None,
+        fields: &[],
     },
     Handle {
         name: "ErrorRoute",
         build: error::build,
         shorthand: Some("response"),
+        fields: &["response"],
     },
 ];
 
