@@ -88,24 +88,36 @@ fn batches(a: &Args, seed: usize) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// A failed connection makes the whole run meaningless: say which and stop.
+fn die(port: u16, what: &str, e: impl std::fmt::Display) -> ! {
+    eprintln!("loadgen: 127.0.0.1:{port}: {what}: {e}");
+    std::process::exit(1)
+}
+
 /// One connection's loop: returns (requests answered, batch latencies in microseconds).
 async fn connection(port: u16, batches: Vec<Vec<u8>>, depth: usize, deadline: Instant) -> (u64, Vec<u32>) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
-    s.set_nodelay(true).expect("nodelay");
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap_or_else(|e| die(port, "cannot connect", e));
+    s.set_nodelay(true).unwrap_or_else(|e| die(port, "set TCP_NODELAY", e));
     let mut buf = vec![0u8; 256 * 1024];
     let mut lat = Vec::new();
     let mut done = 0u64;
     let mut i = 0;
     while Instant::now() < deadline {
         let t0 = Instant::now();
-        s.write_all(&batches[i % batches.len()]).await.expect("write");
+        s.write_all(&batches[i % batches.len()])
+            .await
+            .unwrap_or_else(|e| die(port, "write failed", e));
         i += 1;
         // Count END lines; `carry` keeps a tail so an END split across reads is still seen.
         let mut ends = 0;
         let mut carry: Vec<u8> = Vec::new();
         while ends < depth {
-            let n = s.read(&mut buf).await.expect("read");
-            assert!(n > 0, "server closed the connection");
+            let n = s.read(&mut buf).await.unwrap_or_else(|e| die(port, "read failed", e));
+            if n == 0 {
+                die(port, "read failed", "the server closed the connection")
+            }
             carry.extend_from_slice(&buf[..n]);
             ends += carry.windows(5).filter(|w| w == b"END\r\n").count();
             let keep = carry.len().min(4);
