@@ -213,6 +213,7 @@ impl Conn {
 
     fn keyed(&mut self, ctx: Arc<Context>, mut req: Request) {
         let start = Instant::now();
+        let asked = req.key.clone();
         let route = match self.config.select(&mut req) {
             Ok(r) => r,
             Err(reply) => {
@@ -226,7 +227,11 @@ impl Conn {
             async move {
                 let reply = route.route(&req).await;
                 ctx.stats.observe_latency(start.elapsed());
-                finish(&ctx, &req, reply)
+                let wire = finish(&ctx, &req, reply)?;
+                if asked.len() != req.key.len() && req.cmd.is_meta() {
+                    return Some(restore_meta_key(&wire, &req.key, &asked));
+                }
+                Some(wire)
             }
             .boxed(),
         );
@@ -462,6 +467,29 @@ fn append_value(out: &mut BytesMut, orig: &Bytes, req: &Request, block: &[u8]) {
     out.put_slice(&block[after..]);
 }
 
+/// A meta reply's `k` flag echoes the key the server saw; give the client back the key it sent
+/// (with its routing prefix), as VALUE lines of classic gets do.
+fn restore_meta_key(wire: &Bytes, stripped: &[u8], asked: &[u8]) -> Bytes {
+    let line_end = wire
+        .iter()
+        .position(|&b| b == b'\r' || b == b'\n')
+        .unwrap_or(wire.len());
+    let mut out = BytesMut::with_capacity(wire.len() + asked.len());
+    for (i, token) in wire[..line_end].split(|&b| b == b' ').enumerate() {
+        if i > 0 {
+            out.put_u8(b' ');
+        }
+        if i > 0 && token.first() == Some(&b'k') && &token[1..] == stripped {
+            out.put_u8(b'k');
+            out.put_slice(asked);
+        } else {
+            out.put_slice(token);
+        }
+    }
+    out.put_slice(&wire[line_end..]);
+    out.freeze()
+}
+
 /// The bytes to send for one keyed request's reply (None: suppressed by noreply / quiet mode).
 fn finish(ctx: &Context, req: &Request, mut reply: Reply) -> Option<Bytes> {
     if reply.res.is_error() {
@@ -477,4 +505,39 @@ fn finish(ctx: &Context, req: &Request, mut reply: Reply) -> Option<Bytes> {
         }
     }
     if req.suppress(&reply) { None } else { Some(reply.wire) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meta_k_flag_gets_the_routing_prefix_back() {
+        let wire = Bytes::from_static(b"VA 2 kuser:1 O7 f0\r\nhi\r\n");
+        let got = restore_meta_key(&wire, b"user:1", b"/east/a/user:1");
+        assert_eq!(&got[..], b"VA 2 k/east/a/user:1 O7 f0\r\nhi\r\n");
+        // a k token for another key, or no k token, is left alone
+        let other = Bytes::from_static(b"HD kuser:10\r\n");
+        assert_eq!(&restore_meta_key(&other, b"user:1", b"/e/a/user:1")[..], &other[..]);
+        let none = Bytes::from_static(b"EN\r\n");
+        assert_eq!(&restore_meta_key(&none, b"user:1", b"/e/a/user:1")[..], &none[..]);
+    }
+
+    #[test]
+    fn batched_values_split_by_key_in_order() {
+        let reqs: Vec<Request> = ["a", "b", "c"]
+            .iter()
+            .map(|k| Request::simple(Cmd::Get, Bytes::from_static(k.as_bytes())))
+            .collect();
+        let wire = b"VALUE a 0 1\r\nx\r\nVALUE c 5 2\r\nyz\r\n";
+        let mut parts: Vec<Part> = (0..3).map(|_| Part::Pending).collect();
+        split_values(0, wire, &[0, 1, 2], &reqs, &mut parts);
+        assert!(matches!(&parts[0], Part::Batched(0, r) if &wire[r.clone()] == b"VALUE a 0 1\r\nx\r\n"));
+        assert!(matches!(parts[1], Part::Miss));
+        assert!(matches!(&parts[2], Part::Batched(0, r) if &wire[r.clone()] == b"VALUE c 5 2\r\nyz\r\n"));
+        assert_eq!(parse_decimal(b"123"), Some(123));
+        assert_eq!(parse_decimal(b"12x"), None);
+        assert_eq!(parse_decimal(b""), None);
+        assert_eq!(parse_decimal(b"99999999999999999999999"), None);
+    }
 }

@@ -270,6 +270,10 @@ def test_prefixed_multi_get_across_routes_and_servers(memcached_factory, router_
         assert line.startswith(b"VALUE "), line
         got.append((line.split()[1], c.line()))
     assert got == [(k, k[-2:]) for k in order if k in keys[::2]]
+    # meta replies echo the client's key, prefix included, as VALUE lines do
+    assert c.call(b"mg /east/a/k0 v k O9\r\n") == b"VA 2 k/east/a/k0 O9\r\nk0\r\n"
+    assert c.call(b"md /west/b/k0 k q\r\nmn\r\n") == b"MN"
+    assert c.call(b"md /west/b/k0 k\r\n") == b"NF k/west/b/k0"
     stats = _stat_map(router.address)
     assert stats[b"route:/east/a/:cmd_get"] == b"6" and stats[b"route:/west/b/:cmd_get"] == b"6"
     assert stats[b"route:/east/a/:cmd_set"] == b"3" and stats[b"route:/west/b/:cmd_set"] == b"3"
