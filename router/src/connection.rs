@@ -28,6 +28,8 @@ const MAX_IN_FLIGHT: usize = 4096;
 const READ_CHUNK: usize = 16 * 1024;
 
 type ReplyFuture = BoxFuture<'static, Option<Bytes>>;
+/// Client bytes for one routed request: (context, key as the client sent it, request, reply).
+type AnswerFn = fn(&Context, &Bytes, &Request, Reply) -> Option<Bytes>;
 
 struct Conn {
     shared: Arc<Shared>,
@@ -211,7 +213,12 @@ impl Conn {
         }
     }
 
-    fn keyed(&mut self, ctx: Arc<Context>, mut req: Request) {
+    fn keyed(&mut self, ctx: Arc<Context>, req: Request) {
+        self.route_one(ctx, req, keyed_reply);
+    }
+
+    /// Route one single-key request; `answer` turns its reply into the bytes for the client.
+    fn route_one(&mut self, ctx: Arc<Context>, mut req: Request, answer: AnswerFn) {
         let start = Instant::now();
         let asked = req.key.clone();
         let route = match self.config.select(&mut req) {
@@ -227,42 +234,23 @@ impl Conn {
             async move {
                 let reply = route.route(&req).await;
                 ctx.stats.observe_latency(start.elapsed());
-                let wire = finish(&ctx, &req, reply)?;
-                if asked.len() != req.key.len() && req.cmd.is_meta() {
-                    return Some(restore_meta_key(&wire, &req.key, &asked));
-                }
-                Some(wire)
+                answer(&ctx, &asked, &req, reply)
             }
             .boxed(),
         );
     }
 
     fn multi_get(&mut self, ctx: Arc<Context>, gets: bool, mut keys: Vec<Bytes>) {
-        let start = Instant::now();
         let cmd = if gets { Cmd::Gets } else { Cmd::Get };
         if keys.len() == 1 {
             // The common case gets no batching machinery: route the one key like any keyed request.
-            let key = keys.pop().expect("one key");
-            let mut req = Request::simple(cmd, key.clone());
-            let route = match self.config.select(&mut req) {
-                Ok(r) => r,
-                Err(reply) => {
-                    ctx.stats.no_route.count(cmd.name());
-                    ctx.stats.errors.fetch_add(1, Relaxed);
-                    self.push_ready(reply.wire);
-                    return;
-                }
-            };
-            self.in_flight.push_back(
-                async move {
-                    let reply = route.route(&req).await;
-                    ctx.stats.observe_latency(start.elapsed());
-                    Some(single_get_reply(&ctx, &key, &req, reply))
-                }
-                .boxed(),
-            );
+            let req = Request::simple(cmd, keys.pop().expect("one key"));
+            self.route_one(ctx, req, |ctx, asked, req, reply| {
+                Some(single_get_reply(ctx, asked, req, reply))
+            });
             return;
         }
+        let start = Instant::now();
         let config = self.config.clone();
         self.in_flight.push_back(
             async move {
@@ -465,6 +453,15 @@ fn append_value(out: &mut BytesMut, orig: &Bytes, req: &Request, block: &[u8]) {
     out.put_slice(b"VALUE ");
     out.put_slice(orig);
     out.put_slice(&block[after..]);
+}
+
+/// A keyed request's answer: `finish`, with the client's key put back into meta `k` flags.
+fn keyed_reply(ctx: &Context, asked: &Bytes, req: &Request, reply: Reply) -> Option<Bytes> {
+    let wire = finish(ctx, req, reply)?;
+    if asked.len() != req.key.len() && req.cmd.is_meta() {
+        return Some(restore_meta_key(&wire, &req.key, asked));
+    }
+    Some(wire)
 }
 
 /// A meta reply's `k` flag echoes the key the server saw; give the client back the key it sent
