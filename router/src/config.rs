@@ -208,6 +208,8 @@ enum Root {
 /// A loaded config: the route tree plus routing-prefix selection.
 pub struct RouterConfig {
     root: Root,
+    /// Where requests that match no route are counted (the stats' `none` route).
+    unroutable: Arc<RouteCounters>,
     pub types_used: Vec<&'static str>,
     /// Config fields that were ignored, one line each, for the load log.
     pub warnings: Vec<String>,
@@ -226,11 +228,18 @@ fn routing_prefix(key: &[u8]) -> Option<usize> {
 
 impl RouterConfig {
     /// Choose the tree for `req`, stripping a matched routing prefix from its key, and count the
-    /// request on the chosen route.
+    /// request on the chosen route (or as unroutable).
     pub fn select(&self, req: &mut Request) -> Result<RouteRef, Reply> {
-        let (route, counters) = self.choose(req)?;
-        counters.count(req.cmd.name());
-        Ok(route.clone())
+        match self.choose(req) {
+            Ok((route, counters)) => {
+                counters.count(req.cmd.name());
+                Ok(route.clone())
+            }
+            Err(reply) => {
+                self.unroutable.count(req.cmd.name());
+                Err(reply)
+            }
+        }
     }
 
     fn choose(&self, req: &mut Request) -> Result<&Labeled, Reply> {
@@ -347,6 +356,7 @@ pub fn load(ctx: &Arc<Context>, text: &str, default_prefix: Option<&str>) -> Res
     }
     Ok(RouterConfig {
         root,
+        unroutable: ctx.stats.no_route.clone(),
         warnings: b.warnings,
         types_used: b.types_used.into_iter().collect(),
         pools: pool_count,
@@ -459,6 +469,7 @@ mod tests {
                 cfg.select(&mut req(Cmd::Get, key)).ok().unwrap();
             }
             cfg.select(&mut req(Cmd::Delete, "/west/b/k")).ok().unwrap();
+            assert!(cfg.select(&mut req(Cmd::Get, "/north/x/k")).is_err()); // counted as route `none`
             let again = load(&c, text, None).unwrap(); // a reload keeps the counts
             again.select(&mut req(Cmd::Get, "/west/b/k")).ok().unwrap();
             let text = c.stats.memcached_text(0);
@@ -466,10 +477,11 @@ mod tests {
                 "route:/west/b/:cmd_get 3",
                 "route:/west/b/:cmd_delete 1",
                 "route:/east/a/:cmd_get 2",
+                "route:none:cmd_get 1",
             ] {
                 assert!(text.contains(line), "{line} missing from {text}");
             }
-            assert!(text.contains("STAT cmd_get 5\r\n"), "{text}");
+            assert!(text.contains("STAT cmd_get 6\r\n"), "{text}");
         });
     }
 

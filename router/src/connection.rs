@@ -224,7 +224,6 @@ impl Conn {
         let route = match self.config.select(&mut req) {
             Ok(r) => r,
             Err(reply) => {
-                ctx.stats.no_route.count(req.cmd.name());
                 ctx.stats.errors.fetch_add(1, Relaxed);
                 self.push_ready(reply.wire);
                 return;
@@ -324,7 +323,6 @@ async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: Cmd, keys: V
                 parts.push(Part::Pending);
             }
             Err(e) => {
-                ctx.stats.no_route.count(cmd.name());
                 routes.push(None);
                 parts.push(Part::Routed(e));
             }
