@@ -7,7 +7,11 @@ several pipeline depths, CPU time per request of the proxy vs memcached's own (f
 Not a test: nothing here asserts on time. Run from the repository root:
 
     .venv/bin/python bench/router_bench.py [--seconds 3] [--depths 1,8,32] [--conns 2,32] [--keys 1,10]
-        [--rounds 3] [--idle 10000]
+        [--rounds 3] [--idle 10000] [--no-pin]
+
+By default memcached runs on CPU 0 and the generator and proxy share CPU 1, the way a router sits on
+the web host next to its clients and memcached on a machine of its own; unpinned runs on this 2-core
+VM swing by +-30% as the scheduler moves three busy processes between two cores.
 
 The load generator is router/examples/loadgen.rs (built here with cargo), one thread by default.
 """
@@ -55,11 +59,20 @@ def build_loadgen() -> None:
     subprocess.run(["cargo", "build", "--release", "--locked", "--example", "loadgen"], cwd=ROUTER_DIR, check=True)
 
 
-def run_load(port: int, multi: int, depth: int, conns: int, seconds: float, threads: int) -> dict:
+def pin(pid: int, cpu: int) -> None:
+    """Pin every thread of `pid` to one CPU (threads a process starts later inherit it)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(tid), {cpu})
+
+
+def run_load(port: int, multi: int, depth: int, conns: int, seconds: float, threads: int,
+             cpu: int | None = None) -> dict:
     """One run of router/examples/loadgen.rs against `port` (same generator for every target)."""
+    taskset = ["taskset", "-c", str(cpu)] if cpu is not None else []
     out = subprocess.run(
-        [str(LOADGEN), "--port", str(port), "--conns", str(conns), "--threads", str(threads), "--depth", str(depth),
-         "--keys", str(multi), "--seconds", str(seconds), "--key-count", str(len(KEYS)), "--prefix", "bench:key:"],
+        [*taskset, str(LOADGEN), "--port", str(port), "--conns", str(conns), "--threads", str(threads),
+         "--depth", str(depth), "--keys", str(multi), "--seconds", str(seconds),
+         "--key-count", str(len(KEYS)), "--prefix", "bench:key:"],
         check=True, capture_output=True, text=True).stdout
     r = json.loads(out)
     r["rps"] = r["requests"] / r["seconds"]
@@ -129,7 +142,12 @@ def main() -> None:
     ap.add_argument("--idle", type=int, default=10_000, help="idle connections for the RSS check (0: skip)")
     ap.add_argument("--router-threads", type=int, default=None)
     ap.add_argument("--json", type=Path, default=None, help="also write every cell here")
+    ap.add_argument("--no-pin", dest="pin", action="store_false",
+                    help="let the scheduler place everything (default: memcached on CPU 0; generator and proxy "
+                         "on CPU 1, as a router runs on the web host and memcached on its own machine)")
     args = ap.parse_args()
+    if args.pin and len(os.sched_getaffinity(0)) < 2:
+        sys.exit("router_bench: pinning needs 2 CPUs; run with --no-pin")
     depths = [int(d) for d in args.depths.split(",")]
     conn_counts = [int(c) for c in args.conns.split(",")]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -155,11 +173,17 @@ def main() -> None:
             pass
         targets = [("memcached", mc.port, None), ("squeal-router", router.port, router.pid),
                    ("nutcracker", nut.port, nut.proc.pid)]
+        client_cpu = None
+        if args.pin:
+            server_cpu, client_cpu = sorted(os.sched_getaffinity(0))[:2]
+            pin(mc.pid, server_cpu)
         for multi, conns, depth in cells:
             for name, port, proxy_pid in [t for _ in range(args.rounds) for t in targets]:
                 mc0 = cpu_seconds(mc.pid)
                 px0 = cpu_seconds(proxy_pid) if proxy_pid else 0.0
-                r = run_load(port, multi, depth, conns, args.seconds, args.loadgen_threads)
+                if proxy_pid and client_cpu is not None:
+                    pin(proxy_pid, client_cpu)
+                r = run_load(port, multi, depth, conns, args.seconds, args.loadgen_threads, client_cpu)
                 r["memcached_cpu_us_per_req"] = (cpu_seconds(mc.pid) - mc0) / r["requests"] * 1e6
                 proxy_cpu = (cpu_seconds(proxy_pid) - px0) if proxy_pid else None
                 r["proxy_cpu_us_per_req"] = proxy_cpu / r["requests"] * 1e6 if proxy_cpu is not None else None
