@@ -91,10 +91,12 @@ impl Conn {
                     if let Some(b) = out {
                         self.wbuf.extend_from_slice(&b);
                     }
-                    while let Some(Some(out)) = self.in_flight.next().now_or_never() {
-                        if let Some(b) = out {
-                            self.wbuf.extend_from_slice(&b);
-                        }
+                    self.drain_ready();
+                    if !self.in_flight.is_empty() {
+                        // More replies are due: let the runtime read what the servers have sent
+                        // meanwhile, so they leave in this write rather than in a write each.
+                        tokio::task::yield_now().await;
+                        self.drain_ready();
                     }
                     if !self.wbuf.is_empty() {
                         write_all(stream, &self.wbuf).await?;
@@ -126,6 +128,15 @@ impl Conn {
                         rbuf = BytesMut::new();
                     }
                 }
+            }
+        }
+    }
+
+    /// Move the replies that are ready, in order, into the write buffer.
+    fn drain_ready(&mut self) {
+        while let Some(Some(out)) = self.in_flight.next().now_or_never() {
+            if let Some(b) = out {
+                self.wbuf.extend_from_slice(&b);
             }
         }
     }
