@@ -27,9 +27,26 @@ use std::time::Duration;
 const MAX_IN_FLIGHT: usize = 4096;
 const READ_CHUNK: usize = 16 * 1024;
 
-type ReplyFuture = BoxFuture<'static, Option<Bytes>>;
-/// Client bytes for one routed request: (context, key as the client sent it, request, reply).
-type AnswerFn = fn(&Context, &Bytes, &Request, Reply) -> Option<Bytes>;
+type ReplyFuture = BoxFuture<'static, Done>;
+/// Writes the client's bytes for one routed request: (context, key as the client sent it,
+/// request, reply, write buffer).
+type AnswerFn = fn(&Context, &Bytes, &Request, Reply, &mut BytesMut);
+
+/// A request whose turn to be answered has come.
+enum Done {
+    /// Bytes to send as they are (None: nothing, e.g. noreply).
+    Bytes(Option<Bytes>),
+    /// A routed single-key request; `answer` writes its reply straight into the write buffer.
+    Routed {
+        answer: AnswerFn,
+        asked: Bytes,
+        req: Request,
+        reply: Reply,
+        start: Instant,
+    },
+    /// A multi-key get's merged answer.
+    Merged { bytes: Bytes, start: Instant },
+}
 
 struct Conn {
     shared: Arc<Shared>,
@@ -87,10 +104,9 @@ impl Conn {
             }
             let can_read = !self.closing && self.in_flight.len() < MAX_IN_FLIGHT;
             tokio::select! {
-                Some(out) = self.in_flight.next(), if !self.in_flight.is_empty() => {
-                    if let Some(b) = out {
-                        self.wbuf.extend_from_slice(&b);
-                    }
+                Some(done) = self.in_flight.next(), if !self.in_flight.is_empty() => {
+                    let mut now = None;
+                    self.emit(done, &mut now);
                     self.drain_ready();
                     if !self.in_flight.is_empty() {
                         // More replies are due: let the runtime read what the servers have sent
@@ -117,7 +133,7 @@ impl Conn {
                         None => continue,
                     }
                     let data = rbuf.split().freeze();
-                    let used = self.process(&data);
+                    let used = self.process(&data, Instant::now());
                     if used < data.len() {
                         rbuf.extend_from_slice(&data[used..]);
                     } else if rbuf.capacity() > 4 * READ_CHUNK {
@@ -134,11 +150,40 @@ impl Conn {
 
     /// Move the replies that are ready, in order, into the write buffer.
     fn drain_ready(&mut self) {
-        while let Some(Some(out)) = self.in_flight.next().now_or_never() {
-            if let Some(b) = out {
-                self.wbuf.extend_from_slice(&b);
-            }
+        let mut now = None;
+        while let Some(Some(done)) = self.in_flight.next().now_or_never() {
+            self.emit(done, &mut now);
         }
+    }
+
+    /// Write one finished request's answer and record its latency. Answers finished together
+    /// share one clock reading (`now`, read on first use).
+    fn emit(&mut self, done: Done, now: &mut Option<Instant>) {
+        let ctx = &self.shared.ctx;
+        let start = match done {
+            Done::Bytes(b) => {
+                if let Some(b) = b {
+                    self.wbuf.extend_from_slice(&b);
+                }
+                return;
+            }
+            Done::Routed {
+                answer,
+                asked,
+                req,
+                reply,
+                start,
+            } => {
+                answer(ctx, &asked, &req, reply, &mut self.wbuf);
+                start
+            }
+            Done::Merged { bytes, start } => {
+                self.wbuf.extend_from_slice(&bytes);
+                start
+            }
+        };
+        let now = *now.get_or_insert_with(Instant::now);
+        ctx.stats.observe_latency(now.saturating_duration_since(start));
     }
 
     /// Queue a reply that is ready now, behind anything still in flight.
@@ -147,12 +192,12 @@ impl Conn {
             self.wbuf.extend_from_slice(&bytes);
         } else {
             self.in_flight
-                .push_back(futures_util::future::ready(Some(bytes)).boxed());
+                .push_back(futures_util::future::ready(Done::Bytes(Some(bytes))).boxed());
         }
     }
 
-    /// Handle every complete command in `data`; returns the bytes used.
-    fn process(&mut self, data: &Bytes) -> usize {
+    /// Handle every complete command in `data` (read at `start`); returns the bytes used.
+    fn process(&mut self, data: &Bytes, start: Instant) -> usize {
         let current = self.shared.generation();
         if current != self.generation {
             let (g, c) = self.shared.config();
@@ -182,18 +227,18 @@ impl Conn {
                 }
                 ParseOutcome::Done(cmd, used) => {
                     pos += used;
-                    self.command(cmd);
+                    self.command(cmd, start);
                 }
             }
         }
         pos
     }
 
-    fn command(&mut self, cmd: Command) {
+    fn command(&mut self, cmd: Command, start: Instant) {
         let ctx = self.shared.ctx.clone();
         match cmd {
-            Command::Keyed(req) => self.keyed(ctx, req),
-            Command::MultiGet { gets, keys } => self.multi_get(ctx, gets, keys),
+            Command::Keyed(req) => self.route_one(ctx, req, start, keyed_reply),
+            Command::MultiGet { gets, keys } => self.multi_get(ctx, gets, keys, start),
             Command::MetaNoop => {
                 ctx.stats.no_route.count("mn");
                 self.push_ready(Bytes::from_static(b"MN\r\n"));
@@ -224,13 +269,8 @@ impl Conn {
         }
     }
 
-    fn keyed(&mut self, ctx: Arc<Context>, req: Request) {
-        self.route_one(ctx, req, keyed_reply);
-    }
-
     /// Route one single-key request; `answer` turns its reply into the bytes for the client.
-    fn route_one(&mut self, ctx: Arc<Context>, mut req: Request, answer: AnswerFn) {
-        let start = Instant::now();
+    fn route_one(&mut self, ctx: Arc<Context>, mut req: Request, start: Instant, answer: AnswerFn) {
         let asked = req.key.clone();
         let route = match self.config.select(&mut req) {
             Ok(r) => r,
@@ -243,30 +283,31 @@ impl Conn {
         self.in_flight.push_back(
             async move {
                 let reply = route.route(&req).await;
-                ctx.stats.observe_latency(start.elapsed());
-                answer(&ctx, &asked, &req, reply)
+                Done::Routed {
+                    answer,
+                    asked,
+                    req,
+                    reply,
+                    start,
+                }
             }
             .boxed(),
         );
     }
 
-    fn multi_get(&mut self, ctx: Arc<Context>, gets: bool, mut keys: Vec<Bytes>) {
+    fn multi_get(&mut self, ctx: Arc<Context>, gets: bool, mut keys: Vec<Bytes>, start: Instant) {
         let cmd = if gets { Cmd::Gets } else { Cmd::Get };
         if keys.len() == 1 {
             // The common case gets no batching machinery: route the one key like any keyed request.
             let req = Request::simple(cmd, keys.pop().expect("one key"));
-            self.route_one(ctx, req, |ctx, asked, req, reply| {
-                Some(single_get_reply(ctx, asked, req, reply))
-            });
+            self.route_one(ctx, req, start, single_get_reply);
             return;
         }
-        let start = Instant::now();
         let config = self.config.clone();
         self.in_flight.push_back(
             async move {
-                let out = multi_get_reply(&ctx, &config, cmd, keys).await;
-                ctx.stats.observe_latency(start.elapsed());
-                Some(out)
+                let bytes = multi_get_reply(&ctx, &config, cmd, keys).await;
+                Done::Merged { bytes, start }
             }
             .boxed(),
         );
@@ -276,17 +317,15 @@ impl Conn {
 const END: &[u8] = b"END\r\n";
 
 /// A one-key `get`: the VALUE block (with the client's key) and END, or END, or the error line.
-fn single_get_reply(ctx: &Context, orig: &Bytes, req: &Request, reply: Reply) -> Bytes {
+fn single_get_reply(ctx: &Context, orig: &Bytes, req: &Request, reply: Reply, out: &mut BytesMut) {
     if reply.res.is_hit() {
-        let mut out = BytesMut::with_capacity(reply.wire.len() + orig.len() + END.len());
-        append_value(&mut out, orig, req, &reply.wire);
+        append_value(out, orig, req, &reply.wire);
         out.put_slice(END);
-        out.freeze()
     } else if reply.res.is_error() {
         ctx.stats.errors.fetch_add(1, Relaxed);
-        reply.wire
+        out.put_slice(&reply.wire);
     } else {
-        Bytes::from_static(END)
+        out.put_slice(END);
     }
 }
 
@@ -465,22 +504,24 @@ fn append_value(out: &mut BytesMut, orig: &Bytes, req: &Request, block: &[u8]) {
 }
 
 /// A keyed request's answer: `finish`, with the client's key put back into meta `k` flags.
-fn keyed_reply(ctx: &Context, asked: &Bytes, req: &Request, reply: Reply) -> Option<Bytes> {
-    let wire = finish(ctx, req, reply)?;
+fn keyed_reply(ctx: &Context, asked: &Bytes, req: &Request, reply: Reply, out: &mut BytesMut) {
+    let Some(wire) = finish(ctx, req, reply) else {
+        return;
+    };
     if asked.len() != req.key.len() && req.cmd.is_meta() {
-        return Some(restore_meta_key(&wire, &req.key, asked));
+        restore_meta_key(&wire, &req.key, asked, out);
+    } else {
+        out.put_slice(&wire);
     }
-    Some(wire)
 }
 
 /// A meta reply's `k` flag echoes the key the server saw; give the client back the key it sent
 /// (with its routing prefix), as VALUE lines of classic gets do.
-fn restore_meta_key(wire: &Bytes, stripped: &[u8], asked: &[u8]) -> Bytes {
+fn restore_meta_key(wire: &[u8], stripped: &[u8], asked: &[u8], out: &mut BytesMut) {
     let line_end = wire
         .iter()
         .position(|&b| b == b'\r' || b == b'\n')
         .unwrap_or(wire.len());
-    let mut out = BytesMut::with_capacity(wire.len() + asked.len());
     for (i, token) in wire[..line_end].split(|&b| b == b' ').enumerate() {
         if i > 0 {
             out.put_u8(b' ');
@@ -493,7 +534,6 @@ fn restore_meta_key(wire: &Bytes, stripped: &[u8], asked: &[u8]) -> Bytes {
         }
     }
     out.put_slice(&wire[line_end..]);
-    out.freeze()
 }
 
 /// The bytes to send for one keyed request's reply (None: suppressed by noreply / quiet mode).
@@ -519,14 +559,18 @@ mod tests {
 
     #[test]
     fn meta_k_flag_gets_the_routing_prefix_back() {
-        let wire = Bytes::from_static(b"VA 2 kuser:1 O7 f0\r\nhi\r\n");
-        let got = restore_meta_key(&wire, b"user:1", b"/east/a/user:1");
+        let restored = |wire: &[u8], stripped: &[u8], asked: &[u8]| {
+            let mut out = BytesMut::new();
+            restore_meta_key(wire, stripped, asked, &mut out);
+            out
+        };
+        let got = restored(b"VA 2 kuser:1 O7 f0\r\nhi\r\n", b"user:1", b"/east/a/user:1");
         assert_eq!(&got[..], b"VA 2 k/east/a/user:1 O7 f0\r\nhi\r\n");
         // a k token for another key, or no k token, is left alone
-        let other = Bytes::from_static(b"HD kuser:10\r\n");
-        assert_eq!(&restore_meta_key(&other, b"user:1", b"/e/a/user:1")[..], &other[..]);
-        let none = Bytes::from_static(b"EN\r\n");
-        assert_eq!(&restore_meta_key(&none, b"user:1", b"/e/a/user:1")[..], &none[..]);
+        let other = b"HD kuser:10\r\n";
+        assert_eq!(&restored(other, b"user:1", b"/e/a/user:1")[..], &other[..]);
+        let none = b"EN\r\n";
+        assert_eq!(&restored(none, b"user:1", b"/e/a/user:1")[..], &none[..]);
     }
 
     #[test]
