@@ -232,11 +232,11 @@ impl RouterConfig {
     pub fn select(&self, req: &mut Request) -> Result<RouteRef, Reply> {
         match self.choose(req) {
             Ok((route, counters)) => {
-                counters.count(req.cmd.name());
+                counters.count_cmd(req.cmd);
                 Ok(route.clone())
             }
             Err(reply) => {
-                self.unroutable.count(req.cmd.name());
+                self.unroutable.count_cmd(req.cmd);
                 Err(reply)
             }
         }

@@ -6,7 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Labels of the per-operation request counter (client commands as received).
+use crate::protocol::Cmd;
+
+/// Labels of the per-operation request counter (client commands as received). The keyed
+/// commands come first, in the order of [`Cmd`], so a `Cmd` is its own index.
 pub const OPS: &[&str] = &[
     "get", "gets", "set", "add", "replace", "append", "prepend", "cas", "delete", "incr", "decr", "touch", "mg", "ms",
     "md", "ma", "me", "mn", "version", "stats", "other",
@@ -35,8 +38,14 @@ impl RouteCounters {
         }
     }
 
+    /// Count one request of a command that is not routed by key (`mn`, `version`, ...).
     pub fn count(&self, op: &str) {
         self.requests[op_index(op)].fetch_add(1, Relaxed);
+    }
+
+    /// Count one keyed request (the request path: no name lookup).
+    pub fn count_cmd(&self, cmd: Cmd) {
+        self.requests[cmd as usize].fetch_add(1, Relaxed);
     }
 }
 
@@ -252,5 +261,26 @@ impl Stats {
             self.latency_count.load(Relaxed)
         );
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_keyed_command_indexes_its_own_op_label() {
+        use Cmd::*;
+        let all = [
+            Get, Gets, Set, Add, Replace, Append, Prepend, Cas, Delete, Incr, Decr, Touch, MetaGet, MetaSet,
+            MetaDelete, MetaArith, MetaDebug,
+        ];
+        for cmd in all {
+            assert_eq!(OPS[cmd as usize], cmd.name());
+        }
+        let c = RouteCounters::new("r");
+        c.count_cmd(Delete);
+        c.count("delete");
+        assert_eq!(c.requests[op_index("delete")].load(Relaxed), 2);
     }
 }
