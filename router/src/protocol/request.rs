@@ -451,10 +451,10 @@ pub fn parse(buf: &Bytes) -> ParseOutcome {
             if !tokens[1..].iter().all(|k| valid_key(k)) {
                 return err(BAD_FORMAT);
             }
-            done(Command::MultiGet {
-                gets: &name[..] == b"gets",
-                keys: tokens[1..].to_vec(),
-            })
+            let gets = &name[..] == b"gets";
+            let mut keys = tokens;
+            keys.remove(0); // the keys reuse the token list
+            done(Command::MultiGet { gets, keys })
         }
         b"set" | b"add" | b"replace" | b"append" | b"prepend" | b"cas" => parse_storage(buf, &tokens, line_len),
         b"delete" => {
