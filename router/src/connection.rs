@@ -16,6 +16,7 @@ use futures_util::stream::{FuturesOrdered, StreamExt};
 use tokio::net::TcpStream;
 
 use crate::config::RouterConfig;
+use crate::protocol::reply::parse_decimal;
 use crate::protocol::request::parse;
 use crate::protocol::{Cmd, Command, ParseOutcome, Reply, Request, Res};
 use crate::routes::{BoxFuture, RouteRef};
@@ -442,18 +443,6 @@ async fn send_batch(batch: &Batch, gets: bool, reqs: &[Request]) -> Reply {
     batch.server.send_multi_get(gets, &keys, batch.timeout).await
 }
 
-/// Digits to a number, None unless all digits (and no overflow).
-fn parse_decimal(digits: &[u8]) -> Option<usize> {
-    if digits.is_empty() {
-        return None;
-    }
-    digits.iter().try_fold(0usize, |acc, &d| {
-        d.is_ascii_digit()
-            .then_some(())
-            .and_then(|_| acc.checked_mul(10)?.checked_add(usize::from(d - b'0')))
-    })
-}
-
 /// Hand the VALUE blocks of batch `batch`'s reply to the keys that asked (in order; absent = miss).
 fn split_values(batch: usize, wire: &[u8], members: &[usize], reqs: &[Request], parts: &mut [Part]) {
     let mut pos = 0;
@@ -585,9 +574,5 @@ mod tests {
         assert!(matches!(&parts[0], Part::Batched(0, r) if &wire[r.clone()] == b"VALUE a 0 1\r\nx\r\n"));
         assert!(matches!(parts[1], Part::Miss));
         assert!(matches!(&parts[2], Part::Batched(0, r) if &wire[r.clone()] == b"VALUE c 5 2\r\nyz\r\n"));
-        assert_eq!(parse_decimal(b"123"), Some(123));
-        assert_eq!(parse_decimal(b"12x"), None);
-        assert_eq!(parse_decimal(b""), None);
-        assert_eq!(parse_decimal(b"99999999999999999999999"), None);
     }
 }

@@ -203,8 +203,19 @@ fn classify_line(line: &[u8], meta: bool) -> Option<Res> {
 }
 
 fn token_len(line: &[u8], index: usize) -> Option<usize> {
-    let tok = line.split(|&b| b == b' ').filter(|t| !t.is_empty()).nth(index)?;
-    std::str::from_utf8(tok).ok()?.parse().ok()
+    parse_decimal(line.split(|&b| b == b' ').filter(|t| !t.is_empty()).nth(index)?)
+}
+
+/// Digits to a number, None unless all digits (and no overflow).
+pub fn parse_decimal(digits: &[u8]) -> Option<usize> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0usize, |acc, &d| {
+        d.is_ascii_digit()
+            .then_some(())
+            .and_then(|_| acc.checked_mul(10)?.checked_add(usize::from(d - b'0')))
+    })
 }
 
 /// Frame one reply at the start of `buf`: `Ok(Some((res, consumed, keep)))` where the reply's
@@ -257,6 +268,14 @@ pub fn parse_reply(buf: &[u8], kind: ReplyKind) -> Result<Option<(Res, usize, us
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decimals_are_all_digits_and_fit() {
+        assert_eq!(parse_decimal(b"123"), Some(123));
+        assert_eq!(parse_decimal(b"12x"), None);
+        assert_eq!(parse_decimal(b""), None);
+        assert_eq!(parse_decimal(b"99999999999999999999999"), None);
+    }
 
     #[test]
     fn values_framing() {
