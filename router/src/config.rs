@@ -229,11 +229,11 @@ fn routing_prefix(key: &[u8]) -> Option<usize> {
 impl RouterConfig {
     /// Choose the tree for `req`, stripping a matched routing prefix from its key, and count the
     /// request on the chosen route (or as unroutable).
-    pub fn select(&self, req: &mut Request) -> Result<RouteRef, Reply> {
+    pub fn select(&self, req: &mut Request) -> Result<&RouteRef, Reply> {
         match self.choose(req) {
             Ok((route, counters)) => {
                 counters.count_cmd(req.cmd);
-                Ok(route.clone())
+                Ok(route)
             }
             Err(reply) => {
                 self.unroutable.count_cmd(req.cmd);

@@ -274,7 +274,7 @@ impl Conn {
     fn route_one(&mut self, ctx: Arc<Context>, mut req: Request, start: Instant, answer: AnswerFn) {
         let asked = req.key.clone();
         let route = match self.config.select(&mut req) {
-            Ok(r) => r,
+            Ok(r) => r.clone(),
             Err(reply) => {
                 ctx.stats.errors.fetch_add(1, Relaxed);
                 self.push_ready(reply.wire);
@@ -352,7 +352,7 @@ struct Batch {
 async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: Cmd, keys: Vec<Bytes>) -> Bytes {
     let n = keys.len();
     let mut reqs: Vec<Request> = Vec::with_capacity(n);
-    let mut routes: Vec<Option<RouteRef>> = Vec::with_capacity(n);
+    let mut routes: Vec<Option<&RouteRef>> = Vec::with_capacity(n);
     let mut parts: Vec<Part> = Vec::with_capacity(n);
     let mut batches: Vec<Batch> = Vec::new();
     let mut stripped = false;
@@ -361,13 +361,18 @@ async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: Cmd, keys: V
         match config.select(&mut req) {
             Ok(route) => {
                 if let Some((server, timeout)) = route.first_get_target(&req) {
-                    match batches.iter_mut().find(|b| Arc::ptr_eq(&b.server, &server)) {
+                    match batches.iter_mut().find(|b| Arc::ptr_eq(&b.server, server)) {
                         Some(b) => b.members.push(i),
-                        None => batches.push(Batch {
-                            server,
-                            timeout,
-                            members: vec![i],
-                        }),
+                        None => {
+                            // room for every key left: one server often has them all
+                            let mut members = Vec::with_capacity(n - i);
+                            members.push(i);
+                            batches.push(Batch {
+                                server: server.clone(),
+                                timeout,
+                                members,
+                            })
+                        }
                     }
                 }
                 routes.push(Some(route));
@@ -413,7 +418,7 @@ async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: Cmd, keys: V
     let slow: Vec<usize> = (0..n).filter(|&i| matches!(parts[i], Part::Pending)).collect();
     if !slow.is_empty() {
         let outs = join_all(slow.iter().map(|&i| {
-            let route = routes[i].clone().expect("pending keys have a route");
+            let route = routes[i].expect("pending keys have a route");
             let req = &reqs[i];
             async move { route.route(req).await }
         }))

@@ -44,7 +44,7 @@ impl Route for Destination {
         })
     }
 
-    fn first_get_target(&self, _req: &Request) -> Option<(Arc<Server>, Duration)> {
-        (!self.server.is_tko()).then(|| (self.server.clone(), self.timeout))
+    fn first_get_target(&self, _req: &Request) -> Option<(&Arc<Server>, Duration)> {
+        (!self.server.is_tko()).then_some((&self.server, self.timeout))
     }
 }

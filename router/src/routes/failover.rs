@@ -50,7 +50,7 @@ impl Route for Failover {
         })
     }
 
-    fn first_get_target(&self, req: &Request) -> Option<(Arc<crate::server::Server>, std::time::Duration)> {
+    fn first_get_target(&self, req: &Request) -> Option<(&Arc<crate::server::Server>, std::time::Duration)> {
         self.children[0].first_get_target(req)
     }
 }

@@ -22,7 +22,7 @@ impl Route for HashRoute {
         self.children[i].route(req)
     }
 
-    fn first_get_target(&self, req: &Request) -> Option<(std::sync::Arc<crate::server::Server>, std::time::Duration)> {
+    fn first_get_target(&self, req: &Request) -> Option<(&std::sync::Arc<crate::server::Server>, std::time::Duration)> {
         let i = self.func.pick(&req.routing_key(), &self.salt, self.children.len());
         self.children[i].first_get_target(req)
     }

@@ -40,7 +40,7 @@ pub trait Route: Send + Sync + 'static {
     /// For classic gets: the server this route would ask first, when a hit or a miss from it is
     /// the final answer (errors may still fail over). Lets a multi-get send one multi-key `get`
     /// per server; any key whose batched get fails goes through `route` as usual.
-    fn first_get_target(&self, _req: &Request) -> Option<(Arc<crate::server::Server>, std::time::Duration)> {
+    fn first_get_target(&self, _req: &Request) -> Option<(&Arc<crate::server::Server>, std::time::Duration)> {
         None
     }
 }

@@ -24,7 +24,7 @@ impl Route for OperationSelector {
         }
     }
 
-    fn first_get_target(&self, req: &Request) -> Option<(Arc<crate::server::Server>, std::time::Duration)> {
+    fn first_get_target(&self, req: &Request) -> Option<(&Arc<crate::server::Server>, std::time::Duration)> {
         self.policies
             .get(&req.op())
             .or(self.default.as_ref())?

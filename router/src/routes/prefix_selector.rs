@@ -34,7 +34,7 @@ impl Route for PrefixSelector {
         }
     }
 
-    fn first_get_target(&self, req: &Request) -> Option<(Arc<crate::server::Server>, std::time::Duration)> {
+    fn first_get_target(&self, req: &Request) -> Option<(&Arc<crate::server::Server>, std::time::Duration)> {
         self.select(&req.routing_key())?.first_get_target(req)
     }
 }
