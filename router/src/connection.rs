@@ -31,7 +31,7 @@ const READ_CHUNK: usize = 16 * 1024;
 type ReplyFuture = BoxFuture<'static, Done>;
 /// Writes the client's bytes for one routed request: (context, key as the client sent it,
 /// request, reply, write buffer).
-type AnswerFn = fn(&Context, &Bytes, &Request, Reply, &mut BytesMut);
+type AnswerFn = fn(&Context, &[u8], &Request, Reply, &mut BytesMut);
 
 /// A request whose turn to be answered has come.
 enum Done {
@@ -40,7 +40,8 @@ enum Done {
     /// A routed single-key request; `answer` writes its reply straight into the write buffer.
     Routed {
         answer: AnswerFn,
-        asked: Bytes,
+        /// The key as the client sent it, if routing stripped a prefix from it.
+        asked: Option<Bytes>,
         req: Request,
         reply: Reply,
         start: Instant,
@@ -175,7 +176,7 @@ impl Conn {
                 reply,
                 start,
             } => {
-                answer(ctx, &asked, &req, reply, &mut self.wbuf);
+                answer(ctx, asked.as_deref().unwrap_or(&req.key), &req, reply, &mut self.wbuf);
                 start
             }
             Done::Merged { bytes, start } => {
@@ -272,8 +273,8 @@ impl Conn {
 
     /// Route one single-key request; `answer` turns its reply into the bytes for the client.
     fn route_one(&mut self, ctx: Arc<Context>, mut req: Request, start: Instant, answer: AnswerFn) {
-        let asked = req.key.clone();
-        let route = match self.config.select(&mut req) {
+        let (route, asked) = select(&self.config, &mut req);
+        let route = match route {
             Ok(r) => r.clone(),
             Err(reply) => {
                 ctx.stats.errors.fetch_add(1, Relaxed);
@@ -318,7 +319,7 @@ impl Conn {
 const END: &[u8] = b"END\r\n";
 
 /// A one-key `get`: the VALUE block (with the client's key) and END, or END, or the error line.
-fn single_get_reply(ctx: &Context, orig: &Bytes, req: &Request, reply: Reply, out: &mut BytesMut) {
+fn single_get_reply(ctx: &Context, orig: &[u8], req: &Request, reply: Reply, out: &mut BytesMut) {
     if reply.res.is_hit() {
         append_value(out, orig, req, &reply.wire);
         out.put_slice(END);
@@ -346,6 +347,14 @@ struct Batch {
     members: Vec<usize>,
 }
 
+/// Choose `req`'s route; also returns the key as the client sent it if routing stripped a
+/// prefix from it. Routing prefixes start with '/', so only such keys are kept aside.
+fn select<'c>(config: &'c RouterConfig, req: &mut Request) -> (Result<&'c RouteRef, Reply>, Option<Bytes>) {
+    let asked = req.key.starts_with(b"/").then(|| req.key.clone());
+    let route = config.select(req);
+    (route, asked.filter(|a| a.len() != req.key.len()))
+}
+
 /// A multi-key `get`: keys whose route asks one server first are batched into one multi-key get
 /// per server; the others (and the keys of any batch that fails over) take their full route.
 /// VALUE blocks go back in the order the keys were asked.
@@ -356,9 +365,13 @@ async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: Cmd, keys: V
     let mut parts: Vec<Part> = Vec::with_capacity(n);
     let mut batches: Vec<Batch> = Vec::new();
     let mut stripped = false;
-    for (i, k) in keys.iter().enumerate() {
-        let mut req = Request::simple(cmd, k.clone());
-        match config.select(&mut req) {
+    let mut asked: Vec<Option<Bytes>> = Vec::with_capacity(n);
+    for (i, k) in keys.into_iter().enumerate() {
+        let mut req = Request::simple(cmd, k);
+        let (route, client_key) = select(config, &mut req);
+        stripped |= client_key.is_some();
+        asked.push(client_key);
+        match route {
             Ok(route) => {
                 if let Some((server, timeout)) = route.first_get_target(&req) {
                     match batches.iter_mut().find(|b| Arc::ptr_eq(&b.server, server)) {
@@ -383,7 +396,6 @@ async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: Cmd, keys: V
                 parts.push(Part::Routed(e));
             }
         }
-        stripped |= req.key.len() != k.len();
         reqs.push(req);
     }
     let gets = cmd == Cmd::Gets;
@@ -427,11 +439,14 @@ async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: Cmd, keys: V
             parts[i] = Part::Routed(r);
         }
     }
+    let client_key = |i: usize| asked[i].as_deref().unwrap_or(&reqs[i].key);
     let mut out = BytesMut::new();
     for (i, part) in parts.iter().enumerate() {
         match part {
-            Part::Batched(b, range) => append_value(&mut out, &keys[i], &reqs[i], &replies[*b].wire[range.clone()]),
-            Part::Routed(reply) if reply.res.is_hit() => append_value(&mut out, &keys[i], &reqs[i], &reply.wire),
+            Part::Batched(b, range) => {
+                append_value(&mut out, client_key(i), &reqs[i], &replies[*b].wire[range.clone()])
+            }
+            Part::Routed(reply) if reply.res.is_hit() => append_value(&mut out, client_key(i), &reqs[i], &reply.wire),
             Part::Routed(reply) if reply.res.is_error() => {
                 // one key's error makes that key a miss, as mcrouter answers a multi-get
                 ctx.stats.errors.fetch_add(1, Relaxed);
@@ -482,7 +497,7 @@ fn split_values(batch: usize, wire: &[u8], members: &[usize], reqs: &[Request], 
 }
 
 /// Append a server's VALUE block, with the client's key if a routing prefix was stripped.
-fn append_value(out: &mut BytesMut, orig: &Bytes, req: &Request, block: &[u8]) {
+fn append_value(out: &mut BytesMut, orig: &[u8], req: &Request, block: &[u8]) {
     if orig.len() == req.key.len() || !block.starts_with(b"VALUE ") {
         out.put_slice(block);
         return;
@@ -498,7 +513,7 @@ fn append_value(out: &mut BytesMut, orig: &Bytes, req: &Request, block: &[u8]) {
 }
 
 /// A keyed request's answer: `finish`, with the client's key put back into meta `k` flags.
-fn keyed_reply(ctx: &Context, asked: &Bytes, req: &Request, reply: Reply, out: &mut BytesMut) {
+fn keyed_reply(ctx: &Context, asked: &[u8], req: &Request, reply: Reply, out: &mut BytesMut) {
     let Some(wire) = finish(ctx, req, reply) else {
         return;
     };
