@@ -3,7 +3,8 @@ twemproxy (nutcracker), all on loopback, one memcached behind both proxies.
 
 Reports requests/s, keys/s, p50/p99 round-trip latency for single gets and 10-key multigets at
 several pipeline depths, CPU time per request of the proxy vs memcached's own (from
-/proc/PID/stat utime+stime), and the router's RSS with 10,000 idle client connections.
+/proc/PID/stat utime+stime; against memcached serving the generator directly, and against the
+memcached behind the proxy in the same run), and the router's RSS with 10,000 idle client connections.
 Not a test: nothing here asserts on time. Run from the repository root:
 
     .venv/bin/python bench/router_bench.py [--seconds 3] [--depths 1,8,32] [--conns 2,32] [--keys 1,10]
@@ -201,8 +202,9 @@ def main() -> None:
         mc.stop()
 
     print("\n| keys/req | conns | depth | memcached req/s | router req/s | nutcracker req/s | router/nutcracker "
-          "| p50 ms (mc / router / nut) | p99 ms (mc / router / nut) | CPU/req ÷ memcached's (router / nut) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| p50 ms (mc / router / nut) | p99 ms (mc / router / nut) | CPU/req ÷ memcached's (router / nut) "
+          "| same, memcached's in the same run |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for multi, conns, depth in cells:
         m, ro, nu = (median_run([r for r in results if (r["target"], r["keys"], r["conns"], r["depth"])
                                  == (t, multi, conns, depth)]) for t in ("memcached", "squeal-router", "nutcracker"))
@@ -210,7 +212,9 @@ def main() -> None:
         print(f"| {multi} | {conns} | {depth} | {m['rps']:.0f} | {ro['rps']:.0f} | {nu['rps']:.0f} | "
               f"{ro['rps'] / nu['rps']:.2f}x | {m['p50_ms']:.3f} / {ro['p50_ms']:.3f} / {nu['p50_ms']:.3f} | "
               f"{m['p99_ms']:.3f} / {ro['p99_ms']:.3f} / {nu['p99_ms']:.3f} | "
-              f"{ro['proxy_cpu_us_per_req'] / base:.2f}x / {nu['proxy_cpu_us_per_req'] / base:.2f}x |")
+              f"{ro['proxy_cpu_us_per_req'] / base:.2f}x / {nu['proxy_cpu_us_per_req'] / base:.2f}x | "
+              f"{ro['proxy_cpu_us_per_req'] / ro['memcached_cpu_us_per_req']:.2f}x / "
+              f"{nu['proxy_cpu_us_per_req'] / nu['memcached_cpu_us_per_req']:.2f}x |")
     print(f"\nRSS with {n} idle client connections: {after:.1f} MB (before: {before:.1f} MB)")
     if args.json:
         args.json.write_text(json.dumps({"results": results, "rss_idle_mb": after, "idle": n}, indent=2))
