@@ -124,12 +124,12 @@ class SquealSettings:
     flush_interval_ms: float = 0.5
     max_backlog: int = 100_000
     datamarker_dir: str = "var/datamarkers"
-    metrics_port_base: int = 39100
+    metrics_port_base: int = 19100
 
 
 @dataclass(frozen=True)
 class MonitoringSettings:
-    port: int = 39000  # the dashboard / monitoring server
+    port: int = 19000  # the dashboard / monitoring server
     probe_interval: float = 1.0  # seconds between canary probes
 
 
@@ -160,6 +160,25 @@ class Topology:
             if c.name == name:
                 return c
         raise KeyError(f"{self.source}: no cluster {name!r} (have: {', '.join(c.name for c in self.clusters)})")
+
+    def listeners(self) -> list[tuple[str, str, Address]]:
+        """Every address a component of this topology listens on, as (role, key path in the topology
+        file, address). Roles are the component names `squealctl up --without` takes."""
+        out: list[tuple[str, str, Address]] = []
+        for r in self.regions:
+            at = f"regions.{r.name}"
+            out.append(("mariadb", f"{at}.database.port", Address(r.database.host, r.database.port)))
+            if r.regional_pool:
+                out += [("memcached", f"{at}.regional_pool.servers", a) for a in r.regional_pool.servers]
+            for c in r.clusters:
+                out += [("router", f"{at}.clusters.{c.name}.routers", a) for a in c.routers]
+                for p in c.pools:
+                    out += [("memcached", f"{at}.clusters.{c.name}.pools.{p.name}.servers", a) for a in p.servers]
+        for i, r in enumerate(self.regions):
+            port = self.squeal.metrics_port_base + i
+            out.append(("squeal", f"squeal.metrics_port_base (+{i}, region {r.name})", Address("127.0.0.1", port)))
+        out.append(("monitoring", "monitoring.port", Address("127.0.0.1", self.monitoring.port)))
+        return out
 
     def rule_for(self, table: str) -> Rule | None:
         for r in self.rules:

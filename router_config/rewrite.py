@@ -1,7 +1,7 @@
 """Turn a topology back into TOML, optionally moving every port.
 
-Tests and `squealctl up --free-ports` start the example topology on ports that are free right now,
-so runs never collide with each other or with services the machine happens to run.
+Tests start the example topology on ports that are free right now (`reassign_ports`), so runs
+never collide with each other or with services the machine happens to run.
 """
 
 from __future__ import annotations

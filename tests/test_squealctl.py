@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -75,6 +76,17 @@ def test_up_refuses_a_bad_topology_and_names_the_key(tmp_path):
     result = squealctl(tmp_path / "state", "up", str(bad), check=False)
     assert result.returncode == 2
     assert f"{bad}: regions.east.clusters.east-a.pools.gutter.kind: unknown pool kind 'gutterr'" in result.stderr
+
+
+def test_up_refuses_ports_in_use_and_starts_nothing(tmp_path, topology_file):
+    topo = router_config.load(topology_file)
+    busy = topo.clusters[1].pools[0].servers[1]
+    with socket.create_server((busy.host, busy.port)):
+        result = squealctl(tmp_path / "state", "up", str(topology_file), check=False)
+    assert result.returncode != 0
+    where = f"regions.{topo.clusters[1].region}.clusters.{topo.clusters[1].name}.pools.{topo.clusters[1].pools[0].name}"
+    assert f"1 port(s) already in use, nothing started: {busy} ({where}.servers)" in result.stderr
+    assert "nothing is running" in squealctl(tmp_path / "state", "status", check=False).stdout
 
 
 def test_router_config_all_prints_every_cluster(tmp_path):
