@@ -1,6 +1,6 @@
 """The monitoring server: scrapes every component, runs the prober, serves the dashboard.
 
-    python -m monitoring serve TOPOLOGY --state-dir var/local --port 39000
+    python -m monitoring serve TOPOLOGY --state-dir var/local --port 19000
 
 Routes: `/` the dashboard page, `/api/panels` its data (JSON), `/api/targets` scrape health,
 `/metrics` the prober's own Prometheus metrics, `/healthz`.
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("serve", help="run the monitoring server")
     s.add_argument("topology", help="topology TOML (the prober writes canary rows to its master database)")
     s.add_argument("--state-dir", default="var/local", help="squealctl state dir whose components are scraped")
-    s.add_argument("--port", type=int, default=39000, help="HTTP port for the dashboard (default %(default)s)")
+    s.add_argument("--port", type=int, default=19000, help="HTTP port for the dashboard (default %(default)s)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--probe-interval", type=float, default=1.0, help="seconds between canary probes")
     s.add_argument("--no-prober", action="store_true", help="only scrape and serve")
