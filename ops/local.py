@@ -106,8 +106,9 @@ class Deployment:
         # A server that cannot bind may look ready anyway when another service answers on its port.
         busy = [f"{a} ({where})" for role, where, a in topo.listeners() if role not in without and not _can_listen(a)]
         if busy:
+            more = f" and {len(busy) - 5} more" if len(busy) > 5 else ""
             raise HarnessError(
-                f"{topology_path}: {len(busy)} port(s) already in use, nothing started: {', '.join(busy)}; "
+                f"{topology_path}: {len(busy)} port(s) already in use, nothing started: {', '.join(busy[:5])}{more}; "
                 "stop what listens there or change the port in the topology file"
             )
         if self.state_dir.exists():
