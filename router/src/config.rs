@@ -354,6 +354,11 @@ pub fn load(ctx: &Arc<Context>, text: &str, default_prefix: Option<&str>) -> Res
             ));
         }
     }
+    let labeled: Vec<&Labeled> = match &root {
+        Root::Single(r) => vec![r],
+        Root::Aliased { aliases, .. } => aliases.iter().map(|(_, r)| r).collect(),
+    };
+    ctx.stats.register(labeled.into_iter().map(|(_, counters)| counters));
     Ok(RouterConfig {
         root,
         unroutable: ctx.stats.no_route.clone(),
@@ -470,6 +475,10 @@ mod tests {
             }
             cfg.select(&mut req(Cmd::Delete, "/west/b/k")).ok().unwrap();
             assert!(cfg.select(&mut req(Cmd::Get, "/north/x/k")).is_err()); // counted as route `none`
+            // a config that fails to load leaves no route behind, not even its valid first alias
+            let bad = r#"{"routes": [{"aliases": ["/north/x/"], "route": "NullRoute"},
+                                     {"aliases": ["nope"], "route": "NullRoute"}]}"#;
+            assert!(load(&c, bad, None).is_err());
             let again = load(&c, text, None).unwrap(); // a reload keeps the counts
             again.select(&mut req(Cmd::Get, "/west/b/k")).ok().unwrap();
             let text = c.stats.memcached_text(0);
@@ -482,6 +491,7 @@ mod tests {
                 assert!(text.contains(line), "{line} missing from {text}");
             }
             assert!(text.contains("STAT cmd_get 6\r\n"), "{text}");
+            assert!(!c.stats.prometheus_text(0).contains("/north/x/"));
         });
     }
 

@@ -106,15 +106,25 @@ pub fn op_index(name: &str) -> usize {
 }
 
 impl Stats {
-    /// The counters of route `label`, created on first use (config loads call this, not requests).
+    /// The counters of route `label` (config loads call this, not requests): those of an earlier
+    /// config if one used the label, else new ones that stay out of `stats` and `/metrics` until
+    /// [`Stats::register`] (so a config that fails to load leaves no routes behind).
     pub fn route_counters(&self, label: &str) -> Arc<RouteCounters> {
-        let mut routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(r) = routes.iter().find(|r| r.label == label) {
-            return r.clone();
+        let routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+        match routes.iter().find(|r| r.label == label) {
+            Some(r) => r.clone(),
+            None => Arc::new(RouteCounters::new(label)),
         }
-        let r = Arc::new(RouteCounters::new(label));
-        routes.push(r.clone());
-        r
+    }
+
+    /// Show the counters of a config that has loaded (those already shown stay as they are).
+    pub fn register<'a>(&self, counters: impl IntoIterator<Item = &'a Arc<RouteCounters>>) {
+        let mut routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+        for c in counters {
+            if !routes.iter().any(|r| r.label == c.label) {
+                routes.push(c.clone());
+            }
+        }
     }
 
     fn route_snapshot(&self) -> Vec<Arc<RouteCounters>> {
