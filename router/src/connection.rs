@@ -273,7 +273,7 @@ impl Conn {
 
     /// Route one single-key request; `answer` turns its reply into the bytes for the client.
     fn route_one(&mut self, ctx: Arc<Context>, mut req: Request, start: Instant, answer: AnswerFn) {
-        let (route, asked) = select(&self.config, &mut req);
+        let (route, asked) = select_route(&self.config, &mut req);
         let route = match route {
             Ok(r) => r.clone(),
             Err(reply) => {
@@ -349,7 +349,7 @@ struct Batch {
 
 /// Choose `req`'s route; also returns the key as the client sent it if routing stripped a
 /// prefix from it. Routing prefixes start with '/', so only such keys are kept aside.
-fn select<'c>(config: &'c RouterConfig, req: &mut Request) -> (Result<&'c RouteRef, Reply>, Option<Bytes>) {
+fn select_route<'c>(config: &'c RouterConfig, req: &mut Request) -> (Result<&'c RouteRef, Reply>, Option<Bytes>) {
     let asked = req.key.starts_with(b"/").then(|| req.key.clone());
     let route = config.select(req);
     (route, asked.filter(|a| a.len() != req.key.len()))
@@ -368,7 +368,7 @@ async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: Cmd, keys: V
     let mut asked: Vec<Option<Bytes>> = Vec::with_capacity(n);
     for (i, k) in keys.into_iter().enumerate() {
         let mut req = Request::simple(cmd, k);
-        let (route, client_key) = select(config, &mut req);
+        let (route, client_key) = select_route(config, &mut req);
         stripped |= client_key.is_some();
         asked.push(client_key);
         match route {
