@@ -8,7 +8,7 @@ memcached behind the proxy in the same run), and the router's RSS with 10,000 id
 Not a test: nothing here asserts on time. Run from the repository root:
 
     .venv/bin/python bench/router_bench.py [--seconds 3] [--depths 1,8,32] [--conns 2,32] [--keys 1,10]
-        [--rounds 3] [--idle 10000] [--no-pin]
+        [--rounds 3] [--idle 10000] [--no-pin] [--forwarder]
 
 By default memcached runs on CPU 0 and the generator and proxy share CPU 1, the way a router sits on
 the web host next to its clients and memcached on a machine of its own; unpinned runs on this 2-core
@@ -56,8 +56,28 @@ def rss_mb(pid: int) -> float:
 LOADGEN = ROUTER_DIR / "target" / "release" / "examples" / "loadgen"
 
 
-def build_loadgen() -> None:
-    subprocess.run(["cargo", "build", "--release", "--locked", "--example", "loadgen"], cwd=ROUTER_DIR, check=True)
+def build_examples() -> None:
+    subprocess.run(["cargo", "build", "--release", "--locked", "--example", "loadgen", "--example", "forwarder"],
+                   cwd=ROUTER_DIR, check=True)
+
+
+class Forwarder:
+    """router/examples/forwarder.rs: copies bytes between each client and its own backend connection.
+    The floor of any TCP proxy's cost, to tell the router's own costs from those of proxying."""
+
+    def __init__(self, backend: str, workdir: Path) -> None:
+        self.port = free_port()
+        self.log = workdir / "forwarder.log"
+        with self.log.open("w") as log:
+            self.proc = subprocess.Popen(
+                [str(ROUTER_DIR / "target" / "release" / "examples" / "forwarder"), "--port", str(self.port),
+                 "--backend", backend], stdout=log, stderr=subprocess.STDOUT)
+        wait_until(lambda: memcached_command(("127.0.0.1", self.port), b"get x\r\n") == b"END", 10,
+                   "forwarder", self.proc, self.log)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(5)
 
 
 def pin(pid: int, cpu: int) -> None:
@@ -143,6 +163,9 @@ def main() -> None:
     ap.add_argument("--idle", type=int, default=10_000, help="idle connections for the RSS check (0: skip)")
     ap.add_argument("--router-threads", type=int, default=None)
     ap.add_argument("--json", type=Path, default=None, help="also write every cell here")
+    ap.add_argument("--forwarder", action="store_true",
+                    help="also measure a bytes-copying forwarder (router/examples/forwarder.rs), the floor of "
+                         "any TCP proxy's CPU per request")
     ap.add_argument("--no-pin", dest="pin", action="store_false",
                     help="let the scheduler place everything (default: memcached on CPU 0; generator and proxy "
                          "on CPU 1, as a router runs on the web host and memcached on its own machine)")
@@ -155,7 +178,7 @@ def main() -> None:
     want = args.idle + 1000
     if soft < want:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))  # children inherit it
-    build_loadgen()
+    build_examples()
 
     work = Path(tempfile.mkdtemp(prefix="router-bench-"))
     mc = Memcached(workdir=work, memory_mb=256).start()
@@ -164,6 +187,7 @@ def main() -> None:
     extra = ("--threads", str(args.router_threads)) if args.router_threads else ()
     router = Router(cfg, workdir=work, extra_args=extra).start()
     nut = Nutcracker(mc.address, work)
+    fwd = Forwarder(mc.address, work) if args.forwarder else None
     results = []
     key_counts = [int(k) for k in args.keys.split(",")]
     cells = [(multi, conns, depth) for multi in key_counts for conns in conn_counts for depth in depths]
@@ -174,6 +198,8 @@ def main() -> None:
             pass
         targets = [("memcached", mc.port, None), ("squeal-router", router.port, router.pid),
                    ("nutcracker", nut.port, nut.proc.pid)]
+        if fwd:
+            targets.append(("forwarder", fwd.port, fwd.proc.pid))
         client_cpu = None
         if args.pin:
             server_cpu, client_cpu = sorted(os.sched_getaffinity(0))[:2]
@@ -198,6 +224,8 @@ def main() -> None:
         print(f"squeal-router RSS: {before:.1f} MB idle, {after:.1f} MB with {n} idle client connections")
     finally:
         nut.stop()
+        if fwd:
+            fwd.stop()
         router.stop()
         mc.stop()
 
@@ -215,6 +243,16 @@ def main() -> None:
               f"{ro['proxy_cpu_us_per_req'] / base:.2f}x / {nu['proxy_cpu_us_per_req'] / base:.2f}x | "
               f"{ro['proxy_cpu_us_per_req'] / ro['memcached_cpu_us_per_req']:.2f}x / "
               f"{nu['proxy_cpu_us_per_req'] / nu['memcached_cpu_us_per_req']:.2f}x |")
+    if args.forwarder:
+        print("\n| keys/req | conns | depth | forwarder req/s | CPU/req ÷ memcached's (forwarder / router / nut) |")
+        print("|---|---|---|---|---|")
+        for multi, conns, depth in cells:
+            m, ro, nu, fw = (median_run([r for r in results if (r["target"], r["keys"], r["conns"], r["depth"])
+                                         == (t, multi, conns, depth)])
+                             for t in ("memcached", "squeal-router", "nutcracker", "forwarder"))
+            base = m["memcached_cpu_us_per_req"]
+            print(f"| {multi} | {conns} | {depth} | {fw['rps']:.0f} | {fw['proxy_cpu_us_per_req'] / base:.2f}x / "
+                  f"{ro['proxy_cpu_us_per_req'] / base:.2f}x / {nu['proxy_cpu_us_per_req'] / base:.2f}x |")
     print(f"\nRSS with {n} idle client connections: {after:.1f} MB (before: {before:.1f} MB)")
     if args.json:
         args.json.write_text(json.dumps({"results": results, "rss_idle_mb": after, "idle": n}, indent=2))
