@@ -354,11 +354,10 @@ pub fn load(ctx: &Arc<Context>, text: &str, default_prefix: Option<&str>) -> Res
             ));
         }
     }
-    let labeled: Vec<&Labeled> = match &root {
-        Root::Single(r) => vec![r],
-        Root::Aliased { aliases, .. } => aliases.iter().map(|(_, r)| r).collect(),
-    };
-    ctx.stats.register(labeled.into_iter().map(|(_, counters)| counters));
+    match &root {
+        Root::Single((_, counters)) => ctx.stats.register([counters]),
+        Root::Aliased { aliases, .. } => ctx.stats.register(aliases.iter().map(|(_, (_, counters))| counters)),
+    }
     Ok(RouterConfig {
         root,
         unroutable: ctx.stats.no_route.clone(),

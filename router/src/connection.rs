@@ -35,8 +35,8 @@ type AnswerFn = fn(&Context, &[u8], &Request, Reply, &mut BytesMut);
 
 /// A request whose turn to be answered has come.
 enum Done {
-    /// Bytes to send as they are (None: nothing, e.g. noreply).
-    Bytes(Option<Bytes>),
+    /// Bytes to send as they are.
+    Bytes(Bytes),
     /// A routed single-key request; `answer` writes its reply straight into the write buffer.
     Routed {
         answer: AnswerFn,
@@ -109,12 +109,12 @@ impl Conn {
                 Some(done) = self.in_flight.next(), if !self.in_flight.is_empty() => {
                     let mut now = None;
                     self.emit(done, &mut now);
-                    self.drain_ready();
+                    self.drain_ready(&mut now);
                     if !self.in_flight.is_empty() {
                         // More replies are due: let the runtime read what the servers have sent
                         // meanwhile, so they leave in this write rather than in a write each.
                         tokio::task::yield_now().await;
-                        self.drain_ready();
+                        self.drain_ready(&mut None);
                     }
                     if !self.wbuf.is_empty() {
                         write_all(stream, &self.wbuf).await?;
@@ -150,11 +150,10 @@ impl Conn {
         }
     }
 
-    /// Move the replies that are ready, in order, into the write buffer.
-    fn drain_ready(&mut self) {
-        let mut now = None;
+    /// Move the replies that are ready, in order, into the write buffer (`now` as in `emit`).
+    fn drain_ready(&mut self, now: &mut Option<Instant>) {
         while let Some(Some(done)) = self.in_flight.next().now_or_never() {
-            self.emit(done, &mut now);
+            self.emit(done, now);
         }
     }
 
@@ -164,9 +163,7 @@ impl Conn {
         let ctx = &self.shared.ctx;
         let start = match done {
             Done::Bytes(b) => {
-                if let Some(b) = b {
-                    self.wbuf.extend_from_slice(&b);
-                }
+                self.wbuf.extend_from_slice(&b);
                 return;
             }
             Done::Routed {
@@ -194,7 +191,7 @@ impl Conn {
             self.wbuf.extend_from_slice(&bytes);
         } else {
             self.in_flight
-                .push_back(futures_util::future::ready(Done::Bytes(Some(bytes))).boxed());
+                .push_back(futures_util::future::ready(Done::Bytes(bytes)).boxed());
         }
     }
 
