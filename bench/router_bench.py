@@ -89,12 +89,12 @@ def pin(pid: int, cpu: int) -> None:
 def run_load(port: int, multi: int, depth: int, conns: int, seconds: float, threads: int,
              cpu: int | None = None) -> dict:
     """One run of router/examples/loadgen.rs against `port` (same generator for every target)."""
-    taskset = ["taskset", "-c", str(cpu)] if cpu is not None else []
     out = subprocess.run(
-        [*taskset, str(LOADGEN), "--port", str(port), "--conns", str(conns), "--threads", str(threads),
+        [str(LOADGEN), "--port", str(port), "--conns", str(conns), "--threads", str(threads),
          "--depth", str(depth), "--keys", str(multi), "--seconds", str(seconds),
          "--key-count", str(len(KEYS)), "--prefix", "bench:key:"],
-        check=True, capture_output=True, text=True).stdout
+        check=True, capture_output=True, text=True,
+        preexec_fn=(lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None).stdout
     r = json.loads(out)
     r["rps"] = r["requests"] / r["seconds"]
     r["keys_per_s"] = r["rps"] * multi

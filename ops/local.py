@@ -104,7 +104,11 @@ class Deployment:
         if any(self.is_running(c) for c in self.components()):
             raise HarnessError(f"a topology is already up (state in {self.state_dir}); run `squealctl down` first")
         # A server that cannot bind may look ready anyway when another service answers on its port.
-        busy = [f"{a} ({where})" for role, where, a in topo.listeners() if role not in without and not _can_listen(a)]
+        busy = [
+            f"{a} ({where})"
+            for role, where, a in topo.listeners()
+            if role not in without and not router_config.can_listen(a)
+        ]
         if busy:
             more = f" and {len(busy) - 5} more" if len(busy) > 5 else ""
             raise HarnessError(
@@ -268,17 +272,6 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
-
-
-def _can_listen(address: router_config.Address) -> bool:
-    """Whether a server could bind `address` now (SO_REUSEADDR, as servers do: TIME_WAIT is no obstacle)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((address.host, address.port))
-        except OSError:
-            return False
-    return True
 
 
 def _port_open(address: str) -> bool:

@@ -18,7 +18,7 @@ from router_config.model import (
     SquealSettings,
     Topology,
 )
-from router_config.rewrite import dumps, reassign_ports, to_document, with_cold_cluster
+from router_config.rewrite import can_listen, dumps, reassign_ports, to_document, with_cold_cluster
 
 __all__ = [
     "EMITTED_HANDLES",
@@ -35,6 +35,7 @@ __all__ = [
     "Topology",
     "TopologyError",
     "all_cluster_configs",
+    "can_listen",
     "cluster_config",
     "dumps",
     "handle_types",

@@ -53,16 +53,18 @@ def _free_run(allocate: Callable[[], int], n: int) -> int:
     """A port from `allocate` whose next n-1 ports are free too (squeal daemon i serves on base + i)."""
     while True:
         base = allocate()
-        if all(_bindable(base + i) for i in range(1, n)):
+        if all(can_listen(Address("127.0.0.1", base + i)) for i in range(1, n)):
             return base
 
 
-def _bindable(port: int) -> bool:
-    if port > 65535:
+def can_listen(address: Address) -> bool:
+    """Whether a server could bind `address` now (SO_REUSEADDR, as servers bind: TIME_WAIT is no obstacle)."""
+    if address.port > 65535:
         return False
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((address.host, address.port))
         except OSError:
             return False
     return True
