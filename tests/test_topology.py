@@ -56,6 +56,18 @@ def test_round_trip_with_new_ports():
     assert moved.cluster("east-a").wildcard.servers != topo.cluster("east-a").wildcard.servers
 
 
+def test_listeners_are_exactly_the_ports_reassign_moves():
+    # Topology.listeners() and reassign_ports() each walk every listening port; they must agree.
+    topo = router_config.load(EXAMPLE)
+    ports = itertools.count(41000)
+    moved = router_config.reassign_ports(topo, lambda: next(ports))
+    before, after = topo.listeners(), moved.listeners()
+    assert [(role, where) for role, where, _ in before] == [(role, where) for role, where, _ in after]
+    assert len(before) == 2 + 2 + 4 + 4 * 5 + 2 + 1  # dbs, regional, routers, pool servers, squeal, monitoring
+    assert not {a.port for _, _, a in before} & {a.port for _, _, a in after}
+    assert all(41000 <= a.port for _, _, a in after)
+
+
 # (what to change in GOOD, the key path the error must name, words the error must contain)
 MISTAKES = [
     (
