@@ -15,6 +15,7 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use crate::Context;
+use crate::flush::FlushTarget;
 use crate::protocol::{Reply, Request, Res};
 use crate::routes::destination::Destination;
 use crate::routes::{RouteRef, get_i64, lookup};
@@ -29,6 +30,10 @@ pub struct Builder<'c> {
     pub types_used: std::collections::BTreeSet<&'static str>,
     /// Fields the router does not understand (mcrouter options it lacks, typos): logged, ignored.
     pub warnings: Vec<String>,
+    /// Every server of every pool built so far (named or inline), for `flush_all`; may repeat.
+    flush_targets: Vec<FlushTarget>,
+    /// Names of `pools` entries built so far.
+    built_pools: std::collections::HashSet<String>,
 }
 
 impl<'c> Builder<'c> {
@@ -40,6 +45,8 @@ impl<'c> Builder<'c> {
             named: HashMap::new(),
             types_used: Default::default(),
             warnings: Vec::new(),
+            flush_targets: Vec::new(),
+            built_pools: Default::default(),
         }
     }
 
@@ -126,6 +133,7 @@ impl<'c> Builder<'c> {
                     .cloned()
                     .ok_or_else(|| format!("unknown pool `{name}`"))?;
                 let dests = self.build_pool(name, &def)?;
+                self.built_pools.insert(name.clone());
                 self.pool_cache.insert(name.clone(), dests.clone());
                 Ok(dests)
             }
@@ -161,14 +169,52 @@ impl<'c> Builder<'c> {
                 .as_str()
                 .ok_or_else(|| format!("pool `{name}`: server entries must be strings"))?;
             let addr = normalize_addr(addr).ok_or_else(|| format!("pool `{name}`: bad server address `{addr}`"))?;
+            let server = self.ctx.server(&addr);
+            self.flush_targets.push(FlushTarget {
+                server: server.clone(),
+                timeout,
+            });
             dests.push(Arc::new(Destination {
-                server: self.ctx.server(&addr),
+                server,
                 pool: pool.clone(),
                 timeout,
                 ctx: self.ctx.clone(),
             }));
         }
         Ok(dests)
+    }
+
+    /// The servers `flush_all` goes to: those of every pool of the config, including `pools`
+    /// entries no route uses (built here; one that cannot be built is a warning and a `problem`
+    /// that fails every flush), each server once with the longest timeout of its pools.
+    fn take_flush_targets(&mut self) -> (Vec<FlushTarget>, Vec<String>) {
+        let mut problems = Vec::new();
+        let unused: Vec<(String, Value)> = self
+            .pools
+            .iter()
+            .filter(|(name, _)| !self.built_pools.contains(*name))
+            .map(|(name, def)| (name.clone(), def.clone()))
+            .collect();
+        for (name, def) in unused {
+            if let Err(e) = self.build_pool(&name, &def) {
+                self.warnings.push(format!(
+                    "{e} (pool used by no route; flush_all will fail until it is fixed)"
+                ));
+                problems.push(format!("{e} (not flushed)"));
+            }
+        }
+        let mut targets: Vec<FlushTarget> = Vec::new();
+        let mut index: HashMap<String, usize> = HashMap::new();
+        for t in self.flush_targets.drain(..) {
+            match index.get(&t.server.addr) {
+                Some(&i) => targets[i].timeout = targets[i].timeout.max(t.timeout),
+                None => {
+                    index.insert(t.server.addr.clone(), targets.len());
+                    targets.push(t);
+                }
+            }
+        }
+        (targets, problems)
     }
 }
 
@@ -214,6 +260,10 @@ pub struct RouterConfig {
     /// Config fields that were ignored, one line each, for the load log.
     pub warnings: Vec<String>,
     pub pools: usize,
+    /// Every server of every pool, for `flush_all` (see `crate::flush`).
+    pub flush_targets: Vec<FlushTarget>,
+    /// Pools that could not be built (used by no route): each fails every `flush_all`.
+    pub flush_problems: Vec<String>,
 }
 
 /// The routing prefix of a key (`/region/cluster/`), if it has one.
@@ -354,6 +404,7 @@ pub fn load(ctx: &Arc<Context>, text: &str, default_prefix: Option<&str>) -> Res
             ));
         }
     }
+    let (flush_targets, flush_problems) = b.take_flush_targets();
     match &root {
         Root::Single((_, counters)) => ctx.stats.register([counters]),
         Root::Aliased { aliases, .. } => ctx.stats.register(aliases.iter().map(|(_, (_, counters))| counters)),
@@ -364,6 +415,8 @@ pub fn load(ctx: &Arc<Context>, text: &str, default_prefix: Option<&str>) -> Res
         warnings: b.warnings,
         types_used: b.types_used.into_iter().collect(),
         pools: pool_count,
+        flush_targets,
+        flush_problems,
     })
 }
 
@@ -518,6 +571,47 @@ mod tests {
             )
             .unwrap();
             assert!(clean.warnings.is_empty(), "{:?}", clean.warnings);
+        });
+    }
+
+    #[test]
+    fn flush_targets_are_every_server_of_every_pool_once() {
+        run(async {
+            let c = ctx();
+            let text = r#"{
+              "pools": {"a": {"servers": ["127.0.0.1:1", "127.0.0.1:2"], "server_timeout": 200},
+                        "b": {"servers": ["127.0.0.1:2"], "server_timeout": 700},
+                        "unused": {"servers": ["127.0.0.1:3"]}},
+              "route": {"type": "PrefixSelectorRoute",
+                        "policies": {"x:": {"type": "PoolRoute", "pool": {"name": "inl", "servers": ["127.0.0.1:4"]}},
+                                     "y:": "PoolRoute|b"},
+                        "wildcard": "PoolRoute|a"}
+            }"#;
+            let cfg = load(&c, text, None).unwrap();
+            let mut got: Vec<(String, u128)> = cfg
+                .flush_targets
+                .iter()
+                .map(|t| (t.server.addr.clone(), t.timeout.as_millis()))
+                .collect();
+            got.sort();
+            let want = [
+                ("127.0.0.1:1", 200),
+                ("127.0.0.1:2", 700), // in two pools: the longer timeout
+                ("127.0.0.1:3", 1000),
+                ("127.0.0.1:4", 1000),
+            ];
+            assert_eq!(got, want.map(|(a, t)| (a.to_string(), t)));
+            assert!(cfg.flush_problems.is_empty() && cfg.warnings.is_empty());
+            // a pool no route uses still loads as before if it is broken, but no flush can succeed
+            let text = r#"{"pools": {"a": {"servers": ["127.0.0.1:1"]}, "bad": {"servers": ["nohost"]}},
+                           "route": "PoolRoute|a"}"#;
+            let cfg = load(&c, text, None).unwrap();
+            assert_eq!(cfg.flush_targets.len(), 1);
+            assert_eq!(
+                cfg.flush_problems,
+                ["pool `bad`: bad server address `nohost` (not flushed)"]
+            );
+            assert!(cfg.warnings[0].contains("flush_all will fail"), "{:?}", cfg.warnings);
         });
     }
 

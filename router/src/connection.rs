@@ -46,7 +46,7 @@ enum Done {
         reply: Reply,
         start: Instant,
     },
-    /// A multi-key get's merged answer.
+    /// An answer the router made from several servers' replies (a multi-key get, `flush_all`).
     Merged { bytes: Bytes, start: Instant },
 }
 
@@ -259,6 +259,16 @@ impl Conn {
                     self.push_ready(Bytes::from_static(b"OK\r\n"));
                 }
             }
+            Command::FlushAll { delay, noreply } => {
+                ctx.stats.no_route.count("flush");
+                if ctx.opts.enable_flush {
+                    self.flush_all(ctx, delay, noreply, start);
+                } else if noreply {
+                    eprintln!("squeal-router: flush_all noreply refused (not started with --enable-flush-cmd)");
+                } else {
+                    self.push_ready(Bytes::from_static(FLUSH_DISABLED));
+                }
+            }
             Command::Unsupported(name) => {
                 ctx.stats.no_route.count("other");
                 self.push_ready(Bytes::from(format!(
@@ -266,6 +276,36 @@ impl Conn {
                 )));
             }
         }
+    }
+
+    /// `flush_all` to every server of the connection's config, answered in its turn like any
+    /// request (see `crate::flush`).
+    fn flush_all(&mut self, ctx: Arc<Context>, delay: Option<i64>, noreply: bool, start: Instant) {
+        let config = self.config.clone();
+        self.in_flight.push_back(
+            async move {
+                let outcome = crate::flush::flush_all(&config.flush_targets, &config.flush_problems, delay).await;
+                let what = match delay {
+                    Some(d) => format!("flush_all {d}"),
+                    None => "flush_all".to_string(),
+                };
+                let bytes = match outcome {
+                    Ok(n) => {
+                        eprintln!("squeal-router: {what}: OK from all {n} servers");
+                        Bytes::from_static(b"OK\r\n")
+                    }
+                    Err(text) => {
+                        ctx.stats.errors.fetch_add(1, Relaxed);
+                        let tag = if noreply { " (noreply)" } else { "" };
+                        eprintln!("squeal-router: {what}{tag} {text}");
+                        Bytes::from(format!("SERVER_ERROR flush_all {text}\r\n"))
+                    }
+                };
+                let bytes = if noreply { Bytes::new() } else { bytes };
+                Done::Merged { bytes, start }
+            }
+            .boxed(),
+        );
     }
 
     /// Route one single-key request; `answer` turns its reply into the bytes for the client.
@@ -314,6 +354,12 @@ impl Conn {
 }
 
 const END: &[u8] = b"END\r\n";
+
+/// The answer to `flush_all` without `--enable-flush-cmd`. A `SERVER_ERROR`, as real mcrouter's
+/// refusal (`SERVER_ERROR Command disabled`), not memcached's `-F` `CLIENT_ERROR`: callers such as
+/// squeal's sender retry server errors and give up on client errors, and a refused flush must be
+/// retried, never taken for done.
+const FLUSH_DISABLED: &[u8] = b"SERVER_ERROR flush_all disabled (start the router with --enable-flush-cmd)\r\n";
 
 /// A one-key `get`: the VALUE block (with the client's key) and END, or END, or the error line.
 fn single_get_reply(ctx: &Context, orig: &[u8], req: &Request, reply: Reply, out: &mut BytesMut) {

@@ -3,7 +3,8 @@
 //! Layers, bottom up: `protocol` (wire format, no I/O), `server` (per-server connections, TKO),
 //! `spool` (failed deletes to disk and back), `routes` (route handles, one per file) built by
 //! `config` from JSON, `connection` (one client connection: buffered reads, replies in request
-//! order), `metrics_http` (Prometheus `/metrics`). `main` wires them together.
+//! order), `flush` (opt-in `flush_all` to every server of the config), `metrics_http` (Prometheus
+//! `/metrics`). `main` wires them together.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,6 +13,7 @@ use std::time::Duration;
 
 pub mod config;
 pub mod connection;
+pub mod flush;
 pub mod hash;
 pub mod metrics_http;
 pub mod protocol;
@@ -32,6 +34,8 @@ pub struct Options {
     /// First TKO probe after this long; then x1.5 up to `probe_max`.
     pub probe_initial: Duration,
     pub probe_max: Duration,
+    /// `--enable-flush-cmd`: forward `flush_all` to every server of every pool (else refused).
+    pub enable_flush: bool,
 }
 
 impl Default for Options {
@@ -41,6 +45,7 @@ impl Default for Options {
             connect_timeout: Duration::from_millis(1000),
             probe_initial: Duration::from_secs(10),
             probe_max: Duration::from_secs(60),
+            enable_flush: false,
         }
     }
 }

@@ -28,6 +28,7 @@ usage: squeal-router --config-file PATH -p PORT [options]
       --probe-delay-max-ms N    TKO probe delay cap (default 60000)
   -R, --route-prefix PREFIX     default routing prefix of a `routes` config
       --threads N               worker threads (default 1: one thread runs everything)
+      --enable-flush-cmd        forward flush_all to every server of every pool (default: refused)
   -h, --help                    this text
 ";
 
@@ -43,8 +44,8 @@ struct Args {
     opts: Options,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut it = std::env::args().skip(1);
+fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
+    let mut it = args.into_iter();
     let mut config_file = None;
     let mut port = None;
     let mut a = Args {
@@ -91,6 +92,12 @@ fn parse_args() -> Result<Args, String> {
             "--probe-delay-max-ms" => a.opts.probe_max = Duration::from_millis(num("--probe-delay-max-ms", value())?),
             "-R" | "--route-prefix" => a.route_prefix = Some(value().ok_or("--route-prefix needs a value")?),
             "--threads" => a.threads = Some(num("--threads", value())?),
+            "--enable-flush-cmd" => {
+                if inline.is_some() {
+                    return Err("--enable-flush-cmd takes no value".into());
+                }
+                a.opts.enable_flush = true;
+            }
             other => return Err(format!("unknown option `{other}` (see --help)")),
         }
     }
@@ -205,6 +212,9 @@ async fn run(args: Args) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     eprintln!("squeal-router: listening on {addr}");
+    if args.opts.enable_flush {
+        eprintln!("squeal-router: flush_all enabled (--enable-flush-cmd): it flushes every server of every pool");
+    }
     if let Some(p) = args.metrics_port {
         let maddr = format!("{}:{p}", args.listen);
         let ml = TcpListener::bind(&maddr)
@@ -243,7 +253,7 @@ async fn run(args: Args) -> Result<(), String> {
 }
 
 fn main() {
-    let args = match parse_args() {
+    let args = match parse_args(std::env::args().skip(1)) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("squeal-router: {e}\n\n{USAGE}");
@@ -276,5 +286,29 @@ fn main() {
     if let Err(e) = result {
         eprintln!("squeal-router: {e}");
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, String> {
+        parse_args(args.iter().map(|a| a.to_string()))
+    }
+
+    #[test]
+    fn flush_is_opt_in() {
+        let a = parse(&["--config-file", "c.json", "-p", "5000"]).unwrap();
+        assert!(!a.opts.enable_flush);
+        let a = parse(&["-f", "c.json", "-p", "5000", "--enable-flush-cmd", "--threads", "2"]).unwrap();
+        assert!(a.opts.enable_flush);
+        assert_eq!(a.threads, Some(2));
+        let e = parse(&["-f", "c.json", "-p", "5000", "--enable-flush-cmd=no"])
+            .err()
+            .unwrap();
+        assert!(e.contains("takes no value"), "{e}");
+        let e = parse(&["-f", "c.json", "-p", "5000", "--enable-flush"]).err().unwrap();
+        assert!(e.contains("unknown option `--enable-flush`"), "{e}");
     }
 }

@@ -103,6 +103,12 @@ impl Server {
         self.send_raw(data.freeze(), ReplyKind::Values, timeout).await
     }
 
+    /// A command that is not routed by key (e.g. `flush_all`, one line ending in CRLF), answered
+    /// with one line.
+    pub async fn send_line(self: &Arc<Self>, line: Bytes, timeout: Duration) -> Reply {
+        self.send_raw(line, ReplyKind::Line, timeout).await
+    }
+
     async fn send_raw(self: &Arc<Self>, data: Bytes, kind: ReplyKind, timeout: Duration) -> Reply {
         let (tx, rx) = oneshot::channel();
         if self.tx.try_send(Job { data, kind, reply: tx }).is_err() {

@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 use crate::protocol::Cmd;
 
 /// Labels of the per-operation request counter (client commands as received). The keyed
-/// commands come first, in the order of [`Cmd`], so a `Cmd` is its own index.
+/// commands come first, in the order of [`Cmd`], so a `Cmd` is its own index. `flush` is
+/// `flush_all` (memcached's `cmd_flush`).
 pub const OPS: &[&str] = &[
     "get", "gets", "set", "add", "replace", "append", "prepend", "cas", "delete", "incr", "decr", "touch", "mg", "ms",
-    "md", "ma", "me", "mn", "version", "stats", "other",
+    "md", "ma", "me", "mn", "version", "stats", "flush", "other",
 ];
 
 /// Upper bounds (seconds) of the latency histogram buckets.

@@ -150,7 +150,14 @@ pub enum Command {
     Verbosity {
         noreply: bool,
     },
-    /// A command the router deliberately does not forward (e.g. `flush_all`).
+    /// `flush_all [delay] [noreply]`: refused unless the router runs with `--enable-flush-cmd`,
+    /// then sent to every server of every pool of the config (see `crate::flush`).
+    FlushAll {
+        /// The delay in seconds, as memcached reads it (absent: flush now).
+        delay: Option<i64>,
+        noreply: bool,
+    },
+    /// A command the router deliberately does not forward (e.g. `shutdown`).
     Unsupported(&'static str),
 }
 
@@ -193,6 +200,7 @@ fn line_limit(buf: &[u8]) -> (usize, &'static str) {
 }
 const UNKNOWN: &str = "ERROR\r\n";
 const BAD_DELTA: &str = "CLIENT_ERROR invalid numeric delta argument\r\n";
+const BAD_FLUSH_DELAY: &str = "CLIENT_ERROR invalid exptime argument\r\n";
 
 fn find_newline(buf: &[u8]) -> Option<usize> {
     buf.iter().position(|&b| b == b'\n')
@@ -554,7 +562,25 @@ pub fn parse(buf: &Bytes) -> ParseOutcome {
         b"verbosity" => done(Command::Verbosity {
             noreply: tokens.last().is_some_and(|t| &t[..] == b"noreply"),
         }),
-        b"flush_all" => done(Command::Unsupported("flush_all")),
+        b"flush_all" => {
+            // flush_all [delay] [noreply], with memcached 1.6's errors for a bad delay or too many tokens
+            let args = &tokens[1..];
+            let noreply = args.last().is_some_and(|t| &t[..] == b"noreply");
+            let rest = if noreply { &args[..args.len() - 1] } else { args };
+            match rest {
+                [] => done(Command::FlushAll { delay: None, noreply }),
+                [d] => match parse_num::<i64>(d) {
+                    Some(delay) => done(Command::FlushAll {
+                        delay: Some(delay),
+                        noreply,
+                    }),
+                    None => err(BAD_FLUSH_DELAY),
+                },
+                _ if args.len() > 2 => err(UNKNOWN),
+                [d, _] if parse_num::<i64>(d).is_none() => err(BAD_FLUSH_DELAY),
+                _ => err(BAD_FORMAT),
+            }
+        }
         b"shutdown" => done(Command::Unsupported("shutdown")),
         _ => err(UNKNOWN),
     }
@@ -849,6 +875,39 @@ mod tests {
         assert_eq!(&r.routing_key()[..], b"foo");
         assert_eq!(encoded(&r), b"mg Zm9v b v\r\n");
         assert!(matches!(p(b"mg !!! b v\r\n"), ParseOutcome::Error { .. }));
+    }
+
+    #[test]
+    fn flush_all_takes_a_delay_and_noreply() {
+        let flush = |s: &[u8]| match p(s) {
+            ParseOutcome::Done(Command::FlushAll { delay, noreply }, n) => (delay, noreply, n),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(flush(b"flush_all\r\n"), (None, false, 11));
+        assert_eq!(flush(b"flush_all noreply\r\n"), (None, true, 19));
+        assert_eq!(flush(b"flush_all 10\r\n"), (Some(10), false, 14));
+        assert_eq!(flush(b"flush_all  0 noreply\r\nmn\r\n"), (Some(0), true, 22));
+        assert_eq!(flush(b"flush_all -1\n"), (Some(-1), false, 13));
+        // memcached 1.6.18's answers to bad delays and too many tokens (checked against it here)
+        let error = |s: &[u8]| match p(s) {
+            ParseOutcome::Error {
+                reply,
+                consume,
+                close: false,
+            } => (reply, consume),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(error(b"flush_all x\r\n"), (BAD_FLUSH_DELAY, 13));
+        assert_eq!(error(b"flush_all noreply 5\r\n").0, BAD_FLUSH_DELAY);
+        assert_eq!(error(b"flush_all 1 2 3\r\n").0, UNKNOWN);
+        assert_eq!(error(b"flush_all 1 2 noreply\r\n").0, UNKNOWN);
+        // memcached ignores a second argument that is not `noreply`; the router refuses it
+        assert_eq!(error(b"flush_all 1 2\r\n").0, BAD_FORMAT);
+        assert!(matches!(p(b"flush_all 10"), ParseOutcome::Incomplete));
+        assert!(matches!(
+            p(b"shutdown\r\n"),
+            ParseOutcome::Done(Command::Unsupported("shutdown"), 10)
+        ));
     }
 
     #[test]
