@@ -127,6 +127,34 @@ def build(store: Store) -> list[dict]:
             {"title": title, "unit": unit, "lines": _lines({f: sorted(p.items()) for f, p in series.items()})}
         )
 
+    # a replica region's data behind its primary (each of its flows' lag above includes it); 0 for the master
+    replication = _aligned(store.select("squeal_source_replication_lag_seconds"), lambda lab: lab.get("region", "?"))
+    panels.append(
+        {
+            "title": "Replica lag behind the primary per region",
+            "unit": "s",
+            "lines": _lines({r: sorted(p.items()) for r, p in replication.items()}),
+        }
+    )
+
+    # Things squeal cannot fix by deleting keys and an operator must see: changes to ruled tables without row
+    # images (TRUNCATE, DROP, RENAME, ... under on_truncate), binlog data loss, a halted region.
+    alerts: dict[str, dict[float, float]] = {}
+    for metric, label in (
+        ("squeal_bulk_changes_total", lambda lab: f"{lab.get('region', '?')} {lab.get('statement')} "
+                                                  f"{lab.get('table')} ({lab.get('policy')})"),
+        ("squeal_data_loss_total", lambda lab: f"{lab.get('region', '?')} binlog data loss ({lab.get('policy')})"),
+        ("squeal_halted", lambda lab: f"{lab.get('region', '?')} HALTED"),
+    ):
+        alerts.update(_aligned(store.select(metric), label))
+    panels.append(
+        {
+            "title": "squeal alerts: changes without row images, data loss, halted (count)",
+            "unit": "events",
+            "lines": _lines({a: sorted(p.items()) for a, p in alerts.items()}),
+        }
+    )
+
     def flow(lab: dict) -> str:
         return f"{lab.get('region', '?')}/{lab.get('flow')}"
 

@@ -14,6 +14,8 @@ from typing import Any
 
 from router_config.model import (
     COLUMN_NAME,
+    ON_DATA_LOSS,
+    ON_TRUNCATE,
     PLACEHOLDER,
     POOL_KINDS,
     Address,
@@ -149,6 +151,8 @@ class _Builder:
             "max_backlog": (int, "a positive integer"),
             "datamarker_dir": (str, "a directory path"),
             "metrics_port_base": (int, "a port number"),
+            "marker_max_age_s": ((int, float), "a number of seconds"),
+            "on_data_loss": (str, " or ".join(f'"{c}"' for c in ON_DATA_LOSS)),
         }
         out = {}
         for name in names:
@@ -157,7 +161,10 @@ class _Builder:
             self.typed(v, f"{path}.{name}", kind, what)
             if isinstance(v, int | float) and not isinstance(v, bool) and v <= 0:
                 raise self.fail(f"{path}.{name}", f"must be greater than 0, got {v}")
-            out[name] = float(v) if name == "flush_interval_ms" else v
+            out[name] = float(v) if name in ("flush_interval_ms", "marker_max_age_s") else v
+        if out["on_data_loss"] not in ON_DATA_LOSS:
+            choices = " or ".join(f'"{c}"' for c in ON_DATA_LOSS)
+            raise self.fail(f"{path}.on_data_loss", f"must be {choices}, got {out['on_data_loss']!r}")
         return SquealSettings(**out)
 
     def monitoring(self, value: Any, path: str) -> MonitoringSettings:
@@ -180,7 +187,7 @@ class _Builder:
         seen: set[str] = set()
         for i, body in enumerate(value):
             here = f"{path}[{i}]"
-            self.table(body, here, {"table", "keys"}, {"table", "keys"})
+            self.table(body, here, {"table", "keys", "on_truncate"}, {"table", "keys"})
             table = self.typed(body["table"], f"{here}.table", str, 'a "schema.table" name')
             parts = table.split(".")
             if len(parts) != 2 or not all(COLUMN_NAME.match(p) for p in parts):
@@ -191,7 +198,10 @@ class _Builder:
             keys = self.string_list(body["keys"], f"{here}.keys")
             for k, template in enumerate(keys):
                 self.template(template, f"{here}.keys[{k}]")
-            rules.append(Rule(table=table, keys=keys))
+            on_truncate = self.typed(body.get("on_truncate", "alert"), f"{here}.on_truncate", str, '"alert" or "flush"')
+            if on_truncate not in ON_TRUNCATE:
+                raise self.fail(f"{here}.on_truncate", f'must be "alert" or "flush", got {on_truncate!r}')
+            rules.append(Rule(table=table, keys=keys, on_truncate=on_truncate))
         return tuple(rules)
 
     def template(self, template: str, path: str) -> None:

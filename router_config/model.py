@@ -13,6 +13,8 @@ PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 COLUMN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 POOL_KINDS = ("wildcard", "app", "replicated", "gutter")
+ON_TRUNCATE = ("alert", "flush")  # per rule: a change to the table that carries no row images
+ON_DATA_LOSS = ("halt", "flush")  # squeal: the binlog a datamarker needs was purged
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,9 @@ class Rule:
 
     table: str
     keys: tuple[str, ...]
+    # What squeal does when the table changes with no row images (TRUNCATE, DROP, RENAME, a
+    # statement-logged change): "alert" (ERROR log, counter, dashboard) or "flush" (flush the region's caches).
+    on_truncate: str = "alert"
 
     @property
     def columns(self) -> frozenset[str]:
@@ -125,6 +130,8 @@ class SquealSettings:
     max_backlog: int = 100_000
     datamarker_dir: str = "var/datamarkers"
     metrics_port_base: int = 19100
+    on_data_loss: str = "halt"  # see ON_DATA_LOSS and docs/squeal.md
+    marker_max_age_s: float = 30.0  # /healthz fails while a flow's datamarker waits longer to be written
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import tomli_w
@@ -74,15 +74,9 @@ def to_document(topo: Topology) -> dict[str, Any]:
     """The TOML document (as plain data) that `router_config.loads` reads back into `topo`."""
     s = topo.squeal
     doc: dict[str, Any] = {
-        "squeal": {
-            "batch_size": s.batch_size,
-            "flush_interval_ms": s.flush_interval_ms,
-            "max_backlog": s.max_backlog,
-            "datamarker_dir": s.datamarker_dir,
-            "metrics_port_base": s.metrics_port_base,
-        },
+        "squeal": asdict(s),  # every setting, so a round trip through TOML keeps them all
         "monitoring": {"port": topo.monitoring.port, "probe_interval": topo.monitoring.probe_interval},
-        "rules": [{"table": r.table, "keys": list(r.keys)} for r in topo.rules],
+        "rules": [{"table": r.table, "keys": list(r.keys), "on_truncate": r.on_truncate} for r in topo.rules],
         "regions": {},
     }
     for r in topo.regions:

@@ -27,7 +27,7 @@ from typing import Any
 from twisted.internet import defer, protocol
 from twisted.internet.endpoints import TCP4ClientEndpoint
 
-from squeal.flows import Batch, Flow
+from squeal.flows import FLUSH_LINE, Batch, Flow
 from squeal.metrics import Metrics
 from squeal.sampler import DeleteSampler
 
@@ -37,12 +37,14 @@ log = logging.getLogger(__name__)
 class DeleteProtocol(protocol.Protocol):
     """One connection to one router (or memcached): writes batches, reads replies up to `MN`."""
 
-    def __init__(self, on_reply: Callable[[int, list[bytes]], None], on_lost: Callable[[str], None]) -> None:
-        self.on_reply = on_reply  # (server error count, other error lines) for the batch just finished
+    def __init__(self, on_reply: Callable[[int, list[bytes], int], None], on_lost: Callable[[str], None]) -> None:
+        # (server error count, other error lines, `OK`s: flushes done) for the batch just finished
+        self.on_reply = on_reply
         self.on_lost = on_lost
         self._buf = b""
         self._errors: list[bytes] = []
         self._server_errors = 0
+        self._oks = 0
 
     def send(self, payload: bytes) -> None:
         # Replies of the batches before this one may still be arriving: error counts reset only at `MN`.
@@ -54,11 +56,14 @@ class DeleteProtocol(protocol.Protocol):
         self._buf = lines.pop()
         for line in lines:
             if line == b"MN":
-                self.on_reply(self._server_errors, self._errors)
+                self.on_reply(self._server_errors, self._errors, self._oks)
                 self._errors = []
                 self._server_errors = 0
+                self._oks = 0
             elif line == b"NF" or line == b"HD":
                 continue  # a miss is fine: nothing cached under that key
+            elif line == b"OK":
+                self._oks += 1  # a flush_all done
             elif line.startswith(b"SERVER_ERROR"):
                 self._server_errors += 1
                 self._errors.append(line)
@@ -176,7 +181,7 @@ class Sender:
 
         d.addCallbacks(connected, failed)
 
-    def _on_reply(self, server_errors: int, errors: list[bytes]) -> None:
+    def _on_reply(self, server_errors: int, errors: list[bytes], oks: int = 0) -> None:
         if not self.batches:
             return
         batch = self.batches.popleft()
@@ -191,10 +196,19 @@ class Sender:
         for line in errors:
             if m is not None:
                 m.reply_errors.labels(flow=self.flow.name, error=line.split(b" ", 1)[0].decode(errors="replace")).inc()
+        flushes = batch.payload.count(FLUSH_LINE)
+        if oks < flushes:  # a refused flush is never acknowledged: the flow retries it
+            self.batches.appendleft(batch)
+            log.error("flow %s: flush_all refused (%r); squeal-router flushes only with --enable-flush-cmd",
+                      self.flow.name, errors[0] if errors else b"no OK")
+            self._failure("flush_all not acknowledged")
+            return
         if server_errors:
             self.batches.appendleft(batch)  # _failure hands it (and those after it) back to the flow
             self._failure(f"{server_errors} SERVER_ERROR replies, e.g. {errors[0]!r}")
             return
+        if flushes and self.metrics is not None:
+            self.metrics.flushes.labels(flow=self.flow.name).inc(flushes)
         if errors:
             log.warning("flow %s: %d error replies in a batch (not retried), e.g. %r", self.flow.name,
                         len(errors), errors[0])

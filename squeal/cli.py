@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import signal
 import sys
 
 import router_config
 from squeal import gtid as g
-from squeal.datamarkers import FileDatamarkerStore
-from squeal.flows import flow_names
+from squeal.replay import add_replay_options
 
 DESCRIPTION = """\
 squeal tails one region's MariaDB binlog and deletes the memcache keys each committed transaction
@@ -31,10 +28,13 @@ Signals: SIGTERM/SIGINT flush queued deletes, write datamarkers and exit; SIGHUP
 """
 
 REPLAY_EPILOG = """\
-Rewinds one flow: its datamarker is rewritten to GTID, so it re-sends every invalidation of the
-transactions AFTER GTID (deletes are idempotent; replaying is always safe). If the region's daemon is
-running (pid file in the state dir) it is told with SIGHUP and re-reads that flow through a catch-up
-reader while the other flows carry on; otherwise the next `squeal run` starts the flow from GTID.
+Rewinds one flow (or, with --flow all, every flow of the region): its datamarker is rewritten to GTID,
+so it re-sends every invalidation of the transactions AFTER GTID (deletes are idempotent; replaying is
+always safe). The state dir must exist. If the region's daemon is running (pid file in the state dir) it
+is told with SIGHUP and re-reads that flow through a catch-up reader while the other flows carry on;
+otherwise the next `squeal run` on that state dir starts the flow from GTID. A pid file whose pid is not
+`squeal run --region REGION` on this state dir (a stale file, a reused pid) is refused: exit 1, nothing
+written or signalled. For a daemon `squealctl up` started, use `squealctl replay`.
 
 Example: squeal replay examples/local.toml --region east --flow east-b --from 0-1-1200
 """
@@ -58,26 +58,40 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from squeal.daemon import state_dir_for
+    from squeal.replay import ReplayError, replay
+
+    topo = _topology(args.topology)
+    try:
+        lines = replay(topo, args.region, args.flow, args.from_gtid, state_dir_for(topo, args.state_dir))
+    except ReplayError as e:
+        print(f"squeal replay: error: {e}", file=sys.stderr)
+        return e.code
+    print("\n".join(lines))
+    return 0
+
+
+ACCEPT_EPILOG = """\
+After binlog data loss (the binlog a datamarker needs was purged: MariaDB error 1236) with
+on_data_loss = "halt", the region's daemon stops delivering, /healthz answers 503 and it logs an ERROR
+every minute. This command tells it to go on: it flushes every destination of the region (each cluster
+through its routers, and the regional pool), so nothing cached from the lost changes survives, and
+resumes from the oldest binlog the database still has. The daemon applies it within a second.
+Runbook: docs/runbooks/data-loss.md.
+"""
+
+
+def cmd_accept_data_loss(args: argparse.Namespace) -> int:
+    from squeal.daemon import state_dir_for
 
     topo = _topology(args.topology)
     region = topo.region(args.region)
-    names = flow_names(region)
-    if args.flow not in names:
-        raise ValueError(f"region {region.name} has no flow {args.flow!r} (flows: {', '.join(names)})")
-    position = g.format_position(g.parse_position(args.from_gtid))
     state = state_dir_for(topo, args.state_dir)
-    store = FileDatamarkerStore(state)
-    old = store.load(args.flow)
-    store.save(args.flow, position)
-    store.request_replay(args.flow, position)
-    print(f"flow {args.flow}: datamarker {old or '(none)'} -> {position or '(start of the binlog)'}")
-    pid_file = state / f"squeal-{region.name}.pid"
-    try:
-        pid = int(pid_file.read_text().strip())
-        os.kill(pid, signal.SIGHUP)
-        print(f"told the running daemon (pid {pid}) to replay")
-    except (FileNotFoundError, ValueError, ProcessLookupError):
-        print("no running daemon found: the next `squeal run` replays from there")
+    if not state.is_dir():
+        raise ValueError(f"state dir {state} does not exist (is --state-dir the daemon's?)")
+    path = state / f"accept-data-loss-{region.name}"
+    path.write_text("accepted\n")
+    print(f"data loss accepted for region {region.name} ({path}): the running daemon flushes the region's "
+          "destinations and resumes within a second; watch /healthz")
     return 0
 
 
@@ -110,12 +124,17 @@ def parser() -> argparse.ArgumentParser:
                          description="Re-send one destination's invalidations from a GTID position.",
                          epilog=REPLAY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     rep.add_argument("topology", metavar="TOPOLOGY", help="topology TOML file")
-    rep.add_argument("--region", required=True, help="the region whose daemon owns the flow")
-    rep.add_argument("--flow", required=True, help='a cluster name of the region, or "regional"')
-    rep.add_argument("--from", dest="from_gtid", required=True, metavar="GTID",
-                     help="re-send everything after this GTID position (D-S-N[,D-S-N...])")
-    rep.add_argument("--state-dir", default=None, help="where datamarkers live (as for `squeal run`)")
+    add_replay_options(rep)
+    rep.add_argument("--state-dir", default=None, help="where datamarkers live (as for `squeal run`); must exist")
     rep.set_defaults(func=cmd_replay)
+
+    acc = sub.add_parser("accept-data-loss", help="after purged binlogs (halt policy): flush the region, resume",
+                         description="Accept binlog data loss for a halted region.", epilog=ACCEPT_EPILOG,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    acc.add_argument("topology", metavar="TOPOLOGY", help="topology TOML file")
+    acc.add_argument("--region", required=True, help="the halted region")
+    acc.add_argument("--state-dir", default=None, help="the daemon's state dir (as for `squeal run`)")
+    acc.set_defaults(func=cmd_accept_data_loss)
     return p
 
 
@@ -123,13 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from squeal.datamarkers import DatamarkerDirError
     from squeal.reader import ReaderConfigError
     from squeal.rules import RuleError
 
     try:
         return args.func(args)
     except (router_config.TopologyError, RuleError, ReaderConfigError, g.GtidError, ValueError, KeyError,
-            ConnectionError) as e:
+            ConnectionError, DatamarkerDirError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"squeal: error: {msg}", file=sys.stderr)
         return 2

@@ -32,13 +32,23 @@ from twisted.web import resource, server
 from router_config import Region, Topology
 from squeal import gtid as g
 from squeal.batcher import Sender
-from squeal.datamarkers import DatamarkerStore, FileDatamarkerStore
+from squeal.bulk import load_cascades
+from squeal.datamarkers import (
+    DatamarkerDirError,
+    DatamarkerStore,
+    FileDatamarkerStore,
+    MarkerWatch,
+    StoreThread,
+    describe_error,
+)
 from squeal.flows import Committed, Dispatcher, Flow, flows_for_region
 from squeal.metrics import Metrics
 from squeal.pipeline import Handoff, KeyStage, ReadLoop
-from squeal.reader import BinlogReader, Source, check_server, current_position
+from squeal.reader import BinlogReader, DataLoss, Source, check_server, current_position
 from squeal.rules import KeyExtractor, check_rules, load_columns
 from squeal.sampler import DeleteSampler
+from squeal.source import SourcePoller
+from squeal.transactions import PreparedXa
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +136,13 @@ class Daemon:
         self.source = source_for(self.region)
         self.extractor = KeyExtractor(topology.rules)
         prefixes = self.region.regional_pool.prefixes if self.region.regional_pool else ()
-        self.stage = KeyStage(self.extractor, prefixes, self.metrics)
+        self.stage = KeyStage(self.extractor, prefixes, self.metrics, rules=topology.rules)
+        self.xa = PreparedXa()  # undecided XA prepares: datamarkers and catch-up readers stay before them
+        # Binlog data loss with on_data_loss = "halt": readers wait until an operator accepts the loss
+        # (`squeal accept-data-loss`, a request file taken at the next checkpoint).
+        self._loss_accepted = threading.Condition()
+        self._loss_accepted_at = 0.0
+        self._halted: set[str] = set()
         self.flows: dict[str, Flow] = {}
         self.senders: dict[str, Sender] = {}
         self.catchups: dict[str, ReadLoop] = {}
@@ -135,6 +151,15 @@ class Daemon:
         self.stopping = False
         self.exit_code = 0
         self._site_port: Any = None
+        # Why the daemon is unhealthy, by cause (e.g. "data_loss", "datamarker:east-a"): /healthz answers 503
+        # while any is set. Each part of the daemon sets and clears its own entries.
+        self.problems: dict[str, str] = {}
+        # Datamarkers: the store is used from a thread of its own (a hung disk never blocks the reactor);
+        # per flow, how long its acknowledged position has waited to be durable, and its write errors.
+        self._store_thread = StoreThread(self.reactor)
+        self._marker_watch = MarkerWatch()
+        self._marker_round: defer.Deferred | None = None  # the checkpoint round in progress, if any
+        self.source_poller: SourcePoller | None = None  # the source's position and replication lag (prepare)
 
     # -- start-up ----------------------------------------------------------------------------------------
 
@@ -146,13 +171,20 @@ class Daemon:
             columns = load_columns(conn, self.extractor.tables)
             for warning in check_rules(self.topology.rules, columns):
                 log.warning("%s", warning)
+            self.stage.bulk.set_cascades(load_cascades(conn))
             now = current_position(conn)
         finally:
             conn.close()
+        check_writable = getattr(self.store, "check_writable", None)
+        if check_writable is not None:
+            check_writable()  # an unwritable marker dir is a one-line start-up error, not a failure a second later
         names = [c.name for c in self.region.clusters] + (["regional"] if self.region.regional_pool else [])
         starts: dict[str, g.Position] = {}
         for name in names:
-            marker = self.store.load(name)
+            try:
+                marker = self.store.load(name)
+            except OSError as e:
+                raise DatamarkerDirError(f"cannot read the datamarker of flow {name}: {describe_error(e)}") from e
             if marker is not None:
                 starts[name] = g.parse_position(marker)
                 how = "its datamarker"
@@ -171,17 +203,41 @@ class Daemon:
         flows = flows_for_region(self.region, starts, s.max_backlog, self.metrics)
         for f in flows:
             self.flows[f.name] = f
-            self.store.save(f.name, g.format_position(f.acked))  # a new destination's "now" is now durable
+            try:
+                self.store.save(f.name, g.format_position(f.acked))  # a new destination's "now" is now durable
+            except OSError as e:
+                raise DatamarkerDirError(f"cannot write the datamarker of flow {f.name} in {self._marker_where()}: "
+                                         f"{describe_error(e)}") from e
+            self.metrics.marker_write_errors.labels(flow=f.name)  # (the series exist from the start, at 0)
+            self.metrics.marker_age.labels(flow=f.name).set_function(
+                lambda name=f.name: self._marker_watch.age(name, self.reactor.seconds()))
             f.on_shed = self._on_shed
             self.senders[f.name] = Sender(f, self.reactor, s.batch_size, s.flush_interval_ms / 1000.0,
                                           reply_timeout=self.reply_timeout, metrics=self.metrics,
                                           sampler=self.sampler)
         start = g.earliest([f.acked for f in flows])
         self.dispatcher = Dispatcher(flows, start)
-        reader = BinlogReader(self.source, start, self.extractor.tables, name="live")
+        bulk = self.stage.bulk
+        for parent in sorted(bulk.parents):
+            children = {r.table: r.on_truncate for k in ("delete", "update") for r in bulk.cascade_targets(parent, k)}
+            log.warning("foreign keys: deleting or updating a row of %s.%s changes %s through ON DELETE/UPDATE "
+                        "actions MariaDB does not log; squeal applies their on_truncate policy to such changes (%s)",
+                        parent[0], parent[1], ", ".join(sorted(children)),
+                        ", ".join(f"{t}: {p}" for t, p in sorted(children.items())))
+        # The parents of cascading foreign keys are read too (their row events signal the cascades).
+        self.read_tables = self.extractor.tables | self.stage.bulk.parents
+        reader = BinlogReader(self.source, start, self.read_tables, name="live")
         handoff = Handoff(self.reactor, self._deliver_live, bound=max(100, s.max_backlog // 4))
-        self.live = ReadLoop(reader, self.stage, handoff.put, self.metrics)
+        self.live = ReadLoop(reader, self.stage, handoff.put, self.metrics, xa=self.xa,
+                             on_data_loss=self._on_data_loss)
         self.metrics.reader_connected.labels(reader="live").set_function(lambda: int(reader.connected.is_set()))
+        self.source_poller = SourcePoller(
+            self.source, replica=self.region.database.role == "replica", metrics=self.metrics,
+            positions=lambda: [dict(f.acked) for f in flows],
+            on_problem=lambda text: self.reactor.callFromThread(self._source_problem, text))
+        for f in flows:
+            f.source_lag = self.source_poller.behind  # lag against the source, even when nothing is queued
+        self.source_poller.tick()  # a first poll now: /healthz and the gauges know the source from the start
 
     def start(self) -> None:
         """Call with the reactor about to run (or running)."""
@@ -194,6 +250,8 @@ class Daemon:
             self._site_port = self.reactor.listenTCP(self.metrics_port, server.Site(root), interface="127.0.0.1")
         assert self.live is not None
         self.live.start()
+        if self.source_poller is not None:
+            self.source_poller.start()
         self._checkpoints = task.LoopingCall(self.checkpoint)
         self._checkpoints.clock = self.reactor
         self._checkpoints.start(self.checkpoint_interval, now=False)
@@ -222,11 +280,11 @@ class Daemon:
         assert self.dispatcher is not None
         if self.stopping or flow.name in self.catchups:
             return
-        start = flow.start_catchup()
+        start = self.xa.cap(flow.start_catchup())  # from before any undecided XA prepare: its rows are needed
         if flow.caught_up(self.dispatcher.live):
             flow.rejoin()
             return
-        reader = BinlogReader(self.source, start, self.extractor.tables, name=f"catchup-{flow.name}")
+        reader = BinlogReader(self.source, start, self.read_tables, name=f"catchup-{flow.name}")
         bound = max(1, flow.max_backlog // 2)
 
         def brake() -> None:  # catch-up thread: hold back while the destination has not taken what it has
@@ -236,7 +294,7 @@ class Daemon:
         loop: ReadLoop
         handoff = Handoff(self.reactor, lambda items: self._deliver_catchup(flow, loop, items),
                           bound=max(100, bound // 2))
-        loop = ReadLoop(reader, self.stage, handoff.put, self.metrics, wait=brake)
+        loop = ReadLoop(reader, self.stage, handoff.put, self.metrics, wait=brake, on_data_loss=self._on_data_loss)
         self.catchups[flow.name] = loop
         log.info("flow %s: catch-up reader from %s", flow.name, g.format_position(start) or "the start")
         loop.start()
@@ -258,35 +316,232 @@ class Daemon:
     # -- checkpoints, replay, health --------------------------------------------------------------------------
 
     def checkpoint(self) -> None:
-        """Apply replay requests, then write the datamarkers of flows that moved."""
-        for name, position in self.store.take_replay_requests().items():
+        """Apply replay requests, then write the datamarkers of flows that moved.
+
+        Never raises (that would stop the checkpoint loop for good) and never waits for the disk: the round
+        (take replay requests, apply them, write the markers of flows that moved) runs on the store's thread,
+        and a round still running at the next checkpoint (a slow or hung disk) is not joined by another. A
+        failed write is counted and logged and leaves the flow dirty, so the next checkpoint retries it; a
+        marker waiting longer than marker_max_age_s puts "datamarker:<flow>" in `problems` until it is written.
+        """
+        try:
+            self._take_loss_acceptance()
+            self.xa.forget_decided([f.acked for f in self.flows.values()])
+            self.metrics.xa_prepared.set(len(self.xa))
+        except Exception:  # noqa: BLE001 - the checkpoint loop must never stop
+            log.exception("checkpoint: data-loss or XA bookkeeping failed; retried at the next one")
+        try:
+            self._watch_markers()
+            if self._marker_round is None:
+                self._start_marker_round()
+        except Exception:  # noqa: BLE001 - the checkpoint loop must never stop
+            log.exception("datamarker checkpoint failed; retried at the next one")
+        if self.live is not None and self.live.error is not None and not self.stopping:
+            log.error("the live binlog reader died (%s); exiting", self.live.error)
+            self.exit_code = 1
+            self.reactor.stop()
+
+    def _marker_where(self) -> str:
+        return str(getattr(self.store, "dir", self.state_dir))
+
+    def _start_marker_round(self) -> defer.Deferred:
+        """One checkpoint round; its Deferred fires True if it wrote every marker it had to (it never errs)."""
+        d = self._store_thread.call(self.store.take_replay_requests)
+        d.addCallbacks(self._apply_replays, self._replays_failed)
+        d.addCallback(lambda _: self._write_moved_markers())
+
+        def unexpected(failure: Any) -> bool:
+            log.error("datamarker checkpoint failed: %s", failure.getTraceback())
+            return False
+
+        def done(ok: Any) -> Any:
+            if self._marker_round is d:
+                self._marker_round = None
+            return ok
+
+        d.addErrback(unexpected)
+        d.addBoth(done)
+        if not d.called:
+            self._marker_round = d
+        return d
+
+    _REPLAYS = "(replay requests)"  # MarkerWatch key of take_replay_requests' failures (for rate-limited logs)
+
+    def _apply_replays(self, requests: dict[str, str]) -> None:
+        self._marker_watch.written(self._REPLAYS)
+        for name, position in requests.items():
             flow = self.flows.get(name)
             if flow is None:
                 log.error("replay request for unknown flow %r ignored (flows: %s)", name, ", ".join(self.flows))
                 continue
             log.warning("flow %s: replay from %s requested", name, position or "the start")
             flow.rewind(g.parse_position(position))
+
+    def _replays_failed(self, failure: Any) -> None:
+        """Replay requests could not be read: logged (rate-limited); the markers are written all the same."""
+        error = describe_error(failure.value)
+        if self._marker_watch.failed(self._REPLAYS, error, self.reactor.seconds()):
+            log.error("cannot take replay requests from %s: %s (retried at every checkpoint)", self._marker_where(),
+                      error)
+
+    def _write_moved_markers(self) -> defer.Deferred | bool:
+        now = self.reactor.seconds()
+        moved: dict[str, str] = {}
         for flow in self.flows.values():
             if flow.dirty:
                 flow.dirty = False
-                self.store.save(flow.name, g.format_position(flow.acked))
-                self.metrics.checkpoints.labels(flow=flow.name).inc()
-        if self.live is not None and self.live.error is not None and not self.stopping:
-            log.error("the live binlog reader died (%s); exiting", self.live.error)
-            self.exit_code = 1
-            self.reactor.stop()
+                moved[flow.name] = g.format_position(self.xa.cap(flow.acked))  # never past an undecided XA
+                self._marker_watch.moved(flow.name, now)
+        if not moved:
+            return True
+        d = self._store_thread.call(self._save_markers, moved)
+        d.addCallback(self._markers_saved, moved)
+        return d
+
+    def _save_markers(self, moved: dict[str, str]) -> dict[str, Exception]:
+        """On the store's thread: write each marker; returns the failures (flow -> exception)."""
+        errors: dict[str, Exception] = {}
+        for name, position in moved.items():
+            try:
+                self.store.save(name, position)
+            except Exception as e:  # noqa: BLE001 - OSError / ValueError from a file store, anything from others
+                errors[name] = e
+        return errors
+
+    def _markers_saved(self, errors: dict[str, Exception], moved: dict[str, str]) -> bool:
+        now = self.reactor.seconds()
+        for name in moved:
+            e = errors.get(name)
+            if e is None:
+                failures = self._marker_watch.written(name)
+                self.metrics.checkpoints.labels(flow=name).inc()
+                self.problems.pop(f"datamarker:{name}", None)
+                if failures:
+                    log.warning("flow %s: datamarker written again in %s (after %d failed writes)", name,
+                                self._marker_where(), failures)
+                continue
+            flow = self.flows.get(name)
+            if flow is not None:
+                flow.dirty = True  # retried at the next checkpoint
+            self.metrics.marker_write_errors.labels(flow=name).inc()
+            if self._marker_watch.failed(name, describe_error(e), now):
+                log.error("flow %s: cannot write its datamarker (%s) in %s: %s; deletes keep flowing, the write "
+                          "is retried at every checkpoint (%d failed so far; logged at most once a minute)",
+                          name, moved[name], self._marker_where(), describe_error(e),
+                          self._marker_watch.failures(name))
+        self._watch_markers()
+        return not errors
+
+    def _watch_markers(self) -> None:
+        """/healthz: a flow whose acknowledged position has waited more than marker_max_age_s is a problem."""
+        now = self.reactor.seconds()
+        limit = self.settings.marker_max_age_s
+        for name in self.flows:
+            key = f"datamarker:{name}"
+            age = self._marker_watch.age(name, now)
+            if age > limit:
+                error = self._marker_watch.last_error(name) or "the write has not returned (a hung disk?)"
+                self.problems[key] = (f"flow {name}: datamarker in {self._marker_where()} not written for "
+                                      f"{age:.0f}s (marker_max_age_s = {limit:g}): {error}")
+            else:
+                self.problems.pop(key, None)
 
     def status(self) -> dict[str, Any]:
         live = self.live
         ok = live is not None and live.error is None and live.thread is not None and live.thread.is_alive()
         return {
-            "ok": bool(ok) and not self.stopping,
+            "ok": bool(ok) and not self.stopping and not self.problems,
+            "problems": dict(self.problems),
             "region": self.region.name,
             "reader_connected": bool(live and live.reader.connected.is_set()),
             "live_position": g.format_position(self.dispatcher.live) if self.dispatcher else "",
+            "source": self.source_poller.snapshot() if self.source_poller is not None else None,
+            "alerts": list(self.stage.alerts)[-10:],  # recent changes without row images (TRUNCATE, ...)
+            "xa_prepared": len(self.xa),
             "flows": {n: {"state": f.state, "backlog": f.backlog, "acked": g.format_position(f.acked)}
                       for n, f in self.flows.items()},
         }
+
+    # -- binlog data loss (Wormhole's onDataLoss) ------------------------------------------------------------
+
+    def accept_path(self) -> Path:
+        """Where `squeal accept-data-loss` leaves its request for this region's daemon."""
+        return self.state_dir / f"accept-data-loss-{self.region.name}"
+
+    def _take_loss_acceptance(self) -> None:
+        path = self.accept_path()
+        if not path.exists():
+            return
+        path.unlink(missing_ok=True)
+        if not self._halted:
+            log.warning("accept-data-loss request ignored: no reader is halted on data loss")
+            return
+        log.warning("data loss accepted by the operator: flushing the region's destinations and resuming (%s)",
+                    ", ".join(sorted(self._halted)))
+        with self._loss_accepted:
+            self._loss_accepted_at = time.time()
+            self._loss_accepted.notify_all()
+
+    def _on_data_loss(self, loop: ReadLoop, loss: DataLoss) -> g.Position | None:
+        """On a reader's thread: the binlog cannot serve `loss.requested`. Returns where to resume (after the
+        destinations are told to flush), or None when stopping. With on_data_loss = "halt" (or a position
+        this server never had) it waits here, /healthz 503, an ERROR every minute, until an operator
+        accepts the loss."""
+        name = loop.reader.name
+        policy = self.settings.on_data_loss
+        requested = g.format_position(loss.requested) or "the start"
+        resume = loss.resume
+        if resume is None:
+            policy = "halt"
+            why = (f"binlog reader {name}: the database cannot serve position {requested} ({loss.message}) and "
+                   f"that position is not behind its oldest binlog ({g.format_position(loss.oldest or {}) or '?'}):"
+                   " a datamarker from another server or a restored backup? Stop squeal, set every flow's "
+                   "marker with `squeal replay TOPOLOGY --region R --flow all --from GTID`, start it again")
+        else:
+            oldest = g.format_position(loss.oldest or {})
+            why = (f"binlog reader {name}: DATA LOSS: the binlog after {requested} was purged ({loss.message}); "
+                   f"lost GTIDs {loss.lost_range()}; the oldest binlog starts after {oldest}")
+        self.metrics.data_loss.labels(policy=policy).inc()
+        if policy == "flush":
+            log.error("%s; on_data_loss = \"flush\": flushing every destination of region %s and resuming after "
+                      "%s", why, self.region.name, g.format_position(resume or {}))
+            return resume
+        if resume is not None:
+            why += (f"; on_data_loss = \"halt\": delivery stopped. Recover with `squeal accept-data-loss TOPOLOGY "
+                    f"--region {self.region.name}` (flushes the region's caches, resumes from the oldest binlog; "
+                    "docs/runbooks/data-loss.md)")
+        self.reactor.callFromThread(self._set_halted, name, why)
+        since = last_log = time.time()
+        log.error("%s", why)
+        with self._loss_accepted:
+            while not loop.reader.stopped and self._loss_accepted_at <= since:
+                self._loss_accepted.wait(1.0)  # (short: a stopping reader is noticed within a second)
+                if time.time() - last_log >= 60 and self._loss_accepted_at <= since:
+                    last_log = time.time()
+                    log.error("still halted (%.0f min): %s", (last_log - since) / 60, why)
+        self.reactor.callFromThread(self._set_halted, name, None)
+        if loop.reader.stopped or resume is None:
+            return None
+        log.warning("binlog reader %s: data loss accepted; flushing and resuming after %s", name,
+                    g.format_position(resume))
+        return resume
+
+    def _set_halted(self, reader: str, why: str | None) -> None:
+        if why is None:
+            self._halted.discard(reader)
+            self.problems.pop(f"data_loss:{reader}", None)
+        else:
+            self._halted.add(reader)
+            self.problems[f"data_loss:{reader}"] = why
+        self.metrics.halted.set(1 if self._halted else 0)
+
+    def _source_problem(self, text: str | None) -> None:
+        """The source poller: the database could not be polled for long (text), or can be again (None)."""
+        if text is None:
+            self.problems.pop("source", None)
+        else:
+            log.error("%s", text)
+            self.problems["source"] = text
 
     def _pid_path(self) -> Path:
         return self.state_dir / f"squeal-{self.region.name}.pid"
@@ -297,35 +552,95 @@ class Daemon:
 
     # -- shutdown ----------------------------------------------------------------------------------------------
 
-    def shutdown(self, flush_timeout: float = 3.0) -> defer.Deferred:
-        """Stop reading, flush queued deletes (bounded time), checkpoint. Runs before the reactor stops."""
+    def shutdown(self, flush_timeout: float = 3.0, save_timeout: float = 3.0) -> defer.Deferred:
+        """Stop reading, flush queued deletes (bounded time), write the datamarkers (bounded time: markers
+        still unwritten after `save_timeout`, a failing or hung store, are an ERROR and exit code 1). Runs
+        before the reactor stops; the Deferred it returns always fires."""
         self.stopping = True
         if self.live is not None:
             self.live.reader.stop()
+        if self.source_poller is not None:
+            self.source_poller.stop(timeout=0)
         for loop in self.catchups.values():
             loop.reader.stop()
         finished: defer.Deferred = defer.Deferred()
 
+        finishing: list[bool] = []
+
         def finish(_: Any = None) -> None:
-            if finished.called:
+            if finishing:
                 return
-            for s in self.senders.values():
-                s.stop()
-            self.checkpoint()
-            if self._checkpoints.running:
-                self._checkpoints.stop()
+            finishing.append(True)
             try:
-                self._pid_path().unlink(missing_ok=True)
-            except OSError:
-                pass
-            log.info("stopped; datamarkers: %s",
-                     {n: g.format_position(f.acked) for n, f in self.flows.items()})
-            finished.callback(None)
+                for s in self.senders.values():
+                    s.stop()
+                checkpoints = getattr(self, "_checkpoints", None)
+                if checkpoints is not None and checkpoints.running:
+                    checkpoints.stop()
+                saved = self._final_markers(save_timeout)
+            except Exception:  # noqa: BLE001 - the Deferred below must fire whatever happens
+                log.exception("shutdown: writing the datamarkers failed")
+                saved = defer.succeed(False)
+            saved.addBoth(done)
+
+        def done(saved: Any) -> None:
+            try:
+                markers = {n: g.format_position(f.acked) for n, f in self.flows.items()}
+                unsaved = [n for n, f in self.flows.items() if f.dirty or self._marker_watch.pending(n)]
+                if saved is not True and unsaved:
+                    errors = [e for e in (self._marker_watch.last_error(n) for n in unsaved) if e]
+                    log.error("could not save the datamarkers of flow(s) %s in %s within %gs (%s); on restart "
+                              "they resume from their older markers and send those deletes again",
+                              ", ".join(f"{n} at {markers[n]}" for n in unsaved), self._marker_where(),
+                              save_timeout, errors[0] if errors else "the write has not returned (a hung disk?)")
+                    self.exit_code = self.exit_code or 1
+                elif saved is not True:
+                    log.warning("the datamarker store in %s did not answer within %gs (every marker was already "
+                                "written)", self._marker_where(), save_timeout)
+                try:
+                    self._pid_path().unlink(missing_ok=True)
+                except OSError:
+                    pass
+                log.info("stopped; datamarkers: %s", markers)
+            except Exception:  # noqa: BLE001
+                log.exception("shutdown failed")
+                self.exit_code = self.exit_code or 1
+            finally:
+                if not finished.called:
+                    finished.callback(None)
 
         timeout = self.reactor.callLater(flush_timeout, finish)  # a dead destination must not hold us up
         drained = defer.DeferredList([s.when_drained() for s in self.senders.values()])
         drained.addCallback(lambda _: (timeout.cancel() if timeout.active() else None, finish()))
         return finished
+
+    def _final_markers(self, timeout: float) -> defer.Deferred:
+        """Checkpoint rounds until every flow's marker is written: fires True, or False after `timeout`
+        seconds (a store that keeps failing is retried every 0.5 s; a hung one is abandoned with its thread)."""
+        result: defer.Deferred = defer.Deferred()
+
+        def give_up() -> None:
+            if not result.called:
+                result.callback(False)
+
+        timer = self.reactor.callLater(timeout, give_up)
+
+        def round_done(ok: Any) -> None:
+            if result.called:
+                return
+            if ok is True and not any(f.dirty for f in self.flows.values()):
+                if timer.active():
+                    timer.cancel()
+                result.callback(True)
+            else:
+                self.reactor.callLater(0 if ok is True else 0.5, next_round)
+
+        def next_round() -> None:
+            if not result.called:
+                (self._marker_round or self._start_marker_round()).addBoth(round_done)
+
+        next_round()
+        return result
 
 
 def run(topology: Topology, region: str, state_dir: str | Path | None = None, metrics_port: int | None = None,

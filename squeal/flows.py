@@ -17,6 +17,10 @@ A flow is plain data and logic, no I/O (the batcher does that):
   (its own binlog connection) from `acked`, feeding `offer_catchup`; the catch-up reader waits while the
   backlog is above half the bound. Once the flow has queued everything the live stream has dispatched,
   it `rejoin`s the live stream and the catch-up reader stops.
+  One transaction is exempt: the oldest queued one with more keys than the bound on its own
+  ("oversize"). Its delete lines are one tuple shared by every flow, so a huge transaction arriving at a
+  healthy flow does not shed it; the other keys queued still count, so a dead destination still sheds
+  and holds at most `max_backlog` keys plus that one transaction.
 
 Everything here runs on the reactor thread; only `backlog` is read from other threads (a plain int).
 """
@@ -34,6 +38,11 @@ from squeal import gtid as g
 from squeal.metrics import Metrics
 
 LIVE, SHED, CATCHING_UP = "live", "shed", "catching_up"
+# Sent ahead of a transaction's deletes when its changes carry no row images (TRUNCATE with the "flush"
+# policy) or after binlog data loss. The routers answer `OK` once every server of the cluster is flushed
+# (squeal-router needs --enable-flush-cmd); `md ... q` lines never contain this line, so counting it in a
+# batch's payload counts the flushes in it.
+FLUSH_LINE = b"flush_all\r\n"
 STATES = (LIVE, SHED, CATCHING_UP)
 REGIONAL = "regional"
 
@@ -47,6 +56,10 @@ class Committed:
     read_ts: float  # when squeal read its commit (wall clock)
     cluster_lines: tuple[bytes, ...]
     regional_lines: tuple[bytes, ...]
+    flush: bool = False  # flush every destination before these deletes (a change without row images)
+    # Binlog data loss: instead of one GTID, the flows move to this position (every transaction between the
+    # flow's position and it is gone from the binlog; `flush` is set so nothing cached from then survives).
+    jump: g.Position | None = None
 
 
 def split_keys(keys: Sequence[str], regional_prefixes: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -66,6 +79,7 @@ class Entry:
     commit_ts: float
     read_ts: float
     lines: tuple[bytes, ...]
+    jump: g.Position | None = None  # acknowledged: the flow's position becomes (at least) this
 
 
 @dataclass(slots=True)
@@ -92,6 +106,12 @@ class Flow:
         self.queue: deque[Entry] = deque()
         self.head_offset = 0
         self.backlog = 0  # unacknowledged keys, including the batches in flight
+        # The shed rule's exemption (`_enqueue`): keys queued since the last shed, of which the first
+        # `_keys_queued - backlog` are acknowledged (acks go in order), and the span [first, end) in that count
+        # of the oldest transaction queued that on its own holds more than `oversize` keys (the bound).
+        self.oversize = max_backlog
+        self._keys_queued = 0
+        self._oversize_span = (0, 0)
         self.sending: deque[Batch] = deque()  # batches in flight, oldest first (acknowledged in this order)
         self._sent_entries = 0  # queue entries (from the head) wholly inside the batches in flight
         self._sent_offset = 0  # lines of the entry after those already inside the batches in flight
@@ -100,6 +120,9 @@ class Flow:
         self.state = LIVE
         self.dirty = False  # acked moved since the last checkpoint
         self.last_acked_commit_ts: float | None = None
+        # The daemon sets this to the source poller's `behind(acked, now)` (squeal/source.py): how far the
+        # source's data is ahead of what this flow acknowledged, even when nothing is queued (a stalled replica).
+        self.source_lag: Callable[[g.Position, float], float] | None = None
         self.on_ready: Callable[[], None] = lambda: None  # the batcher: there is something to send
         self.on_shed: Callable[[Flow], None] = lambda flow: None  # the daemon: start a catch-up reader
         self._latency = metrics.latency.labels(flow=name) if metrics is not None else None
@@ -112,7 +135,8 @@ class Flow:
     # -- input ------------------------------------------------------------------------------------------
 
     def lines_of(self, c: Committed) -> tuple[bytes, ...]:
-        return c.regional_lines if self.kind == REGIONAL else c.cluster_lines
+        lines = c.regional_lines if self.kind == REGIONAL else c.cluster_lines
+        return (FLUSH_LINE, *lines) if c.flush else lines
 
     def offer_live(self, c: Committed) -> None:
         if self.state == LIVE:
@@ -123,28 +147,57 @@ class Flow:
             self._enqueue(c, may_shed=False)  # the catch-up reader is held back by backlog instead
 
     def _enqueue(self, c: Committed, may_shed: bool) -> None:
-        if g.covers(self.enqueued, c.gtid):
+        if c.jump is not None:
+            if g.covers_position(self.enqueued, c.jump):
+                return  # this flow is already past the lost range
+            g.merge(self.enqueued, c.jump)
+        elif g.covers(self.enqueued, c.gtid):
             return
-        g.advance(self.enqueued, c.gtid)
+        else:
+            g.advance(self.enqueued, c.gtid)
         lines = self.lines_of(c)
         if not lines and not self.queue and not self.sending:
-            g.advance(self.acked, c.gtid)  # nothing to delete and nothing ahead of it: done already
+            if c.jump is not None:  # nothing to delete and nothing ahead of it: done already
+                g.merge(self.acked, c.jump)
+            else:
+                g.advance(self.acked, c.gtid)
             self.dirty = True
             return
-        self.queue.append(Entry(c.gtid, c.commit_ts, c.read_ts, lines))
+        self.queue.append(Entry(c.gtid, c.commit_ts, c.read_ts, lines, c.jump))
         self.backlog += len(lines)
-        if may_shed and self.backlog > self.max_backlog:
+        over = self._over_bound(len(lines))  # (counts the keys in catch-up too)
+        if may_shed and over:
             self.shed()
         elif lines:
             self.on_ready()
 
     # -- bounded memory -----------------------------------------------------------------------------------
 
+    def _over_bound(self, n: int) -> bool:
+        """Count the `n` keys just queued; True if the keys queued, less the oversize one's, pass the bound.
+
+        Shedding bounds what a slow or dead destination makes this flow hold on its own. One transaction
+        bigger than `oversize` is held once whatever the flows do (every flow queues the same tuple) and
+        is not a sign of a slow destination, so the oldest such transaction still queued is not counted:
+        a healthy flow takes a huge transaction without shedding, a dead one holds at most `max_backlog`
+        keys besides it. A second oversize transaction queued behind the first counts in full.
+        """
+        first = self._keys_queued
+        self._keys_queued = first + n
+        acked = self._keys_queued - self.backlog
+        start, end = self._oversize_span
+        if n > self.oversize and end <= acked:  # the exemption is free (its transaction is acknowledged)
+            start, end = self._oversize_span = first, first + n
+        exempt = max(0, end - max(start, acked))
+        return self.backlog - exempt > self.max_backlog
+
     def shed(self) -> None:
         """Drop everything queued; the flow will be re-read from `acked` by a catch-up reader."""
         self.queue.clear()
         self.head_offset = 0
         self.backlog = 0
+        self._keys_queued = 0
+        self._oversize_span = (0, 0)
         self._drop_in_flight()
         self.epoch += 1  # an ack for the batch in flight now belongs to the past
         self.enqueued = dict(self.acked)
@@ -240,7 +293,10 @@ class Flow:
         latency, delivery = self._latency, self._delivery
         for _ in range(batch.entries):
             e = self.queue.popleft()
-            g.advance(self.acked, e.gtid)
+            if e.jump is not None:
+                g.merge(self.acked, e.jump)
+            else:
+                g.advance(self.acked, e.gtid)
             self.last_acked_commit_ts = e.commit_ts
             if e.lines and latency is not None and delivery is not None:
                 latency.observe(max(0.0, now - e.commit_ts))
@@ -265,12 +321,24 @@ class Flow:
     # -- observability ----------------------------------------------------------------------------------------
 
     def lag(self) -> float:
+        """Seconds this destination is behind the primary's commits (a lower bound), the larger of:
+
+        * queued: now minus the commit time of the oldest transaction not yet acknowledged (commit times
+          are the primary's, also in a replica's binlog);
+        * source: `source_lag(acked, now)`, the time since the source first showed a position `acked` does
+          not cover plus the source's own replication lag: nonzero while nothing reaches the queue at all.
+
+        Read from the /metrics thread: no I/O here, and the queue may change under us.
+        """
         now = self.clock()
-        if self.queue:
-            return max(0.0, now - self.queue[0].commit_ts)
-        if self.state != LIVE and self.last_acked_commit_ts is not None:
-            return max(0.0, now - self.last_acked_commit_ts)
-        return 0.0
+        queued = 0.0
+        try:
+            queued = max(0.0, now - self.queue[0].commit_ts)
+        except IndexError:  # nothing queued
+            if self.state != LIVE and self.last_acked_commit_ts is not None:
+                queued = max(0.0, now - self.last_acked_commit_ts)
+        source = self.source_lag(dict(self.acked), now) if self.source_lag is not None else 0.0
+        return max(queued, source)
 
     def _set_state(self, state: str) -> None:
         self.state = state
@@ -302,6 +370,9 @@ class Dispatcher:
         self.live: g.Position = dict(start)
 
     def dispatch(self, c: Committed) -> None:
-        g.advance(self.live, c.gtid)
+        if c.jump is not None:
+            g.merge(self.live, c.jump)
+        else:
+            g.advance(self.live, c.gtid)
         for f in self.flows.values():
             f.offer_live(c)

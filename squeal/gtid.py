@@ -64,6 +64,13 @@ def advance(pos: Position, gtid: Gtid) -> None:
     pos[gtid[0]] = (gtid[1], gtid[2])
 
 
+def merge(pos: Position, other: Position) -> None:
+    """Move `pos` forward (in place) to cover everything `other` covers, domain by domain."""
+    for d, (s, n) in other.items():
+        if d not in pos or pos[d][1] < n:
+            pos[d] = (s, n)
+
+
 def earliest(positions: list[Position]) -> Position:
     """A position from which every one of `positions` can be served.
 

@@ -43,8 +43,10 @@ class Metrics:
         self.backlog = Gauge("squeal_flow_backlog", "Keys queued for a destination, not yet acknowledged",
                              ["flow"], registry=r)
         self.lag = Gauge("squeal_flow_lag_seconds",
-                         "Now minus the commit time of the oldest transaction the destination has not "
-                         "acknowledged (0 when caught up)", ["flow"], registry=r)
+                         "How far the destination is behind the primary's commits (a lower bound): the larger of "
+                         "now minus the commit time of the oldest unacknowledged transaction and the time since the "
+                         "source first showed a position the flow has not acknowledged (docs/squeal.md, Lag)",
+                         ["flow"], registry=r)
         self.state = Gauge("squeal_flow_state", "1 for the flow's current state", ["flow", "state"], registry=r)
         self.sheds = Counter("squeal_flow_sheds", "Times a flow's backlog passed max_backlog and was dropped "
                              "from memory (to be re-read by a catch-up reader)", ["flow"], registry=r)
@@ -67,3 +69,33 @@ class Metrics:
                                           "Transaction read from the binlog to its deletes acknowledged",
                                           ["flow"], buckets=LATENCY_BUCKETS, registry=r)
         self.checkpoints = Counter("squeal_datamarker_writes", "Datamarkers written", ["flow"], registry=r)
+        self.marker_write_errors = Counter("squeal_datamarker_write_errors",
+                                           "Datamarker writes that failed (retried at the next checkpoint)",
+                                           ["flow"], registry=r)
+        self.marker_age = Gauge("squeal_datamarker_age_seconds",
+                                "How long the flow's acknowledged position has waited to be written to its "
+                                "datamarker (0 while the marker is current, however idle the flow)",
+                                ["flow"], registry=r)
+        # the source database (squeal/source.py)
+        self.source_up = Gauge("squeal_source_up", "1 while the last poll of the source database succeeded",
+                               registry=r)
+        self.source_replication_lag = Gauge("squeal_source_replication_lag_seconds",
+                                            "How far a replica source's data is behind its primary: "
+                                            "Seconds_Behind_Master, or while replication is stalled the last "
+                                            "known value plus the time stalled (0 for a primary)", registry=r)
+        # changes that need more than deletes (docs/squeal.md "What squeal guarantees")
+        self.flushes = Counter("squeal_flushes", "flush_all commands acknowledged by a destination (TRUNCATE "
+                               "policy \"flush\", or binlog data loss)", ["flow"], registry=r)
+        self.bulk_changes = Counter("squeal_bulk_changes",
+                                    "Changes to a ruled table that carry no row images (TRUNCATE, DROP, RENAME, a "
+                                    "statement-logged change), by the rule's on_truncate policy",
+                                    ["table", "statement", "policy"], registry=r)
+        self.xa_prepared = Gauge("squeal_xa_prepared", "XA transactions prepared and not yet decided (their "
+                                 "prepare holds the datamarkers back)", registry=r)
+        self.xa_unknown = Counter("squeal_xa_unknown_decisions", "XA COMMITs whose PREPARE squeal never read "
+                                  "(its rows' keys are unknown: prepared before squeal's start position)",
+                                  registry=r)
+        self.data_loss = Counter("squeal_data_loss", "Times the binlog a reader needed was purged (error 1236), "
+                                 "by the on_data_loss policy applied", ["policy"], registry=r)
+        self.halted = Gauge("squeal_halted", "1 while delivery is halted after binlog data loss "
+                            "(on_data_loss = \"halt\"; see docs/runbooks/data-loss.md)", registry=r)

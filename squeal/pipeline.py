@@ -14,30 +14,62 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from prometheus_client import Counter
+
+from router_config import Rule
+from squeal import gtid as g
+from squeal.bulk import BulkChange, BulkDetector
 from squeal.flows import Committed, split_keys
 from squeal.metrics import Metrics
-from squeal.reader import BinlogReader
+from squeal.reader import BinlogReader, DataLoss
 from squeal.rules import KeyExtractor, delete_lines
-from squeal.transactions import Transaction, TransactionGrouper
+from squeal.transactions import Begin, PreparedXa, Restart, Rows, Transaction, TransactionGrouper
 
 log = logging.getLogger(__name__)
 
 
 class KeyStage:
-    """Transaction -> Committed: keys from rules and comments, split by destination kind, as wire lines."""
+    """Transaction -> Committed: keys from rules and comments, split by destination kind, as wire lines.
+
+    Row events are rendered as they are read (`render`, called by the read loop): an open transaction holds
+    its distinct keys, not its row images, and a key it renders again is dropped there (counted in
+    `squeal_keys_duplicates_total`). One `Committed` carries one copy of those keys as delete lines, and every
+    flow queues that same tuple.
+    """
 
     def __init__(self, extractor: KeyExtractor, regional_prefixes: Sequence[str],
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, rules: Sequence[Rule] = ()) -> None:
         self.extractor = extractor
+        self.bulk = BulkDetector(rules)
+        self.alerts: collections.deque[dict[str, Any]] = collections.deque(maxlen=50)  # for /healthz
         self.regional_prefixes = tuple(regional_prefixes)
         self.metrics = metrics
         self._missing_reported: dict[tuple[str, str, str], int] = {}
         # Label lookups are dict work under a lock: resolve the children once, not per transaction.
         self._keys_rule = metrics.keys.labels(source="rule") if metrics is not None else None
         self._keys_comment = metrics.keys.labels(source="comment") if metrics is not None else None
+        # One KeyStage per daemon (and registry): the live and catch-up read loops share it.
+        self._duplicates = Counter(
+            "squeal_keys_duplicates", "Keys a transaction rendered again (e.g. feed:{author_id} for every row of "
+            "one author), dropped: each transaction holds and sends each key once",
+            registry=metrics.registry) if metrics is not None else None
 
-    def process(self, txn: Transaction, read_ts: float | None = None) -> Committed:
+    def render(self, rows: Rows, seen: dict[str, None]) -> Rows:
+        """A row event of the open transaction as its keys not yet in `seen` (which gains them)."""
+        out, duplicates = self.extractor.render(rows, seen)
+        if duplicates and self._duplicates is not None:
+            self._duplicates.inc(duplicates)
+        return out
+
+    def process(self, txn: Transaction, read_ts: float | None = None, report: bool = True) -> Committed:
+        """`report`: log and count what needs an operator (the live reader; catch-up readers re-read)."""
         keys, from_rules, from_comments = self.extractor.keys(txn)
+        flush = False
+        if txn.ddl is not None or txn.queries or txn.cascades:
+            for change in self.bulk.changes(txn):
+                flush = flush or change.rule.on_truncate == "flush"
+                if report:
+                    self._report(txn, change)
         rewritten: dict[str, int] = {}
         if self.regional_prefixes:
             cluster, regional = split_keys(keys, self.regional_prefixes)
@@ -45,7 +77,7 @@ class KeyStage:
         else:
             cluster_lines, regional_lines = delete_lines(keys, rewritten), ()
         c = Committed(txn.gtid, txn.timestamp, time.time() if read_ts is None else read_ts,
-                      cluster_lines, regional_lines)
+                      cluster_lines, regional_lines, flush)
         m = self.metrics
         if m is not None:
             if from_rules:
@@ -62,12 +94,30 @@ class KeyStage:
         return c
 
 
+    def _report(self, txn: Transaction, change: BulkChange) -> None:
+        rule, policy = change.rule, change.rule.on_truncate
+        sql = change.sql if len(change.sql) <= 200 else change.sql[:200] + "..."
+        what = (f"{change.statement.upper()} of ruled table {rule.table} at GTID {txn.gtid_text} ({sql!r}) "
+                f"carries no row images: every cached key of {', '.join(rule.keys)} may be stale")
+        if policy == "flush":
+            log.warning("%s; on_truncate = \"flush\": flushing every destination of the region", what)
+        else:
+            log.error("%s; on_truncate = \"alert\": nothing was deleted, flush the region's caches "
+                      "(squealctl flush) or set on_truncate = \"flush\" for this rule", what)
+        self.alerts.append({"time": time.time(), "gtid": txn.gtid_text, "table": rule.table,
+                            "statement": change.statement, "policy": policy, "sql": sql})
+        if self.metrics is not None:
+            self.metrics.bulk_changes.labels(table=rule.table, statement=change.statement, policy=policy).inc()
+
+
 class Handoff:
     """Reader thread -> reactor thread, coalescing and bounded.
 
     The bound counts keys (plus one per transaction) and is squeal's own back-pressure: if the reactor
     thread cannot keep up with decoding, the reader waits here instead of piling transactions up (and
     making healthy flows shed). Destinations never hold the reader back; only their flows shed.
+    `put` waits only while the hand-off already holds `bound` or more, so a transaction heavier than the
+    whole bound goes through (into an empty hand-off at worst) and the next `put` waits for the drain.
     The reactor takes at most `chunk` transactions per turn so sockets (acks, sends) are served between.
 
     Wake-ups: the first transaction after a quiet spell wakes the reactor at once (no added latency).
@@ -125,8 +175,14 @@ class ReadLoop:
     """Runs reader -> grouper -> key stage on a thread; each committed transaction goes to `sink`."""
 
     def __init__(self, reader: BinlogReader, stage: KeyStage, sink: Callable[[Committed], None],
-                 metrics: Metrics | None = None, wait: Callable[[], None] | None = None) -> None:
+                 metrics: Metrics | None = None, wait: Callable[[], None] | None = None,
+                 xa: PreparedXa | None = None,
+                 on_data_loss: Callable[[ReadLoop, DataLoss], g.Position | None] | None = None) -> None:
         self.reader = reader
+        self.xa = xa  # the live reader records XA prepares and decisions here (datamarkers wait for them)
+        # Called on this thread when the binlog cannot serve the reader's position: returns the position to
+        # resume after (the destinations have been told to flush) or None (stopping). May block (halt).
+        self.on_data_loss = on_data_loss
         self.stage = stage
         self.sink = sink
         self.metrics = metrics
@@ -143,7 +199,25 @@ class ReadLoop:
         event_time = m.reader_event_time.labels(reader=name) if m else None
         try:
             reconnects = rolled_back = 0
+            # Keys of the group being read. Each row event is rendered as it arrives and the grouper gets it
+            # as its new keys (`KeyStage.render`): an open transaction holds its distinct keys, not its row
+            # images. Every group starts with a GTID event (`Begin`); after a reconnect it is read again whole.
+            group: dict[str, None] = {}
+            cascades: list = []  # FK cascades to ruled tables in the group being read (not in the binlog)
+            parents = self.stage.bulk.parents
+            read_rows = 0
             for ev in self.reader:
+                if type(ev) is DataLoss:
+                    self._data_loss(ev)
+                    continue
+                if type(ev) is Rows:
+                    read_rows += ev.changes
+                    if parents and (ev.schema, ev.table) in parents:
+                        cascades += self.stage.bulk.cascaded((ev.schema, ev.table), ev.kind)
+                    ev = self.stage.render(ev, group)
+                elif type(ev) is Begin or type(ev) is Restart:
+                    group = {}
+                    cascades = []
                 txn = self.grouper.feed(ev)
                 if txn is None:
                     if m is not None and self.reader.reconnects != reconnects:
@@ -153,22 +227,53 @@ class ReadLoop:
                         m.rolled_back.inc(self.grouper.rolled_back - rolled_back)
                         rolled_back = self.grouper.rolled_back
                     continue
+                group = {}  # the transaction holds its keys (as rendered row events); the index can go
+                if cascades:
+                    txn.cascades, cascades = cascades, []
+                if txn.xa:
+                    if not self._xa(txn):
+                        continue
                 self.reader.commit(txn.gtid)
                 if self.wait is not None:
                     self.wait()
                     if self.reader.stopped:
                         break
-                c = self.stage.process(txn)
+                c = self.stage.process(txn, report=name == "live")
                 if tx is not None and rows is not None and event_time is not None:
                     tx.inc()
-                    n = sum([r.changes for r in txn.rows])
-                    if n:
-                        rows.inc(n)
+                    if read_rows:
+                        rows.inc(read_rows)  # rows read since the last transaction handed on
                     event_time.set(txn.timestamp)
+                read_rows = 0
                 self.sink(c)
+                del txn, c  # the flows hold its delete lines: keep no keys alive until the next transaction
         except BaseException as e:  # noqa: BLE001 - reported by the daemon, which stops
             self.error = e
             log.exception("binlog reader %s failed", name)
+
+    def _xa(self, txn: Transaction) -> bool:
+        """Record an XA prepare (False: nothing to send yet) or decision (True: send it like any commit)."""
+        if txn.xa == "prepare":
+            if self.xa is not None:  # reading again from before the prepare finds its rows
+                self.xa.prepared(txn.xid, txn.gtid, dict(self.reader.committed))
+            return False
+        if self.xa is not None:
+            self.xa.decided(txn.xid, txn.gtid)
+            if txn.xa_unknown and txn.xa == "commit":
+                log.error("XA COMMIT %s at GTID %s: its XA PREPARE is before squeal's start position, so its "
+                          "rows' keys are unknown and were not deleted", txn.xid, txn.gtid_text)
+                if self.metrics is not None:
+                    self.metrics.xa_unknown.inc()
+        return True
+
+    def _data_loss(self, loss: DataLoss) -> None:
+        resume = self.on_data_loss(self, loss) if self.on_data_loss is not None else None
+        if resume is None or self.reader.stopped:
+            return
+        self.reader.resume_from(resume)
+        domain, (server, seq) = next(iter(sorted(resume.items())), (0, (0, 0)))
+        now = time.time()
+        self.sink(Committed((domain, server, seq), now, now, (), (), flush=True, jump=dict(resume)))
 
     def start(self) -> threading.Thread:
         self.thread = threading.Thread(target=self.run, name=f"squeal-reader-{self.reader.name}", daemon=True)

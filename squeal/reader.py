@@ -29,16 +29,29 @@ from pymysqlreplication.event import (
     MariadbAnnotateRowsEvent,
     MariadbGtidEvent,
     QueryEvent,
+    XAPrepareEvent,
     XidEvent,
 )
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
 from squeal import gtid as g
-from squeal.transactions import FL_STANDALONE, Annotate, Begin, Commit, Event, Query, Restart, Rows
+from squeal.transactions import (
+    FL_STANDALONE,
+    Annotate,
+    Begin,
+    Commit,
+    Event,
+    Query,
+    Restart,
+    Rows,
+    XaPrepare,
+    xid_text,
+)
 
 log = logging.getLogger(__name__)
 
 LOST = (2006, 2013)  # "server has gone away", "lost connection"
+BINLOG_GONE = 1236  # the dump request's GTID position is not in the server's binlog (purged, or never there)
 
 
 class ReaderConfigError(RuntimeError):
@@ -106,6 +119,53 @@ def check_server(conn: Any, replica: bool = False) -> None:
         )
 
 
+@dataclass(frozen=True)
+class DataLoss:
+    """The server cannot serve `requested` (error 1236): the transactions after it are gone.
+
+    `oldest` is the position at the start of the server's oldest binlog: reading can resume from there,
+    merged with `requested` (`resume`). None when that would not move forward (the position is not
+    behind the oldest binlog: a GTID this server never had, e.g. a restored backup or another server).
+    Yielded by `BinlogReader`; the consumer decides (flush and `resume_from`, or wait) before it goes on.
+    """
+
+    requested: g.Position
+    oldest: g.Position | None
+    message: str
+
+    @property
+    def resume(self) -> g.Position | None:
+        if self.oldest is None:
+            return None
+        out = dict(self.requested)
+        g.merge(out, self.oldest)
+        return None if g.covers_position(self.requested, out) else out
+
+    def lost_range(self) -> str:
+        """Per domain, the GTIDs gone: "0-1-43..0-1-120" (after requested, up to and including oldest)."""
+        if self.oldest is None:
+            return "unknown"
+        parts = []
+        for d, (s, n) in sorted(self.oldest.items()):
+            before = self.requested.get(d)
+            if before is None or before[1] < n:
+                first = f"{d}-{before[0]}-{before[1] + 1}" if before else f"{d}-*-1"
+                parts.append(f"{first}..{d}-{s}-{n}")
+        return ", ".join(parts) or "none"
+
+
+def oldest_position(conn: Any) -> g.Position:
+    """The GTID position at the start of the server's oldest binlog (the oldest it can serve after)."""
+    with conn.cursor() as cur:
+        cur.execute("SHOW BINARY LOGS")
+        first = cur.fetchone()
+        if first is None:
+            return {}
+        cur.execute("SELECT BINLOG_GTID_POS(%s, 4)", (first[0],))
+        row = cur.fetchone()
+    return g.parse_position((row[0] if row else "") or "")
+
+
 def current_position(conn: Any) -> g.Position:
     """The server's @@gtid_binlog_pos: "now" for a destination that has no datamarker yet."""
     with conn.cursor() as cur:
@@ -134,7 +194,12 @@ def convert(ev: Any) -> Event | None:
     if kind is XidEvent:
         return Commit()
     if kind is QueryEvent:
-        return Query(ev.query)
+        schema = ev.schema.decode("utf-8", "replace") if isinstance(ev.schema, bytes) else str(ev.schema or "")
+        return Query(ev.query, schema)
+    if kind is XAPrepareEvent:
+        if ev.one_phase:  # XA COMMIT ... ONE PHASE: an ordinary commit
+            return Commit()
+        return XaPrepare(xid_text(ev.xid_gtrid, ev.xid_bqual, ev.xid_format_id))
     return None
 
 
@@ -146,7 +211,7 @@ class BinlogReader:
     """
 
     EVENTS = [MariadbGtidEvent, MariadbAnnotateRowsEvent, WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent,
-              XidEvent, QueryEvent, HeartbeatLogEvent]
+              XidEvent, QueryEvent, XAPrepareEvent, HeartbeatLogEvent]
 
     def __init__(self, source: Source, start: g.Position, tables: set[tuple[str, str]],
                  name: str = "live", max_backoff: float = 5.0) -> None:
@@ -167,6 +232,22 @@ class BinlogReader:
     def commit(self, gtid: g.Gtid) -> None:
         """The consumer has a complete transaction `gtid`: a reconnect resumes after it."""
         g.advance(self.committed, gtid)
+
+    def resume_from(self, position: g.Position) -> None:
+        """After `DataLoss`: the next connection reads after `position` (the consumer has dealt with the gap)."""
+        g.merge(self.committed, position)
+
+    def _data_loss(self, message: str) -> DataLoss:
+        try:
+            conn = self.source.connect()
+            try:
+                oldest: g.Position | None = oldest_position(conn)
+            finally:
+                conn.close()
+        except (pymysql.err.MySQLError, OSError, g.GtidError) as e:
+            log.warning("binlog reader %s: cannot read the server's oldest binlog position: %s", self.name, e)
+            oldest = None
+        return DataLoss(dict(self.committed), oldest, message)
 
     def stop(self) -> None:
         """Make the blocked read return (from any thread)."""
@@ -207,6 +288,7 @@ class BinlogReader:
         backoff = 0.1
         while not self._stop.is_set():
             stream = self._stream = self._open()
+            loss: DataLoss | None = None
             try:
                 while not self._stop.is_set():
                     ev = stream.fetchone()
@@ -222,8 +304,11 @@ class BinlogReader:
                 if self._stop.is_set():
                     break
                 self.errors += 1
-                log.warning("binlog reader %s: %s; reconnecting from %s in %.1fs", self.name, e,
-                            g.format_position(self.committed) or "the start", backoff)
+                if isinstance(e, pymysql.err.MySQLError) and e.args and e.args[0] == BINLOG_GONE:
+                    loss = self._data_loss(str(e.args[1] if len(e.args) > 1 else e))
+                else:
+                    log.warning("binlog reader %s: %s; reconnecting from %s in %.1fs", self.name, e,
+                                g.format_position(self.committed) or "the start", backoff)
             finally:
                 self.connected.clear()
                 self._stream = None
@@ -235,6 +320,10 @@ class BinlogReader:
                 break
             self.reconnects += 1
             yield Restart()
+            if loss is not None:
+                yield loss  # the consumer flushes and calls resume_from(), or waits for an operator
+                if self._stop.is_set():
+                    break
             self._stop.wait(backoff)
             backoff = min(backoff * 2, self.max_backoff)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router_config import Rule
-from squeal.transactions import Transaction
+from squeal.transactions import Rows, Transaction
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,9 @@ MAX_PLAIN_KEY = 186  # longest key meta-memcache sends as is (base64 of 187 byte
 _NEEDS_BASE64 = re.compile(rb"[\x00-\x20\x7f-\xff]")
 _MCD_COMMENT = re.compile(rb"/\*\s*mcd:(.*?)\*/", re.DOTALL)
 PLACEHOLDER = re.compile(r"\{([^{}]*)\}")  # `{column}` in a key template (the topology's syntax)
+# `Rows.kind` of a row event already rendered as it was read (`KeyExtractor.render`): its `images` are its
+# keys (str), not row images. The transaction then holds its distinct keys, not every row image, until its commit.
+RENDERED = "keys"
 
 
 class RuleError(ValueError):
@@ -153,32 +156,63 @@ class KeyExtractor:
         return set(self.templates)
 
     def keys(self, txn: Transaction) -> tuple[list[str], int, int]:
-        """(keys, number from rules, number from comments) for one committed transaction."""
+        """(keys, number from rules, number from comments) for one committed transaction.
+
+        Distinct keys only: a key rendered again (say `feed:{author_id}` by every row of one author) is sent
+        once. Comment keys come first, then rule keys in row order; `txn.rows` may hold row events already
+        rendered (`render`), whose keys are taken as they are.
+        """
         seen: dict[str, None] = {}
-        from_comments = 0
         for sql in txn.statements:
             if b"mcd:" in sql:  # cheap test first: most statements carry no comment
                 for k in comment_keys(sql):
                     if k not in seen:
                         seen[k] = None
-                        from_comments += 1
-        from_rules = 0
-        templates_of = self.templates
+        from_comments = len(seen)
         for rows in txn.rows:
-            templates = templates_of.get((rows.schema, rows.table))
-            if not templates:
-                continue  # a table with no rule (the reader filters most of these out already)
-            for image in rows.images:
-                for t in templates:
-                    try:
-                        key = t.render(image)
-                    except KeyError as e:
-                        self._missing(rows.schema, rows.table, str(e.args[0]), t)
-                        continue
-                    if key is not None and key not in seen:
-                        seen[key] = None
-                        from_rules += 1
-        return list(seen), from_rules, from_comments
+            if rows.kind == RENDERED:
+                for key in rows.images:
+                    if key not in seen:
+                        seen[key] = None  # type: ignore[index]
+            else:
+                self._add(rows, seen, None)
+        return list(seen), len(seen) - from_comments, from_comments
+
+    def render(self, rows: Rows, seen: dict[str, None]) -> tuple[Rows, int]:
+        """Render one row event as soon as it is read: (the event with its row images replaced by the keys they
+        render that `seen` lacks, number of duplicate keys dropped).
+
+        `seen` holds the keys rendered so far from the same transaction (this adds to it), so the transaction
+        keeps each of its distinct keys once and none of its row images. The keys are sent only once the
+        transaction commits (`keys` takes them from the returned event).
+        """
+        new: list[str] = []
+        duplicates = self._add(rows, seen, new)
+        return Rows(rows.schema, rows.table, RENDERED, tuple(new)), duplicates  # type: ignore[arg-type]
+
+    def _add(self, rows: Rows, seen: dict[str, None], new: list[str] | None) -> int:
+        """Keys of `rows`' images not in `seen` into `seen` (and `new`); returns how many were already there."""
+        templates = self.templates.get((rows.schema, rows.table))
+        if not templates:
+            return 0  # a table with no rule (the reader filters most of these out already)
+        duplicates = 0
+        append = new.append if new is not None else None
+        for image in rows.images:
+            for t in templates:
+                try:
+                    key = t.render(image)
+                except KeyError as e:
+                    self._missing(rows.schema, rows.table, str(e.args[0]), t)
+                    continue
+                if key is None:
+                    continue
+                if key in seen:
+                    duplicates += 1
+                    continue
+                seen[key] = None
+                if append is not None:
+                    append(key)
+        return duplicates
 
     def _missing(self, schema: str, table: str, column: str, t: Template) -> None:
         # A column dropped after start-up: the other templates still work; say so loudly, once per column.

@@ -1,7 +1,7 @@
 """Stage 2: group binlog events into committed transactions.
 
 The reader turns library events into the small plain-data events below; `TransactionGrouper.feed`
-returns a `Transaction` only when the transaction's commit is seen:
+returns a `Transaction` only when the transaction's outcome is seen:
 
 * `Begin` (MariaDB's GTID event) opens a transaction. MariaDB writes no `BEGIN` query: the GTID event
   is the begin. A GTID event flagged *standalone* is a DDL statement (or similar) that commits by itself.
@@ -9,23 +9,56 @@ returns a `Transaction` only when the transaction's commit is seen:
   `/* mcd:... */` keys).
 * `Rows` carries the before/after images of the changed rows of one table.
 * `Commit` is the XID event (transactional engines) or a `COMMIT` query (non-transactional engines).
-* `Query` is any other query event: `ROLLBACK` drops the open transaction (nothing is sent); in a
-  standalone transaction the query itself ends it (DDL such as ALTER TABLE).
+* `XaPrepare` ends the first half of an XA transaction (`XA PREPARE`): its rows are logged now, the
+  decision (`XA COMMIT` / `XA ROLLBACK`) comes later as a group of its own with no rows. The grouper keeps
+  the prepared rows by XID and emits them with the `XA COMMIT`'s GTID. The daemon must not let a
+  datamarker pass a prepare whose decision it has not seen (`PreparedXa` below).
+* `Query` is any other query event. Parsed, not guessed from its first word: `ROLLBACK TO SAVEPOINT`
+  inside a committed group is nothing; a whole `ROLLBACK` drops the group unless it carries row images
+  (rows that reached the binlog of a group that rolled back were written to a table that cannot roll
+  back, e.g. MyISAM: they persisted and their keys are invalidated); `XA COMMIT`/`XA ROLLBACK` decide a
+  prepared XA transaction; in a standalone group the query itself ends it (DDL such as ALTER TABLE);
+  any other statement inside a group (a statement-logged change, no row images) is kept in `queries`
+  so the key stage can tell the operator.
 * `Restart` means the reader reconnected: anything half-read is discarded, the reader resumes from the
   last committed GTID so the transaction will come again in full.
 
 Invalidations happen only for what this stage emits, so a delete is never sent for a transaction that
-did not commit.
+did not commit (and rows of a rolled-back group only when they could not be rolled back).
 """
 
 from __future__ import annotations
 
+import re
+import threading
 from dataclasses import dataclass, field
 
+from squeal import gtid as g
 from squeal.gtid import Gtid
 
 # MariaDB GTID event flag: the event group is a single statement with no XID (DDL, FLUSH, ...).
 FL_STANDALONE = 0x01
+
+# Statements are matched after leading comments and whitespace; case-insensitive.
+_LEADING_COMMENTS = re.compile(r"^(?:\s+|/\*.*?\*/|--[^\n]*\n|#[^\n]*\n)*", re.DOTALL)
+_WHOLE_ROLLBACK = re.compile(r"ROLLBACK(?:\s+WORK)?(?:\s+AND\s+(?:NO\s+)?CHAIN)?(?:\s+(?:NO\s+)?RELEASE)?\s*;?\s*$",
+                             re.IGNORECASE)
+_SAVEPOINT_ROLLBACK = re.compile(r"ROLLBACK(?:\s+WORK)?\s+TO\b", re.IGNORECASE)
+_NOTHING_TO_DO = re.compile(r"(?:BEGIN|START\s+TRANSACTION|SAVEPOINT|RELEASE\s+SAVEPOINT|XA\s+(?:START|BEGIN|END))\b",
+                            re.IGNORECASE)
+# MariaDB logs an XID as X'<gtrid hex>',X'<bqual hex>',<formatID> in XA END / XA COMMIT / XA ROLLBACK.
+_XA_DECISION = re.compile(r"XA\s+(COMMIT|ROLLBACK)\s+X'([0-9A-Fa-f]*)'\s*,\s*X'([0-9A-Fa-f]*)'\s*,\s*(\d+)",
+                          re.IGNORECASE)
+
+
+def xid_text(gtrid: bytes, bqual: bytes, format_id: int) -> str:
+    """One spelling of an XA transaction id, the same from the prepare event and the decision query."""
+    return f"{gtrid.hex()},{bqual.hex()},{format_id}"
+
+
+def statement_body(sql: str) -> str:
+    """`sql` without leading comments and whitespace (MariaDB may log `/* ... */` before a statement)."""
+    return sql[_LEADING_COMMENTS.match(sql).end():]  # type: ignore[union-attr]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +94,14 @@ class Commit:
 @dataclass(frozen=True, slots=True)
 class Query:
     sql: str
+    schema: str = ""  # the session's default database when the statement ran (for unqualified names)
+
+
+@dataclass(frozen=True, slots=True)
+class XaPrepare:
+    """`XA PREPARE` (MariaDB's XA_PREPARE_LOG_EVENT): the rows before it are prepared, not committed."""
+
+    xid: str  # see `xid_text`
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +109,7 @@ class Restart:
     pass
 
 
-Event = Begin | Annotate | Rows | Commit | Query | Restart
+Event = Begin | Annotate | Rows | Commit | Query | XaPrepare | Restart
 
 
 @dataclass(slots=True)
@@ -78,6 +119,13 @@ class Transaction:
     statements: list[bytes] = field(default_factory=list)
     rows: list[Rows] = field(default_factory=list)
     ddl: str | None = None  # the statement of a standalone (DDL) transaction
+    schema: str = ""  # the default database of `ddl`
+    queries: list[tuple[str, str]] = field(default_factory=list)  # (schema, sql) logged as statements in a group
+    rolled_back: bool = False  # ended in ROLLBACK, but carried rows that persisted (non-transactional tables)
+    xa: str = ""  # "prepare": rows of an undecided XA transaction; "commit" / "rollback": its decision group
+    xid: str = ""
+    xa_unknown: bool = False  # a decision whose prepare this reader never saw (its rows are unknown)
+    cascades: list = field(default_factory=list)  # squeal.bulk.BulkChange: FK cascades to ruled tables
 
     @property
     def gtid_text(self) -> str:
@@ -85,11 +133,18 @@ class Transaction:
 
 
 class TransactionGrouper:
-    """Feed events in binlog order; get back each transaction at its commit."""
+    """Feed events in binlog order; get back each transaction at its commit.
 
-    def __init__(self) -> None:
+    Also returned, so the reader loop can keep positions right: an XA PREPARE group (`xa == "prepare"`,
+    not yet committed: send nothing) and an XA decision group (`xa == "commit"` with the prepared rows
+    under the decision's GTID, or `xa == "rollback"` with none).
+    """
+
+    def __init__(self, max_prepared: int = 10_000) -> None:
         self._open: Transaction | None = None
         self._standalone = False
+        self.prepared: dict[str, Transaction] = {}  # XID -> the rows of an undecided XA PREPARE
+        self.max_prepared = max_prepared
         self.discarded = 0  # transactions dropped half-read (reconnect, or a GTID without a commit)
         self.rolled_back = 0
 
@@ -112,7 +167,9 @@ class TransactionGrouper:
         if kind is Commit:
             return self._close()
         if kind is Query:
-            return self._query(event.sql)  # type: ignore[union-attr]
+            return self._query(event.sql, event.schema)  # type: ignore[union-attr]
+        if kind is XaPrepare:
+            return self._prepare(event.xid)  # type: ignore[union-attr]
         if kind is Restart:
             if self._open is not None:
                 self.discarded += 1
@@ -120,21 +177,115 @@ class TransactionGrouper:
             return None
         raise TypeError(f"not a transaction event: {event!r}")
 
-    def _query(self, sql: str) -> Transaction | None:
+    def _query(self, sql: str, schema: str) -> Transaction | None:
         if self._open is None:
             return None
-        word = sql.lstrip().split(None, 1)[0].upper() if sql.strip() else ""
+        body = statement_body(sql)
+        word = body.split(None, 1)[0].upper() if body else ""
         if word == "COMMIT":
             return self._close()
+        if word == "XA":
+            decision = _XA_DECISION.match(body)
+            if decision is not None:
+                return self._decide(decision)
+            return None  # XA END / XA START inside the group: nothing to do
         if word == "ROLLBACK" and not self._standalone:
-            self._open = None
-            self.rolled_back += 1
-            return None
+            if _SAVEPOINT_ROLLBACK.match(body):
+                return None  # part of a transaction that goes on (and may commit)
+            if _WHOLE_ROLLBACK.match(body):
+                txn, self._open = self._open, None
+                self.rolled_back += 1
+                if txn.rows:  # rows that could not be rolled back reached the binlog: they persisted
+                    txn.rolled_back = True
+                    return txn
+                return None
         if self._standalone:
             self._open.ddl = sql
+            self._open.schema = schema
             return self._close()
-        return None  # BEGIN, SAVEPOINT, ... inside a transaction: nothing to do
+        if not _NOTHING_TO_DO.match(body):
+            self._open.queries.append((schema, sql))  # a change logged as a statement: no row images
+        return None
+
+    def _prepare(self, xid: str) -> Transaction | None:
+        txn, self._open = self._open, None
+        if txn is None:
+            return None
+        txn.xa, txn.xid = "prepare", xid
+        if xid not in self.prepared and len(self.prepared) >= self.max_prepared:
+            raise OverflowError(f"more than {self.max_prepared} XA transactions prepared and undecided")
+        self.prepared[xid] = txn  # a re-read after a reconnect replaces the same XID's rows
+        return txn
+
+    def _decide(self, m: re.Match[str]) -> Transaction | None:
+        decision, gtrid, bqual, fmt = m.group(1).lower(), m.group(2), m.group(3), int(m.group(4))
+        xid = xid_text(bytes.fromhex(gtrid), bytes.fromhex(bqual), fmt)
+        txn, self._open = self._open, None
+        assert txn is not None
+        txn.xa, txn.xid = decision, xid
+        prepared = self.prepared.pop(xid, None)
+        if prepared is None:
+            txn.xa_unknown = True
+        elif decision == "commit":
+            txn.statements = prepared.statements
+            txn.rows = prepared.rows
+            txn.queries = prepared.queries
+            txn.cascades = prepared.cascades
+        return txn
 
     def _close(self) -> Transaction | None:
         txn, self._open = self._open, None
         return txn
+
+
+class PreparedXa:
+    """Undecided XA transactions as positions the datamarkers must not pass (shared across threads).
+
+    The live reader records each XA PREPARE with `before`, a position from which reading again meets
+    the prepare. Until a flow has acknowledged the decision, `cap` keeps that flow's durable marker (and a
+    catch-up reader's start) at `before`: after a restart, the prepare's rows are read again and the later
+    `XA COMMIT` finds them. Without this, a restart between PREPARE and COMMIT would lose the rows' keys.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # xid -> (prepare GTID, position before it, decision GTID or None)
+        self._holds: dict[str, tuple[Gtid, g.Position, Gtid | None]] = {}
+
+    def prepared(self, xid: str, gtid: Gtid, before: g.Position) -> None:
+        with self._lock:
+            old = self._holds.get(xid)
+            if old is None or old[2] is not None:
+                self._holds[xid] = (gtid, dict(before), None)
+
+    def decided(self, xid: str, gtid: Gtid) -> None:
+        with self._lock:
+            hold = self._holds.get(xid)
+            if hold is not None:
+                self._holds[xid] = (hold[0], hold[1], gtid)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(1 for _, _, decision in self._holds.values() if decision is None)
+
+    def cap(self, position: g.Position) -> g.Position:
+        """`position`, moved back before every prepare it passes whose decision it does not cover."""
+        out = dict(position)
+        with self._lock:
+            holds = list(self._holds.values())
+        for prepare, before, decision in holds:
+            if not g.covers(out, prepare) or (decision is not None and g.covers(position, decision)):
+                continue
+            domain = prepare[0]
+            if domain in before:
+                out[domain] = before[domain]
+            else:
+                out.pop(domain, None)  # (read that domain from the start)
+        return out
+
+    def forget_decided(self, positions: list[g.Position]) -> None:
+        """Drop holds whose decision every one of `positions` (each flow's acknowledged one) covers."""
+        with self._lock:
+            for xid, (_, _, decision) in list(self._holds.items()):
+                if decision is not None and all(g.covers(p, decision) for p in positions):
+                    del self._holds[xid]

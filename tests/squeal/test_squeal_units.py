@@ -62,7 +62,7 @@ def test_transactions_are_emitted_only_at_commit() -> None:
         rows("users", {"id": 2}),
         Commit(),
         Begin((0, 1, 2), 101.0),
-        rows("users", {"id": 3}),
+        Annotate(b"INSERT ..."),  # a rolled-back group with no row images left: nothing persisted
         Query("ROLLBACK"),
         Begin((0, 1, 3), 102.0, standalone=True),
         Query("ALTER TABLE users ADD c INT"),
@@ -315,13 +315,13 @@ def test_regional_split() -> None:
 
 def test_protocol_reads_replies_to_mn() -> None:
     replies = []
-    p = DeleteProtocol(lambda n, errs: replies.append((n, errs)), lambda why: None)
+    p = DeleteProtocol(lambda n, errs, oks: replies.append((n, errs, oks)), lambda why: None)
     p.makeConnection(StringTransport())
     p.send(b"md a q\r\nmn\r\n")
     p.dataReceived(b"NF\r\nM")
     assert replies == []
-    p.dataReceived(b"N\r\nCLIENT_ERROR bad\r\nSERVER_ERROR out of memory\r\nMN\r\n")
-    assert replies == [(0, []), (1, [b"CLIENT_ERROR bad", b"SERVER_ERROR out of memory"])]
+    p.dataReceived(b"N\r\nCLIENT_ERROR bad\r\nSERVER_ERROR out of memory\r\nMN\r\nOK\r\nMN\r\n")
+    assert replies == [(0, [], 0), (1, [b"CLIENT_ERROR bad", b"SERVER_ERROR out of memory"], 0), (0, [], 1)]
 
 
 def _connect(reactor: MemoryReactorClock, index: int) -> tuple[StringTransport, object]:
@@ -460,6 +460,7 @@ def test_cli_replay_rewrites_the_marker(tmp_path, capsys) -> None:
         'pools.wildcard = { servers = ["127.0.0.1:7002"] }\n'
     )
     state = tmp_path / "state"
+    state.mkdir()  # replay never creates a marker dir (a wrong --state-dir is an error, not a new dir)
     assert (
         cli_main(
             ["replay", str(topo), "--region", "east", "--flow", "a", "--from", "0-1-17", "--state-dir", str(state)]

@@ -1,0 +1,168 @@
+"""Changes to a ruled table that carry no row images, found in a transaction's statements.
+
+Row events tell squeal exactly which rows changed; some statements change (or remove) every row of a
+table and log only their SQL text: TRUNCATE, DROP TABLE, DROP DATABASE, RENAME TABLE (the swap at the end
+of an online schema change), CREATE OR REPLACE TABLE, ALTER TABLE ... RENAME / TRUNCATE|DROP|EXCHANGE
+PARTITION, and any change a session logged in statement format. Every cached key of such a table may be
+stale, and no key can be rendered from a statement. `bulk_changes` finds them; the key stage applies
+the rule's `on_truncate` policy ("alert" or "flush").
+
+Foreign keys with ON DELETE / ON UPDATE CASCADE (or SET NULL / SET DEFAULT) are the other case: InnoDB
+changes the child rows itself and MariaDB logs only the parent's row events. A delete or update of a
+parent of a ruled table (through any chain of such foreign keys, `load_cascades`) counts as a bulk change
+of the ruled child ("cascade").
+
+Matching is on names, not a full SQL parser: a statement of one of those kinds that names a ruled table
+anywhere (qualified, or unqualified in the statement's default database) counts. A false match costs an
+alert or a flush, never a stale value.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from router_config import Rule
+from squeal.transactions import Transaction, statement_body
+
+_IDENT = r"(?:`(?:[^`]|``)+`|[A-Za-z0-9_$]+)"
+_NAME = re.compile(rf"({_IDENT})(?:\s*\.\s*({_IDENT}))?")
+_COMMENT = re.compile(r"/\*.*?\*/|--[^\n]*|#[^\n]*", re.DOTALL)
+_STRING = re.compile(r"'(?:[^'\\]|\\.|'')*'|\"(?:[^\"\\]|\\.)*\"", re.DOTALL)
+
+# statement kind -> how it starts (after leading comments)
+_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (kind, re.compile(pattern, re.IGNORECASE))
+    for kind, pattern in (
+        ("truncate", r"TRUNCATE\b"),
+        ("drop", r"DROP\s+TABLES?\b"),
+        ("drop database", r"DROP\s+(?:DATABASE|SCHEMA)\b"),
+        ("rename", r"RENAME\s+TABLES?\b"),
+        ("replace", r"CREATE\s+OR\s+REPLACE\s+TABLE\b"),
+        ("alter", r"ALTER\s+(?:ONLINE\s+)?(?:IGNORE\s+)?TABLE\b"),
+        ("statement", r"(?:INSERT|REPLACE|UPDATE|DELETE|LOAD\s+DATA|LOAD\s+XML)\b"),
+    )
+)
+# ALTER TABLE changes that replace or remove rows (ADD COLUMN and the like keep them)
+_ALTER_RENAME = re.compile(r"\bRENAME\s+(?:TO\s+|AS\s+)?(?!COLUMN\b|INDEX\b|KEY\b)", re.IGNORECASE)
+_ALTER_PARTITION = re.compile(r"\b(?:TRUNCATE|DROP|EXCHANGE)\s+PARTITION\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class BulkChange:
+    rule: Rule
+    statement: str  # kind: "truncate", "drop", "rename", ...
+    sql: str
+
+
+def _unquote(ident: str) -> str:
+    return ident[1:-1].replace("``", "`") if ident.startswith("`") else ident
+
+
+def statement_kind(sql: str) -> str | None:
+    """The bulk kind of `sql` ("truncate", "rename", ...), or None for a statement that keeps rows."""
+    body = statement_body(sql)
+    for kind, pattern in _KINDS:
+        if pattern.match(body):
+            if kind == "alter":
+                text = _STRING.sub("''", body)
+                if _ALTER_RENAME.search(text):
+                    return "rename"
+                return "partition" if _ALTER_PARTITION.search(text) else None
+            return kind
+    return None
+
+
+def named_tables(sql: str, default_schema: str) -> set[tuple[str, str]]:
+    """Every (schema, table) `sql` could name: each identifier, alone or qualified (over-inclusive)."""
+    text = _STRING.sub("''", _COMMENT.sub(" ", sql))
+    out: set[tuple[str, str]] = set()
+    for m in _NAME.finditer(text):
+        first, second = _unquote(m.group(1)), m.group(2)
+        if second is not None:
+            out.add((first, _unquote(second)))
+        elif default_schema:
+            out.add((default_schema, first))
+    return out
+
+
+Table = tuple[str, str]
+# parent -> [(child, on delete, on update)] for foreign keys whose actions change the child
+Cascades = dict[Table, list[tuple[Table, str, str]]]
+_CHANGES_CHILD = ("CASCADE", "SET NULL", "SET DEFAULT")
+
+
+def load_cascades(conn: Any) -> Cascades:
+    """Every foreign key whose ON DELETE / ON UPDATE action changes the child rows (information_schema)."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT UNIQUE_CONSTRAINT_SCHEMA, REFERENCED_TABLE_NAME, CONSTRAINT_SCHEMA, TABLE_NAME, DELETE_RULE, "
+            "UPDATE_RULE FROM information_schema.REFERENTIAL_CONSTRAINTS")
+        out: Cascades = {}
+        for ps, pt, cs, ct, on_delete, on_update in cur.fetchall():
+            if on_delete in _CHANGES_CHILD or on_update in _CHANGES_CHILD:
+                out.setdefault((ps, pt), []).append(((cs, ct), on_delete, on_update))
+    return out
+
+
+class BulkDetector:
+    """Finds the ruled tables a transaction changed without row images."""
+
+    def __init__(self, rules: Iterable[Rule], cascades: Cascades | None = None) -> None:
+        self.rules: dict[tuple[str, str], Rule] = {}
+        for rule in rules:
+            schema, table = rule.table.split(".", 1)
+            self.rules[(schema, table)] = rule
+        self.cascades: Cascades = {}
+        self.parents: set[Table] = set()  # tables whose row changes can cascade to a ruled table
+        self.set_cascades(cascades or {})
+
+    def set_cascades(self, cascades: Cascades) -> None:
+        self.cascades = cascades
+        self.parents = {p for p in cascades if self.cascade_targets(p, "delete") or self.cascade_targets(p, "update")}
+
+    def cascade_targets(self, parent: Table, kind: str) -> list[Rule]:
+        """Ruled tables a `kind` ("delete"/"update") of a `parent` row can change, through any FK chain."""
+        found: dict[str, Rule] = {}
+        seen = {parent}
+        todo: deque[tuple[Table, bool]] = deque([(parent, True)])
+        while todo:
+            table, first = todo.popleft()
+            for child, on_delete, on_update in self.cascades.get(table, ()):
+                action = (on_delete if kind == "delete" else on_update) if first else "CASCADE"
+                if action not in _CHANGES_CHILD or child in seen:
+                    continue
+                seen.add(child)
+                if child in self.rules:
+                    found[self.rules[child].table] = self.rules[child]
+                todo.append((child, False))
+        return [found[t] for t in sorted(found)]
+
+    def cascaded(self, parent: Table, kind: str) -> list[BulkChange]:
+        """The bulk changes a `kind` row event of `parent` makes to ruled children (none for inserts)."""
+        if kind not in ("delete", "update"):
+            return []
+        what = f"{kind.upper()} on {parent[0]}.{parent[1]} (foreign key cascade)"
+        return [BulkChange(rule, "cascade", what) for rule in self.cascade_targets(parent, kind)]
+
+    def changes(self, txn: Transaction) -> list[BulkChange]:
+        statements = list(txn.queries)
+        if txn.ddl is not None:
+            statements.append((txn.schema, txn.ddl))
+        out: list[BulkChange] = list(txn.cascades)
+        for schema, sql in statements:
+            kind = statement_kind(sql)
+            if kind is None:
+                continue
+            if kind == "drop database":
+                m = _NAME.search(re.sub(r"(?is)^\s*DROP\s+(?:DATABASE|SCHEMA)\s+(?:IF\s+EXISTS\s+)?", "",
+                                        statement_body(sql)))
+                dropped = _unquote(m.group(1)) if m else ""
+                hit = [rule for (s, _), rule in self.rules.items() if s == dropped]
+            else:
+                hit = [self.rules[name] for name in named_tables(sql, schema) if name in self.rules]
+            out += [BulkChange(rule, kind, sql) for rule in sorted(hit, key=lambda r: r.table)]
+        return out
