@@ -6,7 +6,10 @@ squealctl down                   stop everything `up` started
 squealctl router-config TOPOLOGY --cluster NAME | --all
                                  print the mcrouter-dialect JSON a cluster's routers run
 squealctl check TOPOLOGY         validate a topology file and summarise it
-squealctl replay ...             rewind a squeal flow's datamarker (see `squealctl replay --help`)
+squealctl replay --region R --flow F|all --from GTID [TOPOLOGY]
+                                 re-send invalidations: rewind the flow(s) of the daemon `up` started
+squealctl accept-data-loss --region R [TOPOLOGY]
+                                 a region halted on purged binlogs: flush its caches and resume
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import gutter
 import router_config
 from ops.harness import HarnessError
 from ops.local import ALL_ROLES, Deployment
+from squeal.replay import ReplayError, add_replay_options, replay
 from warmup import WarmupController, WarmupError
 
 DEFAULT_STATE_DIR = os.environ.get("SQUEAL_STATE_DIR", "var/local")
@@ -110,13 +114,37 @@ def _parser() -> argparse.ArgumentParser:
     vf.add_argument("--database", default="app", help="the web tier's database (default %(default)s)")
 
     rp = sub.add_parser(
-        "replay", help="rewind a squeal flow to a GTID so its invalidations are sent again", add_help=False
+        "replay",
+        help="rewind a squeal flow of this deployment to a GTID so its invalidations are sent again",
+        description="Rewind one flow (or all flows) of a region's squeal daemon, the one `squealctl up` started: "
+        "its datamarker in STATE_DIR/squeal/markers-REGION is set to GTID and the daemon, once /proc shows the "
+        "recorded pid is that daemon, gets SIGHUP and re-sends every invalidation after GTID. With the "
+        "deployment down, the next `squealctl up` does. For a daemon started by hand, use `squeal replay`.",
+        epilog="Example: squealctl replay --region east --flow all --from 0-1-1200",
     )
-    rp.add_argument("args", nargs=argparse.REMAINDER, help="passed to `squeal replay` (see its --help)")
+    rp.add_argument(
+        "topology",
+        nargs="?",
+        metavar="TOPOLOGY",
+        help="topology file (default: the one `squealctl up` recorded in STATE_DIR/components.json)",
+    )
+    add_replay_options(rp)
+    # `squeal replay` takes --state-dir after the command; here it is squealctl's and goes before it.
+    rp.add_argument("--state-dir", dest="misplaced_state_dir", help=argparse.SUPPRESS)
+
+    al = sub.add_parser(
+        "accept-data-loss",
+        help="a region's squeal halted on purged binlogs: flush the region's caches and resume",
+        description="After binlog data loss with on_data_loss = \"halt\" the region's squeal daemon stops "
+        "delivering (/healthz 503). This tells the daemon `squealctl up` started to flush every destination of "
+        "the region and resume from the oldest binlog the database still has. Runbook: docs/runbooks/data-loss.md.",
+    )
+    al.add_argument("topology", nargs="?", metavar="TOPOLOGY", help="topology file (default: the recorded one)")
+    al.add_argument("--region", required=True, help="the halted region")
     return p
 
 
-FORWARDED = ("loadtest", "replay")  # subcommands whose arguments belong to another program's parser
+FORWARDED = ("loadtest",)  # subcommands whose arguments belong to another program's parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,10 +250,50 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"verify: {report.checked} cached copies compared, {report.absent} not cached, {len(report.stale)} stale")
         return 0 if report.ok else 1
     if args.command == "replay":
+        return _replay(deployment, args)
+    if args.command == "accept-data-loss":
         from squeal.cli import main as squeal_main
 
-        return squeal_main(["replay", *args.args])
+        topology = args.topology or deployment.recorded_topology()
+        if topology is None:
+            raise HarnessError(f"accept-data-loss: no TOPOLOGY given and none recorded in {deployment.state_file}")
+        return squeal_main(["accept-data-loss", str(topology), "--region", args.region,
+                            "--state-dir", str(deployment.squeal_state_dir(args.region))])
     raise AssertionError(args.command)
+
+
+def _replay(deployment: Deployment, args: argparse.Namespace) -> int:
+    """`squeal replay` on the markers and pid of the daemon `up` started for the region."""
+    if args.misplaced_state_dir is not None:
+        raise HarnessError(
+            "replay: --state-dir is squealctl's option and goes before the command (squealctl --state-dir D "
+            "replay ...); to replay a daemon started by hand with its own state dir use `squeal replay`"
+        )
+    topology = args.topology or deployment.recorded_topology()
+    if topology is None:
+        raise HarnessError(
+            f"replay: no TOPOLOGY given and no deployment recorded in {deployment.state_file}: name the topology "
+            "file (or the deployment's state dir with squealctl --state-dir)"
+        )
+    recorded = [
+        (c.pid, str(deployment.state_file))
+        for c in deployment.components()
+        if c.role == "squeal" and c.region == args.region
+    ]
+    try:
+        lines = replay(
+            router_config.load(topology),
+            args.region,
+            args.flow,
+            args.from_gtid,
+            deployment.squeal_state_dir(args.region),
+            pids=recorded,
+        )
+    except ReplayError as e:
+        print(f"squealctl replay: error: {e}", file=sys.stderr)
+        return e.code
+    print("\n".join(lines))
+    return 0
 
 
 def _warmup(state_dir, args: argparse.Namespace) -> int:

@@ -254,6 +254,9 @@ class MariaDB(ManagedProcess):
         self.install_db = require_binary("mariadb-install-db", "mariadb-server")
 
     def prepare(self) -> None:
+        # An existing datadir is reused as is (`squealctl up` after `down` keeps its data and binlogs).
+        # mariadb-install-db would not wipe it either (it prints "mysql.user table already exists!" and exits 0),
+        # but there is nothing for it to do.
         if (self.datadir / "mysql").exists():
             return
         self.datadir.mkdir(parents=True, exist_ok=True)
@@ -305,6 +308,12 @@ class MariaDB(ManagedProcess):
         except pymysql.err.OperationalError:
             return False
         with conn, conn.cursor() as cur:
+            if self.replica:
+                # Not binlogged on a replica: a local transaction would take the next sequence number of
+                # domain 0 in the replica's binlog, which the primary's next transactions then repeat (0-2-9
+                # before 0-1-8 after a restart), and squeal, which compares sequence numbers per domain, would
+                # skip those as already done. The primary's own CREATE USER replicates here anyway.
+                cur.execute("SET SESSION sql_log_bin = 0")
             # Idempotent: a restarted server keeps its accounts.
             cur.execute(f"CREATE USER IF NOT EXISTS '{self.user}'@'%' IDENTIFIED BY '{self.password}'")
             cur.execute(f"GRANT ALL PRIVILEGES ON *.* TO '{self.user}'@'%' WITH GRANT OPTION")
@@ -330,7 +339,11 @@ class MariaDB(ManagedProcess):
         return self.execute("SELECT @@gtid_binlog_pos")[0][0]
 
     def replicate_from(self, primary: MariaDB) -> None:
-        """Make this server a GTID replica of `primary` and start replicating."""
+        """Make this server a GTID replica of `primary` and start replicating.
+
+        Safe to re-run on a replica already set up (a reused datadir: it restarts its replication threads by
+        itself): MASTER_USE_GTID=slave_pos resumes from @@gtid_slave_pos, which is stored in the datadir.
+        """
         self.execute(
             "STOP SLAVE",
             f"CHANGE MASTER TO MASTER_HOST='{primary.host}', MASTER_PORT={primary.port}, "
@@ -461,7 +474,9 @@ class SquealDaemon(ManagedProcess):
         ]
 
     def ready(self) -> bool:
-        return _http_ok(f"http://{self.host}:{self.port}/healthz")
+        # Serving /healthz is "started": a daemon that starts halted (binlog data loss, on_data_loss = "halt")
+        # answers 503 with its reason, and must stay up for the operator to see it and recover.
+        return _http_answers(f"http://{self.host}:{self.port}/healthz")
 
 
 class MonitoringServer(ManagedProcess):
@@ -536,6 +551,20 @@ class DemoWorkload(ManagedProcess):
 
     def ready(self) -> bool:
         return _http_ok(f"http://{self.host}:{self.port}/metrics")
+
+
+def _http_answers(url: str) -> bool:
+    """True once `url` answers with 200 or with 503 and a JSON body (a daemon up but unhealthy)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:
+            return resp.status == 200
+    except urllib.error.HTTPError as e:
+        return e.code == 503 and e.headers.get("content-type", "").startswith("application/json")
+    except urllib.error.URLError:
+        return False
 
 
 def _http_ok(url: str) -> bool:

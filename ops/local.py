@@ -4,6 +4,10 @@
 member, one router per cluster, one squeal daemon per region) as detached processes and records them
 in `<state_dir>/components.json`; `status` and `down` read that file, so they work from any later shell.
 Processes are stopped by pid, and only if the pid still runs the command we started (pids get reused).
+
+The state dir is durable: `up` never deletes it. MariaDB datadirs, squeal's datamarkers and the routers'
+delete spools stay where the previous `up` left them, so a restarted platform resumes where it stopped
+(squeal re-sends from each flow's marker what was committed while it was down).
 """
 
 from __future__ import annotations
@@ -11,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
 import time
@@ -73,6 +76,19 @@ class Deployment:
             raise HarnessError(f"{self.state_file}: corrupt state file ({e}); stop processes by hand") from e
         return [Component(**c) for c in data["components"]]
 
+    def recorded_topology(self) -> str | None:
+        """The topology file the last `up` recorded, while its components are recorded (until `down`)."""
+        if not self.state_file.exists():
+            return None
+        try:
+            return json.loads(self.state_file.read_text()).get("topology")
+        except json.JSONDecodeError as e:
+            raise HarnessError(f"{self.state_file}: corrupt state file ({e})") from e
+
+    def squeal_state_dir(self, region: str) -> Path:
+        """Where `up` has the region's squeal daemon keep its datamarkers and pid file (`squealctl replay`)."""
+        return self.state_dir / "squeal" / f"markers-{region}"
+
     def _save(self, components: list[Component], topology: str) -> None:
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps({"topology": topology, "components": [asdict(c) for c in components]}, indent=2))
@@ -115,9 +131,14 @@ class Deployment:
                 f"{topology_path}: {len(busy)} port(s) already in use, nothing started: {', '.join(busy[:5])}{more}; "
                 "stop what listens there or change the port in the topology file"
             )
-        if self.state_dir.exists():
-            shutil.rmtree(self.state_dir)
-        self.state_dir.mkdir(parents=True)
+        # Never wipe the state dir: it holds durable state a restart must resume from (MariaDB datadirs,
+        # reused by MariaDB.prepare; squeal's datamarkers; the routers' delete spools). components.json is
+        # rewritten by the first start below (nothing it names runs: checked above); a squeal pid file left
+        # by a crash is overwritten by the daemon, and `squeal replay` checks a pid before signalling it.
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        # The only disposable state: warm-up overlays describe the previous run's router configs (and caches,
+        # which start empty again); `up` writes every cluster's normal config, so an overlay would be a lie.
+        (self.state_dir / "warmup.json").unlink(missing_ok=True)
         started: list[Component] = []
         topology_text = str(Path(topology_path).resolve())
 
@@ -153,6 +174,9 @@ class Deployment:
                             host=addr.host,
                             metrics_port=metrics_port,
                             workdir=self.state_dir / "routers",
+                            # squeal flushes a region through its routers (on_truncate/on_data_loss "flush",
+                            # `squeal accept-data-loss`); the web tier never sends flush_all.
+                            extra_args=("--enable-flush-cmd",),
                         )
                         track(router, "router", cluster.region, cluster.name, metrics=f"{addr.host}:{metrics_port}")
             if "squeal" not in without:
@@ -162,7 +186,7 @@ class Deployment:
                         region.name,
                         port=topo.squeal.metrics_port_base + i,
                         workdir=self.state_dir / "squeal",
-                        state_dir=self.state_dir / "squeal" / f"markers-{region.name}",
+                        state_dir=self.squeal_state_dir(region.name),
                     )
                     track(daemon, "squeal", region.name, metrics=daemon.address)
             if "monitoring" not in without:

@@ -99,6 +99,6 @@ def test_router_config_all_prints_every_cluster(tmp_path):
 
 def test_forwarded_commands_get_their_own_help(tmp_path):
     replay = squealctl(tmp_path, "replay", "--help")
-    assert "usage: squeal replay" in replay.stdout and "--from GTID" in replay.stdout
+    assert "usage: squealctl replay" in replay.stdout and "--from GTID" in replay.stdout
     loadtest = squealctl(tmp_path, "loadtest", "--help")
     assert "herd" in loadtest.stdout and "--short" in loadtest.stdout
