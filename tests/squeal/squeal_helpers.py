@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import json
 import socket
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
@@ -147,6 +149,15 @@ def wait_gone(caches: list[Cache], keys: list[str], timeout: float = 10.0) -> No
     except AssertionError:
         left = {f"{c.addr[1]}": sorted(c.present(keys))[:10] for c in caches}
         raise AssertionError(f"keys still cached after {timeout}s: {left}") from None
+
+
+def healthz(port: int) -> tuple[int, dict]:
+    """(HTTP status, JSON body) of a squeal daemon's /healthz: 200 healthy, 503 with its `problems`."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
 
 
 def scrape(port: int) -> dict[str, float]:

@@ -12,12 +12,10 @@ import json
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
-from squeal_helpers import SquealEnv, scrape, wait_gone, wait_until
+from squeal_helpers import SquealEnv, healthz, scrape, wait_gone, wait_until
 
 from ops.harness import MariaDB
 from router_config import Rule
@@ -145,11 +143,7 @@ def _with(text: str, table_suffix: str, line: str) -> str:
 
 
 def _healthz(env: SquealEnv) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{env.daemon.port}/healthz", timeout=5) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return healthz(env.daemon.port)
 
 
 def _set_everywhere(env: SquealEnv, keys: list[str]) -> None:

@@ -7,14 +7,11 @@ and on the primary with a SIGSTOPped destination.
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
-from squeal_helpers import Cache, create_schema, scrape, unique_db, wait_gone, wait_until, write_topology
+from squeal_helpers import Cache, create_schema, healthz, scrape, unique_db, wait_gone, wait_until, write_topology
 
 from ops.harness import MariaDB, SquealDaemon, free_port
 from router_config import Address
@@ -261,16 +258,12 @@ def replica_topology(primary: MariaDB, replica: MariaDB, schema: str, west_ports
     return "\n".join(out)
 
 
+def healthz_body(port: int) -> dict:
+    return healthz(port)[1]  # a 503 carries the JSON too
+
+
 def flow_lags(port: int) -> dict[str, float]:
     return {k: v for k, v in scrape(port).items() if k.startswith("squeal_flow_lag_seconds{")}
-
-
-def healthz(port: int) -> dict:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as e:  # 503 still carries the JSON
-        return json.loads(e.read())
 
 
 def test_stalled_replica_shows_as_lag_on_every_flow_and_recovers(
@@ -320,7 +313,7 @@ def test_stalled_replica_shows_as_lag_on_every_flow_and_recovers(
         m = wait_until(stalled, 30, "every flow's lag >= 3 s with the replica's SQL thread stopped", interval=0.2)
         assert m["squeal_source_up"] == 1
         assert all(c.present(keys) == set(keys) for c in caches)  # really stale: nothing was applied or deleted
-        status = healthz(daemon.port)
+        status = healthz_body(daemon.port)
         src = status["source"]
         assert src["role"] == "replica" and src["up"] is True and src["replication_lag"] >= 3
         assert src["replication"]["sql_running"] == "No" and src["replication"]["io_running"] == "Yes"
@@ -331,7 +324,7 @@ def test_stalled_replica_shows_as_lag_on_every_flow_and_recovers(
         wait_until(lambda: all(v == 0 for v in flow_lags(daemon.port).values())
                    and scrape(daemon.port)["squeal_source_replication_lag_seconds"] == 0,
                    30, "every flow's lag back at 0 after the replica caught up", interval=0.2)
-        assert healthz(daemon.port)["source"]["replication"]["sql_running"] == "Yes"
+        assert healthz_body(daemon.port)["source"]["replication"]["sql_running"] == "Yes"
     finally:
         for c in caches:
             c.close()
@@ -346,9 +339,9 @@ def test_stopped_destination_lag_grows_and_returns_to_zero(squeal_env) -> None:
     env.fence()
     port = env.daemon.port
     wait_until(lambda: all(v == 0 for v in flow_lags(port).values()), 20, "lags at 0")
-    src = healthz(port)["source"]
+    src = healthz_body(port)["source"]
     assert src["role"] == "primary" and src["up"] is True and "replication" not in src
-    wait_until(lambda: healthz(port)["source"]["binlog_pos"] == env.db.gtid_binlog_pos(), 10,
+    wait_until(lambda: healthz_body(port)["source"]["binlog_pos"] == env.db.gtid_binlog_pos(), 10,
                "/healthz showing the primary's binlog position")
     assert scrape(port)["squeal_source_replication_lag_seconds"] == 0
 

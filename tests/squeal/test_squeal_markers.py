@@ -17,12 +17,10 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
-from squeal_helpers import create_schema, scrape, topology_text, unique_db, wait_until, write_topology
+from squeal_helpers import create_schema, healthz, scrape, topology_text, unique_db, wait_until, write_topology
 from twisted.internet import task
 
 import router_config
@@ -39,12 +37,7 @@ FLOWS = ("c0", "c1", "regional")
 # -- helpers ------------------------------------------------------------------------------------------------------
 
 
-def health(port: int) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+health = healthz  # (status, body)
 
 
 def with_marker_max_age(env, seconds: float):
