@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent set-up of everything squeal needs on a Debian machine:
-#   1. Debian packages (MariaDB, memcached, libmemcached-tools, twemproxy, ZooKeeper) — only if missing
+#   1. Debian packages (MariaDB, memcached, libmemcached-tools, twemproxy, ZooKeeper, Prometheus) — only if missing
 #   2. the Python venv in .venv with squeal installed (editable) and its pinned dependencies
 #   3. the Rust router, built in release mode (router/target/release/squeal-router)
 # Safe to run again: each step checks what is already there.
@@ -15,6 +15,7 @@ command -v nutcracker >/dev/null 2>&1 || [ -x /usr/sbin/nutcracker ] || need_apt
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
+{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need_apt+=(prometheus)  # both in one package
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -22,7 +23,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 # Debian starts the packaged services on install; squeal runs its own instances on free ports.
-for svc in mariadb memcached zookeeper; do
+for svc in mariadb memcached zookeeper prometheus; do
   (command -v service >/dev/null 2>&1 && service "$svc" stop >/dev/null 2>&1) || true
 done
 
