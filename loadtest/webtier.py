@@ -15,12 +15,15 @@ Locust workloads drive this object directly (no HTTP layer: the cache and databa
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from leases import ClientStats, LeaseCache, WaitPolicy, connect
+from leases.serializer import JSON_FLAG
+from monitoring.verify import CachedRows
 from remote_markers import RemoteMarkers, SqlClient
 from router_config import Topology
 
@@ -51,8 +54,8 @@ def install_schema(db: SqlClient, database: str = "app") -> None:
 class KeyFamily:
     """One kind of cache key the web tier fills: `<prefix>:<arg>` holds what `query` returns for `arg`.
 
-    The read methods below and the consistency checker (`squealctl verify`) both load through this, so
-    what the checker expects is exactly what a web server would cache.
+    The read methods below load through this; `verify_codec` (the rules' codec in the topology) tells the
+    consistency checker (`squealctl verify`) which rows a cached value holds, from the same queries.
     shape: "row" (one dict or None), "rows" (list of dicts), "column" (list of the first column's values).
     """
 
@@ -103,6 +106,29 @@ KEY_FAMILIES: dict[str, KeyFamily] = {
         ),
     )
 }
+
+# a KeyFamily query's parts the codec needs: the selected columns, the order and the window
+_QUERY = re.compile(
+    r"SELECT (?P<columns>.+?) FROM \w+ WHERE .+?(?: ORDER BY (?P<order>.+?))?(?: LIMIT (?P<limit>\d+))?$"
+)
+
+
+def verify_codec(family: str, value: bytes, flags: int) -> Any:
+    """How `squealctl verify` reads what this web tier caches: registered as the `codec` of the rules in
+    examples/local.toml (monitoring/verify.py has the contract). `family` is a rule's key template, e.g.
+    "feed:{author_id}"; the answer is the rows the value holds, in KEY_FAMILIES' terms."""
+    fam = KEY_FAMILIES[family.split("{", 1)[0].rstrip(":")]  # KeyError (a LookupError): not a key we fill
+    if flags != JSON_FLAG:
+        raise ValueError(f"client flag {flags}: not written by the web tier's JsonSerializer")
+    doc = json.loads(value)
+    if fam.shape == "row":
+        return doc  # one row, or None: the web tier cached "no such row"
+    query = _QUERY.match(fam.query)
+    assert query, fam.query
+    if fam.shape == "column":  # a list of one column's values (ORDER BY 1: compared as a set)
+        return [{query["columns"]: v} for v in doc]
+    limit = int(query["limit"]) if query["limit"] else None
+    return CachedRows(tuple(doc), order_by=query["order"], limit=limit)  # e.g. a feed: latest 20 by id
 
 
 class WebServer:

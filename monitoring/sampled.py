@@ -4,7 +4,8 @@ Each squeal daemon keeps 1 in N acknowledged deletes (`GET /sampled-deletes`). S
 delete was acknowledged, this checker reads that key from the flow's cluster (through its router): it must
 be absent, or hold what the web tier would cache from the database now (a web server may refill it after
 the delete). Anything else is a stale copy that survived its invalidation: logged as an error and counted.
-Keys the web tier does not know how to load (`loadtest.webtier.KEY_FAMILIES`) are only checked when absent.
+Whether a refilled value agrees with the database is `monitoring.verify`'s judgement (key families from the
+topology's rules, values through each rule's codec); keys no rule or codec covers are only checked when absent.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 from pymemcache.client.base import Client
 
-from loadtest.webtier import KEY_FAMILIES, SqlClient
-from monitoring.verify import KeepFlags, decode_value
+from monitoring.verify import ConsistencyChecker, Database, KeepFlags
 from router_config import Topology
 
 log = logging.getLogger(__name__)
@@ -34,11 +34,11 @@ class SampledDeleteChecker:
         database: str = "app",
     ) -> None:
         self.topo, self.recheck_after, self.database = topo, recheck_after, database
-        self.daemons = {r.name: f"127.0.0.1:{topo.squeal.metrics_port_base + i}" for i, r in enumerate(topo.regions)}
+        self.daemons = {r.name: str(topo.squeal_address(r.name)) for r in topo.regions}
         self.since = {name: time.time() for name in self.daemons}
         self.pending: list[tuple[str, dict[str, Any]]] = []  # (region, sample)
         self._clients: dict[str, Client] = {}
-        self._db: SqlClient | None = None
+        self._judge: ConsistencyChecker | None = None
         self.checked = Counter(
             "squeal_probe_sampled_deletes_checked",
             "Sampled squeal deletes re-checked later",
@@ -92,18 +92,16 @@ class SampledDeleteChecker:
             self.checked.labels(region, flow).inc()
             if got is None:
                 continue
-            family = KEY_FAMILIES.get(key.rsplit(":", 1)[0])
-            if family is None:
-                continue  # refilled by someone whose values we cannot recompute: not judged
-            if self._db is None:
-                self._db = SqlClient.for_database(self.topo.master.database, self.database, role="master")
-            cached, expected = decode_value(*got), family.load(self._db, key)
-            if cached != expected:
-                self.stale.labels(region, flow).inc()
-                problem = (
-                    f"{flow}: {key} still holds {cached!r} {now - sample['acked_at']:.1f}s after squeal's "
-                    f"delete was acknowledged; the database has {expected!r}"
-                )
-                log.error("stale copy survived invalidation: %s", problem)
-                problems.append(problem)
+            if self._judge is None:
+                self._judge = ConsistencyChecker(self.topo, Database(self.topo.master.database), database=self.database)
+            verdict = self._judge.judge(key, *got)
+            if verdict.state != "differs":
+                continue  # agrees, a lease placeholder, or refilled with values no rule's codec can recompute
+            self.stale.labels(region, flow).inc()
+            problem = (
+                f"{flow}: {key} still holds {verdict.cached!r} {now - sample['acked_at']:.1f}s after squeal's "
+                f"delete was acknowledged; the database has {verdict.expected!r}"
+            )
+            log.error("stale copy survived invalidation: %s", problem)
+            problems.append(problem)
         return problems

@@ -1,27 +1,400 @@
 """Consistency checker (`squealctl verify`): is anything cached that disagrees with the database?
 
-For a sample (or all) of the demo web tier's rows, read every cache key the web tier would fill for them
-from every cluster (through the cluster's router) and compare with what the web tier would cache if it
-read the master database now. A cached value that differs is *stale*: an invalidation was lost, or has
-not arrived yet. Absent keys are fine (the next read fills them).
+For a sample (or all) of the rows of every table an invalidation rule names, read each cache key the rule
+renders from every cluster (through one of the cluster's routers) and compare what the cached value says
+about the database with what the master database holds now. Nothing here knows the web tier's code:
 
-Which keys exist and how their values are computed comes from the web tier itself
-(`loadtest.webtier.KEY_FAMILIES`), so the checker never drifts from what the web servers cache.
+* **Key families come from the topology.** A rule `table = "app.users"`, `keys = ["user:{id}"]` says a key
+  `user:42` holds rows of `app.users` whose `id` is `42`; the key's columns are the WHERE clause.
+* **Values are read by a codec the web tier registers** with the rule (`codec = "package.module:function"`
+  in the topology's `[[rules]]`; `--codec` overrides it for every rule): `decode(family, value, flags)`
+  gets the rule's key template (the *family*, e.g. `"user:{id}"`), the cached bytes and memcached client
+  flags, and returns what the value says the database holds (see `CachedRows`). A codec raises
+  `LookupError` for a family it does not fill (not checked) and `ValueError` for a value it did not write
+  (not checked: the web tier would not serve it either). A rule without a codec is read with `json_rows`:
+  a JSON object is one row, JSON null is "no such row".
+
+Not stale, by design:
+
+* an absent key (the next read fills it);
+* a lease placeholder: the 0-byte item `mg … N` leaves while a lease holder loads the row (the web tier
+  never stores a 0-byte value; see leases/serializer.py);
+* an invalidation in flight: a mismatch is re-read after a grace period (default `GRACE_FACTOR` times the
+  p99 of squeal's `squeal_invalidation_latency_seconds`, from the daemons' /metrics; `DEFAULT_GRACE` when no
+  daemon answers). It is stale only if the *same* copy (same cas) is still cached and still disagrees with
+  the database; a copy that was replaced meanwhile is judged again after another grace period.
+
+A cluster whose routers do not answer is reported and the other clusters are still checked. Exit codes of
+`squealctl verify` (`VerifyReport.exit_code`): 0 every cluster checked, nothing stale; 1 stale copies found;
+2 could not check at all (database or every router unreachable, bad codec); 3 some clusters could not be
+checked and none of the others holds a stale copy.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+import logging
 import random
-from dataclasses import dataclass
+import re
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+import pymysql
+import pymysql.cursors
+from prometheus_client.parser import text_string_to_metric_families
 from pymemcache.client.base import Client
+from pymemcache.exceptions import MemcacheError
 
 import router_config
-from loadtest.webtier import KEY_FAMILIES, SqlClient
+from router_config.model import COLUMN_NAME, PLACEHOLDER
 
-JSON_FLAG = 64  # the web tier's JsonSerializer client flag
+log = logging.getLogger(__name__)
+
+JSON_FLAG = 64  # the web tier's JsonSerializer client flag (leases/serializer.py)
+
+EXIT_CLEAN, EXIT_STALE, EXIT_CANNOT_CHECK, EXIT_PARTIAL = 0, 1, 2, 3
+
+DEFAULT_GRACE = 2.0  # seconds, when no squeal daemon's latency histogram can be read
+GRACE_FACTOR = 3.0  # grace = this many times the measured p99 invalidation latency ...
+GRACE_BOUNDS = (0.5, 30.0)  # ... kept within these bounds (seconds)
+LATENCY_METRIC = "squeal_invalidation_latency_seconds"
+RECHECK_ROUNDS = 3  # a mismatching copy replaced by another mismatching copy is re-read at most this often
+CHUNK = 100  # keys per multi-get
+
+
+class VerifyError(Exception):
+    """verify could not check anything (one line, for `squealctl verify`'s exit code 2)."""
+
+
+# -- what a cached value says ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CachedRows:
+    """What one cached value says the database holds for its key: the rows of the rule's table whose key
+    columns equal the key's values, each a dict of (some of) their columns.
+
+    `one`: the value is a single row or "no such row" (compared with the row the key selects).
+    `order_by` / `limit`: the value holds only the first `limit` rows in this order (e.g. a feed of the
+    latest 20 posts: `order_by="id DESC", limit=20`); without them it holds every matching row, in any order.
+    A codec may also return a plain dict (one row), None (no row) or a list of dicts (every matching row).
+    """
+
+    rows: tuple[Mapping[str, Any], ...]
+    order_by: str | None = None
+    limit: int | None = None
+    one: bool = False
+
+
+Codec = Callable[[str, bytes, int], Any]
+ORDER_BY = re.compile(r"^\s*[A-Za-z_]\w*(\s+(ASC|DESC))?(\s*,\s*[A-Za-z_]\w*(\s+(ASC|DESC))?)*\s*$", re.I)
+
+
+def json_rows(family: str, value: bytes, flags: int) -> Any:
+    """The default codec: a JSON object is one row, JSON null is "no such row"; anything else (lists, whose
+    window and columns only the writer knows) needs the web tier's codec."""
+    try:
+        doc = json.loads(value)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"not JSON: {e}") from e
+    if doc is None or isinstance(doc, dict):
+        return doc
+    raise ValueError(f"a JSON {type(doc).__name__} needs the web tier's codec ([monitoring] verify_codec)")
+
+
+def load_codec(spec: str) -> Codec:
+    """`"package.module:function"` → the function (raises VerifyError naming what is wrong)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise VerifyError(f"codec {spec!r} is not a `package.module:function` import path")
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as e:
+        raise VerifyError(f"codec {spec!r} cannot be loaded: {e}") from e
+    if not callable(found):
+        raise VerifyError(f"codec {spec!r} is not callable")
+    return found
+
+
+def resolve_codec(codec: Codec | str | None) -> Codec:
+    """A codec given as a callable or an import path; None is `json_rows`."""
+    if codec is None:
+        return json_rows
+    return load_codec(codec) if isinstance(codec, str) else codec
+
+
+def _as_rows(decoded: Any) -> CachedRows:
+    if isinstance(decoded, CachedRows):
+        found = decoded
+    elif decoded is None:
+        found = CachedRows((), one=True)
+    elif isinstance(decoded, Mapping):
+        found = CachedRows((decoded,), one=True)
+    elif isinstance(decoded, Sequence) and not isinstance(decoded, str | bytes):
+        found = CachedRows(tuple(decoded))
+    else:
+        raise ValueError(f"codec returned {type(decoded).__name__}, not rows")
+    if any(not isinstance(r, Mapping) for r in found.rows):
+        raise ValueError("codec returned a row that is not a dict of column values")
+    if found.one and len(found.rows) > 1:
+        raise ValueError("codec returned several rows for a single-row value")
+    if found.order_by is not None and not ORDER_BY.match(found.order_by):
+        raise ValueError(f"codec's order_by {found.order_by!r} is not `column [ASC|DESC], ...`")
+    if found.limit is not None and (not isinstance(found.limit, int) or found.limit <= 0):
+        raise ValueError(f"codec's limit {found.limit!r} is not a positive integer")
+    return found
+
+
+# -- key families from the topology's rules ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KeyFamily:
+    """One rule key template: keys `template` renders hold rows of `table` selected by `columns`."""
+
+    template: str  # e.g. "user:email:{email}" (what the codec gets as `family`)
+    table: str  # "schema.table"
+    columns: tuple[str, ...]  # the template's placeholders, in order
+    pattern: re.Pattern[str] = field(compare=False, repr=False)
+    codec: str | None = None  # the rule's codec import path (None: json_rows)
+
+    @classmethod
+    def from_template(cls, template: str, table: str, codec: str | None = None) -> KeyFamily:
+        parts, columns, at = [], [], 0
+        for m in PLACEHOLDER.finditer(template):
+            parts.append(re.escape(template[at : m.start()]) + "(.+?)")
+            columns.append(m.group(1))
+            at = m.end()
+        parts.append(re.escape(template[at:]))
+        return cls(template, table, tuple(columns), re.compile("^" + "".join(parts) + "$", re.S), codec)
+
+    @property
+    def literal(self) -> int:
+        """Characters of fixed text: of two templates matching a key, the longer one is meant."""
+        return len(PLACEHOLDER.sub("", self.template))
+
+    def values(self, key: str) -> tuple[str, ...] | None:
+        m = self.pattern.match(key)
+        return m.groups() if m else None
+
+    def key(self, row: Mapping[str, Any]) -> str:
+        return PLACEHOLDER.sub(lambda m: str(row[m.group(1)]), self.template)
+
+
+def key_families(topo: router_config.Topology, database: str | None = None) -> tuple[KeyFamily, ...]:
+    """Every key template of every rule (of tables in `database`, if given)."""
+    return tuple(
+        KeyFamily.from_template(template, rule.table, getattr(rule, "codec", None))
+        for rule in topo.rules
+        if database is None or rule.table.split(".", 1)[0] == database
+        for template in rule.keys
+    )
+
+
+def family_of(families: Iterable[KeyFamily], key: str) -> tuple[KeyFamily, tuple[str, ...]] | None:
+    """The most specific family whose template matches `key`, with the key's column values."""
+    best = None
+    for family in families:
+        values = family.values(key)
+        if values is not None and (best is None or family.literal > best[0].literal):
+            best = (family, values)
+    return best
+
+
+# -- the database ------------------------------------------------------------------------------------
+
+
+def _q(name: str) -> str:
+    if not COLUMN_NAME.match(name):
+        raise ValueError(f"{name!r} is not a column name")
+    return f"`{name}`"
+
+
+def _table(name: str) -> str:
+    return ".".join(_q(p) for p in name.split("."))
+
+
+def _norm(value: Any) -> Any:
+    """Database values as the web tier's JSON carries them (json.dumps(default=str))."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+def _row_sort_key(row: Mapping[str, Any]) -> str:
+    return json.dumps(row, sort_keys=True, default=str)
+
+
+class Database:
+    """The master database, read with one connection (reconnecting once if it was lost)."""
+
+    def __init__(self, db: router_config.Database, connect_timeout: float = 3.0) -> None:
+        self.db, self.connect_timeout = db, connect_timeout
+        self.conn: pymysql.connections.Connection | None = None
+
+    def connect(self) -> None:
+        try:
+            self.conn = pymysql.connect(
+                host=self.db.host,
+                port=self.db.port,
+                user=self.db.user,
+                password=self.db.password,
+                autocommit=True,
+                connect_timeout=self.connect_timeout,
+                read_timeout=30,
+                cursorclass=pymysql.cursors.DictCursor,
+            )
+        except pymysql.err.Error as e:
+            raise VerifyError(f"the master database {self.db.address} does not answer ({_reason(e)})") from e
+
+    def query(self, sql: str, args: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        for attempt in (1, 2):
+            try:
+                if self.conn is None or not self.conn.open:
+                    self.connect()
+                assert self.conn is not None
+                with self.conn.cursor() as cur:
+                    cur.execute(sql, tuple(args))
+                    return list(cur.fetchall())
+            except pymysql.err.Error as e:
+                if not connection_lost(e):
+                    raise  # the query's own fault (no such table, no privilege): the connection is fine
+                self.close()
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except pymysql.err.Error:
+                pass
+            self.conn = None
+
+
+def connection_lost(e: BaseException) -> bool:
+    """A database error that is about the connection (retry / give up), not about one query."""
+    code = e.args[0] if isinstance(e, pymysql.err.OperationalError) and e.args else None
+    return isinstance(e, pymysql.err.InterfaceError) or code in (2003, 2006, 2013, 2055)
+
+
+def database_rows(db: Database, family: KeyFamily, values: Sequence[str], cached: CachedRows) -> CachedRows:
+    """What the database holds now for the key, shaped like `cached` (same columns, order and window)."""
+    columns = list(dict.fromkeys(c for row in cached.rows for c in row))
+    select = ", ".join(_q(c) for c in columns) if columns else "*"
+    where = " AND ".join(f"{_q(c)} = %s" for c in family.columns)
+    sql = f"SELECT {select} FROM {_table(family.table)} WHERE {where}"
+    if cached.order_by:
+        sql += f" ORDER BY {cached.order_by}"
+    limit = 1 if cached.one else cached.limit
+    if not columns:  # the value says "no rows": any row at all disagrees (a few are enough to show)
+        limit = min(limit or 5, 5)
+    if limit:
+        sql += f" LIMIT {int(limit)}"
+    rows = tuple({k: _norm(v) for k, v in r.items()} for r in db.query(sql, values))
+    return CachedRows(rows, cached.order_by, cached.limit, cached.one)
+
+
+def agree(cached: CachedRows, current: CachedRows) -> bool:
+    a = [dict(r) for r in cached.rows]
+    b = [dict(r) for r in current.rows]
+    if not cached.order_by:
+        a.sort(key=_row_sort_key)
+        b.sort(key=_row_sort_key)
+    return a == b
+
+
+def _shown(rows: CachedRows) -> Any:
+    """A report's view: a single-row value as the row (or None), a list as a list."""
+    if rows.one:
+        return dict(rows.rows[0]) if rows.rows else None
+    return [dict(r) for r in rows.rows]
+
+
+# -- judging one cached value ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How one cached copy compares: `state` is "agrees", "differs", "placeholder" or "unjudged"."""
+
+    state: str
+    cached: Any = None
+    expected: Any = None
+    reason: str = ""
+
+
+class ConsistencyChecker:
+    """Compares cached values with the database: key families from the topology, values through the codec."""
+
+    def __init__(
+        self,
+        topo: router_config.Topology,
+        db: Database,
+        codec: Codec | str | None = None,
+        database: str | None = None,
+    ) -> None:
+        """codec: one codec for every family (callable or import path), instead of each rule's own."""
+        self.topo, self.db = topo, db
+        self.families = key_families(topo, database)
+        self.override = None if codec is None else resolve_codec(codec)
+        # each rule's codec, loaded now so that a bad import path fails before anything is read
+        self.codecs = {f.codec: resolve_codec(f.codec) for f in self.families if self.override is None}
+        self.unknown_families: set[str] = set()  # families the codec does not fill
+
+    def codec_for(self, family: KeyFamily) -> Codec:
+        return self.override or self.codecs[family.codec]
+
+    def judge(self, key: str, value: bytes, flags: int) -> Verdict:
+        if not value:
+            return Verdict("placeholder")  # a lease holder's empty item: no value was ever stored
+        found = family_of(self.families, key)
+        if found is None:
+            return Verdict("unjudged", reason="no rule's key template matches it")
+        family, values = found
+        try:
+            cached = _as_rows(self.codec_for(family)(family.template, value, flags))
+        except LookupError:
+            self.unknown_families.add(family.template)
+            return Verdict("unjudged", reason=f"the codec does not read family {family.template}")
+        except (ValueError, TypeError) as e:
+            return Verdict("unjudged", reason=f"the codec could not read it: {e}")
+        try:
+            current = database_rows(self.db, family, values, cached)
+        except (ValueError, pymysql.err.Error) as e:  # a column or table that is not there
+            if isinstance(e, pymysql.err.Error) and connection_lost(e):
+                raise
+            return Verdict("unjudged", reason=f"not comparable with {family.table}: {_reason(e)}")
+        state = "agrees" if agree(cached, current) else "differs"
+        return Verdict(state, _shown(cached), _shown(current))
+
+    def sample_keys(self, sample: int | None, rng: random.Random) -> list[str]:
+        """Keys of up to `sample` distinct rows per family (all when `sample` is None)."""
+        keys: list[str] = []
+        for family in self.families:
+            cols = ", ".join(_q(c) for c in family.columns)
+            try:
+                rows = self.db.query(f"SELECT DISTINCT {cols} FROM {_table(family.table)}")
+            except pymysql.err.Error as e:  # a rule's table missing from this database, no privilege
+                if connection_lost(e):
+                    raise
+                log.warning("verify: family %s not sampled: %s", family.template, _reason(e))
+                continue
+            if sample is not None and len(rows) > sample:
+                rows = rng.sample(rows, sample)
+            keys.extend(family.key(r) for r in rows)
+        return keys
+
+
+# -- the report -------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -38,80 +411,108 @@ class StaleKey:
 
 
 @dataclass(frozen=True)
+class Unchecked:
+    """A cluster that could not be (fully) checked."""
+
+    cluster: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.cluster}: NOT CHECKED: {self.reason}"
+
+
+@dataclass(frozen=True)
 class VerifyReport:
     checked: int  # (cluster, key) pairs found cached and compared
     absent: int  # (cluster, key) pairs not cached (nothing to compare)
     stale: tuple[StaleKey, ...]
+    placeholders: int = 0  # lease placeholders seen (not stale)
+    in_flight: int = 0  # mismatches gone or fixed within the grace period (invalidations in flight)
+    unjudged: int = 0  # cached values the codec does not read (other writers, families it does not fill)
+    unchecked: tuple[Unchecked, ...] = ()  # clusters whose routers did not answer
+    clusters: tuple[str, ...] = ()  # clusters checked
+    grace: float | None = None  # seconds a mismatch was given (None: no mismatch needed one)
+    grace_source: str = ""
 
     @property
     def ok(self) -> bool:
-        return not self.stale
+        return not self.stale and not self.unchecked
+
+    @property
+    def exit_code(self) -> int:
+        if self.stale:
+            return EXIT_STALE
+        if self.unchecked and not self.clusters:
+            return EXIT_CANNOT_CHECK
+        return EXIT_PARTIAL if self.unchecked else EXIT_CLEAN
+
+    def summary(self) -> str:
+        grace = f"; mismatches re-read after {self.grace:.1f}s ({self.grace_source})" if self.grace else ""
+        missed = f"; NOT CHECKED: {', '.join(u.cluster for u in self.unchecked)}" if self.unchecked else ""
+        return (
+            f"verify: {len(self.clusters)} clusters, {self.checked} cached copies compared, {self.absent} not cached, "
+            f"{self.placeholders} lease placeholders, {self.in_flight} in flight, {self.unjudged} not judged, "
+            f"{len(self.stale)} stale{grace}{missed}"
+        )
 
 
-def decode_value(value: bytes, flags: int) -> Any:
-    if flags != JSON_FLAG:
-        return value
-    return json.loads(value)
+# -- grace: a few times the measured p99 invalidation latency ----------------------------------------------
 
 
-def _ttl_left(client: Client, key: str) -> int | None:
-    """Remaining TTL via the meta protocol (`mg K t` → `HD t<seconds>`; -1 means no expiry)."""
-    reply = client.raw_command(f"mg {key} t".encode(), b"\r\n")
-    for token in reply.split()[1:]:
-        if token.startswith(b"t"):
-            return int(token[1:])
-    return None
+def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None:
+    """Prometheus' histogram_quantile on cumulative {upper bound: count}; None without observations."""
+    bounds = sorted(buckets)
+    if not bounds or buckets[bounds[-1]] <= 0:
+        return None
+    rank = q * buckets[bounds[-1]]
+    lower, below = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if bound == float("inf"):
+                finite = [b for b in bounds if b != float("inf")]
+                return finite[-1] if finite else None
+            if count == below:
+                return bound
+            return lower + (bound - lower) * (rank - below) / (count - below)
+        lower, below = bound, count
+    return bounds[-1]
 
 
-def sample_keys(db: SqlClient, sample: int | None, rng: random.Random) -> list[str]:
-    """Cache keys of up to `sample` rows per key family (all rows when `sample` is None)."""
-    keys: list[str] = []
-    for family in KEY_FAMILIES.values():
-        rows = family.all_keys(db)
-        if sample is not None and len(rows) > sample:
-            rows = rng.sample(rows, sample)
-        keys.extend(rows)
-    return keys
+def squeal_metrics_addresses(topo: router_config.Topology) -> list[str]:
+    return [str(address) for role, _, address in topo.listeners() if role == "squeal"]
 
 
-def verify(
-    topo: router_config.Topology,
-    *,
-    database: str = "app",
-    sample: int | None = 200,
-    keys: list[str] | None = None,
-    seed: int = 0,
-) -> VerifyReport:
-    """Compare every cluster's cached copy of the sampled keys with the master database."""
-    db = SqlClient.for_database(topo.master.database, database, role="master")
-    try:
-        keys = keys if keys is not None else sample_keys(db, sample, random.Random(seed))
-        checked = absent = 0
-        stale: list[StaleKey] = []
-        for cluster in topo.clusters:
-            router = cluster.routers[0]
-            client = Client((router.host, router.port), connect_timeout=2, timeout=5, serde=KeepFlags())
-            try:
-                for start in range(0, len(keys), 100):
-                    chunk = keys[start : start + 100]
-                    found = client.get_many(chunk)
-                    absent += len(chunk) - len(found)
-                    for key, (value, flags) in found.items():
-                        checked += 1
-                        cached, expected = decode_value(value, flags), expected_value(db, key)
-                        if cached != expected:
-                            stale.append(StaleKey(cluster.name, key, cached, expected, _ttl_left(client, key)))
-            finally:
-                client.close()
-        return VerifyReport(checked, absent, tuple(stale))
-    finally:
-        db.close()
+def measured_grace(topo: router_config.Topology, timeout: float = 1.0) -> tuple[float, str]:
+    """(grace seconds, where it came from): GRACE_FACTOR × the worst daemon's p99 invalidation latency."""
+    p99s: list[float] = []
+    for address in squeal_metrics_addresses(topo):
+        buckets: dict[float, float] = {}
+        try:
+            with urllib.request.urlopen(f"http://{address}/metrics", timeout=timeout) as resp:
+                text = resp.read().decode()
+            for fam in text_string_to_metric_families(text):
+                if fam.name != LATENCY_METRIC:
+                    continue
+                for s in fam.samples:
+                    if s.name == f"{LATENCY_METRIC}_bucket":
+                        le = float(s.labels["le"])
+                        buckets[le] = buckets.get(le, 0.0) + float(s.value)  # summed over flows
+        except (OSError, ValueError) as e:
+            log.debug("verify: no latency histogram from %s: %s", address, e)
+            continue
+        p99 = histogram_quantile(0.99, buckets)
+        if p99 is not None:
+            p99s.append(p99)
+    if not p99s:
+        return DEFAULT_GRACE, "default: no squeal daemon's latency histogram was readable"
+    low, high = GRACE_BOUNDS
+    p99 = max(p99s)
+    grace = min(max(GRACE_FACTOR * p99, low), high)
+    return grace, f"{GRACE_FACTOR:g} x p99 invalidation latency {p99:.2f}s of {len(p99s)} squeal daemon(s)"
 
 
-def expected_value(db: SqlClient, key: str) -> Any:
-    """What the web tier would cache for `key` if it read the database now."""
-    family = KEY_FAMILIES[key.rsplit(":", 1)[0]]
-    return family.load(db, key)
+# -- reading the caches ---------------------------------------------------------------------------------
 
 
 class KeepFlags:
@@ -122,3 +523,211 @@ class KeepFlags:
 
     def deserialize(self, key: str, value: bytes, flags: int) -> tuple[bytes, int]:
         return value, flags
+
+
+def decode_value(value: bytes, flags: int) -> Any:
+    """A web-tier JSON value as Python (other values as bytes)."""
+    if flags != JSON_FLAG:
+        return value
+    return json.loads(value)
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, pymysql.err.Error) and e.args:
+        return str(e.args[-1])
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+CACHE_ERRORS = (OSError, MemcacheError)  # OSError includes timeouts
+
+
+def _client(address: router_config.Address) -> Client:
+    return Client((address.host, address.port), connect_timeout=2, timeout=5, serde=KeepFlags())
+
+
+def _connect(cluster: router_config.Cluster) -> tuple[Client, router_config.Address]:
+    """A client on the first of the cluster's routers that answers `version`."""
+    failures = []
+    for router in cluster.routers:
+        client = _client(router)
+        try:
+            client.version()
+            return client, router
+        except CACHE_ERRORS as e:
+            client.close()
+            failures.append(f"router {router} does not answer ({_reason(e)})")
+    raise ConnectionError("; ".join(failures))
+
+
+def _valid_key(key: str) -> bool:
+    raw = key.encode()
+    return 0 < len(raw) <= 250 and not any(b <= 0x20 or b == 0x7F for b in raw)
+
+
+def _ttl_left(client: Client, key: str) -> int | None:
+    """Remaining TTL via the meta protocol (`mg K t` → `HD t<seconds>`; -1 means no expiry)."""
+    try:
+        reply = client.raw_command(f"mg {key} t".encode(), b"\r\n")
+    except CACHE_ERRORS:
+        return None
+    for token in reply.split()[1:]:
+        if token.startswith(b"t"):
+            return int(token[1:])
+    return None
+
+
+@dataclass
+class _Suspect:
+    cluster: str
+    key: str
+    cas: bytes | None
+    seen: float
+    verdict: Verdict
+
+
+def verify(
+    topo: router_config.Topology,
+    *,
+    database: str | None = None,
+    sample: int | None = 200,
+    keys: list[str] | None = None,
+    seed: int = 0,
+    codec: Codec | str | None = None,
+    grace: float | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> VerifyReport:
+    """Compare every cluster's cached copy of the sampled keys with the master database.
+
+    database: only rules of tables in this schema (default: every rule). codec: a callable or import path
+    for every rule (default: each rule's `codec`, else `json_rows`). grace: seconds a mismatch gets
+    before it is re-read (default: `measured_grace`). Raises VerifyError when nothing can be checked because
+    the database does not answer or the codec cannot be loaded; unreachable routers are in the report.
+    """
+    db = Database(topo.master.database)
+    checker = ConsistencyChecker(topo, db, codec, database)
+    db.connect()
+    try:
+        keys = keys if keys is not None else checker.sample_keys(sample, random.Random(seed))
+        keys = [k for k in keys if _valid_key(k)]  # a row whose key memcached refuses is never cached
+        first_look: dict[tuple[str, bytes, int], Verdict] = {}  # clusters mostly hold the same bytes
+        checked = absent = placeholders = unjudged = in_flight = 0
+        clusters: list[str] = []
+        unchecked: dict[str, Unchecked] = {}
+        routers: dict[str, router_config.Address] = {}
+        suspects: list[_Suspect] = []
+        for cluster in topo.clusters:
+            try:
+                client, router = _connect(cluster)
+            except ConnectionError as e:
+                unchecked[cluster.name] = Unchecked(cluster.name, str(e))
+                continue
+            routers[cluster.name] = router
+            counts = [0, 0, 0, 0]  # checked, absent, placeholders, unjudged
+            found_here: list[_Suspect] = []
+            try:
+                for start in range(0, len(keys), CHUNK):
+                    chunk = keys[start : start + CHUNK]
+                    found = client.gets_many(chunk)
+                    counts[1] += len(chunk) - len(found)
+                    for key, ((value, flags), cas) in found.items():
+                        v = first_look.get((key, value, flags))
+                        if v is None:
+                            v = first_look[(key, value, flags)] = checker.judge(key, value, flags)
+                        if v.state == "placeholder":
+                            counts[2] += 1
+                            continue
+                        if v.state == "unjudged":
+                            counts[3] += 1
+                            continue
+                        counts[0] += 1
+                        if v.state == "differs":
+                            found_here.append(_Suspect(cluster.name, key, cas, time.monotonic(), v))
+            except CACHE_ERRORS as e:
+                unchecked[cluster.name] = Unchecked(cluster.name, f"router {router} failed mid-check ({_reason(e)})")
+                continue
+            finally:
+                client.close()
+            clusters.append(cluster.name)
+            checked, absent = checked + counts[0], absent + counts[1]
+            placeholders, unjudged = placeholders + counts[2], unjudged + counts[3]
+            suspects.extend(found_here)
+
+        grace_source = ""
+        if suspects and grace is None:
+            grace, grace_source = measured_grace(topo)
+        elif suspects:
+            grace_source = "--grace"
+        stale: list[StaleKey] = []
+        for last_round in (r == RECHECK_ROUNDS for r in range(1, RECHECK_ROUNDS + 1)):
+            if not suspects:
+                break
+            assert grace is not None
+            sleep(max(0.0, max(s.seen for s in suspects) + grace - time.monotonic()))
+            again: list[_Suspect] = []
+            for name in dict.fromkeys(s.cluster for s in suspects if s.cluster not in unchecked):
+                mine = [s for s in suspects if s.cluster == name]
+                client = _client(routers[name])
+                try:
+                    found = client.gets_many([s.key for s in mine])
+                    for s in mine:
+                        if s.key not in found:
+                            in_flight += 1  # deleted within the grace: the invalidation was on its way
+                            continue
+                        (value, flags), cas = found[s.key]
+                        v = checker.judge(s.key, value, flags)
+                        if v.state != "differs":
+                            in_flight += 1
+                        elif cas == s.cas or last_round:
+                            stale.append(StaleKey(name, s.key, v.cached, v.expected, _ttl_left(client, s.key)))
+                        else:  # replaced by another copy that disagrees too: give that one its grace
+                            again.append(_Suspect(name, s.key, cas, time.monotonic(), v))
+                except CACHE_ERRORS as e:
+                    reason = f"router {routers[name]} failed while re-reading {len(mine)} mismatches ({_reason(e)})"
+                    unchecked[name] = Unchecked(name, reason)
+                    clusters.remove(name)
+                    again = [s for s in again if s.cluster != name]
+                finally:
+                    client.close()
+            suspects = again
+        if checker.unknown_families:
+            log.info("verify: the codec does not read %s", ", ".join(sorted(checker.unknown_families)))
+        return VerifyReport(
+            checked,
+            absent,
+            tuple(stale),
+            placeholders=placeholders,
+            in_flight=in_flight,
+            unjudged=unjudged,
+            unchecked=tuple(unchecked.values()),
+            clusters=tuple(clusters),
+            grace=grace if grace_source else None,
+            grace_source=grace_source,
+        )
+    except pymysql.err.Error as e:
+        raise VerifyError(f"the master database {topo.master.database.address} failed mid-check ({_reason(e)})") from e
+    finally:
+        db.close()
+
+
+def run(
+    topo: router_config.Topology,
+    *,
+    database: str | None = None,
+    sample: int | None = 200,
+    codec: str | None = None,
+    grace: float | None = None,
+    out: Callable[[str], None] = print,
+    err: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
+) -> int:
+    """`squealctl verify`: print unchecked clusters, stale copies and a summary; return the exit code."""
+    try:
+        report = verify(topo, database=database, sample=sample, codec=codec, grace=grace)
+    except VerifyError as e:
+        err(f"squealctl verify: cannot check: {e}")
+        return EXIT_CANNOT_CHECK
+    for unchecked in report.unchecked:
+        err(str(unchecked))
+    for stale in report.stale:
+        out(str(stale))
+    out(report.summary())
+    return report.exit_code

@@ -1,15 +1,23 @@
 """`squealctl`: the operator's command for a squeal deployment.
 
-squealctl up TOPOLOGY            start the whole topology on this machine
-squealctl status [--json]        what runs, where, and whether it answers
-squealctl down                   stop everything `up` started
+squealctl up TOPOLOGY            start the whole topology on this machine, supervised (restarted on exit)
+squealctl status [--json]        what runs, where, whether it answers, uptime and restarts
+squealctl down                   stop everything `up` started, whatever its pid now, and the supervisor
+squealctl stop|start|restart NAME
+                                 one component, named as `status` lists it (router/east-a/0, squeal/east)
+squealctl drill [TOPOLOGY]       chaos drill: kill, pause and restart components, then verify
 squealctl router-config TOPOLOGY --cluster NAME | --all
                                  print the mcrouter-dialect JSON a cluster's routers run
 squealctl check TOPOLOGY         validate a topology file and summarise it
+squealctl verify [TOPOLOGY]      cached rows vs the database (exit 0 clean, 1 stale, 2 cannot check, 3 partial)
+squealctl flush CLUSTER|REGION [--pool P] [--yes]
+                                 empty a cluster's or a region's caches through its routers
 squealctl replay --region R --flow F|all --from GTID [TOPOLOGY]
                                  re-send invalidations: rewind the flow(s) of the daemon `up` started
 squealctl accept-data-loss --region R [TOPOLOGY]
                                  a region halted on purged binlogs: flush its caches and resume
+squealctl render systemd TOPOLOGY --host H --out DIR
+                                 the systemd units and configs one host of a real deployment runs
 """
 
 from __future__ import annotations
@@ -46,7 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="log every process start and stop")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    up = sub.add_parser("up", help="start every component of a topology on this machine")
+    up = sub.add_parser(
+        "up", help="start every component of a topology on this machine, supervised (restarted when it exits)"
+    )
     up.add_argument("topology", help="topology TOML file, e.g. examples/local.toml")
     up.add_argument(
         "--demo", action="store_true", help="also run the demo web tier (loadtest/webtier.py) against every cluster"
@@ -59,14 +69,43 @@ def _parser() -> argparse.ArgumentParser:
         help="comma-separated components not to start: mariadb, memcached, router, squeal",
     )
 
-    st = sub.add_parser("status", help="list the components `up` started and whether they answer")
+    st = sub.add_parser(
+        "status", help="list the components `up` started: name, pid, uptime, restarts, whether they answer"
+    )
     st.add_argument(
         "--json",
         action="store_true",
-        help="one JSON list, an object per component: role, region, cluster, pool, pid, address",
+        help="one JSON list, an object per component: name, role, region, cluster, pool, pid, address, uptime, "
+        "restarts, stopped, ...",
     )
 
-    sub.add_parser("down", help="stop every component `up` started (SIGTERM, then SIGKILL after 10 s)")
+    sub.add_parser(
+        "down", help="stop the supervisor and every component `up` started (SIGTERM, then SIGKILL after 10 s)"
+    )
+
+    for action, what in (
+        ("stop", "stop a component and keep it stopped (the supervisor does not restart it) until `start`"),
+        ("start", "start a stopped component again; returns once it answers"),
+        ("restart", "stop, then start a component"),
+    ):
+        cp = sub.add_parser(action, help=what, description=f"{what[0].upper()}{what[1:]}.")
+        cp.add_argument("component", metavar="NAME", help="as `squealctl status` lists it, e.g. router/east-a/0")
+
+    dr = sub.add_parser(
+        "drill",
+        help="chaos drill against the running deployment: kill -9, pause and restart components, then verify",
+        description="Against the deployment `up` started: kill -9 a squeal daemon, a router and a memcached and "
+        "check each comes back (and how fast); pause a router with SIGSTOP; restart the replica MariaDB and stall "
+        "it with SIGSTOP; then `squealctl verify`. Runbook: docs/runbooks/chaos-drill.md.",
+        epilog="Exit status: 0 every component came back and verify found nothing stale; 1 a step failed or "
+        "verify found stale copies; 2 no deployment, or verify could not check.",
+    )
+    dr.add_argument("topology", nargs="?", metavar="TOPOLOGY", help="topology file (default: the recorded one)")
+    dr.add_argument("--pause", type=float, default=3.0, help="seconds a paused process stays stopped (%(default)s)")
+    dr.add_argument(
+        "--back-within", type=float, default=30.0, help="seconds a killed component gets to answer again (%(default)s)"
+    )
+    dr.add_argument("--no-verify", action="store_true", help="skip the final `squealctl verify`")
 
     rc = sub.add_parser("router-config", help="print the mcrouter-dialect JSON config of a cluster's routers")
     rc.add_argument("topology")
@@ -107,11 +146,52 @@ def _parser() -> argparse.ArgumentParser:
     )
     lt.add_argument("args", nargs=argparse.REMAINDER, help="passed to `python -m loadtest` (see its --help)")
 
-    vf = sub.add_parser("verify", help="consistency check: compare each cluster's cached demo rows with the database")
-    vf.add_argument("topology")
+    vf = sub.add_parser(
+        "verify",
+        help="consistency check: compare each cluster's cached rows with the master database",
+        description="For a sample of the rows of every table a rule names, read the keys the rule renders from "
+        "every cluster (through its routers) and compare what each cached value holds (read with the rule's "
+        "`codec`) with the master database. Lease placeholders and absent keys are fine; a mismatch is re-read "
+        "after a grace period and reported only if the same copy still disagrees. Docs: docs/runbooks/verify.md.",
+        epilog="Exit status: 0 every cluster checked, nothing stale; 1 stale copies found; 2 could not check at "
+        "all (database or every router down); 3 some clusters could not be checked, the others hold nothing stale.",
+    )
+    vf.add_argument(
+        "topology", nargs="?", metavar="TOPOLOGY", help="topology file (default: the one `squealctl up` recorded)"
+    )
     vf.add_argument("--sample", type=int, default=200, help="rows per key family to check (default %(default)s)")
     vf.add_argument("--all", action="store_true", help="check every row instead of a sample")
-    vf.add_argument("--database", default="app", help="the web tier's database (default %(default)s)")
+    vf.add_argument("--database", help="only rules of tables in this schema (default: every rule)")
+    vf.add_argument(
+        "--codec", metavar="MODULE:FUNCTION", help="read every cached value with this codec instead of each rule's"
+    )
+    vf.add_argument(
+        "--grace",
+        type=float,
+        help="seconds a mismatch gets before it is re-read (default: 3 x the p99 invalidation latency the squeal "
+        "daemons measure, 2 s when none answers)",
+    )
+
+    fl = sub.add_parser(
+        "flush",
+        help="empty a cluster's or a region's caches through its routers (asks first)",
+        description="Send flush_all to one router of the cluster (of each cluster of the region); the router sends "
+        "it to every server of every pool in its config - the cluster's pools and the region's regional pool - and "
+        "answers OK only if all did. Routers take it only when started with --enable-flush-cmd, as `squealctl up` "
+        "starts them. Runbook: docs/runbooks/data-loss.md.",
+        epilog="Exit status: 0 flushed; 1 a router or server refused or failed (named), or not confirmed; 2 unknown "
+        "cluster/region/pool, or no terminal to confirm on and no --yes.",
+    )
+    fl.add_argument("target", metavar="CLUSTER|REGION", help="a cluster (e.g. east-a) or a region (e.g. east)")
+    fl.add_argument(
+        "--pool",
+        metavar="P",
+        help="flush only pool P (of the cluster, or of every cluster of the region; `regional`: the region's "
+        "regional pool). The router has no per-pool flush: this sends flush_all to the pool's memcached servers "
+        "directly, as the topology lists them",
+    )
+    fl.add_argument("--yes", action="store_true", help="flush without asking (required when stdin is not a terminal)")
+    fl.add_argument("--topology", help="topology file (default: the one `squealctl up` recorded)")
 
     rp = sub.add_parser(
         "replay",
@@ -141,6 +221,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     al.add_argument("topology", nargs="?", metavar="TOPOLOGY", help="topology file (default: the recorded one)")
     al.add_argument("--region", required=True, help="the halted region")
+
+    from ops import systemd  # `render systemd`: one host of a multi-host deployment (docs/deploy.md)
+
+    systemd.add_parser(sub)
     return p
 
 
@@ -179,23 +263,36 @@ def _dispatch(args: argparse.Namespace) -> int:
             f"squeal: {len(started)} components up (state in {deployment.state_dir}); "
             "`squealctl status` lists them, `squealctl down` stops them."
         )
-        _print_status(deployment.status())
+        _print_status(deployment.status(), deployment.supervisor_status())
         monitor = next((c for c in started if c.role == "monitoring"), None)
         if monitor:
             print(f"\ndashboard: http://{monitor.address}/   (metrics: http://{monitor.address}/metrics)")
         return 0
     if args.command == "status":
         rows = deployment.status()
+        supervisor = deployment.supervisor_status()
         if args.json:
-            keys = ("role", "region", "cluster", "pool", "pid", "address", "metrics", "running", "answering", "log")
+            keys = (
+                "name", "role", "region", "cluster", "pool", "pid", "address", "metrics", "running", "answering",
+                "uptime", "restarts", "stopped", "log",
+            )  # fmt: skip
             print(json.dumps([{k: r[k] for k in keys} for r in rows], indent=2))
         else:
-            _print_status(rows)
-        return 0 if all(r["running"] for r in rows) else 1
+            _print_status(rows, supervisor)
+        supervised = supervisor is None or supervisor["running"]
+        return 0 if all(r["running"] for r in rows) and supervised else 1
     if args.command == "down":
         n = deployment.down()
         print(f"squeal: stopped {n} components")
         return 0
+    if args.command in ("stop", "start", "restart"):
+        print(deployment.control(args.command, args.component))
+        return 0
+    if args.command == "drill":
+        from ops.drills import run_drill
+
+        return run_drill(deployment, args.topology, pause=args.pause, back_within=args.back_within,
+                         verify=not args.no_verify)  # fmt: skip
     if args.command == "router-config":
         topo = router_config.load(args.topology)
         if args.all:
@@ -240,15 +337,26 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return loadtest_main(args.args)
     if args.command == "verify":
-        from monitoring.verify import verify
+        from monitoring.verify import run as verify_run
 
-        report = verify(
-            router_config.load(args.topology), database=args.database, sample=None if args.all else args.sample
+        topology = args.topology or deployment.recorded_topology()
+        if topology is None:
+            raise HarnessError(f"verify: no TOPOLOGY given and no deployment recorded in {deployment.state_file}")
+        return verify_run(
+            router_config.load(topology),
+            database=args.database,
+            sample=None if args.all else args.sample,
+            codec=args.codec,
+            grace=args.grace,
         )
-        for stale in report.stale:
-            print(stale)
-        print(f"verify: {report.checked} cached copies compared, {report.absent} not cached, {len(report.stale)} stale")
-        return 0 if report.ok else 1
+    if args.command == "flush":
+        from ops.flush import main as flush_main
+
+        topology = args.topology or deployment.recorded_topology()
+        if topology is None:
+            raise HarnessError(f"flush: no --topology given and no deployment recorded in {deployment.state_file}")
+        configs = deployment.state_dir / "routers" if args.topology is None else None
+        return flush_main(router_config.load(topology), args.target, args.pool, yes=args.yes, configs=configs)
     if args.command == "replay":
         return _replay(deployment, args)
     if args.command == "accept-data-loss":
@@ -259,6 +367,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             raise HarnessError(f"accept-data-loss: no TOPOLOGY given and none recorded in {deployment.state_file}")
         return squeal_main(["accept-data-loss", str(topology), "--region", args.region,
                             "--state-dir", str(deployment.squeal_state_dir(args.region))])
+    if args.command == "render":
+        from ops import systemd
+
+        return systemd.run(args)
     raise AssertionError(args.command)
 
 
@@ -315,18 +427,45 @@ def _warmup(state_dir, args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_status(rows: list[dict]) -> None:
+def _print_status(rows: list[dict], supervisor: dict | None = None) -> None:
     if not rows:
         print("nothing is running (no components recorded)")
         return
+    if supervisor is not None:
+        if supervisor["running"]:
+            print(
+                f"supervisor pid {supervisor['pid']}, up {_duration(supervisor['uptime'])}, "
+                f"metrics http://{supervisor['metrics']}/metrics, log {supervisor['log']}"
+            )
+        else:
+            print(f"supervisor (pid {supervisor['pid']}) is NOT RUNNING: nothing restarts a component that exits")
     order = {role: i for i, role in enumerate(ALL_ROLES)}
-    print(f"{'ROLE':16} {'REGION':7} {'CLUSTER':8} {'POOL':9} {'PID':>7}  {'ADDRESS':21} STATE")
+    width = max(len("NAME"), *(len(r["name"]) for r in rows))
+    print(f"{'NAME':{width}} {'ROLE':16} {'REGION':7} {'PID':>7} {'UPTIME':>7} {'RESTARTS':>8}  {'ADDRESS':21} STATE")
     for r in sorted(rows, key=lambda r: (order.get(r["role"], 99), r["region"], r["cluster"] or "", r["address"])):
-        state = "up" if r["answering"] else ("running, not answering" if r["running"] else "DOWN")
+        if r["answering"]:
+            state = "up"
+        elif r["running"]:
+            state = "running, not answering"
+        else:
+            state = "stopped (squealctl start NAME)" if r.get("stopped") else "DOWN"
+        pid = r["pid"] if r["running"] else "-"
         print(
-            f"{r['role']:16} {r['region']:7} {r['cluster'] or '-':8} {r['pool'] or '-':9} {r['pid']:>7}  "
-            f"{r['address']:21} {state}"
+            f"{r['name']:{width}} {r['role']:16} {r['region']:7} {pid:>7} {_duration(r['uptime']):>7} "
+            f"{r['restarts']:>8}  {r['address']:21} {state}"
         )
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f}h"
+    return f"{seconds / 86400:.0f}d"
 
 
 if __name__ == "__main__":

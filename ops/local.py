@@ -1,9 +1,12 @@
-"""A whole topology on this machine: `squealctl up` / `status` / `down`.
+"""A whole topology on this machine: `squealctl up` / `status` / `down` / `stop|start|restart NAME`.
 
-`up` starts every component the topology names (MariaDB primary and replica, memcached per pool
-member, one router per cluster, one squeal daemon per region) as detached processes and records them
-in `<state_dir>/components.json`; `status` and `down` read that file, so they work from any later shell.
-Processes are stopped by pid, and only if the pid still runs the command we started (pids get reused).
+`up` starts a supervisor in the background (ops/supervisor.py), which starts every component the topology
+names (MariaDB primary and replica, memcached per pool member, one router per cluster, one squeal daemon per
+region, monitoring), restarts any that exits without being asked to, and records them — current pid,
+restarts, held down by `stop` — in `<state_dir>/components.json`; `status` and `down` read that file, so they
+work from any later shell. Processes are stopped by pid, and only if the pid still runs the command we started
+(pids get reused); a component whose recorded pid is gone is looked for by its command line (restarted by hand,
+or by a supervisor that has since died), so `down` stops it whatever its pid now.
 
 The state dir is durable: `up` never deletes it. MariaDB datadirs, squeal's datamarkers and the routers'
 delete spools stay where the previous `up` left them, so a restarted platform resumes where it stopped
@@ -12,11 +15,14 @@ delete spools stay where the previous `up` left them, so a restarted platform re
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,12 +34,12 @@ from ops.harness import (
     REPO_ROOT,
     DemoWorkload,
     HarnessError,
-    ManagedProcess,
     MariaDB,
     Memcached,
     MonitoringServer,
     Router,
     SquealDaemon,
+    _tail,
     free_port,
 )
 
@@ -56,6 +62,23 @@ class Component:
     log: str
     cmdline: list[str]
     metrics: str | None = None  # host:port serving Prometheus /metrics, if the component has one
+    name: str = ""  # how `status` lists it and `stop|start|restart` take it: router/east-a/0, squeal/east
+    restarts: int = 0  # times the supervisor restarted it after an exit nobody asked for
+    stopped: bool = False  # held down by `squealctl stop` until `squealctl start`
+
+
+def component_name(role: str, region: str, cluster: str | None, pool: str | None, index: int = 0) -> str:
+    """`router/east-a/0`, `memcached/east-a/wildcard/1`, `memcached/east/regional/0`, `mariadb/east`,
+    `squeal/east`, `monitoring`, `demo` (index: the server's place in its pool's or cluster's list)."""
+    if role == "router":
+        return f"router/{cluster}/{index}"
+    if role == "memcached":
+        return f"memcached/{cluster or region}/{pool}/{index}"
+    if role in ("mariadb-primary", "mariadb-replica"):
+        return f"mariadb/{region}"
+    if role == "squeal":
+        return f"squeal/{region}"
+    return role
 
 
 class Deployment:
@@ -76,6 +99,39 @@ class Deployment:
             raise HarnessError(f"{self.state_file}: corrupt state file ({e}); stop processes by hand") from e
         return [Component(**c) for c in data["components"]]
 
+    def supervisor(self) -> Component | None:
+        """The supervisor process `up` left running (None before `up` or for a deployment recorded without one)."""
+        if not self.state_file.exists():
+            return None
+        try:
+            records = json.loads(self.state_file.read_text()).get("supervisors") or [None]
+        except json.JSONDecodeError as e:
+            raise HarnessError(f"{self.state_file}: corrupt state file ({e})") from e
+        record = records[0]
+        if not record:
+            return None
+        return Component(**{k: v for k, v in record.items() if k in Component.__dataclass_fields__})
+
+    @property
+    def control_socket(self) -> Path:
+        """The supervisor's control socket (`stop|start|restart NAME`): in the state dir, or in /tmp when that
+        path is too long for a Unix socket (108 bytes)."""
+        path = self.state_dir / "supervisor.sock"
+        if len(os.fsencode(path)) < 100:
+            return path
+        digest = hashlib.sha1(os.fsencode(self.state_dir)).hexdigest()[:16]
+        return Path(f"/tmp/squeal-supervisor-{os.getuid()}-{digest}.sock")
+
+    def component(self, name: str) -> Component:
+        """The recorded component called `name` (as `status` lists it), or an error naming the valid ones."""
+        components = self.components()
+        for c in components:
+            if c.name == name:
+                return c
+        if not components:
+            raise HarnessError(f"no deployment in {self.state_dir} (run `squealctl up` first)")
+        raise HarnessError(f"unknown component {name!r}; valid names: {', '.join(c.name for c in components)}")
+
     def recorded_topology(self) -> str | None:
         """The topology file the last `up` recorded, while its components are recorded (until `down`)."""
         if not self.state_file.exists():
@@ -89,9 +145,17 @@ class Deployment:
         """Where `up` has the region's squeal daemon keep its datamarkers and pid file (`squealctl replay`)."""
         return self.state_dir / "squeal" / f"markers-{region}"
 
-    def _save(self, components: list[Component], topology: str) -> None:
+    def save(self, components: list[Component], topology: str, supervisor: dict | None = None) -> None:
+        """Rewrite components.json at once (the supervisor does, after every start, exit and stop). The
+        supervisor's record is a component-like object in a list of its own (`supervisors`: one, or none), so a
+        reader that wants it as a scrape target adds it to `components` with `+` (monitoring/prometheus.py)."""
+        doc = {
+            "topology": topology,
+            "supervisors": [supervisor] if supervisor else [],
+            "components": [asdict(c) for c in components],
+        }
         tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"topology": topology, "components": [asdict(c) for c in components]}, indent=2))
+        tmp.write_text(json.dumps(doc, indent=2))
         os.replace(tmp, self.state_file)
 
     @staticmethod
@@ -99,12 +163,26 @@ class Deployment:
         """The pid is alive and still runs the command we started (not a reused pid)."""
         try:
             proc = psutil.Process(c.pid)
-            actual = proc.cmdline()
-            # A script's shebang puts its interpreter first, so compare the arguments after the program.
-            same = actual[len(actual) - len(c.cmdline) + 1 :] == c.cmdline[1:] if len(c.cmdline) > 1 else True
+            same = _same_command(proc.cmdline(), c.cmdline) if len(c.cmdline) > 1 else True
             return proc.status() != psutil.STATUS_ZOMBIE and same
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return False
+
+    def locate(self, components: list[Component]) -> list[int | None]:
+        """The pid each component runs as now: the recorded one while it runs the recorded command, else any
+        process running exactly that command (restarted by hand, or by a supervisor that has since died)."""
+        found: list[int | None] = [c.pid if self.is_running(c) else None for c in components]
+        missing = [i for i, pid in enumerate(found) if pid is None and len(components[i].cmdline) > 1]
+        if missing:
+            for proc in psutil.process_iter(["cmdline", "status"]):
+                cmdline, status = proc.info["cmdline"], proc.info["status"]
+                if not cmdline or status == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
+                    continue
+                for i in missing:
+                    if found[i] is None and _same_command(cmdline, components[i].cmdline):
+                        found[i] = proc.pid
+                        break
+        return found
 
     # -- up --------------------------------------------------------------------------------------
 
@@ -115,9 +193,11 @@ class Deployment:
         demo: bool = False,
         demo_rate: float = 40.0,
     ) -> list[Component]:
-        """Start every component of the topology; on any failure stop what was started and re-raise."""
+        """Start the supervisor, which starts every component of the topology and keeps it running; returns once
+        every component answers. On any failure the supervisor stops what it started and the error is raised."""
         topo = router_config.load(topology_path)
-        if any(self.is_running(c) for c in self.components()):
+        supervisor = self.supervisor()
+        if (supervisor and self.is_running(supervisor)) or any(self.locate(self.components())):
             raise HarnessError(f"a topology is already up (state in {self.state_dir}); run `squealctl down` first")
         # A server that cannot bind may look ready anyway when another service answers on its port.
         busy = [
@@ -133,80 +213,112 @@ class Deployment:
             )
         # Never wipe the state dir: it holds durable state a restart must resume from (MariaDB datadirs,
         # reused by MariaDB.prepare; squeal's datamarkers; the routers' delete spools). components.json is
-        # rewritten by the first start below (nothing it names runs: checked above); a squeal pid file left
-        # by a crash is overwritten by the daemon, and `squeal replay` checks a pid before signalling it.
+        # rewritten by the supervisor before it starts anything (nothing it names runs: checked above); a squeal
+        # pid file left by a crash is overwritten by the daemon, and `squeal replay` checks a pid before
+        # signalling it.
         self.state_dir.mkdir(parents=True, exist_ok=True)
         # The only disposable state: warm-up overlays describe the previous run's router configs (and caches,
         # which start empty again); `up` writes every cluster's normal config, so an overlay would be a lie.
         (self.state_dir / "warmup.json").unlink(missing_ok=True)
-        started: list[Component] = []
-        topology_text = str(Path(topology_path).resolve())
+        self.state_file.unlink(missing_ok=True)
+        return self._start_supervisor(topology_path, without, demo, demo_rate)
 
-        def track(
-            proc: ManagedProcess,
-            role: str,
-            region: str,
-            cluster: str | None = None,
-            pool: str | None = None,
-            metrics: str | None = None,
-        ) -> None:
-            proc.start()
-            started.append(
-                Component(
-                    role, region, cluster, pool, proc.pid, proc.address, str(proc.log_file), proc.command(), metrics
-                )
-            )
-            self._save(started, topology_text)
-
+    def _start_supervisor(
+        self, topology_path: str | Path, without: frozenset[str], demo: bool, demo_rate: float
+    ) -> list[Component]:
+        """`python -m ops.supervisor` in its own session (it outlives this shell); it reports on a pipe once every
+        component answers, or why start-up failed once it has stopped what it started."""
+        read_fd, write_fd = os.pipe()
+        cmd = [sys.executable, "-m", "ops.supervisor", str(self.state_dir), str(topology_path)]
+        cmd += ["--ready-fd", str(write_fd), "--demo-rate", str(demo_rate)]
+        if without:
+            cmd += ["--without", ",".join(sorted(without))]
+        if demo:
+            cmd.append("--demo")
+        log_path = self.state_dir / "supervisor.log"
         try:
-            self._start_databases(topo, without, track)
-            self._start_memcached(topo, without, track)
-            if "router" not in without:
-                for cluster in topo.clusters:
-                    config = self.state_dir / "routers" / f"{cluster.name}.json"
-                    config.parent.mkdir(parents=True, exist_ok=True)
-                    config.write_text(router_config.render(router_config.cluster_config(topo, cluster.name)))
-                    for addr in cluster.routers:
-                        metrics_port = free_port(addr.host)
-                        router = Router(
-                            config,
-                            port=addr.port,
-                            host=addr.host,
-                            metrics_port=metrics_port,
-                            workdir=self.state_dir / "routers",
-                            # squeal flushes a region through its routers (on_truncate/on_data_loss "flush",
-                            # `squeal accept-data-loss`); the web tier never sends flush_all.
-                            extra_args=("--enable-flush-cmd",),
-                        )
-                        track(router, "router", cluster.region, cluster.name, metrics=f"{addr.host}:{metrics_port}")
-            if "squeal" not in without:
-                for i, region in enumerate(topo.regions):
-                    daemon = SquealDaemon(
-                        topology_path,
-                        region.name,
-                        port=topo.squeal.metrics_port_base + i,
-                        workdir=self.state_dir / "squeal",
-                        state_dir=self.squeal_state_dir(region.name),
-                    )
-                    track(daemon, "squeal", region.name, metrics=daemon.address)
-            if "monitoring" not in without:
-                monitor = MonitoringServer(
-                    topology_path,
-                    self.state_dir,
-                    port=topo.monitoring.port,
-                    workdir=self.state_dir / "monitoring",
-                    extra_args=("--probe-interval", str(topo.monitoring.probe_interval)),
+            with open(log_path, "ab") as log_file:
+                proc = subprocess.Popen(
+                    cmd,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,  # a Ctrl-C in this terminal must not reach it later
+                    pass_fds=(write_fd,),
                 )
-                track(monitor, "monitoring", topo.master.name, metrics=monitor.address)
-            if demo:
-                workload = DemoWorkload(topology_path, workdir=self.state_dir / "demo", rate=demo_rate)
-                track(workload, "demo", topo.master.name, metrics=workload.address)
-        except BaseException:
-            log.error("start-up failed; stopping the %d components already started", len(started))
-            self._stop(started)
+        finally:
+            os.close(write_fd)
+        try:
+            with os.fdopen(read_fd, "rb") as ready:
+                line = ready.readline()
+        except BaseException:  # Ctrl-C during start-up: stop what was started, as before
+            _signal(proc.pid, signal.SIGTERM)
+            proc.wait()
             self.state_file.unlink(missing_ok=True)
             raise
-        return started
+        reply = json.loads(line) if line.strip() else {}
+        if reply.get("ok"):
+            return self.components()
+        code = proc.wait()  # it has stopped what it started (or died)
+        self.state_file.unlink(missing_ok=True)
+        died = f"the supervisor exited during start-up (code {code}){_tail(log_path)}"
+        raise HarnessError(reply.get("error") or died)
+
+    def start_components(
+        self,
+        topology_path: str | Path,
+        without: frozenset[str],
+        demo: bool,
+        demo_rate: float,
+        track,
+    ) -> None:
+        """Start the topology's components in order (run by the supervisor): `track(proc, name, role, region,
+        cluster, pool, metrics)` starts one ManagedProcess and returns once its readiness check passes."""
+        topo = router_config.load(topology_path)
+        self._start_databases(topo, without, track)
+        self._start_memcached(topo, without, track)
+        if "router" not in without:
+            for cluster in topo.clusters:
+                config = self.state_dir / "routers" / f"{cluster.name}.json"
+                config.parent.mkdir(parents=True, exist_ok=True)
+                config.write_text(router_config.render(router_config.cluster_config(topo, cluster.name)))
+                for i, addr in enumerate(cluster.routers):
+                    metrics_port = free_port(addr.host)
+                    router = Router(
+                        config,
+                        port=addr.port,
+                        host=addr.host,
+                        metrics_port=metrics_port,
+                        workdir=self.state_dir / "routers",
+                        # squeal flushes a region through its routers (on_truncate/on_data_loss "flush",
+                        # `squeal accept-data-loss`); the web tier never sends flush_all.
+                        extra_args=("--enable-flush-cmd",),
+                    )
+                    name = component_name("router", cluster.region, cluster.name, None, i)
+                    track(router, name, "router", cluster.region, cluster.name, metrics=f"{addr.host}:{metrics_port}")
+        if "squeal" not in without:
+            for i, region in enumerate(topo.regions):
+                daemon = SquealDaemon(
+                    topology_path,
+                    region.name,
+                    port=topo.squeal.metrics_port_base + i,
+                    workdir=self.state_dir / "squeal",
+                    state_dir=self.squeal_state_dir(region.name),
+                )
+                name = component_name("squeal", region.name, None, None)
+                track(daemon, name, "squeal", region.name, metrics=daemon.address)
+        if "monitoring" not in without:
+            monitor = MonitoringServer(
+                topology_path,
+                self.state_dir,
+                port=topo.monitoring.port,
+                workdir=self.state_dir / "monitoring",
+                extra_args=("--probe-interval", str(topo.monitoring.probe_interval)),
+            )
+            track(monitor, "monitoring", "monitoring", topo.master.name, metrics=monitor.address)
+        if demo:
+            workload = DemoWorkload(topology_path, workdir=self.state_dir / "demo", rate=demo_rate)
+            track(workload, "demo", "demo", topo.master.name, metrics=workload.address)
 
     def _start_databases(self, topo: router_config.Topology, without: frozenset[str], track) -> None:
         if "mariadb" in without:
@@ -221,7 +333,8 @@ class Deployment:
                 replica=not region.master,
                 workdir=self.state_dir / f"mariadb-{region.name}",
             )
-            track(server, f"mariadb-{db.role}", region.name)
+            role = f"mariadb-{db.role}"
+            track(server, component_name(role, region.name, None, None), role, region.name)
             if region.master:
                 primary = server
                 if DEMO_SCHEMA.exists():
@@ -239,9 +352,10 @@ class Deployment:
             return
         for region in topo.regions:
             if region.regional_pool:
-                for addr in region.regional_pool.servers:
+                for i, addr in enumerate(region.regional_pool.servers):
                     track(
                         Memcached(port=addr.port, host=addr.host, workdir=self.state_dir / "memcached"),
+                        component_name("memcached", region.name, None, "regional", i),
                         "memcached",
                         region.name,
                         None,
@@ -249,46 +363,122 @@ class Deployment:
                     )
             for cluster in region.clusters:
                 for pool in cluster.pools:
-                    for addr in pool.servers:
+                    for i, addr in enumerate(pool.servers):
                         track(
                             Memcached(port=addr.port, host=addr.host, workdir=self.state_dir / "memcached"),
+                            component_name("memcached", region.name, cluster.name, pool.name, i),
                             "memcached",
                             region.name,
                             cluster.name,
                             pool.name,
                         )
 
-    # -- status / down ---------------------------------------------------------------------------
+    # -- status / down / stop|start|restart ------------------------------------------------------------
 
     def status(self) -> list[dict]:
-        """Every recorded component with `running` (pid alive) and `answering` (port accepts)."""
+        """Every recorded component with its current `pid`, `running` (alive), `answering` (port accepts),
+        `uptime` (seconds, None when not running), `restarts` and `stopped` (held down by `squealctl stop`)."""
         out = []
-        for c in self.components():
-            running = self.is_running(c)
-            out.append({**asdict(c), "running": running, "answering": running and _port_open(c.address)})
+        components = self.components()
+        for c, pid in zip(components, self.locate(components), strict=True):
+            running = pid is not None
+            out.append(
+                {
+                    **asdict(c),
+                    "pid": pid if running else c.pid,
+                    "running": running,
+                    "answering": running and _port_open(c.address),
+                    "uptime": _uptime(pid) if running else None,
+                }
+            )
         return out
 
+    def supervisor_status(self) -> dict | None:
+        """The supervisor's record with `running` and `uptime`, or None when the deployment has none."""
+        sup = self.supervisor()
+        if sup is None:
+            return None
+        running = self.is_running(sup)
+        return {**asdict(sup), "running": running, "uptime": _uptime(sup.pid) if running else None}
+
     def down(self, grace: float = 10.0) -> int:
-        """Stop every recorded component (reverse start order); returns how many were running."""
+        """Stop the supervisor (it stops its components) and then every component still running, whatever its
+        pid now; returns how many components were running."""
         components = self.components()
-        stopped = self._stop(components, grace)
+        running = sum(pid is not None for pid in self.locate(components))
+        supervisor = self.supervisor()
+        if supervisor and self.is_running(supervisor):
+            log.info("stopping the supervisor, pid %d", supervisor.pid)
+            _signal(supervisor.pid, signal.SIGCONT)
+            _signal(supervisor.pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace + 5  # it gives each component `grace` seconds, then SIGKILL
+            while self.is_running(supervisor) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if self.is_running(supervisor):
+                log.warning("the supervisor (pid %d) did not exit; killing it", supervisor.pid)
+                _signal(supervisor.pid, signal.SIGKILL)
+        self._stop(components, grace)  # what the supervisor did not stop (or, dead, could not)
         self.state_file.unlink(missing_ok=True)
-        return stopped
+        return running
 
     def _stop(self, components: list[Component], grace: float = 10.0) -> int:
-        running = [c for c in reversed(components) if self.is_running(c)]
-        for c in running:
-            log.info("stopping %s %s pid %d", c.role, c.cluster or c.region, c.pid)
-            _signal(c.pid, signal.SIGCONT)  # a paused process cannot handle SIGTERM
-            _signal(c.pid, signal.SIGTERM)
+        newest_first = list(reversed(components))
+        running = [(c, pid) for c, pid in zip(newest_first, self.locate(newest_first), strict=True) if pid]
+        for c, pid in running:
+            log.info("stopping %s pid %d", c.name or c.role, pid)
+            _signal(pid, signal.SIGCONT)  # a paused process cannot handle SIGTERM
+            _signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        for c in running:
-            while self.is_running(c) and time.monotonic() < deadline:
+        for c, pid in running:
+            current = Component(**{**asdict(c), "pid": pid})
+            while self.is_running(current) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            if self.is_running(c):
-                log.warning("%s pid %d ignored SIGTERM; killing", c.role, c.pid)
-                _signal(c.pid, signal.SIGKILL)
+            if self.is_running(current):
+                log.warning("%s pid %d ignored SIGTERM; killing", c.name or c.role, pid)
+                _signal(pid, signal.SIGKILL)
         return len(running)
+
+    def control(self, action: str, name: str) -> str:
+        """`stop`, `start` or `restart` the component called `name`, through the supervisor; returns what it did."""
+        self.component(name)
+        supervisor = self.supervisor()
+        if supervisor is None or not self.is_running(supervisor):
+            pid = f" (pid {supervisor.pid})" if supervisor else ""
+            raise HarnessError(
+                f"the supervisor of the deployment in {self.state_dir} is not running{pid}: nothing can {action} "
+                "components by name; `squealctl down`, then `squealctl up` again"
+            )
+        reply = b""
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(300)  # a start waits for the component's readiness check (MariaDB: up to 60 s)
+                s.connect(str(self.control_socket))
+                s.sendall(json.dumps({"action": action, "name": name}).encode() + b"\n")
+                while not reply.endswith(b"\n"):
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    reply += chunk
+        except OSError as e:
+            raise HarnessError(f"cannot reach the supervisor on {self.control_socket}: {e}") from e
+        if not reply:
+            raise HarnessError(f"the supervisor closed the connection without answering `{action} {name}`")
+        answer = json.loads(reply)
+        if not answer["ok"]:
+            raise HarnessError(answer["error"])
+        return answer["message"]
+
+
+def _same_command(actual: list[str], recorded: list[str]) -> bool:
+    """A script's shebang puts its interpreter first, so compare the arguments after the program."""
+    return len(actual) >= len(recorded) and actual[len(actual) - len(recorded) + 1 :] == recorded[1:]
+
+
+def _uptime(pid: int) -> float | None:
+    try:
+        return max(0.0, time.time() - psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -7,6 +7,7 @@ a typo such as `serverz` must not silently fall back to a default.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import fields
 from pathlib import Path
@@ -14,10 +15,12 @@ from typing import Any
 
 from router_config.model import (
     COLUMN_NAME,
+    DEFAULT_HOST,
     ON_DATA_LOSS,
     ON_TRUNCATE,
     PLACEHOLDER,
     POOL_KINDS,
+    READERS,
     Address,
     Cluster,
     ColdStart,
@@ -30,6 +33,8 @@ from router_config.model import (
     SquealSettings,
     Topology,
 )
+
+CODEC_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")  # a rule's `codec` (monitoring/verify.py)
 
 
 class TopologyError(ValueError):
@@ -102,6 +107,13 @@ class _Builder:
             raise self.fail(path, f"port {value} is out of range 1-65535")
         return value
 
+    def host(self, value: Any, path: str) -> str:
+        """A host name or IP address where a component runs (no port)."""
+        self.typed(value, path, str, "a host name or IP address")
+        if not value or any(c.isspace() for c in value):
+            raise self.fail(path, f"{value!r} is not a host name or IP address")
+        return value
+
     def claim(self, host: str, port: int, path: str) -> None:
         """Every listening socket in the topology must be distinct."""
         previous = self.ports.get((host, port))
@@ -153,6 +165,7 @@ class _Builder:
             "metrics_port_base": (int, "a port number"),
             "marker_max_age_s": ((int, float), "a number of seconds"),
             "on_data_loss": (str, " or ".join(f'"{c}"' for c in ON_DATA_LOSS)),
+            "reader": (str, " or ".join(f'"{c}"' for c in READERS)),
         }
         out = {}
         for name in names:
@@ -165,12 +178,16 @@ class _Builder:
         if out["on_data_loss"] not in ON_DATA_LOSS:
             choices = " or ".join(f'"{c}"' for c in ON_DATA_LOSS)
             raise self.fail(f"{path}.on_data_loss", f"must be {choices}, got {out['on_data_loss']!r}")
+        if out["reader"] not in READERS:
+            choices = " or ".join(f'"{c}"' for c in READERS)
+            raise self.fail(f"{path}.reader", f"must be {choices}, got {out['reader']!r}")
         return SquealSettings(**out)
 
     def monitoring(self, value: Any, path: str) -> MonitoringSettings:
-        self.table(value, path, {"port", "probe_interval"})
+        self.table(value, path, {"port", "probe_interval", "host"})
+        host = self.host(value.get("host", DEFAULT_HOST), f"{path}.host")
         port = self.port(value.get("port", MonitoringSettings.port), f"{path}.port")
-        self.claim("127.0.0.1", port, f"{path}.port")
+        self.claim(host, port, f"{path}.port")
         interval = self.typed(
             value.get("probe_interval", MonitoringSettings.probe_interval),
             f"{path}.probe_interval",
@@ -179,7 +196,7 @@ class _Builder:
         )
         if interval <= 0:
             raise self.fail(f"{path}.probe_interval", f"must be greater than 0, got {interval}")
-        return MonitoringSettings(port=port, probe_interval=float(interval))
+        return MonitoringSettings(port=port, probe_interval=float(interval), host=host)
 
     def rules(self, value: Any, path: str) -> tuple[Rule, ...]:
         self.typed(value, path, list, "an array of [[rules]] tables")
@@ -187,7 +204,7 @@ class _Builder:
         seen: set[str] = set()
         for i, body in enumerate(value):
             here = f"{path}[{i}]"
-            self.table(body, here, {"table", "keys", "on_truncate"}, {"table", "keys"})
+            self.table(body, here, {"table", "keys", "on_truncate", "codec"}, {"table", "keys"})
             table = self.typed(body["table"], f"{here}.table", str, 'a "schema.table" name')
             parts = table.split(".")
             if len(parts) != 2 or not all(COLUMN_NAME.match(p) for p in parts):
@@ -201,7 +218,10 @@ class _Builder:
             on_truncate = self.typed(body.get("on_truncate", "alert"), f"{here}.on_truncate", str, '"alert" or "flush"')
             if on_truncate not in ON_TRUNCATE:
                 raise self.fail(f"{here}.on_truncate", f'must be "alert" or "flush", got {on_truncate!r}')
-            rules.append(Rule(table=table, keys=keys, on_truncate=on_truncate))
+            codec = body.get("codec")
+            if codec is not None and not CODEC_PATH.match(self.typed(codec, f"{here}.codec", str, "an import path")):
+                raise self.fail(f"{here}.codec", f'{codec!r} is not an import path like "package.module:function"')
+            rules.append(Rule(table=table, keys=keys, on_truncate=on_truncate, codec=codec))
         return tuple(rules)
 
     def template(self, template: str, path: str) -> None:
@@ -217,7 +237,9 @@ class _Builder:
             raise self.fail(path, f"key template {template!r} contains whitespace; memcache keys cannot")
 
     def region(self, name: str, body: Any, path: str) -> Region:
-        self.table(body, path, {"master", "database", "regional_pool", "clusters"}, {"database", "clusters"})
+        self.table(
+            body, path, {"master", "database", "regional_pool", "clusters", "squeal"}, {"database", "clusters"}
+        )
         master = self.typed(body.get("master", False), f"{path}.master", bool, "true or false")
         db_path = f"{path}.database"
         db = self.table(
@@ -235,7 +257,7 @@ class _Builder:
                 f"{db_path}.role",
                 f"the {'master' if master else 'non-master'} region needs a {expected} database, got {role!r}",
             )
-        host = self.typed(db.get("host", "127.0.0.1"), f"{db_path}.host", str, "a host name")
+        host = self.host(db.get("host", DEFAULT_HOST), f"{db_path}.host")
         port = self.port(db["port"], f"{db_path}.port")
         self.claim(host, port, f"{db_path}.port")
         server_id = self.typed(db["server_id"], f"{db_path}.server_id", int, "a positive integer")
@@ -259,7 +281,18 @@ class _Builder:
             self.cluster(cname, cbody, name, f"{path}.clusters.{cname}", regional)
             for cname, cbody in clusters_doc.items()
         )
-        return Region(name=name, master=master, database=database, regional_pool=regional, clusters=clusters)
+        squeal_host = DEFAULT_HOST
+        if "squeal" in body:  # where the region's squeal daemon runs
+            sq = self.table(body["squeal"], f"{path}.squeal", {"host"})
+            squeal_host = self.host(sq.get("host", DEFAULT_HOST), f"{path}.squeal.host")
+        return Region(
+            name=name,
+            master=master,
+            database=database,
+            regional_pool=regional,
+            clusters=clusters,
+            squeal_host=squeal_host,
+        )
 
     def prefixes(self, value: Any, path: str) -> tuple[str, ...]:
         items = self.string_list(value, path)

@@ -15,6 +15,9 @@ COLUMN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 POOL_KINDS = ("wildcard", "app", "replicated", "gutter")
 ON_TRUNCATE = ("alert", "flush")  # per rule: a change to the table that carries no row images
 ON_DATA_LOSS = ("halt", "flush")  # squeal: the binlog a datamarker needs was purged
+READERS = ("native", "python")  # squeal's binlog decoder (docs/squeal.md, "The native reader")
+# Every component runs on a host; a topology that names none runs everything on this machine.
+DEFAULT_HOST = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,9 @@ class Region:
     database: Database
     regional_pool: RegionalPool | None
     clusters: tuple[Cluster, ...]
+    # Where the region's squeal daemon runs (`regions.<name>.squeal.host`); it serves /metrics on
+    # squeal.metrics_port_base + the region's index.
+    squeal_host: str = DEFAULT_HOST
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,9 @@ class Rule:
     # What squeal does when the table changes with no row images (TRUNCATE, DROP, RENAME, a
     # statement-logged change): "alert" (ERROR log, counter, dashboard) or "flush" (flush the region's caches).
     on_truncate: str = "alert"
+    # How the web tier encodes these keys' cached values, for `squealctl verify`: an import path
+    # "package.module:function" of decode(key_template, value, flags) (monitoring/verify.py). squeal ignores it.
+    codec: str | None = None
 
     @property
     def columns(self) -> frozenset[str]:
@@ -132,12 +141,14 @@ class SquealSettings:
     metrics_port_base: int = 19100
     on_data_loss: str = "halt"  # see ON_DATA_LOSS and docs/squeal.md
     marker_max_age_s: float = 30.0  # /healthz fails while a flow's datamarker waits longer to be written
+    reader: str = "python"  # see READERS: the Rust extension (squeal_native) or python-mysql-replication
 
 
 @dataclass(frozen=True)
 class MonitoringSettings:
     port: int = 19000  # the dashboard / monitoring server
     probe_interval: float = 1.0  # seconds between canary probes
+    host: str = DEFAULT_HOST  # where the monitoring server runs (and listens)
 
 
 @dataclass(frozen=True)
@@ -182,10 +193,25 @@ class Topology:
                 for p in c.pools:
                     out += [("memcached", f"{at}.clusters.{c.name}.pools.{p.name}.servers", a) for a in p.servers]
         for i, r in enumerate(self.regions):
-            port = self.squeal.metrics_port_base + i
-            out.append(("squeal", f"squeal.metrics_port_base (+{i}, region {r.name})", Address("127.0.0.1", port)))
-        out.append(("monitoring", "monitoring.port", Address("127.0.0.1", self.monitoring.port)))
+            where = f"squeal.metrics_port_base (+{i}, region {r.name})"
+            out.append(("squeal", where, self.squeal_address(r.name)))
+        out.append(("monitoring", "monitoring.port", Address(self.monitoring.host, self.monitoring.port)))
         return out
+
+    def squeal_address(self, region: str) -> Address:
+        """Where the region's squeal daemon serves /metrics and /healthz: its host, metrics_port_base + index."""
+        index = [r.name for r in self.regions].index(self.region(region).name)
+        return Address(self.region(region).squeal_host, self.squeal.metrics_port_base + index)
+
+    def hosts(self) -> list[str]:
+        """Every host a component of this topology runs on (databases, memcached, routers, squeal, monitoring)."""
+        found = {self.monitoring.host}
+        for r in self.regions:
+            found |= {r.database.host, r.squeal_host}
+            found |= {a.host for a in (r.regional_pool.servers if r.regional_pool else ())}
+            for c in r.clusters:
+                found |= {a.host for a in c.routers} | {a.host for p in c.pools for a in p.servers}
+        return sorted(found)
 
     def rule_for(self, table: str) -> Rule | None:
         for r in self.rules:

@@ -75,8 +75,16 @@ def to_document(topo: Topology) -> dict[str, Any]:
     s = topo.squeal
     doc: dict[str, Any] = {
         "squeal": asdict(s),  # every setting, so a round trip through TOML keeps them all
-        "monitoring": {"port": topo.monitoring.port, "probe_interval": topo.monitoring.probe_interval},
-        "rules": [{"table": r.table, "keys": list(r.keys), "on_truncate": r.on_truncate} for r in topo.rules],
+        "monitoring": {
+            "host": topo.monitoring.host,
+            "port": topo.monitoring.port,
+            "probe_interval": topo.monitoring.probe_interval,
+        },
+        "rules": [
+            {"table": r.table, "keys": list(r.keys), "on_truncate": r.on_truncate}
+            | ({"codec": r.codec} if r.codec else {})  # for `squealctl verify`
+            for r in topo.rules
+        ],
         "regions": {},
     }
     for r in topo.regions:
@@ -91,6 +99,7 @@ def to_document(topo: Topology) -> dict[str, Any]:
                 "user": db.user,
                 "password": db.password,
             },
+            "squeal": {"host": r.squeal_host},
             "clusters": {},
         }
         if r.regional_pool:

@@ -44,7 +44,16 @@ from squeal.datamarkers import (
 from squeal.flows import Committed, Dispatcher, Flow, flows_for_region
 from squeal.metrics import Metrics
 from squeal.pipeline import Handoff, KeyStage, ReadLoop
-from squeal.reader import BinlogReader, DataLoss, Source, check_server, current_position
+from squeal.reader import (
+    BinlogReader,
+    DataLoss,
+    NativeBinlogReader,
+    Source,
+    check_server,
+    current_position,
+    native_module,
+    native_problems,
+)
 from squeal.rules import KeyExtractor, check_rules, load_columns
 from squeal.sampler import DeleteSampler
 from squeal.source import SourcePoller
@@ -160,6 +169,7 @@ class Daemon:
         self._marker_watch = MarkerWatch()
         self._marker_round: defer.Deferred | None = None  # the checkpoint round in progress, if any
         self.source_poller: SourcePoller | None = None  # the source's position and replication lag (prepare)
+        self.reader_kind = "python"  # "native" when prepare() chose squeal_native ([squeal] reader)
 
     # -- start-up ----------------------------------------------------------------------------------------
 
@@ -172,6 +182,7 @@ class Daemon:
             for warning in check_rules(self.topology.rules, columns):
                 log.warning("%s", warning)
             self.stage.bulk.set_cascades(load_cascades(conn))
+            self.reader_kind = self._choose_reader(conn)
             now = current_position(conn)
         finally:
             conn.close()
@@ -226,7 +237,7 @@ class Daemon:
                         ", ".join(f"{t}: {p}" for t, p in sorted(children.items())))
         # The parents of cascading foreign keys are read too (their row events signal the cascades).
         self.read_tables = self.extractor.tables | self.stage.bulk.parents
-        reader = BinlogReader(self.source, start, self.read_tables, name="live")
+        reader = self._reader(start, "live")
         handoff = Handoff(self.reactor, self._deliver_live, bound=max(100, s.max_backlog // 4))
         self.live = ReadLoop(reader, self.stage, handoff.put, self.metrics, xa=self.xa,
                              on_data_loss=self._on_data_loss)
@@ -239,6 +250,27 @@ class Daemon:
             f.source_lag = self.source_poller.behind  # lag against the source, even when nothing is queued
         self.source_poller.tick()  # a first poll now: /healthz and the gauges know the source from the start
 
+    def _choose_reader(self, conn: Any) -> str:
+        """[squeal] reader: "native" needs the extension (else a start-up error) and rules whose columns it
+        renders exactly like python-mysql-replication (else a warning and the python reader)."""
+        if self.settings.reader != "native":
+            return "python"
+        native_module()
+        problems = native_problems(conn, self.extractor.templates)
+        if problems:
+            log.warning("reader = \"native\": key templates name columns the native reader cannot render exactly "
+                        "like python-mysql-replication (%s); reading with python-mysql-replication instead",
+                        "; ".join(problems))
+            return "python"
+        log.info("binlog reader: native (squeal_native)")
+        return "native"
+
+    def _reader(self, start: g.Position, name: str) -> BinlogReader | NativeBinlogReader:
+        if self.reader_kind == "native":
+            return NativeBinlogReader(self.source, start, self.read_tables, self.extractor.templates,
+                                      self.stage.bulk.parents, name=name)
+        return BinlogReader(self.source, start, self.read_tables, name=name)
+
     def start(self) -> None:
         """Call with the reactor about to run (or running)."""
         if self.metrics_port is not None:
@@ -246,8 +278,10 @@ class Daemon:
             root.putChild(b"metrics", MetricsResource(registry=self.metrics.registry))
             root.putChild(b"healthz", _Health(self))
             root.putChild(b"sampled-deletes", _SampledDeletes(self.sampler))
-            # loopback only: /metrics is for the local scraper, not the network
-            self._site_port = self.reactor.listenTCP(self.metrics_port, server.Site(root), interface="127.0.0.1")
+            # On the region's squeal host from the topology (127.0.0.1 unless a multi-host topology names one),
+            # where the monitoring server and Prometheus look for it.
+            host = self.region.squeal_host
+            self._site_port = self.reactor.listenTCP(self.metrics_port, server.Site(root), interface=host)
         assert self.live is not None
         self.live.start()
         if self.source_poller is not None:
@@ -284,7 +318,7 @@ class Daemon:
         if flow.caught_up(self.dispatcher.live):
             flow.rejoin()
             return
-        reader = BinlogReader(self.source, start, self.read_tables, name=f"catchup-{flow.name}")
+        reader = self._reader(start, f"catchup-{flow.name}")
         bound = max(1, flow.max_backlog // 2)
 
         def brake() -> None:  # catch-up thread: hold back while the destination has not taken what it has

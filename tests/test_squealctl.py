@@ -56,7 +56,8 @@ def test_up_status_down_leaves_no_process(tmp_path, topology_file):
         assert {tuple(sorted(r)) for r in rows} == {
             tuple(
                 sorted(
-                    ["role", "region", "cluster", "pool", "pid", "address", "metrics", "running", "answering", "log"]
+                    ["name", "role", "region", "cluster", "pool", "pid", "address", "metrics", "running", "answering"]
+                    + ["uptime", "restarts", "stopped", "log"]
                 )
             )
         }

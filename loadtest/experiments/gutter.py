@@ -14,8 +14,6 @@ Paper: client-visible failures -99%; gutter hit rate > 35% within 4 minutes, oft
 
 from __future__ import annotations
 
-import os
-import signal
 import tempfile
 import time
 from pathlib import Path
@@ -35,7 +33,7 @@ from loadtest.experiments.common import (
 )
 from loadtest.experiments.report import Report, figure, plot_series
 from loadtest.workload import seed_posts
-from ops.harness import Memcached, Router, free_port
+from ops.harness import Router, free_port
 from router_config import Address
 
 PAPER = "client-visible failures -99%; gutter hit rate > 35% within 4 minutes (often ~50%)"
@@ -72,12 +70,13 @@ def run(short: bool = False, workdir: Path | None = None) -> Report:
             config.write_text(router_config.render(router_config.cluster_config(plain, cluster.name)))
             router = Router(config, port=plain_router_addr.port, workdir=work / "router-no-gutter")
             extra.append(router.start())
-            victim_proc: Any = None
+            # `squealctl stop` kills it (memcached's stop signal is SIGKILL) and keeps the supervisor from
+            # restarting it; `start` brings it back, empty, for the next arm.
+            victim_name = stack.component(str(victim)).name
+            killed = False
             for arm, topo_path in (("without gutter", plain_path), ("with gutter", stack.topology_path)):
-                if victim_proc is not None:
-                    # bring the killed server back, empty, for the next arm (a new process on its port)
-                    victim_proc = Memcached(port=victim.port, workdir=work / "memcached")
-                    extra.append(victim_proc.start())
+                if killed:
+                    stack.deployment.control("start", victim_name)
                     _wait_tko_cleared(str(cluster.routers[0]))
                 # both arms start from empty caches
                 memcached_command_all([a for p in cluster.pools for a in p.servers], b"flush_all\r\n")
@@ -94,11 +93,8 @@ def run(short: bool = False, workdir: Path | None = None) -> Report:
                     try:
                         t0 = lr.wait_first_sample()
                         time.sleep(max(0.0, t0 + warm - time.time()))
-                        if victim_proc is None:
-                            os.kill(stack.pid_of(str(victim)), signal.SIGKILL)
-                            victim_proc = "killed"
-                        else:
-                            victim_proc.kill()
+                        stack.deployment.control("stop", victim_name)
+                        killed = True
                         killed_at = time.time() - t0
                         timeline = lr.wait()
                     finally:
