@@ -13,9 +13,12 @@ down:
 
 lint:
 	.venv/bin/ruff check .
+	.venv/bin/lint-imports
 	@if [ -f router/Cargo.toml ]; then cd router && cargo fmt --check && cargo clippy --locked -q --all-targets -- -D warnings; fi
+	@if [ -f squeal_native/Cargo.toml ]; then cd squeal_native && cargo fmt --check && cargo clippy --locked -q --all-targets -- -D warnings; fi
 
 # All tests: lint, the router's cargo tests, then every Python test (unit + integration with real servers).
 test: setup lint
 	@if [ -f router/Cargo.toml ]; then cd router && cargo test --locked -q; fi
+	@if [ -f squeal_native/Cargo.toml ]; then cd squeal_native && cargo test --locked -q --no-default-features; fi
 	.venv/bin/pytest

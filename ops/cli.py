@@ -26,6 +26,7 @@ import argparse
 import json
 import logging
 import os
+import subprocess
 import sys
 
 import gutter
@@ -333,9 +334,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(render_yaml(scrape_config(deployment.state_file)), end="")
         return 0
     if args.command == "loadtest":
-        from loadtest.cli import main as loadtest_main
-
-        return loadtest_main(args.args)
+        # A process of its own: loadtest drives deployments through ops, so ops must not import loadtest
+        # (the layering contract in pyproject.toml).
+        return subprocess.run([sys.executable, "-m", "loadtest", *args.args]).returncode
     if args.command == "verify":
         from monitoring.verify import run as verify_run
 

@@ -518,7 +518,7 @@ class MonitoringServer(ManagedProcess):
 
 
 class DemoWorkload(ManagedProcess):
-    """`python -m ops.demo`: the demo web tier driving every cluster at a modest rate."""
+    """`python -m loadtest.demo`: the demo web tier driving every cluster at a modest rate."""
 
     name = "demo"
     start_timeout = 60.0
@@ -539,7 +539,7 @@ class DemoWorkload(ManagedProcess):
         return [
             str(python if python.exists() else sys.executable),
             "-m",
-            "ops.demo",
+            "loadtest.demo",
             str(self.topology_path),
             "--rate",
             str(self.rate),

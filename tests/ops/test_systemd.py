@@ -332,9 +332,8 @@ def test_three_hosts_run_from_rendered_units(mariadb_factory, tmp_path):
                 if kind == role:
                     wait_until(lambda a=a: _port_open(a.host, a.port), 30, f"{role} on {a}")
         for region in topo.regions:
-            # squeal serves /healthz on loopback only (squeal/daemon.py), whatever its host: ask it there.
-            port = topo.squeal_address(region.name).port
-            healthy = f"http://127.0.0.1:{port}/healthz"  # answers 200 once every flow is healthy (else 503)
+            # squeal serves /healthz on its topology host (regions.R.squeal.host)
+            healthy = f"http://{topo.squeal_address(region.name)}/healthz"  # 200 once every flow is healthy
             wait_until(lambda url=healthy: bool(_http(url)), 60, f"squeal {region.name}")
         assert not started.exited(), started.exited()
 

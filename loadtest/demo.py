@@ -1,6 +1,6 @@
 """The demo workload `squealctl up --demo` runs: one demo web server per cluster, at a modest rate.
 
-    python -m ops.demo TOPOLOGY --rate 40 --metrics-port 39050
+    python -m loadtest.demo TOPOLOGY --rate 40 --metrics-port 39050
 
 Reads (users, feeds) follow a skewed popularity so caches warm up and hit; a tenth of requests are writes
 (renames, new posts) made in both regions — the master region writes locally, the other region through
@@ -58,7 +58,7 @@ def run_one(web: WebServer, rng: random.Random) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m ops.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m loadtest.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("topology")
     p.add_argument("--rate", type=float, default=40.0, help="requests per second per cluster (default %(default)s)")
