@@ -19,6 +19,7 @@ use crate::flush::FlushTarget;
 use crate::protocol::{Reply, Request, Res};
 use crate::routes::destination::Destination;
 use crate::routes::{RouteRef, get_i64, lookup};
+use crate::server::Server;
 use crate::stats::RouteCounters;
 
 pub struct Builder<'c> {
@@ -34,6 +35,9 @@ pub struct Builder<'c> {
     flush_targets: Vec<FlushTarget>,
     /// Names of `pools` entries built so far.
     built_pools: std::collections::HashSet<String>,
+    /// The config's servers by address: the live ones reused (a reload keeps their connections and
+    /// TKO state), others new. Nothing outside the config refers to them until it is installed.
+    servers: HashMap<String, Arc<Server>>,
 }
 
 impl<'c> Builder<'c> {
@@ -47,7 +51,21 @@ impl<'c> Builder<'c> {
             warnings: Vec::new(),
             flush_targets: Vec::new(),
             built_pools: Default::default(),
+            servers: HashMap::new(),
         }
+    }
+
+    /// The config's server at `addr`.
+    fn server(&mut self, addr: &str) -> Arc<Server> {
+        if let Some(s) = self.servers.get(addr) {
+            return s.clone();
+        }
+        let s = self
+            .ctx
+            .live_server(addr)
+            .unwrap_or_else(|| Server::new(addr.to_string(), self.ctx));
+        self.servers.insert(addr.to_string(), s.clone());
+        s
     }
 
     pub fn ctx(&self) -> &Arc<Context> {
@@ -169,7 +187,7 @@ impl<'c> Builder<'c> {
                 .as_str()
                 .ok_or_else(|| format!("pool `{name}`: server entries must be strings"))?;
             let addr = normalize_addr(addr).ok_or_else(|| format!("pool `{name}`: bad server address `{addr}`"))?;
-            let server = self.ctx.server(&addr);
+            let server = self.server(&addr);
             self.flush_targets.push(FlushTarget {
                 server: server.clone(),
                 timeout,
@@ -264,6 +282,8 @@ pub struct RouterConfig {
     pub flush_targets: Vec<FlushTarget>,
     /// Pools that could not be built (used by no route): each fails every `flush_all`.
     pub flush_problems: Vec<String>,
+    /// Every server the config uses, once (installed in the `Context` when the config serves).
+    pub servers: Vec<Arc<Server>>,
 }
 
 /// The routing prefix of a key (`/region/cluster/`), if it has one.
@@ -417,6 +437,7 @@ pub fn load(ctx: &Arc<Context>, text: &str, default_prefix: Option<&str>) -> Res
         pools: pool_count,
         flush_targets,
         flush_problems,
+        servers: b.servers.into_values().collect(),
     })
 }
 
@@ -460,8 +481,50 @@ mod tests {
             let expected: std::collections::BTreeSet<&str> = crate::routes::REGISTRY.iter().map(|h| h.name).collect();
             let used: std::collections::BTreeSet<&str> = cfg.types_used.iter().copied().collect();
             assert_eq!(used, expected);
-            // Servers are shared by address: 4 distinct.
+            // Servers are shared by address: 4 distinct, live once the config serves.
+            assert_eq!(cfg.servers.len(), 4);
+            assert!(c.all_servers().is_empty());
+            c.install(&cfg.servers);
             assert_eq!(c.all_servers().len(), 4);
+        });
+    }
+
+    #[test]
+    fn a_rejected_config_leaves_no_server_behind_and_a_reload_retires_removed_ones() {
+        run(async {
+            let c = ctx();
+            let first = load(
+                &c,
+                r#"{"pools": {"p": {"servers": ["127.0.0.1:1", "127.0.0.1:2"]}}, "route": "PoolRoute|p"}"#,
+                None,
+            )
+            .unwrap();
+            let shared = crate::Shared::new(c.clone(), first);
+            let before: Vec<String> = {
+                let mut a: Vec<String> = c.all_servers().iter().map(|s| s.addr.clone()).collect();
+                a.sort();
+                a
+            };
+            assert_eq!(before, ["127.0.0.1:1", "127.0.0.1:2"]);
+            // fails after building pool `p` with a third server: none of it stays
+            let bad = r#"{"pools": {"p": {"servers": ["127.0.0.1:3"]}},
+                         "route": {"type": "FailoverRoute", "children": ["PoolRoute|p", "PoolRoute|nope"]}}"#;
+            assert!(load(&c, bad, None).is_err());
+            let mut now: Vec<String> = c.all_servers().iter().map(|s| s.addr.clone()).collect();
+            now.sort();
+            assert_eq!(now, before);
+            // a reload keeps the server it still uses (same object: connection, TKO state) and drops the other
+            let kept = c.live_server("127.0.0.1:1").unwrap();
+            let next = load(
+                &c,
+                r#"{"pools": {"p": {"servers": ["127.0.0.1:1"]}}, "route": "PoolRoute|p"}"#,
+                None,
+            )
+            .unwrap();
+            shared.replace(next);
+            let live = c.all_servers();
+            assert_eq!(live.len(), 1);
+            assert!(Arc::ptr_eq(&live[0], &kept));
         });
     }
 

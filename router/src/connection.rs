@@ -17,8 +17,8 @@ use tokio::net::TcpStream;
 
 use crate::config::RouterConfig;
 use crate::protocol::reply::parse_decimal;
-use crate::protocol::request::parse;
-use crate::protocol::{Cmd, Command, ParseOutcome, Reply, Request, Res};
+use crate::protocol::request::parse_with;
+use crate::protocol::{Cmd, Command, ParseOutcome, Reply, Request};
 use crate::routes::{BoxFuture, RouteRef};
 use crate::server::Server;
 use crate::{Context, Shared};
@@ -211,7 +211,7 @@ impl Conn {
         }
         while pos < data.len() && !self.closing {
             let rest = data.slice(pos..);
-            match parse(&rest) {
+            match parse_with(&rest, self.shared.ctx.opts.max_value) {
                 ParseOutcome::Incomplete => break,
                 ParseOutcome::Error { reply, consume, close } => {
                     self.shared.ctx.stats.client_errors.fetch_add(1, Relaxed);
@@ -225,7 +225,13 @@ impl Conn {
                     self.closing |= close;
                 }
                 ParseOutcome::Done(cmd, used) => {
-                    pos += used;
+                    if used > rest.len() {
+                        // a too-large value: routed as an unlink, its bytes swallowed as they arrive
+                        self.swallow = used - rest.len();
+                        pos = data.len();
+                    } else {
+                        pos += used;
+                    }
                     self.command(cmd, start);
                 }
             }
@@ -315,7 +321,9 @@ impl Conn {
             Ok(r) => r.clone(),
             Err(reply) => {
                 ctx.stats.errors.fetch_add(1, Relaxed);
-                self.push_ready(reply.wire);
+                if !req.suppress(&reply) {
+                    self.push_ready(reply.wire);
+                }
                 return;
             }
         };
@@ -589,18 +597,10 @@ fn restore_meta_key(wire: &[u8], stripped: &[u8], asked: &[u8], out: &mut BytesM
 }
 
 /// The bytes to send for one keyed request's reply (None: suppressed by noreply / quiet mode).
-fn finish(ctx: &Context, req: &Request, mut reply: Reply) -> Option<Bytes> {
+fn finish(ctx: &Context, req: &Request, reply: Reply) -> Option<Bytes> {
+    let reply = crate::ack::for_client(req, reply);
     if reply.res.is_error() {
-        if reply.spooled {
-            // mcrouter answers a spooled delete NOT_FOUND: the delete will be delivered later.
-            reply = if req.cmd.is_meta() {
-                Reply::new(Res::NotFound, req.meta_line("NF"))
-            } else {
-                Reply::line(Res::NotFound, "NOT_FOUND")
-            };
-        } else {
-            ctx.stats.errors.fetch_add(1, Relaxed);
-        }
+        ctx.stats.errors.fetch_add(1, Relaxed);
     }
     if req.suppress(&reply) { None } else { Some(reply.wire) }
 }

@@ -148,7 +148,7 @@ mod tests {
 
     fn target(ctx: &Arc<Context>, addr: &str) -> FlushTarget {
         FlushTarget {
-            server: ctx.server(addr),
+            server: crate::server::Server::new(addr.to_string(), ctx),
             timeout: Duration::from_millis(500),
         }
     }
@@ -199,7 +199,8 @@ mod tests {
                 "the healthy server is flushed all the same"
             );
 
-            let targets = [target(&c, &ok), target(&c, &refusing), target(&c, &gone)];
+            let gone_target = target(&c, &gone);
+            let targets = [target(&c, &ok), target(&c, &refusing), gone_target.clone()];
             let err = flush_all(&targets, &[], None).await.unwrap_err();
             assert!(err.starts_with("failed on 2 of 3 servers: "), "{err}");
             assert!(
@@ -208,8 +209,8 @@ mod tests {
             );
             assert!(err.contains(&format!("{gone} (connect error")), "{err}");
             // now TKO: fails fast, never a false OK
-            assert!(c.server(&gone).is_tko());
-            let err = flush_all(&[target(&c, &gone)], &[], None).await.unwrap_err();
+            assert!(gone_target.server.is_tko());
+            let err = flush_all(&[gone_target], &[], None).await.unwrap_err();
             assert!(err.contains("tko: server is marked down"), "{err}");
 
             // a pool that could not be built fails the flush even if every server answered OK

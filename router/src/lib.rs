@@ -1,7 +1,7 @@
 //! squeal-router: a memcached-protocol proxy that reads mcrouter's JSON config dialect.
 //!
 //! Layers, bottom up: `protocol` (wire format, no I/O), `server` (per-server connections, TKO),
-//! `spool` (failed deletes to disk and back), `routes` (route handles, one per file) built by
+//! `spool` (failed deletes to disk and back), `ack` (when a delete counts as acknowledged), `routes` (route handles, one per file) built by
 //! `config` from JSON, `connection` (one client connection: buffered reads, replies in request
 //! order), `flush` (opt-in `flush_all` to every server of the config), `metrics_http` (Prometheus
 //! `/metrics`). `main` wires them together.
@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+pub mod ack;
 pub mod config;
 pub mod connection;
 pub mod flush;
@@ -36,6 +37,8 @@ pub struct Options {
     pub probe_max: Duration,
     /// `--enable-flush-cmd`: forward `flush_all` to every server of every pool (else refused).
     pub enable_flush: bool,
+    /// `--max-item-size`: longer values are refused as memcached refuses items over its `-I`.
+    pub max_value: usize,
 }
 
 impl Default for Options {
@@ -46,6 +49,7 @@ impl Default for Options {
             probe_initial: Duration::from_secs(10),
             probe_max: Duration::from_secs(60),
             enable_flush: false,
+            max_value: protocol::request::MAX_VALUE_LEN,
         }
     }
 }
@@ -55,6 +59,7 @@ pub struct Context {
     pub stats: stats::Stats,
     pub opts: Options,
     pub spool: Option<spool::Spool>,
+    /// The servers of the config that serves, by address: the ones probed, replayed to, counted.
     servers: Mutex<HashMap<String, Arc<Server>>>,
 }
 
@@ -68,13 +73,51 @@ impl Context {
         })
     }
 
-    /// The server at `addr`, created (with its connection task) on first use.
-    pub fn server(self: &Arc<Self>, addr: &str) -> Arc<Server> {
-        let mut servers = self.servers.lock().expect("servers");
-        servers
-            .entry(addr.to_string())
-            .or_insert_with(|| Server::new(addr.to_string(), self))
-            .clone()
+    /// The server at `addr` of the config that serves, if it has one (a new config reuses it, with
+    /// its connection and TKO state).
+    pub fn live_server(&self, addr: &str) -> Option<Arc<Server>> {
+        self.servers.lock().expect("servers").get(addr).cloned()
+    }
+
+    /// Make `servers` (those of a config about to serve) the live ones. Servers no longer in the
+    /// config are retired (their probes stop); new ones with spooled deletes waiting are held out of
+    /// the read path until those are replayed to them.
+    pub fn install(&self, servers: &[Arc<Server>]) {
+        let added: Vec<Arc<Server>> = {
+            let mut live = self.servers.lock().expect("servers");
+            let next: HashMap<String, Arc<Server>> = servers.iter().map(|s| (s.addr.clone(), s.clone())).collect();
+            for (addr, old) in live.iter() {
+                if !next.get(addr).is_some_and(|s| Arc::ptr_eq(s, old)) {
+                    old.retire();
+                }
+            }
+            let added = next
+                .values()
+                .filter(|s| !live.get(&s.addr).is_some_and(|old| Arc::ptr_eq(old, s)))
+                .cloned()
+                .collect();
+            *live = next;
+            added
+        };
+        let Some(spool) = self.spool.as_ref() else {
+            return;
+        };
+        for server in added {
+            if spool.has_entries(&server.addr) {
+                server.hold("deletes for it are waiting in the spool");
+            }
+        }
+        let orphans: Vec<String> = spool
+            .servers_with_entries()
+            .into_iter()
+            .filter(|addr| self.live_server(addr).is_none())
+            .collect();
+        if !orphans.is_empty() {
+            eprintln!(
+                "squeal-router: the spool holds deletes for servers not in the config (kept on disk, replayed if they come back): {}",
+                orphans.join(", ")
+            );
+        }
     }
 
     pub fn all_servers(&self) -> Vec<Arc<Server>> {
@@ -99,7 +142,9 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// Serve `config` (its servers become the live ones, see `Context::install`).
     pub fn new(ctx: Arc<Context>, config: RouterConfig) -> Arc<Shared> {
+        ctx.install(&config.servers);
         Arc::new(Shared {
             ctx,
             config: RwLock::new(Arc::new(config)),
@@ -116,7 +161,9 @@ impl Shared {
         self.generation.load(Ordering::Acquire)
     }
 
+    /// Serve `config` from now on (a reload): its servers become the live ones, the others retire.
     pub fn replace(&self, config: RouterConfig) {
+        self.ctx.install(&config.servers);
         let mut guard = self.config.write().expect("config lock");
         *guard = Arc::new(config);
         self.generation.fetch_add(1, Ordering::Release);

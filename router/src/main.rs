@@ -2,7 +2,8 @@
 //!
 //! Wires the library together: loads the config (refusing to start on a bad one), listens for
 //! clients, serves `/metrics`, polls the config file for changes (a bad new config is rejected
-//! and the old one keeps serving), replays spooled deletes, and exits cleanly on SIGTERM/SIGINT.
+//! and the old one keeps serving), and exits cleanly on SIGTERM/SIGINT. (Spooled deletes are
+//! replayed by each server's recovery, see `server` and `spool`.)
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -29,6 +30,8 @@ usage: squeal-router --config-file PATH -p PORT [options]
   -R, --route-prefix PREFIX     default routing prefix of a `routes` config
       --threads N               worker threads (default 1: one thread runs everything)
       --enable-flush-cmd        forward flush_all to every server of every pool (default: refused)
+      --max-item-size SIZE      largest value accepted, as memcached's -I: bytes, or with k/m
+                                (default 1m; set it to the servers' -I)
   -h, --help                    this text
 ";
 
@@ -92,6 +95,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
             "--probe-delay-max-ms" => a.opts.probe_max = Duration::from_millis(num("--probe-delay-max-ms", value())?),
             "-R" | "--route-prefix" => a.route_prefix = Some(value().ok_or("--route-prefix needs a value")?),
             "--threads" => a.threads = Some(num("--threads", value())?),
+            "--max-item-size" => a.opts.max_value = item_size(value())?,
             "--enable-flush-cmd" => {
                 if inline.is_some() {
                     return Err("--enable-flush-cmd takes no value".into());
@@ -109,15 +113,38 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
     Ok(a)
 }
 
-fn mtime(path: &PathBuf) -> Option<(SystemTime, u64)> {
+/// memcached's `-I` syntax: bytes, or a number with `k` or `m` (KiB, MiB); 1 KiB to 1 GiB.
+fn item_size(v: Option<String>) -> Result<usize, String> {
+    let v = v.ok_or("--max-item-size needs a size")?;
+    let bad = || format!("--max-item-size: `{v}` is not a size like 1048576, 512k or 2m (1k to 1024m)");
+    let (digits, unit) = match v.to_ascii_lowercase().strip_suffix(['k', 'm']) {
+        Some(d) => (d.to_string(), if v.ends_with(['k', 'K']) { 1024 } else { 1024 * 1024 }),
+        None => (v.clone(), 1),
+    };
+    let n: usize = digits.parse().map_err(|_| bad())?;
+    let bytes = n.checked_mul(unit).ok_or_else(bad)?;
+    if !(1024..=1024 * 1024 * 1024).contains(&bytes) {
+        return Err(bad());
+    }
+    Ok(bytes)
+}
+
+/// What the config file looked like when it was read: (modified time, length).
+type Stamp = Option<(SystemTime, u64)>;
+
+fn mtime(path: &PathBuf) -> Stamp {
     let m = std::fs::metadata(path).ok()?;
     Some((m.modified().ok()?, m.len()))
 }
 
-fn load(ctx: &Arc<Context>, args: &Args) -> Result<config::RouterConfig, String> {
+/// Read and build the config; also the file's stamp from *before* it was read, so that the watch,
+/// starting from that stamp, sees any edit made after this read (one made between the stat and
+/// the read is loaded now and again by the watch, which is harmless).
+fn load(ctx: &Arc<Context>, args: &Args) -> Result<(config::RouterConfig, Stamp), String> {
+    let stamp = mtime(&args.config_file);
     let text = std::fs::read_to_string(&args.config_file)
         .map_err(|e| format!("cannot read {}: {e}", args.config_file.display()))?;
-    config::load(ctx, &text, args.route_prefix.as_deref())
+    Ok((config::load(ctx, &text, args.route_prefix.as_deref())?, stamp))
 }
 
 fn log_loaded(verb: &str, path: &std::path::Path, cfg: &config::RouterConfig) {
@@ -132,9 +159,9 @@ fn log_loaded(verb: &str, path: &std::path::Path, cfg: &config::RouterConfig) {
     }
 }
 
-/// Poll the config file every 500 ms; after a change, wait until it has been still for ~1 s.
-async fn watch_config(shared: Arc<Shared>, args: Arc<Args>) {
-    let mut seen = mtime(&args.config_file);
+/// Poll the config file every 500 ms for a change since `seen` (the stamp of the last load); after
+/// a change, wait until it has been still for ~1 s.
+async fn watch_config(shared: Arc<Shared>, args: Arc<Args>, mut seen: Stamp) {
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let now = mtime(&args.config_file);
@@ -154,7 +181,7 @@ async fn watch_config(shared: Arc<Shared>, args: Arc<Args>) {
         seen = settled;
         let ctx = shared.ctx.clone();
         match load(&ctx, &args) {
-            Ok(cfg) => {
+            Ok((cfg, _)) => {
                 log_loaded("reloaded", &args.config_file, &cfg);
                 ctx.stats
                     .config_loads
@@ -174,23 +201,6 @@ async fn watch_config(shared: Arc<Shared>, args: Arc<Args>) {
     }
 }
 
-/// Every second, replay spooled deletes of servers that are not TKO (covers spools left by an
-/// earlier run and deletes spooled after single timeouts).
-async fn replay_tick(ctx: Arc<Context>) {
-    loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let Some(spool) = ctx.spool.as_ref() else {
-            return;
-        };
-        for addr in spool.servers_with_entries() {
-            let server = ctx.server(&addr);
-            if !server.is_tko() {
-                spool::spawn_replay(&ctx, server);
-            }
-        }
-    }
-}
-
 async fn run(args: Args) -> Result<(), String> {
     let args = Arc::new(args);
     let spool = match &args.spool_dir {
@@ -201,7 +211,7 @@ async fn run(args: Args) -> Result<(), String> {
         None => None,
     };
     let ctx = Context::new(args.opts.clone(), spool);
-    let cfg = load(&ctx, &args).map_err(|e| format!("config {} rejected: {e}", args.config_file.display()))?;
+    let (cfg, stamp) = load(&ctx, &args).map_err(|e| format!("config {} rejected: {e}", args.config_file.display()))?;
     log_loaded("loaded", &args.config_file, &cfg);
     ctx.stats
         .config_loads
@@ -223,8 +233,7 @@ async fn run(args: Args) -> Result<(), String> {
         eprintln!("squeal-router: metrics on http://{maddr}/metrics");
         tokio::spawn(metrics_http::serve(ml, shared.clone()));
     }
-    tokio::spawn(watch_config(shared.clone(), args.clone()));
-    tokio::spawn(replay_tick(ctx.clone()));
+    tokio::spawn(watch_config(shared.clone(), args.clone(), stamp));
     let accept = {
         let shared = shared.clone();
         async move {
@@ -310,5 +319,56 @@ mod tests {
         assert!(e.contains("takes no value"), "{e}");
         let e = parse(&["-f", "c.json", "-p", "5000", "--enable-flush"]).err().unwrap();
         assert!(e.contains("unknown option `--enable-flush`"), "{e}");
+    }
+
+    #[test]
+    fn an_edit_right_after_the_first_load_is_not_missed() {
+        let dir = std::env::temp_dir().join(format!("squeal-router-watch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("config.json");
+        std::fs::write(&path, r#"{"route": "NullRoute"}"#).unwrap();
+        let args = Arc::new(parse(&["-f", path.to_str().unwrap(), "-p", "1"]).unwrap());
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let ctx = Context::new(Options::default(), None);
+                let (cfg, stamp) = load(&ctx, &args).unwrap();
+                let shared = Shared::new(ctx, cfg);
+                // edited before the watch starts (and within the same clock tick of a coarse mtime)
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .truncate(true)
+                    .open(&path)
+                    .unwrap();
+                std::io::Write::write_all(&mut &f, br#"{"route": "ErrorRoute|edited"}"#).unwrap();
+                f.set_modified(stamp.unwrap().0).unwrap();
+                let watch = tokio::spawn(watch_config(shared.clone(), args.clone(), stamp));
+                for _ in 0..60 {
+                    if shared.generation() > 0 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                watch.abort();
+                assert_eq!(shared.generation(), 1, "the edit was missed");
+                assert_eq!(shared.config().1.types_used, ["ErrorRoute"]);
+            });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn max_item_size_reads_like_memcacheds_dash_i() {
+        let size = |v: &str| parse(&["-f", "c.json", "-p", "1", "--max-item-size", v]).map(|a| a.opts.max_value);
+        assert_eq!(parse(&["-f", "c.json", "-p", "1"]).unwrap().opts.max_value, 1024 * 1024);
+        assert_eq!(size("2m"), Ok(2 * 1024 * 1024));
+        assert_eq!(size("512K"), Ok(512 * 1024));
+        assert_eq!(size("5000"), Ok(5000));
+        assert_eq!(size("1024m"), Ok(1024 * 1024 * 1024));
+        for bad in ["", "1x", "m", "0", "1023", "1025m", "-1m", "99999999999999999999k"] {
+            let e = size(bad).err().unwrap_or_else(|| panic!("{bad} accepted"));
+            assert!(e.contains("--max-item-size"), "{e}");
+        }
     }
 }

@@ -6,11 +6,14 @@
 //! a connect error or connect timeout marks the server TKO ("technical knockout") at once; three
 //! consecutive timeouts do too. While TKO, requests fail immediately so failover routes (gutter)
 //! take over without waiting; a prober sends `version` on a fresh connection, first after the
-//! initial delay, then with delays growing x1.5 (with jitter) to the maximum; the first success
-//! clears TKO and replays the server's spooled deletes.
+//! initial delay, then with delays growing x1.5 (with jitter) to the maximum. After the first
+//! success the server's spooled deletes are replayed, and only then is TKO cleared: a server that
+//! missed deletes never serves reads before it has them. A server is also taken out ("held") when
+//! a delete for it is spooled while it is up (a timeout), until that delete is replayed.
 //!
 //! Servers are shared by address across pools and across config reloads, so a reload keeps
-//! connections and TKO state.
+//! connections and TKO state. A server dropped from the config is retired: its recovery stops, and
+//! its connection task ends once nothing refers to it any more.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
@@ -46,6 +49,8 @@ pub struct Server {
     tx: mpsc::Sender<Job>,
     tko: AtomicBool,
     consecutive_timeouts: AtomicU32,
+    /// Dropped from the config: probes and replays stop.
+    retired: AtomicBool,
     ctx: Weak<Context>,
 }
 
@@ -74,9 +79,11 @@ impl Server {
             tx,
             tko: AtomicBool::new(false),
             consecutive_timeouts: AtomicU32::new(0),
+            retired: AtomicBool::new(false),
             ctx: Arc::downgrade(ctx),
         });
-        tokio::spawn(server.clone().run(rx));
+        // The connection task holds the server weakly: it ends when the server is dropped.
+        tokio::spawn(run(Arc::downgrade(&server), rx));
         server
     }
 
@@ -109,12 +116,45 @@ impl Server {
         self.send_raw(line, ReplyKind::Line, timeout).await
     }
 
-    async fn send_raw(self: &Arc<Self>, data: Bytes, kind: ReplyKind, timeout: Duration) -> Reply {
-        let (tx, rx) = oneshot::channel();
-        if self.tx.try_send(Job { data, kind, reply: tx }).is_err() {
-            return Reply::error(Res::Busy, "busy: server queue full");
+    /// Several requests, queued on the connection in the order given before any reply is awaited
+    /// (so they reach the server in that order): their replies, in order, all within `timeout`.
+    pub async fn send_all(self: &Arc<Self>, reqs: &[Request], timeout: Duration) -> Vec<Reply> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let queued: Vec<Result<oneshot::Receiver<Reply>, Reply>> = reqs
+            .iter()
+            .map(|req| {
+                let mut data = BytesMut::new();
+                req.encode(&mut data);
+                self.enqueue(data.freeze(), reply_kind(req.cmd))
+            })
+            .collect();
+        let mut replies = Vec::with_capacity(queued.len());
+        for q in queued {
+            replies.push(match q {
+                Ok(rx) => self.wait(rx, deadline).await,
+                Err(busy) => busy,
+            });
         }
-        match tokio::time::timeout(timeout, rx).await {
+        replies
+    }
+
+    fn enqueue(&self, data: Bytes, kind: ReplyKind) -> Result<oneshot::Receiver<Reply>, Reply> {
+        let (tx, rx) = oneshot::channel();
+        match self.tx.try_send(Job { data, kind, reply: tx }) {
+            Ok(()) => Ok(rx),
+            Err(_) => Err(Reply::error(Res::Busy, "busy: server queue full")),
+        }
+    }
+
+    async fn send_raw(self: &Arc<Self>, data: Bytes, kind: ReplyKind, timeout: Duration) -> Reply {
+        match self.enqueue(data, kind) {
+            Ok(rx) => self.wait(rx, tokio::time::Instant::now() + timeout).await,
+            Err(busy) => busy,
+        }
+    }
+
+    async fn wait(self: &Arc<Self>, rx: oneshot::Receiver<Reply>, deadline: tokio::time::Instant) -> Reply {
+        match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(reply)) => {
                 if !reply.res.is_failover_error() || reply.res == Res::RemoteError {
                     self.consecutive_timeouts.store(0, Relaxed);
@@ -132,7 +172,19 @@ impl Server {
         }
     }
 
+    /// Out of rotation after a failure: requests fail fast until a probe succeeds and the server's
+    /// spooled deletes are replayed.
     fn mark_tko(self: &Arc<Self>, why: &str) {
+        self.take_out(why, false);
+    }
+
+    /// Out of rotation because a delete for it was spooled while it was up (see `crate::ack`): until
+    /// the spool is replayed to it, which starts at once.
+    pub fn hold(self: &Arc<Self>, why: &str) {
+        self.take_out(why, true);
+    }
+
+    fn take_out(self: &Arc<Self>, why: &str, now: bool) {
         if self.tko.swap(true, Relaxed) {
             return;
         }
@@ -140,30 +192,60 @@ impl Server {
             return;
         };
         ctx.stats.tko_events.fetch_add(1, Relaxed);
-        eprintln!(
-            "squeal-router: server {} marked TKO ({why}); failing fast until a probe succeeds",
-            self.addr
-        );
-        tokio::spawn(self.clone().probe_loop(ctx));
+        if now {
+            eprintln!(
+                "squeal-router: server {} held out of rotation ({why}) until its spooled deletes are replayed",
+                self.addr
+            );
+        } else {
+            eprintln!(
+                "squeal-router: server {} marked TKO ({why}); failing fast until a probe succeeds",
+                self.addr
+            );
+        }
+        tokio::spawn(self.clone().recover(ctx, now));
     }
 
-    async fn probe_loop(self: Arc<Self>, ctx: Arc<Context>) {
-        let mut delay = ctx.opts.probe_initial;
+    /// Probe (at once if `now`, else after the initial delay, then x1.5 to the maximum) until the
+    /// server answers and its spooled deletes are replayed (`spool::catch_up` clears TKO then).
+    async fn recover(self: Arc<Self>, ctx: Arc<Context>, now: bool) {
+        let mut delay = if now { Duration::ZERO } else { ctx.opts.probe_initial };
         loop {
-            tokio::time::sleep(jitter(delay)).await;
-            if self.probe(&ctx).await {
-                self.consecutive_timeouts.store(0, Relaxed);
-                self.tko.store(false, Relaxed);
-                ctx.stats.tko_recoveries.fetch_add(1, Relaxed);
-                eprintln!(
-                    "squeal-router: server {} is back (version probe answered); TKO cleared",
-                    self.addr
-                );
-                crate::spool::spawn_replay(&ctx, self.clone());
+            if !delay.is_zero() {
+                tokio::time::sleep(jitter(delay)).await;
+            }
+            if self.retired.load(Relaxed) {
                 return;
             }
-            delay = delay.mul_f64(1.5).min(ctx.opts.probe_max);
+            if self.probe(&ctx).await && crate::spool::catch_up(&ctx, &self).await {
+                return;
+            }
+            delay = if delay.is_zero() {
+                ctx.opts.probe_initial
+            } else {
+                delay.mul_f64(1.5).min(ctx.opts.probe_max)
+            };
         }
+    }
+
+    /// Back in rotation: the probe answered and no spooled delete is left for it.
+    pub fn clear_tko(&self) {
+        self.consecutive_timeouts.store(0, Relaxed);
+        if !self.tko.swap(false, Relaxed) {
+            return;
+        }
+        if let Some(ctx) = self.ctx.upgrade() {
+            ctx.stats.tko_recoveries.fetch_add(1, Relaxed);
+        }
+        eprintln!(
+            "squeal-router: server {} is back (probe answered, spooled deletes replayed); TKO cleared",
+            self.addr
+        );
+    }
+
+    /// Dropped from the config: stop probing it (requests already routed to it still finish).
+    pub fn retire(&self) {
+        self.retired.store(true, Relaxed);
     }
 
     async fn probe(&self, ctx: &Context) -> bool {
@@ -179,65 +261,70 @@ impl Server {
             Ok(Some(()))
         )
     }
+}
 
-    /// Connection manager: connects on demand, serves until the connection breaks, repeats.
-    async fn run(self: Arc<Self>, mut rx: mpsc::Receiver<Job>) {
-        while let Some(first) = rx.recv().await {
-            let Some(ctx) = self.ctx.upgrade() else {
-                return;
-            };
-            let connect = tokio::time::timeout(ctx.opts.connect_timeout, TcpStream::connect(&self.addr)).await;
-            drop(ctx);
-            let failure = match connect {
-                Ok(Ok(stream)) => {
-                    let _ = stream.set_nodelay(true);
-                    self.serve(stream, first, &mut rx).await;
-                    continue;
-                }
-                Ok(Err(e)) => (Res::ConnectError, format!("connect error: {e}")),
-                Err(_) => (Res::ConnectTimeout, "connect timeout".to_string()),
-            };
-            self.mark_tko(&failure.1);
-            let _ = first.reply.send(Reply::error(failure.0, &failure.1));
-            while let Ok(job) = rx.try_recv() {
-                let _ = job.reply.send(Reply::error(failure.0, &failure.1));
+/// Connection manager: connects on demand, serves until the connection breaks, repeats; ends when
+/// the server is dropped (its queue closes).
+async fn run(server: Weak<Server>, mut rx: mpsc::Receiver<Job>) {
+    while let Some(first) = rx.recv().await {
+        let Some((addr, connect_timeout)) = server
+            .upgrade()
+            .and_then(|s| Some((s.addr.clone(), s.ctx.upgrade()?.opts.connect_timeout)))
+        else {
+            return;
+        };
+        let connect = tokio::time::timeout(connect_timeout, TcpStream::connect(&addr)).await;
+        let failure = match connect {
+            Ok(Ok(stream)) => {
+                let _ = stream.set_nodelay(true);
+                serve(stream, first, &mut rx).await;
+                continue;
             }
+            Ok(Err(e)) => (Res::ConnectError, format!("connect error: {e}")),
+            Err(_) => (Res::ConnectTimeout, "connect timeout".to_string()),
+        };
+        if let Some(s) = server.upgrade() {
+            s.mark_tko(&failure.1);
+        }
+        let _ = first.reply.send(Reply::error(failure.0, &failure.1));
+        while let Ok(job) = rx.try_recv() {
+            let _ = job.reply.send(Reply::error(failure.0, &failure.1));
         }
     }
+}
 
-    async fn serve(&self, stream: TcpStream, first: Job, rx: &mut mpsc::Receiver<Job>) {
-        let (rd, mut wr) = stream.into_split();
-        let (ptx, prx) = mpsc::unbounded_channel();
-        let (dead_tx, mut dead_rx) = oneshot::channel::<()>();
-        let reader = tokio::spawn(read_loop(rd, prx, dead_tx));
-        let mut next = Some(first);
-        let mut wbuf = BytesMut::new();
-        loop {
-            let job = match next.take() {
-                Some(j) => j,
-                None => tokio::select! {
-                    j = rx.recv() => match j { Some(j) => j, None => break },
-                    _ = &mut dead_rx => break,
-                },
-            };
-            let mut job = Some(job);
-            while let Some(j) = job.take() {
-                wbuf.extend_from_slice(&j.data);
-                if let Err(mpsc::error::SendError((_, reply))) = ptx.send((j.kind, j.reply)) {
-                    let _ = reply.send(Reply::error(Res::ConnectError, "connection to server lost"));
-                }
-                if wbuf.len() < MAX_BATCH {
-                    job = rx.try_recv().ok();
-                }
+async fn serve(stream: TcpStream, first: Job, rx: &mut mpsc::Receiver<Job>) {
+    let (rd, mut wr) = stream.into_split();
+    let (ptx, prx) = mpsc::unbounded_channel();
+    let (dead_tx, mut dead_rx) = oneshot::channel::<()>();
+    let reader = tokio::spawn(read_loop(rd, prx, dead_tx));
+    let mut next = Some(first);
+    let mut wbuf = BytesMut::new();
+    loop {
+        let job = match next.take() {
+            Some(j) => j,
+            None => tokio::select! {
+                j = rx.recv() => match j { Some(j) => j, None => break },
+                _ = &mut dead_rx => break,
+            },
+        };
+        let mut job = Some(job);
+        while let Some(j) = job.take() {
+            wbuf.extend_from_slice(&j.data);
+            if let Err(mpsc::error::SendError((_, reply))) = ptx.send((j.kind, j.reply)) {
+                let _ = reply.send(Reply::error(Res::ConnectError, "connection to server lost"));
             }
-            if wr.write_all(&wbuf).await.is_err() {
-                break;
+            if wbuf.len() < MAX_BATCH {
+                job = rx.try_recv().ok();
             }
-            wbuf.clear();
         }
-        // Pending requests' senders drop with the reader: their callers see a connection error.
-        reader.abort();
+        if wr.write_all(&wbuf).await.is_err() {
+            break;
+        }
+        wbuf.clear();
     }
+    // Pending requests' senders drop with the reader: their callers see a connection error.
+    reader.abort();
 }
 
 type Pending = (ReplyKind, oneshot::Sender<Reply>);

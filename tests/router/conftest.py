@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import re
 import socket
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import router_config as rc
+from ops.harness import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 ROUTER_BIN = REPO / "router/target/release/squeal-router"
@@ -94,12 +94,7 @@ class Conn:
 
 def wait_for(check: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
     """Poll until `check()` is true (a bound, not a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    wait_until(check, timeout, what, ignore=(), error=AssertionError)
 
 
 # ---- furc_hash (mcrouter Ch3), independent of the Rust implementation ----

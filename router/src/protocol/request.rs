@@ -11,8 +11,13 @@ use super::reply::{Reply, Res};
 
 /// memcached's key length limit.
 pub const MAX_KEY_LEN: usize = 250;
-/// Largest value accepted (memcached's default item size limit, `-I 1m`).
+/// Largest value accepted by default (memcached's default item size limit, `-I 1m`); the router's
+/// `--max-item-size` changes it (see `parse_with`).
 pub const MAX_VALUE_LEN: usize = 1024 * 1024;
+/// The largest length memcached can read at all: its lengths are 32-bit and it adds 2 for the CRLF.
+/// A longer declared length is a bad command line (memcached 1.6.18: `CLIENT_ERROR bad command line
+/// format`, nothing swallowed), not a value to swallow.
+pub const MAX_DECLARED_LEN: u64 = i32::MAX as u64 - 2;
 /// A command line longer than this without a newline is refused and the connection closed.
 pub const MAX_LINE_LEN: usize = 8192;
 /// The bound for retrieval lines (`get`/`gets`/`gat`/`gats`), which carry many keys: memcached
@@ -129,6 +134,11 @@ pub struct Request {
     pub quiet: bool,
     /// Meta `b` flag: `key` is base64; routing hashes the decoded bytes.
     pub base64_key: bool,
+    /// A `set` or `ms` whose value the router refused as too large (the value was never read into
+    /// memory). memcached drops the key's old value on that error, so the request still travels
+    /// its route as the update it is, but each server gets an unlink of the key instead (`delete`,
+    /// or `md` for `ms`), and the answer is `SERVER_ERROR object too large for cache`.
+    pub too_large: bool,
 }
 
 /// A parsed client command.
@@ -166,7 +176,8 @@ pub enum Command {
 pub enum ParseOutcome {
     /// More bytes needed.
     Incomplete,
-    /// A command and how many bytes it used.
+    /// A command and how many bytes it used. Only for a too-large `set`/`ms` (`Request::too_large`)
+    /// may that exceed the buffer: the rest of the refused value is swallowed as it arrives.
     Done(Command, usize),
     /// A malformed command: answer `reply`, skip `consume` bytes (may exceed the buffer: the rest of
     /// a refused value is swallowed as it arrives); `close` ends the connection after the reply.
@@ -227,6 +238,7 @@ impl Request {
             meta: Vec::new(),
             quiet: false,
             base64_key: false,
+            too_large: false,
         }
     }
 
@@ -318,6 +330,16 @@ impl Request {
 
     /// Encode for a server: one request, always answered (no noreply, no q).
     pub fn encode(&self, out: &mut BytesMut) {
+        if self.too_large {
+            // memcached's answer to a too-large set: the old value goes (see `too_large`)
+            out.put_slice(if self.cmd.is_meta() { b"md " } else { b"delete " });
+            out.put_slice(&self.key);
+            if self.base64_key {
+                out.put_slice(b" b");
+            }
+            out.put_slice(b"\r\n");
+            return;
+        }
         let name = self.cmd.name().as_bytes();
         out.reserve(name.len() + self.key.len() + self.value.len() + 64);
         out.put_slice(name);
@@ -404,8 +426,26 @@ impl Request {
     }
 }
 
-/// Parse one command from the front of `buf` (which must be the start of a command).
+/// Parse one command from the front of `buf` (which must be the start of a command), with the
+/// default value size limit.
 pub fn parse(buf: &Bytes) -> ParseOutcome {
+    parse_with(buf, MAX_VALUE_LEN)
+}
+
+/// memcached hides every error of a classic command whose last token is `noreply` (once the command
+/// has the right number of tokens): the client reads no reply for it, so none may be sent.
+fn hide_if(noreply: bool, reply: &'static str) -> &'static str {
+    if noreply { "" } else { reply }
+}
+
+/// Whether the last token is `noreply` (memcached looks only there).
+fn ends_noreply(tokens: &[Bytes]) -> bool {
+    tokens.last().is_some_and(|t| &t[..] == b"noreply")
+}
+
+/// Parse one command from the front of `buf`, refusing values longer than `max_value` bytes as
+/// memcached refuses items over its `-I` limit.
+pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
     let Some(nl) = find_newline(buf) else {
         let (limit, too_long) = line_limit(buf);
         if buf.len() > limit {
@@ -464,26 +504,42 @@ pub fn parse(buf: &Bytes) -> ParseOutcome {
             keys.remove(0); // the keys reuse the token list
             done(Command::MultiGet { gets, keys })
         }
-        b"set" | b"add" | b"replace" | b"append" | b"prepend" | b"cas" => parse_storage(buf, &tokens, line_len),
+        b"set" | b"add" | b"replace" | b"append" | b"prepend" | b"cas" => {
+            parse_storage(buf, &tokens, line_len, max_value)
+        }
         b"delete" => {
-            // delete <key> [0] [noreply]
-            if tokens.len() < 2 || tokens.len() > 4 || !valid_key(&tokens[1]) {
-                return err(BAD_FORMAT);
+            // delete <key> [0] [noreply], read as memcached 1.6.18 reads it: `noreply` counts only as
+            // the last token, and hides the error of an invalid line (e.g. `delete k 10 noreply`)
+            if tokens.len() < 2 || tokens.len() > 4 {
+                return err(UNKNOWN);
+            }
+            let noreply = tokens.len() > 2 && ends_noreply(&tokens);
+            let valid = match &tokens[2..] {
+                [] => true,
+                [one] => &one[..] == b"0" || noreply,
+                [zero, _] => &zero[..] == b"0" && noreply,
+                _ => false,
+            };
+            if !valid {
+                return err(hide_if(
+                    noreply,
+                    "CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n",
+                ));
+            }
+            if !valid_key(&tokens[1]) {
+                return err(hide_if(noreply, BAD_FORMAT));
             }
             let mut req = Request::new(Cmd::Delete, tokens[1].clone());
-            for t in &tokens[2..] {
-                match &t[..] {
-                    b"noreply" => req.quiet = true,
-                    b"0" => {}
-                    _ => {
-                        return err("CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n");
-                    }
-                }
-            }
+            req.quiet = noreply;
             done(Command::Keyed(req))
         }
         b"incr" | b"decr" => {
-            if tokens.len() < 3 || tokens.len() > 4 || !valid_key(&tokens[1]) {
+            if tokens.len() < 3 || tokens.len() > 4 {
+                return err(BAD_FORMAT);
+            }
+            let noreply = tokens.len() == 4 && ends_noreply(&tokens);
+            let err = |reply| err(hide_if(noreply, reply));
+            if !valid_key(&tokens[1]) {
                 return err(BAD_FORMAT);
             }
             let cmd = if &name[..] == b"incr" { Cmd::Incr } else { Cmd::Decr };
@@ -501,7 +557,12 @@ pub fn parse(buf: &Bytes) -> ParseOutcome {
             done(Command::Keyed(req))
         }
         b"touch" => {
-            if tokens.len() < 3 || tokens.len() > 4 || !valid_key(&tokens[1]) {
+            if tokens.len() < 3 || tokens.len() > 4 {
+                return err(BAD_FORMAT);
+            }
+            let noreply = tokens.len() == 4 && ends_noreply(&tokens);
+            let err = |reply| err(hide_if(noreply, reply));
+            if !valid_key(&tokens[1]) {
                 return err(BAD_FORMAT);
             }
             let mut req = Request::new(Cmd::Touch, tokens[1].clone());
@@ -533,27 +594,22 @@ pub fn parse(buf: &Bytes) -> ParseOutcome {
             if tokens.len() < 3 {
                 return err(BAD_FORMAT);
             }
-            let Some(len) = parse_num::<usize>(&tokens[2]) else {
-                return err(BAD_CHUNK);
+            // meta errors always show (memcached ignores `q` for them)
+            let Some(len) = parse_num::<u64>(&tokens[2]).filter(|&l| l <= MAX_DECLARED_LEN) else {
+                return err(BAD_FORMAT);
             };
+            let len = len as usize;
             let mut rest: Vec<Bytes> = Vec::with_capacity(tokens.len() - 2);
             rest.push(tokens[1].clone());
             rest.extend_from_slice(&tokens[3..]);
-            let Some(mut req) = meta_request(Cmd::MetaSet, &rest) else {
+            let Some(req) = meta_request(Cmd::MetaSet, &rest) else {
                 return ParseOutcome::Error {
                     reply: BAD_FORMAT,
                     consume: line_len + len + 2,
                     close: false,
                 };
             };
-            match take_value(buf, line_len, len) {
-                Ok(Some(v)) => {
-                    req.value = v;
-                    ParseOutcome::Done(Command::Keyed(req), line_len + len + 2)
-                }
-                Ok(None) => ParseOutcome::Incomplete,
-                Err(e) => *e,
-            }
+            value_or_refusal(buf, req, line_len, len, max_value)
         }
         b"mn" => done(Command::MetaNoop),
         b"version" => done(Command::Version),
@@ -574,7 +630,7 @@ pub fn parse(buf: &Bytes) -> ParseOutcome {
                         delay: Some(delay),
                         noreply,
                     }),
-                    None => err(BAD_FLUSH_DELAY),
+                    None => err(hide_if(noreply, BAD_FLUSH_DELAY)),
                 },
                 _ if args.len() > 2 => err(UNKNOWN),
                 [d, _] if parse_num::<i64>(d).is_none() => err(BAD_FLUSH_DELAY),
@@ -612,29 +668,59 @@ fn meta_request(cmd: Cmd, tokens: &[Bytes]) -> Option<Request> {
     Some(req)
 }
 
-/// The `len`-byte payload after a command line, checked for its CRLF.
-fn take_value(buf: &Bytes, line_len: usize, len: usize) -> Result<Option<Bytes>, Box<ParseOutcome>> {
-    if len > MAX_VALUE_LEN {
-        return Err(Box::new(ParseOutcome::Error {
-            reply: TOO_LARGE,
-            consume: line_len + len + 2,
-            close: false,
-        }));
+/// Why a value could not be taken.
+enum ValueError {
+    /// Longer than the limit: memcached answers `SERVER_ERROR object too large for cache` and
+    /// swallows the value (`len` + CRLF).
+    TooLarge,
+    /// The `len` bytes are not followed by CRLF.
+    BadChunk,
+}
+
+/// The `len`-byte payload after a command line, checked for its CRLF (`Ok(None)`: not all here yet).
+fn take_value(buf: &Bytes, line_len: usize, len: usize, max_value: usize) -> Result<Option<Bytes>, ValueError> {
+    if len > max_value {
+        return Err(ValueError::TooLarge);
     }
     if buf.len() < line_len + len + 2 {
         return Ok(None);
     }
     if &buf[line_len + len..line_len + len + 2] != b"\r\n" {
-        return Err(Box::new(ParseOutcome::Error {
-            reply: BAD_CHUNK,
-            consume: line_len + len + 2,
-            close: false,
-        }));
+        return Err(ValueError::BadChunk);
     }
     Ok(Some(buf.slice(line_len..line_len + len)))
 }
 
-fn parse_storage(buf: &Bytes, tokens: &[Bytes], line_len: usize) -> ParseOutcome {
+/// A storage request with its value, or the refusal memcached makes. A too-large `set`/`ms` is not an
+/// error here: it is routed as an unlink (see `Request::too_large`), its value swallowed.
+fn value_or_refusal(buf: &Bytes, mut req: Request, line_len: usize, len: usize, max_value: usize) -> ParseOutcome {
+    let consume = line_len + len + 2;
+    // classic errors of a noreply command are hidden; meta errors always show
+    let hide = req.quiet && !req.cmd.is_meta();
+    match take_value(buf, line_len, len, max_value) {
+        Ok(Some(v)) => {
+            req.value = v;
+            ParseOutcome::Done(Command::Keyed(req), consume)
+        }
+        Ok(None) => ParseOutcome::Incomplete,
+        Err(ValueError::TooLarge) if matches!(req.cmd, Cmd::Set | Cmd::MetaSet) => {
+            req.too_large = true;
+            ParseOutcome::Done(Command::Keyed(req), consume)
+        }
+        Err(ValueError::TooLarge) => ParseOutcome::Error {
+            reply: hide_if(hide, TOO_LARGE),
+            consume,
+            close: false,
+        },
+        Err(ValueError::BadChunk) => ParseOutcome::Error {
+            reply: hide_if(hide, BAD_CHUNK),
+            consume,
+            close: false,
+        },
+    }
+}
+
+fn parse_storage(buf: &Bytes, tokens: &[Bytes], line_len: usize, max_value: usize) -> ParseOutcome {
     let cmd = match &tokens[0][..] {
         b"set" => Cmd::Set,
         b"add" => Cmd::Add,
@@ -644,14 +730,20 @@ fn parse_storage(buf: &Bytes, tokens: &[Bytes], line_len: usize) -> ParseOutcome
         _ => Cmd::Cas,
     };
     let fixed = if cmd == Cmd::Cas { 6 } else { 5 };
+    if tokens.len() < fixed || tokens.len() > fixed + 1 {
+        return ParseOutcome::Error {
+            reply: BAD_FORMAT,
+            consume: line_len,
+            close: false,
+        };
+    }
+    let noreply = tokens.len() == fixed + 1 && ends_noreply(tokens);
+    // memcached does not swallow the value of a line it cannot read
     let bad = ParseOutcome::Error {
-        reply: BAD_FORMAT,
+        reply: hide_if(noreply, BAD_FORMAT),
         consume: line_len,
         close: false,
     };
-    if tokens.len() < fixed || tokens.len() > fixed + 1 {
-        return bad;
-    }
     let (Some(flags), Some(exptime), Some(len)) = (
         parse_num::<u32>(&tokens[2]),
         parse_num::<i64>(&tokens[3]),
@@ -659,7 +751,7 @@ fn parse_storage(buf: &Bytes, tokens: &[Bytes], line_len: usize) -> ParseOutcome
     ) else {
         return bad;
     };
-    if len < 0 {
+    if len < 0 || len as u64 > MAX_DECLARED_LEN {
         return bad;
     }
     let len = len as usize;
@@ -673,27 +765,20 @@ fn parse_storage(buf: &Bytes, tokens: &[Bytes], line_len: usize) -> ParseOutcome
         req.cas = cas;
     }
     if tokens.len() == fixed + 1 {
-        if &tokens[fixed][..] != b"noreply" {
+        if !noreply {
             return bad;
         }
         req.quiet = true;
     }
     if !valid_key(&req.key) {
-        // memcached swallows the value of a refused storage command
+        // the router swallows the value of a storage command with a key it refuses
         return ParseOutcome::Error {
-            reply: BAD_FORMAT,
+            reply: hide_if(noreply, BAD_FORMAT),
             consume: line_len + len + 2,
             close: false,
         };
     }
-    match take_value(buf, line_len, len) {
-        Ok(Some(v)) => {
-            req.value = v;
-            ParseOutcome::Done(Command::Keyed(req), line_len + len + 2)
-        }
-        Ok(None) => ParseOutcome::Incomplete,
-        Err(e) => *e,
-    }
+    value_or_refusal(buf, req, line_len, len, max_value)
 }
 
 #[cfg(test)]
@@ -757,7 +842,16 @@ mod tests {
             p(long.as_bytes()),
             ParseOutcome::Error { reply: BAD_FORMAT, .. }
         ));
+        // a too-large set is routed (as an unlink), its value swallowed; an add is refused outright
         match p(b"set x 0 0 2000000\r\n") {
+            ParseOutcome::Done(Command::Keyed(r), consume) => {
+                assert!(r.too_large && r.value.is_empty());
+                assert_eq!(consume, 19 + 2_000_002);
+                assert_eq!(encoded(&r), b"delete x\r\n");
+            }
+            other => panic!("{other:?}"),
+        }
+        match p(b"add x 0 0 2000000\r\n") {
             ParseOutcome::Error {
                 reply,
                 consume,
@@ -784,6 +878,85 @@ mod tests {
             p(b"set x 0 0 -1\r\n"),
             ParseOutcome::Error { reply: BAD_FORMAT, .. }
         ));
+    }
+
+    fn refusal(s: &[u8]) -> (&'static str, usize) {
+        match p(s) {
+            ParseOutcome::Error {
+                reply,
+                consume,
+                close: false,
+            } => (reply, consume),
+            other => panic!("{}: {other:?}", String::from_utf8_lossy(s)),
+        }
+    }
+
+    #[test]
+    fn noreply_hides_the_errors_memcached_hides() {
+        // as memcached 1.6.18 answers them (measured against it): nothing for a noreply command
+        for line in [
+            &b"delete k 10 noreply\r\n"[..],
+            b"incr k x noreply\r\n",
+            b"touch k x noreply\r\n",
+            b"set k x 0 1 noreply\r\n",
+            b"set k 0 0 -1 noreply\r\n",
+            b"cas k 0 0 1 x noreply\r\n",
+            b"flush_all x noreply\r\n",
+            b"set k 0 0 1 noreply\r\nvv\r\n",
+            b"add k 0 0 2000000 noreply\r\n",
+        ] {
+            assert_eq!(refusal(line).0, "", "{}", String::from_utf8_lossy(line));
+        }
+        let long = [&b"delete "[..], &[b'k'; 251], b" noreply\r\n"].concat();
+        assert_eq!(refusal(&long).0, "");
+        // `noreply` counts only as the last token, and only once the line has a valid length
+        assert!(
+            refusal(b"delete k noreply 0\r\n")
+                .0
+                .starts_with("CLIENT_ERROR bad command line format.")
+        );
+        assert_eq!(refusal(b"delete\r\n").0, UNKNOWN);
+        assert_eq!(refusal(b"delete a b c noreply\r\n").0, UNKNOWN);
+        assert_eq!(refusal(b"set k 0 0 noreply\r\n").0, BAD_FORMAT);
+        // meta errors always show
+        assert_eq!(refusal(b"ms k abc q\r\n").0, BAD_FORMAT);
+        // valid forms
+        let (d, _) = keyed(b"delete k 0 noreply\r\n");
+        assert!(d.quiet);
+        let (d, _) = keyed(b"delete k 0\r\n");
+        assert!(!d.quiet);
+        let (s, _) = keyed(b"set k 0 0 2000000 noreply\r\n");
+        assert!(s.too_large && s.quiet);
+    }
+
+    #[test]
+    fn lengths_memcached_cannot_hold_are_bad_lines_not_values_to_swallow() {
+        for len in [
+            "2147483646",
+            "2147483648",
+            "4294967296",
+            "9223372036854775807",
+            "99999999999999999999",
+        ] {
+            let line = format!("set k 0 0 {len}\r\n");
+            assert_eq!(refusal(line.as_bytes()), (BAD_FORMAT, line.len()), "{line}");
+            let line = format!("ms k {len} T0\r\n");
+            assert_eq!(refusal(line.as_bytes()), (BAD_FORMAT, line.len()), "{line}");
+        }
+        // the largest memcached reads is refused for its size, and swallowed
+        match p(b"set k 0 0 2147483645\r\n") {
+            ParseOutcome::Done(Command::Keyed(r), n) => assert!(r.too_large && n == 22 + 2147483647),
+            other => panic!("{other:?}"),
+        }
+        // the limit is a parameter
+        let small = Bytes::from_static(b"set k 0 0 5\r\nhello\r\n");
+        assert!(matches!(parse_with(&small, 4), ParseOutcome::Done(Command::Keyed(r), _) if r.too_large));
+        assert!(matches!(parse_with(&small, 5), ParseOutcome::Done(Command::Keyed(r), _) if !r.too_large));
+        let ms = Bytes::from_static(b"ms Zm9v 5 b MA\r\nhello\r\n");
+        match parse_with(&ms, 4) {
+            ParseOutcome::Done(Command::Keyed(r), 23) => assert_eq!(encoded(&r), b"md Zm9v b\r\n"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -58,4 +58,23 @@ mod tests {
         assert_eq!((a.count(), b.count()), (1, 1));
         let _ = req(Cmd::Get, "x");
     }
+
+    #[test]
+    fn a_too_large_set_is_answered_as_memcached_answers_it() {
+        let a = Fake::new("a", Res::Deleted);
+        let r = AllAsync {
+            children: vec![a.clone()],
+        };
+        let mut set = set_req("k", 0);
+        set.too_large = true;
+        let reply = run(async {
+            let reply = r.route(&set).await;
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+            reply
+        });
+        assert_eq!(&reply.wire[..], b"SERVER_ERROR object too large for cache\r\n");
+        assert!(a.last().too_large, "the child still gets the unlink");
+    }
 }

@@ -29,14 +29,31 @@ impl Route for AllMajority {
                     tokio::spawn(async move { c.route(&r).await })
                 })
                 .collect();
+            // A delete waits for every child: one that was neither delivered nor spooled must be the
+            // answer (`crate::ack`), whatever the majority says.
+            let deletes = req.is_delete();
+            let mut all: Vec<Reply> = Vec::new();
+            let mut majority: Option<Reply> = None;
             let mut seen: HashMap<Res, (usize, Reply)> = HashMap::new();
             while let Some(joined) = pending.next().await {
                 let reply = joined.unwrap_or_else(|_| Reply::error(Res::LocalError, "route task failed"));
+                if deletes {
+                    all.push(reply.clone());
+                }
                 let entry = seen.entry(reply.res).or_insert((0, reply));
                 entry.0 += 1;
-                if entry.0 * 2 > n {
-                    return entry.1.clone();
+                if entry.0 * 2 > n && majority.is_none() {
+                    if !deletes {
+                        return entry.1.clone();
+                    }
+                    majority = Some(entry.1.clone());
                 }
+            }
+            if let Some(lost) = crate::ack::any_lost(req, &all) {
+                return lost.clone();
+            }
+            if let Some(m) = majority {
+                return m;
             }
             seen.into_values()
                 .max_by(|a, b| a.0.cmp(&b.0).then(a.1.res.severity().cmp(&b.1.res.severity())))
@@ -65,5 +82,22 @@ mod tests {
             children: vec![a, b, c],
         };
         assert_eq!(run(r.route(&set_req("k", 0))).res, Res::Stored);
+    }
+
+    #[test]
+    fn a_lost_delete_outvotes_the_majority() {
+        use crate::protocol::Cmd;
+        let a = Fake::new("a", Res::Deleted);
+        let b = Fake::new("b", Res::Deleted);
+        let c = Fake::new("c", Res::Tko); // not spooled
+        let r = AllMajority {
+            children: vec![a, b, c.clone()],
+        };
+        assert_eq!(run(r.route(&req(Cmd::Delete, "k"))).res, Res::Tko);
+        let spooled = Fake::spooling("s", Res::Tko);
+        let r = AllMajority {
+            children: vec![Fake::new("a", Res::Deleted), Fake::new("b", Res::Deleted), spooled],
+        };
+        assert_eq!(run(r.route(&req(Cmd::Delete, "k"))).res, Res::Deleted);
     }
 }

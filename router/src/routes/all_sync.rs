@@ -14,12 +14,14 @@ pub struct AllSync {
     pub children: Vec<RouteRef>,
 }
 
-/// The reply with the highest severity (the first one among equals).
+/// The reply with the highest severity (the first one among equals); a spooled delete ranks as the
+/// `NOT_FOUND` it is answered with, below any delete that was neither delivered nor spooled
+/// (`crate::ack::severity`).
 pub fn worst(replies: Vec<Reply>) -> Option<Reply> {
     let mut best: Option<Reply> = None;
     for r in replies {
         match &best {
-            Some(b) if b.res.severity() >= r.res.severity() => {}
+            Some(b) if crate::ack::severity(b) >= crate::ack::severity(&r) => {}
             _ => best = Some(r),
         }
     }
@@ -59,5 +61,20 @@ mod tests {
         assert_eq!((a.count(), b.count(), c.count()), (1, 1, 1));
         c.set(Res::Tko);
         assert_eq!(run(r.route(&req(Cmd::Delete, "k"))).res, Res::Tko);
+    }
+
+    #[test]
+    fn a_replica_delete_refused_by_the_spool_outranks_a_spooled_one() {
+        let a = Fake::spooling("a", Res::Tko);
+        let b = Fake::new("b", Res::Tko); // failed, not spooled
+        let r = AllSync {
+            children: vec![a.clone(), b.clone()],
+        };
+        let reply = run(r.route(&req(Cmd::Delete, "k")));
+        assert!(!reply.spooled && reply.res == Res::Tko, "{reply:?}");
+        // all spooled (or answered): acknowledged
+        b.set(Res::Deleted);
+        let reply = run(r.route(&req(Cmd::Delete, "k")));
+        assert!(crate::ack::delivered(&reply));
     }
 }

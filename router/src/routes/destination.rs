@@ -1,12 +1,11 @@
 //! A leaf of the route tree: one server of one pool.
 //!
-//! Fails fast while the server is TKO. A delete that fails with a failover-type error is spooled
-//! for replay (when a spool is configured); the reply stays an error, marked `spooled`, so a
-//! failover route above still sends the delete to gutter, and the client is answered NOT_FOUND
-//! if nothing better comes back (mcrouter's behaviour).
+//! Fails fast while the server is TKO (or held out until its spooled deletes are replayed). A
+//! delete that fails with a failover-type error is spooled for replay (see `crate::ack`). A
+//! too-large `set`/`ms` (`Request::too_large`) reaches the server as an unlink of the key and is
+//! answered `SERVER_ERROR object too large for cache`, as memcached answers it.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use super::{BoxFuture, Route};
@@ -24,21 +23,17 @@ pub struct Destination {
 impl Route for Destination {
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         Box::pin(async move {
-            let mut reply = if self.server.is_tko() {
+            let reply = if self.server.is_tko() {
                 Reply::error(Res::Tko, "tko: server is marked down")
             } else {
                 self.server.send(req, self.timeout).await
             };
-            if req.is_delete()
-                && reply.res.is_failover_error()
-                && let Some(spool) = self.ctx.spool.as_ref()
-            {
-                if spool.append(&self.server.addr, &self.pool, req).await {
-                    self.ctx.stats.spooled_deletes.fetch_add(1, Relaxed);
-                    reply.spooled = true;
-                } else {
-                    self.ctx.stats.spool_dropped.fetch_add(1, Relaxed);
-                }
+            if req.is_delete() && reply.res.is_failover_error() {
+                return crate::ack::spool_failed(&self.ctx, &self.server, &self.pool, req, reply).await;
+            }
+            if req.too_large && !reply.res.is_error() {
+                // the server dropped the old value; the new one was never sent
+                return Reply::error(Res::RemoteError, "object too large for cache");
             }
             reply
         })

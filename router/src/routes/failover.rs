@@ -16,20 +16,17 @@ pub struct Failover {
     pub ctx: Option<Arc<Context>>,
 }
 
-/// Try `children` in order; the first reply that is not a failover-type error, else the last one
-/// (a spooled delete's reply is kept over a later plain error).
-pub async fn try_in_order(children: &[RouteRef], req: &Request) -> Option<Reply> {
-    let mut last: Option<Reply> = None;
+/// Try `children` in order until one answers with something other than a failover-type error:
+/// every reply, in order (the answer is `ack::after_failover`'s choice among them).
+pub async fn try_in_order(children: &[RouteRef], req: &Request, tried: &mut Vec<Reply>) {
     for c in children {
         let reply = c.route(req).await;
-        if !reply.res.is_failover_error() {
-            return Some(reply);
-        }
-        if !last.as_ref().is_some_and(|l| l.spooled) {
-            last = Some(reply);
+        let done = !reply.res.is_failover_error();
+        tried.push(reply);
+        if done {
+            return;
         }
     }
-    last
 }
 
 impl Route for Failover {
@@ -42,11 +39,9 @@ impl Route for Failover {
             if let Some(ctx) = &self.ctx {
                 ctx.stats.failovers.fetch_add(1, Relaxed);
             }
-            match try_in_order(&self.children[1..], req).await {
-                Some(r) if !r.res.is_failover_error() => r,
-                Some(r) if !first.spooled => r,
-                _ => first,
-            }
+            let mut tried = vec![first];
+            try_in_order(&self.children[1..], req, &mut tried).await;
+            crate::ack::after_failover(req, tried)
         })
     }
 

@@ -3,7 +3,8 @@
 //! with the TTL of updates capped at `failover_exptime` (default 60 s) so gutter entries die
 //! young. Deletes fail over too, uncapped: while a server is down its keys live in gutter, and a
 //! delete must reach them there (the failed delete is also spooled for the normal server by its
-//! destination). Misses never fail over.
+//! destination; if it could not be spooled, the delete is not acknowledged whatever gutter
+//! answered, see `crate::ack`). Misses never fail over.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -35,11 +36,9 @@ impl Route for FailoverWithExptime {
             }
             let capped = cap_exptime(req, self.failover_exptime);
             let freq = capped.as_ref().unwrap_or(req);
-            match try_in_order(&self.failover, freq).await {
-                Some(r) if !r.res.is_failover_error() => r,
-                Some(r) if !normal.spooled => r,
-                _ => normal,
-            }
+            let mut tried = vec![normal];
+            try_in_order(&self.failover, freq, &mut tried).await;
+            crate::ack::after_failover(req, tried)
         })
     }
 
@@ -106,12 +105,29 @@ mod tests {
 
     #[test]
     fn deletes_fail_over_uncapped_and_misses_do_not() {
-        let (r, n, g) = route(Res::ConnectError, Res::Deleted);
+        let n = Fake::spooling("normal", Res::ConnectError);
+        let g = Fake::new("gutter", Res::Deleted);
+        let r = FailoverWithExptime {
+            normal: n.clone(),
+            failover: vec![g.clone()],
+            failover_exptime: 10,
+            ctx: None,
+        };
+        // spooled for normal, delivered to gutter: gutter's answer
         assert_eq!(run(r.route(&req(Cmd::Delete, "k"))).res, Res::Deleted);
         assert_eq!(g.last().cmd, Cmd::Delete);
         n.set(Res::Miss);
         assert_eq!(run(r.route(&req(Cmd::Get, "k"))).res, Res::Miss);
         assert_eq!(g.count(), 1);
+    }
+
+    #[test]
+    fn a_delete_normal_could_not_spool_is_not_acknowledged_by_gutter() {
+        let (r, _, g) = route(Res::ConnectError, Res::Deleted);
+        let reply = run(r.route(&req(Cmd::Delete, "k")));
+        assert_eq!(reply.res, Res::ConnectError);
+        assert!(!crate::ack::delivered(&reply));
+        assert_eq!(g.count(), 1, "gutter still gets the delete");
     }
 
     #[test]

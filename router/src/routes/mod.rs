@@ -156,8 +156,12 @@ pub fn lookup(name: &str) -> Option<&'static Handle> {
 }
 
 /// What a route answers when it has nothing better (NullRoute, AllAsyncRoute): a miss for gets,
-/// not-stored for updates, not-found for the rest.
+/// not-stored for updates, not-found for the rest; a value the router refused as too large is that
+/// error whatever the route.
 pub fn default_reply(req: &Request) -> Reply {
+    if req.too_large {
+        return Reply::error(Res::RemoteError, "object too large for cache");
+    }
     match req.cmd {
         Cmd::Get | Cmd::Gets => Reply::new(Res::Miss, bytes::Bytes::new()),
         Cmd::MetaGet | Cmd::MetaDebug => Reply::new(Res::Miss, req.meta_line("EN")),
@@ -237,6 +241,8 @@ pub mod testing {
         pub name: &'static str,
         pub res: Mutex<Res>,
         pub seen: Mutex<Vec<Request>>,
+        /// Error replies to deletes come back spooled (as a destination with room in its spool).
+        pub spools: bool,
     }
 
     impl Fake {
@@ -245,6 +251,15 @@ pub mod testing {
                 name,
                 res: Mutex::new(res),
                 seen: Mutex::new(Vec::new()),
+                spools: false,
+            })
+        }
+        pub fn spooling(name: &'static str, res: Res) -> Arc<Fake> {
+            Arc::new(Fake {
+                name,
+                res: Mutex::new(res),
+                seen: Mutex::new(Vec::new()),
+                spools: true,
             })
         }
         pub fn count(&self) -> usize {
@@ -272,7 +287,11 @@ pub mod testing {
                             self.name.get(..2).unwrap_or(self.name)
                         )),
                     ),
-                    r if r.is_error() => Reply::error(r, self.name),
+                    r if r.is_error() => {
+                        let mut reply = Reply::error(r, self.name);
+                        reply.spooled = self.spools && req.is_delete() && r.is_failover_error();
+                        reply
+                    }
                     r => Reply::line(r, self.name),
                 }
             })

@@ -1,0 +1,183 @@
+"""What a client sees through squeal-router is what it would see from memcached 1.6.18 itself, for the
+answers the router makes on its own: errors of `noreply` commands, values over the size limit, and
+absurd value lengths. Each test sends the same bytes to a memcached and to a router in front of
+another memcached and compares the bytes that come back (memcached's behaviour is measured, not
+assumed)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from pymemcache.client.base import Client as PyClient
+
+from ops.harness import Memcached
+from tests.router.conftest import Conn
+
+BIG = 2 * 1024 * 1024  # over memcached's default item size limit (-I 1m) and the router's default
+
+
+def pool(*mcs) -> dict:
+    return {"pools": {"p": {"servers": [m.address for m in mcs]}}, "route": "PoolRoute|p"}
+
+
+def exchange(address: str, data: bytes, until: bytes, timeout: float = 5.0) -> bytes:
+    """Send `data`, read until the bytes end with `until` (the reply to a final marker command)."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(data)
+        out = b""
+        while not out.endswith(until):
+            chunk = s.recv(1 << 20)
+            if not chunk:
+                break
+            out += chunk
+        return out
+
+
+def both(direct: Memcached, router, data: bytes, until: bytes = b"MN\r\n") -> tuple[bytes, bytes]:
+    return exchange(direct.address, data, until), exchange(router.address, data, until)
+
+
+def test_router_made_errors_honour_noreply_like_memcached(memcached_factory, router_factory) -> None:
+    """memcached sends nothing at all for a `noreply` command that fails: an error the router makes
+    itself must be hidden too, or every later reply on the connection answers the wrong request."""
+    direct, behind = memcached_factory(), memcached_factory()
+    router = router_factory(pool(behind))
+    stream = (
+        b"set B 0 0 2\r\nbb\r\n"
+        + b"set A 0 0 %d noreply\r\n" % BIG
+        + b"a" * BIG
+        + b"\r\n"  # object too large
+        + b"delete k 10 noreply\r\n"  # a delete time memcached no longer takes
+        + b"delete k noreply 0\r\n"  # not noreply (memcached looks at the last token): error shown
+        + b"delete " + b"k" * 251 + b" noreply\r\n"  # key too long
+        + b"incr k x noreply\r\n"  # bad delta
+        + b"touch k x noreply\r\n"  # bad exptime
+        + b"set k 0 0 -1 noreply\r\n"  # bad length
+        + b"add k x 0 1 noreply\r\nv\r\n"  # bad flags: line refused, `v` is then an unknown command
+        + b"set k 0 0 1 noreply\r\nvv\r\n"  # bad data chunk: `\n` is then an empty command line
+        + b"get B\r\nmn\r\n"
+    )
+    want, got = both(direct, router, stream)
+    assert b"VALUE B 0 2\r\nbb\r\nEND\r\n" in want, want
+    assert got == want
+    # flush_all is refused without --enable-flush-cmd; with noreply the refusal is not shown either
+    c = Conn(router.address)
+    assert c.call(b"flush_all noreply\r\nflush_all x noreply\r\nget B\r\n") == b"VALUE B 0 2\r\nbb\r\nEND\r\n"
+    # a stock client with noreply sets (pymemcache's default) keeps its replies in step
+    client = PyClient(("127.0.0.1", router.port), timeout=5)
+    client.set("A", b"a" * BIG, noreply=True)
+    assert client.get("B") == b"bb"
+    client.delete("k", noreply=True)
+    assert client.get("B") == b"bb"
+
+
+def test_noreply_hides_routing_errors(memcached_factory, router_factory) -> None:
+    mc = memcached_factory()
+    config = {"pools": pool(mc)["pools"], "routes": [{"aliases": ["/east/a/"], "route": "PoolRoute|p"}]}
+    router = router_factory(config)
+    c = Conn(router.address)
+    c.send(b"set /north/x/k 0 0 1 noreply\r\nv\r\ndelete /north/x/k noreply\r\nmn\r\n")
+    assert c.line() == b"MN"
+    assert c.call(b"delete /north/x/k\r\n") == b"CLIENT_ERROR no route for this routing prefix"
+
+
+def test_too_large_set_unlinks_the_old_value_like_memcached(memcached_factory, router_factory) -> None:
+    """memcached answers a too-large `set` (or `ms`, any mode) with SERVER_ERROR and drops the key's old
+    value; add/replace/append/prepend/cas keep it. The router refuses the value itself (it never
+    reaches the server) and must leave the cache as memcached would."""
+    direct, behind = memcached_factory(), memcached_factory()
+    router = router_factory(pool(behind))
+    blob = b"x" * BIG + b"\r\n"
+    stream = b""
+    for key, command in [
+        (b"s1", b"set s1 0 0 %d\r\n"),
+        (b"s2", b"set s2 0 0 %d noreply\r\n"),
+        (b"m1", b"ms m1 %d\r\n"),
+        (b"m2", b"ms m2 %d ME q\r\n"),
+        (b"m3", b"ms m3 %d MA O5 k\r\n"),
+        (b"a1", b"add a1 0 0 %d\r\n"),
+        (b"r1", b"replace r1 0 0 %d\r\n"),
+        (b"p1", b"append p1 0 0 %d\r\n"),
+        (b"c1", b"cas c1 0 0 %d 1\r\n"),
+    ]:
+        stream += b"set " + key + b" 3 0 3\r\nold\r\n" + command % BIG + blob + b"get " + key + b"\r\n"
+    stream += b"mn\r\n"
+    want, got = both(direct, router, stream)
+    assert want.count(b"SERVER_ERROR object too large for cache") == 8, want  # s2 is noreply
+    assert b"VALUE s1" not in want and b"VALUE a1 3 3\r\nold" in want, want
+    assert got == want
+    assert Conn(behind.address).call(b"mg s1\r\n") == b"EN"
+    # through a replicated pool, the old value goes from every replica
+    r0, r1 = memcached_factory(), memcached_factory()
+    router = router_factory({"pools": {"p": {"servers": [r0.address, r1.address]}}, "route": "AllSyncRoute|Pool|p"})
+    for mc in (r0, r1):
+        assert Conn(mc.address).call(b"set k 0 0 3\r\nold\r\n") == b"STORED"
+    c = Conn(router.address)
+    assert c.call(b"set k 0 0 %d\r\n" % BIG + blob) == b"SERVER_ERROR object too large for cache"
+    assert Conn(r0.address).call(b"mg k\r\n") == b"EN" and Conn(r1.address).call(b"mg k\r\n") == b"EN"
+
+
+class BigItemMemcached(Memcached):
+    """memcached with a raised item size limit (`-I`)."""
+
+    def __init__(self, max_item: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.max_item = max_item
+
+    def command(self) -> list[str]:
+        return super().command() + ["-I", self.max_item]
+
+
+def test_value_limit_follows_max_item_size(processes, memcached_factory, router_factory) -> None:
+    """The router's limit is configurable (`--max-item-size`, memcached's own option name and syntax)
+    and defaults to memcached's default, 1 MiB."""
+    mc = processes.add(BigItemMemcached("8m", workdir=processes.base / "memcached-8m"))
+    router = router_factory(pool(mc), extra_args=("--max-item-size", "8m"))
+    c = Conn(router.address, timeout=10)
+    value = b"v" * (5 * 1024 * 1024)
+    assert c.call(b"set five 0 0 %d\r\n" % len(value) + value + b"\r\n") == b"STORED"
+    assert c.call(b"get five\r\n") == b"VALUE five 0 %d\r\n" % len(value) + value + b"\r\nEND\r\n"
+    over = 8 * 1024 * 1024 + 1
+    c.send(b"set nine 0 0 %d\r\n" % over + b"n" * over + b"\r\n")
+    assert c.line() == b"SERVER_ERROR object too large for cache"
+    assert c.call(b"get five\r\n").startswith(b"VALUE five 0 %d\r\n" % len(value))
+    # the default is 1 MiB: a value of exactly 1 MiB is not refused by the router (memcached refuses it
+    # itself: the item header counts against -I), one byte more is
+    plain = router_factory(pool(memcached_factory()))
+    c = Conn(plain.address)
+    mib = 1024 * 1024
+    c.send(b"set m 0 0 %d\r\n" % (mib + 1) + b"m" * (mib + 1) + b"\r\n")
+    assert c.line() == b"SERVER_ERROR object too large for cache"
+    assert c.call(b"set m 0 0 %d\r\n" % (mib - 1024) + b"m" * (mib - 1024) + b"\r\n") == b"STORED"
+
+
+def test_absurd_value_lengths_are_refused_without_swallowing_the_stream(memcached_factory, router_factory) -> None:
+    """A declared length memcached cannot hold (past 2^31 - 3, where its 32-bit length overflows)
+    gets `CLIENT_ERROR bad command line format` and nothing is swallowed: what follows is read as
+    commands, and a long run of bytes without a newline closes the connection, as on memcached."""
+    direct, behind = memcached_factory(), memcached_factory()
+    router = router_factory(pool(behind))
+    for length in (b"2147483646", b"2147483648", b"4294967295", b"99999999999999999999"):
+        for command in (b"set h 0 0 %s\r\n", b"set h 0 0 %s noreply\r\n", b"ms h %s\r\n", b"ms h %s q\r\n"):
+            stream = command % length + b"set B 0 0 2\r\nbb\r\nget B\r\nmn\r\n"
+            want, got = both(direct, router, stream)
+            assert b"VALUE B 0 2\r\nbb\r\nEND\r\n" in want, (command, length, want)
+            assert got == want, (command, length)
+    # 2^32 and above: memcached keeps only the low 32 bits of the length (4294967299 reads as 3 and may
+    # even store a value); the router refuses them like the other lengths memcached cannot hold
+    c = Conn(router.address)
+    c.send(b"set h 0 0 4294967296\r\nset B 0 0 2\r\nbb\r\nget B\r\n")
+    assert c.line() == b"CLIENT_ERROR bad command line format"
+    assert c.line() == b"STORED"
+    assert c.reply() == b"VALUE B 0 2\r\nbb\r\nEND\r\n"
+    c.send(b"ms h 4294967296 T0\r\nmn\r\n")
+    assert c.line() == b"CLIENT_ERROR bad command line format"
+    assert c.line() == b"MN"
+    # the value bytes of a refused length, without a newline, end the connection
+    c.send(b"set h 0 0 4294967296\r\n" + b"z" * 9000)
+    assert c.line() == b"CLIENT_ERROR bad command line format"
+    with pytest.raises(ConnectionError):
+        assert c.line() == b"CLIENT_ERROR line too long"
+        c.line()

@@ -1,0 +1,74 @@
+"""Config reload keeps exactly the servers of the config that serves: a server dropped from the config
+is forgotten (no more probes, not counted in stats)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+from ops.harness import free_port
+from tests.router.conftest import FAST, Conn, furc_hash, wait_for
+
+
+class CountingListener:
+    """Accepts connections on a port and closes them at once, counting them (a TKO probe each)."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_server(("127.0.0.1", port))
+        self.sock.settimeout(0.2)
+        self.count = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.count += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close()
+
+
+def stat(address: str, name: bytes) -> int:
+    c = Conn(address)
+    c.send(b"stats\r\n")
+    value = None
+    while (line := c.line()) != b"END":
+        if line.split()[1] == name:
+            value = int(line.split()[2])
+    assert value is not None, name
+    return value
+
+
+def test_reload_forgets_removed_servers_and_stops_probing_them(memcached_factory, router_factory) -> None:
+    alive = memcached_factory()
+    port = free_port()
+    dead = f"127.0.0.1:{port}"
+    router = router_factory({"pools": {"p": {"servers": [alive.address, dead]}}, "route": "PoolRoute|p"}, extra_args=FAST)
+    key = next(b"k%d" % i for i in range(1000) if furc_hash(b"k%d" % i, 2) == 1)
+    c = Conn(router.address)
+    assert c.call(b"get " + key + b"\r\n").startswith(b"SERVER_ERROR")  # connect refused: TKO
+    assert stat(router.address, b"servers_tko") == 1
+    probes = CountingListener(port)  # probes now reach something that never answers `version`
+    try:
+        wait_for(lambda: probes.count >= 2, what="TKO probes of the dead server")
+        router.config_path.write_text(json.dumps({"pools": {"p": {"servers": [alive.address]}}, "route": "PoolRoute|p"}))
+        wait_for(lambda: "reloaded" in router.log_file.read_text(), what="reload")
+        assert stat(router.address, b"servers_tko") == 0
+        time.sleep(0.5)  # a probe already under way may still land
+        seen = probes.count
+        time.sleep(3)  # probes came every <= 1 s before the reload
+        assert probes.count == seen, f"{probes.count - seen} probes of a server no longer in the config"
+    finally:
+        probes.close()
+    assert c.call(b"set " + key + b" 0 0 1\r\nv\r\n") == b"STORED"
+    assert Conn(alive.address).call(b"mg " + key + b" v\r\n") == b"VA 1\r\nv\r\n"
