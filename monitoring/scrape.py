@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
 import threading
 import time
 import urllib.request
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
+from pymemcache.client.base import Client
+from pymemcache.exceptions import MemcacheError
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +67,38 @@ class Store:
             return sorted({n for n, _ in self._series})
 
 
-def scrape_prometheus(address: str, timeout: float = 2.0) -> Iterable[tuple[str, dict[str, str], float]]:
-    """(sample name, labels, value) for every sample an endpoint exposes."""
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=timeout) as resp:
-        text = resp.read().decode()
+def parse_prometheus(text: str) -> Iterator[tuple[str, dict[str, str], float]]:
+    """(sample name, labels, value) for every sample of a Prometheus text exposition (ValueError if malformed).
+
+    Names are the samples' own, as on the wire: a counter `x` gives `x_total` (and `x_created`), a histogram
+    `x_bucket{…,le=…}`, `x_count`, `x_sum`. Labels keep the exposition's order (a bucket's `le` last).
+    """
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             yield sample.name, dict(sample.labels), float(sample.value)
+
+
+def scrape_prometheus(address: str, timeout: float = 2.0) -> Iterable[tuple[str, dict[str, str], float]]:
+    """(sample name, labels, value) for every sample an endpoint (host:port) exposes on /metrics."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=timeout) as resp:
+        text = resp.read().decode()
+    return list(parse_prometheus(text))
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def sample_key(name: str, labels: Mapping[str, str]) -> str:
+    """`name{a="1",b="2"}` as the exposition writes the sample (labels in their order), `name` without labels."""
+    if not labels:
+        return name
+    return name + "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
+
+
+def prometheus_values(address: str, timeout: float = 5.0) -> dict[str, float]:
+    """An endpoint's samples as {sample_key: value}, e.g. `squeal_deletes_sent_total{flow="east-a"}`."""
+    return {sample_key(name, labels): value for name, labels, value in scrape_prometheus(address, timeout)}
 
 
 # memcached `stats` fields worth charting (hit rate = get_hits / (get_hits + get_misses))
@@ -90,22 +116,23 @@ MEMCACHED_FIELDS = (
 
 
 def memcached_stats(address: str, timeout: float = 1.0) -> dict[str, float]:
-    """memcached's `stats` as numbers (non-numeric fields dropped)."""
+    """memcached's (or squeal-router's) `stats` as numbers, through pymemcache (non-numeric fields dropped).
+
+    OSError when the server cannot be reached or does not answer `stats` (a timeout, a closed connection, an
+    error reply): every caller counts the server as down then.
+    """
     host, _, port = address.rpartition(":")
-    with socket.create_connection((host, int(port)), timeout=timeout) as s:
-        s.sendall(b"stats\r\n")
-        buf = b""
-        while not buf.endswith(b"END\r\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
+    client = Client((host, int(port)), connect_timeout=timeout, timeout=timeout)
+    try:
+        raw = client.stats()
+    except MemcacheError as e:
+        raise OSError(f"memcached stats from {address}: {e!r}") from e
+    finally:
+        client.close()
     out: dict[str, float] = {}
-    for line in buf.decode().splitlines():
-        parts = line.split()
-        if len(parts) == 3 and parts[0] == "STAT":
-            with contextlib.suppress(ValueError):
-                out[parts[1]] = float(parts[2])
+    for key, value in raw.items():
+        with contextlib.suppress(TypeError, ValueError):  # e.g. `version 1.6.21` (pymemcache leaves bytes)
+            out[key.decode()] = float(value)
     return out
 
 

@@ -39,18 +39,17 @@ import random
 import re
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pymysql
 import pymysql.cursors
-from prometheus_client.parser import text_string_to_metric_families
 from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheError
 
 import router_config
+from monitoring.scrape import scrape_prometheus
 from router_config.model import COLUMN_NAME, PLACEHOLDER
 
 log = logging.getLogger(__name__)
@@ -489,15 +488,10 @@ def measured_grace(topo: router_config.Topology, timeout: float = 1.0) -> tuple[
     for address in squeal_metrics_addresses(topo):
         buckets: dict[float, float] = {}
         try:
-            with urllib.request.urlopen(f"http://{address}/metrics", timeout=timeout) as resp:
-                text = resp.read().decode()
-            for fam in text_string_to_metric_families(text):
-                if fam.name != LATENCY_METRIC:
-                    continue
-                for s in fam.samples:
-                    if s.name == f"{LATENCY_METRIC}_bucket":
-                        le = float(s.labels["le"])
-                        buckets[le] = buckets.get(le, 0.0) + float(s.value)  # summed over flows
+            for name, labels, value in scrape_prometheus(address, timeout):
+                if name == f"{LATENCY_METRIC}_bucket":
+                    le = float(labels["le"])
+                    buckets[le] = buckets.get(le, 0.0) + value  # summed over flows
         except (OSError, ValueError) as e:
             log.debug("verify: no latency histogram from %s: %s", address, e)
             continue

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import pymysql
 
 import router_config
-from ops.harness import HarnessError, memcached_command
+from ops.harness import HarnessError, memcached_command, wait_until
 from ops.local import Deployment
 
 POLL = 0.05
@@ -116,14 +116,17 @@ class Drill:
             return
         os.kill(before["pid"], signal.SIGKILL)
         t0 = time.monotonic()
-        while time.monotonic() - t0 < self.back_within:
+
+        def back() -> dict | None:
             now = self.row(name)
-            if now["running"] and now["pid"] != before["pid"] and self.answers(now):
-                took = time.monotonic() - t0
-                detail = f"back as pid {now['pid']}, answering {took:.2f} s after the kill (restarts {now['restarts']})"
-                self.record(Step(what, True, detail))
-                return
-            time.sleep(POLL)
+            return now if now["running"] and now["pid"] != before["pid"] and self.answers(now) else None
+
+        now = wait_until(back, self.back_within, f"{name} back", interval=POLL, ignore=(), error=None)
+        if now:
+            took = time.monotonic() - t0
+            detail = f"back as pid {now['pid']}, answering {took:.2f} s after the kill (restarts {now['restarts']})"
+            self.record(Step(what, True, detail))
+            return
         self.record(Step(what, False, f"not back after {self.back_within:.0f} s: {self._state(name)}"))
 
     def pause_process(self, name: str | None, role: str) -> None:
@@ -143,18 +146,21 @@ class Drill:
         finally:
             os.kill(before["pid"], signal.SIGCONT)
         t0 = time.monotonic()
-        while time.monotonic() - t0 < self.back_within:
+
+        def answering() -> dict | None:
             now = self.row(name)
-            if self.answers(now):
-                took = time.monotonic() - t0
-                same = now["pid"] == before["pid"] and now["restarts"] == before["restarts"]
-                detail = f"{paused}; answering {took:.2f} s after SIGCONT"
-                if same:
-                    self.record(Step(what, True, f"{detail}, same pid (not restarted)"))
-                else:
-                    self.record(Step(what, False, f"{detail}, but it was restarted (pid {now['pid']})"))
-                return
-            time.sleep(POLL)
+            return now if self.answers(now) else None
+
+        now = wait_until(answering, self.back_within, f"{name} answering", interval=POLL, ignore=(), error=None)
+        if now:
+            took = time.monotonic() - t0
+            same = now["pid"] == before["pid"] and now["restarts"] == before["restarts"]
+            detail = f"{paused}; answering {took:.2f} s after SIGCONT"
+            if same:
+                self.record(Step(what, True, f"{detail}, same pid (not restarted)"))
+            else:
+                self.record(Step(what, False, f"{detail}, but it was restarted (pid {now['pid']})"))
+            return
         self.record(Step(what, False, f"not answering {self.back_within:.0f} s after SIGCONT: {self._state(name)}"))
 
     def restart_replica(self, name: str | None) -> None:
@@ -202,14 +208,16 @@ class Drill:
     def settle(self) -> None:
         """Every component answering again (no step left one down), before verify reads the caches."""
         t0 = time.monotonic()
-        while time.monotonic() - t0 < self.back_within:
-            rows = self.rows().values()
-            if all(r["answering"] for r in rows):
-                self.out(
-                    f"drill: every component answers ({len(rows)}), {time.monotonic() - t0:.2f} s after the last step"
-                )
-                return
-            time.sleep(0.2)
+        rows: list[dict] = []
+
+        def all_answering() -> bool:
+            rows[:] = self.rows().values()
+            return all(r["answering"] for r in rows)
+
+        what = "every component answering"
+        if wait_until(all_answering, self.back_within, what, interval=0.2, ignore=(), error=None):
+            self.out(f"drill: every component answers ({len(rows)}), {time.monotonic() - t0:.2f} s after the last step")
+            return
         down = [n for n, r in self.rows().items() if not r["answering"]]
         self.record(Step("settle", False, f"not answering {self.back_within:.0f} s after the last step: {down}"))
 

@@ -20,10 +20,13 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pymysql
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ROUTER_BIN = Path(os.environ.get("SQUEAL_ROUTER_BIN", REPO_ROOT / "router/target/release/squeal-router"))
@@ -57,22 +60,40 @@ def require_binary(name: str, package: str, *, search: tuple[str, ...] = ()) -> 
 
 
 def wait_until(
-    check: Callable[[], bool],
+    check: Callable[[], T],
     timeout: float,
-    what: str,
+    what: str = "condition",
     proc: subprocess.Popen | None = None,
     log_file: Path | None = None,
-) -> None:
-    """Poll `check` until it is true; fail with the process's log tail if it exits or time runs out."""
+    *,
+    interval: float = 0.05,
+    ignore: tuple[type[BaseException], ...] = (OSError,),
+    error: type[Exception] | None = HarnessError,
+) -> T | None:
+    """Poll `check` every `interval` s until it returns something truthy, and return that: the one poll loop
+    of the code base (start-up checks, experiments, drills, test helpers).
+
+    `check` runs at least once, and once more at the deadline. An exception in `ignore` (default: OSError, a
+    server not answering yet) counts as not yet. If `proc` (anything with `poll()`/`returncode`) exits, fail
+    at once with `log_file`'s tail. Time out: raise `error` (saying `what` and the log tail), or, when
+    `error` is None, return the last falsy result (None if `check` raised).
+    """
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         if proc is not None and proc.poll() is not None:
-            raise HarnessError(f"{what} exited with code {proc.returncode} during start-up{_tail(log_file)}")
-        with contextlib.suppress(OSError):
-            if check():
-                return
-        time.sleep(0.05)
-    raise HarnessError(f"{what} not ready after {timeout:.0f}s{_tail(log_file)}")
+            raise (error or HarnessError)(f"{what} exited with code {proc.returncode} during start-up{_tail(log_file)}")
+        result = None
+        with contextlib.suppress(*ignore):
+            result = check()
+        if result:
+            return result
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        time.sleep(min(interval, left))
+    if error is None:
+        return result
+    raise error(f"timed out after {timeout:g}s waiting for {what}{_tail(log_file)}")
 
 
 def _tail(log_file: Path | None, lines: int = 15) -> str:

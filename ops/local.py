@@ -41,6 +41,7 @@ from ops.harness import (
     SquealDaemon,
     _tail,
     free_port,
+    wait_until,
 )
 
 log = logging.getLogger(__name__)
@@ -411,9 +412,8 @@ class Deployment:
             log.info("stopping the supervisor, pid %d", supervisor.pid)
             _signal(supervisor.pid, signal.SIGCONT)
             _signal(supervisor.pid, signal.SIGTERM)
-            deadline = time.monotonic() + grace + 5  # it gives each component `grace` seconds, then SIGKILL
-            while self.is_running(supervisor) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            # it gives each component `grace` seconds, then SIGKILL
+            wait_until(lambda: not self.is_running(supervisor), grace + 5, "the supervisor to exit", error=None)
             if self.is_running(supervisor):
                 log.warning("the supervisor (pid %d) did not exit; killing it", supervisor.pid)
                 _signal(supervisor.pid, signal.SIGKILL)
@@ -431,8 +431,8 @@ class Deployment:
         deadline = time.monotonic() + grace
         for c, pid in running:
             current = Component(**{**asdict(c), "pid": pid})
-            while self.is_running(current) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            left = deadline - time.monotonic()
+            wait_until(lambda current=current: not self.is_running(current), left, f"pid {pid} to exit", error=None)
             if self.is_running(current):
                 log.warning("%s pid %d ignored SIGTERM; killing", c.name or c.role, pid)
                 _signal(pid, signal.SIGKILL)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ops.harness import HarnessError, MariaDB, memcached_command, require_binary
+from ops.harness import HarnessError, MariaDB, memcached_command, require_binary, wait_until
 
 
 def test_row_on_primary_reaches_replica_binlog_with_same_gtid(mariadb_pair):
@@ -69,3 +69,44 @@ def test_failed_start_shows_log_tail(tmp_path):
     server.command = lambda: [server.mariadbd, "--no-defaults", "--no-such-option-squeal"]  # type: ignore[method-assign]
     with pytest.raises(HarnessError, match="exited with code"):
         server.start()
+
+
+class _Exited:
+    """Has the `poll()`/`returncode` wait_until watches, like a Popen that has exited."""
+
+    returncode = 3
+
+    def poll(self) -> int:
+        return self.returncode
+
+
+def test_wait_until_returns_the_first_truthy_result_and_counts_oserror_as_not_yet():
+    calls = []
+
+    def check():
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionRefusedError("not listening yet")
+        return {"ready": len(calls)}
+
+    assert wait_until(check, 5, "the thing", interval=0.001) == {"ready": 3}
+
+
+def test_wait_until_times_out_with_the_callers_error_or_returns_the_last_result():
+    with pytest.raises(HarnessError, match="timed out after 0.05s waiting for the thing"):
+        wait_until(lambda: False, 0.05, "the thing", interval=0.01)
+    with pytest.raises(AssertionError, match="waiting for the thing"):
+        wait_until(lambda: 0, 0.05, "the thing", interval=0.01, error=AssertionError)
+    assert wait_until(lambda: [], 0.05, "the thing", interval=0.01, error=None) == []
+    calls = []
+    assert wait_until(lambda: calls.append(1), -1, "the thing", error=None) is None
+    assert calls == [1]  # checked once even with no time left
+
+
+def test_wait_until_lets_other_exceptions_through_and_fails_when_the_process_exits(tmp_path):
+    with pytest.raises(OSError, match="refused"):
+        wait_until(lambda: (_ for _ in ()).throw(ConnectionRefusedError("refused")), 5, "x", ignore=())
+    log = tmp_path / "x.log"
+    log.write_text("first\nlast words\n")
+    with pytest.raises(HarnessError, match="(?s)x exited with code 3 during start-up.*last words"):
+        wait_until(lambda: False, 5, "x", _Exited(), log)  # type: ignore[arg-type]

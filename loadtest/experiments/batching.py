@@ -13,7 +13,6 @@ Paper: batching gave an 18x improvement in the median number of deletes per pack
 from __future__ import annotations
 
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ import router_config
 from loadtest.experiments.common import LocustRun, Stack, flow_value, scrape, topology_doc
 from loadtest.experiments.report import Report, figure
 from loadtest.workload import seed_posts
-from ops.harness import SquealDaemon, free_port
+from ops.harness import SquealDaemon, free_port, wait_until
 
 PAPER = "18x more deletes per packet (median) with batching"
 DESTINATION = "east-b"  # the cluster without web traffic
@@ -49,14 +48,17 @@ def _delta_histogram(after: dict[str, float], before: dict[str, float]) -> dict[
 
 
 def _wait_caught_up(port: int, flows: list[str], timeout: float) -> None:
-    """Until every flow's backlog is 0 twice in a row (the binlog may still be arriving)."""
-    deadline, zero = time.monotonic() + timeout, 0
-    while time.monotonic() < deadline:
+    """Until every flow's backlog is 0 three scrapes in a row (the binlog may still be arriving); at most
+    `timeout` s, then the run goes on (its counters say how far squeal got)."""
+    zero = 0
+
+    def settled() -> bool:
+        nonlocal zero
         m = scrape(port)
         zero = zero + 1 if all(flow_value(m, "squeal_flow_backlog", f) == 0 for f in flows) else 0
-        if zero >= 3:
-            return
-        time.sleep(0.3)
+        return zero >= 3
+
+    wait_until(settled, timeout, "every flow's backlog at 0", interval=0.3, ignore=(), error=None)
 
 
 def _cpu(pids: list[int]) -> float:

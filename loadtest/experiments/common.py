@@ -18,7 +18,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,8 +25,8 @@ from typing import Any
 
 import router_config
 from loadtest.workload import Spec
-from monitoring.scrape import memcached_stats  # noqa: F401 - re-exported for the experiments
-from ops.harness import REPO_ROOT, free_port, memcached_command
+from monitoring.scrape import memcached_stats, prometheus_values  # noqa: F401 - memcached_stats: re-exported
+from ops.harness import REPO_ROOT, free_port, memcached_command, wait_until
 from ops.local import Component, Deployment
 from remote_markers import SqlClient
 from router_config import Topology
@@ -194,14 +193,16 @@ class LocustRun:
 
     def wait_first_sample(self, timeout: float = 30.0) -> float:
         """Block until the users are running (the first timeline line); returns its wall-clock time."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def first_rows() -> list[dict[str, Any]]:
             rows = self.timeline()
-            if rows:
-                return rows[0]["t"]
-            self._check_alive()
-            time.sleep(0.1)
-        raise RuntimeError(f"locust wrote no timeline in {timeout:.0f}s; see {self.log_path}")
+            if not rows:
+                self._check_alive()
+            return rows
+
+        what = f"locust's first timeline line (see {self.log_path})"
+        rows = wait_until(first_rows, timeout, what, interval=0.1, ignore=(), error=RuntimeError)
+        return rows[0]["t"]
 
     def _check_alive(self) -> None:
         if self.proc is not None and self.proc.poll() is not None and not self.timeline():
@@ -286,17 +287,8 @@ def memcached_command_all(servers: Any, command: bytes) -> None:
 
 
 def scrape(port: int) -> dict[str, float]:
-    """squeal's /metrics as {"name{labels}": value}."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            try:
-                out[name] = float(value)
-            except ValueError:
-                continue
-    return out
+    """squeal's /metrics as {'name{label="value",…}': value} (monitoring.scrape.sample_key)."""
+    return prometheus_values(f"127.0.0.1:{port}", timeout=5)
 
 
 def flow_value(metrics: dict[str, float], name: str, flow: str) -> float:

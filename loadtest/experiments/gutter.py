@@ -33,7 +33,7 @@ from loadtest.experiments.common import (
 )
 from loadtest.experiments.report import Report, figure, plot_series
 from loadtest.workload import seed_posts
-from ops.harness import Router, free_port
+from ops.harness import Router, free_port, wait_until
 from router_config import Address
 
 PAPER = "client-visible failures -99%; gutter hit rate > 35% within 4 minutes (often ~50%)"
@@ -107,19 +107,10 @@ def run(short: bool = False, workdir: Path | None = None) -> Report:
 
 
 def _wait_tko_cleared(router: str, timeout: float = 20.0) -> None:
-    """Gutter arm starts only when the router serves the revived server again (its probe clears TKO)."""
-    from ops.harness import memcached_command
-
-    host, _, port = router.rpartition(":")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            stats = memcached_command((host, int(port)), b"stats\r\n")
-        except OSError:
-            stats = b""
-        if b"servers_tko 0" in stats or b"STAT" not in stats:
-            return
-        time.sleep(0.3)
+    """Gutter arm starts only when the router serves the revived server again (its probe clears TKO): the
+    router's `stats` say `servers_tko 0`. At most `timeout` s, then the arm starts anyway."""
+    what = f"router {router} to clear TKO"
+    wait_until(lambda: memcached_stats(router).get("servers_tko") == 0, timeout, what, interval=0.3, error=None)
 
 
 def _summarise(timeline: list[dict], sampler: Sampler, cluster: str, t0: float, killed_at: float) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from loadtest.experiments.report import Report, figure, plot_series
 from loadtest.webtier import WebServer
 from loadtest.workload import seed_posts
 from monitoring.verify import verify
+from ops.harness import wait_until
 from warmup import WarmupController
 
 PAPER = "cold clusters back to full capacity in a few hours instead of a few days; 2 s delete hold-off"
@@ -62,12 +63,8 @@ def _pool_hits(servers: Any) -> tuple[float, float]:
 
 def _wait_reload(log_path: str, before: int, timeout: float = 10.0) -> None:
     """The router logs `config … reloaded` after it picked up a rewritten config file."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if Path(log_path).read_text(errors="replace").count(" reloaded (") > before:
-            return
-        time.sleep(0.2)
-    raise RuntimeError(f"router did not reload its config within {timeout:.0f}s (see {log_path})")
+    what = f"the router to reload its config (see {log_path})"
+    wait_until(lambda: _reloads(log_path) > before, timeout, what, interval=0.2, error=RuntimeError)
 
 
 def _reloads(log_path: str) -> int:
@@ -169,14 +166,17 @@ def _race(stack: Stack, post_id: int, *, erase_holdoff: bool) -> dict[str, Any]:
         try:
             new_body = f"updated during warm-up {time.time():.3f}"
             b_writer.rm.write_with_marker([key], "UPDATE posts SET body = %s WHERE id = %s", (new_body, post_id))
-            _wait_until(lambda: flow_value(scrape(int(squeal_port)), "squeal_deletes_sent_total", COLD) > before, 10)
+            wait_until(
+                lambda: flow_value(scrape(int(squeal_port)), "squeal_deletes_sent_total", COLD) > before,
+                10, f"squeal's delete of {key} to {COLD}", interval=0.1, error=RuntimeError,
+            )
             if erase_holdoff:
                 memcached_command_all(cold.wildcard.servers, f"md {key}\r\n".encode())
             served = b_reader.get_post(post_id)  # cold miss → warm's old copy → added to cold
             time.sleep(0.5)  # the route adds to cold in the background
         finally:
             os.kill(warm_router, signal.SIGCONT)
-        _wait_until(lambda: _caught_up(int(squeal_port)), 30)
+        wait_until(lambda: _caught_up(int(squeal_port)), 30, "squeal to catch up", interval=0.1, error=RuntimeError)
         report = verify(topo, keys=[key])
         stale = [s for s in report.stale if s.cluster == COLD]
         return {
@@ -193,15 +193,6 @@ def _race(stack: Stack, post_id: int, *, erase_holdoff: bool) -> dict[str, Any]:
 def _caught_up(port: int) -> bool:
     m = scrape(port)
     return all(flow_value(m, "squeal_flow_backlog", f) == 0 for f in (WARM, COLD))
-
-
-def _wait_until(check: Any, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"condition not met within {timeout:.0f}s")
 
 
 def _report(arms: dict[str, dict[str, Any]], race: dict[str, dict[str, Any]], short: bool, users: int) -> Report:

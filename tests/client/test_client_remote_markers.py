@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 
 import pytest
 from client_support import SQUEAL_AVAILABLE, SQUEAL_SKIP, next_name
 
 from leases import LeaseCache, connect
 from loadtest import WebServer
-from ops.harness import SquealDaemon
+from ops.harness import SquealDaemon, wait_until
 from remote_markers import RemoteMarkers, SqlClient, marker_key, mcd_comment
 
 
@@ -136,10 +135,8 @@ def test_read_through_without_webserver(regions):
 
 
 def _wait_gone(check, what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while check():
-        assert time.monotonic() < deadline, f"squeal did not delete {what} after replication resumed"
-        time.sleep(0.05)
+    wait_until(lambda: not check(), timeout, f"squeal to delete {what} after replication resumed", ignore=(),
+               error=AssertionError)
 
 
 @pytest.mark.skipif(not SQUEAL_AVAILABLE, reason=SQUEAL_SKIP)

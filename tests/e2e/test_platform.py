@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pymemcache.client.base import Client
 
 import router_config
-from ops.harness import ROUTER_BIN, free_port
+from ops.harness import ROUTER_BIN, free_port, wait_until
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "local.toml"
 UPDATES = 1000
@@ -56,12 +55,7 @@ def _router_client(cluster: router_config.Cluster) -> Client:
 
 
 def _wait(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    wait_until(predicate, timeout, what, ignore=(), error=AssertionError)
 
 
 def test_updates_at_master_invalidate_every_cluster_of_both_regions(platform):

@@ -11,6 +11,7 @@ import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
+from ops import harness
 from ops.harness import MariaDB, Memcached, SquealDaemon, free_port
 
 _counter = itertools.count(1)
@@ -130,14 +131,8 @@ class Cache:
 
 
 def wait_until(check, timeout: float, what: str, interval: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+    """ops.harness.wait_until for assertions: returns check's truthy result, AssertionError on time-out."""
+    return harness.wait_until(check, timeout, what, interval=interval, ignore=(), error=AssertionError)
 
 
 def wait_gone(caches: list[Cache], keys: list[str], timeout: float = 10.0) -> None:
