@@ -53,7 +53,8 @@ def test_reload_forgets_removed_servers_and_stops_probing_them(memcached_factory
     alive = memcached_factory()
     port = free_port()
     dead = f"127.0.0.1:{port}"
-    router = router_factory({"pools": {"p": {"servers": [alive.address, dead]}}, "route": "PoolRoute|p"}, extra_args=FAST)
+    config = {"pools": {"p": {"servers": [alive.address, dead]}}, "route": "PoolRoute|p"}
+    router = router_factory(config, extra_args=FAST)
     key = next(b"k%d" % i for i in range(1000) if furc_hash(b"k%d" % i, 2) == 1)
     c = Conn(router.address)
     assert c.call(b"get " + key + b"\r\n").startswith(b"SERVER_ERROR")  # connect refused: TKO
@@ -61,7 +62,8 @@ def test_reload_forgets_removed_servers_and_stops_probing_them(memcached_factory
     probes = CountingListener(port)  # probes now reach something that never answers `version`
     try:
         wait_for(lambda: probes.count >= 2, what="TKO probes of the dead server")
-        router.config_path.write_text(json.dumps({"pools": {"p": {"servers": [alive.address]}}, "route": "PoolRoute|p"}))
+        without_dead = {"pools": {"p": {"servers": [alive.address]}}, "route": "PoolRoute|p"}
+        router.config_path.write_text(json.dumps(without_dead))
         wait_for(lambda: "reloaded" in router.log_file.read_text(), what="reload")
         assert stat(router.address, b"servers_tko") == 0
         time.sleep(0.5)  # a probe already under way may still land
