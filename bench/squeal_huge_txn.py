@@ -1,6 +1,6 @@
 """One huge transaction: how long until squeal has deleted all its keys, against bare decode (not a test).
 
-    .venv/bin/python bench/squeal_huge_txn.py [--rows 100000] [--repeat 3]
+    .venv/bin/python bench/squeal_huge_txn.py [--rows 100000] [--repeat 3] [--reader native|python]
 
 Each pair: every key of `--rows` new users rows (`user:{id}`, `user:email:{email}`: two distinct keys per
 row) is set in two memcached "clusters"; one transaction INSERTs the rows (multi-row statements of 1,000
@@ -8,8 +8,10 @@ rows, one COMMIT) while `squeal run` (default `max_backlog` = 100,000 keys, half
 follows the binlog live. squeal's time runs from COMMIT returning to both clusters having acknowledged the
 transaction's GTID (`/healthz` polled every 20 ms); then every key is checked gone from both clusters.
 Right after, bare python-mysql-replication decodes the same transaction (same library options as squeal's
-reader, nothing else done). ratio = squeal's commit -> all keys deleted / bare decode. The median pair is
-reported with every pair, squeal's sheds (must be 0) and its RSS (before, peak while the pair ran).
+reader, nothing else done), then `mariadb-binlog --read-from-remote-server -v` (the "C decoder") decodes
+it to /dev/null. ratio = squeal's commit -> all keys deleted / bare decode (lower is better; its inverse is
+the "x bare" speed-up). The median pair is reported with every pair, squeal's sheds (must be 0) and its RSS
+(before, peak while the pair ran). `--reader` is the daemon's `[squeal] reader` (default native).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "squeal"))
 from squeal_helpers import Cache, topology_text  # noqa: E402
-from squeal_throughput import bare_decode, loadavg, metric_sum  # noqa: E402
+from squeal_throughput import bare_decode, c_decoder, loadavg, metric_sum  # noqa: E402
 
 from ops.harness import MariaDB, Memcached, SquealDaemon  # noqa: E402
 from squeal import gtid as g  # noqa: E402
@@ -102,9 +104,10 @@ def one_pair(db: MariaDB, schema: str, caches: list[Cache], daemon: SquealDaemon
     bare_rows, bare_s, _ = bare_decode(db, schema, start, end)
     if bare_rows != len(ids):
         raise RuntimeError(f"bare decode read {bare_rows} rows, want {len(ids)}")
+    c_s, _ = c_decoder(db, start, end)
     squeal_s = t_acked - t_commit
     return {"write_s": t_commit - t_write, "squeal_s": squeal_s, "read_s": (dispatched or t_acked) - t_commit,
-            "bare_s": bare_s, "ratio": squeal_s / bare_s, "sheds": sheds, "keys": len(keys),
+            "bare_s": bare_s, "ratio": squeal_s / bare_s, "sheds": sheds, "keys": len(keys), "c_s": c_s,
             "rss_before_mb": rss_before / 2**20, "rss_peak_mb": peak[0] / 2**20}
 
 
@@ -112,6 +115,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=100_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--reader", default="native", choices=("native", "python"))
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="squeal-huge-"))
     db = MariaDB(1, workdir=base / "db").start()
@@ -124,7 +128,8 @@ def main() -> int:
                    f"CREATE TABLE {schema}.users (id INT PRIMARY KEY, email VARCHAR(100), name VARCHAR(100), n INT)",
                    f"CREATE TABLE {schema}.posts (id INT PRIMARY KEY, author_id INT, title VARCHAR(100))")
         topo = base / "topology.toml"
-        topo.write_text(topology_text(db, schema, [m.port for m in mcs], regional=False))  # max_backlog 100,000
+        text = topology_text(db, schema, [m.port for m in mcs], regional=False)  # max_backlog 100,000
+        topo.write_text(text.replace("[squeal]\n", f'[squeal]\nreader = "{args.reader}"\n', 1))
         daemon = SquealDaemon(topo, "east", workdir=base / "squeal", state_dir=base / "state")
         daemon.start()
         caches = [Cache(m.port) for m in mcs]
@@ -135,16 +140,18 @@ def main() -> int:
             pairs.append(p)
             print(f"  one transaction of {args.rows:,} rows / {p['keys']:,} keys (written in {p['write_s']:.1f}s): "
                   f"squeal commit -> every key deleted in both clusters {p['squeal_s']:.2f}s (read and handed "
-                  f"to the flows after {p['read_s']:.2f}s); bare decode {p['bare_s']:.2f}s; ratio {p['ratio']:.2f}; "
+                  f"to the flows after {p['read_s']:.2f}s); bare decode {p['bare_s']:.2f}s; ratio {p['ratio']:.2f} "
+                  f"({1 / p['ratio']:.1f}x bare); C decoder {p['c_s']:.2f}s; "
                   f"sheds {p['sheds']:.0f}; squeal RSS {p['rss_before_mb']:.0f} MB before, peak "
                   f"{p['rss_peak_mb']:.0f} MB")
         print(f"after the pairs: {loadavg()}")
         pairs.sort(key=lambda p: p["ratio"])
         mid = pairs[(len(pairs) - 1) // 2]
         ratios = ", ".join(f"{p['ratio']:.2f}" for p in pairs)
-        print(f"RATIO squeal commit->deleted / bare decode: median {mid['ratio']:.2f} of {len(pairs)} pairs "
-              f"({ratios}); median pair squeal {mid['squeal_s']:.2f}s, "
-              f"bare {mid['bare_s']:.2f}s; sheds {sum(p['sheds'] for p in pairs):.0f}; peak RSS "
+        print(f"RATIO squeal[{args.reader}] commit->deleted / bare decode: median {mid['ratio']:.2f} "
+              f"({1 / mid['ratio']:.1f}x bare) of {len(pairs)} pairs ({ratios}); median pair squeal "
+              f"{mid['squeal_s']:.2f}s, bare {mid['bare_s']:.2f}s, C decoder {mid['c_s']:.2f}s (squeal = "
+              f"{mid['c_s'] / mid['squeal_s']:.2f} of C); sheds {sum(p['sheds'] for p in pairs):.0f}; peak RSS "
               f"{max(p['rss_peak_mb'] for p in pairs):.0f} MB")
     finally:
         for c in caches:

@@ -1,15 +1,20 @@
 """squeal throughput, batching and memory benchmark (not a test: prints figures for docs/benchmarks.md).
 
-    .venv/bin/python bench/squeal_throughput.py [--rows 50000] [--repeat 3] [--dead-seconds 60] [--no-memory]
+    .venv/bin/python bench/squeal_throughput.py [--rows 50000] [--repeat 3] [--readers native,python]
+                                                [--dead-seconds 60] [--no-memory]
 
 1. Throughput: one binlog of `--rows` row changes (a 4-column table, transactions of 10 single-row
    statements, half INSERTs, half UPDATEs) is read by bare python-mysql-replication (decode every row,
-   nothing else) and by `squeal run` end to end (keys rendered, batched, sent to two memcached "clusters",
-   acknowledged, datamarkers written). After one unmeasured warm-up decode, the two alternate `--repeat`
-   times over the same binlog; each pair gives a ratio (squeal rows/s / bare rows/s) and the median pair
-   is reported, with every pair and the load average (the machine is shared) printed. Also reported:
-   the CPU ratio, bare decode's CPU time / the squeal process's CPU time (all threads) for the same
-   rows, which moves much less with the machine's load than wall time does.
+   nothing else), by `mariadb-binlog --read-from-remote-server -v` decoding the same GTID range to
+   /dev/null (the "C decoder": the limit), and by `squeal run` end to end with each of `--readers` (keys
+   rendered, batched, sent to two memcached "clusters", acknowledged, datamarkers written). After one
+   unmeasured warm-up decode, they alternate `--repeat` times over the same binlog; each round gives
+   ratios (squeal rows/s / bare rows/s, squeal rows/s / C decoder rows/s) and the median round is
+   reported, with every round and the load average (the machine is shared) printed. squeal's time runs
+   from `/healthz` answering (the live reader starts with it; rows it had already read are subtracted) to
+   both clusters having acknowledged the last GTID. Also reported: the CPU ratio, bare decode's CPU time /
+   the squeal process's CPU time (all threads) over the same window, squeal's CPU per 1,000 row changes,
+   and its RSS at the end of the run (at full speed).
 2. Batching: deletes per write (squeal_deletes_sent_total / squeal_delete_writes_total) for the same
    replay with the topology's batch_size (256) and with batch_size = 1 (no batching).
 3. Memory: squeal following a steady write load while one cluster's memcached is SIGSTOPped for
@@ -21,6 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import subprocess
 import sys
 import tempfile
 import threading
@@ -103,17 +110,34 @@ def bare_decode(db: MariaDB, schema: str, start: str, end: g.Position) -> tuple[
     return rows, elapsed, cpu
 
 
+def c_decoder(db: MariaDB, start: str, end: g.Position) -> tuple[float, float]:
+    """`mariadb-binlog --read-from-remote-server -v` over the same GTID range, output to /dev/null:
+    (seconds, CPU seconds of the child). `-v` makes it decode every row image (to commented pseudo-SQL)."""
+    first = db.execute("SHOW BINARY LOGS")[0][0]
+    cmd = ["mariadb-binlog", "--read-from-remote-server", f"--host={db.host}", f"--port={db.port}",
+           f"--user={db.user}", f"--password={db.password}", "--to-last-log", "-v",
+           f"--start-position={start}", f"--stop-position={g.format_position(end)}", first]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=True)
+    elapsed = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return elapsed, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
 def squeal_replay(base: Path, db: MariaDB, schema: str, caches: list[Memcached], start: str, end: g.Position,
-                  batch_size: int) -> dict:
+                  batch_size: int, reader: str = "python") -> dict:
     work = Path(tempfile.mkdtemp(dir=base))
     topo = work / "topology.toml"
-    topo.write_text(topology_text(db, schema, [m.port for m in caches], regional=False, batch_size=batch_size))
+    text = topology_text(db, schema, [m.port for m in caches], regional=False, batch_size=batch_size)
+    topo.write_text(text.replace("[squeal]\n", f'[squeal]\nreader = "{reader}"\n', 1))
     # The 4-column table: rules render two keys per row image.
     daemon = SquealDaemon(topo, "east", workdir=work, state_dir=work / "state", extra_args=("--from-gtid", start))
     daemon.start()
     proc = psutil.Process(daemon.pid)
     cpu0 = proc.cpu_times()
     t0 = time.perf_counter()
+    rows0 = metric_sum(daemon.port, 'squeal_rows_total{reader="live"')  # read before the window opened
     try:
         while True:
             flows = health(daemon.port)["flows"]
@@ -129,17 +153,24 @@ def squeal_replay(base: Path, db: MariaDB, schema: str, caches: list[Memcached],
         deletes = metric_sum(daemon.port, "squeal_deletes_sent_total")
         writes = metric_sum(daemon.port, "squeal_delete_writes_total")
         rss = proc.memory_info().rss
+        native = "binlog reader: native" in (daemon.log_file.read_text() if daemon.log_file.exists() else "")
     finally:
         daemon.stop()
-    return {"rows": rows, "seconds": elapsed, "rows_per_s": rows / elapsed, "deletes": deletes, "writes": writes,
-            "deletes_per_write": deletes / max(writes, 1), "rss_mb": rss / 2**20, "sheds": sheds,
-            "cpu": (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)}
+    if reader == "native" and not native:
+        raise RuntimeError("the daemon did not read with the native reader (see its log)")
+    window = rows - rows0
+    cpu = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+    return {"rows": rows, "window_rows": window, "seconds": elapsed, "rows_per_s": window / elapsed,
+            "deletes": deletes, "writes": writes, "deletes_per_write": deletes / max(writes, 1),
+            "rss_mb": rss / 2**20, "sheds": sheds, "cpu": cpu, "cpu_per_1000": cpu / max(window, 1) * 1000}
 
 
-def memory_run(base: Path, db: MariaDB, schema: str, caches: list[Memcached], dead_seconds: float) -> dict:
+def memory_run(base: Path, db: MariaDB, schema: str, caches: list[Memcached], dead_seconds: float,
+               reader: str = "python") -> dict:
     work = Path(tempfile.mkdtemp(dir=base))
     topo = work / "topology.toml"
-    topo.write_text(topology_text(db, schema, [m.port for m in caches], regional=False))
+    text = topology_text(db, schema, [m.port for m in caches], regional=False)
+    topo.write_text(text.replace("[squeal]\n", f'[squeal]\nreader = "{reader}"\n', 1))
     daemon = SquealDaemon(topo, "east", workdir=work, state_dir=work / "state", extra_args=("--reply-timeout", "1"))
     daemon.start()
     proc = psutil.Process(daemon.pid)
@@ -202,7 +233,8 @@ def memory_run(base: Path, db: MariaDB, schema: str, caches: list[Memcached], de
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=50_000)
-    ap.add_argument("--repeat", type=int, default=3, help="bare/squeal pairs over the same binlog (median reported)")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds over the same binlog (median reported)")
+    ap.add_argument("--readers", default="native,python", help="squeal readers to run end to end, comma-separated")
     ap.add_argument("--dead-seconds", type=float, default=60.0)
     ap.add_argument("--no-memory", action="store_true", help="skip the dead-cluster memory run")
     args = ap.parse_args()
@@ -221,43 +253,57 @@ def main() -> int:
         print(f"wrote {args.rows} row changes in {time.perf_counter() - t:.1f}s ({start} -> {g.format_position(end)})")
 
         bare_decode(db, schema, start, end)  # warm-up: binlog in the page cache, server and library warm
-        pairs = []
+        readers = [r for r in args.readers.split(",") if r]
+        rounds = []
         for i in range(args.repeat):
-            print(f"pair {i + 1}/{args.repeat}: {loadavg()}")
+            print(f"round {i + 1}/{args.repeat}: {loadavg()}")
             bare_rows, bare_s, bare_cpu = bare_decode(db, schema, start, end)
             bare = bare_rows / bare_s
-            batched = squeal_replay(base, db, schema, caches, start, end, batch_size=256)
-            if batched["rows"] != bare_rows:
-                raise RuntimeError(f"squeal read {batched['rows']:.0f} rows, bare decode {bare_rows}")
-            ratio = batched["rows_per_s"] / bare
-            cpu_ratio = bare_cpu / batched["cpu"]
-            pairs.append((ratio, bare, batched, cpu_ratio))
+            c_s, c_cpu = c_decoder(db, start, end)
+            c_rate = bare_rows / c_s
             print(f"  bare mysql-replication decode: {bare_rows} rows in {bare_s:.2f}s = {bare:,.0f} rows/s; "
                   f"CPU {bare_cpu:.2f}s")
-            print(f"  squeal end to end (batch 256): {batched['rows']:.0f} rows in {batched['seconds']:.2f}s = "
-                  f"{batched['rows_per_s']:,.0f} rows/s; {batched['deletes_per_write']:.1f} deletes/write; "
-                  f"RSS {batched['rss_mb']:.0f} MB; sheds {batched['sheds']:.0f}; "
-                  f"CPU {batched['cpu']:.2f}s (all threads); ratio {ratio:.2f}, CPU ratio {cpu_ratio:.2f}")
-        pairs.sort(key=lambda p: p[0])
-        ratio, bare, batched, _ = pairs[(len(pairs) - 1) // 2]
-        cpu_ratios = sorted(p[3] for p in pairs)
-        print(f"after the pairs: {loadavg()}")
-        single = squeal_replay(base, db, schema, caches, start, end, batch_size=1)
-        print(f"squeal end to end (batch 1):   {single['rows']:.0f} rows in {single['seconds']:.2f}s = "
-              f"{single['rows_per_s']:,.0f} rows/s; {single['deletes_per_write']:.1f} deletes/write; "
-              f"sheds {single['sheds']:.0f}")
-        print(f"RATIO squeal/bare: median {ratio:.2f} of {len(pairs)} pairs "
-              f"({', '.join(f'{p[0]:.2f}' for p in pairs)}; bare {bare:,.0f} rows/s, squeal "
-              f"{batched['rows_per_s']:,.0f} rows/s in the median pair); CPU ratio (bare decode CPU / squeal "
-              f"process CPU) median {cpu_ratios[(len(cpu_ratios) - 1) // 2]:.2f} "
-              f"({', '.join(f'{r:.2f}' for r in cpu_ratios)}); batching = "
+            print(f"  C decoder (mariadb-binlog -R -v): {c_s:.2f}s = {c_rate:,.0f} rows/s; CPU {c_cpu:.2f}s")
+            result = {"bare": bare, "bare_cpu": bare_cpu, "c": c_rate}
+            for reader in readers:
+                r = squeal_replay(base, db, schema, caches, start, end, batch_size=256, reader=reader)
+                if r["rows"] != bare_rows:
+                    raise RuntimeError(f"squeal ({reader}) read {r['rows']:.0f} rows, bare decode {bare_rows}")
+                r["ratio"] = r["rows_per_s"] / bare
+                r["of_c"] = r["rows_per_s"] / c_rate
+                # CPU over the window, per row, against bare decode's CPU per row
+                r["cpu_ratio"] = (bare_cpu / bare_rows) / (r["cpu"] / max(r["window_rows"], 1))
+                result[reader] = r
+                print(f"  squeal {reader:6} end to end: {r['window_rows']:.0f} rows in {r['seconds']:.2f}s = "
+                      f"{r['rows_per_s']:,.0f} rows/s ({r['rows'] - r['window_rows']:.0f} read before /healthz);"
+                      f" {r['deletes_per_write']:.1f} deletes/write; RSS {r['rss_mb']:.0f} MB; sheds "
+                      f"{r['sheds']:.0f}; CPU {r['cpu']:.2f}s = {r['cpu_per_1000'] * 1000:.1f} ms per 1,000 rows; "
+                      f"{r['ratio']:.2f}x bare, {r['of_c']:.2f} of C, CPU ratio {r['cpu_ratio']:.2f}")
+            rounds.append(result)
+        print(f"after the rounds: {loadavg()}")
+        for reader in readers:
+            ordered = sorted(rounds, key=lambda x: x[reader]["ratio"])
+            mid = ordered[(len(ordered) - 1) // 2]
+            cpu_ratios = sorted(x[reader]["cpu_ratio"] for x in rounds)
+            each = ", ".join(f"{x[reader]['ratio']:.2f}" for x in ordered)
+            print(f"RATIO squeal[{reader}]/bare: median {mid[reader]['ratio']:.2f} of {len(rounds)} rounds ({each}); "
+                  f"in the median round bare {mid['bare']:,.0f} rows/s, C decoder {mid['c']:,.0f} rows/s, "
+                  f"squeal {mid[reader]['rows_per_s']:,.0f} rows/s = {mid[reader]['of_c']:.2f} of C; CPU ratio "
+                  f"median {cpu_ratios[(len(cpu_ratios) - 1) // 2]:.2f}; CPU per 1,000 rows "
+                  f"{mid[reader]['cpu_per_1000'] * 1000:.1f} ms; RSS {mid[reader]['rss_mb']:.0f} MB")
+        main_reader = readers[0] if readers else "python"
+        batched = rounds[(len(rounds) - 1) // 2][main_reader]
+        single = squeal_replay(base, db, schema, caches, start, end, batch_size=1, reader=main_reader)
+        print(f"squeal[{main_reader}] end to end (batch 1): {single['rows_per_s']:,.0f} rows/s; "
+              f"{single['deletes_per_write']:.1f} deletes/write; sheds {single['sheds']:.0f}; batching = "
               f"{batched['deletes_per_write'] / single['deletes_per_write']:.0f}x deletes per write")
         if args.no_memory:
             return 0
 
-        mem = memory_run(base, db, schema, caches, args.dead_seconds)
+        mem = memory_run(base, db, schema, caches, args.dead_seconds, main_reader)
         print(f"memory run done: {loadavg()}")
-        print(f"memory: one cluster dead {mem['dead_seconds']:.0f}s under {mem['write_rate']:,.0f} rows/s: RSS "
+        print(f"memory ({main_reader} reader): one cluster dead {mem['dead_seconds']:.0f}s under "
+              f"{mem['write_rate']:,.0f} rows/s: RSS "
               f"{mem['rss_before_mb']:.0f} MB before, peak {mem['rss_peak_mb']:.0f} MB, "
               f"{mem['rss_after_catchup_mb']:.0f} MB after catch-up ({mem['catch_up_seconds']:.1f}s to catch up; "
               f"sheds {mem['sheds']:.0f}, rejoins {mem['rejoins']:.0f}); live deletes/write "

@@ -96,10 +96,49 @@ class Database:
     server_id: int
     user: str = "squeal"  # the account squeal and the web tier use (the harness creates it)
     password: str = "squeal"
+    # A copy of a region's data, by name: the region's own database is named after the region, another copy
+    # (`regions.<region>.replicas.<name>`, a GTID replica with log_slave_updates) by its key.
+    name: str = ""
+    replicates_from: str = ""  # replicas only: the copy (any region's database or replica) it replicates from
 
     @property
     def address(self) -> Address:
         return Address(self.host, self.port)
+
+
+@dataclass(frozen=True)
+class SquealInstance:
+    """One squeal daemon of a region in HA mode (`[[regions.<region>.squeal_instances]]`), reading one copy of
+    the region's data. The instances of a region elect one leader through ZooKeeper, which owns every flow of
+    the region; the others stand by. Earlier in the list is preferred (put the instance on the primary first)."""
+
+    name: str
+    region: str
+    database: Database  # the copy it reads: the region's database or one of its replicas
+    metrics_port: int  # /metrics and /healthz (leader or standby)
+    host: str = DEFAULT_HOST  # where it runs
+
+    @property
+    def address(self) -> Address:
+        return Address(self.host, self.metrics_port)
+
+
+@dataclass(frozen=True)
+class ZooKeeperSettings:
+    """The ZooKeeper ensemble of squeal's HA mode (`[zookeeper]`): leader election and the shared datamarkers."""
+
+    servers: tuple[Address, ...]
+    # A leader's session expires this long after ZooKeeper last heard from it (the floor of a takeover after a
+    # crash); a leader stops sending well before (docs/squeal.md, "High availability").
+    session_timeout_s: float = 3.0
+    root: str = "/squeal"  # the znode under which squeal keeps its state
+    # A new leader waits at most this long for its copy to apply the markers' GTIDs, then gives leadership up.
+    takeover_wait_s: float = 30.0
+
+    @property
+    def hosts(self) -> str:
+        """The connect string: `host:port,host:port`."""
+        return ",".join(str(a) for a in self.servers)
 
 
 @dataclass(frozen=True)
@@ -112,6 +151,13 @@ class Region:
     # Where the region's squeal daemon runs (`regions.<name>.squeal.host`); it serves /metrics on
     # squeal.metrics_port_base + the region's index.
     squeal_host: str = DEFAULT_HOST
+    replicas: tuple[Database, ...] = ()  # more copies of the region's data (for squeal instances to read)
+    squeal_instances: tuple[SquealInstance, ...] = ()  # HA mode: several daemons, one leader (needs [zookeeper])
+
+    @property
+    def copies(self) -> tuple[Database, ...]:
+        """Every copy of the region's data: its database, then its replicas."""
+        return (self.database, *self.replicas)
 
 
 @dataclass(frozen=True)
@@ -141,7 +187,7 @@ class SquealSettings:
     metrics_port_base: int = 19100
     on_data_loss: str = "halt"  # see ON_DATA_LOSS and docs/squeal.md
     marker_max_age_s: float = 30.0  # /healthz fails while a flow's datamarker waits longer to be written
-    reader: str = "python"  # see READERS: the Rust extension (squeal_native) or python-mysql-replication
+    reader: str = "native"  # see READERS: the Rust extension (squeal_native) or python-mysql-replication
 
 
 @dataclass(frozen=True)
@@ -158,6 +204,7 @@ class Topology:
     rules: tuple[Rule, ...]
     squeal: SquealSettings = field(default_factory=SquealSettings)
     monitoring: MonitoringSettings = field(default_factory=MonitoringSettings)
+    zookeeper: ZooKeeperSettings | None = None  # only for squeal's HA mode
 
     @property
     def master(self) -> Region:
@@ -193,10 +240,27 @@ class Topology:
                 for p in c.pools:
                     out += [("memcached", f"{at}.clusters.{c.name}.pools.{p.name}.servers", a) for a in p.servers]
         for i, r in enumerate(self.regions):
-            where = f"squeal.metrics_port_base (+{i}, region {r.name})"
-            out.append(("squeal", where, self.squeal_address(r.name)))
+            at = f"regions.{r.name}"
+            out += [("mariadb", f"{at}.replicas.{d.name}.port", d.address) for d in r.replicas]
+            if r.squeal_instances:  # HA mode: the instances instead of the region's single daemon
+                out += [("squeal", f"{at}.squeal_instances[{k}].metrics_port", s.address)
+                        for k, s in enumerate(r.squeal_instances)]
+            else:
+                where = f"squeal.metrics_port_base (+{i}, region {r.name})"
+                out.append(("squeal", where, self.squeal_address(r.name)))
         out.append(("monitoring", "monitoring.port", Address(self.monitoring.host, self.monitoring.port)))
+        if self.zookeeper is not None:
+            out += [("zookeeper", f"zookeeper.servers[{i}]", a) for i, a in enumerate(self.zookeeper.servers)]
         return out
+
+    def instance(self, name: str) -> SquealInstance:
+        """A squeal instance (HA mode) by name; a KeyError naming the instances there are."""
+        every = [s for r in self.regions for s in r.squeal_instances]
+        for s in every:
+            if s.name == name:
+                return s
+        have = ", ".join(s.name for s in every) or "none: no region has [[regions.<name>.squeal_instances]]"
+        raise KeyError(f"{self.source}: no squeal instance {name!r} (have: {have})")
 
     def squeal_address(self, region: str) -> Address:
         """Where the region's squeal daemon serves /metrics and /healthz: its host, metrics_port_base + index."""
@@ -208,9 +272,11 @@ class Topology:
         found = {self.monitoring.host}
         for r in self.regions:
             found |= {r.database.host, r.squeal_host}
+            found |= {d.host for d in r.replicas} | {s.host for s in r.squeal_instances}
             found |= {a.host for a in (r.regional_pool.servers if r.regional_pool else ())}
             for c in r.clusters:
                 found |= {a.host for a in c.routers} | {a.host for p in c.pools for a in p.servers}
+        found |= {a.host for a in (self.zookeeper.servers if self.zookeeper else ())}
         return sorted(found)
 
     def rule_for(self, table: str) -> Rule | None:

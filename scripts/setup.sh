@@ -3,6 +3,7 @@
 #   1. Debian packages (MariaDB, memcached, libmemcached-tools, twemproxy, ZooKeeper, Prometheus) — only if missing
 #   2. the Python venv in .venv with squeal installed (editable) and its pinned dependencies
 #   3. the Rust router, built in release mode (router/target/release/squeal-router)
+#   4. squeal's native binlog reader (squeal_native/, a PyO3 extension) built with maturin into .venv
 # Safe to run again: each step checks what is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,5 +45,20 @@ if [ -f router/Cargo.toml ]; then
   command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found: install Rust (https://rustup.rs)" >&2; exit 1; }
   echo "setup: building the router (cargo build --release)"
   (cd router && cargo build --release --locked -q)
+fi
+
+# squeal's native binlog reader (Rust + PyO3, docs/squeal.md): built by maturin into .venv, again only when
+# its sources change (or the module does not import).
+if [ -f squeal_native/Cargo.toml ]; then
+  command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found: install Rust (https://rustup.rs)" >&2; exit 1; }
+  native_stamp=.venv/.squeal-native-built
+  native_sum=$(cat squeal_native/Cargo.toml squeal_native/Cargo.lock squeal_native/pyproject.toml \
+    squeal_native/src/*.rs | sha256sum | cut -d' ' -f1)
+  if [ "$(cat "$native_stamp" 2>/dev/null)" != "$native_sum" ] || ! .venv/bin/python -c "import squeal_native" 2>/dev/null
+  then
+    echo "setup: building squeal_native (maturin develop --release)"
+    VIRTUAL_ENV="$PWD/.venv" .venv/bin/maturin develop --release --locked -q -m squeal_native/Cargo.toml
+    echo "$native_sum" > "$native_stamp"
+  fi
 fi
 echo "setup: done"

@@ -41,7 +41,7 @@ from squeal.datamarkers import (
     StoreThread,
     describe_error,
 )
-from squeal.flows import Committed, Dispatcher, Flow, flows_for_region
+from squeal.flows import LIVE, Committed, Dispatcher, Flow, flows_for_region
 from squeal.metrics import Metrics
 from squeal.pipeline import Handoff, KeyStage, ReadLoop
 from squeal.reader import (
@@ -238,7 +238,7 @@ class Daemon:
         # The parents of cascading foreign keys are read too (their row events signal the cascades).
         self.read_tables = self.extractor.tables | self.stage.bulk.parents
         reader = self._reader(start, "live")
-        handoff = Handoff(self.reactor, self._deliver_live, bound=max(100, s.max_backlog // 4))
+        handoff = Handoff(self.reactor, self._deliver_live, bound=max(100, s.max_backlog // 4), ready=self._live_room)
         self.live = ReadLoop(reader, self.stage, handoff.put, self.metrics, xa=self.xa,
                              on_data_loss=self._on_data_loss)
         self.metrics.reader_connected.labels(reader="live").set_function(lambda: int(reader.connected.is_set()))
@@ -264,6 +264,11 @@ class Daemon:
             return "python"
         log.info("binlog reader: native (squeal_native)")
         return "native"
+
+    def _live_room(self) -> bool:
+        """Reactor: the live stream goes on while some live flow is below half its bound (or none is live)."""
+        live = [f for f in self.flows.values() if f.state == LIVE]
+        return not live or any(f.backlog < f.max_backlog // 2 for f in live)
 
     def _reader(self, start: g.Position, name: str) -> BinlogReader | NativeBinlogReader:
         if self.reader_kind == "native":

@@ -21,8 +21,8 @@ from squeal import gtid as g
 from squeal.bulk import BulkChange, BulkDetector
 from squeal.flows import Committed, split_keys
 from squeal.metrics import Metrics
-from squeal.reader import BinlogReader, DataLoss
-from squeal.rules import KeyExtractor, delete_lines
+from squeal.reader import BinlogReader, DataLoss, NativeBinlogReader
+from squeal.rules import RENDERED, KeyExtractor, delete_lines
 from squeal.transactions import Begin, PreparedXa, Restart, Rows, Transaction, TransactionGrouper
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,13 @@ class KeyStage:
         if duplicates and self._duplicates is not None:
             self._duplicates.inc(duplicates)
         return out
+
+    def rendered_elsewhere(self, duplicates: int, missing: list[tuple[str, str, str, str, int]]) -> None:
+        """What the native reader dropped or missed while rendering rows itself (`take_counts`)."""
+        if duplicates and self._duplicates is not None:
+            self._duplicates.inc(duplicates)
+        for schema, table, column, template, times in missing:
+            self.extractor.count_missing(schema, table, column, template, times)
 
     def process(self, txn: Transaction, read_ts: float | None = None, report: bool = True) -> Committed:
         """`report`: log and count what needs an operator (the live reader; catch-up readers re-read)."""
@@ -115,7 +122,10 @@ class Handoff:
 
     The bound counts keys (plus one per transaction) and is squeal's own back-pressure: if the reactor
     thread cannot keep up with decoding, the reader waits here instead of piling transactions up (and
-    making healthy flows shed). Destinations never hold the reader back; only their flows shed.
+    making healthy flows shed). With `ready` (the live stream: some live flow is below half its
+    `max_backlog`) the hand-off also waits while every destination is full: a reader faster than the
+    reactor's sending (the native reader) fills flows, not sheds them. One slow destination never holds the
+    reader back while another has room; only its flow sheds.
     `put` waits only while the hand-off already holds `bound` or more, so a transaction heavier than the
     whole bound goes through (into an empty hand-off at worst) and the next `put` waits for the drain.
     The reactor takes at most `chunk` transactions per turn so sockets (acks, sends) are served between.
@@ -127,9 +137,12 @@ class Handoff:
     """
 
     def __init__(self, reactor: Any, deliver: Callable[[list[Committed]], None], bound: int = 20000,
-                 chunk: int = 200, linger: float = 0.001) -> None:
+                 chunk: int = 200, linger: float = 0.001, ready: Callable[[], bool] | None = None) -> None:
         self.reactor = reactor
         self.deliver = deliver
+        # Reactor: False holds the hand-off (and so, once it holds `bound`, the reader) while no destination
+        # has room: a reader faster than the reactor can send must not make healthy flows shed.
+        self.ready = ready
         self.bound = bound
         self.chunk = chunk
         self.linger = linger
@@ -155,6 +168,9 @@ class Handoff:
         self.reactor.callFromThread(self._drain)
 
     def _drain(self) -> None:  # reactor thread
+        if self.ready is not None and not self.ready():
+            self.reactor.callLater(max(self.linger, 0.001), self._drain)  # (still scheduled: put() won't wake us)
+            return
         with self._cond:
             n = min(self.chunk, len(self._items))
             items = [self._items.popleft() for _ in range(n)]
@@ -174,7 +190,7 @@ class Handoff:
 class ReadLoop:
     """Runs reader -> grouper -> key stage on a thread; each committed transaction goes to `sink`."""
 
-    def __init__(self, reader: BinlogReader, stage: KeyStage, sink: Callable[[Committed], None],
+    def __init__(self, reader: BinlogReader | NativeBinlogReader, stage: KeyStage, sink: Callable[[Committed], None],
                  metrics: Metrics | None = None, wait: Callable[[], None] | None = None,
                  xa: PreparedXa | None = None,
                  on_data_loss: Callable[[ReadLoop, DataLoss], g.Position | None] | None = None) -> None:
@@ -205,6 +221,7 @@ class ReadLoop:
             group: dict[str, None] = {}
             cascades: list = []  # FK cascades to ruled tables in the group being read (not in the binlog)
             parents = self.stage.bulk.parents
+            take_counts = getattr(self.reader, "take_counts", None)  # NativeBinlogReader
             read_rows = 0
             for ev in self.reader:
                 if type(ev) is DataLoss:
@@ -214,7 +231,8 @@ class ReadLoop:
                     read_rows += ev.changes
                     if parents and (ev.schema, ev.table) in parents:
                         cascades += self.stage.bulk.cascaded((ev.schema, ev.table), ev.kind)
-                    ev = self.stage.render(ev, group)
+                    if ev.kind != RENDERED:  # (the native reader renders rows itself)
+                        ev = self.stage.render(ev, group)
                 elif type(ev) is Begin or type(ev) is Restart:
                     group = {}
                     cascades = []
@@ -228,6 +246,8 @@ class ReadLoop:
                         rolled_back = self.grouper.rolled_back
                     continue
                 group = {}  # the transaction holds its keys (as rendered row events); the index can go
+                if take_counts is not None:
+                    self.stage.rendered_elsewhere(*take_counts())
                 if cascades:
                     txn.cascades, cascades = cascades, []
                 if txn.xa:

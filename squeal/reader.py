@@ -9,10 +9,17 @@ blocking, on a thread of its own. Two things it does not do for us:
   half-read transaction is thrown away (it comes again in full).
 * **Settings.** Without ROW format, FULL row image, FULL row metadata (column names!) and annotate-rows,
   keys would be wrong or missing without any error. `check_server` refuses to start instead.
+
+Two decoders behind one interface: `BinlogReader` (python-mysql-replication, the reference) and
+`NativeBinlogReader` (the Rust extension `squeal_native`: rows of ruled tables arrive rendered to keys).
+Both yield the same plain events to the same grouping (`squeal.transactions`) and share the reconnect
+loop (`_Reconnecting`), so positions, `Restart` and `DataLoss` behave the same.
 """
 
 from __future__ import annotations
 
+import codecs
+import functools
 import logging
 import random
 import socket
@@ -203,15 +210,22 @@ def convert(ev: Any) -> Event | None:
     return None
 
 
-class BinlogReader:
+class _StreamEnded(Exception):
+    """One binlog connection ended: `code` is the server's error (1236: position gone) or 0."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(code, message)
+        self.code = code
+        self.message = message
+
+
+class _Reconnecting:
     """Iterate squeal events from `start` on, forever; reconnects resume from the last `commit()`.
 
-    `tables`: (schema, table) pairs that have rules; row events of other tables are skipped by the
-    library before their rows are decoded (annotate events still arrive, for `/* mcd: */` comments).
+    Subclasses read one connection (`_read_once`: calls `_on_connected` once the server streams, raises
+    `_StreamEnded` when the connection fails, returns when the stream ends or `stop()` was called); this
+    loop owns reconnects, backoff and data loss.
     """
-
-    EVENTS = [MariadbGtidEvent, MariadbAnnotateRowsEvent, WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent,
-              XidEvent, QueryEvent, XAPrepareEvent, HeartbeatLogEvent]
 
     def __init__(self, source: Source, start: g.Position, tables: set[tuple[str, str]],
                  name: str = "live", max_backoff: float = 5.0) -> None:
@@ -224,7 +238,7 @@ class BinlogReader:
         self.errors = 0
         self.connected = threading.Event()
         self._stop = threading.Event()
-        self._stream: BinLogStreamReader | None = None
+        self._backoff = 0.1
         # Each binlog connection needs its own replica server_id: MariaDB drops the older connection of two
         # that share one. Random in a range real servers rarely use.
         self.server_id = random.randint(1 << 24, (1 << 31) - 1)
@@ -252,6 +266,64 @@ class BinlogReader:
     def stop(self) -> None:
         """Make the blocked read return (from any thread)."""
         self._stop.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def _on_connected(self) -> None:
+        if not self.connected.is_set():
+            self.connected.set()
+            self._backoff = 0.1
+
+    def _read_once(self) -> Iterator[Event]:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[Event]:
+        while not self._stop.is_set():
+            loss: DataLoss | None = None
+            try:
+                yield from self._read_once()
+            except _StreamEnded as e:
+                if self._stop.is_set():
+                    break
+                self.errors += 1
+                if e.code == BINLOG_GONE:
+                    loss = self._data_loss(e.message)
+                else:
+                    log.warning("binlog reader %s: %s; reconnecting from %s in %.1fs", self.name, e.message,
+                                g.format_position(self.committed) or "the start", self._backoff)
+            finally:
+                self.connected.clear()
+            if self._stop.is_set():
+                break
+            self.reconnects += 1
+            yield Restart()
+            if loss is not None:
+                yield loss  # the consumer flushes and calls resume_from(), or waits for an operator
+                if self._stop.is_set():
+                    break
+            self._stop.wait(self._backoff)
+            self._backoff = min(self._backoff * 2, self.max_backoff)
+
+
+class BinlogReader(_Reconnecting):
+    """python-mysql-replication (the reference decoder).
+
+    `tables`: (schema, table) pairs that have rules; row events of other tables are skipped by the
+    library before their rows are decoded (annotate events still arrive, for `/* mcd: */` comments).
+    """
+
+    EVENTS = [MariadbGtidEvent, MariadbAnnotateRowsEvent, WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent,
+              XidEvent, QueryEvent, XAPrepareEvent, HeartbeatLogEvent]
+
+    def __init__(self, source: Source, start: g.Position, tables: set[tuple[str, str]],
+                 name: str = "live", max_backoff: float = 5.0) -> None:
+        super().__init__(source, start, tables, name, max_backoff)
+        self._stream: BinLogStreamReader | None = None
+
+    def stop(self) -> None:
+        super().stop()
         stream = self._stream
         conn = getattr(stream, "_stream_connection", None) if stream else None
         sock = getattr(conn, "_sock", None)
@@ -260,10 +332,6 @@ class BinlogReader:
                 sock.shutdown(socket.SHUT_RDWR)  # wakes the reading thread; the library cannot do this
             except OSError:
                 pass
-
-    @property
-    def stopped(self) -> bool:
-        return self._stop.is_set()
 
     def _open(self) -> BinLogStreamReader:
         schemas = sorted({s for s, _ in self.tables})
@@ -284,46 +352,166 @@ class BinlogReader:
             enable_logging=False,
         )
 
-    def __iter__(self) -> Iterator[Event]:
-        backoff = 0.1
-        while not self._stop.is_set():
-            stream = self._stream = self._open()
-            loss: DataLoss | None = None
+    def _read_once(self) -> Iterator[Event]:
+        stream = self._stream = self._open()
+        try:
+            while not self._stop.is_set():
+                ev = stream.fetchone()
+                if ev is None:
+                    break
+                self._on_connected()
+                out = convert(ev)
+                if out is not None:
+                    yield out
+        except (StreamLost, pymysql.err.MySQLError, OSError, struct_error) as e:
+            code = e.args[0] if isinstance(e, pymysql.err.MySQLError) and e.args else 0
+            message = str(e.args[1] if code == BINLOG_GONE and len(e.args) > 1 else e)
+            raise _StreamEnded(code if isinstance(code, int) else 0, message) from e
+        finally:
+            self._stream = None
             try:
-                while not self._stop.is_set():
-                    ev = stream.fetchone()
-                    if ev is None:
-                        break
-                    if not self.connected.is_set():
-                        self.connected.set()
-                        backoff = 0.1
-                    out = convert(ev)
-                    if out is not None:
-                        yield out
-            except (StreamLost, pymysql.err.MySQLError, OSError, struct_error) as e:
-                if self._stop.is_set():
-                    break
-                self.errors += 1
-                if isinstance(e, pymysql.err.MySQLError) and e.args and e.args[0] == BINLOG_GONE:
-                    loss = self._data_loss(str(e.args[1] if len(e.args) > 1 else e))
-                else:
-                    log.warning("binlog reader %s: %s; reconnecting from %s in %.1fs", self.name, e,
-                                g.format_position(self.committed) or "the start", backoff)
-            finally:
-                self.connected.clear()
-                self._stream = None
-                try:
-                    stream.close()
-                except Exception:  # noqa: BLE001 - closing a broken connection may fail any way
-                    pass
-            if self._stop.is_set():
-                break
-            self.reconnects += 1
-            yield Restart()
-            if loss is not None:
-                yield loss  # the consumer flushes and calls resume_from(), or waits for an operator
-                if self._stop.is_set():
-                    break
-            self._stop.wait(backoff)
-            backoff = min(backoff * 2, self.max_backoff)
+                stream.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection may fail any way
+                pass
 
+
+# -- the native reader (Rust extension squeal_native) -------------------------------------------------
+
+class NativeUnavailable(ReaderConfigError):
+    """reader = "native" cannot work here: the extension is missing, or a rule needs what it cannot render."""
+
+
+# Key templates may name columns of these types (information_schema DATA_TYPE) for the native reader: it
+# renders them exactly as python-mysql-replication's values print. Others (FLOAT, TIMESTAMP, ENUM, ...)
+# make the daemon read with python-mysql-replication instead (start-up warning).
+NATIVE_TYPES = frozenset({"tinyint", "smallint", "mediumint", "int", "bigint", "year", "char", "varchar",
+                          "tinytext", "text", "mediumtext", "longtext", "binary", "varbinary", "tinyblob",
+                          "blob", "mediumblob", "longblob", "decimal", "date", "datetime"})
+NATIVE_CHARSETS = frozenset({"utf8mb3", "utf8mb4", "utf8", "ascii", "binary", "latin1"})
+
+
+def native_module() -> Any:
+    """The `squeal_native` extension, or NativeUnavailable saying how to build it."""
+    try:
+        import squeal_native  # noqa: PLC0415 - optional: built by scripts/setup.sh
+    except ImportError as e:
+        raise NativeUnavailable(
+            f"reader = \"native\" needs the squeal_native extension ({e}): run scripts/setup.sh "
+            "(it builds squeal_native/ with maturin into .venv), or set [squeal] reader = \"python\"") from e
+    return squeal_native
+
+
+@functools.cache
+def native_charsets() -> dict[int, str]:
+    """Collation id -> what python-mysql-replication does with its text: "text" (decodes UTF-8/ASCII: the
+    str's bytes are the column's), "raw" (an encoding Python cannot look up, e.g. binary: bytes), "cp1252"
+    (latin1, which PyMySQL decodes as Windows-1252) or "unsupported" (another codec). Built from the
+    library's own table, so both readers agree by construction."""
+    from pymysqlreplication.constants import CHARSET  # noqa: PLC0415
+
+    out: dict[int, str] = {}
+    for i in range(0, 4096):
+        charset = CHARSET.charset_by_id(str(i), "mariadb")
+        if charset is None:
+            continue  # the library decodes an unknown collation as UTF-8: the extension's default
+        try:
+            name = codecs.lookup(charset.encoding).name
+        except LookupError:
+            out[i] = "raw"
+            continue
+        out[i] = "text" if name in ("utf-8", "ascii") else "cp1252" if name == "cp1252" else "unsupported"
+    return out
+
+
+def native_problems(conn: Any, templates: dict[tuple[str, str], tuple[Any, ...]]) -> list[str]:
+    """Templated columns the native reader cannot render like python-mysql-replication (information_schema)."""
+    wanted = {(s, t, c) for (s, t), ts in templates.items() for tpl in ts for c in tpl.columns}
+    if not wanted:
+        return []
+    tables = sorted({(s, t) for s, t, _ in wanted})
+    where = " OR ".join(["(TABLE_SCHEMA=%s AND TABLE_NAME=%s)"] * len(tables))
+    with conn.cursor() as cur:
+        cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME, DATA_TYPE, CHARACTER_SET_NAME "
+                    f"FROM information_schema.COLUMNS WHERE {where}", [v for t in tables for v in t])
+        rows = cur.fetchall()
+    problems = []
+    for schema, table, column, data_type, charset in rows:
+        if (schema, table, column) not in wanted:
+            continue
+        if str(data_type).lower() not in NATIVE_TYPES:
+            problems.append(f"{schema}.{table}.{column} is {data_type}")
+        elif charset is not None and str(charset).lower() not in NATIVE_CHARSETS:
+            problems.append(f"{schema}.{table}.{column} has character set {charset}")
+    return problems
+
+
+class NativeBinlogReader(_Reconnecting):
+    """The Rust extension (`squeal_native.NativeStream`): same events as `BinlogReader`, except that row
+    events of ruled tables come rendered to keys (kind `rules.RENDERED`, deduplicated per event group, with
+    `Rows.changed`), other tables' rows are skipped undecoded (parents of cascading foreign keys still give
+    an event carrying their kind, no images), and annotate events come only when they hold `mcd:`.
+
+    `templates`: the key extractor's (`KeyExtractor.templates`); `parents`: `BulkDetector.parents`.
+    `take_counts()` returns what the consumer would have counted while rendering: duplicate keys dropped
+    and templates that met a missing column.
+    """
+
+    batch = 1024  # events per GIL acquisition at most
+
+    def __init__(self, source: Source, start: g.Position, tables: set[tuple[str, str]],
+                 templates: dict[tuple[str, str], tuple[Any, ...]], parents: set[tuple[str, str]] = frozenset(),
+                 name: str = "live", max_backoff: float = 5.0) -> None:
+        super().__init__(source, start, tables, name, max_backoff)
+        self.native = native_module()
+        self.rules = [(s, t, [tpl.source for tpl in ts]) for (s, t), ts in sorted(templates.items())]
+        self.parents = set(parents)
+        self._streamobj: Any = None
+        self._duplicates_seen = 0
+        self._duplicates = 0
+        self._missing: list[tuple[str, str, str, str, int]] = []
+
+    def stop(self) -> None:
+        super().stop()
+        stream = self._streamobj
+        if stream is not None:
+            stream.stop()
+
+    def take_counts(self) -> tuple[int, list[tuple[str, str, str, str, int]]]:
+        """(duplicate keys dropped, [(schema, table, column, template, times)]) since the last call."""
+        dups, missing = self._duplicates, self._missing
+        self._duplicates, self._missing = 0, []
+        return dups, missing
+
+    def _read_once(self) -> Iterator[Event]:
+        from squeal.rules import RENDERED  # noqa: PLC0415 - rules imports transactions, not the reader
+
+        native = self.native
+        s = self.source
+        stream = self._streamobj = native.NativeStream(
+            s.host, s.port, s.user, s.password, self.server_id, g.format_position(self.committed),
+            self.rules, sorted(self.tables), sorted(self.parents), native_charsets(),
+            (Begin, Annotate, Rows, Commit, Query, XaPrepare, RENDERED), 1.0)
+        self._duplicates_seen = 0
+        try:
+            while not self._stop.is_set():
+                batch = stream.next_batch(self.batch, 0.5)
+                if batch is None:
+                    break
+                if stream.connected:
+                    self._on_connected()
+                dups = stream.duplicates
+                if dups != self._duplicates_seen:
+                    self._duplicates += dups - self._duplicates_seen
+                    self._duplicates_seen = dups
+                missing = stream.take_missing()
+                if missing:
+                    self._missing += missing
+                yield from batch
+        except native.NativeStreamError as e:
+            code, message = e.args
+            if code == native.ERR_UNSUPPORTED:
+                raise NativeUnavailable(f"binlog reader {self.name}: {message}") from e
+            raise _StreamEnded(code, message) from e
+        finally:
+            self._streamobj = None
+            stream.stop()

@@ -215,13 +215,17 @@ class KeyExtractor:
         return duplicates
 
     def _missing(self, schema: str, table: str, column: str, t: Template) -> None:
+        self.count_missing(schema, table, column, t.source)
+
+    def count_missing(self, schema: str, table: str, column: str, template: str, times: int = 1) -> None:
+        """A template met a row without `column` (`times` images; the native reader reports its own)."""
         # A column dropped after start-up: the other templates still work; say so loudly, once per column.
         k = (schema, table, column)
         count = self.missing_columns.get(k, 0)
-        self.missing_columns[k] = count + 1
+        self.missing_columns[k] = count + times
         if count == 0:
             log.error("rule for %s.%s: key template %r names column %r, which the row no longer has; "
-                      "that key is not rendered until the rule is fixed", schema, table, t.source, column)
+                      "that key is not rendered until the rule is fixed", schema, table, template, column)
 
 
 # -- start-up check against the live schema ---------------------------------------------------------

@@ -77,12 +77,17 @@ class Annotate:
 class Rows:
     schema: str
     table: str
-    kind: str  # "insert" | "update" | "delete"
+    kind: str  # "insert" | "update" | "delete" (or `rules.RENDERED`: `images` are then keys)
     images: tuple[dict, ...]  # every row image: after (insert), before (delete), before and after (update)
+    # Rows changed, when `images` cannot tell: the native reader's events carry keys (or, for a parent of a
+    # cascading foreign key, nothing) instead of row images. -1: count the images.
+    changed: int = -1
 
     @property
     def changes(self) -> int:
         """Rows changed (an UPDATE carries two images per row)."""
+        if self.changed >= 0:
+            return self.changed
         return len(self.images) // 2 if self.kind == "update" else len(self.images)
 
 

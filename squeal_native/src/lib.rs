@@ -1,0 +1,317 @@
+//! squeal's native binlog reader (a Python extension module, built with maturin).
+//!
+//! `NativeStream` reads one MariaDB binlog connection on a Rust thread (`stream`) and hands Python
+//! squeal's plain events (`squeal.transactions`) in batches: `next_batch` waits for events with the GIL
+//! released and takes it once per batch to build the Python objects. Row events of ruled tables arrive
+//! already rendered to keys (`keys`). Grouping into transactions, XA, savepoints, DDL, reconnects and
+//! positions stay in Python (`squeal.reader.NativeBinlogReader`, `squeal.transactions`).
+
+pub mod conn;
+pub mod keys;
+pub mod stream;
+
+#[cfg(feature = "python")]
+mod python {
+    use std::collections::HashMap;
+    use std::sync::atomic::Ordering;
+    use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use pyo3::create_exception;
+    use pyo3::exceptions::{PyException, PyValueError};
+    use pyo3::prelude::*;
+    use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+
+    use crate::keys::{Charset, Rules, Template};
+    use crate::stream::{self, Kind, Out, Settings, Shared};
+
+    create_exception!(
+        squeal_native,
+        NativeStreamError,
+        PyException,
+        "The binlog stream ended: args are (code, message); code is the server's error code (1236: the \
+         position is gone), 2013 for a lost connection, -2 for a rule this reader cannot render."
+    );
+
+    /// (Begin, Annotate, Rows, Commit, Query, XaPrepare, the RENDERED kind) from Python.
+    type EventClasses = (
+        Py<PyAny>,
+        Py<PyAny>,
+        Py<PyAny>,
+        Py<PyAny>,
+        Py<PyAny>,
+        Py<PyAny>,
+        String,
+    );
+
+    /// The Python classes the events are built with (`squeal.transactions`).
+    struct Factories {
+        begin: Py<PyAny>,
+        annotate: Py<PyAny>,
+        rows: Py<PyAny>,
+        commit: Py<PyAny>, // one instance: Commit() has no fields
+        query: Py<PyAny>,
+        xa_prepare: Py<PyAny>,
+        kinds: [Py<PyString>; 4], // insert, update, delete, and the RENDERED kind
+    }
+
+    #[pyclass(module = "squeal_native", frozen)]
+    pub struct NativeStream {
+        rx: Mutex<Receiver<Out>>,
+        shared: Arc<Shared>,
+        factories: Factories,
+        error: Mutex<Option<(i64, String)>>,
+    }
+
+    fn text_or_escape<'py>(py: Python<'py>, b: &[u8], errors: &str) -> PyResult<Bound<'py, PyAny>> {
+        match std::str::from_utf8(b) {
+            Ok(s) => Ok(PyString::new(py, s).into_any()),
+            Err(_) => PyBytes::new(py, b).call_method1("decode", ("utf-8", errors)),
+        }
+    }
+
+    #[pymethods]
+    impl NativeStream {
+        /// Starts reading after GTID `position` ("D-S-N,...") on a thread of its own.
+        ///
+        /// `rules`: [(schema, table, [template, ...])]; `read_tables`: the (schema, table) pairs whose rows the
+        /// Python reader would decode; `parents`: parents of cascading foreign keys; `charsets`: collation id
+        /// -> "text" | "raw" | "cp1252" | "unsupported"; `events`: (Begin, Annotate, Rows, Commit, Query, XaPrepare,
+        /// RENDERED).
+        #[new]
+        #[pyo3(signature = (host, port, user, password, server_id, position, rules, read_tables, parents,
+                            charsets, events, heartbeat=1.0, queue=256))]
+        #[allow(clippy::too_many_arguments)]
+        fn new(
+            py: Python<'_>,
+            host: String,
+            port: u16,
+            user: String,
+            password: String,
+            server_id: u32,
+            position: String,
+            rules: Vec<(String, String, Vec<String>)>,
+            read_tables: Vec<(String, String)>,
+            parents: Vec<(String, String)>,
+            charsets: HashMap<u16, String>,
+            events: EventClasses,
+            heartbeat: f64,
+            queue: usize,
+        ) -> PyResult<Self> {
+            if !(heartbeat > 0.0 && heartbeat < 4_000_000.0) {
+                return Err(PyValueError::new_err("heartbeat must be > 0 seconds"));
+            }
+            let mut r = Rules::default();
+            for (schema, table, templates) in rules {
+                r.templates.insert(
+                    (schema, table),
+                    templates.iter().map(|t| Template::compile(t)).collect(),
+                );
+            }
+            for (schema, table) in read_tables {
+                r.schemas.insert(schema);
+                r.names.insert(table);
+            }
+            r.parents = parents.into_iter().collect();
+            for (id, how) in charsets {
+                let c = match how.as_str() {
+                    "text" => Charset::Text,
+                    "raw" => Charset::Raw,
+                    "cp1252" => Charset::Cp1252,
+                    _ => Charset::Unsupported,
+                };
+                r.charsets.insert(id, c);
+            }
+            let (begin, annotate, rows, commit, query, xa_prepare, rendered) = events;
+            let factories = Factories {
+                begin,
+                annotate,
+                rows,
+                commit: commit.call0(py)?,
+                query,
+                xa_prepare,
+                kinds: [
+                    PyString::new(py, "insert").unbind(),
+                    PyString::new(py, "update").unbind(),
+                    PyString::new(py, "delete").unbind(),
+                    PyString::new(py, &rendered).unbind(),
+                ],
+            };
+            let settings = Settings {
+                host,
+                port,
+                user,
+                password,
+                server_id,
+                position,
+                heartbeat: Duration::from_secs_f64(heartbeat),
+            };
+            let shared = Arc::new(Shared::default());
+            let (tx, rx) = sync_channel(queue.max(1));
+            let rules = Arc::new(r);
+            let thread_shared = shared.clone();
+            std::thread::Builder::new()
+                .name("squeal-native-binlog".into())
+                .spawn(move || stream::run(settings, rules, thread_shared, tx))
+                .map_err(|e| {
+                    PyException::new_err(format!("cannot start the reader thread: {e}"))
+                })?;
+            Ok(NativeStream {
+                rx: Mutex::new(rx),
+                shared,
+                factories,
+                error: Mutex::new(None),
+            })
+        }
+
+        /// Up to `max_events` events, waiting at most `timeout` seconds for the first (GIL released).
+        /// [] when none came in time, None once stopped; raises NativeStreamError when the stream ended.
+        #[pyo3(signature = (max_events=1024, timeout=0.5))]
+        fn next_batch<'py>(
+            &self,
+            py: Python<'py>,
+            max_events: usize,
+            timeout: f64,
+        ) -> PyResult<Option<Bound<'py, PyList>>> {
+            if let Some((code, message)) = self.error.lock().unwrap().take() {
+                return Err(NativeStreamError::new_err((code, message)));
+            }
+            if self.shared.stop.load(Ordering::SeqCst) {
+                return Ok(None);
+            }
+            let outs = py.detach(|| self.wait(max_events, timeout));
+            let list = PyList::empty(py);
+            let f = &self.factories;
+            for out in outs {
+                let item: Bound<'py, PyAny> = match out {
+                    Out::Connected => continue,
+                    Out::Begin {
+                        domain,
+                        server,
+                        seq,
+                        timestamp,
+                        standalone,
+                    } => f.begin.bind(py).call1((
+                        (domain, server, seq),
+                        timestamp as f64,
+                        standalone,
+                    ))?,
+                    Out::Annotate(sql) => f.annotate.bind(py).call1((PyBytes::new(py, &sql),))?,
+                    Out::Rows {
+                        schema,
+                        table,
+                        kind,
+                        keys,
+                        changed,
+                    } => {
+                        let mut items = Vec::with_capacity(keys.len());
+                        for k in &keys {
+                            items.push(text_or_escape(py, k, "surrogateescape")?);
+                        }
+                        let kind = match kind {
+                            Kind::Insert => &f.kinds[0],
+                            Kind::Update => &f.kinds[1],
+                            Kind::Delete => &f.kinds[2],
+                            Kind::Keys => &f.kinds[3],
+                        };
+                        f.rows.bind(py).call1((
+                            PyString::new(py, &schema),
+                            PyString::new(py, &table),
+                            kind.bind(py),
+                            PyTuple::new(py, items)?,
+                            changed,
+                        ))?
+                    }
+                    Out::Commit => f.commit.bind(py).clone(),
+                    Out::Query { sql, schema } => f.query.bind(py).call1((
+                        text_or_escape(py, &sql, "backslashreplace")?,
+                        String::from_utf8_lossy(&schema).into_owned(),
+                    ))?,
+                    Out::XaPrepare(xid) => f.xa_prepare.bind(py).call1((xid,))?,
+                    Out::Error { code, message } => {
+                        if list.is_empty() {
+                            return Err(NativeStreamError::new_err((code, message)));
+                        }
+                        *self.error.lock().unwrap() = Some((code, message));
+                        break;
+                    }
+                };
+                list.append(item)?;
+            }
+            Ok(Some(list))
+        }
+
+        /// Ends the stream (from any thread): a blocked `next_batch` returns within its timeout.
+        fn stop(&self) {
+            self.shared.request_stop();
+        }
+
+        #[getter]
+        fn connected(&self) -> bool {
+            self.shared.connected.load(Ordering::SeqCst)
+        }
+
+        /// Keys rendered again within their event group (dropped there), since the start.
+        #[getter]
+        fn duplicates(&self) -> u64 {
+            self.shared.duplicates.load(Ordering::Relaxed)
+        }
+
+        /// [(schema, table, column, template, times)]: templates that met a column their row lacks, since the
+        /// last call.
+        fn take_missing(&self) -> Vec<(String, String, String, String, u64)> {
+            let mut m = self.shared.missing.lock().unwrap();
+            m.drain()
+                .map(|((s, t, c, tpl), n)| (s, t, c, tpl, n))
+                .collect()
+        }
+    }
+
+    impl NativeStream {
+        fn wait(&self, max_events: usize, timeout: f64) -> Vec<Out> {
+            let rx = self.rx.lock().unwrap();
+            let mut outs = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs_f64(timeout.max(0.0));
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match rx.recv_timeout(left.min(Duration::from_millis(100))) {
+                    Ok(out) => {
+                        outs.push(out);
+                        break;
+                    }
+                    Err(RecvTimeoutError::Timeout) => {
+                        if self.shared.stop.load(Ordering::SeqCst) || Instant::now() >= deadline {
+                            return outs;
+                        }
+                    }
+                    Err(RecvTimeoutError::Disconnected) => return outs,
+                }
+            }
+            while outs.len() < max_events.max(1) {
+                if matches!(outs.last(), Some(Out::Error { .. })) {
+                    break;
+                }
+                match rx.try_recv() {
+                    Ok(out) => outs.push(out),
+                    Err(_) => break,
+                }
+            }
+            outs
+        }
+    }
+
+    impl Drop for NativeStream {
+        fn drop(&mut self) {
+            self.shared.request_stop();
+        }
+    }
+
+    #[pymodule]
+    fn squeal_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add_class::<NativeStream>()?;
+        m.add("NativeStreamError", m.py().get_type::<NativeStreamError>())?;
+        m.add("ERR_UNSUPPORTED", stream::ERR_UNSUPPORTED)?;
+        Ok(())
+    }
+}

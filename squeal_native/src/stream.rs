@@ -1,0 +1,491 @@
+//! The binlog read on a thread of its own: connect, ask for the binlog from a GTID position, turn events
+//! into `Out` items (squeal's plain events, with rows already rendered to keys) and queue them.
+//!
+//! Transaction semantics stay in Python (`squeal.transactions.TransactionGrouper`): this yields the same
+//! plain events `squeal.reader.convert` does, with these differences, none of which changes a transaction's
+//! keys:
+//! * Rows of tables with rules come as keys (kind `RENDERED`), deduplicated within the event group (as
+//!   `KeyStage.render` does); consecutive ones are merged into one event (up to `MERGE_KEYS` keys).
+//! * Rows of other tables are skipped undecoded, except parents of cascading foreign keys, which still give
+//!   an event with their row kind and no images (`BulkDetector.cascaded` needs the kind).
+//! * Annotate events are passed on only when their statement contains `mcd:` (the only thing squeal reads
+//!   from them: `rules.comment_keys`).
+//!
+//! Reconnects are Python's: any error ends this stream with an `Out::Error`, and squeal opens a new one
+//! from its last committed GTID.
+
+use std::collections::{HashMap, HashSet};
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::SyncSender;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mysql_common::binlog::consts::{BinlogVersion, EventType};
+use mysql_common::binlog::events::{Event, EventData, QueryEvent, RowsEventData, TableMapEvent};
+use mysql_common::binlog::EventStreamReader;
+use mysql_common::io::ParseBuf;
+
+use crate::conn::{Conn, ConnError};
+use crate::keys::{read_image, render, Plan, Rendered, Rules, Slots};
+
+/// MariaDB event types mysql_common does not name.
+const MARIA_ANNOTATE_ROWS: u8 = 0xa0;
+const MARIA_GTID: u8 = 0xa2;
+/// Compressed row/query events (`log_bin_compress`): not decoded here.
+const MARIA_COMPRESSED: [u8; 7] = [0xa5, 0xa6, 0xa7, 0xa8, 0xa9, 0xaa, 0xab];
+
+/// WRITE/UPDATE/DELETE_ROWS_EVENT_V1 (MariaDB's) and their v2 forms.
+const ROWS_EVENTS: [u8; 6] = [0x17, 0x18, 0x19, 0x1e, 0x1f, 0x20];
+
+/// A merged rendered-rows event is flushed when it holds this many keys.
+const MERGE_KEYS: usize = 4096;
+
+/// Error codes of `Out::Error` that are not the server's.
+pub const ERR_UNSUPPORTED: i64 = -2; // a rule this reader cannot render exactly: no point reconnecting
+pub const ERR_IO: i64 = 2013; // lost connection (like the client library's CR_SERVER_LOST)
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Kind {
+    Insert,
+    Update,
+    Delete,
+    Keys,
+}
+
+#[derive(Debug)]
+pub enum Out {
+    Connected,
+    Begin {
+        domain: u32,
+        server: u32,
+        seq: u64,
+        timestamp: u32,
+        standalone: bool,
+    },
+    Annotate(Vec<u8>),
+    Rows {
+        schema: Arc<str>,
+        table: Arc<str>,
+        kind: Kind,
+        keys: Vec<Vec<u8>>,
+        changed: u64,
+    },
+    Commit,
+    Query {
+        sql: Vec<u8>,
+        schema: Vec<u8>,
+    },
+    XaPrepare(String),
+    Error {
+        code: i64,
+        message: String,
+    },
+}
+
+pub struct Settings {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub password: String,
+    pub server_id: u32,
+    pub position: String,
+    pub heartbeat: Duration,
+}
+
+/// State shared with the Python object (any thread).
+#[derive(Default)]
+pub struct Shared {
+    pub stop: AtomicBool,
+    pub connected: AtomicBool,
+    pub duplicates: AtomicU64,
+    /// (schema, table, column, template) -> times a template met a column its table map lacks
+    pub missing: Mutex<HashMap<(String, String, String, String), u64>>,
+    pub socket: Mutex<Option<TcpStream>>,
+}
+
+impl Shared {
+    pub fn request_stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Ok(guard) = self.socket.lock() {
+            if let Some(sock) = guard.as_ref() {
+                let _ = sock.shutdown(Shutdown::Both); // wakes the blocked read
+            }
+        }
+    }
+}
+
+struct Pending {
+    schema: Arc<str>,
+    table: Arc<str>,
+    keys: Vec<Vec<u8>>,
+    changed: u64,
+}
+
+struct Reader {
+    rules: Arc<Rules>,
+    shared: Arc<Shared>,
+    tx: SyncSender<Out>,
+    plans: HashMap<u64, (Vec<u8>, Arc<Plan>)>,
+    group: HashSet<Vec<u8>>,
+    pending: Option<Pending>,
+    slots: Slots,
+}
+
+/// Runs one stream to its end (an error, or `stop`). Every outcome but a stop ends with `Out::Error`.
+pub fn run(settings: Settings, rules: Arc<Rules>, shared: Arc<Shared>, tx: SyncSender<Out>) {
+    let mut reader = Reader {
+        rules,
+        shared: shared.clone(),
+        tx: tx.clone(),
+        plans: HashMap::new(),
+        group: HashSet::new(),
+        pending: None,
+        slots: Vec::new(),
+    };
+    let result = reader.read(&settings);
+    shared.connected.store(false, Ordering::SeqCst);
+    if shared.stop.load(Ordering::SeqCst) {
+        return;
+    }
+    let (code, message) = match result {
+        Ok(()) => (ERR_IO, "the server ended the binlog stream".to_string()),
+        Err(Failure::Conn(ConnError::Server { code, message })) => (code as i64, message),
+        Err(Failure::Conn(e)) => (ERR_IO, e.to_string()),
+        Err(Failure::Unsupported(m)) => (ERR_UNSUPPORTED, m),
+        Err(Failure::Decode(m)) => (ERR_IO, format!("cannot decode the binlog: {m}")),
+        Err(Failure::Closed) => return,
+    };
+    let _ = tx.send(Out::Error { code, message });
+}
+
+enum Failure {
+    Conn(ConnError),
+    Unsupported(String),
+    Decode(String),
+    Closed, // the Python side went away
+}
+
+impl From<ConnError> for Failure {
+    fn from(e: ConnError) -> Self {
+        Failure::Conn(e)
+    }
+}
+
+fn decode_err(e: std::io::Error) -> Failure {
+    Failure::Decode(e.to_string())
+}
+
+fn valid_position(p: &str) -> bool {
+    p.bytes()
+        .all(|c| c.is_ascii_digit() || c == b'-' || c == b',')
+}
+
+impl Reader {
+    fn send(&self, out: Out) -> Result<(), Failure> {
+        self.tx.send(out).map_err(|_| Failure::Closed)
+    }
+
+    fn read(&mut self, s: &Settings) -> Result<(), Failure> {
+        if !valid_position(&s.position) {
+            return Err(Failure::Unsupported(format!(
+                "bad GTID position {:?}",
+                s.position
+            )));
+        }
+        // Reads time out well after a missed heartbeat: a dead server or network is noticed.
+        let timeout = (s.heartbeat * 4).max(Duration::from_secs(5));
+        let mut conn = Conn::connect(&s.host, s.port, &s.user, &s.password, timeout)?;
+        *self.shared.socket.lock().unwrap() = conn.shutdown_handle();
+        if self.shared.stop.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        // As python-mysql-replication does on its MariaDB path (squeal's reference reader).
+        conn.execute("SET @master_binlog_checksum = @@global.binlog_checksum")?;
+        conn.execute(&format!(
+            "SET @master_heartbeat_period = {}",
+            s.heartbeat.as_nanos()
+        ))?;
+        conn.execute("SET @mariadb_slave_capability = 4")?;
+        conn.execute(&format!("SET @slave_connect_state = '{}'", s.position))?;
+        conn.execute("SET @slave_gtid_strict_mode = 1")?;
+        conn.execute("SET @slave_gtid_ignore_duplicates = 0")?;
+        conn.binlog_dump(s.server_id)?;
+        let mut esr = EventStreamReader::new(BinlogVersion::Version4);
+        let mut connected = false;
+        loop {
+            if self.shared.stop.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            let packet = conn.read_packet()?;
+            match packet.first() {
+                Some(0x00) => {}
+                Some(0xff) => return Err(conn.server_error(&packet).into()),
+                Some(0xfe) if packet.len() < 8 => return Ok(()), // end of a (non-blocking) stream
+                _ => {
+                    return Err(Failure::Decode(
+                        "unexpected packet in the binlog stream".into(),
+                    ))
+                }
+            }
+            if !connected {
+                connected = true;
+                self.shared.connected.store(true, Ordering::SeqCst);
+                self.send(Out::Connected)?;
+            }
+            let event = match esr.read(&packet[1..]).map_err(decode_err)? {
+                Some(event) => event,
+                None => continue,
+            };
+            self.event(&event)?;
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), Failure> {
+        if let Some(p) = self.pending.take() {
+            self.send(Out::Rows {
+                schema: p.schema,
+                table: p.table,
+                kind: Kind::Keys,
+                keys: p.keys,
+                changed: p.changed,
+            })?;
+        }
+        Ok(())
+    }
+
+    fn event(&mut self, event: &Event) -> Result<(), Failure> {
+        let header = event.header();
+        let raw = header.event_type_raw();
+        let data = event.data();
+        match raw {
+            MARIA_GTID => {
+                self.flush()?;
+                let mut buf = ParseBuf(data);
+                let seq = buf.checked_eat_u64_le();
+                let domain = buf.checked_eat_u32_le();
+                let flags = buf.checked_eat_u8();
+                let (Some(seq), Some(domain), Some(flags)) = (seq, domain, flags) else {
+                    return Err(Failure::Decode("short GTID event".into()));
+                };
+                self.group.clear();
+                self.send(Out::Begin {
+                    domain,
+                    server: header.server_id(),
+                    seq,
+                    timestamp: header.timestamp(),
+                    standalone: flags & 0x01 != 0,
+                })
+            }
+            MARIA_ANNOTATE_ROWS => {
+                if data.windows(4).any(|w| w == b"mcd:") {
+                    self.flush()?;
+                    self.send(Out::Annotate(data.to_vec()))?;
+                }
+                Ok(())
+            }
+            x if x == EventType::XID_EVENT as u8 => {
+                self.flush()?;
+                self.send(Out::Commit)
+            }
+            x if x == EventType::QUERY_EVENT as u8 => {
+                self.flush()?;
+                let q: QueryEvent<'_> = event.read_event().map_err(decode_err)?;
+                self.send(Out::Query {
+                    sql: q.query_raw().to_vec(),
+                    schema: q.schema_raw().to_vec(),
+                })
+            }
+            x if x == EventType::XA_PREPARE_LOG_EVENT as u8 => {
+                self.flush()?;
+                // MariaDB's XA_PREPARE_LOG_EVENT: one_phase(1) formatID(4) gtrid_length(4) bqual_length(4) data
+                let mut buf = ParseBuf(data);
+                let parts = (
+                    buf.checked_eat_u8(),
+                    buf.checked_eat_u32_le(),
+                    buf.checked_eat_u32_le(),
+                    buf.checked_eat_u32_le(),
+                );
+                let (Some(one_phase), Some(format_id), Some(g), Some(b)) = parts else {
+                    return Err(Failure::Decode("short XA PREPARE event".into()));
+                };
+                let (g, b) = (g as usize, b as usize);
+                let rest = buf.0;
+                if rest.len() < g + b {
+                    return Err(Failure::Decode("short XA PREPARE event".into()));
+                }
+                if one_phase != 0 {
+                    return self.send(Out::Commit); // XA COMMIT ... ONE PHASE: an ordinary commit
+                }
+                let xid = format!("{},{},{}", hex(&rest[..g]), hex(&rest[g..g + b]), format_id);
+                self.send(Out::XaPrepare(xid))
+            }
+            x if x == EventType::TABLE_MAP_EVENT as u8 => self.table_map(event),
+            x if ROWS_EVENTS.contains(&x) => {
+                let Some(EventData::RowsEvent(ev)) = event.read_data().map_err(decode_err)? else {
+                    return Err(Failure::Decode("unreadable rows event".into()));
+                };
+                let kind = match ev {
+                    RowsEventData::WriteRowsEventV1(_) | RowsEventData::WriteRowsEvent(_) => Kind::Insert,
+                    RowsEventData::UpdateRowsEventV1(_) | RowsEventData::UpdateRowsEvent(_) => Kind::Update,
+                    RowsEventData::DeleteRowsEventV1(_) | RowsEventData::DeleteRowsEvent(_) => Kind::Delete,
+                    RowsEventData::PartialUpdateRowsEvent(_) => {
+                        return Err(Failure::Decode("partial update rows event (MySQL only)".into()))
+                    }
+                };
+                self.rows(
+                    ev.table_id(),
+                    kind,
+                    ev.rows_data(),
+                    ev.num_columns(),
+                    ev.columns_before_image(),
+                    ev.columns_after_image(),
+                )
+            }
+            x if x == EventType::HEARTBEAT_EVENT as u8 => self.flush(),
+            x if MARIA_COMPRESSED.contains(&x) => Err(Failure::Unsupported(format!(
+                "compressed binlog event (type {x:#x}, log_bin_compress): the native reader does not \
+                 decode them; set [squeal] reader = \"python\""
+            ))),
+            _ => Ok(()), // rotate, format description (the stream reader keeps them), GTID lists, ...
+        }
+    }
+
+    fn table_map(&mut self, event: &Event) -> Result<(), Failure> {
+        let data = event.data();
+        let tme: TableMapEvent<'_> = event.read_event().map_err(decode_err)?;
+        let id = tme.table_id();
+        if let Some((raw, _)) = self.plans.get(&id) {
+            if raw.as_slice() == data {
+                return Ok(()); // the same map as before (MariaDB sends it before every row event)
+            }
+        }
+        let plan = Plan::build(&tme, &self.rules).map_err(|u| Failure::Unsupported(u.0))?;
+        if self.plans.len() > 4096 {
+            self.plans.clear(); // table ids only grow; keep the cache bounded
+        }
+        self.plans.insert(id, (data.to_vec(), Arc::new(plan)));
+        Ok(())
+    }
+
+    fn rows(
+        &mut self,
+        table_id: u64,
+        kind: Kind,
+        rows_data: &[u8],
+        num_columns: u64,
+        before: Option<&bitvec::slice::BitSlice<u8>>,
+        after: Option<&bitvec::slice::BitSlice<u8>>,
+    ) -> Result<(), Failure> {
+        let Some((_, plan)) = self.plans.get(&table_id) else {
+            return Ok(()); // no table map seen (cannot happen in a well-formed stream)
+        };
+        let plan = plan.clone();
+        if !plan.read && !plan.parent {
+            return Ok(()); // a table without rules: skipped without decoding
+        }
+        if plan.columns.len() as u64 != num_columns {
+            return Err(Failure::Decode(format!(
+                "{}.{}: rows event with {num_columns} columns, table map with {}",
+                plan.schema,
+                plan.table,
+                plan.columns.len()
+            )));
+        }
+        let images = [before, after];
+        let counts = [
+            before.map(|b| b.count_ones()).unwrap_or(0),
+            after.map(|b| b.count_ones()).unwrap_or(0),
+        ];
+        let mut buf = ParseBuf(rows_data);
+        let mut changed = 0u64;
+        let mut new_keys: Vec<Vec<u8>> = Vec::new();
+        let mut duplicates = 0u64;
+        let mut missing: Vec<(String, String)> = Vec::new();
+        let mut slots = std::mem::take(&mut self.slots);
+        while !buf.is_empty() {
+            for (bits, count) in images.iter().zip(counts) {
+                let Some(bits) = bits else { continue };
+                let present = |i: usize| bits.get(i).map(|b| *b).unwrap_or(false);
+                read_image(&mut buf, &plan, &present, count, &mut slots).map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::Unsupported {
+                        Failure::Unsupported(e.to_string())
+                    } else {
+                        decode_err(e)
+                    }
+                })?;
+                for t in &plan.templates {
+                    match render(t, &slots) {
+                        Rendered::Key(key) => {
+                            if self.group.contains(&key) {
+                                duplicates += 1;
+                            } else {
+                                self.group.insert(key.clone());
+                                new_keys.push(key);
+                            }
+                        }
+                        Rendered::Nothing => {}
+                        Rendered::Missing(column) => {
+                            missing.push((column.to_string(), t.source.clone()))
+                        }
+                    }
+                }
+            }
+            changed += 1;
+        }
+        self.slots = slots;
+        if duplicates > 0 {
+            self.shared
+                .duplicates
+                .fetch_add(duplicates, Ordering::Relaxed);
+        }
+        if !missing.is_empty() {
+            let mut m = self.shared.missing.lock().unwrap();
+            for (column, template) in missing {
+                *m.entry((
+                    plan.schema.to_string(),
+                    plan.table.to_string(),
+                    column,
+                    template,
+                ))
+                .or_insert(0) += 1;
+            }
+        }
+        if plan.parent {
+            // the kind for the cascade check; rows counted here unless the keys event below counts them
+            self.flush()?;
+            self.send(Out::Rows {
+                schema: plan.schema.clone(),
+                table: plan.table.clone(),
+                kind,
+                keys: Vec::new(),
+                changed: if plan.read { 0 } else { changed },
+            })?;
+            if !plan.read {
+                return Ok(());
+            }
+        }
+        match &mut self.pending {
+            Some(p) => {
+                p.keys.extend(new_keys);
+                p.changed += changed;
+            }
+            None => {
+                self.pending = Some(Pending {
+                    schema: plan.schema.clone(),
+                    table: plan.table.clone(),
+                    keys: new_keys,
+                    changed,
+                })
+            }
+        }
+        if self.pending.as_ref().map(|p| p.keys.len()).unwrap_or(0) >= MERGE_KEYS {
+            self.flush()?;
+        }
+        Ok(())
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
