@@ -190,9 +190,24 @@ class ManagedProcess:
             self.proc.wait()
 
     def pause(self) -> None:
-        """SIGSTOP: the process keeps its port but stops answering (a hung server)."""
+        """SIGSTOP: the process keeps its port but stops answering (a hung server).
+
+        Returns once every thread is stopped: a signal is delivered asynchronously, and on a busy machine a
+        thread already running could still answer a request sent right after the kill."""
         assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGSTOP)
+        pid = self.proc.pid
+        os.kill(pid, signal.SIGSTOP)
+
+        def stopped() -> bool:
+            try:
+                return all(
+                    (task / "stat").read_text().rpartition(")")[2].split()[0] in ("T", "t")
+                    for task in Path(f"/proc/{pid}/task").iterdir()
+                )
+            except OSError:  # a thread exited while we looked: look again
+                return False
+
+        wait_until(stopped, 5.0, f"{self.name} pid {pid} to stop", interval=0.005)
 
     def resume(self) -> None:
         assert self.proc is not None
@@ -425,33 +440,67 @@ class Router(ManagedProcess):
 
 
 class ZooKeeper(ManagedProcess):
-    """A standalone ZooKeeper 3.8 (Debian package) for squeal's HA mode."""
+    """A ZooKeeper 3.8 server (Debian package) for squeal's HA mode: standalone, or one member of an ensemble
+    (`ZooKeeper.ensemble(3)`: each member with its `myid` and the peers' quorum and election ports)."""
 
     name = "zookeeper"
 
-    def __init__(self, port: int | None = None, workdir: str | Path | None = None, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        workdir: str | Path | None = None,
+        host: str = "127.0.0.1",
+        server_id: int = 0,
+        peers: tuple[tuple[int, str, int, int], ...] = (),
+    ) -> None:
         super().__init__(port, workdir, host)
+        self.server_id = server_id
+        self.peers = peers  # ensemble members: (server id, host, quorum port, election port), this one included
         self.java = require_binary("java", "default-jre-headless")
         self.lib = Path("/usr/share/zookeeper")
         if not self.lib.exists():
             raise HarnessError("ZooKeeper not found: install it with `apt-get install zookeeper`")
 
+    @classmethod
+    def ensemble(cls, size: int = 3, workdir: str | Path | None = None, host: str = "127.0.0.1") -> list[ZooKeeper]:
+        """`size` members of one ensemble on free ports (not started: start them all, then `wait_serving`)."""
+        peers = tuple((i, host, free_port(host), free_port(host)) for i in range(1, size + 1))
+        return [cls(workdir=workdir, host=host, server_id=i, peers=peers) for i, *_ in peers]
+
     def command(self) -> list[str]:
         conf = self.workdir / f"zoo-{self.port}.cfg"
         data = self.workdir / f"zkdata-{self.port}"
         data.mkdir(exist_ok=True)
-        conf.write_text(
+        text = (
             f"tickTime=500\ndataDir={data}\nclientPort={self.port}\nclientPortAddress={self.host}\n"
-            "admin.enableServer=false\n4lw.commands.whitelist=ruok\n"
+            "admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr\n"
         )
+        if self.peers:
+            (data / "myid").write_text(f"{self.server_id}\n")
+            text += "initLimit=10\nsyncLimit=5\n" + "".join(f"server.{i}={h}:{q}:{e}\n" for i, h, q, e in self.peers)
+        conf.write_text(text)
         # zookeeper.jar's manifest names its dependencies; /etc/zookeeper/conf holds its log4j settings.
         jars = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar"
         return [self.java, "-cp", jars, "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(conf)]
 
     def ready(self) -> bool:
+        """The server answers (an ensemble member serves clients only once a quorum is up: `serving`)."""
         with socket.create_connection((self.host, self.port), timeout=1) as s:
             s.sendall(b"ruok")
             return s.recv(16) == b"imok"
+
+    def serving(self) -> bool:
+        """The server serves clients (standalone, or in an ensemble with a quorum: leader or follower)."""
+        with socket.create_connection((self.host, self.port), timeout=1) as s:
+            s.sendall(b"srvr")
+            reply = b""
+            while chunk := s.recv(4096):
+                reply += chunk
+        return b"Mode: " in reply
+
+    @staticmethod
+    def wait_serving(members: list[ZooKeeper], timeout: float = 60.0) -> None:
+        wait_until(lambda: all(m.serving() for m in members), timeout, "the ZooKeeper ensemble to serve")
 
 
 class SquealDaemon(ManagedProcess):
