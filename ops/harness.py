@@ -484,7 +484,10 @@ class ZooKeeper(ManagedProcess):
         return [self.java, "-cp", jars, "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(conf)]
 
     def ready(self) -> bool:
-        """The server answers (an ensemble member serves clients only once a quorum is up: `serving`)."""
+        """Standalone: serving clients. An ensemble member: answering (it serves only once a quorum of members
+        is up, so start them all, then `wait_serving`)."""
+        if not self.peers:
+            return self.serving()
         with socket.create_connection((self.host, self.port), timeout=1) as s:
             s.sendall(b"ruok")
             return s.recv(16) == b"imok"

@@ -18,8 +18,8 @@ Every service restarts on failure, has resource limits (open files; memcached's 
 and runs sandboxed (read-only system, private /tmp, no home directories, no new privileges, only
 IP and Unix sockets, a system-call allow-list); what it must write (router spools, squeal's
 datamarkers) is its own state directory. MariaDB is not rendered: the database hosts run Debian's
-mariadb service with the settings docs/deploy.md lists. The topology format has no ZooKeeper (squeal
-keeps its datamarkers in files), so there is no ZooKeeper unit either. docs/deploy.md walks through it.
+mariadb service with the settings docs/deploy.md lists. ZooKeeper (squeal's HA mode) and HA
+instances are not rendered yet. docs/deploy.md walks through it.
 """
 
 from __future__ import annotations

@@ -30,11 +30,16 @@ from router_config.model import (
     Region,
     RegionalPool,
     Rule,
+    SquealInstance,
     SquealSettings,
     Topology,
+    ZooKeeperSettings,
 )
 
 CODEC_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")  # a rule's `codec` (monitoring/verify.py)
+# Names of database copies and squeal instances: they become znode and file names.
+COPY_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+ZNODE_PATH = re.compile(r"^(/[A-Za-z0-9_.-]+)+$")
 
 
 class TopologyError(ValueError):
@@ -137,9 +142,10 @@ class _Builder:
     # -- the document ------------------------------------------------------------------------------
 
     def topology(self, doc: dict) -> Topology:
-        self.table(doc, "", {"squeal", "monitoring", "rules", "regions"}, {"regions"})
+        self.table(doc, "", {"squeal", "monitoring", "rules", "regions", "zookeeper"}, {"regions"})
         squeal = self.settings(doc.get("squeal", {}), "squeal")
         monitoring = self.monitoring(doc.get("monitoring", {}), "monitoring")
+        zookeeper = self.zookeeper(doc["zookeeper"], "zookeeper") if "zookeeper" in doc else None
         rules = self.rules(doc.get("rules", []), "rules")
         regions_doc = self.typed(doc["regions"], "regions", dict, "a table of regions")
         if not regions_doc:
@@ -149,9 +155,27 @@ class _Builder:
         if len(masters) != 1:
             found = ", ".join(masters) if masters else "none"
             raise self.fail("regions", f"exactly one region must have master = true (found: {found})")
-        topo = Topology(source=self.source, regions=regions, rules=rules, squeal=squeal, monitoring=monitoring)
+        topo = Topology(source=self.source, regions=regions, rules=rules, squeal=squeal, monitoring=monitoring,
+                        zookeeper=zookeeper)
         self.check_cluster_references(topo)
+        self.check_copies(topo)
         return topo
+
+    def zookeeper(self, value: Any, path: str) -> ZooKeeperSettings:
+        self.table(value, path, {"servers", "session_timeout_s", "root", "takeover_wait_s", "handback_after_s"},
+                   {"servers"})
+        servers = self.addresses(value["servers"], f"{path}.servers")
+        numbers = {}
+        for name in ("session_timeout_s", "takeover_wait_s", "handback_after_s"):
+            v = self.typed(value.get(name, getattr(ZooKeeperSettings, name)), f"{path}.{name}", (int, float),
+                           "a number of seconds")
+            if v <= 0:
+                raise self.fail(f"{path}.{name}", f"must be greater than 0, got {v}")
+            numbers[name] = float(v)
+        root = self.typed(value.get("root", ZooKeeperSettings.root), f"{path}.root", str, "a znode path")
+        if not ZNODE_PATH.match(root):
+            raise self.fail(f"{path}.root", f'{root!r} is not a znode path like "/squeal"')
+        return ZooKeeperSettings(servers=servers, root=root, **numbers)
 
     def settings(self, value: Any, path: str) -> SquealSettings:
         names = {f.name for f in fields(SquealSettings)}
@@ -238,7 +262,10 @@ class _Builder:
 
     def region(self, name: str, body: Any, path: str) -> Region:
         self.table(
-            body, path, {"master", "database", "regional_pool", "clusters", "squeal"}, {"database", "clusters"}
+            body,
+            path,
+            {"master", "database", "regional_pool", "clusters", "squeal", "replicas", "squeal_instances"},
+            {"database", "clusters"},
         )
         master = self.typed(body.get("master", False), f"{path}.master", bool, "true or false")
         db_path = f"{path}.database"
@@ -263,7 +290,8 @@ class _Builder:
         server_id = self.typed(db["server_id"], f"{db_path}.server_id", int, "a positive integer")
         user = self.typed(db.get("user", "squeal"), f"{db_path}.user", str, "an account name")
         password = self.typed(db.get("password", "squeal"), f"{db_path}.password", str, "a password")
-        database = Database(role=role, host=host, port=port, server_id=server_id, user=user, password=password)
+        database = Database(role=role, host=host, port=port, server_id=server_id, user=user, password=password,
+                            name=name)
 
         regional = None
         if "regional_pool" in body:
@@ -285,6 +313,9 @@ class _Builder:
         if "squeal" in body:  # where the region's squeal daemon runs
             sq = self.table(body["squeal"], f"{path}.squeal", {"host"})
             squeal_host = self.host(sq.get("host", DEFAULT_HOST), f"{path}.squeal.host")
+        replicas = self.replicas(body.get("replicas", {}), name, f"{path}.replicas")
+        instances = self.instances(body.get("squeal_instances", []), name, (database, *replicas), squeal_host,
+                                   f"{path}.squeal_instances")
         return Region(
             name=name,
             master=master,
@@ -292,7 +323,63 @@ class _Builder:
             regional_pool=regional,
             clusters=clusters,
             squeal_host=squeal_host,
+            replicas=replicas,
+            squeal_instances=instances,
         )
+
+    def replicas(self, value: Any, region: str, path: str) -> tuple[Database, ...]:
+        """`[regions.R.replicas.NAME]`: more copies of the region's data, GTID replicas (log_slave_updates)."""
+        self.typed(value, path, dict, "a table of replica databases")
+        out = []
+        for name, body in value.items():
+            here = f"{path}.{name}"
+            if not COPY_NAME.match(name):
+                raise self.fail(here, f"replica name {name!r} may use only letters, digits, '_', '.' and '-'")
+            if name == region:
+                raise self.fail(here, f"{name!r} names the region's own database; give the replica another name")
+            self.table(body, here, {"host", "port", "server_id", "user", "password", "replicates_from"},
+                       {"port", "server_id"})
+            host = self.host(body.get("host", DEFAULT_HOST), f"{here}.host")
+            port = self.port(body["port"], f"{here}.port")
+            self.claim(host, port, f"{here}.port")
+            server_id = self.typed(body["server_id"], f"{here}.server_id", int, "a positive integer")
+            source = self.typed(body.get("replicates_from", region), f"{here}.replicates_from", str,
+                                "the name of a database copy")
+            out.append(Database(
+                role="replica", host=host, port=port, server_id=server_id,
+                user=self.typed(body.get("user", "squeal"), f"{here}.user", str, "an account name"),
+                password=self.typed(body.get("password", "squeal"), f"{here}.password", str, "a password"),
+                name=name, replicates_from=source,
+            ))
+        return tuple(out)
+
+    def instances(self, value: Any, region: str, copies: tuple[Database, ...], default_host: str,
+                  path: str) -> tuple[SquealInstance, ...]:
+        """`[[regions.R.squeal_instances]]`: squeal daemons of the region, each on its own copy of the data."""
+        self.typed(value, path, list, "an array of [[squeal_instances]] tables")
+        by_name = {d.name: d for d in copies}
+        readers: dict[str, str] = {}  # copy name -> the instance reading it
+        out = []
+        for i, body in enumerate(value):
+            here = f"{path}[{i}]"
+            self.table(body, here, {"name", "database", "host", "metrics_port"}, {"name", "metrics_port"})
+            name = self.typed(body["name"], f"{here}.name", str, "an instance name")
+            if not COPY_NAME.match(name):
+                raise self.fail(f"{here}.name", f"instance name {name!r} may use only letters, digits, '_', '.' "
+                                 "and '-'")
+            copy = self.typed(body.get("database", region), f"{here}.database", str, "the name of a database copy")
+            if copy not in by_name:
+                raise self.fail(f"{here}.database", f"unknown database {copy!r}: an instance reads a copy of its "
+                                f"region's data (region {region} has: {', '.join(by_name)})")
+            if copy in readers:
+                raise self.fail(f"{here}.database", f"instances {readers[copy]!r} and {name!r} both read database "
+                                f"{copy!r}: each instance needs a copy of its own (they exist to survive its loss)")
+            readers[copy] = name
+            host = self.host(body.get("host", default_host), f"{here}.host")
+            port = self.port(body["metrics_port"], f"{here}.metrics_port")
+            self.claim(host, port, f"{here}.metrics_port")
+            out.append(SquealInstance(name=name, region=region, database=by_name[copy], metrics_port=port, host=host))
+        return tuple(out)
 
     def prefixes(self, value: Any, path: str) -> tuple[str, ...]:
         items = self.string_list(value, path)
@@ -355,6 +442,48 @@ class _Builder:
         elif "ttl" in body:
             raise self.fail(f"{path}.ttl", "only a gutter pool takes a ttl")
         return Pool(name=name, kind=kind, servers=servers, prefixes=prefixes, ttl=ttl)
+
+    def check_copies(self, topo: Topology) -> None:
+        """Database copies and squeal instances across regions: unique names, replication sources that exist
+        and lead to a real database, server ids, and ZooKeeper for instances."""
+        copies: dict[str, tuple[Database, str]] = {}  # name -> (copy, key path)
+        for r in topo.regions:
+            copies[r.name] = (r.database, f"regions.{r.name}.database")
+        for r in topo.regions:
+            for d in r.replicas:
+                here = f"regions.{r.name}.replicas.{d.name}"
+                if d.name in copies:
+                    raise self.fail(here, f"database name {d.name!r} is already used by {copies[d.name][1]}")
+                copies[d.name] = (d, here)
+        server_ids = {r.database.server_id: f"regions.{r.name}.database" for r in topo.regions}
+        for r in topo.regions:
+            for d in r.replicas:
+                here = f"regions.{r.name}.replicas.{d.name}"
+                if d.server_id in server_ids:
+                    raise self.fail(f"{here}.server_id", f"server_id {d.server_id} is already used by "
+                                    f"{server_ids[d.server_id]} (replication needs distinct ids)")
+                server_ids[d.server_id] = here
+                if d.replicates_from not in copies:
+                    raise self.fail(f"{here}.replicates_from", f"unknown database {d.replicates_from!r} (have: "
+                                    f"{', '.join(copies)})")
+                seen = [d.name]
+                source = d.replicates_from
+                while source in copies and copies[source][0].replicates_from:
+                    if source in seen:
+                        raise self.fail(f"{here}.replicates_from", "replication loop: " + " -> ".join(seen + [source]))
+                    seen.append(source)
+                    source = copies[source][0].replicates_from
+        instances: dict[str, str] = {}
+        for r in topo.regions:
+            if r.squeal_instances and topo.zookeeper is None:
+                raise self.fail(f"regions.{r.name}.squeal_instances", "squeal instances need a [zookeeper] section "
+                                "(servers = [\"host:port\", ...]): their leader election and shared datamarkers live "
+                                "there")
+            for i, s in enumerate(r.squeal_instances):
+                here = f"regions.{r.name}.squeal_instances[{i}].name"
+                if s.name in instances:
+                    raise self.fail(here, f"instance name {s.name!r} is already used by {instances[s.name]}")
+                instances[s.name] = here
 
     def check_cluster_references(self, topo: Topology) -> None:
         seen: dict[str, str] = {}

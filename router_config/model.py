@@ -134,6 +134,8 @@ class ZooKeeperSettings:
     root: str = "/squeal"  # the znode under which squeal keeps its state
     # A new leader waits at most this long for its copy to apply the markers' GTIDs, then gives leadership up.
     takeover_wait_s: float = 30.0
+    # A leader hands the region back to a better-ranked instance once that one has been healthy this long.
+    handback_after_s: float = 10.0
 
     @property
     def hosts(self) -> str:

@@ -33,19 +33,25 @@ def reassign_ports(topo: Topology, allocate: Callable[[], int]) -> Topology:
 
     def region(r: Region) -> Region:
         rp = r.regional_pool
+        copies = {d.name: replace(d, port=allocate()) for d in r.copies}
         return replace(
             r,
-            database=replace(r.database, port=allocate()),
+            database=copies[r.database.name],
             regional_pool=replace(rp, servers=addrs(rp.servers)) if rp else None,
             clusters=tuple(cluster(c) for c in r.clusters),
+            replicas=tuple(copies[d.name] for d in r.replicas),
+            squeal_instances=tuple(replace(s, database=copies[s.database.name], metrics_port=allocate())
+                                   for s in r.squeal_instances),
         )
 
     base = _free_run(allocate, len(topo.regions))
+    zk = topo.zookeeper
     return replace(
         topo,
         regions=tuple(region(r) for r in topo.regions),
         squeal=replace(topo.squeal, metrics_port_base=base),
         monitoring=replace(topo.monitoring, port=allocate()),
+        zookeeper=replace(zk, servers=addrs(zk.servers)) if zk else None,
     )
 
 
@@ -87,6 +93,15 @@ def to_document(topo: Topology) -> dict[str, Any]:
         ],
         "regions": {},
     }
+    if topo.zookeeper is not None:
+        zk = topo.zookeeper
+        doc["zookeeper"] = {
+            "servers": [str(a) for a in zk.servers],
+            "session_timeout_s": zk.session_timeout_s,
+            "root": zk.root,
+            "takeover_wait_s": zk.takeover_wait_s,
+            "handback_after_s": zk.handback_after_s,
+        }
     for r in topo.regions:
         db = r.database
         body: dict[str, Any] = {
@@ -119,6 +134,23 @@ def to_document(topo: Topology) -> dict[str, Any]:
             if c.cold:
                 cbody["cold"] = {"warm_cluster": c.cold.warm_cluster, "exptime": c.cold.exptime}
             body["clusters"][c.name] = cbody
+        if r.replicas:
+            body["replicas"] = {
+                d.name: {
+                    "host": d.host,
+                    "port": d.port,
+                    "server_id": d.server_id,
+                    "user": d.user,
+                    "password": d.password,
+                    "replicates_from": d.replicates_from,
+                }
+                for d in r.replicas
+            }
+        if r.squeal_instances:
+            body["squeal_instances"] = [
+                {"name": s.name, "database": s.database.name, "host": s.host, "metrics_port": s.metrics_port}
+                for s in r.squeal_instances
+            ]
         doc["regions"][r.name] = body
     return doc
 

@@ -7,7 +7,8 @@ The pipeline, one module per stage, read top to bottom:
     rules         transaction -> keys (rule templates over before/after images, /* mcd: */ comments)
     flows         one flow per destination: queue, datamarker position, shedding, catch-up
     batcher       `md <key> q` ... `mn` batches over TCP, failover across routers, backoff
-    datamarkers   durable per-flow positions (file store; the interface allows ZooKeeper)
+    datamarkers   durable per-flow positions (file store; zkstore: the same on ZooKeeper for HA)
+    ha            HA mode: one leader per region through ZooKeeper, fenced, standbys take over
     daemon        wires them on the Twisted reactor; cli: `squeal run` / `squeal replay`
 """
 

@@ -48,7 +48,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     from squeal.daemon import run
 
     topo = _topology(args.topology)
-    topo.region(args.region)  # a clear error for a wrong region before anything starts
+    if args.instance is not None:  # HA mode (docs/squeal.md, "High availability")
+        from squeal.ha import run_instance
+
+        instance = topo.instance(args.instance)
+        if args.region is not None and args.region != instance.region:
+            raise ValueError(f"instance {instance.name} belongs to region {instance.region}, not {args.region}")
+        return run_instance(topo, instance.name, state_dir=args.state_dir, metrics_port=args.metrics_port,
+                            from_gtid=args.from_gtid, reply_timeout=args.reply_timeout,
+                            sample_every=args.sample_every)
+    if args.region is None:
+        raise ValueError("squeal run needs --region REGION (or --instance NAME in HA mode)")
+    region = topo.region(args.region)  # a clear error for a wrong region before anything starts
+    if region.squeal_instances:
+        raise ValueError(f"region {region.name} runs squeal instances with leader election: start each with "
+                         f"--instance NAME ({', '.join(s.name for s in region.squeal_instances)})")
     port = args.metrics_port
     if port is None:
         port = topo.squeal.metrics_port_base + [r.name for r in topo.regions].index(args.region)
@@ -105,10 +119,13 @@ def parser() -> argparse.ArgumentParser:
                          description=DESCRIPTION, epilog=RUN_EPILOG,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("topology", metavar="TOPOLOGY", help="topology TOML file (see examples/local.toml)")
-    run.add_argument("--region", required=True, help="the region whose database this daemon reads")
+    run.add_argument("--region", default=None, help="the region whose database this daemon reads")
+    run.add_argument("--instance", default=None, metavar="NAME",
+                     help="HA mode: run the topology's squeal instance NAME (one of its region's "
+                          "[[squeal_instances]]): a standby until elected leader through ZooKeeper")
     run.add_argument("--metrics-port", type=int, default=None,
                      help="port for /metrics and /healthz (default: the topology's metrics_port_base + the "
-                          "region's index)")
+                          "region's index; with --instance, the instance's metrics_port)")
     run.add_argument("--state-dir", default=None,
                      help="where datamarkers live (default: the topology's squeal.datamarker_dir)")
     run.add_argument("--from-gtid", default=None, metavar="GTID",

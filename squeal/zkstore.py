@@ -1,0 +1,283 @@
+"""Datamarkers in ZooKeeper: the `DatamarkerStore` of squeal's HA mode (Wormhole's MCRD, §3.3.2).
+
+Every squeal instance of a region reads its own copy of the region's data; the flows' positions must
+outlive any one of them, so they live in ZooKeeper as *logical positions*: a MariaDB GTID list names the
+same transactions on the primary and on every GTID replica (`log_slave_updates`), so a marker written by
+the leader on one copy is a valid starting point on another.
+
+Znodes, under `<root>/regions/<region>/`:
+
+    markers/<flow>   persistent, JSON {"flow", "position", "saved_at", "by"}: the flow's last position whose
+                     deletes its destination acknowledged (never inside a transaction)
+    replay/<flow>    persistent, JSON {"flow", "position", "saved_at"}: an operator's replay request, taken
+                     (deleted) by the leader, which rewinds the flow; apart from the marker so that the
+                     leader's own checkpoint cannot overwrite a request before it has been applied
+    epoch            persistent: the election's fencing token (squeal/ha.py); its version grows by one with
+                     every new leader
+
+Fencing: a write is a ZooKeeper multi-operation that (1) checks the `epoch` znode still has the version
+this leader set when it won, and (2) sets the marker with the znode version this store last read or wrote
+(compare-and-set; a marker that does not exist yet is created, which fails if someone else created it).
+So a deposed leader, paused and resumed, partitioned and healed, or simply slow, can never overwrite a
+newer marker: its write fails as a whole and raises `FencedError`. A new leader wins the election (and
+bumps the epoch) *before* it reads the markers, so everything the old leader wrote up to then is what the
+new leader starts from.
+
+Failures: ZooKeeper unreachable (no quorum, connection lost, session expired, an answer slower than
+`timeout`) is `ZooKeeperUnavailable`, an OSError, so the daemon treats it like a marker file that cannot
+be written: deletes keep flowing while the lease allows (squeal/ha.py), the write is retried at the next
+checkpoint, `squeal_datamarker_write_errors_total` counts it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionClosedError,
+    ConnectionLoss,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    OperationTimeoutError,
+    RolledBackError,
+    SessionExpiredError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+
+from squeal import gtid as g
+from squeal.datamarkers import DatamarkerDirError
+
+log = logging.getLogger(__name__)
+
+# ZooKeeper did not answer in time, or the connection or session is gone (the operation may or may not have
+# been applied: a marker write is retried, a replay request taken is re-read).
+UNAVAILABLE = (ConnectionLoss, ConnectionClosedError, SessionExpiredError, OperationTimeoutError, KazooTimeoutError)
+
+
+class FencedError(RuntimeError):
+    """A marker write refused by ZooKeeper because this daemon no longer owns the region's flows: another
+    leader has been elected since (the epoch moved), or the marker changed since this daemon read it."""
+
+
+class ZooKeeperUnavailable(OSError):
+    """ZooKeeper did not answer (no quorum, connection lost, session expired, timeout)."""
+
+
+def region_path(root: str, region: str) -> str:
+    return f"{root.rstrip('/')}/regions/{region}"
+
+
+class ZooKeeperDatamarkerStore:
+    """The region's flows' datamarkers and replay requests in ZooKeeper, written with compare-and-set.
+
+    `fence()` returns the version of the region's `epoch` znode this instance set when it won the election
+    (`Elector.fence_token`), or None when it is not the leader: then nothing is written (FencedError). With
+    `fence=None` writes are guarded by the markers' own versions only (tools, tests).
+    `on_write(seconds)` is told how long each marker write took (a metric).
+    """
+
+    def __init__(self, client: KazooClient, root: str, region: str, owner: str = "",
+                 fence: Callable[[], int | None] | None = None, timeout: float = 5.0,
+                 on_write: Callable[[float], None] | None = None) -> None:
+        self.client = client
+        self.region = region
+        self.base = region_path(root, region)
+        self.dir = f"zookeeper:{self.base}"  # where markers live, for the daemon's messages
+        self.owner = owner
+        self.fence = fence
+        self.timeout = timeout
+        self.on_write = on_write
+        self.epoch_path = f"{self.base}/epoch"
+        # flow -> the marker znode's version this store last read or wrote (None: it did not exist)
+        self._versions: dict[str, int | None] = {}
+
+    # -- plumbing ---------------------------------------------------------------------------------------------
+
+    def _marker(self, flow: str) -> str:
+        return f"{self.base}/markers/{flow}"
+
+    def _replay(self, flow: str) -> str:
+        return f"{self.base}/replay/{flow}"
+
+    def _wait(self, async_result: Any, what: str) -> Any:
+        try:
+            return async_result.get(timeout=self.timeout)
+        except UNAVAILABLE as e:
+            hosts = ",".join(f"{h}:{p}" for h, p in (self.client.hosts or ()))
+            raise ZooKeeperUnavailable(f"ZooKeeper {hosts}: {what}: {type(e).__name__} {e}".rstrip()) from e
+
+    def ensure_paths(self) -> None:
+        for sub in ("markers", "replay"):
+            try:
+                self._wait(self.client.ensure_path_async(f"{self.base}/{sub}"), f"create {self.base}/{sub}")
+            except NodeExistsError:
+                pass
+
+    def check_writable(self) -> None:
+        """Start-up check: ZooKeeper answers and the region's znodes exist (DatamarkerDirError otherwise)."""
+        try:
+            self.ensure_paths()
+        except ZooKeeperUnavailable as e:
+            raise DatamarkerDirError(f"cannot reach the datamarkers in {self.dir}: {e}") from e
+
+    @staticmethod
+    def _decode(data: bytes, where: str) -> str:
+        try:
+            doc = json.loads(data.decode())
+            position = doc.get("position") if isinstance(doc, dict) else None
+            if not isinstance(position, str):
+                raise ValueError('no "position" string')
+            g.parse_position(position)  # a corrupt marker is an error, never silently "now"
+        except g.GtidError as e:
+            raise g.GtidError(f"{where}: {e}") from e
+        except ValueError as e:
+            raise ValueError(f"{where} is not a datamarker: {e}") from e
+        return position
+
+    def _doc(self, flow: str, position: str) -> bytes:
+        doc = {"flow": flow, "position": position, "saved_at": time.time()}
+        if self.owner:
+            doc["by"] = self.owner
+        return json.dumps(doc).encode()
+
+    def _fence_token(self, what: str) -> int | None:
+        if self.fence is None:
+            return None
+        token = self.fence()
+        if token is None:
+            raise FencedError(f"{what}: this instance is not the leader of region {self.region}")
+        return token
+
+    # -- DatamarkerStore ------------------------------------------------------------------------------------------
+
+    def load(self, flow: str) -> str | None:
+        """The flow's marker (and, for the compare-and-set of the next `save`, its znode version)."""
+        path = self._marker(flow)
+        try:
+            data, stat = self._wait(self.client.get_async(path), f"read {path}")
+        except NoNodeError:
+            self._versions[flow] = None
+            return None
+        position = self._decode(data, path)
+        self._versions[flow] = stat.version
+        return position
+
+    def positions(self) -> dict[str, str]:
+        """Every flow's marker in the region (flow -> position), without remembering versions."""
+        out: dict[str, str] = {}
+        markers = f"{self.base}/markers"
+        try:
+            children = self._wait(self.client.get_children_async(markers), f"list {markers}")
+        except NoNodeError:
+            return out
+        for flow in sorted(children):
+            try:
+                data, _ = self._wait(self.client.get_async(f"{markers}/{flow}"), f"read {markers}/{flow}")
+            except NoNodeError:
+                continue
+            out[flow] = self._decode(data, f"{markers}/{flow}")
+        return out
+
+    def save(self, flow: str, position: str) -> None:
+        """Write the marker if this daemon still owns the flow and nobody wrote it since it last read or wrote
+        it; FencedError if not (nothing is written), ZooKeeperUnavailable if ZooKeeper does not answer."""
+        g.parse_position(position)
+        path = self._marker(flow)
+        if flow not in self._versions:
+            raise FencedError(f"{path}: written before it was read (load() first: the compare-and-set needs the "
+                              "version this daemon started from)")
+        token = self._fence_token(f"marker {path} not written")
+        version = self._versions[flow]
+        t = self.client.transaction()
+        if token is not None:
+            t.check(self.epoch_path, token)
+        if version is None:
+            t.create(path, self._doc(flow, position))
+        else:
+            t.set_data(path, self._doc(flow, position), version=version)
+        started = time.monotonic()
+        results = self._wait(t.commit_async(), f"write {path}")
+        if self.on_write is not None:
+            self.on_write(time.monotonic() - started)
+        failure = next((r for r in results if isinstance(r, Exception) and not isinstance(r, RolledBackError)),
+                       None)
+        if failure is None:
+            stat = results[-1]
+            self._versions[flow] = 0 if version is None else getattr(stat, "version", version + 1)
+            return
+        raise self._fenced(path, flow, position, token, version, failure)
+
+    def _fenced(self, path: str, flow: str, position: str, token: int | None, version: int | None,
+                failure: Exception) -> FencedError:
+        if token is not None and isinstance(failure, BadVersionError | NoNodeError) and not self._epoch_is(token):
+            why = (f"another leader has been elected since this one (epoch version {token}): it owns the "
+                   "region's flows now")
+        elif isinstance(failure, NodeExistsError):
+            why = "the marker was created by someone else after this daemon found none"
+        else:
+            why = f"the marker changed since this daemon read it (version {version}; {type(failure).__name__})"
+        return FencedError(f"marker {path} not moved to {position}: {why}")
+
+    def _epoch_is(self, token: int) -> bool:
+        try:
+            _, stat = self._wait(self.client.get_async(self.epoch_path), f"read {self.epoch_path}")
+        except (NoNodeError, ZooKeeperUnavailable):
+            return False
+        return stat.version == token
+
+    def request_replay(self, flow: str, position: str) -> None:
+        """Ask the region's leader (now, or the next one) to re-send `flow` everything after `position`."""
+        g.parse_position(position)
+        path = self._replay(flow)
+        doc = json.dumps({"flow": flow, "position": position, "saved_at": time.time()}).encode()
+        try:
+            self._wait(self.client.create_async(path, doc, makepath=True), f"create {path}")
+        except NodeExistsError:
+            self._wait(self.client.set_async(path, doc), f"write {path}")  # the newer request wins
+
+    def take_replay_requests(self) -> dict[str, str]:
+        """Pending requests, each removed with its version (a request replaced meanwhile stays for next time)
+        and, when fenced, only while this instance leads (a deposed leader must not swallow one)."""
+        out: dict[str, str] = {}
+        base = f"{self.base}/replay"
+        try:
+            children = self._wait(self.client.get_children_async(base), f"list {base}")
+        except NoNodeError:
+            return out
+        if not children:
+            return out
+        token = self._fence_token(f"replay requests in {base} not taken")
+        for flow in sorted(children):
+            path = f"{base}/{flow}"
+            try:
+                data, stat = self._wait(self.client.get_async(path), f"read {path}")
+            except NoNodeError:
+                continue
+            try:
+                position = self._decode(data, path)
+            except ValueError as e:
+                log.error("corrupt replay request %s removed, not applied: %s", path, e)
+                position = None
+            t = self.client.transaction()
+            if token is not None:
+                t.check(self.epoch_path, token)
+            t.delete(path, version=stat.version)
+            results = self._wait(t.commit_async(), f"take {path}")
+            failure = next((r for r in results if isinstance(r, Exception) and not isinstance(r, RolledBackError)),
+                           None)
+            if isinstance(failure, BadVersionError | NoNodeError | NotEmptyError):
+                if token is not None and not self._epoch_is(token):
+                    raise FencedError(f"replay request {path} not taken: another leader has been elected")
+                continue  # replaced by a newer request: taken at the next checkpoint
+            if failure is not None:
+                raise failure
+            if position is not None:
+                out[flow] = position
+        return out

@@ -1,0 +1,290 @@
+"""`squeal run --instance`: two squeal instances of region east, one on the primary, one on its GTID replica,
+a 3-server ZooKeeper ensemble, real memcached. Faults: kill -9 of the leader under a steady write load, and a
+leader SIGSTOPped past its session timeout. Key by key against the database.
+
+Time-outs only catch hangs; the measured takeover times are printed (run with -s).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from squeal_helpers import Cache, create_schema, healthz, scrape, topology_text, unique_db, wait_until
+from test_ha_support import SESSION_TIMEOUT, client, ensemble, hosts, unique_root
+from test_squeal_faults import Writer, post_keys
+
+from ops.harness import MariaDB, SquealDaemon, free_port
+from squeal import gtid as g
+from squeal.ha import TakeoverError, wait_for_copy
+from squeal.zkstore import ZooKeeperDatamarkerStore
+
+
+@pytest.fixture(scope="module")
+def zk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list]:
+    with ensemble(tmp_path_factory.mktemp("zk-ensemble")) as members:
+        yield members
+
+
+class HaEnv:
+    """A schema on the session's primary (replicated to its replica), memcached clusters, an HA topology with
+    instance east-1 on the primary and east-2 on the replica, and their daemons (not started)."""
+
+    def __init__(self, base: Path, primary: MariaDB, replica: MariaDB, zk: list, memcached_factory,
+                 processes) -> None:
+        self.primary, self.replica = primary, replica
+        self.schema = unique_db("ha")
+        create_schema(primary, self.schema)
+        replica.wait_for_gtid(primary.gtid_binlog_pos())
+        self.memcacheds = [memcached_factory() for _ in range(2)]
+        self.caches = [Cache(m.port) for m in self.memcacheds]
+        self.root = unique_root()
+        ports = {"east-1": free_port(), "east-2": free_port()}
+        text = topology_text(primary, self.schema, [m.port for m in self.memcacheds])
+        text += (f"\n[regions.east.replicas.east-r1]\nport = {replica.port}\nserver_id = {replica.server_id}\n"
+                 f'user = "{replica.user}"\npassword = "{replica.password}"\n')
+        for name, copy in (("east-1", "east"), ("east-2", "east-r1")):
+            text += f'\n[[regions.east.squeal_instances]]\nname = "{name}"\ndatabase = "{copy}"\n' \
+                    f"metrics_port = {ports[name]}\n"
+        text += (f'\n[zookeeper]\nservers = [{", ".join(f"{chr(34)}127.0.0.1:{m.port}{chr(34)}" for m in zk)}]\n'
+                 f'session_timeout_s = {SESSION_TIMEOUT}\nroot = "{self.root}"\ntakeover_wait_s = 30\n'
+                 "handback_after_s = 2\n")
+        self.topology = base / "topology.toml"
+        base.mkdir(parents=True, exist_ok=True)
+        self.topology.write_text(text)
+        self.daemons = {
+            name: SquealDaemon(self.topology, "east", port=port, workdir=base / name, state_dir=base / name / "state",
+                               extra_args=("--instance", name))
+            for name, port in ports.items()
+        }
+        self.processes = processes
+        for d in self.daemons.values():
+            processes.started.append(d)  # stopped by pid at teardown, whatever the test did
+        self.zk_client = client(hosts(zk))
+        self.markers = ZooKeeperDatamarkerStore(self.zk_client, self.root, "east")
+
+    def state(self, name: str) -> str | None:
+        try:
+            return healthz(self.daemons[name].port)[1].get("state")
+        except OSError:
+            return None
+
+    def connect(self, **kwargs):
+        return self.primary.connect(self.schema, **kwargs)
+
+    def sql(self, *statements: str) -> list[tuple]:
+        return self.primary.execute(f"USE {self.schema}", *statements)
+
+    def probe(self, n: int, timeout: float) -> float:
+        """Commit user n (its key cached in every cluster); seconds until its key is gone everywhere."""
+        for c in self.caches:
+            c.set(f"user:{n}")
+        t0 = time.monotonic()
+        self.sql(f"INSERT INTO users VALUES ({n}, NULL, 'probe')")
+        wait_until(lambda: not any(c.has(f"user:{n}") for c in self.caches), timeout, f"user:{n} deleted",
+                   interval=0.01)
+        return time.monotonic() - t0
+
+    def all_gone(self, ids: list[int], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = {c.addr[1]: c.present(post_keys(ids)) for c in self.caches}
+            if not any(left.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert not any(left.values()), {p: sorted(k)[:10] for p, k in left.items()}
+
+    def close(self) -> None:
+        for c in self.caches:
+            c.close()
+        self.zk_client.stop()
+        self.zk_client.close()
+
+
+@pytest.fixture
+def ha_env(mariadb_pair, zk, memcached_factory, processes, tmp_path) -> Iterator[HaEnv]:
+    primary, replica = mariadb_pair
+    env = HaEnv(tmp_path / "ha", primary, replica, zk, memcached_factory, processes)
+    yield env
+    env.close()
+
+
+@pytest.fixture
+def ha_env_own_replica(mariadb_pair, mariadb_factory, zk, memcached_factory, processes, tmp_path) -> Iterator[HaEnv]:
+    """As ha_env, with a replica of its own (the test stops its SQL thread)."""
+    primary = mariadb_pair[0]
+    replica = mariadb_factory(21, replica=True)
+    replica.replicate_from(primary)
+    replica.wait_for_gtid(primary.gtid_binlog_pos(), timeout=120)
+    env = HaEnv(tmp_path / "ha", primary, replica, zk, memcached_factory, processes)
+    yield env
+    env.close()
+
+
+def _start_pair(env: HaEnv) -> None:
+    env.daemons["east-1"].start()
+    wait_until(lambda: env.state("east-1") == "leader", 30, "east-1 to lead")
+    env.daemons["east-2"].start()
+    wait_until(lambda: healthz(env.daemons["east-2"].port)[1].get("ha", {}).get("leader") == "east-1", 15,
+               "east-2 to stand by behind east-1")
+    status, body = healthz(env.daemons["east-2"].port)
+    assert status == 200 and body["state"] == "standby" and body["database"]["name"] == "east-r1", body
+
+
+def test_kill_9_the_leader_under_load_the_standby_takes_over_and_hands_back_and_nothing_is_lost(
+        ha_env: HaEnv) -> None:
+    env = ha_env
+    planned = range(1, 12001)
+    for c in env.caches:
+        c.set_many(post_keys(planned))
+    _start_pair(env)
+    writer = Writer(env, first=1, rate=200)
+    writer.start()
+    wait_until(lambda: writer.next_id > 300, 15, "some writes")
+    env.all_gone(list(range(1, 200)), 15)  # east-1 delivers
+    standby_metrics = scrape(env.daemons["east-2"].port)
+    assert standby_metrics.get("squeal_ha_leader", 1) == 0
+    assert not any(k.startswith("squeal_deletes_sent_total") for k in standby_metrics)  # a standby sends nothing
+
+    t_kill = time.monotonic()
+    env.daemons["east-1"].kill()  # SIGKILL: no flush, no checkpoint, no goodbye to ZooKeeper
+    gap = env.probe(10_000_001, 30)  # the first change committed after the kill: gone when east-2 delivers
+    wait_until(lambda: env.state("east-2") == "leader", 10, "east-2 to lead")
+    t_leader = time.monotonic() - t_kill
+    body = healthz(env.daemons["east-2"].port)[1]
+    assert body["ha"]["state"] == "leader" and body["ha"]["leader"] == "east-2"
+    m = scrape(env.daemons["east-2"].port)
+    assert m["squeal_ha_takeovers_total"] == 1 and m["squeal_ha_leader"] == 1
+    takeover = body["takeover"]
+    at = writer.next_id
+    wait_until(lambda: writer.next_id > at + 300, 30, "writes after the takeover")
+
+    # east-1 comes back: it stands by, then (healthy for handback_after_s = 2 s) east-2 hands the region back:
+    # flushes, writes its markers, resigns; east-1 resumes from them. Writes go on all the while.
+    env.daemons["east-1"].start()
+    wait_until(lambda: env.state("east-1") == "standby", 15, "east-1 to stand by")
+    t_back = time.monotonic()
+    wait_until(lambda: env.state("east-1") == "leader", 30, "east-1 to take the region back")
+    handed_back = time.monotonic() - t_back
+    back_gap = env.probe(10_000_002, 15)
+    wait_until(lambda: env.state("east-2") == "standby", 30, "east-2 to stand by again")
+    at = writer.next_id
+    wait_until(lambda: writer.next_id > at + 300, 30, "writes after the hand-back")
+    written = writer.stop()
+
+    # Key by key against the database: every committed row's key is gone from every cluster.
+    in_db = [r[0] for r in env.sql("SELECT id FROM posts ORDER BY id")]
+    assert in_db == written
+    env.all_gone(in_db, 30)
+    for c in env.caches:  # rows never written were not invalidated
+        later = post_keys(range(written[-1] + 1, written[-1] + 50))
+        assert c.present(later) == set(later)
+    # The markers reach the last commit: the same GTIDs on both copies.
+    last = env.primary.gtid_binlog_pos()
+    wait_until(lambda: all(g.covers_position(g.parse_position(p), g.parse_position(last))
+                           for p in env.markers.positions().values()), 15, "markers to reach the last commit")
+    m = scrape(env.daemons["east-1"].port)
+    assert m["squeal_ha_leader"] == 1 and m["squeal_ha_takeovers_total"] == 1
+    print(f"\nkill -9 of the leader under 200/s writes: east-2 leads after {t_leader * 1000:.0f} ms; the first change "
+          f"committed after the kill was invalidated after {gap * 1000:.0f} ms (session timeout "
+          f"{SESSION_TIMEOUT * 1000:.0f} ms); election -> delivering {takeover.get('ready_after_s', 0) * 1000:.0f} ms "
+          f"(copy wait {takeover.get('waited_s', 0) * 1000:.0f} ms). Hand-back to east-1 {handed_back * 1000:.0f} ms "
+          f"after it stood by (handback_after_s 2 s + health poll), a change committed right after it invalidated "
+          f"in {back_gap * 1000:.0f} ms. {len(in_db)} rows checked key by key")
+
+
+def test_a_leader_stopped_past_its_session_never_moves_a_marker_back_and_rejoins_as_standby(ha_env: HaEnv) -> None:
+    env = ha_env
+    _start_pair(env)
+    seen: dict[str, list[str]] = {}
+    stop = threading.Event()
+
+    def watch_markers() -> None:  # every marker value ZooKeeper ever shows, in order
+        while not stop.is_set():
+            for flow, position in env.markers.positions().items():
+                if not seen.get(flow) or seen[flow][-1] != position:
+                    seen.setdefault(flow, []).append(position)
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch_markers, daemon=True)
+    watcher.start()
+    planned = range(1, 4001)
+    for c in env.caches:
+        c.set_many(post_keys(planned))
+    writer = Writer(env, first=1, rate=150)
+    writer.start()
+    wait_until(lambda: writer.next_id > 200, 15, "some writes")
+    leader = env.daemons["east-1"]
+    leader.pause()  # SIGSTOP: it holds its connections, its session and its queue, and answers nothing
+    t_stop = time.monotonic()
+    try:
+        wait_until(lambda: env.state("east-2") == "leader", 20, "east-2 to lead")
+        took = time.monotonic() - t_stop
+        time.sleep(1.5)  # east-2 moves the markers on
+    finally:
+        leader.resume()  # SIGCONT: its lease is long gone; it must send nothing and write no marker
+    wait_until(lambda: env.state("east-1") == "standby", 20, "east-1 to rejoin as standby")
+    wait_until(lambda: writer.next_id > 1500, 30, "more writes")
+    written = writer.stop()
+    env.all_gone(written, 30)
+    stop.set()
+    watcher.join(5)
+    # No marker ever went backwards (a resumed old leader would have written its older position).
+    for flow, values in seen.items():
+        positions = [g.parse_position(v) for v in values]
+        for before, after in zip(positions, positions[1:], strict=False):
+            assert g.covers_position(after, before), (flow, values)
+    log = env.daemons["east-1"].log_file.read_text()
+    assert "rejoining as a standby" in log
+    print(f"\nSIGSTOP of the leader: east-2 leads after {took * 1000:.0f} ms; markers seen: "
+          f"{json.dumps({f: len(v) for f, v in seen.items()})} values, none going back; {len(written)} rows checked")
+
+
+def test_wait_for_copy_is_bounded(mariadb_pair) -> None:
+    primary = mariadb_pair[0]
+    have = g.parse_position(primary.gtid_binlog_pos())
+    assert wait_for_copy(primary.connect, have, timeout=5) < 5
+    ahead = {d: (s, n + 1000) for d, (s, n) in have.items()} or {0: (1, 1000)}
+    seen: list[float] = []
+    with pytest.raises(TakeoverError, match=f"markers need {g.format_position(ahead)}"):
+        wait_for_copy(primary.connect, ahead, timeout=0.3, progress=seen.append)
+    assert seen and seen[-1] >= 0.3
+
+
+def test_a_takeover_waits_for_a_lagging_copy_instead_of_skipping(ha_env_own_replica: HaEnv) -> None:
+    env = ha_env_own_replica
+    planned = range(1, 4001)
+    for c in env.caches:
+        c.set_many(post_keys(planned))
+    _start_pair(env)
+    writer = Writer(env, first=1, rate=150)
+    writer.start()
+    wait_until(lambda: writer.next_id > 150, 15, "some writes")
+    env.replica.execute("STOP SLAVE SQL_THREAD")  # east-2's copy stops applying: it falls behind the markers
+    try:
+        wait_until(lambda: writer.next_id > 450, 15, "writes the replica has not applied")
+        env.all_gone(list(range(1, 400)), 15)  # east-1 delivered them (and its markers say so)
+        env.daemons["east-1"].kill()
+        wait_until(lambda: env.state("east-2") == "taking_over", 15, "east-2 to be elected and wait for its copy")
+        time.sleep(1.0)
+        status, body = healthz(env.daemons["east-2"].port)
+        assert body["state"] == "taking_over" and body["ha"]["state"] == "leader", body
+        m = scrape(env.daemons["east-2"].port)
+        assert m["squeal_ha_takeover_waiting"] == 1 and m["squeal_ha_takeover_wait_seconds"] >= 0.9
+        assert not any(k.startswith("squeal_deletes_sent_total") for k in m)  # nothing sent while waiting
+    finally:
+        t_resume = time.monotonic()
+        env.replica.execute("START SLAVE SQL_THREAD")
+    wait_until(lambda: env.state("east-2") == "leader", 30, "east-2 to deliver once its copy caught up")
+    caught_up = time.monotonic() - t_resume
+    written = writer.stop()
+    in_db = [r[0] for r in env.sql("SELECT id FROM posts ORDER BY id")]
+    assert in_db == written
+    env.all_gone(in_db, 30)
+    waited = healthz(env.daemons["east-2"].port)[1]["takeover"]["waited_s"]
+    print(f"\nlagging copy: east-2 waited {waited:.2f}s for its copy (delivering {caught_up * 1000:.0f} ms after "
+          f"the SQL thread restarted); {len(in_db)} rows checked key by key")

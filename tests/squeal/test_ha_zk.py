@@ -1,0 +1,402 @@
+"""squeal's HA foundation against a real 3-server ZooKeeper ensemble (the harness's, Debian's ZooKeeper 3.8):
+the datamarker store (squeal/zkstore.py) and the leader election with its fencing (squeal/ha.py).
+
+Time-outs below only catch hangs; measured times are printed (run with -s to see them).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from squeal_helpers import wait_until
+from test_ha_support import SESSION_TIMEOUT, Link, client, ensemble, expire_session, hosts, unique_root
+
+from ops.harness import ZooKeeper
+from squeal.ha import LEADER, STANDBY, ElectionMetrics, Elector
+from squeal.zkstore import FencedError, ZooKeeperDatamarkerStore, ZooKeeperUnavailable
+
+
+@pytest.fixture(scope="module")
+def zk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list]:
+    with ensemble(tmp_path_factory.mktemp("zk-ensemble")) as members:
+        yield members
+
+
+@pytest.fixture
+def clients(zk) -> Iterator:
+    """`clients(connect=None)`: a started kazoo client on the ensemble (or `connect`), closed afterwards."""
+    made = []
+
+    def make(connect: str | None = None):
+        c = client(connect or hosts(zk))
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        try:
+            c.stop()
+            c.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+@pytest.fixture
+def links(zk) -> Iterator:
+    """`links()`: one cuttable proxy per ensemble member; returns (connect string, [Link])."""
+    made: list[Link] = []
+
+    def make():
+        new = [Link(("127.0.0.1", m.port)) for m in zk]
+        made.extend(new)
+        return hosts(new), new
+
+    yield make
+    for link in made:
+        link.close()
+
+
+# -- the datamarker store ------------------------------------------------------------------------------------------
+
+
+def test_marker_round_trip(clients) -> None:
+    root = unique_root()
+    store = ZooKeeperDatamarkerStore(clients(), root, "east", owner="east-1")
+    store.check_writable()
+    assert store.load("c0") is None
+    store.save("c0", "0-1-5")
+    store.save("c0", "0-1-9,1-3-2")
+    assert store.load("c0") == "0-1-9,1-3-2"
+    assert store.load("regional") is None
+    store.save("regional", "0-1-7")
+    # Another instance (another session) reads the same positions: they outlive the writer.
+    other = ZooKeeperDatamarkerStore(clients(), root, "east")
+    assert other.positions() == {"c0": "0-1-9,1-3-2", "regional": "0-1-7"}
+    assert other.load("c0") == "0-1-9,1-3-2"
+    data, stat = other.client.get(f"{root}/regions/east/markers/c0")
+    assert json.loads(data)["by"] == "east-1" and stat.version == 1
+    # Regions are apart.
+    assert ZooKeeperDatamarkerStore(other.client, root, "west").positions() == {}
+    # A marker that does not parse is an error naming the znode, never "now".
+    other.client.set(f"{root}/regions/east/markers/regional", b'{"position": "0-1"}')
+    with pytest.raises(ValueError, match=f"{root}/regions/east/markers/regional"):
+        other.load("regional")
+
+
+def test_a_stale_writer_cannot_overwrite_a_newer_marker(clients) -> None:
+    root = unique_root()
+    a = ZooKeeperDatamarkerStore(clients(), root, "east", owner="a")
+    b = ZooKeeperDatamarkerStore(clients(), root, "east", owner="b")
+    a.ensure_paths()
+    assert a.load("c0") is None and b.load("c0") is None
+    a.save("c0", "0-1-10")
+    with pytest.raises(FencedError, match="created by someone else"):
+        b.save("c0", "0-1-3")  # b found no marker: its create fails now that a wrote one
+    a.save("c0", "0-1-20")
+    assert b.load("c0") == "0-1-20"
+    b.save("c0", "0-1-25")  # b read the newest marker: its write goes through ...
+    with pytest.raises(FencedError, match="changed since this daemon read it"):
+        a.save("c0", "0-1-21")  # ... and a, which has not read it since, can no longer move it
+    assert b.load("c0") == "0-1-25"
+    with pytest.raises(FencedError, match="before it was read"):
+        ZooKeeperDatamarkerStore(a.client, root, "east").save("c0", "0-1-1")
+
+
+def test_marker_writes_are_fenced_by_the_election_epoch(clients) -> None:
+    """A leader's store checks the epoch version it won with: once another leader bumps it, nothing it writes
+    (markers, replay requests taken) goes through, even with a marker version that is still current."""
+    root = unique_root()
+    zk = clients()
+    epoch = f"{root}/regions/east/epoch"
+    zk.create(epoch, b'{"epoch": 1}', makepath=True)
+    token = {"value": zk.exists(epoch).version}
+    old = ZooKeeperDatamarkerStore(zk, root, "east", fence=lambda: token["value"])
+    old.ensure_paths()
+    assert old.load("c0") is None
+    old.save("c0", "0-1-4")
+    old.request_replay("c1", "0-1-2")
+    zk.set(epoch, b'{"epoch": 2}')  # another leader won
+    with pytest.raises(FencedError, match="another leader has been elected"):
+        old.save("c0", "0-1-5")
+    with pytest.raises(FencedError, match="another leader has been elected"):
+        old.take_replay_requests()
+    assert ZooKeeperDatamarkerStore(zk, root, "east").positions() == {"c0": "0-1-4"}
+    assert zk.exists(f"{root}/regions/east/replay/c1") is not None  # the request waits for the new leader
+    token["value"] = None  # not the leader at all: refused before anything is sent
+    with pytest.raises(FencedError, match="not the leader"):
+        old.save("c0", "0-1-6")
+
+
+def test_replay_requests(clients) -> None:
+    root = unique_root()
+    store = ZooKeeperDatamarkerStore(clients(), root, "east")
+    assert store.take_replay_requests() == {}
+    store.ensure_paths()
+    operator = ZooKeeperDatamarkerStore(clients(), root, "east")
+    operator.request_replay("c0", "0-1-100")
+    operator.request_replay("c0", "0-1-50")  # the newer request wins
+    operator.request_replay("regional", "")  # from the start
+    with pytest.raises(ValueError):
+        operator.request_replay("c1", "not-a-gtid")
+    assert store.take_replay_requests() == {"c0": "0-1-50", "regional": ""}
+    assert store.take_replay_requests() == {}  # taken once
+    store.client.create(f"{root}/regions/east/replay/c1", b"garbage")
+    assert store.take_replay_requests() == {}  # a corrupt request is logged and removed, never applied
+    assert store.client.get_children(f"{root}/regions/east/replay") == []
+    # Requests and markers are apart: taking a request leaves the marker alone.
+    assert store.load("c0") is None
+
+
+def test_session_loss_and_partition(clients, links) -> None:
+    """Through a link the test cuts: writes fail with ZooKeeperUnavailable (bounded), nothing half-written;
+    after the heal (the session expired meanwhile: a new one) the markers are intact and writable."""
+    root = unique_root()
+    connect, cut_links = links()
+    store = ZooKeeperDatamarkerStore(clients(connect), root, "east", timeout=1.0)
+    store.ensure_paths()
+    assert store.load("c0") is None
+    store.save("c0", "0-1-1")
+    for link in cut_links:
+        link.cut()
+    t0 = time.monotonic()
+    with pytest.raises(ZooKeeperUnavailable, match="write"):
+        store.save("c0", "0-1-2")
+    failed_after = time.monotonic() - t0
+    assert failed_after < 10, failed_after  # (a hang detector, not a speed requirement)
+    time.sleep(SESSION_TIMEOUT * 1.5)  # the session expires on the servers
+    observer = ZooKeeperDatamarkerStore(clients(), root, "east")
+    assert observer.positions() == {"c0": "0-1-1"}
+    old_session = store.client.client_id
+    for link in cut_links:
+        link.heal()
+    # kazoo finds its session expired, starts a new one; the marker (persistent) is still there.
+    wait_until(lambda: store.client.connected and store.client.client_id != old_session, 20, "a new session",
+               interval=0.1)
+    store.save("c0", "0-1-2")
+    assert observer.positions() == {"c0": "0-1-2"}
+    # An expired session (ZooKeeper closed it) is the same: the next write works on the new session.
+    old_session = store.client.client_id
+    expire_session(store.client, connect)
+    wait_until(lambda: store.client.connected and store.client.client_id != old_session, 20, "a new session",
+               interval=0.1)
+    store.save("c0", "0-1-3")
+    assert observer.positions() == {"c0": "0-1-3"}
+    print(f"\nwrite through a cut link failed after {failed_after:.2f}s (timeout 1.0s)")
+
+
+# -- the election ----------------------------------------------------------------------------------------------------
+
+
+class Candidate:
+    """An Elector with a timeline of its callbacks, and a thread sampling `may_send()` (when it last said yes)."""
+
+    def __init__(self, zk_client, root: str, name: str, rank: int, **kwargs) -> None:
+        self.events: list[tuple[float, str, object]] = []
+        self.last_send_ok = 0.0
+        self.elector = Elector(zk_client, root, "east", name, rank, session_timeout=SESSION_TIMEOUT,
+                               on_elected=lambda token: self.events.append((time.monotonic(), "elected", token)),
+                               on_deposed=lambda why: self.events.append((time.monotonic(), "deposed", why)),
+                               on_pause=lambda paused: self.events.append((time.monotonic(), "paused", paused)),
+                               metrics=ElectionMetrics(), **kwargs)
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+
+    def start(self) -> Candidate:
+        self.elector.start()
+        self._sampler.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            if self.elector.may_send():
+                self.last_send_ok = time.monotonic()
+            time.sleep(0.002)
+
+    def when(self, kind: str) -> list[float]:
+        return [t for t, k, _ in self.events if k == kind]
+
+    def metric(self, name: str, **labels) -> float:
+        return self.elector.metrics.registry.get_sample_value(name, labels or None) or 0.0
+
+    def stop(self, release: bool = True) -> None:
+        self._stop.set()
+        self.elector.stop(release=release)
+
+
+@pytest.fixture
+def candidates() -> Iterator:
+    made: list[Candidate] = []
+
+    def make(*args, **kwargs) -> Candidate:
+        c = Candidate(*args, **kwargs)
+        made.append(c)
+        return c.start()
+
+    yield make
+    for c in made:
+        try:
+            c.stop()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def test_one_leader_then_the_other_leads_when_its_session_dies(zk, clients, candidates) -> None:
+    root = unique_root()
+    a = candidates(clients(), root, "east-1", 0)
+    wait_until(lambda: a.elector.is_leader, 15, "east-1 to lead")
+    b = candidates(clients(), root, "east-2", 1)
+    wait_until(lambda: b.elector.leader_name == "east-1", 10, "east-2 to see east-1 lead")
+    assert b.elector.state == STANDBY and not b.elector.may_send() and b.elector.fence_token() is None
+    token_a = a.elector.fence_token()
+    assert token_a is not None and a.elector.may_send()
+    store_a = ZooKeeperDatamarkerStore(a.elector.client, root, "east", fence=a.elector.fence_token)
+    store_a.ensure_paths()
+    store_a.load("c0")
+    store_a.save("c0", "0-1-10")
+
+    t_kill = time.monotonic()
+    expire_session(a.elector.client, hosts(zk))  # ZooKeeper ends east-1's session
+    wait_until(lambda: b.elector.is_leader, 15, "east-2 to take over")
+    took = b.when("elected")[0] - t_kill
+    wait_until(lambda: a.when("deposed"), 10, "east-1 to learn it was deposed")
+    assert a.events[-1][2] == "session" and not a.elector.may_send()
+    token_b = b.elector.fence_token()
+    assert token_b is not None and token_b > token_a
+    with pytest.raises(FencedError):
+        store_a.save("c0", "0-1-11")  # east-1's store is fenced for good
+    store_b = ZooKeeperDatamarkerStore(b.elector.client, root, "east", fence=b.elector.fence_token)
+    assert store_b.load("c0") == "0-1-10"
+    store_b.save("c0", "0-1-12")
+    # east-1 rejoins as a standby (it has a new session) and does not take the lead back by itself.
+    wait_until(lambda: a.elector.client.connected and a.elector.leader_name == "east-2", 15, "east-1 to stand by")
+    time.sleep(SESSION_TIMEOUT)
+    assert a.elector.state == STANDBY and b.elector.is_leader
+    assert b.metric("squeal_ha_elections_total") == 1 and b.metric("squeal_ha_takeovers_total") == 1
+    assert a.metric("squeal_ha_depositions_total", reason="session") == 1
+    assert b.metric("squeal_ha_leaderless_seconds_count") == 1
+    print(f"\nsession ended -> the standby leads: {took * 1000:.0f} ms")
+
+    # A graceful stop releases the leadership at once: east-1 leads without waiting for a session timeout.
+    t_stop = time.monotonic()
+    b.stop(release=True)
+    wait_until(lambda: a.elector.is_leader, 10, "east-1 to lead again")
+    print(f"leader stopped (released) -> the standby leads: {(a.when('elected')[-1] - t_stop) * 1000:.0f} ms")
+
+
+def test_a_partitioned_leader_stops_before_the_other_leads_and_rejoins_as_standby(zk, clients, links,
+                                                                                candidates) -> None:
+    root = unique_root()
+    connect, cut_links = links()
+    a = candidates(clients(connect), root, "east-1", 0)
+    wait_until(lambda: a.elector.is_leader, 15, "east-1 to lead")
+    b = candidates(clients(), root, "east-2", 1)
+    wait_until(lambda: b.elector.leader_name == "east-1", 10, "east-2 to see east-1 lead")
+    store_a = ZooKeeperDatamarkerStore(a.elector.client, root, "east", fence=a.elector.fence_token, timeout=0.5)
+    store_a.ensure_paths()
+    store_a.load("c0")
+    store_a.save("c0", "0-1-1")
+
+    t_cut = time.monotonic()
+    for link in cut_links:
+        link.cut()
+    wait_until(lambda: b.elector.is_leader, 20, "east-2 to take over")
+    t_b = b.when("elected")[0]
+    wait_until(lambda: a.when("deposed"), 10, "east-1 deposed")
+    stopped = a.last_send_ok  # the last instant east-1 would still have sent anything
+    # East-1 stopped (paused at SUSPENDED, deposed when its lease ran out) before east-2 was elected.
+    assert stopped < t_b, (stopped - t_cut, t_b - t_cut)
+    # Deposed by its lease (1.2 s after its last answer) or, had kazoo noticed first (2/3 of the session
+    # timeout without an answer), paused at SUSPENDED before that.
+    first_stop = min(a.when("paused")[:1] + a.when("deposed")[:1])
+    assert first_stop < t_b
+    assert a.events[[k for _, k, _ in a.events].index("deposed")][2] in ("lease", "session")
+    with pytest.raises((FencedError, ZooKeeperUnavailable)):
+        store_a.save("c0", "0-1-2")
+    print(f"\ncut at 0: east-1 last could send at "
+          f"{(stopped - t_cut) * 1000:.0f} ms, deposed at {(a.when('deposed')[0] - t_cut) * 1000:.0f} ms; east-2 "
+          f"elected at {(t_b - t_cut) * 1000:.0f} ms (session timeout {SESSION_TIMEOUT * 1000:.0f} ms): "
+          f"{(t_b - stopped) * 1000:.0f} ms with nobody sending")
+
+    for link in cut_links:
+        link.heal()
+    wait_until(lambda: a.elector.client.connected and a.elector.leader_name == "east-2", 20,
+               "east-1 to rejoin as standby")
+    assert a.elector.state == STANDBY and a.elector.fence_token() is None
+    store_a.load("c0")
+    with pytest.raises(FencedError):
+        store_a.save("c0", "0-1-0")  # even with the newest marker version, the epoch says no
+    assert ZooKeeperDatamarkerStore(b.elector.client, root, "east").positions() == {"c0": "0-1-1"}
+
+
+def test_a_short_suspension_within_the_lease_changes_nothing(zk, clients, candidates) -> None:
+    """One of the three servers dies under the leader: kazoo reconnects to another within the lease;
+    the same leader goes on (same term, same token)."""
+    root = unique_root()
+    a = candidates(clients(), root, "east-1", 0)
+    wait_until(lambda: a.elector.is_leader, 15, "east-1 to lead")
+    b = candidates(clients(), root, "east-2", 1)
+    wait_until(lambda: b.elector.leader_name == "east-1", 10, "east-2 to see east-1 lead")
+    token = a.elector.fence_token()
+    connected_to = a.elector.client._connection._socket.getpeername()[1]
+    server = next(m for m in zk if m.port == connected_to)
+    server.kill()
+    try:
+        wait_until(lambda: a.elector.client.connected and a.elector.client._connection._socket is not None
+                   and a.elector.client._connection._socket.getpeername()[1] != connected_to, 15,
+                   "east-1 to reconnect to another server", interval=0.01)
+        time.sleep(SESSION_TIMEOUT)
+        assert a.elector.is_leader and a.elector.term == 1 and a.elector.fence_token() == token
+        assert not a.when("deposed") and b.elector.state == STANDBY
+        store = ZooKeeperDatamarkerStore(a.elector.client, root, "east", fence=a.elector.fence_token)
+        store.ensure_paths()
+        store.load("c0")
+        store.save("c0", "0-1-1")  # two of three servers: a quorum, writes go on
+    finally:
+        server.start()
+        ZooKeeper.wait_serving(zk)
+
+
+def test_preference_unhealthy_candidates_and_hand_back(zk, clients, candidates) -> None:
+    root = unique_root()
+    b = candidates(clients(), root, "east-2", 1, handback_after=1.0)
+    b.elector.on_handback = lambda: b.elector.resign()
+    wait_until(lambda: b.elector.is_leader, 15, "east-2 to lead alone")
+    # An unhealthy preferred candidate neither leads nor gets the region handed back.
+    a = candidates(clients(), root, "east-1", 0, healthy=False)
+    wait_until(lambda: a.elector.leader_name == "east-2", 10, "east-1 to see east-2 lead")
+    time.sleep(2.0)
+    assert b.elector.is_leader and b.elector.term == 1 and a.elector.state == STANDBY
+    # Healthy again: after handback_after, east-2 resigns and east-1 (rank 0) leads.
+    t0 = time.monotonic()
+    a.elector.set_healthy(True)
+    wait_until(lambda: a.elector.is_leader, 15, "east-1 to lead after the hand-back")
+    assert b.when("deposed") and b.events[-1][2] == "handback"
+    gap = a.when("elected")[0] - b.when("deposed")[0]
+    time.sleep(1.0)
+    assert b.elector.state == STANDBY and a.elector.is_leader  # east-2 does not grab it back
+    assert a.metric("squeal_ha_takeovers_total") == 1
+    print(f"\nhealthy again -> handed back after {(a.when('elected')[0] - t0) * 1000:.0f} ms "
+          f"(handback_after 1000 ms); resign -> new leader {gap * 1000:.0f} ms")
+
+
+def test_simultaneous_candidates_elect_exactly_one(zk, clients, candidates) -> None:
+    root = unique_root()
+    many = [candidates(clients(), root, f"east-{i}", i, handback_after=0.5) for i in range(4)]
+    for c in many:
+        c.elector.on_handback = c.elector.resign
+    wait_until(lambda: any(c.elector.is_leader for c in many), 15, "a leader")
+    # Never two leaders; and, whoever registered first, the preferred one leads in the end (a candidate that
+    # started before east-0 had registered may win first and then hand the region back).
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        leading = [c.elector.name for c in many if c.elector.may_send()]
+        assert len(leading) <= 1, leading
+        if leading == ["east-0"] and all(c.elector.leader_name == "east-0" for c in many):
+            break
+        time.sleep(0.005)
+    assert [c.elector.name for c in many if c.elector.is_leader] == ["east-0"]
+    assert {c.elector.snapshot()["state"] for c in many} == {LEADER, STANDBY}
