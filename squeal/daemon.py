@@ -21,6 +21,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,7 @@ from squeal.reader import (
     native_problems,
 )
 from squeal.rules import KeyExtractor, check_rules, load_columns
-from squeal.sampler import DeleteSampler
+from squeal.sampler import DeleteSampler, SampledDelete
 from squeal.source import SourcePoller
 from squeal.transactions import PreparedXa
 
@@ -86,14 +87,14 @@ def connect_with_retry(source: Source, timeout: float) -> Any:
             time.sleep(0.5)
 
 
-class _SampledDeletes(resource.Resource):
+class SampledDeletesResource(resource.Resource):
     """`GET /sampled-deletes?since=UNIXTIME`: 1-in-N acknowledged deletes, for the prober to re-check."""
 
     isLeaf = True
 
-    def __init__(self, sampler: DeleteSampler) -> None:
+    def __init__(self, recent: Callable[[float], list[SampledDelete]]) -> None:
         super().__init__()
-        self.sampler = sampler
+        self.recent = recent  # since -> samples (an HA standby has none)
 
     def render_GET(self, request: Any) -> bytes:  # noqa: N802 - Twisted's name
         try:
@@ -103,18 +104,20 @@ class _SampledDeletes(resource.Resource):
             return b"since must be a unix time\n"
         request.setHeader(b"content-type", b"application/json")
         return json.dumps([{"flow": s.flow, "key": s.key, "acked_at": s.acked_at}
-                           for s in self.sampler.recent(since)]).encode()
+                           for s in self.recent(since)]).encode()
 
 
-class _Health(resource.Resource):
+class HealthResource(resource.Resource):
+    """`GET /healthz`: the status JSON; 200 while `ok`, else 503."""
+
     isLeaf = True
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
         super().__init__()
-        self.daemon = daemon
+        self.status = status
 
     def render_GET(self, request: Any) -> bytes:  # noqa: N802 - Twisted's name
-        status = self.daemon.status()
+        status = self.status()
         request.setResponseCode(200 if status["ok"] else 503)
         request.setHeader(b"content-type", b"application/json")
         return json.dumps(status).encode() + b"\n"
@@ -281,8 +284,8 @@ class Daemon:
         if self.metrics_port is not None:
             root = resource.Resource()
             root.putChild(b"metrics", MetricsResource(registry=self.metrics.registry))
-            root.putChild(b"healthz", _Health(self))
-            root.putChild(b"sampled-deletes", _SampledDeletes(self.sampler))
+            root.putChild(b"healthz", HealthResource(self.status))
+            root.putChild(b"sampled-deletes", SampledDeletesResource(self.sampler.recent))
             # On the region's squeal host from the topology (127.0.0.1 unless a multi-host topology names one),
             # where the monitoring server and Prometheus look for it.
             host = self.region.squeal_host

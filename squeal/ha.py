@@ -53,7 +53,14 @@ from twisted.web import resource, server
 
 from router_config import Topology
 from squeal import gtid as g
-from squeal.daemon import Daemon, connect_with_retry, source_for, state_dir_for
+from squeal.daemon import (
+    Daemon,
+    HealthResource,
+    SampledDeletesResource,
+    connect_with_retry,
+    source_for,
+    state_dir_for,
+)
 from squeal.reader import check_server, current_position
 from squeal.zkstore import UNAVAILABLE, ZooKeeperDatamarkerStore, region_path
 
@@ -613,8 +620,10 @@ class HaInstance:
         """Call with the reactor about to run (or running)."""
         root = resource.Resource()
         root.putChild(b"metrics", MetricsResource(registry=self.registry))
-        root.putChild(b"healthz", _HaHealth(self))
-        root.putChild(b"sampled-deletes", _HaSampled(self))
+        root.putChild(b"healthz", HealthResource(self.status))
+        # the leader's samples; a standby sends nothing, so it has none
+        root.putChild(b"sampled-deletes", SampledDeletesResource(
+            lambda since: self.daemon.sampler.recent(since) if self.daemon is not None else []))
         self.reactor.listenTCP(self.metrics_port, server.Site(root), interface=self.instance.host)
         assert self.client is not None
         self.elector = Elector(
@@ -783,41 +792,6 @@ class _CurrentDaemon:
         daemon = self.owner.daemon
         if daemon is not None:
             yield from daemon.metrics.registry.collect()
-
-
-class _HaHealth(resource.Resource):
-    isLeaf = True
-
-    def __init__(self, owner: HaInstance) -> None:
-        super().__init__()
-        self.owner = owner
-
-    def render_GET(self, request: Any) -> bytes:  # noqa: N802 - Twisted's name
-        status = self.owner.status()
-        request.setResponseCode(200 if status["ok"] else 503)
-        request.setHeader(b"content-type", b"application/json")
-        return json.dumps(status).encode() + b"\n"
-
-
-class _HaSampled(resource.Resource):
-    """`/sampled-deletes`: the leader's (a standby sends nothing: an empty list)."""
-
-    isLeaf = True
-
-    def __init__(self, owner: HaInstance) -> None:
-        super().__init__()
-        self.owner = owner
-
-    def render_GET(self, request: Any) -> bytes:  # noqa: N802 - Twisted's name
-        try:
-            since = float(request.args.get(b"since", [b"0"])[0])
-        except ValueError:
-            request.setResponseCode(400)
-            return b"since must be a unix time\n"
-        daemon = self.owner.daemon
-        samples = daemon.sampler.recent(since) if daemon is not None else []
-        request.setHeader(b"content-type", b"application/json")
-        return json.dumps([{"flow": s.flow, "key": s.key, "acked_at": s.acked_at} for s in samples]).encode()
 
 
 def run_instance(topology: Topology, instance: str, state_dir: str | Path | None = None,

@@ -43,7 +43,7 @@ def _run(name, tmp_path, workdir):
     return report, module.check(report)
 
 
-def test_herd_leases_cut_hot_key_database_queries_at_least_5x(tmp_path, workdir):
+def test_herd_leases_cut_hot_key_database_queries_at_least_3x(tmp_path, workdir):
     report, problems = _run("herd", tmp_path, workdir)
     assert problems == []
     r = report.results

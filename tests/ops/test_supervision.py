@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -24,8 +22,9 @@ from pathlib import Path
 import pytest
 
 import router_config
-from ops.harness import REPO_ROOT, memcached_command
+from ops.harness import memcached_command
 from ops.local import Deployment
+from tests.ops.deployments import TWO_REGIONS, squealctl, stable_port
 
 BACK_WITHIN = 5.0  # the issue's bound for a killed component to answer again (measured and printed)
 
@@ -46,50 +45,6 @@ pools.wildcard = { kind = "wildcard", servers = ["127.0.0.1:3", "127.0.0.1:4"] }
 SMALL_WITHOUT = ("--without", "mariadb,squeal,monitoring")
 SMALL_NAMES = ["memcached/east-a/wildcard/0", "memcached/east-a/wildcard/1", "router/east-a/0"]
 
-TWO_REGIONS = """
-[[rules]]
-table = "app.users"
-keys = ["user:{id}"]
-
-[regions.east]
-master = true
-database = { role = "primary", port = 1, server_id = 1 }
-
-[regions.east.clusters.east-a]
-routers = ["127.0.0.1:2"]
-pools.wildcard = { kind = "wildcard", servers = ["127.0.0.1:3"] }
-
-[regions.west]
-database = { role = "replica", port = 4, server_id = 2 }
-
-[regions.west.clusters.west-a]
-routers = ["127.0.0.1:5"]
-pools.wildcard = { kind = "wildcard", servers = ["127.0.0.1:6"] }
-"""
-
-_handed_out: set[int] = set()
-
-
-def stable_port() -> int:
-    """A free port below Linux's ephemeral range (32768-60999), as tests/ops/test_replay_and_restart.py picks."""
-    while True:
-        port = random.randint(20000, 32000)
-        if port not in _handed_out and router_config.can_listen(router_config.Address("127.0.0.1", port)):
-            _handed_out.add(port)
-            return port
-
-
-def squealctl(state: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        [sys.executable, "-m", "ops.cli", "--state-dir", str(state), *args],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=REPO_ROOT,
-    )
-    if check and result.returncode != 0:
-        raise AssertionError(f"squealctl {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
-    return result
 
 
 def write_topology(base: Path, text: str) -> Path:
