@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 
 use crate::config::RouterConfig;
 use crate::protocol::reply::parse_decimal;
-use crate::protocol::request::parse_with;
+use crate::protocol::request::{BINARY_REQUEST_MAGIC, binary_refusal, parse_with};
 use crate::protocol::{Cmd, Command, ParseOutcome, Reply, Request};
 use crate::routes::{BoxFuture, RouteRef};
 use crate::server::Server;
@@ -57,6 +57,11 @@ struct Conn {
     /// Bytes of a refused value still to discard.
     swallow: usize,
     closing: bool,
+    /// Nothing of the connection has been processed yet (a binary-protocol client shows itself by
+    /// its first byte).
+    fresh: bool,
+    /// False until the client has logged in, when the router runs with `--auth-file`.
+    authenticated: bool,
     wbuf: BytesMut,
     in_flight: FuturesOrdered<ReplyFuture>,
 }
@@ -73,6 +78,8 @@ pub async fn serve(shared: Arc<Shared>, stream: TcpStream) {
         config,
         swallow: 0,
         closing: false,
+        fresh: true,
+        authenticated: shared.ctx.opts.client_auth.is_none(),
         wbuf: BytesMut::new(),
         in_flight: FuturesOrdered::new(),
     };
@@ -203,6 +210,20 @@ impl Conn {
             self.generation = g;
             self.config = c;
         }
+        if self.fresh && !data.is_empty() {
+            if data[0] == BINARY_REQUEST_MAGIC {
+                // A binary-protocol client: answer "Not supported" in its protocol and close, so it
+                // fails at once instead of waiting for its own timeout (see docs/router.md).
+                let Some(refusal) = binary_refusal(data) else {
+                    return 0; // the rest of the 24-byte header is on its way
+                };
+                self.shared.ctx.stats.client_errors.fetch_add(1, Relaxed);
+                self.push_ready(refusal);
+                self.closing = true;
+                return data.len();
+            }
+            self.fresh = false;
+        }
         let mut pos = 0;
         if self.swallow > 0 {
             let n = self.swallow.min(data.len());
@@ -232,11 +253,42 @@ impl Conn {
                     } else {
                         pos += used;
                     }
-                    self.command(cmd, start);
+                    if self.authenticated {
+                        self.command(cmd, start);
+                    } else {
+                        self.login(cmd);
+                    }
                 }
             }
         }
         pos
+    }
+
+    /// A command before the client has logged in (`--auth-file`), answered as memcached -Y
+    /// answers it: a `set` whose value is `user password` from the file logs in (`STORED`, also
+    /// with `noreply`), another `set` is `CLIENT_ERROR authentication failure`, anything else
+    /// `CLIENT_ERROR unauthenticated` (`quit` closes). Nothing of it is sent to a server.
+    fn login(&mut self, cmd: Command) {
+        let auth = self.shared.ctx.opts.client_auth.clone();
+        let reply: &'static [u8] = match &cmd {
+            Command::Keyed(req) if req.cmd == Cmd::Set && !req.too_large => {
+                if auth.is_some_and(|f| f.check(&req.value)) {
+                    self.authenticated = true;
+                    b"STORED\r\n"
+                } else {
+                    b"CLIENT_ERROR authentication failure\r\n"
+                }
+            }
+            Command::Quit => {
+                self.closing = true;
+                return;
+            }
+            _ => b"CLIENT_ERROR unauthenticated\r\n",
+        };
+        if !self.authenticated {
+            self.shared.ctx.stats.client_errors.fetch_add(1, Relaxed);
+        }
+        self.push_ready(Bytes::from_static(reply));
     }
 
     fn command(&mut self, cmd: Command, start: Instant) {

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 pub mod ack;
+pub mod auth;
 pub mod config;
 pub mod connection;
 pub mod flush;
@@ -39,6 +40,11 @@ pub struct Options {
     pub enable_flush: bool,
     /// `--max-item-size`: longer values are refused as memcached refuses items over its `-I`.
     pub max_value: usize,
+    /// `--auth-file`: clients log in to the router (memcached `-Y` style); their login never
+    /// reaches a server.
+    pub client_auth: Option<std::sync::Arc<auth::AuthFile>>,
+    /// `--upstream-auth-file`: the router logs in to every new server connection with this.
+    pub upstream_login: Option<auth::UpstreamLogin>,
 }
 
 impl Default for Options {
@@ -50,6 +56,8 @@ impl Default for Options {
             probe_max: Duration::from_secs(60),
             enable_flush: false,
             max_value: protocol::request::MAX_VALUE_LEN,
+            client_auth: None,
+            upstream_login: None,
         }
     }
 }

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use squeal_router::auth::AuthFile;
 use squeal_router::{Context, Options, Shared, config, connection, metrics_http, spool};
 use tokio::net::TcpListener;
 
@@ -32,6 +33,10 @@ usage: squeal-router --config-file PATH -p PORT [options]
       --enable-flush-cmd        forward flush_all to every server of every pool (default: refused)
       --max-item-size SIZE      largest value accepted, as memcached's -I: bytes, or with k/m
                                 (default 1m; set it to the servers' -I)
+      --auth-file PATH          clients must log in to the router as to memcached -Y (PATH in
+                                -Y format, user:password lines); logins are never forwarded
+      --upstream-auth-file PATH log in to each new server connection with the first user:password
+                                of PATH (for servers started with memcached -Y)
   -h, --help                    this text
 ";
 
@@ -96,6 +101,14 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
             "-R" | "--route-prefix" => a.route_prefix = Some(value().ok_or("--route-prefix needs a value")?),
             "--threads" => a.threads = Some(num("--threads", value())?),
             "--max-item-size" => a.opts.max_value = item_size(value())?,
+            "--auth-file" => {
+                let path = PathBuf::from(value().ok_or("--auth-file needs a path")?);
+                a.opts.client_auth = Some(Arc::new(AuthFile::read(&path, "--auth-file")?));
+            }
+            "--upstream-auth-file" => {
+                let path = PathBuf::from(value().ok_or("--upstream-auth-file needs a path")?);
+                a.opts.upstream_login = Some(AuthFile::read(&path, "--upstream-auth-file")?.login_request());
+            }
             "--enable-flush-cmd" => {
                 if inline.is_some() {
                     return Err("--enable-flush-cmd takes no value".into());
@@ -355,6 +368,31 @@ mod tests {
                 assert_eq!(shared.generation(), 1, "the edit was missed");
                 assert_eq!(shared.config().1.types_used, ["ErrorRoute"]);
             });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn auth_files_are_read_at_start() {
+        let dir = std::env::temp_dir().join(format!("squeal-router-auth-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good");
+        std::fs::write(&good, "alice:secret\n").unwrap();
+        let bad = dir.join("bad");
+        std::fs::write(&bad, "alice secret\n").unwrap();
+        let (g, b) = (good.to_str().unwrap(), bad.to_str().unwrap());
+        let a = parse(&["-f", "c.json", "-p", "1", "--auth-file", g, "--upstream-auth-file", g]).unwrap();
+        assert!(a.opts.client_auth.unwrap().check(b"alice secret"));
+        assert!(a.opts.upstream_login.is_some());
+        let a = parse(&["-f", "c.json", "-p", "1"]).unwrap();
+        assert!(a.opts.client_auth.is_none() && a.opts.upstream_login.is_none());
+        for flag in ["--auth-file", "--upstream-auth-file"] {
+            let e = parse(&["-f", "c.json", "-p", "1", flag, b]).err().unwrap();
+            assert!(e.starts_with(flag) && e.contains("user:password"), "{e}");
+            let e = parse(&["-f", "c.json", "-p", "1", flag, "/nonexistent/x"])
+                .err()
+                .unwrap();
+            assert!(e.contains("cannot read"), "{e}");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -251,6 +251,9 @@ impl Server {
     async fn probe(&self, ctx: &Context) -> bool {
         let attempt = async {
             let mut s = TcpStream::connect(&self.addr).await.ok()?;
+            if let Some(login) = &ctx.opts.upstream_login {
+                login.login(&mut s).await.ok()?;
+            }
             s.write_all(b"version\r\n").await.ok()?;
             let mut buf = [0u8; 128];
             let n = s.read(&mut buf).await.ok()?;
@@ -267,20 +270,35 @@ impl Server {
 /// the server is dropped (its queue closes).
 async fn run(server: Weak<Server>, mut rx: mpsc::Receiver<Job>) {
     while let Some(first) = rx.recv().await {
-        let Some((addr, connect_timeout)) = server
-            .upgrade()
-            .and_then(|s| Some((s.addr.clone(), s.ctx.upgrade()?.opts.connect_timeout)))
-        else {
+        let Some((addr, connect_timeout, login)) = server.upgrade().and_then(|s| {
+            let ctx = s.ctx.upgrade()?;
+            Some((
+                s.addr.clone(),
+                ctx.opts.connect_timeout,
+                ctx.opts.upstream_login.clone(),
+            ))
+        }) else {
             return;
         };
-        let connect = tokio::time::timeout(connect_timeout, TcpStream::connect(&addr)).await;
+        // Connect and, with `--upstream-auth-file`, log in before any client request is sent: a
+        // server connection is shared by every client, so it is never left to a client's login.
+        let connect = tokio::time::timeout(connect_timeout, async {
+            let mut stream = TcpStream::connect(&addr)
+                .await
+                .map_err(|e| format!("connect error: {e}"))?;
+            if let Some(login) = &login {
+                login.login(&mut stream).await?;
+            }
+            Ok::<_, String>(stream)
+        })
+        .await;
         let failure = match connect {
             Ok(Ok(stream)) => {
                 let _ = stream.set_nodelay(true);
                 serve(stream, first, &mut rx).await;
                 continue;
             }
-            Ok(Err(e)) => (Res::ConnectError, format!("connect error: {e}")),
+            Ok(Err(e)) => (Res::ConnectError, e),
             Err(_) => (Res::ConnectTimeout, "connect timeout".to_string()),
         };
         if let Some(s) = server.upgrade() {

@@ -638,8 +638,45 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
             }
         }
         b"shutdown" => done(Command::Unsupported("shutdown")),
+        // An HTTP request line (`GET / HTTP/1.1`, `POST /x HTTP/1.0`, ...): memcached 1.6.18 closes
+        // the connection without a reply when an unknown command's last token starts with `HTTP/`,
+        // so a browser's request (cross-protocol scripting) cannot carry commands in its body.
+        _ if tokens.last().is_some_and(|t| t.starts_with(b"HTTP/")) => ParseOutcome::Error {
+            reply: "",
+            consume: line_len,
+            close: true,
+        },
         _ => err(UNKNOWN),
     }
+}
+
+/// The first byte of a memcached binary-protocol request.
+pub const BINARY_REQUEST_MAGIC: u8 = 0x80;
+const BINARY_HEADER_LEN: usize = 24;
+/// The binary protocol's "Not supported" status.
+const BINARY_NOT_SUPPORTED: u16 = 0x0083;
+const BINARY_REFUSAL_TEXT: &[u8] = b"squeal-router speaks the memcached ascii protocol only";
+
+/// The answer to a connection that opens with a binary-protocol request (`buf` starts with
+/// `BINARY_REQUEST_MAGIC`): one binary response with status "Not supported" (0x0083) that echoes
+/// the request's opcode and opaque and carries a short text, after which the router closes the
+/// connection. `None` until the 24-byte request header is in.
+pub fn binary_refusal(buf: &[u8]) -> Option<Bytes> {
+    if buf.len() < BINARY_HEADER_LEN {
+        return None;
+    }
+    let mut out = BytesMut::with_capacity(BINARY_HEADER_LEN + BINARY_REFUSAL_TEXT.len());
+    out.put_u8(0x81); // response magic
+    out.put_u8(buf[1]); // opcode
+    out.put_u16(0); // key length
+    out.put_u8(0); // extras length
+    out.put_u8(0); // data type
+    out.put_u16(BINARY_NOT_SUPPORTED);
+    out.put_u32(BINARY_REFUSAL_TEXT.len() as u32); // total body length
+    out.extend_from_slice(&buf[12..16]); // opaque
+    out.put_u64(0); // cas
+    out.extend_from_slice(BINARY_REFUSAL_TEXT);
+    Some(out.freeze())
 }
 
 fn meta_request(cmd: Cmd, tokens: &[Bytes]) -> Option<Request> {
@@ -1081,6 +1118,61 @@ mod tests {
             p(b"shutdown\r\n"),
             ParseOutcome::Done(Command::Unsupported("shutdown"), 10)
         ));
+    }
+
+    #[test]
+    fn http_request_lines_close_without_a_reply() {
+        for line in [
+            &b"GET / HTTP/1.1\r\n"[..],
+            b"POST /x HTTP/1.0\r\n",
+            b"PUT /x HTTP/1.1\r\n",
+            b"HEAD / HTTP/1.1\r\n",
+            b"OPTIONS * HTTP/1.1\r\n",
+            b"foo bar HTTP/1.1\r\n",
+            b"HTTP/1.1\r\n",
+        ] {
+            match p(line) {
+                ParseOutcome::Error { reply, consume, close } => {
+                    assert_eq!((reply, consume, close), ("", line.len(), true), "{line:?}")
+                }
+                o => panic!("{line:?}: {o:?}"),
+            }
+        }
+        // as on memcached: no `HTTP/` last token, a lowercase one, or a known command go on as usual
+        for line in [&b"GET /\r\n"[..], b"GET / http/1.1\r\n"] {
+            assert!(
+                matches!(
+                    p(line),
+                    ParseOutcome::Error {
+                        reply: UNKNOWN,
+                        close: false,
+                        ..
+                    }
+                ),
+                "{line:?}"
+            );
+        }
+        assert!(matches!(
+            p(b"get / HTTP/1.1\r\n"),
+            ParseOutcome::Done(Command::MultiGet { .. }, _)
+        ));
+        assert!(matches!(
+            p(b"delete HTTP/1.1\r\n"),
+            ParseOutcome::Done(Command::Keyed(_), _)
+        ));
+    }
+
+    #[test]
+    fn binary_requests_get_a_binary_not_supported() {
+        let mut req = vec![0x80, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0xde, 0xad, 0xbe, 0xef];
+        req.extend_from_slice(&[0; 8]);
+        assert!(binary_refusal(&req[..23]).is_none());
+        req.push(b'k');
+        let r = binary_refusal(&req).unwrap();
+        assert_eq!(&r[..2], &[0x81, 0x00]);
+        assert_eq!(&r[6..8], &[0x00, 0x83]);
+        assert_eq!(u32::from_be_bytes(r[8..12].try_into().unwrap()) as usize, r.len() - 24);
+        assert_eq!(&r[12..16], &[0xde, 0xad, 0xbe, 0xef]);
     }
 
     #[test]
