@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
+from prometheus_client.twisted import MetricsResource
 from twisted.application import service
 from twisted.internet import defer, error, protocol, reactor
 from twisted.internet.threads import blockingCallFromThread
@@ -47,7 +48,7 @@ from twisted.logger import STDLibLogObserver, globalLogBeginner
 from twisted.protocols.basic import LineReceiver
 from twisted.python.failure import Failure
 from twisted.runner import procmon
-from twisted.web import resource, server
+from twisted.web import resource, server, static
 
 import router_config
 from ops.harness import HarnessError, ManagedProcess, free_port, wait_until
@@ -136,8 +137,8 @@ class Supervisor(procmon.ProcessMonitor):
     def listen(self, master_region: str) -> None:
         """Serve /metrics on a free loopback port and the control socket; record both in components.json."""
         root = resource.Resource()
-        root.putChild(b"metrics", _Leaf(lambda: generate_latest(self.registry), b"text/plain; version=0.0.4"))
-        root.putChild(b"healthz", _Leaf(lambda: b"ok\n", b"text/plain"))
+        root.putChild(b"metrics", MetricsResource(registry=self.registry))
+        root.putChild(b"healthz", static.Data(b"ok\n", "text/plain"))
         site = server.Site(root)
         site.noisy, site.log = False, lambda request: None  # no access log: Prometheus scrapes every few seconds
         port = free_port("127.0.0.1")
@@ -437,18 +438,6 @@ class _Control(LineReceiver):
     def _reply(self, answer: dict) -> None:
         self.sendLine(json.dumps(answer).encode())
         self.transport.loseConnection()
-
-
-class _Leaf(resource.Resource):
-    isLeaf = True
-
-    def __init__(self, render, content_type: bytes) -> None:
-        super().__init__()
-        self._render, self._type = render, content_type
-
-    def render_GET(self, request):  # noqa: N802 - twisted's naming
-        request.setHeader(b"content-type", self._type)
-        return self._render()
 
 
 _ready_fd: int | None = None
