@@ -549,7 +549,7 @@ class SquealDaemon(ManagedProcess):
     def ready(self) -> bool:
         # Serving /healthz is "started": a daemon that starts halted (binlog data loss, on_data_loss = "halt")
         # answers 503 with its reason, and must stay up for the operator to see it and recover.
-        return _http_answers(f"http://{self.host}:{self.port}/healthz")
+        return _http_ok(f"http://{self.host}:{self.port}/healthz", unhealthy_ok=True)
 
 
 class MonitoringServer(ManagedProcess):
@@ -626,8 +626,8 @@ class DemoWorkload(ManagedProcess):
         return _http_ok(f"http://{self.host}:{self.port}/metrics")
 
 
-def _http_answers(url: str) -> bool:
-    """True once `url` answers with 200 or with 503 and a JSON body (a daemon up but unhealthy)."""
+def _http_ok(url: str, unhealthy_ok: bool = False) -> bool:
+    """True once `url` answers 200 (or, with `unhealthy_ok`, 503 with a JSON body: a daemon up but unhealthy)."""
     import urllib.error
     import urllib.request
 
@@ -635,17 +635,6 @@ def _http_answers(url: str) -> bool:
         with urllib.request.urlopen(url, timeout=1) as resp:
             return resp.status == 200
     except urllib.error.HTTPError as e:
-        return e.code == 503 and e.headers.get("content-type", "").startswith("application/json")
-    except urllib.error.URLError:
-        return False
-
-
-def _http_ok(url: str) -> bool:
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=1) as resp:
-            return resp.status == 200
+        return unhealthy_ok and e.code == 503 and e.headers.get("content-type", "").startswith("application/json")
     except urllib.error.URLError:
         return False
