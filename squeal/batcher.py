@@ -27,7 +27,7 @@ from typing import Any
 from twisted.internet import defer, protocol
 from twisted.internet.endpoints import TCP4ClientEndpoint
 
-from squeal.flows import FLUSH_LINE, Batch, Flow
+from squeal.flows import Batch, Flow
 from squeal.metrics import Metrics
 from squeal.sampler import DeleteSampler
 
@@ -196,7 +196,7 @@ class Sender:
         for line in errors:
             if m is not None:
                 m.reply_errors.labels(flow=self.flow.name, error=line.split(b" ", 1)[0].decode(errors="replace")).inc()
-        flushes = batch.payload.count(FLUSH_LINE)
+        flushes = batch.flushes
         if oks < flushes:  # a refused flush is never acknowledged: the flow retries it
             self.batches.appendleft(batch)
             log.error("flow %s: flush_all refused (%r); squeal-router flushes only with --enable-flush-cmd",

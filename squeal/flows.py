@@ -40,8 +40,8 @@ from squeal.metrics import Metrics
 LIVE, SHED, CATCHING_UP = "live", "shed", "catching_up"
 # Sent ahead of a transaction's deletes when its changes carry no row images (TRUNCATE with the "flush"
 # policy) or after binlog data loss. The routers answer `OK` once every server of the cluster is flushed
-# (squeal-router needs --enable-flush-cmd); `md ... q` lines never contain this line, so counting it in a
-# batch's payload counts the flushes in it.
+# (squeal-router needs --enable-flush-cmd). It is always the first line of its entry: `take_batch` counts
+# the flushes of a batch from that, and the batcher acknowledges the batch only with as many `OK`s.
 FLUSH_LINE = b"flush_all\r\n"
 STATES = (LIVE, SHED, CATCHING_UP)
 REGIONAL = "regional"
@@ -89,6 +89,7 @@ class Batch:
     entries: int  # queue entries completed by this batch (counted from where the batch before it ended)
     end_offset: int  # lines of the next entry already in this batch (or in the batches before it)
     epoch: int
+    flushes: int = 0  # FLUSH_LINEs in the payload: each must be answered `OK`
 
 
 class Flow:
@@ -256,8 +257,11 @@ class Flow:
         done = 0
         offset = self._sent_offset
         entries = itertools.islice(self.queue, self._sent_entries, None) if self._sent_entries else self.queue
+        flushes = 0
         for e in entries:
             lines = e.lines
+            if not offset and lines and lines[0] is FLUSH_LINE:  # (only ever an entry's first line)
+                flushes += 1
             room = batch_size - n
             avail = len(lines) - offset
             if avail <= room:
@@ -275,7 +279,7 @@ class Flow:
         if n == 0 and sending:
             return None
         parts.append(b"mn\r\n")
-        batch = Batch(b"".join(parts), n, done, offset, self.epoch)
+        batch = Batch(b"".join(parts), n, done, offset, self.epoch, flushes)
         sending.append(batch)
         self._sent_entries += done
         self._sent_offset = offset
