@@ -13,6 +13,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from router_config import predicate
 from router_config.model import (
     COLUMN_NAME,
     DEFAULT_HOST,
@@ -228,7 +229,8 @@ class _Builder:
         seen: set[str] = set()
         for i, body in enumerate(value):
             here = f"{path}[{i}]"
-            self.table(body, here, {"table", "keys", "on_truncate", "codec"}, {"table", "keys"})
+            self.table(body, here, {"table", "keys", "on_truncate", "codec", "when_changed", "where"},
+                       {"table", "keys"})
             table = self.typed(body["table"], f"{here}.table", str, 'a "schema.table" name')
             parts = table.split(".")
             if len(parts) != 2 or not all(COLUMN_NAME.match(p) for p in parts):
@@ -245,7 +247,21 @@ class _Builder:
             codec = body.get("codec")
             if codec is not None and not CODEC_PATH.match(self.typed(codec, f"{here}.codec", str, "an import path")):
                 raise self.fail(f"{here}.codec", f'{codec!r} is not an import path like "package.module:function"')
-            rules.append(Rule(table=table, keys=keys, on_truncate=on_truncate, codec=codec))
+            when_changed = ()
+            if "when_changed" in body:
+                when_changed = self.string_list(body["when_changed"], f"{here}.when_changed")
+                for k, name in enumerate(when_changed):
+                    if not COLUMN_NAME.match(name):
+                        raise self.fail(f"{here}.when_changed[{k}]", f"{name!r} is not a column name like user_id")
+            where = None
+            if "where" in body:
+                text = self.typed(body["where"], f"{here}.where", str, 'a predicate like "status != \'draft\'"')
+                try:
+                    where = predicate.parse(text)
+                except predicate.PredicateError as e:
+                    raise self.fail(f"{here}.where", f"{e} (at character {e.offset + 1} of {text!r})") from None
+            rules.append(Rule(table=table, keys=keys, on_truncate=on_truncate, codec=codec,
+                              when_changed=when_changed, where=where))
         return tuple(rules)
 
     def template(self, template: str, path: str) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from router_config.predicate import Predicate
+
 # A rule template placeholder: `{column_name}`.
 PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 COLUMN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -174,10 +176,22 @@ class Rule:
     # How the web tier encodes these keys' cached values, for `squealctl verify`: an import path
     # "package.module:function" of decode(key_template, value, flags) (monitoring/verify.py). squeal ignores it.
     codec: str | None = None
+    # Filters (docs/squeal.md, "Rule filters"): an UPDATE sends this rule's keys only if it changes one of
+    # these columns (or a templated one); and only row images matching `where` (router_config.predicate).
+    when_changed: tuple[str, ...] = ()
+    where: Predicate | None = None
 
     @property
     def columns(self) -> frozenset[str]:
         return frozenset(m for k in self.keys for m in PLACEHOLDER.findall(k))
+
+    @property
+    def watched(self) -> tuple[str, ...]:
+        """Columns whose change makes an UPDATE fire the rule; () when the rule has no `when_changed`. The
+        templated columns always count: an UPDATE that changes a key's column must delete the old key."""
+        if not self.when_changed:
+            return ()
+        return tuple(dict.fromkeys([*self.when_changed, *sorted(self.columns)]))
 
 
 @dataclass(frozen=True)

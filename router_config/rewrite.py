@@ -89,6 +89,8 @@ def to_document(topo: Topology) -> dict[str, Any]:
         "rules": [
             {"table": r.table, "keys": list(r.keys), "on_truncate": r.on_truncate}
             | ({"codec": r.codec} if r.codec else {})  # for `squealctl verify`
+            | ({"when_changed": list(r.when_changed)} if r.when_changed else {})
+            | ({"where": r.where.source} if r.where else {})
             for r in topo.rules
         ],
         "regions": {},

@@ -259,9 +259,9 @@ class Daemon:
         if self.settings.reader != "native":
             return "python"
         native_module()
-        problems = native_problems(conn, self.extractor.templates)
+        problems = native_problems(conn, self.extractor.text_columns)
         if problems:
-            log.warning("reader = \"native\": key templates name columns the native reader cannot render exactly "
+            log.warning("reader = \"native\": rules name columns the native reader cannot render exactly "
                         "like python-mysql-replication (%s); reading with python-mysql-replication instead",
                         "; ".join(problems))
             return "python"
@@ -276,7 +276,7 @@ class Daemon:
     def _reader(self, start: g.Position, name: str) -> BinlogReader | NativeBinlogReader:
         if self.reader_kind == "native":
             return NativeBinlogReader(self.source, start, self.read_tables, self.extractor.templates,
-                                      self.stage.bulk.parents, name=name)
+                                      self.stage.bulk.parents, name=name, filters=self.extractor.filters)
         return BinlogReader(self.source, start, self.read_tables, name=name)
 
     def start(self) -> None:

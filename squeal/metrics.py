@@ -31,6 +31,9 @@ class Metrics:
         self.missing_columns = Counter("squeal_rule_missing_column",
                                        "Row images lacking a column a rule template names (dropped column?)",
                                        ["table", "column"], registry=r)
+        self.rule_filtered = Counter("squeal_rule_filtered", "Changed rows a rule's filter kept from sending keys: "
+                                     "an UPDATE changing no when_changed column, or no image matching where",
+                                     ["table", "reason"], registry=r)
         self.reader_reconnects = Counter("squeal_reader_reconnects", "Binlog reconnects (resumed from the "
                                          "last committed GTID)", ["reader"], registry=r)
         self.reader_connected = Gauge("squeal_reader_connected", "1 while the binlog stream is connected",

@@ -45,6 +45,7 @@ class KeyStage:
         self.regional_prefixes = tuple(regional_prefixes)
         self.metrics = metrics
         self._missing_reported: dict[tuple[str, str, str], int] = {}
+        self._filtered_reported: dict[tuple[str, str, str], int] = {}
         # Label lookups are dict work under a lock: resolve the children once, not per transaction.
         self._keys_rule = metrics.keys.labels(source="rule") if metrics is not None else None
         self._keys_comment = metrics.keys.labels(source="comment") if metrics is not None else None
@@ -61,12 +62,15 @@ class KeyStage:
             self._duplicates.inc(duplicates)
         return out
 
-    def rendered_elsewhere(self, duplicates: int, missing: list[tuple[str, str, str, str, int]]) -> None:
-        """What the native reader dropped or missed while rendering rows itself (`take_counts`)."""
+    def rendered_elsewhere(self, duplicates: int, missing: list[tuple[str, str, str, str, int]],
+                           filtered: list[tuple[str, str, str, int]] = ()) -> None:  # type: ignore[assignment]
+        """What the native reader dropped, missed or filtered while rendering rows itself (`take_counts`)."""
         if duplicates and self._duplicates is not None:
             self._duplicates.inc(duplicates)
         for schema, table, column, template, times in missing:
             self.extractor.count_missing(schema, table, column, template, times)
+        for schema, table, reason, times in filtered:
+            self.extractor.count_filtered(schema, table, reason, times)
 
     def process(self, txn: Transaction, read_ts: float | None = None, report: bool = True) -> Committed:
         """`report`: log and count what needs an operator (the live reader; catch-up readers re-read)."""
@@ -98,6 +102,13 @@ class KeyStage:
                     before = self._missing_reported.get((schema, table, column), 0)
                     m.missing_columns.labels(table=f"{schema}.{table}", column=column).inc(n - before)
                     self._missing_reported[(schema, table, column)] = n
+            filtered = self.extractor.filtered
+            if filtered != self._filtered_reported:
+                for (schema, table, reason), n in filtered.items():
+                    before = self._filtered_reported.get((schema, table, reason), 0)
+                    if n != before:
+                        m.rule_filtered.labels(table=f"{schema}.{table}", reason=reason).inc(n - before)
+                        self._filtered_reported[(schema, table, reason)] = n
         return c
 
 

@@ -423,9 +423,9 @@ def native_charsets() -> dict[int, str]:
     return out
 
 
-def native_problems(conn: Any, templates: dict[tuple[str, str], tuple[Any, ...]]) -> list[str]:
-    """Templated columns the native reader cannot render like python-mysql-replication (information_schema)."""
-    wanted = {(s, t, c) for (s, t), ts in templates.items() for tpl in ts for c in tpl.columns}
+def native_problems(conn: Any, wanted: set[tuple[str, str, str]]) -> list[str]:
+    """Columns (schema, table, column) the native reader needs as text (templated, or compared by a `where`)
+    but cannot render like python-mysql-replication (information_schema)."""
     if not wanted:
         return []
     tables = sorted({(s, t) for s, t, _ in wanted})
@@ -451,24 +451,28 @@ class NativeBinlogReader(_Reconnecting):
     `Rows.changed`), other tables' rows are skipped undecoded (parents of cascading foreign keys still give
     an event carrying their kind, no images), and annotate events come only when they hold `mcd:`.
 
-    `templates`: the key extractor's (`KeyExtractor.templates`); `parents`: `BulkDetector.parents`.
-    `take_counts()` returns what the consumer would have counted while rendering: duplicate keys dropped
-    and templates that met a missing column.
+    `templates` and `filters`: the key extractor's (`KeyExtractor.templates`, `.filters`); `parents`:
+    `BulkDetector.parents`. `take_counts()` returns what the consumer would have counted while rendering:
+    duplicate keys dropped, templates that met a missing column, rows the rules' filters skipped.
     """
 
     batch = 1024  # events per GIL acquisition at most
 
     def __init__(self, source: Source, start: g.Position, tables: set[tuple[str, str]],
                  templates: dict[tuple[str, str], tuple[Any, ...]], parents: set[tuple[str, str]] = frozenset(),
-                 name: str = "live", max_backoff: float = 5.0) -> None:
+                 name: str = "live", max_backoff: float = 5.0, filters: dict[tuple[str, str], Any] | None = None,
+                 ) -> None:
         super().__init__(source, start, tables, name, max_backoff)
         self.native = native_module()
         self.rules = [(s, t, [tpl.source for tpl in ts]) for (s, t), ts in sorted(templates.items())]
+        self.filters = [(s, t, list(f.watched), f.where.steps() if f.where is not None else [])
+                        for (s, t), f in sorted((filters or {}).items())]
         self.parents = set(parents)
         self._streamobj: Any = None
         self._duplicates_seen = 0
         self._duplicates = 0
         self._missing: list[tuple[str, str, str, str, int]] = []
+        self._filtered: list[tuple[str, str, str, int]] = []
 
     def stop(self) -> None:
         super().stop()
@@ -476,11 +480,12 @@ class NativeBinlogReader(_Reconnecting):
         if stream is not None:
             stream.stop()
 
-    def take_counts(self) -> tuple[int, list[tuple[str, str, str, str, int]]]:
-        """(duplicate keys dropped, [(schema, table, column, template, times)]) since the last call."""
-        dups, missing = self._duplicates, self._missing
-        self._duplicates, self._missing = 0, []
-        return dups, missing
+    def take_counts(self) -> tuple[int, list[tuple[str, str, str, str, int]], list[tuple[str, str, str, int]]]:
+        """(duplicate keys dropped, [(schema, table, column, template, times)], [(schema, table, reason, rows)])
+        since the last call."""
+        dups, missing, filtered = self._duplicates, self._missing, self._filtered
+        self._duplicates, self._missing, self._filtered = 0, [], []
+        return dups, missing, filtered
 
     def _read_once(self) -> Iterator[Event]:
         from squeal.rules import RENDERED  # noqa: PLC0415 - rules imports transactions, not the reader
@@ -490,7 +495,7 @@ class NativeBinlogReader(_Reconnecting):
         stream = self._streamobj = native.NativeStream(
             s.host, s.port, s.user, s.password, self.server_id, g.format_position(self.committed),
             self.rules, sorted(self.tables), sorted(self.parents), native_charsets(),
-            (Begin, Annotate, Rows, Commit, Query, XaPrepare, RENDERED), 1.0)
+            (Begin, Annotate, Rows, Commit, Query, XaPrepare, RENDERED), 1.0, filters=self.filters)
         self._duplicates_seen = 0
         try:
             while not self._stop.is_set():
@@ -506,6 +511,9 @@ class NativeBinlogReader(_Reconnecting):
                 missing = stream.take_missing()
                 if missing:
                     self._missing += missing
+                filtered = stream.take_filtered()
+                if filtered:
+                    self._filtered += filtered
                 yield from batch
         except native.NativeStreamError as e:
             code, message = e.args

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router_config import Rule
+from router_config.predicate import BoolOp, Compare, IsNull, Node, Not, Predicate
 from squeal.transactions import Rows, Transaction
 
 log = logging.getLogger(__name__)
@@ -130,6 +131,100 @@ class Template:
         return "".join(out)
 
 
+# -- filters (`when_changed`, `where`) ----------------------------------------------------------------
+
+_MISSING = object()
+
+
+_INTEGER = re.compile(r"-?[0-9]{1,38}")  # fits an i128, like the native reader's
+
+
+def _numbers(a: str, b: str) -> tuple[int, int] | tuple[float, float]:
+    """Two numbers' texts as numbers to compare: ints when both are integers, else floats (exactly what the
+    native reader does: i128, else f64)."""
+    if _INTEGER.fullmatch(a) and _INTEGER.fullmatch(b):
+        return int(a), int(b)
+    return float(a), float(b)
+
+
+def _compare(op: str, a: Any, b: Any) -> bool:
+    if op == "=":
+        return a == b
+    if op == "!=":
+        return a != b
+    if op == "<":
+        return a < b
+    if op == "<=":
+        return a <= b
+    if op == ">":
+        return a > b
+    return a >= b
+
+
+class RowFilter:
+    """A rule's filters on one changed row: does the row send the rule's keys?
+
+    * `watched` (`Rule.watched`): an UPDATE sends them only if one of these columns differs between its
+      before and after image. INSERT and DELETE always pass.
+    * `where`: at least one of the row's images must match (so a row leaving the filtered set, say
+      published -> draft, still deletes its cached copy).
+
+    A column the row lacks (dropped after start-up) makes the row pass: a filter never costs an invalidation
+    because the schema moved. `missing` collects such columns for the caller to report.
+    """
+
+    def __init__(self, watched: tuple[str, ...], where: Predicate | None) -> None:
+        self.watched = watched
+        self.where = where
+        self.missing: set[str] = set()
+
+    def reason_to_skip(self, kind: str, images: tuple[dict, ...]) -> str | None:
+        """"when_changed" or "where" if the row sends nothing, else None (`images`: the row's 1 or 2)."""
+        if self.watched and kind == "update" and len(images) == 2:
+            before, after = images
+            for c in self.watched:
+                b, a = before.get(c, _MISSING), after.get(c, _MISSING)
+                if b is _MISSING or a is _MISSING:
+                    self.missing.add(c)
+                    return None
+                if b != a:
+                    break
+            else:
+                return "when_changed"
+        if self.where is not None:
+            for image in images:
+                try:
+                    if self._eval(self.where.root, image) is True:
+                        return None
+                except KeyError as e:
+                    self.missing.add(str(e.args[0]))
+                    return None
+            return "where"
+        return None
+
+    def _eval(self, node: Node, row: dict) -> bool | None:
+        """SQL's three-valued logic: True, False, or None (unknown)."""
+        if isinstance(node, Compare):
+            value = row[node.column]
+            if value is None:
+                return None
+            text = _text(value)
+            if node.literal.number:
+                return _compare(node.op, *_numbers(text, node.literal.value))
+            return _compare(node.op, text.encode("utf-8", "surrogateescape"), node.literal.value.encode("utf-8"))
+        if isinstance(node, IsNull):
+            return row[node.column] is None
+        if isinstance(node, Not):
+            v = self._eval(node.operand, row)
+            return None if v is None else not v
+        assert isinstance(node, BoolOp)
+        values = [self._eval(n, row) for n in node.operands]
+        decisive = node.op == "or"  # True decides an OR, False an AND
+        if decisive in values:
+            return decisive
+        return None if None in values else not decisive
+
+
 def comment_keys(sql: bytes) -> list[str]:
     """Keys named in `/* mcd:k1,k2 */` comments of one statement."""
     keys: list[str] = []
@@ -146,14 +241,27 @@ class KeyExtractor:
 
     def __init__(self, rules: Iterable[Rule]) -> None:
         self.templates: dict[tuple[str, str], tuple[Template, ...]] = {}
+        self.filters: dict[tuple[str, str], RowFilter] = {}
         for rule in rules:
             schema, table = rule.table.split(".", 1)
             self.templates[(schema, table)] = tuple(Template.compile(k) for k in rule.keys)
+            if rule.watched or rule.where is not None:
+                self.filters[(schema, table)] = RowFilter(rule.watched, rule.where)
         self.missing_columns: dict[tuple[str, str, str], int] = {}  # (schema.table, column) seen missing
+        self.filtered: dict[tuple[str, str, str], int] = {}  # (schema, table, reason) -> rows that sent nothing
 
     @property
     def tables(self) -> set[tuple[str, str]]:
         return set(self.templates)
+
+    @property
+    def text_columns(self) -> set[tuple[str, str, str]]:
+        """(schema, table, column) rendered as text: templated, or compared by a `where` filter."""
+        out = {(s, t, c) for (s, t), ts in self.templates.items() for tpl in ts for c in tpl.columns}
+        for (s, t), f in self.filters.items():
+            if f.where is not None:
+                out.update((s, t, c) for c in f.where.columns)
+        return out
 
     def keys(self, txn: Transaction) -> tuple[list[str], int, int]:
         """(keys, number from rules, number from comments) for one committed transaction.
@@ -197,7 +305,11 @@ class KeyExtractor:
             return 0  # a table with no rule (the reader filters most of these out already)
         duplicates = 0
         append = new.append if new is not None else None
-        for image in rows.images:
+        images: Iterable[dict] = rows.images
+        row_filter = self.filters.get((rows.schema, rows.table))
+        if row_filter is not None:
+            images = self._filtered(rows, row_filter)
+        for image in images:
             for t in templates:
                 try:
                     key = t.render(image)
@@ -214,6 +326,29 @@ class KeyExtractor:
                     append(key)
         return duplicates
 
+    def _filtered(self, rows: Rows, row_filter: RowFilter) -> list[dict]:
+        """The images of `rows`' rows that pass the rule's filters; the others are counted in `filtered`."""
+        step = 2 if rows.kind == "update" else 1
+        images = rows.images
+        out: list[dict] = []
+        for i in range(0, len(images), step):
+            row = images[i:i + step]
+            reason = row_filter.reason_to_skip(rows.kind, row)
+            if reason is None:
+                out.extend(row)
+            else:
+                k = (rows.schema, rows.table, reason)
+                self.filtered[k] = self.filtered.get(k, 0) + 1
+        for column in row_filter.missing:
+            self.count_missing(rows.schema, rows.table, column, "when_changed/where")
+        row_filter.missing.clear()
+        return out
+
+    def count_filtered(self, schema: str, table: str, reason: str, times: int) -> None:
+        """Rows the native reader's filters kept from sending (`take_counts`)."""
+        k = (schema, table, reason)
+        self.filtered[k] = self.filtered.get(k, 0) + times
+
     def _missing(self, schema: str, table: str, column: str, t: Template) -> None:
         self.count_missing(schema, table, column, t.source)
 
@@ -224,16 +359,27 @@ class KeyExtractor:
         count = self.missing_columns.get(k, 0)
         self.missing_columns[k] = count + times
         if count == 0:
-            log.error("rule for %s.%s: key template %r names column %r, which the row no longer has; "
-                      "that key is not rendered until the rule is fixed", schema, table, template, column)
+            if template == "when_changed/where":
+                log.error("rule for %s.%s: its filter names column %r, which the row no longer has; the filter "
+                          "lets every row through until the rule is fixed", schema, table, column)
+            else:
+                log.error("rule for %s.%s: key template %r names column %r, which the row no longer has; "
+                          "that key is not rendered until the rule is fixed", schema, table, template, column)
 
 
 # -- start-up check against the live schema ---------------------------------------------------------
 
-def check_rules(rules: Iterable[Rule], columns_of: dict[tuple[str, str], list[str]]) -> list[str]:
-    """Raise RuleError if a template names a column its table lacks; return warnings (missing tables).
+# information_schema DATA_TYPEs a `where` may compare with a number (any other with a 'string').
+NUMERIC_TYPES = frozenset({"tinyint", "smallint", "mediumint", "int", "integer", "bigint", "year", "decimal",
+                           "numeric", "float", "double", "real"})
 
-    `columns_of` maps (schema, table) to the table's columns as information_schema lists them.
+
+def check_rules(rules: Iterable[Rule], columns_of: dict[tuple[str, str], Any]) -> list[str]:
+    """Raise RuleError if a template or filter names a column its table lacks, or a `where` compares a
+    column with the wrong kind of literal; return warnings (missing tables).
+
+    `columns_of` maps (schema, table) to the table's columns as information_schema lists them: a list of
+    names, or (`load_columns`) a dict name -> DATA_TYPE, which also enables the literal check.
     """
     warnings: list[str] = []
     for i, rule in enumerate(rules):
@@ -244,27 +390,48 @@ def check_rules(rules: Iterable[Rule], columns_of: dict[tuple[str, str], list[st
                             "its templates are checked when rows arrive")
             continue
         have = set(cols)
+        listing = ", ".join(cols)
         for template in rule.keys:
             for column in PLACEHOLDER.findall(template):
                 if column not in have:
                     raise RuleError(
                         f"rules[{i}] (table {rule.table}): key template {template!r} names column "
-                        f"{column!r}, which {rule.table} does not have (columns: {', '.join(cols)})"
+                        f"{column!r}, which {rule.table} does not have (columns: {listing})"
                     )
+        for column in rule.when_changed:
+            if column not in have:
+                raise RuleError(f"rules[{i}].when_changed (table {rule.table}): {rule.table} has no column "
+                                f"{column!r} (columns: {listing})")
+        if rule.where is None:
+            continue
+        for column in rule.where.columns:
+            if column not in have:
+                raise RuleError(f"rules[{i}].where (table {rule.table}): {rule.where.source!r} names column "
+                                f"{column!r}, which {rule.table} does not have (columns: {listing})")
+        if isinstance(cols, dict):
+            for c in rule.where.comparisons():
+                numeric = str(cols[c.column]).lower() in NUMERIC_TYPES
+                if numeric != c.literal.number:
+                    want = "a number" if numeric else "a 'string'"
+                    raise RuleError(
+                        f"rules[{i}].where (table {rule.table}): {c.column} is {cols[c.column]}: compare it with "
+                        f"{want}, not {c.literal.value!r} (squeal compares numbers as numbers and strings byte "
+                        "for byte)")
     return warnings
 
 
-def load_columns(conn: Any, tables: Iterable[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
-    """Columns of each (schema, table) from information_schema (a PyMySQL connection)."""
+def load_columns(conn: Any, tables: Iterable[tuple[str, str]]) -> dict[tuple[str, str], dict[str, str]]:
+    """Columns of each (schema, table) from information_schema (a PyMySQL connection): name -> DATA_TYPE, in
+    table order."""
     tables = list(tables)
-    out: dict[tuple[str, str], list[str]] = {}
+    out: dict[tuple[str, str], dict[str, str]] = {}
     if not tables:
         return out
     where = " OR ".join(["(TABLE_SCHEMA=%s AND TABLE_NAME=%s)"] * len(tables))
     args = [v for t in tables for v in t]
     with conn.cursor() as cur:
-        cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME FROM information_schema.COLUMNS "
+        cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS "
                     f"WHERE {where} ORDER BY ORDINAL_POSITION", args)
-        for schema, table, column in cur.fetchall():
-            out.setdefault((schema, table), []).append(column)
+        for schema, table, column, data_type in cur.fetchall():
+            out.setdefault((schema, table), {})[column] = str(data_type)
     return out

@@ -18,6 +18,8 @@ use mysql_common::constants::ColumnType;
 use mysql_common::io::ParseBuf;
 use mysql_common::value::Value;
 
+use crate::filter::{Filter, Image, Step};
+
 /// One key template: literal, column, literal, ..., literal (like `Template.parts`).
 #[derive(Debug, Clone)]
 pub struct Template {
@@ -103,9 +105,11 @@ pub struct Column {
     pub ty: ColumnType,
     pub meta: Vec<u8>,
     pub unsigned: bool,
-    /// Index into the image's slots if a template names this column.
+    /// Index into the image's text slots if a template or `where` names this column.
     pub slot: Option<usize>,
     pub conv: Option<Conv>,
+    /// Index into the image's raw slots if `when_changed` watches this column.
+    pub raw: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -127,6 +131,9 @@ pub struct Plan {
     pub columns: Vec<Column>,
     pub templates: Vec<PlanTemplate>,
     pub nslots: usize,
+    pub nraw: usize,
+    /// The rule's filters, if it has any.
+    pub filter: Option<Filter>,
 }
 
 /// The rules, as handed over by Python.
@@ -137,6 +144,24 @@ pub struct Rules {
     pub names: HashSet<String>,
     pub parents: HashSet<(String, String)>,
     pub charsets: HashMap<u16, Charset>,
+    pub filters: HashMap<(String, String), FilterSpec>,
+}
+
+/// A rule's filters by column name, as handed over by Python (`Rule.watched`, `Predicate.steps`).
+#[derive(Debug, Default, Clone)]
+pub struct FilterSpec {
+    pub watched: Vec<String>,
+    pub steps: Vec<(String, String, String)>,
+}
+
+impl FilterSpec {
+    /// Columns `where` compares (they need key text).
+    fn where_columns(&self) -> impl Iterator<Item = &str> {
+        self.steps
+            .iter()
+            .filter(|(op, _, _)| !matches!(op.as_str(), "and" | "or" | "not"))
+            .map(|(_, c, _)| c.as_str())
+    }
 }
 
 /// A template's column whose type the native reader cannot render like the Python reader.
@@ -195,6 +220,8 @@ impl Plan {
             columns: Vec::new(),
             templates: Vec::new(),
             nslots: 0,
+            nraw: 0,
+            filter: None,
         };
         if !read && !parent {
             return Ok(plan); // rows skipped undecoded
@@ -209,11 +236,17 @@ impl Plan {
         let mut signed = meta.iter_signedness();
         let mut charsets = meta.iter_charset();
         let templates = rules.templates.get(&key).map(Vec::as_slice).unwrap_or(&[]);
+        let spec = rules.filters.get(&key);
         let wanted: HashSet<&str> = templates
             .iter()
             .flat_map(|t| t.columns.iter().map(String::as_str))
+            .chain(spec.into_iter().flat_map(FilterSpec::where_columns))
             .collect();
+        let watched: HashSet<&str> = spec
+            .map(|s| s.watched.iter().map(String::as_str).collect())
+            .unwrap_or_default();
         let mut slot_of: HashMap<String, usize> = HashMap::new();
+        let mut raw_of: HashMap<String, usize> = HashMap::new();
         for i in 0..tme.columns_count() as usize {
             let ty = match tme.get_column_type(i) {
                 Ok(Some(ty)) => ty,
@@ -245,7 +278,13 @@ impl Plan {
                 unsigned,
                 slot: None,
                 conv: None,
+                raw: None,
             };
+            if !name.is_empty() && watched.contains(name.as_str()) {
+                column.raw = Some(plan.nraw);
+                raw_of.insert(name.clone(), plan.nraw);
+                plan.nraw += 1;
+            }
             if !name.is_empty() && wanted.contains(name.as_str()) {
                 let conv = conversion(ty, charset).ok_or_else(|| {
                     let what = match charset {
@@ -255,9 +294,9 @@ impl Plan {
                         _ => "a type",
                     };
                     Unsupported(format!(
-                        "{schema}.{table}: a key template names column {name:?} of type {}, {what} the native \
-                         reader does not render exactly like python-mysql-replication; set [squeal] reader = \
-                         \"python\"",
+                        "{schema}.{table}: a key template or `where` names column {name:?} of type {}, {what} \
+                         the native reader does not render exactly like python-mysql-replication; set [squeal] \
+                         reader = \"python\"",
                         type_name(ty)
                     ))
                 })?;
@@ -277,6 +316,26 @@ impl Plan {
                     .iter()
                     .map(|c| slot_of.get(c).copied().ok_or_else(|| c.clone()))
                     .collect(),
+            });
+        }
+        if let Some(spec) = spec {
+            let steps = spec
+                .steps
+                .iter()
+                .map(|(op, c, lit)| {
+                    Step::parse(op, c, lit, |c| {
+                        slot_of.get(c).copied().ok_or_else(|| c.to_string())
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| Unsupported(format!("{schema}.{table}: where: {e}")))?;
+            plan.filter = Some(Filter {
+                watched: spec
+                    .watched
+                    .iter()
+                    .map(|c| raw_of.get(c).copied().ok_or_else(|| c.clone()))
+                    .collect(),
+                steps,
             });
         }
         Ok(plan)
@@ -306,16 +365,20 @@ fn conversion(ty: ColumnType, charset: Option<Charset>) -> Option<Conv> {
 pub type Slots = Vec<Option<Vec<u8>>>;
 
 /// Reads one row image of `plan`'s table from `buf` (null bitmap, then the present columns' values) into
-/// `slots` (templated columns only). `present`: the rows event's column bitmap for this image.
+/// `image` (templated, `where` and watched columns only). `present`: the rows event's column bitmap for
+/// this image.
 pub fn read_image<'a>(
     buf: &mut ParseBuf<'a>,
     plan: &'a Plan,
     present: &dyn Fn(usize) -> bool,
     npresent: usize,
-    slots: &mut Slots,
+    image: &mut Image,
 ) -> std::io::Result<()> {
+    let slots = &mut image.text;
     slots.clear();
     slots.resize(plan.nslots, None);
+    image.raw.clear();
+    image.raw.resize(plan.nraw, None);
     let nulls: &[u8] = buf.parse(npresent.div_ceil(8))?;
     let mut index = 0;
     for (i, column) in plan.columns.iter().enumerate() {
@@ -327,8 +390,13 @@ pub fn read_image<'a>(
         if is_null {
             continue;
         }
+        let start = buf.0;
         let value: BinlogValue<'_> =
             buf.parse((column.ty, column.meta.as_slice(), column.unsigned, false))?;
+        if let Some(raw) = column.raw {
+            // the value's bytes as logged: equal bytes, equal value (same column, same metadata)
+            image.raw[raw] = Some(start[..start.len() - buf.0.len()].to_vec());
+        }
         if let (Some(slot), Some(conv)) = (column.slot, column.conv) {
             slots[slot] = text(&value, conv).map_err(|e| {
                 // (Unsupported: the stream stops for good; the Python reader would raise on it too)

@@ -7,6 +7,7 @@
 //! positions stay in Python (`squeal.reader.NativeBinlogReader`, `squeal.transactions`).
 
 pub mod conn;
+pub mod filter;
 pub mod keys;
 pub mod stream;
 
@@ -23,7 +24,7 @@ mod python {
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
-    use crate::keys::{Charset, Rules, Template};
+    use crate::keys::{Charset, FilterSpec, Rules, Template};
     use crate::stream::{self, Kind, Out, Settings, Shared};
 
     create_exception!(
@@ -44,6 +45,9 @@ mod python {
         Py<PyAny>,
         String,
     );
+
+    /// (schema, table, watched columns, where steps as (op, column, literal)).
+    type FilterArg = (String, String, Vec<String>, Vec<(String, String, String)>);
 
     /// The Python classes the events are built with (`squeal.transactions`).
     struct Factories {
@@ -78,10 +82,11 @@ mod python {
         /// `rules`: [(schema, table, [template, ...])]; `read_tables`: the (schema, table) pairs whose rows the
         /// Python reader would decode; `parents`: parents of cascading foreign keys; `charsets`: collation id
         /// -> "text" | "raw" | "cp1252" | "unsupported"; `events`: (Begin, Annotate, Rows, Commit, Query, XaPrepare,
-        /// RENDERED).
+        /// RENDERED); `filters`: [(schema, table, watched columns, where steps)] (`Rule.watched`,
+        /// `Predicate.steps`).
         #[new]
         #[pyo3(signature = (host, port, user, password, server_id, position, rules, read_tables, parents,
-                            charsets, events, heartbeat=1.0, queue=256))]
+                            charsets, events, heartbeat=1.0, queue=256, filters=Vec::new()))]
         #[allow(clippy::too_many_arguments)]
         fn new(
             py: Python<'_>,
@@ -98,6 +103,7 @@ mod python {
             events: EventClasses,
             heartbeat: f64,
             queue: usize,
+            filters: Vec<FilterArg>,
         ) -> PyResult<Self> {
             if !(heartbeat > 0.0 && heartbeat < 4_000_000.0) {
                 return Err(PyValueError::new_err("heartbeat must be > 0 seconds"));
@@ -114,6 +120,10 @@ mod python {
                 r.names.insert(table);
             }
             r.parents = parents.into_iter().collect();
+            for (schema, table, watched, steps) in filters {
+                r.filters
+                    .insert((schema, table), FilterSpec { watched, steps });
+            }
             for (id, how) in charsets {
                 let c = match how.as_str() {
                     "text" => Charset::Text,
@@ -265,6 +275,12 @@ mod python {
             m.drain()
                 .map(|((s, t, c, tpl), n)| (s, t, c, tpl, n))
                 .collect()
+        }
+
+        /// [(schema, table, reason, rows)]: rows a rule's filter kept from sending keys, since the last call.
+        fn take_filtered(&self) -> Vec<(String, String, &'static str, u64)> {
+            let mut f = self.shared.filtered.lock().unwrap();
+            f.drain().map(|((s, t, why), n)| (s, t, why, n)).collect()
         }
     }
 

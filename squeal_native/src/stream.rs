@@ -27,7 +27,8 @@ use mysql_common::binlog::EventStreamReader;
 use mysql_common::io::ParseBuf;
 
 use crate::conn::{Conn, ConnError};
-use crate::keys::{read_image, render, Plan, Rendered, Rules, Slots};
+use crate::filter::{Decision, Image, Skip};
+use crate::keys::{read_image, render, Plan, Rendered, Rules};
 
 /// MariaDB event types mysql_common does not name.
 const MARIA_ANNOTATE_ROWS: u8 = 0xa0;
@@ -101,6 +102,8 @@ pub struct Shared {
     pub duplicates: AtomicU64,
     /// (schema, table, column, template) -> times a template met a column its table map lacks
     pub missing: Mutex<HashMap<(String, String, String, String), u64>>,
+    /// (schema, table, reason) -> rows a rule's filter kept from sending keys
+    pub filtered: Mutex<HashMap<(String, String, &'static str), u64>>,
     pub socket: Mutex<Option<TcpStream>>,
 }
 
@@ -129,7 +132,8 @@ struct Reader {
     plans: HashMap<u64, (Vec<u8>, Arc<Plan>)>,
     group: HashSet<Vec<u8>>,
     pending: Option<Pending>,
-    slots: Slots,
+    /// The images of the row being read (two for an UPDATE), reused.
+    images: [Image; 2],
 }
 
 /// Runs one stream to its end (an error, or `stop`). Every outcome but a stop ends with `Out::Error`.
@@ -141,7 +145,7 @@ pub fn run(settings: Settings, rules: Arc<Rules>, shared: Arc<Shared>, tx: SyncS
         plans: HashMap::new(),
         group: HashSet::new(),
         pending: None,
-        slots: Vec::new(),
+        images: Default::default(),
     };
     let result = reader.read(&settings);
     shared.connected.store(false, Ordering::SeqCst);
@@ -402,20 +406,38 @@ impl Reader {
         let mut new_keys: Vec<Vec<u8>> = Vec::new();
         let mut duplicates = 0u64;
         let mut missing: Vec<(String, String)> = Vec::new();
-        let mut slots = std::mem::take(&mut self.slots);
+        let mut filtered = [0u64; 2]; // rows skipped by when_changed, by where
+        let mut row = std::mem::take(&mut self.images);
         while !buf.is_empty() {
+            let mut n = 0;
             for (bits, count) in images.iter().zip(counts) {
                 let Some(bits) = bits else { continue };
                 let present = |i: usize| bits.get(i).map(|b| *b).unwrap_or(false);
-                read_image(&mut buf, &plan, &present, count, &mut slots).map_err(|e| {
+                read_image(&mut buf, &plan, &present, count, &mut row[n]).map_err(|e| {
                     if e.kind() == std::io::ErrorKind::Unsupported {
                         Failure::Unsupported(e.to_string())
                     } else {
                         decode_err(e)
                     }
                 })?;
+                n += 1;
+            }
+            changed += 1;
+            if let Some(filter) = &plan.filter {
+                match filter.decide(kind == Kind::Update, &row[..n]) {
+                    Decision::Send => {}
+                    Decision::Skip(why) => {
+                        filtered[why as usize] += 1;
+                        continue;
+                    }
+                    Decision::Missing(column) => {
+                        missing.push((column.to_string(), "when_changed/where".to_string()))
+                    }
+                }
+            }
+            for image in &row[..n] {
                 for t in &plan.templates {
-                    match render(t, &slots) {
+                    match render(t, &image.text) {
                         Rendered::Key(key) => {
                             if self.group.contains(&key) {
                                 duplicates += 1;
@@ -431,9 +453,17 @@ impl Reader {
                     }
                 }
             }
-            changed += 1;
         }
-        self.slots = slots;
+        self.images = row;
+        if filtered != [0, 0] {
+            let mut f = self.shared.filtered.lock().unwrap();
+            for (why, n) in [Skip::WhenChanged, Skip::Where].into_iter().zip(filtered) {
+                if n > 0 {
+                    *f.entry((plan.schema.to_string(), plan.table.to_string(), why.label()))
+                        .or_insert(0) += n;
+                }
+            }
+        }
         if duplicates > 0 {
             self.shared
                 .duplicates

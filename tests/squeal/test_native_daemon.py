@@ -85,3 +85,42 @@ def test_a_rule_the_native_reader_cannot_render_falls_back_to_python(primary, tm
         assert f"{e.schema}.floaty.f is float" in e.log()
     finally:
         e.stop()
+
+
+FILTERED_RULE = """
+[[rules]]
+table = "{schema}.articles"
+keys = ["art:{{id}}"]
+when_changed = ["title", "status"]
+where = "status != 'draft'"
+"""
+
+
+@pytest.mark.parametrize("reader", ["native", "python"])
+def test_rule_filters_in_the_daemon(primary, tmp_path, reader: str) -> None:
+    """An UPDATE changing no watched column, and a draft, send nothing: their cached copies stay (proven by a
+    later change's delete arriving, in commit order); the rest is deleted; both are counted."""
+    e = SquealEnv(tmp_path, primary)
+    try:
+        e.sql("CREATE TABLE articles (id INT PRIMARY KEY, status VARCHAR(20), views INT, title VARCHAR(50))",
+              "INSERT INTO articles VALUES (1, 'live', 0, 'a'), (2, 'draft', 0, 'b'), (3, 'live', 0, 'c')")
+        text = e.topology.read_text().replace("[squeal]\n", f'[squeal]\nreader = "{reader}"\n', 1)
+        e.topology.write_text(text + FILTERED_RULE.format(schema=e.schema))
+        e.start()
+        for c in e.caches:
+            c.set_many(["art:1", "art:2", "art:3"])
+        e.sql("UPDATE articles SET views = views + 1",  # when_changed: nothing watched changed (3 rows)
+              "UPDATE articles SET title = 'b2' WHERE id = 2",  # where: a draft before and after
+              "UPDATE articles SET title = 'c2' WHERE id = 3")  # sent
+        wait_gone(e.caches, ["art:3"])
+        e.fence()
+        for c in e.caches:
+            assert c.present(["art:1", "art:2"]) == {"art:1", "art:2"}
+        e.sql("UPDATE articles SET status = 'live' WHERE id = 2")  # leaving the filtered set: sent
+        wait_gone(e.caches, ["art:2"])
+        metrics = scrape(e.daemon.port)
+        assert metrics[f'squeal_rule_filtered_total{{reason="when_changed",table="{e.schema}.articles"}}'] == 3
+        assert metrics[f'squeal_rule_filtered_total{{reason="where",table="{e.schema}.articles"}}'] == 1
+        assert ("binlog reader: native" in e.log()) == (reader == "native")
+    finally:
+        e.stop()

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import pytest
 from squeal_helpers import unique_db
 
-from router_config import Rule
+from router_config import Rule, predicate
 from squeal import gtid as g
 from squeal.bulk import load_cascades
 from squeal.flows import Committed
@@ -54,6 +54,9 @@ CREATE TABLE parent (id INT PRIMARY KEY) ENGINE=InnoDB;
 CREATE TABLE child (id INT PRIMARY KEY, parent_id INT, FOREIGN KEY (parent_id) REFERENCES parent(id)
   ON DELETE CASCADE) ENGINE=InnoDB;
 CREATE TABLE evolving (id INT PRIMARY KEY, a VARCHAR(20), b VARCHAR(20)) ENGINE=InnoDB;
+CREATE TABLE articles (id INT PRIMARY KEY, status VARCHAR(20), owner_id INT, views INT, title VARCHAR(100),
+  body MEDIUMTEXT) ENGINE=InnoDB;
+CREATE TABLE scores (id INT PRIMARY KEY, score DECIMAL(6,2), views INT) ENGINE=InnoDB;
 """
 
 
@@ -68,6 +71,10 @@ def rules_for(schema: str) -> list[Rule]:
         Rule(table=f"{schema}.child", keys=("child:{id}",), on_truncate="flush"),
         Rule(table=f"{schema}.evolving", keys=("ev:{a}", "evb:{b}:{id}")),
         Rule(table=f"{schema}.latin", keys=("latin:{v}",)),
+        # filters: when_changed (+ the templated id, owner_id) and a string/IN/NULL `where`; a numeric one
+        Rule(table=f"{schema}.articles", keys=("art:{id}", "owner:{owner_id}"), when_changed=("title", "status"),
+             where=predicate.parse("status != 'draft' OR owner_id IN (7, 8)")),
+        Rule(table=f"{schema}.scores", keys=("score:{id}",), where=predicate.parse("score >= 1.5 AND NOT views < 10")),
     ]
 
 
@@ -156,7 +163,19 @@ def workload(conn, other, schema: str) -> None:
     cur.execute("UPDATE users SET name = 'all' WHERE id >= 1000")
     conn.commit()
     tx("DELETE FROM users WHERE id >= 1000")
+    # rule filters (FILTERED below counts what each statement skips)
+    tx("INSERT INTO articles VALUES (1, 'draft', 1, 0, 'a', 'x'), (2, 'live', 2, 0, 'b', 'x'),"
+       " (3, NULL, 7, 0, 'c', NULL), (4, 'draft', 8, 0, 'd', 'x')")  # 1: where
+    tx("UPDATE articles SET views = views + 1, body = 'edited'")  # 4: when_changed
+    tx("UPDATE articles SET status = 'live' WHERE id = 1", "UPDATE articles SET status = 'draft' WHERE id = 2")
+    tx("UPDATE articles SET title = 'b2' WHERE id = 2")  # 1: where (a draft before and after)
+    tx("UPDATE articles SET owner_id = 3 WHERE id = 3")  # a templated column changed: sent
+    tx("DELETE FROM articles WHERE id = 4")
+    tx("INSERT INTO scores VALUES (1, 2.50, 20), (2, 1.00, 20), (3, NULL, 20), (4, 9.99, 5), (5, 1.5, NULL)")  # 4
     cur.close()
+
+
+FILTERED = {("articles", "where"): 2, ("articles", "when_changed"): 4, ("scores", "where"): 4}
 
 
 def decode(make_reader: Callable[[g.Position], object], stage: KeyStage, start: g.Position,
@@ -217,22 +236,28 @@ def test_both_readers_hand_on_identical_transactions(corpus):
 
     native_stage = stage_for(rules, cascades)
     native = decode(lambda s: NativeBinlogReader(source, s, tables, native_stage.extractor.templates,
-                                                 native_stage.bulk.parents, name="native"),
+                                                 native_stage.bulk.parents, name="native",
+                                                 filters=native_stage.extractor.filters),
                     native_stage, start, end)
 
     assert len(native) == len(python)
     for p, n in zip(python, native, strict=True):
         assert n == p, f"GTID {p[0]}: python {p[1:]!r}\nnative {n[1:]!r}"
     assert native_stage.extractor.missing_columns == py_stage.extractor.missing_columns
+    assert {(t, why): n for (_, t, why), n in py_stage.extractor.filtered.items()} == FILTERED
+    assert native_stage.extractor.filtered == py_stage.extractor.filtered
     # the corpus really exercises what it claims
     lines = {line for _, cluster, regional, _ in python for line in cluster + regional}
     for key in ("user:email:a@x", "user:email:a2@x", "comment:one", "on:other", "amt:12.5000", "tiny:1.000E-7",
                 "seen:2024-01-02 03:04:05.678000", "born:2024-02-29", "y:1999", "region:user:1",
                 "big:18446744073709551615", "neg:-32768", "name:Bj\u00f6rk \U0001f600", "bin:\udc80",
-                "counter:2", "counter:3", "post:200", "post:201", "ev:a3", "evb:back:3", "user:3999"):
+                "counter:2", "counter:3", "post:200", "post:201", "ev:a3", "evb:back:3", "user:3999",
+                "art:1", "owner:1", "art:2", "art:3", "owner:7", "owner:3", "art:4", "owner:8", "score:1"):
         assert delete_line(key)[0] in lines, key
     cp1252 = bytes(b for b in range(0x20, 0x100) if b not in (0x7f, 0x81, 0x8d, 0x8f, 0x90, 0x9d))
     assert delete_line("latin:" + cp1252[100:].decode("cp1252"))[0] in lines
+    for key in ("score:2", "score:3", "score:4", "score:5"):  # filtered out
+        assert delete_line(key)[0] not in lines, key
     for key in ("post:300", "post:301"):  # rolled back (the MyISAM row beside 300 persisted: counter:2)
         assert delete_line(key)[0] not in lines
     assert any(flush for *_, flush in python), "TRUNCATE / cascade with on_truncate = flush"
@@ -241,10 +266,11 @@ def test_both_readers_hand_on_identical_transactions(corpus):
 
 def test_templates_on_columns_the_native_reader_cannot_render_are_found_at_start_up(corpus):
     db, schema, *_ = corpus
-    rules = [Rule(table=f"{schema}.users", keys=("f:{f}", "k:{kind}", "ts:{ts}", "user:{id}", "e:{email}")),
+    rules = [Rule(table=f"{schema}.users", keys=("f:{f}", "k:{kind}", "user:{id}", "e:{email}"),
+                  where=predicate.parse("ts IS NULL")),  # a column only a filter compares is checked too
              Rule(table=f"{schema}.latin", keys=("l:{v}",)), Rule(table=f"{schema}.greek", keys=("g:{v}",))]
     with db.connect() as conn:
-        problems = native_problems(conn, KeyExtractor(rules).templates)
+        problems = native_problems(conn, KeyExtractor(rules).text_columns)
     assert sorted(problems) == [f"{schema}.greek.v has character set greek", f"{schema}.users.f is float",
                                 f"{schema}.users.kind is enum", f"{schema}.users.ts is timestamp"]
 

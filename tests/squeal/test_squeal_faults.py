@@ -161,6 +161,17 @@ def test_rule_naming_a_missing_column_is_a_start_up_error(primary: MariaDB, tmp_
     assert "'nope'" in result.stderr and "o:{nope}" in result.stderr
 
 
+def test_a_filter_comparing_a_number_column_with_a_string_is_a_start_up_error(primary: MariaDB, tmp_path) -> None:
+    schema = unique_db("badfilter")
+    create_schema(primary, schema)
+    text = topology_text(primary, schema, [1]) + (
+        f'\n[[rules]]\ntable = "{schema}.other"\nkeys = ["other:{{id}}"]\nwhere = "id = \'7\'"\n')
+    result = _run_squeal(write_topology(tmp_path / "t.toml", text), "--state-dir", str(tmp_path / "s"))
+    assert result.returncode == 2, result.stderr
+    assert f"rules[2].where (table {schema}.other): id is int: compare it with a number, not '7'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_server_without_annotations_is_refused(mariadb_factory, tmp_path) -> None:
     db = mariadb_factory(7)
     db.execute("SET GLOBAL binlog_annotate_row_events = OFF", "SET GLOBAL binlog_row_image = 'MINIMAL'")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 import json
 import random
 
@@ -9,7 +10,7 @@ import pytest
 from meta_memcache_socket import build_meta_delete
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 
-from router_config import Address, Rule
+from router_config import Address, Rule, predicate
 from squeal import gtid as g
 from squeal.batcher import DeleteProtocol, Sender
 from squeal.cli import main as cli_main
@@ -18,6 +19,7 @@ from squeal.flows import CATCHING_UP, LIVE, SHED, Committed, Dispatcher, Flow, s
 from squeal.reader import ReaderConfigError, check_server
 from squeal.rules import (
     KeyExtractor,
+    RowFilter,
     RuleError,
     Template,
     check_rules,
@@ -161,6 +163,40 @@ def test_rule_check_names_the_rule_and_column() -> None:
         check_rules(bad, cols)
     warnings = check_rules([Rule("app.missing", ("m:{id}",))], cols)
     assert warnings and "does not exist" in warnings[0]
+
+
+def test_rule_filter_check_names_the_rule_column_and_literal() -> None:
+    cols = {("app", "users"): {"id": "int", "email": "varchar", "status": "varchar", "score": "decimal"}}
+    with pytest.raises(RuleError, match=r"rules\[0\]\.when_changed .*no column 'nick'"):
+        check_rules([Rule("app.users", ("user:{id}",), when_changed=("nick",))], cols)
+    with pytest.raises(RuleError, match=r"rules\[0\]\.where .*names column 'state'"):
+        check_rules([Rule("app.users", ("user:{id}",), where=predicate.parse("state = 'x'"))], cols)
+    with pytest.raises(RuleError, match=r"score is decimal: compare it with a number, not 'high'"):
+        check_rules([Rule("app.users", ("user:{id}",), where=predicate.parse("score > 'high'"))], cols)
+    with pytest.raises(RuleError, match=r"status is varchar: compare it with a 'string', not '1'"):
+        check_rules([Rule("app.users", ("user:{id}",), where=predicate.parse("status = 1"))], cols)
+    assert check_rules([Rule("app.users", ("user:{id}",), when_changed=("email",),
+                             where=predicate.parse("score >= 1.5 and status in ('a', 'b')"))], cols) == []
+
+
+def test_row_filters_decide_like_sql() -> None:
+    rule = Rule("app.a", ("a:{id}",), when_changed=("title",), where=predicate.parse("status != 'draft' OR n IN (7)"))
+    f = RowFilter(rule.watched, rule.where)
+    live = {"id": 1, "title": "t", "status": "live", "n": 1}
+    assert f.reason_to_skip("insert", (live,)) is None
+    assert f.reason_to_skip("update", (live, dict(live))) == "when_changed"  # nothing watched changed
+    assert f.reason_to_skip("update", (live, live | {"id": 2})) is None  # a templated column counts
+    draft = live | {"status": "draft"}
+    assert f.reason_to_skip("delete", (draft,)) == "where"
+    assert f.reason_to_skip("update", (live, draft | {"title": "u"})) is None  # leaving the set still sends
+    assert f.reason_to_skip("insert", (draft | {"n": 7},)) is None
+    assert f.reason_to_skip("insert", (live | {"status": None},)) == "where"  # NULL != 'draft' is unknown
+    # a filter column the row lacks (dropped after start-up) lets the row through, and is reported
+    assert f.reason_to_skip("update", ({"id": 1}, {"id": 1})) is None and f.missing == {"title"}
+    numeric = RowFilter((), predicate.parse("score >= 1.5 AND NOT views < 10"))
+    assert numeric.reason_to_skip("insert", ({"score": decimal.Decimal("2.50"), "views": 10},)) is None
+    assert numeric.reason_to_skip("insert", ({"score": decimal.Decimal("1.49"), "views": 10},)) == "where"
+    assert numeric.reason_to_skip("insert", ({"score": decimal.Decimal("9"), "views": None},)) == "where"
 
 
 # -- reader settings ----------------------------------------------------------------------------------------------
