@@ -276,7 +276,8 @@ class Daemon:
     def _reader(self, start: g.Position, name: str) -> BinlogReader | NativeBinlogReader:
         if self.reader_kind == "native":
             return NativeBinlogReader(self.source, start, self.read_tables, self.extractor.templates,
-                                      self.stage.bulk.parents, name=name, filters=self.extractor.filters)
+                                      self.stage.bulk.parents, name=name, filters=self.extractor.filters,
+                                      regional_prefixes=self.stage.regional_prefixes)
         return BinlogReader(self.source, start, self.read_tables, name=name)
 
     def start(self) -> None:

@@ -8,6 +8,7 @@ carries many transactions; when idle each transaction is handed over at once (no
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import threading
 import time
@@ -22,7 +23,7 @@ from squeal.bulk import BulkChange, BulkDetector
 from squeal.flows import Committed, split_keys
 from squeal.metrics import Metrics
 from squeal.reader import BinlogReader, DataLoss, NativeBinlogReader
-from squeal.rules import RENDERED, KeyExtractor, delete_lines
+from squeal.rules import LINES, RENDERED, KeyExtractor, delete_lines
 from squeal.transactions import Begin, PreparedXa, Restart, Rows, Transaction, TransactionGrouper
 
 log = logging.getLogger(__name__)
@@ -63,10 +64,14 @@ class KeyStage:
         return out
 
     def rendered_elsewhere(self, duplicates: int, missing: list[tuple[str, str, str, str, int]],
-                           filtered: list[tuple[str, str, str, int]] = ()) -> None:  # type: ignore[assignment]
-        """What the native reader dropped, missed or filtered while rendering rows itself (`take_counts`)."""
+                           filtered: list[tuple[str, str, str, int]], rewritten: dict[str, int]) -> None:
+        """What the native reader dropped, missed, filtered or encoded while rendering rows itself (`take_counts`)."""
         if duplicates and self._duplicates is not None:
             self._duplicates.inc(duplicates)
+        if self.metrics is not None:
+            for how, n in rewritten.items():
+                if n:
+                    self.metrics.keys_rewritten.labels(encoding=how).inc(n)
         for schema, table, column, template, times in missing:
             self.extractor.count_missing(schema, table, column, template, times)
         for schema, table, reason, times in filtered:
@@ -75,6 +80,7 @@ class KeyStage:
     def process(self, txn: Transaction, read_ts: float | None = None, report: bool = True) -> Committed:
         """`report`: log and count what needs an operator (the live reader; catch-up readers re-read)."""
         keys, from_rules, from_comments = self.extractor.keys(txn)
+        native = [rows.images for rows in txn.rows if rows.kind == LINES]  # the native reader's delete lines
         flush = False
         if txn.ddl is not None or txn.queries or txn.cascades:
             for change in self.bulk.changes(txn):
@@ -87,6 +93,9 @@ class KeyStage:
             cluster_lines, regional_lines = delete_lines(cluster, rewritten), delete_lines(regional, rewritten)
         else:
             cluster_lines, regional_lines = delete_lines(keys, rewritten), ()
+        if native:
+            cluster_lines, regional_lines, n = _with_native_lines(cluster_lines, regional_lines, native, from_comments)
+            from_rules += n
         c = Committed(txn.gtid, txn.timestamp, time.time() if read_ts is None else read_ts,
                       cluster_lines, regional_lines, flush)
         m = self.metrics
@@ -198,6 +207,23 @@ class Handoff:
             self.reactor.callLater(self.linger, self._drain)
 
 
+def _with_native_lines(cluster: tuple[bytes, ...], regional: tuple[bytes, ...], native: list,
+                       from_comments: int) -> tuple[tuple[bytes, ...], tuple[bytes, ...], int]:
+    """The comment keys' lines, then the native reader's (kind LINES: (cluster, regional) per event), less any
+    line a comment already sends (what `KeyExtractor.keys` drops as a duplicate); and the lines added."""
+    sent = set(cluster) | set(regional) if from_comments else None
+    out_c, out_r = [cluster], [regional]
+    added = 0
+    for c, r in native:
+        if sent is not None:
+            c = tuple(line for line in c if line not in sent)
+            r = tuple(line for line in r if line not in sent)
+        out_c.append(c)
+        out_r.append(r)
+        added += len(c) + len(r)
+    return tuple(itertools.chain.from_iterable(out_c)), tuple(itertools.chain.from_iterable(out_r)), added
+
+
 class ReadLoop:
     """Runs reader -> grouper -> key stage on a thread; each committed transaction goes to `sink`."""
 
@@ -242,7 +268,7 @@ class ReadLoop:
                     read_rows += ev.changes
                     if parents and (ev.schema, ev.table) in parents:
                         cascades += self.stage.bulk.cascaded((ev.schema, ev.table), ev.kind)
-                    if ev.kind != RENDERED:  # (the native reader renders rows itself)
+                    if ev.kind != LINES and ev.kind != RENDERED:  # (the native reader renders rows itself)
                         ev = self.stage.render(ev, group)
                 elif type(ev) is Begin or type(ev) is Restart:
                     group = {}

@@ -447,13 +447,14 @@ def native_problems(conn: Any, wanted: set[tuple[str, str, str]]) -> list[str]:
 
 class NativeBinlogReader(_Reconnecting):
     """The Rust extension (`squeal_native.NativeStream`): same events as `BinlogReader`, except that row
-    events of ruled tables come rendered to keys (kind `rules.RENDERED`, deduplicated per event group, with
+    events of ruled tables come as delete lines (kind `rules.LINES`, keys deduplicated per event group, with
     `Rows.changed`), other tables' rows are skipped undecoded (parents of cascading foreign keys still give
     an event carrying their kind, no images), and annotate events come only when they hold `mcd:`.
 
     `templates` and `filters`: the key extractor's (`KeyExtractor.templates`, `.filters`); `parents`:
-    `BulkDetector.parents`. `take_counts()` returns what the consumer would have counted while rendering:
-    duplicate keys dropped, templates that met a missing column, rows the rules' filters skipped.
+    `BulkDetector.parents`; `regional_prefixes`: the key stage's (`flows.split_keys`). `take_counts()`
+    returns what the consumer would have counted while rendering: duplicate keys dropped, templates that met a
+    missing column, rows the rules' filters skipped, keys rewritten by encoding.
     """
 
     batch = 1024  # events per GIL acquisition at most
@@ -461,13 +462,16 @@ class NativeBinlogReader(_Reconnecting):
     def __init__(self, source: Source, start: g.Position, tables: set[tuple[str, str]],
                  templates: dict[tuple[str, str], tuple[Any, ...]], parents: set[tuple[str, str]] = frozenset(),
                  name: str = "live", max_backoff: float = 5.0, filters: dict[tuple[str, str], Any] | None = None,
-                 ) -> None:
+                 regional_prefixes: tuple[str, ...] = ()) -> None:
         super().__init__(source, start, tables, name, max_backoff)
         self.native = native_module()
         self.rules = [(s, t, [tpl.source for tpl in ts]) for (s, t), ts in sorted(templates.items())]
         self.filters = [(s, t, list(f.watched), f.where.steps() if f.where is not None else [])
                         for (s, t), f in sorted((filters or {}).items())]
         self.parents = set(parents)
+        self.regional_prefixes = list(regional_prefixes)
+        self._rewritten_seen = (0, 0)
+        self._rewritten = {"base64": 0, "hashed": 0}
         self._streamobj: Any = None
         self._duplicates_seen = 0
         self._duplicates = 0
@@ -480,23 +484,26 @@ class NativeBinlogReader(_Reconnecting):
         if stream is not None:
             stream.stop()
 
-    def take_counts(self) -> tuple[int, list[tuple[str, str, str, str, int]], list[tuple[str, str, str, int]]]:
-        """(duplicate keys dropped, [(schema, table, column, template, times)], [(schema, table, reason, rows)])
-        since the last call."""
-        dups, missing, filtered = self._duplicates, self._missing, self._filtered
-        self._duplicates, self._missing, self._filtered = 0, [], []
-        return dups, missing, filtered
+    def take_counts(self) -> tuple[int, list[tuple[str, str, str, str, int]], list[tuple[str, str, str, int]],
+                                   dict[str, int]]:
+        """(duplicate keys dropped, [(schema, table, column, template, times)], [(schema, table, reason, rows)],
+        {encoding: keys}) since the last call."""
+        out = self._duplicates, self._missing, self._filtered, self._rewritten
+        self._duplicates, self._missing, self._filtered, self._rewritten = 0, [], [], {"base64": 0, "hashed": 0}
+        return out
 
     def _read_once(self) -> Iterator[Event]:
-        from squeal.rules import RENDERED  # noqa: PLC0415 - rules imports transactions, not the reader
+        from squeal.rules import LINES  # noqa: PLC0415 - rules imports transactions, not the reader
 
         native = self.native
         s = self.source
         stream = self._streamobj = native.NativeStream(
             s.host, s.port, s.user, s.password, self.server_id, g.format_position(self.committed),
             self.rules, sorted(self.tables), sorted(self.parents), native_charsets(),
-            (Begin, Annotate, Rows, Commit, Query, XaPrepare, RENDERED), 1.0, filters=self.filters)
+            (Begin, Annotate, Rows, Commit, Query, XaPrepare, LINES), 1.0, filters=self.filters,
+            regional_prefixes=self.regional_prefixes)
         self._duplicates_seen = 0
+        self._rewritten_seen = (0, 0)
         try:
             while not self._stop.is_set():
                 batch = stream.next_batch(self.batch, 0.5)
@@ -514,6 +521,11 @@ class NativeBinlogReader(_Reconnecting):
                 filtered = stream.take_filtered()
                 if filtered:
                     self._filtered += filtered
+                rewritten = stream.rewritten
+                if rewritten != self._rewritten_seen:
+                    self._rewritten["base64"] += rewritten[0] - self._rewritten_seen[0]
+                    self._rewritten["hashed"] += rewritten[1] - self._rewritten_seen[1]
+                    self._rewritten_seen = rewritten
                 yield from batch
         except native.NativeStreamError as e:
             code, message = e.args

@@ -39,6 +39,9 @@ PLACEHOLDER = re.compile(r"\{([^{}]*)\}")  # `{column}` in a key template (the t
 # `Rows.kind` of a row event already rendered as it was read (`KeyExtractor.render`): its `images` are its
 # keys (str), not row images. The transaction then holds its distinct keys, not every row image, until its commit.
 RENDERED = "keys"
+# `Rows.kind` of a row event the native reader rendered and encoded itself: `images` is (delete lines for every
+# cluster, delete lines for the regional pool only), the keys already distinct within their event group.
+LINES = "lines"
 
 
 class RuleError(ValueError):
@@ -278,6 +281,8 @@ class KeyExtractor:
                         seen[k] = None
         from_comments = len(seen)
         for rows in txn.rows:
+            if rows.kind == LINES:
+                continue  # already delete lines (`lines`)
             if rows.kind == RENDERED:
                 for key in rows.images:
                     if key not in seen:

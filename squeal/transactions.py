@@ -77,7 +77,7 @@ class Annotate:
 class Rows:
     schema: str
     table: str
-    kind: str  # "insert" | "update" | "delete" (or `rules.RENDERED`: `images` are then keys)
+    kind: str  # "insert" | "update" | "delete" (`rules.RENDERED`: `images` are keys; `rules.LINES`: delete lines)
     images: tuple[dict, ...]  # every row image: after (insert), before (delete), before and after (update)
     # Rows changed, when `images` cannot tell: the native reader's events carry keys (or, for a parent of a
     # cascading foreign key, nothing) instead of row images. -1: count the images.

@@ -145,6 +145,8 @@ pub struct Rules {
     pub parents: HashSet<(String, String)>,
     pub charsets: HashMap<u16, Charset>,
     pub filters: HashMap<(String, String), FilterSpec>,
+    /// Keys with these prefixes go to the regional pool only (`flows.split_keys`).
+    pub regional_prefixes: Vec<Vec<u8>>,
 }
 
 /// A rule's filters by column name, as handed over by Python (`Rule.watched`, `Predicate.steps`).

@@ -3,12 +3,13 @@
 //! `NativeStream` reads one MariaDB binlog connection on a Rust thread (`stream`) and hands Python
 //! squeal's plain events (`squeal.transactions`) in batches: `next_batch` waits for events with the GIL
 //! released and takes it once per batch to build the Python objects. Row events of ruled tables arrive
-//! already rendered to keys (`keys`). Grouping into transactions, XA, savepoints, DDL, reconnects and
+//! already rendered to keys and encoded as delete lines (`keys`, `lines`). Grouping into transactions, XA, savepoints, DDL, reconnects and
 //! positions stay in Python (`squeal.reader.NativeBinlogReader`, `squeal.transactions`).
 
 pub mod conn;
 pub mod filter;
 pub mod keys;
+pub mod lines;
 pub mod stream;
 
 #[cfg(feature = "python")]
@@ -35,7 +36,7 @@ mod python {
          position is gone), 2013 for a lost connection, -2 for a rule this reader cannot render."
     );
 
-    /// (Begin, Annotate, Rows, Commit, Query, XaPrepare, the RENDERED kind) from Python.
+    /// (Begin, Annotate, Rows, Commit, Query, XaPrepare, the LINES kind) from Python.
     type EventClasses = (
         Py<PyAny>,
         Py<PyAny>,
@@ -57,7 +58,7 @@ mod python {
         commit: Py<PyAny>, // one instance: Commit() has no fields
         query: Py<PyAny>,
         xa_prepare: Py<PyAny>,
-        kinds: [Py<PyString>; 4], // insert, update, delete, and the RENDERED kind
+        kinds: [Py<PyString>; 4], // insert, update, delete, and the LINES kind
     }
 
     #[pyclass(module = "squeal_native", frozen)]
@@ -82,11 +83,12 @@ mod python {
         /// `rules`: [(schema, table, [template, ...])]; `read_tables`: the (schema, table) pairs whose rows the
         /// Python reader would decode; `parents`: parents of cascading foreign keys; `charsets`: collation id
         /// -> "text" | "raw" | "cp1252" | "unsupported"; `events`: (Begin, Annotate, Rows, Commit, Query, XaPrepare,
-        /// RENDERED); `filters`: [(schema, table, watched columns, where steps)] (`Rule.watched`,
-        /// `Predicate.steps`).
+        /// LINES); `filters`: [(schema, table, watched columns, where steps)] (`Rule.watched`,
+        /// `Predicate.steps`); `regional_prefixes`: keys for the regional pool only.
         #[new]
         #[pyo3(signature = (host, port, user, password, server_id, position, rules, read_tables, parents,
-                            charsets, events, heartbeat=1.0, queue=256, filters=Vec::new()))]
+                            charsets, events, heartbeat=1.0, queue=256, filters=Vec::new(),
+                            regional_prefixes=Vec::new()))]
         #[allow(clippy::too_many_arguments)]
         fn new(
             py: Python<'_>,
@@ -104,6 +106,7 @@ mod python {
             heartbeat: f64,
             queue: usize,
             filters: Vec<FilterArg>,
+            regional_prefixes: Vec<String>,
         ) -> PyResult<Self> {
             if !(heartbeat > 0.0 && heartbeat < 4_000_000.0) {
                 return Err(PyValueError::new_err("heartbeat must be > 0 seconds"));
@@ -120,6 +123,10 @@ mod python {
                 r.names.insert(table);
             }
             r.parents = parents.into_iter().collect();
+            r.regional_prefixes = regional_prefixes
+                .into_iter()
+                .map(String::into_bytes)
+                .collect();
             for (schema, table, watched, steps) in filters {
                 r.filters
                     .insert((schema, table), FilterSpec { watched, steps });
@@ -133,7 +140,7 @@ mod python {
                 };
                 r.charsets.insert(id, c);
             }
-            let (begin, annotate, rows, commit, query, xa_prepare, rendered) = events;
+            let (begin, annotate, rows, commit, query, xa_prepare, lines_kind) = events;
             let factories = Factories {
                 begin,
                 annotate,
@@ -145,7 +152,7 @@ mod python {
                     PyString::new(py, "insert").unbind(),
                     PyString::new(py, "update").unbind(),
                     PyString::new(py, "delete").unbind(),
-                    PyString::new(py, &rendered).unbind(),
+                    PyString::new(py, &lines_kind).unbind(),
                 ],
             };
             let settings = Settings {
@@ -212,24 +219,26 @@ mod python {
                         schema,
                         table,
                         kind,
-                        keys,
+                        lines,
                         changed,
                     } => {
-                        let mut items = Vec::with_capacity(keys.len());
-                        for k in &keys {
-                            items.push(text_or_escape(py, k, "surrogateescape")?);
-                        }
-                        let kind = match kind {
-                            Kind::Insert => &f.kinds[0],
-                            Kind::Update => &f.kinds[1],
-                            Kind::Delete => &f.kinds[2],
-                            Kind::Keys => &f.kinds[3],
+                        let (kind, images) = match kind {
+                            Kind::Insert => (&f.kinds[0], PyTuple::empty(py)),
+                            Kind::Update => (&f.kinds[1], PyTuple::empty(py)),
+                            Kind::Delete => (&f.kinds[2], PyTuple::empty(py)),
+                            Kind::Lines => {
+                                let bytes = |v: &Vec<Vec<u8>>| {
+                                    PyTuple::new(py, v.iter().map(|l| PyBytes::new(py, l)))
+                                };
+                                let pair = (bytes(&lines.0)?, bytes(&lines.1)?);
+                                (&f.kinds[3], PyTuple::new(py, [pair.0, pair.1])?)
+                            }
                         };
                         f.rows.bind(py).call1((
                             PyString::new(py, &schema),
                             PyString::new(py, &table),
                             kind.bind(py),
-                            PyTuple::new(py, items)?,
+                            images,
                             changed,
                         ))?
                     }
@@ -266,6 +275,16 @@ mod python {
         #[getter]
         fn duplicates(&self) -> u64 {
             self.shared.duplicates.load(Ordering::Relaxed)
+        }
+
+        /// (base64, hashed): keys sent in another form than plain (`squeal_keys_rewritten_total`), since the
+        /// start.
+        #[getter]
+        fn rewritten(&self) -> (u64, u64) {
+            (
+                self.shared.base64.load(Ordering::Relaxed),
+                self.shared.hashed.load(Ordering::Relaxed),
+            )
         }
 
         /// [(schema, table, column, template, times)]: templates that met a column their row lacks, since the

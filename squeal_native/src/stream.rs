@@ -4,8 +4,9 @@
 //! Transaction semantics stay in Python (`squeal.transactions.TransactionGrouper`): this yields the same
 //! plain events `squeal.reader.convert` does, with these differences, none of which changes a transaction's
 //! keys:
-//! * Rows of tables with rules come as keys (kind `RENDERED`), deduplicated within the event group (as
-//!   `KeyStage.render` does); consecutive ones are merged into one event (up to `MERGE_KEYS` keys).
+//! * Rows of tables with rules come as delete lines (kind `LINES`: the keys deduplicated within the event
+//!   group as `KeyStage.render` does, encoded as `rules.delete_line` does, split into cluster and regional
+//!   lines as `flows.split_keys` does); consecutive ones are merged into one event (up to `MERGE_KEYS`).
 //! * Rows of other tables are skipped undecoded, except parents of cascading foreign keys, which still give
 //!   an event with their row kind and no images (`BulkDetector.cascaded` needs the kind).
 //! * Annotate events are passed on only when their statement contains `mcd:` (the only thing squeal reads
@@ -29,6 +30,7 @@ use mysql_common::io::ParseBuf;
 use crate::conn::{Conn, ConnError};
 use crate::filter::{Decision, Image, Skip};
 use crate::keys::{read_image, render, Plan, Rendered, Rules};
+use crate::lines::{delete_line, Encoding};
 
 /// MariaDB event types mysql_common does not name.
 const MARIA_ANNOTATE_ROWS: u8 = 0xa0;
@@ -51,7 +53,7 @@ pub enum Kind {
     Insert,
     Update,
     Delete,
-    Keys,
+    Lines,
 }
 
 #[derive(Debug)]
@@ -69,7 +71,8 @@ pub enum Out {
         schema: Arc<str>,
         table: Arc<str>,
         kind: Kind,
-        keys: Vec<Vec<u8>>,
+        /// Delete lines for every cluster, and for the regional pool only (kind `Lines`; else empty).
+        lines: Lines,
         changed: u64,
     },
     Commit,
@@ -83,6 +86,9 @@ pub enum Out {
         message: String,
     },
 }
+
+/// Delete lines: (for every cluster, for the regional pool only).
+pub type Lines = (Vec<Vec<u8>>, Vec<Vec<u8>>);
 
 pub struct Settings {
     pub host: String,
@@ -100,6 +106,9 @@ pub struct Shared {
     pub stop: AtomicBool,
     pub connected: AtomicBool,
     pub duplicates: AtomicU64,
+    /// Keys sent in base64 form, and as the base64 of their digest (`Encoding`), since the start.
+    pub base64: AtomicU64,
+    pub hashed: AtomicU64,
     /// (schema, table, column, template) -> times a template met a column its table map lacks
     pub missing: Mutex<HashMap<(String, String, String, String), u64>>,
     /// (schema, table, reason) -> rows a rule's filter kept from sending keys
@@ -121,7 +130,7 @@ impl Shared {
 struct Pending {
     schema: Arc<str>,
     table: Arc<str>,
-    keys: Vec<Vec<u8>>,
+    lines: Lines,
     changed: u64,
 }
 
@@ -250,8 +259,8 @@ impl Reader {
             self.send(Out::Rows {
                 schema: p.schema,
                 table: p.table,
-                kind: Kind::Keys,
-                keys: p.keys,
+                kind: Kind::Lines,
+                lines: p.lines,
                 changed: p.changed,
             })?;
         }
@@ -403,7 +412,8 @@ impl Reader {
         ];
         let mut buf = ParseBuf(rows_data);
         let mut changed = 0u64;
-        let mut new_keys: Vec<Vec<u8>> = Vec::new();
+        let mut lines: Lines = (Vec::new(), Vec::new());
+        let mut rewritten = [0u64; 2]; // base64, hashed
         let mut duplicates = 0u64;
         let mut missing: Vec<(String, String)> = Vec::new();
         let mut filtered = [0u64; 2]; // rows skipped by when_changed, by where
@@ -441,10 +451,21 @@ impl Reader {
                         Rendered::Key(key) => {
                             if self.group.contains(&key) {
                                 duplicates += 1;
-                            } else {
-                                self.group.insert(key.clone());
-                                new_keys.push(key);
+                                continue;
                             }
+                            let (line, how) = delete_line(&key);
+                            match how {
+                                Encoding::Plain => {}
+                                Encoding::Base64 => rewritten[0] += 1,
+                                Encoding::Hashed => rewritten[1] += 1,
+                            }
+                            let regional = self
+                                .rules
+                                .regional_prefixes
+                                .iter()
+                                .any(|p| key.starts_with(p));
+                            if regional { &mut lines.1 } else { &mut lines.0 }.push(line);
+                            self.group.insert(key);
                         }
                         Rendered::Nothing => {}
                         Rendered::Missing(column) => {
@@ -469,6 +490,14 @@ impl Reader {
                 .duplicates
                 .fetch_add(duplicates, Ordering::Relaxed);
         }
+        if rewritten != [0, 0] {
+            self.shared
+                .base64
+                .fetch_add(rewritten[0], Ordering::Relaxed);
+            self.shared
+                .hashed
+                .fetch_add(rewritten[1], Ordering::Relaxed);
+        }
         if !missing.is_empty() {
             let mut m = self.shared.missing.lock().unwrap();
             for (column, template) in missing {
@@ -488,7 +517,7 @@ impl Reader {
                 schema: plan.schema.clone(),
                 table: plan.table.clone(),
                 kind,
-                keys: Vec::new(),
+                lines: (Vec::new(), Vec::new()),
                 changed: if plan.read { 0 } else { changed },
             })?;
             if !plan.read {
@@ -497,19 +526,24 @@ impl Reader {
         }
         match &mut self.pending {
             Some(p) => {
-                p.keys.extend(new_keys);
+                p.lines.0.extend(lines.0);
+                p.lines.1.extend(lines.1);
                 p.changed += changed;
             }
             None => {
                 self.pending = Some(Pending {
                     schema: plan.schema.clone(),
                     table: plan.table.clone(),
-                    keys: new_keys,
+                    lines,
                     changed,
                 })
             }
         }
-        if self.pending.as_ref().map(|p| p.keys.len()).unwrap_or(0) >= MERGE_KEYS {
+        let pending = self
+            .pending
+            .as_ref()
+            .map(|p| p.lines.0.len() + p.lines.1.len());
+        if pending.unwrap_or(0) >= MERGE_KEYS {
             self.flush()?;
         }
         Ok(())

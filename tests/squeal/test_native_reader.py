@@ -237,7 +237,8 @@ def test_both_readers_hand_on_identical_transactions(corpus):
     native_stage = stage_for(rules, cascades)
     native = decode(lambda s: NativeBinlogReader(source, s, tables, native_stage.extractor.templates,
                                                  native_stage.bulk.parents, name="native",
-                                                 filters=native_stage.extractor.filters),
+                                                 filters=native_stage.extractor.filters,
+                                                 regional_prefixes=native_stage.regional_prefixes),
                     native_stage, start, end)
 
     assert len(native) == len(python)
