@@ -444,7 +444,10 @@ def _print_status(rows: list[dict], supervisor: dict | None = None) -> None:
     width = max(len("NAME"), *(len(r["name"]) for r in rows))
     print(f"{'NAME':{width}} {'ROLE':16} {'REGION':7} {'PID':>7} {'UPTIME':>7} {'RESTARTS':>8}  {'ADDRESS':21} STATE")
     for r in sorted(rows, key=lambda r: (order.get(r["role"], 99), r["region"], r["cluster"] or "", r["address"])):
-        if r["answering"]:
+        if r["answering"] and r.get("healthy") is False:
+            problems = "; ".join(f"{k}: {v}" for k, v in (r.get("problems") or {}).items())
+            state = "UNHEALTHY (/healthz 503)" + (f": {problems}" if problems else "")
+        elif r["answering"]:
             state = "up"
         elif r["running"]:
             state = "running, not answering"

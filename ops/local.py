@@ -24,6 +24,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -378,20 +380,23 @@ class Deployment:
 
     def status(self) -> list[dict]:
         """Every recorded component with its current `pid`, `running` (alive), `answering` (port accepts),
-        `uptime` (seconds, None when not running), `restarts` and `stopped` (held down by `squealctl stop`)."""
+        `uptime` (seconds, None when not running), `restarts` and `stopped` (held down by `squealctl stop`); a
+        squeal daemon also `healthy` (its /healthz: True on 200, False on 503, None when it did not answer) and
+        `problems` (what its /healthz names)."""
         out = []
         components = self.components()
         for c, pid in zip(components, self.locate(components), strict=True):
             running = pid is not None
-            out.append(
-                {
-                    **asdict(c),
-                    "pid": pid if running else c.pid,
-                    "running": running,
-                    "answering": running and _port_open(c.address),
-                    "uptime": _uptime(pid) if running else None,
-                }
-            )
+            row = {
+                **asdict(c),
+                "pid": pid if running else c.pid,
+                "running": running,
+                "answering": running and _port_open(c.address),
+                "uptime": _uptime(pid) if running else None,
+            }
+            if c.role == "squeal":
+                row["healthy"], row["problems"] = _squeal_health(c.address) if row["answering"] else (None, {})
+            out.append(row)
         return out
 
     def supervisor_status(self) -> dict | None:
@@ -486,6 +491,22 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
+
+
+def _squeal_health(address: str) -> tuple[bool | None, dict]:
+    """(healthy, problems) from a squeal daemon's /healthz: 200 is healthy, 503 carries its problems (halted on
+    binlog data loss, a datamarker not saved, ...); (None, {}) if it gave no answer."""
+    try:
+        with urllib.request.urlopen(f"http://{address}/healthz", timeout=2):
+            return True, {}
+    except urllib.error.HTTPError as e:
+        try:
+            problems = json.loads(e.read()).get("problems") or {}
+        except ValueError:
+            problems = {}
+        return False, problems if isinstance(problems, dict) else {"healthz": str(problems)}
+    except OSError:
+        return None, {}
 
 
 def _port_open(address: str) -> bool:
