@@ -80,7 +80,17 @@ impl<'c> Builder<'c> {
             Value::String(s) => {
                 if let Some((ty, rest)) = s.split_once('|') {
                     if ty == "Pool" {
-                        return Err(format!("`{s}` is a list of destinations: use it as `children`"));
+                        // as in mcrouter: a list of destinations stands for one route only
+                        // when it has exactly one
+                        let mut dests = self.pool(&Value::String(rest.to_string()))?;
+                        if dests.len() != 1 {
+                            return Err(format!(
+                                "`{s}` is {} destinations where one route is expected \
+                                 (use `PoolRoute|{rest}` to hash over them, or put it in `children`)",
+                                dests.len()
+                            ));
+                        }
+                        return Ok(dests.remove(0));
                     }
                     let h = lookup(ty).ok_or_else(|| format!("unknown route handle type `{ty}` in `{s}`"))?;
                     let mut obj = Map::new();
@@ -134,7 +144,17 @@ impl<'c> Builder<'c> {
     /// A `children` value: a list of handles, `"Pool|NAME"`, or a single handle.
     pub fn children(&mut self, v: &Value) -> Result<Vec<RouteRef>, String> {
         match v {
-            Value::Array(items) => items.iter().map(|i| self.route(i)).collect(),
+            Value::Array(items) => {
+                let mut out = Vec::with_capacity(items.len());
+                for item in items {
+                    match item.as_str().and_then(|s| s.strip_prefix("Pool|")) {
+                        // a pool inside a list stands for all its destinations, in order
+                        Some(name) => out.extend(self.pool(&Value::String(name.to_string()))?),
+                        None => out.push(self.route(item)?),
+                    }
+                }
+                Ok(out)
+            }
             Value::String(s) if s.starts_with("Pool|") => self.pool(&Value::String(s["Pool|".len()..].to_string())),
             other => Ok(vec![self.route(other)?]),
         }
@@ -421,7 +441,12 @@ pub fn load(ctx: &Arc<Context>, text: &str, default_prefix: Option<&str>) -> Res
             b.route(r).map_err(|e| format!("route: {e}"))?,
             ctx.stats.route_counters("default"),
         )),
-        (None, Some(Value::Array(entries))) => {
+        (None, Some(routes @ (Value::Array(_) | Value::Object(_)))) => {
+            // a list of `{aliases, route}` entries, or one such entry on its own
+            let entries: Vec<Value> = match routes {
+                Value::Array(entries) => entries.clone(),
+                one => vec![one.clone()],
+            };
             let mut aliases = Vec::new();
             for (i, entry) in entries.iter().enumerate() {
                 let list = entry
@@ -461,7 +486,7 @@ pub fn load(ctx: &Arc<Context>, text: &str, default_prefix: Option<&str>) -> Res
             };
             Root::Aliased { aliases, default }
         }
-        (None, Some(_)) => return Err("`routes` must be a list".into()),
+        (None, Some(_)) => return Err("`routes` must be a list of {aliases, route} objects, or one".into()),
     };
     for field in top.keys() {
         if !["pools", "route", "routes", "named_handles"].contains(&field.as_str()) {
@@ -721,6 +746,41 @@ mod tests {
                 ["pool `bad`: bad server address `nohost` (not flushed)"]
             );
             assert!(cfg.warnings[0].contains("flush_all will fail"), "{:?}", cfg.warnings);
+        });
+    }
+
+    #[test]
+    fn pool_lists_inside_children_and_as_a_single_route() {
+        run(async {
+            let c = ctx();
+            let text = r#"{"pools": {"a": {"servers": ["127.0.0.1:1", "127.0.0.1:2"]},
+                                   "one": {"servers": ["127.0.0.1:3"]}},
+                         "route": {"type": "FailoverRoute", "children": ["Pool|a", "Pool|one", "NullRoute"]}}"#;
+            assert!(load(&c, text, None).is_ok());
+            // one server: usable wherever a route is expected
+            let text = r#"{"pools": {"one": {"servers": ["127.0.0.1:3"]}}, "route": "Pool|one"}"#;
+            assert_eq!(load(&c, text, None).unwrap().servers.len(), 1);
+            let text = r#"{"pools": {"a": {"servers": ["127.0.0.1:1", "127.0.0.1:2"]}},
+                         "route": {"type": "ModifyExptimeRoute", "target": "Pool|a", "exptime": 1}}"#;
+            let err = load(&c, text, None).err().unwrap();
+            assert!(
+                err.contains("`Pool|a` is 2 destinations where one route is expected"),
+                "{err}"
+            );
+        });
+    }
+
+    #[test]
+    fn routes_may_be_a_single_entry_object() {
+        run(async {
+            let c = ctx();
+            let text = r#"{"routes": {"aliases": ["/east/a/", "/east/b/"], "route": "ErrorRoute|x"}}"#;
+            let cfg = load(&c, text, None).unwrap();
+            let mut r = req(Cmd::Get, "/east/b/k");
+            assert_eq!(cfg.select(&mut r).ok().unwrap().route(&r).await.res, Res::LocalError);
+            assert_eq!(&r.key[..], b"k");
+            let err = load(&c, r#"{"routes": 5}"#, None).err().unwrap();
+            assert!(err.contains("`routes` must be"), "{err}");
         });
     }
 
