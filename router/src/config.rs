@@ -37,6 +37,8 @@ pub struct Builder<'c> {
     flush_targets: Vec<FlushTarget>,
     /// Names of `pools` entries built so far.
     built_pools: std::collections::HashSet<String>,
+    /// Pools whose `weights` a WeightedCh3 PoolRoute read (the others' are warned about).
+    weighted_pools: std::collections::HashSet<String>,
     /// The config's servers by address: the live ones reused (a reload keeps their connections and
     /// TKO state), others new. Nothing outside the config refers to them until it is installed.
     servers: HashMap<String, Arc<Server>>,
@@ -53,6 +55,7 @@ impl<'c> Builder<'c> {
             warnings: Vec::new(),
             flush_targets: Vec::new(),
             built_pools: Default::default(),
+            weighted_pools: Default::default(),
             servers: HashMap::new(),
         }
     }
@@ -160,6 +163,25 @@ impl<'c> Builder<'c> {
         }
     }
 
+    /// Field `field` of a pool given by name or inline.
+    pub fn pool_field(&self, v: &Value, field: &str) -> Option<Value> {
+        match v {
+            Value::String(name) => self.pools.get(name)?.get(field).cloned(),
+            Value::Object(obj) => obj.get(field).cloned(),
+            _ => None,
+        }
+    }
+
+    /// A WeightedCh3 route read the `weights` of this pool.
+    pub fn weights_used(&mut self, v: &Value) {
+        let name = match v {
+            Value::String(name) => name.as_str(),
+            Value::Object(obj) => obj.get("name").and_then(Value::as_str).unwrap_or("inline"),
+            _ => return,
+        };
+        self.weighted_pools.insert(name.to_string());
+    }
+
     /// The destinations of a pool given by name or inline (`{"name"?, "servers": [...]}`).
     pub fn pool(&mut self, v: &Value) -> Result<Vec<RouteRef>, String> {
         match v {
@@ -197,6 +219,7 @@ impl<'c> Builder<'c> {
             .get("servers")
             .and_then(Value::as_array)
             .ok_or_else(|| format!("pool `{name}`: `servers` must be a list of \"host:port\""))?;
+        self.check_pool_fields(name, obj)?;
         let timeout = match get_i64(obj, "server_timeout").map_err(|e| format!("pool `{name}`: {e}"))? {
             Some(ms) if ms > 0 => Duration::from_millis(ms as u64),
             Some(_) => return Err(format!("pool `{name}`: `server_timeout` must be positive")),
@@ -222,6 +245,68 @@ impl<'c> Builder<'c> {
             }));
         }
         Ok(dests)
+    }
+
+    /// mcrouter's pool fields: `protocol` other than ascii cannot work (rejected); fields the
+    /// router cannot honour are warned about, never silently dropped.
+    fn check_pool_fields(&mut self, name: &str, obj: &Map<String, Value>) -> Result<(), String> {
+        const KNOWS: &[&str] = &[
+            "servers",
+            "server_timeout",
+            "weights",
+            "keep_routing_prefix",
+            "protocol",
+            "connect_timeout",
+            "name",
+        ];
+        match obj.get("protocol") {
+            None => {}
+            Some(Value::String(p)) if p.eq_ignore_ascii_case("ascii") => {}
+            Some(other) => {
+                return Err(format!(
+                    "pool `{name}`: protocol {other} is not supported (the router speaks memcached's ascii protocol only)"
+                ));
+            }
+        }
+        match obj.get("keep_routing_prefix") {
+            None | Some(Value::Bool(false)) => {}
+            Some(Value::Bool(true)) => self.warnings.push(format!(
+                "pool `{name}`: `keep_routing_prefix: true` is not supported: the routing prefix is stripped before forwarding"
+            )),
+            Some(other) => return Err(format!("pool `{name}`: `keep_routing_prefix` must be true or false, not {other}")),
+        }
+        if obj.contains_key("connect_timeout") {
+            self.warnings.push(format!(
+                "pool `{name}`: `connect_timeout` ignored: --connect-timeout-ms applies (connections are shared by address)"
+            ));
+        }
+        for field in obj.keys() {
+            if !KNOWS.contains(&field.as_str()) {
+                self.warnings.push(format!(
+                    "pool `{name}`: unknown field `{field}` ignored (knows: {})",
+                    KNOWS.join(", ")
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Pools with `weights` that no WeightedCh3 PoolRoute reads.
+    fn warn_unused_weights(&mut self) {
+        let mut unused: Vec<&String> = self
+            .pools
+            .iter()
+            .filter(|(name, def)| def.get("weights").is_some() && !self.weighted_pools.contains(*name))
+            .map(|(name, _)| name)
+            .collect();
+        unused.sort();
+        let lines: Vec<String> = unused
+            .into_iter()
+            .map(|name| {
+                format!("pool `{name}`: `weights` ignored (only a PoolRoute with hash_func WeightedCh3 reads them)")
+            })
+            .collect();
+        self.warnings.extend(lines);
     }
 
     /// The servers `flush_all` goes to: those of every pool of the config, including `pools`
@@ -495,6 +580,7 @@ pub fn load(ctx: &Arc<Context>, text: &str, default_prefix: Option<&str>) -> Res
             ));
         }
     }
+    b.warn_unused_weights();
     let (flush_targets, flush_problems) = b.take_flush_targets();
     match &root {
         Root::Single((_, counters)) => ctx.stats.register([counters]),
@@ -781,6 +867,67 @@ mod tests {
             assert_eq!(&r.key[..], b"k");
             let err = load(&c, r#"{"routes": 5}"#, None).err().unwrap();
             assert!(err.contains("`routes` must be"), "{err}");
+        });
+    }
+
+    #[test]
+    fn pool_fields_are_honoured_warned_or_rejected() {
+        run(async {
+            let c = ctx();
+            // weights feed a WeightedCh3 PoolRoute: a zero-weight server gets nothing
+            let text = r#"{"pools": {"w": {"servers": ["127.0.0.1:1", "127.0.0.1:2"], "weights": [1.0, 0.0]},
+                                   "k": {"servers": ["127.0.0.1:3"], "keep_routing_prefix": true,
+                                         "connect_timeout": 5, "protocol": "ascii", "frob": 1},
+                                   "unused_w": {"servers": ["127.0.0.1:4"], "weights": [1]}},
+                         "route": {"type": "PrefixSelectorRoute", "policies": {"k:": "PoolRoute|k"},
+                                   "wildcard": {"type": "PoolRoute", "pool": "w", "hash": {"hash_func": "WeightedCh3"}}}}"#;
+            let cfg = load(&c, text, None).unwrap();
+            let w = cfg.warnings.join("\n");
+            for want in [
+                "pool `k`: `keep_routing_prefix: true` is not supported",
+                "pool `k`: `connect_timeout` ignored",
+                "pool `k`: unknown field `frob` ignored",
+                "pool `unused_w`: `weights` ignored",
+            ] {
+                assert!(w.contains(want), "{want} not in {w}");
+            }
+            assert!(!w.contains("pool `w`"), "{w}");
+            let mut hit_second = 0;
+            for i in 0..200 {
+                let r = req(Cmd::Get, &format!("key{i}"));
+                let route = cfg.select(&mut r.clone()).ok().unwrap().clone();
+                if let Some((server, _)) = route.first_get_target(&r) {
+                    hit_second += usize::from(server.addr.ends_with(":2"));
+                }
+            }
+            assert_eq!(hit_second, 0);
+            // fewer weights than servers: padded with 0.5 and said so
+            let text = r#"{"pools": {"w": {"servers": ["127.0.0.1:1", "127.0.0.1:2"], "weights": [1.0]}},
+                         "route": {"type": "PoolRoute", "pool": "w", "hash_func": "WeightedCh3"}}"#;
+            let cfg = load(&c, text, None).unwrap();
+            assert!(
+                cfg.warnings.join("\n").contains("missing ones count as 0.5"),
+                "{:?}",
+                cfg.warnings
+            );
+            let bad = [
+                (
+                    r#"{"pools": {"p": {"servers": ["127.0.0.1:1"], "protocol": "caret"}}, "route": "PoolRoute|p"}"#,
+                    "pool `p`: protocol \"caret\" is not supported",
+                ),
+                (
+                    r#"{"pools": {"p": {"servers": ["127.0.0.1:1"]}}, "route": {"type": "PoolRoute", "pool": "p", "hash_func": "WeightedCh3"}}"#,
+                    "PoolRoute: hash_func WeightedCh3 needs `weights`",
+                ),
+                (
+                    r#"{"pools": {"p": {"servers": ["127.0.0.1:1"], "weights": [2]}}, "route": {"type": "PoolRoute", "pool": "p", "hash_func": "WeightedCh3"}}"#,
+                    "every weight must be a number from 0.0 to 1.0",
+                ),
+            ];
+            for (text, want) in bad {
+                let err = load(&c, text, None).err().unwrap_or_else(|| panic!("{text} loaded"));
+                assert!(err.contains(want), "{want} not in {err}");
+            }
         });
     }
 

@@ -63,13 +63,13 @@ pub const REGISTRY: &[Handle] = &[
         name: "PoolRoute",
         build: pool::build,
         shorthand: Some("pool"),
-        fields: &["pool", "hash", "hash_func", "salt"],
+        fields: &["pool", "hash", "hash_func", "salt", "weights"],
     },
     Handle {
         name: "HashRoute",
         build: hash::build,
         shorthand: Some("children"),
-        fields: &["children", "hash", "hash_func", "salt"],
+        fields: &["children", "hash", "hash_func", "salt", "weights"],
     },
     Handle {
         name: "AllSyncRoute",
