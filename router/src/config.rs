@@ -124,14 +124,7 @@ impl<'c> Builder<'c> {
                 let h = lookup(ty).ok_or_else(|| format!("unknown route handle type `{ty}`"))?;
                 self.types_used.insert(h.name);
                 let r = (h.build)(self, obj).map_err(|e| if e.starts_with(ty) { e } else { format!("{ty}: {e}") })?;
-                for field in obj.keys() {
-                    if field != "type" && field != "name" && !h.fields.contains(&field.as_str()) {
-                        self.warnings.push(format!(
-                            "{ty}: unknown field `{field}` ignored (knows: {})",
-                            h.fields.join(", ")
-                        ));
-                    }
-                }
+                self.warn_unknown_fields(h.name, obj);
                 if let Some(Value::String(name)) = obj.get("name") {
                     self.named.insert(name.clone(), r.clone());
                 }
@@ -144,6 +137,19 @@ impl<'c> Builder<'c> {
         }
     }
 
+    /// Fields of handle `ty` it does not read (mcrouter options it lacks, typos): logged.
+    fn warn_unknown_fields(&mut self, ty: &str, obj: &Map<String, Value>) {
+        let Some(h) = lookup(ty) else { return };
+        for field in obj.keys() {
+            if field != "type" && field != "name" && !h.fields.contains(&field.as_str()) {
+                self.warnings.push(format!(
+                    "{ty}: unknown field `{field}` ignored (knows: {})",
+                    h.fields.join(", ")
+                ));
+            }
+        }
+    }
+
     /// A `children` value: a list of handles, `"Pool|NAME"`, or a single handle.
     pub fn children(&mut self, v: &Value) -> Result<Vec<RouteRef>, String> {
         match v {
@@ -153,6 +159,14 @@ impl<'c> Builder<'c> {
                     match item.as_str().and_then(|s| s.strip_prefix("Pool|")) {
                         // a pool inside a list stands for all its destinations, in order
                         Some(name) => out.extend(self.pool(&Value::String(name.to_string()))?),
+                        // so does a ShadowRoute (one route per child)
+                        None if item.get("type").and_then(Value::as_str) == Some("ShadowRoute") => {
+                            let obj = item.as_object().expect("an object has a type");
+                            self.types_used.insert("ShadowRoute");
+                            let list = crate::routes::shadow::build_list(self, obj)?;
+                            self.warn_unknown_fields("ShadowRoute", obj);
+                            out.extend(list);
+                        }
                         None => out.push(self.route(item)?),
                     }
                 }
@@ -630,7 +644,22 @@ mod tests {
                          "default_policy": {"type": "PoolRoute", "pool": {"name": "inl", "servers": ["127.0.0.1:4"]}}},
                   "m:": {"type": "ModifyExptimeRoute", "target": "PoolRoute|a", "exptime": 10, "action": "min"},
                   "e:": "ErrorRoute|fenced",
-                  "n:": "NullRoute"},
+                  "n:": "NullRoute",
+                  "af:": "AllFastestRoute|Pool|a",
+                  "r:": {"type": "RandomRoute", "children": ["Pool|a", "gutter"]},
+                  "la:": {"type": "LatestRoute", "children": "Pool|a", "failover_count": 2},
+                  "lb:": {"type": "LoadBalancerRoute", "children": "Pool|a", "salt": "s"},
+                  "sf:": "SaltedFailoverRoute|a",
+                  "sh:": {"type": "AllSyncRoute", "children": [
+                      {"type": "ShadowRoute", "children": "Pool|a",
+                       "shadows": [{"target": "PoolRoute|b", "index_range": [0, 0], "key_fraction_range": [0, 0.5]}]}]},
+                  "sh1:": {"type": "ShadowRoute", "children": ["PoolRoute|a"], "shadows": [{"target": "gutter"}]},
+                  "mi:": {"type": "MigrateRoute", "from": "PoolRoute|a", "to": "PoolRoute|b", "start_time": 1700000000},
+                  "l1:": {"type": "L1L2CacheRoute", "l1": "PoolRoute|b", "l2": "PoolRoute|a", "upgradingL1Exptime": 10},
+                  "li:": {"type": "LatencyInjectionRoute", "child": "PoolRoute|a", "before_latency_ms": 1},
+                  "mk:": {"type": "ModifyKeyRoute", "target": "PoolRoute|a", "ensure_key_prefix": "p:"},
+                  "dn:": "DevNullRoute",
+                  "bh:": {"type": "BlackholeRoute", "default": "PoolRoute|a", "policies": {}}},
                 "wildcard": {"type": "FailoverWithExptimeRoute", "normal": "PoolRoute|a",
                              "failover": ["gutter"], "failover_exptime": 10}}
             }"#;
@@ -705,6 +734,38 @@ mod tests {
                 (
                     r#"{"route": {"type": "OperationSelectorRoute", "operation_policies": {"frob": "NullRoute"}}}"#,
                     "unknown operation",
+                ),
+                (
+                    r#"{"route": {"type": "L1L2CacheRoute", "l1": "NullRoute", "l2": "NullRoute"}}"#,
+                    "L1L2CacheRoute: missing `upgradingL1Exptime`",
+                ),
+                (
+                    r#"{"route": {"type": "LatencyInjectionRoute", "child": "NullRoute"}}"#,
+                    "LatencyInjectionRoute: give one of before_latency_ms",
+                ),
+                (
+                    r#"{"route": {"type": "ModifyKeyRoute", "target": "NullRoute", "replace_key_prefix": "a", "modify_inplace": true}}"#,
+                    "ModifyKeyRoute: `replace_key_prefix` and `modify_inplace` cannot be used together",
+                ),
+                (
+                    r#"{"route": {"type": "ShadowRoute", "children": ["NullRoute", "NullRoute"], "shadows": []}}"#,
+                    "ShadowRoute: 2 children where one route is expected",
+                ),
+                (
+                    r#"{"route": {"type": "ShadowRoute", "children": ["NullRoute"], "shadows": [], "shadow_policy": "x"}}"#,
+                    "ShadowRoute: shadow_policy \"x\" is not supported",
+                ),
+                (
+                    r#"{"route": {"type": "MigrateRoute", "from": "NullRoute", "to": "NullRoute"}}"#,
+                    "MigrateRoute: missing `start_time`",
+                ),
+                (
+                    r#"{"route": {"type": "LatestRoute", "children": ["NullRoute"], "failover_count": 0}}"#,
+                    "LatestRoute: `failover_count` must be at least 1",
+                ),
+                (
+                    r#"{"route": {"type": "BlackholeRoute", "default": "NullRoute"}}"#,
+                    "BlackholeRoute: missing `policies`",
                 ),
             ];
             for (text, want) in cases {
@@ -791,6 +852,34 @@ mod tests {
             )
             .unwrap();
             assert!(clean.warnings.is_empty(), "{:?}", clean.warnings);
+        });
+    }
+
+    #[test]
+    fn fields_a_handle_cannot_honour_are_warned_about() {
+        run(async {
+            let c = ctx();
+            let text = r#"{"route": {"type": "PrefixSelectorRoute", "policies": {
+                "a:": {"type": "L1L2CacheRoute", "l1": "NullRoute", "l2": "NullRoute", "upgradingL1Exptime": 5, "ncacheUpdatePeriod": 3},
+                "b:": {"type": "LatencyInjectionRoute", "child": "NullRoute", "request_payload_latency": true},
+                "c:": {"type": "ModifyKeyRoute", "target": "NullRoute", "set_routing_prefix": "/a/b/"},
+                "d:": {"type": "LoadBalancerRoute", "children": ["NullRoute"], "load_ttl_ms": 5},
+                "e:": {"type": "BlackholeRoute", "default": "NullRoute", "policies": {}},
+                "f:": {"type": "LatestRoute", "children": ["NullRoute"], "thresholds": {}}},
+                "wildcard": "NullRoute"}}"#;
+            let cfg = load(&c, text, None).unwrap();
+            let w = cfg.warnings.join("\n");
+            for want in [
+                "L1L2CacheRoute: `ncacheUpdatePeriod` ignored",
+                "LatencyInjectionRoute: `request_payload_latency` ignored",
+                "ModifyKeyRoute: `set_routing_prefix` ignored",
+                "LoadBalancerRoute: memcached reports no server load",
+                "BlackholeRoute: `policies` match Carbon request fields",
+                "LatestRoute: `thresholds` ignored",
+            ] {
+                assert!(w.contains(want), "{want} not in {w}");
+            }
+            assert_eq!(cfg.warnings.len(), 6, "{w}");
         });
     }
 

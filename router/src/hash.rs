@@ -216,14 +216,11 @@ pub fn spooky128(data: &[u8], seed1: u64, seed2: u64) -> (u64, u64) {
     if data.len() < 192 {
         return spooky_short(data, seed1, seed2);
     }
-    let mut h = [0u64; 12];
-    for i in 0..12 {
-        h[i] = match i % 3 {
-            0 => seed1,
-            1 => seed2,
-            _ => SC_CONST,
-        };
-    }
+    let mut h: [u64; 12] = std::array::from_fn(|i| match i % 3 {
+        0 => seed1,
+        1 => seed2,
+        _ => SC_CONST,
+    });
     let mut words = [0u64; 12];
     let mut blocks = data.chunks_exact(96);
     for block in &mut blocks {
@@ -240,8 +237,8 @@ pub fn spooky128(data: &[u8], seed1: u64, seed2: u64) -> (u64, u64) {
     for (w, c) in words.iter_mut().zip(last.chunks_exact(8)) {
         *w = le64(c);
     }
-    for i in 0..12 {
-        h[i] = h[i].wrapping_add(words[i]);
+    for (x, w) in h.iter_mut().zip(words) {
+        *x = x.wrapping_add(w);
     }
     for _ in 0..3 {
         spooky_end_partial(&mut h);
@@ -310,6 +307,20 @@ fn shard_id(key: &[u8]) -> Option<usize> {
         }
     }
     None
+}
+
+/// "Latest" (LatestRoute's choice): `count` of `n` children for the router host `host`, in
+/// failover order. Pick k is Ch3 of the host name with k appended ("host0", "host1", …) over the
+/// children not yet picked, so each host gets its own stable set and hosts spread evenly.
+pub fn latest_order(host: &[u8], n: usize, count: usize) -> Vec<usize> {
+    let mut left: Vec<usize> = (0..n).collect();
+    let mut out = Vec::with_capacity(count.min(n));
+    while !left.is_empty() && out.len() < count {
+        let key = [host, out.len().to_string().as_bytes()].concat();
+        let i = furc_hash(&key, left.len() as u32) as usize;
+        out.push(left.remove(i));
+    }
+    out
 }
 
 /// A configured hash function (`hash_func` in mcrouter configs) plus its salt.
@@ -438,6 +449,25 @@ mod tests {
         assert_ne!(spooky32(b"a", WCH3_SEED), spooky32(b"b", WCH3_SEED));
         assert_ne!(spooky32(&long, WCH3_SEED), spooky32(&long[..249], WCH3_SEED));
         assert_ne!(spooky32(&long[..191], WCH3_SEED), spooky32(&long[..192], WCH3_SEED));
+    }
+
+    #[test]
+    fn latest_vectors() {
+        // Derived from the definition with furc_hash alone: pick 0 is furc("h0", 5) of [0..5],
+        // pick 1 is furc("h1", 4) over what is left, and so on.
+        let mut left: Vec<usize> = (0..5).collect();
+        let mut want = Vec::new();
+        for k in 0..3u32 {
+            let i = furc_hash(format!("h{k}").as_bytes(), left.len() as u32) as usize;
+            want.push(left.remove(i));
+        }
+        assert_eq!(latest_order(b"h", 5, 3), want);
+        assert_eq!(latest_order(b"h", 2, 5).len(), 2); // never more than there are
+        // hosts spread over the children
+        let firsts: std::collections::HashSet<usize> = (0..40)
+            .map(|i| latest_order(format!("host{i}").as_bytes(), 5, 1)[0])
+            .collect();
+        assert_eq!(firsts.len(), 5);
     }
 
     #[test]
