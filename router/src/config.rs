@@ -6,6 +6,8 @@
 //! a `"Type|rest"` shorthand string, or the name of a handle defined earlier with `"name"`.
 //! `"Pool|NAME"` as `children` is one destination per server of the pool. An object without
 //! `type` but with `policies`/`wildcard` is a PrefixSelectorRoute (the implicit root).
+//! The text may carry `//` and `/* */` comments and trailing commas, as mcrouter's configs do
+//! (`parse_jsonc`); a parse error names its line and column.
 //! Errors name the path of the problem so a rejected reload says why.
 
 use std::collections::HashMap;
@@ -35,6 +37,8 @@ pub struct Builder<'c> {
     flush_targets: Vec<FlushTarget>,
     /// Names of `pools` entries built so far.
     built_pools: std::collections::HashSet<String>,
+    /// Pools whose `weights` a WeightedCh3 PoolRoute read (the others' are warned about).
+    weighted_pools: std::collections::HashSet<String>,
     /// The config's servers by address: the live ones reused (a reload keeps their connections and
     /// TKO state), others new. Nothing outside the config refers to them until it is installed.
     servers: HashMap<String, Arc<Server>>,
@@ -51,6 +55,7 @@ impl<'c> Builder<'c> {
             warnings: Vec::new(),
             flush_targets: Vec::new(),
             built_pools: Default::default(),
+            weighted_pools: Default::default(),
             servers: HashMap::new(),
         }
     }
@@ -78,7 +83,17 @@ impl<'c> Builder<'c> {
             Value::String(s) => {
                 if let Some((ty, rest)) = s.split_once('|') {
                     if ty == "Pool" {
-                        return Err(format!("`{s}` is a list of destinations: use it as `children`"));
+                        // as in mcrouter: a list of destinations stands for one route only
+                        // when it has exactly one
+                        let mut dests = self.pool(&Value::String(rest.to_string()))?;
+                        if dests.len() != 1 {
+                            return Err(format!(
+                                "`{s}` is {} destinations where one route is expected \
+                                 (use `PoolRoute|{rest}` to hash over them, or put it in `children`)",
+                                dests.len()
+                            ));
+                        }
+                        return Ok(dests.remove(0));
                     }
                     let h = lookup(ty).ok_or_else(|| format!("unknown route handle type `{ty}` in `{s}`"))?;
                     let mut obj = Map::new();
@@ -109,14 +124,7 @@ impl<'c> Builder<'c> {
                 let h = lookup(ty).ok_or_else(|| format!("unknown route handle type `{ty}`"))?;
                 self.types_used.insert(h.name);
                 let r = (h.build)(self, obj).map_err(|e| if e.starts_with(ty) { e } else { format!("{ty}: {e}") })?;
-                for field in obj.keys() {
-                    if field != "type" && field != "name" && !h.fields.contains(&field.as_str()) {
-                        self.warnings.push(format!(
-                            "{ty}: unknown field `{field}` ignored (knows: {})",
-                            h.fields.join(", ")
-                        ));
-                    }
-                }
+                self.warn_unknown_fields(h.name, obj);
                 if let Some(Value::String(name)) = obj.get("name") {
                     self.named.insert(name.clone(), r.clone());
                 }
@@ -129,13 +137,63 @@ impl<'c> Builder<'c> {
         }
     }
 
+    /// Fields of handle `ty` it does not read (mcrouter options it lacks, typos): logged.
+    fn warn_unknown_fields(&mut self, ty: &str, obj: &Map<String, Value>) {
+        let Some(h) = lookup(ty) else { return };
+        for field in obj.keys() {
+            if field != "type" && field != "name" && !h.fields.contains(&field.as_str()) {
+                self.warnings.push(format!(
+                    "{ty}: unknown field `{field}` ignored (knows: {})",
+                    h.fields.join(", ")
+                ));
+            }
+        }
+    }
+
     /// A `children` value: a list of handles, `"Pool|NAME"`, or a single handle.
     pub fn children(&mut self, v: &Value) -> Result<Vec<RouteRef>, String> {
         match v {
-            Value::Array(items) => items.iter().map(|i| self.route(i)).collect(),
+            Value::Array(items) => {
+                let mut out = Vec::with_capacity(items.len());
+                for item in items {
+                    match item.as_str().and_then(|s| s.strip_prefix("Pool|")) {
+                        // a pool inside a list stands for all its destinations, in order
+                        Some(name) => out.extend(self.pool(&Value::String(name.to_string()))?),
+                        // so does a ShadowRoute (one route per child)
+                        None if item.get("type").and_then(Value::as_str) == Some("ShadowRoute") => {
+                            let obj = item.as_object().expect("an object has a type");
+                            self.types_used.insert("ShadowRoute");
+                            let list = crate::routes::shadow::build_list(self, obj)?;
+                            self.warn_unknown_fields("ShadowRoute", obj);
+                            out.extend(list);
+                        }
+                        None => out.push(self.route(item)?),
+                    }
+                }
+                Ok(out)
+            }
             Value::String(s) if s.starts_with("Pool|") => self.pool(&Value::String(s["Pool|".len()..].to_string())),
             other => Ok(vec![self.route(other)?]),
         }
+    }
+
+    /// Field `field` of a pool given by name or inline.
+    pub fn pool_field(&self, v: &Value, field: &str) -> Option<Value> {
+        match v {
+            Value::String(name) => self.pools.get(name)?.get(field).cloned(),
+            Value::Object(obj) => obj.get(field).cloned(),
+            _ => None,
+        }
+    }
+
+    /// A WeightedCh3 route read the `weights` of this pool.
+    pub fn weights_used(&mut self, v: &Value) {
+        let name = match v {
+            Value::String(name) => name.as_str(),
+            Value::Object(obj) => obj.get("name").and_then(Value::as_str).unwrap_or("inline"),
+            _ => return,
+        };
+        self.weighted_pools.insert(name.to_string());
     }
 
     /// The destinations of a pool given by name or inline (`{"name"?, "servers": [...]}`).
@@ -175,6 +233,7 @@ impl<'c> Builder<'c> {
             .get("servers")
             .and_then(Value::as_array)
             .ok_or_else(|| format!("pool `{name}`: `servers` must be a list of \"host:port\""))?;
+        self.check_pool_fields(name, obj)?;
         let timeout = match get_i64(obj, "server_timeout").map_err(|e| format!("pool `{name}`: {e}"))? {
             Some(ms) if ms > 0 => Duration::from_millis(ms as u64),
             Some(_) => return Err(format!("pool `{name}`: `server_timeout` must be positive")),
@@ -200,6 +259,68 @@ impl<'c> Builder<'c> {
             }));
         }
         Ok(dests)
+    }
+
+    /// mcrouter's pool fields: `protocol` other than ascii cannot work (rejected); fields the
+    /// router cannot honour are warned about, never silently dropped.
+    fn check_pool_fields(&mut self, name: &str, obj: &Map<String, Value>) -> Result<(), String> {
+        const KNOWS: &[&str] = &[
+            "servers",
+            "server_timeout",
+            "weights",
+            "keep_routing_prefix",
+            "protocol",
+            "connect_timeout",
+            "name",
+        ];
+        match obj.get("protocol") {
+            None => {}
+            Some(Value::String(p)) if p.eq_ignore_ascii_case("ascii") => {}
+            Some(other) => {
+                return Err(format!(
+                    "pool `{name}`: protocol {other} is not supported (the router speaks memcached's ascii protocol only)"
+                ));
+            }
+        }
+        match obj.get("keep_routing_prefix") {
+            None | Some(Value::Bool(false)) => {}
+            Some(Value::Bool(true)) => self.warnings.push(format!(
+                "pool `{name}`: `keep_routing_prefix: true` is not supported: the routing prefix is stripped before forwarding"
+            )),
+            Some(other) => return Err(format!("pool `{name}`: `keep_routing_prefix` must be true or false, not {other}")),
+        }
+        if obj.contains_key("connect_timeout") {
+            self.warnings.push(format!(
+                "pool `{name}`: `connect_timeout` ignored: --connect-timeout-ms applies (connections are shared by address)"
+            ));
+        }
+        for field in obj.keys() {
+            if !KNOWS.contains(&field.as_str()) {
+                self.warnings.push(format!(
+                    "pool `{name}`: unknown field `{field}` ignored (knows: {})",
+                    KNOWS.join(", ")
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Pools with `weights` that no WeightedCh3 PoolRoute reads.
+    fn warn_unused_weights(&mut self) {
+        let mut unused: Vec<&String> = self
+            .pools
+            .iter()
+            .filter(|(name, def)| def.get("weights").is_some() && !self.weighted_pools.contains(*name))
+            .map(|(name, _)| name)
+            .collect();
+        unused.sort();
+        let lines: Vec<String> = unused
+            .into_iter()
+            .map(|name| {
+                format!("pool `{name}`: `weights` ignored (only a PoolRoute with hash_func WeightedCh3 reads them)")
+            })
+            .collect();
+        self.warnings.extend(lines);
     }
 
     /// The servers `flush_all` goes to: those of every pool of the config, including `pools`
@@ -338,10 +459,54 @@ impl RouterConfig {
     }
 }
 
+/// Parse mcrouter's JSON dialect: JSON plus `//` and `/* */` comments and trailing commas.
+///
+/// `json-strip-comments` blanks comments and trailing commas with spaces in place (string
+/// literals and their escapes are left alone), so every byte keeps its line and column and
+/// serde_json's error positions point into the file as written. (It also takes `#` line
+/// comments, which mcrouter does not; a `#` outside a string is invalid JSON anyway.)
+pub fn parse_jsonc(text: &str) -> Result<Value, String> {
+    let mut buf = text.to_string();
+    if json_strip_comments::strip(&mut buf).is_err() {
+        // the stripper fails on a `/` outside a string that starts no comment: find where
+        let at = first_bad_slash(text);
+        let (line, col) = line_col(text, at);
+        return Err(format!(
+            "invalid JSON at line {line} column {col}: `/` outside a string starts no comment (use // or /* */)"
+        ));
+    }
+    serde_json::from_str(&buf).map_err(|e| {
+        let what = e.to_string();
+        let what = what.split(" at line ").next().unwrap_or(&what).to_string();
+        format!("invalid JSON at line {} column {}: {what}", e.line(), e.column())
+    })
+}
+
+/// The byte offset where the stripper first fails: the shortest failing prefix (its state
+/// machine fails at the offending byte, so failure is monotone in the prefix length).
+fn first_bad_slash(text: &str) -> usize {
+    let bytes = text.as_bytes();
+    let fails = |n: usize| json_strip_comments::strip_slice(&mut bytes[..n].to_vec()).is_err();
+    let (mut lo, mut hi) = (0, bytes.len());
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if fails(mid + 1) { hi = mid } else { lo = mid + 1 }
+    }
+    lo.saturating_sub(1)
+}
+
+/// 1-based line and column (in characters) of byte offset `at`.
+fn line_col(text: &str, at: usize) -> (usize, usize) {
+    let before = &text[..text.floor_char_boundary(at)];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, col)
+}
+
 /// Parse and build a config. `default_prefix` picks the default of a `routes` config (mcrouter's
 /// `--route-prefix`); without it, the first alias of the first entry is the default.
 pub fn load(ctx: &Arc<Context>, text: &str, default_prefix: Option<&str>) -> Result<RouterConfig, String> {
-    let v: Value = serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
+    let v = parse_jsonc(text)?;
     let top = v.as_object().ok_or("config must be a JSON object")?;
     let pools = match top.get("pools") {
         None => Map::new(),
@@ -375,7 +540,12 @@ pub fn load(ctx: &Arc<Context>, text: &str, default_prefix: Option<&str>) -> Res
             b.route(r).map_err(|e| format!("route: {e}"))?,
             ctx.stats.route_counters("default"),
         )),
-        (None, Some(Value::Array(entries))) => {
+        (None, Some(routes @ (Value::Array(_) | Value::Object(_)))) => {
+            // a list of `{aliases, route}` entries, or one such entry on its own
+            let entries: Vec<Value> = match routes {
+                Value::Array(entries) => entries.clone(),
+                one => vec![one.clone()],
+            };
             let mut aliases = Vec::new();
             for (i, entry) in entries.iter().enumerate() {
                 let list = entry
@@ -415,7 +585,7 @@ pub fn load(ctx: &Arc<Context>, text: &str, default_prefix: Option<&str>) -> Res
             };
             Root::Aliased { aliases, default }
         }
-        (None, Some(_)) => return Err("`routes` must be a list".into()),
+        (None, Some(_)) => return Err("`routes` must be a list of {aliases, route} objects, or one".into()),
     };
     for field in top.keys() {
         if !["pools", "route", "routes", "named_handles"].contains(&field.as_str()) {
@@ -424,6 +594,7 @@ pub fn load(ctx: &Arc<Context>, text: &str, default_prefix: Option<&str>) -> Res
             ));
         }
     }
+    b.warn_unused_weights();
     let (flush_targets, flush_problems) = b.take_flush_targets();
     match &root {
         Root::Single((_, counters)) => ctx.stats.register([counters]),
@@ -473,7 +644,22 @@ mod tests {
                          "default_policy": {"type": "PoolRoute", "pool": {"name": "inl", "servers": ["127.0.0.1:4"]}}},
                   "m:": {"type": "ModifyExptimeRoute", "target": "PoolRoute|a", "exptime": 10, "action": "min"},
                   "e:": "ErrorRoute|fenced",
-                  "n:": "NullRoute"},
+                  "n:": "NullRoute",
+                  "af:": "AllFastestRoute|Pool|a",
+                  "r:": {"type": "RandomRoute", "children": ["Pool|a", "gutter"]},
+                  "la:": {"type": "LatestRoute", "children": "Pool|a", "failover_count": 2},
+                  "lb:": {"type": "LoadBalancerRoute", "children": "Pool|a", "salt": "s"},
+                  "sf:": "SaltedFailoverRoute|a",
+                  "sh:": {"type": "AllSyncRoute", "children": [
+                      {"type": "ShadowRoute", "children": "Pool|a",
+                       "shadows": [{"target": "PoolRoute|b", "index_range": [0, 0], "key_fraction_range": [0, 0.5]}]}]},
+                  "sh1:": {"type": "ShadowRoute", "children": ["PoolRoute|a"], "shadows": [{"target": "gutter"}]},
+                  "mi:": {"type": "MigrateRoute", "from": "PoolRoute|a", "to": "PoolRoute|b", "start_time": 1700000000},
+                  "l1:": {"type": "L1L2CacheRoute", "l1": "PoolRoute|b", "l2": "PoolRoute|a", "upgradingL1Exptime": 10},
+                  "li:": {"type": "LatencyInjectionRoute", "child": "PoolRoute|a", "before_latency_ms": 1},
+                  "mk:": {"type": "ModifyKeyRoute", "target": "PoolRoute|a", "ensure_key_prefix": "p:"},
+                  "dn:": "DevNullRoute",
+                  "bh:": {"type": "BlackholeRoute", "default": "PoolRoute|a", "policies": {}}},
                 "wildcard": {"type": "FailoverWithExptimeRoute", "normal": "PoolRoute|a",
                              "failover": ["gutter"], "failover_exptime": 10}}
             }"#;
@@ -548,6 +734,38 @@ mod tests {
                 (
                     r#"{"route": {"type": "OperationSelectorRoute", "operation_policies": {"frob": "NullRoute"}}}"#,
                     "unknown operation",
+                ),
+                (
+                    r#"{"route": {"type": "L1L2CacheRoute", "l1": "NullRoute", "l2": "NullRoute"}}"#,
+                    "L1L2CacheRoute: missing `upgradingL1Exptime`",
+                ),
+                (
+                    r#"{"route": {"type": "LatencyInjectionRoute", "child": "NullRoute"}}"#,
+                    "LatencyInjectionRoute: give one of before_latency_ms",
+                ),
+                (
+                    r#"{"route": {"type": "ModifyKeyRoute", "target": "NullRoute", "replace_key_prefix": "a", "modify_inplace": true}}"#,
+                    "ModifyKeyRoute: `replace_key_prefix` and `modify_inplace` cannot be used together",
+                ),
+                (
+                    r#"{"route": {"type": "ShadowRoute", "children": ["NullRoute", "NullRoute"], "shadows": []}}"#,
+                    "ShadowRoute: 2 children where one route is expected",
+                ),
+                (
+                    r#"{"route": {"type": "ShadowRoute", "children": ["NullRoute"], "shadows": [], "shadow_policy": "x"}}"#,
+                    "ShadowRoute: shadow_policy \"x\" is not supported",
+                ),
+                (
+                    r#"{"route": {"type": "MigrateRoute", "from": "NullRoute", "to": "NullRoute"}}"#,
+                    "MigrateRoute: missing `start_time`",
+                ),
+                (
+                    r#"{"route": {"type": "LatestRoute", "children": ["NullRoute"], "failover_count": 0}}"#,
+                    "LatestRoute: `failover_count` must be at least 1",
+                ),
+                (
+                    r#"{"route": {"type": "BlackholeRoute", "default": "NullRoute"}}"#,
+                    "BlackholeRoute: missing `policies`",
                 ),
             ];
             for (text, want) in cases {
@@ -638,6 +856,34 @@ mod tests {
     }
 
     #[test]
+    fn fields_a_handle_cannot_honour_are_warned_about() {
+        run(async {
+            let c = ctx();
+            let text = r#"{"route": {"type": "PrefixSelectorRoute", "policies": {
+                "a:": {"type": "L1L2CacheRoute", "l1": "NullRoute", "l2": "NullRoute", "upgradingL1Exptime": 5, "ncacheUpdatePeriod": 3},
+                "b:": {"type": "LatencyInjectionRoute", "child": "NullRoute", "request_payload_latency": true},
+                "c:": {"type": "ModifyKeyRoute", "target": "NullRoute", "set_routing_prefix": "/a/b/"},
+                "d:": {"type": "LoadBalancerRoute", "children": ["NullRoute"], "load_ttl_ms": 5},
+                "e:": {"type": "BlackholeRoute", "default": "NullRoute", "policies": {}},
+                "f:": {"type": "LatestRoute", "children": ["NullRoute"], "thresholds": {}}},
+                "wildcard": "NullRoute"}}"#;
+            let cfg = load(&c, text, None).unwrap();
+            let w = cfg.warnings.join("\n");
+            for want in [
+                "L1L2CacheRoute: `ncacheUpdatePeriod` ignored",
+                "LatencyInjectionRoute: `request_payload_latency` ignored",
+                "ModifyKeyRoute: `set_routing_prefix` ignored",
+                "LoadBalancerRoute: memcached reports no server load",
+                "BlackholeRoute: `policies` match Carbon request fields",
+                "LatestRoute: `thresholds` ignored",
+            ] {
+                assert!(w.contains(want), "{want} not in {w}");
+            }
+            assert_eq!(cfg.warnings.len(), 6, "{w}");
+        });
+    }
+
+    #[test]
     fn flush_targets_are_every_server_of_every_pool_once() {
         run(async {
             let c = ctx();
@@ -676,6 +922,145 @@ mod tests {
             );
             assert!(cfg.warnings[0].contains("flush_all will fail"), "{:?}", cfg.warnings);
         });
+    }
+
+    #[test]
+    fn pool_lists_inside_children_and_as_a_single_route() {
+        run(async {
+            let c = ctx();
+            let text = r#"{"pools": {"a": {"servers": ["127.0.0.1:1", "127.0.0.1:2"]},
+                                   "one": {"servers": ["127.0.0.1:3"]}},
+                         "route": {"type": "FailoverRoute", "children": ["Pool|a", "Pool|one", "NullRoute"]}}"#;
+            assert!(load(&c, text, None).is_ok());
+            // one server: usable wherever a route is expected
+            let text = r#"{"pools": {"one": {"servers": ["127.0.0.1:3"]}}, "route": "Pool|one"}"#;
+            assert_eq!(load(&c, text, None).unwrap().servers.len(), 1);
+            let text = r#"{"pools": {"a": {"servers": ["127.0.0.1:1", "127.0.0.1:2"]}},
+                         "route": {"type": "ModifyExptimeRoute", "target": "Pool|a", "exptime": 1}}"#;
+            let err = load(&c, text, None).err().unwrap();
+            assert!(
+                err.contains("`Pool|a` is 2 destinations where one route is expected"),
+                "{err}"
+            );
+        });
+    }
+
+    #[test]
+    fn routes_may_be_a_single_entry_object() {
+        run(async {
+            let c = ctx();
+            let text = r#"{"routes": {"aliases": ["/east/a/", "/east/b/"], "route": "ErrorRoute|x"}}"#;
+            let cfg = load(&c, text, None).unwrap();
+            let mut r = req(Cmd::Get, "/east/b/k");
+            assert_eq!(cfg.select(&mut r).ok().unwrap().route(&r).await.res, Res::LocalError);
+            assert_eq!(&r.key[..], b"k");
+            let err = load(&c, r#"{"routes": 5}"#, None).err().unwrap();
+            assert!(err.contains("`routes` must be"), "{err}");
+        });
+    }
+
+    #[test]
+    fn pool_fields_are_honoured_warned_or_rejected() {
+        run(async {
+            let c = ctx();
+            // weights feed a WeightedCh3 PoolRoute: a zero-weight server gets nothing
+            let text = r#"{"pools": {"w": {"servers": ["127.0.0.1:1", "127.0.0.1:2"], "weights": [1.0, 0.0]},
+                                   "k": {"servers": ["127.0.0.1:3"], "keep_routing_prefix": true,
+                                         "connect_timeout": 5, "protocol": "ascii", "frob": 1},
+                                   "unused_w": {"servers": ["127.0.0.1:4"], "weights": [1]}},
+                         "route": {"type": "PrefixSelectorRoute", "policies": {"k:": "PoolRoute|k"},
+                                   "wildcard": {"type": "PoolRoute", "pool": "w", "hash": {"hash_func": "WeightedCh3"}}}}"#;
+            let cfg = load(&c, text, None).unwrap();
+            let w = cfg.warnings.join("\n");
+            for want in [
+                "pool `k`: `keep_routing_prefix: true` is not supported",
+                "pool `k`: `connect_timeout` ignored",
+                "pool `k`: unknown field `frob` ignored",
+                "pool `unused_w`: `weights` ignored",
+            ] {
+                assert!(w.contains(want), "{want} not in {w}");
+            }
+            assert!(!w.contains("pool `w`"), "{w}");
+            let mut hit_second = 0;
+            for i in 0..200 {
+                let r = req(Cmd::Get, &format!("key{i}"));
+                let route = cfg.select(&mut r.clone()).ok().unwrap().clone();
+                if let Some((server, _)) = route.first_get_target(&r) {
+                    hit_second += usize::from(server.addr.ends_with(":2"));
+                }
+            }
+            assert_eq!(hit_second, 0);
+            // fewer weights than servers: padded with 0.5 and said so
+            let text = r#"{"pools": {"w": {"servers": ["127.0.0.1:1", "127.0.0.1:2"], "weights": [1.0]}},
+                         "route": {"type": "PoolRoute", "pool": "w", "hash_func": "WeightedCh3"}}"#;
+            let cfg = load(&c, text, None).unwrap();
+            assert!(
+                cfg.warnings.join("\n").contains("missing ones count as 0.5"),
+                "{:?}",
+                cfg.warnings
+            );
+            let bad = [
+                (
+                    r#"{"pools": {"p": {"servers": ["127.0.0.1:1"], "protocol": "caret"}}, "route": "PoolRoute|p"}"#,
+                    "pool `p`: protocol \"caret\" is not supported",
+                ),
+                (
+                    r#"{"pools": {"p": {"servers": ["127.0.0.1:1"]}}, "route": {"type": "PoolRoute", "pool": "p", "hash_func": "WeightedCh3"}}"#,
+                    "PoolRoute: hash_func WeightedCh3 needs `weights`",
+                ),
+                (
+                    r#"{"pools": {"p": {"servers": ["127.0.0.1:1"], "weights": [2]}}, "route": {"type": "PoolRoute", "pool": "p", "hash_func": "WeightedCh3"}}"#,
+                    "every weight must be a number from 0.0 to 1.0",
+                ),
+            ];
+            for (text, want) in bad {
+                let err = load(&c, text, None).err().unwrap_or_else(|| panic!("{text} loaded"));
+                assert!(err.contains(want), "{want} not in {err}");
+            }
+        });
+    }
+
+    #[test]
+    fn comments_and_trailing_commas_as_mcrouter_users_write_them() {
+        let text = r#"{
+          // pools
+          "pools": {"a": {"servers": ["127.0.0.1:1",],},}, /* block
+             over lines, with "quotes" and // inside */
+          "route": "PoolRoute|a", // trailing
+        }"#;
+        let v = parse_jsonc(text).unwrap();
+        assert_eq!(v["route"], "PoolRoute|a");
+        assert_eq!(v["pools"]["a"]["servers"][0], "127.0.0.1:1");
+        // comment markers and commas inside strings are data
+        let v = parse_jsonc(r#"{"k": "a // b /* c */ ,]", "e": "q\"//x",}"#).unwrap();
+        assert_eq!(v["k"], "a // b /* c */ ,]");
+        assert_eq!(v["e"], "q\"//x");
+    }
+
+    #[test]
+    fn parse_errors_name_line_and_column() {
+        let err = parse_jsonc("{\n  // fine\n  \"route\": @\n}").unwrap_err();
+        assert!(
+            err.starts_with("invalid JSON at line 3 column 12: expected value"),
+            "{err}"
+        );
+        // a comment before the error does not shift the position
+        let err = parse_jsonc("{ /* x */ \"a\": 1,\n \"b\" 2}").unwrap_err();
+        assert!(err.contains("line 2 column 6"), "{err}");
+        let err = parse_jsonc("{\n  \"a\": 1 / 2\n}").unwrap_err();
+        assert!(err.starts_with("invalid JSON at line 2 column 10: `/`"), "{err}");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_dialect_parser_never_panics(s in "[{}\\[\\]\",:/*\\\\ a1\n]{0,64}") {
+            let _ = parse_jsonc(&s);
+        }
+
+        #[test]
+        fn the_dialect_parser_never_panics_on_any_text(s in "\\PC{0,64}") {
+            let _ = parse_jsonc(&s);
+        }
     }
 
     #[test]

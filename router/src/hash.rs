@@ -122,18 +122,225 @@ pub fn crc32(data: &[u8]) -> u32 {
     crc ^ 0xffff_ffff
 }
 
+// ---- SpookyHashV2 (Bob Jenkins' public-domain design), the 32-bit form WeightedCh3 uses ----
+
+const SC_CONST: u64 = 0xdead_beef_dead_beef;
+
+fn le64(b: &[u8]) -> u64 {
+    u64::from_le_bytes(b[..8].try_into().expect("8 bytes"))
+}
+
+/// The four-state mix of short messages.
+fn short_mix(h: &mut [u64; 4]) {
+    const R: [u32; 12] = [50, 52, 30, 41, 54, 48, 38, 37, 62, 34, 5, 36];
+    for (i, r) in R.iter().enumerate() {
+        // rotate word (i+2)%4, add word (i+3)%4 to it, xor it into word i%4
+        let (a, b, c) = ((i + 2) % 4, (i + 3) % 4, i % 4);
+        h[a] = h[a].rotate_left(*r);
+        h[a] = h[a].wrapping_add(h[b]);
+        h[c] ^= h[a];
+    }
+}
+
+fn short_end(h: &mut [u64; 4]) {
+    const R: [u32; 11] = [15, 52, 26, 51, 28, 9, 47, 54, 32, 25, 63];
+    for (i, r) in R.iter().enumerate() {
+        // xor word (i+2)%4 into (i+3)%4, rotate (i+2)%4, add it to (i+3)%4
+        let (a, b) = ((i + 2) % 4, (i + 3) % 4);
+        h[b] ^= h[a];
+        h[a] = h[a].rotate_left(*r);
+        h[b] = h[b].wrapping_add(h[a]);
+    }
+}
+
+/// SpookyHashV2's short path (messages under 192 bytes): the 128-bit result (h1, h2).
+fn spooky_short(data: &[u8], seed1: u64, seed2: u64) -> (u64, u64) {
+    let mut h = [seed1, seed2, SC_CONST, SC_CONST];
+    let mut rest = data;
+    while rest.len() >= 32 {
+        h[2] = h[2].wrapping_add(le64(rest));
+        h[3] = h[3].wrapping_add(le64(&rest[8..]));
+        short_mix(&mut h);
+        h[0] = h[0].wrapping_add(le64(&rest[16..]));
+        h[1] = h[1].wrapping_add(le64(&rest[24..]));
+        rest = &rest[32..];
+    }
+    if rest.len() >= 16 {
+        h[2] = h[2].wrapping_add(le64(rest));
+        h[3] = h[3].wrapping_add(le64(&rest[8..]));
+        short_mix(&mut h);
+        rest = &rest[16..];
+    }
+    h[3] = h[3].wrapping_add((data.len() as u64) << 56);
+    let n = rest.len();
+    if n == 0 {
+        h[2] = h[2].wrapping_add(SC_CONST);
+        h[3] = h[3].wrapping_add(SC_CONST);
+    } else if n >= 8 {
+        // bytes 0..8 into c, the rest little-endian into d
+        let mut tail = [0u8; 8];
+        tail[..n - 8].copy_from_slice(&rest[8..]);
+        h[2] = h[2].wrapping_add(le64(rest));
+        h[3] = h[3].wrapping_add(u64::from_le_bytes(tail));
+    } else {
+        let mut tail = [0u8; 8];
+        tail[..n].copy_from_slice(rest);
+        h[2] = h[2].wrapping_add(u64::from_le_bytes(tail));
+    }
+    short_end(&mut h);
+    (h[0], h[1])
+}
+
+fn spooky_mix(data: &[u64; 12], s: &mut [u64; 12]) {
+    const R: [u32; 12] = [11, 32, 43, 31, 17, 28, 39, 57, 55, 54, 22, 46];
+    for i in 0..12 {
+        s[i] = s[i].wrapping_add(data[i]);
+        s[(i + 2) % 12] ^= s[(i + 10) % 12];
+        s[(i + 11) % 12] ^= s[i];
+        s[i] = s[i].rotate_left(R[i]);
+        s[(i + 11) % 12] = s[(i + 11) % 12].wrapping_add(s[(i + 1) % 12]);
+    }
+}
+
+fn spooky_end_partial(h: &mut [u64; 12]) {
+    const R: [u32; 12] = [44, 15, 34, 21, 38, 33, 10, 13, 38, 53, 42, 54];
+    for i in 0..12 {
+        h[(i + 11) % 12] = h[(i + 11) % 12].wrapping_add(h[(i + 1) % 12]);
+        h[(i + 2) % 12] ^= h[(i + 11) % 12];
+        h[(i + 1) % 12] = h[(i + 1) % 12].rotate_left(R[i]);
+    }
+}
+
+/// SpookyHashV2 Hash128: (h1, h2) for `data` with the two seeds.
+pub fn spooky128(data: &[u8], seed1: u64, seed2: u64) -> (u64, u64) {
+    if data.len() < 192 {
+        return spooky_short(data, seed1, seed2);
+    }
+    let mut h: [u64; 12] = std::array::from_fn(|i| match i % 3 {
+        0 => seed1,
+        1 => seed2,
+        _ => SC_CONST,
+    });
+    let mut words = [0u64; 12];
+    let mut blocks = data.chunks_exact(96);
+    for block in &mut blocks {
+        for (w, c) in words.iter_mut().zip(block.chunks_exact(8)) {
+            *w = le64(c);
+        }
+        spooky_mix(&words, &mut h);
+    }
+    // the last partial block, zero padded, its length in the final byte
+    let rest = blocks.remainder();
+    let mut last = [0u8; 96];
+    last[..rest.len()].copy_from_slice(rest);
+    last[95] = rest.len() as u8;
+    for (w, c) in words.iter_mut().zip(last.chunks_exact(8)) {
+        *w = le64(c);
+    }
+    for (x, w) in h.iter_mut().zip(words) {
+        *x = x.wrapping_add(w);
+    }
+    for _ in 0..3 {
+        spooky_end_partial(&mut h);
+    }
+    (h[0], h[1])
+}
+
+/// SpookyHashV2 Hash32: the low 32 bits of Hash128 seeded with `seed` twice.
+pub fn spooky32(data: &[u8], seed: u32) -> u32 {
+    spooky128(data, seed as u64, seed as u64).0 as u32
+}
+
+/// Seed of WeightedCh3's acceptance hash (mcrouter's `kHashSeed`).
+const WCH3_SEED: u32 = 0xface_2014;
+const WCH3_TRIES: usize = 32;
+
+/// mcrouter's WeightedCh3: up to 32 times, take `furc_hash(key', n)` and accept it if
+/// `spooky32(key') < weight[index] * u32::MAX`; key' is the key, then the key with a counter
+/// appended in reversed decimal ("0", "1", …, "9", "01", "11", …). The last index is the answer
+/// if none is accepted. With every weight 1.0 it is exactly Ch3.
+pub fn weighted_ch3(key: &[u8], weights: &[f64]) -> usize {
+    let n = weights.len();
+    let mut salted: Vec<u8> = key.to_vec();
+    let mut index = 0;
+    for attempt in 0..WCH3_TRIES {
+        index = furc_hash(&salted, n as u32) as usize;
+        let p = spooky32(&salted, WCH3_SEED) as u64;
+        let w = (weights[index] * u32::MAX as f64) as u64;
+        if p < w {
+            return index;
+        }
+        salted.truncate(key.len());
+        let mut c = attempt;
+        loop {
+            salted.push(b'0' + (c % 10) as u8);
+            c /= 10;
+            if c == 0 {
+                break;
+            }
+        }
+    }
+    index
+}
+
+/// mcrouter's ConstShard: the shard id is the first run of digits between two colons
+/// (`prefix:1234:rest` → 1234); a key with one that is below the pool size goes to that index,
+/// any other key is placed by Ch3.
+pub fn const_shard(key: &[u8], n: usize) -> usize {
+    if let Some(id) = shard_id(key)
+        && id < n
+    {
+        return id;
+    }
+    furc_hash(key, n as u32) as usize
+}
+
+fn shard_id(key: &[u8]) -> Option<usize> {
+    let mut parts = key.split(|&b| b == b':');
+    parts.next()?; // the prefix
+    let mut rest = parts.peekable();
+    // first field that is all digits and followed by another colon
+    while let Some(field) = rest.next() {
+        rest.peek()?;
+        if !field.is_empty() && field.iter().all(u8::is_ascii_digit) {
+            return std::str::from_utf8(field).ok()?.parse().ok();
+        }
+    }
+    None
+}
+
+/// "Latest" (LatestRoute's choice): `count` of `n` children for the router host `host`, in
+/// failover order. Pick k is Ch3 of the host name with k appended ("host0", "host1", …) over the
+/// children not yet picked, so each host gets its own stable set and hosts spread evenly.
+pub fn latest_order(host: &[u8], n: usize, count: usize) -> Vec<usize> {
+    let mut left: Vec<usize> = (0..n).collect();
+    let mut out = Vec::with_capacity(count.min(n));
+    while !left.is_empty() && out.len() < count {
+        let key = [host, out.len().to_string().as_bytes()].concat();
+        let i = furc_hash(&key, left.len() as u32) as usize;
+        out.push(left.remove(i));
+    }
+    out
+}
+
 /// A configured hash function (`hash_func` in mcrouter configs) plus its salt.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum HashFunc {
     Ch3,
     Crc32,
+    /// Weights in 0.0..=1.0, one per destination.
+    WeightedCh3(Vec<f64>),
+    ConstShard,
 }
 
 impl HashFunc {
+    /// By mcrouter's name; WeightedCh3 gets its weights afterwards (`with_weights`).
     pub fn from_name(name: &str) -> Option<HashFunc> {
         match name {
             "Ch3" | "ch3" => Some(HashFunc::Ch3),
             "Crc32" | "crc32" => Some(HashFunc::Crc32),
+            "WeightedCh3" | "wch3" => Some(HashFunc::WeightedCh3(Vec::new())),
+            "ConstShard" => Some(HashFunc::ConstShard),
             _ => None,
         }
     }
@@ -153,6 +360,8 @@ impl HashFunc {
         match self {
             HashFunc::Ch3 => furc_hash(data, n as u32) as usize,
             HashFunc::Crc32 => ((crc32(data) & 0x7fff_ffff) as usize) % n,
+            HashFunc::WeightedCh3(w) => weighted_ch3(data, &w[..n.min(w.len())]),
+            HashFunc::ConstShard => const_shard(data, n),
         }
     }
 }
@@ -189,6 +398,91 @@ mod tests {
             }
         }
         assert!(moved > 500 && moved < 1400, "moved {moved}");
+    }
+
+    #[test]
+    fn weighted_ch3_vectors_derived_from_its_description() {
+        // "if all weights are 1.0, the algorithm returns the same indices as CH3": the
+        // published Ch3 vectors carry over.
+        let ones = vec![1.0; 100];
+        assert_eq!(weighted_ch3(b"sample", &ones), 97);
+        assert_eq!(weighted_ch3(b"", &ones), 72);
+        // Weight 0 on "sample"'s server: the first try is refused whatever spooky32 says
+        // (p < 0 never holds); every other weight is 1.0, so the next try is accepted unless
+        // it lands on server 97 again (p < u32::MAX * 1.0 fails only for p = u32::MAX).
+        // The retry key is "sample" + "0": furc_hash(b"sample0", 100) is the answer.
+        let mut w = ones.clone();
+        w[97] = 0.0;
+        let retry = furc_hash(b"sample0", 100) as usize;
+        assert_ne!(retry, 97);
+        assert_eq!(weighted_ch3(b"sample", &w), retry);
+        assert_eq!(retry, 59); // also what tests/router/conftest.py's own furc_hash gives
+        // a zero-weight server is never chosen while a retry can land elsewhere
+        for i in 0..2000 {
+            let key = format!("key:{i}");
+            let idx = weighted_ch3(key.as_bytes(), &[1.0, 0.0, 1.0]);
+            assert_ne!(idx, 1, "{key}");
+        }
+    }
+
+    #[test]
+    fn weighted_ch3_shares_follow_the_weights() {
+        // Weights [1.0, 0.5]: each try picks a server with probability 1/2 and server 1 is
+        // kept with probability 1/2, so a try ends on 0 with 1/2, on 1 with 1/4, and retries
+        // with 1/4: server 1's share is (1/4)/(3/4) = 1/3. This checks that spooky32 is a
+        // uniform acceptance test, as the description needs.
+        let on1 = (0..30_000)
+            .filter(|i| weighted_ch3(format!("user:{i}").as_bytes(), &[1.0, 0.5]) == 1)
+            .count();
+        assert!((9_300..10_700).contains(&on1), "{on1}");
+        // the pick via HashFunc pads missing weights the way the config does (see routes::hash)
+        assert_eq!(HashFunc::WeightedCh3(vec![1.0; 100]).pick(b"sample", b"", 100), 97);
+    }
+
+    #[test]
+    fn spooky_is_stable_and_covers_both_paths() {
+        // No published SpookyHashV2 vectors were at hand: these pin our implementation (short
+        // path < 192 bytes, long path from 192) so a change to it cannot go unnoticed.
+        let long = vec![b'x'; 250];
+        let a = spooky32(b"", WCH3_SEED);
+        assert_eq!(a, spooky32(b"", WCH3_SEED));
+        assert_ne!(spooky32(b"a", WCH3_SEED), spooky32(b"b", WCH3_SEED));
+        assert_ne!(spooky32(&long, WCH3_SEED), spooky32(&long[..249], WCH3_SEED));
+        assert_ne!(spooky32(&long[..191], WCH3_SEED), spooky32(&long[..192], WCH3_SEED));
+    }
+
+    #[test]
+    fn latest_vectors() {
+        // Derived from the definition with furc_hash alone: pick 0 is furc("h0", 5) of [0..5],
+        // pick 1 is furc("h1", 4) over what is left, and so on.
+        let mut left: Vec<usize> = (0..5).collect();
+        let mut want = Vec::new();
+        for k in 0..3u32 {
+            let i = furc_hash(format!("h{k}").as_bytes(), left.len() as u32) as usize;
+            want.push(left.remove(i));
+        }
+        assert_eq!(latest_order(b"h", 5, 3), want);
+        assert_eq!(latest_order(b"h", 2, 5).len(), 2); // never more than there are
+        // hosts spread over the children
+        let firsts: std::collections::HashSet<usize> = (0..40)
+            .map(|i| latest_order(format!("host{i}").as_bytes(), 5, 1)[0])
+            .collect();
+        assert_eq!(firsts.len(), 5);
+    }
+
+    #[test]
+    fn const_shard_vectors() {
+        // "For key key:1234:blah the result is 1234": the first all-digit field between colons.
+        assert_eq!(shard_id(b"key:1234:blah"), Some(1234));
+        assert_eq!(shard_id(b"a:b:7:c"), Some(7));
+        assert_eq!(shard_id(b"key::5:x"), Some(5));
+        assert_eq!(shard_id(b"key:12"), None); // not surrounded by colons
+        assert_eq!(shard_id(b"12:key"), None); // the prefix is not a shard id
+        assert_eq!(shard_id(b"key:1a:x"), None);
+        assert_eq!(const_shard(b"key:3:blah", 10), 3);
+        // no usable shard id: placed by Ch3 (published vector "sample" n=100 -> 97)
+        assert_eq!(const_shard(b"sample", 100), 97);
+        assert_eq!(const_shard(b"key:100:x", 100), furc_hash(b"key:100:x", 100) as usize);
     }
 
     #[test]

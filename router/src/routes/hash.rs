@@ -28,10 +28,20 @@ impl Route for HashRoute {
     }
 }
 
-/// `hash_func`/`salt` from the handle itself or from a `hash` field (string or object).
-pub fn hash_settings(obj: &Map<String, Value>) -> Result<(HashFunc, Vec<u8>), String> {
+/// `hash_func`/`salt`/`weights` from the handle itself or from a `hash` field (string or
+/// object); `pool_weights` are the `weights` of the pool a PoolRoute hashes over. WeightedCh3
+/// needs weights (0.0 to 1.0); missing ones count as 0.5 and extra ones are ignored, as in
+/// mcrouter, with a load warning. `n` is the number of destinations.
+pub fn hash_settings(
+    b: &mut Builder,
+    obj: &Map<String, Value>,
+    handle: &str,
+    pool_weights: Option<&Value>,
+    n: usize,
+) -> Result<(HashFunc, Vec<u8>), String> {
     let mut func_name = get_str(obj, "hash_func")?.map(str::to_string);
     let mut salt = get_str(obj, "salt")?.unwrap_or("").as_bytes().to_vec();
+    let mut weights = obj.get("weights");
     match obj.get("hash") {
         Some(Value::String(s)) => func_name = Some(s.clone()),
         Some(Value::Object(h)) => {
@@ -41,13 +51,51 @@ pub fn hash_settings(obj: &Map<String, Value>) -> Result<(HashFunc, Vec<u8>), St
             if let Some(s) = get_str(h, "salt")? {
                 salt = s.as_bytes().to_vec();
             }
+            weights = h.get("weights").or(weights);
         }
         _ => {}
     }
+    let weights = weights.or(pool_weights);
     let func = match func_name {
         None => HashFunc::Ch3,
-        Some(name) => HashFunc::from_name(&name).ok_or_else(|| format!("unknown hash_func `{name}` (Ch3, Crc32)"))?,
+        Some(name) => HashFunc::from_name(&name)
+            .ok_or_else(|| format!("unknown hash_func `{name}` (Ch3, Crc32, WeightedCh3, ConstShard)"))?,
     };
+    if let HashFunc::WeightedCh3(_) = func {
+        let list = weights
+            .ok_or_else(|| format!("{handle}: hash_func WeightedCh3 needs `weights` (one per server, 0.0 to 1.0)"))?
+            .as_array()
+            .ok_or_else(|| format!("{handle}: `weights` must be a list of numbers"))?;
+        let mut w = Vec::with_capacity(n);
+        for v in list.iter().take(n) {
+            match v.as_f64() {
+                Some(x) if (0.0..=1.0).contains(&x) => w.push(x),
+                _ => {
+                    return Err(format!(
+                        "{handle}: every weight must be a number from 0.0 to 1.0, not {v}"
+                    ));
+                }
+            }
+        }
+        if list.len() < n {
+            b.warnings.push(format!(
+                "{handle}: {} weights for {n} servers: the missing ones count as 0.5 (as in mcrouter)",
+                list.len()
+            ));
+        } else if list.len() > n {
+            b.warnings.push(format!(
+                "{handle}: {} weights for {n} servers: the extra ones are ignored",
+                list.len()
+            ));
+        }
+        w.resize(n, 0.5);
+        return Ok((HashFunc::WeightedCh3(w), salt));
+    }
+    if weights.is_some() && pool_weights.is_none() {
+        b.warnings.push(format!(
+            "{handle}: `weights` ignored (only hash_func WeightedCh3 reads them)"
+        ));
+    }
     Ok((func, salt))
 }
 
@@ -56,7 +104,7 @@ pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, Stri
     if children.is_empty() {
         return Err("HashRoute: empty `children`".into());
     }
-    let (func, salt) = hash_settings(obj)?;
+    let (func, salt) = hash_settings(b, obj, "HashRoute", None, children.len())?;
     Ok(std::sync::Arc::new(HashRoute { children, func, salt }))
 }
 

@@ -14,20 +14,31 @@ use crate::config::Builder;
 use crate::protocol::{Cmd, Reply, Request, Res};
 
 pub mod all_async;
+pub mod all_fastest;
 pub mod all_initial;
 pub mod all_majority;
 pub mod all_sync;
 pub mod destination;
+pub mod dev_null;
 pub mod error;
 pub mod failover;
 pub mod failover_with_exptime;
 pub mod hash;
+pub mod l1l2_cache;
+pub mod latency_injection;
+pub mod latest;
+pub mod load_balancer;
+pub mod migrate;
 pub mod miss_failover;
 pub mod modify_exptime;
+pub mod modify_key;
 pub mod null;
 pub mod operation_selector;
 pub mod pool;
 pub mod prefix_selector;
+pub mod random;
+pub mod salted_failover;
+pub mod shadow;
 pub mod warm_up;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -63,13 +74,13 @@ pub const REGISTRY: &[Handle] = &[
         name: "PoolRoute",
         build: pool::build,
         shorthand: Some("pool"),
-        fields: &["pool", "hash", "hash_func", "salt"],
+        fields: &["pool", "hash", "hash_func", "salt", "weights"],
     },
     Handle {
         name: "HashRoute",
         build: hash::build,
         shorthand: Some("children"),
-        fields: &["children", "hash", "hash_func", "salt"],
+        fields: &["children", "hash", "hash_func", "salt", "weights"],
     },
     Handle {
         name: "AllSyncRoute",
@@ -148,6 +159,108 @@ pub const REGISTRY: &[Handle] = &[
         build: error::build,
         shorthand: Some("response"),
         fields: &["response"],
+    },
+    Handle {
+        name: "AllFastestRoute",
+        build: all_fastest::build,
+        shorthand: Some("children"),
+        fields: &["children"],
+    },
+    Handle {
+        name: "RandomRoute",
+        build: random::build,
+        shorthand: Some("children"),
+        fields: &["children"],
+    },
+    Handle {
+        name: "LatestRoute",
+        build: latest::build,
+        shorthand: Some("children"),
+        fields: &[
+            "children",
+            "failover_count",
+            "thresholds",
+            "failover_errors",
+            "failover_tag",
+        ],
+    },
+    Handle {
+        name: "LoadBalancerRoute",
+        build: load_balancer::build,
+        shorthand: Some("children"),
+        fields: &["children", "salt", "load_ttl_ms", "default_server_load_percent"],
+    },
+    Handle {
+        name: "SaltedFailoverRoute",
+        build: salted_failover::build,
+        shorthand: Some("pool"),
+        fields: &[
+            "pool",
+            "hash",
+            "hash_func",
+            "salt",
+            "weights",
+            "max_tries",
+            "shadows",
+            "shadow_policy",
+            "failover_policy",
+            "failover_errors",
+        ],
+    },
+    Handle {
+        name: "ShadowRoute",
+        build: shadow::build,
+        shorthand: None,
+        fields: &["children", "shadows", "shadow_policy"],
+    },
+    Handle {
+        name: "MigrateRoute",
+        build: migrate::build,
+        shorthand: None,
+        fields: &["from", "to", "start_time", "interval"],
+    },
+    Handle {
+        name: "L1L2CacheRoute",
+        build: l1l2_cache::build,
+        shorthand: None,
+        fields: &["l1", "l2", "upgradingL1Exptime", "ncacheExptime", "ncacheUpdatePeriod"],
+    },
+    Handle {
+        name: "LatencyInjectionRoute",
+        build: latency_injection::build,
+        shorthand: None,
+        fields: &[
+            "child",
+            "before_latency_ms",
+            "after_latency_ms",
+            "total_latency_ms",
+            "request_payload_latency",
+            "max_request_latency_us",
+        ],
+    },
+    Handle {
+        name: "ModifyKeyRoute",
+        build: modify_key::build,
+        shorthand: None,
+        fields: &[
+            "target",
+            "set_routing_prefix",
+            "ensure_key_prefix",
+            "replace_key_prefix",
+            "modify_inplace",
+        ],
+    },
+    Handle {
+        name: "DevNullRoute",
+        build: dev_null::build_dev_null,
+        shorthand: None,
+        fields: &[],
+    },
+    Handle {
+        name: "BlackholeRoute",
+        build: dev_null::build_blackhole,
+        shorthand: None,
+        fields: &["default", "blackhole_child", "policies"],
     },
 ];
 

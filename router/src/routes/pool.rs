@@ -10,11 +10,16 @@ use super::required;
 use crate::config::Builder;
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
-    let dests = b.pool(required(obj, "pool", "PoolRoute")?)?;
+    let pool = required(obj, "pool", "PoolRoute")?;
+    let dests = b.pool(pool)?;
     if dests.is_empty() {
         return Err("PoolRoute: pool has no servers".into());
     }
-    let (func, salt) = hash_settings(obj)?;
+    let pool_weights = b.pool_field(pool, "weights");
+    let (func, salt) = hash_settings(b, obj, "PoolRoute", pool_weights.as_ref(), dests.len())?;
+    if pool_weights.is_some() && matches!(func, crate::hash::HashFunc::WeightedCh3(_)) {
+        b.weights_used(pool);
+    }
     Ok(Arc::new(HashRoute {
         children: dests,
         func,

@@ -1,0 +1,77 @@
+//! RandomRoute: each request goes to one child picked at random (mcrouter's RandomRoute).
+//!
+//! A delete reaches only the child it picked, so it is acknowledged when that child has it; use
+//! the route for reads of replicated data, not as a replica set for deletes (AllSyncRoute).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use serde_json::{Map, Value};
+
+use super::{BoxFuture, Route, RouteRef, required};
+use crate::config::Builder;
+use crate::protocol::{Reply, Request};
+
+pub struct RandomRoute {
+    pub children: Vec<RouteRef>,
+    state: AtomicU64,
+}
+
+impl RandomRoute {
+    pub fn new(children: Vec<RouteRef>) -> RandomRoute {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+            | 1;
+        RandomRoute {
+            children,
+            state: AtomicU64::new(seed),
+        }
+    }
+
+    /// xorshift64*: cheap, good enough to spread load (not for secrets).
+    fn next(&self) -> u64 {
+        let mut x = self.state.load(Relaxed);
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.state.store(x, Relaxed);
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+impl Route for RandomRoute {
+    fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
+        let i = (self.next() % self.children.len() as u64) as usize;
+        self.children[i].route(req)
+    }
+}
+
+pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
+    let children = b.children(required(obj, "children", "RandomRoute")?)?;
+    if children.is_empty() {
+        return Err("RandomRoute: empty `children`".into());
+    }
+    Ok(Arc::new(RandomRoute::new(children)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Cmd, Res};
+    use crate::routes::testing::*;
+
+    #[test]
+    fn spreads_over_all_children() {
+        let fakes: Vec<_> = (0..3).map(|_| Fake::new("x", Res::Found)).collect();
+        let r = RandomRoute::new(fakes.iter().map(|f| f.clone() as RouteRef).collect());
+        run(async {
+            for _ in 0..3000 {
+                r.route(&req(Cmd::Get, "same-key")).await;
+            }
+        });
+        for f in &fakes {
+            assert!((800..1200).contains(&f.count()), "{}", f.count());
+        }
+    }
+}
