@@ -4,6 +4,8 @@
 #   2. the Python venv in .venv with squeal installed (editable) and its pinned dependencies
 #   3. the Rust router, built in release mode (router/target/release/squeal-router)
 #   4. squeal's native binlog reader (squeal_native/, a PyO3 extension) built with maturin into .venv
+#   5. memcached's own test suite (the Debian source package of the installed memcached, unpacked into
+#      var/memcached-src/, gitignored) for tests/router/test_memcached_suite.py
 # Safe to run again: each step checks what is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,5 +62,35 @@ if [ -f squeal_native/Cargo.toml ]; then
     VIRTUAL_ENV="$PWD/.venv" .venv/bin/maturin develop --release --locked -q -m squeal_native/Cargo.toml
     echo "$native_sum" > "$native_stamp"
   fi
+fi
+# memcached's test suite (t/*.t of the source the installed package was built from; never copied into
+# git): a deb-src entry for the Debian archives, then `apt-get source` of exactly the installed
+# version into var/memcached-src/ (dpkg-dev unpacks it and applies Debian's patches). The suite needs
+# only perl's core modules (Test::More, IO::Socket::INET).
+mc_version=$(dpkg-query -W -f='${Version}' memcached 2>/dev/null || true)
+mc_upstream=${mc_version%%-*}
+if [ -n "$mc_version" ] && [ ! -f "var/memcached-src/memcached-$mc_upstream/t/lib/MemcachedTest.pm" ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  if ! command -v dpkg-source >/dev/null 2>&1 || ! command -v prove >/dev/null 2>&1; then
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends dpkg-dev perl >/dev/null
+  fi
+  if ! apt-cache showsrc memcached 2>/dev/null | grep -qx "Version: $mc_version"; then
+    codename=$(. /etc/os-release && echo "$VERSION_CODENAME")
+    echo "setup: adding deb-src entries for $codename (/etc/apt/sources.list.d/squeal-deb-src.sources)"
+    printf '%s\n' \
+      "# Added by squeal's scripts/setup.sh: source packages (memcached's test suite for the router tests)." \
+      "Types: deb-src" "URIs: http://deb.debian.org/debian" "Suites: $codename $codename-updates" \
+      "Components: main" "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg" "" \
+      "Types: deb-src" "URIs: http://deb.debian.org/debian-security" "Suites: $codename-security" \
+      "Components: main" "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg" \
+      | $SUDO tee /etc/apt/sources.list.d/squeal-deb-src.sources >/dev/null
+    $SUDO apt-get update -qq
+  fi
+  echo "setup: fetching memcached $mc_version source (its test suite) into var/memcached-src/"
+  rm -rf var/memcached-src && mkdir -p var/memcached-src
+  (cd var/memcached-src && apt-get source -qq "memcached=$mc_version" >/dev/null 2>&1)
+  [ -f "var/memcached-src/memcached-$mc_upstream/t/lib/MemcachedTest.pm" ] || {
+    echo "setup: apt-get source memcached=$mc_version did not unpack the test suite" >&2; exit 1; }
 fi
 echo "setup: done"

@@ -16,7 +16,7 @@ use futures_util::stream::{FuturesOrdered, StreamExt};
 use tokio::net::TcpStream;
 
 use crate::config::RouterConfig;
-use crate::protocol::reply::parse_decimal;
+use crate::protocol::reply::{meta_hit_as_value, parse_decimal};
 use crate::protocol::request::{BINARY_REQUEST_MAGIC, binary_refusal, parse_with};
 use crate::protocol::{Cmd, Command, ParseOutcome, Reply, Request};
 use crate::routes::{BoxFuture, RouteRef};
@@ -296,6 +296,7 @@ impl Conn {
         match cmd {
             Command::Keyed(req) => self.route_one(ctx, req, start, keyed_reply),
             Command::MultiGet { gets, keys } => self.multi_get(ctx, gets, keys, start),
+            Command::GetAndTouch { cas, exptime, keys } => self.get_and_touch(ctx, cas, exptime, keys, start),
             Command::MetaNoop => {
                 ctx.stats.no_route.count("mn");
                 self.push_ready(Bytes::from_static(b"MN\r\n"));
@@ -387,6 +388,60 @@ impl Conn {
                     asked,
                     req,
                     reply,
+                    start,
+                }
+            }
+            .boxed(),
+        );
+    }
+
+    /// `gat`/`gats`: each key routed as the meta get that gets and touches (`mg <key> v f T<exptime>`,
+    /// plus `c` for `gats`), which routes count as a `get`; the hits come back as classic `VALUE`
+    /// blocks in the order the keys were asked, then `END`. As for a multi-key get, one key's error
+    /// makes that key a miss, except for a single key, whose error is the answer.
+    fn get_and_touch(&mut self, ctx: Arc<Context>, cas: bool, exptime: i64, keys: Vec<Bytes>, start: Instant) {
+        let mut reqs = Vec::with_capacity(keys.len());
+        for key in keys {
+            let mut req = Request::simple(Cmd::MetaGet, key);
+            req.meta = vec![
+                Bytes::from_static(b"v"),
+                Bytes::from_static(b"f"),
+                Bytes::from(format!("T{exptime}")),
+            ];
+            if cas {
+                req.meta.push(Bytes::from_static(b"c"));
+            }
+            let (route, asked) = select_route(&self.config, &mut req);
+            let client_key = asked.unwrap_or_else(|| req.key.clone());
+            reqs.push((req, route.cloned(), client_key));
+        }
+        self.in_flight.push_back(
+            async move {
+                let single = reqs.len() == 1;
+                let replies = join_all(reqs.iter().map(|(req, route, _)| async move {
+                    match route {
+                        Ok(route) => route.route(req).await,
+                        Err(reply) => reply.clone(),
+                    }
+                }))
+                .await;
+                let mut out = BytesMut::new();
+                for ((_, _, client_key), reply) in reqs.iter().zip(replies) {
+                    if reply.res.is_error() {
+                        ctx.stats.errors.fetch_add(1, Relaxed);
+                        if single {
+                            return Done::Merged {
+                                bytes: reply.wire,
+                                start,
+                            };
+                        }
+                    } else if let Some(block) = meta_hit_as_value(client_key, cas, &reply.wire) {
+                        out.put_slice(&block);
+                    }
+                }
+                out.put_slice(END);
+                Done::Merged {
+                    bytes: out.freeze(),
                     start,
                 }
             }

@@ -181,3 +181,21 @@ def test_absurd_value_lengths_are_refused_without_swallowing_the_stream(memcache
     with pytest.raises(ConnectionError):
         assert c.line() == b"CLIENT_ERROR line too long"
         c.line()
+
+
+def test_argument_errors_verbosity_and_gat_like_memcached(memcached_factory, router_factory) -> None:
+    """Lines memcached's own test suite checks (cas.t, strtol-testing.t, getandtouch.t): a wrong
+    number of tokens is `ERROR`, `verbosity` checks its level, and `gat`/`gats` get and touch."""
+    direct, behind = memcached_factory(), memcached_factory()
+    router = router_factory(pool(behind))
+    stream = (
+        b"cas\r\ncas k 0 0 1\r\nset k\r\nincr k\r\ndecr\r\ntouch k\r\nappend k 0 0\r\n"
+        + b"verbosity\r\nverbosity invalid\r\nverbosity x noreply\r\nverbosity 1 2 3\r\nverbosity 1\r\n"
+        + b"verbosity 1 noreply\r\nstats nosuchgroup\r\n"
+        + b"gat\r\ngat 10\r\ngat x foo1\r\ngat 10 foo1\r\n"
+        + b"set foo1 3 2 7\r\nfooval1\r\nset foo2 0 2 7\r\nfooval2\r\n"
+        + b"gats 10 foo1 nope foo2\r\ngat 10 foo1 foo2\r\ngat 100 foo2\r\nmn\r\n"
+    )
+    want, got = both(direct, router, stream)
+    assert want.count(b"ERROR\r\n") >= 10 and b"VALUE foo1 3 7 " in want, want
+    assert got == want

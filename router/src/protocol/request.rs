@@ -151,12 +151,23 @@ pub enum Command {
         gets: bool,
         keys: Vec<Bytes>,
     },
+    /// Classic `gat`/`gats <exptime> <key>*` (get and touch): each key is sent as the meta get that
+    /// does the same (`mg <key> v f T<exptime>`, `c` too for `gats`) and answered as a classic
+    /// `VALUE` block (`cas` adds the cas), in the order the keys were asked.
+    GetAndTouch {
+        cas: bool,
+        exptime: i64,
+        keys: Vec<Bytes>,
+    },
     /// Meta no-op: answered after every earlier request of the connection.
     MetaNoop,
     Version,
+    /// `stats` without arguments (the router's own stats). A stats group (`stats slabs`,
+    /// `stats reset`, ...) is memcached's per-server state, which a router of many servers does not
+    /// have: it is answered as memcached answers a group it does not know, `ERROR`.
     Stats,
     Quit,
-    /// `verbosity`: accepted and ignored.
+    /// `verbosity <level> [noreply]`: checked as memcached checks it, then ignored (`OK`).
     Verbosity {
         noreply: bool,
     },
@@ -504,6 +515,22 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
             keys.remove(0); // the keys reuse the token list
             done(Command::MultiGet { gets, keys })
         }
+        b"gat" | b"gats" => {
+            // gat <exptime> <key>*: memcached 1.6.18 answers `gat 10` (no key) with `END`
+            if tokens.len() < 2 {
+                return err(UNKNOWN);
+            }
+            let Some(exptime) = parse_num::<i64>(&tokens[1]) else {
+                return err("CLIENT_ERROR invalid exptime argument\r\n");
+            };
+            if !tokens[2..].iter().all(|k| valid_key(k)) {
+                return err(BAD_FORMAT);
+            }
+            let cas = &name[..] == b"gats";
+            let mut keys = tokens;
+            keys.drain(..2);
+            done(Command::GetAndTouch { cas, exptime, keys })
+        }
         b"set" | b"add" | b"replace" | b"append" | b"prepend" | b"cas" => {
             parse_storage(buf, &tokens, line_len, max_value)
         }
@@ -534,8 +561,9 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
             done(Command::Keyed(req))
         }
         b"incr" | b"decr" => {
+            // a wrong number of tokens is `ERROR` (memcached's WANT_TOKENS), not a bad format
             if tokens.len() < 3 || tokens.len() > 4 {
-                return err(BAD_FORMAT);
+                return err(UNKNOWN);
             }
             let noreply = tokens.len() == 4 && ends_noreply(&tokens);
             let err = |reply| err(hide_if(noreply, reply));
@@ -558,7 +586,7 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
         }
         b"touch" => {
             if tokens.len() < 3 || tokens.len() > 4 {
-                return err(BAD_FORMAT);
+                return err(UNKNOWN);
             }
             let noreply = tokens.len() == 4 && ends_noreply(&tokens);
             let err = |reply| err(hide_if(noreply, reply));
@@ -613,11 +641,20 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
         }
         b"mn" => done(Command::MetaNoop),
         b"version" => done(Command::Version),
-        b"stats" => done(Command::Stats),
+        b"stats" if tokens.len() == 1 => done(Command::Stats),
+        b"stats" => err(UNKNOWN),
         b"quit" => done(Command::Quit),
-        b"verbosity" => done(Command::Verbosity {
-            noreply: tokens.last().is_some_and(|t| &t[..] == b"noreply"),
-        }),
+        b"verbosity" => {
+            // verbosity <level> [noreply]: memcached wants 2 or 3 tokens and a 32-bit level
+            if tokens.len() < 2 || tokens.len() > 3 {
+                return err(UNKNOWN);
+            }
+            let noreply = ends_noreply(&tokens);
+            if parse_num::<u32>(&tokens[1]).is_none() {
+                return err(hide_if(noreply, BAD_FORMAT));
+            }
+            done(Command::Verbosity { noreply })
+        }
         b"flush_all" => {
             // flush_all [delay] [noreply], with memcached 1.6's errors for a bad delay or too many tokens
             let args = &tokens[1..];
@@ -768,8 +805,9 @@ fn parse_storage(buf: &Bytes, tokens: &[Bytes], line_len: usize, max_value: usiz
     };
     let fixed = if cmd == Cmd::Cas { 6 } else { 5 };
     if tokens.len() < fixed || tokens.len() > fixed + 1 {
+        // memcached 1.6.18 answers a storage line with a wrong number of tokens `ERROR`
         return ParseOutcome::Error {
-            reply: BAD_FORMAT,
+            reply: UNKNOWN,
             consume: line_len,
             close: false,
         };
@@ -915,6 +953,71 @@ mod tests {
             p(b"set x 0 0 -1\r\n"),
             ParseOutcome::Error { reply: BAD_FORMAT, .. }
         ));
+    }
+
+    #[test]
+    fn wrong_token_counts_are_error_as_memcached_answers_them() {
+        // memcached 1.6.18's WANT_TOKENS: a command with too few or too many tokens is `ERROR`
+        for line in [
+            &b"cas\r\n"[..],
+            b"cas k 0 0 1\r\n",
+            b"set k\r\n",
+            b"add k 0 0\r\n",
+            b"set k 0 0 1 noreply x\r\n",
+            b"incr k\r\n",
+            b"decr\r\n",
+            b"touch k\r\n",
+            b"verbosity\r\n",
+            b"verbosity 1 2 3\r\n",
+            b"gat\r\n",
+            b"stats slabs\r\n",
+            b"stats reset\r\n",
+        ] {
+            assert_eq!(refusal(line).0, UNKNOWN, "{}", String::from_utf8_lossy(line));
+        }
+    }
+
+    #[test]
+    fn verbosity_checks_its_level() {
+        assert_eq!(refusal(b"verbosity invalid\r\n").0, BAD_FORMAT);
+        assert_eq!(refusal(b"verbosity x noreply\r\n").0, "");
+        assert!(matches!(
+            p(b"verbosity 1\r\n"),
+            ParseOutcome::Done(Command::Verbosity { noreply: false }, _)
+        ));
+        assert!(matches!(
+            p(b"verbosity 1 noreply\r\n"),
+            ParseOutcome::Done(Command::Verbosity { noreply: true }, _)
+        ));
+        assert!(matches!(p(b"stats\r\n"), ParseOutcome::Done(Command::Stats, _)));
+    }
+
+    #[test]
+    fn gat_and_gats_parse_exptime_and_keys() {
+        match p(b"gats 10 foo1 foo2\r\n") {
+            ParseOutcome::Done(Command::GetAndTouch { cas, exptime, keys }, 19) => {
+                assert!(cas);
+                assert_eq!(exptime, 10);
+                assert_eq!(keys, vec![Bytes::from_static(b"foo1"), Bytes::from_static(b"foo2")]);
+            }
+            other => panic!("{other:?}"),
+        }
+        match p(b"gat -1 k\r\n") {
+            ParseOutcome::Done(
+                Command::GetAndTouch {
+                    cas: false,
+                    exptime: -1,
+                    keys,
+                },
+                _,
+            ) => assert_eq!(keys.len(), 1),
+            other => panic!("{other:?}"),
+        }
+        // memcached answers `gat 10` (no key) with END: an empty key list
+        assert!(
+            matches!(p(b"gat 10\r\n"), ParseOutcome::Done(Command::GetAndTouch { ref keys, .. }, _) if keys.is_empty())
+        );
+        assert_eq!(refusal(b"gat x k\r\n").0, "CLIENT_ERROR invalid exptime argument\r\n");
     }
 
     fn refusal(s: &[u8]) -> (&'static str, usize) {
