@@ -3,7 +3,7 @@
 #   1. Debian packages (MariaDB, memcached, libmemcached-tools, twemproxy, ZooKeeper, Prometheus) — only if missing
 #   2. the Python venv in .venv with squeal installed (editable) and its pinned dependencies
 #   3. the Rust router, built in release mode (router/target/release/squeal-router)
-#   4. squeal's native binlog reader (squeal_native/, a PyO3 extension) built with maturin into .venv
+#   4. squeal's native binlog reader (squeal_native/, a PyO3 extension) built by setuptools-rust with (3)
 #   5. memcached's own test suite (the Debian source package of the installed memcached, unpacked into
 #      var/memcached-src/, gitignored) for tests/router/test_memcached_suite.py
 # Safe to run again: each step checks what is already there.
@@ -36,12 +36,6 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv with $($PYTHON --version)"
   "$PYTHON" -m venv .venv
 fi
-stamp=.venv/.squeal-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "setup: installing Python dependencies (pinned in pyproject.toml)"
-  .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
-  touch "$stamp"
-fi
 
 if [ -f router/Cargo.toml ]; then
   command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found: install Rust (https://rustup.rs)" >&2; exit 1; }
@@ -49,20 +43,22 @@ if [ -f router/Cargo.toml ]; then
   (cd router && cargo build --release --locked -q)
 fi
 
-# squeal's native binlog reader (Rust + PyO3, docs/squeal.md): built by maturin into .venv, again only when
-# its sources change (or the module does not import).
+# squeal itself, editable, with its pinned dependencies and its native binlog reader (squeal_native/, Rust +
+# PyO3, compiled by setuptools-rust as part of the install, docs/squeal.md): again only when pyproject.toml or
+# the reader's sources change, or the reader does not import.
 if [ -f squeal_native/Cargo.toml ]; then
   command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found: install Rust (https://rustup.rs)" >&2; exit 1; }
-  native_stamp=.venv/.squeal-native-built
-  native_sum=$(cat squeal_native/Cargo.toml squeal_native/Cargo.lock squeal_native/pyproject.toml \
-    squeal_native/src/*.rs | sha256sum | cut -d' ' -f1)
-  if [ "$(cat "$native_stamp" 2>/dev/null)" != "$native_sum" ] || ! .venv/bin/python -c "import squeal_native" 2>/dev/null
-  then
-    echo "setup: building squeal_native (maturin develop --release)"
-    VIRTUAL_ENV="$PWD/.venv" .venv/bin/maturin develop --release --locked -q -m squeal_native/Cargo.toml
-    echo "$native_sum" > "$native_stamp"
-  fi
 fi
+stamp=.venv/.squeal-installed
+install_sum=$(cat pyproject.toml squeal_native/Cargo.toml squeal_native/Cargo.lock squeal_native/src/*.rs \
+  | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$install_sum" ] || ! .venv/bin/python -c "from squeal import squeal_native" 2>/dev/null
+then
+  echo "setup: installing squeal (pinned dependencies, native reader: cargo build --release)"
+  .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+  echo "$install_sum" > "$stamp"
+fi
+
 # memcached's test suite (t/*.t of the source the installed package was built from; never copied into
 # git): a deb-src entry for the Debian archives, then `apt-get source` of exactly the installed
 # version into var/memcached-src/ (dpkg-dev unpacks it and applies Debian's patches). The suite needs

@@ -393,11 +393,11 @@ NATIVE_CHARSETS = frozenset({"utf8mb3", "utf8mb4", "utf8", "ascii", "binary", "l
 def native_module() -> Any:
     """The `squeal_native` extension, or NativeUnavailable saying how to build it."""
     try:
-        import squeal_native  # noqa: PLC0415 - optional: built by scripts/setup.sh
+        from squeal import squeal_native  # noqa: PLC0415 - compiled by the install (pyproject.toml)
     except ImportError as e:
         raise NativeUnavailable(
             f"reader = \"native\" needs the squeal_native extension ({e}): run scripts/setup.sh "
-            "(it builds squeal_native/ with maturin into .venv), or set [squeal] reader = \"python\"") from e
+            "(it installs squeal and compiles squeal_native/ with it), or set [squeal] reader = \"python\"") from e
     return squeal_native
 
 

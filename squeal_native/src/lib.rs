@@ -1,4 +1,4 @@
-//! squeal's native binlog reader (a Python extension module, built with maturin).
+//! squeal's native binlog reader (a Python extension module, compiled by squeal's install through setuptools-rust).
 //!
 //! `NativeStream` reads one MariaDB binlog connection on a Rust thread (`stream`) and hands Python
 //! squeal's plain events (`squeal.transactions`) in batches: `next_batch` waits for events with the GIL
