@@ -309,6 +309,11 @@ class Daemon:
         assert self.dispatcher is not None
         for c in items:
             self.dispatcher.dispatch(c)
+        if self.catchups and self.dispatcher.pieces is None:
+            # A flow whose catch-up reader has read everything waits for the live stream to be between
+            # transactions (it may have been in the middle of one sent in pieces): now it is.
+            for name, loop in list(self.catchups.items()):
+                self._rejoin_if_caught_up(self.dispatcher.flows[name], loop)
 
     def _on_shed(self, flow: Flow) -> None:
         log.warning("flow %s: backlog passed %d keys; shed from memory, a catch-up reader re-reads from %s",
@@ -324,7 +329,7 @@ class Daemon:
         if self.stopping or flow.name in self.catchups:
             return
         start = self.xa.cap(flow.start_catchup())  # from before any undecided XA prepare: its rows are needed
-        if flow.caught_up(self.dispatcher.live):
+        if flow.caught_up(self.dispatcher.live, self.dispatcher.pieces):
             flow.rejoin()
             return
         reader = self._reader(start, f"catchup-{flow.name}")
@@ -348,13 +353,18 @@ class Daemon:
             return  # a catch-up reader that was replaced (replay) or finished
         for c in items:
             flow.offer_catchup(c)
-            if flow.caught_up(self.dispatcher.live):
-                flow.rejoin()
-                del self.catchups[flow.name]
-                loop.reader.stop()
-                log.info("flow %s: caught up at %s, back on the live stream", flow.name,
-                         g.format_position(flow.enqueued))
+            if self._rejoin_if_caught_up(flow, loop):
                 return
+
+    def _rejoin_if_caught_up(self, flow: Flow, loop: ReadLoop) -> bool:
+        assert self.dispatcher is not None
+        if not flow.caught_up(self.dispatcher.live, self.dispatcher.pieces):
+            return False
+        flow.rejoin()
+        del self.catchups[flow.name]
+        loop.reader.stop()
+        log.info("flow %s: caught up at %s, back on the live stream", flow.name, g.format_position(flow.enqueued))
+        return True
 
     # -- checkpoints, replay, health --------------------------------------------------------------------------
 

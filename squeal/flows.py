@@ -9,6 +9,10 @@ A flow is plain data and logic, no I/O (the batcher does that):
 
 * `offer_live(c)` queues a committed transaction's keys, unless the flow has already got it (its
   `enqueued` position covers the GTID: after a restart the live reader starts at the earliest marker).
+  A huge transaction may come in pieces (`Committed.partial`), queued as they come so its deletes start
+  while it is still being read; only its last piece moves `enqueued`, and its acknowledgement `acked`. A
+  flow takes a piece only right after the one before it (or the first): one that missed part of a
+  transaction sheds, so the catch-up reader re-reads the transaction whole (never a gap).
 * `take_batch(n, max_in_flight)` / `ack(batch)` / `fail(batch)`: up to `max_in_flight` batches in flight on
   one connection (pipelined), acknowledged strictly in order; a failure hands every batch in flight back.
   `acked` (the datamarker) only moves past a transaction once all of its keys are acknowledged.
@@ -60,6 +64,17 @@ class Committed:
     # Binlog data loss: instead of one GTID, the flows move to this position (every transaction between the
     # flow's position and it is gone from the binlog; `flush` is set so nothing cached from then survives).
     jump: g.Position | None = None
+    # A huge transaction is handed on in pieces while it is still being read (squeal/pipeline.py, ReadLoop):
+    # each piece holds the lines of its row events [rows_from, rows_to); `partial` says more follow. The last
+    # piece (partial False, rows_from > 0) holds the rest and the comment keys; only it completes the GTID.
+    partial: bool = False
+    rows_from: int = 0
+    rows_to: int = 0
+
+    @property
+    def continued(self) -> bool:
+        """Earlier pieces of this transaction were handed on before this one."""
+        return self.rows_from > 0
 
 
 def split_keys(keys: Sequence[str], regional_prefixes: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -80,6 +95,7 @@ class Entry:
     read_ts: float
     lines: tuple[bytes, ...]
     jump: g.Position | None = None  # acknowledged: the flow's position becomes (at least) this
+    partial: bool = False  # a piece of a transaction, not its last: acknowledging it completes nothing
 
 
 @dataclass(slots=True)
@@ -113,6 +129,10 @@ class Flow:
         self.oversize = max_backlog
         self._keys_queued = 0
         self._oversize_span = (0, 0)
+        # The transaction arriving in pieces: (its GTID, the row event its next piece must start at), and
+        # where its keys started in `_keys_queued` (its pieces count as one transaction for the exemption).
+        self._pieces: tuple[g.Gtid, int] | None = None
+        self._pieces_start = 0
         self.sending: deque[Batch] = deque()  # batches in flight, oldest first (acknowledged in this order)
         self._sent_entries = 0  # queue entries (from the head) wholly inside the batches in flight
         self._sent_offset = 0  # lines of the entry after those already inside the batches in flight
@@ -154,19 +174,31 @@ class Flow:
             g.merge(self.enqueued, c.jump)
         elif g.covers(self.enqueued, c.gtid):
             return
+        elif c.partial or c.continued:
+            if not c.continued:  # a first piece (also the start again of one read again after a reconnect)
+                self._pieces, self._pieces_start = (c.gtid, 0), self._keys_queued
+            if self._pieces != (c.gtid, c.rows_from):
+                self.shed()  # missed part of it: the catch-up reader re-reads it whole
+                return
+            self._pieces = (c.gtid, c.rows_to) if c.partial else None
+            if not c.partial:
+                g.advance(self.enqueued, c.gtid)
         else:
             g.advance(self.enqueued, c.gtid)
         lines = self.lines_of(c)
         if not lines and not self.queue and not self.sending:
+            if c.partial:
+                return  # nothing to send, nothing completed
             if c.jump is not None:  # nothing to delete and nothing ahead of it: done already
                 g.merge(self.acked, c.jump)
             else:
                 g.advance(self.acked, c.gtid)
             self.dirty = True
             return
-        self.queue.append(Entry(c.gtid, c.commit_ts, c.read_ts, lines, c.jump))
+        self.queue.append(Entry(c.gtid, c.commit_ts, c.read_ts, lines, c.jump, c.partial))
         self.backlog += len(lines)
-        over = self._over_bound(len(lines))  # (counts the keys in catch-up too)
+        # (counts the keys in catch-up too; a transaction's pieces count as that one transaction)
+        over = self._over_bound(len(lines), self._pieces_start if c.partial or c.continued else None)
         if may_shed and over:
             self.shed()
         elif lines:
@@ -174,8 +206,10 @@ class Flow:
 
     # -- bounded memory -----------------------------------------------------------------------------------
 
-    def _over_bound(self, n: int) -> bool:
+    def _over_bound(self, n: int, since: int | None = None) -> bool:
         """Count the `n` keys just queued; True if the keys queued, less the oversize one's, pass the bound.
+
+        `since`: the keys are a piece of a transaction whose keys started there (in `_keys_queued`).
 
         Shedding bounds what a slow or dead destination makes this flow hold on its own. One transaction
         bigger than `oversize` is held once whatever the flows do (every flow queues the same tuple) and
@@ -183,12 +217,13 @@ class Flow:
         a healthy flow takes a huge transaction without shedding, a dead one holds at most `max_backlog`
         keys besides it. A second oversize transaction queued behind the first counts in full.
         """
-        first = self._keys_queued
-        self._keys_queued = first + n
+        first = self._keys_queued if since is None else since
+        self._keys_queued += n
         acked = self._keys_queued - self.backlog
         start, end = self._oversize_span
-        if n > self.oversize and end <= acked:  # the exemption is free (its transaction is acknowledged)
-            start, end = self._oversize_span = first, first + n
+        # the exemption is free (its transaction is acknowledged) or already this transaction's (a next piece)
+        if self._keys_queued - first > self.oversize and (end <= acked or start == first):
+            start, end = self._oversize_span = first, self._keys_queued
         exempt = max(0, end - max(start, acked))
         return self.backlog - exempt > self.max_backlog
 
@@ -199,6 +234,7 @@ class Flow:
         self.backlog = 0
         self._keys_queued = 0
         self._oversize_span = (0, 0)
+        self._pieces = None
         self._drop_in_flight()
         self.epoch += 1  # an ack for the batch in flight now belongs to the past
         self.enqueued = dict(self.acked)
@@ -215,9 +251,11 @@ class Flow:
             self.metrics.catchups.labels(flow=self.name).inc()
         return dict(self.acked)
 
-    def caught_up(self, live: g.Position) -> bool:
-        """True once this (catching-up) flow has queued everything the live stream has dispatched."""
-        return self.state == CATCHING_UP and g.covers_position(self.enqueued, live)
+    def caught_up(self, live: g.Position, live_pieces: g.Gtid | None = None) -> bool:
+        """True once this (catching-up) flow has queued everything the live stream has dispatched, and the
+        live stream is between transactions (`live_pieces`: the one it is handing on in pieces, if any, whose
+        first pieces this flow did not get)."""
+        return self.state == CATCHING_UP and live_pieces is None and g.covers_position(self.enqueued, live)
 
     def rejoin(self) -> None:
         self._set_state(LIVE)
@@ -297,6 +335,8 @@ class Flow:
         latency, delivery = self._latency, self._delivery
         for _ in range(batch.entries):
             e = self.queue.popleft()
+            if e.partial:
+                continue  # its transaction completes with its last piece
             if e.jump is not None:
                 g.merge(self.acked, e.jump)
             else:
@@ -372,11 +412,16 @@ class Dispatcher:
     def __init__(self, flows: Sequence[Flow], start: g.Position) -> None:
         self.flows = {f.name: f for f in flows}
         self.live: g.Position = dict(start)
+        self.pieces: g.Gtid | None = None  # the transaction being handed on in pieces, until its last one
 
     def dispatch(self, c: Committed) -> None:
         if c.jump is not None:
             g.merge(self.live, c.jump)
+            self.pieces = None
+        elif c.partial:
+            self.pieces = c.gtid
         else:
             g.advance(self.live, c.gtid)
+            self.pieces = None
         for f in self.flows.values():
             f.offer_live(c)

@@ -34,6 +34,9 @@ class Metrics:
         self.rule_filtered = Counter("squeal_rule_filtered", "Changed rows a rule's filter kept from sending keys: "
                                      "an UPDATE changing no when_changed column, or no image matching where",
                                      ["table", "reason"], registry=r)
+        self.pieces = Counter("squeal_transaction_pieces", "Pieces of huge transactions handed to the flows while "
+                              "still being read (their deletes start before the whole transaction is read)",
+                              registry=r)
         self.reader_reconnects = Counter("squeal_reader_reconnects", "Binlog reconnects (resumed from the "
                                          "last committed GTID)", ["reader"], registry=r)
         self.reader_connected = Gauge("squeal_reader_connected", "1 while the binlog stream is connected",

@@ -3,6 +3,11 @@
 The live stream and every catch-up reader run this same loop on their own thread and binlog connection.
 Results cross to the reactor thread through a `Handoff`, which coalesces: under load one reactor wake-up
 carries many transactions; when idle each transaction is handed over at once (no added latency).
+
+A huge transaction is handed on in pieces while it is read (`stream_lines`): MariaDB writes a group to the
+binlog when it commits, so its rows are committed already (except an XA PREPARE group's, which waits for its
+decision) and their deletes can start before its last row arrives; reading and sending then overlap. The
+datamarkers still move only past whole transactions (squeal/flows.py).
 """
 
 from __future__ import annotations
@@ -27,6 +32,11 @@ from squeal.rules import LINES, RENDERED, KeyExtractor, delete_lines
 from squeal.transactions import Begin, PreparedXa, Restart, Rows, Transaction, TransactionGrouper
 
 log = logging.getLogger(__name__)
+
+# A transaction with more delete lines than this waiting to be handed on sends them before it ends, in
+# pieces of about this size: big enough that a piece costs one hand-off among thousands of keys, small
+# enough that the deletes of a 100,000-row transaction start within a few milliseconds of its first rows.
+STREAM_LINES = 8192
 
 
 class KeyStage:
@@ -77,8 +87,37 @@ class KeyStage:
         for schema, table, reason, times in filtered:
             self.extractor.count_filtered(schema, table, reason, times)
 
-    def process(self, txn: Transaction, read_ts: float | None = None, report: bool = True) -> Committed:
-        """`report`: log and count what needs an operator (the live reader; catch-up readers re-read)."""
+    def piece(self, txn: Transaction, rows_from: int) -> Committed:
+        """The delete lines of `txn`'s row events from `rows_from` on, as a piece of it (`Committed.partial`):
+        `txn` is still being read, its rows are committed (`TransactionGrouper.committing`)."""
+        rows = txn.rows[rows_from:]
+        keys = [k for r in rows if r.kind == RENDERED for k in r.images]  # (the python reader: keys)
+        rewritten: dict[str, int] = {}
+        cluster, regional = self._lines(keys, rewritten)
+        native = [r.images for r in rows if r.kind == LINES]  # (the native reader: delete lines)
+        if native:
+            cluster, regional, _ = _with_native_lines(cluster, regional, native, 0)
+        if self.metrics is not None:
+            self.metrics.pieces.inc()
+            self._keys_rule.inc(len(cluster) + len(regional))  # type: ignore[union-attr]
+            for how, n in rewritten.items():
+                self.metrics.keys_rewritten.labels(encoding=how).inc(n)
+        return Committed(txn.gtid, txn.timestamp, time.time(), cluster, regional,
+                         partial=True, rows_from=rows_from, rows_to=len(txn.rows))
+
+    def _lines(self, keys: list[str], rewritten: dict[str, int]) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+        """(delete lines for every cluster, for the regional pool only)."""
+        if self.regional_prefixes:
+            cluster, regional = split_keys(keys, self.regional_prefixes)
+            return delete_lines(cluster, rewritten), delete_lines(regional, rewritten)
+        return delete_lines(keys, rewritten), ()
+
+    def process(self, txn: Transaction, read_ts: float | None = None, report: bool = True,
+                rows_from: int = 0) -> Committed:
+        """`report`: log and count what needs an operator (the live reader; catch-up readers re-read).
+        `rows_from`: the row events before it were handed on already, in pieces (`piece`)."""
+        if rows_from:
+            txn.rows = txn.rows[rows_from:]  # (what the transaction still holds; bulk changes look at queries)
         keys, from_rules, from_comments = self.extractor.keys(txn)
         native = [rows.images for rows in txn.rows if rows.kind == LINES]  # the native reader's delete lines
         flush = False
@@ -88,16 +127,12 @@ class KeyStage:
                 if report:
                     self._report(txn, change)
         rewritten: dict[str, int] = {}
-        if self.regional_prefixes:
-            cluster, regional = split_keys(keys, self.regional_prefixes)
-            cluster_lines, regional_lines = delete_lines(cluster, rewritten), delete_lines(regional, rewritten)
-        else:
-            cluster_lines, regional_lines = delete_lines(keys, rewritten), ()
+        cluster_lines, regional_lines = self._lines(keys, rewritten)
         if native:
             cluster_lines, regional_lines, n = _with_native_lines(cluster_lines, regional_lines, native, from_comments)
             from_rules += n
         c = Committed(txn.gtid, txn.timestamp, time.time() if read_ts is None else read_ts,
-                      cluster_lines, regional_lines, flush)
+                      cluster_lines, regional_lines, flush, rows_from=rows_from)
         m = self.metrics
         if m is not None:
             if from_rules:
@@ -230,8 +265,10 @@ class ReadLoop:
     def __init__(self, reader: BinlogReader | NativeBinlogReader, stage: KeyStage, sink: Callable[[Committed], None],
                  metrics: Metrics | None = None, wait: Callable[[], None] | None = None,
                  xa: PreparedXa | None = None,
-                 on_data_loss: Callable[[ReadLoop, DataLoss], g.Position | None] | None = None) -> None:
+                 on_data_loss: Callable[[ReadLoop, DataLoss], g.Position | None] | None = None,
+                 stream_lines: int = STREAM_LINES) -> None:
         self.reader = reader
+        self.stream_lines = stream_lines  # hand a transaction on in pieces once this many lines wait (0: never)
         self.xa = xa  # the live reader records XA prepares and decisions here (datamarkers wait for them)
         # Called on this thread when the binlog cannot serve the reader's position: returns the position to
         # resume after (the destinations have been told to flush) or None (stopping). May block (halt).
@@ -256,6 +293,7 @@ class ReadLoop:
             # as its new keys (`KeyStage.render`): an open transaction holds its distinct keys, not its row
             # images. Every group starts with a GTID event (`Begin`); after a reconnect it is read again whole.
             group: dict[str, None] = {}
+            streamed = waiting = 0  # row events of the group handed on in pieces; delete lines not yet
             cascades: list = []  # FK cascades to ruled tables in the group being read (not in the binlog)
             parents = self.stage.bulk.parents
             take_counts = getattr(self.reader, "take_counts", None)  # NativeBinlogReader
@@ -268,13 +306,25 @@ class ReadLoop:
                     read_rows += ev.changes
                     if parents and (ev.schema, ev.table) in parents:
                         cascades += self.stage.bulk.cascaded((ev.schema, ev.table), ev.kind)
-                    if ev.kind != LINES and ev.kind != RENDERED:  # (the native reader renders rows itself)
-                        ev = self.stage.render(ev, group)
+                    if ev.kind == LINES:  # (the native reader renders rows itself)
+                        waiting += len(ev.images[0]) + len(ev.images[1])
+                    else:
+                        if ev.kind != RENDERED:
+                            ev = self.stage.render(ev, group)
+                        waiting += len(ev.images)
                 elif type(ev) is Begin or type(ev) is Restart:
                     group = {}
                     cascades = []
+                    streamed = waiting = 0
                 txn = self.grouper.feed(ev)
                 if txn is None:
+                    if self.stream_lines and waiting >= self.stream_lines:
+                        streaming = self.grouper.committing
+                        if streaming is not None:
+                            if self.wait is not None:
+                                self.wait()
+                            self.sink(self.stage.piece(streaming, streamed))
+                            streamed, waiting = len(streaming.rows), 0
                     if m is not None and self.reader.reconnects != reconnects:
                         m.reader_reconnects.labels(reader=name).inc(self.reader.reconnects - reconnects)
                         reconnects = self.reader.reconnects
@@ -283,6 +333,7 @@ class ReadLoop:
                         rolled_back = self.grouper.rolled_back
                     continue
                 group = {}  # the transaction holds its keys (as rendered row events); the index can go
+                rows_from, streamed, waiting = streamed, 0, 0
                 if take_counts is not None:
                     self.stage.rendered_elsewhere(*take_counts())
                 if cascades:
@@ -295,7 +346,7 @@ class ReadLoop:
                     self.wait()
                     if self.reader.stopped:
                         break
-                c = self.stage.process(txn, report=name == "live")
+                c = self.stage.process(txn, report=name == "live", rows_from=rows_from)
                 if tx is not None and rows is not None and event_time is not None:
                     tx.inc()
                     if read_rows:

@@ -43,6 +43,7 @@ from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, Write
 
 from squeal import gtid as g
 from squeal.transactions import (
+    FL_PREPARED_XA,
     FL_STANDALONE,
     Annotate,
     Begin,
@@ -195,7 +196,7 @@ def convert(ev: Any) -> Event | None:
         return Rows(ev.schema, ev.table, "delete", tuple(r["values"] for r in ev.rows))
     if kind is MariadbGtidEvent:
         return Begin((ev.domain_id, ev.server_id, ev.gtid_seq_no), float(ev.timestamp),
-                     bool(ev.flags & FL_STANDALONE))
+                     bool(ev.flags & FL_STANDALONE), bool(ev.flags & FL_PREPARED_XA))
     if kind is MariadbAnnotateRowsEvent:
         return Annotate(ev.sql_statement)
     if kind is XidEvent:

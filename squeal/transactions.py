@@ -36,8 +36,10 @@ from dataclasses import dataclass, field
 from squeal import gtid as g
 from squeal.gtid import Gtid
 
-# MariaDB GTID event flag: the event group is a single statement with no XID (DDL, FLUSH, ...).
+# MariaDB GTID event flags: the event group is a single statement with no XID (DDL, FLUSH, ...); the group
+# is an XA transaction's prepared part (committed or rolled back later, by its own decision group).
 FL_STANDALONE = 0x01
+FL_PREPARED_XA = 0x40
 
 # Statements are matched after leading comments and whitespace; case-insensitive.
 _LEADING_COMMENTS = re.compile(r"^(?:\s+|/\*.*?\*/|--[^\n]*\n|#[^\n]*\n)*", re.DOTALL)
@@ -66,6 +68,7 @@ class Begin:
     gtid: Gtid
     timestamp: float  # the GTID event's header timestamp (commit time, 1 s resolution)
     standalone: bool = False
+    prepared_xa: bool = False  # an XA PREPARE group: its rows are prepared, not committed (FL_PREPARED_XA)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +151,7 @@ class TransactionGrouper:
     def __init__(self, max_prepared: int = 10_000) -> None:
         self._open: Transaction | None = None
         self._standalone = False
+        self._prepared_xa = False
         self.prepared: dict[str, Transaction] = {}  # XID -> the rows of an undecided XA PREPARE
         self.max_prepared = max_prepared
         self.discarded = 0  # transactions dropped half-read (reconnect, or a GTID without a commit)
@@ -168,6 +172,7 @@ class TransactionGrouper:
                 self.discarded += 1  # a new GTID before the old one committed: never emit the partial one
             self._open = Transaction(gtid=event.gtid, timestamp=event.timestamp)  # type: ignore[union-attr]
             self._standalone = event.standalone  # type: ignore[union-attr]
+            self._prepared_xa = event.prepared_xa  # type: ignore[union-attr]
             return None
         if kind is Commit:
             return self._close()
@@ -181,6 +186,14 @@ class TransactionGrouper:
             self._open = None
             return None
         raise TypeError(f"not a transaction event: {event!r}")
+
+    @property
+    def committing(self) -> Transaction | None:
+        """The group being read, if its rows are committed already: a group reaches the binlog at its commit,
+        so only an XA PREPARE group (whose rows its decision may still roll back) is not. Its rows so far may be
+        acted on before the group ends (`ReadLoop` streams a huge one); the group still ends in
+        a `Transaction` with all of them."""
+        return self._open if self._open is not None and not self._prepared_xa else None
 
     def _query(self, sql: str, schema: str) -> Transaction | None:
         if self._open is None:

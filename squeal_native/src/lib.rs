@@ -209,10 +209,12 @@ mod python {
                         seq,
                         timestamp,
                         standalone,
+                        prepared_xa,
                     } => f.begin.bind(py).call1((
                         (domain, server, seq),
                         timestamp as f64,
                         standalone,
+                        prepared_xa,
                     ))?,
                     Out::Annotate(sql) => f.annotate.bind(py).call1((PyBytes::new(py, &sql),))?,
                     Out::Rows {

@@ -65,6 +65,8 @@ pub enum Out {
         seq: u64,
         timestamp: u32,
         standalone: bool,
+        /// An XA PREPARE group (FL_PREPARED_XA): its rows are not committed yet.
+        prepared_xa: bool,
     },
     Annotate(Vec<u8>),
     Rows {
@@ -288,6 +290,7 @@ impl Reader {
                     seq,
                     timestamp: header.timestamp(),
                     standalone: flags & 0x01 != 0,
+                    prepared_xa: flags & 0x40 != 0,
                 })
             }
             MARIA_ANNOTATE_ROWS => {

@@ -16,8 +16,8 @@ from squeal import gtid as g
 from squeal.flows import CATCHING_UP, LIVE, SHED, Committed, Flow
 from squeal.metrics import Metrics
 from squeal.pipeline import Handoff, KeyStage, ReadLoop
-from squeal.rules import RENDERED, KeyExtractor, delete_line
-from squeal.transactions import Annotate, Begin, Commit, Restart, Rows, Transaction
+from squeal.rules import LINES, RENDERED, KeyExtractor, delete_line
+from squeal.transactions import Annotate, Begin, Commit, Restart, Rows, Transaction, XaPrepare
 
 # -- the shed rule (plain data) ------------------------------------------------------------------------------------
 
@@ -269,6 +269,7 @@ def test_a_huge_transaction_is_deleted_everywhere_without_shedding_any_flow(sque
     assert m['squeal_keys_total{source="rule"}'] == len(want)
     assert m["squeal_keys_duplicates_total"] == 2000 - 10
     assert m['squeal_rows_total{reader="live"}'] == 22000
+    assert m["squeal_transaction_pieces_total"] >= 42010 // 8192 - 1  # its deletes started while it was read
     env.fence()  # and the live stream goes on
 
 
@@ -302,4 +303,159 @@ def test_a_dead_cluster_still_sheds_while_the_healthy_one_takes_a_huge_transacti
     m = scrape(env.daemon.port)
     assert m['squeal_flow_rejoins_total{flow="c1"}'] >= 1
     assert sheds(env.daemon.port)["c0"] == 0
+    env.fence()
+
+
+# -- a huge transaction handed on in pieces while it is read ---------------------------------------------------------
+
+
+def piece(seq: int, ks: list[str], rows_from: int, rows_to: int, partial: bool = True) -> Committed:
+    c = committed(seq, ks)
+    c.partial, c.rows_from, c.rows_to = partial, rows_from, rows_to
+    return c
+
+
+def test_a_transaction_in_pieces_completes_only_with_its_last_piece() -> None:
+    f, shed = make_flow(max_backlog=10)
+    f.offer_live(piece(1, keys("p", 8), 0, 2))
+    f.offer_live(piece(1, keys("q", 8), 2, 4))  # 16 keys queued, over the bound, but one transaction: exempt
+    assert f.state == LIVE and not shed and f.backlog == 16
+    assert f.enqueued == {0: (1, 0)}  # not yet: more of it may come
+    send_all(f)
+    assert f.acked == {0: (1, 0)}, "every piece so far acknowledged, but the transaction is not complete"
+    f.offer_live(piece(1, keys("r", 3), 4, 5, partial=False))  # the last piece
+    assert f.enqueued == {0: (1, 1)}
+    send_all(f)
+    assert f.acked == {0: (1, 1)} and f.backlog == 0
+    f.offer_live(piece(1, keys("p", 8), 0, 2))  # a piece of a transaction the flow has: ignored
+    assert not f.queue
+
+
+def test_a_piece_after_a_gap_sheds_so_the_transaction_is_read_again_whole() -> None:
+    f, shed = make_flow(max_backlog=100)
+    f.offer_live(piece(1, keys("p", 3), 0, 2))
+    f.offer_live(piece(1, keys("q", 3), 3, 4))  # rows 2-3 never arrived
+    assert f.state == SHED and shed == [f] and not f.queue
+    assert f.enqueued == {0: (1, 0)} and f.acked == {0: (1, 0)}  # the catch-up reader starts before it
+    f, shed = make_flow(max_backlog=100)
+    f.offer_live(piece(1, keys("q", 3), 2, 4, partial=False))  # a last piece whose start it never saw
+    assert f.state == SHED and f.enqueued == {0: (1, 0)}
+
+
+def test_a_piece_read_again_after_a_reconnect_starts_the_transaction_again() -> None:
+    f, shed = make_flow(max_backlog=100)
+    f.offer_live(piece(1, keys("p", 3), 0, 2))
+    f.offer_live(piece(1, keys("p", 3), 0, 2))  # the reader reconnected and reads it again from its start
+    f.offer_live(piece(1, keys("q", 3), 2, 3, partial=False))
+    assert f.state == LIVE and not shed
+    send_all(f)
+    assert f.acked == {0: (1, 1)}
+
+
+def test_a_catching_up_flow_rejoins_only_between_transactions() -> None:
+    f, _ = make_flow(max_backlog=10)
+    f.offer_live(committed(1, keys("s", 11)))  # over the bound: shed
+    f.start_catchup()
+    f.offer_catchup(committed(1, keys("s", 11)))
+    # The live stream has handed on part of transaction 2: this flow did not get those pieces.
+    assert not f.caught_up({0: (1, 1)}, live_pieces=(0, 1, 2))
+    assert f.caught_up({0: (1, 1)}, live_pieces=None)
+
+
+def native_rows(*ks: str, regional: tuple[str, ...] = ()) -> Rows:
+    return Rows("app", "users", LINES, (lines(*ks), lines(*regional)), changed=len(ks))
+
+
+def run_streaming(events, stream_lines: int) -> list[Committed]:
+    metrics = Metrics()
+    out: list[Committed] = []
+    loop = ReadLoop(FakeReader(events), KeyStage(KeyExtractor(RULES), (), metrics), out.append, metrics,
+                    stream_lines=stream_lines)  # type: ignore[arg-type]
+    loop.run()
+    assert loop.error is None, loop.error
+    assert metrics.registry.get_sample_value("squeal_transaction_pieces_total") == sum(c.partial for c in out)
+    return out
+
+
+def test_the_read_loop_hands_a_huge_transaction_on_in_pieces_and_its_rest_at_commit() -> None:
+    events = [
+        Begin((0, 1, 1), 1.0),
+        Annotate(b"INSERT /* mcd:k */ ..."),
+        native_rows("a1", "a2", "a3"),
+        native_rows("b1", "b2", "b3"),  # 6 lines waiting >= 4: a piece of row events 0-1
+        native_rows("c1"),
+        Commit(),  # the rest: row event 2, and the comment's key
+        Begin((0, 1, 2), 2.0),
+        native_rows("d1"),
+        Commit(),  # small: whole, as before
+    ]
+    out = run_streaming(events, stream_lines=4)
+    assert [(c.gtid[2], c.partial, c.rows_from, c.rows_to) for c in out] == [(1, True, 0, 2), (1, False, 2, 0),
+                                                                              (2, False, 0, 0)]
+    assert out[0].cluster_lines == lines("a1", "a2", "a3", "b1", "b2", "b3")
+    assert out[1].cluster_lines == lines("k", "c1")
+    assert out[2].cluster_lines == lines("d1")
+    assert all(not c.flush for c in out)
+
+
+def test_an_xa_prepare_is_never_handed_on_early_and_a_reconnect_starts_over() -> None:
+    events = [
+        Begin((0, 1, 1), 1.0, prepared_xa=True),  # not committed: its decision may roll it back
+        native_rows("x1", "x2", "x3", "x4", "x5"),
+        XaPrepare("x'61',x'',1"),
+        Begin((0, 1, 2), 2.0),
+        native_rows("a1", "a2", "a3", "a4"),  # a piece
+        Restart(),  # reconnect: the group is read again from its start
+        Begin((0, 1, 2), 2.0),
+        native_rows("a1", "a2", "a3", "a4"),  # its first piece again
+        native_rows("b1"),
+        Commit(),
+    ]
+    out = run_streaming(events, stream_lines=4)
+    assert [(c.gtid[2], c.partial, c.rows_from) for c in out] == [(2, True, 0), (2, True, 0), (2, False, 1)]
+    assert out[2].cluster_lines == lines("b1")
+
+
+def test_the_python_readers_rendered_rows_are_handed_on_in_pieces_too() -> None:
+    out = run_streaming([Begin((0, 1, 1), 1.0), posts(1, 2), posts(3), Commit()], stream_lines=3)
+    assert [(c.partial, c.rows_from) for c in out] == [(True, 0), (False, 1)]
+    assert set(out[0].cluster_lines) == set(lines("post:1", "post:2", "feed:1", "feed:2"))
+    assert set(out[1].cluster_lines) == set(lines("post:3", "feed:0"))
+
+
+def test_a_shed_cluster_catches_up_through_a_transaction_sent_in_pieces(squeal_env) -> None:
+    """The live stream hands a 20,000-key transaction on in pieces while one cluster is shed and catching up:
+    its catch-up reader re-reads the transaction (in pieces too) and the flow rejoins only between
+    transactions, so it never takes the live stream's pieces from the middle of one."""
+    env = squeal_env(max_backlog=2000, extra_args=("--reply-timeout", "0.5")).start()
+    healthy, dead = env.caches
+    before = [f"post:{i}" for i in range(1, 1501)] + [f"feed:{i}" for i in range(1, 1501)]  # 3,000 keys: a shed
+    huge = user_keys(range(1, 10001))
+    after = [f"post:{i}" for i in range(1501, 1601)] + [f"feed:{i}" for i in range(1501, 1601)]
+    every = before + huge + after
+    for c in env.caches:
+        c.set_many(every)
+        assert len(c.present(every)) == len(every)
+
+    def posts_in_txns(first: int, last: int) -> None:
+        with env.connect(autocommit=False) as conn, conn.cursor() as cur:
+            for i in range(first, last, 10):
+                cur.executemany("INSERT INTO posts VALUES (%s, %s, 't')", [(j, j) for j in range(i, i + 10)])
+                conn.commit()
+
+    env.memcacheds[1].pause()
+    try:
+        posts_in_txns(1, 1501)
+        wait_until(lambda: sheds(env.daemon.port)["c1"] >= 1, 30, "the stopped cluster's flow to shed")
+        with env.connect(autocommit=False) as conn, conn.cursor() as cur:
+            insert_users(cur, range(1, 10001))
+            conn.commit()
+        posts_in_txns(1501, 1601)
+        wait_until(lambda: not healthy.present(every), 60, "the healthy cluster to take everything", interval=0.2)
+        assert scrape(env.daemon.port)["squeal_transaction_pieces_total"] >= 2
+        assert sheds(env.daemon.port)["c0"] == 0
+    finally:
+        env.memcacheds[1].resume()
+    wait_until(lambda: not dead.present(every), 90, "the shed cluster to catch up", interval=0.5)
+    assert scrape(env.daemon.port)['squeal_flow_rejoins_total{flow="c1"}'] >= 1
     env.fence()
