@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -597,8 +598,17 @@ class HaInstance:
     # -- start-up --------------------------------------------------------------------------------------------
 
     def prepare(self) -> None:
-        """Blocking checks (a misconfigured copy or an unreachable ZooKeeper is a one-line error, exit 2)."""
-        conn = connect_with_retry(self.source, self.connect_timeout)
+        """Blocking checks (a misconfigured copy or an unreachable ZooKeeper is a one-line error, exit 2).
+
+        A process that replaced a deposed leader (`rejoin_as_standby`) waits for its copy and ZooKeeper as long
+        as it takes instead: it was deposed *because* they stopped answering (a partition, a ZooKeeper without
+        quorum), the same configuration worked a moment ago, and a standby that waits is harmless."""
+        rejoined = os.environ.get("SQUEAL_HA_REJOINED")
+        if rejoined:
+            log.warning("instance %s: rejoining after %s: waiting for %s and ZooKeeper %s without a time-out",
+                        self.instance.name, rejoined, self.instance.database.address, self.zk.hosts)
+        timeout = math.inf if rejoined else self.connect_timeout
+        conn = connect_with_retry(self.source, timeout)
         try:
             check_server(conn, replica=self.instance.database.role == "replica")
         finally:
@@ -606,12 +616,11 @@ class HaInstance:
         self.client = KazooClient(hosts=self.zk.hosts, timeout=self.zk.session_timeout_s,
                                   connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 1.0})
         try:
-            self.client.start(timeout=self.connect_timeout)
+            self.client.start(timeout=None if rejoined else self.connect_timeout)
         except Exception as e:  # noqa: BLE001 - kazoo's time-out
             self.client.stop()
             raise ConnectionError(f"cannot reach ZooKeeper {self.zk.hosts} within {self.connect_timeout:g}s: "
                                   f"{e or type(e).__name__}") from e
-        rejoined = os.environ.get("SQUEAL_HA_REJOINED")
         log.info("instance %s (region %s, rank %d) on %s %s: standing by%s", self.instance.name, self.region.name,
                  self.rank, self.instance.database.role, self.instance.database.address,
                  f" (rejoined after: {rejoined})" if rejoined else "")

@@ -7,12 +7,18 @@ Every process is stopped by pid at teardown, whatever the test did to it.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from ops.harness import ManagedProcess, MariaDB, Memcached, Router, ZooKeeper
+from ops.harness import REPO_ROOT, ManagedProcess, MariaDB, Memcached, Router, ZooKeeper
+
+# The processes the tests start (`squeal run`, ...) run from the virtualenv, whose editable install may point
+# at another checkout (a git worktree shares main's .venv): put this checkout first on their import path so
+# they run the code under test.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))
 
 
 class _Processes:

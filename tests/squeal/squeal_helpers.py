@@ -45,8 +45,12 @@ def topology_text(
     max_backlog: int = 100000,
     extra_rules: Iterable[tuple[str, list[str]]] = (),
     routers_per_cluster: list[list[int]] | None = None,
+    host: str = "127.0.0.1",
 ) -> str:
-    """One region ("east") whose clusters' routers are `cluster_ports` (memcached or squeal-router)."""
+    """One region ("east") whose clusters' routers are `cluster_ports` (memcached or squeal-router).
+
+    `host`: where the database and the routers listen (a test's own address, e.g. one reachable from a
+    network namespace)."""
     rules = [
         (f"{schema}.users", ["user:{id}", "user:email:{email}"]),
         (f"{schema}.posts", ["post:{id}", "feed:{author_id}"]),
@@ -61,14 +65,14 @@ def topology_text(
         out.append(f'[[rules]]\ntable = "{table}"\nkeys = [{listed}]\n')
     out.append(
         "[regions.east]\nmaster = true\n"
-        f'database = {{ role = "primary", host = "127.0.0.1", port = {db.port}, server_id = {db.server_id},'
+        f'database = {{ role = "primary", host = "{host}", port = {db.port}, server_id = {db.server_id},'
         f' user = "{db.user}", password = "{db.password}" }}\n'
     )
     if regional:
         out.append(f'regional_pool = {{ servers = ["127.0.0.1:{free_port()}"], prefixes = ["regional:"] }}\n')
     for i, port in enumerate(cluster_ports):
         routers = routers_per_cluster[i] if routers_per_cluster else [port]
-        listed = ", ".join(f'"127.0.0.1:{p}"' for p in routers)
+        listed = ", ".join(f'"{host}:{p}"' for p in routers)
         pool = f'"127.0.0.1:{free_port()}"'
         out.append(
             f"[regions.east.clusters.c{i}]\nrouters = [{listed}]\n"
@@ -146,18 +150,18 @@ def wait_gone(caches: list[Cache], keys: list[str], timeout: float = 10.0) -> No
         raise AssertionError(f"keys still cached after {timeout}s: {left}") from None
 
 
-def healthz(port: int) -> tuple[int, dict]:
+def healthz(port: int, host: str = "127.0.0.1") -> tuple[int, dict]:
     """(HTTP status, JSON body) of a squeal daemon's /healthz: 200 healthy, 503 with its `problems`."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+        with urllib.request.urlopen(f"http://{host}:{port}/healthz", timeout=5) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
 
 
-def scrape(port: int) -> dict[str, float]:
+def scrape(port: int, host: str = "127.0.0.1") -> dict[str, float]:
     """/metrics as {"name{labels}": value}."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5).read().decode()
     out = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):

@@ -11,17 +11,14 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from squeal_helpers import Cache, create_schema, healthz, scrape, topology_text, unique_db, wait_until
-from test_ha_support import SESSION_TIMEOUT, client, ensemble, hosts, unique_root
+from squeal_helpers import healthz, scrape, wait_until
+from test_ha_support import SESSION_TIMEOUT, HaEnv, ensemble, start_pair
 from test_squeal_faults import Writer, post_keys
 
-from ops.harness import MariaDB, SquealDaemon, free_port
 from squeal import gtid as g
 from squeal.ha import TakeoverError, wait_for_copy
-from squeal.zkstore import ZooKeeperDatamarkerStore
 
 
 @pytest.fixture(scope="module")
@@ -30,85 +27,10 @@ def zk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list]:
         yield members
 
 
-class HaEnv:
-    """A schema on the session's primary (replicated to its replica), memcached clusters, an HA topology with
-    instance east-1 on the primary and east-2 on the replica, and their daemons (not started)."""
-
-    def __init__(self, base: Path, primary: MariaDB, replica: MariaDB, zk: list, memcached_factory,
-                 processes) -> None:
-        self.primary, self.replica = primary, replica
-        self.schema = unique_db("ha")
-        create_schema(primary, self.schema)
-        replica.wait_for_gtid(primary.gtid_binlog_pos())
-        self.memcacheds = [memcached_factory() for _ in range(2)]
-        self.caches = [Cache(m.port) for m in self.memcacheds]
-        self.root = unique_root()
-        ports = {"east-1": free_port(), "east-2": free_port()}
-        text = topology_text(primary, self.schema, [m.port for m in self.memcacheds])
-        text += (f"\n[regions.east.replicas.east-r1]\nport = {replica.port}\nserver_id = {replica.server_id}\n"
-                 f'user = "{replica.user}"\npassword = "{replica.password}"\n')
-        for name, copy in (("east-1", "east"), ("east-2", "east-r1")):
-            text += f'\n[[regions.east.squeal_instances]]\nname = "{name}"\ndatabase = "{copy}"\n' \
-                    f"metrics_port = {ports[name]}\n"
-        text += (f'\n[zookeeper]\nservers = [{", ".join(f"{chr(34)}127.0.0.1:{m.port}{chr(34)}" for m in zk)}]\n'
-                 f'session_timeout_s = {SESSION_TIMEOUT}\nroot = "{self.root}"\ntakeover_wait_s = 30\n'
-                 "handback_after_s = 2\n")
-        self.topology = base / "topology.toml"
-        base.mkdir(parents=True, exist_ok=True)
-        self.topology.write_text(text)
-        self.daemons = {
-            name: SquealDaemon(self.topology, "east", port=port, workdir=base / name, state_dir=base / name / "state",
-                               extra_args=("--instance", name))
-            for name, port in ports.items()
-        }
-        self.processes = processes
-        for d in self.daemons.values():
-            processes.started.append(d)  # stopped by pid at teardown, whatever the test did
-        self.zk_client = client(hosts(zk))
-        self.markers = ZooKeeperDatamarkerStore(self.zk_client, self.root, "east")
-
-    def state(self, name: str) -> str | None:
-        try:
-            return healthz(self.daemons[name].port)[1].get("state")
-        except OSError:
-            return None
-
-    def connect(self, **kwargs):
-        return self.primary.connect(self.schema, **kwargs)
-
-    def sql(self, *statements: str) -> list[tuple]:
-        return self.primary.execute(f"USE {self.schema}", *statements)
-
-    def probe(self, n: int, timeout: float) -> float:
-        """Commit user n (its key cached in every cluster); seconds until its key is gone everywhere."""
-        for c in self.caches:
-            c.set(f"user:{n}")
-        t0 = time.monotonic()
-        self.sql(f"INSERT INTO users VALUES ({n}, NULL, 'probe')")
-        wait_until(lambda: not any(c.has(f"user:{n}") for c in self.caches), timeout, f"user:{n} deleted",
-                   interval=0.01)
-        return time.monotonic() - t0
-
-    def all_gone(self, ids: list[int], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = {c.addr[1]: c.present(post_keys(ids)) for c in self.caches}
-            if not any(left.values()) or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        assert not any(left.values()), {p: sorted(k)[:10] for p, k in left.items()}
-
-    def close(self) -> None:
-        for c in self.caches:
-            c.close()
-        self.zk_client.stop()
-        self.zk_client.close()
-
-
 @pytest.fixture
 def ha_env(mariadb_pair, zk, memcached_factory, processes, tmp_path) -> Iterator[HaEnv]:
     primary, replica = mariadb_pair
-    env = HaEnv(tmp_path / "ha", primary, replica, zk, memcached_factory, processes)
+    env = HaEnv(tmp_path / "ha", primary, replica, zk, [memcached_factory() for _ in range(2)], processes)
     yield env
     env.close()
 
@@ -120,19 +42,9 @@ def ha_env_own_replica(mariadb_pair, mariadb_factory, zk, memcached_factory, pro
     replica = mariadb_factory(21, replica=True)
     replica.replicate_from(primary)
     replica.wait_for_gtid(primary.gtid_binlog_pos(), timeout=120)
-    env = HaEnv(tmp_path / "ha", primary, replica, zk, memcached_factory, processes)
+    env = HaEnv(tmp_path / "ha", primary, replica, zk, [memcached_factory() for _ in range(2)], processes)
     yield env
     env.close()
-
-
-def _start_pair(env: HaEnv) -> None:
-    env.daemons["east-1"].start()
-    wait_until(lambda: env.state("east-1") == "leader", 30, "east-1 to lead")
-    env.daemons["east-2"].start()
-    wait_until(lambda: healthz(env.daemons["east-2"].port)[1].get("ha", {}).get("leader") == "east-1", 15,
-               "east-2 to stand by behind east-1")
-    status, body = healthz(env.daemons["east-2"].port)
-    assert status == 200 and body["state"] == "standby" and body["database"]["name"] == "east-r1", body
 
 
 def test_kill_9_the_leader_under_load_the_standby_takes_over_and_hands_back_and_nothing_is_lost(
@@ -141,7 +53,7 @@ def test_kill_9_the_leader_under_load_the_standby_takes_over_and_hands_back_and_
     planned = range(1, 12001)
     for c in env.caches:
         c.set_many(post_keys(planned))
-    _start_pair(env)
+    start_pair(env)
     writer = Writer(env, first=1, rate=200)
     writer.start()
     wait_until(lambda: writer.next_id > 300, 15, "some writes")
@@ -199,7 +111,7 @@ def test_kill_9_the_leader_under_load_the_standby_takes_over_and_hands_back_and_
 
 def test_a_leader_stopped_past_its_session_never_moves_a_marker_back_and_rejoins_as_standby(ha_env: HaEnv) -> None:
     env = ha_env
-    _start_pair(env)
+    start_pair(env)
     seen: dict[str, list[str]] = {}
     stop = threading.Event()
 
@@ -260,7 +172,7 @@ def test_a_takeover_waits_for_a_lagging_copy_instead_of_skipping(ha_env_own_repl
     planned = range(1, 4001)
     for c in env.caches:
         c.set_many(post_keys(planned))
-    _start_pair(env)
+    start_pair(env)
     writer = Writer(env, first=1, rate=150)
     writer.start()
     wait_until(lambda: writer.next_id > 150, 15, "some writes")

@@ -1,25 +1,37 @@
-"""Shared pieces of the HA tests (no tests here): a ZooKeeper ensemble, a TCP link a test can cut, clients."""
+"""Shared pieces of the HA tests (no tests here): a ZooKeeper ensemble, a TCP link a test can cut, clients,
+an HA region (`HaEnv`: two `squeal run --instance` daemons on a primary and its replica), a marker watcher."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import random
 import socket
+import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+from squeal_helpers import Cache, create_schema, healthz, topology_text, unique_db, wait_until
+from test_squeal_faults import post_keys
 
-from ops.harness import ZooKeeper
+from ops.harness import MariaDB, Memcached, SquealDaemon, ZooKeeper, free_port
+from squeal import gtid as g
+from squeal.zkstore import ZooKeeperDatamarkerStore
 
 SESSION_TIMEOUT = 2.0  # seconds: ZooKeeper's floor with the harness's tickTime of 500 ms is 1 s
 
 
 @contextlib.contextmanager
-def ensemble(workdir: Path, size: int = 3) -> Iterator[list[ZooKeeper]]:
-    """A `size`-server ZooKeeper ensemble from the harness, serving; stopped by pid afterwards."""
-    members = ZooKeeper.ensemble(size, workdir=workdir)
+def ensemble(workdir: Path, size: int = 3, host: str = "127.0.0.1") -> Iterator[list[ZooKeeper]]:
+    """A `size`-server ZooKeeper ensemble from the harness on `host`, serving; stopped by pid afterwards."""
+    members = ZooKeeper.ensemble(size, workdir=workdir, host=host)
     try:
         for m in members:
             m.start()
@@ -34,7 +46,7 @@ def ensemble(workdir: Path, size: int = 3) -> Iterator[list[ZooKeeper]]:
 
 
 def hosts(members: list[ZooKeeper] | list[Link]) -> str:
-    return ",".join(f"127.0.0.1:{m.port}" for m in members)
+    return ",".join(f"{getattr(m, 'host', '127.0.0.1')}:{m.port}" for m in members)
 
 
 def unique_root() -> str:
@@ -128,3 +140,249 @@ class Link:
         self._closed.set()
         self.listener.close()
         self.heal()
+
+
+class NetnsSquealDaemon(SquealDaemon):
+    """A squeal daemon started inside network namespace `netns` (`ip netns exec` execs it: same pid)."""
+
+    def __init__(self, netns: str, *args, **kwargs) -> None:
+        self.netns = netns
+        super().__init__(*args, **kwargs)
+
+    def command(self) -> list[str]:
+        return ["ip", "netns", "exec", self.netns, *super().command()]
+
+
+class HaEnv:
+    """A schema on `primary` (replicated to `replica`), memcached clusters, an HA topology with instance east-1
+    on the primary and east-2 on the replica, and their daemons (not started; stopped by pid at teardown).
+
+    `host`: where the primary and the memcacheds listen (the topology's addresses); `instance_hosts` and
+    `netns`: where an instance listens for /healthz and the namespace it runs in (default: loopback, here)."""
+
+    def __init__(self, base: Path, primary: MariaDB, replica: MariaDB, zk: list[ZooKeeper],
+                 memcacheds: list[Memcached], processes, *, instance_hosts: dict[str, str] | None = None,
+                 netns: dict[str, str] | None = None) -> None:
+        self.primary, self.replica = primary, replica
+        self.schema = unique_db("ha")
+        create_schema(primary, self.schema)
+        replica.wait_for_gtid(primary.gtid_binlog_pos())
+        self.memcacheds = memcacheds
+        self.caches = [Cache(m.port, m.host) for m in self.memcacheds]
+        self.root = unique_root()
+        ports = {"east-1": free_port(), "east-2": free_port()}
+        where = {"east-1": "127.0.0.1", "east-2": "127.0.0.1", **(instance_hosts or {})}
+        text = topology_text(primary, self.schema, [m.port for m in self.memcacheds], host=primary.host)
+        text += (f"\n[regions.east.replicas.east-r1]\nhost = \"{replica.host}\"\nport = {replica.port}\n"
+                 f'server_id = {replica.server_id}\nuser = "{replica.user}"\npassword = "{replica.password}"\n')
+        for name, copy in (("east-1", "east"), ("east-2", "east-r1")):
+            text += (f'\n[[regions.east.squeal_instances]]\nname = "{name}"\ndatabase = "{copy}"\n'
+                     f'host = "{where[name]}"\nmetrics_port = {ports[name]}\n')
+        servers = ", ".join(f'"{m.host}:{m.port}"' for m in zk)
+        text += (f'\n[zookeeper]\nservers = [{servers}]\nsession_timeout_s = {SESSION_TIMEOUT}\n'
+                 f'root = "{self.root}"\ntakeover_wait_s = 30\nhandback_after_s = 2\n')
+        self.topology = base / "topology.toml"
+        base.mkdir(parents=True, exist_ok=True)
+        self.topology.write_text(text)
+        self.daemons: dict[str, SquealDaemon] = {}
+        for name, port in ports.items():
+            kwargs = dict(port=port, workdir=base / name, state_dir=base / name / "state",
+                          extra_args=("--instance", name), host=where[name])
+            ns = (netns or {}).get(name)
+            self.daemons[name] = (NetnsSquealDaemon(ns, self.topology, "east", **kwargs) if ns else
+                                  SquealDaemon(self.topology, "east", **kwargs))
+        self.processes = processes
+        for d in self.daemons.values():
+            processes.started.append(d)  # stopped by pid at teardown, whatever the test did
+        self.zk_client = client(hosts(zk))
+        self.markers = ZooKeeperDatamarkerStore(self.zk_client, self.root, "east")
+
+    def state(self, name: str) -> str | None:
+        d = self.daemons[name]
+        try:
+            return healthz(d.port, d.host)[1].get("state")
+        except OSError:
+            return None
+
+    def health(self, name: str) -> dict:
+        d = self.daemons[name]
+        return healthz(d.port, d.host)[1]
+
+    def connect(self, **kwargs):
+        return self.primary.connect(self.schema, **kwargs)
+
+    def sql(self, *statements: str) -> list[tuple]:
+        return self.primary.execute(f"USE {self.schema}", *statements)
+
+    def probe(self, n: int, timeout: float) -> float:
+        """Commit user n (its key cached in every cluster); seconds until its key is gone everywhere."""
+        for c in self.caches:
+            c.set(f"user:{n}")
+        t0 = time.monotonic()
+        self.sql(f"INSERT INTO users VALUES ({n}, NULL, 'probe')")
+        wait_until(lambda: not any(c.has(f"user:{n}") for c in self.caches), timeout, f"user:{n} deleted",
+                   interval=0.01)
+        return time.monotonic() - t0
+
+    def all_gone(self, ids: list[int], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = {c.addr[1]: c.present(post_keys(ids)) for c in self.caches}
+            if not any(left.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert not any(left.values()), {p: sorted(k)[:10] for p, k in left.items()}
+
+    def deletes_received(self) -> int:
+        """Deletes the memcacheds have processed (hits and misses), summed: moves only when someone sends."""
+        total = 0
+        for c in self.caches:
+            with socket.create_connection(c.addr, timeout=5) as s:
+                s.sendall(b"stats\r\n")
+                buf = b""
+                while not buf.endswith(b"END\r\n"):
+                    buf += s.recv(65536)
+            stats = dict(line.split()[1:3] for line in buf.decode().splitlines() if line.startswith("STAT "))
+            total += int(stats["delete_hits"]) + int(stats["delete_misses"])
+        return total
+
+    def close(self) -> None:
+        for c in self.caches:
+            c.close()
+        self.zk_client.stop()
+        self.zk_client.close()
+
+
+def start_pair(env: HaEnv) -> None:
+    """east-1 leads, then east-2 stands by behind it."""
+    env.daemons["east-1"].start()
+    wait_until(lambda: env.state("east-1") == "leader", 30, "east-1 to lead")
+    env.daemons["east-2"].start()
+    wait_until(lambda: env.health("east-2").get("ha", {}).get("leader") == "east-1", 15,
+               "east-2 to stand by behind east-1")
+    body = env.health("east-2")
+    assert body["state"] == "standby" and body["database"]["name"] == "east-r1", body
+
+
+@dataclass
+class MarkerSeen:
+    position: str
+    by: str
+    version: int
+    mtime_ms: int  # ZooKeeper's modification time (the server's clock, ms since the epoch)
+
+
+@dataclass
+class MarkerWatch:
+    """Every value the region's marker znodes and leader znode take while it runs, read through its own
+    ZooKeeper session every 20 ms (ZooKeeper unavailable: tried again)."""
+
+    client: KazooClient
+    base: str
+    markers: dict[str, list[MarkerSeen]] = field(default_factory=dict)
+    leaders: list[tuple[int, str]] = field(default_factory=list)  # (epoch, name) as they came
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> MarkerWatch:
+        self._thread = threading.Thread(target=self._run, daemon=True, name="marker-watch")
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            with contextlib.suppress(Exception):  # ZooKeeper down or slow: look again
+                self._look()
+
+    def _look(self) -> None:
+        with contextlib.suppress(NoNodeError):
+            data, _ = self.client.get(f"{self.base}/leader")
+            doc = json.loads(data.decode())
+            if not self.leaders or self.leaders[-1] != (doc["epoch"], doc["name"]):
+                self.leaders.append((doc["epoch"], doc["name"]))
+        with contextlib.suppress(NoNodeError):
+            for flow in self.client.get_children(f"{self.base}/markers"):
+                data, stat = self.client.get(f"{self.base}/markers/{flow}")
+                doc = json.loads(data.decode())
+                seen = self.markers.setdefault(flow, [])
+                if not seen or seen[-1].version != stat.version:
+                    seen.append(MarkerSeen(doc["position"], doc.get("by", ""), stat.version, stat.mtime))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def check_one_leader_at_a_time(self) -> None:
+        """No marker ever went back, and the instances that wrote each marker took turns in the order the
+        leader znode named them (a deposed leader that wrote after its successor would break the order)."""
+        epochs = [e for e, _ in self.leaders]
+        assert epochs == sorted(set(epochs)), self.leaders
+        for flow, values in self.markers.items():
+            positions = [g.parse_position(v.position) for v in values]
+            for before, after in zip(positions, positions[1:], strict=False):
+                assert g.covers_position(after, before), (flow, [v.position for v in values])
+            writers = [v.by for i, v in enumerate(values) if i == 0 or values[i - 1].by != v.by]
+            names = iter([name for _, name in self.leaders])
+            assert all(w in names for w in writers), (flow, writers, self.leaders)  # a subsequence
+
+
+class NetnsLink:
+    """A network namespace of the test's own, joined to this one by a veth pair with a /30 of 10.231.0.0/16
+    that no interface here uses: `root_ip` on this side, `ns_ip` inside. Processes the test starts listen on
+    `root_ip` for what runs inside to reach them. `cut()` takes the root side down: what the namespace sends
+    vanishes (its connections time out, as in a partition, rather than being reset), while this side still
+    reaches `root_ip` (a local address). `remove()` deletes the namespace and with it both ends."""
+
+    def __init__(self) -> None:
+        tag = f"{os.getpid() % 100000}{random.randrange(100)}"
+        self.ns, self.root_dev, self.ns_dev = f"sqha{tag}", f"sqr{tag}", f"sqn{tag}"
+        used = _ip("-4", "-o", "addr").stdout
+        while True:
+            net = f"10.231.{random.randrange(256)}.{random.randrange(64) * 4}"
+            a, b, c, d = net.split(".")
+            self.root_ip, self.ns_ip = f"{a}.{b}.{c}.{int(d) + 1}", f"{a}.{b}.{c}.{int(d) + 2}"
+            if f" {self.root_ip}/" not in used and f" {self.ns_ip}/" not in used:
+                break
+        try:
+            _ip("netns", "add", self.ns)
+            _ip("link", "add", self.root_dev, "type", "veth", "peer", "name", self.ns_dev)
+            _ip("link", "set", self.ns_dev, "netns", self.ns)
+            _ip("addr", "add", f"{self.root_ip}/30", "dev", self.root_dev)
+            _ip("link", "set", self.root_dev, "up")
+            _ip("-n", self.ns, "addr", "add", f"{self.ns_ip}/30", "dev", self.ns_dev)
+            _ip("-n", self.ns, "link", "set", self.ns_dev, "up")
+            _ip("-n", self.ns, "link", "set", "lo", "up")
+        except BaseException:
+            self.remove()
+            raise
+
+    def cut(self) -> None:
+        _ip("link", "set", self.root_dev, "down")
+
+    def heal(self) -> None:
+        _ip("link", "set", self.root_dev, "up")
+
+    def remove(self) -> None:
+        _ip("netns", "del", self.ns, check=False)
+        _ip("link", "del", self.root_dev, check=False)  # gone with its peer already, unless the move failed
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+    return done
+
+
+def netns_unavailable() -> str | None:
+    """Why this machine cannot run namespace tests (None: it can)."""
+    try:
+        done = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    except OSError as e:
+        return f"ip netns unavailable: {e}"
+    if done.returncode != 0:
+        return f"ip netns unavailable: {done.stderr.strip()}"
+    if os.geteuid() != 0:
+        return "ip netns needs root"
+    return None
