@@ -141,18 +141,10 @@ class KeyStage:
                 self._keys_comment.inc(from_comments)  # type: ignore[union-attr]
             for how, n in rewritten.items():
                 m.keys_rewritten.labels(encoding=how).inc(n)
-            if len(self.extractor.missing_columns) != len(self._missing_reported):
-                for (schema, table, column), n in self.extractor.missing_columns.items():
-                    before = self._missing_reported.get((schema, table, column), 0)
-                    m.missing_columns.labels(table=f"{schema}.{table}", column=column).inc(n - before)
-                    self._missing_reported[(schema, table, column)] = n
-            filtered = self.extractor.filtered
-            if filtered != self._filtered_reported:
-                for (schema, table, reason), n in filtered.items():
-                    before = self._filtered_reported.get((schema, table, reason), 0)
-                    if n != before:
-                        m.rule_filtered.labels(table=f"{schema}.{table}", reason=reason).inc(n - before)
-                        self._filtered_reported[(schema, table, reason)] = n
+            _mirror(self.extractor.missing_columns, self._missing_reported,
+                    lambda s, t, column: m.missing_columns.labels(table=f"{s}.{t}", column=column))
+            _mirror(self.extractor.filtered, self._filtered_reported,
+                    lambda s, t, reason: m.rule_filtered.labels(table=f"{s}.{t}", reason=reason))
         return c
 
 
@@ -170,6 +162,19 @@ class KeyStage:
                             "statement": change.statement, "policy": policy, "sql": sql})
         if self.metrics is not None:
             self.metrics.bulk_changes.labels(table=rule.table, statement=change.statement, policy=policy).inc()
+
+
+def _mirror(counts: dict[tuple[str, str, str], int], reported: dict[tuple[str, str, str], int],
+            child: Callable[[str, str, str], Any]) -> None:
+    """Move a labelled Prometheus counter (`child(schema, table, x)`) up to the extractor's running `counts`;
+    `reported` remembers what it already added."""
+    if counts == reported:
+        return
+    for key, n in counts.items():
+        before = reported.get(key, 0)
+        if n != before:
+            child(*key).inc(n - before)
+            reported[key] = n
 
 
 class Handoff:

@@ -119,6 +119,18 @@ def test_a_dropped_column_is_counted_not_fatal() -> None:
     assert ex.missing_columns == {("app", "users", "email"): 1}
 
 
+def test_the_missing_column_counter_counts_every_row_not_only_the_first() -> None:
+    from squeal.metrics import Metrics  # noqa: PLC0415
+    from squeal.pipeline import KeyStage  # noqa: PLC0415
+
+    metrics = Metrics()
+    stage = KeyStage(KeyExtractor(RULES), (), metrics)
+    for seq in (1, 2, 3):
+        stage.process(Transaction((0, 1, seq), 1.0, rows=[rows("users", {"id": seq})]))
+    assert metrics.registry.get_sample_value(
+        "squeal_rule_missing_column_total", {"table": "app.users", "column": "email"}) == 3
+
+
 def test_comment_parsing() -> None:
     assert comment_keys(b"/* mcd:a,b */ INSERT /*mcd: c */ /* other */") == ["a", "b", "c"]
     assert comment_keys(b"INSERT INTO t VALUES (1)") == []
