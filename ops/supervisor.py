@@ -35,6 +35,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,15 +177,26 @@ class Supervisor(procmon.ProcessMonitor):
             cluster: str | None = None,
             pool: str | None = None,
             metrics: str | None = None,
-        ) -> None:
+            instance: str | None = None,
+            wait: bool = True,
+        ) -> Callable[[], None]:
+            """Start `proc`; with `wait` (the default) return once it is ready, else at once with a function
+            that waits for that (slow starters, e.g. ZooKeeper's JVMs, start while the rest does)."""
             if self.stopping:
                 raise HarnessError("the supervisor was stopped during start-up")
             proc.prepare()
             component = Component(
-                role, region, cluster, pool, 0, proc.address, str(proc.log_file), proc.command(), metrics, name=name
+                role, region, cluster, pool, 0, proc.address, str(proc.log_file), proc.command(), metrics, name=name,
+                instance=instance,
             )
             run = blockingCallFromThread(reactor, self.add, component, proc)
-            wait_until(proc.ready, proc.start_timeout, f"{proc.name} on {proc.address}", run, proc.log_file)
+
+            def ready() -> None:
+                wait_until(proc.ready, proc.start_timeout, f"{proc.name} on {proc.address}", run, proc.log_file)
+
+            if wait:
+                ready()
+            return ready
 
         try:
             self.deployment.start_components(topology_path, without, demo, demo_rate, track)
