@@ -412,7 +412,7 @@ class Deployment:
                 port=db.port,
                 host=db.host,
                 replica=True,
-                workdir=self.state_dir / f"mariadb-{region.name}-{db.name}",
+                workdir=self.state_dir / f"mariadb-{db.name}",  # copy names are unique (the loader checks)
             )
             name = component_name("mariadb-replica", region.name, None, None, instance=db.name)
             track(server, name, "mariadb-replica", region.name, instance=db.name)
