@@ -2,7 +2,9 @@
 
 `up` starts a supervisor in the background (ops/supervisor.py), which starts every component the topology
 names (MariaDB primary and replica, memcached per pool member, one router per cluster, one squeal daemon per
-region, monitoring), restarts any that exits without being asked to, and records them — current pid,
+region, monitoring; for an HA topology also the ZooKeeper ensemble, each region's extra replicas and one
+squeal instance per `squeal_instances` entry instead of the region's single daemon), restarts any that
+exits without being asked to, and records them — current pid,
 restarts, held down by `stop` — in `<state_dir>/components.json`; `status` and `down` read that file, so they
 work from any later shell. Processes are stopped by pid, and only if the pid still runs the command we started
 (pids get reused); a component whose recorded pid is gone is looked for by its command line (restarted by hand,
@@ -289,7 +291,8 @@ class Deployment:
         track,
     ) -> None:
         """Start the topology's components in order (run by the supervisor): `track(proc, name, role, region,
-        cluster, pool, metrics)` starts one ManagedProcess and returns once its readiness check passes."""
+        cluster, pool, metrics, instance, wait=True)` starts one ManagedProcess and returns once its readiness
+        check passes (with `wait=False` at once, returning a function that waits for it)."""
         topo = router_config.load(topology_path)
         # ZooKeeper's JVMs take seconds: they start first and come up while the databases and caches do.
         zookeepers, zk_ready = self._start_zookeeper(topo, without, track)
