@@ -4,6 +4,7 @@ forced by stopping the leader's component. One deployment (tests/conftest.py `ha
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -12,6 +13,7 @@ from kazoo.client import KazooClient
 
 import router_config
 from ops.harness import REPO_ROOT, memcached_command, wait_until
+from squeal import gtid as g
 from tests.ops.deployments import HaDeployment, squealctl, stable_port
 
 WITHIN = 30.0  # a deadline for something that must happen, not a speed check
@@ -149,3 +151,31 @@ def test_replay_and_accept_data_loss_name_zookeeper_when_it_does_not_answer(tmp_
         assert f"cannot reach ZooKeeper {servers} (zookeeper.servers in {path})" in result.stderr, result.stderr
         assert "nothing requested" in result.stderr
         assert result.stdout == ""
+
+
+def test_down_and_up_keep_the_ensemble_data_and_the_markers(ha_deployment):
+    """ZooKeeper's data is durable under the state dir like MariaDB's: after `down` + `up` the region's
+    markers are where the leader left them (or later), and the preferred instance leads again."""
+    ha = ha_deployment
+    _committed_and_gone(ha, 7005)
+
+    def markers() -> dict[str, g.Position]:
+        client = _zk(ha)
+        root = f"{ha.topo.zookeeper.root}/regions/east/markers"
+        try:
+            return {flow: g.parse_position(json.loads(client.get(f"{root}/{flow}")[0])["position"])
+                    for flow in client.get_children(root)}
+        finally:
+            client.stop()
+            client.close()
+
+    before = markers()
+    assert before, "no markers in ZooKeeper"
+    squealctl(ha.state, "down")
+    squealctl(ha.state, "up", str(ha.topology))
+    # `up` returns once the region is led; by the preferred instance, at the latest after a hand-back
+    wait_until(lambda: ha.leader() == "east-1", WITHIN, "east-1 to lead after up")
+    after = markers()
+    assert sorted(after) == sorted(before)
+    assert all(g.covers_position(after[flow], old) for flow, old in before.items()), (before, after)
+    _committed_and_gone(ha, 7006)
