@@ -34,7 +34,9 @@ class SampledDeleteChecker:
         database: str = "app",
     ) -> None:
         self.topo, self.recheck_after, self.database = topo, recheck_after, database
-        self.daemons = {r.name: str(topo.squeal_address(r.name)) for r in topo.regions}
+        # Every daemon: a region's single one, or each HA instance (only the leader has samples; a standby
+        # answers an empty list, and after a failover the new leader's samples come from its own address).
+        self.daemons = {d.name: (d.region, str(d.address)) for d in topo.squeal_daemons()}
         self.since = {name: time.time() for name in self.daemons}
         self.pending: list[tuple[str, dict[str, Any]]] = []  # (region, sample)
         self._clients: dict[str, Client] = {}
@@ -66,17 +68,17 @@ class SampledDeleteChecker:
     def fetch(self) -> int:
         """Collect new samples from every daemon; returns how many arrived."""
         new = 0
-        for region, address in self.daemons.items():
-            url = f"http://{address}/sampled-deletes?since={self.since[region]}"
+        for name, (region, address) in self.daemons.items():
+            url = f"http://{address}/sampled-deletes?since={self.since[name]}"
             try:
                 with urllib.request.urlopen(url, timeout=2) as resp:
                     samples = json.loads(resp.read())
             except OSError as e:
-                log.debug("sampled deletes of %s unavailable: %s", region, e)
+                log.debug("sampled deletes of %s unavailable: %s", name, e)
                 continue
             for sample in samples:
                 self.pending.append((region, sample))
-                self.since[region] = max(self.since[region], sample["acked_at"])
+                self.since[name] = max(self.since[name], sample["acked_at"])
                 new += 1
         return new
 

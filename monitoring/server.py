@@ -3,7 +3,8 @@
     python -m monitoring serve TOPOLOGY --state-dir var/local --port 19000
 
 Routes: `/` the dashboard page, `/api/panels` its data (JSON), `/api/targets` scrape health,
-`/metrics` the prober's own Prometheus metrics, `/healthz`.
+`/api/leaders` who leads each HA region (monitoring/leaders.py), `/metrics` the prober's own Prometheus
+metrics, `/healthz`.
 Targets come from `squealctl`'s component list (every memcached, and every process that recorded a
 metrics address), so whatever `squealctl up` started is watched without extra configuration.
 """
@@ -23,6 +24,7 @@ from twisted.web import resource, server
 
 import router_config
 from monitoring import panels
+from monitoring.leaders import LeaderWatch
 from monitoring.prober import Prober
 from monitoring.scrape import Scraper, Store, Target
 
@@ -36,7 +38,8 @@ def targets_from_components(components_file: Path) -> list[Target]:
         return []
     out = []
     for c in json.loads(components_file.read_text())["components"]:
-        labels = tuple((k, c[k]) for k in ("role", "region", "cluster", "pool") if c.get(k))
+        # `instance`: a region's HA squeal instances are several targets of one role and region
+        labels = tuple((k, c[k]) for k in ("role", "region", "cluster", "pool", "instance") if c.get(k))
         if c["role"] == "memcached":
             out.append(Target("memcached", c["address"], labels))
         if c.get("metrics"):
@@ -57,7 +60,9 @@ class _Leaf(resource.Resource):
         return self._render()
 
 
-def build_site(store: Store, scraper: Scraper, registry: CollectorRegistry) -> server.Site:
+def build_site(
+    store: Store, scraper: Scraper, registry: CollectorRegistry, leaders: LeaderWatch | None = None
+) -> server.Site:
     root = resource.Resource()
     root.putChild(b"", _Leaf(PAGE.read_bytes, b"text/html; charset=utf-8"))
     root.putChild(b"healthz", _Leaf(lambda: b"ok\n", b"text/plain"))
@@ -65,6 +70,10 @@ def build_site(store: Store, scraper: Scraper, registry: CollectorRegistry) -> s
     api = resource.Resource()
     root.putChild(b"api", api)
     api.putChild(b"panels", _Leaf(lambda: json.dumps(panels.build(store)).encode(), b"application/json"))
+    api.putChild(
+        b"leaders",
+        _Leaf(lambda: json.dumps(leaders.snapshot() if leaders else []).encode(), b"application/json"),
+    )
     api.putChild(
         b"targets",
         _Leaf(
@@ -109,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_prober:
         prober = Prober(topo, registry, interval=args.probe_interval)
         prober.start()
-    reactor.listenTCP(args.port, build_site(store, scraper, registry), interface=args.host)
+    watch = LeaderWatch(topo).start()
+    reactor.listenTCP(args.port, build_site(store, scraper, registry, watch), interface=args.host)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: reactor.callFromThread(reactor.stop))
     log.info("dashboard on http://%s:%d/ scraping %d targets", args.host, args.port, len(scraper.targets))

@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
         "--without",
         default="",
         metavar="ROLES",
-        help="comma-separated components not to start: mariadb, memcached, router, squeal",
+        help="comma-separated components not to start: mariadb, memcached, router, squeal, monitoring, zookeeper",
     )
 
     st = sub.add_parser(
@@ -256,7 +256,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     deployment = Deployment(args.state_dir)
     if args.command == "up":
         without = frozenset(r.strip() for r in args.without.split(",") if r.strip())
-        unknown = without - {"mariadb", "memcached", "router", "squeal", "monitoring"}
+        unknown = without - {"mariadb", "memcached", "router", "squeal", "monitoring", "zookeeper"}
         if unknown:
             raise HarnessError(f"--without: unknown component(s) {', '.join(sorted(unknown))}")
         started = deployment.up(args.topology, without, demo=args.demo, demo_rate=args.demo_rate)
@@ -277,7 +277,13 @@ def _dispatch(args: argparse.Namespace) -> int:
                 "name", "role", "region", "cluster", "pool", "pid", "address", "metrics", "running", "answering",
                 "uptime", "restarts", "stopped", "log",
             )  # fmt: skip
-            print(json.dumps([{k: r[k] for k in keys} for r in rows], indent=2))
+            # HA topologies only: a squeal instance's name, state and leader; a ZooKeeper server's quorum
+            optional = ("instance", "state", "leader", "serving", "mode")
+            rows_out = [
+                {k: r[k] for k in keys} | {k: r[k] for k in optional if k in r and (k != "instance" or r[k])}
+                for r in rows
+            ]
+            print(json.dumps(rows_out, indent=2))
         else:
             _print_status(rows, supervisor)
         supervised = supervisor is None or supervisor["running"]
@@ -447,12 +453,19 @@ def _print_status(rows: list[dict], supervisor: dict | None = None) -> None:
         if r["answering"] and r.get("healthy") is False:
             problems = "; ".join(f"{k}: {v}" for k, v in (r.get("problems") or {}).items())
             state = "UNHEALTHY (/healthz 503)" + (f": {problems}" if problems else "")
+        elif r["answering"] and r["role"] == "zookeeper":
+            state = f"up, serving ({r['mode']})" if r.get("serving") else "up, NOT SERVING (no quorum yet?)"
         elif r["answering"]:
             state = "up"
         elif r["running"]:
             state = "running, not answering"
         else:
             state = "stopped (squealctl start NAME)" if r.get("stopped") else "DOWN"
+        if r["answering"] and r.get("state"):  # an HA squeal instance: who leads its region
+            ha = r["state"].upper()
+            if r["state"] != "leader" and r.get("leader"):
+                ha += f" (leader: {r['leader']})"
+            state = f"{ha}, {state}"
         pid = r["pid"] if r["running"] else "-"
         print(
             f"{r['name']:{width}} {r['role']:16} {r['region']:7} {pid:>7} {_duration(r['uptime']):>7} "

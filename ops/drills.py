@@ -241,7 +241,9 @@ class Drill:
         2: verify could not check (every status but 0 and 1)."""
         master = self.topo.master.name
         router = self._pick("router")
-        self.kill(self._pick("squeal", lambda r: r["region"] == master), "squeal daemon")
+        # in an HA region: its leader (the standby must take over, the killed one come back as a standby)
+        self.kill(self._pick("squeal", lambda r: r["region"] == master and r.get("state", "leader") == "leader"),
+                  "squeal daemon")
         self.kill(router, "router")
         self.kill(self._pick("memcached", lambda r: r["pool"] == "wildcard"), "memcached")
         self.pause_process(self._pick("router", skip=router) or router, "router")

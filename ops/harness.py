@@ -39,6 +39,16 @@ class HarnessError(RuntimeError):
 _handed_out: set[int] = set()
 
 
+def child_env() -> dict[str, str]:
+    """The environment for the Python processes we start (squeal, monitoring, the supervisor): this checkout
+    first on PYTHONPATH, so a child imports the same code as its parent even when the virtualenv's editable
+    install points at another checkout (a git worktree sharing `.venv`)."""
+    env = dict(os.environ)
+    rest = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + rest if rest else "")
+    return env
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nobody listens on right now (the kernel picks it), never one this process handed out before:
     callers often ask for many ports before binding any (a whole topology), and must not get one twice."""
@@ -157,6 +167,7 @@ class ManagedProcess:
         log.info("starting %s on %s (log %s)", self.name, self.address, self.log_file)
         self.proc = subprocess.Popen(
             self.command(),
+            env=child_env(),
             stdout=log_handle,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -523,13 +534,16 @@ class SquealDaemon(ManagedProcess):
         state_dir: str | Path | None = None,
         extra_args: tuple[str, ...] = (),
         host: str = "127.0.0.1",
+        instance: str | None = None,
     ) -> None:
         super().__init__(port, workdir, host)
         self.topology_path = Path(topology_path)
         self.region = region
-        self.state_dir = Path(state_dir) if state_dir else self.workdir / f"state-{region}"
-        self.extra_args = extra_args
-        self.log_file = self.workdir / f"squeal-{region}.log"
+        self.instance = instance  # HA mode: `--instance NAME` (a standby until elected)
+        me = instance or region
+        self.state_dir = Path(state_dir) if state_dir else self.workdir / f"state-{me}"
+        self.extra_args = (("--instance", instance) if instance else ()) + tuple(extra_args)
+        self.log_file = self.workdir / f"squeal-{me}.log"
 
     def command(self) -> list[str]:
         exe = Path(os.environ.get("VIRTUAL_ENV", REPO_ROOT / ".venv")) / "bin" / "squeal"

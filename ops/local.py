@@ -2,7 +2,9 @@
 
 `up` starts a supervisor in the background (ops/supervisor.py), which starts every component the topology
 names (MariaDB primary and replica, memcached per pool member, one router per cluster, one squeal daemon per
-region, monitoring), restarts any that exits without being asked to, and records them — current pid,
+region, monitoring; for an HA topology also the ZooKeeper ensemble, each region's extra replicas and one
+squeal instance per `squeal_instances` entry instead of the region's single daemon), restarts any that
+exits without being asked to, and records them — current pid,
 restarts, held down by `stop` — in `<state_dir>/components.json`; `status` and `down` read that file, so they
 work from any later shell. Processes are stopped by pid, and only if the pid still runs the command we started
 (pids get reused); a component whose recorded pid is gone is looked for by its command line (restarted by hand,
@@ -41,14 +43,16 @@ from ops.harness import (
     MonitoringServer,
     Router,
     SquealDaemon,
+    ZooKeeper,
     _tail,
+    child_env,
     free_port,
     wait_until,
 )
 
 log = logging.getLogger(__name__)
 
-ALL_ROLES = ("mariadb-primary", "mariadb-replica", "memcached", "router", "squeal", "monitoring", "demo")
+ALL_ROLES = ("zookeeper", "mariadb-primary", "mariadb-replica", "memcached", "router", "squeal", "monitoring", "demo")
 DEMO_SCHEMA = REPO_ROOT / "loadtest" / "schema.sql"
 
 
@@ -68,19 +72,26 @@ class Component:
     name: str = ""  # how `status` lists it and `stop|start|restart` take it: router/east-a/0, squeal/east
     restarts: int = 0  # times the supervisor restarted it after an exit nobody asked for
     stopped: bool = False  # held down by `squealctl stop` until `squealctl start`
+    instance: str | None = None  # HA: the squeal instance's name, or the extra replica's (a copy of the region)
 
 
-def component_name(role: str, region: str, cluster: str | None, pool: str | None, index: int = 0) -> str:
+def component_name(
+    role: str, region: str, cluster: str | None, pool: str | None, index: int = 0, instance: str | None = None
+) -> str:
     """`router/east-a/0`, `memcached/east-a/wildcard/1`, `memcached/east/regional/0`, `mariadb/east`,
-    `squeal/east`, `monitoring`, `demo` (index: the server's place in its pool's or cluster's list)."""
+    `squeal/east`, `monitoring`, `demo` (index: the server's place in its pool's or cluster's list). HA
+    topologies add `zookeeper/1` (index: the server's id), `mariadb/east/east-r1` (a region's extra replica)
+    and `squeal/east/east-1` (one squeal instance)."""
+    if role == "zookeeper":
+        return f"zookeeper/{index}"
     if role == "router":
         return f"router/{cluster}/{index}"
     if role == "memcached":
         return f"memcached/{cluster or region}/{pool}/{index}"
     if role in ("mariadb-primary", "mariadb-replica"):
-        return f"mariadb/{region}"
+        return f"mariadb/{region}/{instance}" if instance else f"mariadb/{region}"
     if role == "squeal":
-        return f"squeal/{region}"
+        return f"squeal/{region}/{instance}" if instance else f"squeal/{region}"
     return role
 
 
@@ -144,8 +155,11 @@ class Deployment:
         except json.JSONDecodeError as e:
             raise HarnessError(f"{self.state_file}: corrupt state file ({e})") from e
 
-    def squeal_state_dir(self, region: str) -> Path:
-        """Where `up` has the region's squeal daemon keep its datamarkers and pid file (`squealctl replay`)."""
+    def squeal_state_dir(self, region: str, instance: str | None = None) -> Path:
+        """Where `up` has the region's squeal daemon keep its datamarkers and pid file (`squealctl replay`); an
+        HA instance keeps only its pid file and requests there (its region's markers are in ZooKeeper)."""
+        if instance is not None:
+            return self.state_dir / "squeal" / f"instance-{instance}"
         return self.state_dir / "squeal" / f"markers-{region}"
 
     def save(self, components: list[Component], topology: str, supervisor: dict | None = None) -> None:
@@ -243,6 +257,7 @@ class Deployment:
             with open(log_path, "ab") as log_file:
                 proc = subprocess.Popen(
                     cmd,
+                    env=child_env(),  # its components inherit it: this checkout's code everywhere
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
@@ -276,8 +291,11 @@ class Deployment:
         track,
     ) -> None:
         """Start the topology's components in order (run by the supervisor): `track(proc, name, role, region,
-        cluster, pool, metrics)` starts one ManagedProcess and returns once its readiness check passes."""
+        cluster, pool, metrics, instance, wait=True)` starts one ManagedProcess and returns once its readiness
+        check passes (with `wait=False` at once, returning a function that waits for it)."""
         topo = router_config.load(topology_path)
+        # ZooKeeper's JVMs take seconds: they start first and come up while the databases and caches do.
+        zookeepers, zk_ready = self._start_zookeeper(topo, without, track)
         self._start_databases(topo, without, track)
         self._start_memcached(topo, without, track)
         if "router" not in without:
@@ -299,17 +317,32 @@ class Deployment:
                     )
                     name = component_name("router", cluster.region, cluster.name, None, i)
                     track(router, name, "router", cluster.region, cluster.name, metrics=f"{addr.host}:{metrics_port}")
+        for ready in zk_ready:
+            ready()
+        if zookeepers:
+            ZooKeeper.wait_serving(zookeepers)  # a quorum: squeal instances can elect their leaders
         if "squeal" not in without:
-            for i, region in enumerate(topo.regions):
+            for endpoint in topo.squeal_daemons():
+                instance = endpoint.instance.name if endpoint.instance else None
                 daemon = SquealDaemon(
                     topology_path,
-                    region.name,
-                    port=topo.squeal.metrics_port_base + i,
+                    endpoint.region,
+                    port=endpoint.address.port,
+                    host=endpoint.address.host,
                     workdir=self.state_dir / "squeal",
-                    state_dir=self.squeal_state_dir(region.name),
+                    state_dir=self.squeal_state_dir(endpoint.region, instance),
+                    instance=instance,
                 )
-                name = component_name("squeal", region.name, None, None)
-                track(daemon, name, "squeal", region.name, metrics=daemon.address)
+                name = component_name("squeal", endpoint.region, None, None, instance=instance)
+                track(daemon, name, "squeal", endpoint.region, metrics=daemon.address, instance=instance)
+            for region in topo.regions:
+                if region.squeal_instances:  # `up` returns with every HA region led
+                    addresses = [str(s.address) for s in region.squeal_instances]
+                    wait_until(
+                        lambda addresses=addresses: any(squeal_state(a) == "leader" for a in addresses),
+                        60,
+                        f"a leader of region {region.name} among its squeal instances {', '.join(addresses)}",
+                    )
         if "monitoring" not in without:
             monitor = MonitoringServer(
                 topology_path,
@@ -323,9 +356,29 @@ class Deployment:
             workload = DemoWorkload(topology_path, workdir=self.state_dir / "demo", rate=demo_rate)
             track(workload, "demo", "demo", topo.master.name, metrics=workload.address)
 
+    def _start_zookeeper(
+        self, topo: router_config.Topology, without: frozenset[str], track
+    ) -> tuple[list[ZooKeeper], list]:
+        """Every `[zookeeper]` server, not waited for (returns the members and their readiness waits). Each keeps
+        its data in `<state>/zookeeper/zkdata-<port>` (durable across `up`s, like MariaDB's datadirs)."""
+        zk = topo.zookeeper
+        if zk is None or "zookeeper" in without:
+            return [], []
+        peers = zk.peers()
+        members, waits = [], []
+        for server_id, host, _, _ in peers:
+            port = zk.servers[server_id - 1].port
+            member = ZooKeeper(port=port, host=host, workdir=self.state_dir / "zookeeper", server_id=server_id,
+                               peers=peers if len(peers) > 1 else ())
+            members.append(member)
+            waits.append(track(member, component_name("zookeeper", topo.master.name, None, None, server_id),
+                               "zookeeper", topo.master.name, wait=False))
+        return members, waits
+
     def _start_databases(self, topo: router_config.Topology, without: frozenset[str], track) -> None:
         if "mariadb" in without:
             return
+        servers: dict[str, MariaDB] = {}  # copy name (a region's database is named after the region) -> server
         primary: MariaDB | None = None
         for region in [topo.master] + [r for r in topo.regions if not r.master]:
             db = region.database
@@ -338,6 +391,7 @@ class Deployment:
             )
             role = f"mariadb-{db.role}"
             track(server, component_name(role, region.name, None, None), role, region.name)
+            servers[db.name or region.name] = server
             if region.master:
                 primary = server
                 if DEMO_SCHEMA.exists():
@@ -349,6 +403,25 @@ class Deployment:
                 assert primary is not None
                 server.replicate_from(primary)
                 server.wait_for_gtid(primary.gtid_binlog_pos())
+        # HA: more copies of a region's data, each a GTID replica of the copy it names (in an order where that
+        # copy already runs: the loader refused loops).
+        pending = [(r, d) for r in topo.regions for d in r.replicas]
+        while pending:
+            region, db = next((r, d) for r, d in pending if (d.replicates_from or r.database.name) in servers)
+            pending.remove((region, db))
+            source = servers[db.replicates_from or region.database.name]
+            server = MariaDB(
+                db.server_id,
+                port=db.port,
+                host=db.host,
+                replica=True,
+                workdir=self.state_dir / f"mariadb-{db.name}",  # copy names are unique (the loader checks)
+            )
+            name = component_name("mariadb-replica", region.name, None, None, instance=db.name)
+            track(server, name, "mariadb-replica", region.name, instance=db.name)
+            servers[db.name] = server
+            server.replicate_from(source)
+            server.wait_for_gtid(source.gtid_binlog_pos())
 
     def _start_memcached(self, topo: router_config.Topology, without: frozenset[str], track) -> None:
         if "memcached" in without:
@@ -382,7 +455,9 @@ class Deployment:
         """Every recorded component with its current `pid`, `running` (alive), `answering` (port accepts),
         `uptime` (seconds, None when not running), `restarts` and `stopped` (held down by `squealctl stop`); a
         squeal daemon also `healthy` (its /healthz: True on 200, False on 503, None when it did not answer) and
-        `problems` (what its /healthz names)."""
+        `problems` (what its /healthz names), an HA instance `state` (`leader`, `standby`, `taking_over`; None
+        when it did not answer); a ZooKeeper server `serving` (it has a quorum and serves clients) and `mode`
+        (`leader`, `follower`, `standalone`; None when not serving)."""
         out = []
         components = self.components()
         for c, pid in zip(components, self.locate(components), strict=True):
@@ -395,7 +470,16 @@ class Deployment:
                 "uptime": _uptime(pid) if running else None,
             }
             if c.role == "squeal":
-                row["healthy"], row["problems"] = _squeal_health(c.address) if row["answering"] else (None, {})
+                code, body = _healthz(c.address) if row["answering"] else (None, {})
+                row["healthy"] = None if code is None else code == 200
+                problems = body.get("problems") or {}
+                row["problems"] = problems if isinstance(problems, dict) else {"healthz": str(problems)}
+                if c.instance:
+                    row["state"] = body.get("state")
+                    row["leader"] = (body.get("ha") or {}).get("leader")
+            if c.role == "zookeeper":
+                row["mode"] = zookeeper_mode(c.address) if row["answering"] else None
+                row["serving"] = row["mode"] is not None
             out.append(row)
         return out
 
@@ -493,20 +577,45 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-def _squeal_health(address: str) -> tuple[bool | None, dict]:
-    """(healthy, problems) from a squeal daemon's /healthz: 200 is healthy, 503 carries its problems (halted on
-    binlog data loss, a datamarker not saved, ...); (None, {}) if it gave no answer."""
+def _healthz(address: str) -> tuple[int | None, dict]:
+    """A squeal daemon's /healthz: (200 or 503, its JSON: `problems`, and for an HA instance `state`, `ha`), or
+    (None, {}) when it gave no answer."""
     try:
-        with urllib.request.urlopen(f"http://{address}/healthz", timeout=2):
-            return True, {}
+        with urllib.request.urlopen(f"http://{address}/healthz", timeout=2) as resp:
+            code, raw = resp.status, resp.read()
     except urllib.error.HTTPError as e:
-        try:
-            problems = json.loads(e.read()).get("problems") or {}
-        except ValueError:
-            problems = {}
-        return False, problems if isinstance(problems, dict) else {"healthz": str(problems)}
+        code, raw = e.code, e.read()
     except OSError:
         return None, {}
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        body = {}
+    return code, body if isinstance(body, dict) else {}
+
+
+def squeal_state(address: str) -> str | None:
+    """An HA squeal instance's state from its /healthz (`leader`, `standby`, `taking_over`), None if no answer."""
+    return _healthz(address)[1].get("state")
+
+
+def zookeeper_mode(address: str) -> str | None:
+    """A ZooKeeper server's `Mode:` from the `srvr` four-letter word (`leader`, `follower`, `standalone`);
+    None when it does not serve (no quorum yet, or not answering)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1) as s:
+            s.settimeout(2)
+            s.sendall(b"srvr")
+            reply = b""
+            while chunk := s.recv(4096):
+                reply += chunk
+    except OSError:
+        return None
+    for line in reply.decode(errors="replace").splitlines():
+        if line.startswith("Mode: "):
+            return line.removeprefix("Mode: ").strip()
+    return None
 
 
 def _port_open(address: str) -> bool:

@@ -3,8 +3,9 @@
     python -m ops.supervisor STATE_DIR TOPOLOGY [--without ROLES] [--demo] [--demo-rate R] [--ready-fd FD]
 
 Started by `squealctl up` (ops/local.py), not by hand. It starts the deployment's components in order
-(`Deployment.start_components`: ops/harness.py's command lines and readiness checks, MariaDB first, then
-memcached, routers, squeal, monitoring) and then keeps them running. It is Twisted's ProcessMonitor
+(`Deployment.start_components`: ops/harness.py's command lines and readiness checks, MariaDB first — after
+starting an HA topology's ZooKeeper servers, which come up meanwhile — then memcached, routers, squeal,
+monitoring) and then keeps them running. It is Twisted's ProcessMonitor
 (twisted.runner.procmon) with three changes: a component's output goes to its own log file (not through a pipe
 to the supervisor, so components outlive a supervisor that dies), `stop` sends the component's own stop signal
 (after SIGCONT: a paused process cannot handle SIGTERM), and every exit and restart is logged, counted and
@@ -35,6 +36,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,15 +178,26 @@ class Supervisor(procmon.ProcessMonitor):
             cluster: str | None = None,
             pool: str | None = None,
             metrics: str | None = None,
-        ) -> None:
+            instance: str | None = None,
+            wait: bool = True,
+        ) -> Callable[[], None]:
+            """Start `proc`; with `wait` (the default) return once it is ready, else at once with a function
+            that waits for that (slow starters, e.g. ZooKeeper's JVMs, start while the rest does)."""
             if self.stopping:
                 raise HarnessError("the supervisor was stopped during start-up")
             proc.prepare()
             component = Component(
-                role, region, cluster, pool, 0, proc.address, str(proc.log_file), proc.command(), metrics, name=name
+                role, region, cluster, pool, 0, proc.address, str(proc.log_file), proc.command(), metrics, name=name,
+                instance=instance,
             )
             run = blockingCallFromThread(reactor, self.add, component, proc)
-            wait_until(proc.ready, proc.start_timeout, f"{proc.name} on {proc.address}", run, proc.log_file)
+
+            def ready() -> None:
+                wait_until(proc.ready, proc.start_timeout, f"{proc.name} on {proc.address}", run, proc.log_file)
+
+            if wait:
+                ready()
+            return ready
 
         try:
             self.deployment.start_components(topology_path, without, demo, demo_rate, track)

@@ -15,8 +15,11 @@ from router_config.model import (
     Region,
     RegionalPool,
     Rule,
+    SquealEndpoint,
+    SquealInstance,
     SquealSettings,
     Topology,
+    ZooKeeperSettings,
 )
 from router_config.rewrite import can_listen, dumps, reassign_ports, to_document, with_cold_cluster
 
@@ -31,6 +34,8 @@ __all__ = [
     "Region",
     "RegionalPool",
     "Rule",
+    "SquealEndpoint",
+    "SquealInstance",
     "SquealSettings",
     "Topology",
     "TopologyError",
@@ -45,4 +50,5 @@ __all__ = [
     "render",
     "to_document",
     "with_cold_cluster",
+    "ZooKeeperSettings",
 ]

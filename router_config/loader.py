@@ -163,9 +163,10 @@ class _Builder:
         return topo
 
     def zookeeper(self, value: Any, path: str) -> ZooKeeperSettings:
-        self.table(value, path, {"servers", "session_timeout_s", "root", "takeover_wait_s", "handback_after_s"},
-                   {"servers"})
+        self.table(value, path, {"servers", "session_timeout_s", "root", "takeover_wait_s", "handback_after_s",
+                                 "peer_ports"}, {"servers"})
         servers = self.addresses(value["servers"], f"{path}.servers")
+        peer_ports = self.peer_ports(value.get("peer_ports"), servers, f"{path}.peer_ports")
         numbers = {}
         for name in ("session_timeout_s", "takeover_wait_s", "handback_after_s"):
             v = self.typed(value.get(name, getattr(ZooKeeperSettings, name)), f"{path}.{name}", (int, float),
@@ -176,7 +177,32 @@ class _Builder:
         root = self.typed(value.get("root", ZooKeeperSettings.root), f"{path}.root", str, "a znode path")
         if not ZNODE_PATH.match(root):
             raise self.fail(f"{path}.root", f'{root!r} is not a znode path like "/squeal"')
-        return ZooKeeperSettings(servers=servers, root=root, **numbers)
+        return ZooKeeperSettings(servers=servers, root=root, peer_ports=peer_ports, **numbers)
+
+    def peer_ports(self, value: Any, servers: tuple[Address, ...], path: str) -> tuple[tuple[int, int], ...]:
+        """`peer_ports = [[quorum, election], ...]`, one pair per server (default: its client port + 100, + 200).
+        Claimed like every listening port, so a clash is an error naming the key."""
+        if value is None:
+            pairs = [(a.port + 100, a.port + 200) for a in servers]
+            where = [f"{path} (default for servers[{i}]: its port + 100, + 200)" for i in range(len(servers))]
+        else:
+            self.typed(value, path, list, "a list of [quorum, election] port pairs, one per server")
+            if len(value) != len(servers):
+                raise self.fail(path, f"{len(value)} pairs for {len(servers)} servers: one [quorum, election] "
+                                "pair per server, in the order of servers")
+            pairs, where = [], []
+            for i, pair in enumerate(value):
+                self.typed(pair, f"{path}[{i}]", list, "a [quorum, election] port pair")
+                if len(pair) != 2:
+                    raise self.fail(f"{path}[{i}]", f"{pair!r} is not a [quorum, election] port pair")
+                pairs.append((self.port(pair[0], f"{path}[{i}][0]"), self.port(pair[1], f"{path}[{i}][1]")))
+                where.append(f"{path}[{i}]")
+        for a, (quorum, election), at in zip(servers, pairs, where, strict=True):
+            for port in (quorum, election):
+                if not 1 <= port <= 65535:
+                    raise self.fail(at, f"port {port} is out of range 1-65535")
+                self.claim(a.host, port, at)
+        return tuple(pairs) if value is not None else ()
 
     def settings(self, value: Any, path: str) -> SquealSettings:
         names = {f.name for f in fields(SquealSettings)}

@@ -138,11 +138,34 @@ class ZooKeeperSettings:
     takeover_wait_s: float = 30.0
     # A leader hands the region back to a better-ranked instance once that one has been healthy this long.
     handback_after_s: float = 10.0
+    # Each server's (quorum, election) ports, for `squealctl up` to start the ensemble (`peer_ports`; by
+    # default the client port + 100 and + 200). Clients never use them.
+    peer_ports: tuple[tuple[int, int], ...] = ()
+
+    def peers(self) -> tuple[tuple[int, str, int, int], ...]:
+        """The ensemble as ZooKeeper's `server.N=host:quorum:election` lines need it: (N, host, quorum,
+        election), N from 1 in the order of `servers`."""
+        ports = self.peer_ports or tuple((a.port + 100, a.port + 200) for a in self.servers)
+        return tuple((i, a.host, q, e) for i, (a, (q, e)) in enumerate(zip(self.servers, ports, strict=True), 1))
 
     @property
     def hosts(self) -> str:
         """The connect string: `host:port,host:port`."""
         return ",".join(str(a) for a in self.servers)
+
+
+@dataclass(frozen=True)
+class SquealEndpoint:
+    """One squeal daemon as the other parts reach it: the region's single daemon, or one HA instance.
+
+    `name` is the instance's name (HA) or the region's (a single daemon); `instance` is None for a single daemon.
+    Every daemon serves /metrics, /healthz and /sampled-deletes on `address` (a standby: no flows, no samples).
+    """
+
+    region: str
+    name: str
+    address: Address
+    instance: SquealInstance | None = None
 
 
 @dataclass(frozen=True)
@@ -267,6 +290,8 @@ class Topology:
         out.append(("monitoring", "monitoring.port", Address(self.monitoring.host, self.monitoring.port)))
         if self.zookeeper is not None:
             out += [("zookeeper", f"zookeeper.servers[{i}]", a) for i, a in enumerate(self.zookeeper.servers)]
+            for i, (_, host, quorum, election) in enumerate(self.zookeeper.peers()):
+                out += [("zookeeper", f"zookeeper.peer_ports[{i}]", Address(host, p)) for p in (quorum, election)]
         return out
 
     def instance(self, name: str) -> SquealInstance:
@@ -279,9 +304,22 @@ class Topology:
         raise KeyError(f"{self.source}: no squeal instance {name!r} (have: {have})")
 
     def squeal_address(self, region: str) -> Address:
-        """Where the region's squeal daemon serves /metrics and /healthz: its host, metrics_port_base + index."""
+        """Where the region's single squeal daemon serves /metrics and /healthz: its host, metrics_port_base +
+        index. A region with HA instances has several daemons: use `squeal_daemons`."""
         index = [r.name for r in self.regions].index(self.region(region).name)
         return Address(self.region(region).squeal_host, self.squeal.metrics_port_base + index)
+
+    def squeal_daemons(self, region: str | None = None) -> tuple[SquealEndpoint, ...]:
+        """Every squeal daemon of the topology (or of one region), in region order: a region's HA instances
+        (leader or standby, in order of preference), else its single daemon. What monitoring scrapes and
+        `squealctl up` starts."""
+        out: list[SquealEndpoint] = []
+        for r in self.regions if region is None else (self.region(region),):
+            if r.squeal_instances:
+                out += [SquealEndpoint(r.name, s.name, s.address, s) for s in r.squeal_instances]
+            else:
+                out.append(SquealEndpoint(r.name, r.name, self.squeal_address(r.name)))
+        return tuple(out)
 
     def hosts(self) -> list[str]:
         """Every host a component of this topology runs on (databases, memcached, routers, squeal, monitoring)."""

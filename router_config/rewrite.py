@@ -51,7 +51,9 @@ def reassign_ports(topo: Topology, allocate: Callable[[], int]) -> Topology:
         regions=tuple(region(r) for r in topo.regions),
         squeal=replace(topo.squeal, metrics_port_base=base),
         monitoring=replace(topo.monitoring, port=allocate()),
-        zookeeper=replace(zk, servers=addrs(zk.servers)) if zk else None,
+        zookeeper=replace(zk, servers=addrs(zk.servers), peer_ports=tuple((allocate(), allocate()) for _ in zk.servers))
+        if zk
+        else None,
     )
 
 
@@ -104,6 +106,8 @@ def to_document(topo: Topology) -> dict[str, Any]:
             "takeover_wait_s": zk.takeover_wait_s,
             "handback_after_s": zk.handback_after_s,
         }
+        if zk.peer_ports:
+            doc["zookeeper"]["peer_ports"] = [list(p) for p in zk.peer_ports]
     for r in topo.regions:
         db = r.database
         body: dict[str, Any] = {

@@ -99,6 +99,20 @@ def cmd_accept_data_loss(args: argparse.Namespace) -> int:
 
     topo = _topology(args.topology)
     region = topo.region(args.region)
+    if region.squeal_instances:  # HA: the request goes where every instance can see it, to ZooKeeper
+        from squeal.replay import ReplayError, zookeeper_leader, zookeeper_store
+
+        try:
+            with zookeeper_store(topo, region.name) as store:
+                store.request_loss_acceptance()
+                leader = zookeeper_leader(store)
+        except ReplayError as e:
+            print(f"squeal accept-data-loss: error: {e}", file=sys.stderr)
+            return e.code
+        who = f"its leader, instance {leader}," if leader else "its next leader"
+        print(f"data loss accepted for region {region.name} ({store.dir}/accept-data-loss): {who} flushes the "
+              "region's destinations and resumes within a second or two; watch its /healthz")
+        return 0
     state = state_dir_for(topo, args.state_dir)
     if not state.is_dir():
         raise ValueError(f"state dir {state} does not exist (is --state-dir the daemon's?)")

@@ -588,6 +588,7 @@ class HaInstance:
         self.client: KazooClient | None = None
         self.elector: Elector | None = None
         self.daemon: Daemon | None = None
+        self.store: ZooKeeperDatamarkerStore | None = None  # the leader's (fenced by its term)
         self.phase = STANDBY  # STANDBY, "taking_over", LEADER
         self.takeover: dict[str, Any] = {}
         self.stopping = False
@@ -666,6 +667,21 @@ class HaInstance:
             self._healthy = healthy
             if self.elector is not None:
                 self.elector.set_healthy(healthy)
+            self._take_loss_acceptance()
+
+    def _take_loss_acceptance(self) -> None:
+        """The leader hands `squeal accept-data-loss` (a znode: any instance's operator may run it) to its daemon,
+        which applies it at its next checkpoint (the daemon's own request file, as without HA)."""
+        daemon, store = self.daemon, self.store
+        if daemon is None or store is None or self.phase != LEADER:
+            return
+        try:
+            if store.take_loss_acceptance():
+                log.warning("instance %s: data loss accepted by the operator (%s)", self.instance.name,
+                            store.accept_path)
+                daemon.accept_path().write_text("accepted\n")
+        except Exception as e:  # noqa: BLE001 - retried every second; ZooKeeper may be away for a while
+            log.debug("cannot take %s: %s", store.accept_path, e)
 
     # -- leadership --------------------------------------------------------------------------------------------
 
@@ -684,6 +700,7 @@ class HaInstance:
         store = ZooKeeperDatamarkerStore(self.client, self.zk.root, self.region.name, owner=self.instance.name,
                                          fence=self.elector.fence_token, on_write=self.metrics.marker_write.observe)
         store.ensure_paths()
+        self.store = store
         markers = store.positions()
         target: dict = {}
         for position in markers.values():

@@ -1,7 +1,11 @@
 """Replay: rewind flows' datamarkers and tell the region's running daemon, and only that daemon.
 
 Shared by `squeal replay` (a daemon's own --state-dir) and `squealctl replay` (the daemon `squealctl up`
-started, whose markers live in the deployment's state dir). A pid file can be stale and its pid reused, so
+started, whose markers live in the deployment's state dir). A region with HA instances keeps its markers in
+ZooKeeper: there a replay is a request znode the region's leader takes at its next checkpoint
+(`replay_zookeeper`), whichever instance leads and wherever it runs; no state dir, no pid.
+
+A pid file can be stale and its pid reused, so
 a pid is signalled only after /proc shows it runs `squeal run --region R` on the same state dir; the check
 and the signal go through one pidfd, so the process checked is the process signalled. Every failure is a
 `ReplayError` with a one-line message naming the path, flow or pid, and nothing is written or signalled
@@ -167,6 +171,8 @@ def replay(
         position = g.format_position(g.parse_position(from_gtid))
     except g.GtidError as e:
         raise ReplayError(f"--from: {e}", code=2) from e
+    if region.squeal_instances:
+        return replay_zookeeper(topo, region.name, flows, position)
     state = Path(state_dir)
     if not state.is_dir():
         raise ReplayError(
@@ -216,4 +222,73 @@ def replay(
         f"daemon started on it applies it (`squealctl up`, or `squeal run ... --region {region.name} --state-dir "
         f"{state}`)"
     )
+    return lines
+
+
+ZK_CONNECT_TIMEOUT = 5.0
+
+
+@contextlib.contextmanager
+def zookeeper_store(topo: router_config.Topology, region: str, timeout: float = ZK_CONNECT_TIMEOUT):
+    """An unfenced `ZooKeeperDatamarkerStore` of an HA region (for operator requests); ReplayError (exit 1)
+    naming the servers and the topology key when ZooKeeper does not answer within `timeout`."""
+    from kazoo.client import KazooClient
+
+    from squeal.zkstore import ZooKeeperDatamarkerStore, ZooKeeperUnavailable
+
+    zk = topo.zookeeper
+    if zk is None:  # the loader refuses instances without [zookeeper]
+        raise ReplayError(f"{topo.source}: region {region} has squeal instances but no [zookeeper] section", code=2)
+    client = KazooClient(hosts=zk.hosts, timeout=zk.session_timeout_s, connection_retry={"max_tries": 0})
+    try:
+        client.start(timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - kazoo's time-out (or a refused connection)
+        client.close()
+        raise ReplayError(
+            f"cannot reach ZooKeeper {zk.hosts} (zookeeper.servers in {topo.source}) within {timeout:g}s: "
+            f"{e or type(e).__name__}; region {region}'s datamarkers live there: nothing requested"
+        ) from e
+    try:
+        yield ZooKeeperDatamarkerStore(client, zk.root, region, timeout=timeout)
+    except ZooKeeperUnavailable as e:
+        raise ReplayError(f"{e}; the request may not have been recorded: run the command again") from e
+    finally:
+        client.stop()
+        client.close()
+
+
+def zookeeper_leader(store: object) -> str | None:
+    """Who leads the store's region now (the `leader` znode's name), None when nobody does."""
+    import json
+
+    from kazoo.exceptions import NoNodeError
+
+    client, base = store.client, store.base  # type: ignore[attr-defined]
+    try:
+        data, _ = client.get(f"{base}/leader")
+    except NoNodeError:
+        return None
+    try:
+        return json.loads(data.decode()).get("name")
+    except ValueError:
+        return "?"
+
+
+def replay_zookeeper(topo: router_config.Topology, region: str, flows: list[str], position: str) -> list[str]:
+    """Leave a replay request per flow in ZooKeeper (`replay/<flow>`); the leader applies it at its next
+    checkpoint (rewinds the flow, re-reads it through a catch-up reader, moves the marker by compare-and-set).
+    The marker itself is left to the leader: a write from here would fail its next compare-and-set."""
+    lines = []
+    with zookeeper_store(topo, region) as store:
+        markers = store.positions()
+        for name in flows:
+            store.request_replay(name, position)
+            lines.append(f"flow {name}: replay from {position or '(start of the binlog)'} requested in "
+                         f"{store.dir}/replay/{name} (datamarker now {markers.get(name) or '(none)'})")
+        leader = zookeeper_leader(store)
+    if leader:
+        lines.append(f"the leader of region {region}, instance {leader}, applies it at its next checkpoint (within "
+                     "a second); its /healthz shows the flow catching up")
+    else:
+        lines.append(f"no squeal instance leads region {region} now: the next leader applies it when it takes over")
     return lines

@@ -14,6 +14,8 @@ Znodes, under `<root>/regions/<region>/`:
                      leader's own checkpoint cannot overwrite a request before it has been applied
     epoch            persistent: the election's fencing token (squeal/ha.py); its version grows by one with
                      every new leader
+    accept-data-loss persistent, JSON {"requested_at"}: `squeal accept-data-loss` for a region halted on binlog
+                     data loss; taken (deleted) by the leader, whose daemon then flushes the region and resumes
 
 Fencing: a write is a ZooKeeper multi-operation that (1) checks the `epoch` znode still has the version
 this leader set when it won, and (2) sets the marker with the znode version this store last read or wrote
@@ -281,3 +283,40 @@ class ZooKeeperDatamarkerStore:
             if position is not None:
                 out[flow] = position
         return out
+
+    # -- operator requests that are not markers -------------------------------------------------------------------
+
+    @property
+    def accept_path(self) -> str:
+        return f"{self.base}/accept-data-loss"
+
+    def request_loss_acceptance(self) -> None:
+        """`squeal accept-data-loss` for an HA region: the leader (now, or the next one) takes it."""
+        doc = json.dumps({"requested_at": time.time()}).encode()
+        try:
+            self._wait(self.client.create_async(self.accept_path, doc, makepath=True), f"create {self.accept_path}")
+        except NodeExistsError:
+            self._wait(self.client.set_async(self.accept_path, doc), f"write {self.accept_path}")
+
+    def take_loss_acceptance(self) -> bool:
+        """Whether an operator accepted data loss since the last call: the request is removed with its version
+        and, when fenced, only while this instance leads (a deposed leader must not swallow it)."""
+        path = self.accept_path
+        try:
+            _, stat = self._wait(self.client.get_async(path), f"read {path}")
+        except NoNodeError:
+            return False
+        token = self._fence_token(f"{path} not taken")
+        t = self.client.transaction()
+        if token is not None:
+            t.check(self.epoch_path, token)
+        t.delete(path, version=stat.version)
+        results = self._wait(t.commit_async(), f"take {path}")
+        failure = next((r for r in results if isinstance(r, Exception) and not isinstance(r, RolledBackError)), None)
+        if isinstance(failure, BadVersionError | NoNodeError):
+            if token is not None and not self._epoch_is(token):
+                raise FencedError(f"{path} not taken: another leader has been elected")
+            return False  # renewed meanwhile: taken next time
+        if failure is not None:
+            raise failure
+        return True

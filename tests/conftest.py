@@ -103,3 +103,18 @@ def router_factory(processes: _Processes) -> Callable[..., Router]:
 @pytest.fixture
 def zookeeper(processes: _Processes) -> ZooKeeper:
     return processes.add(ZooKeeper(workdir=processes.base / "zookeeper"))
+
+
+@pytest.fixture(scope="module")
+def ha_deployment(tmp_path_factory: pytest.TempPathFactory):
+    """`squealctl up` of a small HA topology (tests/ops/deployments.py HA_TWO_REGIONS: a 3-server ZooKeeper
+    ensemble, east's squeal instances east-1 on the primary and east-2 on a replica, west's single daemon),
+    shared by the tests of one module; `squealctl down` after it. (Per module, not per session: ~20 processes
+    left running through the rest of the suite would load the timing-sensitive HA and router tests.)"""
+    from ops.harness import ROUTER_BIN
+    from tests.ops.deployments import ha_deployment_up
+
+    if not ROUTER_BIN.exists():
+        pytest.skip("router not built (scripts/setup.sh)")
+    with ha_deployment_up(tmp_path_factory.mktemp("ha-deployment")) as deployment:
+        yield deployment

@@ -63,7 +63,9 @@ def test_listeners_are_exactly_the_ports_reassign_moves():
     moved = router_config.reassign_ports(topo, lambda: next(ports))
     before, after = topo.listeners(), moved.listeners()
     assert [(role, where) for role, where, _ in before] == [(role, where) for role, where, _ in after]
-    assert len(before) == 2 + 2 + 4 + 4 * 5 + 2 + 1  # dbs, regional, routers, pool servers, squeal, monitoring
+    # dbs, regional, routers, pool servers, monitoring; HA: extra replicas, squeal instances, ZooKeeper client +
+    # quorum + election ports
+    assert len(before) == 2 + 2 + 4 + 4 * 5 + 1 + 2 + 4 + 3 * 3
     assert not {a.port for _, _, a in before} & {a.port for _, _, a in after}
     assert all(41000 <= a.port for _, _, a in after)
 

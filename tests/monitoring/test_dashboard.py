@@ -6,6 +6,7 @@ import json
 import shutil
 import socket
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,43 @@ def test_dashboard_renders_live_charts(tmp_path, memcached_factory):
             assert shot.stat().st_size > 10_000
         finally:
             driver.quit()
+
+
+def test_dashboard_shows_who_leads_each_ha_region(tmp_path, ha_deployment):
+    """The deployment's own monitoring server (`squealctl up` of an HA topology): east's leader, since when,
+    and its standby, as the instances' /healthz say; west (a single daemon) has no election to show."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    rows = ha_deployment.status()
+    leader = next(r["instance"] for r in rows.values() if r.get("state") == "leader" and r["region"] == "east")
+    standby = next(r["instance"] for r in rows.values() if r.get("state") == "standby" and r["region"] == "east")
+    address = rows["monitoring"]["address"]
+    with urllib.request.urlopen(f"http://{address}/api/leaders", timeout=5) as resp:
+        api = json.loads(resp.read())
+    assert [r["region"] for r in api] in ([], ["east"])  # [] until its first poll
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--window-size=1400,1000",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 f"--user-data-dir={tmp_path / 'chrome'}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    try:
+        driver.get(f"http://{address}/")
+        row = "document.querySelector('#leaders tr[data-region=east]')"
+        WebDriverWait(driver, 20).until(lambda d: d.execute_script(f"return {row} !== null"))
+        shown = driver.execute_script(
+            f"const r = {row}; return [r.querySelector('.leader').textContent, "
+            "r.querySelector('.standbys').textContent, r.querySelector('.since').textContent]"
+        )
+        assert shown[:2] == [leader, standby], shown
+        assert shown[2], "no 'since' time for the leader"
+        assert driver.execute_script("return document.querySelector('#leaders tr[data-region=west]')") is None
+    finally:
+        driver.quit()
+    with urllib.request.urlopen(f"http://{address}/api/leaders", timeout=5) as resp:
+        (east,) = json.loads(resp.read())
+    assert (east["leader"], east["standbys"]) == (leader, [standby]) and east["since"] > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from pathlib import Path
 
 from pymemcache.client.base import Client
 
@@ -71,3 +72,13 @@ def test_checker_flags_a_key_that_holds_a_wrong_value_after_its_delete(
     assert len(problems) == 1 and "user:1 still holds" in problems[0], problems
     assert checker.checked.labels("east", "a")._value.get() == 3
     assert checker.stale.labels("east", "a")._value.get() == 1
+
+
+def test_checker_asks_every_squeal_instance_of_an_ha_region():
+    # Only the leader has samples, and any instance may lead: each is asked, by its own address.
+    example = router_config.load(Path(__file__).resolve().parents[2] / "examples" / "local.toml")
+    checker = SampledDeleteChecker(example)
+    assert checker.daemons == {
+        s.name: (s.region, str(s.address)) for r in example.regions for s in r.squeal_instances
+    }
+    assert sorted(checker.daemons) == ["east-1", "east-2", "west-1", "west-2"]

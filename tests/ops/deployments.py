@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import random
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import router_config
@@ -57,3 +61,65 @@ def squealctl(state: Path, *args: str, check: bool = True) -> subprocess.Complet
     if check and result.returncode != 0:
         raise AssertionError(f"squealctl {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
     return result
+
+
+# HA: east runs two squeal instances (on the primary, on a GTID replica of it) behind a 3-server ZooKeeper
+# ensemble; west keeps its single daemon (a topology may mix both). Placeholder ports, as above.
+HA_TWO_REGIONS = (
+    """
+[zookeeper]
+servers = ["127.0.0.1:7", "127.0.0.1:8", "127.0.0.1:9"]
+session_timeout_s = 2
+handback_after_s = 2
+
+[[rules]]
+table = "squeal_canary.probe"
+keys = ["squeal:canary:{id}"]
+
+[regions.east.replicas.east-r1]
+port = 10
+server_id = 3
+
+[[regions.east.squeal_instances]]
+name = "east-1"
+database = "east"
+metrics_port = 11
+
+[[regions.east.squeal_instances]]
+name = "east-2"
+database = "east-r1"
+metrics_port = 12
+"""
+    + TWO_REGIONS
+)
+
+
+@dataclass
+class HaDeployment:
+    """`squealctl up` of HA_TWO_REGIONS on stable free ports (tests/conftest.py's `ha_deployment`)."""
+
+    topology: Path
+    topo: router_config.Topology
+    state: Path
+
+    def status(self) -> dict[str, dict]:
+        """`squealctl status --json`, by component name."""
+        return {r["name"]: r for r in json.loads(squealctl(self.state, "status", "--json", check=False).stdout)}
+
+    def leader(self, region: str = "east") -> str | None:
+        rows = self.status().values()
+        leaders = [r["instance"] for r in rows if r.get("state") == "leader" and r["region"] == region]
+        return leaders[0] if len(leaders) == 1 else None
+
+
+@contextlib.contextmanager
+def ha_deployment_up(base: Path) -> Iterator[HaDeployment]:
+    topo = router_config.reassign_ports(router_config.loads(HA_TWO_REGIONS, source="ha.toml"), stable_port)
+    path = base / "ha.toml"
+    path.write_text(router_config.dumps(topo))
+    state = base / "state"
+    try:
+        squealctl(state, "up", str(path))
+        yield HaDeployment(path, router_config.load(path), state)
+    finally:
+        squealctl(state, "down", check=False)

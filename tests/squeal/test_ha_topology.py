@@ -7,14 +7,11 @@ layout is one error naming the file and the key.
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 import pytest
 
 import router_config
 from router_config import TopologyError
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "local.toml"
 
 HA_GOOD = """
 [zookeeper]
@@ -95,7 +92,9 @@ def test_ha_topology_loads():
 
 
 def test_a_topology_without_ha_is_unchanged():
-    topo = router_config.load(EXAMPLE)
+    from tests.ops.deployments import TWO_REGIONS  # examples/local.toml is an HA layout now
+
+    topo = router_config.loads(TWO_REGIONS)
     assert topo.zookeeper is None
     assert all(not r.replicas and not r.squeal_instances for r in topo.regions)
     assert [d.name for d in topo.region("west").copies] == ["west"]

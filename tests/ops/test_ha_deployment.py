@@ -1,0 +1,181 @@
+"""`squealctl up` of an HA topology: the ZooKeeper ensemble, a region's extra replica and its squeal instances,
+`status` (who leads, the ensemble's quorum), replay and accept-data-loss through ZooKeeper, and a hand-over
+forced by stopping the leader's component. One deployment (tests/conftest.py `ha_deployment`) for all."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pymysql
+from kazoo.client import KazooClient
+
+import router_config
+from ops.harness import REPO_ROOT, memcached_command, wait_until
+from squeal import gtid as g
+from tests.ops.deployments import HaDeployment, squealctl, stable_port
+
+WITHIN = 30.0  # a deadline for something that must happen, not a speed check
+
+
+def _sql(topo: router_config.Topology, *statements: str) -> list[tuple]:
+    db = topo.master.database
+    with (
+        pymysql.connect(host=db.host, port=db.port, user=db.user, password=db.password, autocommit=True) as conn,
+        conn.cursor() as cur,
+    ):
+        for statement in statements:
+            cur.execute(statement)
+        return list(cur.fetchall())
+
+
+def _cache(topo: router_config.Topology, region: str) -> tuple[str, int]:
+    a = topo.region(region).clusters[0].pools[0].servers[0]  # the cluster's whole wildcard pool
+    return a.host, a.port
+
+
+def _set(address: tuple[str, int], key: str) -> None:
+    assert memcached_command(address, f"set {key} 0 0 6\r\ncached\r\n".encode()) == b"STORED"
+
+
+def _has(address: tuple[str, int], key: str) -> bool:
+    return memcached_command(address, f"get {key}\r\n".encode()).startswith(b"VALUE")
+
+
+def _committed_and_gone(ha: HaDeployment, user_id: int) -> str:
+    """Cache user:ID in both regions, commit a change to it, wait until both copies are gone; returns the
+    primary's GTID position from before the change."""
+    east, west = _cache(ha.topo, "east"), _cache(ha.topo, "west")
+    for cache in (east, west):
+        _set(cache, f"user:{user_id}")
+    before = _sql(ha.topo, "SELECT @@gtid_binlog_pos")[0][0]
+    _sql(ha.topo, f"INSERT INTO app.users (id, name, email) VALUES ({user_id}, 'n', 'u{user_id}@x') "
+                  "ON DUPLICATE KEY UPDATE name = CONCAT(name, '+')")
+    for cache in (east, west):
+        wait_until(lambda cache=cache: not _has(cache, f"user:{user_id}"), WITHIN, f"user:{user_id} deleted")
+    return before
+
+
+def _zk(ha: HaDeployment) -> KazooClient:
+    assert ha.topo.zookeeper is not None
+    client = KazooClient(hosts=ha.topo.zookeeper.hosts)
+    client.start(timeout=10)
+    return client
+
+
+def test_up_starts_the_ensemble_the_replica_and_the_instances_and_status_shows_who_leads(ha_deployment):
+    rows = ha_deployment.status()
+    zookeepers = [r for r in rows.values() if r["role"] == "zookeeper"]
+    assert sorted(r["name"] for r in zookeepers) == ["zookeeper/1", "zookeeper/2", "zookeeper/3"]
+    assert all(r["running"] and r["serving"] for r in zookeepers), zookeepers
+    assert sorted(r["mode"] for r in zookeepers) == ["follower", "follower", "leader"]
+    replica = rows["mariadb/east/east-r1"]
+    assert replica["role"] == "mariadb-replica" and replica["answering"] and replica["instance"] == "east-r1"
+    assert rows["squeal/east/east-1"]["state"] == "leader"  # the preferred instance (on the primary)
+    standby = rows["squeal/east/east-2"]
+    assert (standby["state"], standby["leader"], standby["instance"]) == ("standby", "east-1", "east-2")
+    # west has no instances: its single daemon, as without HA (no HA keys in its row)
+    assert rows["squeal/west"]["running"] and "state" not in rows["squeal/west"]
+    assert "squeal/east" not in rows
+
+    table = squealctl(ha_deployment.state, "status").stdout
+    line = {ln.split()[0]: ln for ln in table.splitlines() if ln.startswith(("squeal/", "zookeeper/"))}
+    assert "LEADER, up" in line["squeal/east/east-1"]
+    assert "STANDBY (leader: east-1), up" in line["squeal/east/east-2"]
+    assert "up, serving (" in line["zookeeper/1"]
+
+
+def test_the_leader_invalidates_both_regions(ha_deployment):
+    _committed_and_gone(ha_deployment, 7001)
+
+
+def test_replay_goes_to_the_leader_through_zookeeper(ha_deployment):
+    before = _committed_and_gone(ha_deployment, 7002)
+    east = _cache(ha_deployment.topo, "east")
+    _set(east, "user:7002")  # cached again after its delete: only a replay deletes it now
+    out = squealctl(ha_deployment.state, "replay", "--region", "east", "--flow", "all", "--from", before).stdout
+    assert "/replay/east-a" in out and "instance east-1" in out, out
+    wait_until(lambda: not _has(east, "user:7002"), WITHIN, "user:7002 deleted again by the replay")
+    client = _zk(ha_deployment)
+    try:
+        root = f"{ha_deployment.topo.zookeeper.root}/regions/east"
+        wait_until(lambda: client.get_children(f"{root}/replay") == [], WITHIN, "the leader to take the requests")
+    finally:
+        client.stop()
+        client.close()
+
+
+def test_accept_data_loss_goes_to_the_leader_through_zookeeper(ha_deployment):
+    out = squealctl(ha_deployment.state, "accept-data-loss", "--region", "east").stdout
+    assert "/regions/east/accept-data-loss" in out and "instance east-1" in out, out
+    client = _zk(ha_deployment)
+    try:
+        path = f"{ha_deployment.topo.zookeeper.root}/regions/east/accept-data-loss"
+        wait_until(lambda: client.exists(path) is None, WITHIN, "the leader to take the acceptance")
+    finally:
+        client.stop()
+        client.close()
+    log = ha_deployment.state / "squeal" / "squeal-east-1.log"
+    # nothing was halted: the leader's daemon got the request and says so
+    wait_until(lambda: "accept-data-loss request ignored: no reader is halted" in log.read_text(), WITHIN,
+               f"the daemon's answer in {log}")
+
+
+def test_stopping_the_leader_hands_the_region_over_and_starting_it_hands_it_back(ha_deployment):
+    ha = ha_deployment
+    squealctl(ha.state, "stop", "squeal/east/east-1")
+    try:
+        wait_until(lambda: ha.leader() == "east-2", WITHIN, "east-2 to lead")
+        _committed_and_gone(ha, 7003)  # the standby's copy delivers now
+    finally:
+        squealctl(ha.state, "start", "squeal/east/east-1")
+    # the preferred instance, back and healthy for handback_after_s, gets its region back
+    wait_until(lambda: ha.leader() == "east-1", WITHIN, "east-1 to lead again")
+    rows = ha.status()
+    assert rows["squeal/east/east-2"]["state"] == "standby" and rows["squeal/east/east-1"]["restarts"] == 0
+    _committed_and_gone(ha, 7004)
+
+
+def test_replay_and_accept_data_loss_name_zookeeper_when_it_does_not_answer(tmp_path):
+    topo = router_config.reassign_ports(router_config.load(
+        REPO_ROOT / "examples" / "local.toml"), stable_port)  # nothing listens on any of its ports
+    path = tmp_path / "ha.toml"
+    path.write_text(router_config.dumps(topo))
+    servers = topo.zookeeper.hosts
+    for args in (["replay", str(path), "--region", "west", "--flow", "all", "--from", "0-1-5"],
+                 ["accept-data-loss", str(path), "--region", "west"]):
+        result = subprocess.run([sys.executable, "-m", "squeal.cli", *args], capture_output=True, text=True,
+                                timeout=60, cwd=REPO_ROOT)
+        assert result.returncode == 1, (result.stdout, result.stderr)
+        assert f"cannot reach ZooKeeper {servers} (zookeeper.servers in {path})" in result.stderr, result.stderr
+        assert "nothing requested" in result.stderr
+        assert result.stdout == ""
+
+
+def test_down_and_up_keep_the_ensemble_data_and_the_markers(ha_deployment):
+    """ZooKeeper's data is durable under the state dir like MariaDB's: after `down` + `up` the region's
+    markers are where the leader left them (or later), and the preferred instance leads again."""
+    ha = ha_deployment
+    _committed_and_gone(ha, 7005)
+
+    def markers() -> dict[str, g.Position]:
+        client = _zk(ha)
+        root = f"{ha.topo.zookeeper.root}/regions/east/markers"
+        try:
+            return {flow: g.parse_position(json.loads(client.get(f"{root}/{flow}")[0])["position"])
+                    for flow in client.get_children(root)}
+        finally:
+            client.stop()
+            client.close()
+
+    before = markers()
+    assert before, "no markers in ZooKeeper"
+    squealctl(ha.state, "down")
+    squealctl(ha.state, "up", str(ha.topology))
+    # `up` returns once the region is led; by the preferred instance, at the latest after a hand-back
+    wait_until(lambda: ha.leader() == "east-1", WITHIN, "east-1 to lead after up")
+    after = markers()
+    assert sorted(after) == sorted(before)
+    assert all(g.covers_position(after[flow], old) for flow, old in before.items()), (before, after)
+    _committed_and_gone(ha, 7006)
