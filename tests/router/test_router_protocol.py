@@ -288,3 +288,32 @@ def _stat_map(address: tuple[str, int]) -> dict[bytes, bytes]:
         _, name, value = line.split(b" ", 2)
         stats[name] = value
     return stats
+
+
+def test_stats_reset_resets_every_server_and_the_routers_counters(memcached_factory, router_factory) -> None:
+    """`stats reset` goes to every server of the config and is `RESET` only when all of them
+    answered `RESET`; the router's own counters start again from zero too (gauges stay)."""
+    servers = [memcached_factory() for _ in range(3)]
+    router = router_factory({"pools": {"p": {"servers": [m.address for m in servers]}}, "route": "PoolRoute|p"})
+    c = Conn(router.address)
+    for i in range(20):
+        assert c.call(b"set k%d 0 0 1\r\nv\r\n" % i) == b"STORED"
+        assert c.call(b"get k%d\r\n" % i).startswith(b"VALUE")
+    assert all(int(_stat_map(m.address)[b"cmd_get"]) > 0 for m in servers)
+    assert _stat_map(router.address)[b"cmd_get"] == b"20"
+    assert c.call(b"stats reset\r\n") == b"RESET"
+    assert [_stat_map(m.address)[b"cmd_get"] for m in servers] == [b"0"] * 3
+    after = _stat_map(router.address)
+    assert after[b"cmd_get"] == b"0" and after[b"cmd_set"] == b"0" and b"route:default:cmd_get" not in after
+    assert after[b"curr_connections"] != b"0"  # a gauge, not a counter: not reset
+    assert int(_stat_map(servers[0].address)[b"curr_items"]) > 0  # stats only: no item is touched
+
+
+def test_stats_reset_fails_if_a_server_did_not_reset(memcached_factory, router_factory) -> None:
+    alive = memcached_factory()
+    dead = f"127.0.0.1:{free_port()}"
+    router = router_factory({"pools": {"p": {"servers": [alive.address, dead]}}, "route": "PoolRoute|p"})
+    c = Conn(router.address)
+    reply = c.call(b"stats reset\r\n")
+    assert reply.startswith(b"SERVER_ERROR stats reset failed on 1 of 2 servers: " + dead.encode()), reply
+    assert _stat_map(alive.address)[b"cmd_get"] == b"0"
