@@ -360,7 +360,10 @@ mod tests {
         assert_eq!(stat(&text, "route:/b/:cmd_set"), Some(1));
         assert_eq!(stat(&text, "errors"), Some(1));
         let prom = s.prometheus_text(0);
-        assert!(prom.contains("squeal_router_requests_total{op=\"get\",route=\"/a/\"} 2\n"), "{prom}");
+        assert!(
+            prom.contains("squeal_router_requests_total{op=\"get\",route=\"/a/\"} 2\n"),
+            "{prom}"
+        );
         assert!(prom.contains("squeal_router_errors_total 4\n"), "{prom}");
     }
 }

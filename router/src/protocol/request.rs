@@ -994,7 +994,11 @@ mod tests {
             ParseOutcome::Done(Command::Verbosity { noreply: true }, _)
         ));
         assert!(matches!(p(b"stats\r\n"), ParseOutcome::Done(Command::Stats, _)));
-        for line in [&b"stats reset\r\n"[..], b"stats reset noreply\r\n", b"stats  reset x y\r\n"] {
+        for line in [
+            &b"stats reset\r\n"[..],
+            b"stats reset noreply\r\n",
+            b"stats  reset x y\r\n",
+        ] {
             assert!(matches!(p(line), ParseOutcome::Done(Command::StatsReset, n) if n == line.len()));
         }
     }
