@@ -1,12 +1,14 @@
 //! `squeal-router`: command line, start-up, config reload, and shutdown.
 //!
 //! Wires the library together: loads the config (refusing to start on a bad one), listens for
-//! clients, serves `/metrics`, polls the config file for changes (a bad new config is rejected
-//! and the old one keeps serving), and exits cleanly on SIGTERM/SIGINT. (Spooled deletes are
+//! clients, serves `/metrics`, reloads the config when the file changes (unless
+//! `--no-config-watch`) and on SIGHUP (a bad new config is rejected and the old one keeps
+//! serving), and exits cleanly on SIGTERM/SIGINT. (Spooled deletes are
 //! replayed by each server's recovery, see `server` and `spool`.)
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use clap::Parser;
@@ -21,11 +23,11 @@ use tokio::net::TcpListener;
     version,
     about = "squeal-router: a memcached-protocol router that reads mcrouter's JSON config dialect",
     long_about = None,
-    after_help = "The config is reloaded when the file changes; SIGTERM/SIGINT exit cleanly. See docs/router.md.",
+    after_help = "The config is reloaded when the file changes and on SIGHUP; SIGTERM/SIGINT exit cleanly. See docs/router.md.",
     max_term_width = 200
 )]
 struct Cli {
-    /// mcrouter-format JSON config (reloaded when the file changes)
+    /// mcrouter-format JSON config (reloaded when the file changes, and on SIGHUP)
     #[arg(short = 'f', long, value_name = "PATH")]
     config_file: PathBuf,
     /// Port to serve memcached clients on
@@ -73,6 +75,9 @@ struct Cli {
     /// Log in to every server connection with the first user:password of PATH (servers run with -Y)
     #[arg(long, value_name = "PATH", value_parser = auth_file)]
     upstream_auth_file: Option<AuthFile>,
+    /// Do not poll the config file for changes: reload only on SIGHUP
+    #[arg(long)]
+    no_config_watch: bool,
 }
 
 /// A `-Y` file, read when the command line is (a file that cannot be read or parsed is a bad value).
@@ -98,7 +103,7 @@ struct Args {
     spool_max_mb: u64,
     route_prefix: Option<String>,
     threads: usize,
-    /// Poll the config file for changes (always, until SIGHUP reloads exist).
+    /// Poll the config file for changes (SIGHUP reloads either way).
     watch: bool,
     opts: Options,
 }
@@ -124,7 +129,7 @@ impl From<Cli> for Args {
             spool_max_mb: c.spool_max_mb,
             route_prefix: c.route_prefix,
             threads: c.threads,
-            watch: true,
+            watch: !c.no_config_watch,
             opts,
         }
     }
@@ -164,11 +169,12 @@ fn mtime(path: &PathBuf) -> Stamp {
 /// Read and build the config; also the file's stamp from *before* it was read, so that the watch,
 /// starting from that stamp, sees any edit made after this read (one made between the stat and
 /// the read is loaded now and again by the watch, which is harmless).
-fn load(ctx: &Arc<Context>, args: &Args) -> Result<(config::RouterConfig, Stamp), String> {
+fn load(ctx: &Arc<Context>, args: &Args) -> (Stamp, Result<config::RouterConfig, String>) {
     let stamp = mtime(&args.config_file);
-    let text = std::fs::read_to_string(&args.config_file)
-        .map_err(|e| format!("cannot read {}: {e}", args.config_file.display()))?;
-    Ok((config::load(ctx, &text, args.route_prefix.as_deref())?, stamp))
+    let cfg = std::fs::read_to_string(&args.config_file)
+        .map_err(|e| format!("cannot read {}: {e}", args.config_file.display()))
+        .and_then(|text| config::load(ctx, &text, args.route_prefix.as_deref()));
+    (stamp, cfg)
 }
 
 fn log_loaded(verb: &str, path: &std::path::Path, cfg: &config::RouterConfig) {
@@ -183,45 +189,87 @@ fn log_loaded(verb: &str, path: &std::path::Path, cfg: &config::RouterConfig) {
     }
 }
 
-/// Poll the config file every 500 ms for a change since `seen` (the stamp of the last load); after
-/// a change, wait until it has been still for ~1 s.
-async fn watch_config(shared: Arc<Shared>, args: Arc<Args>, mut seen: Stamp) {
+/// Reloads of the config file after the first load, by the watch or on SIGHUP, one at a time.
+struct Reloader {
+    shared: Arc<Shared>,
+    args: Arc<Args>,
+    /// The file's stamp when it was last read (loaded or rejected): the watch reloads only when it
+    /// changes, so a file SIGHUP has just loaded is not loaded again by the watch.
+    seen: Mutex<Stamp>,
+}
+
+impl Reloader {
+    fn new(shared: Arc<Shared>, args: Arc<Args>, seen: Stamp) -> Arc<Reloader> {
+        Arc::new(Reloader {
+            shared,
+            args,
+            seen: Mutex::new(seen),
+        })
+    }
+
+    /// Read the file again and serve it; a config that does not load is rejected (logged with the
+    /// file and the reason, e.g. a JSON error's line and column) and the old one keeps serving.
+    /// `how` says what asked (`""` for the watch, `" on SIGHUP"`).
+    fn reload(&self, how: &str) {
+        // held while loading (no await in between): a reload never interleaves with another
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let ctx = &self.shared.ctx;
+        let path = self.args.config_file.display();
+        let (stamp, cfg) = load(ctx, &self.args);
+        *seen = stamp;
+        match cfg {
+            Ok(cfg) => {
+                log_loaded(&format!("reloaded{how}"), &self.args.config_file, &cfg);
+                ctx.stats.config_loads.fetch_add(1, Relaxed);
+                self.shared.replace(cfg);
+            }
+            Err(e) => {
+                ctx.stats.config_rejects.fetch_add(1, Relaxed);
+                eprintln!("squeal-router: config {path} rejected{how}, keeping the previous one: {e}");
+            }
+        }
+    }
+
+    fn seen(&self) -> Stamp {
+        *self.seen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Poll the config file every 500 ms for a change since the last load; after a change, wait until
+/// it has been still for ~1 s, then reload.
+async fn watch_config(reloader: Arc<Reloader>) {
+    let path = &reloader.args.config_file;
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let now = mtime(&args.config_file);
-        if now == seen || now.is_none() {
+        let now = mtime(path);
+        if now == reloader.seen() || now.is_none() {
             continue;
         }
         // settle: the writer may not be done
         let mut settled = now;
         loop {
             tokio::time::sleep(Duration::from_millis(1000)).await;
-            let again = mtime(&args.config_file);
+            let again = mtime(path);
             if again == settled {
                 break;
             }
             settled = again;
         }
-        seen = settled;
-        let ctx = shared.ctx.clone();
-        match load(&ctx, &args) {
-            Ok((cfg, _)) => {
-                log_loaded("reloaded", &args.config_file, &cfg);
-                ctx.stats
-                    .config_loads
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                shared.replace(cfg);
-            }
-            Err(e) => {
-                ctx.stats
-                    .config_rejects
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                eprintln!(
-                    "squeal-router: config {} rejected, keeping the previous one: {e}",
-                    args.config_file.display()
-                );
-            }
+        if settled != reloader.seen() {
+            reloader.reload("");
         }
+    }
+}
+
+/// Reload on every SIGHUP (the handler is installed before the router listens, so a SIGHUP never
+/// finds the default action, which would end the process).
+async fn reload_on_sighup(reloader: Arc<Reloader>, mut hup: tokio::signal::unix::Signal) {
+    while hup.recv().await.is_some() {
+        eprintln!(
+            "squeal-router: SIGHUP, reloading {}",
+            reloader.args.config_file.display()
+        );
+        reloader.reload(" on SIGHUP");
     }
 }
 
@@ -235,12 +283,15 @@ async fn run(args: Args) -> Result<(), String> {
         None => None,
     };
     let ctx = Context::new(args.opts.clone(), spool);
-    let (cfg, stamp) = load(&ctx, &args).map_err(|e| format!("config {} rejected: {e}", args.config_file.display()))?;
+    let (stamp, cfg) = load(&ctx, &args);
+    let cfg = cfg.map_err(|e| format!("config {} rejected: {e}", args.config_file.display()))?;
     log_loaded("loaded", &args.config_file, &cfg);
-    ctx.stats
-        .config_loads
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    ctx.stats.config_loads.fetch_add(1, Relaxed);
     let shared = Shared::new(ctx.clone(), cfg);
+    let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(|e| format!("cannot handle SIGHUP: {e}"))?;
+    let reloader = Reloader::new(shared.clone(), args.clone(), stamp);
+    tokio::spawn(reload_on_sighup(reloader.clone(), hup));
     let addr = format!("{}:{}", args.listen, args.port);
     let listener = TcpListener::bind(&addr)
         .await
@@ -258,7 +309,9 @@ async fn run(args: Args) -> Result<(), String> {
         tokio::spawn(metrics_http::serve(ml, shared.clone()));
     }
     if args.watch {
-        tokio::spawn(watch_config(shared.clone(), args.clone(), stamp));
+        tokio::spawn(watch_config(reloader));
+    } else {
+        eprintln!("squeal-router: config file not watched (--no-config-watch): reload with SIGHUP");
     }
     let accept = {
         let shared = shared.clone();
@@ -445,8 +498,8 @@ mod tests {
             .unwrap()
             .block_on(async {
                 let ctx = Context::new(Options::default(), None);
-                let (cfg, stamp) = load(&ctx, &args).unwrap();
-                let shared = Shared::new(ctx, cfg);
+                let (stamp, cfg) = load(&ctx, &args);
+                let shared = Shared::new(ctx, cfg.unwrap());
                 // edited before the watch starts (and within the same clock tick of a coarse mtime)
                 let f = std::fs::OpenOptions::new()
                     .write(true)
@@ -455,7 +508,7 @@ mod tests {
                     .unwrap();
                 std::io::Write::write_all(&mut &f, br#"{"route": "ErrorRoute|edited"}"#).unwrap();
                 f.set_modified(stamp.unwrap().0).unwrap();
-                let watch = tokio::spawn(watch_config(shared.clone(), args.clone(), stamp));
+                let watch = tokio::spawn(watch_config(Reloader::new(shared.clone(), args.clone(), stamp)));
                 for _ in 0..60 {
                     if shared.generation() > 0 {
                         break;

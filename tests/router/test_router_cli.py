@@ -24,6 +24,7 @@ FLAGS = [
     "--max-item-size",
     "--auth-file",
     "--upstream-auth-file",
+    "--no-config-watch",
     "--help",
 ]
 
