@@ -353,8 +353,8 @@ fn main() {
         tokio::runtime::Builder::new_multi_thread()
     };
     rt.enable_all();
-    if let Some(n) = Some(args.threads).filter(|&n| n > 1) {
-        rt.worker_threads(n);
+    if args.threads > 1 {
+        rt.worker_threads(args.threads);
     }
     let rt = match rt.build() {
         Ok(rt) => rt,
