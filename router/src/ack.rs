@@ -10,9 +10,17 @@
 //! its reply stays that error, marked `spooled`, so a failover route above still sends the delete
 //! on to gutter (which may hold the key meanwhile). A delete that could not be spooled — no spool,
 //! spool full, write or fsync failed — is *lost* for this rule, and any route that sent the delete
-//! to several destinations answers with a lost reply if there is one (`after_failover`,
-//! `severity` for AllSyncRoute's worst reply, `any_lost` for AllMajorityRoute). At the end,
-//! `for_client` turns a spooled delete's error into the `NOT_FOUND` mcrouter answers for it.
+//! to several destinations answers with a lost reply if there is one. Routes do not decide this
+//! themselves; they call one of:
+//!
+//! - `worst` (AllSyncRoute; L1L2CacheRoute and MigrateRoute for the deletes they send to both):
+//!   the worst reply, a spooled delete ranking as the `NOT_FOUND` it will be (`severity`);
+//! - `delete_answer` (AllFastestRoute, and `after_failover` for FailoverRoute,
+//!   FailoverWithExptimeRoute, SaltedFailoverRoute): the first lost reply, else the first answered;
+//! - `any_lost` (AllMajorityRoute, whose other requests follow the majority).
+//!
+//! At the end, `for_client` turns a spooled delete's error into the `NOT_FOUND` mcrouter answers
+//! for it.
 //!
 //! The exceptions are the handles that do not wait for their children by design (AllAsyncRoute,
 //! AllInitialRoute's other children): a delete they lose is counted and logged, never reported.
@@ -79,20 +87,42 @@ pub fn severity(reply: &Reply) -> u8 {
     }
 }
 
+/// The reply with the highest severity (the first one among equals), every request alike
+/// (AllSyncRoute's answer, mcrouter's order); for deletes a spooled one ranks as the `NOT_FOUND` it
+/// is answered with, below any that was neither delivered nor spooled ([`severity`]). `None` for no
+/// replies.
+pub fn worst(replies: Vec<Reply>) -> Option<Reply> {
+    let mut best: Option<Reply> = None;
+    for r in replies {
+        match &best {
+            Some(b) if severity(b) >= severity(&r) => {}
+            _ => best = Some(r),
+        }
+    }
+    best
+}
+
+/// The answer to a delete sent to several destinations, from all their `replies`: every one must
+/// have it or have it spooled, so a lost one is the answer; else the first that answered (not an
+/// error), else the first (spooled) one.
+pub fn delete_answer(mut replies: Vec<Reply>) -> Reply {
+    debug_assert!(!replies.is_empty());
+    let pick = replies
+        .iter()
+        .position(|r| !delivered(r))
+        .or_else(|| replies.iter().position(|r| !r.res.is_error()))
+        .unwrap_or(0);
+    replies.swap_remove(pick)
+}
+
 /// A failover route's answer: `tried` are the replies of the children it tried, in order (each one
 /// after the previous failed with a failover-type error; the last one is the first success or the
-/// last failure). For a delete every tried destination must have it or have it spooled: a lost one
-/// is the answer; else the first that answered, else the first (spooled) one. Other requests get the
-/// last reply.
+/// last failure). A delete went to every tried destination: [`delete_answer`]. Other requests get
+/// the last reply.
 pub fn after_failover(req: &Request, mut tried: Vec<Reply>) -> Reply {
     debug_assert!(!tried.is_empty());
     if req.is_delete() {
-        let pick = tried
-            .iter()
-            .position(|r| !delivered(r))
-            .or_else(|| tried.iter().position(|r| !r.res.is_error()))
-            .unwrap_or(0);
-        return tried.swap_remove(pick);
+        return delete_answer(tried);
     }
     tried.pop().expect("a failover route tries at least one child")
 }
@@ -150,6 +180,28 @@ mod tests {
         let get = req(Cmd::Get, "k");
         let r = after_failover(&get, vec![Reply::error(Res::Tko, "down"), Reply::line(Res::Miss, "")]);
         assert_eq!(r.res, Res::Miss);
+    }
+
+    #[test]
+    fn worst_and_delete_answer() {
+        let ok = Reply::line(Res::Deleted, "DELETED");
+        let miss = Reply::line(Res::NotFound, "NOT_FOUND");
+        let lost_one = Reply::error(Res::Timeout, "timeout");
+        assert!(worst(vec![]).is_none());
+        assert!(worst(vec![ok.clone(), spooled(Res::Tko)]).unwrap().spooled);
+        assert_eq!(
+            worst(vec![spooled(Res::Tko), lost_one.clone()]).unwrap().res,
+            Res::Timeout
+        );
+        // first among equals
+        assert!(!worst(vec![miss.clone(), spooled(Res::Tko)]).unwrap().spooled);
+        assert_eq!(
+            delete_answer(vec![ok.clone(), spooled(Res::Tko), lost_one]).res,
+            Res::Timeout
+        );
+        assert_eq!(delete_answer(vec![spooled(Res::Tko), miss]).res, Res::NotFound);
+        let both = delete_answer(vec![spooled(Res::Tko), spooled(Res::ConnectError)]);
+        assert_eq!((both.res, both.spooled), (Res::Tko, true));
     }
 
     #[test]

@@ -34,9 +34,9 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 
 impl AuthFile {
     /// Read a file in memcached's `-Y` format (`user:password` lines; blank lines skipped).
-    pub fn read(path: &Path, flag: &str) -> Result<AuthFile, String> {
-        let text = std::fs::read(path).map_err(|e| format!("{flag}: cannot read {}: {e}", path.display()))?;
-        AuthFile::parse(&text).map_err(|e| format!("{flag}: {}: {e}", path.display()))
+    pub fn read(path: &Path) -> Result<AuthFile, String> {
+        let text = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        AuthFile::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
     }
 
     pub fn parse(text: &[u8]) -> Result<AuthFile, String> {

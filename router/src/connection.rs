@@ -311,6 +311,10 @@ impl Conn {
                 let text = ctx.stats.memcached_text(ctx.servers_tko());
                 self.push_ready(Bytes::from(text));
             }
+            Command::StatsReset => {
+                ctx.stats.no_route.count("stats");
+                self.stats_reset(ctx, start);
+            }
             Command::Quit => self.closing = true,
             Command::Verbosity { noreply } => {
                 ctx.stats.no_route.count("other");
@@ -361,6 +365,28 @@ impl Conn {
                     }
                 };
                 let bytes = if noreply { Bytes::new() } else { bytes };
+                Done::Merged { bytes, start }
+            }
+            .boxed(),
+        );
+    }
+
+    /// `stats reset`: the router's `stats` counters start again at once (in request order), and the
+    /// servers of the connection's config are asked to reset theirs; `RESET` once all did (see
+    /// `crate::flush`).
+    fn stats_reset(&mut self, ctx: Arc<Context>, start: Instant) {
+        ctx.stats.reset();
+        let config = self.config.clone();
+        self.in_flight.push_back(
+            async move {
+                let bytes = match crate::flush::stats_reset(&config.flush_targets, &config.flush_problems).await {
+                    Ok(_) => Bytes::from_static(b"RESET\r\n"),
+                    Err(text) => {
+                        ctx.stats.errors.fetch_add(1, Relaxed);
+                        eprintln!("squeal-router: stats reset {text}");
+                        Bytes::from(format!("SERVER_ERROR stats reset {text}\r\n"))
+                    }
+                };
                 Done::Merged { bytes, start }
             }
             .boxed(),

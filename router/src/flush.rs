@@ -8,6 +8,9 @@
 //! retries: a flush that did not reach every cache is never acknowledged. Servers that did answer
 //! `OK` are flushed all the same; retrying is harmless (flushing twice is flushing).
 //!
+//! `stats reset` goes the same way to the same servers (not opt-in: it resets counters, no data),
+//! and is `RESET` only if every server answered `RESET`.
+//!
 //! Each server gets `flush_all` or `flush_all <delay>` (never `noreply`: every forwarded request
 //! is answered, see `protocol::request`). The job is queued on the server's connection when the
 //! flush is first polled, which the client connection does in request order, so on each server the
@@ -62,14 +65,27 @@ fn why(reply: &Reply) -> String {
     }
 }
 
-fn is_ok(reply: &Reply) -> bool {
-    reply.wire.trim_ascii_end() == b"OK"
-}
-
 /// Flush every target (`problems`: pools of the config that could not be built, each a failure).
 /// `Ok(servers flushed)`, or `Err(text)` for the line `SERVER_ERROR flush_all <text>`.
 pub async fn flush_all(targets: &[FlushTarget], problems: &[String], delay: Option<i64>) -> Result<usize, String> {
-    let line = server_line(delay);
+    to_every_server(targets, problems, server_line(delay), b"OK").await
+}
+
+/// `stats reset` to every target, as [`flush_all`]: `Ok` only if every server answered `RESET`,
+/// else `Err(text)` for the line `SERVER_ERROR stats reset <text>`.
+pub async fn stats_reset(targets: &[FlushTarget], problems: &[String]) -> Result<usize, String> {
+    to_every_server(targets, problems, Bytes::from_static(b"stats reset\r\n"), b"RESET").await
+}
+
+/// Send `line` to every target at once; `Ok(servers)` if each answered `expect`, else the failures
+/// (and `problems`), worst first, at most [`NAMED`] of them named.
+async fn to_every_server(
+    targets: &[FlushTarget],
+    problems: &[String],
+    line: Bytes,
+    expect: &[u8],
+) -> Result<usize, String> {
+    let is_ok = |reply: &Reply| reply.wire.trim_ascii_end() == expect;
     let replies = join_all(targets.iter().map(|t| {
         let line = line.clone();
         async move {
@@ -219,6 +235,19 @@ mod tests {
                 .await
                 .unwrap_err();
             assert_eq!(err, format!("failed: {problem}"));
+        });
+    }
+
+    #[test]
+    fn stats_reset_wants_reset_from_every_server() {
+        run(async {
+            let c = ctx();
+            let (a, seen_a) = fake("RESET\r\n").await;
+            let (b, _) = fake("ERROR\r\n").await;
+            assert_eq!(stats_reset(&[target(&c, &a)], &[]).await, Ok(1));
+            assert_eq!(*seen_a.lock().unwrap(), ["stats reset"]);
+            let err = stats_reset(&[target(&c, &a), target(&c, &b)], &[]).await.unwrap_err();
+            assert_eq!(err, format!("failed on 1 of 2 servers: {b} (ERROR)"));
         });
     }
 

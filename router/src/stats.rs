@@ -72,6 +72,24 @@ pub struct Stats {
     latency: Vec<AtomicU64>,
     latency_sum_ns: AtomicU64,
     latency_count: AtomicU64,
+    /// The counters as they were at the last `stats reset`: `stats` shows counts since then, while
+    /// `/metrics` keeps counting from the start (a Prometheus counter only goes back at a restart).
+    since_reset: Mutex<Baseline>,
+}
+
+/// Counter values at a `stats reset` (see [`Stats::reset`]).
+#[derive(Default)]
+struct Baseline {
+    total_connections: u64,
+    scalars: Vec<u64>,
+    /// requests per op, by route label
+    routes: Vec<(String, Vec<u64>)>,
+}
+
+impl Baseline {
+    fn route(&self, label: &str) -> Option<&[u64]> {
+        self.routes.iter().find(|(l, _)| l == label).map(|(_, v)| &v[..])
+    }
 }
 
 impl Default for Stats {
@@ -98,6 +116,7 @@ impl Default for Stats {
             latency: (0..=LATENCY_BUCKETS.len()).map(|_| AtomicU64::new(0)).collect(),
             latency_sum_ns: AtomicU64::new(0),
             latency_count: AtomicU64::new(0),
+            since_reset: Mutex::new(Baseline::default()),
         }
     }
 }
@@ -130,17 +149,6 @@ impl Stats {
 
     fn route_snapshot(&self) -> Vec<Arc<RouteCounters>> {
         self.routes.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// Requests per op, summed over routes.
-    fn op_totals(&self) -> Vec<u64> {
-        let mut totals = vec![0; OPS.len()];
-        for r in self.route_snapshot() {
-            for (t, c) in totals.iter_mut().zip(&r.requests) {
-                *t += c.load(Relaxed);
-            }
-        }
-        totals
     }
 
     pub fn observe_latency(&self, d: Duration) {
@@ -200,8 +208,25 @@ impl Stats {
         ]
     }
 
-    /// `stats` command reply (memcached style).
+    /// `stats reset`: the counters `stats` shows start again from zero (memcached resets its
+    /// counters, not its gauges: `curr_connections`, `servers_tko` and `uptime` stay).
+    pub fn reset(&self) {
+        let base = Baseline {
+            total_connections: self.total_connections.load(Relaxed),
+            scalars: self.scalars().iter().map(|s| s.2).collect(),
+            routes: self
+                .route_snapshot()
+                .iter()
+                .map(|r| (r.label.clone(), r.requests.iter().map(|c| c.load(Relaxed)).collect()))
+                .collect(),
+        };
+        *self.since_reset.lock().unwrap_or_else(|e| e.into_inner()) = base;
+    }
+
+    /// `stats` command reply (memcached style): counters since the last [`Stats::reset`].
     pub fn memcached_text(&self, servers_tko: usize) -> String {
+        let base = self.since_reset.lock().unwrap_or_else(|e| e.into_inner());
+        let since = |now: u64, then: Option<&u64>| now.saturating_sub(then.copied().unwrap_or(0));
         let mut s = String::new();
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -212,20 +237,28 @@ impl Stats {
         s += &format!("STAT time {now}\r\n");
         s += &format!("STAT version squeal-router-{}\r\n", env!("CARGO_PKG_VERSION"));
         s += &format!("STAT curr_connections {}\r\n", self.curr_connections.load(Relaxed));
-        s += &format!("STAT total_connections {}\r\n", self.total_connections.load(Relaxed));
-        for (op, n) in OPS.iter().zip(self.op_totals()) {
-            s += &format!("STAT cmd_{op} {n}\r\n");
-        }
+        s += &format!(
+            "STAT total_connections {}\r\n",
+            since(self.total_connections.load(Relaxed), Some(&base.total_connections))
+        );
+        let mut totals = vec![0; OPS.len()];
+        let mut per_route = String::new();
         for r in self.route_snapshot() {
-            for (op, c) in OPS.iter().zip(&r.requests) {
-                let n = c.load(Relaxed);
+            let then = base.route(&r.label);
+            for (i, (op, c)) in OPS.iter().zip(&r.requests).enumerate() {
+                let n = since(c.load(Relaxed), then.and_then(|t| t.get(i)));
+                totals[i] += n;
                 if n > 0 {
-                    s += &format!("STAT route:{}:cmd_{op} {n}\r\n", r.label);
+                    per_route += &format!("STAT route:{}:cmd_{op} {n}\r\n", r.label);
                 }
             }
         }
-        for (name, _, v) in self.scalars() {
-            s += &format!("STAT {name} {v}\r\n");
+        for (op, n) in OPS.iter().zip(totals) {
+            s += &format!("STAT cmd_{op} {n}\r\n");
+        }
+        s += &per_route;
+        for (i, (name, _, v)) in self.scalars().into_iter().enumerate() {
+            s += &format!("STAT {name} {}\r\n", since(v, base.scalars.get(i)));
         }
         s += &format!("STAT servers_tko {servers_tko}\r\n");
         s += "END\r\n";
@@ -293,5 +326,44 @@ mod tests {
         c.count_cmd(Delete);
         c.count("delete");
         assert_eq!(c.requests[op_index("delete")].load(Relaxed), 2);
+    }
+
+    fn stat(text: &str, name: &str) -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("STAT {name} ")).map(|v| v.parse().unwrap()))
+    }
+
+    #[test]
+    fn reset_restarts_what_stats_shows_but_not_the_prometheus_counters() {
+        let s = Stats::default();
+        let r = s.route_counters("/a/");
+        s.register([&r]);
+        r.count_cmd(Cmd::Get);
+        s.errors.fetch_add(3, Relaxed);
+        s.total_connections.fetch_add(2, Relaxed);
+        s.curr_connections.fetch_add(1, Relaxed);
+        s.reset();
+        let text = s.memcached_text(0);
+        assert_eq!(stat(&text, "cmd_get"), Some(0));
+        assert_eq!(stat(&text, "route:/a/:cmd_get"), None);
+        assert_eq!(stat(&text, "errors"), Some(0));
+        assert_eq!(stat(&text, "total_connections"), Some(0));
+        assert_eq!(stat(&text, "curr_connections"), Some(1), "a gauge");
+        r.count_cmd(Cmd::Get);
+        s.errors.fetch_add(1, Relaxed);
+        let late = s.route_counters("/b/"); // a route first seen after the reset counts from zero
+        s.register([&late]);
+        late.count_cmd(Cmd::Set);
+        let text = s.memcached_text(0);
+        assert_eq!(stat(&text, "cmd_get"), Some(1));
+        assert_eq!(stat(&text, "route:/a/:cmd_get"), Some(1));
+        assert_eq!(stat(&text, "route:/b/:cmd_set"), Some(1));
+        assert_eq!(stat(&text, "errors"), Some(1));
+        let prom = s.prometheus_text(0);
+        assert!(
+            prom.contains("squeal_router_requests_total{op=\"get\",route=\"/a/\"} 2\n"),
+            "{prom}"
+        );
+        assert!(prom.contains("squeal_router_errors_total 4\n"), "{prom}");
     }
 }

@@ -199,3 +199,14 @@ def test_argument_errors_verbosity_and_gat_like_memcached(memcached_factory, rou
     want, got = both(direct, router, stream)
     assert want.count(b"ERROR\r\n") >= 10 and b"VALUE foo1 3 7 " in want, want
     assert got == want
+
+
+def test_stats_reset_answers_reset_like_memcached(memcached_factory, router_factory) -> None:
+    """memcached 1.6.18 answers `RESET` to `stats reset` whatever follows it (`noreply` too: stats
+    ignores it); the router answers the same once every server of the config has reset."""
+    direct, behind = memcached_factory(), memcached_factory()
+    router = router_factory(pool(behind))
+    stream = b"stats reset\r\nstats reset noreply\r\nstats reset x\r\nstats RESET\r\nmn\r\n"
+    want, got = both(direct, router, stream)
+    assert want == b"RESET\r\nRESET\r\nRESET\r\nERROR\r\nMN\r\n"
+    assert got == want

@@ -288,3 +288,126 @@ def _stat_map(address: tuple[str, int]) -> dict[bytes, bytes]:
         _, name, value = line.split(b" ", 2)
         stats[name] = value
     return stats
+
+
+def test_stats_reset_resets_every_server_and_the_routers_counters(memcached_factory, router_factory) -> None:
+    """`stats reset` goes to every server of the config and is `RESET` only when all of them
+    answered `RESET`; the router's own counters start again from zero too (gauges stay)."""
+    servers = [memcached_factory() for _ in range(3)]
+    router = router_factory({"pools": {"p": {"servers": [m.address for m in servers]}}, "route": "PoolRoute|p"})
+    c = Conn(router.address)
+    for i in range(20):
+        assert c.call(b"set k%d 0 0 1\r\nv\r\n" % i) == b"STORED"
+        assert c.call(b"get k%d\r\n" % i).startswith(b"VALUE")
+    assert all(int(_stat_map(m.address)[b"cmd_get"]) > 0 for m in servers)
+    assert _stat_map(router.address)[b"cmd_get"] == b"20"
+    assert c.call(b"stats reset\r\n") == b"RESET"
+    assert [_stat_map(m.address)[b"cmd_get"] for m in servers] == [b"0"] * 3
+    after = _stat_map(router.address)
+    assert after[b"cmd_get"] == b"0" and after[b"cmd_set"] == b"0" and b"route:default:cmd_get" not in after
+    assert after[b"curr_connections"] != b"0"  # a gauge, not a counter: not reset
+    assert int(_stat_map(servers[0].address)[b"curr_items"]) > 0  # stats only: no item is touched
+
+
+def test_stats_reset_fails_if_a_server_did_not_reset(memcached_factory, router_factory) -> None:
+    alive = memcached_factory()
+    dead = f"127.0.0.1:{free_port()}"
+    router = router_factory({"pools": {"p": {"servers": [alive.address, dead]}}, "route": "PoolRoute|p"})
+    c = Conn(router.address)
+    reply = c.call(b"stats reset\r\n")
+    assert reply.startswith(b"SERVER_ERROR stats reset failed on 1 of 2 servers: " + dead.encode()), reply
+    assert _stat_map(alive.address)[b"cmd_get"] == b"0"
+
+
+# The HELP and TYPE lines of /metrics, as the hand-written exposition served them before the
+# endpoint moved to hyper: dashboards, alerts and docs/metrics.md rely on these names.
+METRICS_HEAD = [
+    "# HELP squeal_router_requests_total client requests by command and route (get/gets: keys)",
+    "# TYPE squeal_router_requests_total counter",
+    "# HELP squeal_router_errors_total replies that were errors",
+    "# TYPE squeal_router_errors_total counter",
+    "# HELP squeal_router_client_errors_total malformed client commands",
+    "# TYPE squeal_router_client_errors_total counter",
+    "# HELP squeal_router_tko_events_total servers marked TKO",
+    "# TYPE squeal_router_tko_events_total counter",
+    "# HELP squeal_router_tko_recoveries_total TKO servers brought back by a probe",
+    "# TYPE squeal_router_tko_recoveries_total counter",
+    "# HELP squeal_router_failovers_total requests answered by a failover child",
+    "# TYPE squeal_router_failovers_total counter",
+    "# HELP squeal_router_gutter_failovers_total requests sent to a FailoverWithExptimeRoute failover (gutter)",
+    "# TYPE squeal_router_gutter_failovers_total counter",
+    "# HELP squeal_router_warmup_fills_total values copied from warm to cold by WarmUpRoute",
+    "# TYPE squeal_router_warmup_fills_total counter",
+    "# HELP squeal_router_spooled_deletes_total failed deletes written to the spool",
+    "# TYPE squeal_router_spooled_deletes_total counter",
+    "# HELP squeal_router_spool_dropped_deletes_total failed deletes the full spool refused",
+    "# TYPE squeal_router_spool_dropped_deletes_total counter",
+    "# HELP squeal_router_replayed_deletes_total spooled deletes replayed to their server",
+    "# TYPE squeal_router_replayed_deletes_total counter",
+    "# HELP squeal_router_config_loads_total configs loaded",
+    "# TYPE squeal_router_config_loads_total counter",
+    "# HELP squeal_router_config_rejects_total configs rejected",
+    "# TYPE squeal_router_config_rejects_total counter",
+    "# HELP squeal_router_connections open client connections",
+    "# TYPE squeal_router_connections gauge",
+    "# HELP squeal_router_servers_tko servers currently marked TKO",
+    "# TYPE squeal_router_servers_tko gauge",
+    "# HELP squeal_router_request_duration_seconds client request latency",
+    "# TYPE squeal_router_request_duration_seconds histogram",
+]
+
+
+def test_metrics_format_parses_with_prometheus_client(three, router_factory) -> None:
+    """/metrics parses with the Prometheus client's own parser, and its names, types, help texts,
+    labels and values are the ones monitoring relies on."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    mport = free_port()
+    router = router_factory(pool_config(*three), metrics_port=mport)
+    c = Conn(router.address)
+    c.call(b"set m 0 0 1\r\n1\r\n")
+    c.call(b"get m\r\n")
+    c.call(b"get nope\r\n")
+    with urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+        body = response.read().decode()
+    head = [line for line in body.splitlines() if line.startswith("#")]
+    assert head == METRICS_HEAD
+    families = {f.name: f for f in text_string_to_metric_families(body)}
+    assert families["squeal_router_requests"].type == "counter"
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+    assert samples[("squeal_router_requests_total", (("op", "get"), ("route", "default")))] == 2
+    assert samples[("squeal_router_requests_total", (("op", "set"), ("route", "default")))] == 1
+    assert samples[("squeal_router_config_loads_total", ())] == 1
+    assert samples[("squeal_router_connections", ())] >= 1
+    assert families["squeal_router_request_duration_seconds"].type == "histogram"
+    buckets = [s for s in families["squeal_router_request_duration_seconds"].samples if s.name.endswith("_bucket")]
+    assert [s.labels["le"] for s in buckets][:2] == ["0.00005", "0.0001"] and buckets[-1].labels["le"] == "+Inf"
+    assert buckets[-1].value == samples[("squeal_router_request_duration_seconds_count", ())] >= 3
+
+
+def test_metrics_endpoint_speaks_http_1_1(three, router_factory) -> None:
+    """Two requests on one kept-alive connection (a scraper reuses its connection), /healthz, and
+    404 for any other path."""
+    import http.client
+
+    mport = free_port()
+    router_factory(pool_config(*three), metrics_port=mport)
+    conn = http.client.HTTPConnection("127.0.0.1", mport, timeout=5)
+    conn.request("GET", "/metrics")
+    sock = conn.sock
+    first = conn.getresponse()
+    assert first.status == 200 and first.read().startswith(b"# HELP squeal_router_requests_total")
+    assert first.getheader("Connection") != "close"
+    conn.request("GET", "/healthz?verbose=1")
+    second = conn.getresponse()
+    assert (second.status, second.read()) == (200, b"ok\n")
+    assert sock is not None and conn.sock is sock, "the connection was not kept alive"
+    conn.request("GET", "/nope")
+    missing = conn.getresponse()
+    assert missing.status == 404 and missing.read() == b"not found\n"
+    conn.request("HEAD", "/metrics")
+    head = conn.getresponse()
+    assert head.status == 200 and head.read() == b""
+    conn.close()

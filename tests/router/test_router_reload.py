@@ -4,6 +4,7 @@ is forgotten (no more probes, not counted in stats)."""
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import threading
 import time
@@ -74,3 +75,42 @@ def test_reload_forgets_removed_servers_and_stops_probing_them(memcached_factory
         probes.close()
     assert c.call(b"set " + key + b" 0 0 1\r\nv\r\n") == b"STORED"
     assert Conn(alive.address).call(b"mg " + key + b" v\r\n") == b"VA 1\r\nv\r\n"
+
+
+def _reload_setup(memcached_factory, router_factory):
+    """A router on an ErrorRoute config that does not watch its file: only SIGHUP reloads it."""
+    mc = memcached_factory()
+    router = router_factory({"route": "ErrorRoute|old config"}, extra_args=("--no-config-watch",))
+    new = {"pools": {"p": {"servers": [mc.address]}}, "route": "PoolRoute|p"}
+    return router, new
+
+
+def test_sighup_reloads_the_config(memcached_factory, router_factory) -> None:
+    router, new = _reload_setup(memcached_factory, router_factory)
+    c = Conn(router.address)
+    router.config_path.write_text(json.dumps(new))
+    # no watch: the edit is not taken until the signal
+    assert c.call(b"set k 0 0 1\r\nv\r\n") == b"SERVER_ERROR old config"
+    router.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: c.call(b"set k 0 0 1\r\nv\r\n") == b"STORED", what="the new route after SIGHUP")
+    log = router.log_file.read_text()
+    assert f"config {router.config_path} reloaded on SIGHUP (1 pools; handles: PoolRoute)" in log, log
+    assert stat(router.address, b"config_loads") == 2
+    router.proc.send_signal(signal.SIGHUP)  # again, unchanged: reloaded all the same, still serving
+    wait_for(lambda: stat(router.address, b"config_loads") == 3, what="a second SIGHUP reload")
+    assert c.call(b"get k\r\n").startswith(b"VALUE k 0 1\r\nv")
+    assert router.proc.poll() is None
+
+
+def test_a_broken_config_on_sighup_keeps_the_old_one(memcached_factory, router_factory) -> None:
+    router, _ = _reload_setup(memcached_factory, router_factory)
+    c = Conn(router.address)
+    router.config_path.write_text('{\n  "pools": {},\n  "route": PoolRoute|p\n}\n')
+    router.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: stat(router.address, b"config_rejects") == 1, what="the broken config rejected")
+    log = router.log_file.read_text()
+    rejected = [line for line in log.splitlines() if "rejected on SIGHUP, keeping the previous one" in line]
+    assert rejected, log
+    assert str(router.config_path) in rejected[0] and "line 3 column 12" in rejected[0], rejected[0]
+    assert c.call(b"get k\r\n") == b"SERVER_ERROR old config"
+    assert router.proc.poll() is None

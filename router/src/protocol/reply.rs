@@ -182,7 +182,7 @@ fn classify_line(line: &[u8], meta: bool) -> Option<Res> {
         b"NOT_FOUND" => Res::NotFound,
         b"DELETED" => Res::Deleted,
         b"TOUCHED" => Res::Touched,
-        b"OK" | b"VERSION" | b"MN" => Res::Ok,
+        b"OK" | b"VERSION" | b"MN" | b"RESET" => Res::Ok,
         b"HD" => {
             if meta {
                 Res::Found

@@ -163,9 +163,12 @@ pub enum Command {
     MetaNoop,
     Version,
     /// `stats` without arguments (the router's own stats). A stats group (`stats slabs`,
-    /// `stats reset`, ...) is memcached's per-server state, which a router of many servers does not
+    /// `stats detail`, ...) is memcached's per-server state, which a router of many servers does not
     /// have: it is answered as memcached answers a group it does not know, `ERROR`.
     Stats,
+    /// `stats reset` (anything after `reset` is ignored, `noreply` too, as memcached 1.6.18 does):
+    /// sent to every server of the config, and the router's own `stats` counters start again.
+    StatsReset,
     Quit,
     /// `verbosity <level> [noreply]`: checked as memcached checks it, then ignored (`OK`).
     Verbosity {
@@ -642,6 +645,7 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
         b"mn" => done(Command::MetaNoop),
         b"version" => done(Command::Version),
         b"stats" if tokens.len() == 1 => done(Command::Stats),
+        b"stats" if &tokens[1][..] == b"reset" => done(Command::StatsReset),
         b"stats" => err(UNKNOWN),
         b"quit" => done(Command::Quit),
         b"verbosity" => {
@@ -971,7 +975,7 @@ mod tests {
             b"verbosity 1 2 3\r\n",
             b"gat\r\n",
             b"stats slabs\r\n",
-            b"stats reset\r\n",
+            b"stats RESET\r\n",
         ] {
             assert_eq!(refusal(line).0, UNKNOWN, "{}", String::from_utf8_lossy(line));
         }
@@ -990,6 +994,13 @@ mod tests {
             ParseOutcome::Done(Command::Verbosity { noreply: true }, _)
         ));
         assert!(matches!(p(b"stats\r\n"), ParseOutcome::Done(Command::Stats, _)));
+        for line in [
+            &b"stats reset\r\n"[..],
+            b"stats reset noreply\r\n",
+            b"stats  reset x y\r\n",
+        ] {
+            assert!(matches!(p(line), ParseOutcome::Done(Command::StatsReset, n) if n == line.len()));
+        }
     }
 
     #[test]

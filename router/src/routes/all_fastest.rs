@@ -1,9 +1,9 @@
 //! AllFastestRoute: sends to every child at once and answers with the first non-error reply
 //! (all errors: the last one); the other children finish in the background.
 //!
-//! Deletes keep the acknowledgement rule (`crate::ack`): a delete waits for every child, and a
-//! child that neither has it nor spooled it is the answer — a fast child's `DELETED` must not
-//! hide a replica that missed the delete.
+//! Deletes keep the acknowledgement rule (`crate::ack::delete_answer`): a delete waits for every
+//! child, and a child that neither has it nor spooled it is the answer — a fast child's `DELETED`
+//! must not hide a replica that missed the delete.
 
 use std::sync::Arc;
 
@@ -37,15 +37,13 @@ impl Route for AllFastest {
                 }
                 replies.push(reply);
             }
-            if req.is_delete() {
-                if let Some(i) = replies.iter().position(|r| crate::ack::lost(req, r)) {
-                    return replies.swap_remove(i);
-                }
-                if let Some(i) = replies.iter().position(|r| !r.res.is_error()) {
-                    return replies.swap_remove(i);
-                }
+            if replies.is_empty() {
+                return super::default_reply(req);
             }
-            replies.pop().unwrap_or_else(|| super::default_reply(req))
+            if req.is_delete() {
+                return crate::ack::delete_answer(replies);
+            }
+            replies.pop().expect("not empty")
         })
     }
 }
@@ -85,5 +83,33 @@ mod tests {
         };
         let reply = run(r.route(&req(Cmd::Delete, "k")));
         assert_eq!(reply.res, Res::Deleted);
+    }
+
+    #[test]
+    fn delete_acknowledgement_is_acks_rule() {
+        use crate::ack::{delivered, for_client};
+        let del = req(Cmd::Delete, "k");
+        // every child spooled: acknowledged, answered NOT_FOUND
+        let r = AllFastest {
+            children: vec![Fake::spooling("a", Res::Tko), Fake::spooling("b", Res::Timeout)],
+        };
+        let reply = run(r.route(&del));
+        assert!(reply.spooled && delivered(&reply));
+        assert_eq!(&for_client(&del, reply).wire[..], b"NOT_FOUND\r\n");
+        // one lost among spooled and delivered ones: the lost one, whatever arrived first
+        let r = AllFastest {
+            children: vec![
+                Fake::new("a", Res::Deleted),
+                Fake::spooling("b", Res::Tko),
+                Fake::new("c", Res::Timeout),
+            ],
+        };
+        let reply = run(r.route(&del));
+        assert!(crate::ack::lost(&del, &reply) && reply.res == Res::Timeout, "{reply:?}");
+        // a miss on one and a delete on the other: an answered one (not an error)
+        let r = AllFastest {
+            children: vec![Fake::spooling("a", Res::Tko), Fake::new("b", Res::NotFound)],
+        };
+        assert_eq!(run(r.route(&del)).res, Res::NotFound);
     }
 }

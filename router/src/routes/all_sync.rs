@@ -1,5 +1,6 @@
 //! AllSyncRoute: sends to every child at once, waits for all, answers the worst reply
-//! (e.g. a replicated pool's delete: any replica failing shows).
+//! (e.g. a replicated pool's delete: any replica failing shows). The ranking, with spooled
+//! deletes, is `crate::ack::worst`.
 
 use std::sync::Arc;
 
@@ -14,25 +15,11 @@ pub struct AllSync {
     pub children: Vec<RouteRef>,
 }
 
-/// The reply with the highest severity (the first one among equals); a spooled delete ranks as the
-/// `NOT_FOUND` it is answered with, below any delete that was neither delivered nor spooled
-/// (`crate::ack::severity`).
-pub fn worst(replies: Vec<Reply>) -> Option<Reply> {
-    let mut best: Option<Reply> = None;
-    for r in replies {
-        match &best {
-            Some(b) if crate::ack::severity(b) >= crate::ack::severity(&r) => {}
-            _ => best = Some(r),
-        }
-    }
-    best
-}
-
 impl Route for AllSync {
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         Box::pin(async move {
             let replies = join_all(self.children.iter().map(|c| c.route(req))).await;
-            worst(replies).unwrap_or_else(|| super::default_reply(req))
+            crate::ack::worst(replies).unwrap_or_else(|| super::default_reply(req))
         })
     }
 }

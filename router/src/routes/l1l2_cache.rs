@@ -6,7 +6,7 @@
 //! nothing in l1). Updates go to `l1` only, as in mcrouter, which leaves l2 to the application.
 //!
 //! Deletes go to both levels and are acknowledged only when both have them or spooled them
-//! (the worse reply). mcrouter sends deletes to `l1` only; squeal's invalidations must reach `l2`
+//! (`crate::ack::worst`). mcrouter sends deletes to `l1` only; squeal's invalidations must reach `l2`
 //! too, or the next `l1` miss would copy l2's stale value back into l1.
 //!
 //! Negative caching (`ncacheExptime`, `ncacheUpdatePeriod`) stores a marker value with a flag
@@ -32,7 +32,7 @@ impl Route for L1L2Cache {
         if req.is_delete() {
             return Box::pin(async move {
                 let (a, b) = join(self.l1.route(req), self.l2.route(req)).await;
-                super::all_sync::worst(vec![a, b]).expect("two replies")
+                crate::ack::worst(vec![a, b]).expect("two replies")
             });
         }
         if !req.is_get() {
@@ -120,5 +120,26 @@ mod tests {
         let reply = run(r.route(&req(Cmd::Delete, "k")));
         assert_eq!(reply.res, Res::Timeout);
         assert_eq!((l1.count(), l2.count()), (4, 2));
+    }
+
+    #[test]
+    fn a_delete_spooled_for_one_level_is_acknowledged_as_not_found() {
+        let del = req(Cmd::Delete, "k");
+        let r = L1L2Cache {
+            l1: Fake::new("l1", Res::Deleted),
+            l2: Fake::spooling("l2", Res::Tko),
+            upgrade_exptime: 7,
+        };
+        let reply = run(r.route(&del));
+        assert!(crate::ack::delivered(&reply));
+        assert_eq!(&crate::ack::for_client(&del, reply).wire[..], b"NOT_FOUND\r\n");
+        // lost on l1, spooled on l2: the lost one
+        let r = L1L2Cache {
+            l1: Fake::new("l1", Res::ConnectError),
+            l2: Fake::spooling("l2", Res::Tko),
+            upgrade_exptime: 7,
+        };
+        let reply = run(r.route(&del));
+        assert!(crate::ack::lost(&del, &reply) && reply.res == Res::ConnectError);
     }
 }

@@ -2,7 +2,7 @@
 //! `interval` steps (default 3600): before the start everything goes to `from`; for one
 //! interval other requests still go to `from` and deletes go to both; for the next interval
 //! other requests go to `to` and deletes to both; then everything goes to `to`. A delete sent to
-//! both is answered with the worse reply (AllSyncRoute's order), so it is acknowledged only when
+//! both is answered with the worse reply (`crate::ack::worst`), so it is acknowledged only when
 //! both have it or spooled it.
 
 use std::sync::Arc;
@@ -47,7 +47,7 @@ impl Route for Migrate {
         }
         Box::pin(async move {
             let (a, b) = join(self.from.route(req), self.to.route(req)).await;
-            super::all_sync::worst(vec![a, b]).expect("two replies")
+            crate::ack::worst(vec![a, b]).expect("two replies")
         })
     }
 }
@@ -104,5 +104,17 @@ mod tests {
         assert_eq!(counts(), (4, 3));
         run(at(|| 1200, &from, &to).route(&req(Cmd::Delete, "k")));
         assert_eq!(counts(), (4, 4));
+    }
+
+    #[test]
+    fn a_delete_during_the_migration_follows_the_ack_rule() {
+        let del = req(Cmd::Delete, "k");
+        let (from, to) = (Fake::new("from", Res::Deleted), Fake::spooling("to", Res::Tko));
+        let reply = run(at(|| 1050, &from, &to).route(&del));
+        assert!(crate::ack::delivered(&reply));
+        assert_eq!(&crate::ack::for_client(&del, reply).wire[..], b"NOT_FOUND\r\n");
+        let (from, to) = (Fake::spooling("from", Res::Tko), Fake::new("to", Res::Timeout));
+        let reply = run(at(|| 1150, &from, &to).route(&del));
+        assert!(crate::ack::lost(&del, &reply) && reply.res == Res::Timeout);
     }
 }

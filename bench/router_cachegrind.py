@@ -1,0 +1,151 @@
+"""User-space instructions per request of squeal-router builds, under valgrind's cachegrind.
+
+Wall-clock ratios (bench/router_bench.py) swing by +-30% when other work loads this 2-core box;
+instruction counts do not depend on load, so they compare two builds of the router where the
+wall clock cannot. For each build (NAME=BINARY, e.g. the build before a change and after it) this
+starts the router under `valgrind --tool=cachegrind --cache-sim=no` in front of one memcached
+holding the bench's 1,000 keys, drives it with router/examples/loadgen.rs for each cell, stops it
+with SIGTERM and reads the process's total instructions (Ir). One idle run per build (start, one
+`version`, stop) is subtracted, so start-up and shutdown do not count:
+
+    Ir/request = (Ir of the loaded run - Ir of the idle run) / requests answered
+
+Only user space is counted (the kernel's share of the router's CPU, ~89% at depth 1, is not), and
+at depth > 1 the figure still moves by a percent or two with how replies happen to batch. Not a
+test: nothing asserts. Run from the repository root:
+
+    .venv/bin/python bench/router_cachegrind.py before=/path/to/old/squeal-router \\
+        after=router/target/release/squeal-router [--seconds 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.router_bench import KEYS, LOADGEN, VALUE, build_examples  # noqa: E402
+from ops.harness import Memcached, free_port, memcached_command, wait_until  # noqa: E402
+
+# (keys per get, connections, pipeline depth): the cells docs/benchmarks.md reports
+CELLS = [(1, 2, 1), (1, 2, 8), (1, 32, 32), (10, 32, 8)]
+
+
+def total_ir(path: Path) -> int:
+    for line in path.read_text().splitlines():
+        if line.startswith("summary:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no summary line in {path}")
+
+
+def measure(
+    binary: str, backend: str, work: Path, cell: tuple[int, int, int] | None, seconds: float
+) -> tuple[int, int]:
+    """(Ir of one router run, requests answered in it); `cell` None: the idle run."""
+    port = free_port()
+    config = work / "router.json"
+    config.write_text(json.dumps({"pools": {"p": {"servers": [backend]}}, "route": "PoolRoute|p"}))
+    out = work / f"cachegrind.out.{port}"
+    proc = subprocess.Popen(
+        [
+            "valgrind",
+            "--tool=cachegrind",
+            "--cache-sim=no",
+            f"--cachegrind-out-file={out}",
+            binary,
+            "--config-file",
+            str(config),
+            "-p",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(
+            lambda: memcached_command(("127.0.0.1", port), b"version\r\n").startswith(b"VERSION"),
+            60,
+            "router under valgrind",
+            proc,
+        )
+        requests = 0
+        if cell is not None:
+            keys, conns, depth = cell
+            done = subprocess.run(
+                [
+                    str(LOADGEN),
+                    "--port",
+                    str(port),
+                    "--conns",
+                    str(conns),
+                    "--depth",
+                    str(depth),
+                    "--keys",
+                    str(keys),
+                    "--seconds",
+                    str(seconds),
+                    "--key-count",
+                    str(len(KEYS)),
+                    "--prefix",
+                    "bench:key:",
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            requests = json.loads(done.stdout)["requests"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    return total_ir(out), requests
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("builds", nargs="+", metavar="NAME=BINARY", help="router builds to measure, in this order")
+    ap.add_argument("--seconds", type=float, default=4.0, help="load per cell (under valgrind: ~50x slower)")
+    args = ap.parse_args()
+    builds = [b.split("=", 1) for b in args.builds]
+    if any(len(b) != 2 for b in builds):
+        ap.error("builds are NAME=BINARY")
+    if not LOADGEN.exists():
+        build_examples()
+    work = Path(tempfile.mkdtemp(prefix="router-cachegrind-"))
+    mc = Memcached(workdir=work).start()
+    try:
+        with socket.create_connection(("127.0.0.1", mc.port)) as s:
+            for key in KEYS:
+                s.sendall(b"set %s 0 0 %d\r\n%s\r\n" % (key, len(VALUE), VALUE))
+                assert s.recv(100) == b"STORED\r\n"
+        rows = {}
+        for name, binary in builds:
+            idle, _ = measure(binary, mc.address, work, None, args.seconds)
+            print(f"{name}: idle run (start, one version, stop) {idle:,} Ir", flush=True)
+            for cell in CELLS:
+                ir, n = measure(binary, mc.address, work, cell, args.seconds)
+                rows[(cell, name)] = (ir - idle) / n
+                print(
+                    f"{name}: keys {cell[0]}, {cell[1]} conns, depth {cell[2]}: {n} requests, "
+                    f"{rows[(cell, name)]:,.0f} Ir/request",
+                    flush=True,
+                )
+        names = [n for n, _ in builds]
+        print("\n| keys/req | conns | depth | " + " | ".join(f"{n} Ir/req" for n in names) + " |")
+        print("|---|---|---|" + "---|" * len(names))
+        for cell in CELLS:
+            print(
+                f"| {cell[0]} | {cell[1]} | {cell[2]} | " + " | ".join(f"{rows[(cell, n)]:,.0f}" for n in names) + " |"
+            )
+    finally:
+        mc.stop()
+
+
+if __name__ == "__main__":
+    main()
