@@ -10,8 +10,10 @@ transaction's GTID (`/healthz` polled every 20 ms); then every key is checked go
 Right after, bare python-mysql-replication decodes the same transaction (same library options as squeal's
 reader, nothing else done), then `mariadb-binlog --read-from-remote-server -v` (the "C decoder") decodes
 it to /dev/null. ratio = squeal's commit -> all keys deleted / bare decode (lower is better; its inverse is
-the "x bare" speed-up). The median pair is reported with every pair, squeal's sheds (must be 0) and its RSS
-(before, peak while the pair ran). `--reader` is the daemon's `[squeal] reader` (default native).
+the "x bare" speed-up). The median pair is reported with every pair, squeal's sheds (must be 0), its RSS
+(before, peak while the pair ran) and the CPU that squeal and the two memcacheds used from COMMIT to the
+acknowledgement (on a 2-core box, the memcacheds' deletes share the cores with squeal: their CPU is part of
+the wall-clock time). `--reader` is the daemon's `[squeal] reader` (default native).
 """
 
 from __future__ import annotations
@@ -53,7 +55,13 @@ def in_chunks(keys: list[str], n: int = 20_000):
         yield keys[i:i + n]
 
 
-def one_pair(db: MariaDB, schema: str, caches: list[Cache], daemon: SquealDaemon, ids: range) -> dict:
+def cpu_seconds(pids: list[int]) -> float:
+    """user + system CPU of the processes `pids` so far (all their threads)."""
+    return sum(sum(psutil.Process(p).cpu_times()[:2]) for p in pids)
+
+
+def one_pair(db: MariaDB, schema: str, caches: list[Cache], daemon: SquealDaemon, ids: range,
+             memcached_pids: list[int]) -> dict:
     keys = user_keys(ids)
     for c in caches:
         for part in in_chunks(keys):
@@ -75,11 +83,13 @@ def one_pair(db: MariaDB, schema: str, caches: list[Cache], daemon: SquealDaemon
     start = db.gtid_binlog_pos()
     with db.connect(schema, autocommit=False) as conn, conn.cursor() as cur:
         rows = list(ids)
+        cpu_before: tuple[float, float] | None = None
         t_write = time.perf_counter()
         for i in range(0, len(rows), 1000):
             part = rows[i:i + 1000]
             cur.execute("INSERT INTO users VALUES " + ", ".join(["(%s, %s, 'n', 0)"] * len(part)),
                         [v for j in part for v in (j, f"u{j}@example.com")])
+        cpu_before = cpu_seconds([daemon.pid]), cpu_seconds(memcached_pids)  # (squeal is idle until the commit)
         conn.commit()
         t_commit = time.perf_counter()
     end = g.parse_position(db.gtid_binlog_pos())
@@ -95,6 +105,7 @@ def one_pair(db: MariaDB, schema: str, caches: list[Cache], daemon: SquealDaemon
             raise RuntimeError(f"squeal did not acknowledge the transaction in 600 s: {h}")
         time.sleep(0.02)
     t_acked = time.perf_counter()
+    cpu_squeal, cpu_memcached = cpu_seconds([daemon.pid]) - cpu_before[0], cpu_seconds(memcached_pids) - cpu_before[1]
     stop.set()
     sampler.join()
     left = sum(len(c.present(part)) for c in caches for part in in_chunks(keys))
@@ -108,7 +119,8 @@ def one_pair(db: MariaDB, schema: str, caches: list[Cache], daemon: SquealDaemon
     squeal_s = t_acked - t_commit
     return {"write_s": t_commit - t_write, "squeal_s": squeal_s, "read_s": (dispatched or t_acked) - t_commit,
             "bare_s": bare_s, "ratio": squeal_s / bare_s, "sheds": sheds, "keys": len(keys), "c_s": c_s,
-            "rss_before_mb": rss_before / 2**20, "rss_peak_mb": peak[0] / 2**20}
+            "rss_before_mb": rss_before / 2**20, "rss_peak_mb": peak[0] / 2**20,
+            "cpu_squeal_s": cpu_squeal, "cpu_memcached_s": cpu_memcached}
 
 
 def main() -> int:
@@ -136,14 +148,16 @@ def main() -> int:
         pairs = []
         for i in range(args.repeat):
             print(f"pair {i + 1}/{args.repeat}: {loadavg()}")
-            p = one_pair(db, schema, caches, daemon, range(i * args.rows + 1, (i + 1) * args.rows + 1))
+            p = one_pair(db, schema, caches, daemon, range(i * args.rows + 1, (i + 1) * args.rows + 1),
+                         [m.pid for m in mcs])
             pairs.append(p)
             print(f"  one transaction of {args.rows:,} rows / {p['keys']:,} keys (written in {p['write_s']:.1f}s): "
                   f"squeal commit -> every key deleted in both clusters {p['squeal_s']:.2f}s (read and handed "
                   f"to the flows after {p['read_s']:.2f}s); bare decode {p['bare_s']:.2f}s; ratio {p['ratio']:.2f} "
                   f"({1 / p['ratio']:.1f}x bare); C decoder {p['c_s']:.2f}s; "
                   f"sheds {p['sheds']:.0f}; squeal RSS {p['rss_before_mb']:.0f} MB before, peak "
-                  f"{p['rss_peak_mb']:.0f} MB")
+                  f"{p['rss_peak_mb']:.0f} MB; CPU from commit to acknowledged: squeal {p['cpu_squeal_s']:.2f}s, "
+                  f"the two memcacheds {p['cpu_memcached_s']:.2f}s")
         print(f"after the pairs: {loadavg()}")
         pairs.sort(key=lambda p: p["ratio"])
         mid = pairs[(len(pairs) - 1) // 2]
