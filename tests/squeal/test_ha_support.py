@@ -179,7 +179,11 @@ class HaEnv:
             text += (f'\n[[regions.east.squeal_instances]]\nname = "{name}"\ndatabase = "{copy}"\n'
                      f'host = "{where[name]}"\nmetrics_port = {ports[name]}\n')
         servers = ", ".join(f'"{m.host}:{m.port}"' for m in zk)
-        text += (f'\n[zookeeper]\nservers = [{servers}]\nsession_timeout_s = {SESSION_TIMEOUT}\n'
+        # The ensemble's real quorum/election ports: the defaults (client port + 100, + 200) could name ports
+        # this run's other servers got by chance, which the topology check rightly refuses.
+        peer_ports = ", ".join(f"[{q}, {e}]" for m in zk for i, _, q, e in m.peers if i == m.server_id)
+        text += (f'\n[zookeeper]\nservers = [{servers}]\npeer_ports = [{peer_ports}]\n'
+                 f'session_timeout_s = {SESSION_TIMEOUT}\n'
                  f'root = "{self.root}"\ntakeover_wait_s = 30\nhandback_after_s = 2\n')
         self.topology = base / "topology.toml"
         base.mkdir(parents=True, exist_ok=True)
