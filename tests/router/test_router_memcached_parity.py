@@ -210,3 +210,40 @@ def test_stats_reset_answers_reset_like_memcached(memcached_factory, router_fact
     want, got = both(direct, router, stream)
     assert want == b"RESET\r\nRESET\r\nRESET\r\nERROR\r\nMN\r\n"
     assert got == want
+
+
+def test_keys_with_control_bytes_like_memcached(memcached_factory, router_factory) -> None:
+    """memcached 1.6.18 splits a command line on spaces only: a key may hold any other byte (control
+    bytes, DEL, bytes over 0x7f, a CR inside it). The line ends at its first NUL (what follows it is
+    not read), so a NUL never reaches a key. Every key command, classic and meta, takes them."""
+    direct, behind = memcached_factory(), memcached_factory()
+    router = router_factory(pool(behind))
+    stream = b""
+    odd = [bytes([b]) for b in [*range(1, 10), *range(11, 32), 0x7F, 0x80, 0xFF]]
+    for i, byte in enumerate(odd):
+        key = b"a" + byte + b"z%d" % i
+        stream += b"set " + key + b" 0 0 1\r\nv\r\nget " + key + b"\r\n"
+    keys = [b"a" + byte + b"z%d" % i for i, byte in enumerate(odd)]
+    stream += b"get " + b" ".join(keys) + b" nope\r\ngets \x01 " + keys[3] + b"\r\n"
+    stream += (
+        b"set \x01 0 0 1\r\n1\r\nset \x7f\x0b 5 0 1 noreply\r\n2\r\nget \x01 \x7f\x0b\r\n"
+        + b"mg c\x01r v k\r\nms c\x01r 2 T0 F3\r\nhi\r\nmg c\x01r v k f\r\nma n\x02 N0 J5 v\r\n"
+        + b"md c\x01r q\r\nmg c\x01r v\r\n"
+        + b"set n\x03 0 0 1\r\n7\r\nincr n\x03 5\r\ndecr n\x03 2\r\ntouch n\x03 100\r\n"
+        + b"gat 100 n\x03 a\x01z0\r\ngats 100 n\x03\r\ndelete n\x03\r\ndelete n\x03 noreply\r\nget n\x03\r\n"
+        # a CR inside a key, and at the end of the last token (only the CR before the LF ends the line)
+        + b"set c\rr 0 0 1\r\nc\r\nget c\rr\r\nget k\r\r\nset k\r 0 0 1\r\nk\r\nget k\r\r\n"
+        + b"mg k\r v k\r\nmg c\rr k v\r\nmg c\rr v\r\n"
+        # a tab is no separator: `k\t0` is one token, so the line has too few
+        + b"set k\t0 0 1\r\nv\r\n"
+        # NUL ends the line where it stands
+        + b"set x\x00y 0 0 1\r\nv\r\nset x 0 0 1\x00junk\r\nX\r\nget x\x00 a\x01z0\r\nget x \x00a\x01z0\r\n"
+        + b"mg x\x00 v\r\nmg x v\x00 k\r\n\x00get x\r\ndelete x\x00zzz\r\nget x\r\n"
+        + b"set y 0 0 1 noreply\x00\r\nY\r\nset y 0 0 1 \x00noreply\r\nY\r\nget y\r\nmn\r\n"
+    )
+    want, got = both(direct, router, stream)
+    assert want.count(b"STORED\r\n") > len(odd) and b"VALUE c\rr 0 1\r\nc\r\n" in want, want
+    assert got == want
+    # the keys reached the server as sent
+    assert Conn(behind.address).call(b"get a\x1bz25\r\n") == b"VALUE a\x1bz25 0 1\r\nv\r\nEND\r\n"
+

@@ -235,8 +235,12 @@ fn parse_num<T: std::str::FromStr>(tok: &[u8]) -> Option<T> {
     std::str::from_utf8(tok).ok()?.parse().ok()
 }
 
-fn valid_key(key: &[u8]) -> bool {
-    !key.is_empty() && key.len() <= MAX_KEY_LEN && key.iter().all(|&b| b > b' ' && b != 0x7f)
+/// A key as memcached 1.6.18 takes it (measured): it splits command lines on spaces only and ends a
+/// line at its first NUL, so any other byte may be in a key (control bytes, DEL, bytes over 0x7f, a
+/// CR inside it or at the end of a line's last token). Such keys are forwarded as they are; the
+/// check for space, LF and NUL only guards what could not have come from a parsed line.
+pub fn valid_key(key: &[u8]) -> bool {
+    !key.is_empty() && key.len() <= MAX_KEY_LEN && !key.iter().any(|&b| matches!(b, b' ' | b'\n' | 0))
 }
 
 impl Request {
@@ -481,6 +485,9 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
             close: true,
         };
     }
+    // memcached reads the line as a C string: it ends at its first NUL, and what follows up to the
+    // newline is not read at all (measured on 1.6.18: `set k 0 0 1\0junk` stores k)
+    let line_end = buf[..line_end].iter().position(|&b| b == 0).unwrap_or(line_end);
     let line = buf.slice(..line_end);
     let mut tokens: Vec<Bytes> = Vec::with_capacity(8);
     let mut start = None;
@@ -957,6 +964,40 @@ mod tests {
             p(b"set x 0 0 -1\r\n"),
             ParseOutcome::Error { reply: BAD_FORMAT, .. }
         ));
+    }
+
+    #[test]
+    fn keys_take_every_byte_memcached_takes_and_a_nul_ends_the_line() {
+        // memcached 1.6.18 splits on spaces only: control bytes, DEL, high bytes, a CR inside a key
+        let (r, _) = keyed(b"set a\x01\x7f\x80\rz 0 0 1\r\nv\r\n");
+        assert_eq!(&r.key[..], b"a\x01\x7f\x80\rz");
+        assert_eq!(encoded(&r), b"set a\x01\x7f\x80\rz 0 0 1\r\nv\r\n");
+        let (r, _) = keyed(b"mg \x1b\t v k\r\n");
+        assert_eq!(encoded(&r), b"mg \x1b\t v k\r\n");
+        for line in [
+            &b"delete \x01\r\n"[..],
+            b"incr \x02 1\r\n",
+            b"touch \x03 0\r\n",
+            b"md \x04\r\n",
+        ] {
+            assert_eq!(keyed(line).0.key.len(), 1);
+        }
+        // only the CR before the LF ends the line: a last token may end with one
+        match p(b"get a\x01 k\r\r\n") {
+            ParseOutcome::Done(Command::MultiGet { keys, .. }, 11) => assert_eq!(keys[1], &b"k\r"[..]),
+            other => panic!("{other:?}"),
+        }
+        // the line ends at its first NUL; the rest up to the newline is not read
+        match p(b"set k 0 0 1\0junk\r\nv\r\n") {
+            ParseOutcome::Done(Command::Keyed(r), 21) => assert_eq!(encoded(&r), b"set k 0 0 1\r\nv\r\n"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(refusal(b"set x\0y 0 0 1\r\n"), (UNKNOWN, 15));
+        assert!(
+            matches!(p(b"get a\0 b\r\n"), ParseOutcome::Done(Command::MultiGet { keys, .. }, 10) if keys.len() == 1)
+        );
+        assert_eq!(refusal(b"\0get a\r\n"), (UNKNOWN, 8));
+        assert!(!valid_key(b"a b") && !valid_key(b"a\n") && !valid_key(b"a\0") && !valid_key(b""));
     }
 
     #[test]
