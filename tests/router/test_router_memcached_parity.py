@@ -247,3 +247,31 @@ def test_keys_with_control_bytes_like_memcached(memcached_factory, router_factor
     # the keys reached the server as sent
     assert Conn(behind.address).call(b"get a\x1bz25\r\n") == b"VALUE a\x1bz25 0 1\r\nv\r\nEND\r\n"
 
+
+def test_client_flags_keep_their_low_32_bits_like_memcached(memcached_factory, router_factory) -> None:
+    """memcached 1.6.18 reads client flags as C's strtoul does and keeps the low 32 bits: anything up
+    to 2^64 - 1 is taken (2^32 is 0, 2^64 - 1 is 4294967295), 2^64 and more are a bad line, and so are
+    negative numbers down to -2^63; below that the wrapped value is positive again and taken. Leading
+    whitespace bytes (tab, VT, FF, CR) are skipped, and the number may end at one."""
+    direct, behind = memcached_factory(), memcached_factory()
+    router = router_factory(pool(behind))
+    values = [
+        b"4294967295", b"4294967296", b"4294967297", b"4294967301", b"9223372036854775807",
+        b"9223372036854775808", b"18446744073709551615", b"18446744073709551616", b"99999999999999999999",
+        b"-0", b"-1", b"-4294967297", b"-9223372036854775808", b"-9223372036854775809",
+        b"-18446744073709551615", b"-18446744073709551616", b"+5", b"05", b"000000000000000000000000007",
+        b"0x10", b"5a", b"+", b"-", b"--5", b"+-5", b"\t5", b"\t+5", b"\t-5", b"\t", b"5\t", b"5\tx",
+        b"\x0b7", b"\x0c\x0c9\x0cq", b"\r5", b"5\rz", b"5\x01", b"\x80",
+    ]  # fmt: skip
+    stream = b""
+    for flags in values:
+        stream += b"set k 0 0 1\r\nv\r\nset k " + flags + b" 0 1\r\nw\r\nget k\r\n"
+        stream += b"set k " + flags + b" 0 1 noreply\r\nn\r\nget k\r\n"
+    for command in (b"add a%d", b"replace k", b"append k", b"prepend k", b"cas k"):
+        for i, flags in enumerate((b"4294967297", b"18446744073709551615", b"-1")):
+            line = command.replace(b"%d", b"%d" % i) + b" " + flags + b" 0 1"
+            stream += line + (b" 1" if command == b"cas k" else b"") + b"\r\nz\r\ngets k a%d\r\n" % i
+    stream += b"ms m 1 F4294967301\r\nm\r\nmg m v f\r\nmn\r\n"
+    want, got = both(direct, router, stream)
+    assert b"VALUE k 4294967295 1\r\nw\r\n" in want and b"VALUE k 1 1\r\nw\r\n" in want, want
+    assert got == want

@@ -235,6 +235,33 @@ fn parse_num<T: std::str::FromStr>(tok: &[u8]) -> Option<T> {
     std::str::from_utf8(tok).ok()?.parse().ok()
 }
 
+/// Client flags as memcached 1.6.18 reads them (measured here; it uses C's `strtoul`): leading
+/// whitespace bytes are skipped (a token has no spaces, but may start with a tab, VT, FF or CR), then
+/// an optional sign and at least one digit; the number may end at the token's end or at a
+/// whitespace byte (the rest is ignored). A magnitude of 2^64 or more is refused; a negative number
+/// is wrapped to 64 bits and refused if the result is 2^63 or more (so -1 is refused,
+/// -9223372036854775809 taken). The low 32 bits are kept: 4294967296 is 0, 2^64 - 1 is 4294967295.
+fn parse_flags(tok: &[u8]) -> Option<u32> {
+    let is_space = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r');
+    let mut rest = &tok[tok.iter().take_while(|b| is_space(b)).count()..];
+    let negative = rest.first() == Some(&b'-');
+    if matches!(rest.first(), Some(b'-' | b'+')) {
+        rest = &rest[1..];
+    }
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    if digits == 0 || rest.get(digits).is_some_and(|b| !is_space(b)) {
+        return None;
+    }
+    let magnitude = rest[..digits]
+        .iter()
+        .try_fold(0u64, |acc, &d| acc.checked_mul(10)?.checked_add(u64::from(d - b'0')))?;
+    let value = if negative { magnitude.wrapping_neg() } else { magnitude };
+    if negative && value > i64::MAX as u64 {
+        return None;
+    }
+    Some(value as u32) // the low 32 bits, as memcached keeps them
+}
+
 /// A key as memcached 1.6.18 takes it (measured): it splits command lines on spaces only and ends a
 /// line at its first NUL, so any other byte may be in a key (control bytes, DEL, bytes over 0x7f, a
 /// CR inside it or at the end of a line's last token). Such keys are forwarded as they are; the
@@ -831,7 +858,7 @@ fn parse_storage(buf: &Bytes, tokens: &[Bytes], line_len: usize, max_value: usiz
         close: false,
     };
     let (Some(flags), Some(exptime), Some(len)) = (
-        parse_num::<u32>(&tokens[2]),
+        parse_flags(&tokens[2]),
         parse_num::<i64>(&tokens[3]),
         parse_num::<i64>(&tokens[4]),
     ) else {
@@ -964,6 +991,41 @@ mod tests {
             p(b"set x 0 0 -1\r\n"),
             ParseOutcome::Error { reply: BAD_FORMAT, .. }
         ));
+    }
+
+    #[test]
+    fn client_flags_keep_their_low_32_bits_as_memcached_reads_them() {
+        for (flags, want) in [
+            ("4294967295", Some(u32::MAX)),
+            ("4294967296", Some(0)),
+            ("4294967301", Some(5)),
+            ("9223372036854775808", Some(0)),
+            ("18446744073709551615", Some(u32::MAX)),
+            ("18446744073709551616", None),
+            ("99999999999999999999", None),
+            ("-0", Some(0)),
+            ("-1", None),
+            ("-9223372036854775808", None),
+            ("-9223372036854775809", Some(u32::MAX)),
+            ("-18446744073709551615", Some(1)),
+            ("-18446744073709551616", None),
+            ("+5", Some(5)),
+            ("0000000000000000000000000007", Some(7)),
+            ("\t+5", Some(5)),
+            ("\t-5", None),
+            ("5\tx", Some(5)),
+            ("\r5", Some(5)),
+            ("\t", None),
+            ("+", None),
+            ("--5", None),
+            ("0x10", None),
+            ("5\x01", None),
+        ] {
+            assert_eq!(parse_flags(flags.as_bytes()), want, "{flags:?}");
+        }
+        let (r, _) = keyed(b"set k 4294967297 0 1\r\nv\r\n");
+        assert_eq!(encoded(&r), b"set k 1 0 1\r\nv\r\n");
+        assert_eq!(refusal(b"cas k -1 0 1 5 noreply\r\n").0, "");
     }
 
     #[test]
