@@ -130,9 +130,9 @@ impl Conn {
                 }
                 ready = stream.readable(), if can_read => {
                     ready?;
-                    if rbuf.capacity() - rbuf.len() < READ_CHUNK / 2 {
-                        rbuf.reserve(READ_CHUNK);
-                    }
+                    // room for 16 KiB: a command line of up to 16 KiB written at once is read at once,
+                    // as memcached reads it (a line cut short by a read is held to 2 KiB, as there)
+                    rbuf.reserve(READ_CHUNK);
                     match crate::server::read_ready(stream, &mut rbuf)? {
                         Some(0) => {
                             self.closing = true;
