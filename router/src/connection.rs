@@ -16,7 +16,7 @@ use futures_util::stream::{FuturesOrdered, StreamExt};
 use tokio::net::TcpStream;
 
 use crate::config::RouterConfig;
-use crate::protocol::reply::{meta_hit_as_value, parse_decimal};
+use crate::protocol::reply::{first_line_end, meta_hit_as_value, parse_decimal};
 use crate::protocol::request::{BINARY_REQUEST_MAGIC, binary_refusal, parse_with};
 use crate::protocol::{Cmd, Command, ParseOutcome, Reply, Request};
 use crate::routes::{BoxFuture, RouteRef};
@@ -130,9 +130,9 @@ impl Conn {
                 }
                 ready = stream.readable(), if can_read => {
                     ready?;
-                    if rbuf.capacity() - rbuf.len() < READ_CHUNK / 2 {
-                        rbuf.reserve(READ_CHUNK);
-                    }
+                    // room for 16 KiB: a command line of up to 16 KiB written at once is read at once,
+                    // as memcached reads it (a line cut short by a read is held to 2 KiB, as there)
+                    rbuf.reserve(READ_CHUNK);
                     match crate::server::read_ready(stream, &mut rbuf)? {
                         Some(0) => {
                             self.closing = true;
@@ -655,8 +655,8 @@ fn split_values(batch: usize, wire: &[u8], members: &[usize], reqs: &[Request], 
         let Some(nl) = wire[pos..].iter().position(|&b| b == b'\n') else {
             break;
         };
-        let line = &wire[pos..pos + nl];
-        let mut toks = line.split(|&b| b == b' ' || b == b'\r').filter(|t| !t.is_empty());
+        let line = &wire[pos..pos + first_line_end(&wire[pos..])];
+        let mut toks = line.split(|&b| b == b' ').filter(|t| !t.is_empty());
         let (Some(b"VALUE"), Some(key), Some(_flags), Some(len)) = (toks.next(), toks.next(), toks.next(), toks.next())
         else {
             break;
@@ -711,10 +711,7 @@ fn keyed_reply(ctx: &Context, asked: &[u8], req: &Request, reply: Reply, out: &m
 /// A meta reply's `k` flag echoes the key the server saw; give the client back the key it sent
 /// (with its routing prefix), as VALUE lines of classic gets do.
 fn restore_meta_key(wire: &[u8], stripped: &[u8], asked: &[u8], out: &mut BytesMut) {
-    let line_end = wire
-        .iter()
-        .position(|&b| b == b'\r' || b == b'\n')
-        .unwrap_or(wire.len());
+    let line_end = first_line_end(wire);
     for (i, token) in wire[..line_end].split(|&b| b == b' ').enumerate() {
         if i > 0 {
             out.put_u8(b' ');
@@ -770,5 +767,23 @@ mod tests {
         assert!(matches!(&parts[0], Part::Batched(0, r) if &wire[r.clone()] == b"VALUE a 0 1\r\nx\r\n"));
         assert!(matches!(parts[1], Part::Miss));
         assert!(matches!(&parts[2], Part::Batched(0, r) if &wire[r.clone()] == b"VALUE c 5 2\r\nyz\r\n"));
+        // keys with a CR or other control bytes (memcached takes them) are matched whole
+        let reqs: Vec<Request> = [&b"a\rb"[..], b"\x01", b"c\r"]
+            .iter()
+            .map(|k| Request::simple(Cmd::Get, Bytes::copy_from_slice(k)))
+            .collect();
+        let wire = b"VALUE a\rb 0 1\r\nx\r\nVALUE c\r 0 1\r\ny\r\n";
+        let mut parts: Vec<Part> = (0..3).map(|_| Part::Pending).collect();
+        split_values(0, wire, &[0, 1, 2], &reqs, &mut parts);
+        assert!(matches!(&parts[0], Part::Batched(0, r) if &wire[r.clone()] == b"VALUE a\rb 0 1\r\nx\r\n"));
+        assert!(matches!(parts[1], Part::Miss));
+        assert!(matches!(&parts[2], Part::Batched(0, r) if &wire[r.clone()] == b"VALUE c\r 0 1\r\ny\r\n"));
+    }
+
+    #[test]
+    fn meta_k_flag_with_a_cr_in_the_key_gets_its_prefix_back() {
+        let mut out = BytesMut::new();
+        restore_meta_key(b"VA 1 ka\rb O7\r\nx\r\n", b"a\rb", b"/e/a/a\rb", &mut out);
+        assert_eq!(&out[..], b"VA 1 k/e/a/a\rb O7\r\nx\r\n");
     }
 }

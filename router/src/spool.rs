@@ -630,6 +630,11 @@ mod tests {
         let back = parse_entry(&line).unwrap();
         assert_eq!(back.cmd, Cmd::Delete);
         assert_eq!(&back.key[..], b"user:1");
+        // keys with control bytes (memcached takes them) survive the JSON line
+        let odd = Request::simple(Cmd::Delete, Bytes::from_static(b"a\x01\r\x1b\x7fz"));
+        let line = entry_line("127.0.0.1:11211", "p", &odd);
+        assert!(!line.contains(['\r', '\n']), "{line}");
+        assert_eq!(&parse_entry(&line).unwrap().key[..], b"a\x01\r\x1b\x7fz");
 
         let mut md = Request::simple(Cmd::MetaDelete, Bytes::from_static(b"k"));
         md.meta = vec![Bytes::from_static(b"I"), Bytes::from_static(b"T3")];

@@ -151,15 +151,21 @@ impl Reply {
 
     /// For a meta reply: whether its flag list contains the bare flag `flag` (e.g. `W`, `Z`, `X`).
     pub fn meta_has_flag(&self, flag: u8) -> bool {
-        let end = self
-            .wire
-            .iter()
-            .position(|&b| b == b'\r' || b == b'\n')
-            .unwrap_or(self.wire.len());
-        self.wire[..end]
+        self.wire[..first_line_end(&self.wire)]
             .split(|&b| b == b' ')
             .skip(1)
             .any(|t| t.first() == Some(&flag))
+    }
+}
+
+/// Where the first line of `wire` ends: before its `\r\n` (or a bare `\n`); the end of `wire` if it
+/// has no newline. A CR elsewhere belongs to the line: keys may hold one (memcached 1.6.18 stores
+/// `a\rb`), and a meta `k` flag or a `VALUE` line echoes them.
+pub fn first_line_end(wire: &[u8]) -> usize {
+    match wire.iter().position(|&b| b == b'\n') {
+        Some(nl) if nl > 0 && wire[nl - 1] == b'\r' => nl - 1,
+        Some(nl) => nl,
+        None => wire.len(),
     }
 }
 
@@ -313,6 +319,21 @@ mod tests {
         let got = meta_hit_as_value(b"foo1", true, wire).unwrap();
         assert_eq!(&got[..], b"VALUE foo1 5 7 42\r\nfooval1\r\n");
         assert!(meta_hit_as_value(b"foo1", false, b"EN\r\n").is_none());
+    }
+
+    #[test]
+    fn a_line_ends_at_its_crlf_not_at_a_cr_in_a_key() {
+        assert_eq!(first_line_end(b"HD ka\rb W\r\n"), 9);
+        assert_eq!(first_line_end(b"HD\n"), 2);
+        assert_eq!(first_line_end(b"HD"), 2);
+        let reply = Reply::new(Res::Found, Bytes::from_static(b"HD ka\rb W\r\n"));
+        assert!(reply.meta_has_flag(b'W'));
+        // a VALUE line whose key holds a CR frames as any other
+        let wire = b"VALUE a\rb 0 1\r\nx\r\nEND\r\n";
+        assert_eq!(
+            parse_reply(wire, ReplyKind::Values).unwrap(),
+            Some((Res::Found, 23, 18))
+        );
     }
 
     #[test]

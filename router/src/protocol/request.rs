@@ -18,11 +18,18 @@ pub const MAX_VALUE_LEN: usize = 1024 * 1024;
 /// A longer declared length is a bad command line (memcached 1.6.18: `CLIENT_ERROR bad command line
 /// format`, nothing swallowed), not a value to swallow.
 pub const MAX_DECLARED_LEN: u64 = i32::MAX as u64 - 2;
-/// A command line longer than this without a newline is refused and the connection closed.
-pub const MAX_LINE_LEN: usize = 8192;
+/// The longest command line, newline included (retrieval lines aside): memcached 1.6.18 reads into a
+/// 16 KiB buffer and takes a line whose newline is in it (measured: a 16,384-byte `set` line is
+/// stored, a 16,385-byte one closes the connection without a reply). So does the router.
+pub const MAX_LINE_LEN: usize = 16 * 1024;
+/// How much of a command line (retrieval lines aside) may be buffered without its newline: memcached
+/// 1.6.18 closes the connection, without a reply, once more than 2 KiB are buffered without a
+/// newline (measured: 2,048 bytes are waited on, 2,049 close). A long line is therefore served only
+/// if it arrives in one piece, on memcached as here (a read takes up to 16 KiB).
+pub const MAX_PARTIAL_LINE_LEN: usize = 2048;
 /// The bound for retrieval lines (`get`/`gets`/`gat`/`gats`), which carry many keys: memcached
-/// reads those however long they are (a client's 1,000-key multi-get is ~10 KB); past this the
-/// line is refused like any other overlong line.
+/// reads get/gets lines however long they are (a client's 1,000-key multi-get is ~10 KB); past this
+/// the line is refused with an error and the connection closed.
 pub const MAX_GET_LINE_LEN: usize = 1024 * 1024;
 
 /// The commands that are routed by key.
@@ -205,23 +212,15 @@ pub enum ParseOutcome {
 const BAD_FORMAT: &str = "CLIENT_ERROR bad command line format\r\n";
 const BAD_CHUNK: &str = "CLIENT_ERROR bad data chunk\r\n";
 const TOO_LARGE: &str = "SERVER_ERROR object too large for cache\r\n";
-const LINE_TOO_LONG: &str = "CLIENT_ERROR line too long\r\n";
 const GET_LINE_TOO_LONG: &str = "CLIENT_ERROR line too long (get/gets lines are limited to 1048576 bytes)\r\n";
 
-/// Whether `buf` starts a retrieval command, whose line may be up to `MAX_GET_LINE_LEN` long.
+/// Whether `buf` starts a retrieval command (after any spaces, as memcached allows), whose line may
+/// be up to `MAX_GET_LINE_LEN` long.
 fn is_retrieval_line(buf: &[u8]) -> bool {
+    let buf = &buf[buf.iter().take_while(|&&b| b == b' ').count()..];
     [&b"get "[..], b"gets ", b"gat ", b"gats "]
         .iter()
         .any(|p| buf.starts_with(p))
-}
-
-/// The longest line allowed for the command at the start of `buf`, and the error past it.
-fn line_limit(buf: &[u8]) -> (usize, &'static str) {
-    if is_retrieval_line(buf) {
-        (MAX_GET_LINE_LEN, GET_LINE_TOO_LONG)
-    } else {
-        (MAX_LINE_LEN, LINE_TOO_LONG)
-    }
 }
 const UNKNOWN: &str = "ERROR\r\n";
 const BAD_DELTA: &str = "CLIENT_ERROR invalid numeric delta argument\r\n";
@@ -235,8 +234,39 @@ fn parse_num<T: std::str::FromStr>(tok: &[u8]) -> Option<T> {
     std::str::from_utf8(tok).ok()?.parse().ok()
 }
 
-fn valid_key(key: &[u8]) -> bool {
-    !key.is_empty() && key.len() <= MAX_KEY_LEN && key.iter().all(|&b| b > b' ' && b != 0x7f)
+/// Client flags as memcached 1.6.18 reads them (measured here; it uses C's `strtoul`): leading
+/// whitespace bytes are skipped (a token has no spaces, but may start with a tab, VT, FF or CR), then
+/// an optional sign and at least one digit; the number may end at the token's end or at a
+/// whitespace byte (the rest is ignored). A magnitude of 2^64 or more is refused; a negative number
+/// is wrapped to 64 bits and refused if the result is 2^63 or more (so -1 is refused,
+/// -9223372036854775809 taken). The low 32 bits are kept: 4294967296 is 0, 2^64 - 1 is 4294967295.
+fn parse_flags(tok: &[u8]) -> Option<u32> {
+    let is_space = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r');
+    let mut rest = &tok[tok.iter().take_while(|b| is_space(b)).count()..];
+    let negative = rest.first() == Some(&b'-');
+    if matches!(rest.first(), Some(b'-' | b'+')) {
+        rest = &rest[1..];
+    }
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    if digits == 0 || rest.get(digits).is_some_and(|b| !is_space(b)) {
+        return None;
+    }
+    let magnitude = rest[..digits]
+        .iter()
+        .try_fold(0u64, |acc, &d| acc.checked_mul(10)?.checked_add(u64::from(d - b'0')))?;
+    let value = if negative { magnitude.wrapping_neg() } else { magnitude };
+    if negative && value > i64::MAX as u64 {
+        return None;
+    }
+    Some(value as u32) // the low 32 bits, as memcached keeps them
+}
+
+/// A key as memcached 1.6.18 takes it (measured): it splits command lines on spaces only and ends a
+/// line at its first NUL, so any other byte may be in a key (control bytes, DEL, bytes over 0x7f, a
+/// CR inside it or at the end of a line's last token). Such keys are forwarded as they are; the
+/// check for space, LF and NUL only guards what could not have come from a parsed line.
+pub fn valid_key(key: &[u8]) -> bool {
+    !key.is_empty() && key.len() <= MAX_KEY_LEN && !key.iter().any(|&b| matches!(b, b' ' | b'\n' | 0))
 }
 
 impl Request {
@@ -460,27 +490,33 @@ fn ends_noreply(tokens: &[Bytes]) -> bool {
 /// Parse one command from the front of `buf`, refusing values longer than `max_value` bytes as
 /// memcached refuses items over its `-I` limit.
 pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
+    let retrieval = is_retrieval_line(buf);
+    // A line past its bound closes the connection: a retrieval line with an error (the router's own
+    // bound), any other line without a reply, as memcached closes it.
+    let too_long = |consume: usize| ParseOutcome::Error {
+        reply: if retrieval { GET_LINE_TOO_LONG } else { "" },
+        consume,
+        close: true,
+    };
     let Some(nl) = find_newline(buf) else {
-        let (limit, too_long) = line_limit(buf);
+        let limit = if retrieval {
+            MAX_GET_LINE_LEN
+        } else {
+            MAX_PARTIAL_LINE_LEN
+        };
         if buf.len() > limit {
-            return ParseOutcome::Error {
-                reply: too_long,
-                consume: buf.len(),
-                close: true,
-            };
+            return too_long(buf.len());
         }
         return ParseOutcome::Incomplete;
     };
     let line_end = if nl > 0 && buf[nl - 1] == b'\r' { nl - 1 } else { nl };
     let line_len = nl + 1;
-    let (limit, too_long) = line_limit(buf);
-    if line_end > limit {
-        return ParseOutcome::Error {
-            reply: too_long,
-            consume: line_len,
-            close: true,
-        };
+    if (retrieval && line_end > MAX_GET_LINE_LEN) || (!retrieval && line_len > MAX_LINE_LEN) {
+        return too_long(line_len);
     }
+    // memcached reads the line as a C string: it ends at its first NUL, and what follows up to the
+    // newline is not read at all (measured on 1.6.18: `set k 0 0 1\0junk` stores k)
+    let line_end = buf[..line_end].iter().position(|&b| b == 0).unwrap_or(line_end);
     let line = buf.slice(..line_end);
     let mut tokens: Vec<Bytes> = Vec::with_capacity(8);
     let mut start = None;
@@ -630,6 +666,10 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
                 return err(BAD_FORMAT);
             };
             let len = len as usize;
+            if !valid_key(&tokens[1]) {
+                // memcached 1.6.18 does not swallow the value of a key it refuses (measured)
+                return err(BAD_FORMAT);
+            }
             let mut rest: Vec<Bytes> = Vec::with_capacity(tokens.len() - 2);
             rest.push(tokens[1].clone());
             rest.extend_from_slice(&tokens[3..]);
@@ -824,7 +864,7 @@ fn parse_storage(buf: &Bytes, tokens: &[Bytes], line_len: usize, max_value: usiz
         close: false,
     };
     let (Some(flags), Some(exptime), Some(len)) = (
-        parse_num::<u32>(&tokens[2]),
+        parse_flags(&tokens[2]),
         parse_num::<i64>(&tokens[3]),
         parse_num::<i64>(&tokens[4]),
     ) else {
@@ -850,12 +890,9 @@ fn parse_storage(buf: &Bytes, tokens: &[Bytes], line_len: usize, max_value: usiz
         req.quiet = true;
     }
     if !valid_key(&req.key) {
-        // the router swallows the value of a storage command with a key it refuses
-        return ParseOutcome::Error {
-            reply: hide_if(noreply, BAD_FORMAT),
-            consume: line_len + len + 2,
-            close: false,
-        };
+        // memcached 1.6.18 does not swallow the value of a key it refuses (measured): it is read as
+        // the next command line
+        return bad;
     }
     value_or_refusal(buf, req, line_len, len, max_value)
 }
@@ -957,6 +994,75 @@ mod tests {
             p(b"set x 0 0 -1\r\n"),
             ParseOutcome::Error { reply: BAD_FORMAT, .. }
         ));
+    }
+
+    #[test]
+    fn client_flags_keep_their_low_32_bits_as_memcached_reads_them() {
+        for (flags, want) in [
+            ("4294967295", Some(u32::MAX)),
+            ("4294967296", Some(0)),
+            ("4294967301", Some(5)),
+            ("9223372036854775808", Some(0)),
+            ("18446744073709551615", Some(u32::MAX)),
+            ("18446744073709551616", None),
+            ("99999999999999999999", None),
+            ("-0", Some(0)),
+            ("-1", None),
+            ("-9223372036854775808", None),
+            ("-9223372036854775809", Some(u32::MAX)),
+            ("-18446744073709551615", Some(1)),
+            ("-18446744073709551616", None),
+            ("+5", Some(5)),
+            ("0000000000000000000000000007", Some(7)),
+            ("\t+5", Some(5)),
+            ("\t-5", None),
+            ("5\tx", Some(5)),
+            ("\r5", Some(5)),
+            ("\t", None),
+            ("+", None),
+            ("--5", None),
+            ("0x10", None),
+            ("5\x01", None),
+        ] {
+            assert_eq!(parse_flags(flags.as_bytes()), want, "{flags:?}");
+        }
+        let (r, _) = keyed(b"set k 4294967297 0 1\r\nv\r\n");
+        assert_eq!(encoded(&r), b"set k 1 0 1\r\nv\r\n");
+        assert_eq!(refusal(b"cas k -1 0 1 5 noreply\r\n").0, "");
+    }
+
+    #[test]
+    fn keys_take_every_byte_memcached_takes_and_a_nul_ends_the_line() {
+        // memcached 1.6.18 splits on spaces only: control bytes, DEL, high bytes, a CR inside a key
+        let (r, _) = keyed(b"set a\x01\x7f\x80\rz 0 0 1\r\nv\r\n");
+        assert_eq!(&r.key[..], b"a\x01\x7f\x80\rz");
+        assert_eq!(encoded(&r), b"set a\x01\x7f\x80\rz 0 0 1\r\nv\r\n");
+        let (r, _) = keyed(b"mg \x1b\t v k\r\n");
+        assert_eq!(encoded(&r), b"mg \x1b\t v k\r\n");
+        for line in [
+            &b"delete \x01\r\n"[..],
+            b"incr \x02 1\r\n",
+            b"touch \x03 0\r\n",
+            b"md \x04\r\n",
+        ] {
+            assert_eq!(keyed(line).0.key.len(), 1);
+        }
+        // only the CR before the LF ends the line: a last token may end with one
+        match p(b"get a\x01 k\r\r\n") {
+            ParseOutcome::Done(Command::MultiGet { keys, .. }, 11) => assert_eq!(keys[1], &b"k\r"[..]),
+            other => panic!("{other:?}"),
+        }
+        // the line ends at its first NUL; the rest up to the newline is not read
+        match p(b"set k 0 0 1\0junk\r\nv\r\n") {
+            ParseOutcome::Done(Command::Keyed(r), 21) => assert_eq!(encoded(&r), b"set k 0 0 1\r\nv\r\n"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(refusal(b"set x\0y 0 0 1\r\n"), (UNKNOWN, 15));
+        assert!(
+            matches!(p(b"get a\0 b\r\n"), ParseOutcome::Done(Command::MultiGet { keys, .. }, 10) if keys.len() == 1)
+        );
+        assert_eq!(refusal(b"\0get a\r\n"), (UNKNOWN, 8));
+        assert!(!valid_key(b"a b") && !valid_key(b"a\n") && !valid_key(b"a\0") && !valid_key(b""));
     }
 
     #[test]
@@ -1131,24 +1237,36 @@ mod tests {
             p(gets.as_bytes()),
             ParseOutcome::Done(Command::MultiGet { gets: true, .. }, _)
         ));
-        // other commands keep the strict limit
-        let long_set = format!("set {} 0 0 1\r\nx\r\n", "k ".repeat(MAX_LINE_LEN));
+        // other lines are read up to 16 KiB, newline included, as memcached reads them; past that, or
+        // past 2 KiB without a newline, the connection is closed without a reply
+        let set = |n: usize| format!("set k 0 0 1{}\r\nx\r\n", " ".repeat(n - 13));
+        assert!(
+            matches!(p(set(MAX_LINE_LEN).as_bytes()), ParseOutcome::Done(Command::Keyed(_), n) if n == MAX_LINE_LEN + 3)
+        );
+        let closed = |s: &str| {
+            matches!(
+                p(s.as_bytes()),
+                ParseOutcome::Error {
+                    reply: "",
+                    close: true,
+                    ..
+                }
+            )
+        };
+        assert!(closed(&set(MAX_LINE_LEN + 1)));
+        assert!(closed(&"mg ".repeat(MAX_LINE_LEN)));
+        assert!(closed(&"x".repeat(MAX_PARTIAL_LINE_LEN + 1)));
+        assert!(matches!(p(&[b'x'; MAX_PARTIAL_LINE_LEN]), ParseOutcome::Incomplete));
+        // a get line may start with spaces
         assert!(matches!(
-            p(long_set.as_bytes()),
-            ParseOutcome::Error {
-                reply: LINE_TOO_LONG,
-                close: true,
-                ..
-            }
+            p(format!("  get {}", "k ".repeat(2000)).as_bytes()),
+            ParseOutcome::Incomplete
         ));
-        assert!(matches!(
-            p("mg ".repeat(MAX_LINE_LEN).as_bytes()),
-            ParseOutcome::Error {
-                reply: LINE_TOO_LONG,
-                close: true,
-                ..
-            }
-        ));
+        // a key memcached refuses does not swallow the value: it is the next command line
+        let long_key = format!("set {} 0 0 1\r\nv\r\n", "k".repeat(251));
+        assert_eq!(refusal(long_key.as_bytes()), (BAD_FORMAT, long_key.len() - 3));
+        let long_key = format!("ms {} 1\r\nv\r\n", "k".repeat(251));
+        assert_eq!(refusal(long_key.as_bytes()), (BAD_FORMAT, long_key.len() - 3));
         // past the get bound: refused with a clear error, with or without the newline yet
         let huge = format!("get {}", "k ".repeat(MAX_GET_LINE_LEN / 2 + 1));
         for buf in [huge.clone(), format!("{huge}\r\n")] {

@@ -16,6 +16,7 @@ use serde_json::{Map, Value};
 
 use super::{BoxFuture, Route, RouteRef, get_str, required};
 use crate::config::Builder;
+use crate::protocol::reply::first_line_end;
 use crate::protocol::{Reply, Request, Res};
 
 /// memcached's key limit.
@@ -48,20 +49,32 @@ impl ModifyKey {
     }
 }
 
-fn valid_key(key: &[u8]) -> Result<(), &'static str> {
-    if key.len() > MAX_KEY {
+/// A configured prefix: printable, so that it never turns a key into something else on the wire.
+fn valid_prefix(prefix: &[u8]) -> Result<(), &'static str> {
+    if prefix.len() > MAX_KEY {
         return Err("key too long");
     }
-    if key.iter().any(|&b| b <= b' ' || b == 0x7f) {
+    if prefix.iter().any(|&b| b <= b' ' || b == 0x7f) {
         return Err("key has spaces or control characters");
     }
     Ok(())
 }
 
+/// A rewritten key. Its bytes came from a printable prefix and a key the parser took (which may hold
+/// control bytes, as memcached's keys may), or are a base64 key's decoded bytes (any byte): only
+/// its length can be wrong.
+fn valid_key(key: &[u8]) -> Result<(), &'static str> {
+    match key.len() {
+        0 => Err("empty key"),
+        n if n > MAX_KEY => Err("key too long"),
+        _ => Ok(()),
+    }
+}
+
 /// `wire` with the key the server saw (`sent`) put back to the client's (`asked`): in a classic
 /// `VALUE` line, or a meta `k` flag.
 fn restore_key(wire: &Bytes, sent: &[u8], asked: &[u8]) -> Bytes {
-    let line_end = wire.iter().position(|&b| b == b'\r').unwrap_or(wire.len());
+    let line_end = first_line_end(wire);
     let mut out = BytesMut::with_capacity(wire.len() + asked.len());
     let mut changed = false;
     for (i, token) in wire[..line_end].split(|&b| b == b' ').enumerate() {
@@ -118,7 +131,7 @@ pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, Stri
     let replace = get_str(obj, "replace_key_prefix")?.map(|s| s.as_bytes().to_vec());
     for p in [Some(&prefix), replace.as_ref()].into_iter().flatten() {
         if !p.is_empty() {
-            valid_key(p).map_err(|why| {
+            valid_prefix(p).map_err(|why| {
                 format!(
                     "ModifyKeyRoute: invalid key prefix `{}`: {why}",
                     String::from_utf8_lossy(p)
@@ -193,5 +206,22 @@ mod tests {
         assert_eq!(&restore_key(&wire, b"foo:a", b"a")[..], b"HD ka O1\r\n");
         let wire = Bytes::from_static(b"VALUE foo:a 0 1\r\nx\r\n");
         assert_eq!(&restore_key(&wire, b"foo:a", b"a")[..], b"VALUE a 0 1\r\nx\r\n");
+        // keys may hold a CR (as on memcached): the line ends at its CRLF only
+        let wire = Bytes::from_static(b"VA 1 kfoo:a\rb O1\r\nx\r\n");
+        assert_eq!(&restore_key(&wire, b"foo:a\rb", b"a\rb")[..], b"VA 1 ka\rb O1\r\nx\r\n");
+        let wire = Bytes::from_static(b"VALUE foo:\x01\r 0 1\r\nx\r\n");
+        assert_eq!(
+            &restore_key(&wire, b"foo:\x01\r", b"\x01\r")[..],
+            b"VALUE \x01\r 0 1\r\nx\r\n"
+        );
+    }
+
+    #[test]
+    fn keys_with_control_bytes_are_rewritten_like_others() {
+        let t = Fake::new("t", Res::Found);
+        let r = mk(&t, "foo:", None, false);
+        run(r.route(&req(Cmd::Delete, "\u{1}k\r")));
+        assert_eq!(&t.last().key[..], b"foo:\x01k\r");
+        assert!(valid_prefix(b"a\x01").is_err());
     }
 }

@@ -28,6 +28,7 @@ use serde_json::{Map, Value};
 use super::{BoxFuture, Route, RouteRef, get_i64, required};
 use crate::Context;
 use crate::config::Builder;
+use crate::protocol::reply::first_line_end;
 use crate::protocol::{Cmd, Reply, Request, Res};
 
 pub struct WarmUp {
@@ -83,8 +84,7 @@ fn classic_reply(req: &Request, cold: Reply) -> Reply {
 
 /// The numeric value of flag `flag` in a meta reply line (e.g. `c` in `VA 2 f5 c9`).
 fn meta_token(reply: &Reply, flag: u8) -> Option<u64> {
-    let end = reply.wire.iter().position(|&b| b == b'\r' || b == b'\n')?;
-    reply.wire[..end]
+    reply.wire[..first_line_end(&reply.wire)]
         .split(|&b| b == b' ')
         .skip(1)
         .find(|t| t.first() == Some(&flag))
