@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "squea
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from squeal_helpers import Cache, healthz, topology_text  # noqa: E402
 from squeal_latency_load import PROBE_ROWS, PROBE_TEMPLATE, SCHEMA, LoadGenerator, Phase, Prober, ms, pct  # noqa: E402
-from squeal_throughput import load, loadavg, metric_sum, squeal_replay  # noqa: E402
+from squeal_throughput import create_schema, load, loadavg, metric_sum, squeal_replay  # noqa: E402
 
 from ops.harness import REPO_ROOT, MariaDB, Memcached, SquealDaemon, ZooKeeper, free_port, wait_until  # noqa: E402
 from squeal import gtid as g  # noqa: E402
@@ -180,12 +180,7 @@ def main() -> int:
         for m in zk:
             m.start()
         ZooKeeper.wait_serving(zk)
-        db.execute(f"CREATE DATABASE {SCHEMA}",
-                   f"CREATE TABLE {SCHEMA}.users (id INT PRIMARY KEY, email VARCHAR(100), name VARCHAR(100), n INT)",
-                   f"CREATE TABLE {SCHEMA}.posts (id INT PRIMARY KEY, author_id INT, title VARCHAR(100))",
-                   f"CREATE TABLE {SCHEMA}.probe (id INT PRIMARY KEY, seq BIGINT NOT NULL, "
-                   "committed_at DOUBLE NOT NULL)",
-                   f"INSERT INTO {SCHEMA}.probe VALUES " + ", ".join(f"({i}, 0, 0)" for i in range(1, PROBE_ROWS + 1)))
+        create_schema(db, SCHEMA, PROBE_ROWS)
 
         # 1. throughput
         start = db.gtid_binlog_pos()

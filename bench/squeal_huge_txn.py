@@ -32,7 +32,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "squeal"))
 from squeal_helpers import Cache, topology_text  # noqa: E402
-from squeal_throughput import bare_decode, c_decoder, loadavg, metric_sum  # noqa: E402
+from squeal_throughput import bare_decode, c_decoder, create_schema, loadavg, metric_sum  # noqa: E402
 
 from ops.harness import MariaDB, Memcached, SquealDaemon  # noqa: E402
 from squeal import gtid as g  # noqa: E402
@@ -136,9 +136,7 @@ def main() -> int:
     caches: list[Cache] = []
     try:
         schema = "bench"
-        db.execute(f"CREATE DATABASE {schema}",
-                   f"CREATE TABLE {schema}.users (id INT PRIMARY KEY, email VARCHAR(100), name VARCHAR(100), n INT)",
-                   f"CREATE TABLE {schema}.posts (id INT PRIMARY KEY, author_id INT, title VARCHAR(100))")
+        create_schema(db, schema)
         topo = base / "topology.toml"
         text = topology_text(db, schema, [m.port for m in mcs], regional=False)  # max_backlog 100,000
         topo.write_text(text.replace("[squeal]\n", f'[squeal]\nreader = "{args.reader}"\n', 1))

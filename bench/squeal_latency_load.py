@@ -68,7 +68,7 @@ from pymysql.constants import CLIENT
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "squeal"))
 from squeal_helpers import Cache, healthz, topology_text  # noqa: E402
-from squeal_throughput import load, loadavg, metric_sum, squeal_replay  # noqa: E402
+from squeal_throughput import create_schema, load, loadavg, metric_sum, squeal_replay  # noqa: E402
 
 from ops.harness import MariaDB, Memcached, SquealDaemon  # noqa: E402
 from squeal import gtid as g  # noqa: E402
@@ -387,12 +387,7 @@ def main() -> int:
         mcs = [Memcached(workdir=base / "mc", memory_mb=256).start() for _ in range(2)]
         if not args.durable:
             db.execute("SET GLOBAL innodb_flush_log_at_trx_commit = 2")
-        db.execute(f"CREATE DATABASE {SCHEMA}",
-                   f"CREATE TABLE {SCHEMA}.users (id INT PRIMARY KEY, email VARCHAR(100), name VARCHAR(100), n INT)",
-                   f"CREATE TABLE {SCHEMA}.posts (id INT PRIMARY KEY, author_id INT, title VARCHAR(100))",
-                   f"CREATE TABLE {SCHEMA}.probe (id INT PRIMARY KEY, seq BIGINT NOT NULL, "
-                   "committed_at DOUBLE NOT NULL)",
-                   f"INSERT INTO {SCHEMA}.probe VALUES " + ", ".join(f"({i}, 0, 0)" for i in range(1, PROBE_ROWS + 1)))
+        create_schema(db, SCHEMA, PROBE_ROWS)
 
         # 1. capacity
         start = db.gtid_binlog_pos()

@@ -77,6 +77,20 @@ def load(db: MariaDB, schema: str, rows: int, first_id: int = 1) -> None:
             conn.commit()
 
 
+def create_schema(db: MariaDB, schema: str, probe_rows: int = 0) -> None:
+    """The squeal benches' schema: `users` (4 columns: the rules render two keys per row image), `posts`, and
+    with `probe_rows` a `probe` table of that many rows for canary probes (commit -> key gone)."""
+    statements = [f"CREATE DATABASE {schema}",
+                  f"CREATE TABLE {schema}.users (id INT PRIMARY KEY, email VARCHAR(100), name VARCHAR(100), n INT)",
+                  f"CREATE TABLE {schema}.posts (id INT PRIMARY KEY, author_id INT, title VARCHAR(100))"]
+    if probe_rows:
+        statements += [f"CREATE TABLE {schema}.probe (id INT PRIMARY KEY, seq BIGINT NOT NULL, "
+                       "committed_at DOUBLE NOT NULL)",
+                       f"INSERT INTO {schema}.probe VALUES "
+                       + ", ".join(f"({i}, 0, 0)" for i in range(1, probe_rows + 1))]
+    db.execute(*statements)
+
+
 def bare_decode(db: MariaDB, schema: str, start: str, end: g.Position) -> tuple[int, float, float]:
     """Decode every row of the binlog after `start` up to `end`, nothing else: (rows, seconds, CPU seconds).
 
@@ -243,9 +257,7 @@ def main() -> int:
     caches = [Memcached(workdir=base / "mc", memory_mb=256).start() for _ in range(2)]
     try:
         schema = "bench"
-        db.execute(f"CREATE DATABASE {schema}",
-                   f"CREATE TABLE {schema}.users (id INT PRIMARY KEY, email VARCHAR(100), name VARCHAR(100), n INT)",
-                   f"CREATE TABLE {schema}.posts (id INT PRIMARY KEY, author_id INT, title VARCHAR(100))")
+        create_schema(db, schema)
         start = db.gtid_binlog_pos()
         t = time.perf_counter()
         load(db, schema, args.rows)

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pymysql
+
 import router_config
 from ops.harness import REPO_ROOT
 
@@ -123,3 +125,14 @@ def ha_deployment_up(base: Path) -> Iterator[HaDeployment]:
         yield HaDeployment(path, router_config.load(path), state)
     finally:
         squealctl(state, "down", check=False)
+
+
+def run_sql(db: router_config.Database, *statements: str) -> list[tuple]:
+    """Run `statements` on one database of a deployed topology (autocommit); the last one's rows."""
+    with (
+        pymysql.connect(host=db.host, port=db.port, user=db.user, password=db.password, autocommit=True) as conn,
+        conn.cursor() as cur,
+    ):
+        for statement in statements:
+            cur.execute(statement)
+        return list(cur.fetchall())

@@ -8,26 +8,18 @@ import json
 import subprocess
 import sys
 
-import pymysql
 from kazoo.client import KazooClient
 
 import router_config
 from ops.harness import REPO_ROOT, memcached_command, wait_until
 from squeal import gtid as g
-from tests.ops.deployments import HaDeployment, squealctl, stable_port
+from tests.ops.deployments import HaDeployment, run_sql, squealctl, stable_port
 
 WITHIN = 30.0  # a deadline for something that must happen, not a speed check
 
 
 def _sql(topo: router_config.Topology, *statements: str) -> list[tuple]:
-    db = topo.master.database
-    with (
-        pymysql.connect(host=db.host, port=db.port, user=db.user, password=db.password, autocommit=True) as conn,
-        conn.cursor() as cur,
-    ):
-        for statement in statements:
-            cur.execute(statement)
-        return list(cur.fetchall())
+    return run_sql(topo.master.database, *statements)
 
 
 def _cache(topo: router_config.Topology, region: str) -> tuple[str, int]:

@@ -17,14 +17,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pymysql
 import pytest
 
 import router_config
 from ops.harness import REPO_ROOT, MariaDB, Memcached, memcached_command, wait_until
 from squeal import gtid as g
 from squeal.datamarkers import FileDatamarkerStore
-from tests.ops.deployments import TWO_REGIONS, squealctl, stable_port
+from tests.ops.deployments import TWO_REGIONS, run_sql, squealctl, stable_port
 
 TOPOLOGY = "[squeal]\nmax_backlog = 10000\n" + TWO_REGIONS
 
@@ -67,14 +66,7 @@ class Platform:
     spools: dict[Path, int]  # the routers' spool dirs after the first `up` -> inode
 
     def sql(self, *statements: str, region: str = "east") -> list[tuple]:
-        db = self.topo.region(region).database
-        with (
-            pymysql.connect(host=db.host, port=db.port, user=db.user, password=db.password, autocommit=True) as conn,
-            conn.cursor() as cur,
-        ):
-            for statement in statements:
-                cur.execute(statement)
-            return list(cur.fetchall())
+        return run_sql(self.topo.region(region).database, *statements)
 
     def gtid(self) -> str:
         return self.sql("SELECT @@gtid_binlog_pos")[0][0]

@@ -57,6 +57,21 @@ def zk_server_of(pid: int, members: list[ZooKeeper]) -> ZooKeeper | None:
     return None
 
 
+
+def under_load(env: HaEnv, cached: int, warm: int) -> tuple[MarkerWatch, Writer]:
+    """Posts 1..`cached` cached in both clusters, east-1 leading and east-2 standing by, the markers watched, 150
+    posts/s written; returns once `warm` posts are written and the first ones are gone (delivery is flowing)."""
+    for c in env.caches:
+        c.set_many(post_keys(range(1, cached + 1)))
+    start_pair(env)
+    watch = MarkerWatch(env.zk_client, region_path(env.root, "east")).start()
+    writer = Writer(env, first=1, rate=150)
+    writer.start()
+    wait_until(lambda: writer.next_id > warm, 15, "some writes")
+    env.all_gone(list(range(1, warm // 2)), 15)
+    return watch, writer
+
+
 def test_the_primary_host_dies_the_promoted_replica_s_instance_delivers_everything(
         zk: list[ZooKeeper], mariadb_factory, memcached_factory, processes, tmp_path) -> None:
     primary: MariaDB = mariadb_factory(41)
@@ -66,14 +81,7 @@ def test_the_primary_host_dies_the_promoted_replica_s_instance_delivers_everythi
     assert replica.execute("SELECT @@log_slave_updates")[0][0] == 1
     env = HaEnv(tmp_path / "ha", primary, replica, zk, [memcached_factory() for _ in range(2)], processes)
     try:
-        for c in env.caches:
-            c.set_many(post_keys(range(1, 6001)))
-        start_pair(env)
-        watch = MarkerWatch(env.zk_client, region_path(env.root, "east")).start()
-        writer = Writer(env, first=1, rate=150)
-        writer.start()
-        wait_until(lambda: writer.next_id > 300, 15, "some writes")
-        env.all_gone(list(range(1, 200)), 15)
+        watch, writer = under_load(env, cached=6000, warm=300)
 
         # The host dies: its database and its squeal instance at once, mid-load.
         t_kill = time.monotonic()
@@ -126,14 +134,7 @@ def test_zookeeper_losing_a_server_changes_nothing_losing_its_quorum_pauses_deli
     env = HaEnv(tmp_path / "ha", primary, replica, zk, [memcached_factory() for _ in range(2)], processes)
     killed: list[ZooKeeper] = []
     try:
-        for c in env.caches:
-            c.set_many(post_keys(range(1, 8001)))
-        start_pair(env)
-        watch = MarkerWatch(env.zk_client, region_path(env.root, "east")).start()
-        writer = Writer(env, first=1, rate=150)
-        writer.start()
-        wait_until(lambda: writer.next_id > 200, 15, "some writes")
-        env.all_gone(list(range(1, 150)), 15)
+        watch, writer = under_load(env, cached=8000, warm=200)
 
         # One of three: a follower (the one east-1's session uses, if it uses one: kazoo must move over).
         leader_pid = env.daemons["east-1"].pid
