@@ -32,7 +32,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "squeal"))
 from squeal_helpers import Cache, topology_text  # noqa: E402
-from squeal_throughput import bare_decode, c_decoder, create_schema, loadavg, metric_sum  # noqa: E402
+from squeal_throughput import bare_decode, c_decoder, cpu_seconds, create_schema, loadavg, metric_sum  # noqa: E402
 
 from ops.harness import MariaDB, Memcached, SquealDaemon  # noqa: E402
 from squeal import gtid as g  # noqa: E402
@@ -53,11 +53,6 @@ def user_keys(ids: range) -> list[str]:
 def in_chunks(keys: list[str], n: int = 20_000):
     for i in range(0, len(keys), n):
         yield keys[i:i + n]
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """user + system CPU of the processes `pids` so far (all their threads)."""
-    return sum(sum(psutil.Process(p).cpu_times()[:2]) for p in pids)
 
 
 def one_pair(db: MariaDB, schema: str, caches: list[Cache], daemon: SquealDaemon, ids: range,

@@ -77,6 +77,11 @@ def load(db: MariaDB, schema: str, rows: int, first_id: int = 1) -> None:
             conn.commit()
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """user + system CPU of the processes `pids` so far (all their threads)."""
+    return sum(sum(psutil.Process(p).cpu_times()[:2]) for p in pids)
+
+
 def create_schema(db: MariaDB, schema: str, probe_rows: int = 0) -> None:
     """The squeal benches' schema: `users` (4 columns: the rules render two keys per row image), `posts`, and
     with `probe_rows` a `probe` table of that many rows for canary probes (commit -> key gone)."""
