@@ -105,15 +105,24 @@ class Drill:
 
     # -- steps -----------------------------------------------------------------------------------
 
-    def kill(self, name: str | None, role: str) -> None:
+    def _running(self, name: str | None, role: str, verb: str, after: str = "") -> tuple[dict, str] | None:
+        """The row of `name` and the step's title ("<verb> <name> (pid N)<after>"), or None when there is
+        nothing to do it to: no such component (skipped) or not running before the drill (a failed step)."""
         if name is None:
-            self.skip(f"kill -9 a {role}", "the deployment runs none")
-            return
+            self.skip(f"{verb} a {role}", "the deployment runs none")
+            return None
         before = self.row(name)
-        what = f"kill -9 {name} (pid {before['pid']})"
+        what = f"{verb} {name} (pid {before['pid']}){after}"
         if not before["running"]:
             self.record(Step(what, False, "it was not running before the drill"))
+            return None
+        return before, what
+
+    def kill(self, name: str | None, role: str) -> None:
+        target = self._running(name, role, "kill -9")
+        if target is None:
             return
+        before, what = target
         os.kill(before["pid"], signal.SIGKILL)
         t0 = time.monotonic()
 
@@ -130,14 +139,10 @@ class Drill:
         self.record(Step(what, False, f"not back after {self.back_within:.0f} s: {self._state(name)}"))
 
     def pause_process(self, name: str | None, role: str) -> None:
-        if name is None:
-            self.skip(f"SIGSTOP a {role}", "the deployment runs none")
+        target = self._running(name, role, "SIGSTOP", f" for {self.pause:g} s")
+        if target is None:
             return
-        before = self.row(name)
-        what = f"SIGSTOP {name} (pid {before['pid']}) for {self.pause:g} s"
-        if not before["running"]:
-            self.record(Step(what, False, "it was not running before the drill"))
-            return
+        before, what = target
         os.kill(before["pid"], signal.SIGSTOP)
         try:
             time.sleep(min(0.5, self.pause))
