@@ -146,6 +146,8 @@ class Flow:
         self.source_lag: Callable[[g.Position, float], float] | None = None
         self.on_ready: Callable[[], None] = lambda: None  # the batcher: there is something to send
         self.on_shed: Callable[[Flow], None] = lambda flow: None  # the daemon: start a catch-up reader
+        # HA (squeal/ha.py, `gate_flows`): asked before every batch; False hands out nothing (the lease ran out).
+        self.may_send: Callable[[], bool] | None = None
         self._latency = metrics.latency.labels(flow=name) if metrics is not None else None
         self._delivery = metrics.delivery_latency.labels(flow=name) if metrics is not None else None
         if metrics is not None:
@@ -283,12 +285,14 @@ class Flow:
     def take_batch(self, batch_size: int, max_in_flight: int = 1) -> Batch | None:
         """The next batch (up to `batch_size` keys), now in flight behind any others.
 
-        None if `max_in_flight` batches are in flight or nothing is left to send. A batch of key-less
-        transactions only is handed out when nothing else is in flight (it is acknowledged without a
-        round trip, and acknowledgements go in order).
+        None if `max_in_flight` batches are in flight, nothing is left to send or `may_send` says no. A batch
+        of key-less transactions only is handed out when nothing else is in flight (it is acknowledged without
+        a round trip, and acknowledgements go in order).
         """
         sending = self.sending
         if len(sending) >= max_in_flight or self._sent_entries >= len(self.queue):
+            return None
+        if self.may_send is not None and not self.may_send():
             return None
         parts: list[bytes] = []
         n = 0

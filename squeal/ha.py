@@ -491,12 +491,7 @@ def gate_flows(flows: Any, may_send: Callable[[], bool]) -> None:
     ran out (a process paused past it, a partition) sends nothing more, even before its watchdog has run.
     (Batches already written are acknowledged as usual.)"""
     for flow in flows:
-        take = flow.take_batch
-
-        def gated(batch_size: int, max_in_flight: int = 1, _take: Callable[..., Any] = take) -> Any:
-            return _take(batch_size, max_in_flight) if may_send() else None
-
-        flow.take_batch = gated
+        flow.may_send = may_send
 
 
 class TakeoverError(RuntimeError):

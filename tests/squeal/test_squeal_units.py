@@ -285,6 +285,19 @@ def test_batches_span_and_split_transactions_and_ack_in_order() -> None:
     assert f.acked == {0: (1, 2)} and f.backlog == 0 and not f.queue
 
 
+def test_a_gated_flow_hands_out_nothing_while_its_gate_says_no() -> None:
+    f = make_flow()
+    lease = [False]
+    f.may_send = lambda: lease[0]  # what squeal.ha.gate_flows installs: the leader's lease
+    f.offer_live(committed(1, ["a", "b"]))
+    assert f.take_batch(2) is None and f.pending_keys == 2  # queued, not sent, not lost
+    lease[0] = True
+    b = f.take_batch(2)
+    assert b is not None and b.payload == b"md a q\r\nmd b q\r\nmn\r\n"
+    f.ack(b)
+    assert f.acked == {0: (1, 1)}
+
+
 def test_pipelined_batches_ack_in_order_and_fail_back_together() -> None:
     f = make_flow()
     f.offer_live(committed(1, ["a", "b", "c"]))
