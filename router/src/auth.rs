@@ -7,13 +7,15 @@
 //! must never reach them: with `--auth-file` the router checks clients itself against a file in
 //! `-Y` format and forwards nothing of the login; with `--upstream-auth-file` it logs in to each new
 //! server connection (and probe) with the first entry of that file before sending anything else.
+//! Without `--upstream-auth-file` it asks each new server connection `version` first, and a server
+//! that answers `CLIENT_ERROR unauthenticated` gets nothing else: else the first client `set` that
+//! happens to be a login would log in the shared connection for every client (see `prepare`).
 
 use std::fmt;
 use std::path::Path;
 
 use bytes::Bytes;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Entries of a `-Y` file: `user:password`, one a line.
 #[derive(Clone)]
@@ -95,36 +97,76 @@ impl fmt::Debug for UpstreamLogin {
     }
 }
 
-impl UpstreamLogin {
-    /// Log in on a fresh server connection; `Err` with the reason if the server did not answer
-    /// `STORED`. The caller bounds the time.
-    pub async fn login(&self, stream: &mut TcpStream) -> Result<(), String> {
-        stream
-            .write_all(&self.0)
-            .await
-            .map_err(|e| format!("upstream login: {e}"))?;
-        let mut line = Vec::new();
-        let mut buf = [0u8; 256];
-        while !line.ends_with(b"\r\n") {
-            let n = stream
-                .read(&mut buf)
-                .await
-                .map_err(|e| format!("upstream login: {e}"))?;
-            if n == 0 {
-                return Err("upstream login: connection closed".into());
-            }
-            line.extend_from_slice(&buf[..n]);
-            if line.len() > 1024 {
-                break;
-            }
-        }
-        if line == b"STORED\r\n" {
-            Ok(())
-        } else {
-            let text = String::from_utf8_lossy(&line);
-            Err(format!("upstream login refused: {}", text.trim_end()))
+/// Why a fresh server connection was not made ready for requests.
+#[derive(Debug, PartialEq)]
+pub enum NotReady {
+    /// Without `--upstream-auth-file`, the server answered `CLIENT_ERROR unauthenticated`
+    /// (memcached `-Y`): it wants a login the router does not have.
+    LoginDemanded,
+    /// Anything else (an I/O error, a refused login, an unexpected answer), with the reason.
+    Failed(String),
+}
+
+impl fmt::Display for NotReady {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotReady::LoginDemanded => f.write_str(
+                "server demands a login (CLIENT_ERROR unauthenticated) and the router has no --upstream-auth-file",
+            ),
+            NotReady::Failed(why) => f.write_str(why),
         }
     }
+}
+
+/// Make a fresh server connection ready before anything of a client is sent on it (the caller
+/// bounds the time): with `--upstream-auth-file` (`login`) log in; without, ask `version`, so that
+/// a server that demands a login is found here, with one round trip per connection, and never by a
+/// client's login `set` authenticating the shared connection for every client.
+pub async fn prepare<S>(stream: &mut S, login: Option<&UpstreamLogin>) -> Result<(), NotReady>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let (request, what) = match login {
+        Some(login) => (&login.0[..], "upstream login"),
+        None => (&b"version\r\n"[..], "version"),
+    };
+    let line = exchange(stream, request)
+        .await
+        .map_err(|e| NotReady::Failed(format!("{what}: {e}")))?;
+    match (login, &line[..]) {
+        (Some(_), b"STORED\r\n") => Ok(()),
+        (None, l) if l.starts_with(b"VERSION ") => Ok(()),
+        (None, b"CLIENT_ERROR unauthenticated\r\n") => Err(NotReady::LoginDemanded),
+        (Some(_), l) => Err(NotReady::Failed(format!(
+            "upstream login refused: {}",
+            String::from_utf8_lossy(l).trim_end()
+        ))),
+        (None, l) => Err(NotReady::Failed(format!(
+            "unexpected answer to version: {}",
+            String::from_utf8_lossy(l).trim_end()
+        ))),
+    }
+}
+
+/// Send `request` and read the one-line answer (with its CRLF; at most about 1 KB is read).
+async fn exchange<S>(stream: &mut S, request: &[u8]) -> Result<Vec<u8>, String>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    stream.write_all(request).await.map_err(|e| e.to_string())?;
+    let mut line = Vec::new();
+    let mut buf = [0u8; 256];
+    while !line.ends_with(b"\r\n") {
+        let n = stream.read(&mut buf).await.map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("connection closed".into());
+        }
+        line.extend_from_slice(&buf[..n]);
+        if line.len() > 1024 {
+            break;
+        }
+    }
+    Ok(line)
 }
 
 #[cfg(test)]
@@ -148,5 +190,51 @@ mod tests {
         for bad in [&b""[..], b"alice secret\n", b":pw\n", b"alice:\n", b"alice\n"] {
             assert!(AuthFile::parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// `prepare` on an in-memory connection whose server answers `answer`: the result and what the
+    /// server was sent.
+    fn prepare_against(login: Option<&UpstreamLogin>, answer: &'static [u8]) -> (Result<(), NotReady>, Vec<u8>) {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        rt.block_on(async {
+            let (mut router, mut server) = tokio::io::duplex(4096);
+            let server = tokio::spawn(async move {
+                let mut got = vec![0u8; 4096];
+                let n = server.read(&mut got).await.unwrap();
+                server.write_all(answer).await.unwrap();
+                got.truncate(n);
+                got
+            });
+            let result = prepare(&mut router, login).await;
+            (result, server.await.unwrap())
+        })
+    }
+
+    #[test]
+    fn a_fresh_connection_is_logged_in_or_asked_whether_it_wants_a_login() {
+        let login = AuthFile::parse(b"router:rpw\n").unwrap().login_request();
+        let (r, sent) = prepare_against(Some(&login), b"STORED\r\n");
+        assert_eq!(
+            (r, &sent[..]),
+            (Ok(()), &b"set squeal-router-auth 0 0 10\r\nrouter rpw\r\n"[..])
+        );
+        let (r, _) = prepare_against(Some(&login), b"CLIENT_ERROR authentication failure\r\n");
+        assert_eq!(
+            r,
+            Err(NotReady::Failed(
+                "upstream login refused: CLIENT_ERROR authentication failure".into()
+            ))
+        );
+
+        let (r, sent) = prepare_against(None, b"VERSION 1.6.18\r\n");
+        assert_eq!((r, &sent[..]), (Ok(()), &b"version\r\n"[..]));
+        // memcached 1.6.18 -Y, observed
+        let (r, _) = prepare_against(None, b"CLIENT_ERROR unauthenticated\r\n");
+        assert_eq!(r, Err(NotReady::LoginDemanded));
+        assert!(NotReady::LoginDemanded.to_string().contains("--upstream-auth-file"));
+        let (r, _) = prepare_against(None, b"ERROR\r\n");
+        assert_eq!(r, Err(NotReady::Failed("unexpected answer to version: ERROR".into())));
+        let (r, _) = prepare_against(None, b"");
+        assert_eq!(r, Err(NotReady::Failed("version: connection closed".into())));
     }
 }

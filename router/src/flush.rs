@@ -138,7 +138,8 @@ mod tests {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
     use tokio::net::TcpListener;
 
-    /// A fake memcached answering every line with `answer`; returns its address and what it saw.
+    /// A fake memcached answering every line with `answer` (but the router's `version` on a new
+    /// connection, see `auth::prepare`, as memcached does); returns its address and what it saw.
     async fn fake(answer: &'static str) -> (String, Arc<Mutex<Vec<String>>>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
@@ -151,7 +152,12 @@ mod tests {
                     let (rd, mut wr) = stream.into_split();
                     let mut lines = BufReader::new(rd).lines();
                     while let Ok(Some(line)) = lines.next_line().await {
-                        log.lock().unwrap().push(line);
+                        let answer = if line == "version" {
+                            "VERSION fake\r\n"
+                        } else {
+                            log.lock().unwrap().push(line);
+                            answer
+                        };
                         if wr.write_all(answer.as_bytes()).await.is_err() {
                             return;
                         }

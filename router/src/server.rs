@@ -27,6 +27,7 @@ use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::Context;
+use crate::auth::{self, NotReady, UpstreamLogin};
 use crate::protocol::reply::parse_reply;
 use crate::protocol::{Cmd, Reply, ReplyKind, Request, Res};
 
@@ -51,6 +52,9 @@ pub struct Server {
     consecutive_timeouts: AtomicU32,
     /// Dropped from the config: probes and replays stop.
     retired: AtomicBool,
+    /// The last connection opened (or probe) found that the server demands a login the router does
+    /// not have: logged when this changes to true, not per request or probe.
+    login_demanded: AtomicBool,
     ctx: Weak<Context>,
 }
 
@@ -80,6 +84,7 @@ impl Server {
             tko: AtomicBool::new(false),
             consecutive_timeouts: AtomicU32::new(0),
             retired: AtomicBool::new(false),
+            login_demanded: AtomicBool::new(false),
             ctx: Arc::downgrade(ctx),
         });
         // The connection task holds the server weakly: it ends when the server is dropped.
@@ -249,20 +254,60 @@ impl Server {
     }
 
     async fn probe(&self, ctx: &Context) -> bool {
+        let opened = open(&self.addr, ctx.opts.upstream_login.as_ref(), ctx.opts.connect_timeout).await;
+        self.note_opened(&opened);
+        let Ok(mut s) = opened else {
+            return false;
+        };
         let attempt = async {
-            let mut s = TcpStream::connect(&self.addr).await.ok()?;
-            if let Some(login) = &ctx.opts.upstream_login {
-                login.login(&mut s).await.ok()?;
-            }
             s.write_all(b"version\r\n").await.ok()?;
             let mut buf = [0u8; 128];
             let n = s.read(&mut buf).await.ok()?;
             buf[..n].starts_with(b"VERSION").then_some(())
         };
         matches!(
-            tokio::time::timeout(ctx.opts.connect_timeout + ctx.opts.server_timeout, attempt).await,
+            tokio::time::timeout(ctx.opts.server_timeout, attempt).await,
             Ok(Some(()))
         )
+    }
+
+    /// After a connection (or probe) was opened: say so once when the server starts demanding a
+    /// login the router does not have (nothing is sent to it then; it is TKO until it stops).
+    fn note_opened<T>(&self, opened: &Result<T, (Res, NotReady)>) {
+        let demanded = match opened {
+            Ok(_) => false,
+            Err((_, NotReady::LoginDemanded)) => true,
+            Err(_) => return, // not known
+        };
+        if self.login_demanded.swap(demanded, Relaxed) != demanded && demanded {
+            eprintln!(
+                "squeal-router: ERROR: server {} demands a login (it answers CLIENT_ERROR unauthenticated, \
+                 as memcached -Y does): the router sends it no client request; start the router with \
+                 --upstream-auth-file",
+                self.addr
+            );
+        }
+    }
+}
+
+/// A connection to `addr`, made ready for requests (`auth::prepare`: logged in with `login`, or
+/// found not to demand a login) within `connect_timeout`: the one way server connections and probe
+/// connections are opened. The error carries the reply code for the requests waiting on it.
+async fn open(
+    addr: &str,
+    login: Option<&UpstreamLogin>,
+    connect_timeout: Duration,
+) -> Result<TcpStream, (Res, NotReady)> {
+    let attempt = async {
+        let mut stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| NotReady::Failed(format!("connect error: {e}")))?;
+        auth::prepare(&mut stream, login).await?;
+        Ok(stream)
+    };
+    match tokio::time::timeout(connect_timeout, attempt).await {
+        Ok(opened) => opened.map_err(|e| (Res::ConnectError, e)),
+        Err(_) => Err((Res::ConnectTimeout, NotReady::Failed("connect timeout".to_string()))),
     }
 }
 
@@ -280,26 +325,20 @@ async fn run(server: Weak<Server>, mut rx: mpsc::Receiver<Job>) {
         }) else {
             return;
         };
-        // Connect and, with `--upstream-auth-file`, log in before any client request is sent: a
-        // server connection is shared by every client, so it is never left to a client's login.
-        let connect = tokio::time::timeout(connect_timeout, async {
-            let mut stream = TcpStream::connect(&addr)
-                .await
-                .map_err(|e| format!("connect error: {e}"))?;
-            if let Some(login) = &login {
-                login.login(&mut stream).await?;
-            }
-            Ok::<_, String>(stream)
-        })
-        .await;
-        let failure = match connect {
-            Ok(Ok(stream)) => {
+        // Connect and log in (`--upstream-auth-file`), or find that the server demands no login,
+        // before any client request is sent: a server connection is shared by every client, so it
+        // is never left to a client's login.
+        let opened = open(&addr, login.as_ref(), connect_timeout).await;
+        if let Some(s) = server.upgrade() {
+            s.note_opened(&opened);
+        }
+        let failure = match opened {
+            Ok(stream) => {
                 let _ = stream.set_nodelay(true);
                 serve(stream, first, &mut rx).await;
                 continue;
             }
-            Ok(Err(e)) => (Res::ConnectError, e),
-            Err(_) => (Res::ConnectTimeout, "connect timeout".to_string()),
+            Err((res, why)) => (res, why.to_string()),
         };
         if let Some(s) = server.upgrade() {
             s.mark_tko(&failure.1);

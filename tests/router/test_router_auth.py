@@ -2,14 +2,17 @@
 
 The router's server connections are shared by all its clients, so a client's login (a `set` whose
 value is `user password`) must never reach them: the router logs in to each server connection
-itself (`--upstream-auth-file`) and checks clients against its own file (`--auth-file`).
+itself (`--upstream-auth-file`) and checks clients against its own file (`--auth-file`). Without
+`--upstream-auth-file` it finds out that a server wants a login when it opens a connection to it, and
+sends that connection nothing else.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
-from ops.harness import Memcached, Router, memcached_command
+from ops.harness import Memcached, Router, memcached_command, wait_until
 from tests.router.conftest import Conn
 
 
@@ -31,7 +34,15 @@ class AuthRouter(Router):
         return reply.startswith(b"CLIENT_ERROR unauthenticated") or reply.startswith(b"VERSION")
 
 
-def start(processes, tmp_path, router_user: str = "router:rpw", client_file: str = "alice:secret\n"):
+def start(
+    processes,
+    tmp_path,
+    router_user: str = "router:rpw",
+    client_file: str = "alice:secret\n",
+    credentials: bool = True,
+    extra_args: tuple[str, ...] = (),
+):
+    """memcached -Y behind a router; `credentials=False` starts the router without either auth file."""
     server_file = tmp_path / "server-auth"
     server_file.write_text("router:rpw\nadmin:apw\n")
     upstream = tmp_path / "upstream-auth"
@@ -41,13 +52,12 @@ def start(processes, tmp_path, router_user: str = "router:rpw", client_file: str
     mc = processes.add(AuthMemcached(server_file, workdir=processes.base / "memcached"))
     config = tmp_path / "router.json"
     config.write_text(json.dumps({"pools": {"main": {"servers": [mc.address]}}, "route": "PoolRoute|main"}))
+    auth_args = ("--upstream-auth-file", str(upstream), "--auth-file", str(clients)) if credentials else ()
     router = processes.add(
         AuthRouter(
             config,
             workdir=processes.base / "router",
-            extra_args=(
-                "--upstream-auth-file", str(upstream), "--auth-file", str(clients), "--server-timeout-ms", "500"
-            ),
+            extra_args=(*auth_args, "--server-timeout-ms", "500", *extra_args),
         )
     )
     return mc, router
@@ -97,3 +107,70 @@ def test_a_wrong_upstream_login_sends_nothing_to_the_server(processes, tmp_path)
     direct = admin(mc)
     assert direct.call(b"get k\r\n") == b"END"
     assert direct.call(b"get login-key\r\n") == b"END"
+
+
+def login_errors(router, mc) -> list[str]:
+    """The router's ERROR lines that name the server and say to use --upstream-auth-file (the TKO
+    line that follows each gives the same reason; it is not counted)."""
+    return [
+        line
+        for line in router.log_file.read_text(errors="replace").splitlines()
+        if "ERROR:" in line and mc.address in line and "--upstream-auth-file" in line
+    ]
+
+
+FAST_PROBES = ("--probe-delay-initial-ms", "100", "--probe-delay-max-ms", "200")
+
+
+def test_without_upstream_credentials_a_clients_login_never_reaches_the_server(processes, tmp_path) -> None:
+    mc, router = start(processes, tmp_path, credentials=False, extra_args=FAST_PROBES)
+    a = Conn(router.address)
+    # a valid login for the server: had it reached the shared server connection, that connection
+    # would be logged in for every client of the router
+    reply = a.call(b"set login-key 0 0 10\r\nrouter rpw\r\n")
+    assert reply.startswith(b"SERVER_ERROR"), reply
+
+    b = Conn(router.address)
+    for request in (b"set k 0 0 1\r\nv\r\n", b"get k\r\n", b"mg k v\r\n", b"set k 0 0 1\r\nw\r\n"):
+        reply = b.call(request)
+        assert reply.startswith(b"SERVER_ERROR"), (request, reply)
+    assert a.call(b"get login-key\r\n").startswith(b"SERVER_ERROR")
+
+    # nothing of either client reached the server
+    direct = admin(mc)
+    assert direct.call(b"get login-key\r\n") == b"END"
+    assert direct.call(b"get k\r\n") == b"END"
+
+    # the operator is told which server and what to do: once, not per request nor per probe
+    wait_until(lambda: login_errors(router, mc), 5.0, "the router to log the missing --upstream-auth-file")
+    time.sleep(1.0)  # probes every 100-200 ms find the same
+    assert b.call(b"get k\r\n").startswith(b"SERVER_ERROR")
+    assert len(login_errors(router, mc)) == 1, login_errors(router, mc)
+
+
+def test_without_upstream_credentials_a_server_without_auth_is_served_and_a_new_login_demand_is_logged(
+    processes, tmp_path
+) -> None:
+    mc, router = start(processes, tmp_path, credentials=False, extra_args=FAST_PROBES)
+    c = Conn(router.address)
+
+    def refused_and_logged(times: int) -> bool:
+        return c.call(b"get k\r\n").startswith(b"SERVER_ERROR") and len(login_errors(router, mc)) == times
+
+    wait_until(lambda: refused_and_logged(1), 5.0, "the router to refuse the -Y server and log it")
+
+    # the same address without -Y: the prober finds it back and the router serves it
+    mc.kill()
+    plain = processes.add(Memcached(port=mc.port, workdir=processes.base / "plain"))
+    wait_until(lambda: c.call(b"set k 0 0 1\r\nv\r\n") == b"STORED", 10.0, "the router to serve the plain server")
+    assert c.call(b"get k\r\n") == b"VALUE k 0 1\r\nv\r\nEND\r\n"
+
+    # -Y again: found when the router reconnects, and logged again (a new change)
+    plain.kill()
+    processes.add(AuthMemcached(mc.auth_file, port=mc.port, workdir=processes.base / "memcached2"))
+    wait_until(lambda: refused_and_logged(2), 10.0, "the router to refuse the -Y server again and log it")
+    assert direct_get(mc, b"k") == b"END"
+
+
+def direct_get(mc, key: bytes) -> bytes:
+    return admin(mc).call(b"get " + key + b"\r\n")
