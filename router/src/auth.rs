@@ -17,6 +17,24 @@ use std::path::Path;
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+/// A client's login `set` as memcached -Y judges it, and the answer it gets.
+#[derive(Debug, PartialEq, Clone, Copy)]
+pub enum Login {
+    Accepted,
+    Refused,
+    BadFormat,
+}
+
+impl Login {
+    pub fn reply(self) -> &'static [u8] {
+        match self {
+            Login::Accepted => b"STORED\r\n",
+            Login::Refused => b"CLIENT_ERROR authentication failure\r\n",
+            Login::BadFormat => b"CLIENT_ERROR bad authentication token format\r\n",
+        }
+    }
+}
+
 /// Entries of a `-Y` file: `user:password`, one a line.
 #[derive(Clone)]
 pub struct AuthFile {
@@ -62,16 +80,21 @@ impl AuthFile {
         Ok(AuthFile { entries })
     }
 
-    /// Whether a login `set`'s value (`user password`) names an entry of the file.
-    pub fn check(&self, value: &[u8]) -> bool {
-        let Some(sp) = value.iter().position(|&b| b == b' ') else {
-            return false;
+    /// What memcached 1.6.18 -Y answers a login `set` with this value (observed there): the value is
+    /// split into words at spaces (runs of spaces count as one, leading and trailing ones are skipped);
+    /// fewer than two words is a malformed token, else the first two are user and password (any later
+    /// word is ignored).
+    pub fn check(&self, value: &[u8]) -> Login {
+        let mut words = value.split(|&b| b == b' ').filter(|w| !w.is_empty());
+        let (Some(user), Some(pass)) = (words.next(), words.next()) else {
+            return Login::BadFormat;
         };
-        let (user, pass) = (&value[..sp], &value[sp + 1..]);
         // every entry is compared, so the time taken does not tell which one matched
-        self.entries
+        let ok = self
+            .entries
             .iter()
-            .fold(false, |ok, (u, p)| ok | (same(u, user) & same(p, pass)))
+            .fold(false, |ok, (u, p)| ok | (same(u, user) & same(p, pass)));
+        if ok { Login::Accepted } else { Login::Refused }
     }
 
     /// The login request for a server: a `set` of the first entry, as memcached's ascii auth takes it.
@@ -176,12 +199,23 @@ mod tests {
     #[test]
     fn reads_memcacheds_format_and_checks_logins() {
         let f = AuthFile::parse(b"alice:secret\n\nbob:pw2\r\n").unwrap();
-        assert!(f.check(b"alice secret"));
-        assert!(f.check(b"bob pw2"));
-        assert!(!f.check(b"alice pw2"));
-        assert!(!f.check(b"alice secret "));
-        assert!(!f.check(b"alicesecret"));
-        assert!(!f.check(b""));
+        for (value, judged) in [
+            (&b"alice secret"[..], Login::Accepted),
+            (b"bob pw2", Login::Accepted),
+            (b"alice pw2", Login::Refused),
+            // memcached 1.6.18 -Y, observed: words at spaces, the first two count
+            (b"alice secret ", Login::Accepted),
+            (b"  alice   secret", Login::Accepted),
+            (b"alice secret more", Login::Accepted),
+            (b"alice secret\r", Login::Refused),
+            (b"alicesecret", Login::BadFormat),
+            (b"alice\tsecret", Login::BadFormat),
+            (b"alice ", Login::BadFormat),
+            (b" secret", Login::BadFormat),
+            (b"", Login::BadFormat),
+        ] {
+            assert_eq!(f.check(value), judged, "{:?}", String::from_utf8_lossy(value));
+        }
         assert_eq!(
             &f.login_request().0[..],
             b"set squeal-router-auth 0 0 12\r\nalice secret\r\n"

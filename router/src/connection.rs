@@ -15,6 +15,7 @@ use futures_util::future::{FutureExt, join_all};
 use futures_util::stream::{FuturesOrdered, StreamExt};
 use tokio::net::TcpStream;
 
+use crate::auth::Login;
 use crate::config::RouterConfig;
 use crate::protocol::reply::{first_line_end, meta_hit_as_value, parse_decimal};
 use crate::protocol::request::{BINARY_REQUEST_MAGIC, binary_refusal, parse_with};
@@ -265,19 +266,17 @@ impl Conn {
     }
 
     /// A command before the client has logged in (`--auth-file`), answered as memcached -Y
-    /// answers it: a `set` whose value is `user password` from the file logs in (`STORED`, also
-    /// with `noreply`), another `set` is `CLIENT_ERROR authentication failure`, anything else
-    /// `CLIENT_ERROR unauthenticated` (`quit` closes). Nothing of it is sent to a server.
+    /// answers it: a `set` is a login (`AuthFile::check`: `STORED` and logged in, `CLIENT_ERROR
+    /// authentication failure` or `CLIENT_ERROR bad authentication token format`, also with
+    /// `noreply`), anything else `CLIENT_ERROR unauthenticated` (`quit` closes). Nothing of it is
+    /// sent to a server.
     fn login(&mut self, cmd: Command) {
         let auth = self.shared.ctx.opts.client_auth.clone();
         let reply: &'static [u8] = match &cmd {
             Command::Keyed(req) if req.cmd == Cmd::Set && !req.too_large => {
-                if auth.is_some_and(|f| f.check(&req.value)) {
-                    self.authenticated = true;
-                    b"STORED\r\n"
-                } else {
-                    b"CLIENT_ERROR authentication failure\r\n"
-                }
+                let judged = auth.map_or(Login::Refused, |f| f.check(&req.value));
+                self.authenticated = judged == Login::Accepted;
+                judged.reply()
             }
             Command::Quit => {
                 self.closing = true;

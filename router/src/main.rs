@@ -532,7 +532,10 @@ mod tests {
         std::fs::write(&bad, "alice secret\n").unwrap();
         let (g, b) = (good.to_str().unwrap(), bad.to_str().unwrap());
         let a = parse(&["-f", "c.json", "-p", "1", "--auth-file", g, "--upstream-auth-file", g]).unwrap();
-        assert!(a.opts.client_auth.unwrap().check(b"alice secret"));
+        assert_eq!(
+            a.opts.client_auth.unwrap().check(b"alice secret"),
+            squeal_router::auth::Login::Accepted
+        );
         assert!(a.opts.upstream_login.is_some());
         let a = parse(&["-f", "c.json", "-p", "1"]).unwrap();
         assert!(a.opts.client_auth.is_none() && a.opts.upstream_login.is_none());

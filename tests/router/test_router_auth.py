@@ -74,7 +74,7 @@ def test_one_clients_login_never_authenticates_other_clients(processes, tmp_path
     anon = Conn(router.address)
     # not logged in: refused by the router, as memcached -Y refuses it
     assert anon.call(b"get k\r\n") == b"CLIENT_ERROR unauthenticated"
-    assert anon.call(b"set k 0 0 1\r\nx\r\n") == b"CLIENT_ERROR authentication failure"
+    assert anon.call(b"set k 0 0 1\r\nx\r\n") == b"CLIENT_ERROR bad authentication token format"
     assert anon.call(b"set k 0 0 9\r\nalice bad\r\n") == b"CLIENT_ERROR authentication failure"
     # the server's own credentials are not a client login at the router
     assert anon.call(b"set k 0 0 10\r\nrouter rpw\r\n") == b"CLIENT_ERROR authentication failure"
@@ -95,6 +95,37 @@ def test_one_clients_login_never_authenticates_other_clients(processes, tmp_path
     direct = admin(mc)
     assert direct.call(b"get login-key\r\n") == b"END"
     assert direct.call(b"get k\r\n") == b"VALUE k 0 1\r\nv\r\nEND\r\n"
+
+
+LOGIN_VALUES = [
+    b"admin apw",
+    b"admin bad",
+    b"x",
+    b"",
+    b"admin  apw",
+    b"  admin apw",
+    b"admin apw ",
+    b"admin apw extra",
+    b"admin ",
+    b" apw",
+    b"admin\tapw",
+    b"admin apw\r",
+    b"a b c",
+]
+
+
+def test_client_logins_are_answered_byte_for_byte_as_memcached_answers_them(processes, tmp_path) -> None:
+    """The router's --auth-file against memcached -Y with the same account: every login value, on a
+    fresh connection to each, gets the same answer, and so does the command after it."""
+    mc, router = start(processes, tmp_path, client_file="admin:apw\n")
+    for value in LOGIN_VALUES:
+        for noreply in (b"", b" noreply"):
+            login = b"set login %d 0 %d%s\r\n%s\r\n" % (0, len(value), noreply, value)
+            answers = []
+            for address in (mc.address, router.address):
+                c = Conn(address)
+                answers.append((c.call(login), c.call(b"mn\r\n")))
+            assert answers[1] == answers[0], f"{login!r}: router {answers[1]}, memcached {answers[0]}"
 
 
 def test_a_wrong_upstream_login_sends_nothing_to_the_server(processes, tmp_path) -> None:
