@@ -120,7 +120,7 @@ def test_client_logins_are_answered_byte_for_byte_as_memcached_answers_them(proc
     mc, router = start(processes, tmp_path, client_file="admin:apw\n")
     for value in LOGIN_VALUES:
         for noreply in (b"", b" noreply"):
-            login = b"set login %d 0 %d%s\r\n%s\r\n" % (0, len(value), noreply, value)
+            login = b"set login 0 0 %d%s\r\n%s\r\n" % (len(value), noreply, value)
             answers = []
             for address in (mc.address, router.address):
                 c = Conn(address)
