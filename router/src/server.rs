@@ -259,6 +259,9 @@ impl Server {
         let Ok(mut s) = opened else {
             return false;
         };
+        if ctx.opts.upstream_login.is_none() {
+            return true; // `open` asked `version` already (auth::prepare) and got `VERSION`
+        }
         let attempt = async {
             s.write_all(b"version\r\n").await.ok()?;
             let mut buf = [0u8; 128];
