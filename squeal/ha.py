@@ -15,6 +15,10 @@ healthy standby tries to create it. Preference: an instance defers for `defer` s
 candidate of better rank (earlier in the topology's `squeal_instances`: the one on the primary first), which
 wins at once if it is alive. A leader that sees a better-ranked healthy candidate for `handback_after`
 seconds hands the region back: `on_handback` (the daemon flushes and writes its markers), then `resign()`.
+An instance that just lost a term (lease, session; or a process that replaced such an instance) comes back
+as a standby: for `handback_after` seconds it is *rejoining* — published so, nobody defers to it and it defers
+to any other healthy candidate — so a preferred instance whose session expired cannot win the vacancy its
+own expiry made; it gets the region back only through the hand-back, once it has been back that long.
 
 Fencing. A leader may act only while it holds a *lease*: each round trip to ZooKeeper (every `tick`,
 a fraction of the session timeout T) proves the server heard from this session at the time the request
@@ -127,7 +131,7 @@ class Elector:
                  on_handback: Callable[[], None] | None = None,
                  on_pause: Callable[[bool], None] = lambda paused: None,
                  metrics: ElectionMetrics | None = None, tick: float | None = None, lease_fraction: float = 0.6,
-                 defer: float = 0.5, handback_after: float = 2.0, healthy: bool = True,
+                 defer: float = 0.5, handback_after: float = 2.0, healthy: bool = True, rejoining: bool = False,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not 0 < lease_fraction < 1:
             raise ValueError("lease_fraction must be between 0 and 1: the lease must end before the session can")
@@ -157,7 +161,9 @@ class Elector:
         self._lease_until = 0.0
         self._suspended = False
         self._healthy = healthy
-        self._published: tuple[int, bool] | None = None  # (rank, healthy) in our candidate znode
+        self._published: tuple[int, bool, bool] | None = None  # (rank, healthy, rejoining) in our candidate znode
+        # Until then this instance is rejoining after a lost term (`rejoining`: it replaced a deposed process).
+        self._rejoining_until = clock() + handback_after if rejoining else 0.0
         self._vacant_since: float | None = None  # when this instance first saw the region without a leader
         self._better_since: float | None = None  # (leader) when a better-ranked healthy candidate appeared
         self._handing_back = False
@@ -328,18 +334,28 @@ class Elector:
         self._saw_vacancy()
         if not self._healthy:
             return
-        better = [c for c in self._candidates() if c["rank"] < self.rank and c["healthy"] and c["name"] != self.name]
+        better = [c for c in self._candidates() if self._preferred_to_me(c)]
         waited = self.clock() - (self._vacant_since or self.clock())
         if better and waited < self.defer:
             self._retry_in = self.defer - waited  # the preferred candidate should win meanwhile
             return
         self._try_to_lead()
 
+    def _rejoining(self) -> bool:
+        return self.clock() < self._rejoining_until
+
+    def _preferred_to_me(self, c: dict[str, Any]) -> bool:
+        """Whether candidate `c` goes before this instance: healthy, not rejoining, and better-ranked (or any
+        such candidate while this instance is rejoining itself)."""
+        return (c["name"] != self.name and c["healthy"] and not c["rejoining"]
+                and (c["rank"] < self.rank or self._rejoining()))
+
     def _publish_candidate(self) -> None:
-        want = (self.rank, self._healthy)
+        want = (self.rank, self._healthy, self._rejoining())
         if self._published == want:
             return
-        data = json.dumps({"name": self.name, "rank": self.rank, "healthy": self._healthy}).encode()
+        data = json.dumps({"name": self.name, "rank": self.rank, "healthy": self._healthy,
+                           "rejoining": want[2]}).encode()
         try:
             self._call(self.client.create_async(self.candidate_path, data, ephemeral=True, makepath=True))
         except NodeExistsError:
@@ -361,7 +377,8 @@ class Elector:
             try:
                 data, _ = self._call(self.client.get_async(f"{self.candidates_path}/{name}"))
                 doc = json.loads(data.decode())
-                out.append({"name": str(doc["name"]), "rank": int(doc["rank"]), "healthy": bool(doc["healthy"])})
+                out.append({"name": str(doc["name"]), "rank": int(doc["rank"]), "healthy": bool(doc["healthy"]),
+                            "rejoining": bool(doc.get("rejoining", False))})
             except (NoNodeError, ValueError, KeyError, TypeError):
                 continue
         return out
@@ -438,7 +455,7 @@ class Elector:
     def _consider_handback(self) -> None:
         if self.on_handback is None or self._handing_back:
             return
-        better = [c for c in self._candidates() if c["rank"] < self.rank and c["healthy"] and c["name"] != self.name]
+        better = [c for c in self._candidates() if self._preferred_to_me(c)]
         if not better:
             self._better_since = None
             return
@@ -459,6 +476,8 @@ class Elector:
             self.state = STANDBY
             self._token = None
             self._lease_until = 0.0
+            if reason not in ("resign", "handback"):  # a lost term, not one given up: come back as a standby
+                self._rejoining_until = self.clock() + self.handback_after
             self._lock.notify_all()
         self.metrics.set_state(STANDBY)
         self.metrics.depositions.labels(reason=reason).inc()
@@ -637,7 +656,8 @@ class HaInstance:
             on_elected=lambda token: self.reactor.callFromThread(self._elected, token),
             on_deposed=self._deposed,
             on_handback=lambda: self.reactor.callFromThread(self._hand_back),
-            on_pause=self._paused, healthy=self._healthy)
+            on_pause=self._paused, healthy=self._healthy,
+            rejoining=bool(os.environ.get("SQUEAL_HA_REJOINED")))  # it replaced a deposed leader
         self.elector.start()
         threading.Thread(target=self._watch_health, name="ha-health", daemon=True).start()
         # After the daemon's own "before shutdown" (flush, final markers): give the leadership up at once.

@@ -17,7 +17,7 @@ from test_ha_support import SESSION_TIMEOUT, Link, client, ensemble, expire_sess
 
 from ops.harness import ZooKeeper
 from squeal.ha import LEADER, STANDBY, ElectionMetrics, Elector
-from squeal.zkstore import FencedError, ZooKeeperDatamarkerStore, ZooKeeperUnavailable
+from squeal.zkstore import FencedError, ZooKeeperDatamarkerStore, ZooKeeperUnavailable, region_path
 
 
 @pytest.fixture(scope="module")
@@ -381,6 +381,39 @@ def test_preference_unhealthy_candidates_and_hand_back(zk, clients, candidates) 
     assert a.metric("squeal_ha_takeovers_total") == 1
     print(f"\nhealthy again -> handed back after {(a.when('elected')[0] - t0) * 1000:.0f} ms "
           f"(handback_after 1000 ms); resign -> new leader {gap * 1000:.0f} ms")
+
+
+def test_a_rejoining_preferred_instance_stands_by_and_gets_the_region_back_only_by_hand_back(
+        zk, clients, candidates) -> None:
+    """The race behind a flaky CI run: a preferred (rank 0) instance whose session expired reconnects and
+    republishes its candidate before the standby acts on the vacancy; the standby used to defer to it, so the
+    deposed instance won straight back. Here the vacancy is made while both candidates are published: an
+    outside session holds the leader znode until then."""
+    root = unique_root()
+    base = region_path(root, "east")
+    hold = clients()
+    hold.create(f"{base}/epoch", json.dumps({"epoch": 0}).encode(), makepath=True)
+    hold.create(f"{base}/leader", json.dumps({"name": "test-hold", "epoch": 0}).encode(), ephemeral=True)
+    a = candidates(clients(), root, "east-1", 0, rejoining=True, handback_after=1.5)  # it replaced a deposed one
+    b = candidates(clients(), root, "east-2", 1, handback_after=1.0)
+    b.elector.on_handback = lambda: b.elector.resign()
+    for c in (a, b):
+        wait_until(lambda c=c: c.elector.leader_name == "test-hold", 10, f"{c.elector.name} to stand by")
+    wait_until(lambda: len(hold.get_children(f"{base}/candidates")) == 2, 10, "both candidates published")
+    data, _ = hold.get(f"{base}/candidates/east-1")
+    assert json.loads(data)["rejoining"] is True
+    t_free = time.monotonic()
+    hold.delete(f"{base}/leader")
+    wait_until(lambda: a.elector.is_leader or b.elector.is_leader, 10, "a leader")
+    assert b.elector.is_leader and a.elector.state == STANDBY, "the rejoining instance must not win the vacancy"
+    # Once back for handback_after, east-1 is an ordinary preferred candidate: east-2 hands the region back.
+    wait_until(lambda: a.elector.is_leader, 15, "east-1 to lead after the hand-back")
+    assert b.events[-1][2] == "handback" and not b.elector.is_leader
+    waited = a.when("elected")[0] - t_free
+    assert waited >= 1.5  # not before its rejoining window ended
+    data, _ = hold.get(f"{base}/candidates/east-1")
+    assert json.loads(data)["rejoining"] is False
+    print(f"\nrejoining instance: the standby led; handed back {waited * 1000:.0f} ms after the vacancy")
 
 
 def test_simultaneous_candidates_elect_exactly_one(zk, clients, candidates) -> None:
