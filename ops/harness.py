@@ -291,10 +291,13 @@ class MariaDB(ManagedProcess):
         workdir: str | Path | None = None,
         host: str = "127.0.0.1",
         replica: bool = False,
+        gtid_domain_id: int | None = None,
     ) -> None:
         super().__init__(port, workdir, host)
         self.server_id = server_id
         self.replica = replica
+        # A shard's domain (router_config Shard): its primary's GTIDs name the shard (D-S-N); None: MariaDB's 0.
+        self.gtid_domain_id = gtid_domain_id
         self.datadir = self.workdir / f"data-{self.port}"
         self.socket_path = self.workdir / f"mariadb-{self.port}.sock"
         self.mariadbd = require_binary("mariadbd", "mariadb-server", search=("/usr/sbin/mariadbd",))
@@ -345,6 +348,8 @@ class MariaDB(ManagedProcess):
             f"--pid-file={self.workdir}/mariadb-{self.port}.pid",
             f"--log-error={self.log_file}",
         ]
+        if self.gtid_domain_id is not None:
+            cmd.append(f"--gtid-domain-id={self.gtid_domain_id}")
         if self.replica:
             cmd += ["--log-slave-updates", "--read-only=OFF"]
         return cmd

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from router_config.model import (
     Region,
     RegionalPool,
     Rule,
+    Shard,
     SquealInstance,
     SquealSettings,
     Topology,
@@ -143,7 +144,7 @@ class _Builder:
     # -- the document ------------------------------------------------------------------------------
 
     def topology(self, doc: dict) -> Topology:
-        self.table(doc, "", {"squeal", "monitoring", "rules", "regions", "zookeeper"}, {"regions"})
+        self.table(doc, "", {"squeal", "monitoring", "rules", "regions", "zookeeper", "shards"}, {"regions"})
         squeal = self.settings(doc.get("squeal", {}), "squeal")
         monitoring = self.monitoring(doc.get("monitoring", {}), "monitoring")
         zookeeper = self.zookeeper(doc["zookeeper"], "zookeeper") if "zookeeper" in doc else None
@@ -151,16 +152,119 @@ class _Builder:
         regions_doc = self.typed(doc["regions"], "regions", dict, "a table of regions")
         if not regions_doc:
             raise self.fail("regions", "no regions defined")
-        regions = tuple(self.region(name, body, f"regions.{name}") for name, body in regions_doc.items())
+        masters = [name for name, body in regions_doc.items() if isinstance(body, dict) and body.get("master") is True]
+        shards: tuple[Shard, ...] = ()
+        if "shards" in doc:
+            if len(masters) != 1:
+                found = ", ".join(masters) if masters else "none"
+                raise self.fail("regions", f"exactly one region must have master = true (found: {found})")
+            shards = self.shards(doc["shards"], "shards", list(regions_doc), masters[0])
+        regions = tuple(self.region(name, body, f"regions.{name}", shards) for name, body in regions_doc.items())
         masters = [r.name for r in regions if r.master]
         if len(masters) != 1:
             found = ", ".join(masters) if masters else "none"
             raise self.fail("regions", f"exactly one region must have master = true (found: {found})")
+        rules = self.scope_rules(rules, shards, doc.get("rules", []))
         topo = Topology(source=self.source, regions=regions, rules=rules, squeal=squeal, monitoring=monitoring,
-                        zookeeper=zookeeper)
+                        zookeeper=zookeeper, declared_shards=shards)
         self.check_cluster_references(topo)
         self.check_copies(topo)
         return topo
+
+    # -- shards --------------------------------------------------------------------------------------------
+
+    SHARD_KEYS = frozenset({"count", "gtid_domain_id", "user", "password"})
+
+    def shards(self, value: Any, path: str, regions: list[str], master: str) -> tuple[Shard, ...]:
+        """`[shards.NAME]`: one replication chain each, with a copy per region. `count = N` declares N alike
+        shards NAME-0 … NAME-(N-1): copy i listens on the region's `port` + i, with `server_id` + i, and the
+        shard's `gtid_domain_id` + i. Names, ports, server ids and GTID domains must be unique fleet-wide."""
+        self.typed(value, path, dict, "a table of shards ([shards.NAME])")
+        if not value:
+            raise self.fail(path, "no shards defined (leave [shards] out for one database per region)")
+        out: list[Shard] = []
+        names: dict[str, str] = {}  # shard name -> key path that declared it
+        domains: dict[int, str] = {}
+        clash = sorted(set(regions) & self.SHARD_KEYS)
+        if clash:
+            raise self.fail(f"regions.{clash[0]}", f"a region cannot be named {clash[0]!r} in a topology with "
+                            "[shards] (it is a key of every shard)")
+        for group, body in value.items():
+            here = f"{path}.{group}"
+            if not COPY_NAME.match(group):
+                raise self.fail(here, f"shard name {group!r} may use only letters, digits, '_', '.' and '-'")
+            self.table(body, here, set(self.SHARD_KEYS) | set(regions), {"gtid_domain_id"})
+            for region in regions:
+                if region not in body:
+                    raise self.fail(here, f"shard {group!r} has no copy in region {region!r}: every shard needs "
+                                    f"one in every region (`{region} = {{ port = ..., server_id = ... }}`)")
+            count = body.get("count")
+            if count is not None:
+                self.typed(count, f"{here}.count", int, "a number of shards")
+                if not 1 <= count <= 4096:
+                    raise self.fail(f"{here}.count", f"must be 1-4096, got {count}")
+            domain = self.typed(body["gtid_domain_id"], f"{here}.gtid_domain_id", int, "a GTID domain id")
+            if not 1 <= domain <= 0xFFFFFFFF - (count or 1):
+                raise self.fail(f"{here}.gtid_domain_id", f"must be 1-4294967295 (0 is MariaDB's default domain, "
+                                f"left to topologies without [shards]), got {domain}")
+            user = self.typed(body.get("user", "squeal"), f"{here}.user", str, "an account name")
+            password = self.typed(body.get("password", "squeal"), f"{here}.password", str, "a password")
+            copies_doc = {}
+            for region in regions:
+                at = f"{here}.{region}"
+                c = self.table(body[region], at, {"host", "port", "server_id"}, {"port", "server_id"})
+                copies_doc[region] = (self.host(c.get("host", DEFAULT_HOST), f"{at}.host"),
+                                      self.port(c["port"], f"{at}.port"),
+                                      self.typed(c["server_id"], f"{at}.server_id", int, "a positive integer"))
+            for i in range(count or 1):
+                name = f"{group}-{i}" if count is not None else group
+                where = f"{here} (shard {i} of {count})" if count is not None else here
+                if name in names:
+                    raise self.fail(where, f"shard {name!r} is already declared by {names[name]}")
+                names[name] = where
+                if domain + i in domains:
+                    raise self.fail(f"{here}.gtid_domain_id", f"GTID domain {domain + i} (shard {name}) is already "
+                                    f"used by {domains[domain + i]}: each shard needs its own domain")
+                domains[domain + i] = f"shard {name}"
+                copies = []
+                for region, (host, port, server_id) in copies_doc.items():
+                    at = f"{here}.{region}.port" + (f" (+{i}, shard {name})" if count is not None else "")
+                    if port + i > 65535:
+                        raise self.fail(at, f"port {port + i} is out of range 1-65535")
+                    self.claim(host, port + i, at)
+                    copies.append(Database(role="primary" if region == master else "replica", host=host,
+                                           port=port + i, server_id=server_id + i, user=user, password=password,
+                                           name=f"{name}@{region}", shard=name, region=region,
+                                           gtid_domain_id=domain + i))
+                out.append(Shard(name, tuple(copies), domain + i))
+        return tuple(out)
+
+    def scope_rules(self, rules: tuple[Rule, ...], shards: tuple[Shard, ...], docs: list) -> tuple[Rule, ...]:
+        """A rule's `shards = [...]` (shard names, or a [shards.NAME] group for all its shards) → shard names."""
+        out = []
+        for i, (rule, body) in enumerate(zip(rules, docs, strict=True)):
+            if "shards" not in body:
+                out.append(rule)
+                continue
+            here = f"rules[{i}].shards"
+            if not shards:
+                raise self.fail(here, "this topology has no [shards]: a rule applies to every region's database")
+            known = {s.name for s in shards}
+            groups: dict[str, list[str]] = {}
+            for s in shards:
+                base, _, index = s.name.rpartition("-")
+                if base and index.isdigit():
+                    groups.setdefault(base, []).append(s.name)
+            names: list[str] = []
+            for k, item in enumerate(self.string_list(body["shards"], here)):
+                if item in known:
+                    names.append(item)
+                elif item in groups:
+                    names += groups[item]
+                else:
+                    raise self.fail(f"{here}[{k}]", f"unknown shard {item!r} (have: {', '.join(sorted(known))})")
+            out.append(replace(rule, shards=tuple(dict.fromkeys(names))))
+        return tuple(out)
 
     def zookeeper(self, value: Any, path: str) -> ZooKeeperSettings:
         self.table(value, path, {"servers", "session_timeout_s", "root", "takeover_wait_s", "handback_after_s",
@@ -255,7 +359,7 @@ class _Builder:
         seen: set[str] = set()
         for i, body in enumerate(value):
             here = f"{path}[{i}]"
-            self.table(body, here, {"table", "keys", "on_truncate", "codec", "when_changed", "where"},
+            self.table(body, here, {"table", "keys", "on_truncate", "codec", "when_changed", "where", "shards"},
                        {"table", "keys"})
             table = self.typed(body["table"], f"{here}.table", str, 'a "schema.table" name')
             parts = table.split(".")
@@ -302,14 +406,22 @@ class _Builder:
         if any(c.isspace() for c in PLACEHOLDER.sub("", template)):
             raise self.fail(path, f"key template {template!r} contains whitespace; memcache keys cannot")
 
-    def region(self, name: str, body: Any, path: str) -> Region:
+    def region(self, name: str, body: Any, path: str, shards: tuple[Shard, ...] = ()) -> Region:
         self.table(
             body,
             path,
             {"master", "database", "regional_pool", "clusters", "squeal", "replicas", "squeal_instances"},
-            {"database", "clusters"},
+            {"clusters"} if shards else {"database", "clusters"},
         )
         master = self.typed(body.get("master", False), f"{path}.master", bool, "true or false")
+        if shards:
+            for key in ("database", "replicas"):
+                if key in body:
+                    raise self.fail(f"{path}.{key}", f"a topology with [shards] gives each shard's copies under "
+                                    f"[shards.NAME]; `{key}` of a region is for one database per region"
+                                    + (" (extra replicas per shard are not supported yet)" if key == "replicas"
+                                       else ""))
+            return self.region_body(name, body, path, master, shards[0].copy(name))
         db_path = f"{path}.database"
         db = self.table(
             body["database"],
@@ -334,7 +446,10 @@ class _Builder:
         password = self.typed(db.get("password", "squeal"), f"{db_path}.password", str, "a password")
         database = Database(role=role, host=host, port=port, server_id=server_id, user=user, password=password,
                             name=name)
+        return self.region_body(name, body, path, master, database)
 
+    def region_body(self, name: str, body: dict, path: str, master: bool, database: Database) -> Region:
+        """A region's clusters, pools, squeal placement and instances (`database`: the copy it reads)."""
         regional = None
         if "regional_pool" in body:
             rp_path = f"{path}.regional_pool"
@@ -356,8 +471,9 @@ class _Builder:
             sq = self.table(body["squeal"], f"{path}.squeal", {"host"})
             squeal_host = self.host(sq.get("host", DEFAULT_HOST), f"{path}.squeal.host")
         replicas = self.replicas(body.get("replicas", {}), name, f"{path}.replicas")
+        sharded = bool(database.shard)
         instances = self.instances(body.get("squeal_instances", []), name, (database, *replicas), squeal_host,
-                                   f"{path}.squeal_instances")
+                                   f"{path}.squeal_instances", sharded=sharded)
         return Region(
             name=name,
             master=master,
@@ -396,8 +512,9 @@ class _Builder:
         return tuple(out)
 
     def instances(self, value: Any, region: str, copies: tuple[Database, ...], default_host: str,
-                  path: str) -> tuple[SquealInstance, ...]:
-        """`[[regions.R.squeal_instances]]`: squeal daemons of the region, each on its own copy of the data."""
+                  path: str, sharded: bool = False) -> tuple[SquealInstance, ...]:
+        """`[[regions.R.squeal_instances]]`: squeal daemons of the region, each on its own copy of the data (with
+        [shards]: every instance reads the region's copy of each shard; `database` is not theirs to choose)."""
         self.typed(value, path, list, "an array of [[squeal_instances]] tables")
         by_name = {d.name: d for d in copies}
         readers: dict[str, str] = {}  # copy name -> the instance reading it
@@ -409,6 +526,16 @@ class _Builder:
             if not COPY_NAME.match(name):
                 raise self.fail(f"{here}.name", f"instance name {name!r} may use only letters, digits, '_', '.' "
                                  "and '-'")
+            if sharded:
+                if "database" in body:
+                    raise self.fail(f"{here}.database", "with [shards], every instance reads the region's copy of "
+                                    "each shard: leave `database` out")
+                host = self.host(body.get("host", default_host), f"{here}.host")
+                port = self.port(body["metrics_port"], f"{here}.metrics_port")
+                self.claim(host, port, f"{here}.metrics_port")
+                out.append(SquealInstance(name=name, region=region, database=copies[0], metrics_port=port,
+                                          host=host))
+                continue
             copy = self.typed(body.get("database", region), f"{here}.database", str, "the name of a database copy")
             if copy not in by_name:
                 raise self.fail(f"{here}.database", f"unknown database {copy!r}: an instance reads a copy of its "
@@ -497,7 +624,17 @@ class _Builder:
                 if d.name in copies:
                     raise self.fail(here, f"database name {d.name!r} is already used by {copies[d.name][1]}")
                 copies[d.name] = (d, here)
-        server_ids = {r.database.server_id: f"regions.{r.name}.database" for r in topo.regions}
+        if topo.sharded:
+            server_ids: dict[int, str] = {}
+            for sh in topo.shards:
+                for d in sh.copies:
+                    here = f"shards.{sh.name}.{d.region}.server_id"
+                    if d.server_id in server_ids:
+                        raise self.fail(here, f"server_id {d.server_id} (shard {sh.name}, region {d.region}) is "
+                                        f"already used by {server_ids[d.server_id]} (replication needs distinct ids)")
+                    server_ids[d.server_id] = f"shard {sh.name} in region {d.region}"
+        else:
+            server_ids = {r.database.server_id: f"regions.{r.name}.database" for r in topo.regions}
         for r in topo.regions:
             for d in r.replicas:
                 here = f"regions.{r.name}.replicas.{d.name}"

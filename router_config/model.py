@@ -6,7 +6,7 @@ Frozen dataclasses so a topology can be shared across threads and compared in te
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from router_config.predicate import Predicate
 
@@ -102,10 +102,42 @@ class Database:
     # (`regions.<region>.replicas.<name>`, a GTID replica with log_slave_updates) by its key.
     name: str = ""
     replicates_from: str = ""  # replicas only: the copy (any region's database or replica) it replicates from
+    # A shard's copy ([shards.NAME]): the shard it holds and the region it serves; "" in a topology without
+    # [shards] (its one implicit shard). `gtid_domain_id` is the server's own domain (the shard's): None leaves
+    # MariaDB's default (0).
+    shard: str = ""
+    region: str = ""
+    gtid_domain_id: int | None = None
 
     @property
     def address(self) -> Address:
         return Address(self.host, self.port)
+
+
+# The one shard of a topology without [shards]: each region's `database` (and its replicas).
+IMPLICIT_SHARD = "main"
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One replication chain (docs/squeal.md, "Shards"): a primary in the master region and a copy in every other
+    region. squeal runs one pipeline per (region, shard); keys are shard-agnostic, so a shard's deletes go to every
+    cluster of the region like any other. `gtid_domain_id` names the shard inside every GTID it writes."""
+
+    name: str
+    copies: tuple[Database, ...]  # one per region, in region order
+    gtid_domain_id: int | None = None  # None: the implicit shard (the servers' default domain)
+    implicit: bool = False  # the one shard of a topology without [shards]
+
+    def copy(self, region: str) -> Database:
+        for d in self.copies:
+            if d.region == region:
+                return d
+        raise KeyError(f"shard {self.name} has no copy in region {region!r}")
+
+    @property
+    def primary(self) -> Database:
+        return next(d for d in self.copies if d.role == "primary")
 
 
 @dataclass(frozen=True)
@@ -203,6 +235,11 @@ class Rule:
     # these columns (or a templated one); and only row images matching `where` (router_config.predicate).
     when_changed: tuple[str, ...] = ()
     where: Predicate | None = None
+    # The shards whose copies of `table` this rule applies to; () = every shard that has the table.
+    shards: tuple[str, ...] = ()
+
+    def applies_to(self, shard: str) -> bool:
+        return not self.shards or shard in self.shards
 
     @property
     def columns(self) -> frozenset[str]:
@@ -244,6 +281,39 @@ class Topology:
     squeal: SquealSettings = field(default_factory=SquealSettings)
     monitoring: MonitoringSettings = field(default_factory=MonitoringSettings)
     zookeeper: ZooKeeperSettings | None = None  # only for squeal's HA mode
+    # [shards]: the declared shards; () for a topology of one database per region (then `shards` is the one
+    # implicit shard made of the regions' databases). With [shards], `Region.database` is the region's copy of
+    # the first shard (for parts that read one database: the demo web tier's schema, the prober's canary).
+    declared_shards: tuple[Shard, ...] = ()
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the topology declares [shards] (else it has one implicit shard)."""
+        return bool(self.declared_shards)
+
+    @property
+    def shards(self) -> tuple[Shard, ...]:
+        """Every shard, in file order; a topology without [shards] has one (`IMPLICIT_SHARD`)."""
+        if self.declared_shards:
+            return self.declared_shards
+        copies = tuple(replace(r.database, region=r.name) for r in self.regions)
+        return (Shard(IMPLICIT_SHARD, copies, None, implicit=True),)
+
+    def shard(self, name: str) -> Shard:
+        for s in self.shards:
+            if s.name == name:
+                return s
+        raise KeyError(f"{self.source}: no shard {name!r} (have: {', '.join(s.name for s in self.shards)})")
+
+    def shard_copy(self, shard: str, region: str) -> Database:
+        """The copy of `shard` that region `region` reads (without [shards]: the region's database)."""
+        if not self.declared_shards:
+            return self.region(region).database
+        return self.shard(shard).copy(region)
+
+    def rules_for(self, shard: str) -> tuple[Rule, ...]:
+        """The rules that apply to `shard` (a rule without `shards` applies to every shard)."""
+        return tuple(r for r in self.rules if r.applies_to(shard))
 
     @property
     def master(self) -> Region:
@@ -269,9 +339,12 @@ class Topology:
         """Every address a component of this topology listens on, as (role, key path in the topology
         file, address). Roles are the component names `squealctl up --without` takes."""
         out: list[tuple[str, str, Address]] = []
+        for sh in self.declared_shards:
+            out += [("mariadb", f"shards.{sh.name}.{d.region}.port", d.address) for d in sh.copies]
         for r in self.regions:
             at = f"regions.{r.name}"
-            out.append(("mariadb", f"{at}.database.port", Address(r.database.host, r.database.port)))
+            if not self.declared_shards:
+                out.append(("mariadb", f"{at}.database.port", Address(r.database.host, r.database.port)))
             if r.regional_pool:
                 out += [("memcached", f"{at}.regional_pool.servers", a) for a in r.regional_pool.servers]
             for c in r.clusters:
@@ -326,6 +399,7 @@ class Topology:
         found = {self.monitoring.host}
         for r in self.regions:
             found |= {r.database.host, r.squeal_host}
+            found |= {d.host for sh in self.declared_shards for d in sh.copies}
             found |= {d.host for d in r.replicas} | {s.host for s in r.squeal_instances}
             found |= {a.host for a in (r.regional_pool.servers if r.regional_pool else ())}
             for c in r.clusters:

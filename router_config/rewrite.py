@@ -31,9 +31,13 @@ def reassign_ports(topo: Topology, allocate: Callable[[], int]) -> Topology:
     def cluster(c: Cluster) -> Cluster:
         return replace(c, routers=addrs(c.routers), pools=tuple(pool(p) for p in c.pools))
 
+    shards = tuple(replace(sh, copies=tuple(replace(d, port=allocate()) for d in sh.copies))
+                   for sh in topo.declared_shards)
+    shard_copies = {d.name: d for sh in shards for d in sh.copies}
+
     def region(r: Region) -> Region:
         rp = r.regional_pool
-        copies = {d.name: replace(d, port=allocate()) for d in r.copies}
+        copies = {d.name: shard_copies.get(d.name) or replace(d, port=allocate()) for d in r.copies}
         return replace(
             r,
             database=copies[r.database.name],
@@ -48,6 +52,7 @@ def reassign_ports(topo: Topology, allocate: Callable[[], int]) -> Topology:
     zk = topo.zookeeper
     return replace(
         topo,
+        declared_shards=shards,
         regions=tuple(region(r) for r in topo.regions),
         squeal=replace(topo.squeal, metrics_port_base=base),
         monitoring=replace(topo.monitoring, port=allocate()),
@@ -93,6 +98,7 @@ def to_document(topo: Topology) -> dict[str, Any]:
             | ({"codec": r.codec} if r.codec else {})  # for `squealctl verify`
             | ({"when_changed": list(r.when_changed)} if r.when_changed else {})
             | ({"where": r.where.source} if r.where else {})
+            | ({"shards": list(r.shards)} if r.shards else {})
             for r in topo.rules
         ],
         "regions": {},
@@ -108,21 +114,25 @@ def to_document(topo: Topology) -> dict[str, Any]:
         }
         if zk.peer_ports:
             doc["zookeeper"]["peer_ports"] = [list(p) for p in zk.peer_ports]
+    if topo.sharded:  # one [shards.NAME] per shard (a `count` group is written out shard by shard)
+        doc["shards"] = {
+            sh.name: {"gtid_domain_id": sh.gtid_domain_id, "user": sh.primary.user, "password": sh.primary.password}
+            | {d.region: {"host": d.host, "port": d.port, "server_id": d.server_id} for d in sh.copies}
+            for sh in topo.shards
+        }
     for r in topo.regions:
         db = r.database
-        body: dict[str, Any] = {
-            "master": r.master,
-            "database": {
+        body: dict[str, Any] = {"master": r.master}
+        if not topo.sharded:
+            body["database"] = {
                 "role": db.role,
                 "host": db.host,
                 "port": db.port,
                 "server_id": db.server_id,
                 "user": db.user,
                 "password": db.password,
-            },
-            "squeal": {"host": r.squeal_host},
-            "clusters": {},
-        }
+            }
+        body |= {"squeal": {"host": r.squeal_host}, "clusters": {}}
         if r.regional_pool:
             body["regional_pool"] = {
                 "servers": [str(a) for a in r.regional_pool.servers],
@@ -154,7 +164,8 @@ def to_document(topo: Topology) -> dict[str, Any]:
             }
         if r.squeal_instances:
             body["squeal_instances"] = [
-                {"name": s.name, "database": s.database.name, "host": s.host, "metrics_port": s.metrics_port}
+                {"name": s.name, "host": s.host, "metrics_port": s.metrics_port}
+                | ({} if topo.sharded else {"database": s.database.name})
                 for s in r.squeal_instances
             ]
         doc["regions"][r.name] = body

@@ -1,4 +1,4 @@
-"""Stage 5: send a flow's deletes in batches, one socket write per batch.
+"""Stage 5: send the flows' deletes in batches; one connection and one socket write carry every shard's.
 
 A batch is `md <key> q` lines closed by `mn` (see `Flow.take_batch`). Quiet deletes answer only on a miss
 (`NF`) or an error; `mn` answers `MN`, so `MN` acknowledges the whole batch. Up to `max_in_flight` full
@@ -75,49 +75,84 @@ class DeleteProtocol(protocol.Protocol):
 
 
 class Sender:
-    """Drives one flow: timer, connection, failover across its routers, backoff."""
+    """Drives the flows of one destination: timer, connection, failover across its routers, backoff.
+
+    A destination has one flow per shard the daemon reads (`add_flow`); their batches share this one connection
+    and, when they are ready together, one write (the paper's aggregation: deletes per packet grow with the
+    shards). Each flow's batches are still acknowledged in its own order, by the `MN` that closes each batch.
+    """
 
     def __init__(self, flow: Flow, reactor: Any, batch_size: int, flush_interval: float,
                  reply_timeout: float = 2.0, backoff_initial: float = 0.05, backoff_max: float = 5.0,
                  metrics: Metrics | None = None, max_in_flight: int = 4,
                  sampler: DeleteSampler | None = None) -> None:
-        self.flow = flow
+        self.name = flow.name  # the destination's name (every shard's flow to it has this name)
+        self.destinations = flow.destinations
+        self.flows: list[Flow] = []
+        self._next = 0  # the flow asked first at the next send (round robin across shards)
         self.sampler = sampler
-        self.max_in_flight = max(1, max_in_flight)
+        self.max_in_flight = max(1, max_in_flight)  # per flow
         self.reactor = reactor
         self.batch_size = batch_size
         self.flush_interval = flush_interval
         self.reply_timeout = reply_timeout
         self.backoff_initial = self.backoff = backoff_initial
         self.backoff_max = backoff_max
-        self.metrics = metrics
-        self.router = 0  # index into flow.destinations
+        self.metrics = metrics  # write-level series (writes, deletes per write); per-flow ones use flow.metrics
+        self.router = 0  # index into destinations
         self.client: DeleteProtocol | None = None
         self.connecting = False
         self.waiting = False  # backing off after a failure
         self.timer: Any = None
         self.timeout: Any = None
-        self.batches: deque[Batch] = deque()  # in flight on `client`, oldest first
+        self.batches: deque[tuple[Flow, Batch]] = deque()  # in flight on `client`, oldest first
         self.stopped = False
         self._drained: list[defer.Deferred] = []
-        flow.on_ready = self.kick
         m = metrics
-        self._writes = m.writes.labels(flow=flow.name) if m is not None else None
-        self._per_write = m.deletes_per_write.labels(flow=flow.name) if m is not None else None
-        self._deletes = m.deletes.labels(flow=flow.name) if m is not None else None
+        self._writes = m.writes.labels(flow=self.name) if m is not None else None
+        self._per_write = m.deletes_per_write.labels(flow=self.name) if m is not None else None
+        self.add_flow(flow)
+
+    def add_flow(self, flow: Flow) -> None:
+        """Another shard's flow to the same destination."""
+        if flow.name != self.name or flow.destinations != self.destinations:
+            raise ValueError(f"flow {flow.name} ({flow.destinations}) is not for destination {self.name}")
+        self.flows.append(flow)
+        flow.on_ready = self.kick
+
+    def remove_flow(self, flow: Flow) -> None:
+        """A shard's pipeline stopped: its flow leaves (whatever it has in flight is handed back to it)."""
+        mine = [b for f, b in self.batches if f is flow]
+        for b in mine:
+            flow.fail(b)
+        self.batches = deque((f, b) for f, b in self.batches if f is not flow)
+        self.flows = [f for f in self.flows if f is not flow]
+        flow.on_ready = lambda: None
+
+    @property
+    def flow(self) -> Flow:
+        """The first flow (a daemon of one shard has only this one)."""
+        return self.flows[0]
+
+    @property
+    def _limit(self) -> int:
+        return self.max_in_flight * max(1, len(self.flows))
+
+    def _pending(self) -> int:
+        return sum(f.pending_keys for f in self.flows)
 
     # -- scheduling --------------------------------------------------------------------------------------
 
     def kick(self) -> None:
         """There may be something to send."""
-        if self.stopped or self.connecting or self.waiting or len(self.batches) >= self.max_in_flight:
+        if self.stopped or self.connecting or self.waiting or len(self.batches) >= self._limit:
             return
-        pending = self.flow.pending_keys
+        pending = self._pending()
         if self.batches:
-            if pending >= self.batch_size:
+            if any(f.pending_keys >= self.batch_size for f in self.flows):
                 self._send()  # a full batch joins those in flight; a partial one waits for their acks
             return
-        if pending <= 0 and not self.flow.queue:
+        if pending <= 0 and not any(f.queue for f in self.flows):
             self._check_drained()
             return
         if pending >= self.batch_size or self.flush_interval <= 0:
@@ -139,29 +174,47 @@ class Sender:
         if self.client is None:
             self._connect()
             return
-        flow = self.flow
-        while len(self.batches) < self.max_in_flight:
-            if self.batches and flow.pending_keys < self.batch_size:
-                break  # only full batches are pipelined
-            batch = flow.take_batch(self.batch_size, self.max_in_flight)
-            if batch is None:
-                break
-            if batch.nkeys == 0:  # only key-less transactions, nothing ahead: done without a round trip
-                flow.ack(batch)
-                continue
-            self.batches.append(batch)
+        # Nothing in flight: one batch from every flow with something queued, full or not, in one write; then
+        # (and while batches are in flight) only full batches are pipelined.
+        full_only = bool(self.batches)
+        payloads: list[bytes] = []
+        nkeys = 0
+        n = len(self.flows)
+        progress = True
+        while progress and len(self.batches) < self._limit:
+            progress = False
+            for i in range(n):
+                flow = self.flows[(self._next + i) % n]
+                if len(self.batches) >= self._limit:
+                    break
+                if full_only and flow.pending_keys < self.batch_size:
+                    continue
+                batch = flow.take_batch(self.batch_size, self.max_in_flight)
+                if batch is None:
+                    continue
+                if batch.nkeys == 0:  # only key-less transactions, nothing ahead: done without a round trip
+                    flow.ack(batch)
+                    progress = True
+                    continue
+                self.batches.append((flow, batch))
+                payloads.append(batch.payload)
+                nkeys += batch.nkeys
+                progress = True
+            full_only = True
+        self._next = (self._next + 1) % max(1, n)
+        if payloads:
             if self.timeout is None:
                 self.timeout = self.reactor.callLater(self.reply_timeout, self._on_timeout)
-            self.client.send(batch.payload)
+            self.client.send(payloads[0] if len(payloads) == 1 else b"".join(payloads))
             if self._writes is not None and self._per_write is not None:
                 self._writes.inc()
-                self._per_write.observe(batch.nkeys)
+                self._per_write.observe(nkeys)
         self._check_drained()
 
     # -- connection ----------------------------------------------------------------------------------------
 
     def _connect(self) -> None:
-        addr = self.flow.destinations[self.router % len(self.flow.destinations)]
+        addr = self.destinations[self.router % len(self.destinations)]
         self.connecting = True
         client = DeleteProtocol(self._on_reply, self._on_lost)
         endpoint = TCP4ClientEndpoint(self.reactor, addr.host, addr.port, timeout=self.reply_timeout)
@@ -184,7 +237,7 @@ class Sender:
     def _on_reply(self, server_errors: int, errors: list[bytes], oks: int = 0) -> None:
         if not self.batches:
             return
-        batch = self.batches.popleft()
+        flow, batch = self.batches.popleft()
         if self.timeout is not None and self.timeout.active():
             if self.batches:
                 self.timeout.reset(self.reply_timeout)  # the next batch in flight gets its own full time
@@ -192,32 +245,32 @@ class Sender:
                 self.timeout.cancel()
         if not self.batches:
             self.timeout = None
-        m = self.metrics
+        m = flow.metrics
         for line in errors:
             if m is not None:
-                m.reply_errors.labels(flow=self.flow.name, error=line.split(b" ", 1)[0].decode(errors="replace")).inc()
+                m.reply_errors.labels(flow=flow.name, error=line.split(b" ", 1)[0].decode(errors="replace")).inc()
         flushes = batch.flushes
         if oks < flushes:  # a refused flush is never acknowledged: the flow retries it
-            self.batches.appendleft(batch)
+            self.batches.appendleft((flow, batch))
             log.error("flow %s: flush_all refused (%r); squeal-router flushes only with --enable-flush-cmd",
-                      self.flow.name, errors[0] if errors else b"no OK")
+                      self.name, errors[0] if errors else b"no OK")
             self._failure("flush_all not acknowledged")
             return
         if server_errors:
-            self.batches.appendleft(batch)  # _failure hands it (and those after it) back to the flow
+            self.batches.appendleft((flow, batch))  # _failure hands it (and those after it) back to the flow
             self._failure(f"{server_errors} SERVER_ERROR replies, e.g. {errors[0]!r}")
             return
-        if flushes and self.metrics is not None:
-            self.metrics.flushes.labels(flow=self.flow.name).inc(flushes)
+        if flushes and m is not None:
+            m.flushes.labels(flow=flow.name).inc(flushes)
         if errors:
-            log.warning("flow %s: %d error replies in a batch (not retried), e.g. %r", self.flow.name,
+            log.warning("flow %s: %d error replies in a batch (not retried), e.g. %r", self.name,
                         len(errors), errors[0])
         self.backoff = self.backoff_initial
-        self.flow.ack(batch)
-        if self._deletes is not None:
-            self._deletes.inc(batch.nkeys)
+        flow.ack(batch)
+        if m is not None:
+            m.deletes.labels(flow=flow.name).inc(batch.nkeys)
         if self.sampler is not None:
-            self.sampler.offer(self.flow.name, batch.payload, batch.nkeys, time.time())
+            self.sampler.offer(self.name, batch.payload, batch.nkeys, time.time())
         self.kick()
 
     def _on_timeout(self) -> None:
@@ -229,9 +282,9 @@ class Sender:
             self._failure(f"connection lost: {reason}")
 
     def _failure(self, why: str) -> None:
-        addr = self.flow.destinations[self.router % len(self.flow.destinations)]
-        for batch in self.batches:  # every batch in flight goes back, in order (some may predate a shed)
-            self.flow.fail(batch)
+        addr = self.destinations[self.router % len(self.destinations)]
+        for flow, batch in self.batches:  # every batch in flight goes back, in order (some may predate a shed)
+            flow.fail(batch)
         self.batches.clear()
         if self.timeout is not None and self.timeout.active():
             self.timeout.cancel()
@@ -242,10 +295,10 @@ class Sender:
         if self.stopped or self.waiting:
             return
         self.router += 1  # the next router of the set, round robin
-        if self.metrics is not None:
-            self.metrics.retries.labels(flow=self.flow.name).inc()
-        log.warning("flow %s: %s %s; retrying in %.2fs via %s", self.flow.name, addr, why, self.backoff,
-                    self.flow.destinations[self.router % len(self.flow.destinations)])
+        for m in {id(f.metrics): f.metrics for f in self.flows if f.metrics is not None}.values():
+            m.retries.labels(flow=self.name).inc()
+        log.warning("flow %s: %s %s; retrying in %.2fs via %s", self.name, addr, why, self.backoff,
+                    self.destinations[self.router % len(self.destinations)])
         self.waiting = True
         self.reactor.callLater(self.backoff, self._retry)
         self.backoff = min(self.backoff * 2, self.backoff_max)
@@ -257,7 +310,7 @@ class Sender:
     # -- shutdown ------------------------------------------------------------------------------------------
 
     def drained(self) -> bool:
-        return not self.flow.queue and not self.batches
+        return not self.batches and not any(f.queue for f in self.flows)
 
     def _check_drained(self) -> None:
         if self.drained():

@@ -45,7 +45,7 @@ def _topology(path: str) -> router_config.Topology:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from squeal.daemon import run
+    from squeal.region import run
 
     topo = _topology(args.topology)
     if args.instance is not None:  # HA mode (docs/squeal.md, "High availability")
@@ -76,7 +76,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     topo = _topology(args.topology)
     try:
-        lines = replay(topo, args.region, args.flow, args.from_gtid, state_dir_for(topo, args.state_dir))
+        lines = replay(topo, args.region, args.flow, args.from_gtid, state_dir_for(topo, args.state_dir),
+                       shard=args.shard)
     except ReplayError as e:
         print(f"squeal replay: error: {e}", file=sys.stderr)
         return e.code
@@ -95,30 +96,37 @@ Runbook: docs/runbooks/data-loss.md.
 
 
 def cmd_accept_data_loss(args: argparse.Namespace) -> int:
-    from squeal.daemon import state_dir_for
+    from squeal.daemon import accept_path, state_dir_for
+    from squeal.replay import ReplayError, check_shard
 
     topo = _topology(args.topology)
     region = topo.region(args.region)
+    try:
+        shard = check_shard(topo, args.shard)
+    except ReplayError as e:
+        print(f"squeal accept-data-loss: error: {e}", file=sys.stderr)
+        return e.code
+    of = f" shard {shard} of" if shard else ""
     if region.squeal_instances:  # HA: the request goes where every instance can see it, to ZooKeeper
-        from squeal.replay import ReplayError, zookeeper_leader, zookeeper_store
+        from squeal.replay import zookeeper_leader, zookeeper_store
 
         try:
-            with zookeeper_store(topo, region.name) as store:
+            with zookeeper_store(topo, region.name, shard=shard) as store:
                 store.request_loss_acceptance()
                 leader = zookeeper_leader(store)
         except ReplayError as e:
             print(f"squeal accept-data-loss: error: {e}", file=sys.stderr)
             return e.code
         who = f"its leader, instance {leader}," if leader else "its next leader"
-        print(f"data loss accepted for region {region.name} ({store.dir}/accept-data-loss): {who} flushes the "
+        print(f"data loss accepted for{of} region {region.name} ({store.dir}/accept-data-loss): {who} flushes the "
               "region's destinations and resumes within a second or two; watch its /healthz")
         return 0
     state = state_dir_for(topo, args.state_dir)
     if not state.is_dir():
         raise ValueError(f"state dir {state} does not exist (is --state-dir the daemon's?)")
-    path = state / f"accept-data-loss-{region.name}"
+    path = accept_path(state, region.name, shard)
     path.write_text("accepted\n")
-    print(f"data loss accepted for region {region.name} ({path}): the running daemon flushes the region's "
+    print(f"data loss accepted for{of} region {region.name} ({path}): the running daemon flushes the region's "
           "destinations and resumes within a second; watch /healthz")
     return 0
 
@@ -164,6 +172,7 @@ def parser() -> argparse.ArgumentParser:
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     acc.add_argument("topology", metavar="TOPOLOGY", help="topology TOML file")
     acc.add_argument("--region", required=True, help="the halted region")
+    acc.add_argument("--shard", default=None, help="with [shards]: the halted shard (each halts alone)")
     acc.add_argument("--state-dir", default=None, help="the daemon's state dir (as for `squeal run`)")
     acc.set_defaults(func=cmd_accept_data_loss)
     return p

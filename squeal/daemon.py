@@ -1,4 +1,9 @@
-"""The daemon: wires reader -> transactions -> rules -> flows -> batcher -> datamarkers together.
+"""One shard's pipeline: wires reader -> transactions -> rules -> flows -> batcher -> datamarkers together.
+
+A `Daemon` reads one shard's copy in its region (a topology without [shards] has one shard: the region's
+database). `squeal run` composes one per shard in a `RegionDaemon` (squeal/region.py), which shares the
+batchers (one `Sender` per destination for every shard) and serves one /metrics and /healthz; a `Daemon`
+started on its own (tests, tools) does both itself.
 
 Threads: the live binlog read (and each catch-up read) blocks on a thread of its own; everything else
 (flows, sockets to routers, timers, HTTP) runs on the Twisted reactor thread, so flows need no locks.
@@ -30,7 +35,7 @@ from prometheus_client.twisted import MetricsResource
 from twisted.internet import defer, task
 from twisted.web import resource, server
 
-from router_config import Region, Topology
+from router_config import Database, Region, SquealSettings, Topology
 from squeal import gtid as g
 from squeal.batcher import Sender
 from squeal.bulk import load_cascades
@@ -71,9 +76,31 @@ def state_dir_for(topology: Topology, state_dir: str | Path | None) -> Path:
     return d if d.is_absolute() else Path(topology.source).resolve().parent / d
 
 
-def source_for(region: Region) -> Source:
-    db = region.database
+def source_for(region: Region | Database) -> Source:
+    """The binlog source of a region's database (or of one database copy)."""
+    db = region.database if isinstance(region, Region) else region
     return Source(db.host, db.port, db.user, db.password)
+
+
+class SenderHub:
+    """The batchers of a process, one `Sender` per destination, shared by every shard's flow to it."""
+
+    def __init__(self, reactor: Any, settings: SquealSettings, metrics: Metrics, sampler: DeleteSampler,
+                 reply_timeout: float) -> None:
+        self.reactor, self.settings, self.metrics, self.sampler = reactor, settings, metrics, sampler
+        self.reply_timeout = reply_timeout
+        self.senders: dict[str, Sender] = {}
+
+    def attach(self, flow: Flow) -> Sender:
+        sender = self.senders.get(flow.name)
+        if sender is None:
+            s = self.settings
+            sender = self.senders[flow.name] = Sender(
+                flow, self.reactor, s.batch_size, s.flush_interval_ms / 1000.0, reply_timeout=self.reply_timeout,
+                metrics=self.metrics, sampler=self.sampler)
+        else:
+            sender.add_flow(flow)
+        return sender
 
 
 def connect_with_retry(source: Source, timeout: float) -> Any:
@@ -85,6 +112,11 @@ def connect_with_retry(source: Source, timeout: float) -> Any:
             if time.monotonic() > deadline:
                 raise ConnectionError(f"cannot connect to the database {source.host}:{source.port}: {e}") from e
             time.sleep(0.5)
+
+
+def accept_path(state_dir: Path, region: str, shard: str | None = None) -> Path:
+    """The request file `squeal accept-data-loss` leaves for a region's daemon (a shard's, with [shards])."""
+    return state_dir / (f"accept-data-loss-{region}" + (f"-{shard}" if shard else ""))
 
 
 class SampledDeletesResource(resource.Resource):
@@ -128,15 +160,23 @@ class Daemon:
                  metrics_port: int | None = None, from_gtid: str | None = None,
                  store: DatamarkerStore | None = None, reactor: Any = None, reply_timeout: float = 2.0,
                  checkpoint_interval: float = 1.0, connect_timeout: float = 20.0,
-                 sample_every: int = 1000) -> None:
+                 sample_every: int = 1000, shard: str | None = None, hub: SenderHub | None = None) -> None:
         if reactor is None:
             from twisted.internet import reactor as default_reactor
             reactor = default_reactor
         self.reactor = reactor
         self.topology = topology
         self.region = topology.region(region)
+        if shard is None and len(topology.shards) > 1:
+            raise ValueError(f"{topology.source}: region {region} has {len(topology.shards)} shards: name one "
+                             f"({', '.join(s.name for s in topology.shards)})")
+        self.shard = topology.shard(shard) if shard is not None else topology.shards[0]
+        # The copy this pipeline reads: the region's copy of its shard (without [shards]: the region's database).
+        self.database = topology.shard_copy(self.shard.name, self.region.name)
+        self.rules = topology.rules_for(self.shard.name)
         self.state_dir = state_dir_for(topology, state_dir)
-        self.store: DatamarkerStore = store or FileDatamarkerStore(self.state_dir)
+        self.shard_dir = self.state_dir / "shards" / self.shard.name if topology.sharded else self.state_dir
+        self.store: DatamarkerStore = store or FileDatamarkerStore(self.shard_dir)
         self.metrics_port = metrics_port
         self.from_gtid = g.parse_position(from_gtid) if from_gtid else None
         self.reply_timeout = reply_timeout
@@ -145,10 +185,12 @@ class Daemon:
         self.connect_timeout = connect_timeout
         self.settings = topology.squeal
         self.metrics = Metrics()
-        self.source = source_for(self.region)
-        self.extractor = KeyExtractor(topology.rules)
+        # Shared batchers (a RegionDaemon's), or our own: one Sender per destination either way.
+        self.hub = hub or SenderHub(reactor, self.settings, self.metrics, self.sampler, reply_timeout)
+        self.source = source_for(self.database)
+        self.extractor = KeyExtractor(self.rules)
         prefixes = self.region.regional_pool.prefixes if self.region.regional_pool else ()
-        self.stage = KeyStage(self.extractor, prefixes, self.metrics, rules=topology.rules)
+        self.stage = KeyStage(self.extractor, prefixes, self.metrics, rules=self.rules)
         self.xa = PreparedXa()  # undecided XA prepares: datamarkers and catch-up readers stay before them
         # Binlog data loss with on_data_loss = "halt": readers wait until an operator accepts the loss
         # (`squeal accept-data-loss`, a request file taken at the next checkpoint).
@@ -180,10 +222,10 @@ class Daemon:
         """Blocking checks and state loading. Raises ReaderConfigError / RuleError with a clear message."""
         conn = connect_with_retry(self.source, self.connect_timeout)
         try:
-            check_server(conn, replica=self.region.database.role == "replica")
+            check_server(conn, replica=self.database.role == "replica")
             columns = load_columns(conn, self.extractor.tables)
-            for warning in check_rules(self.topology.rules, columns):
-                log.warning("%s", warning)
+            for warning in check_rules(self.rules, columns):
+                log.warning("%s%s", f"shard {self.shard.name}: " if self.topology.sharded else "", warning)
             self.stage.bulk.set_cascades(load_cascades(conn))
             self.reader_kind = self._choose_reader(conn)
             now = current_position(conn)
@@ -226,9 +268,7 @@ class Daemon:
             self.metrics.marker_age.labels(flow=f.name).set_function(
                 lambda name=f.name: self._marker_watch.age(name, self.reactor.seconds()))
             f.on_shed = self._on_shed
-            self.senders[f.name] = Sender(f, self.reactor, s.batch_size, s.flush_interval_ms / 1000.0,
-                                          reply_timeout=self.reply_timeout, metrics=self.metrics,
-                                          sampler=self.sampler)
+            self.senders[f.name] = self.hub.attach(f)
         start = g.earliest([f.acked for f in flows])
         self.dispatcher = Dispatcher(flows, start)
         bulk = self.stage.bulk
@@ -246,7 +286,7 @@ class Daemon:
                              on_data_loss=self._on_data_loss)
         self.metrics.reader_connected.labels(reader="live").set_function(lambda: int(reader.connected.is_set()))
         self.source_poller = SourcePoller(
-            self.source, replica=self.region.database.role == "replica", metrics=self.metrics,
+            self.source, replica=self.database.role == "replica", metrics=self.metrics,
             positions=lambda: [dict(f.acked) for f in flows],
             on_problem=lambda text: self.reactor.callFromThread(self._source_problem, text))
         for f in flows:
@@ -280,8 +320,23 @@ class Daemon:
                                       regional_prefixes=self.stage.regional_prefixes)
         return BinlogReader(self.source, start, self.read_tables, name=name)
 
+    @property
+    def registry(self) -> Any:
+        """The Prometheus registry of this pipeline's metrics."""
+        return self.metrics.registry
+
+    def start_pipeline(self) -> None:
+        """The live reader, the source poller and the checkpoints (no HTTP, signals or pid file)."""
+        assert self.live is not None
+        self.live.start()
+        if self.source_poller is not None:
+            self.source_poller.start()
+        self._checkpoints = task.LoopingCall(self.checkpoint)
+        self._checkpoints.clock = self.reactor
+        self._checkpoints.start(self.checkpoint_interval, now=False)
+
     def start(self) -> None:
-        """Call with the reactor about to run (or running)."""
+        """Call with the reactor about to run (or running): the pipeline plus HTTP, SIGHUP, the pid file."""
         if self.metrics_port is not None:
             root = resource.Resource()
             root.putChild(b"metrics", MetricsResource(registry=self.metrics.registry))
@@ -291,13 +346,7 @@ class Daemon:
             # where the monitoring server and Prometheus look for it.
             host = self.region.squeal_host
             self._site_port = self.reactor.listenTCP(self.metrics_port, server.Site(root), interface=host)
-        assert self.live is not None
-        self.live.start()
-        if self.source_poller is not None:
-            self.source_poller.start()
-        self._checkpoints = task.LoopingCall(self.checkpoint)
-        self._checkpoints.clock = self.reactor
-        self._checkpoints.start(self.checkpoint_interval, now=False)
+        self.start_pipeline()
         self.reactor.addSystemEventTrigger("before", "shutdown", self.shutdown)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.checkpoint))
@@ -506,6 +555,8 @@ class Daemon:
             "ok": bool(ok) and not self.stopping and not self.problems,
             "problems": dict(self.problems),
             "region": self.region.name,
+            "shard": self.shard.name,
+            "database": {"name": self.database.name, "address": str(self.database.address)},
             "reader_connected": bool(live and live.reader.connected.is_set()),
             "live_position": g.format_position(self.dispatcher.live) if self.dispatcher else "",
             "source": self.source_poller.snapshot() if self.source_poller is not None else None,
@@ -518,8 +569,8 @@ class Daemon:
     # -- binlog data loss (Wormhole's onDataLoss) ------------------------------------------------------------
 
     def accept_path(self) -> Path:
-        """Where `squeal accept-data-loss` leaves its request for this region's daemon."""
-        return self.state_dir / f"accept-data-loss-{self.region.name}"
+        """Where `squeal accept-data-loss` leaves its request for this region's daemon (this shard's)."""
+        return accept_path(self.state_dir, self.region.name, self.shard.name if self.topology.sharded else None)
 
     def _take_loss_acceptance(self) -> None:
         path = self.accept_path()
@@ -540,7 +591,7 @@ class Daemon:
         destinations are told to flush), or None when stopping. With on_data_loss = "halt" (or a position
         this server never had) it waits here, /healthz 503, an ERROR every minute, until an operator
         accepts the loss."""
-        name = loop.reader.name
+        name = loop.reader.name if not self.topology.sharded else f"{loop.reader.name} of shard {self.shard.name}"
         policy = self.settings.on_data_loss
         requested = g.format_position(loss.requested) or "the start"
         resume = loss.resume
@@ -560,9 +611,10 @@ class Daemon:
                       "%s", why, self.region.name, g.format_position(resume or {}))
             return resume
         if resume is not None:
+            shard = f" --shard {self.shard.name}" if self.topology.sharded else ""
             why += (f"; on_data_loss = \"halt\": delivery stopped. Recover with `squeal accept-data-loss TOPOLOGY "
-                    f"--region {self.region.name}` (flushes the region's caches, resumes from the oldest binlog; "
-                    "docs/runbooks/data-loss.md)")
+                    f"--region {self.region.name}{shard}` (flushes the region's caches, resumes from the oldest "
+                    "binlog; docs/runbooks/data-loss.md)")
         self.reactor.callFromThread(self._set_halted, name, why)
         since = last_log = time.time()
         log.error("%s", why)

@@ -59,7 +59,6 @@ from twisted.web import resource, server
 from router_config import Topology
 from squeal import gtid as g
 from squeal.daemon import (
-    Daemon,
     HealthResource,
     SampledDeletesResource,
     connect_with_retry,
@@ -67,6 +66,7 @@ from squeal.daemon import (
     state_dir_for,
 )
 from squeal.reader import check_server, current_position
+from squeal.region import RegionDaemon
 from squeal.zkstore import UNAVAILABLE, ZooKeeperDatamarkerStore, region_path
 
 log = logging.getLogger(__name__)
@@ -555,13 +555,13 @@ def rejoin_as_standby(reason: str) -> None:
 
 
 class HaInstance:
-    """One squeal instance of an HA region: a standby until elected, then a squeal `Daemon` on its own copy,
+    """One squeal instance of an HA region: a standby until elected, then a `RegionDaemon` on its own copy,
     with the region's datamarkers in ZooKeeper (`ZooKeeperDatamarkerStore`, fenced by the election epoch).
 
     * Start-up (`prepare`): its copy has the binlog settings squeal needs; ZooKeeper answers. /metrics and
       /healthz are served from the start (`state`: standby, taking_over, leader).
     * Elected: reads every flow's marker, waits (at most `takeover_wait_s`, `squeal_ha_takeover_wait_seconds`)
-      until its copy has applied them, then runs a `Daemon` on its copy from those markers. Its flows hand
+      until its copy has applied them, then runs a `RegionDaemon` (every shard) from those markers. Its flows hand
       out batches only while the lease holds (`gate_flows`).
     * Deposed (lease ran out, session lost): `rejoin` (by default the process replaces itself and comes back
       as a standby). A better-ranked instance that is back and healthy for `handback_after_s` seconds gets the
@@ -601,8 +601,9 @@ class HaInstance:
         self.registry.register(_CurrentDaemon(self))
         self.client: KazooClient | None = None
         self.elector: Elector | None = None
-        self.daemon: Daemon | None = None
-        self.store: ZooKeeperDatamarkerStore | None = None  # the leader's (fenced by its term)
+        self.daemon: RegionDaemon | None = None
+        self.store: ZooKeeperDatamarkerStore | None = None  # the leader's (fenced by its term): the first shard's
+        self.stores: dict[str, ZooKeeperDatamarkerStore] = {}  # shard -> its store, while leading
         self.phase = STANDBY  # STANDBY, "taking_over", LEADER
         self.takeover: dict[str, Any] = {}
         self.stopping = False
@@ -685,18 +686,22 @@ class HaInstance:
             self._take_loss_acceptance()
 
     def _take_loss_acceptance(self) -> None:
-        """The leader hands `squeal accept-data-loss` (a znode: any instance's operator may run it) to its daemon,
-        which applies it at its next checkpoint (the daemon's own request file, as without HA)."""
-        daemon, store = self.daemon, self.store
-        if daemon is None or store is None or self.phase != LEADER:
+        """The leader hands `squeal accept-data-loss` (a znode per shard: any instance's operator may run it) to the
+        shard's pipeline, which applies it at its next checkpoint (the pipeline's own request file, as without HA)."""
+        daemon = self.daemon
+        if daemon is None or self.phase != LEADER:
             return
-        try:
-            if store.take_loss_acceptance():
-                log.warning("instance %s: data loss accepted by the operator (%s)", self.instance.name,
-                            store.accept_path)
-                daemon.accept_path().write_text("accepted\n")
-        except Exception as e:  # noqa: BLE001 - retried every second; ZooKeeper may be away for a while
-            log.debug("cannot take %s: %s", store.accept_path, e)
+        for shard, store in list(self.stores.items()):
+            pipeline = daemon.shards.get(shard)
+            if pipeline is None:
+                continue
+            try:
+                if store.take_loss_acceptance():
+                    log.warning("instance %s: data loss accepted by the operator (%s)", self.instance.name,
+                                store.accept_path)
+                    pipeline.accept_path().write_text("accepted\n")
+            except Exception as e:  # noqa: BLE001 - retried every second; ZooKeeper may be away for a while
+                log.debug("cannot take %s: %s", store.accept_path, e)
 
     # -- leadership --------------------------------------------------------------------------------------------
 
@@ -709,31 +714,44 @@ class HaInstance:
         d = threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), self._take_over, token)
         d.addCallbacks(self._lead, self._takeover_failed, callbackArgs=(token,))
 
-    def _take_over(self, token: int) -> Daemon:
-        """A thread: markers from ZooKeeper, wait for this copy to have them, prepare the daemon."""
+    def _take_over(self, token: int) -> RegionDaemon:
+        """A thread: markers from ZooKeeper, wait for this copy to have them, prepare the daemon (every shard's
+        pipeline, each with its own fenced store)."""
         assert self.client is not None and self.elector is not None
-        store = ZooKeeperDatamarkerStore(self.client, self.zk.root, self.region.name, owner=self.instance.name,
-                                         fence=self.elector.fence_token, on_write=self.metrics.marker_write.observe)
-        store.ensure_paths()
-        self.store = store
-        markers = store.positions()
-        target: dict = {}
-        for position in markers.values():
-            g.merge(target, g.parse_position(position))
-        self.takeover["markers"] = markers
+        sharded = self.topology.sharded
+        stores: dict[str, ZooKeeperDatamarkerStore] = {}
+        for shard in self.topology.shards:
+            store = ZooKeeperDatamarkerStore(self.client, self.zk.root, self.region.name, owner=self.instance.name,
+                                             fence=self.elector.fence_token, on_write=self.metrics.marker_write.observe,
+                                             shard=shard.name if sharded else None)
+            store.ensure_paths()
+            stores[shard.name] = store
+        self.stores = stores
+        self.store = next(iter(stores.values()))
+        markers: dict[str, str] = {}
         self.metrics.takeover_waiting.set(1)
+        waited = 0.0
         try:
-            waited = wait_for_copy(self.source.connect, target, self.zk.takeover_wait_s,
-                                   progress=self.metrics.takeover_wait.set)
+            for shard, store in stores.items():
+                positions = store.positions()
+                markers.update({f"{shard}/{f}" if sharded else f: p for f, p in positions.items()})
+                target: dict = {}
+                for position in positions.values():
+                    g.merge(target, g.parse_position(position))
+                copy = source_for(self.topology.shard_copy(shard, self.region.name))
+                waited += wait_for_copy(copy.connect, target, self.zk.takeover_wait_s,
+                                        progress=self.metrics.takeover_wait.set)
         finally:
             self.metrics.takeover_waiting.set(0)
+        self.takeover["markers"] = markers
         self.metrics.takeover_wait.set(waited)
         self.takeover["waited_s"] = round(waited, 3)
         if self.elector.fence_token() != token:
             raise TakeoverError("deposed while taking over")
-        daemon = Daemon(self.topology, self.region.name, self.state_dir, metrics_port=None, from_gtid=self.from_gtid,
-                        store=store, reactor=self.reactor, reply_timeout=self.reply_timeout,
-                        connect_timeout=self.connect_timeout, sample_every=self.sample_every)
+        daemon = RegionDaemon(self.topology, self.region.name, self.state_dir, metrics_port=None,
+                              from_gtid=self.from_gtid, reactor=self.reactor, reply_timeout=self.reply_timeout,
+                              connect_timeout=self.connect_timeout, sample_every=self.sample_every,
+                              stores=stores.__getitem__)
         daemon.prepare()
         return daemon
 
@@ -832,7 +850,7 @@ class _CurrentDaemon:
     def collect(self) -> Any:
         daemon = self.owner.daemon
         if daemon is not None:
-            yield from daemon.metrics.registry.collect()
+            yield from daemon.registry.collect()
 
 
 def run_instance(topology: Topology, instance: str, state_dir: str | Path | None = None,

@@ -44,6 +44,8 @@ class ReplayError(RuntimeError):
 def add_replay_options(p: argparse.ArgumentParser) -> None:
     """--region/--flow/--from, the same for `squeal replay` and `squealctl replay`."""
     p.add_argument("--region", required=True, help="the region whose daemon owns the flow")
+    p.add_argument("--shard", default=None,
+                   help="with [shards]: the shard whose flow to rewind (each shard has its own markers)")
     p.add_argument(
         "--flow",
         required=True,
@@ -148,6 +150,7 @@ def replay(
     from_gtid: str,
     state_dir: str | Path,
     pids: Iterable[tuple[int, str]] = (),
+    shard: str | None = None,
 ) -> list[str]:
     """Rewind `flow` (or every flow, for "all") of the region to `from_gtid` in `state_dir` and SIGHUP the daemon.
 
@@ -171,8 +174,9 @@ def replay(
         position = g.format_position(g.parse_position(from_gtid))
     except g.GtidError as e:
         raise ReplayError(f"--from: {e}", code=2) from e
+    shard = check_shard(topo, shard)
     if region.squeal_instances:
-        return replay_zookeeper(topo, region.name, flows, position)
+        return replay_zookeeper(topo, region.name, flows, position, shard)
     state = Path(state_dir)
     if not state.is_dir():
         raise ReplayError(
@@ -188,7 +192,7 @@ def replay(
         by_pid.setdefault(pid, source)
     daemon = _find_daemon(list(by_pid.items()), region.name, state)
 
-    store = FileDatamarkerStore(state)
+    store = FileDatamarkerStore(state / "shards" / shard if shard else state)
     lines = []
     for name in flows:
         try:
@@ -200,7 +204,8 @@ def replay(
             store.request_replay(name, position)
         except OSError as e:
             raise ReplayError(f"cannot write the datamarker of flow {name} in {state}: {e.strerror}") from e
-        lines.append(f"flow {name}: datamarker {old or '(none)'} -> {position or '(start of the binlog)'}")
+        lines.append(f"flow {name}{f' of shard {shard}' if shard else ''}: datamarker {old or '(none)'} -> "
+                     f"{position or '(start of the binlog)'}")
 
     if daemon is not None:
         pid, fd = daemon
@@ -228,8 +233,23 @@ def replay(
 ZK_CONNECT_TIMEOUT = 5.0
 
 
+def check_shard(topo: router_config.Topology, shard: str | None) -> str | None:
+    """The shard a request names: None without [shards]; with [shards], one is required (ReplayError, exit 2)."""
+    if not topo.sharded:
+        if shard is not None:
+            raise ReplayError(f"{topo.source} has no [shards]: leave --shard out", code=2)
+        return None
+    names = [s.name for s in topo.shards]
+    if shard is None:
+        raise ReplayError(f"{topo.source} has shards ({', '.join(names)}): name one with --shard", code=2)
+    if shard not in names:
+        raise ReplayError(f"no shard {shard!r} in {topo.source} (have: {', '.join(names)})", code=2)
+    return shard
+
+
 @contextlib.contextmanager
-def zookeeper_store(topo: router_config.Topology, region: str, timeout: float = ZK_CONNECT_TIMEOUT):
+def zookeeper_store(topo: router_config.Topology, region: str, timeout: float = ZK_CONNECT_TIMEOUT,
+                    shard: str | None = None):
     """An unfenced `ZooKeeperDatamarkerStore` of an HA region (for operator requests); ReplayError (exit 1)
     naming the servers and the topology key when ZooKeeper does not answer within `timeout`."""
     from kazoo.client import KazooClient
@@ -249,7 +269,7 @@ def zookeeper_store(topo: router_config.Topology, region: str, timeout: float = 
             f"{e or type(e).__name__}; region {region}'s datamarkers live there: nothing requested"
         ) from e
     try:
-        yield ZooKeeperDatamarkerStore(client, zk.root, region, timeout=timeout)
+        yield ZooKeeperDatamarkerStore(client, zk.root, region, timeout=timeout, shard=shard)
     except ZooKeeperUnavailable as e:
         raise ReplayError(f"{e}; the request may not have been recorded: run the command again") from e
     finally:
@@ -274,12 +294,13 @@ def zookeeper_leader(store: object) -> str | None:
         return "?"
 
 
-def replay_zookeeper(topo: router_config.Topology, region: str, flows: list[str], position: str) -> list[str]:
+def replay_zookeeper(topo: router_config.Topology, region: str, flows: list[str], position: str,
+                     shard: str | None = None) -> list[str]:
     """Leave a replay request per flow in ZooKeeper (`replay/<flow>`); the leader applies it at its next
     checkpoint (rewinds the flow, re-reads it through a catch-up reader, moves the marker by compare-and-set).
     The marker itself is left to the leader: a write from here would fail its next compare-and-set."""
     lines = []
-    with zookeeper_store(topo, region) as store:
+    with zookeeper_store(topo, region, shard=shard) as store:
         markers = store.positions()
         for name in flows:
             store.request_replay(name, position)

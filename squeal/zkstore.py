@@ -87,11 +87,14 @@ class ZooKeeperDatamarkerStore:
 
     def __init__(self, client: KazooClient, root: str, region: str, owner: str = "",
                  fence: Callable[[], int | None] | None = None, timeout: float = 5.0,
-                 on_write: Callable[[float], None] | None = None) -> None:
+                 on_write: Callable[[float], None] | None = None, shard: str | None = None) -> None:
         self.client = client
         self.region = region
-        self.base = region_path(root, region)
-        self.dir = f"zookeeper:{self.base}"  # where markers live, for the daemon's messages
+        self.base = region_path(root, region)  # the region's election (`leader`, `epoch`)
+        # A shard's markers, replay and accept-data-loss requests (with [shards]: under shards/<name>; the fence is
+        # still the region's epoch: one leader owns every shard of the region).
+        self.data = f"{self.base}/shards/{shard}" if shard else self.base
+        self.dir = f"zookeeper:{self.data}"  # where markers live, for the daemon's messages
         self.owner = owner
         self.fence = fence
         self.timeout = timeout
@@ -103,10 +106,10 @@ class ZooKeeperDatamarkerStore:
     # -- plumbing ---------------------------------------------------------------------------------------------
 
     def _marker(self, flow: str) -> str:
-        return f"{self.base}/markers/{flow}"
+        return f"{self.data}/markers/{flow}"
 
     def _replay(self, flow: str) -> str:
-        return f"{self.base}/replay/{flow}"
+        return f"{self.data}/replay/{flow}"
 
     def _wait(self, async_result: Any, what: str) -> Any:
         try:
@@ -118,7 +121,7 @@ class ZooKeeperDatamarkerStore:
     def ensure_paths(self) -> None:
         for sub in ("markers", "replay"):
             try:
-                self._wait(self.client.ensure_path_async(f"{self.base}/{sub}"), f"create {self.base}/{sub}")
+                self._wait(self.client.ensure_path_async(f"{self.data}/{sub}"), f"create {self.data}/{sub}")
             except NodeExistsError:
                 pass
 
@@ -174,7 +177,7 @@ class ZooKeeperDatamarkerStore:
     def positions(self) -> dict[str, str]:
         """Every flow's marker in the region (flow -> position), without remembering versions."""
         out: dict[str, str] = {}
-        markers = f"{self.base}/markers"
+        markers = f"{self.data}/markers"
         try:
             children = self._wait(self.client.get_children_async(markers), f"list {markers}")
         except NoNodeError:
@@ -248,7 +251,7 @@ class ZooKeeperDatamarkerStore:
         """Pending requests, each removed with its version (a request replaced meanwhile stays for next time)
         and, when fenced, only while this instance leads (a deposed leader must not swallow one)."""
         out: dict[str, str] = {}
-        base = f"{self.base}/replay"
+        base = f"{self.data}/replay"
         try:
             children = self._wait(self.client.get_children_async(base), f"list {base}")
         except NoNodeError:
@@ -288,7 +291,7 @@ class ZooKeeperDatamarkerStore:
 
     @property
     def accept_path(self) -> str:
-        return f"{self.base}/accept-data-loss"
+        return f"{self.data}/accept-data-loss"
 
     def request_loss_acceptance(self) -> None:
         """`squeal accept-data-loss` for an HA region: the leader (now, or the next one) takes it."""

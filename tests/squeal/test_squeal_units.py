@@ -16,6 +16,7 @@ from squeal.batcher import DeleteProtocol, Sender
 from squeal.cli import main as cli_main
 from squeal.datamarkers import FileDatamarkerStore
 from squeal.flows import CATCHING_UP, LIVE, SHED, Committed, Dispatcher, Flow, split_keys
+from squeal.metrics import Metrics
 from squeal.reader import ReaderConfigError, check_server
 from squeal.rules import (
     KeyExtractor,
@@ -450,9 +451,43 @@ def test_sender_failure_after_a_shed_hands_back_the_current_batches() -> None:
     assert f.state == SHED and f.in_flight is None and len(s.batches) == 1
     f.start_catchup()
     f.offer_catchup(committed(1, ["a", "b"]))  # re-read: sent behind the stale batch on the same connection
-    assert len(s.batches) == 2 and f.in_flight is s.batches[1]
+    assert len(s.batches) == 2 and f.in_flight is s.batches[1][1]
     proto.connectionLost(None)  # nothing acknowledged: the current batch must go back to the flow
     assert f.in_flight is None and f.pending_keys == 2 and not s.batches
+
+
+def test_sender_shares_one_connection_and_one_write_among_shards() -> None:
+    """Two shards' flows to one destination: their batches leave in one write and each flow's marker moves only
+    past what that destination acknowledged for it (issue 23, item 4)."""
+    reactor = MemoryReactorClock()
+    routers = [Address("127.0.0.1", 1001)]
+    a = Flow("c0", "cluster", routers, {}, 1000)
+    b = Flow("c0", "cluster", routers, {}, 1000)
+    metrics = Metrics()
+    s = Sender(a, reactor, batch_size=4, flush_interval=0.0005, reply_timeout=1.0, metrics=metrics)
+    s.add_flow(b)
+    a.offer_live(committed(1, ["a1"]))
+    b.offer_live(committed(7, ["b1", "b2"]))
+    reactor.advance(0.001)
+    assert len(reactor.tcpClients) == 1  # one connection for both shards
+    transport, proto = _connect(reactor, 0)
+    payload = transport.value()
+    assert payload.count(b"mn\r\n") == 2 and b"md a1 q" in payload and b"md b2 q" in payload
+    assert metrics.writes.labels(flow="c0")._value.get() == 1  # ... in one write of 3 deletes
+    assert metrics.deletes_per_write.labels(flow="c0")._sum.get() == 3
+    first = s.batches[0][0]
+    proto.dataReceived(b"MN\r\n")  # the first batch's MN: only its flow moves
+    second = b if first is a else a
+    assert first.acked and not second.acked
+    proto.dataReceived(b"MN\r\n")
+    assert a.acked == {0: (1, 1)} and b.acked == {0: (1, 7)} and s.drained()
+    a.offer_live(committed(2, ["a2"]))
+    b.offer_live(committed(8, ["b3"]))
+    reactor.advance(0.001)
+    proto.connectionLost(None)  # a lost connection hands every shard's batch back to its own flow
+    assert a.pending_keys == 1 and b.pending_keys == 1 and not s.batches
+    with pytest.raises(ValueError, match="not for destination"):
+        s.add_flow(Flow("c1", "cluster", routers, {}, 1000))
 
 
 class _ThreadReactor:

@@ -1,0 +1,257 @@
+"""A region's squeal daemon: one `Daemon` pipeline per shard, composed.
+
+Each shard of the topology (docs/squeal.md, "Shards") gets a pipeline of its own — its reader thread, flows,
+datamarkers, catch-up readers, data-loss policy and lag — so a shard whose binlog was purged, whose primary is
+down or whose markers cannot be written halts or lags alone. What the shards share is what makes many shards
+cheap: one `Sender` per destination (`SenderHub`), so deletes for one cluster from every shard leave on one
+connection and, when they are ready together, in one write; one HTTP server (/metrics with a `shard` label,
+/healthz naming the shard of every problem, /sampled-deletes); one pid file and one shutdown.
+
+A topology without [shards] has one shard: this is then the daemon `squeal run --region` has always been (its
+/healthz and /metrics look as before: no `shard` label, no shard prefix on problems).
+
+SIGHUP re-reads the topology file: a shard added to it starts a pipeline of its own; the running ones go on
+untouched (docs/runbooks/add-a-shard.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
+from prometheus_client.samples import Sample
+from prometheus_client.twisted import MetricsResource
+from twisted.internet import defer, threads
+from twisted.web import resource, server
+
+import router_config
+from router_config import Topology
+from squeal.daemon import Daemon, HealthResource, SampledDeletesResource, SenderHub, state_dir_for
+from squeal.datamarkers import DatamarkerStore
+from squeal.flows import Flow
+from squeal.metrics import Metrics
+from squeal.sampler import DeleteSampler
+
+log = logging.getLogger(__name__)
+
+
+class ShardLabels:
+    """A Prometheus collector that serves several registries as one: each shard's series get `shard="NAME"`
+    (none for a topology without [shards]); families of the same name are merged."""
+
+    def __init__(self, parts: Callable[[], list[tuple[str | None, CollectorRegistry]]]) -> None:
+        self.parts = parts
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for shard, registry in self.parts():
+            for family in registry.collect():
+                out = families.get(family.name)
+                if out is None:
+                    out = families[family.name] = Metric(family.name, family.documentation, family.type,
+                                                          family.unit)
+                for s in family.samples:
+                    labels = dict(s.labels, shard=shard) if shard is not None else s.labels
+                    out.samples.append(Sample(s.name, labels, s.value, s.timestamp, s.exemplar))
+        yield from families.values()
+
+
+class RegionDaemon:
+    """Every shard's pipeline of one region in one process (`squeal run --region`, and an HA leader's)."""
+
+    def __init__(self, topology: Topology, region: str, state_dir: str | Path | None = None,
+                 metrics_port: int | None = None, from_gtid: str | None = None, reactor: Any = None,
+                 reply_timeout: float = 2.0, connect_timeout: float = 20.0, sample_every: int = 1000,
+                 stores: Callable[[str], DatamarkerStore] | None = None, checkpoint_interval: float = 1.0) -> None:
+        if reactor is None:
+            from twisted.internet import reactor as default_reactor
+            reactor = default_reactor
+        self.reactor = reactor
+        self.topology = topology
+        self.region = topology.region(region)
+        self.state_dir = state_dir_for(topology, state_dir)
+        self.metrics_port = metrics_port
+        self.stores = stores  # shard -> its datamarker store (HA: ZooKeeper); None: files under state_dir
+        self.options = {"from_gtid": from_gtid, "reply_timeout": reply_timeout, "connect_timeout": connect_timeout,
+                        "sample_every": sample_every, "checkpoint_interval": checkpoint_interval}
+        # Write-level series (writes, deletes per write) are the destinations', not a shard's.
+        self.metrics = Metrics()
+        self.sampler = DeleteSampler(every=sample_every)
+        self.hub = SenderHub(reactor, topology.squeal, self.metrics, self.sampler, reply_timeout)
+        self.shards: dict[str, Daemon] = {}
+        self.registry = CollectorRegistry()
+        self.registry.register(ShardLabels(self._registries))
+        self.stopping = False
+        self.started = False
+        self.exit_code = 0
+        self._adding: set[str] = set()
+
+    # -- shards -----------------------------------------------------------------------------------------------
+
+    def _pipeline(self, shard: str) -> Daemon:
+        o = self.options
+        return Daemon(self.topology, self.region.name, self.state_dir, metrics_port=None,
+                      from_gtid=o["from_gtid"], store=self.stores(shard) if self.stores else None,
+                      reactor=self.reactor, reply_timeout=o["reply_timeout"],
+                      checkpoint_interval=o["checkpoint_interval"], connect_timeout=o["connect_timeout"],
+                      sample_every=o["sample_every"], shard=shard, hub=self.hub)
+
+    def prepare(self) -> None:
+        """Prepare every shard's pipeline (blocking). A shard that cannot start is a clear error naming it."""
+        for shard in self.topology.shards:
+            daemon = self._pipeline(shard.name)
+            try:
+                daemon.prepare()
+            except Exception as e:
+                if not self.topology.sharded:
+                    raise
+                raise type(e)(f"shard {shard.name} ({daemon.database.address}): {e}") from e
+            self.shards[shard.name] = daemon
+        if self.topology.sharded:
+            log.info("region %s: %d shards (%s), one pipeline each; %d destinations shared by all",
+                     self.region.name, len(self.shards), ", ".join(self.shards), len(self.hub.senders))
+
+    @property
+    def flows(self) -> dict[str, Flow]:
+        """Every shard's flows: `shard/destination` (a topology without [shards]: `destination`)."""
+        out: dict[str, Flow] = {}
+        for shard, daemon in self.shards.items():
+            for name, flow in daemon.flows.items():
+                out[f"{shard}/{name}" if self.topology.sharded else name] = flow
+        return out
+
+    @property
+    def senders(self) -> dict[str, Any]:
+        return self.hub.senders
+
+    def _registries(self) -> list[tuple[str | None, CollectorRegistry]]:
+        label = self.topology.sharded
+        parts: list[tuple[str | None, CollectorRegistry]] = [(None, self.metrics.registry)]
+        parts += [(shard if label else None, d.metrics.registry) for shard, d in list(self.shards.items())]
+        return parts
+
+    # -- running ----------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Call with the reactor about to run (or running)."""
+        if self.metrics_port is not None:
+            root = resource.Resource()
+            root.putChild(b"metrics", MetricsResource(registry=self.registry))
+            root.putChild(b"healthz", HealthResource(self.status))
+            root.putChild(b"sampled-deletes", SampledDeletesResource(self.sampler.recent))
+            self.reactor.listenTCP(self.metrics_port, server.Site(root), interface=self.region.squeal_host)
+        for daemon in self.shards.values():
+            daemon.start_pipeline()
+        self.started = True
+        self.reactor.addSystemEventTrigger("before", "shutdown", self.shutdown)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.reload))
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._pid_path().write_text(f"{os.getpid()}\n")
+
+    def checkpoint(self) -> None:
+        for daemon in self.shards.values():
+            daemon.checkpoint()
+
+    def reload(self) -> None:
+        """SIGHUP: apply replay requests now; with [shards], start a pipeline for every shard the topology file
+        has gained (the running ones are not touched)."""
+        self.checkpoint()
+        if not self.topology.sharded or self.stopping:
+            return
+        try:
+            fresh = router_config.load(self.topology.source)
+        except (router_config.TopologyError, OSError) as e:
+            log.error("SIGHUP: cannot re-read %s, shards unchanged: %s", self.topology.source, e)
+            return
+        gone = [s for s in self.shards if s not in {sh.name for sh in fresh.shards}]
+        if gone:
+            log.warning("SIGHUP: shard(s) %s left %s; their pipelines run until squeal restarts",
+                        ", ".join(gone), self.topology.source)
+        for shard in fresh.shards:
+            if shard.name not in self.shards and shard.name not in self._adding:
+                self._add_shard(fresh, shard.name)
+
+    def _add_shard(self, topology: Topology, shard: str) -> None:
+        self._adding.add(shard)
+        log.warning("shard %s is new in %s: starting its pipeline", shard, topology.source)
+        self.topology = topology
+        daemon = self._pipeline(shard)
+        d = threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), daemon.prepare)
+
+        def ready(_: Any) -> None:
+            self._adding.discard(shard)
+            if self.stopping:
+                return
+            self.shards[shard] = daemon
+            daemon.start_pipeline()
+            log.warning("shard %s: pipeline started (%d shards)", shard, len(self.shards))
+
+        def failed(f: Any) -> None:
+            self._adding.discard(shard)
+            for sender in self.hub.senders.values():
+                for flow in list(daemon.flows.values()):
+                    if flow in sender.flows:
+                        sender.remove_flow(flow)
+            log.error("shard %s could not start (retried at the next SIGHUP): %s", shard, f.getErrorMessage())
+
+        d.addCallbacks(ready, failed)
+
+    def status(self) -> dict[str, Any]:
+        statuses = {name: d.status() for name, d in self.shards.items()}
+        if not self.topology.sharded and len(statuses) == 1:
+            return next(iter(statuses.values()))
+        problems = {f"{name}: {k}": f"shard {name}: {v}" for name, st in statuses.items()
+                    for k, v in st["problems"].items()}
+        return {
+            "ok": bool(statuses) and all(st["ok"] for st in statuses.values()) and not self.stopping,
+            "problems": problems,
+            "region": self.region.name,
+            "reader_connected": all(st["reader_connected"] for st in statuses.values()),
+            "alerts": [a for st in statuses.values() for a in st["alerts"]][-10:],
+            "xa_prepared": sum(st["xa_prepared"] for st in statuses.values()),
+            "flows": {f"{name}/{f}": v for name, st in statuses.items() for f, v in st["flows"].items()},
+            "shards": statuses,
+        }
+
+    def accept_paths(self) -> list[Path]:
+        """Each shard's `squeal accept-data-loss` request file."""
+        return [d.accept_path() for d in self.shards.values()]
+
+    def _pid_path(self) -> Path:
+        return self.state_dir / f"squeal-{self.region.name}.pid"
+
+    def shutdown(self) -> defer.Deferred:
+        """Every shard's shutdown at once (each flushes, then writes its markers); fires when all are done."""
+        self.stopping = True
+        ds = [d.shutdown() for d in self.shards.values()]
+
+        def done(_: Any) -> None:
+            self.exit_code = max([self.exit_code, *(d.exit_code for d in self.shards.values())])
+            try:
+                self._pid_path().unlink(missing_ok=True)
+            except OSError:
+                pass
+
+        return defer.DeferredList(ds).addBoth(done)
+
+
+def run(topology: Topology, region: str, state_dir: str | Path | None = None, metrics_port: int | None = None,
+        from_gtid: str | None = None, reply_timeout: float = 2.0, sample_every: int = 1000) -> int:
+    """`squeal run --region`: every shard of the region until SIGTERM/SIGINT; returns the exit code."""
+    from twisted.internet import reactor
+
+    daemon = RegionDaemon(topology, region, state_dir, metrics_port, from_gtid, reactor=reactor,
+                          reply_timeout=reply_timeout, sample_every=sample_every)
+    daemon.prepare()
+    reactor.callWhenRunning(daemon.start)
+    reactor.run()
+    return daemon.exit_code
+
