@@ -278,9 +278,11 @@ def _dispatch(args: argparse.Namespace) -> int:
                 "uptime", "restarts", "stopped", "log",
             )  # fmt: skip
             # HA topologies only: a squeal instance's name, state and leader; a ZooKeeper server's quorum
-            optional = ("instance", "state", "leader", "serving", "mode")
+            # ... and with [shards], the shard of every MariaDB copy
+            optional = ("instance", "shard", "state", "leader", "serving", "mode")
             rows_out = [
-                {k: r[k] for k in keys} | {k: r[k] for k in optional if k in r and (k != "instance" or r[k])}
+                {k: r[k] for k in keys}
+                | {k: r[k] for k in optional if k in r and (k not in ("instance", "shard") or r[k])}
                 for r in rows
             ]
             print(json.dumps(rows_out, indent=2))
@@ -311,10 +313,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         topo = router_config.load(args.topology)
         for region in topo.regions:
             role = "master" if region.master else "replica"
+            where = (f"{len(topo.shards)} shards" if topo.sharded else f"database {region.database.address}")
             print(
-                f"region {region.name} ({role}): database {region.database.address}, "
+                f"region {region.name} ({role}): {where}, "
                 f"{len(region.clusters)} clusters: {', '.join(c.name for c in region.clusters)}"
             )
+        for shard in topo.shards if topo.sharded else ():
+            copies = ", ".join(f"{d.region} {d.address} (server_id {d.server_id})" for d in shard.copies)
+            print(f"shard {shard.name} (GTID domain {shard.gtid_domain_id}): {copies}")
         print(f"{len(topo.rules)} invalidation rules")
         return 0
     if args.command == "warmup":

@@ -73,15 +73,17 @@ class Component:
     restarts: int = 0  # times the supervisor restarted it after an exit nobody asked for
     stopped: bool = False  # held down by `squealctl stop` until `squealctl start`
     instance: str | None = None  # HA: the squeal instance's name, or the extra replica's (a copy of the region)
+    shard: str | None = None  # a MariaDB copy of a topology with [shards]: the shard it holds
 
 
 def component_name(
-    role: str, region: str, cluster: str | None, pool: str | None, index: int = 0, instance: str | None = None
+    role: str, region: str, cluster: str | None, pool: str | None, index: int = 0, instance: str | None = None,
+    shard: str | None = None,
 ) -> str:
     """`router/east-a/0`, `memcached/east-a/wildcard/1`, `memcached/east/regional/0`, `mariadb/east`,
     `squeal/east`, `monitoring`, `demo` (index: the server's place in its pool's or cluster's list). HA
     topologies add `zookeeper/1` (index: the server's id), `mariadb/east/east-r1` (a region's extra replica)
-    and `squeal/east/east-1` (one squeal instance)."""
+    and `squeal/east/east-1` (one squeal instance); sharded ones `mariadb/east/users-0` (a shard's copy)."""
     if role == "zookeeper":
         return f"zookeeper/{index}"
     if role == "router":
@@ -89,7 +91,7 @@ def component_name(
     if role == "memcached":
         return f"memcached/{cluster or region}/{pool}/{index}"
     if role in ("mariadb-primary", "mariadb-replica"):
-        return f"mariadb/{region}/{instance}" if instance else f"mariadb/{region}"
+        return f"mariadb/{region}/{instance or shard}" if instance or shard else f"mariadb/{region}"
     if role == "squeal":
         return f"squeal/{region}/{instance}" if instance else f"squeal/{region}"
     return role
@@ -378,6 +380,9 @@ class Deployment:
     def _start_databases(self, topo: router_config.Topology, without: frozenset[str], track) -> None:
         if "mariadb" in without:
             return
+        if topo.sharded:
+            self._start_shards(topo, track)
+            return
         servers: dict[str, MariaDB] = {}  # copy name (a region's database is named after the region) -> server
         primary: MariaDB | None = None
         for region in [topo.master] + [r for r in topo.regions if not r.master]:
@@ -422,6 +427,27 @@ class Deployment:
             servers[db.name] = server
             server.replicate_from(source)
             server.wait_for_gtid(source.gtid_binlog_pos())
+
+    def _start_shards(self, topo: router_config.Topology, track) -> None:
+        """Each shard's primary (in its own GTID domain, with the demo schema) and its copy in every other region,
+        a GTID replica of that primary."""
+        for shard in topo.shards:
+            primary: MariaDB | None = None
+            for db in sorted(shard.copies, key=lambda d: d.role != "primary"):
+                server = MariaDB(db.server_id, port=db.port, host=db.host, replica=db.role == "replica",
+                                 workdir=self.state_dir / f"mariadb-{db.name}", gtid_domain_id=db.gtid_domain_id)
+                role = f"mariadb-{db.role}"
+                track(server, component_name(role, db.region, None, None, shard=shard.name), role, db.region,
+                      shard=shard.name)
+                if primary is None:
+                    primary = server
+                    if DEMO_SCHEMA.exists():  # squeal checks rule templates against it at start-up
+                        with server.connect() as conn, conn.cursor() as cur:
+                            for statement in _sql_statements(DEMO_SCHEMA.read_text()):
+                                cur.execute(statement)
+                else:
+                    server.replicate_from(primary)
+                    server.wait_for_gtid(primary.gtid_binlog_pos())
 
     def _start_memcached(self, topo: router_config.Topology, without: frozenset[str], track) -> None:
         if "memcached" in without:

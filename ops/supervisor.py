@@ -180,6 +180,7 @@ class Supervisor(procmon.ProcessMonitor):
             metrics: str | None = None,
             instance: str | None = None,
             wait: bool = True,
+            shard: str | None = None,
         ) -> Callable[[], None]:
             """Start `proc`; with `wait` (the default) return once it is ready, else at once with a function
             that waits for that (slow starters, e.g. ZooKeeper's JVMs, start while the rest does)."""
@@ -188,7 +189,7 @@ class Supervisor(procmon.ProcessMonitor):
             proc.prepare()
             component = Component(
                 role, region, cluster, pool, 0, proc.address, str(proc.log_file), proc.command(), metrics, name=name,
-                instance=instance,
+                instance=instance, shard=shard,
             )
             run = blockingCallFromThread(reactor, self.add, component, proc)
 

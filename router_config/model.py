@@ -311,6 +311,20 @@ class Topology:
             return self.region(region).database
         return self.shard(shard).copy(region)
 
+    def shard_of(self, row_id: int) -> Shard:
+        """The web tier's shard map: which shard owns the row (and everything keyed by it) with this id.
+
+        Shard i of n (in file order) owns ids with (id - 1) % n == i. A writer allocates ids there with MariaDB's
+        `auto_increment_increment = n` and `auto_increment_offset = i + 1` (`auto_increment_for`), so ids stay
+        unique across shards and map back to their shard. One shard (no [shards]) owns every id."""
+        shards = self.shards
+        return shards[(int(row_id) - 1) % len(shards)]
+
+    def auto_increment_for(self, shard: str) -> tuple[int, int]:
+        """(auto_increment_increment, auto_increment_offset) for a session inserting on `shard` (`shard_of`)."""
+        names = [s.name for s in self.shards]
+        return len(names), names.index(self.shard(shard).name) + 1
+
     def rules_for(self, shard: str) -> tuple[Rule, ...]:
         """The rules that apply to `shard` (a rule without `shards` applies to every shard)."""
         return tuple(r for r in self.rules if r.applies_to(shard))

@@ -244,7 +244,8 @@ def test_layout_errors_name_the_key(tmp_path: Path) -> None:
         # a shard declared twice (a group's member and a single shard)
         '[shards.u]\ncount = 2\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\n'
         'west = { port = 20, server_id = 10 }\n'
-        '[shards.u-1]\ngtid_domain_id = 5\neast = { port = 30, server_id = 30 }\nwest = { port = 31, server_id = 31 }\n':
+        '[shards.u-1]\ngtid_domain_id = 5\neast = { port = 30, server_id = 30 }\n'
+        'west = { port = 31, server_id = 31 }\n':
             "shards.u-1: shard 'u-1' is already declared by shards.u (shard 1 of 2)",
         # two shards in one GTID domain
         '[shards.a]\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\nwest = { port = 11, server_id = 2 }\n'
