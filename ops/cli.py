@@ -12,9 +12,9 @@ squealctl check TOPOLOGY         validate a topology file and summarise it
 squealctl verify [TOPOLOGY]      cached rows vs the database (exit 0 clean, 1 stale, 2 cannot check, 3 partial)
 squealctl flush CLUSTER|REGION [--pool P] [--yes]
                                  empty a cluster's or a region's caches through its routers
-squealctl replay --region R --flow F|all --from GTID [TOPOLOGY]
+squealctl replay --region R [--shard S] --flow F|all --from GTID [TOPOLOGY]
                                  re-send invalidations: rewind the flow(s) of the daemon `up` started
-squealctl accept-data-loss --region R [TOPOLOGY]
+squealctl accept-data-loss --region R [--shard S] [TOPOLOGY]
                                  a region halted on purged binlogs: flush its caches and resume
 squealctl render systemd TOPOLOGY --host H --out DIR
                                  the systemd units and configs one host of a real deployment runs
@@ -222,6 +222,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     al.add_argument("topology", nargs="?", metavar="TOPOLOGY", help="topology file (default: the recorded one)")
     al.add_argument("--region", required=True, help="the halted region")
+    al.add_argument("--shard", default=None, help="with [shards]: the halted shard (each halts alone)")
 
     from ops import systemd  # `render systemd`: one host of a multi-host deployment (docs/deploy.md)
 
@@ -379,7 +380,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         if topology is None:
             raise HarnessError(f"accept-data-loss: no TOPOLOGY given and none recorded in {deployment.state_file}")
         return squeal_main(["accept-data-loss", str(topology), "--region", args.region,
-                            "--state-dir", str(deployment.squeal_state_dir(args.region))])
+                            "--state-dir", str(deployment.squeal_state_dir(args.region)),
+                            *(("--shard", args.shard) if args.shard else ())])
     if args.command == "render":
         from ops import systemd
 
@@ -413,6 +415,7 @@ def _replay(deployment: Deployment, args: argparse.Namespace) -> int:
             args.from_gtid,
             deployment.squeal_state_dir(args.region),
             pids=recorded,
+            shard=args.shard,
         )
     except ReplayError as e:
         print(f"squealctl replay: error: {e}", file=sys.stderr)

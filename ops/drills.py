@@ -7,7 +7,8 @@ Against the deployment `squealctl up` started (its supervisor must be running), 
 3. kill -9 a memcached server (a wildcard pool's); back?
 4. SIGSTOP another router for `pause` s, then SIGCONT: answering again, same pid (a paused process has not
    exited, so the supervisor must leave it alone)
-5. `squealctl restart` the replica region's MariaDB: back, and replication catches up with the primary
+5. `squealctl restart` the replica region's MariaDB (with [shards]: one shard's copy there): back, and
+   replication catches up with that shard's primary
 6. SIGSTOP the replica for `pause` s (a replica stall), SIGCONT: replication catches up
 7. `squealctl verify` on the recorded topology: nothing cached disagrees with the database
 
@@ -193,8 +194,12 @@ class Drill:
 
     def _replication_caught_up(self, name: str) -> Step:
         """The replica applies everything the primary has committed (MASTER_GTID_WAIT)."""
-        replica_region = self.row(name)["region"]
-        primary, replica = self.topo.master.database, self.topo.region(replica_region).database
+        row = self.row(name)
+        if row.get("shard"):  # a shard's copy: its own primary (topologies with [shards])
+            shard = self.topo.shard(row["shard"])
+            primary, replica = shard.primary, shard.copy(row["region"])
+        else:
+            primary, replica = self.topo.master.database, self.topo.region(row["region"]).database
         t0 = time.monotonic()
         try:
             with _connect(primary) as conn, conn.cursor() as cur:

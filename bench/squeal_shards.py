@@ -1,0 +1,229 @@
+"""One squeal process over 1, 2, 4, 8 shards (not a test: prints figures for docs/benchmarks.md).
+
+    .venv/bin/python bench/squeal_shards.py [--shards 1,2,4,8] [--rows 200000] [--rate 400] [--seconds 20]
+
+1. Cost per row: `--rows` row changes (transactions of 10 single-row INSERTs, then 10 UPDATEs) spread evenly
+   over N shards (one MariaDB primary each, its own GTID domain) are read by one `squeal run` process from
+   datamarkers set just before the load, through every shard's pipeline to two memcached "clusters". Reported:
+   rows per CPU-second of the squeal process (all threads) from /healthz answering to every flow having
+   acknowledged the last GTID of its shard, as a ratio to the 1-shard figure of the same run (target >= 0.8:
+   sharding must not cost per row), and squeal's RSS at the end, per shard.
+2. Aggregation: a paced write load of `--rate` single-row transactions per second in total (2 keys each),
+   spread round robin over the N shards for `--seconds`, while squeal follows live. Reported: deletes per
+   write (squeal_deletes_per_write: mean and median from its buckets), which should grow with N at a fixed
+   total rate, since the shards' batches to one cluster share one connection and one write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+from ops.harness import MariaDB, Memcached, SquealDaemon, free_port, wait_until
+
+DOMAIN = 30  # shard i runs in GTID domain 30 + i
+SCHEMA = "CREATE TABLE users (id INT PRIMARY KEY, email VARCHAR(200), name VARCHAR(200), n INT) ENGINE=InnoDB"
+
+
+def scrape(port: int) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+
+def metric_sum(text: str, prefix: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def health(port: int) -> dict:
+    try:
+        return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read())
+    except OSError:
+        return {}
+
+
+def topology(dbs: list[MariaDB], schema: str, caches: list[Memcached]) -> str:
+    shards = "".join(f"[shards.s{i}]\ngtid_domain_id = {DOMAIN + i}\n"
+                     f"east = {{ port = {db.port}, server_id = {db.server_id} }}\n" for i, db in enumerate(dbs))
+    clusters = "".join(f'[regions.east.clusters.c{i}]\nrouters = ["127.0.0.1:{m.port}"]\n'
+                       f'pools.wildcard = {{ kind = "wildcard", servers = ["127.0.0.1:{free_port()}"] }}\n'
+                       for i, m in enumerate(caches))
+    return (f'[squeal]\ndatamarker_dir = "dm"\nmetrics_port_base = {free_port()}\n{shards}'
+            f'[[rules]]\ntable = "{schema}.users"\nkeys = ["user:{{id}}", "user:email:{{email}}"]\n'
+            f"[regions.east]\nmaster = true\n{clusters}")
+
+
+def load(db: MariaDB, schema: str, rows: int) -> None:
+    """rows/2 INSERTs then rows/2 UPDATEs, 10 statements per transaction."""
+    n = rows // 2
+    with db.connect(schema, autocommit=False) as conn, conn.cursor() as cur:
+        for phase in ("insert", "update"):
+            for start in range(1, n + 1, 10):
+                for i in range(start, min(start + 10, n + 1)):
+                    if phase == "insert":
+                        cur.execute("INSERT INTO users VALUES (%s, %s, %s, 0)", (i, f"u{i}@x", f"name {i}"))
+                    else:
+                        cur.execute("UPDATE users SET n = n + 1, email = %s WHERE id = %s", (f"v{i}@x", i))
+                conn.commit()
+
+
+def write_markers(state: Path, shards: int, positions: list[str], clusters: int) -> None:
+    for i in range(shards):
+        d = state / "shards" / f"s{i}"
+        d.mkdir(parents=True, exist_ok=True)
+        for c in range(clusters):
+            doc = {"flow": f"c{c}", "position": positions[i], "saved_at": time.time()}
+            (d / f"c{c}.marker").write_text(json.dumps(doc) + "\n")
+
+
+def seq(position: str, domain: int) -> int:
+    for part in position.split(","):
+        d, _, n = part.split("-")
+        if int(d) == domain:
+            return int(n)
+    return 0
+
+
+def acked_all(daemon: SquealDaemon, targets: dict[str, int]) -> bool:
+    flows = health(daemon.port).get("flows", {})
+    for name, flow in flows.items():
+        shard = name.split("/", 1)[0]
+        if seq(flow["acked"], DOMAIN + int(shard[1:])) < targets[shard]:
+            return False
+    return bool(flows)
+
+
+def replay_round(base: Path, dbs: list[MariaDB], caches: list[Memcached], rows: int) -> dict:
+    n = len(dbs)
+    schema = f"bench_{n}_{int(time.time()) % 100000}"
+    for db in dbs:
+        db.execute(f"CREATE DATABASE {schema}", f"USE {schema}", SCHEMA)
+    before = [db.gtid_binlog_pos() for db in dbs]
+    threads = [threading.Thread(target=load, args=(db, schema, rows // n)) for db in dbs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    after = {f"s{i}": seq(db.gtid_binlog_pos(), DOMAIN + i) for i, db in enumerate(dbs)}
+    work = base / f"replay-{n}"
+    work.mkdir()
+    (work / "topology.toml").write_text(topology(dbs, schema, caches))
+    write_markers(work / "state", n, before, len(caches))
+    daemon = SquealDaemon(work / "topology.toml", "east", workdir=work, state_dir=work / "state")
+    daemon.start()
+    try:
+        proc = psutil.Process(daemon.proc.pid)
+        cpu0 = sum(proc.cpu_times()[:2])
+        rows0 = metric_sum(scrape(daemon.port), "squeal_rows_total")
+        t0 = time.monotonic()
+        wait_until(lambda: acked_all(daemon, after), 600, "every shard's flows to acknowledge the load",
+                   interval=0.05)
+        wall = time.monotonic() - t0
+        cpu = sum(proc.cpu_times()[:2]) - cpu0
+        rows_read = metric_sum(scrape(daemon.port), "squeal_rows_total") - rows0
+        rss = proc.memory_info().rss / 2**20
+    finally:
+        daemon.stop(grace=10)
+    return {"shards": n, "rows": rows_read, "cpu_s": cpu, "wall_s": wall, "rows_per_cpu_s": rows_read / cpu,
+            "rss_mb": rss}
+
+
+def histogram_median(text: str, name: str) -> float | None:
+    buckets: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith(name + "_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets[float("inf") if le == "+Inf" else float(le)] = buckets.get(float(le), 0.0) + float(
+                line.rsplit(" ", 1)[1])
+    if not buckets or max(buckets.values()) == 0:
+        return None
+    total = buckets[max(buckets)]
+    return next(le for le, count in sorted(buckets.items()) if count >= total / 2)
+
+
+def live_round(base: Path, dbs: list[MariaDB], caches: list[Memcached], rate: float, seconds: float) -> dict:
+    n = len(dbs)
+    schema = f"live_{n}_{int(time.time()) % 100000}"
+    for db in dbs:
+        db.execute(f"CREATE DATABASE {schema}", f"USE {schema}", SCHEMA)
+    work = base / f"live-{n}"
+    work.mkdir()
+    (work / "topology.toml").write_text(topology(dbs, schema, caches))
+    daemon = SquealDaemon(work / "topology.toml", "east", workdir=work, state_dir=work / "state")
+    daemon.start()
+    stop = time.monotonic() + seconds
+    sent = [0] * n
+
+    def writer(i: int) -> None:  # rate/n transactions a second on shard i, paced by the clock
+        interval = n / rate
+        with dbs[i].connect(schema) as conn, conn.cursor() as cur:
+            k, next_at = 0, time.monotonic()
+            while next_at < stop:
+                k += 1
+                cur.execute("INSERT INTO users VALUES (%s, %s, 'x', 0)", (k, f"e{k}@x"))
+                sent[i] += 1
+                next_at += interval
+                time.sleep(max(0.0, next_at - time.monotonic()))
+
+    try:
+        threads = [threading.Thread(target=writer, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        targets = {f"s{i}": seq(db.gtid_binlog_pos(), DOMAIN + i) for i, db in enumerate(dbs)}
+        wait_until(lambda: acked_all(daemon, targets), 120, "the live load to be acknowledged", interval=0.05)
+        text = scrape(daemon.port)
+    finally:
+        daemon.stop(grace=10)
+    deletes = metric_sum(text, "squeal_deletes_per_write_sum")
+    writes = metric_sum(text, "squeal_deletes_per_write_count")
+    return {"shards": n, "txn_per_s": sum(sent) / seconds, "deletes_per_write_mean": deletes / max(writes, 1),
+            "deletes_per_write_median": histogram_median(text, "squeal_deletes_per_write")}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shards", default="1,2,4,8", help="shard counts to measure (default %(default)s)")
+    p.add_argument("--rows", type=int, default=200_000, help="row changes per replay round, over all shards")
+    p.add_argument("--rate", type=float, default=400, help="live transactions per second, over all shards")
+    p.add_argument("--seconds", type=float, default=20, help="live load duration per shard count")
+    args = p.parse_args()
+    counts = [int(c) for c in args.shards.split(",")]
+    base = Path(tempfile.mkdtemp(prefix="squeal-shards-"))
+    dbs = [MariaDB(500 + i, workdir=base / f"db{i}", gtid_domain_id=DOMAIN + i) for i in range(max(counts))]
+    caches = [Memcached(workdir=base / "mc") for _ in range(2)]
+    try:
+        for proc in [*dbs, *caches]:
+            proc.start()
+        print(f"# squeal over 1..{max(counts)} shards, {args.rows} rows per replay round, {os.cpu_count()} cores, "
+              f"load {os.getloadavg()[0]:.2f}", flush=True)
+        replays = [replay_round(base, dbs[:n], caches, args.rows) for n in counts]
+        one = replays[0]["rows_per_cpu_s"]
+        print("\n| shards | rows | squeal CPU s | rows / CPU-s | vs 1 shard | RSS MB | RSS MB per shard |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
+        for r in replays:
+            print(f"| {r['shards']} | {r['rows']:.0f} | {r['cpu_s']:.2f} | {r['rows_per_cpu_s']:,.0f} | "
+                  f"{r['rows_per_cpu_s'] / one:.2f}x | {r['rss_mb']:.0f} | {r['rss_mb'] / r['shards']:.0f} |")
+        lives = [live_round(base, dbs[:n], caches, args.rate, args.seconds) for n in counts]
+        print("\n| shards | txn/s (all shards) | deletes per write, mean | median (bucket) |")
+        print("|---:|---:|---:|---:|")
+        for r in lives:
+            print(f"| {r['shards']} | {r['txn_per_s']:.0f} | {r['deletes_per_write_mean']:.2f} | "
+                  f"{r['deletes_per_write_median']} |")
+        print(f"\nload average at the end: {os.getloadavg()}")
+    finally:
+        for proc in [*caches, *dbs]:
+            proc.stop(grace=5)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
