@@ -224,7 +224,8 @@ class Daemon:
         try:
             check_server(conn, replica=self.database.role == "replica")
             columns = load_columns(conn, self.extractor.tables)
-            for warning in check_rules(self.rules, columns):
+            places = [i for i, r in enumerate(self.topology.rules) if r.applies_to(self.shard.name)]
+            for warning in check_rules(self.rules, columns, places):
                 log.warning("%s%s", f"shard {self.shard.name}: " if self.topology.sharded else "", warning)
             self.stage.bulk.set_cascades(load_cascades(conn))
             self.reader_kind = self._choose_reader(conn)

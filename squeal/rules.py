@@ -22,7 +22,7 @@ import base64
 import hashlib
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -379,15 +379,19 @@ NUMERIC_TYPES = frozenset({"tinyint", "smallint", "mediumint", "int", "integer",
                            "numeric", "float", "double", "real"})
 
 
-def check_rules(rules: Iterable[Rule], columns_of: dict[tuple[str, str], Any]) -> list[str]:
+def check_rules(rules: Iterable[Rule], columns_of: dict[tuple[str, str], Any],
+                indices: Sequence[int] | None = None) -> list[str]:
     """Raise RuleError if a template or filter names a column its table lacks, or a `where` compares a
     column with the wrong kind of literal; return warnings (missing tables).
 
     `columns_of` maps (schema, table) to the table's columns as information_schema lists them: a list of
-    names, or (`load_columns`) a dict name -> DATA_TYPE, which also enables the literal check.
+    names, or (`load_columns`) a dict name -> DATA_TYPE, which also enables the literal check. `indices`: each
+    rule's place in the topology file's [[rules]] (when `rules` is a shard's subset), for the messages.
     """
     warnings: list[str] = []
-    for i, rule in enumerate(rules):
+    rules = list(rules)
+    places = list(indices) if indices is not None else list(range(len(rules)))
+    for i, rule in zip(places, rules, strict=True):
         schema, table = rule.table.split(".", 1)
         cols = columns_of.get((schema, table))
         if cols is None:

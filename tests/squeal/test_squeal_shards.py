@@ -75,6 +75,7 @@ class Sharded:
             + "".join(shard_block(s, self.dbs[s]) for s in shards)
             + f'[[rules]]\ntable = "{self.schema}.users"\nkeys = ["user:{{id}}", "user:email:{{email}}"]\n'
             + f'[[rules]]\ntable = "{self.schema}.posts"\nkeys = ["post:{{id}}"]\nshards = ["s1"]\n'
+            + f'[[rules]]\ntable = "{self.schema}.nowhere"\nkeys = ["nowhere:{{id}}"]\n'  # on no shard
             + "[regions.east]\nmaster = true\n" + clusters)
 
     def sql(self, shard: str, *statements: str) -> None:
@@ -150,6 +151,9 @@ def test_every_shard_invalidates_every_cluster_key_by_key(sharded) -> None:
     assert metrics['squeal_delete_writes_total{flow="c0"}'] >= 1
     for shard in SHARDS:  # markers on disk per shard
         assert (env.state_dir / "shards" / shard / "c0.marker").exists()
+    log = env.log()  # a rule whose table no shard has: a warning naming shard, rule and table, start goes on
+    for shard in SHARDS:
+        assert f"shard {shard}: rules[2] (table {env.schema}.nowhere): the table does not exist" in log
 
 
 def test_a_purged_shard_halts_alone_and_recovers_by_its_own_command(sharded) -> None:
