@@ -319,6 +319,7 @@ class _Builder:
             "datamarker_dir": (str, "a directory path"),
             "metrics_port_base": (int, "a port number"),
             "marker_max_age_s": ((int, float), "a number of seconds"),
+            "max_lag_s": ((int, float), "a number of seconds"),
             "on_data_loss": (str, " or ".join(f'"{c}"' for c in ON_DATA_LOSS)),
             "reader": (str, " or ".join(f'"{c}"' for c in READERS)),
         }
@@ -329,7 +330,7 @@ class _Builder:
             self.typed(v, f"{path}.{name}", kind, what)
             if isinstance(v, int | float) and not isinstance(v, bool) and v <= 0:
                 raise self.fail(f"{path}.{name}", f"must be greater than 0, got {v}")
-            out[name] = float(v) if name in ("flush_interval_ms", "marker_max_age_s") else v
+            out[name] = float(v) if name in ("flush_interval_ms", "marker_max_age_s", "max_lag_s") else v
         if out["on_data_loss"] not in ON_DATA_LOSS:
             choices = " or ".join(f'"{c}"' for c in ON_DATA_LOSS)
             raise self.fail(f"{path}.on_data_loss", f"must be {choices}, got {out['on_data_loss']!r}")

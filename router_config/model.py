@@ -263,6 +263,7 @@ class SquealSettings:
     metrics_port_base: int = 19100
     on_data_loss: str = "halt"  # see ON_DATA_LOSS and docs/squeal.md
     marker_max_age_s: float = 30.0  # /healthz fails while a flow's datamarker waits longer to be written
+    max_lag_s: float = 60.0  # /healthz fails while a flow is further behind the primary's commits (a stalled copy)
     reader: str = "native"  # see READERS: the Rust extension (squeal_native) or python-mysql-replication
 
 

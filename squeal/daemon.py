@@ -434,6 +434,10 @@ class Daemon:
         except Exception:  # noqa: BLE001 - the checkpoint loop must never stop
             log.exception("checkpoint: data-loss or XA bookkeeping failed; retried at the next one")
         try:
+            self._watch_lag()
+        except Exception:  # noqa: BLE001 - the checkpoint loop must never stop
+            log.exception("checkpoint: the lag check failed; retried at the next one")
+        try:
             self._watch_markers()
             if self._marker_round is None:
                 self._start_marker_round()
@@ -534,6 +538,29 @@ class Daemon:
                           self._marker_watch.failures(name))
         self._watch_markers()
         return not errors
+
+    def _watch_lag(self) -> None:
+        """/healthz: a flow further behind the primary's commits than max_lag_s is a problem naming the copy this
+        pipeline reads (a stalled replica, a dead destination); cleared when it is back under the limit."""
+        limit = self.settings.max_lag_s
+        source = self.source_poller.snapshot() if self.source_poller is not None else None
+        for name, flow in self.flows.items():
+            key = f"lag:{name}"
+            lag = flow.lag()
+            if lag <= limit:
+                self.problems.pop(key, None)
+                continue
+            why = f"its destination has not acknowledged for {lag:.0f}s" if flow.backlog else "nothing reached it"
+            copy = f"{self.database.name or self.region.name} ({self.database.address}, {self.database.role})"
+            if source and source.get("role") == "replica":
+                rep = source.get("replication") or {}
+                why = (f"its source, the replica {copy}, is {source.get('replication_lag') or 0:.0f}s behind its "
+                       f"primary (replication io {rep.get('io_running', '?')}, sql {rep.get('sql_running', '?')})"
+                       if flow.backlog == 0 else why)
+            elif source and not source.get("up", True):
+                why = f"its source {copy} does not answer"
+            self.problems[key] = (f"flow {name}: {lag:.0f}s behind the primary's commits (max_lag_s = {limit:g}): "
+                                  f"{why}")
 
     def _watch_markers(self) -> None:
         """/healthz: a flow whose acknowledged position has waited more than marker_max_age_s is a problem."""

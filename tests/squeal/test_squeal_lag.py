@@ -238,7 +238,7 @@ def replica_topology(primary: MariaDB, replica: MariaDB, schema: str, west_ports
     """Two regions: east (master, on `primary`) and west (on `replica`), west's clusters on `west_ports`."""
     out = [
         f'[squeal]\nbatch_size = 64\nflush_interval_ms = 0.5\ndatamarker_dir = "var/dm"\n'
-        f"metrics_port_base = {free_port()}\n",
+        f"metrics_port_base = {free_port()}\nmax_lag_s = 3\n",
         f'[[rules]]\ntable = "{schema}.users"\nkeys = ["user:{{id}}"]\n',
     ]
     for name, db, master in (("east", primary, True), ("west", replica, False)):
@@ -318,6 +318,12 @@ def test_stalled_replica_shows_as_lag_on_every_flow_and_recovers(
         assert src["role"] == "replica" and src["up"] is True and src["replication_lag"] >= 3
         assert src["replication"]["sql_running"] == "No" and src["replication"]["io_running"] == "Yes"
         assert src["binlog_pos"] == replica.gtid_binlog_pos()
+        # past max_lag_s (3 s here) /healthz is 503 and names the stalled copy (issue 27 item 6)
+        code, status = wait_until(lambda: (h := healthz(daemon.port))[0] == 503 and h, 15, "/healthz 503 on lag")
+        lag_problems = {k: v for k, v in status["problems"].items() if k.startswith("lag:")}
+        assert set(lag_problems) == {"lag:w0", "lag:w1", "lag:regional"}, status["problems"]
+        assert all("max_lag_s = 3" in v and "the replica west" in v and f"127.0.0.1:{replica.port}" in v
+                   and "sql No" in v for v in lag_problems.values()), lag_problems
 
         replica.execute("START SLAVE SQL_THREAD")
         wait_gone(caches, keys, timeout=30)
@@ -325,6 +331,7 @@ def test_stalled_replica_shows_as_lag_on_every_flow_and_recovers(
                    and scrape(daemon.port)["squeal_source_replication_lag_seconds"] == 0,
                    30, "every flow's lag back at 0 after the replica caught up", interval=0.2)
         assert healthz_body(daemon.port)["source"]["replication"]["sql_running"] == "Yes"
+        wait_until(lambda: healthz(daemon.port)[0] == 200, 15, "/healthz 200 once the copy caught up")
     finally:
         for c in caches:
             c.close()
