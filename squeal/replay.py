@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import signal
 from collections.abc import Iterable
@@ -231,6 +232,9 @@ def replay(
 
 
 ZK_CONNECT_TIMEOUT = 5.0
+# kazoo's logger for operator commands: only its errors (connection attempts are summed up by ReplayError).
+_QUIET_KAZOO = logging.getLogger("squeal.replay.kazoo")
+_QUIET_KAZOO.setLevel(logging.ERROR)
 
 
 def check_shard(topo: router_config.Topology, shard: str | None) -> str | None:
@@ -259,7 +263,8 @@ def zookeeper_store(topo: router_config.Topology, region: str, timeout: float = 
     zk = topo.zookeeper
     if zk is None:  # the loader refuses instances without [zookeeper]
         raise ReplayError(f"{topo.source}: region {region} has squeal instances but no [zookeeper] section", code=2)
-    client = KazooClient(hosts=zk.hosts, timeout=zk.session_timeout_s, connection_retry={"max_tries": 0})
+    client = KazooClient(hosts=zk.hosts, timeout=zk.session_timeout_s, connection_retry={"max_tries": 0},
+                         logger=_QUIET_KAZOO)  # its per-attempt warnings would bury the one line that matters
     try:
         client.start(timeout=timeout)
     except Exception as e:  # noqa: BLE001 - kazoo's time-out (or a refused connection)

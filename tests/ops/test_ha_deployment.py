@@ -143,6 +143,8 @@ def test_replay_and_accept_data_loss_name_zookeeper_when_it_does_not_answer(tmp_
         assert f"cannot reach ZooKeeper {servers} (zookeeper.servers in {path})" in result.stderr, result.stderr
         assert "nothing requested" in result.stderr
         assert result.stdout == ""
+        # one clear line, not a stream of kazoo's connection warnings (issue 27 item 7)
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def test_down_and_up_keep_the_ensemble_data_and_the_markers(ha_deployment):
