@@ -274,13 +274,17 @@ def plan(workers: Iterable[Worker], shards: Iterable[Shard], assignment: Mapping
         moves.append(Move(shard, source, target, reason, detail, loads[shard], copy, why))
 
     # 1. placements: LPT onto the least-loaded eligible worker
+    lvl, hot_above = level(loads.values(), len(held))
+    hot = frozenset(s for s, x in loads.items() if x > hot_above)
     unplaced: tuple[str, ...] = ()
     if not eligible:
         unplaced = tuple(name for name, _, _, _ in orphans)
     else:
+        ordered = sorted(orphans, key=lambda o: (-loads[o[0]], o[0]))
+
         heap = [(wload[w], len(held[w]), w) for w in held]
         heapq.heapify(heap)
-        for name, reason, old, detail in sorted(orphans, key=lambda o: (-loads[o[0]], o[0])):
+        for name, reason, old, detail in ordered:
             _, _, target = heapq.heappop(heap)
             owner[name] = target
             held[target].add(name)
@@ -288,8 +292,6 @@ def plan(workers: Iterable[Worker], shards: Iterable[Shard], assignment: Mapping
             heapq.heappush(heap, (wload[target], len(held[target]), target))
             record(name, old, target, reason, detail)
 
-    lvl, hot_above = level(loads.values(), len(held))
-    hot = frozenset(s for s, x in loads.items() if x > hot_above)
     before = _judge(loads, held, wload, lvl, hot, cfg.threshold)
     notes: list[str] = []
     if not before.violations:
@@ -310,6 +312,7 @@ def plan(workers: Iterable[Worker], shards: Iterable[Shard], assignment: Mapping
     high, low = before.high, before.low
     eps = 1e-9 * max(lvl, 1e-12)
     moved_now = {m.shard for m in moves}
+    kept: dict[str, str | None] = {w: _kept_hot(held[w], hot, loads) for w in held}
 
     def movable(shard: str) -> bool:
         if shard in moved_now:
@@ -317,66 +320,106 @@ def plan(workers: Iterable[Worker], shards: Iterable[Shard], assignment: Mapping
         at = last_moved.get(shard)
         return at is None or now - at >= cfg.cooldown_s
 
-    def kept_hot(w: str) -> str | None:
-        hots = held[w] & hot
-        return min(hots, key=lambda s: (-loads[s], s)) if hots else None
+    offers: dict[str, tuple[list[float], list[str]]] = {}  # worker → its movable shards by (load, name)
+
+    def offer(w: str) -> tuple[list[float], list[str]]:
+        if w not in offers:
+            pairs = sorted((loads[s], s) for s in held[w] if s != kept[w] and movable(s))
+            offers[w] = ([x for x, _ in pairs], [s for _, s in pairs])
+        return offers[w]
 
     def candidates(w: str) -> list[str]:
-        keep = kept_hot(w)
-        return sorted(s for s in held[w] if s != keep and movable(s))
+        return sorted(offer(w)[1])
 
-    def pick(source: str, target: str) -> str | None:
-        """The shard to move source → target: clean (both stay in the band) first, else improving."""
+    def send_from(source: str) -> tuple[str, str] | None:
+        """An overloaded worker sends one shard to the least-loaded sharing worker: (shard, target)."""
+        targets = [w for w in held if w != source and kept[w] is None]
+        if not targets:
+            return None
+        target = min(targets, key=lambda w: (wload[w], len(held[w]), w))
         s_load, t_load = wload[source], wload[target]
         gap = s_load - t_load
         best_clean: tuple[float, str] | None = None
         best_any: tuple[float, str] | None = None
-        target_hot = kept_hot(target) is not None
-        source_hot = kept_hot(source) is not None
         for shard in candidates(source):
             x = loads[shard]
             if t_load + x >= s_load - eps:
                 continue  # the target would become the new max of the pair: no improvement
-            key = (abs(gap - 2 * x), shard)
-            clean = not target_hot and t_load + x <= high + eps and (s_load - x >= low - eps or source_hot)
-            if clean and (best_clean is None or key < best_clean):
-                best_clean = key
-            if best_any is None or key < best_any:
-                best_any = key
+            key = (abs(gap - 2 * x), shard)  # the shard that best evens the pair
+            if t_load + x <= high + eps and (s_load - x >= low - eps or kept[source] is not None):
+                best_clean = min(best_clean or key, key)
+            best_any = min(best_any or key, key)
         chosen = best_clean or best_any
-        return chosen[1] if chosen else None
+        return (chosen[1], target) if chosen else None
 
-    def sharing_targets(exclude: str) -> list[str]:
-        ts = [w for w in held if w != exclude and kept_hot(w) is None]
-        return sorted(ts, key=lambda w: (wload[w], len(held[w]), w))
+    def take_into(target: str) -> tuple[str, str] | None:
+        """An underloaded worker takes one shard: (shard, source). The one that closes its deficit, or the
+        largest that fits, from any worker that stays in the band; else the most-loaded worker's best."""
+        t_load = wload[target]
+        need, room = low - t_load, high - t_load
+
+        def spare(w: str) -> float:
+            if kept[w] is not None:
+                return wload[w] - loads[kept[w]]  # a hot shard's company may all go
+            return wload[w] - low
+
+        sources = sorted((w for w in held if w != target and wload[w] > t_load + eps),
+                         key=lambda w: (-spare(w), w))
+        best: tuple[tuple[int, float, str], str, str] | None = None
+        for source in sources:
+            cap = min(spare(source), room)
+            if cap <= eps or (best is not None and (best[0][0] == 0 or -best[0][1] >= cap)):
+                break  # sorted by spare: no later source offers more
+            xs, names = offer(source)
+            cap = min(cap, wload[source] - t_load - 2 * eps)  # and the target stays below the source
+            i = bisect.bisect_left(xs, need - eps)  # the smallest shard that closes the deficit
+            if i < len(xs) and xs[i] <= cap + eps:
+                key = (0, xs[i], names[i])
+            else:
+                j = bisect.bisect_right(xs, cap + eps) - 1  # else the largest that fits
+                if j < 0:
+                    continue
+                key = (1, -xs[j], names[j])
+            if best is None or key < best[0]:
+                best = (key, key[2], source)
+        if best is not None:
+            return best[1], best[2]
+        for source in sorted(held, key=lambda w: (-wload[w], w)):  # nothing clean: improve the pair
+            if source == target or wload[source] <= t_load + eps:
+                break
+            picked = None
+            for shard in candidates(source):
+                x = loads[shard]
+                key = (abs(wload[source] - t_load - 2 * x), shard)
+                if t_load + x < wload[source] - eps and (picked is None or key < picked):
+                    picked = key
+            if picked:
+                return picked[1], source
+        return None
 
     rebalanced = 0
     state = before
+    stuck: set[str] = set()  # violations no move could fix in this plan; the next plan tries again
     while state.violations:
         if cfg.max_moves is not None and rebalanced >= cfg.max_moves:
             notes.append(f"stopped at max_moves={cfg.max_moves}")
             break
         move: tuple[str, str, str, str] | None = None
         for w in state.violations:
-            if only_targets is not None and w not in only_targets:
+            if w in stuck or (only_targets is not None and w not in only_targets):
                 continue
-            if kept_hot(w) is not None or wload[w] > high + eps:  # too much: send one shard away
-                targets = sharing_targets(w)
-                if targets:
-                    shard = pick(w, targets[0])
-                    if shard is not None:
-                        why = "with hot shard " + str(kept_hot(w)) if kept_hot(w) else f"at {wload[w] / lvl:.2f}x"
-                        move = (shard, w, targets[0], f"{w} {why}")
-            else:  # too little: take one shard from the most-loaded worker that can spare one
-                for source in sorted(held, key=lambda v: (-wload[v], v)):
-                    if source == w or wload[source] <= wload[w]:
-                        break
-                    shard = pick(source, w)
-                    if shard is not None:
-                        move = (shard, source, w, f"{w} at {wload[w] / lvl:.2f}x of the level")
-                        break
+            if kept[w] is not None or wload[w] > high + eps:  # too much: send one shard away
+                found = send_from(w)
+                if found:
+                    why = f"with hot shard {kept[w]}" if kept[w] is not None else f"at {wload[w] / lvl:.2f}x"
+                    move = (found[0], w, found[1], f"{w} {why} of the level")
+            else:  # too little: take one shard in
+                found = take_into(w)
+                if found:
+                    move = (found[0], found[1], w, f"{w} at {wload[w] / lvl:.2f}x of the level")
             if move:
                 break
+            stuck.add(w)
         if move is None:
             blocked = [s for w in state.violations for s in held[w]
                        if s in last_moved and now - last_moved[s] < cfg.cooldown_s]
@@ -389,7 +432,12 @@ def plan(workers: Iterable[Worker], shards: Iterable[Shard], assignment: Mapping
         wload[source] -= loads[shard]
         wload[target] += loads[shard]
         owner[shard] = target
+        if shard in hot:
+            kept[source] = _kept_hot(held[source], hot, loads)
+            kept[target] = _kept_hot(held[target], hot, loads)
         moved_now.add(shard)
+        offers.pop(source, None)
+        offers.pop(target, None)
         record(shard, source, target, REBALANCE, detail)
         rebalanced += 1
         state = _judge(loads, held, wload, lvl, hot, cfg.threshold)
@@ -398,6 +446,12 @@ def plan(workers: Iterable[Worker], shards: Iterable[Shard], assignment: Mapping
             if not only_targets:
                 break
     return _done(moves, owner, wload, before, state, since if state.violations else None, unplaced, notes)
+
+
+def _kept_hot(held: set[str], hot: frozenset[str], loads: Mapping[str, float]) -> str | None:
+    """The hot shard a worker keeps (its heaviest); None for a sharing worker."""
+    hots = held & hot
+    return min(hots, key=lambda s: (-loads[s], s)) if hots else None
 
 
 def _figure(b: Balance) -> str:
