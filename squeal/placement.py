@@ -42,11 +42,13 @@ largest ratio of load to `L` among the sharing workers (or `L` to load, for an u
    that holds nothing while the level says it should (it just joined) is filled at once
    (`settings.fill_empty_at_once`), since an empty worker is a fact, not a noisy measurement.
 3. Fewest moves: repeatedly take the worst violation. An overloaded worker sends one shard to the
-   least-loaded sharing worker; an underloaded one takes one shard from the most-loaded worker that can
-   spare one. Only the moved shard's load changes hands, so the shard chosen is the one that best evens
-   the pair (load closest to half the gap) among those that leave both inside the band; if none does, the
-   one that best evens the pair while the target stays below the source ("never the new max"). A hot
-   shard with company keeps its worker and the others leave (its own move would cost the most). The loop
+   least-loaded sharing worker: the one that best evens the pair (load closest to half the gap) among
+   those that leave both inside the band. An underloaded worker takes, from any worker that stays inside
+   the band, the smallest shard that closes its deficit, else the largest that fits. If no shard keeps
+   both inside the band, the one that best evens the pair while the target stays below the source
+   ("never the new max"). A hot shard with company keeps its worker and the others leave (its own move
+   would cost the most; so a hot shard orphaned by a crash costs the company of the worker it lands on:
+   the placement benchmark's "crash (hot)"). The loop
    stops as soon as nothing violates, or when no move improves anything, or at `settings.max_moves`.
    Each move strictly lowers the sum of squared worker loads, so the loop always ends.
 4. Cooldown: a shard moved less than `settings.cooldown_s` ago (`last_moved`, kept by the caller for every
