@@ -1,0 +1,486 @@
+"""Which squeal worker of a region runs which shard: the load-aware placement policy (issue 24), as pure data.
+
+A region runs a pool of squeal workers; each shard of the region has exactly one owner among them (the
+ownership itself — membership, epochs, leases — lives in ZooKeeper and is not this module's business). One
+elected controller calls `plan()` with what it knows and writes the moves it returns. `plan()` does no I/O,
+reads no clock and draws no random number: the same inputs always give the same `Plan`, so the controller
+can be replaced at any moment and a test can state exact outcomes.
+
+**Load.** A shard's load is one number in *rows/s equivalents* (`shard_load`):
+``rows/s + binlog bytes/s ÷ bytes_per_row`` (default 500), never below `floor` (default 1). The rows term is
+what squeal does per changed row (render keys, send deletes); the bytes term is reading and decoding the
+binlog, which a shard costs even for tables without rules (their transactions still stream past). 500 bytes
+is about one row event of a small table with FULL images, so for ordinary tables both terms weigh alike and
+a shard of wide rows (BLOBs) counts for more; it is a default, not a measurement (calibrate it per
+deployment from `bench/squeal_throughput.py`). The floor: an idle shard still holds a binlog connection and
+a reader thread. Workers report raw rates; `smooth()` (an exponentially weighted average with a half-life,
+default 60 s) keeps one burst from moving anything. All workers are taken as equal (no capacities).
+
+**The level and hot shards.** Balance is judged against the *level* `L`, not the plain mean: a shard that
+alone outweighs the mean worker load cannot share a worker without that worker being the maximum, so
+`level()` sets such *hot* shards apart, one worker each, and takes the mean of what is left over the
+workers that are left, repeatedly (water-filling). A hot shard is one whose load exceeds `L`. With no hot
+shard, `L` is the mean worker load. The target is then:
+
+* every hot shard alone on its worker (whenever there are more workers than hot shards, which `level()`
+  guarantees by never setting apart the last worker);
+* every other worker's load within ``[L ÷ threshold, L × threshold]`` (default threshold 1.15: so its
+  max/mean, over the workers that share shards, stays at most 1.15).
+
+A worker outside that band — or a hot shard with company — is a *violation*; `Plan.imbalance` is the
+largest ratio of load to `L` among the sharing workers (or `L` to load, for an underloaded one).
+
+**Rules, in the order `plan()` applies them.**
+
+1. *Eligible* workers are the alive ones that do not drain. A shard whose owner is not eligible — a new
+   shard (`unassigned`), one whose worker died or left the pool (`orphaned`), one whose worker drains
+   (`drain`) — is placed at once, with no hysteresis and no cooldown: greedily by decreasing load (LPT), each
+   on the least-loaded eligible worker (ties: fewer shards, then name).
+2. Rebalancing waits for the imbalance to persist: `plan()` takes `imbalanced_since` (None when the last
+   plan found the pool balanced) and returns the new value for the caller to keep; only after
+   `settings.persist_s` of continuous violation does it move shards (`rebalance`). One exception: a worker
+   that holds nothing while the level says it should (it just joined) is filled at once
+   (`settings.fill_empty_at_once`), since an empty worker is a fact, not a noisy measurement.
+3. Fewest moves: repeatedly take the worst violation. An overloaded worker sends one shard to the
+   least-loaded sharing worker: the one that best evens the pair (load closest to half the gap) among
+   those that leave both inside the band. An underloaded worker takes, from any worker that stays inside
+   the band, the smallest shard that closes its deficit, else the largest that fits. If no shard keeps
+   both inside the band, the one that best evens the pair while the target stays below the source
+   ("never the new max"). A hot shard with company keeps its worker and the others leave (its own move
+   would cost the most; so a hot shard orphaned by a crash costs the company of the worker it lands on:
+   the placement benchmark's "crash (hot)"). The loop
+   stops as soon as nothing violates, or when no move improves anything, or at `settings.max_moves`.
+   Each move strictly lowers the sum of squared worker loads, so the loop always ends.
+4. Cooldown: a shard moved less than `settings.cooldown_s` ago (`last_moved`, kept by the caller for every
+   move of every kind) is never moved by a rebalance, nor is any shard moved twice in one plan.
+
+**Which copy a worker reads.** Every shard has a copy in every region (a GTID replica of the primary in the
+master region, the primary itself there), and a GTID names the same transaction on every copy, so any copy
+gives the same deletes and the same markers. By default a worker reads *the region's own copy* of the shard
+(the worker's region): the cheapest read (no cross-region traffic) and what today's HA instances read. A
+worker may declare preferred copies per shard (`Worker.prefer`: e.g. a local extra replica, to keep the
+binlog dump threads off the copy the web tier reads); a preference is honoured when the shard lists that
+copy (`Shard.copies`, or any copy when the shard lists none). `read_copy()` says which copy and why, and
+each `Move` carries it. Placement cost ignores distance in this version: every eligible worker of a region
+is as good as any other for every shard, and no placement is chosen because of the copy it would read.
+
+`consistent_hash_assignment()` is the baseline the placement benchmark compares with (a hash ring with
+virtual nodes, blind to load).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import heapq
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+UNASSIGNED = "unassigned"  # a shard nobody owns yet (new, or its owner is unknown)
+ORPHANED = "orphaned"  # its worker is dead or left the pool
+DRAIN = "drain"  # its worker drains (leaving gracefully)
+REBALANCE = "rebalance"  # moved to fix a persistent imbalance
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One squeal worker of the region. `prefer`: shard name → the copy it would rather read."""
+
+    name: str
+    alive: bool = True
+    draining: bool = False
+    region: str = ""
+    prefer: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A shard with its smoothed load (`shard_load`). `copies`: copies a worker may read; () = any."""
+
+    name: str
+    load: float
+    copies: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Settings:
+    threshold: float = 1.15  # a sharing worker within [L / threshold, L * threshold] is balanced
+    persist_s: float = 60.0  # a violation must last this long before a rebalance moves anything
+    cooldown_s: float = 300.0  # a shard moved this recently is not moved by a rebalance
+    max_moves: int | None = None  # at most this many rebalance moves per plan (placements are never capped)
+    fill_empty_at_once: bool = True  # an empty worker the level wants filled (a join) skips the hysteresis
+
+
+@dataclass(frozen=True)
+class Move:
+    shard: str
+    source: str | None  # None: nobody held it
+    target: str
+    reason: str  # UNASSIGNED | ORPHANED | DRAIN | REBALANCE
+    detail: str  # why, in words
+    load: float
+    copy: str  # the copy `target` reads for this shard (read_copy)
+    copy_reason: str
+
+
+@dataclass(frozen=True)
+class Balance:
+    """How balanced an assignment is (`balance()`)."""
+
+    level: float  # L: the load of a sharing worker when perfectly balanced
+    hot: frozenset[str]  # shards heavier than L: each should be alone on its worker
+    high: float  # L * threshold
+    low: float  # L / threshold
+    imbalance: float  # max over sharing workers of load / L (or L / load when underloaded); 1.0 = perfect
+    max_over_mean: float  # plain max worker load / mean worker load (hot shards included)
+    hot_not_alone: int  # hot shards whose worker holds anything else
+    violations: tuple[str, ...]  # workers outside the band or with a hot shard in company, worst first
+
+
+@dataclass(frozen=True)
+class Plan:
+    moves: tuple[Move, ...]
+    assignment: dict[str, str]  # shard → worker after the moves
+    loads: dict[str, float]  # eligible worker → load after the moves
+    before: Balance  # after the placements, before any rebalance
+    after: Balance
+    imbalanced_since: float | None  # keep it and pass it to the next plan()
+    unplaced: tuple[str, ...]  # shards no eligible worker could take (no eligible worker at all)
+    notes: tuple[str, ...]  # why a rebalance waited or stopped short
+
+
+def shard_load(rows_per_s: float, binlog_bytes_per_s: float, *, bytes_per_row: float = 500.0,
+               floor: float = 1.0) -> float:
+    """A shard's load in rows/s equivalents: rows/s + binlog bytes/s ÷ `bytes_per_row`, at least `floor`."""
+    return max(floor, rows_per_s + binlog_bytes_per_s / bytes_per_row)
+
+
+def smooth(previous: float | None, sample: float, elapsed_s: float, half_life_s: float = 60.0) -> float:
+    """Exponentially weighted average: a sample `half_life_s` old weighs half as much as a new one."""
+    if previous is None:
+        return sample
+    keep = 0.5 ** (max(0.0, elapsed_s) / half_life_s)
+    return keep * previous + (1.0 - keep) * sample
+
+
+def read_copy(worker: Worker, shard: Shard) -> tuple[str, str]:
+    """The copy `worker` reads for `shard`, and why (see the module docstring)."""
+    preferred = worker.prefer.get(shard.name)
+    if preferred is not None and (not shard.copies or preferred in shard.copies):
+        return preferred, "the worker's preferred copy"
+    if preferred is not None:
+        return worker.region, f"the region's own copy (preferred {preferred} is not a copy of {shard.name})"
+    return worker.region, "the region's own copy (the default: no cross-region reads)"
+
+
+def level(loads: Iterable[float], workers: int) -> tuple[float, float]:
+    """(L, hot limit): the balanced load of a sharing worker, and the load above which a shard is hot.
+
+    Water-filling: while the heaviest remaining shard outweighs the mean of the remaining load over the
+    remaining workers, it gets a worker of its own; the last worker is never set apart.
+    """
+    ordered = sorted(loads, reverse=True)
+    if workers <= 0:
+        return 0.0, math.inf
+    rest = math.fsum(ordered)
+    n = workers
+    k = 0
+    while k < len(ordered) and n > 1 and ordered[k] > rest / n * (1 + 1e-12):
+        rest -= ordered[k]
+        n -= 1
+        k += 1
+    mean = max(0.0, rest) / n
+    return mean, mean * (1 + 1e-12)
+
+
+def balance(loads: Mapping[str, float], assignment: Mapping[str, str], workers: Iterable[str],
+            threshold: float) -> Balance:
+    """Judge `assignment` (shard → worker) of shards with `loads` over `workers` (the eligible ones)."""
+    names = sorted(set(workers))
+    held: dict[str, set[str]] = {w: set() for w in names}
+    for shard, w in assignment.items():
+        if w in held and shard in loads:
+            held[w].add(shard)
+    wload = {w: math.fsum(loads[s] for s in sorted(held[w])) for w in names}
+    lvl, hot_above = level(loads.values(), len(names))
+    hot = frozenset(s for s, x in loads.items() if x > hot_above)
+    return _judge(loads, held, wload, lvl, hot, threshold)
+
+
+def _judge(loads: Mapping[str, float], held: Mapping[str, set[str]], wload: Mapping[str, float], lvl: float,
+           hot: frozenset[str], threshold: float) -> Balance:
+    high, low = lvl * threshold, lvl / threshold
+    eps = 1e-9 * max(lvl, 1e-12)
+    worst: list[tuple[float, str]] = []
+    imbalance = 1.0
+    hot_not_alone = 0
+    for w, load in wload.items():
+        hots = held[w] & hot
+        if hots:
+            if len(held[w]) > 1:
+                hot_not_alone += len(hots)
+                worst.append((load / max(loads[s] for s in hots), w))
+            continue
+        if lvl > 0:
+            ratio = load / lvl if load >= lvl else (lvl / load if load > 0 else math.inf)
+            imbalance = max(imbalance, ratio)
+        if load > high + eps or load < low - eps:
+            worst.append((math.inf if load <= 0 else max(load / lvl, lvl / load), w))
+    worst.sort(key=lambda t: (-t[0], t[1]))
+    total = math.fsum(wload.values())
+    mean = total / len(wload) if wload else 0.0
+    return Balance(
+        level=lvl, hot=hot, high=high, low=low, imbalance=imbalance,
+        max_over_mean=(max(wload.values()) / mean) if mean > 0 else 1.0,
+        hot_not_alone=hot_not_alone, violations=tuple(w for _, w in worst),
+    )
+
+
+def plan(workers: Iterable[Worker], shards: Iterable[Shard], assignment: Mapping[str, str],
+         last_moved: Mapping[str, float], now: float, imbalanced_since: float | None = None,
+         settings: Settings | None = None) -> Plan:
+    """The moves that place every unowned shard and, once an imbalance has persisted, fix it.
+
+    `assignment`: shard → worker as it stands (shards missing from it are new); `last_moved`: shard → the
+    time of its last move (any reason); `now`: the controller's clock, in the same unit (seconds);
+    `imbalanced_since`: what the previous plan returned. The caller applies `Plan.moves`, records `now` in
+    `last_moved` for each moved shard and keeps `Plan.imbalanced_since` for the next call.
+    """
+    cfg = settings or Settings()
+    by_name = {w.name: w for w in sorted(workers, key=lambda w: w.name)}
+    shard_of = {s.name: s for s in sorted(shards, key=lambda s: s.name)}
+    loads = {name: s.load for name, s in shard_of.items()}
+    eligible = [w for w in by_name.values() if w.alive and not w.draining]
+    held: dict[str, set[str]] = {w.name: set() for w in eligible}
+    owner: dict[str, str] = {}
+    orphans: list[tuple[str, str, str | None, str]] = []  # (shard, reason, old owner, detail)
+    for name in shard_of:
+        old = assignment.get(name)
+        if old in held:
+            owner[name] = old
+            held[old].add(name)
+        elif old is None:
+            orphans.append((name, UNASSIGNED, None, "a new shard"))
+        elif old not in by_name:
+            orphans.append((name, ORPHANED, old, f"worker {old} left the pool"))
+        elif not by_name[old].alive:
+            orphans.append((name, ORPHANED, old, f"worker {old} is dead"))
+        else:
+            orphans.append((name, DRAIN, old, f"worker {old} drains"))
+    wload = {w: math.fsum(loads[s] for s in sorted(held[w])) for w in held}
+    moves: list[Move] = []
+
+    def record(shard: str, source: str | None, target: str, reason: str, detail: str) -> None:
+        copy, why = read_copy(by_name[target], shard_of[shard])
+        moves.append(Move(shard, source, target, reason, detail, loads[shard], copy, why))
+
+    # 1. placements: LPT onto the least-loaded eligible worker
+    lvl, hot_above = level(loads.values(), len(held))
+    hot = frozenset(s for s, x in loads.items() if x > hot_above)
+    unplaced: tuple[str, ...] = ()
+    if not eligible:
+        unplaced = tuple(name for name, _, _, _ in orphans)
+    else:
+        ordered = sorted(orphans, key=lambda o: (-loads[o[0]], o[0]))
+
+        heap = [(wload[w], len(held[w]), w) for w in held]
+        heapq.heapify(heap)
+        for name, reason, old, detail in ordered:
+            _, _, target = heapq.heappop(heap)
+            owner[name] = target
+            held[target].add(name)
+            wload[target] += loads[name]
+            heapq.heappush(heap, (wload[target], len(held[target]), target))
+            record(name, old, target, reason, detail)
+
+    before = _judge(loads, held, wload, lvl, hot, cfg.threshold)
+    notes: list[str] = []
+    if not before.violations:
+        return _done(moves, owner, wload, before, before, None, unplaced, notes)
+
+    # 2. hysteresis
+    since = now if imbalanced_since is None else imbalanced_since
+    only_targets: set[str] | None = None
+    if now - since < cfg.persist_s:
+        empty = {w for w in before.violations if not held[w] and wload[w] < before.low}
+        if not (cfg.fill_empty_at_once and empty):
+            notes.append(f"imbalance {_figure(before)} for {now - since:g} s of the {cfg.persist_s:g} s it must last")
+            return _done(moves, owner, wload, before, before, since, unplaced, notes)
+        only_targets = empty
+        notes.append(f"filling {len(empty)} empty worker(s) at once; other imbalance waits for the hysteresis")
+
+    # 3. rebalance: fewest moves, worst violation first
+    high, low = before.high, before.low
+    eps = 1e-9 * max(lvl, 1e-12)
+    moved_now = {m.shard for m in moves}
+    kept: dict[str, str | None] = {w: _kept_hot(held[w], hot, loads) for w in held}
+
+    def movable(shard: str) -> bool:
+        if shard in moved_now:
+            return False
+        at = last_moved.get(shard)
+        return at is None or now - at >= cfg.cooldown_s
+
+    offers: dict[str, tuple[list[float], list[str]]] = {}  # worker → its movable shards by (load, name)
+
+    def offer(w: str) -> tuple[list[float], list[str]]:
+        if w not in offers:
+            pairs = sorted((loads[s], s) for s in held[w] if s != kept[w] and movable(s))
+            offers[w] = ([x for x, _ in pairs], [s for _, s in pairs])
+        return offers[w]
+
+    def candidates(w: str) -> list[str]:
+        return sorted(offer(w)[1])
+
+    def send_from(source: str) -> tuple[str, str] | None:
+        """An overloaded worker sends one shard to the least-loaded sharing worker: (shard, target)."""
+        targets = [w for w in held if w != source and kept[w] is None]
+        if not targets:
+            return None
+        target = min(targets, key=lambda w: (wload[w], len(held[w]), w))
+        s_load, t_load = wload[source], wload[target]
+        gap = s_load - t_load
+        best_clean: tuple[float, str] | None = None
+        best_any: tuple[float, str] | None = None
+        for shard in candidates(source):
+            x = loads[shard]
+            if t_load + x >= s_load - eps:
+                continue  # the target would become the new max of the pair: no improvement
+            key = (abs(gap - 2 * x), shard)  # the shard that best evens the pair
+            if t_load + x <= high + eps and (s_load - x >= low - eps or kept[source] is not None):
+                best_clean = min(best_clean or key, key)
+            best_any = min(best_any or key, key)
+        chosen = best_clean or best_any
+        return (chosen[1], target) if chosen else None
+
+    def take_into(target: str) -> tuple[str, str] | None:
+        """An underloaded worker takes one shard: (shard, source). The one that closes its deficit, or the
+        largest that fits, from any worker that stays in the band; else the most-loaded worker's best."""
+        t_load = wload[target]
+        need, room = low - t_load, high - t_load
+
+        def spare(w: str) -> float:
+            if kept[w] is not None:
+                return wload[w] - loads[kept[w]]  # a hot shard's company may all go
+            return wload[w] - low
+
+        sources = sorted((w for w in held if w != target and wload[w] > t_load + eps),
+                         key=lambda w: (-spare(w), w))
+        best: tuple[tuple[int, float, str], str, str] | None = None
+        for source in sources:
+            cap = min(spare(source), room)
+            if cap <= eps or (best is not None and (best[0][0] == 0 or -best[0][1] >= cap)):
+                break  # sorted by spare: no later source offers more
+            xs, names = offer(source)
+            cap = min(cap, wload[source] - t_load - 2 * eps)  # and the target stays below the source
+            i = bisect.bisect_left(xs, need - eps)  # the smallest shard that closes the deficit
+            if i < len(xs) and xs[i] <= cap + eps:
+                key = (0, xs[i], names[i])
+            else:
+                j = bisect.bisect_right(xs, cap + eps) - 1  # else the largest that fits
+                if j < 0:
+                    continue
+                key = (1, -xs[j], names[j])
+            if best is None or key < best[0]:
+                best = (key, key[2], source)
+        if best is not None:
+            return best[1], best[2]
+        for source in sorted(held, key=lambda w: (-wload[w], w)):  # nothing clean: improve the pair
+            if source == target or wload[source] <= t_load + eps:
+                break
+            picked = None
+            for shard in candidates(source):
+                x = loads[shard]
+                key = (abs(wload[source] - t_load - 2 * x), shard)
+                if t_load + x < wload[source] - eps and (picked is None or key < picked):
+                    picked = key
+            if picked:
+                return picked[1], source
+        return None
+
+    rebalanced = 0
+    state = before
+    stuck: set[str] = set()  # violations no move could fix in this plan; the next plan tries again
+    while state.violations:
+        if cfg.max_moves is not None and rebalanced >= cfg.max_moves:
+            notes.append(f"stopped at max_moves={cfg.max_moves}")
+            break
+        move: tuple[str, str, str, str] | None = None
+        for w in state.violations:
+            if w in stuck or (only_targets is not None and w not in only_targets):
+                continue
+            if kept[w] is not None or wload[w] > high + eps:  # too much: send one shard away
+                found = send_from(w)
+                if found:
+                    why = f"with hot shard {kept[w]}" if kept[w] is not None else f"at {wload[w] / lvl:.2f}x"
+                    move = (found[0], w, found[1], f"{w} {why} of the level")
+            else:  # too little: take one shard in
+                found = take_into(w)
+                if found:
+                    move = (found[0], found[1], w, f"{w} at {wload[w] / lvl:.2f}x of the level")
+            if move:
+                break
+            stuck.add(w)
+        if move is None:
+            blocked = [s for w in state.violations for s in held[w]
+                       if s in last_moved and now - last_moved[s] < cfg.cooldown_s]
+            notes.append(f"no move improves the imbalance {_figure(state)}"
+                         + (f" ({len(blocked)} shard(s) in cooldown)" if blocked else ""))
+            break
+        shard, source, target, detail = move
+        held[source].discard(shard)
+        held[target].add(shard)
+        wload[source] -= loads[shard]
+        wload[target] += loads[shard]
+        owner[shard] = target
+        if shard in hot:
+            kept[source] = _kept_hot(held[source], hot, loads)
+            kept[target] = _kept_hot(held[target], hot, loads)
+        moved_now.add(shard)
+        offers.pop(source, None)
+        offers.pop(target, None)
+        record(shard, source, target, REBALANCE, detail)
+        rebalanced += 1
+        state = _judge(loads, held, wload, lvl, hot, cfg.threshold)
+        if only_targets is not None:
+            only_targets &= set(state.violations)
+            if not only_targets:
+                break
+    return _done(moves, owner, wload, before, state, since if state.violations else None, unplaced, notes)
+
+
+def _kept_hot(held: set[str], hot: frozenset[str], loads: Mapping[str, float]) -> str | None:
+    """The hot shard a worker keeps (its heaviest); None for a sharing worker."""
+    hots = held & hot
+    return min(hots, key=lambda s: (-loads[s], s)) if hots else None
+
+
+def _figure(b: Balance) -> str:
+    text = f"{b.imbalance:.2f}x the level"
+    if b.hot_not_alone:
+        text += f", {b.hot_not_alone} hot shard(s) not alone"
+    return text
+
+
+def _done(moves: list[Move], owner: dict[str, str], wload: dict[str, float], before: Balance, after: Balance,
+          since: float | None, unplaced: tuple[str, ...], notes: list[str]) -> Plan:
+    return Plan(moves=tuple(moves), assignment=dict(sorted(owner.items())), loads=dict(sorted(wload.items())),
+                before=before, after=after, imbalanced_since=since, unplaced=unplaced, notes=tuple(notes))
+
+
+def _hash(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+def consistent_hash_assignment(workers: Iterable[str], shards: Iterable[str], vnodes: int = 100) -> dict[str, str]:
+    """Baseline: shard → worker on a hash ring with `vnodes` virtual nodes per worker (blind to load)."""
+    ring = sorted((_hash(f"{w}#{i}"), w) for w in set(workers) for i in range(vnodes))
+    if not ring:
+        return {}
+    points = [p for p, _ in ring]
+    out: dict[str, str] = {}
+    for s in sorted(shards):
+        i = bisect.bisect_right(points, _hash(s)) % len(ring)
+        out[s] = ring[i][1]
+    return out

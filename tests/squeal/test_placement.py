@@ -1,0 +1,221 @@
+"""squeal.placement on plain data: exact plans for small pools (no servers, no ZooKeeper)."""
+
+from __future__ import annotations
+
+import random
+
+from squeal.placement import (
+    DRAIN,
+    ORPHANED,
+    REBALANCE,
+    UNASSIGNED,
+    Plan,
+    Settings,
+    Shard,
+    Worker,
+    consistent_hash_assignment,
+    plan,
+    read_copy,
+    shard_load,
+    smooth,
+)
+
+S = Settings(threshold=1.15, persist_s=60.0, cooldown_s=300.0)
+
+
+def workers(n: int, **kinds: dict) -> list[Worker]:
+    return [Worker(f"w{i}", **kinds.get(f"w{i}", {})) for i in range(n)]
+
+
+def even(n_workers: int, per_worker: int, load: float = 1.0) -> tuple[list[Shard], dict[str, str]]:
+    """n_workers × per_worker shards of equal load, worker i holding s{i}-0 … s{i}-(per_worker-1)."""
+    shards = [Shard(f"s{i}-{j}", load) for i in range(n_workers) for j in range(per_worker)]
+    return shards, {s.name: f"w{s.name[1:].split('-')[0]}" for s in shards}
+
+
+def held(p: Plan, worker: str) -> set[str]:
+    return {s for s, w in p.assignment.items() if w == worker}
+
+
+def test_new_shards_are_placed_at_once_by_decreasing_load_on_the_least_loaded_worker() -> None:
+    shards = [Shard(f"s{x}", float(x)) for x in (6, 5, 4, 3, 2, 1)]
+    p = plan(workers(3), shards, {}, {}, now=0.0, settings=S)
+    assert [(m.shard, m.target, m.reason, m.source) for m in p.moves] == [
+        ("s6", "w0", UNASSIGNED, None), ("s5", "w1", UNASSIGNED, None), ("s4", "w2", UNASSIGNED, None),
+        ("s3", "w2", UNASSIGNED, None), ("s2", "w1", UNASSIGNED, None), ("s1", "w0", UNASSIGNED, None),
+    ]
+    assert p.loads == {"w0": 7.0, "w1": 7.0, "w2": 7.0}
+    assert p.imbalanced_since is None and p.unplaced == ()
+
+
+def test_a_dead_workers_shards_all_move_and_only_those() -> None:
+    shards, assignment = even(4, 5)
+    p = plan(workers(4, w1={"alive": False}), shards, assignment, {}, now=1000.0, settings=S)
+    assert {m.shard for m in p.moves} == {f"s1-{j}" for j in range(5)}
+    assert all(m.reason == ORPHANED and m.source == "w1" and "dead" in m.detail for m in p.moves)
+    assert "w1" not in p.loads and not held(p, "w1")
+    for s, w in assignment.items():
+        if w != "w1":
+            assert p.assignment[s] == w
+    # a worker that left the pool (gone from the list) is the same case
+    gone = plan(workers(4)[:1] + workers(4)[2:], shards, assignment, {}, now=1000.0, settings=S)
+    assert {m.shard for m in gone.moves} == {f"s1-{j}" for j in range(5)}
+    assert all("left the pool" in m.detail for m in gone.moves)
+
+
+def test_a_join_moves_only_toward_the_new_worker_and_only_what_the_threshold_needs() -> None:
+    shards, assignment = even(4, 5)  # 4 workers at 5.0; with a fifth the level is 4.0, the band [3.48, 4.6]
+    p = plan(workers(5), shards, assignment, {}, now=1000.0, settings=S)  # no imbalanced_since: at once
+    assert len(p.moves) == 4  # 3 shards would leave w4 at 3.0, under 4.0 / 1.15
+    assert all(m.target == "w4" and m.reason == REBALANCE for m in p.moves)
+    assert len({m.source for m in p.moves}) == 4  # one from each: every source stays in the band
+    assert p.loads == {"w0": 4.0, "w1": 4.0, "w2": 4.0, "w3": 4.0, "w4": 4.0}
+    assert p.imbalanced_since is None and not p.after.violations
+
+
+def test_a_join_without_fill_at_once_waits_for_the_hysteresis() -> None:
+    shards, assignment = even(4, 5)
+    lazy = Settings(persist_s=60.0, fill_empty_at_once=False)
+    p = plan(workers(5), shards, assignment, {}, now=1000.0, settings=lazy)
+    assert p.moves == () and p.imbalanced_since == 1000.0
+
+
+def shifted() -> tuple[list[Shard], dict[str, str]]:
+    """4 × 5 shards of load 1, then s0-0 on w0 jumps to 3: w0 at 7.0 over the band's top 6.325."""
+    shards, assignment = even(4, 5)
+    return [Shard(s.name, 3.0 if s.name == "s0-0" else s.load) for s in shards], assignment
+
+
+def test_hysteresis_a_transient_imbalance_moves_nothing_and_a_persistent_one_does() -> None:
+    shards, assignment = shifted()
+    first = plan(workers(4), shards, assignment, {}, now=0.0, settings=S)
+    assert first.moves == () and first.imbalanced_since == 0.0 and "must last" in first.notes[0]
+    second = plan(workers(4), shards, assignment, {}, now=30.0, imbalanced_since=first.imbalanced_since,
+                  settings=S)
+    assert second.moves == () and second.imbalanced_since == 0.0
+    # transient: the load comes back before 60 s, the clock is reset and nothing ever moved
+    calm, _ = even(4, 5)
+    third = plan(workers(4), calm, assignment, {}, now=45.0, imbalanced_since=0.0, settings=S)
+    assert third.moves == () and third.imbalanced_since is None
+    # persistent: at 60 s one load-1 shard leaves w0 for the least-loaded worker (ties: the name)
+    late = plan(workers(4), shards, assignment, {}, now=60.0, imbalanced_since=0.0, settings=S)
+    assert [(m.source, m.target, m.reason, m.load) for m in late.moves] == [("w0", "w1", REBALANCE, 1.0)]
+    assert late.loads == {"w0": 6.0, "w1": 6.0, "w2": 5.0, "w3": 5.0}
+    assert late.imbalanced_since is None
+
+
+def test_cooldown_a_recently_moved_shard_is_never_moved_by_a_rebalance() -> None:
+    shards, assignment = shifted()
+    recent = {f"s0-{j}": 900.0 for j in range(5)}  # all of w0's shards moved 100 s ago
+    p = plan(workers(4), shards, assignment, recent, now=1000.0, imbalanced_since=0.0, settings=S)
+    assert p.moves == () and "cooldown" in p.notes[-1] and p.imbalanced_since == 0.0
+    # only s0-1 is free: it is the one that moves
+    some = {f"s0-{j}": 900.0 for j in range(5) if j != 1}
+    q = plan(workers(4), shards, assignment, some, now=1000.0, imbalanced_since=0.0, settings=S)
+    assert [m.shard for m in q.moves] == ["s0-1"]
+    # cooldown over
+    r = plan(workers(4), shards, assignment, recent, now=1200.0, imbalanced_since=0.0, settings=S)
+    assert len(r.moves) == 1 and r.moves[0].source == "w0"
+
+
+def test_cooldown_does_not_hold_back_an_orphan() -> None:
+    shards, assignment = even(3, 2)
+    recent = {s.name: 999.0 for s in shards}
+    p = plan(workers(3, w2={"alive": False}), shards, assignment, recent, now=1000.0, settings=S)
+    assert {m.shard for m in p.moves} == {"s2-0", "s2-1"}
+
+
+def test_a_shard_with_ten_times_the_writes_ends_alone_on_its_worker() -> None:
+    shards = [Shard("hot", 10.0)] + [Shard(f"s{i:02d}", 1.0) for i in range(12)]
+    assignment = {s.name: f"w{i % 4}" for i, s in enumerate(shards)}  # w0: hot + 3 others, w1-w3: 3 each
+    p = plan(workers(4), shards, assignment, {}, now=100.0, imbalanced_since=0.0, settings=S)
+    assert p.before.hot == frozenset({"hot"}) and p.before.hot_not_alone == 1
+    assert p.before.level == 4.0  # the other 12 over the other 3 workers
+    assert held(p, "w0") == {"hot"}
+    assert sorted((m.shard, m.source, m.target) for m in p.moves) == [
+        ("s03", "w0", "w1"), ("s07", "w0", "w2"), ("s11", "w0", "w3")]
+    assert p.loads == {"w0": 10.0, "w1": 4.0, "w2": 4.0, "w3": 4.0}
+    assert p.after.hot_not_alone == 0 and not p.after.violations and p.imbalanced_since is None
+    # a fresh placement puts it alone from the start
+    fresh = plan(workers(4), shards, {}, {}, now=0.0, settings=S)
+    assert held(fresh, fresh.assignment["hot"]) == {"hot"}
+    # two hot shards on one worker: the lighter one leaves, then the company of its new worker
+    two = [Shard("hot", 10.0), Shard("warm", 8.0)] + [Shard(f"s{i:02d}", 1.0) for i in range(12)]
+    packed = {"hot": "w0", "warm": "w0"} | {f"s{i:02d}": f"w{1 + i % 3}" for i in range(12)}
+    q = plan(workers(4), two, packed, {}, now=100.0, imbalanced_since=0.0, settings=S)
+    assert held(q, "w0") == {"hot"} and held(q, q.assignment["warm"]) == {"warm"}
+    assert q.after.hot_not_alone == 0
+
+
+def test_drain_moves_everything_off_the_worker() -> None:
+    shards, assignment = even(4, 5)
+    p = plan(workers(4, w2={"draining": True}), shards, assignment, {}, now=0.0, settings=S)
+    assert {m.shard for m in p.moves} == {f"s2-{j}" for j in range(5)}
+    assert all(m.reason == DRAIN and m.source == "w2" and m.target != "w2" for m in p.moves)
+    assert not held(p, "w2") and "w2" not in p.loads
+    assert sorted(p.loads.values()) == [6.0, 7.0, 7.0]
+
+
+def test_no_eligible_worker_leaves_shards_unplaced() -> None:
+    p = plan([Worker("w0", alive=False)], [Shard("a", 1.0)], {"a": "w0"}, {}, now=0.0, settings=S)
+    assert p.moves == () and p.unplaced == ("a",) and p.assignment == {}
+
+
+def random_case(seed: int) -> tuple[list[Worker], list[Shard], dict[str, str]]:
+    rng = random.Random(seed)
+    ws = workers(8, w3={"alive": False})
+    shards = [Shard(f"s{i:02d}", rng.choice([1.0, 2.0, 5.0, 0.5]) * rng.randint(1, 9)) for i in range(60)]
+    assignment = {s.name: f"w{rng.randrange(4)}" for s in shards[:50]}  # w3 dead, w4-w7 empty, 10 new
+    return ws, shards, assignment
+
+
+def test_same_input_same_plan_whatever_the_order() -> None:
+    ws, shards, assignment = random_case(7)
+    last = {"s01": 950.0, "s02": 100.0}
+    a = plan(ws, shards, assignment, last, now=1000.0, imbalanced_since=0.0, settings=S)
+    rng = random.Random(1)
+    ws2, shards2, items = list(ws), list(shards), list(assignment.items())
+    rng.shuffle(ws2)
+    rng.shuffle(shards2)
+    rng.shuffle(items)
+    b = plan(ws2, shards2, dict(items), dict(reversed(last.items())), now=1000.0, imbalanced_since=0.0,
+             settings=S)
+    assert a == b
+    assert a.moves and {m.reason for m in a.moves} >= {UNASSIGNED, ORPHANED, REBALANCE}
+    assert "s01" not in {m.shard for m in a.moves if m.reason == REBALANCE}  # in cooldown
+    assert len({m.shard for m in a.moves}) == len(a.moves)  # no shard moved twice in one plan
+
+
+def test_rebalance_respects_max_moves() -> None:
+    shards, assignment = even(4, 5)
+    p = plan(workers(5), shards, assignment, {}, now=0.0, settings=Settings(max_moves=2))
+    assert len(p.moves) == 2 and p.imbalanced_since == 0.0 and "max_moves" in p.notes[-1]
+
+
+def test_which_copy_a_worker_reads() -> None:
+    shard = Shard("users-1", 1.0, copies=("west", "west/replica-1"))
+    assert read_copy(Worker("a", region="west"), shard) == (
+        "west", "the region's own copy (the default: no cross-region reads)")
+    picky = Worker("b", region="west", prefer={"users-1": "west/replica-1"})
+    assert read_copy(picky, shard) == ("west/replica-1", "the worker's preferred copy")
+    wrong = Worker("c", region="west", prefer={"users-1": "east/replica-9"})
+    assert read_copy(wrong, shard)[0] == "west"
+    p = plan([picky], [shard], {}, {}, now=0.0, settings=S)
+    assert (p.moves[0].copy, p.moves[0].copy_reason) == ("west/replica-1", "the worker's preferred copy")
+
+
+def test_load_figures() -> None:
+    assert shard_load(100.0, 50_000.0) == 200.0
+    assert shard_load(0.0, 0.0) == 1.0  # an idle shard still costs a connection and a thread
+    assert smooth(None, 10.0, 5.0) == 10.0
+    assert smooth(0.0, 10.0, 60.0, half_life_s=60.0) == 5.0
+
+
+def test_consistent_hash_baseline_is_stable_and_moves_only_to_a_new_worker() -> None:
+    names = [f"s{i}" for i in range(500)]
+    before = consistent_hash_assignment([f"w{i}" for i in range(8)], names)
+    after = consistent_hash_assignment([f"w{i}" for i in range(9)], names)
+    assert set(before) == set(names) and set(before.values()) == {f"w{i}" for i in range(8)}
+    moved = [s for s in names if before[s] != after[s]]
+    assert moved and all(after[s] == "w8" for s in moved)
+    assert before == consistent_hash_assignment(reversed([f"w{i}" for i in range(8)]), reversed(names))
