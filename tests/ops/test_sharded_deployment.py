@@ -48,8 +48,13 @@ def test_status_names_the_shard_of_every_database_copy(sharded) -> None:
     copies = {(r["shard"], r["region"]): r["role"] for r in rows if r["role"].startswith("mariadb")}
     assert copies == {(s.name, d.region): f"mariadb-{d.role}" for s in topo.shards for d in s.copies}
     assert len(copies) == 8 and all(r["running"] for r in rows)
-    leaders = [r["instance"] for r in rows if r.get("state") == "leader"]
-    assert len(leaders) == 2  # one per region, each owning every shard of its region
+
+    def leaders() -> list[str]:  # one per region, each owning every shard of its region
+        rows = json.loads(squealctl(state, "status", "--json").stdout)
+        found = [r["instance"] for r in rows if r.get("state") == "leader"]
+        return found if len(found) == 2 else []
+
+    leaders = wait_until(leaders, WITHIN, "a leader in each region", interval=0.5)
     for leader in (s for r in topo.regions for s in r.squeal_instances if s.name in leaders):
         health = _healthz(leader.address)
         assert set(health["shards"]) == {s.name for s in topo.shards} and health["ok"], health["problems"]
