@@ -154,7 +154,7 @@ def test_value_limit_follows_max_item_size(processes, memcached_factory, router_
 
 
 def test_absurd_value_lengths_are_refused_without_swallowing_the_stream(memcached_factory, router_factory) -> None:
-    """A declared length memcached cannot hold (past 2^31 - 3, where its 32-bit length overflows)
+    """A declared length memcached cannot hold (past 2^31 - 3 once cut to its 32-bit length)
     gets `CLIENT_ERROR bad command line format` and nothing is swallowed: what follows is read as
     commands, and a long run of bytes without a newline closes the connection, as on memcached."""
     direct, behind = memcached_factory(), memcached_factory()
@@ -165,20 +165,23 @@ def test_absurd_value_lengths_are_refused_without_swallowing_the_stream(memcache
             want, got = both(direct, router, stream)
             assert b"VALUE B 0 2\r\nbb\r\nEND\r\n" in want, (command, length, want)
             assert got == want, (command, length)
-    # 2^32 and above: memcached keeps only the low 32 bits of the length (4294967299 reads as 3 and may
-    # even store a value); the router refuses them like the other lengths memcached cannot hold
+    # 2^32 and above: memcached keeps only the low 32 bits of the length (4294967299 reads as 3 and
+    # stores a value); the router reads them the same way (issue 26: a value framed differently
+    # would be run as commands)
+    for stream in (
+        b"set h 0 0 4294967299\r\nabc\r\nget h\r\nmn\r\n",
+        b"set h 0 0 4294967296\r\n\r\nget h\r\nmn\r\n",
+        b"set h 0 0 -4294967293\r\nabc\r\nget h\r\nmn\r\n",
+        b"ms h 4294967299 T0\r\nabc\r\nmg h v\r\nmn\r\n",
+    ):
+        want, got = both(direct, router, stream)
+        assert b"VALUE h 0 " in want or b"VA " in want, (stream, want)
+        assert got == want, stream
     c = Conn(router.address)
-    c.send(b"set h 0 0 4294967296\r\nset B 0 0 2\r\nbb\r\nget B\r\n")
-    assert c.line() == b"CLIENT_ERROR bad command line format"
-    assert c.line() == b"STORED"
-    assert c.reply() == b"VALUE B 0 2\r\nbb\r\nEND\r\n"
-    c.send(b"ms h 4294967296 T0\r\nmn\r\n")
-    assert c.line() == b"CLIENT_ERROR bad command line format"
-    assert c.line() == b"MN"
     # the value bytes of a refused length, without a newline, end the connection with no more said
     # (memcached closes after 2 KiB without a newline; it drops the answers it had not yet written, the
     # router sends them)
-    c.send(b"set h 0 0 4294967296\r\n" + b"z" * 9000)
+    c.send(b"set h 0 0 2147483648\r\n" + b"z" * 9000)
     assert c.line() == b"CLIENT_ERROR bad command line format"
     with pytest.raises(ConnectionError):
         c.line()

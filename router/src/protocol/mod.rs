@@ -5,6 +5,8 @@
 //! into a result class that route handles reason about, keeping the raw bytes to pass through.
 //! Keeping this apart from sockets makes it testable with plain bytes and fuzzable.
 
+pub mod meta;
+pub mod numbers;
 pub mod reply;
 pub mod request;
 

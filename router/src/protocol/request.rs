@@ -4,9 +4,10 @@
 //! stripped here and honoured by the router itself (see `Request::suppress`), so server
 //! connections can match replies to requests purely by order.
 
-use base64::Engine;
 use bytes::{BufMut, Bytes, BytesMut};
 
+use super::meta::{self, MAX_META_TOKENS};
+use super::numbers::{strtol32, strtoul32, strtoull};
 use super::reply::{Reply, Res};
 
 /// memcached's key length limit.
@@ -15,9 +16,10 @@ pub const MAX_KEY_LEN: usize = 250;
 /// `--max-item-size` changes it (see `parse_with`).
 pub const MAX_VALUE_LEN: usize = 1024 * 1024;
 /// The largest length memcached can read at all: its lengths are 32-bit and it adds 2 for the CRLF.
-/// A longer declared length is a bad command line (memcached 1.6.18: `CLIENT_ERROR bad command line
-/// format`, nothing swallowed), not a value to swallow.
-pub const MAX_DECLARED_LEN: u64 = i32::MAX as u64 - 2;
+/// A longer length (as memcached reads it: see `numbers::strtol32`) is a bad command line
+/// (memcached 1.6.18: `CLIENT_ERROR bad command line format`, nothing swallowed), not a value to
+/// swallow.
+pub const MAX_DECLARED_LEN: i32 = i32::MAX - 2;
 /// The longest command line, newline included (retrieval lines aside): memcached 1.6.18 reads into a
 /// 16 KiB buffer and takes a line whose newline is in it (measured: a 16,384-byte `set` line is
 /// stored, a 16,385-byte one closes the connection without a reply). So does the router.
@@ -230,37 +232,6 @@ fn find_newline(buf: &[u8]) -> Option<usize> {
     buf.iter().position(|&b| b == b'\n')
 }
 
-fn parse_num<T: std::str::FromStr>(tok: &[u8]) -> Option<T> {
-    std::str::from_utf8(tok).ok()?.parse().ok()
-}
-
-/// Client flags as memcached 1.6.18 reads them (measured here; it uses C's `strtoul`): leading
-/// whitespace bytes are skipped (a token has no spaces, but may start with a tab, VT, FF or CR), then
-/// an optional sign and at least one digit; the number may end at the token's end or at a
-/// whitespace byte (the rest is ignored). A magnitude of 2^64 or more is refused; a negative number
-/// is wrapped to 64 bits and refused if the result is 2^63 or more (so -1 is refused,
-/// -9223372036854775809 taken). The low 32 bits are kept: 4294967296 is 0, 2^64 - 1 is 4294967295.
-fn parse_flags(tok: &[u8]) -> Option<u32> {
-    let is_space = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r');
-    let mut rest = &tok[tok.iter().take_while(|b| is_space(b)).count()..];
-    let negative = rest.first() == Some(&b'-');
-    if matches!(rest.first(), Some(b'-' | b'+')) {
-        rest = &rest[1..];
-    }
-    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-    if digits == 0 || rest.get(digits).is_some_and(|b| !is_space(b)) {
-        return None;
-    }
-    let magnitude = rest[..digits]
-        .iter()
-        .try_fold(0u64, |acc, &d| acc.checked_mul(10)?.checked_add(u64::from(d - b'0')))?;
-    let value = if negative { magnitude.wrapping_neg() } else { magnitude };
-    if negative && value > i64::MAX as u64 {
-        return None;
-    }
-    Some(value as u32) // the low 32 bits, as memcached keeps them
-}
-
 /// A key as memcached 1.6.18 takes it (measured): it splits command lines on spaces only and ends a
 /// line at its first NUL, so any other byte may be in a key (control bytes, DEL, bytes over 0x7f, a
 /// CR inside it or at the end of a line's last token). Such keys are forwarded as they are; the
@@ -344,7 +315,7 @@ impl Request {
     /// The bytes to hash for routing: the decoded key for base64 meta keys.
     pub fn routing_key(&self) -> std::borrow::Cow<'_, [u8]> {
         if self.base64_key
-            && let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(&self.key)
+            && let Some(decoded) = meta::decode_key(&self.key)
         {
             return std::borrow::Cow::Owned(decoded);
         }
@@ -354,7 +325,7 @@ impl Request {
     /// The request's exptime (meta: its `T` flag; absent means 0, never expires).
     pub fn exptime(&self) -> i64 {
         if self.cmd.is_meta() {
-            self.meta_flag(b'T').and_then(parse_num).unwrap_or(0)
+            self.meta_flag(b'T').and_then(strtol32).map_or(0, i64::from)
         } else {
             self.exptime
         }
@@ -559,7 +530,7 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
             if tokens.len() < 2 {
                 return err(UNKNOWN);
             }
-            let Some(exptime) = parse_num::<i64>(&tokens[1]) else {
+            let Some(exptime) = strtol32(&tokens[1]).map(i64::from) else {
                 return err("CLIENT_ERROR invalid exptime argument\r\n");
             };
             if !tokens[2..].iter().all(|k| valid_key(k)) {
@@ -600,88 +571,69 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
             done(Command::Keyed(req))
         }
         b"incr" | b"decr" => {
-            // a wrong number of tokens is `ERROR` (memcached's WANT_TOKENS), not a bad format
+            // incr <key> <delta> [noreply]: a wrong number of tokens is `ERROR` (memcached's
+            // WANT_TOKENS); a fourth token that is not `noreply` is ignored, as memcached ignores it
             if tokens.len() < 3 || tokens.len() > 4 {
                 return err(UNKNOWN);
             }
-            let noreply = tokens.len() == 4 && ends_noreply(&tokens);
+            let noreply = ends_noreply(&tokens); // memcached looks at the last token, whatever it is
             let err = |reply| err(hide_if(noreply, reply));
             if !valid_key(&tokens[1]) {
                 return err(BAD_FORMAT);
             }
             let cmd = if &name[..] == b"incr" { Cmd::Incr } else { Cmd::Decr };
             let mut req = Request::new(cmd, tokens[1].clone());
-            let Some(delta) = parse_num::<u64>(&tokens[2]) else {
+            let Some(delta) = strtoull(&tokens[2]) else {
                 return err(BAD_DELTA);
             };
             req.delta = delta;
-            if tokens.len() == 4 {
-                if &tokens[3][..] != b"noreply" {
-                    return err(BAD_FORMAT);
-                }
-                req.quiet = true;
-            }
+            req.quiet = noreply;
             done(Command::Keyed(req))
         }
         b"touch" => {
+            // touch <key> <exptime> [noreply], the fourth token read as for incr
             if tokens.len() < 3 || tokens.len() > 4 {
                 return err(UNKNOWN);
             }
-            let noreply = tokens.len() == 4 && ends_noreply(&tokens);
+            let noreply = ends_noreply(&tokens); // memcached looks at the last token, whatever it is
             let err = |reply| err(hide_if(noreply, reply));
             if !valid_key(&tokens[1]) {
                 return err(BAD_FORMAT);
             }
             let mut req = Request::new(Cmd::Touch, tokens[1].clone());
-            let Some(exptime) = parse_num::<i64>(&tokens[2]) else {
+            let Some(exptime) = strtol32(&tokens[2]) else {
                 return err("CLIENT_ERROR invalid exptime argument\r\n");
             };
-            req.exptime = exptime;
-            if tokens.len() == 4 {
-                if &tokens[3][..] != b"noreply" {
-                    return err(BAD_FORMAT);
-                }
-                req.quiet = true;
-            }
+            req.exptime = i64::from(exptime);
+            req.quiet = noreply;
             done(Command::Keyed(req))
         }
-        b"mg" | b"md" | b"ma" | b"me" => {
+        b"mg" | b"md" | b"ma" => {
             let cmd = match &name[..] {
                 b"mg" => Cmd::MetaGet,
                 b"md" => Cmd::MetaDelete,
-                b"ma" => Cmd::MetaArith,
-                _ => Cmd::MetaDebug,
+                _ => Cmd::MetaArith,
             };
-            match meta_request(cmd, &tokens[1..]) {
-                Some(req) => done(Command::Keyed(req)),
-                None => err(BAD_FORMAT),
+            match meta_request(cmd, &tokens) {
+                Ok(req) => done(Command::Keyed(req)),
+                Err(reply) => err(reply),
             }
         }
-        b"ms" => {
-            if tokens.len() < 3 {
+        b"me" => {
+            // memcached's `me` reads only its key and a `b` right after it; everything else on the
+            // line goes to the server as sent
+            if tokens.len() < 2 || tokens[1].len() > MAX_KEY_LEN {
                 return err(BAD_FORMAT);
             }
-            // meta errors always show (memcached ignores `q` for them)
-            let Some(len) = parse_num::<u64>(&tokens[2]).filter(|&l| l <= MAX_DECLARED_LEN) else {
-                return err(BAD_FORMAT);
-            };
-            let len = len as usize;
-            if !valid_key(&tokens[1]) {
-                // memcached 1.6.18 does not swallow the value of a key it refuses (measured)
+            let mut req = Request::new(Cmd::MetaDebug, tokens[1].clone());
+            req.meta = tokens[2..].to_vec();
+            req.base64_key = tokens.get(2).is_some_and(|t| &t[..] == b"b");
+            if req.base64_key && meta::decode_key(&req.key).is_none() {
                 return err(BAD_FORMAT);
             }
-            let mut rest: Vec<Bytes> = Vec::with_capacity(tokens.len() - 2);
-            rest.push(tokens[1].clone());
-            rest.extend_from_slice(&tokens[3..]);
-            let Some(req) = meta_request(Cmd::MetaSet, &rest) else {
-                return ParseOutcome::Error {
-                    reply: BAD_FORMAT,
-                    consume: line_len + len + 2,
-                    close: false,
-                };
-            };
-            value_or_refusal(buf, req, line_len, len, max_value)
+            done(Command::Keyed(req))
         }
+        b"ms" => parse_mset(buf, &tokens, line_len, max_value),
         b"mn" => done(Command::MetaNoop),
         b"version" => done(Command::Version),
         b"stats" if tokens.len() == 1 => done(Command::Stats),
@@ -694,39 +646,47 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
                 return err(UNKNOWN);
             }
             let noreply = ends_noreply(&tokens);
-            if parse_num::<u32>(&tokens[1]).is_none() {
+            if strtoul32(&tokens[1]).is_none() {
                 return err(hide_if(noreply, BAD_FORMAT));
             }
             done(Command::Verbosity { noreply })
         }
         b"flush_all" => {
-            // flush_all [delay] [noreply], with memcached 1.6's errors for a bad delay or too many tokens
-            let args = &tokens[1..];
-            let noreply = args.last().is_some_and(|t| &t[..] == b"noreply");
-            let rest = if noreply { &args[..args.len() - 1] } else { args };
-            match rest {
-                [] => done(Command::FlushAll { delay: None, noreply }),
-                [d] => match parse_num::<i64>(d) {
-                    Some(delay) => done(Command::FlushAll {
-                        delay: Some(delay),
-                        noreply,
-                    }),
-                    None => err(hide_if(noreply, BAD_FLUSH_DELAY)),
-                },
-                _ if args.len() > 2 => err(UNKNOWN),
-                [d, _] if parse_num::<i64>(d).is_none() => err(BAD_FLUSH_DELAY),
-                _ => err(BAD_FORMAT),
+            // flush_all [delay] [noreply], read as memcached 1.6.18 reads it: `noreply` counts only as
+            // the last token; any other last token is ignored, and a delay is read whenever there
+            // is a token besides `noreply` (`flush_all 0 x` flushes, `flush_all x y` is a bad delay)
+            if tokens.len() > 3 {
+                return err(UNKNOWN);
+            }
+            let noreply = tokens.len() > 1 && ends_noreply(&tokens);
+            if tokens.len() == 1 || (tokens.len() == 2 && noreply) {
+                return done(Command::FlushAll { delay: None, noreply });
+            }
+            match strtol32(&tokens[1]) {
+                Some(delay) => done(Command::FlushAll {
+                    delay: Some(i64::from(delay)),
+                    noreply,
+                }),
+                None => err(hide_if(noreply, BAD_FLUSH_DELAY)),
             }
         }
         b"shutdown" => done(Command::Unsupported("shutdown")),
         // An HTTP request line (`GET / HTTP/1.1`, `POST /x HTTP/1.0`, ...): memcached 1.6.18 closes
         // the connection without a reply when an unknown command's last token starts with `HTTP/`,
         // so a browser's request (cross-protocol scripting) cannot carry commands in its body.
-        _ if tokens.last().is_some_and(|t| t.starts_with(b"HTTP/")) => ParseOutcome::Error {
-            reply: "",
-            consume: line_len,
-            close: true,
-        },
+        // (Only where memcached gets that far: a name shorter than 2 bytes, a 2-byte name starting
+        // with `m`, and any name starting with one of `gsacidt` are `ERROR` before that check.)
+        _ if name.len() >= 2
+            && !(name[0] == b'm' && name.len() == 2)
+            && !b"gsacidt".contains(&name[0])
+            && tokens.last().is_some_and(|t| t.starts_with(b"HTTP/")) =>
+        {
+            ParseOutcome::Error {
+                reply: "",
+                consume: line_len,
+                close: true,
+            }
+        }
         _ => err(UNKNOWN),
     }
 }
@@ -760,30 +720,70 @@ pub fn binary_refusal(buf: &[u8]) -> Option<Bytes> {
     Some(out.freeze())
 }
 
-fn meta_request(cmd: Cmd, tokens: &[Bytes]) -> Option<Request> {
-    let key = tokens.first()?.clone();
-    let mut req = Request::new(cmd, key);
-    req.meta.reserve(tokens.len().saturating_sub(1));
-    for t in &tokens[1..] {
-        match t.first() {
-            Some(b'q') if t.len() == 1 => req.quiet = true,
-            Some(b'b') if t.len() == 1 => {
-                req.base64_key = true;
-                req.meta.push(t.clone());
-            }
-            Some(c) if c.is_ascii_alphabetic() => req.meta.push(t.clone()),
-            _ => return None,
-        }
+/// A meta `mg`/`md`/`ma` line (`tokens` from the command name on), checked as memcached checks it
+/// (see `meta`): the request, with `q` stripped and noted, or memcached's error line.
+fn meta_request(cmd: Cmd, tokens: &[Bytes]) -> Result<Request, &'static str> {
+    if tokens.len() < 2 {
+        return Err(UNKNOWN);
     }
-    if req.base64_key {
-        let decoded = base64::engine::general_purpose::STANDARD.decode(&req.key).ok()?;
-        if decoded.is_empty() || decoded.len() > MAX_KEY_LEN {
-            return None;
-        }
-    } else if !valid_key(&req.key) {
-        return None;
+    let key = &tokens[1];
+    if key.len() > MAX_KEY_LEN {
+        return Err(BAD_FORMAT);
     }
-    Some(req)
+    if tokens.len() >= MAX_META_TOKENS {
+        return Err(if cmd == Cmd::MetaGet {
+            "CLIENT_ERROR options flags are too long\r\n"
+        } else {
+            "CLIENT_ERROR options flags too long\r\n"
+        });
+    }
+    let flags = meta::preparse(key, &tokens[2..]).map_err(|e| match cmd {
+        Cmd::MetaGet => e,
+        _ => "CLIENT_ERROR invalid or duplicate flag\r\n",
+    })?;
+    Ok(meta_with_flags(cmd, key, &tokens[2..], flags))
+}
+
+/// The request for a meta line whose flags passed `meta::preparse`: the `q` token is taken out
+/// (the router hides what quiet mode hides), the others are forwarded as sent.
+fn meta_with_flags(cmd: Cmd, key: &Bytes, flag_tokens: &[Bytes], flags: meta::Flags) -> Request {
+    let mut req = Request::new(cmd, key.clone());
+    req.quiet = flags.quiet;
+    req.base64_key = flags.base64_key;
+    req.meta = flag_tokens.iter().filter(|t| t[0] != b'q').cloned().collect();
+    req
+}
+
+/// `ms <key> <len> <flags>*`, framed as memcached 1.6.18 frames it: a line refused before its
+/// length is read (too few tokens, a key over 250 bytes, 20 tokens or more, a length memcached
+/// cannot read) swallows nothing; a line refused for its flags swallows its value, as does a value
+/// too large.
+fn parse_mset(buf: &Bytes, tokens: &[Bytes], line_len: usize, max_value: usize) -> ParseOutcome {
+    let err = |reply: &'static str, consume: usize| ParseOutcome::Error {
+        reply,
+        consume,
+        close: false,
+    };
+    if tokens.len() < 2 {
+        return err(UNKNOWN, line_len);
+    }
+    if tokens[1].len() > MAX_KEY_LEN || tokens.len() == 2 {
+        return err(BAD_FORMAT, line_len);
+    }
+    if tokens.len() >= MAX_META_TOKENS {
+        return err("CLIENT_ERROR options flags too long\r\n", line_len);
+    }
+    let Some(len) = strtol32(&tokens[2]).filter(|l| (0..=MAX_DECLARED_LEN).contains(l)) else {
+        return err(BAD_FORMAT, line_len);
+    };
+    let len = len as usize;
+    match meta::check_mset(&tokens[1], &tokens[3..]) {
+        Ok(flags) => {
+            let req = meta_with_flags(Cmd::MetaSet, &tokens[1], &tokens[3..], flags);
+            value_or_refusal(buf, req, line_len, len, max_value)
+        }
+        Err(reply) => err(reply, line_len + len + 2),
+    }
 }
 
 /// Why a value could not be taken.
@@ -838,6 +838,13 @@ fn value_or_refusal(buf: &Bytes, mut req: Request, line_len: usize, len: usize, 
     }
 }
 
+/// `set|add|replace|append|prepend <key> <flags> <exptime> <len> [noreply]` and
+/// `cas <key> <flags> <exptime> <len> <cas> [noreply]`, framed as memcached 1.6.18 frames them: a
+/// wrong number of tokens is `ERROR`; a last token past the fixed ones that is not `noreply` is
+/// ignored (the value is read and stored as usual — it is data, never a command); numbers are read
+/// as memcached reads them (`numbers`); a line memcached refuses (a key over 250 bytes, a number it
+/// cannot read, a length over 2^31 - 3) swallows nothing, its value is read as the next command line
+/// there and here.
 fn parse_storage(buf: &Bytes, tokens: &[Bytes], line_len: usize, max_value: usize) -> ParseOutcome {
     let cmd = match &tokens[0][..] {
         b"set" => Cmd::Set,
@@ -849,52 +856,43 @@ fn parse_storage(buf: &Bytes, tokens: &[Bytes], line_len: usize, max_value: usiz
     };
     let fixed = if cmd == Cmd::Cas { 6 } else { 5 };
     if tokens.len() < fixed || tokens.len() > fixed + 1 {
-        // memcached 1.6.18 answers a storage line with a wrong number of tokens `ERROR`
         return ParseOutcome::Error {
             reply: UNKNOWN,
             consume: line_len,
             close: false,
         };
     }
-    let noreply = tokens.len() == fixed + 1 && ends_noreply(tokens);
-    // memcached does not swallow the value of a line it cannot read
+    // memcached looks only at the last token (`set k 0 0 noreply` is a quiet bad line)
+    let noreply = ends_noreply(tokens);
     let bad = ParseOutcome::Error {
         reply: hide_if(noreply, BAD_FORMAT),
         consume: line_len,
         close: false,
     };
-    let (Some(flags), Some(exptime), Some(len)) = (
-        parse_flags(&tokens[2]),
-        parse_num::<i64>(&tokens[3]),
-        parse_num::<i64>(&tokens[4]),
-    ) else {
+    if !valid_key(&tokens[1]) {
+        return bad;
+    }
+    let (Some(flags), Some(exptime), Some(len)) = (strtoul32(&tokens[2]), strtol32(&tokens[3]), strtol32(&tokens[4]))
+    else {
         return bad;
     };
-    if len < 0 || len as u64 > MAX_DECLARED_LEN {
-        return bad;
-    }
-    let len = len as usize;
-    let mut req = Request::new(cmd, tokens[1].clone());
-    req.client_flags = flags;
-    req.exptime = exptime;
-    if cmd == Cmd::Cas {
-        let Some(cas) = parse_num::<u64>(&tokens[5]) else {
+    let cas = if cmd == Cmd::Cas {
+        let Some(cas) = strtoull(&tokens[5]) else {
             return bad;
         };
-        req.cas = cas;
-    }
-    if tokens.len() == fixed + 1 {
-        if !noreply {
-            return bad;
-        }
-        req.quiet = true;
-    }
-    if !valid_key(&req.key) {
-        // memcached 1.6.18 does not swallow the value of a key it refuses (measured): it is read as
-        // the next command line
+        cas
+    } else {
+        0
+    };
+    if !(0..=MAX_DECLARED_LEN).contains(&len) {
         return bad;
     }
-    value_or_refusal(buf, req, line_len, len, max_value)
+    let mut req = Request::new(cmd, tokens[1].clone());
+    req.client_flags = flags;
+    req.exptime = i64::from(exptime);
+    req.cas = cas;
+    req.quiet = noreply;
+    value_or_refusal(buf, req, line_len, len as usize, max_value)
 }
 
 #[cfg(test)]
@@ -1024,7 +1022,7 @@ mod tests {
             ("0x10", None),
             ("5\x01", None),
         ] {
-            assert_eq!(parse_flags(flags.as_bytes()), want, "{flags:?}");
+            assert_eq!(strtoul32(flags.as_bytes()), want, "{flags:?}");
         }
         let (r, _) = keyed(b"set k 4294967297 0 1\r\nv\r\n");
         assert_eq!(encoded(&r), b"set k 1 0 1\r\nv\r\n");
@@ -1174,7 +1172,11 @@ mod tests {
         );
         assert_eq!(refusal(b"delete\r\n").0, UNKNOWN);
         assert_eq!(refusal(b"delete a b c noreply\r\n").0, UNKNOWN);
-        assert_eq!(refusal(b"set k 0 0 noreply\r\n").0, BAD_FORMAT);
+        // memcached looks at the last token whatever the count: these are quiet bad lines there
+        assert_eq!(refusal(b"set k 0 0 noreply\r\n").0, "");
+        assert_eq!(refusal(b"cas k 0 0 1 noreply\r\n").0, "");
+        assert_eq!(refusal(b"decr n noreply\r\n").0, "");
+        assert_eq!(refusal(b"touch k noreply\r\n").0, "");
         // meta errors always show
         assert_eq!(refusal(b"ms k abc q\r\n").0, BAD_FORMAT);
         // valid forms
@@ -1187,12 +1189,80 @@ mod tests {
     }
 
     #[test]
+    fn an_extra_token_is_ignored_so_the_value_stays_data() {
+        // issue 26: `set inj 0 0 13 x` + `delete victim` stores 13 bytes on memcached 1.6.18
+        let (r, n) = keyed(b"set inj 0 0 13 x\r\ndelete victim\r\n");
+        assert_eq!((&r.value[..], n, r.quiet), (&b"delete victim"[..], 33, false));
+        let (r, _) = keyed(b"cas inj 0 0 1 7 junk\r\nv\r\n");
+        assert_eq!((r.cmd, r.cas, &r.value[..]), (Cmd::Cas, 7, &b"v"[..]));
+        for line in [
+            &b"append k 0 0 1 x\r\nv\r\n"[..],
+            b"prepend k 0 0 1 x\r\nv\r\n",
+            b"add k 0 0 1 x\r\nv\r\n",
+        ] {
+            assert_eq!(keyed(line).1, line.len());
+        }
+        let (r, _) = keyed(b"incr k 2 x\r\n");
+        assert_eq!((r.delta, r.quiet), (2, false));
+        let (r, _) = keyed(b"touch k 10 x\r\n");
+        assert_eq!((r.exptime, r.quiet), (10, false));
+    }
+
+    #[test]
+    fn meta_lines_are_refused_as_memcached_refuses_them() {
+        assert_eq!(refusal(b"mg\r\n").0, UNKNOWN);
+        assert_eq!(refusal(b"ms\r\n").0, UNKNOWN);
+        assert_eq!(refusal(b"ms k\r\n"), (BAD_FORMAT, 6));
+        assert_eq!(refusal(b"mg k 9\r\n").0, "CLIENT_ERROR invalid flag\r\n");
+        assert_eq!(refusal(b"md k 9\r\n").0, "CLIENT_ERROR invalid or duplicate flag\r\n");
+        assert_eq!(refusal(b"mg k q q\r\n").0, "CLIENT_ERROR duplicate flag\r\n");
+        let many = format!("mg k {}\r\n", ["v"; 18].join(" "));
+        assert_eq!(
+            refusal(many.as_bytes()).0,
+            "CLIENT_ERROR options flags are too long\r\n"
+        );
+        // an `ms` refused for its flags swallows its value; one refused before its length, not
+        assert_eq!(refusal(b"ms k 2 !\r\nab\r\n"), ("CLIENT_ERROR invalid flag\r\n", 14));
+        assert_eq!(
+            refusal(b"ms k 2 MZ\r\nabXY"),
+            ("CLIENT_ERROR invalid mode for ms M token\r\n", 15)
+        );
+        assert_eq!(refusal(b"ms k x T1\r\nab\r\n"), (BAD_FORMAT, 11));
+        // any token starting with q is quiet mode (and is not forwarded)
+        let (r, _) = keyed(b"md k qx I\r\n");
+        assert!(r.quiet);
+        assert_eq!(encoded(&r), b"md k I\r\n");
+        // `b` keys decode as memcached decodes them (bytes outside the alphabet skipped)
+        let (r, _) = keyed(b"mg Zm!9v b v\r\n");
+        assert_eq!(&r.routing_key()[..], b"foo");
+    }
+
+    #[test]
+    fn http_lines_close_only_where_memcached_gets_to_that_check() {
+        assert!(matches!(
+            p(b"GET / HTTP/1.1\r\n"),
+            ParseOutcome::Error { close: true, .. }
+        ));
+        for line in [
+            &b"gx / HTTP/1.1\r\n"[..],
+            b"x HTTP/1.1\r\n",
+            b"mx HTTP/1.1\r\n",
+            b"delet HTTP/1.0\r\n",
+        ] {
+            assert_eq!(refusal(line).0, UNKNOWN, "{}", String::from_utf8_lossy(line));
+        }
+    }
+
+    #[test]
     fn lengths_memcached_cannot_hold_are_bad_lines_not_values_to_swallow() {
+        // memcached keeps the low 32 bits of a 64-bit length: these are negative or over 2^31 - 3
         for len in [
             "2147483646",
             "2147483648",
-            "4294967296",
+            "4294967295",
+            "-1",
             "9223372036854775807",
+            "9223372036854775808",
             "99999999999999999999",
         ] {
             let line = format!("set k 0 0 {len}\r\n");
@@ -1200,6 +1270,17 @@ mod tests {
             let line = format!("ms k {len} T0\r\n");
             assert_eq!(refusal(line.as_bytes()), (BAD_FORMAT, line.len()), "{line}");
         }
+        // and these are lengths memcached reads (2^32 + 3, -(2^32) + 3): values, not commands
+        for line in [
+            &b"set k 0 0 4294967299\r\nabc\r\n"[..],
+            b"set k 0 0 -4294967293\r\nabc\r\n",
+        ] {
+            let (r, n) = keyed(line);
+            assert_eq!((&r.value[..], n), (&b"abc"[..], line.len()));
+            assert_eq!(encoded(&r), b"set k 0 0 3\r\nabc\r\n");
+        }
+        let (r, _) = keyed(b"ms k 4294967299 T5\r\nabc\r\n");
+        assert_eq!(encoded(&r), b"ms k 3 T5\r\nabc\r\n");
         // the largest memcached reads is refused for its size, and swallowed
         match p(b"set k 0 0 2147483645\r\n") {
             ParseOutcome::Done(Command::Keyed(r), n) => assert!(r.too_large && n == 22 + 2147483647),
@@ -1343,8 +1424,9 @@ mod tests {
         assert_eq!(error(b"flush_all noreply 5\r\n").0, BAD_FLUSH_DELAY);
         assert_eq!(error(b"flush_all 1 2 3\r\n").0, UNKNOWN);
         assert_eq!(error(b"flush_all 1 2 noreply\r\n").0, UNKNOWN);
-        // memcached ignores a second argument that is not `noreply`; the router refuses it
-        assert_eq!(error(b"flush_all 1 2\r\n").0, BAD_FORMAT);
+        // memcached ignores a second argument that is not `noreply`, and so does the router
+        assert_eq!(flush(b"flush_all 1 2\r\n"), (Some(1), false, 15));
+        assert_eq!(error(b"flush_all x 2\r\n").0, BAD_FLUSH_DELAY);
         assert!(matches!(p(b"flush_all 10"), ParseOutcome::Incomplete));
         assert!(matches!(
             p(b"shutdown\r\n"),

@@ -1,0 +1,69 @@
+"""The differential fuzzer's CI run (see fuzz_protocol.py): every recorded divergence replayed,
+then a bounded run of random command streams, router against memcached 1.6.18 byte for byte.
+
+SQUEAL_FUZZ_SEED picks the seed (default: a random one, printed on failure), SQUEAL_FUZZ_SECONDS
+the length of the bounded run (default 30). For a longer run: `python -m tests.router.fuzz_protocol`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from tests.router.fuzz_protocol import (
+    KEYS,
+    ROUTER_ARGS,
+    Gen,
+    Target,
+    load_regressions,
+    overlong_get,
+    router_config,
+    run,
+)
+
+
+@pytest.fixture
+def target(memcached_factory, router_factory) -> Target:
+    direct, behind = memcached_factory(), memcached_factory()
+    router = router_factory(router_config(behind.address), extra_args=ROUTER_ARGS)
+    return Target(direct.address, behind.address, router.address)
+
+
+def test_recorded_divergences_stay_fixed(target: Target) -> None:
+    cases = load_regressions()
+    assert cases, "fuzz_regressions.txt is empty"
+    failures = [f"{note}:\n{found}" for note, chunks in cases if (found := target.check(chunks))]
+    assert not failures, "\n\n".join(failures)
+
+
+def test_router_answers_random_streams_as_memcached(target: Target) -> None:
+    seed = int(os.environ.get("SQUEAL_FUZZ_SEED", random.randrange(1 << 32)))
+    seconds = float(os.environ.get("SQUEAL_FUZZ_SECONDS", "30"))
+    cases = 0
+    for cases, found in run(target, seed, seconds):
+        assert found is None, (
+            f"SQUEAL_FUZZ_SEED={seed}, case {cases}: {found}\n"
+            f"(add the stream to tests/router/fuzz_regressions.txt once fixed)"
+        )
+    assert cases > 20, f"only {cases} cases in {seconds} s (seed {seed})"
+
+
+def test_the_generator_covers_what_it_promises() -> None:
+    """A fuzzer that never sends a junk token or a meta flag error finds nothing: check it does."""
+    gen = Gen(random.Random(7))
+    streams = b"".join(b"".join(gen.case()) for _ in range(400))
+    for needle in [b"set ", b"cas ", b"append ", b" noreply\r\n", b"ms ", b"mg ", b"md ", b"ma ", b"mn\r\n",
+                   b"gat ", b"incr ", b"touch ", b"flush_all", b"4294967309", b" b", b" q", b"\n"]:  # fmt: skip
+        assert needle in streams, needle
+    assert any(k in streams for k in KEYS)
+    assert overlong_get(b"get k0\r\nget " + b"L" * 300 + b"\r\n")
+    assert not overlong_get(b"get " + b"L" * 300 + b"\r\n")
+
+
+def test_a_divergence_is_reported(target: Target) -> None:
+    """The comparison can fail: a stream whose answer depends on the server's version differs."""
+    target.reset()
+    found = target.check([b"stats\r\n"])
+    assert found is not None and found.what == "replies"
