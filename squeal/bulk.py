@@ -8,9 +8,10 @@ stale, and no key can be rendered from a statement. `bulk_changes` finds them; t
 the rule's `on_truncate` policy ("alert" or "flush").
 
 Foreign keys with ON DELETE / ON UPDATE CASCADE (or SET NULL / SET DEFAULT) are the other case: InnoDB
-changes the child rows itself and MariaDB logs only the parent's row events. A delete or update of a
-parent of a ruled table (through any chain of such foreign keys, `load_cascades`) counts as a bulk change
-of the ruled child ("cascade").
+changes the child rows itself and MariaDB logs only the parent's row events. A delete of a parent row of
+a ruled table, or an update that changes a column the foreign key references (both row images are in the
+binlog: an update of any other column changes no child row), counts as a bulk change of the ruled child
+("cascade"), through any chain of such foreign keys (`load_cascades`).
 
 Matching is on names, not a full SQL parser: a statement of one of those kinds that names a ruled table
 anywhere (qualified, or unqualified in the statement's default database) counts. A false match costs an
@@ -90,22 +91,41 @@ def named_tables(sql: str, default_schema: str) -> set[tuple[str, str]]:
 
 
 Table = tuple[str, str]
-# parent -> [(child, on delete, on update)] for foreign keys whose actions change the child
-Cascades = dict[Table, list[tuple[Table, str, str]]]
+# parent -> [(child, on delete, on update, the parent's referenced columns, lower case)] for foreign keys whose
+# actions change the child; no columns: unknown, every update of the parent counts
+Cascades = dict[Table, list[tuple[Table, str, str, tuple[str, ...]]]]
 _CHANGES_CHILD = ("CASCADE", "SET NULL", "SET DEFAULT")
 
 
 def load_cascades(conn: Any) -> Cascades:
-    """Every foreign key whose ON DELETE / ON UPDATE action changes the child rows (information_schema)."""
+    """Every foreign key whose ON DELETE / ON UPDATE action changes the child rows, with the parent's columns it
+    references (information_schema)."""
     with conn.cursor() as cur:
         cur.execute(
+            "SELECT CONSTRAINT_SCHEMA, TABLE_NAME, CONSTRAINT_NAME, REFERENCED_COLUMN_NAME "
+            "FROM information_schema.KEY_COLUMN_USAGE WHERE REFERENCED_TABLE_NAME IS NOT NULL")
+        columns: dict[tuple[str, str, str], list[str]] = {}
+        for cs, ct, name, column in cur.fetchall():
+            columns.setdefault((cs, ct, name), []).append(column.lower())
+        cur.execute(
             "SELECT UNIQUE_CONSTRAINT_SCHEMA, REFERENCED_TABLE_NAME, CONSTRAINT_SCHEMA, TABLE_NAME, DELETE_RULE, "
-            "UPDATE_RULE FROM information_schema.REFERENTIAL_CONSTRAINTS")
+            "UPDATE_RULE, CONSTRAINT_NAME FROM information_schema.REFERENTIAL_CONSTRAINTS")
         out: Cascades = {}
-        for ps, pt, cs, ct, on_delete, on_update in cur.fetchall():
+        for ps, pt, cs, ct, on_delete, on_update, name in cur.fetchall():
             if on_delete in _CHANGES_CHILD or on_update in _CHANGES_CHILD:
-                out.setdefault((ps, pt), []).append(((cs, ct), on_delete, on_update))
+                referenced = tuple(columns.get((cs, ct, name), ()))
+                out.setdefault((ps, pt), []).append(((cs, ct), on_delete, on_update, referenced))
     return out
+
+
+def changed_columns(images: tuple[dict, ...]) -> frozenset[str]:
+    """The columns (lower case) whose value differs between the before and after image of some row of an
+    update's images (before, after, before, after, ...)."""
+    out: set[str] = set()
+    for i in range(0, len(images) - 1, 2):
+        before, after = images[i], images[i + 1]
+        out.update(c.lower() for c in before.keys() | after.keys() if before.get(c) != after.get(c))
+    return frozenset(out)
 
 
 class BulkDetector:
@@ -124,29 +144,33 @@ class BulkDetector:
         self.cascades = cascades
         self.parents = {p for p in cascades if self.cascade_targets(p, "delete") or self.cascade_targets(p, "update")}
 
-    def cascade_targets(self, parent: Table, kind: str) -> list[Rule]:
-        """Ruled tables a `kind` ("delete"/"update") of a `parent` row can change, through any FK chain."""
+    def cascade_targets(self, parent: Table, kind: str, changed: frozenset[str] | None = None) -> list[Rule]:
+        """Ruled tables a `kind` ("delete"/"update") of a `parent` row can change, through any FK chain.
+        `changed`: for an update, the parent's columns (lower case) it changed; None: any column."""
         found: dict[str, Rule] = {}
         seen = {parent}
         todo: deque[tuple[Table, bool]] = deque([(parent, True)])
         while todo:
             table, first = todo.popleft()
-            for child, on_delete, on_update in self.cascades.get(table, ()):
+            for child, on_delete, on_update, referenced in self.cascades.get(table, ()):
                 action = (on_delete if kind == "delete" else on_update) if first else "CASCADE"
                 if action not in _CHANGES_CHILD or child in seen:
                     continue
+                if first and kind == "update" and changed is not None and referenced and changed.isdisjoint(referenced):
+                    continue  # the update left every referenced column as it was: no child row changed
                 seen.add(child)
                 if child in self.rules:
                     found[self.rules[child].table] = self.rules[child]
                 todo.append((child, False))
         return [found[t] for t in sorted(found)]
 
-    def cascaded(self, parent: Table, kind: str) -> list[BulkChange]:
-        """The bulk changes a `kind` row event of `parent` makes to ruled children (none for inserts)."""
+    def cascaded(self, parent: Table, kind: str, changed: frozenset[str] | None = None) -> list[BulkChange]:
+        """The bulk changes a `kind` row event of `parent` makes to ruled children (none for inserts).
+        `changed`: for an update, the columns it changed (`changed_columns`); None: any column."""
         if kind not in ("delete", "update"):
             return []
         what = f"{kind.upper()} on {parent[0]}.{parent[1]} (foreign key cascade)"
-        return [BulkChange(rule, "cascade", what) for rule in self.cascade_targets(parent, kind)]
+        return [BulkChange(rule, "cascade", what) for rule in self.cascade_targets(parent, kind, changed)]
 
     def changes(self, txn: Transaction) -> list[BulkChange]:
         statements = list(txn.queries)

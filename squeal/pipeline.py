@@ -24,7 +24,7 @@ from prometheus_client import Counter
 
 from router_config import Rule
 from squeal import gtid as g
-from squeal.bulk import BulkChange, BulkDetector
+from squeal.bulk import BulkChange, BulkDetector, changed_columns
 from squeal.flows import Committed, split_keys
 from squeal.metrics import Metrics
 from squeal.reader import BinlogReader, DataLoss, NativeBinlogReader
@@ -310,7 +310,11 @@ class ReadLoop:
                 if type(ev) is Rows:
                     read_rows += ev.changes
                     if parents and (ev.schema, ev.table) in parents:
-                        cascades += self.stage.bulk.cascaded((ev.schema, ev.table), ev.kind)
+                        # an update cascades only if it changed a column a foreign key references
+                        changed = ev.changed_columns
+                        if changed is None and ev.kind == "update" and ev.images:
+                            changed = changed_columns(ev.images)
+                        cascades += self.stage.bulk.cascaded((ev.schema, ev.table), ev.kind, changed)
                     if ev.kind == LINES:  # (the native reader renders rows itself)
                         waiting += len(ev.images[0]) + len(ev.images[1])
                     else:

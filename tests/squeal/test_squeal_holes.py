@@ -20,7 +20,7 @@ from squeal_helpers import SquealEnv, healthz, scrape, wait_gone, wait_until
 from ops.harness import MariaDB
 from router_config import Rule
 from squeal import gtid as g
-from squeal.bulk import BulkDetector, statement_kind
+from squeal.bulk import BulkDetector, changed_columns, statement_kind
 from squeal.transactions import (
     Annotate,
     Begin,
@@ -116,15 +116,40 @@ def test_bulk_statements_name_ruled_tables() -> None:
 def test_cascades_follow_foreign_key_chains_and_actions() -> None:
     rules = [Rule("app.posts", ("post:{id}",)), Rule("app.likes", ("like:{id}",))]
     d = BulkDetector(rules, cascades={
-        ("app", "users"): [(("app", "posts"), "CASCADE", "RESTRICT")],
-        ("app", "posts"): [(("app", "comments"), "SET NULL", "CASCADE")],
-        ("app", "comments"): [(("app", "likes"), "CASCADE", "CASCADE")],
+        ("app", "users"): [(("app", "posts"), "CASCADE", "RESTRICT", ("id",))],
+        ("app", "posts"): [(("app", "comments"), "SET NULL", "CASCADE", ("id",))],
+        ("app", "comments"): [(("app", "likes"), "CASCADE", "CASCADE", ("id",))],
     })
     assert [c.rule.table for c in d.cascaded(("app", "users"), "delete")] == ["app.likes", "app.posts"]
     assert d.cascaded(("app", "users"), "update") == []  # ON UPDATE RESTRICT
     assert d.cascaded(("app", "users"), "insert") == []
     assert [c.rule.table for c in d.cascaded(("app", "comments"), "update")] == ["app.likes"]
     assert d.parents == {("app", "users"), ("app", "posts"), ("app", "comments")}
+
+
+def test_only_an_update_of_a_referenced_column_cascades() -> None:
+    """Both row images are logged: an update that leaves every referenced column as it was changes no child."""
+    rules = [Rule("app.posts", ("post:{id}",)), Rule("app.tags", ("tag:{id}",))]
+    d = BulkDetector(rules, cascades={
+        ("app", "users"): [(("app", "posts"), "CASCADE", "CASCADE", ("id",)),
+                           (("app", "tags"), "RESTRICT", "SET NULL", ("handle", "realm"))],
+        ("app", "legacy"): [(("app", "posts"), "CASCADE", "CASCADE", ())],  # columns unknown: any update
+    })
+
+    def update(table: str, *pairs: tuple[dict, dict]) -> list[str]:
+        images = tuple(image for pair in pairs for image in pair)
+        return [c.rule.table for c in d.cascaded(("app", table), "update", changed_columns(images))]
+
+    row = {"id": 1, "handle": "h", "realm": "r", "last_seen": 10}
+    assert update("users", (row, {**row, "last_seen": 11})) == []
+    assert update("users", (row, {**row, "id": 2})) == ["app.posts"]
+    assert update("users", (row, {**row, "realm": None})) == ["app.tags"]
+    assert update("users", (row, {**row, "last_seen": 11}), (row, {**row, "handle": "g"})) == ["app.tags"]
+    assert update("legacy", (row, {**row, "last_seen": 11})) == ["app.posts"]
+    assert changed_columns(({"ID": 1, "x": 1}, {"ID": 2, "x": 1})) == {"id"}  # names compare in lower case
+    # unknown changes (None) still cascade; deletes always do
+    assert [c.rule.table for c in d.cascaded(("app", "users"), "update")] == ["app.posts", "app.tags"]
+    assert [c.rule.table for c in d.cascaded(("app", "users"), "delete")] == ["app.posts"]
 
 
 # -- real MariaDB + memcached -------------------------------------------------------------------------------------
@@ -277,6 +302,28 @@ def test_foreign_key_cascades_to_a_ruled_table_apply_its_policy(squeal_env) -> N
     assert env.sql("SELECT COUNT(*) FROM posts WHERE author_id = 1")[0][0] == 0  # InnoDB deleted post 1
     wait_gone(env.caches, ["post:1", "feed:1"])
     name = f'squeal_bulk_changes_total{{policy="flush",statement="cascade",table="{env.schema}.posts"}}'
+    assert scrape(env.daemon.port).get(name) == 1.0
+
+
+def test_an_update_cascades_only_when_it_changes_the_referenced_column(squeal_env) -> None:
+    """ON UPDATE CASCADE with on_truncate = "flush": an UPDATE of a parent column no foreign key references
+    changes no child row, so it must not flush the region; changing the referenced column must."""
+    env = squeal_env()
+    env.topology.write_text(_with(env.topology.read_text(), ".posts", 'on_truncate = "flush"'))
+    env.sql("CREATE TABLE authors (id INT PRIMARY KEY, handle VARCHAR(20), seen INT) ENGINE=InnoDB",
+            "ALTER TABLE posts ADD FOREIGN KEY (author_id) REFERENCES authors (id) ON UPDATE CASCADE",
+            "INSERT INTO authors VALUES (1, 'a', 0), (2, 'b', 0)", "INSERT INTO posts VALUES (1, 1, 't')")
+    env.start()
+    unrelated = ["post:1", "feed:1", "other:key"]
+    _set_everywhere(env, unrelated)
+    env.sql("UPDATE authors SET seen = seen + 1, handle = 'c'")  # both rows, no referenced column
+    env.fence()
+    assert _still_cached(env, unrelated), "an update of unreferenced columns flushed the region"
+    name = f'squeal_bulk_changes_total{{policy="flush",statement="cascade",table="{env.schema}.posts"}}'
+    assert scrape(env.daemon.port).get(name) is None
+    env.sql("UPDATE authors SET id = 3, seen = 5 WHERE id = 1")
+    assert env.sql("SELECT author_id FROM posts WHERE id = 1")[0][0] == 3  # InnoDB changed the post
+    wait_gone(env.caches, unrelated)
     assert scrape(env.daemon.port).get(name) == 1.0
 
 
