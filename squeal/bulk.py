@@ -13,6 +13,12 @@ a ruled table, or an update that changes a column the foreign key references (bo
 binlog: an update of any other column changes no child row), counts as a bulk change of the ruled child
 ("cascade"), through any chain of such foreign keys (`load_cascades`).
 
+`DROP DATABASE` names no tables: it counts for the ruled tables of that database that existed. Which ones
+did is known from a snapshot of information_schema the live reader takes when it starts
+(`existing_tables`), kept up to date by the DDL it reads after that snapshot's binlog position (CREATE
+TABLE, RENAME, DROP). A statement at or before that position (a live reader resuming from an older
+marker, a catch-up reader) counts for every ruled table of the database, as if all existed.
+
 Matching is on names, not a full SQL parser: a statement of one of those kinds that names a ruled table
 anywhere (qualified, or unqualified in the statement's default database) counts. A false match costs an
 alert or a flush, never a stale value.
@@ -27,6 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from router_config import Rule
+from squeal import gtid as g
+from squeal.reader import current_position
 from squeal.transactions import Transaction, statement_body
 
 _IDENT = r"(?:`(?:[^`]|``)+`|[A-Za-z0-9_$]+)"
@@ -50,6 +58,9 @@ _KINDS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 # ALTER TABLE changes that replace or remove rows (ADD COLUMN and the like keep them)
 _ALTER_RENAME = re.compile(r"\bRENAME\s+(?:TO\s+|AS\s+)?(?!COLUMN\b|INDEX\b|KEY\b)", re.IGNORECASE)
 _ALTER_PARTITION = re.compile(r"\b(?:TRUNCATE|DROP|EXCHANGE)\s+PARTITION\b", re.IGNORECASE)
+# statements that may create a ruled table (for the tables known to exist)
+_CREATES = re.compile(r"CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMPORARY\s+)?TABLE\b", re.IGNORECASE)
+_DROP_DATABASE = re.compile(r"(?is)^\s*DROP\s+(?:DATABASE|SCHEMA)\s+(?:IF\s+EXISTS\s+)?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +68,24 @@ class BulkChange:
     rule: Rule
     statement: str  # kind: "truncate", "drop", "rename", ...
     sql: str
+
+
+def existing_tables(conn: Any, schemas: Iterable[str]) -> tuple[g.Position, set[tuple[str, str]]] | None:
+    """(binlog position, the tables of `schemas` that exist at it), from information_schema; None if DDL kept
+    moving the position while it was read."""
+    names = sorted(set(schemas))
+    if not names:
+        return current_position(conn), set()
+    marks = ", ".join(["%s"] * len(names))
+    with conn.cursor() as cur:
+        for _ in range(5):
+            before = current_position(conn)
+            cur.execute(f"SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES "
+                        f"WHERE TABLE_SCHEMA IN ({marks})", names)
+            tables = {(str(s), str(t)) for s, t in cur.fetchall()}
+            if current_position(conn) == before:
+                return before, tables
+    return None
 
 
 def _unquote(ident: str) -> str:
@@ -139,6 +168,31 @@ class BulkDetector:
         self.cascades: Cascades = {}
         self.parents: set[Table] = set()  # tables whose row changes can cascade to a ruled table
         self.set_cascades(cascades or {})
+        # The ruled tables that exist after binlog position `existing_at` (`know_existing`); None: unknown.
+        self.existing: set[Table] | None = None
+        self.existing_at: g.Position = {}
+
+    def know_existing(self, position: g.Position, tables: Iterable[Table]) -> None:
+        """The tables (`existing_tables`) that exist at `position`: from there on, the live stream's DDL keeps
+        the set current and DROP DATABASE counts only for the ruled tables in it."""
+        self.existing = {t for t in tables if t in self.rules}
+        self.existing_at = dict(position)
+
+    def _tracked(self, txn: Transaction) -> bool:
+        return self.existing is not None and not g.covers(self.existing_at, txn.gtid)
+
+    def _track(self, kind: str | None, sql: str, schema: str) -> None:
+        """Keep `existing` current with one statement of the live stream (over-inclusive: a table named by a
+        statement that may create it counts as existing)."""
+        assert self.existing is not None
+        if kind == "drop database":
+            dropped = _dropped_database(sql)
+            self.existing = {t for t in self.existing if t[0] != dropped}
+        elif kind == "drop":
+            self.existing -= named_tables(sql, schema)
+        elif kind in ("rename", "replace") or _CREATES.match(statement_body(sql)):
+            # (a rename's old name stays "existing": a later DROP DATABASE may alert once too often, never miss)
+            self.existing |= {t for t in named_tables(sql, schema) if t in self.rules}
 
     def set_cascades(self, cascades: Cascades) -> None:
         self.cascades = cascades
@@ -172,21 +226,29 @@ class BulkDetector:
         what = f"{kind.upper()} on {parent[0]}.{parent[1]} (foreign key cascade)"
         return [BulkChange(rule, "cascade", what) for rule in self.cascade_targets(parent, kind, changed)]
 
-    def changes(self, txn: Transaction) -> list[BulkChange]:
+    def changes(self, txn: Transaction, live: bool = False) -> list[BulkChange]:
+        """The bulk changes of `txn`. `live`: `txn` is the live stream's next transaction (which keeps the
+        tables known to exist current); any other reader's is judged as if every ruled table existed."""
         statements = list(txn.queries)
         if txn.ddl is not None:
             statements.append((txn.schema, txn.ddl))
         out: list[BulkChange] = list(txn.cascades)
+        tracked = live and self._tracked(txn)
         for schema, sql in statements:
             kind = statement_kind(sql)
-            if kind is None:
-                continue
             if kind == "drop database":
-                m = _NAME.search(re.sub(r"(?is)^\s*DROP\s+(?:DATABASE|SCHEMA)\s+(?:IF\s+EXISTS\s+)?", "",
-                                        statement_body(sql)))
-                dropped = _unquote(m.group(1)) if m else ""
-                hit = [rule for (s, _), rule in self.rules.items() if s == dropped]
-            else:
+                dropped = _dropped_database(sql)
+                hit = [rule for (s, t), rule in self.rules.items()
+                       if s == dropped and (not tracked or (s, t) in (self.existing or ()))]
+            elif kind is not None:
                 hit = [self.rules[name] for name in named_tables(sql, schema) if name in self.rules]
-            out += [BulkChange(rule, kind, sql) for rule in sorted(hit, key=lambda r: r.table)]
+            if kind is not None:
+                out += [BulkChange(rule, kind, sql) for rule in sorted(hit, key=lambda r: r.table)]
+            if tracked:
+                self._track(kind, sql, schema)
         return out
+
+
+def _dropped_database(sql: str) -> str:
+    m = _NAME.search(_DROP_DATABASE.sub("", statement_body(sql)))
+    return _unquote(m.group(1)) if m else ""

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from squeal_helpers import SquealEnv, healthz, scrape, wait_gone, wait_until
+from squeal_helpers import SquealEnv, healthz, scrape, unique_db, wait_gone, wait_until
 
 from ops.harness import MariaDB
 from router_config import Rule
@@ -111,6 +111,30 @@ def test_bulk_statements_name_ruled_tables() -> None:
                        "CREATE TABLE users2 LIKE users", "ALTER TABLE users COMMENT 'rename to x'"):
         assert hits(keeps_rows) == [], keeps_rows
     assert statement_kind("/* x */ update users set a=1") == "statement"
+
+
+def test_drop_database_counts_only_the_ruled_tables_that_existed() -> None:
+    rules = [Rule(f"ghost.t{i}", (f"t{i}:{{id}}",)) for i in range(3)] + [Rule("app.users", ("user:{id}",))]
+    d = BulkDetector(rules)
+
+    def hits(gtid: int, *statements: str, live: bool = True) -> list[str]:
+        txn = Transaction((0, 1, gtid), 1.0, queries=[("app", sql) for sql in statements])
+        return [c.rule.table for c in d.changes(txn, live=live)]
+
+    drop = "DROP DATABASE IF EXISTS ghost"
+    assert hits(5, drop) == ["ghost.t0", "ghost.t1", "ghost.t2"]  # nothing known: every ruled table counts
+    d.know_existing({0: (1, 10)}, {("app", "users"), ("app", "other")})
+    assert hits(9, drop) == ["ghost.t0", "ghost.t1", "ghost.t2"]  # at or before the snapshot: as if all existed
+    assert hits(11, drop) == []  # ghost had none of them
+    assert hits(12, "CREATE DATABASE ghost", "CREATE TABLE IF NOT EXISTS ghost.t1 (id INT)") == []
+    assert hits(13, drop, live=False) == ["ghost.t0", "ghost.t1", "ghost.t2"]  # a catch-up reader: all
+    assert hits(14, "/* x */ drop schema `ghost`") == ["ghost.t1"]
+    assert hits(15, drop) == []  # dropped with its database
+    assert hits(16, "DROP TABLE users") == ["app.users"]
+    assert hits(17, "DROP DATABASE app") == []  # users was dropped before
+    assert hits(18, "CREATE TABLE app.users LIKE app.u2", "RENAME TABLE ghost.x TO ghost.t2") == ["ghost.t2"]
+    assert hits(19, "DROP DATABASE app", "DROP DATABASE ghost") == ["app.users", "ghost.t2"]
+    assert d.existing == set()
 
 
 def test_cascades_follow_foreign_key_chains_and_actions() -> None:
@@ -325,6 +349,23 @@ def test_an_update_cascades_only_when_it_changes_the_referenced_column(squeal_en
     assert env.sql("SELECT author_id FROM posts WHERE id = 1")[0][0] == 3  # InnoDB changed the post
     wait_gone(env.caches, unrelated)
     assert scrape(env.daemon.port).get(name) == 1.0
+
+
+def test_drop_database_if_exists_of_a_database_that_does_not_exist_alerts_for_nothing(squeal_env) -> None:
+    """Only the ruled tables a DROP DATABASE removed may be stale: one that did not exist alerts for nothing."""
+    ghost = f"{unique_db('ghost')}"
+    env = squeal_env(extra_rules=[(f"{ghost}.t{i}", [f"g{i}:{{id}}"]) for i in range(4)]).start()
+    env.fence()
+    env.sql(f"DROP DATABASE IF EXISTS {ghost}")
+    env.fence()
+    assert env.log().count("may be stale") == 0, env.log()
+    assert not [k for k in scrape(env.daemon.port) if k.startswith("squeal_bulk_changes_total")]
+    env.sql(f"CREATE DATABASE {ghost}", f"CREATE TABLE {ghost}.t2 (id INT PRIMARY KEY)", f"DROP DATABASE {ghost}")
+    env.fence()
+    assert env.log().count("may be stale") == 1, env.log()
+    assert f"DROP DATABASE of ruled table {ghost}.t2 " in env.log()
+    assert scrape(env.daemon.port).get(
+        f'squeal_bulk_changes_total{{policy="alert",statement="drop database",table="{ghost}.t2"}}') == 1.0
 
 
 # -- binlog data loss ----------------------------------------------------------------------------------------------
