@@ -28,6 +28,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from squeal_helpers import Cache, create_schema, healthz, topology_text, unique_db, wait_until
 from test_squeal_faults import post_keys
 
+from ops import harness
 from ops.harness import MariaDB, Memcached, SquealDaemon, ZooKeeper, free_port
 from squeal import gtid as g
 from squeal.zkstore import ZooKeeperDatamarkerStore
@@ -236,12 +237,13 @@ class HaEnv:
         return time.monotonic() - t0
 
     def all_gone(self, ids: list[int], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = {c.addr[1]: c.present(post_keys(ids)) for c in self.caches}
-            if not any(left.values()) or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+        left: dict[int, set[str]] = {}
+
+        def gone() -> bool:
+            left.update({c.addr[1]: c.present(post_keys(ids)) for c in self.caches})
+            return not any(left.values())
+
+        harness.wait_until(gone, timeout, "keys gone", interval=0.1, error=None)
         assert not any(left.values()), {p: sorted(k)[:10] for p, k in left.items()}
 
     def deletes_received(self) -> int:
