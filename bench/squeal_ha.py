@@ -139,11 +139,9 @@ def ha_replay(base: Path, db: MariaDB, replica: MariaDB, caches: list[Memcached]
         groups = {"leader": [pair.daemons["east-1"].pid], "standby": [pair.daemons["east-2"].pid],
                   "zookeeper": [m.pid for m in zk]}
         cpu0 = {k: cpu_seconds(pids) for k, pids in groups.items()}
-        while True:
-            flows = pair.health("east-1")["flows"]
-            if all(g.covers_position(g.parse_position(f["acked"]), end) for f in flows.values()):
-                break
-            time.sleep(0.02)
+        wait_until(lambda: all(g.covers_position(g.parse_position(f["acked"]), end)
+                               for f in pair.health("east-1")["flows"].values()),
+                   600, f"the leader to acknowledge {g.format_position(end)}", interval=0.02)
         elapsed = time.perf_counter() - t0
         cpu = {k: cpu_seconds(pids) - cpu0[k] for k, pids in groups.items()}
         rows = metric_sum(port, 'squeal_rows_total{reader="live"')

@@ -77,7 +77,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "squea
 from squeal_helpers import Cache, healthz, topology_text  # noqa: E402
 from squeal_throughput import create_schema, load, loadavg, metric_sum, squeal_replay  # noqa: E402
 
-from ops.harness import MariaDB, Memcached, SquealDaemon  # noqa: E402
+from ops.harness import MariaDB, Memcached, SquealDaemon, wait_until  # noqa: E402
 from squeal import gtid as g  # noqa: E402
 
 SCHEMA = "bench"
@@ -335,13 +335,10 @@ def wait_acked(daemon: SquealDaemon, db: MariaDB, timeout: float = 120.0) -> flo
     """Seconds until both clusters have acknowledged the database's current position."""
     end = g.parse_position(db.gtid_binlog_pos())
     t0 = time.perf_counter()
-    while True:
-        _, status = healthz(daemon.port)
-        if all(g.covers_position(g.parse_position(f["acked"]), end) for f in status["flows"].values()):
-            return time.perf_counter() - t0
-        if time.perf_counter() - t0 > timeout:
-            raise RuntimeError(f"squeal did not acknowledge {g.format_position(end)} in {timeout:.0f}s: {status}")
-        time.sleep(0.01)
+    wait_until(lambda: all(g.covers_position(g.parse_position(f["acked"]), end)
+                           for f in healthz(daemon.port)[1]["flows"].values()),
+               timeout, f"squeal to acknowledge {g.format_position(end)}", interval=0.01, error=RuntimeError)
+    return time.perf_counter() - t0
 
 
 # -- reporting -----------------------------------------------------------------------------------

@@ -4,17 +4,18 @@
                                                 [--dead-seconds 60] [--no-memory]
 
 1. Throughput: one binlog of `--rows` row changes (a 4-column table, transactions of 10 single-row
-   statements, half INSERTs, half UPDATEs) is read by bare python-mysql-replication (decode every row,
-   nothing else), by `mariadb-binlog --read-from-remote-server -v` decoding the same GTID range to
-   /dev/null (the "C decoder": the limit), and by `squeal run` end to end with each of `--readers` (keys
-   rendered, batched, sent to two memcached "clusters", acknowledged, datamarkers written). After one
-   unmeasured warm-up decode, they alternate `--repeat` times over the same binlog; each round gives
-   ratios (squeal rows/s / bare rows/s, squeal rows/s / C decoder rows/s) and the median round is
-   reported, with every round and the load average (the machine is shared) printed. squeal's time runs
-   from `/healthz` answering (the live reader starts with it; rows it had already read are subtracted) to
-   both clusters having acknowledged the last GTID. Also reported: the CPU ratio, bare decode's CPU time /
-   the squeal process's CPU time (all threads) over the same window, squeal's CPU per 1,000 row changes,
-   and its RSS at the end of the run (at full speed).
+   statements, half INSERTs, half UPDATEs; grown until every reader's window below lasts `--min-seconds`,
+   default 2 s: the native reader needs several hundred thousand rows) is read by bare
+   python-mysql-replication (decode every row, nothing else), by `mariadb-binlog --read-from-remote-server
+   -v` decoding the same GTID range to /dev/null (the "C decoder": the limit), and by `squeal run` end to
+   end with each of `--readers` (keys rendered, batched, sent to two memcached "clusters", acknowledged,
+   datamarkers written). After one unmeasured warm-up decode, they alternate `--repeat` times over the same
+   binlog; each round gives ratios (squeal rows/s / bare rows/s, squeal rows/s / C decoder rows/s) and the
+   median round is reported, with every round and the load average (the machine is shared) printed. squeal's
+   time runs from `/healthz` answering (the live reader starts with it; rows it had already read are
+   subtracted) to both clusters having acknowledged the last GTID. Also reported: the CPU ratio, bare
+   decode's CPU time / the squeal process's CPU time (all threads) over the same window, squeal's CPU per
+   1,000 row changes, and its RSS at the end of the run (at full speed).
 2. Batching: deletes per write (squeal_deletes_sent_total / squeal_delete_writes_total) for the same
    replay with the topology's batch_size (256) and with batch_size = 1 (no batching).
 3. Memory: squeal following a steady write load while one cluster's memcached is SIGSTOPped for
@@ -42,7 +43,7 @@ from pymysqlreplication.event import MariadbGtidEvent, XidEvent
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "squeal"))
 from squeal_helpers import topology_text  # noqa: E402
 
-from ops.harness import MariaDB, Memcached, SquealDaemon  # noqa: E402
+from ops.harness import MariaDB, Memcached, SquealDaemon, wait_until  # noqa: E402
 from squeal import gtid as g  # noqa: E402
 from squeal.reader import BinlogReader  # noqa: E402
 
@@ -145,7 +146,7 @@ def c_decoder(db: MariaDB, start: str, end: g.Position) -> tuple[float, float]:
 
 
 def squeal_replay(base: Path, db: MariaDB, schema: str, caches: list[Memcached], start: str, end: g.Position,
-                  batch_size: int, reader: str = "python") -> dict:
+                  batch_size: int, reader: str = "python", timeout: float = 900) -> dict:
     work = Path(tempfile.mkdtemp(dir=base))
     topo = work / "topology.toml"
     text = topology_text(db, schema, [m.port for m in caches], regional=False, batch_size=batch_size)
@@ -158,11 +159,11 @@ def squeal_replay(base: Path, db: MariaDB, schema: str, caches: list[Memcached],
     t0 = time.perf_counter()
     rows0 = metric_sum(daemon.port, 'squeal_rows_total{reader="live"')  # read before the window opened
     try:
-        while True:
-            flows = health(daemon.port)["flows"]
-            if all(g.covers_position(g.parse_position(f["acked"]), end) for f in flows.values()):
-                break
-            time.sleep(0.02)  # each poll costs the daemon's reactor a little: not too often
+        # each poll costs the daemon's reactor a little: not too often
+        wait_until(lambda: all(g.covers_position(g.parse_position(f["acked"]), end)
+                               for f in health(daemon.port)["flows"].values()),
+                   timeout, f"squeal ({reader}) to acknowledge {g.format_position(end)}", daemon.proc,
+                   daemon.log_file, interval=0.02, error=RuntimeError)
         elapsed = time.perf_counter() - t0
         cpu1 = proc.cpu_times()
         # The live reader's rows only: a flow that shed is re-read by a catch-up reader, whose rows are
@@ -226,13 +227,9 @@ def memory_run(base: Path, db: MariaDB, schema: str, caches: list[Memcached], de
     stop.set()
     rows_written = written[0]
     end = g.parse_position(db.gtid_binlog_pos())
-    while True:
-        flows = health(daemon.port)["flows"]
-        if all(g.covers_position(g.parse_position(f["acked"]), end) for f in flows.values()):
-            break
-        if time.monotonic() - resumed_at > 300:
-            raise RuntimeError(f"the dead cluster did not catch up in 300 s: {flows}")
-        time.sleep(0.1)
+    wait_until(lambda: all(g.covers_position(g.parse_position(f["acked"]), end)
+                           for f in health(daemon.port)["flows"].values()),
+               300, "the dead cluster to catch up", daemon.proc, daemon.log_file, interval=0.1, error=RuntimeError)
     catch_up = time.monotonic() - resumed_at
     time.sleep(2)
     stop_sampling.set()
@@ -249,6 +246,31 @@ def memory_run(base: Path, db: MariaDB, schema: str, caches: list[Memcached], de
             "live_deletes_per_write": deletes / max(writes, 1)}
 
 
+def grow_for_window(base: Path, db: MariaDB, schema: str, caches: list[Memcached], start: str, end: g.Position,
+                    rows: int, readers: list[str], min_seconds: float) -> tuple[g.Position, int]:
+    """Writes more row changes until every reader's squeal replay is measured over at least `min_seconds`
+    (its window opens at /healthz, and the rows read before are not counted: at the native reader's speed
+    50,000 rows left a window of 0.1-0.2 s, and one figure swung 10-19x between rounds). Returns the new
+    end of the binlog range and its row changes."""
+    for reader in readers:
+        for _ in range(6):
+            r = squeal_replay(base, db, schema, caches, start, end, batch_size=256, reader=reader)
+            if r["seconds"] >= min_seconds:
+                break
+            # enough rows for the window at this rate (+25%), beyond those read before /healthz
+            want = int(r["rows_per_s"] * min_seconds * 1.25 + (r["rows"] - r["window_rows"]))
+            more = max(want - rows, rows // 2, 1000) // 20 * 20  # load(): half INSERTs, half UPDATEs
+            t = time.perf_counter()
+            load(db, schema, more, first_id=rows // 2 + 1)
+            rows += more
+            end = g.parse_position(db.gtid_binlog_pos())
+            print(f"squeal ({reader}) measured over {r['seconds']:.2f}s < {min_seconds:.1f}s: wrote {more} more row "
+                  f"changes in {time.perf_counter() - t:.1f}s, {rows} in all")
+        else:
+            raise RuntimeError(f"squeal ({reader}) still measured over less than {min_seconds:.1f}s")
+    return end, rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=50_000)
@@ -256,6 +278,9 @@ def main() -> int:
     ap.add_argument("--readers", default="native,python", help="squeal readers to run end to end, comma-separated")
     ap.add_argument("--dead-seconds", type=float, default=60.0)
     ap.add_argument("--no-memory", action="store_true", help="skip the dead-cluster memory run")
+    ap.add_argument("--min-seconds", type=float, default=2.0,
+                    help="measure each squeal reader over at least this much decoding after /healthz: the binlog "
+                         "grows past --rows until it does (the native reader needs far more rows than the python one)")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="squeal-bench-"))
     db = MariaDB(1, workdir=base / "db").start()
@@ -269,8 +294,10 @@ def main() -> int:
         end = g.parse_position(db.gtid_binlog_pos())
         print(f"wrote {args.rows} row changes in {time.perf_counter() - t:.1f}s ({start} -> {g.format_position(end)})")
 
-        bare_decode(db, schema, start, end)  # warm-up: binlog in the page cache, server and library warm
         readers = [r for r in args.readers.split(",") if r]
+        end, rows = grow_for_window(base, db, schema, caches, start, end, args.rows, readers, args.min_seconds)
+        print(f"measured over {rows} row changes ({start} -> {g.format_position(end)})")
+        bare_decode(db, schema, start, end)  # warm-up: binlog in the page cache, server and library warm
         rounds = []
         for i in range(args.repeat):
             print(f"round {i + 1}/{args.repeat}: {loadavg()}")

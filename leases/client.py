@@ -50,6 +50,19 @@ from leases.serializer import JsonSerializer
 
 log = logging.getLogger(__name__)
 
+
+class _FailuresReportedOnce(logging.Filter):
+    """meta-memcache's connection pool logs a WARNING with a full traceback for every failed connect or
+    request; `LeaseCache` reports each failure itself, in one line, and falls back. Those records pass only
+    while someone debugs meta-memcache (its logger enabled for DEBUG)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+# (once per process: the module is imported once)
+logging.getLogger("meta_memcache.connection.pool").addFilter(_FailuresReportedOnce())
+
 T = TypeVar("T")
 
 DEFAULT_LEASE_TTL = 10  # seconds; the paper's "one token per key every 10 seconds"

@@ -24,7 +24,7 @@ from prometheus_client import Counter
 
 from router_config import Rule
 from squeal import gtid as g
-from squeal.bulk import BulkChange, BulkDetector
+from squeal.bulk import BulkChange, BulkDetector, changed_columns, existing_tables
 from squeal.flows import Committed, split_keys
 from squeal.metrics import Metrics
 from squeal.reader import BinlogReader, DataLoss, NativeBinlogReader
@@ -122,7 +122,7 @@ class KeyStage:
         native = [rows.images for rows in txn.rows if rows.kind == LINES]  # the native reader's delete lines
         flush = False
         if txn.ddl is not None or txn.queries or txn.cascades:
-            for change in self.bulk.changes(txn):
+            for change in self.bulk.changes(txn, live=report):
                 flush = flush or change.rule.on_truncate == "flush"
                 if report:
                     self._report(txn, change)
@@ -286,9 +286,30 @@ class ReadLoop:
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
+    def _know_existing_tables(self) -> None:
+        """The live stream: which ruled tables exist now, so a DROP DATABASE counts only for those that existed
+        (`BulkDetector.know_existing`). Without it (no source, an error) every ruled table counts."""
+        source = getattr(self.reader, "source", None)
+        if source is None:
+            return
+        try:
+            conn = source.connect()
+            try:
+                found = existing_tables(conn, {schema for schema, _ in self.stage.bulk.rules})
+            finally:
+                conn.close()
+        except Exception as e:  # noqa: BLE001 - only the DROP DATABASE alerts get wider
+            log.warning("cannot read which ruled tables exist (%s): a DROP DATABASE will alert for every ruled "
+                        "table of its database", e)
+            return
+        if found is not None:
+            self.stage.bulk.know_existing(*found)
+
     def run(self) -> None:
         name = self.reader.name
         m = self.metrics
+        if name == "live":
+            self._know_existing_tables()
         tx = m.transactions.labels(reader=name) if m else None
         rows = m.rows.labels(reader=name) if m else None
         event_time = m.reader_event_time.labels(reader=name) if m else None
@@ -310,7 +331,11 @@ class ReadLoop:
                 if type(ev) is Rows:
                     read_rows += ev.changes
                     if parents and (ev.schema, ev.table) in parents:
-                        cascades += self.stage.bulk.cascaded((ev.schema, ev.table), ev.kind)
+                        # an update cascades only if it changed a column a foreign key references
+                        changed = ev.changed_columns
+                        if changed is None and ev.kind == "update" and ev.images:
+                            changed = changed_columns(ev.images)
+                        cascades += self.stage.bulk.cascaded((ev.schema, ev.table), ev.kind, changed)
                     if ev.kind == LINES:  # (the native reader renders rows itself)
                         waiting += len(ev.images[0]) + len(ev.images[1])
                     else:

@@ -85,6 +85,9 @@ class Rows:
     # Rows changed, when `images` cannot tell: the native reader's events carry keys (or, for a parent of a
     # cascading foreign key, nothing) instead of row images. -1: count the images.
     changed: int = -1
+    # The native reader's event for an update of a parent of a cascading foreign key (no images): the columns
+    # (lower case) it changed in some row. None: tell from `images`.
+    changed_columns: frozenset[str] | None = None
 
     @property
     def changes(self) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ops.harness import REPO_ROOT, ManagedProcess, MariaDB, Memcached, Router, ZooKeeper
+from tests.binaries import pytest_runtest_setup, require_binary  # noqa: F401 - the needs_binary marks' hook
 
 # The processes the tests start (`squeal run`, ...) run from the virtualenv, whose editable install may point
 # at another checkout (a git worktree shares main's .venv): put this checkout first on their import path so
@@ -114,7 +115,6 @@ def ha_deployment(tmp_path_factory: pytest.TempPathFactory):
     from ops.harness import ROUTER_BIN
     from tests.ops.deployments import ha_deployment_up
 
-    if not ROUTER_BIN.exists():
-        pytest.skip("router not built (scripts/setup.sh)")
+    require_binary(ROUTER_BIN.exists(), "router not built (scripts/setup.sh)")
     with ha_deployment_up(tmp_path_factory.mktemp("ha-deployment")) as deployment:
         yield deployment

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import router_config
@@ -12,24 +13,18 @@ HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden" / "router-configs-local.json"
 EXAMPLE = HERE.parent / "examples" / "local.toml"
 
-# The route handles the router issue (#3) commits to implement.
-ROUTER_HANDLES = {
-    "PoolRoute",
-    "HashRoute",
-    "AllSyncRoute",
-    "AllAsyncRoute",
-    "AllInitialRoute",
-    "AllMajorityRoute",
-    "FailoverRoute",
-    "FailoverWithExptimeRoute",
-    "MissFailoverRoute",
-    "WarmUpRoute",
-    "OperationSelectorRoute",
-    "PrefixSelectorRoute",
-    "ModifyExptimeRoute",
-    "NullRoute",
-    "ErrorRoute",
-}
+ROUTES = HERE.parent / "router" / "src" / "routes" / "mod.rs"
+
+
+def router_handles() -> set[str]:
+    """The route handles squeal-router implements: the `name`s of its registry (`REGISTRY` in
+    router/src/routes/mod.rs, one entry per handle), read from the source so the list cannot go stale."""
+    text = ROUTES.read_text()
+    start = text.index("pub const REGISTRY: &[Handle] = &[")
+    block = text[start:text.index("\n];", start)]
+    names = re.findall(r'^\s*name:\s*"(\w+)"', block, re.MULTILINE)
+    assert len(names) == len(set(names)) == block.count("Handle {"), names  # one name per entry, no repeats
+    return set(names)
 
 
 def test_example_configs_match_golden_file():
@@ -44,7 +39,13 @@ def test_every_emitted_handle_is_one_the_router_implements():
     configs = router_config.all_cluster_configs(router_config.load(EXAMPLE))
     used = set().union(*(router_config.handle_types(c["route"]) for c in configs.values()))
     assert used <= router_config.EMITTED_HANDLES
-    assert router_config.EMITTED_HANDLES <= ROUTER_HANDLES
+    assert router_config.EMITTED_HANDLES <= router_handles()
+
+
+def test_the_handle_list_comes_from_the_router_registry():
+    handles = router_handles()
+    assert {"PoolRoute", "WarmUpRoute", "FailoverWithExptimeRoute", "BlackholeRoute"} <= handles
+    assert len(handles) >= 27  # every handle of the registry, not a hand-kept subset
 
 
 def test_every_pool_reference_exists():

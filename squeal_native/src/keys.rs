@@ -132,6 +132,8 @@ pub struct Plan {
     pub templates: Vec<PlanTemplate>,
     pub nslots: usize,
     pub nraw: usize,
+    /// The name (lower case) of each raw slot: a parent's update reports the columns it changed.
+    pub raw_names: Vec<String>,
     /// The rule's filters, if it has any.
     pub filter: Option<Filter>,
 }
@@ -223,6 +225,7 @@ impl Plan {
             templates: Vec::new(),
             nslots: 0,
             nraw: 0,
+            raw_names: Vec::new(),
             filter: None,
         };
         if !read && !parent {
@@ -282,9 +285,11 @@ impl Plan {
                 conv: None,
                 raw: None,
             };
-            if !name.is_empty() && watched.contains(name.as_str()) {
+            // a parent of a cascading foreign key: every column, to tell which ones an update changed
+            if !name.is_empty() && (parent || watched.contains(name.as_str())) {
                 column.raw = Some(plan.nraw);
                 raw_of.insert(name.clone(), plan.nraw);
+                plan.raw_names.push(name.to_lowercase());
                 plan.nraw += 1;
             }
             if !name.is_empty() && wanted.contains(name.as_str()) {
@@ -368,12 +373,13 @@ pub type Slots = Vec<Option<Vec<u8>>>;
 
 /// Reads one row image of `plan`'s table from `buf` (null bitmap, then the present columns' values) into
 /// `image` (templated, `where` and watched columns only). `present`: the rows event's column bitmap for
-/// this image.
+/// this image. `keep_raw`: keep the logged bytes of the raw-slot columns (only an update compares them).
 pub fn read_image<'a>(
     buf: &mut ParseBuf<'a>,
     plan: &'a Plan,
     present: &dyn Fn(usize) -> bool,
     npresent: usize,
+    keep_raw: bool,
     image: &mut Image,
 ) -> std::io::Result<()> {
     let slots = &mut image.text;
@@ -395,7 +401,7 @@ pub fn read_image<'a>(
         let start = buf.0;
         let value: BinlogValue<'_> =
             buf.parse((column.ty, column.meta.as_slice(), column.unsigned, false))?;
-        if let Some(raw) = column.raw {
+        if let (Some(raw), true) = (column.raw, keep_raw) {
             // the value's bytes as logged: equal bytes, equal value (same column, same metadata)
             image.raw[raw] = Some(start[..start.len() - buf.0.len()].to_vec());
         }

@@ -23,7 +23,7 @@ mod python {
     use pyo3::create_exception;
     use pyo3::exceptions::{PyException, PyValueError};
     use pyo3::prelude::*;
-    use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+    use pyo3::types::{PyBytes, PyFrozenSet, PyList, PyString, PyTuple};
 
     use crate::keys::{Charset, FilterSpec, Rules, Template};
     use crate::stream::{self, Kind, Out, Settings, Shared};
@@ -223,6 +223,7 @@ mod python {
                         kind,
                         lines,
                         changed,
+                        columns,
                     } => {
                         let (kind, images) = match kind {
                             Kind::Insert => (&f.kinds[0], PyTuple::empty(py)),
@@ -242,6 +243,10 @@ mod python {
                             kind.bind(py),
                             images,
                             changed,
+                            match columns {
+                                Some(c) => Some(PyFrozenSet::new(py, &c)?),
+                                None => None,
+                            },
                         ))?
                     }
                     Out::Commit => f.commit.bind(py).clone(),

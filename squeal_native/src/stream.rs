@@ -8,7 +8,8 @@
 //!   group as `KeyStage.render` does, encoded as `rules.delete_line` does, split into cluster and regional
 //!   lines as `flows.split_keys` does); consecutive ones are merged into one event (up to `MERGE_KEYS`).
 //! * Rows of other tables are skipped undecoded, except parents of cascading foreign keys, which still give
-//!   an event with their row kind and no images (`BulkDetector.cascaded` needs the kind).
+//!   an event with their row kind and no images (`BulkDetector.cascaded` needs the kind), and for an update
+//!   the columns it changed (only a change of a referenced column cascades).
 //! * Annotate events are passed on only when their statement contains `mcd:` (the only thing squeal reads
 //!   from them: `rules.comment_keys`).
 //!
@@ -76,6 +77,8 @@ pub enum Out {
         /// Delete lines for every cluster, and for the regional pool only (kind `Lines`; else empty).
         lines: Lines,
         changed: u64,
+        /// A parent's update: the columns (lower case) whose value it changed in some row (the cascade check).
+        columns: Option<Vec<String>>,
     },
     Commit,
     Query {
@@ -267,6 +270,7 @@ impl Reader {
                 kind: Kind::Lines,
                 lines: p.lines,
                 changed: p.changed,
+                columns: None,
             })?;
         }
         Ok(())
@@ -423,13 +427,16 @@ impl Reader {
         let mut duplicates = 0u64;
         let mut missing: Vec<(String, String)> = Vec::new();
         let mut filtered = [0u64; 2]; // rows skipped by when_changed, by where
+        let update = kind == Kind::Update;
+        // a parent's update: which of its columns changed (by raw slot), for the foreign-key cascade check
+        let mut moved = vec![false; if plan.parent && update { plan.nraw } else { 0 }];
         let mut row = std::mem::take(&mut self.images);
         while !buf.is_empty() {
             let mut n = 0;
             for (bits, count) in images.iter().zip(counts) {
                 let Some(bits) = bits else { continue };
                 let present = |i: usize| bits.get(i).map(|b| *b).unwrap_or(false);
-                read_image(&mut buf, &plan, &present, count, &mut row[n]).map_err(|e| {
+                read_image(&mut buf, &plan, &present, count, update, &mut row[n]).map_err(|e| {
                     if e.kind() == std::io::ErrorKind::Unsupported {
                         Failure::Unsupported(e.to_string())
                     } else {
@@ -439,6 +446,11 @@ impl Reader {
                 n += 1;
             }
             changed += 1;
+            if !moved.is_empty() && n == 2 {
+                for (i, m) in moved.iter_mut().enumerate() {
+                    *m |= row[0].raw[i] != row[1].raw[i];
+                }
+            }
             if let Some(filter) = &plan.filter {
                 match filter.decide(kind == Kind::Update, &row[..n]) {
                     Decision::Send => {}
@@ -525,6 +537,14 @@ impl Reader {
                 kind,
                 lines: (Vec::new(), Vec::new()),
                 changed: if plan.read { 0 } else { changed },
+                columns: update.then(|| {
+                    plan.raw_names
+                        .iter()
+                        .zip(&moved)
+                        .filter(|(_, m)| **m)
+                        .map(|(name, _)| name.clone())
+                        .collect()
+                }),
             })?;
             if !plan.read {
                 return Ok(());

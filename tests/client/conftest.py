@@ -20,6 +20,7 @@ import router_config
 from leases import LeaseCache, WaitPolicy, connect
 from loadtest import install_schema
 from ops.harness import MariaDB, Memcached, free_port
+from tests.binaries import needs_binary, require_binary
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +43,7 @@ def master_sql(mariadb_pair: tuple[MariaDB, MariaDB], client_db: str):
 
 
 @pytest.fixture(
-    params=["direct", pytest.param("router", marks=pytest.mark.skipif(not ROUTER_AVAILABLE, reason=ROUTER_SKIP))]
+    params=["direct", pytest.param("router", marks=needs_binary(ROUTER_AVAILABLE, ROUTER_SKIP))]
 )
 def cache_servers(request, memcached_factory, router_factory) -> list[str]:
     """Where a LeaseCache connects: memcached itself, or squeal-router in front of it."""
@@ -84,7 +85,6 @@ def regions(tmp_path, mariadb_pair, client_db, memcached_factory) -> Regions:
 @pytest.fixture
 def routed_regions(tmp_path, mariadb_pair, client_db, memcached_factory, router_factory) -> Regions:
     """Like `regions`, with a real squeal-router per cluster (skips if the router is not built)."""
-    if not ROUTER_AVAILABLE:
-        pytest.skip(ROUTER_SKIP)
+    require_binary(ROUTER_AVAILABLE, ROUTER_SKIP)
     primary, replica = mariadb_pair
     return Regions(tmp_path, primary, replica, client_db, memcached_factory, router_factory)

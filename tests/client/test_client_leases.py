@@ -6,6 +6,7 @@ row and then blocks until the writer has committed and invalidated.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -249,3 +250,26 @@ def test_invalid_keys_rejected(make_cache):
         cache.get_or_fill("has space", lambda: 1, ttl=10)
     with pytest.raises(ValueError):
         cache.get_or_fill("k" * 251, lambda: 1, ttl=10)
+
+
+def test_a_failed_request_logs_one_line_not_meta_memcache_s_traceback(memcached_factory, master_sql, caplog):
+    """meta-memcache logs a WARNING with a full traceback for each failed connect or request; the web tier's
+    log gets one line per failure: the client's own WARNING (it falls back to the database)."""
+    mc = memcached_factory()
+    cache = LeaseCache(connect([mc.address], recv_timeout=0.5, mark_down_period=0), name="quiet-test")
+    uid = new_user(master_sql, "quiet")
+    key = f"user:{uid}"
+
+    def load():
+        return master_sql.query_one("SELECT id, name FROM users WHERE id = %s", (uid,))
+
+    assert cache.get_or_fill(key, load, ttl=300)["name"] == "quiet"  # a pooled connection, then the server dies
+    mc.kill()
+    with caplog.at_level("WARNING"):  # everything the web tier's log would show
+        for _ in range(3):
+            assert cache.get_or_fill(key, load, ttl=300)["name"] == "quiet"
+        assert cache.delete(key) is False
+    text = "\n".join(logging.Formatter("%(levelname)s %(name)s: %(message)s").format(r) for r in caplog.records)
+    assert cache.stats.errors >= 4
+    assert text.count("\n") + 1 == len(caplog.records) == cache.stats.errors, text  # one line per failure
+    assert {r.name for r in caplog.records} == {"leases.client"}, text

@@ -16,6 +16,7 @@ from leases import LeaseCache, connect
 from loadtest import WebServer
 from ops.harness import SquealDaemon, wait_until
 from remote_markers import RemoteMarkers, SqlClient, marker_key, mcd_comment
+from tests.binaries import needs_binary
 
 
 def _email() -> str:
@@ -139,7 +140,7 @@ def _wait_gone(check, what: str, timeout: float = 15.0) -> None:
                error=AssertionError)
 
 
-@pytest.mark.skipif(not SQUEAL_AVAILABLE, reason=SQUEAL_SKIP)
+@needs_binary(SQUEAL_AVAILABLE, SQUEAL_SKIP)
 def test_squeal_deletes_key_and_sends_marker_delete(regions, processes, tmp_path):
     """Resume replication: west's squeal reads `/* mcd:k,rmk:k */` from the replica's binlog, deletes `k`
     in west's cluster and sends the `rmk:k` delete to west's router (here a memcached standing in for it;
@@ -159,7 +160,7 @@ def test_squeal_deletes_key_and_sends_marker_delete(regions, processes, tmp_path
     _wait_gone(lambda: west.cache.get(key) is not None or stand_in.exists(mk), f"{key} and {mk}")
 
 
-@pytest.mark.skipif(not SQUEAL_AVAILABLE, reason=SQUEAL_SKIP)
+@needs_binary(SQUEAL_AVAILABLE, SQUEAL_SKIP)
 def test_squeal_deletes_the_marker_through_the_router(routed_regions, processes, tmp_path):
     """The whole path with real routers: marker written through west's router lands in the regional pool;
     after replication resumes, squeal's delete (through the router) removes it, and the next miss reads

@@ -18,11 +18,12 @@ from pymemcache.client.base import Client
 
 import router_config
 from ops.harness import ROUTER_BIN, free_port, wait_until
+from tests.binaries import needs_binary
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "local.toml"
 UPDATES = 1000
 
-pytestmark = pytest.mark.skipif(not ROUTER_BIN.exists(), reason="router not built (scripts/setup.sh)")
+pytestmark = needs_binary(ROUTER_BIN.exists(), "router not built (scripts/setup.sh)")
 
 
 def squealctl(state: Path, *args: str) -> str:

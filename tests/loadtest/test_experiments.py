@@ -17,10 +17,11 @@ import pytest
 
 from loadtest.experiments import load
 from ops.harness import ROUTER_BIN
+from tests.binaries import needs_binary
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not ROUTER_BIN.exists(), reason=f"{ROUTER_BIN} not built (scripts/setup.sh)"),
+    needs_binary(ROUTER_BIN.exists(), f"{ROUTER_BIN} not built (scripts/setup.sh)"),
 ]
 
 

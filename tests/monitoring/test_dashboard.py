@@ -9,14 +9,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
-
 import router_config
 from ops.harness import MonitoringServer, free_port
+from tests.binaries import needs_binary
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "local.toml"
 
-pytestmark = pytest.mark.skipif(not shutil.which("chromedriver"), reason="chromium-driver not installed")
+pytestmark = needs_binary(shutil.which("chromedriver") is not None, "chromium-driver not installed")
 
 
 def _load(address: tuple[str, int], seconds: float) -> None:

@@ -14,13 +14,14 @@ import pytest
 
 from monitoring.prometheus import ALERT_RULES, render_yaml, scrape_config
 from ops.cli import main as squealctl
+from tests.binaries import needs_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "monitoring" / "alerts.yml"
 ALERT_TESTS = ROOT / "monitoring" / "alerts_test.yml"
 PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(
-    PROMTOOL is None, reason="promtool not found: scripts/setup.sh installs it (Debian package `prometheus`)"
+needs_promtool = needs_binary(
+    PROMTOOL is not None, "promtool not found: scripts/setup.sh installs it (Debian package `prometheus`)"
 )
 
 

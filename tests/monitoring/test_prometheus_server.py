@@ -19,13 +19,14 @@ import pytest
 
 from ops.cli import main as squealctl
 from ops.harness import ManagedProcess, MonitoringServer, free_port, wait_until
+from tests.binaries import needs_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "monitoring" / "alerts.yml"
 PROMETHEUS = shutil.which("prometheus")
 
-pytestmark = pytest.mark.skipif(
-    PROMETHEUS is None, reason="prometheus not found: scripts/setup.sh installs it (Debian package `prometheus`)"
+pytestmark = needs_binary(
+    PROMETHEUS is not None, "prometheus not found: scripts/setup.sh installs it (Debian package `prometheus`)"
 )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from pymemcache.client.base import Client
 import router_config
 from loadtest.webtier import schema_statements
 from monitoring.sampled import SampledDeleteChecker
-from ops.harness import SquealDaemon, free_port
+from ops.harness import SquealDaemon, free_port, wait_until
 
 TOPOLOGY = """
 [squeal]
@@ -57,10 +56,11 @@ def test_checker_flags_a_key_that_holds_a_wrong_value_after_its_delete(
         *[f"INSERT INTO sampled_app.users (id, name, email) VALUES ({i}, 'n{i}', 'e{i}@x')" for i in (1, 2, 3)]
     )
 
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and len(checker.pending) < 3:
+    def fetched() -> bool:
         checker.fetch()
-        time.sleep(0.05)
+        return len(checker.pending) >= 3
+
+    wait_until(fetched, 30, "three sampled deletes", error=None)
     assert sorted(s["key"] for _, s in checker.pending) == ["user:1", "user:2", "user:3"]
     with urllib.request.urlopen(f"http://{daemon.address}/sampled-deletes?since=0", timeout=5) as resp:
         assert {s["flow"] for s in json.loads(resp.read())} == {"a"}

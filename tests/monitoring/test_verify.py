@@ -26,8 +26,9 @@ from monitoring.verify import (
 )
 from ops import cli
 from ops.harness import ROUTER_BIN, free_port
+from tests.binaries import needs_binary
 
-pytestmark = pytest.mark.skipif(not ROUTER_BIN.exists(), reason="router not built (scripts/setup.sh)")
+pytestmark = needs_binary(ROUTER_BIN.exists(), "router not built (scripts/setup.sh)")
 
 CODEC = "loadtest.webtier:verify_codec"
 TOPOLOGY = """

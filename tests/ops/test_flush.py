@@ -16,8 +16,9 @@ import router_config
 from ops import cli
 from ops.flush import main as flush_main
 from ops.harness import REPO_ROOT, ROUTER_BIN, free_port
+from tests.binaries import needs_binary
 
-pytestmark = pytest.mark.skipif(not ROUTER_BIN.exists(), reason="router not built (scripts/setup.sh)")
+pytestmark = needs_binary(ROUTER_BIN.exists(), "router not built (scripts/setup.sh)")
 
 TOPOLOGY = """
 [regions.east]

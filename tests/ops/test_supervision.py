@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import router_config
-from ops.harness import memcached_command
+from ops.harness import memcached_command, wait_until
 from ops.local import Deployment
 from tests.ops.deployments import TWO_REGIONS, squealctl, stable_port
 
@@ -96,14 +96,17 @@ def kill_and_wait_back(state: Path, name: str) -> tuple[int, int, float]:
     assert old["running"] and answers(old), old
     os.kill(old["pid"], signal.SIGKILL)
     t0 = time.monotonic()
-    while time.monotonic() - t0 < 30:  # a deadline to fail on, not the bound that is checked
+
+    def back() -> dict | None:
         row = next(r for r in deployment.status() if r["name"] == name)
-        if row["running"] and row["pid"] != old["pid"] and answers(row):
-            took = time.monotonic() - t0
-            print(f"{name}: kill -9 pid {old['pid']} -> pid {row['pid']} answering after {took:.2f} s")
-            return old["pid"], row["pid"], took
-        time.sleep(0.02)
-    raise AssertionError(f"{name} not back 30 s after kill -9: {Deployment(state).status()}")
+        return row if row["running"] and row["pid"] != old["pid"] and answers(row) else None
+
+    # 30 s: a deadline to fail on, not the bound that is checked
+    row = wait_until(back, 30, f"{name} back after kill -9", interval=0.02, error=None)
+    assert row, f"{name} not back 30 s after kill -9: {Deployment(state).status()}"
+    took = time.monotonic() - t0
+    print(f"{name}: kill -9 pid {old['pid']} -> pid {row['pid']} answering after {took:.2f} s")
+    return old["pid"], row["pid"], took
 
 
 @pytest.fixture(scope="module")
@@ -225,9 +228,7 @@ def test_down_stops_a_component_restarted_by_hand_after_the_supervisor_died(tmp_
         assert not status(state)[name]["running"]
         cmdline = next(c for c in Deployment(state).components() if c.name == name).cmdline
         by_hand = subprocess.Popen(cmdline, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while not (status(state)[name]["answering"]) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: status(state)[name]["answering"], 10, f"{name} answering", error=None)
         row = status(state)[name]
         assert (row["pid"], row["running"], row["answering"]) == (by_hand.pid, True, True), row
         result = squealctl(state, "restart", name, check=False)

@@ -28,6 +28,7 @@ from ops import systemd
 from ops.cli import main as squealctl
 from ops.harness import ROUTER_BIN, free_port, wait_until
 from router_config import TopologyError
+from tests.binaries import needs_binary
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL = REPO / "examples" / "local.toml"
@@ -37,7 +38,7 @@ SYSTEMD_ANALYZE = shutil.which("systemd-analyze") or "/usr/bin/systemd-analyze"
 # What systemd gives a service before its Environment= lines.
 SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-needs_router = pytest.mark.skipif(not ROUTER_BIN.exists(), reason="router not built (scripts/setup.sh)")
+needs_router = needs_binary(ROUTER_BIN.exists(), "router not built (scripts/setup.sh)")
 
 
 # -- helpers -----------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 
 import router_config as rc
 from ops.harness import wait_until
+from tests.binaries import needs_binary
 
 REPO = Path(__file__).resolve().parents[2]
 ROUTER_BIN = REPO / "router/target/release/squeal-router"
@@ -30,11 +31,10 @@ FAST = (
 
 
 def pytest_collection_modifyitems(config, items):
-    if not ROUTER_BIN.exists():
-        skip = pytest.mark.skip(reason=f"{ROUTER_BIN} not built (cargo build --release in router/)")
-        for item in items:
-            if "tests/router" in str(item.fspath):
-                item.add_marker(skip)
+    needs_router = needs_binary(ROUTER_BIN.exists(), f"{ROUTER_BIN} not built (cargo build --release in router/)")
+    for item in items:
+        if "tests/router" in str(item.fspath):
+            item.add_marker(needs_router)
 
 
 class Conn:

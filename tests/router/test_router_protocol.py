@@ -11,6 +11,7 @@ import pytest
 from pymemcache.client.base import Client as PyClient
 
 from ops.harness import free_port
+from tests.binaries import needs_binary
 from tests.router.conftest import Conn, furc_hash
 
 
@@ -160,7 +161,7 @@ def test_long_multi_get_lines(three, router_factory) -> None:
     assert c.line() == b"CLIENT_ERROR line too long (get/gets lines are limited to 1048576 bytes)"
 
 
-@pytest.mark.skipif(not shutil.which("memcstat"), reason="libmemcached-tools not installed")
+@needs_binary(shutil.which("memcstat") is not None, "libmemcached-tools not installed")
 def test_libmemcached_tools_through_router(three, router_factory) -> None:
     router = router_factory(pool_config(*three))
     servers = f"--servers=127.0.0.1:{router.port}"

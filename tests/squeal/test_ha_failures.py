@@ -199,6 +199,10 @@ def test_zookeeper_losing_a_server_changes_nothing_losing_its_quorum_pauses_deli
         time.sleep(1.5)  # a checkpoint after the last writes, for the watcher to see
         watch.stop()
         watch.check_one_leader_at_a_time()
+        # The watch saw markers move before the quorum went and after it came back: it was looking throughout.
+        seen = [v for values in watch.markers.values() for v in values[1:]]
+        assert any(v.mtime_ms < deposed_ms for v in seen), watch.markers
+        assert any(v.mtime_ms > back_ms for v in seen), watch.markers
         during = [(f, v) for f, values in watch.markers.items() for v in values if deposed_ms < v.mtime_ms < back_ms]
         assert not during, during  # no marker written by a deposed leader or while nobody led
         for name, d in env.daemons.items():

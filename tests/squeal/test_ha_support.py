@@ -17,10 +17,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import (
+    ConnectionClosedError,
+    ConnectionLoss,
+    NoNodeError,
+    OperationTimeoutError,
+    SessionExpiredError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
 from squeal_helpers import Cache, create_schema, healthz, topology_text, unique_db, wait_until
 from test_squeal_faults import post_keys
 
+from ops import harness
 from ops.harness import MariaDB, Memcached, SquealDaemon, ZooKeeper, free_port
 from squeal import gtid as g
 from squeal.zkstore import ZooKeeperDatamarkerStore
@@ -229,12 +237,13 @@ class HaEnv:
         return time.monotonic() - t0
 
     def all_gone(self, ids: list[int], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = {c.addr[1]: c.present(post_keys(ids)) for c in self.caches}
-            if not any(left.values()) or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+        left: dict[int, set[str]] = {}
+
+        def gone() -> bool:
+            left.update({c.addr[1]: c.present(post_keys(ids)) for c in self.caches})
+            return not any(left.values())
+
+        harness.wait_until(gone, timeout, "keys gone", interval=0.1, error=None)
         assert not any(left.values()), {p: sorted(k)[:10] for p, k in left.items()}
 
     def deletes_received(self) -> int:
@@ -276,15 +285,22 @@ class MarkerSeen:
     mtime_ms: int  # ZooKeeper's modification time (the server's clock, ms since the epoch)
 
 
+# ZooKeeper not answering (servers down, the watch's own session gone meanwhile): look again later
+ZOOKEEPER_AWAY = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError,
+                  KazooTimeoutError)
+
+
 @dataclass
 class MarkerWatch:
     """Every value the region's marker znodes and leader znode take while it runs, read through its own
-    ZooKeeper session every 20 ms (ZooKeeper unavailable: tried again)."""
+    ZooKeeper session every 20 ms (ZooKeeper unavailable: tried again). Any other error stops the watch and
+    fails `stop()`: an observer that saw nothing must not pass for one that saw nothing go wrong."""
 
     client: KazooClient
     base: str
     markers: dict[str, list[MarkerSeen]] = field(default_factory=dict)
     leaders: list[tuple[int, str]] = field(default_factory=list)  # (epoch, name) as they came
+    error: BaseException | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -295,8 +311,13 @@ class MarkerWatch:
 
     def _run(self) -> None:
         while not self._stop.wait(0.02):
-            with contextlib.suppress(Exception):  # ZooKeeper down or slow: look again
+            try:
                 self._look()
+            except ZOOKEEPER_AWAY:
+                continue
+            except BaseException as e:  # noqa: BLE001 - kept for stop() to raise in the test's thread
+                self.error = e
+                return
 
     def _look(self) -> None:
         with contextlib.suppress(NoNodeError):
@@ -313,13 +334,27 @@ class MarkerWatch:
                     seen.append(MarkerSeen(doc["position"], doc.get("by", ""), stat.version, stat.mtime))
 
     def stop(self) -> None:
+        """Stop watching; raises what made the watch stop early, if anything did."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
+            assert not self._thread.is_alive(), "the marker watch did not stop"
+        if self.error is not None:
+            raise AssertionError(f"the marker watch failed: {self.error!r}") from self.error
+
+    def check_markers_moved(self) -> None:
+        """The watch saw every flow's marker take more than one value (else "none went back" says nothing)."""
+        assert self.markers, f"the marker watch saw no marker under {self.base}/markers"
+        still = {flow: [v.position for v in values] for flow, values in self.markers.items()
+                 if len({v.position for v in values}) < 2}
+        assert not still, f"markers the watch never saw move: {still}"
 
     def check_one_leader_at_a_time(self) -> None:
-        """No marker ever went back, and the instances that wrote each marker took turns in the order the
-        leader znode named them (a deposed leader that wrote after its successor would break the order)."""
+        """The markers moved, no marker ever went back, and the instances that wrote each marker took turns in
+        the order the leader znode named them (a deposed leader that wrote after its successor would break the
+        order)."""
+        self.check_markers_moved()
+        assert self.leaders, f"the marker watch saw no leader znode under {self.base}"
         epochs = [e for e, _ in self.leaders]
         assert epochs == sorted(set(epochs)), self.leaders
         for flow, values in self.markers.items():

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 from squeal_helpers import wait_until
-from test_ha_support import SESSION_TIMEOUT, Link, client, ensemble, expire_session, hosts, unique_root
+from test_ha_support import SESSION_TIMEOUT, Link, MarkerWatch, client, ensemble, expire_session, hosts, unique_root
 
 from ops.harness import ZooKeeper
 from squeal.ha import LEADER, STANDBY, ElectionMetrics, Elector
@@ -85,6 +85,33 @@ def test_marker_round_trip(clients) -> None:
     other.client.set(f"{root}/regions/east/markers/regional", b'{"position": "0-1"}')
     with pytest.raises(ValueError, match=f"{root}/regions/east/markers/regional"):
         other.load("regional")
+
+
+def test_the_marker_watch_fails_on_its_own_errors_and_never_passes_on_nothing(clients) -> None:
+    """The HA tests' fencing observer (test_ha_support.MarkerWatch): "no marker went back" must rest on markers
+    it saw move, and an error of its own fails the test instead of leaving it blind."""
+    root = unique_root()
+    base = region_path(root, "east")
+    blind = MarkerWatch(clients(), base).start()
+    blind.stop()
+    with pytest.raises(AssertionError, match="saw no marker"):
+        blind.check_one_leader_at_a_time()
+
+    watch = MarkerWatch(clients(), base).start()
+    store = ZooKeeperDatamarkerStore(clients(), root, "east", owner="east-1")
+    store.check_writable()
+    assert store.load("c0") is None
+    store.save("c0", "0-1-5")
+    wait_until(lambda: len(watch.markers.get("c0", [])) == 1, 10, "the watch to see the first marker")
+    with pytest.raises(AssertionError, match="never saw move"):
+        watch.check_markers_moved()
+    store.save("c0", "0-1-9")
+    wait_until(lambda: len(watch.markers.get("c0", [])) == 2, 10, "the watch to see the marker move")
+    watch.check_markers_moved()
+    store.client.set(f"{base}/markers/c0", b"not json")  # the watch cannot read it: that is the test's failure
+    wait_until(lambda: watch.error is not None, 10, "the watch to fail")
+    with pytest.raises(AssertionError, match="the marker watch failed"):
+        watch.stop()
 
 
 def test_a_stale_writer_cannot_overwrite_a_newer_marker(clients) -> None:

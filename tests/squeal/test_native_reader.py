@@ -49,9 +49,9 @@ CREATE TABLE users (
 CREATE TABLE posts (id INT PRIMARY KEY, author_id INT, title VARCHAR(200)) ENGINE=InnoDB;
 CREATE TABLE counters (id INT PRIMARY KEY, v INT) ENGINE=MyISAM;
 CREATE TABLE other (id INT PRIMARY KEY, v VARCHAR(200)) ENGINE=InnoDB;
-CREATE TABLE parent (id INT PRIMARY KEY) ENGINE=InnoDB;
+CREATE TABLE parent (id INT PRIMARY KEY, note VARCHAR(20)) ENGINE=InnoDB;
 CREATE TABLE child (id INT PRIMARY KEY, parent_id INT, FOREIGN KEY (parent_id) REFERENCES parent(id)
-  ON DELETE CASCADE) ENGINE=InnoDB;
+  ON DELETE CASCADE ON UPDATE CASCADE) ENGINE=InnoDB;
 CREATE TABLE evolving (id INT PRIMARY KEY, a VARCHAR(20), b VARCHAR(20)) ENGINE=InnoDB;
 CREATE TABLE articles (id INT PRIMARY KEY, status VARCHAR(20), owner_id INT, views INT, title VARCHAR(100),
   body MEDIUMTEXT) ENGINE=InnoDB;
@@ -75,6 +75,9 @@ def rules_for(schema: str) -> list[Rule]:
              where=predicate.parse("status != 'draft' OR owner_id IN (7, 8)")),
         Rule(table=f"{schema}.scores", keys=("score:{id}",), where=predicate.parse("score >= 1.5 AND NOT views < 10")),
     ]
+
+
+NOTED: dict[str, tuple[int, int, int]] = {}  # GTIDs of the workload's transactions that tests look at
 
 
 def workload(conn, other, schema: str) -> None:
@@ -147,8 +150,15 @@ def workload(conn, other, schema: str) -> None:
     cur.execute("INSERT INTO posts VALUES (301, 3, 'never')")
     conn.rollback()
     # foreign-key cascade: only the parent's row is logged
-    tx("INSERT INTO parent VALUES (1), (2)", "INSERT INTO child VALUES (10, 1), (20, 2)")
+    tx("INSERT INTO parent VALUES (1, 'a'), (2, 'b'), (3, 'c')", "INSERT INTO child VALUES (10, 1), (20, 2)")
     tx("DELETE FROM parent WHERE id = 1")
+    # an update of a parent column no foreign key references cascades nothing; one of the referenced one does
+    tx("UPDATE parent SET note = 'n'")
+    cur.execute("SELECT @@last_gtid")
+    NOTED["parent update, no cascade"] = g.parse_gtid(cur.fetchone()[0])
+    tx("UPDATE parent SET id = 4, note = 'm' WHERE id = 2")
+    cur.execute("SELECT @@last_gtid")
+    NOTED["parent update, cascade"] = g.parse_gtid(cur.fetchone()[0])
     # statement-logged change to a ruled table, then TRUNCATE (no row images)
     cur.execute("SET SESSION binlog_format = 'STATEMENT'")
     tx("UPDATE posts SET title = 'stmt' WHERE id = 1")
@@ -273,6 +283,9 @@ def test_both_readers_hand_on_identical_transactions(corpus):
     for key in ("post:300", "post:301"):  # rolled back (the MyISAM row beside 300 persisted: counter:2)
         assert delete_line(key)[0] not in lines
     assert any(flush for _, _, _, flush, _ in python), "TRUNCATE / cascade with on_truncate = flush"
+    flushed = {gtid: flush for gtid, _, _, flush, _ in python}
+    assert flushed[NOTED["parent update, cascade"]]
+    assert not flushed[NOTED["parent update, no cascade"]], "an update of no referenced column flushed"
     assert any(n > 1 for *_, n in python), "a transaction big enough to be handed on in pieces"
     assert py_stage.extractor.missing_columns == {(schema, "evolving", "b"): 3}  # an insert, an update (2 images)
 

@@ -9,6 +9,7 @@ import time
 
 from squeal_helpers import create_schema, scrape, topology_text, unique_db, wait_until, write_topology
 
+from ops import harness
 from ops.harness import REPO_ROOT, MariaDB
 from squeal import FileDatamarkerStore
 
@@ -61,12 +62,13 @@ def test_kill_9_mid_stream_then_restart_loses_nothing(squeal_env) -> None:
     # Key by key against the database: every committed row's key is gone from every cluster.
     in_db = [r[0] for r in env.sql("SELECT id FROM posts ORDER BY id")]
     assert in_db == written
-    deadline = time.monotonic() + 20
-    while True:
-        left = {c.addr[1]: c.present(post_keys(in_db)) for c in env.caches}
-        if not any(left.values()) or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+    left: dict[int, set[str]] = {}
+
+    def gone() -> bool:
+        left.update({c.addr[1]: c.present(post_keys(in_db)) for c in env.caches})
+        return not any(left.values())
+
+    harness.wait_until(gone, 20, "keys gone", interval=0.1, error=None)
     assert not any(left.values()), {p: sorted(k)[:10] for p, k in left.items()}
     # Never-written rows were not invalidated: squeal deletes exactly what committed.
     for c in env.caches:

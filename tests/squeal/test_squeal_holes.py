@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
-from squeal_helpers import SquealEnv, healthz, scrape, wait_gone, wait_until
+from squeal_helpers import SquealEnv, healthz, scrape, unique_db, wait_gone, wait_until
 
 from ops.harness import MariaDB
 from router_config import Rule
 from squeal import gtid as g
-from squeal.bulk import BulkDetector, statement_kind
+from squeal.bulk import BulkDetector, changed_columns, statement_kind
 from squeal.transactions import (
     Annotate,
     Begin,
@@ -113,18 +113,67 @@ def test_bulk_statements_name_ruled_tables() -> None:
     assert statement_kind("/* x */ update users set a=1") == "statement"
 
 
+def test_drop_database_counts_only_the_ruled_tables_that_existed() -> None:
+    rules = [Rule(f"ghost.t{i}", (f"t{i}:{{id}}",)) for i in range(3)] + [Rule("app.users", ("user:{id}",))]
+    d = BulkDetector(rules)
+
+    def hits(gtid: int, *statements: str, live: bool = True) -> list[str]:
+        txn = Transaction((0, 1, gtid), 1.0, queries=[("app", sql) for sql in statements])
+        return [c.rule.table for c in d.changes(txn, live=live)]
+
+    drop = "DROP DATABASE IF EXISTS ghost"
+    assert hits(5, drop) == ["ghost.t0", "ghost.t1", "ghost.t2"]  # nothing known: every ruled table counts
+    d.know_existing({0: (1, 10)}, {("app", "users"), ("app", "other")})
+    assert hits(9, drop) == ["ghost.t0", "ghost.t1", "ghost.t2"]  # at or before the snapshot: as if all existed
+    assert hits(11, drop) == []  # ghost had none of them
+    assert hits(12, "CREATE DATABASE ghost", "CREATE TABLE IF NOT EXISTS ghost.t1 (id INT)") == []
+    assert hits(13, drop, live=False) == ["ghost.t0", "ghost.t1", "ghost.t2"]  # a catch-up reader: all
+    assert hits(14, "/* x */ drop schema `ghost`") == ["ghost.t1"]
+    assert hits(15, drop) == []  # dropped with its database
+    assert hits(16, "DROP TABLE users") == ["app.users"]
+    assert hits(17, "DROP DATABASE app") == []  # users was dropped before
+    assert hits(18, "CREATE TABLE app.users LIKE app.u2", "RENAME TABLE ghost.x TO ghost.t2") == ["ghost.t2"]
+    assert hits(19, "DROP DATABASE app", "DROP DATABASE ghost") == ["app.users", "ghost.t2"]
+    assert d.existing == set()
+
+
 def test_cascades_follow_foreign_key_chains_and_actions() -> None:
     rules = [Rule("app.posts", ("post:{id}",)), Rule("app.likes", ("like:{id}",))]
     d = BulkDetector(rules, cascades={
-        ("app", "users"): [(("app", "posts"), "CASCADE", "RESTRICT")],
-        ("app", "posts"): [(("app", "comments"), "SET NULL", "CASCADE")],
-        ("app", "comments"): [(("app", "likes"), "CASCADE", "CASCADE")],
+        ("app", "users"): [(("app", "posts"), "CASCADE", "RESTRICT", ("id",))],
+        ("app", "posts"): [(("app", "comments"), "SET NULL", "CASCADE", ("id",))],
+        ("app", "comments"): [(("app", "likes"), "CASCADE", "CASCADE", ("id",))],
     })
     assert [c.rule.table for c in d.cascaded(("app", "users"), "delete")] == ["app.likes", "app.posts"]
     assert d.cascaded(("app", "users"), "update") == []  # ON UPDATE RESTRICT
     assert d.cascaded(("app", "users"), "insert") == []
     assert [c.rule.table for c in d.cascaded(("app", "comments"), "update")] == ["app.likes"]
     assert d.parents == {("app", "users"), ("app", "posts"), ("app", "comments")}
+
+
+def test_only_an_update_of_a_referenced_column_cascades() -> None:
+    """Both row images are logged: an update that leaves every referenced column as it was changes no child."""
+    rules = [Rule("app.posts", ("post:{id}",)), Rule("app.tags", ("tag:{id}",))]
+    d = BulkDetector(rules, cascades={
+        ("app", "users"): [(("app", "posts"), "CASCADE", "CASCADE", ("id",)),
+                           (("app", "tags"), "RESTRICT", "SET NULL", ("handle", "realm"))],
+        ("app", "legacy"): [(("app", "posts"), "CASCADE", "CASCADE", ())],  # columns unknown: any update
+    })
+
+    def update(table: str, *pairs: tuple[dict, dict]) -> list[str]:
+        images = tuple(image for pair in pairs for image in pair)
+        return [c.rule.table for c in d.cascaded(("app", table), "update", changed_columns(images))]
+
+    row = {"id": 1, "handle": "h", "realm": "r", "last_seen": 10}
+    assert update("users", (row, {**row, "last_seen": 11})) == []
+    assert update("users", (row, {**row, "id": 2})) == ["app.posts"]
+    assert update("users", (row, {**row, "realm": None})) == ["app.tags"]
+    assert update("users", (row, {**row, "last_seen": 11}), (row, {**row, "handle": "g"})) == ["app.tags"]
+    assert update("legacy", (row, {**row, "last_seen": 11})) == ["app.posts"]
+    assert changed_columns(({"ID": 1, "x": 1}, {"ID": 2, "x": 1})) == {"id"}  # names compare in lower case
+    # unknown changes (None) still cascade; deletes always do
+    assert [c.rule.table for c in d.cascaded(("app", "users"), "update")] == ["app.posts", "app.tags"]
+    assert [c.rule.table for c in d.cascaded(("app", "users"), "delete")] == ["app.posts"]
 
 
 # -- real MariaDB + memcached -------------------------------------------------------------------------------------
@@ -278,6 +327,45 @@ def test_foreign_key_cascades_to_a_ruled_table_apply_its_policy(squeal_env) -> N
     wait_gone(env.caches, ["post:1", "feed:1"])
     name = f'squeal_bulk_changes_total{{policy="flush",statement="cascade",table="{env.schema}.posts"}}'
     assert scrape(env.daemon.port).get(name) == 1.0
+
+
+def test_an_update_cascades_only_when_it_changes_the_referenced_column(squeal_env) -> None:
+    """ON UPDATE CASCADE with on_truncate = "flush": an UPDATE of a parent column no foreign key references
+    changes no child row, so it must not flush the region; changing the referenced column must."""
+    env = squeal_env()
+    env.topology.write_text(_with(env.topology.read_text(), ".posts", 'on_truncate = "flush"'))
+    env.sql("CREATE TABLE authors (id INT PRIMARY KEY, handle VARCHAR(20), seen INT) ENGINE=InnoDB",
+            "ALTER TABLE posts ADD FOREIGN KEY (author_id) REFERENCES authors (id) ON UPDATE CASCADE",
+            "INSERT INTO authors VALUES (1, 'a', 0), (2, 'b', 0)", "INSERT INTO posts VALUES (1, 1, 't')")
+    env.start()
+    unrelated = ["post:1", "feed:1", "other:key"]
+    _set_everywhere(env, unrelated)
+    env.sql("UPDATE authors SET seen = seen + 1, handle = 'c'")  # both rows, no referenced column
+    env.fence()
+    assert _still_cached(env, unrelated), "an update of unreferenced columns flushed the region"
+    name = f'squeal_bulk_changes_total{{policy="flush",statement="cascade",table="{env.schema}.posts"}}'
+    assert scrape(env.daemon.port).get(name) is None
+    env.sql("UPDATE authors SET id = 3, seen = 5 WHERE id = 1")
+    assert env.sql("SELECT author_id FROM posts WHERE id = 1")[0][0] == 3  # InnoDB changed the post
+    wait_gone(env.caches, unrelated)
+    assert scrape(env.daemon.port).get(name) == 1.0
+
+
+def test_drop_database_if_exists_of_a_database_that_does_not_exist_alerts_for_nothing(squeal_env) -> None:
+    """Only the ruled tables a DROP DATABASE removed may be stale: one that did not exist alerts for nothing."""
+    ghost = f"{unique_db('ghost')}"
+    env = squeal_env(extra_rules=[(f"{ghost}.t{i}", [f"g{i}:{{id}}"]) for i in range(4)]).start()
+    env.fence()
+    env.sql(f"DROP DATABASE IF EXISTS {ghost}")
+    env.fence()
+    assert env.log().count("may be stale") == 0, env.log()
+    assert not [k for k in scrape(env.daemon.port) if k.startswith("squeal_bulk_changes_total")]
+    env.sql(f"CREATE DATABASE {ghost}", f"CREATE TABLE {ghost}.t2 (id INT PRIMARY KEY)", f"DROP DATABASE {ghost}")
+    env.fence()
+    assert env.log().count("may be stale") == 1, env.log()
+    assert f"DROP DATABASE of ruled table {ghost}.t2 " in env.log()
+    assert scrape(env.daemon.port).get(
+        f'squeal_bulk_changes_total{{policy="alert",statement="drop database",table="{ghost}.t2"}}') == 1.0
 
 
 # -- binlog data loss ----------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from squeal_helpers import Cache, create_schema, unique_db, wait_gone, wait_unti
 
 import router_config
 from ops.harness import ROUTER_BIN, HarnessError, Memcached, Router, SquealDaemon, free_port, memcached_command
+from tests.binaries import needs_binary
 
 
 def _router_works() -> bool:
@@ -21,7 +22,7 @@ def _router_works() -> bool:
     return "--config-file" in out.stdout + out.stderr
 
 
-pytestmark = pytest.mark.skipif(not _router_works(), reason=f"{ROUTER_BIN} is not built (or not the real router yet)")
+pytestmark = needs_binary(_router_works(), f"{ROUTER_BIN} is not built (or not the real router yet)")
 
 
 def _topology(schema: str, primary, mc: dict, r0: int, r1: int, rule_extra: str = "") -> str:
