@@ -158,11 +158,13 @@ class HaEnv:
     on the primary and east-2 on the replica, and their daemons (not started; stopped by pid at teardown).
 
     `host`: where the primary and the memcacheds listen (the topology's addresses); `instance_hosts` and
-    `netns`: where an instance listens for /healthz and the namespace it runs in (default: loopback, here)."""
+    `netns`: where an instance listens for /healthz and the namespace it runs in (default: loopback, here).
+    `zk_servers`: what the instances connect to instead of the ensemble's members (e.g. a `Link` to each)."""
 
     def __init__(self, base: Path, primary: MariaDB, replica: MariaDB, zk: list[ZooKeeper],
                  memcacheds: list[Memcached], processes, *, instance_hosts: dict[str, str] | None = None,
-                 netns: dict[str, str] | None = None) -> None:
+                 netns: dict[str, str] | None = None, session_timeout: float = SESSION_TIMEOUT,
+                 zk_servers: list | None = None) -> None:
         self.primary, self.replica = primary, replica
         self.schema = unique_db("ha")
         create_schema(primary, self.schema)
@@ -178,12 +180,12 @@ class HaEnv:
         for name, copy in (("east-1", "east"), ("east-2", "east-r1")):
             text += (f'\n[[regions.east.squeal_instances]]\nname = "{name}"\ndatabase = "{copy}"\n'
                      f'host = "{where[name]}"\nmetrics_port = {ports[name]}\n')
-        servers = ", ".join(f'"{m.host}:{m.port}"' for m in zk)
+        servers = ", ".join(f'"{address}"' for address in hosts(zk_servers or zk).split(","))
         # The ensemble's real quorum/election ports: the defaults (client port + 100, + 200) could name ports
         # this run's other servers got by chance, which the topology check rightly refuses.
         peer_ports = ", ".join(f"[{q}, {e}]" for m in zk for i, _, q, e in m.peers if i == m.server_id)
         text += (f'\n[zookeeper]\nservers = [{servers}]\npeer_ports = [{peer_ports}]\n'
-                 f'session_timeout_s = {SESSION_TIMEOUT}\n'
+                 f'session_timeout_s = {session_timeout}\n'
                  f'root = "{self.root}"\ntakeover_wait_s = 30\nhandback_after_s = 2\n')
         self.topology = base / "topology.toml"
         base.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from kazoo.exceptions import NoNodeError
 from squeal_helpers import wait_until
 from test_ha_support import SESSION_TIMEOUT, Link, client, ensemble, expire_session, hosts, unique_root
 
@@ -433,3 +434,112 @@ def test_simultaneous_candidates_elect_exactly_one(zk, clients, candidates) -> N
         time.sleep(0.005)
     assert [c.elector.name for c in many if c.elector.is_leader] == ["east-0"]
     assert {c.elector.snapshot()["state"] for c in many} == {LEADER, STANDBY}
+
+
+def candidate_doc(zk_client, base: str, name: str) -> tuple[dict, int] | None:
+    """The candidate znode `name` as published (its JSON, its owner session), None while there is none."""
+    try:
+        data, stat = zk_client.get(f"{base}/candidates/{name}")
+    except NoNodeError:
+        return None
+    return json.loads(data), stat.ephemeralOwner
+
+
+def published_by(zk_client, base: str, c: Candidate) -> bool:
+    """Whether `c` (its own session, not an earlier one of the same instance) has published its candidate."""
+    doc = candidate_doc(zk_client, base, c.elector.name)
+    return doc is not None and doc[1] == c.elector.client.client_id[0]
+
+
+def test_an_instance_restarted_while_its_old_session_holds_the_leader_znode_rejoins_whoever_restarted_it(
+        zk, clients, candidates) -> None:
+    """Issue 27, item 2: the race of a supervisor restarting a killed preferred leader (1.5 s later, within its
+    session timeout) and the standby deferring to the restarted process, which then won the vacancy its own crash
+    made. The new process is a plain one (no `rejoining=True`, no SQUEAL_HA_REJOINED): what makes it rejoin is
+    ZooKeeper's record of the last term. Deterministic: the restarted instance's candidate is published before the
+    old session expires (the test removes the old session's candidate znode, as if the restart had won the race)."""
+    root = unique_root()
+    base = region_path(root, "east")
+    hold = clients()
+    old = candidates(clients(), root, "east-1", 0)
+    wait_until(lambda: old.elector.is_leader, 15, "east-1 to lead")
+    b = candidates(clients(), root, "east-2", 1, handback_after=1.0)
+    b.elector.on_handback = lambda: b.elector.resign()
+    wait_until(lambda: b.elector.leader_name == "east-1", 10, "east-2 to see east-1 lead")
+    epoch_before = json.loads(hold.get(f"{base}/epoch")[0])
+
+    # kill -9: the process stops (here: its elector's threads), its session lives on until ZooKeeper expires it.
+    old.stop(release=False)
+    hold.delete(f"{base}/candidates/east-1")  # (the restart wins the race: its candidate is out before the vacancy)
+    restarted = candidates(clients(), root, "east-1", 0, handback_after=1.5)  # a plain process, no rejoin flag
+    wait_until(lambda: published_by(hold, base, restarted), 10, "the restarted east-1 to publish its candidate")
+    doc, _ = candidate_doc(hold, base, "east-1")
+    assert doc["rejoining"] is True, doc
+    assert restarted.elector.snapshot()["rejoining"] is True
+    wait_until(lambda: b.elector.leader_name == "east-1" and restarted.elector.leader_name == "east-1", 10,
+               "both to see the old term's leader znode")
+
+    t_vacant = time.monotonic()
+    expire_session(old.elector.client, hosts(zk))  # the old process's session ends: the vacancy its crash made
+    wait_until(lambda: restarted.elector.is_leader or b.elector.is_leader, 10, "a leader")
+    assert b.elector.is_leader and restarted.elector.state == STANDBY, "the restarted east-1 won its own vacancy"
+    assert json.loads(hold.get(f"{base}/epoch")[0]) == {"epoch": epoch_before["epoch"] + 1, "leader": "east-2"}
+    # It is an ordinary preferred candidate again handback_after (1.5 s) after the old term's znode went: the
+    # region comes back to it by hand-back.
+    wait_until(lambda: restarted.elector.is_leader, 15, "east-1 to lead after the hand-back")
+    assert b.events[-1][2] == "handback"
+    waited = restarted.when("elected")[0] - t_vacant
+    assert waited >= 1.5
+    assert not restarted.elector.snapshot()["rejoining"]
+    print(f"\nrestarted within the session: the standby led; handed back {waited * 1000:.0f} ms after the vacancy")
+
+
+def test_an_instance_restarted_after_its_session_expired_rejoins_until_someone_else_led(zk, clients,
+                                                                                          candidates) -> None:
+    """The same, restarted by anyone after its old session expired but before another instance filled the
+    vacancy (the standby was slow to act): the `epoch` record still names it and was never marked released."""
+    root = unique_root()
+    base = region_path(root, "east")
+    hold = clients()
+    old = candidates(clients(), root, "east-1", 0)
+    wait_until(lambda: old.elector.is_leader, 15, "east-1 to lead alone")
+    old.stop(release=False)
+    expire_session(old.elector.client, hosts(zk))
+    wait_until(lambda: hold.exists(f"{base}/leader") is None, 10, "the old session's leader znode to go")
+    # Nobody has taken the vacancy yet: an outside session holds the leader znode while both candidates start.
+    hold.create(f"{base}/leader", json.dumps({"name": "test-hold", "epoch": 0}).encode(), ephemeral=True)
+    restarted = candidates(clients(), root, "east-1", 0, handback_after=3.0)  # a plain process, no rejoin flag
+    b = candidates(clients(), root, "east-2", 1, handback_after=1.0)
+    b.elector.on_handback = lambda: b.elector.resign()
+    wait_until(lambda: published_by(hold, base, restarted) and published_by(hold, base, b), 10,
+               "both candidates published")
+    assert candidate_doc(hold, base, "east-1")[0]["rejoining"] is True
+    hold.delete(f"{base}/leader")
+    wait_until(lambda: restarted.elector.is_leader or b.elector.is_leader, 10, "a leader")
+    assert b.elector.is_leader and restarted.elector.state == STANDBY, "the restarted east-1 won its own vacancy"
+    wait_until(lambda: restarted.elector.is_leader, 15, "east-1 to lead after the hand-back")
+    assert b.events[-1][2] == "handback"
+
+
+def test_an_instance_that_gave_its_term_up_is_not_rejoining_when_it_restarts(zk, clients, candidates) -> None:
+    """A term given up (a stop, a hand-back) is marked released in the `epoch` record, in the multi-operation that
+    deletes the leader znode: the instance's next process is an ordinary candidate and the standby defers to it."""
+    root = unique_root()
+    base = region_path(root, "east")
+    hold = clients()
+    old = candidates(clients(), root, "east-1", 0)
+    wait_until(lambda: old.elector.is_leader, 15, "east-1 to lead alone")
+    token = old.elector.fence_token()
+    old.stop(release=True)
+    data, stat = hold.get(f"{base}/epoch")
+    assert json.loads(data)["released"] == "stopped" and json.loads(data)["leader"] == "east-1"
+    assert stat.version == token + 1  # the release moved the fencing token on: the old term can write nothing
+    hold.create(f"{base}/leader", json.dumps({"name": "test-hold", "epoch": 0}).encode(), ephemeral=True)
+    restarted = candidates(clients(), root, "east-1", 0)
+    b = candidates(clients(), root, "east-2", 1)
+    wait_until(lambda: published_by(hold, base, restarted) and published_by(hold, base, b), 10,
+               "both candidates published")
+    assert candidate_doc(hold, base, "east-1")[0]["rejoining"] is False
+    hold.delete(f"{base}/leader")
+    wait_until(lambda: restarted.elector.is_leader, 10, "east-1 (preferred, not rejoining) to lead")
+    assert b.elector.state == STANDBY and not b.when("elected")
