@@ -30,11 +30,21 @@ Fencing. A leader may act only while it holds a *lease*: each round trip to ZooK
 a fraction of the session timeout T) proves the server heard from this session at the time the request
 was sent, so the session cannot expire before that time + T; the lease runs until that time
 + `lease_fraction` x T. `may_send()` and `fence_token()` answer only within the lease and while the
-connection is up (kazoo SUSPENDED pauses the leader at once; CONNECTED within the lease resumes it). A lease
-that runs out, a LOST session or a `leader` znode that is no longer this session's depose the leader
-(`on_deposed`), which then stands by again. Since a new leader can only be elected once the old session
-has expired (or the old leader resigned), the old one has stopped before the new one starts; and its
-marker writes, checked against the epoch, fail even if it was paused in the middle of one.
+connection is up (kazoo SUSPENDED pauses the leader at once; CONNECTED within the lease resumes it). A LOST
+session or a `leader` znode that is no longer this session's depose the leader (`on_deposed`), which then
+stands by again. Since a new leader can only be elected once the old session has expired (or the old leader
+resigned), the old one has stopped before the new one starts; and its marker writes, checked against the
+epoch, fail even if it was paused in the middle of one.
+
+A lease that runs out only *lapses*: the leader stops sending (`on_pause(True)`) but keeps its term. An answer
+that was merely slow (both cores busy) is no reason for a failover: as soon as a round trip succeeds again -
+a multi-operation that checks the `epoch` version is still this term's token and the `leader` znode still
+exists, which ZooKeeper's leader refuses for an expired session - the same term resumes (`on_pause(False)`),
+no election, no new epoch. Safe by the lease argument: the session was alive when ZooKeeper checked, so its
+ephemeral `leader` znode had never gone, so nobody else can have been elected (a new leader creates that znode
+and bumps the epoch in one operation), so nobody else sent in between; and this leader sent nothing while
+lapsed. Only when no answer comes within `resume_within` (default T) after the lapse - by then the session has
+most likely expired and a standby is being elected - is the leader deposed ("lease").
 
 Everything blocking runs on the election thread; the lease watchdog has a thread of its own (a hung
 ZooKeeper call must not keep a leader leading past its lease). Callbacks run on those threads (or kazoo's):
@@ -56,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, RolledBackError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.twisted import MetricsResource
 from twisted.internet import threads
@@ -95,6 +105,10 @@ class ElectionMetrics:
         self.elections = Counter("squeal_ha_elections", "Elections this instance won", registry=r)
         self.takeovers = Counter("squeal_ha_takeovers", "Elections this instance won after another instance "
                                  "had led the region (a failover or a hand-back)", registry=r)
+        self.lease_lapses = Counter("squeal_ha_lease_lapses", "Times this leader's lease ran out waiting for an "
+                                    "answer from ZooKeeper (sending paused, term kept)", registry=r)
+        self.lease_resumptions = Counter("squeal_ha_lease_resumptions", "Lapsed leases whose term ZooKeeper "
+                                         "confirmed: sending resumed in the same term, no election", registry=r)
         self.depositions = Counter("squeal_ha_depositions", "Times this instance stopped leading, by reason "
                                    "(lease, session, znode, handback, resign)", ["reason"], registry=r)
         self.leaderless = Histogram("squeal_ha_leaderless_seconds", "Times without a leader this instance saw: "
@@ -139,6 +153,7 @@ class Elector:
                  on_pause: Callable[[bool], None] = lambda paused: None,
                  metrics: ElectionMetrics | None = None, tick: float | None = None, lease_fraction: float = 0.6,
                  defer: float = 0.5, handback_after: float = 2.0, healthy: bool = True, rejoining: bool = False,
+                 resume_within: float | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not 0 < lease_fraction < 1:
             raise ValueError("lease_fraction must be between 0 and 1: the lease must end before the session can")
@@ -149,6 +164,7 @@ class Elector:
         self.session_timeout = session_timeout
         self.tick = tick if tick is not None else session_timeout / 6
         self.lease_length = lease_fraction * session_timeout
+        self.resume_within = resume_within if resume_within is not None else session_timeout
         self.defer = defer
         self.handback_after = handback_after
         self.on_elected, self.on_deposed, self.on_handback, self.on_pause = on_elected, on_deposed, on_handback, \
@@ -167,6 +183,7 @@ class Elector:
         self._token: int | None = None
         self._epoch: int | None = None  # (leader) the epoch number of this term, for the record of its release
         self._lease_until = 0.0
+        self._lapsed = False  # (leader) the lease ran out waiting for an answer: paused until one confirms the term
         self._suspended = False
         self._healthy = healthy
         self._published: tuple[int, bool, bool] | None = None  # (rank, healthy, rejoining) in our candidate znode
@@ -257,7 +274,8 @@ class Elector:
         return {"instance": self.name, "region": self.region, "rank": self.rank, "state": self.state,
                 "leader": self.leader_name, "term": self.term, "lease_left_s": round(self.lease_left(), 3),
                 "zookeeper": "suspended" if self._suspended else ("connected" if self.client.connected else "lost"),
-                "healthy": self._healthy, "rejoining": self._rejoining()}
+                "healthy": self._healthy, "rejoining": self._rejoining(),
+                "lease": ("lapsed" if self._lapsed else "held") if self.state == LEADER else None}
 
     # -- threads --------------------------------------------------------------------------------------------------
 
@@ -276,22 +294,47 @@ class Elector:
             self._wake.clear()
 
     def _watchdog(self) -> None:
-        """Deposes the leader the moment its lease runs out (a ZooKeeper that stopped answering)."""
+        """Pauses the leader the moment its lease runs out (an answer from ZooKeeper that is late: `_lapse`), and
+        deposes it when no answer has confirmed its term `resume_within` seconds later (a ZooKeeper that stopped
+        answering, a partition)."""
         with self._lock:
             while not self._stopping.is_set():
                 if self.state != LEADER:
                     self._lock.wait(1.0)
                     continue
-                left = self._lease_until - self.clock()
+                now = self.clock()
+                left = self._lease_until - now
+                if left > 0:
+                    self._lock.wait(left)
+                    continue
+                if not self._lapsed:
+                    self._lapsed = True
+                    self._lock.release()
+                    try:
+                        self._lapse()
+                    finally:
+                        self._lock.acquire()
+                    continue
+                left = self._lease_until + self.resume_within - now
                 if left > 0:
                     self._lock.wait(left)
                     continue
                 self._lock.release()
                 try:
-                    self._depose("lease", f"lease ran out: no answer from ZooKeeper for {self.lease_length:.1f}s "
-                                 f"(session timeout {self.session_timeout:g}s)")
+                    self._depose("lease", f"lease ran out and no answer from ZooKeeper confirmed the term within "
+                                 f"{self.resume_within:g}s more (session timeout {self.session_timeout:g}s)")
                 finally:
                     self._lock.acquire()
+
+    def _lapse(self) -> None:
+        """The lease ran out (no answer for lease_fraction x T): stop sending, keep the term; the next round trip
+        that confirms it resumes it (`_confirm_term`)."""
+        self.metrics.lease_lapses.inc()
+        log.warning("instance %s: lease ran out: no answer from ZooKeeper for %.1fs (session timeout %gs): sending "
+                    "paused; the same term resumes if ZooKeeper confirms it within %gs", self.name, self.lease_length,
+                    self.session_timeout, self.resume_within)
+        self.on_pause(True)
+        self._wake.set()  # a round trip now, not at the next tick
 
     def _on_connection(self, state: str) -> None:
         """kazoo's connection thread: never block here."""
@@ -309,7 +352,7 @@ class Elector:
         else:  # CONNECTED
             was = self._suspended
             self._suspended = False
-            if was and self.state == LEADER:
+            if was and self.state == LEADER and not self._lapsed:  # (a lapsed lease resumes in `_renew`)
                 log.warning("instance %s: ZooKeeper connection back within the lease: sending resumed", self.name)
                 self.on_pause(False)
         self._wake.set()
@@ -336,7 +379,10 @@ class Elector:
             if stat is None or stat.ephemeralOwner != session:
                 self._depose("znode", "the leader znode is gone or belongs to another session")
                 return
-            self._renew(sent)
+            if not self._renew(sent):
+                if self._lapsed:
+                    self._confirm_term(sent, stat.version)
+                return
             self._consider_handback()
             return
         stat = self._call(self.client.exists_async(self.leader_path, watch=lambda event: self._wake.set()))
@@ -508,11 +554,45 @@ class Elector:
                     self.region, epoch, token, previous.get("leader") or "none")
         self.on_elected(token)
 
-    def _renew(self, sent: float) -> None:
+    def _renew(self, sent: float, confirmed: bool = False) -> bool:
+        """Extend the lease to `sent` (when the round trip that answered was sent) + the lease length. A lapsed
+        lease is extended only by a `confirmed` round trip (`_confirm_term`), and only if that answer itself came
+        within the lease it gives. Returns whether the lease holds now."""
         with self._lock:
-            if self.state == LEADER:
-                self._lease_until = max(self._lease_until, sent + self.lease_length)
-                self._lock.notify_all()
+            if self.state != LEADER or (self._lapsed and not confirmed):
+                return False
+            until = sent + self.lease_length
+            if self._lapsed and until <= self.clock():
+                return False  # confirmed, but too late to send on it: the next round trip
+            resumed, self._lapsed = self._lapsed, False
+            self._lease_until = max(self._lease_until, until)
+            self._lock.notify_all()
+        if resumed:
+            self.metrics.lease_resumptions.inc()
+            log.warning("instance %s: ZooKeeper answered again and confirmed the term (epoch %s, fencing token %s): "
+                        "sending resumed, no election", self.name, self._epoch, self._token)
+            if not self._suspended:
+                self.on_pause(False)
+        return True
+
+    def _confirm_term(self, sent: float, leader_version: int) -> None:
+        """After a lapse: one round trip through ZooKeeper's leader (a multi-operation of checks only) that the
+        `epoch` is still this term's token and the `leader` znode still exists. ZooKeeper refuses it for an
+        expired session, so success means the session lived (its ephemeral leader znode never went: nobody else
+        can have been elected) and the epoch did not move: the term resumes. A failed check deposes."""
+        token = self._token
+        if token is None:
+            return
+        t = self.client.transaction()
+        t.check(self.epoch_path, token)
+        t.check(self.leader_path, leader_version)
+        results = self._call(t.commit_async())
+        failures = [r for r in results if isinstance(r, Exception) and not isinstance(r, RolledBackError)]
+        if failures:
+            self._depose("znode", f"lease ran out and the term is over: {type(failures[0]).__name__} checking the "
+                         "epoch and the leader znode")
+            return
+        self._renew(sent, confirmed=True)
 
     def _consider_handback(self) -> None:
         if self.on_handback is None or self._handing_back:
@@ -538,6 +618,7 @@ class Elector:
             self.state = STANDBY
             self._token = None
             self._epoch = None
+            self._lapsed = False
             self._lease_until = 0.0
             if reason not in GIVEN_UP:  # a lost term, not one given up: come back as a standby
                 self._rejoining_until = self.clock() + self.handback_after

@@ -32,8 +32,8 @@ def clients(zk) -> Iterator:
     """`clients(connect=None)`: a started kazoo client on the ensemble (or `connect`), closed afterwards."""
     made = []
 
-    def make(connect: str | None = None):
-        c = client(connect or hosts(zk))
+    def make(connect: str | None = None, timeout: float = SESSION_TIMEOUT):
+        c = client(connect or hosts(zk), timeout)
         made.append(c)
         return c
 
@@ -195,10 +195,11 @@ def test_session_loss_and_partition(clients, links) -> None:
 class Candidate:
     """An Elector with a timeline of its callbacks, and a thread sampling `may_send()` (when it last said yes)."""
 
-    def __init__(self, zk_client, root: str, name: str, rank: int, **kwargs) -> None:
+    def __init__(self, zk_client, root: str, name: str, rank: int, session_timeout: float = SESSION_TIMEOUT,
+                 **kwargs) -> None:
         self.events: list[tuple[float, str, object]] = []
         self.last_send_ok = 0.0
-        self.elector = Elector(zk_client, root, "east", name, rank, session_timeout=SESSION_TIMEOUT,
+        self.elector = Elector(zk_client, root, "east", name, rank, session_timeout=session_timeout,
                                on_elected=lambda token: self.events.append((time.monotonic(), "elected", token)),
                                on_deposed=lambda why: self.events.append((time.monotonic(), "deposed", why)),
                                on_pause=lambda paused: self.events.append((time.monotonic(), "paused", paused)),
@@ -543,3 +544,76 @@ def test_an_instance_that_gave_its_term_up_is_not_rejoining_when_it_restarts(zk,
     hold.delete(f"{base}/leader")
     wait_until(lambda: restarted.elector.is_leader, 10, "east-1 (preferred, not rejoining) to lead")
     assert b.elector.state == STANDBY and not b.when("elected")
+
+
+def test_a_lease_that_lapsed_waiting_for_a_slow_answer_resumes_in_the_same_term(zk, clients, links,
+                                                                                candidates) -> None:
+    """Issue 27, item 3: ZooKeeper's answers to the leader stalled for 2 s (every byte between it and the ensemble
+    held, then delivered: a server starved of CPU), longer than its lease (0.6 x 3 s). The lease lapses - sending
+    pauses at once - but the session lives, so its leader znode is still its own: the first round trip that gets
+    through resumes the same term. No deposition, no election, the epoch record untouched. (Before: deposed by the
+    lease, and the region waited for a new election.)"""
+    root = unique_root()
+    base = region_path(root, "east")
+    observer = clients()
+    connect, a_links = links()
+    a = candidates(clients(connect, timeout=3.0), root, "east-1", 0, session_timeout=3.0)
+    wait_until(lambda: a.elector.is_leader, 15, "east-1 to lead")
+    b = candidates(clients(), root, "east-2", 1)
+    wait_until(lambda: b.elector.leader_name == "east-1", 10, "east-2 to see east-1 lead")
+    token = a.elector.fence_token()
+    epoch_before = observer.get(f"{base}/epoch")
+
+    t_stall = time.monotonic()
+    for link in a_links:
+        link.stall()
+    try:
+        wait_until(lambda: not a.elector.may_send(), 10, "east-1 to stop sending")
+        assert a.elector.fence_token() is None
+        time.sleep(max(0.0, 2.0 - (time.monotonic() - t_stall)))  # (the fault lasts 2 s)
+    finally:
+        for link in a_links:
+            link.unstall()
+    wait_until(lambda: a.elector.may_send() or a.when("deposed"), 10, "east-1 to resume (or be deposed)")
+    t_resumed = time.monotonic()
+    assert not a.when("deposed"), a.events
+    assert a.metric("squeal_ha_lease_lapses_total") == 1  # the lease did lapse: the path under test ran
+    assert a.elector.is_leader and a.elector.term == 1 and a.elector.fence_token() == token
+    assert not a.when("deposed") and a.metric("squeal_ha_lease_resumptions_total") == 1
+    assert [p for _, k, p in a.events if k == "paused"][:1] == [True] and a.events[-1][1:] == ("paused", False)
+    assert not b.when("elected") and b.elector.state == STANDBY
+    assert observer.get(f"{base}/epoch") == epoch_before  # no election: same record, same version
+    store = ZooKeeperDatamarkerStore(a.elector.client, root, "east", fence=a.elector.fence_token)
+    store.ensure_paths()
+    store.load("c0")
+    store.save("c0", "0-1-1")  # its fencing token is still good
+    lapsed_at = a.when("paused")[0]
+    print(f"\nanswers stalled 2 s: east-1's lease lapsed at {(lapsed_at - t_stall) * 1000:.0f} ms, resumed at "
+          f"{(t_resumed - t_stall) * 1000:.0f} ms "
+          f"(same term, epoch version {epoch_before[1].version})")
+
+
+def test_a_lapsed_leader_whose_term_ended_meanwhile_does_not_resume(zk, clients, links, candidates) -> None:
+    """The other side of item 3: what resumes a lapsed term is ZooKeeper confirming it, never the answer alone.
+    While east-1's answers are stalled, its epoch moves (as a new election would move it): once answers flow,
+    east-1's session and leader znode are still there, but the check of the epoch fails and it is deposed."""
+    root = unique_root()
+    base = region_path(root, "east")
+    observer = clients()
+    connect, a_links = links()
+    a = candidates(clients(connect, timeout=3.0), root, "east-1", 0, session_timeout=3.0)
+    wait_until(lambda: a.elector.is_leader, 15, "east-1 to lead")
+    for link in a_links:
+        link.stall()
+    try:
+        wait_until(lambda: a.metric("squeal_ha_lease_lapses_total") >= 1, 10, "east-1's lease to lapse")
+        assert a.elector.snapshot()["lease"] == "lapsed" and not a.elector.may_send()
+        data, stat = observer.get(f"{base}/epoch")
+        observer.set(f"{base}/epoch", data, version=stat.version)  # the epoch moves on
+    finally:
+        for link in a_links:
+            link.unstall()
+    wait_until(lambda: a.when("deposed"), 10, "east-1 to be deposed")
+    assert a.events[-1][2] == "znode" and not a.elector.may_send()
+    assert a.metric("squeal_ha_lease_resumptions_total") == 0
+    assert a.last_send_ok < a.when("deposed")[0]
