@@ -6,8 +6,10 @@ the deletes and moves the flows' datamarkers (squeal/zkstore.py). The others sta
 reading nothing. Znodes under `<root>/regions/<region>/`:
 
     leader             ephemeral, JSON {"name", "epoch", "since"}: who leads; it vanishes with its session
-    epoch              persistent, JSON {"epoch", "leader"}: bumped (its version + 1) in the same multi-operation
-                       that creates `leader`, so its version is the leader's fencing token
+    epoch              persistent, JSON {"epoch", "leader"[, "released"]}: the record of the last term: bumped (its
+                       version + 1) in the same multi-operation that creates `leader`, so its version is the
+                       leader's fencing token; a leader that gives its term up (a hand-back, a stop) marks it
+                       "released" in the multi-operation that deletes `leader` (which bumps the version once more)
     candidates/<name>  ephemeral, JSON {"name", "rank", "healthy"}: who could lead, for the preference
 
 Election. A standby watches `leader`; when it vanishes (the leader resigned, or its session expired) every
@@ -15,20 +17,34 @@ healthy standby tries to create it. Preference: an instance defers for `defer` s
 candidate of better rank (earlier in the topology's `squeal_instances`: the one on the primary first), which
 wins at once if it is alive. A leader that sees a better-ranked healthy candidate for `handback_after`
 seconds hands the region back: `on_handback` (the daemon flushes and writes its markers), then `resign()`.
-An instance that just lost a term (lease, session; or a process that replaced such an instance) comes back
-as a standby: for `handback_after` seconds it is *rejoining* — published so, nobody defers to it and it defers
-to any other healthy candidate — so a preferred instance whose session expired cannot win the vacancy its
-own expiry made; it gets the region back only through the hand-back, once it has been back that long.
+An instance that just lost a term (lease, session) comes back as a standby: for `handback_after` seconds it
+is *rejoining* — published so, nobody defers to it and it defers to any other healthy candidate — so a
+preferred instance whose session expired cannot win the vacancy its own expiry made; it gets the region
+back only through the hand-back, once it has been back that long. Whether a *process* rejoins does not depend
+on who started it (itself after a deposition, a supervisor, systemd, an operator): before it publishes its
+candidate it reads the `epoch` record, and if that names this instance and was not marked released, its
+last term was lost (killed, crashed, deposed) and it starts as rejoining — until the `leader` znode of that
+term (its old session's, alive until ZooKeeper expires it) is gone, and `handback_after` seconds from then.
 
 Fencing. A leader may act only while it holds a *lease*: each round trip to ZooKeeper (every `tick`,
 a fraction of the session timeout T) proves the server heard from this session at the time the request
 was sent, so the session cannot expire before that time + T; the lease runs until that time
 + `lease_fraction` x T. `may_send()` and `fence_token()` answer only within the lease and while the
-connection is up (kazoo SUSPENDED pauses the leader at once; CONNECTED within the lease resumes it). A lease
-that runs out, a LOST session or a `leader` znode that is no longer this session's depose the leader
-(`on_deposed`), which then stands by again. Since a new leader can only be elected once the old session
-has expired (or the old leader resigned), the old one has stopped before the new one starts; and its
-marker writes, checked against the epoch, fail even if it was paused in the middle of one.
+connection is up (kazoo SUSPENDED pauses the leader at once; CONNECTED within the lease resumes it). A LOST
+session or a `leader` znode that is no longer this session's depose the leader (`on_deposed`), which then
+stands by again. Since a new leader can only be elected once the old session has expired (or the old leader
+resigned), the old one has stopped before the new one starts; and its marker writes, checked against the
+epoch, fail even if it was paused in the middle of one.
+
+A lease that runs out only *lapses*: the leader stops sending (`on_pause(True)`) but keeps its term. An answer
+that was merely slow (both cores busy) is no reason for a failover: as soon as a round trip succeeds again -
+a multi-operation that checks the `epoch` version is still this term's token and the `leader` znode still
+exists, which ZooKeeper's leader refuses for an expired session - the same term resumes (`on_pause(False)`),
+no election, no new epoch. Safe by the lease argument: the session was alive when ZooKeeper checked, so its
+ephemeral `leader` znode had never gone, so nobody else can have been elected (a new leader creates that znode
+and bumps the epoch in one operation), so nobody else sent in between; and this leader sent nothing while
+lapsed. Only when no answer comes within `resume_within` (default T) after the lapse - by then the session has
+most likely expired and a standby is being elected - is the leader deposed ("lease").
 
 Everything blocking runs on the election thread; the lease watchdog has a thread of its own (a hung
 ZooKeeper call must not keep a leader leading past its lease). Callbacks run on those threads (or kazoo's):
@@ -50,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, RolledBackError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.twisted import MetricsResource
 from twisted.internet import threads
@@ -72,6 +88,7 @@ from squeal.zkstore import UNAVAILABLE, ZooKeeperDatamarkerStore, region_path
 log = logging.getLogger(__name__)
 
 LEADER, STANDBY = "leader", "standby"
+GIVEN_UP = ("resign", "handback")  # deposition reasons of a term given up (not lost: not rejoining after it)
 STATES = (LEADER, STANDBY)
 GAP_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 4, 5, 7.5, 10, 15, 30, 60, 120)
 
@@ -88,6 +105,10 @@ class ElectionMetrics:
         self.elections = Counter("squeal_ha_elections", "Elections this instance won", registry=r)
         self.takeovers = Counter("squeal_ha_takeovers", "Elections this instance won after another instance "
                                  "had led the region (a failover or a hand-back)", registry=r)
+        self.lease_lapses = Counter("squeal_ha_lease_lapses", "Times this leader's lease ran out waiting for an "
+                                    "answer from ZooKeeper (sending paused, term kept)", registry=r)
+        self.lease_resumptions = Counter("squeal_ha_lease_resumptions", "Lapsed leases whose term ZooKeeper "
+                                         "confirmed: sending resumed in the same term, no election", registry=r)
         self.depositions = Counter("squeal_ha_depositions", "Times this instance stopped leading, by reason "
                                    "(lease, session, znode, handback, resign)", ["reason"], registry=r)
         self.leaderless = Histogram("squeal_ha_leaderless_seconds", "Times without a leader this instance saw: "
@@ -132,6 +153,7 @@ class Elector:
                  on_pause: Callable[[bool], None] = lambda paused: None,
                  metrics: ElectionMetrics | None = None, tick: float | None = None, lease_fraction: float = 0.6,
                  defer: float = 0.5, handback_after: float = 2.0, healthy: bool = True, rejoining: bool = False,
+                 resume_within: float | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not 0 < lease_fraction < 1:
             raise ValueError("lease_fraction must be between 0 and 1: the lease must end before the session can")
@@ -142,6 +164,7 @@ class Elector:
         self.session_timeout = session_timeout
         self.tick = tick if tick is not None else session_timeout / 6
         self.lease_length = lease_fraction * session_timeout
+        self.resume_within = resume_within if resume_within is not None else session_timeout
         self.defer = defer
         self.handback_after = handback_after
         self.on_elected, self.on_deposed, self.on_handback, self.on_pause = on_elected, on_deposed, on_handback, \
@@ -158,12 +181,18 @@ class Elector:
         self._lock = threading.Condition()
         self.state = STANDBY
         self._token: int | None = None
+        self._epoch: int | None = None  # (leader) the epoch number of this term, for the record of its release
         self._lease_until = 0.0
+        self._lapsed = False  # (leader) the lease ran out waiting for an answer: paused until one confirms the term
         self._suspended = False
         self._healthy = healthy
         self._published: tuple[int, bool, bool] | None = None  # (rank, healthy, rejoining) in our candidate znode
         # Until then this instance is rejoining after a lost term (`rejoining`: it replaced a deposed process).
         self._rejoining_until = clock() + handback_after if rejoining else 0.0
+        self._recalled = False  # ZooKeeper's record of the last term has been read (at the first step)
+        # The session that still holds the leader znode of this instance's own lost term (a process killed a
+        # moment ago): rejoining lasts until that znode is gone, and handback_after from then.
+        self._old_term_session: int | None = None
         self._vacant_since: float | None = None  # when this instance first saw the region without a leader
         self._better_since: float | None = None  # (leader) when a better-ranked healthy candidate appeared
         self._handing_back = False
@@ -197,8 +226,9 @@ class Elector:
                 t.join(self.call_timeout * 2 + 1)
         self.client.remove_listener(self._on_connection)
         if release:
+            term = self._term_held()
             deposed = self._depose("resign", "stopping", notify=False)
-            self._release()
+            self._release(term, "stopped")
             self._delete_own(self.candidate_path)
             if deposed:
                 self.on_deposed("resign")
@@ -230,8 +260,9 @@ class Elector:
     def resign(self, reason: str = "handback") -> None:
         """Stop leading now and give the leadership up (after `on_handback`, or when a takeover cannot finish):
         the leader znode is deleted before `on_deposed` is told, so the next leader need not wait for anything."""
+        term = self._term_held() if reason in GIVEN_UP else None  # a failed takeover is a lost term, not given up
         deposed = self._depose(reason, f"resigned ({reason})", notify=False)
-        self._release()
+        self._release(term, reason)
         self._handing_back = False
         with self._lock:
             self._vacant_since = None
@@ -243,7 +274,8 @@ class Elector:
         return {"instance": self.name, "region": self.region, "rank": self.rank, "state": self.state,
                 "leader": self.leader_name, "term": self.term, "lease_left_s": round(self.lease_left(), 3),
                 "zookeeper": "suspended" if self._suspended else ("connected" if self.client.connected else "lost"),
-                "healthy": self._healthy}
+                "healthy": self._healthy, "rejoining": self._rejoining(),
+                "lease": ("lapsed" if self._lapsed else "held") if self.state == LEADER else None}
 
     # -- threads --------------------------------------------------------------------------------------------------
 
@@ -262,22 +294,47 @@ class Elector:
             self._wake.clear()
 
     def _watchdog(self) -> None:
-        """Deposes the leader the moment its lease runs out (a ZooKeeper that stopped answering)."""
+        """Pauses the leader the moment its lease runs out (an answer from ZooKeeper that is late: `_lapse`), and
+        deposes it when no answer has confirmed its term `resume_within` seconds later (a ZooKeeper that stopped
+        answering, a partition)."""
         with self._lock:
             while not self._stopping.is_set():
                 if self.state != LEADER:
                     self._lock.wait(1.0)
                     continue
-                left = self._lease_until - self.clock()
+                now = self.clock()
+                left = self._lease_until - now
+                if left > 0:
+                    self._lock.wait(left)
+                    continue
+                if not self._lapsed:
+                    self._lapsed = True
+                    self._lock.release()
+                    try:
+                        self._lapse()
+                    finally:
+                        self._lock.acquire()
+                    continue
+                left = self._lease_until + self.resume_within - now
                 if left > 0:
                     self._lock.wait(left)
                     continue
                 self._lock.release()
                 try:
-                    self._depose("lease", f"lease ran out: no answer from ZooKeeper for {self.lease_length:.1f}s "
-                                 f"(session timeout {self.session_timeout:g}s)")
+                    self._depose("lease", f"lease ran out and no answer from ZooKeeper confirmed the term within "
+                                 f"{self.resume_within:g}s more (session timeout {self.session_timeout:g}s)")
                 finally:
                     self._lock.acquire()
+
+    def _lapse(self) -> None:
+        """The lease ran out (no answer for lease_fraction x T): stop sending, keep the term; the next round trip
+        that confirms it resumes it (`_confirm_term`)."""
+        self.metrics.lease_lapses.inc()
+        log.warning("instance %s: lease ran out: no answer from ZooKeeper for %.1fs (session timeout %gs): sending "
+                    "paused; the same term resumes if ZooKeeper confirms it within %gs", self.name, self.lease_length,
+                    self.session_timeout, self.resume_within)
+        self.on_pause(True)
+        self._wake.set()  # a round trip now, not at the next tick
 
     def _on_connection(self, state: str) -> None:
         """kazoo's connection thread: never block here."""
@@ -295,7 +352,7 @@ class Elector:
         else:  # CONNECTED
             was = self._suspended
             self._suspended = False
-            if was and self.state == LEADER:
+            if was and self.state == LEADER and not self._lapsed:  # (a lapsed lease resumes in `_renew`)
                 log.warning("instance %s: ZooKeeper connection back within the lease: sending resumed", self.name)
                 self.on_pause(False)
         self._wake.set()
@@ -313,6 +370,8 @@ class Elector:
         if not self.client.connected or self._suspended:
             return
         session = self._session()
+        if not self._recalled:
+            self._recall_last_term(session)
         self._publish_candidate()
         if self.state == LEADER:
             sent = self.clock()
@@ -320,10 +379,15 @@ class Elector:
             if stat is None or stat.ephemeralOwner != session:
                 self._depose("znode", "the leader znode is gone or belongs to another session")
                 return
-            self._renew(sent)
+            if not self._renew(sent):
+                if self._lapsed:
+                    self._confirm_term(sent, stat.version)
+                return
             self._consider_handback()
             return
         stat = self._call(self.client.exists_async(self.leader_path, watch=lambda event: self._wake.set()))
+        if self._old_term_session is not None and (stat is None or stat.ephemeralOwner != self._old_term_session):
+            self._old_term_ended()
         if stat is not None:
             if stat.ephemeralOwner == session:
                 # Ours, from a term this instance has given up (a lease that ran out): free it for everyone.
@@ -343,6 +407,49 @@ class Elector:
 
     def _rejoining(self) -> bool:
         return self.clock() < self._rejoining_until
+
+    def _recall_last_term(self, session: int | None) -> None:
+        """ZooKeeper's record of the region's last term (the `epoch` znode): if it names this instance and was
+        not marked released, this instance lost that term (its process was killed or crashed, or was deposed)
+        and starts as rejoining, whoever restarted it. While the leader znode of that term still exists (its
+        old session not expired yet) the rejoining window has not even started: `_old_term_ended`."""
+        try:
+            data, _ = self._call(self.client.get_async(self.epoch_path))
+            last = json.loads(data.decode() or "{}")
+        except NoNodeError:
+            last = {}
+        except ValueError:
+            last = {}
+        if not isinstance(last, dict) or last.get("leader") != self.name or last.get("released"):
+            self._recalled = True
+            return
+        try:
+            data, stat = self._call(self.client.get_async(self.leader_path))
+            holder = json.loads(data.decode() or "{}").get("name")
+        except NoNodeError:
+            stat, holder = None, None
+        except (ValueError, AttributeError):
+            holder = None
+        # The leader znode of that term, still held by this instance's old session (not yet expired)?
+        held = stat is not None and stat.ephemeralOwner != session and holder == self.name
+        with self._lock:
+            if held:
+                assert stat is not None
+                self._old_term_session = stat.ephemeralOwner
+                self._rejoining_until = math.inf
+            else:
+                self._rejoining_until = max(self._rejoining_until, self.clock() + self.handback_after)
+        self._recalled = True
+        log.warning("instance %s: its last term in region %s (epoch %s) ended without being given up: rejoining "
+                    "as a standby%s", self.name, self.region, last.get("epoch"),
+                    "; its old session still holds the leader znode" if held else "")
+
+    def _old_term_ended(self) -> None:
+        """The leader znode of this instance's lost term is gone (its old session expired): the vacancy it made
+        goes to another candidate; this instance stays rejoining for `handback_after` from now."""
+        with self._lock:
+            self._old_term_session = None
+            self._rejoining_until = self.clock() + self.handback_after
 
     def _preferred_to_me(self, c: dict[str, Any]) -> bool:
         """Whether candidate `c` goes before this instance: healthy, not rejoining, and better-ranked (or any
@@ -428,6 +535,7 @@ class Elector:
         with self._lock:
             self.state = LEADER
             self._token = token
+            self._epoch = epoch
             self._lease_until = sent + self.lease_length
             self.term += 1
             since, self._vacant_since = self._vacant_since, None
@@ -446,11 +554,45 @@ class Elector:
                     self.region, epoch, token, previous.get("leader") or "none")
         self.on_elected(token)
 
-    def _renew(self, sent: float) -> None:
+    def _renew(self, sent: float, confirmed: bool = False) -> bool:
+        """Extend the lease to `sent` (when the round trip that answered was sent) + the lease length. A lapsed
+        lease is extended only by a `confirmed` round trip (`_confirm_term`), and only if that answer itself came
+        within the lease it gives. Returns whether the lease holds now."""
         with self._lock:
-            if self.state == LEADER:
-                self._lease_until = max(self._lease_until, sent + self.lease_length)
-                self._lock.notify_all()
+            if self.state != LEADER or (self._lapsed and not confirmed):
+                return False
+            until = sent + self.lease_length
+            if self._lapsed and until <= self.clock():
+                return False  # confirmed, but too late to send on it: the next round trip
+            resumed, self._lapsed = self._lapsed, False
+            self._lease_until = max(self._lease_until, until)
+            self._lock.notify_all()
+        if resumed:
+            self.metrics.lease_resumptions.inc()
+            log.warning("instance %s: ZooKeeper answered again and confirmed the term (epoch %s, fencing token %s): "
+                        "sending resumed, no election", self.name, self._epoch, self._token)
+            if not self._suspended:
+                self.on_pause(False)
+        return True
+
+    def _confirm_term(self, sent: float, leader_version: int) -> None:
+        """After a lapse: one round trip through ZooKeeper's leader (a multi-operation of checks only) that the
+        `epoch` is still this term's token and the `leader` znode still exists. ZooKeeper refuses it for an
+        expired session, so success means the session lived (its ephemeral leader znode never went: nobody else
+        can have been elected) and the epoch did not move: the term resumes. A failed check deposes."""
+        token = self._token
+        if token is None:
+            return
+        t = self.client.transaction()
+        t.check(self.epoch_path, token)
+        t.check(self.leader_path, leader_version)
+        results = self._call(t.commit_async())
+        failures = [r for r in results if isinstance(r, Exception) and not isinstance(r, RolledBackError)]
+        if failures:
+            self._depose("znode", f"lease ran out and the term is over: {type(failures[0]).__name__} checking the "
+                         "epoch and the leader znode")
+            return
+        self._renew(sent, confirmed=True)
 
     def _consider_handback(self) -> None:
         if self.on_handback is None or self._handing_back:
@@ -475,8 +617,10 @@ class Elector:
                 return False
             self.state = STANDBY
             self._token = None
+            self._epoch = None
+            self._lapsed = False
             self._lease_until = 0.0
-            if reason not in ("resign", "handback"):  # a lost term, not one given up: come back as a standby
+            if reason not in GIVEN_UP:  # a lost term, not one given up: come back as a standby
                 self._rejoining_until = self.clock() + self.handback_after
             self._lock.notify_all()
         self.metrics.set_state(STANDBY)
@@ -487,9 +631,40 @@ class Elector:
             self.on_deposed(reason)
         return True
 
-    def _release(self) -> None:
-        """Delete the leader znode if this session owns it (a standby then takes over at once)."""
-        self._delete_own(self.leader_path)
+    def _term_held(self) -> tuple[int, int] | None:
+        """(fencing token, epoch) of the term this instance holds, None unless it leads."""
+        with self._lock:
+            if self.state != LEADER or self._token is None or self._epoch is None:
+                return None
+            return self._token, self._epoch
+
+    def _release(self, term: tuple[int, int] | None = None, reason: str = "") -> None:
+        """Delete the leader znode if this session owns it (a standby then takes over at once). `term`: the
+        (token, epoch) of a term given up, not lost: the same multi-operation marks the `epoch` record
+        released (checked against the token: only the term's holder can), so that this instance's next
+        process does not take it for a lost term (`_recall_last_term`)."""
+        if term is None:
+            self._delete_own(self.leader_path)
+            return
+        token, epoch = term
+        try:
+            if not self.client.connected:
+                return
+            stat = self._call(self.client.exists_async(self.leader_path))
+            if stat is None or stat.ephemeralOwner != self._session():
+                return
+            t = self.client.transaction()
+            t.delete(self.leader_path, version=stat.version)
+            t.set_data(self.epoch_path, json.dumps({"epoch": epoch, "leader": self.name, "released": reason or
+                                                    "released", "at": time.time()}).encode(), version=token)
+            results = self._call(t.commit_async())
+        except (NoNodeError, KazooException, *UNAVAILABLE) as e:
+            log.debug("could not release %s: %s", self.leader_path, e)
+            return
+        if any(isinstance(r, Exception) for r in results):
+            log.warning("instance %s: could not mark its term (epoch %d) released: %s; deleting the leader znode "
+                        "only", self.name, epoch, results)
+            self._delete_own(self.leader_path)
 
     def _delete_own(self, path: str) -> None:
         try:

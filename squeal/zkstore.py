@@ -13,7 +13,7 @@ Znodes, under `<root>/regions/<region>/`:
                      (deleted) by the leader, which rewinds the flow; apart from the marker so that the
                      leader's own checkpoint cannot overwrite a request before it has been applied
     epoch            persistent: the election's fencing token (squeal/ha.py); its version grows by one with
-                     every new leader
+                     every new leader, and once more when a leader gives its term up (the record says "released")
     accept-data-loss persistent, JSON {"requested_at"}: `squeal accept-data-loss` for a region halted on binlog
                      data loss; taken (deleted) by the leader, whose daemon then flushes the region and resumes
 

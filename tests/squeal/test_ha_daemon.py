@@ -7,18 +7,21 @@ Time-outs only catch hangs; the measured takeover times are printed (run with -s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
+from kazoo.exceptions import NoNodeError
 from squeal_helpers import healthz, scrape, wait_until
-from test_ha_support import SESSION_TIMEOUT, HaEnv, ensemble, start_pair
+from test_ha_support import SESSION_TIMEOUT, HaEnv, MarkerWatch, ensemble, start_pair
 from test_squeal_faults import Writer, post_keys
 
 from squeal import gtid as g
 from squeal.ha import TakeoverError, wait_for_copy
+from squeal.zkstore import region_path
 
 
 @pytest.fixture(scope="module")
@@ -200,3 +203,64 @@ def test_a_takeover_waits_for_a_lagging_copy_instead_of_skipping(ha_env_own_repl
     waited = healthz(env.daemons["east-2"].port)[1]["takeover"]["waited_s"]
     print(f"\nlagging copy: east-2 waited {waited:.2f}s for its copy (delivering {caught_up * 1000:.0f} ms after "
           f"the SQL thread restarted); {len(in_db)} rows checked key by key")
+
+
+@pytest.fixture
+def ha_env_long_sessions(mariadb_pair, zk, memcached_factory, processes, tmp_path) -> Iterator[HaEnv]:
+    """As ha_env, with a session timeout (15 s) far longer than a `squeal run` takes to start, even on a loaded box:
+    a killed process's session outlives its restart, and the test ends it (deletes its znodes) when it chooses."""
+    primary, replica = mariadb_pair
+    env = HaEnv(tmp_path / "ha", primary, replica, zk, [memcached_factory() for _ in range(2)], processes,
+                session_timeout=15.0)
+    yield env
+    env.close()
+
+
+def test_a_preferred_instance_restarted_by_a_supervisor_never_wins_the_vacancy_its_own_kill_made(
+        ha_env_long_sessions: HaEnv) -> None:
+    """Issue 27, item 2, with real processes: kill -9 of the leader east-1 and an immediate restart by someone
+    else (a supervisor: the same command line, no SQUEAL_HA_REJOINED), three times. Deterministic: the restart
+    lands within the killed process's session, and the test plays the race the way it was lost in the demo: it
+    removes the old session's candidate znode so that the restarted process publishes first, then the old leader
+    znode (what the old session's expiry does). The restarted process must publish itself as rejoining
+    (ZooKeeper's record says it lost the last term), east-2 must take the vacancy, and east-1 gets the region
+    back only by the hand-back."""
+    env = ha_env_long_sessions
+    base = region_path(env.root, "east")
+    start_pair(env)
+    watch = MarkerWatch(env.zk_client, base).start()
+    rounds = 3
+    for i in range(rounds):
+        old_session = env.zk_client.exists(f"{base}/leader").ephemeralOwner
+        env.daemons["east-1"].kill()
+        env.daemons["east-1"].start()  # at once (returns once /healthz answers)
+        stat = env.zk_client.exists(f"{base}/leader")
+        assert stat is not None and stat.ephemeralOwner == old_session, "restart slower than the session timeout"
+        with contextlib.suppress(NoNodeError):
+            env.zk_client.delete(f"{base}/candidates/east-1")  # the old session's (the new one waits for it)
+
+        def published(old_session: int = old_session) -> dict | None:
+            try:
+                data, stat = env.zk_client.get(f"{base}/candidates/east-1")
+            except NoNodeError:
+                return None
+            return json.loads(data) if stat.ephemeralOwner != old_session else None
+
+        doc = wait_until(published, 20, "the restarted east-1 to publish its candidate", interval=0.01)
+        assert doc["rejoining"] is True, (i, doc)
+        assert env.state("east-2") == "standby"
+        env.zk_client.delete(f"{base}/leader")  # the old session's term ends: the vacancy its kill made
+        wait_until(lambda: [name for _, name in watch.leaders][-1] != "east-1" or env.state("east-1") != "standby",
+                   20, "someone to take the vacancy")
+        assert [name for _, name in watch.leaders][-1] == "east-2", ("the restarted east-1 won", watch.leaders)
+        wait_until(lambda: env.state("east-2") == "leader", 20, "east-2 to deliver")
+        t_vacancy_filled = time.monotonic()
+        wait_until(lambda: env.state("east-1") == "leader", 30, "east-1 to get the region back by hand-back")
+        print(f"\nround {i + 1}: the restarted east-1 published rejoining, east-2 took the vacancy; handed back "
+              f"{(time.monotonic() - t_vacancy_filled) * 1000:.0f} ms later")
+    wait_until(lambda: env.state("east-2") == "standby", 30, "east-2 to stand by again")
+    gone = env.probe(10_000_001, 15)  # and east-1 delivers
+    watch.stop()
+    assert [name for _, name in watch.leaders] == ["east-1", "east-2"] * rounds + ["east-1"], watch.leaders
+    watch.check_one_leader_at_a_time()
+    print(f"after {rounds} kill -9 + restarts: east-1 delivers ({gone * 1000:.0f} ms)")

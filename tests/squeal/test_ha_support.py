@@ -82,7 +82,9 @@ def expire_session(c: KazooClient, connect: str) -> None:
 class Link:
     """A TCP proxy 127.0.0.1:port -> target that a test can cut: bytes stop flowing both ways while the
     connections stay open (a partition, not a reset: the client notices only by its own time-outs). heal()
-    drops the connections held through the cut (their streams lost bytes) and forwards new ones again."""
+    drops the connections held through the cut (their streams lost bytes) and forwards new ones again.
+    stall() holds every byte instead (a server that does not answer for a while: frozen, starved of CPU);
+    unstall() delivers them, late and in order."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
@@ -92,6 +94,8 @@ class Link:
         self.listener.listen(64)
         self.port = self.listener.getsockname()[1]
         self._cut = threading.Event()
+        self._flowing = threading.Event()
+        self._flowing.set()
         self._closed = threading.Event()
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -123,6 +127,7 @@ class Link:
                 data = src.recv(65536)
                 if not data:
                     break
+                self._flowing.wait()
                 if not self._cut.is_set():
                     dst.sendall(data)
         except OSError:
@@ -144,8 +149,15 @@ class Link:
             s.close()
         self._cut.clear()
 
+    def stall(self) -> None:
+        self._flowing.clear()
+
+    def unstall(self) -> None:
+        self._flowing.set()
+
     def close(self) -> None:
         self._closed.set()
+        self._flowing.set()
         self.listener.close()
         self.heal()
 
@@ -166,11 +178,14 @@ class HaEnv:
     on the primary and east-2 on the replica, and their daemons (not started; stopped by pid at teardown).
 
     `host`: where the primary and the memcacheds listen (the topology's addresses); `instance_hosts` and
-    `netns`: where an instance listens for /healthz and the namespace it runs in (default: loopback, here)."""
+    `netns`: where an instance listens for /healthz and the namespace it runs in (default: loopback, here).
+    `session_timeout`: the topology's. `zk_servers`: what an instance connects to instead of the ensemble's
+    members (e.g. a `Link` to each), in a topology file of its own that differs only there."""
 
     def __init__(self, base: Path, primary: MariaDB, replica: MariaDB, zk: list[ZooKeeper],
                  memcacheds: list[Memcached], processes, *, instance_hosts: dict[str, str] | None = None,
-                 netns: dict[str, str] | None = None) -> None:
+                 netns: dict[str, str] | None = None, session_timeout: float = SESSION_TIMEOUT,
+                 zk_servers: dict[str, list[Link]] | None = None) -> None:
         self.primary, self.replica = primary, replica
         self.schema = unique_db("ha")
         create_schema(primary, self.schema)
@@ -186,23 +201,30 @@ class HaEnv:
         for name, copy in (("east-1", "east"), ("east-2", "east-r1")):
             text += (f'\n[[regions.east.squeal_instances]]\nname = "{name}"\ndatabase = "{copy}"\n'
                      f'host = "{where[name]}"\nmetrics_port = {ports[name]}\n')
-        servers = ", ".join(f'"{m.host}:{m.port}"' for m in zk)
         # The ensemble's real quorum/election ports: the defaults (client port + 100, + 200) could name ports
         # this run's other servers got by chance, which the topology check rightly refuses.
         peer_ports = ", ".join(f"[{q}, {e}]" for m in zk for i, _, q, e in m.peers if i == m.server_id)
-        text += (f'\n[zookeeper]\nservers = [{servers}]\npeer_ports = [{peer_ports}]\n'
-                 f'session_timeout_s = {SESSION_TIMEOUT}\n'
-                 f'root = "{self.root}"\ntakeover_wait_s = 30\nhandback_after_s = 2\n')
+
+        def with_servers(members: list) -> str:
+            servers = ", ".join(f'"{address}"' for address in hosts(members).split(","))
+            return text + (f'\n[zookeeper]\nservers = [{servers}]\npeer_ports = [{peer_ports}]\n'
+                           f'session_timeout_s = {session_timeout}\n'
+                           f'root = "{self.root}"\ntakeover_wait_s = 30\nhandback_after_s = 2\n')
+
         self.topology = base / "topology.toml"
         base.mkdir(parents=True, exist_ok=True)
-        self.topology.write_text(text)
+        self.topology.write_text(with_servers(zk))
         self.daemons: dict[str, SquealDaemon] = {}
         for name, port in ports.items():
             kwargs = dict(port=port, workdir=base / name, state_dir=base / name / "state",
                           extra_args=("--instance", name), host=where[name])
+            topology = self.topology
+            if name in (zk_servers or {}):  # the same topology, reaching ZooKeeper another way
+                topology = base / f"topology-{name}.toml"
+                topology.write_text(with_servers(zk_servers[name]))
             ns = (netns or {}).get(name)
-            self.daemons[name] = (NetnsSquealDaemon(ns, self.topology, "east", **kwargs) if ns else
-                                  SquealDaemon(self.topology, "east", **kwargs))
+            self.daemons[name] = (NetnsSquealDaemon(ns, topology, "east", **kwargs) if ns else
+                                  SquealDaemon(topology, "east", **kwargs))
         self.processes = processes
         for d in self.daemons.values():
             processes.started.append(d)  # stopped by pid at teardown, whatever the test did
@@ -425,3 +447,59 @@ def netns_unavailable() -> str | None:
     if os.geteuid() != 0:
         return "ip netns needs root"
     return None
+
+
+class Prober:
+    """Commits one `users` row every `every` seconds (its `user:<id>` key cached in every cluster first), on a
+    connection of its own, and times each key until it is gone from every cluster: `latencies()` are commit ->
+    invalidated, in commit order. The longest is the longest a change waited for delivery (a delivery gap)."""
+
+    def __init__(self, env: HaEnv, first: int, every: float = 0.1) -> None:
+        self.env = env
+        self.next_id = first
+        self.every = every
+        self.caches = [Cache(m.port, m.host) for m in env.memcacheds]
+        self.committed: dict[int, float] = {}
+        self.gone: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="prober")
+
+    def start(self) -> Prober:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        conn = self.env.connect(autocommit=True)
+        try:
+            next_commit = time.monotonic()
+            while not self._stop.is_set() or len(self.gone) < len(self.committed):
+                now = time.monotonic()
+                if not self._stop.is_set() and now >= next_commit:
+                    n, self.next_id = self.next_id, self.next_id + 1
+                    for c in self.caches:
+                        c.set(f"user:{n}")
+                    with conn.cursor() as cur:
+                        cur.execute(f"INSERT INTO users VALUES ({n}, NULL, 'probe')")
+                    self.committed[n] = time.monotonic()
+                    next_commit = now + self.every
+                pending = [n for n in self.committed if n not in self.gone]
+                if pending:
+                    keys = [f"user:{n}" for n in pending]
+                    left = set().union(*(c.present(keys) for c in self.caches))
+                    seen = time.monotonic()
+                    for n in pending:
+                        if f"user:{n}" not in left:
+                            self.gone[n] = seen
+                time.sleep(0.01)
+        finally:
+            conn.close()
+
+    def stop(self, timeout: float = 30) -> None:
+        """Stop committing; returns once every probe is gone (or after `timeout`: then some are missing)."""
+        self._stop.set()
+        self._thread.join(timeout)
+        for c in self.caches:
+            c.close()
+
+    def latencies(self) -> list[float]:
+        return [self.gone[n] - t for n, t in sorted(self.committed.items()) if n in self.gone]

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from kazoo.exceptions import NoNodeError
 from squeal_helpers import wait_until
 from test_ha_support import SESSION_TIMEOUT, Link, MarkerWatch, client, ensemble, expire_session, hosts, unique_root
 
@@ -31,8 +32,8 @@ def clients(zk) -> Iterator:
     """`clients(connect=None)`: a started kazoo client on the ensemble (or `connect`), closed afterwards."""
     made = []
 
-    def make(connect: str | None = None):
-        c = client(connect or hosts(zk))
+    def make(connect: str | None = None, timeout: float = SESSION_TIMEOUT):
+        c = client(connect or hosts(zk), timeout)
         made.append(c)
         return c
 
@@ -221,10 +222,11 @@ def test_session_loss_and_partition(clients, links) -> None:
 class Candidate:
     """An Elector with a timeline of its callbacks, and a thread sampling `may_send()` (when it last said yes)."""
 
-    def __init__(self, zk_client, root: str, name: str, rank: int, **kwargs) -> None:
+    def __init__(self, zk_client, root: str, name: str, rank: int, session_timeout: float = SESSION_TIMEOUT,
+                 **kwargs) -> None:
         self.events: list[tuple[float, str, object]] = []
         self.last_send_ok = 0.0
-        self.elector = Elector(zk_client, root, "east", name, rank, session_timeout=SESSION_TIMEOUT,
+        self.elector = Elector(zk_client, root, "east", name, rank, session_timeout=session_timeout,
                                on_elected=lambda token: self.events.append((time.monotonic(), "elected", token)),
                                on_deposed=lambda why: self.events.append((time.monotonic(), "deposed", why)),
                                on_pause=lambda paused: self.events.append((time.monotonic(), "paused", paused)),
@@ -460,3 +462,185 @@ def test_simultaneous_candidates_elect_exactly_one(zk, clients, candidates) -> N
         time.sleep(0.005)
     assert [c.elector.name for c in many if c.elector.is_leader] == ["east-0"]
     assert {c.elector.snapshot()["state"] for c in many} == {LEADER, STANDBY}
+
+
+def candidate_doc(zk_client, base: str, name: str) -> tuple[dict, int] | None:
+    """The candidate znode `name` as published (its JSON, its owner session), None while there is none."""
+    try:
+        data, stat = zk_client.get(f"{base}/candidates/{name}")
+    except NoNodeError:
+        return None
+    return json.loads(data), stat.ephemeralOwner
+
+
+def published_by(zk_client, base: str, c: Candidate) -> bool:
+    """Whether `c` (its own session, not an earlier one of the same instance) has published its candidate."""
+    doc = candidate_doc(zk_client, base, c.elector.name)
+    return doc is not None and doc[1] == c.elector.client.client_id[0]
+
+
+def test_an_instance_restarted_while_its_old_session_holds_the_leader_znode_rejoins_whoever_restarted_it(
+        zk, clients, candidates) -> None:
+    """Issue 27, item 2: the race of a supervisor restarting a killed preferred leader (1.5 s later, within its
+    session timeout) and the standby deferring to the restarted process, which then won the vacancy its own crash
+    made. The new process is a plain one (no `rejoining=True`, no SQUEAL_HA_REJOINED): what makes it rejoin is
+    ZooKeeper's record of the last term. Deterministic: the restarted instance's candidate is published before the
+    old session expires (the test removes the old session's candidate znode, as if the restart had won the race)."""
+    root = unique_root()
+    base = region_path(root, "east")
+    hold = clients()
+    old = candidates(clients(), root, "east-1", 0)
+    wait_until(lambda: old.elector.is_leader, 15, "east-1 to lead")
+    b = candidates(clients(), root, "east-2", 1, handback_after=1.0)
+    b.elector.on_handback = lambda: b.elector.resign()
+    wait_until(lambda: b.elector.leader_name == "east-1", 10, "east-2 to see east-1 lead")
+    epoch_before = json.loads(hold.get(f"{base}/epoch")[0])
+
+    # kill -9: the process stops (here: its elector's threads), its session lives on until ZooKeeper expires it.
+    old.stop(release=False)
+    hold.delete(f"{base}/candidates/east-1")  # (the restart wins the race: its candidate is out before the vacancy)
+    restarted = candidates(clients(), root, "east-1", 0, handback_after=1.5)  # a plain process, no rejoin flag
+    wait_until(lambda: published_by(hold, base, restarted), 10, "the restarted east-1 to publish its candidate")
+    doc, _ = candidate_doc(hold, base, "east-1")
+    assert doc["rejoining"] is True, doc
+    assert restarted.elector.snapshot()["rejoining"] is True
+    wait_until(lambda: b.elector.leader_name == "east-1" and restarted.elector.leader_name == "east-1", 10,
+               "both to see the old term's leader znode")
+
+    t_vacant = time.monotonic()
+    expire_session(old.elector.client, hosts(zk))  # the old process's session ends: the vacancy its crash made
+    wait_until(lambda: restarted.elector.is_leader or b.elector.is_leader, 10, "a leader")
+    assert b.elector.is_leader and restarted.elector.state == STANDBY, "the restarted east-1 won its own vacancy"
+    assert json.loads(hold.get(f"{base}/epoch")[0]) == {"epoch": epoch_before["epoch"] + 1, "leader": "east-2"}
+    # It is an ordinary preferred candidate again handback_after (1.5 s) after the old term's znode went: the
+    # region comes back to it by hand-back.
+    wait_until(lambda: restarted.elector.is_leader, 15, "east-1 to lead after the hand-back")
+    assert b.events[-1][2] == "handback"
+    waited = restarted.when("elected")[0] - t_vacant
+    assert waited >= 1.5
+    assert not restarted.elector.snapshot()["rejoining"]
+    print(f"\nrestarted within the session: the standby led; handed back {waited * 1000:.0f} ms after the vacancy")
+
+
+def test_an_instance_restarted_after_its_session_expired_rejoins_until_someone_else_led(zk, clients,
+                                                                                          candidates) -> None:
+    """The same, restarted by anyone after its old session expired but before another instance filled the
+    vacancy (the standby was slow to act): the `epoch` record still names it and was never marked released."""
+    root = unique_root()
+    base = region_path(root, "east")
+    hold = clients()
+    old = candidates(clients(), root, "east-1", 0)
+    wait_until(lambda: old.elector.is_leader, 15, "east-1 to lead alone")
+    old.stop(release=False)
+    expire_session(old.elector.client, hosts(zk))
+    wait_until(lambda: hold.exists(f"{base}/leader") is None, 10, "the old session's leader znode to go")
+    # Nobody has taken the vacancy yet: an outside session holds the leader znode while both candidates start.
+    hold.create(f"{base}/leader", json.dumps({"name": "test-hold", "epoch": 0}).encode(), ephemeral=True)
+    restarted = candidates(clients(), root, "east-1", 0, handback_after=3.0)  # a plain process, no rejoin flag
+    b = candidates(clients(), root, "east-2", 1, handback_after=1.0)
+    b.elector.on_handback = lambda: b.elector.resign()
+    wait_until(lambda: published_by(hold, base, restarted) and published_by(hold, base, b), 10,
+               "both candidates published")
+    assert candidate_doc(hold, base, "east-1")[0]["rejoining"] is True
+    hold.delete(f"{base}/leader")
+    wait_until(lambda: restarted.elector.is_leader or b.elector.is_leader, 10, "a leader")
+    assert b.elector.is_leader and restarted.elector.state == STANDBY, "the restarted east-1 won its own vacancy"
+    wait_until(lambda: restarted.elector.is_leader, 15, "east-1 to lead after the hand-back")
+    assert b.events[-1][2] == "handback"
+
+
+def test_an_instance_that_gave_its_term_up_is_not_rejoining_when_it_restarts(zk, clients, candidates) -> None:
+    """A term given up (a stop, a hand-back) is marked released in the `epoch` record, in the multi-operation that
+    deletes the leader znode: the instance's next process is an ordinary candidate and the standby defers to it."""
+    root = unique_root()
+    base = region_path(root, "east")
+    hold = clients()
+    old = candidates(clients(), root, "east-1", 0)
+    wait_until(lambda: old.elector.is_leader, 15, "east-1 to lead alone")
+    token = old.elector.fence_token()
+    old.stop(release=True)
+    data, stat = hold.get(f"{base}/epoch")
+    assert json.loads(data)["released"] == "stopped" and json.loads(data)["leader"] == "east-1"
+    assert stat.version == token + 1  # the release moved the fencing token on: the old term can write nothing
+    hold.create(f"{base}/leader", json.dumps({"name": "test-hold", "epoch": 0}).encode(), ephemeral=True)
+    restarted = candidates(clients(), root, "east-1", 0)
+    b = candidates(clients(), root, "east-2", 1)
+    wait_until(lambda: published_by(hold, base, restarted) and published_by(hold, base, b), 10,
+               "both candidates published")
+    assert candidate_doc(hold, base, "east-1")[0]["rejoining"] is False
+    hold.delete(f"{base}/leader")
+    wait_until(lambda: restarted.elector.is_leader, 10, "east-1 (preferred, not rejoining) to lead")
+    assert b.elector.state == STANDBY and not b.when("elected")
+
+
+def test_a_lease_that_lapsed_waiting_for_a_slow_answer_resumes_in_the_same_term(zk, clients, links,
+                                                                                candidates) -> None:
+    """Issue 27, item 3: ZooKeeper's answers to the leader stalled for 2 s (every byte between it and the ensemble
+    held, then delivered: a server starved of CPU), longer than its lease (0.6 x 3 s). The lease lapses - sending
+    pauses at once - but the session lives, so its leader znode is still its own: the first round trip that gets
+    through resumes the same term. No deposition, no election, the epoch record untouched. (Before: deposed by the
+    lease, and the region waited for a new election.)"""
+    root = unique_root()
+    base = region_path(root, "east")
+    observer = clients()
+    connect, a_links = links()
+    a = candidates(clients(connect, timeout=3.0), root, "east-1", 0, session_timeout=3.0)
+    wait_until(lambda: a.elector.is_leader, 15, "east-1 to lead")
+    b = candidates(clients(), root, "east-2", 1)
+    wait_until(lambda: b.elector.leader_name == "east-1", 10, "east-2 to see east-1 lead")
+    token = a.elector.fence_token()
+    epoch_before = observer.get(f"{base}/epoch")
+
+    t_stall = time.monotonic()
+    for link in a_links:
+        link.stall()
+    try:
+        wait_until(lambda: not a.elector.may_send(), 10, "east-1 to stop sending")
+        assert a.elector.fence_token() is None
+        time.sleep(max(0.0, 2.0 - (time.monotonic() - t_stall)))  # (the fault lasts 2 s)
+    finally:
+        for link in a_links:
+            link.unstall()
+    wait_until(lambda: a.elector.may_send() or a.when("deposed"), 10, "east-1 to resume (or be deposed)")
+    t_resumed = time.monotonic()
+    assert not a.when("deposed"), a.events
+    assert a.metric("squeal_ha_lease_lapses_total") == 1  # the lease did lapse: the path under test ran
+    assert a.elector.is_leader and a.elector.term == 1 and a.elector.fence_token() == token
+    assert not a.when("deposed") and a.metric("squeal_ha_lease_resumptions_total") == 1
+    assert [p for _, k, p in a.events if k == "paused"][:1] == [True] and a.events[-1][1:] == ("paused", False)
+    assert not b.when("elected") and b.elector.state == STANDBY
+    assert observer.get(f"{base}/epoch") == epoch_before  # no election: same record, same version
+    store = ZooKeeperDatamarkerStore(a.elector.client, root, "east", fence=a.elector.fence_token)
+    store.ensure_paths()
+    store.load("c0")
+    store.save("c0", "0-1-1")  # its fencing token is still good
+    lapsed_at = a.when("paused")[0]
+    print(f"\nanswers stalled 2 s: east-1's lease lapsed at {(lapsed_at - t_stall) * 1000:.0f} ms, resumed at "
+          f"{(t_resumed - t_stall) * 1000:.0f} ms "
+          f"(same term, epoch version {epoch_before[1].version})")
+
+
+def test_a_lapsed_leader_whose_term_ended_meanwhile_does_not_resume(zk, clients, links, candidates) -> None:
+    """The other side of item 3: what resumes a lapsed term is ZooKeeper confirming it, never the answer alone.
+    While east-1's answers are stalled, its epoch moves (as a new election would move it): once answers flow,
+    east-1's session and leader znode are still there, but the check of the epoch fails and it is deposed."""
+    root = unique_root()
+    base = region_path(root, "east")
+    observer = clients()
+    connect, a_links = links()
+    a = candidates(clients(connect, timeout=3.0), root, "east-1", 0, session_timeout=3.0)
+    wait_until(lambda: a.elector.is_leader, 15, "east-1 to lead")
+    for link in a_links:
+        link.stall()
+    try:
+        wait_until(lambda: a.metric("squeal_ha_lease_lapses_total") >= 1, 10, "east-1's lease to lapse")
+        assert a.elector.snapshot()["lease"] == "lapsed" and not a.elector.may_send()
+        data, stat = observer.get(f"{base}/epoch")
+        observer.set(f"{base}/epoch", data, version=stat.version)  # the epoch moves on
+    finally:
+        for link in a_links:
+            link.unstall()
+    wait_until(lambda: a.when("deposed"), 10, "east-1 to be deposed")
+    assert a.events[-1][2] == "znode" and not a.elector.may_send()
+    assert a.metric("squeal_ha_lease_resumptions_total") == 0
+    assert a.last_send_ok < a.when("deposed")[0]
