@@ -91,3 +91,16 @@ def test_rows_land_on_the_shard_the_shard_map_names_and_reads_come_back(sharded)
     hits = web.stats.hits
     assert web.get_followers(author) == [fan2]
     assert web.stats.hits == hits + 1
+
+
+def test_the_demo_seeds_user_i_on_the_shard_of_i_and_runs_on_every_shard(sharded):
+    from loadtest.demo import run_one, seed
+
+    topo, web, dbs, database = sharded
+    assert seed(web, users=7) == list(range(1, 8))  # fresh shards: ids 1..7, as without shards
+    assert seed(web, users=7) == list(range(1, 8))  # idempotent
+    for user_id in range(1, 8):
+        assert where(dbs, database, f"SELECT id FROM users WHERE id = {user_id}") == {topo.shard_of(user_id).name}
+    rng = __import__("random").Random(3)
+    ops = {run_one(web, rng, list(range(1, 8))) for _ in range(60)}
+    assert {"get_user", "get_feed"} <= ops
