@@ -40,6 +40,14 @@ def _sharded(*metrics: list[dict]) -> bool:
     return any("shard" in s["labels"] for series in metrics for s in series)
 
 
+def _shard_series(series: list[dict]) -> list[dict]:
+    """A metric's series without those that lack a `shard` label when others have one: a sharded squeal
+    process also serves its region-wide registry, whose per-shard gauges (halted, replica lag) are never set."""
+    if not _sharded(series):
+        return series
+    return [s for s in series if s["labels"].get("shard")]
+
+
 def _where(lab: dict) -> str:
     """`region` or, for a shard's series, `region/shard`."""
     region = lab.get("region", "?")
@@ -144,7 +152,7 @@ def build(store: Store) -> list[dict]:
         by_shard = _histogram_by(store, "squeal_invalidation_latency_seconds", _where)
         panels.append(
             {
-                "title": "squeal invalidation latency p99 per shard (commit → delete acknowledged, every flow)",
+                "title": "squeal invalidation latency p99 per shard (commit, 1 s resolution → delete acknowledged)",
                 "unit": "s",
                 "lines": _lines({s: histogram_quantile(0.99, b, window=60) for s, b in by_shard.items()}),
             }
@@ -183,7 +191,7 @@ def build(store: Store) -> list[dict]:
 
     # a replica region's data behind its primary (each of its flows' lag above includes it); 0 for the master.
     # With shards each shard's copy replicates on its own: one line per region and shard.
-    replication = _aligned(store.select("squeal_source_replication_lag_seconds"), _where, worst=True)
+    replication = _aligned(_shard_series(store.select("squeal_source_replication_lag_seconds")), _where, worst=True)
     panels.append(
         {
             "title": "Replica lag behind the primary per region" + (" and shard" if _sharded(lag) else ""),
@@ -201,7 +209,7 @@ def build(store: Store) -> list[dict]:
         ("squeal_data_loss_total", lambda lab: f"{_where(lab)} binlog data loss ({lab.get('policy')})"),
         ("squeal_halted", lambda lab: f"{_where(lab)} HALTED"),
     ):
-        alerts.update(_aligned(store.select(metric), label))
+        alerts.update(_aligned(_shard_series(store.select(metric)), label))
     panels.append(
         {
             "title": "squeal alerts: changes without row images, data loss, halted (count)",

@@ -64,9 +64,13 @@ def _sharded_store() -> Store:
                 store.add("squeal_invalidation_latency_seconds_bucket", {**labels, "le": le}, float(t), float(t))
                 store.add("squeal_invalidation_latency_seconds_bucket", {**labels, "le": "+Inf"}, float(t), float(t))
             store.add("squeal_source_replication_lag_seconds", {"region": "west", "shard": shard}, lag, float(t))
+            store.add("squeal_halted", {"region": "west", "shard": shard}, 0.0, float(t))
             probe = {"region": "east", "cluster": "east-a", "shard": shard}
             store.add("squeal_probe_invalidation_seconds_bucket", {**probe, "le": le}, float(t), float(t))
             store.add("squeal_probe_invalidation_seconds_bucket", {**probe, "le": "+Inf"}, float(t), float(t))
+        # the process's region-wide registry serves these gauges too, never set: not a shard, not a line
+        store.add("squeal_source_replication_lag_seconds", {"region": "west"}, 0.0, float(t))
+        store.add("squeal_halted", {"region": "west"}, 0.0, float(t))
     return store
 
 
@@ -81,6 +85,8 @@ def test_sharded_series_give_latency_and_lag_per_shard():
     # a flow's lag is its worst shard's: lags do not add up (summed, east-a would read 6 s)
     assert _last(panels["squeal lag per flow"]) == {"east/east-a": 5.0, "east/east-b": 5.0}
     assert _last(panels["Replica lag behind the primary per region and shard"]) == {"west/s0": 1.0, "west/s1": 5.0}
+    alerts = _last(panels[next(t for t in panels if t.startswith("squeal alerts"))])
+    assert alerts == {"west/s0 HALTED": 0.0, "west/s1 HALTED": 0.0}
 
     canary = _last(panels["Invalidation latency per shard (canary commit → key gone, every cluster)"])
     assert set(canary) == {"s0 p50", "s0 p99", "s1 p50", "s1 p99"}
