@@ -1,5 +1,23 @@
 """Load tests and the paper's experiments; `loadtest.webtier` is the demo web tier they drive."""
 
-from loadtest.webtier import FEED_LENGTH, SCHEMA_SQL, WebServer, install_schema, schema_statements
+from loadtest.webtier import (
+    FEED_LENGTH,
+    SCHEMA_SQL,
+    ShardClients,
+    WebServer,
+    install_schema,
+    install_schema_on_shards,
+    schema_statements,
+    shard_master,
+)
 
-__all__ = ["FEED_LENGTH", "SCHEMA_SQL", "WebServer", "install_schema", "schema_statements"]
+__all__ = [
+    "FEED_LENGTH",
+    "SCHEMA_SQL",
+    "ShardClients",
+    "WebServer",
+    "install_schema",
+    "install_schema_on_shards",
+    "schema_statements",
+    "shard_master",
+]

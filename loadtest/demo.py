@@ -33,15 +33,21 @@ def _popular(rng: random.Random, n: int) -> int:
     return min(n, int(rng.paretovariate(1.2)))
 
 
-def seed(web: WebServer, users: int = USERS) -> None:
-    """Create the demo users (idempotent: existing rows are kept)."""
-    existing = web.master.query_one("SELECT COUNT(*) AS n FROM users", ())
-    for i in range((existing or {}).get("n", 0) + 1, users + 1):
-        web.create_user(f"user{i}", f"user{i}@demo.example")
+def seed(web: WebServer, users: int = USERS) -> list[int]:
+    """Create the demo users (idempotent: existing rows are kept); returns every demo user's id.
+
+    User i goes to the shard the shard map gives id i (`Topology.shard_of`), so on fresh shards the ids are
+    1..users as without shards; the ids returned are what is there, whatever an earlier run left."""
+    have = {r["email"] for r in web.query_all("SELECT email FROM users")}
+    for i in range(1, users + 1):
+        if f"user{i}@demo.example" not in have:
+            web.create_user(f"user{i}", f"user{i}@demo.example", shard=web.topology.shard_of(i).name)
+    return sorted(r["id"] for r in web.query_all("SELECT id FROM users WHERE email LIKE 'user%%@demo.example'", ()))
 
 
-def run_one(web: WebServer, rng: random.Random) -> str:
-    user = _popular(rng, USERS)
+def run_one(web: WebServer, rng: random.Random, users: list[int] | None = None) -> str:
+    """One request for a skewed pick of `users` (default: ids 1..USERS)."""
+    user = users[_popular(rng, len(users)) - 1] if users else _popular(rng, USERS)
     roll = rng.random()
     if roll < 0.6:
         web.get_user(user)
@@ -72,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
 
-    seed(WebServer(topo, topo.master.name))
+    seeder = WebServer(topo, topo.master.name)
+    users = seed(seeder)
+    seeder.close()
     start_http_server(args.metrics_port, addr=args.host)
     log.info(
         "demo web tier: %d clusters at %.0f req/s each; metrics on %s:%d",
@@ -88,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         while not stop.is_set():
             started = time.monotonic()
             try:
-                op = run_one(web, rng)
+                op = run_one(web, rng, users)
                 REQUESTS.labels(cluster.region, cluster.name, op, "ok").inc()
             except Exception as e:  # noqa: BLE001 - a demo request failing must not end the demo
                 REQUESTS.labels(cluster.region, cluster.name, "any", "error").inc()

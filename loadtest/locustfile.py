@@ -49,7 +49,7 @@ def read(ws: WebServer, family: str, item: int) -> Any:
         return ws.get_feed(item)
     if family == "regional":
         key = f"regional:post:{item}"
-        return ws.rm.read_through(key, lambda db: db.query_one(POST_QUERY, (item,)), ws.ttl)
+        return ws.rm_for(item).read_through(key, lambda db: db.query_one(POST_QUERY, (item,)), ws.ttl)
     raise ValueError(f"unknown key family {family!r}")
 
 
@@ -59,7 +59,9 @@ def write(ws: WebServer, family: str, item: int, rng: random.Random) -> None:
         ws.create_post(item, body(SIZES.size(rng), rng.randrange(1 << 30)))
         return
     key = f"regional:post:{item}" if family == "regional" else f"post:{item}"
-    ws.rm.write_with_marker([key], "UPDATE posts SET body = %s WHERE id = %s", (body(SIZES.size(rng), item), item))
+    ws.rm_for(item).write_with_marker(  # on the post's shard (the web tier's shard map)
+        [key], "UPDATE posts SET body = %s WHERE id = %s", (body(SIZES.size(rng), item), item)
+    )
 
 
 class _WebServerUser(User):

@@ -10,6 +10,15 @@ the write replicates. Cache keys match the invalidation rules of examples/local.
     posts   -> post:{id}, feed:{author_id}
     follows -> followers:{followee_id}, following:{follower_id}
 
+Sharded topologies (`[shards]`, docs/squeal.md "Shards") spread the rows with the topology's shard map,
+`Topology.shard_of(id)`: a user lives on the shard of its id; a post with its author (its id is allocated
+on the author's shard, so it maps back there too); a follow with its follower. Ids are allocated on the
+owning shard's primary in that shard's series (`Topology.auto_increment_for`), so they are unique fleet-wide.
+Each key family says where its rows are (`KeyFamily.shards`): on the shard of the key's argument
+(`user:{id}`, `post:{id}`, `feed:{author_id}`, `following:{follower_id}`) or anywhere, read from every shard
+and merged in the family's order (`user:email:{email}`, `followers:{followee_id}`). Keys are the same
+whichever shard a row lives on. Without [shards] there is one shard and every read and write is as before.
+
 Locust workloads drive this object directly (no HTTP layer: the cache and database traffic is the point).
 """
 
@@ -17,6 +26,8 @@ from __future__ import annotations
 
 import json
 import re
+import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +61,28 @@ def install_schema(db: SqlClient, database: str = "app") -> None:
         db.execute(stmt)
 
 
+def install_schema_on_shards(topology: Topology, database: str = "app") -> None:
+    """Create the demo schema on every shard's primary (each shard's copies get it through replication)."""
+    for shard in topology.shards:
+        admin = SqlClient.for_database(topology.shard_copy(shard.name, topology.master.name), None, role="admin")
+        try:
+            install_schema(admin, database)
+        finally:
+            admin.close()
+
+
+def shard_master(topology: Topology, shard: str, database: str = "app") -> SqlClient:
+    """A client on `shard`'s primary for writers: with [shards], every session allocates AUTO_INCREMENT ids in
+    the shard's own series (`Topology.auto_increment_for`), so a new row's id maps back to it (`shard_of`)."""
+    init = None
+    if topology.sharded:
+        increment, offset = topology.auto_increment_for(shard)
+        init = f"SET SESSION auto_increment_increment = {increment}, auto_increment_offset = {offset}"
+    db = topology.shard_copy(shard, topology.master.name)
+    role = f"shard {shard} master" if topology.sharded else "master"
+    return SqlClient.for_database(db, database, role=role, init_command=init)
+
+
 @dataclass(frozen=True)
 class KeyFamily:
     """One kind of cache key the web tier fills: `<prefix>:<arg>` holds what `query` returns for `arg`.
@@ -57,15 +90,33 @@ class KeyFamily:
     The read methods below load through this; `verify_codec` (the rules' codec in the topology) tells the
     consistency checker (`squealctl verify`) which rows a cached value holds, from the same queries.
     shape: "row" (one dict or None), "rows" (list of dicts), "column" (list of the first column's values).
+    shards: where the key's rows live in a sharded topology: "arg" on the shard that owns the key's argument
+    (`Topology.shard_of(arg)`), "all" on any shard (read every shard, `merge` the answers).
     """
 
     prefix: str
     query: str  # one %s: the key's argument
     shape: str
     all_args: str  # every argument currently in the database (for sampling)
+    shards: str = "arg"
 
     def key(self, arg: Any) -> str:
         return f"{self.prefix}:{arg}"
+
+    def merge(self, parts: Sequence[Any]) -> Any:
+        """One answer from the answers of several shards, as one database holding all their rows would give:
+        a row: the first found; lists: all of them in the query's ORDER BY, cut to its LIMIT."""
+        if len(parts) == 1:
+            return parts[0]
+        if self.shape == "row":
+            return next((p for p in parts if p is not None), None)
+        merged = [item for part in parts for item in part]
+        query = _QUERY.match(self.query)
+        assert query, self.query
+        for column, descending in reversed(_order(query["order"])):  # stable sorts, last key first
+            pick = (lambda v: v) if column == "1" or self.shape == "column" else (lambda r, c=column: r[c])
+            merged.sort(key=lambda item, pick=pick: (pick(item) is not None, pick(item)), reverse=descending)
+        return merged[: int(query["limit"])] if query["limit"] else merged
 
     def load(self, db: SqlClient, key: str) -> Any:
         arg = key[len(self.prefix) + 1 :]
@@ -84,7 +135,9 @@ KEY_FAMILIES: dict[str, KeyFamily] = {
     f.prefix: f
     for f in (
         KeyFamily("user", "SELECT id, name, email FROM users WHERE id = %s", "row", "SELECT id FROM users"),
-        KeyFamily("user:email", "SELECT id, name, email FROM users WHERE email = %s", "row", "SELECT email FROM users"),
+        KeyFamily(
+            "user:email", "SELECT id, name, email FROM users WHERE email = %s", "row", "SELECT email FROM users", "all"
+        ),
         KeyFamily("post", "SELECT id, author_id, body FROM posts WHERE id = %s", "row", "SELECT id FROM posts"),
         KeyFamily(
             "feed",
@@ -97,6 +150,7 @@ KEY_FAMILIES: dict[str, KeyFamily] = {
             "SELECT follower_id FROM follows WHERE followee_id = %s ORDER BY 1",
             "column",
             "SELECT DISTINCT followee_id FROM follows",
+            "all",  # follows live with the follower: a followee's followers are on every shard
         ),
         KeyFamily(
             "following",
@@ -113,11 +167,43 @@ _QUERY = re.compile(
 )
 
 
-def verify_codec(family: str, value: bytes, flags: int) -> Any:
+def _order(order: str | None) -> list[tuple[str, bool]]:
+    """A query's ORDER BY as [(column, descending)]."""
+    out = []
+    for part in (order or "").split(","):
+        words = part.split()
+        if words:
+            out.append((words[0], len(words) > 1 and words[1].upper() == "DESC"))
+    return out
+
+
+def _family(template: str) -> KeyFamily:
+    """The KEY_FAMILIES entry of a rule's key template, e.g. "feed:{author_id}" (KeyError: not one we fill)."""
+    return KEY_FAMILIES[template.split("{", 1)[0].rstrip(":")]
+
+
+class VerifyCodec:
     """How `squealctl verify` reads what this web tier caches: registered as the `codec` of the rules in
-    examples/local.toml (monitoring/verify.py has the contract). `family` is a rule's key template, e.g.
-    "feed:{author_id}"; the answer is the rows the value holds, in KEY_FAMILIES' terms."""
-    fam = KEY_FAMILIES[family.split("{", 1)[0].rstrip(":")]  # KeyError (a LookupError): not a key we fill
+    examples/local.toml (monitoring/verify.py has the contract), as `loadtest.webtier:verify_codec`."""
+
+    def __call__(self, family: str, value: bytes, flags: int) -> Any:
+        """`family` is a rule's key template, e.g. "feed:{author_id}"; the answer is the rows the value holds,
+        in KEY_FAMILIES' terms."""
+        return _decode(family, value, flags)
+
+    def shard_column(self, family: str) -> str | None:
+        """The template's column whose value places every row of a key on `Topology.shard_of(value)` (a
+        family read from one shard), or None: its rows may be on any shard (verify reads them all)."""
+        try:
+            fam = _family(family)
+        except KeyError:
+            return None
+        columns = re.findall(r"\{([^{}]*)\}", family)
+        return columns[0] if fam.shards == "arg" and len(columns) == 1 else None
+
+
+def _decode(family: str, value: bytes, flags: int) -> Any:
+    fam = _family(family)  # KeyError (a LookupError): not a key we fill
     if flags != JSON_FLAG:
         raise ValueError(f"client flag {flags}: not written by the web tier's JsonSerializer")
     doc = json.loads(value)
@@ -131,6 +217,20 @@ def verify_codec(family: str, value: bytes, flags: int) -> Any:
     return CachedRows(tuple(doc), order_by=query["order"], limit=limit)  # e.g. a feed: latest 20 by id
 
 
+verify_codec = VerifyCodec()
+
+
+@dataclass(frozen=True)
+class ShardClients:
+    """One shard as a web server of one region sees it: its master (writes, ids in the shard's series), the
+    region's copy (reads) and the remote-marker protocol between them."""
+
+    name: str
+    master: SqlClient
+    local: SqlClient
+    rm: RemoteMarkers
+
+
 class WebServer:
     """The demo web server of `cluster` in `region`, with topology from `router_config`.
 
@@ -139,6 +239,9 @@ class WebServer:
     on the regional pool's servers instead: for a memcached standing in for the router (tests, no
     router built), which has no prefix routing.
     leases / markers: turn either mechanism off for comparisons.
+
+    Databases: one `ShardClients` per shard of the topology (`shards`); `master`, `local` and `rm` are the
+    first shard's — the only one without [shards]. Writes and reads of one row go to `shard_for(id)`.
     """
 
     def __init__(
@@ -169,29 +272,81 @@ class WebServer:
                 connect(reg.regional_pool.servers, recv_timeout=recv_timeout), name=f"{reg.name}-regional"
             )
         self.cache = LeaseCache(client, name=cl.name, leases=leases, lease_ttl=lease_ttl, wait=wait)
-        self.master = SqlClient.for_database(topology.master.database, database, role="master")
-        self.local = (
-            self.master if reg.master else SqlClient.for_database(reg.database, database, role=f"{reg.name} replica")
-        )
-        self.rm = RemoteMarkers(
-            self.cache,
-            master=self.master,
-            local=self.local,
-            is_master_region=reg.master,
-            markers=marker_cache,
-            enabled=markers,
-            marker_ttl=marker_ttl,
-        )
+        self.topology = topology
+        self.shards: dict[str, ShardClients] = {}
+        for shard in topology.shards:
+            master = shard_master(topology, shard.name, database)
+            local = master
+            if not reg.master:
+                copy = topology.shard_copy(shard.name, reg.name)
+                role = f"shard {shard.name} {reg.name} replica" if topology.sharded else f"{reg.name} replica"
+                local = SqlClient.for_database(copy, database, role=role)
+            rm = RemoteMarkers(
+                self.cache,
+                master=master,
+                local=local,
+                is_master_region=reg.master,
+                markers=marker_cache,
+                enabled=markers,
+                marker_ttl=marker_ttl,
+            )
+            self.shards[shard.name] = ShardClients(shard.name, master, local, rm)
+        first = next(iter(self.shards.values()))
+        self.master, self.local, self.rm = first.master, first.local, first.rm
 
     @property
     def stats(self) -> ClientStats:
         return self.cache.stats
 
+    # -- the shard map ----------------------------------------------------------------------------------
+
+    def shard_for(self, row_id: int) -> ShardClients:
+        """The shard that owns the row with this id (and, by the layout above, everything keyed by it)."""
+        return self.shards[self.topology.shard_of(row_id).name]
+
+    def rm_for(self, row_id: int) -> RemoteMarkers:
+        """The write protocol for a change to the row with this id (on its shard's master)."""
+        return self.shard_for(row_id).rm
+
+    def shard_for_email(self, email: str) -> ShardClients:
+        """Where a new user with this email goes: a hash of the email, so one address always lands on one
+        shard and the shard's unique key refuses a duplicate (an email changed later is not checked across
+        shards)."""
+        names = list(self.shards)
+        return self.shards[names[zlib.crc32(email.lower().encode()) % len(names)]]
+
+    def _owners(self, fam: KeyFamily, arg: Any) -> list[ShardClients]:
+        """The shards a key of `fam` with this argument is read from."""
+        if len(self.shards) > 1 and fam.shards == "arg":
+            return [self.shard_for(arg)]
+        return list(self.shards.values())
+
+    def _check_owner(self, shard: ShardClients, row_id: int, what: str) -> None:
+        owner = self.topology.shard_of(row_id).name
+        if owner != shard.name:
+            raise RuntimeError(
+                f"new {what} id {row_id} was allocated on shard {shard.name} but the shard map puts it on {owner}: "
+                "the session's auto_increment_increment/offset are not Topology.auto_increment_for's"
+            )
+
+    def query_all(self, sql: str, args: Any = None) -> list[dict[str, Any]]:
+        """A query run on every shard's master, the rows concatenated (in shard order)."""
+        return [row for shard in self.shards.values() for row in shard.master.query(sql, args)]
+
     def _read(self, family: str, arg: Any, *, stale_ok: bool = False) -> Any:
-        """Look-aside read of one key family (leases, remote markers) loading through KEY_FAMILIES."""
+        """Look-aside read of one key family (leases, remote markers) loading through KEY_FAMILIES: from the
+        shard that owns `arg`, or from every shard (one remote-marker decision: all masters or all copies)."""
         fam = KEY_FAMILIES[family]
         key = fam.key(arg)
-        return self.rm.read_through(key, lambda db: fam.load(db, key), self.ttl, stale_ok=stale_ok)
+        owners = self._owners(fam, arg)
+        if len(owners) == 1:
+            return owners[0].rm.read_through(key, lambda db: fam.load(db, key), self.ttl, stale_ok=stale_ok)
+
+        def fill() -> Any:
+            at_master = owners[0].rm.reads_master(key)
+            return fam.merge([fam.load(s.master if at_master else s.local, key) for s in owners])
+
+        return self.cache.get_or_fill(key, fill, self.ttl, stale_ok=stale_ok)
 
     # -- users ----------------------------------------------------------------------------------------
 
@@ -201,16 +356,20 @@ class WebServer:
     def get_user_by_email(self, email: str) -> dict[str, Any] | None:
         return self._read("user:email", email)
 
-    def create_user(self, name: str, email: str) -> int:
-        _, user_id = self.rm.write_with_marker(
+    def create_user(self, name: str, email: str, *, shard: str | None = None) -> int:
+        """A new user on `shard` (default: `shard_for_email`); its id maps back to that shard."""
+        owner = self.shards[shard] if shard is not None else self.shard_for_email(email)
+        _, user_id = owner.rm.write_with_marker(
             [f"user:email:{email}"], "INSERT INTO users (name, email) VALUES (%s, %s)", (name, email)
         )
-        self.rm.mark_and_delete([f"user:{user_id}"])
+        owner.rm.mark_and_delete([f"user:{user_id}"])
+        self._check_owner(owner, user_id, "user")
         return user_id
 
     def update_user(self, user_id: int, *, name: str | None = None, email: str | None = None) -> bool:
         """Change name and/or email; False if there is no such user."""
-        old = self.master.query_one("SELECT email FROM users WHERE id = %s", (user_id,))
+        owner = self.shard_for(user_id)
+        old = owner.master.query_one("SELECT email FROM users WHERE id = %s", (user_id,))
         if old is None:
             return False
         sets, args = [], []
@@ -224,16 +383,19 @@ class WebServer:
             keys.append(f"user:email:{email}")
         if not sets:
             return True
-        self.rm.write_with_marker(keys, f"UPDATE users SET {', '.join(sets)} WHERE id = %s", (*args, user_id))
+        owner.rm.write_with_marker(keys, f"UPDATE users SET {', '.join(sets)} WHERE id = %s", (*args, user_id))
         return True
 
     # -- posts ----------------------------------------------------------------------------------------
 
     def create_post(self, author_id: int, body: str) -> int:
-        _, post_id = self.rm.write_with_marker(
+        """A new post, on its author's shard (its id is allocated there, so it maps back to it)."""
+        owner = self.shard_for(author_id)
+        _, post_id = owner.rm.write_with_marker(
             [f"feed:{author_id}"], "INSERT INTO posts (author_id, body) VALUES (%s, %s)", (author_id, body)
         )
-        self.rm.mark_and_delete([f"post:{post_id}"])
+        owner.rm.mark_and_delete([f"post:{post_id}"])
+        self._check_owner(owner, post_id, "post")
         return post_id
 
     def get_post(self, post_id: int) -> dict[str, Any] | None:
@@ -246,14 +408,15 @@ class WebServer:
     # -- follows --------------------------------------------------------------------------------------
 
     def follow(self, follower_id: int, followee_id: int) -> None:
-        self.rm.write_with_marker(
+        """On the follower's shard: `following:{follower}` reads one shard, `followers:{followee}` every shard."""
+        self.rm_for(follower_id).write_with_marker(
             [f"followers:{followee_id}", f"following:{follower_id}"],
             "INSERT IGNORE INTO follows (follower_id, followee_id) VALUES (%s, %s)",
             (follower_id, followee_id),
         )
 
     def unfollow(self, follower_id: int, followee_id: int) -> None:
-        self.rm.write_with_marker(
+        self.rm_for(follower_id).write_with_marker(
             [f"followers:{followee_id}", f"following:{follower_id}"],
             "DELETE FROM follows WHERE follower_id = %s AND followee_id = %s",
             (follower_id, followee_id),
@@ -271,5 +434,6 @@ class WebServer:
         return sorted(posts, key=lambda p: p["id"], reverse=True)[:FEED_LENGTH]
 
     def close(self) -> None:
-        self.master.close()
-        self.local.close()
+        for shard in self.shards.values():
+            shard.master.close()
+            shard.local.close()

@@ -130,14 +130,16 @@ class Spec:
 def seed_posts(db: Any, count: int, *, pool: str = "wildcard", authors: int = 50, seed: int = 7) -> list[int]:
     """Insert `count` posts whose bodies have table-3 sizes of `pool`; returns their ids, in insert order.
 
-    `db` is a `remote_markers.SqlClient` on the master (writes replicate; squeal sees them like any other).
+    `db` is a `remote_markers.SqlClient` on the master (writes replicate; squeal sees them like any other), or
+    a function from an author id to the master of its shard (`Stack.writer`: posts live with their author).
     """
     rng = random.Random(seed)
     sizes = ValueSizes(pool)
     ids = []
     for i in range(count):
-        _, post_id = db.execute(
-            "INSERT INTO posts (author_id, body) VALUES (%s, %s)", (1 + i % authors, body(sizes.size(rng), i))
+        author = 1 + i % authors
+        _, post_id = (db(author) if callable(db) else db).execute(
+            "INSERT INTO posts (author_id, body) VALUES (%s, %s)", (author, body(sizes.size(rng), i))
         )
         ids.append(post_id)
     return ids

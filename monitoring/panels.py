@@ -2,6 +2,11 @@
 
 The page only draws lines; all arithmetic lives here so it is tested in Python. A panel is
 `{"title", "unit", "lines": [{"label", "points": [[t, v], ...]}]}`.
+
+Sharded topologies: squeal's per-shard series and the prober's carry a `shard` label. Lines then name the shard
+where it matters (lag, replica lag, alerts), lag is the worst of the series it combines (lags do not add up),
+and two panels appear that a topology without [shards] does not get: invalidation latency per shard (the
+prober's canary, every cluster) and squeal's commit → acknowledged latency per shard.
 """
 
 from __future__ import annotations
@@ -14,16 +19,39 @@ from monitoring.scrape import Store
 WINDOW = 15.0  # seconds over which rates and percentiles are computed
 
 
-def _aligned(series: list[dict], group: Callable[[dict], str | None]) -> dict[str, dict[float, float]]:
-    """Sum series that share a group label at each scrape time (scrapes of one round share a timestamp)."""
-    out: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+def _aligned(
+    series: list[dict], group: Callable[[dict], str | None], *, worst: bool = False
+) -> dict[str, dict[float, float]]:
+    """Sum series that share a group label at each scrape time (scrapes of one round share a timestamp);
+    `worst`: take the largest instead (gauges such as lag, which do not add up across shards)."""
+    out: dict[str, dict[float, float]] = defaultdict(dict)
     for s in series:
         label = group(s["labels"])
         if label is None:
             continue
+        at = out[label]
         for t, v in s["points"]:
-            out[label][t] += v
+            at[t] = (max(at[t], v) if worst else at[t] + v) if t in at else v
     return out
+
+
+def _sharded(*metrics: list[dict]) -> bool:
+    """Whether any of these series carry a `shard` label (squeal and the prober on a topology with [shards])."""
+    return any("shard" in s["labels"] for series in metrics for s in series)
+
+
+def _shard_series(series: list[dict]) -> list[dict]:
+    """A metric's series without those that lack a `shard` label when others have one: a sharded squeal
+    process also serves its region-wide registry, whose per-shard gauges (halted, replica lag) are never set."""
+    if not _sharded(series):
+        return series
+    return [s for s in series if s["labels"].get("shard")]
+
+
+def _where(lab: dict) -> str:
+    """`region` or, for a shard's series, `region/shard`."""
+    region = lab.get("region", "?")
+    return f"{region}/{lab['shard']}" if lab.get("shard") else region
 
 
 def rate(points: dict[float, float], window: float = WINDOW) -> list[list[float]]:
@@ -106,6 +134,30 @@ def build(store: Store) -> list[dict]:
         lat[f"{cluster} p99"] = histogram_quantile(0.99, buckets, window=60)
     panels.append({"title": "Invalidation latency (canary commit → key gone)", "unit": "s", "lines": _lines(lat)})
 
+    if _sharded(store.select("squeal_probe_invalidation_seconds_bucket")):
+        per_shard = {}
+        by_shard = _histogram_by(store, "squeal_probe_invalidation_seconds", lambda lab: lab.get("shard") or "?")
+        for shard, buckets in by_shard.items():  # one canary a second, on each shard in turn: a longer window
+            per_shard[f"{shard} p50"] = histogram_quantile(0.5, buckets, window=60 * len(by_shard))
+            per_shard[f"{shard} p99"] = histogram_quantile(0.99, buckets, window=60 * len(by_shard))
+        panels.append(
+            {
+                "title": "Invalidation latency per shard (canary commit → key gone, every cluster)",
+                "unit": "s",
+                "lines": _lines(per_shard),
+            }
+        )
+    commit_latency = store.select("squeal_invalidation_latency_seconds_bucket")
+    if _sharded(commit_latency):
+        by_shard = _histogram_by(store, "squeal_invalidation_latency_seconds", _where)
+        panels.append(
+            {
+                "title": "squeal invalidation latency p99 per shard (commit, 1 s resolution → delete acknowledged)",
+                "unit": "s",
+                "lines": _lines({s: histogram_quantile(0.99, b, window=60) for s, b in by_shard.items()}),
+            }
+        )
+
     # squeal's commit-time histogram has the binlog's 1 s resolution; binlog read → acknowledged is precise.
     by_flow = _histogram_by(
         store, "squeal_delivery_latency_seconds", lambda lab: f"{lab.get('region', '?')}/{lab.get('flow', '?')}"
@@ -118,20 +170,31 @@ def build(store: Store) -> list[dict]:
         }
     )
 
-    for metric, title, unit in (
-        ("squeal_flow_lag_seconds", "squeal lag per flow", "s"),
-        ("squeal_flow_backlog", "squeal backlog per flow (keys queued)", "keys"),
+    lag = store.select("squeal_flow_lag_seconds")
+    for series, title, unit, worst in (
+        (lag, "squeal lag per flow", "s", True),  # with shards: the flow's worst shard
+        (store.select("squeal_flow_backlog"), "squeal backlog per flow (keys queued)", "keys", False),
     ):
-        series = _aligned(store.select(metric), lambda lab: f"{lab.get('region', '?')}/{lab.get('flow')}")
+        flows = _aligned(series, lambda lab: f"{lab.get('region', '?')}/{lab.get('flow')}", worst=worst)
         panels.append(
-            {"title": title, "unit": unit, "lines": _lines({f: sorted(p.items()) for f, p in series.items()})}
+            {"title": title, "unit": unit, "lines": _lines({f: sorted(p.items()) for f, p in flows.items()})}
+        )
+    if _sharded(lag):
+        shards = _aligned(lag, _where, worst=True)
+        panels.append(
+            {
+                "title": "squeal lag per shard (its worst flow)",
+                "unit": "s",
+                "lines": _lines({s: sorted(p.items()) for s, p in shards.items()}),
+            }
         )
 
-    # a replica region's data behind its primary (each of its flows' lag above includes it); 0 for the master
-    replication = _aligned(store.select("squeal_source_replication_lag_seconds"), lambda lab: lab.get("region", "?"))
+    # a replica region's data behind its primary (each of its flows' lag above includes it); 0 for the master.
+    # With shards each shard's copy replicates on its own: one line per region and shard.
+    replication = _aligned(_shard_series(store.select("squeal_source_replication_lag_seconds")), _where, worst=True)
     panels.append(
         {
-            "title": "Replica lag behind the primary per region",
+            "title": "Replica lag behind the primary per region" + (" and shard" if _sharded(lag) else ""),
             "unit": "s",
             "lines": _lines({r: sorted(p.items()) for r, p in replication.items()}),
         }
@@ -141,12 +204,12 @@ def build(store: Store) -> list[dict]:
     # images (TRUNCATE, DROP, RENAME, ... under on_truncate), binlog data loss, a halted region.
     alerts: dict[str, dict[float, float]] = {}
     for metric, label in (
-        ("squeal_bulk_changes_total", lambda lab: f"{lab.get('region', '?')} {lab.get('statement')} "
+        ("squeal_bulk_changes_total", lambda lab: f"{_where(lab)} {lab.get('statement')} "
                                                   f"{lab.get('table')} ({lab.get('policy')})"),
-        ("squeal_data_loss_total", lambda lab: f"{lab.get('region', '?')} binlog data loss ({lab.get('policy')})"),
-        ("squeal_halted", lambda lab: f"{lab.get('region', '?')} HALTED"),
+        ("squeal_data_loss_total", lambda lab: f"{_where(lab)} binlog data loss ({lab.get('policy')})"),
+        ("squeal_halted", lambda lab: f"{_where(lab)} HALTED"),
     ):
-        alerts.update(_aligned(store.select(metric), label))
+        alerts.update(_aligned(_shard_series(store.select(metric)), label))
     panels.append(
         {
             "title": "squeal alerts: changes without row images, data loss, halted (count)",

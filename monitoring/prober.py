@@ -7,6 +7,11 @@ Each probe (paper 7.3's measurement, done actively):
 Replica regions see the change after replication, so their latency includes replication lag.
 A key still cached after `deadline` seconds is logged as an error and counted: that is a lost invalidation
 or a stalled flow, exactly what operators must hear about.
+
+Sharded topologies (`[shards]`): each probe commits on the next shard's primary in turn (every shard the canary
+rule applies to), so every shard's pipeline is measured; its canary rows are ids the web tier's shard map gives
+that shard (`Topology.shard_of`), and the prober's series carry a `shard` label. Without [shards] the series
+are as they always were (no `shard` label).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ class ProberError(RuntimeError):
 class ProbeResult:
     key: str
     latencies: dict[str, float | None] = field(default_factory=dict)  # cluster → seconds (None: deadline passed)
+    shard: str = ""  # the shard whose primary committed the canary
 
 
 class Prober:
@@ -60,54 +66,74 @@ class Prober:
         self.template = rule.keys[0]
         self.topo, self.interval, self.deadline, self.rows = topo, interval, deadline, canary_rows
         self.registry = registry
-        self.master = topo.master.database
+        self.sharded = topo.sharded
+        # the shards probed, in turn (those the canary rule applies to), and each one's canary row ids
+        self.shards = [s.name for s in topo.shards if rule.applies_to(s.name)]
+        self.canary_ids = {name: self._ids_of(name) for name in self.shards}
+        self.master = topo.shard_copy(self.shards[0], topo.master.name)  # the first probed shard's primary
         self.clusters = [(c.region, c.name, str(c.routers[0])) for c in topo.clusters]
         self._clients: dict[str, Client] = {}
-        self._next = 0
+        self._turn = 0  # probes so far: the next shard is shards[_turn % len(shards)]
+        self._next = dict.fromkeys(self.shards, 0)  # per shard: index of the canary row last probed
+        self.last_shard = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        shard = ["shard"] if self.sharded else []
         self.latency = Histogram(
             "squeal_probe_invalidation_seconds",
-            "Canary commit to key gone, per cluster",
-            ["region", "cluster"],
+            "Canary commit to key gone, per cluster (and shard, with [shards])",
+            ["region", "cluster", *shard],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
         self.missed = Counter(
             "squeal_probe_deadline_missed_total",
             "Canary keys still cached after the deadline (lost or late invalidations)",
-            ["region", "cluster"],
+            ["region", "cluster", *shard],
             registry=registry,
         )
         self.failures = Counter(
             "squeal_probe_errors_total",
             "Probes that could not run (database or router down)",
-            ["stage"],
+            ["stage", *shard],
             registry=registry,
         )
 
+    def _ids_of(self, shard: str) -> list[int]:
+        """`rows` canary ids the shard map gives `shard` (shard i of n: i+1, i+1+n, ...; 1..rows without shards)."""
+        names = [s.name for s in self.topo.shards]
+        n, first = len(names), names.index(shard) + 1
+        return [first + n * k for k in range(self.rows)]
+
+    def _labels(self, *values: str, shard: str) -> tuple[str, ...]:
+        return (*values, shard) if self.sharded else values
+
     # -- set-up ------------------------------------------------------------------------------------
 
-    def _db(self) -> pymysql.connections.Connection:
+    def _db(self, shard: str | None = None) -> pymysql.connections.Connection:
+        """A connection to `shard`'s primary (default: the first probed shard's)."""
+        db = self.topo.shard_copy(shard, self.topo.master.name) if shard else self.master
         return pymysql.connect(
-            host=self.master.host,
-            port=self.master.port,
-            user=self.master.user,
-            password=self.master.password,
+            host=db.host,
+            port=db.port,
+            user=db.user,
+            password=db.password,
             autocommit=True,
             connect_timeout=3,
         )
 
     def ensure_canary_table(self) -> None:
-        with self._db() as conn, conn.cursor() as cur:
-            cur.execute(f"CREATE DATABASE IF NOT EXISTS {CANARY_SCHEMA}")
-            cur.execute(
-                f"CREATE TABLE IF NOT EXISTS {CANARY_TABLE} (id INT PRIMARY KEY, seq BIGINT NOT NULL, "
-                "committed_at DOUBLE NOT NULL)"
-            )
-            cur.executemany(
-                f"INSERT IGNORE INTO {CANARY_TABLE} VALUES (%s, 0, 0)", [(i,) for i in range(1, self.rows + 1)]
-            )
+        """The canary table and this prober's rows on every probed shard's primary."""
+        for shard in self.shards:
+            with self._db(shard) as conn, conn.cursor() as cur:
+                cur.execute(f"CREATE DATABASE IF NOT EXISTS {CANARY_SCHEMA}")
+                cur.execute(
+                    f"CREATE TABLE IF NOT EXISTS {CANARY_TABLE} (id INT PRIMARY KEY, seq BIGINT NOT NULL, "
+                    "committed_at DOUBLE NOT NULL)"
+                )
+                cur.executemany(
+                    f"INSERT IGNORE INTO {CANARY_TABLE} VALUES (%s, 0, 0)", [(i,) for i in self.canary_ids[shard]]
+                )
 
     def _client(self, address: str) -> Client:
         client = self._clients.get(address)
@@ -120,13 +146,16 @@ class Prober:
     # -- one probe ---------------------------------------------------------------------------------
 
     def probe_once(self) -> ProbeResult:
-        self._next = self._next % self.rows + 1
-        row_id = self._next
+        """One probe on the next shard in turn (its next canary row): commit there, wait for every cluster."""
+        shard = self.last_shard = self.shards[self._turn % len(self.shards)]
+        self._turn += 1
+        self._next[shard] = self._next[shard] % self.rows + 1
+        row_id = self.canary_ids[shard][self._next[shard] - 1]
         key = self.template.format(id=row_id)
-        result = ProbeResult(key)
+        result = ProbeResult(key, shard=shard)
         for _, _, address in self.clusters:
             self._client(address).set(key, b"canary", expire=60)
-        with self._db() as conn, conn.cursor() as cur:
+        with self._db(shard) as conn, conn.cursor() as cur:
             conn.begin()
             cur.execute(
                 f"UPDATE {CANARY_TABLE} SET seq = seq + 1, committed_at = %s WHERE id = %s", (time.time(), row_id)
@@ -139,17 +168,18 @@ class Prober:
             for cluster, (region, address) in list(pending.items()):
                 if self._client(address).get(key) is None:
                     result.latencies[cluster] = now - committed
-                    self.latency.labels(region, cluster).observe(now - committed)
+                    self.latency.labels(*self._labels(region, cluster, shard=shard)).observe(now - committed)
                     del pending[cluster]
                 elif now - committed > self.deadline:
                     log.error(
-                        "canary key %s still cached in cluster %s %.1fs after commit: invalidation lost or "
+                        "canary key %s%s still cached in cluster %s %.1fs after commit: invalidation lost or "
                         "stalled (check `squealctl status` and squeal's flow backlog)",
                         key,
+                        f" (shard {shard})" if self.sharded else "",
                         cluster,
                         now - committed,
                     )
-                    self.missed.labels(region, cluster).inc()
+                    self.missed.labels(*self._labels(region, cluster, shard=shard)).inc()
                     result.latencies[cluster] = None
                     del pending[cluster]
             if pending:
@@ -175,13 +205,13 @@ class Prober:
                 sampled.fetch()
                 sampled.check_due()
             except (OSError, MemcacheError, pymysql.MySQLError) as e:
-                self.failures.labels("sampled").inc()
+                self.failures.labels(*self._labels("sampled", shard="")).inc()
                 log.warning("re-check of sampled deletes failed: %s", e)
             try:
                 self.probe_once()
             except (OSError, MemcacheError, pymysql.MySQLError) as e:
-                self.failures.labels("probe").inc()
-                log.warning("probe failed: %s", e)
+                self.failures.labels(*self._labels("probe", shard=self.last_shard)).inc()
+                log.warning("probe failed%s: %s", f" on shard {self.last_shard}" if self.sharded else "", e)
                 for client in self._clients.values():
                     client.close()
                 self._clients.clear()

@@ -19,7 +19,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 from pymemcache.client.base import Client
 
-from monitoring.verify import ConsistencyChecker, Database, KeepFlags
+from monitoring.verify import ConsistencyChecker, KeepFlags, shard_databases
 from router_config import Topology
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class SampledDeleteChecker:
             if got is None:
                 continue
             if self._judge is None:
-                self._judge = ConsistencyChecker(self.topo, Database(self.topo.master.database), database=self.database)
+                self._judge = ConsistencyChecker(self.topo, shard_databases(self.topo), database=self.database)
             verdict = self._judge.judge(key, *got)
             if verdict.state != "differs":
                 continue  # agrees, a lease placeholder, or refilled with values no rule's codec can recompute

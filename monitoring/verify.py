@@ -13,6 +13,13 @@ about the database with what the master database holds now. Nothing here knows t
   `LookupError` for a family it does not fill (not checked) and `ValueError` for a value it did not write
   (not checked: the web tier would not serve it either). A rule without a codec is read with `json_rows`:
   a JSON object is one row, JSON null is "no such row".
+* **Shards** (`[shards]`, docs/squeal.md "Shards"): a key's rows are compared with the primaries of the shards
+  that own them. A codec may say, per family, which of the template's columns places every row of a key on
+  one shard: `codec.shard_column(family)` returns that column (its value is a row id of the web tier's shard
+  map, `Topology.shard_of`) or None. With a column, the key is compared with that one shard; without (or
+  for a value that is not an id), with every shard the rule applies to (`rules.shards`), their rows merged
+  as one database would return them (the value's order and window; strings sort as Python sorts them, not
+  by the column's collation). A topology without [shards] has one: its master database.
 
 Not stale, by design:
 
@@ -163,16 +170,19 @@ class KeyFamily:
     columns: tuple[str, ...]  # the template's placeholders, in order
     pattern: re.Pattern[str] = field(compare=False, repr=False)
     codec: str | None = None  # the rule's codec import path (None: json_rows)
+    shards: tuple[str, ...] = ()  # the shards whose copies have the table (the rule's `shards`); () = every one
 
     @classmethod
-    def from_template(cls, template: str, table: str, codec: str | None = None) -> KeyFamily:
+    def from_template(
+        cls, template: str, table: str, codec: str | None = None, shards: tuple[str, ...] = ()
+    ) -> KeyFamily:
         parts, columns, at = [], [], 0
         for m in PLACEHOLDER.finditer(template):
             parts.append(re.escape(template[at : m.start()]) + "(.+?)")
             columns.append(m.group(1))
             at = m.end()
         parts.append(re.escape(template[at:]))
-        return cls(template, table, tuple(columns), re.compile("^" + "".join(parts) + "$", re.S), codec)
+        return cls(template, table, tuple(columns), re.compile("^" + "".join(parts) + "$", re.S), codec, shards)
 
     @property
     def literal(self) -> int:
@@ -190,7 +200,12 @@ class KeyFamily:
 def key_families(topo: router_config.Topology, database: str | None = None) -> tuple[KeyFamily, ...]:
     """Every key template of every rule (of tables in `database`, if given)."""
     return tuple(
-        KeyFamily.from_template(template, rule.table, getattr(rule, "codec", None))
+        KeyFamily.from_template(
+            template,
+            rule.table,
+            getattr(rule, "codec", None),
+            tuple(s.name for s in topo.shards if rule.applies_to(s.name)) if topo.sharded else (),
+        )
         for rule in topo.rules
         if database is None or rule.table.split(".", 1)[0] == database
         for template in rule.keys
@@ -232,11 +247,14 @@ def _row_sort_key(row: Mapping[str, Any]) -> str:
 
 
 class Database:
-    """The master database, read with one connection (reconnecting once if it was lost)."""
+    """The master database (a shard's primary), read with one connection (reconnecting once if it was lost).
+    `label` names it in errors (default: "the master database HOST:PORT")."""
 
-    def __init__(self, db: router_config.Database, connect_timeout: float = 3.0) -> None:
+    def __init__(self, db: router_config.Database, connect_timeout: float = 3.0, label: str | None = None) -> None:
         self.db, self.connect_timeout = db, connect_timeout
+        self.label = label or f"the master database {db.address}"
         self.conn: pymysql.connections.Connection | None = None
+        self.lost = False  # the connection failed for good (after one retry): the error to name
 
     def connect(self) -> None:
         try:
@@ -251,7 +269,8 @@ class Database:
                 cursorclass=pymysql.cursors.DictCursor,
             )
         except pymysql.err.Error as e:
-            raise VerifyError(f"the master database {self.db.address} does not answer ({_reason(e)})") from e
+            self.lost = True
+            raise VerifyError(f"{self.label} does not answer ({_reason(e)})") from e
 
     def query(self, sql: str, args: Sequence[Any] = ()) -> list[dict[str, Any]]:
         for attempt in (1, 2):
@@ -267,6 +286,7 @@ class Database:
                     raise  # the query's own fault (no such table, no privilege): the connection is fine
                 self.close()
                 if attempt == 2:
+                    self.lost = True
                     raise
         raise AssertionError("unreachable")
 
@@ -279,16 +299,44 @@ class Database:
             self.conn = None
 
 
+def shard_databases(topo: router_config.Topology) -> dict[str, Database]:
+    """Each shard's primary (the master region's copy), by shard name; one ("main") without [shards]."""
+    return {
+        s.name: Database(
+            topo.shard_copy(s.name, topo.master.name),
+            label=f"the primary of shard {s.name} ({s.primary.address})" if topo.sharded else None,
+        )
+        for s in topo.shards
+    }
+
+
 def connection_lost(e: BaseException) -> bool:
     """A database error that is about the connection (retry / give up), not about one query."""
     code = e.args[0] if isinstance(e, pymysql.err.OperationalError) and e.args else None
     return isinstance(e, pymysql.err.InterfaceError) or code in (2003, 2006, 2013, 2055)
 
 
-def database_rows(db: Database, family: KeyFamily, values: Sequence[str], cached: CachedRows) -> CachedRows:
-    """What the database holds now for the key, shaped like `cached` (same columns, order and window)."""
+def _order_terms(order_by: str | None) -> list[tuple[str, bool]]:
+    """`a DESC, b` → [("a", True), ("b", False)]."""
+    out = []
+    for term in (order_by or "").split(","):
+        words = term.split()
+        if words:
+            out.append((words[0], len(words) > 1 and words[1].upper() == "DESC"))
+    return out
+
+
+def database_rows(
+    db: Database | Sequence[Database], family: KeyFamily, values: Sequence[str], cached: CachedRows
+) -> CachedRows:
+    """What the database holds now for the key, shaped like `cached` (same columns, order and window). Several
+    databases (the shards a key's rows may be on): their rows merged in the value's order, cut to its window."""
+    dbs = [db] if isinstance(db, Database) else list(db)
     columns = list(dict.fromkeys(c for row in cached.rows for c in row))
-    select = ", ".join(_q(c) for c in columns) if columns else "*"
+    order = _order_terms(cached.order_by)
+    # merging shards sorts here: the order's columns must come back even when the value does not hold them
+    extra = [c for c, _ in order if c not in columns] if columns and len(dbs) > 1 else []
+    select = ", ".join(_q(c) for c in columns + extra) if columns else "*"
     where = " AND ".join(f"{_q(c)} = %s" for c in family.columns)
     sql = f"SELECT {select} FROM {_table(family.table)} WHERE {where}"
     if cached.order_by:
@@ -298,7 +346,12 @@ def database_rows(db: Database, family: KeyFamily, values: Sequence[str], cached
         limit = min(limit or 5, 5)
     if limit:
         sql += f" LIMIT {int(limit)}"
-    rows = tuple({k: _norm(v) for k, v in r.items()} for r in db.query(sql, values))
+    found = [r for d in dbs for r in d.query(sql, values)]
+    if len(dbs) > 1:
+        for column, descending in reversed(order):  # stable sorts, last term first; NULLs first, as MariaDB
+            found.sort(key=lambda r, c=column: (r[c] is not None, r[c]), reverse=descending)
+        found = found[:limit] if limit else found
+    rows = tuple({k: _norm(v) for k, v in r.items() if k not in extra} for r in found)
     return CachedRows(rows, cached.order_by, cached.limit, cached.one)
 
 
@@ -329,6 +382,7 @@ class Verdict:
     cached: Any = None
     expected: Any = None
     reason: str = ""
+    shards: tuple[str, ...] = ()  # the shards compared with (sharded topologies only)
 
 
 class ConsistencyChecker:
@@ -337,12 +391,15 @@ class ConsistencyChecker:
     def __init__(
         self,
         topo: router_config.Topology,
-        db: Database,
+        db: Database | Mapping[str, Database],
         codec: Codec | str | None = None,
         database: str | None = None,
     ) -> None:
-        """codec: one codec for every family (callable or import path), instead of each rule's own."""
-        self.topo, self.db = topo, db
+        """db: each shard's primary by name (`shard_databases`), or one Database holding every shard's rows.
+        codec: one codec for every family (callable or import path), instead of each rule's own."""
+        self.topo = topo
+        self.dbs = dict(db) if isinstance(db, Mapping) else {s.name: db for s in topo.shards}
+        self.db = next(iter(self.dbs.values()))
         self.families = key_families(topo, database)
         self.override = None if codec is None else resolve_codec(codec)
         # each rule's codec, loaded now so that a bad import path fails before anything is read
@@ -351,6 +408,23 @@ class ConsistencyChecker:
 
     def codec_for(self, family: KeyFamily) -> Codec:
         return self.override or self.codecs[family.codec]
+
+    def owners(self, family: KeyFamily, values: Sequence[str]) -> list[str]:
+        """The shards whose rows a key of `family` with these column values is compared with."""
+        names = list(family.shards or self.dbs)
+        if len(self.dbs) < 2:
+            return names
+        shard_column = getattr(self.codec_for(family), "shard_column", None)
+        column = shard_column(family.template) if shard_column is not None else None
+        if column in family.columns:
+            value = values[family.columns.index(column)]
+            if value.isdigit():
+                return [self.topo.shard_of(int(value)).name]
+        return names
+
+    def _databases(self, shards: Sequence[str]) -> list[Database]:
+        """The databases of these shards, each once (one Database may stand for all)."""
+        return list({id(d): d for d in (self.dbs[s] for s in shards)}.values())
 
     def judge(self, key: str, value: bytes, flags: int) -> Verdict:
         if not value:
@@ -366,30 +440,35 @@ class ConsistencyChecker:
             return Verdict("unjudged", reason=f"the codec does not read family {family.template}")
         except (ValueError, TypeError) as e:
             return Verdict("unjudged", reason=f"the codec could not read it: {e}")
+        shards = self.owners(family, values)
         try:
-            current = database_rows(self.db, family, values, cached)
+            current = database_rows(self._databases(shards), family, values, cached)
         except (ValueError, pymysql.err.Error) as e:  # a column or table that is not there
             if isinstance(e, pymysql.err.Error) and connection_lost(e):
                 raise
             return Verdict("unjudged", reason=f"not comparable with {family.table}: {_reason(e)}")
         state = "agrees" if agree(cached, current) else "differs"
-        return Verdict(state, _shown(cached), _shown(current))
+        return Verdict(state, _shown(cached), _shown(current), shards=tuple(shards) if self.topo.sharded else ())
 
     def sample_keys(self, sample: int | None, rng: random.Random) -> list[str]:
         """Keys of up to `sample` distinct rows per family (all when `sample` is None)."""
         keys: list[str] = []
         for family in self.families:
             cols = ", ".join(_q(c) for c in family.columns)
-            try:
-                rows = self.db.query(f"SELECT DISTINCT {cols} FROM {_table(family.table)}")
-            except pymysql.err.Error as e:  # a rule's table missing from this database, no privilege
-                if connection_lost(e):
-                    raise
-                log.warning("verify: family %s not sampled: %s", family.template, _reason(e))
-                continue
-            if sample is not None and len(rows) > sample:
-                rows = rng.sample(rows, sample)
-            keys.extend(family.key(r) for r in rows)
+            found: dict[str, None] = {}  # keys, each once (a followee's followers are on several shards)
+            for db in self._databases(family.shards or list(self.dbs)):
+                try:
+                    rows = db.query(f"SELECT DISTINCT {cols} FROM {_table(family.table)}")
+                except pymysql.err.Error as e:  # a rule's table missing from this database, no privilege
+                    if connection_lost(e):
+                        raise
+                    log.warning("verify: family %s not sampled from %s: %s", family.template, db.label, _reason(e))
+                    continue
+                found.update((family.key(r), None) for r in rows)
+            sampled = list(found)
+            if sample is not None and len(sampled) > sample:
+                sampled = rng.sample(sampled, sample)
+            keys.extend(sampled)
         return keys
 
 
@@ -403,10 +482,15 @@ class StaleKey:
     cached: Any
     expected: Any
     ttl_left: int | None  # seconds until memcached expires it on its own (None: unknown/no expiry)
+    shards: tuple[str, ...] = ()  # the shards `expected` came from (sharded topologies only)
 
     def __str__(self) -> str:
         expiry = f"expires in {self.ttl_left}s" if self.ttl_left and self.ttl_left > 0 else "no expiry"
-        return f"{self.cluster}: {self.key} is stale ({expiry}): cached {self.cached!r}, database {self.expected!r}"
+        where = f" (shard {', '.join(self.shards)})" if self.shards else ""
+        return (
+            f"{self.cluster}: {self.key} is stale ({expiry}): cached {self.cached!r}, database {self.expected!r}"
+            + where
+        )
 
 
 @dataclass(frozen=True)
@@ -590,17 +674,19 @@ def verify(
     grace: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> VerifyReport:
-    """Compare every cluster's cached copy of the sampled keys with the master database.
+    """Compare every cluster's cached copy of the sampled keys with the master database (with [shards]: the
+    primaries of the shards that own each key's rows).
 
     database: only rules of tables in this schema (default: every rule). codec: a callable or import path
     for every rule (default: each rule's `codec`, else `json_rows`). grace: seconds a mismatch gets
     before it is re-read (default: `measured_grace`). Raises VerifyError when nothing can be checked because
     the database does not answer or the codec cannot be loaded; unreachable routers are in the report.
     """
-    db = Database(topo.master.database)
-    checker = ConsistencyChecker(topo, db, codec, database)
-    db.connect()
+    dbs = shard_databases(topo)
+    checker = ConsistencyChecker(topo, dbs, codec, database)
     try:
+        for db in dbs.values():
+            db.connect()
         keys = keys if keys is not None else checker.sample_keys(sample, random.Random(seed))
         keys = [k for k in keys if _valid_key(k)]  # a row whose key memcached refuses is never cached
         first_look: dict[tuple[str, bytes, int], Verdict] = {}  # clusters mostly hold the same bytes
@@ -672,7 +758,8 @@ def verify(
                         if v.state != "differs":
                             in_flight += 1
                         elif cas == s.cas or last_round:
-                            stale.append(StaleKey(name, s.key, v.cached, v.expected, _ttl_left(client, s.key)))
+                            ttl = _ttl_left(client, s.key)
+                            stale.append(StaleKey(name, s.key, v.cached, v.expected, ttl, v.shards))
                         else:  # replaced by another copy that disagrees too: give that one its grace
                             again.append(_Suspect(name, s.key, cas, time.monotonic(), v))
                 except CACHE_ERRORS as e:
@@ -698,9 +785,11 @@ def verify(
             grace_source=grace_source,
         )
     except pymysql.err.Error as e:
-        raise VerifyError(f"the master database {topo.master.database.address} failed mid-check ({_reason(e)})") from e
+        failed = next((d for d in dbs.values() if d.lost), next(iter(dbs.values())))
+        raise VerifyError(f"{failed.label} failed mid-check ({_reason(e)})") from e
     finally:
-        db.close()
+        for db in dbs.values():
+            db.close()
 
 
 def run(

@@ -123,18 +123,24 @@ class RemoteMarkers:
         """Whether ``rmk:<key>`` exists; None if the regional pool could not be asked."""
         return self.markers.exists(marker_key(key))
 
-    def database_for(self, key: str) -> SqlClient:
-        """Where a miss on `key` must be read: the master if a marker says the replica may be behind."""
+    def reads_master(self, key: str) -> bool:
+        """Whether a miss on `key` must be read at the master (a marker says the replica may be behind, or
+        the regional pool could not say). One decision per miss, however many databases the read then asks:
+        a sharded web tier reading a key from every shard reads all their masters or all their local copies."""
         if not self.uses_markers:
             if not self.is_master_region:
                 self.cache.stats.incr("replica_reads")
-            return self.local
+            return False
         present = self.has_marker(key)
         if present is False:
             self.cache.stats.incr("replica_reads")
-            return self.local
+            return False
         self.cache.stats.incr("master_reads")
-        return self.master
+        return True
+
+    def database_for(self, key: str) -> SqlClient:
+        """Where a miss on `key` must be read: the master if a marker says the replica may be behind."""
+        return self.master if self.reads_master(key) else self.local
 
     def read_through(
         self, key: str, query: Callable[[SqlClient], T], ttl: int, *, stale_ok: bool = False

@@ -26,17 +26,23 @@ class SqlClient:
         *,
         role: str = "",
         connect_timeout: float = 5.0,
+        init_command: str | None = None,
     ) -> None:
+        """init_command: SQL run on every new connection, e.g. a shard's `SET SESSION auto_increment_...`
+        (a reconnect gets it again, so the session never silently loses it)."""
         self.host, self.port, self.user, self.password = host, port, user, password
         self.database = database
         self.role = role
         self.connect_timeout = connect_timeout
+        self.init_command = init_command
         self._local = threading.local()
 
     @classmethod
-    def for_database(cls, db: Any, database: str | None, *, role: str = "") -> SqlClient:
+    def for_database(
+        cls, db: Any, database: str | None, *, role: str = "", init_command: str | None = None
+    ) -> SqlClient:
         """From a `router_config.Database` (host, port, user, password)."""
-        return cls(db.host, db.port, db.user, db.password, database, role=role)
+        return cls(db.host, db.port, db.user, db.password, database, role=role, init_command=init_command)
 
     def _conn(self) -> pymysql.connections.Connection:
         conn = getattr(self._local, "conn", None)
@@ -49,6 +55,7 @@ class SqlClient:
                 database=self.database,
                 autocommit=True,
                 connect_timeout=self.connect_timeout,
+                init_command=self.init_command,
                 cursorclass=pymysql.cursors.DictCursor,
             )
             self._local.conn = conn

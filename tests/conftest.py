@@ -81,6 +81,21 @@ def mariadb_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Mar
     procs.stop_all()
 
 
+@pytest.fixture(scope="session")
+def shard_primaries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, MariaDB]]:
+    """One MariaDB primary per shard of tests/shard_support.py (s0..s2, each in its own GTID domain), shared by the
+    session: use your own database names."""
+    from tests.shard_support import DOMAINS, SERVER_IDS, SHARDS
+
+    procs = _Processes(tmp_path_factory.mktemp("shard-primaries"))
+    try:
+        yield {
+            s: procs.add(MariaDB(SERVER_IDS[s], workdir=procs.base / s, gtid_domain_id=DOMAINS[s])) for s in SHARDS
+        }
+    finally:
+        procs.stop_all()
+
+
 @pytest.fixture
 def router_factory(processes: _Processes) -> Callable[..., Router]:
     """`router_factory(config)` writes `config` (a dict, or a path) and starts squeal-router on it."""

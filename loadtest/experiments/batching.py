@@ -75,7 +75,7 @@ def run(short: bool = False, workdir: Path | None = None) -> Report:
     doc = topology_doc(2, wildcard=2, gutter=False, regional=False)
     phases: dict[str, dict[str, Any]] = {}
     with Stack(doc, squeal=False, workdir=work / "stack") as stack:
-        ids = seed_posts(stack.sql(), 300 if short else 2000)
+        ids = seed_posts(stack.writer, 300 if short else 2000)
         dest = stack.topo.cluster(DESTINATION)
         router_pids = [stack.pid_of(str(a)) for a in dest.routers]
         memcached_pids = [stack.pid_of(str(a)) for p in dest.pools for a in p.servers]

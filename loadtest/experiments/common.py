@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import router_config
+from loadtest.webtier import shard_master
 from loadtest.workload import Spec
 from monitoring.scrape import memcached_stats, prometheus_values  # noqa: F401 - memcached_stats: re-exported
 from ops.harness import REPO_ROOT, free_port, memcached_command, wait_until
@@ -110,6 +111,7 @@ class Stack:
         self.deployment = Deployment(self.state_dir)
         self.without = frozenset({"monitoring"} | (set() if squeal else {"squeal"}))
         self.components: list[Component] = []
+        self._writers: dict[str, SqlClient] = {}
 
     def __enter__(self) -> Stack:
         return self.up()
@@ -139,9 +141,24 @@ class Stack:
     def by_role(self, role: str) -> list[Component]:
         return [c for c in self.components if c.role == role]
 
-    def sql(self, region: str | None = None) -> SqlClient:
+    def sql(self, region: str | None = None, shard: str | None = None) -> SqlClient:
+        """The region's copy (default: the master region's) of `shard` (default: the first, the only one
+        without [shards])."""
         r = self.topo.region(region) if region else self.topo.master
-        return SqlClient.for_database(r.database, "app", role=r.database.role)
+        db = self.topo.shard_copy(shard or self.topo.shards[0].name, r.name)
+        return SqlClient.for_database(db, "app", role=db.role)
+
+    def sqls(self, region: str | None = None) -> list[SqlClient]:
+        """The region's copy of every shard (e.g. for `db_selects`: the reads the whole tier made)."""
+        return [self.sql(region, s.name) for s in self.topo.shards]
+
+    def writer(self, row_id: int) -> SqlClient:
+        """The master of the shard that owns `row_id` (the web tier's shard map): a post seeded for author
+        `row_id` goes there, with an id in that shard's series."""
+        shard = self.topo.shard_of(row_id).name
+        if shard not in self._writers:
+            self._writers[shard] = shard_master(self.topo, shard)
+        return self._writers[shard]
 
     def spec(self, clusters: list[str], **kwargs: Any) -> Spec:
         return Spec(topology=str(self.topology_path), region=self.topo.master.name, clusters=clusters, **kwargs)
@@ -300,10 +317,13 @@ def flow_value(metrics: dict[str, float], name: str, flow: str) -> float:
     return sum(v for k, v in metrics.items() if k.startswith(name + "{") and f'flow="{flow}"' in k)
 
 
-def db_selects(db: SqlClient) -> float:
-    """The server's SELECT count (every query the web tier's read path makes is one)."""
-    row = db.query_one("SHOW GLOBAL STATUS LIKE 'Com_select'")
-    return float(row["Value"]) if row else 0.0
+def db_selects(db: SqlClient | list[SqlClient]) -> float:
+    """The servers' SELECT count, summed (every query the web tier's read path makes is one)."""
+    total = 0.0
+    for one in db if isinstance(db, list) else [db]:
+        row = one.query_one("SHOW GLOBAL STATUS LIKE 'Com_select'")
+        total += float(row["Value"]) if row else 0.0
+    return total
 
 
 @dataclass

@@ -53,8 +53,8 @@ def run(short: bool = False, workdir: Path | None = None) -> Report:
     extra: list[Any] = []  # processes this experiment starts beside the stack
     with Stack(doc, squeal=False, workdir=work / "stack") as stack:
         try:
-            ids = seed_posts(stack.sql(), posts)
-            db = stack.sql()
+            ids = seed_posts(stack.writer, posts)
+            db = stack.sqls()
             cluster = stack.topo.clusters[0]
             victim = cluster.wildcard.servers[0]
             gutter_addr = str(cluster.gutter.servers[0]) if cluster.gutter else ""

@@ -29,13 +29,15 @@ def run(short: bool = False, workdir: Path | None = None) -> Report:
     work = Path(workdir or tempfile.mkdtemp(prefix="loadtest-herd-"))
     doc = make_doc(1, wildcard=1, gutter=False, regional=False)
     with Stack(doc, squeal=False, workdir=work / "stack") as stack:
-        db = stack.sql()
+        db = stack.sqls()
         sizes = ValueSizes("wildcard")
         rng = random.Random(3)
         authors = list(range(1, HOT_AUTHORS + 1))
         for a in authors:
             for _ in range(POSTS_PER_AUTHOR):
-                db.execute("INSERT INTO posts (author_id, body) VALUES (%s, %s)", (a, body(sizes.size(rng), a)))
+                stack.writer(a).execute(
+                    "INSERT INTO posts (author_id, body) VALUES (%s, %s)", (a, body(sizes.size(rng), a))
+                )
         cluster = stack.topo.clusters[0]
         runs = {}
         for leases in (False, True):

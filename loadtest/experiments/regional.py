@@ -41,7 +41,7 @@ def run(short: bool = False, workdir: Path | None = None) -> Report:
     doc = make_doc(CLUSTERS, wildcard=1, gutter=False, regional=True)
     arms: dict[str, dict[str, Any]] = {}
     with Stack(doc, squeal=False, workdir=work / "stack") as stack:
-        ids = seed_posts(stack.sql(), posts, pool="regional")
+        ids = seed_posts(stack.writer, posts, pool="regional")
         topo = stack.topo
         clusters = [c.name for c in topo.clusters]
         wildcard = [a for c in topo.clusters for a in c.wildcard.servers]

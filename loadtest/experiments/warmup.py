@@ -78,8 +78,8 @@ def run(short: bool = False, workdir: Path | None = None) -> Report:
     doc = topology_doc(2, wildcard=2, gutter=False, regional=False)
     arms: dict[str, dict[str, Any]] = {}
     with Stack(doc, squeal=True, workdir=work / "stack") as stack:
-        ids = seed_posts(stack.sql(), posts)
-        db = stack.sql()
+        ids = seed_posts(stack.writer, posts)
+        db = stack.sqls()
         cold = stack.topo.cluster(COLD)
         cold_router_log = stack.component(str(cold.routers[0])).log
         # 1. warm east-a with its own traffic
@@ -165,7 +165,9 @@ def _race(stack: Stack, post_id: int, *, erase_holdoff: bool) -> dict[str, Any]:
         os.kill(warm_router, signal.SIGSTOP)  # squeal's deletes for east-a wait
         try:
             new_body = f"updated during warm-up {time.time():.3f}"
-            b_writer.rm.write_with_marker([key], "UPDATE posts SET body = %s WHERE id = %s", (new_body, post_id))
+            b_writer.rm_for(post_id).write_with_marker(
+                [key], "UPDATE posts SET body = %s WHERE id = %s", (new_body, post_id)
+            )
             wait_until(
                 lambda: flow_value(scrape(int(squeal_port)), "squeal_deletes_sent_total", COLD) > before,
                 10, f"squeal's delete of {key} to {COLD}", interval=0.1, error=RuntimeError,

@@ -51,3 +51,59 @@ def test_panels_from_scraped_samples():
     latency = panels[next(t for t in panels if t.startswith("Invalidation latency"))]["lines"]
     assert {line["label"] for line in latency} == {"east/east-a p50", "east/east-a p99"}
     assert latency[0]["points"][-1][1] == pytest.approx(0.0025)  # p50 of observations all under 5 ms
+
+
+def _sharded_store() -> Store:
+    """Two shards' squeal series (lag, commit → acknowledged latency) and the prober's canary on each shard."""
+    store = Store()
+    for t in range(10):
+        for shard, lag, le in (("s0", 1.0, "0.01"), ("s1", 5.0, "0.5")):
+            for flow in ("east-a", "east-b"):
+                labels = {"region": "east", "flow": flow, "shard": shard}
+                store.add("squeal_flow_lag_seconds", labels, lag, float(t))
+                store.add("squeal_invalidation_latency_seconds_bucket", {**labels, "le": le}, float(t), float(t))
+                store.add("squeal_invalidation_latency_seconds_bucket", {**labels, "le": "+Inf"}, float(t), float(t))
+            store.add("squeal_source_replication_lag_seconds", {"region": "west", "shard": shard}, lag, float(t))
+            store.add("squeal_halted", {"region": "west", "shard": shard}, 0.0, float(t))
+            probe = {"region": "east", "cluster": "east-a", "shard": shard}
+            store.add("squeal_probe_invalidation_seconds_bucket", {**probe, "le": le}, float(t), float(t))
+            store.add("squeal_probe_invalidation_seconds_bucket", {**probe, "le": "+Inf"}, float(t), float(t))
+        # the process's region-wide registry serves these gauges too, never set: not a shard, not a line
+        store.add("squeal_source_replication_lag_seconds", {"region": "west"}, 0.0, float(t))
+        store.add("squeal_halted", {"region": "west"}, 0.0, float(t))
+    return store
+
+
+def _last(panel: dict) -> dict[str, float]:
+    return {line["label"]: line["points"][-1][1] for line in panel["lines"]}
+
+
+def test_sharded_series_give_latency_and_lag_per_shard():
+    panels = {p["title"]: p for p in build_panels(_sharded_store())}
+    lag = _last(panels["squeal lag per shard (its worst flow)"])
+    assert lag == {"east/s0": 1.0, "east/s1": 5.0}
+    # a flow's lag is its worst shard's: lags do not add up (summed, east-a would read 6 s)
+    assert _last(panels["squeal lag per flow"]) == {"east/east-a": 5.0, "east/east-b": 5.0}
+    assert _last(panels["Replica lag behind the primary per region and shard"]) == {"west/s0": 1.0, "west/s1": 5.0}
+    alerts = _last(panels[next(t for t in panels if t.startswith("squeal alerts"))])
+    assert alerts == {"west/s0 HALTED": 0.0, "west/s1 HALTED": 0.0}
+
+    canary = _last(panels["Invalidation latency per shard (canary commit → key gone, every cluster)"])
+    assert set(canary) == {"s0 p50", "s0 p99", "s1 p50", "s1 p99"}
+    assert canary["s0 p99"] < 0.01 < 0.1 < canary["s1 p99"] <= 0.5
+    squeal = _last(panels[next(t for t in panels if t.startswith("squeal invalidation latency p99 per shard"))])
+    assert set(squeal) == {"east/s0", "east/s1"} and squeal["east/s0"] < 0.01 < 0.1 < squeal["east/s1"] <= 0.5
+    # the per-cluster canary panel still sums every shard's probes
+    per_cluster = _last(panels["Invalidation latency (canary commit → key gone)"])
+    assert set(per_cluster) == {"east/east-a p50", "east/east-a p99"}
+
+
+def test_unsharded_series_get_no_shard_panels():
+    store = Store()
+    for t in range(10):
+        store.add("squeal_flow_lag_seconds", {"region": "east", "flow": "east-a"}, 2.0, float(t))
+        store.add("squeal_source_replication_lag_seconds", {"region": "west"}, 3.0, float(t))
+    panels = {p["title"]: p for p in build_panels(store)}
+    assert not [t for t in panels if "per shard" in t]
+    assert _last(panels["squeal lag per flow"]) == {"east/east-a": 2.0}
+    assert _last(panels["Replica lag behind the primary per region"]) == {"west": 3.0}
