@@ -28,7 +28,7 @@ from twisted.internet import defer, protocol
 from twisted.internet.endpoints import TCP4ClientEndpoint
 
 from squeal.flows import Batch, Flow
-from squeal.metrics import Metrics
+from squeal.metrics import Metrics, WriteMetrics
 from squeal.sampler import DeleteSampler
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class Sender:
 
     def __init__(self, flow: Flow, reactor: Any, batch_size: int, flush_interval: float,
                  reply_timeout: float = 2.0, backoff_initial: float = 0.05, backoff_max: float = 5.0,
-                 metrics: Metrics | None = None, max_in_flight: int = 4,
+                 metrics: Metrics | WriteMetrics | None = None, max_in_flight: int = 4,
                  sampler: DeleteSampler | None = None) -> None:
         self.name = flow.name  # the destination's name (every shard's flow to it has this name)
         self.destinations = flow.destinations

@@ -48,7 +48,7 @@ from squeal.datamarkers import (
     describe_error,
 )
 from squeal.flows import LIVE, Committed, Dispatcher, Flow, flows_for_region
-from squeal.metrics import Metrics
+from squeal.metrics import Metrics, WriteMetrics
 from squeal.pipeline import Handoff, KeyStage, ReadLoop
 from squeal.reader import (
     BinlogReader,
@@ -85,8 +85,8 @@ def source_for(region: Region | Database) -> Source:
 class SenderHub:
     """The batchers of a process, one `Sender` per destination, shared by every shard's flow to it."""
 
-    def __init__(self, reactor: Any, settings: SquealSettings, metrics: Metrics, sampler: DeleteSampler,
-                 reply_timeout: float) -> None:
+    def __init__(self, reactor: Any, settings: SquealSettings, metrics: Metrics | WriteMetrics,
+                 sampler: DeleteSampler, reply_timeout: float) -> None:
         self.reactor, self.settings, self.metrics, self.sampler = reactor, settings, metrics, sampler
         self.reply_timeout = reply_timeout
         self.senders: dict[str, Sender] = {}

@@ -64,10 +64,7 @@ class Metrics:
         self.reply_errors = Counter("squeal_flow_reply_errors", "Error replies to individual deletes",
                                     ["flow", "error"], registry=r)
         self.deletes = Counter("squeal_deletes_sent", "Deletes sent (and acknowledged)", ["flow"], registry=r)
-        self.writes = Counter("squeal_delete_writes", "Batches of deletes written (one socket write each)",
-                              ["flow"], registry=r)
-        self.deletes_per_write = Histogram("squeal_deletes_per_write", "Deletes packed into one write",
-                                           ["flow"], buckets=BATCH_BUCKETS, registry=r)
+        self.writes, self.deletes_per_write = _write_series(r)
         self.latency = Histogram("squeal_invalidation_latency_seconds",
                                  "Commit timestamp (GTID event, 1 s resolution) to delete acknowledged",
                                  ["flow"], buckets=LATENCY_BUCKETS, registry=r)
@@ -105,3 +102,20 @@ class Metrics:
                                  "by the on_data_loss policy applied", ["policy"], registry=r)
         self.halted = Gauge("squeal_halted", "1 while delivery is halted after binlog data loss "
                             "(on_data_loss = \"halt\"; see docs/runbooks/data-loss.md)", registry=r)
+
+
+def _write_series(r: CollectorRegistry) -> tuple[Counter, Histogram]:
+    writes = Counter("squeal_delete_writes", "Writes of deletes to a destination (one socket write each; with "
+                     "[shards], one write carries every shard's batches that are ready)", ["flow"], registry=r)
+    per_write = Histogram("squeal_deletes_per_write", "Deletes packed into one write", ["flow"],
+                          buckets=BATCH_BUCKETS, registry=r)
+    return writes, per_write
+
+
+class WriteMetrics:
+    """The write-level series alone (`squeal_delete_writes`, `squeal_deletes_per_write`): a RegionDaemon's own,
+    per destination for every shard at once (each shard's pipeline has the rest in its own `Metrics`)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.writes, self.deletes_per_write = _write_series(self.registry)

@@ -36,7 +36,7 @@ from router_config import Topology
 from squeal.daemon import Daemon, HealthResource, SampledDeletesResource, SenderHub, state_dir_for
 from squeal.datamarkers import DatamarkerStore
 from squeal.flows import Flow
-from squeal.metrics import Metrics
+from squeal.metrics import WriteMetrics
 from squeal.sampler import DeleteSampler
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class RegionDaemon:
         self.options = {"from_gtid": from_gtid, "reply_timeout": reply_timeout, "connect_timeout": connect_timeout,
                         "sample_every": sample_every, "checkpoint_interval": checkpoint_interval}
         # Write-level series (writes, deletes per write) are the destinations', not a shard's.
-        self.metrics = Metrics()
+        self.metrics = WriteMetrics()
         self.sampler = DeleteSampler(every=sample_every)
         self.hub = SenderHub(reactor, topology.squeal, self.metrics, self.sampler, reply_timeout)
         self.shards: dict[str, Daemon] = {}

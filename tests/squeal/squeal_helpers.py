@@ -166,6 +166,8 @@ def scrape(port: int, host: str = "127.0.0.1") -> dict[str, float]:
     for line in text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
+            # Prometheus refuses a scrape with a series twice (a daemon's shards merged wrongly would do it)
+            assert name not in out, f"series {name} served twice on :{port}/metrics"
             out[name] = float(value)
     return out
 
