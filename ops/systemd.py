@@ -2,24 +2,31 @@
 
 `squealctl up` runs a whole topology on one machine. A real deployment spreads it over many hosts, each
 running its share under systemd. The topology says where every component runs (memcached and router
-addresses, `regions.<r>.squeal.host`, `monitoring.host`); this module picks the components of one host
-and writes, into DIR:
+addresses, `regions.<r>.squeal.host`, each squeal instance's `host`, `zookeeper.servers`,
+`monitoring.host`); this module picks the components of one host and writes, into DIR:
 
     squeal.target                       groups every unit below (`systemctl enable --now squeal.target`)
+    squeal-zookeeper-<N>.service        ZooKeeper server N (its myid) of the [zookeeper] ensemble (HA)
     squeal-memcached-*.service          one per memcached instance (pool member or regional pool member)
     squeal-router-*.service             one per router address, with routers/<cluster>.json
-    squeal-daemon-<region>.service      the region's squeal daemon, reading DIR/topology.toml
+    squeal-daemon-<region>.service      the squeal daemon of a region without squeal_instances
+    squeal-instance-<name>.service      one per squeal instance of an HA region (`squeal run --instance`)
     squeal-monitoring.service           the dashboard + prober, scraping monitoring/components.json
     topology.toml                       a copy of the topology file the units read
     routers/<cluster>.json              the cluster's router config (router_config.cluster_config)
+    zookeeper/zoo-<N>.cfg               server N's zoo.cfg, as `squealctl up` writes it (ops.harness)
     monitoring/components.json          every component of the deployment, for the monitoring server
 
-Every service restarts on failure, has resource limits (open files; memcached's memory from its `-m`)
-and runs sandboxed (read-only system, private /tmp, no home directories, no new privileges, only
-IP and Unix sockets, a system-call allow-list); what it must write (router spools, squeal's
-datamarkers) is its own state directory. MariaDB is not rendered: the database hosts run Debian's
-mariadb service with the settings docs/deploy.md lists. ZooKeeper (squeal's HA mode) and HA
-instances are not rendered yet. docs/deploy.md walks through it.
+An HA region never gets a `--region` daemon (`squeal run` refuses one for it), and `[shards]` add no
+unit: a region's daemon or leading instance runs every shard's pipeline itself.
+
+Every service restarts on failure, has resource limits (open files; memcached's memory from its `-m`,
+ZooKeeper's from its Java heap) and runs sandboxed (read-only system, private /tmp, no home
+directories, no new privileges, only IP and Unix sockets, a system-call allow-list); what it must
+write (router spools, squeal's datamarkers and request files, ZooKeeper's data and myid) is its own
+state directory. MariaDB is not rendered: every database, extra replica and shard copy runs under
+Debian's mariadb service with the settings docs/deploy.md lists (`squealctl render` names those of the
+host). docs/deploy.md walks through it.
 """
 
 from __future__ import annotations
@@ -613,7 +620,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "systemd",
         help="systemd units + configs for one host of the topology",
         description="Write the systemd unit files and generated configs that one host of the topology runs "
-        "(memcached instances, routers with their JSON configs, squeal daemons, monitoring) and a "
+        "(ZooKeeper servers, memcached instances, routers with their JSON configs, squeal daemons or HA "
+        "instances, monitoring) and a "
         "squeal.target grouping them. Walk-through: docs/deploy.md.",
         epilog="Example: squealctl render systemd examples/three-hosts.toml --host 127.0.0.2 --out /etc/squeal",
     )
