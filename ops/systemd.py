@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -184,11 +185,11 @@ def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> li
     units: list[Unit] = []
 
     zk = topo.zookeeper
-    for server_id, where, quorum, election in zk.peers() if zk else ():
+    ensemble, clients = (zk.peers(), zk.servers) if zk else ((), ())
+    for server_id, where, quorum, election in ensemble:
         if where != host:
             continue
-        assert zk is not None
-        client = zk.servers[server_id - 1]
+        client = clients[server_id - 1]
         data = zookeeper_data_dir(opts, server_id)
         argv = (
             str(opts.java_bin),
@@ -199,8 +200,8 @@ def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> li
             str(config_dir / "zookeeper" / f"zoo-{server_id}.cfg"),
         )  # fmt: skip
         # An ensemble member finds its id in dataDir/myid (systemd creates the state directory, empty).
-        myid = f"mkdir -p {data} && echo {server_id} > {data / 'myid'}"
-        pre = (("/bin/sh", "-c", myid),) if len(zk.servers) > 1 else ()
+        myid = f"mkdir -p {shlex.quote(str(data))} && echo {server_id} > {shlex.quote(str(data / 'myid'))}"
+        pre = (("/bin/sh", "-c", myid),) if len(ensemble) > 1 else ()
         units.append(
             Unit(
                 name=f"squeal-zookeeper-{server_id}.service",
@@ -400,7 +401,7 @@ def components(topo: Topology, offset: int, topology_file: Path) -> dict:
                 "metrics": metrics,
                 "instance": instance,
                 "shard": shard,
-            }  # fmt: skip
+            }
         )
 
     if topo.zookeeper is not None:  # recorded as `squealctl up` does: under the master region
