@@ -455,6 +455,27 @@ class Router(ManagedProcess):
         return memcached_command((self.host, self.port), b"version\r\n").startswith(b"VERSION")
 
 
+# ZooKeeper 3.8 as Debian's `zookeeper` package installs it: zookeeper.jar's manifest names its dependencies,
+# /etc/zookeeper/conf holds its log4j settings. `squealctl up` and `squealctl render systemd` both start it so.
+ZOOKEEPER_CLASSPATH = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar"
+ZOOKEEPER_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+
+
+def zookeeper_config(
+    host: str, port: int, data_dir: str | Path, peers: tuple[tuple[int, str, int, int], ...] = ()
+) -> str:
+    """A server's zoo.cfg: clients on host:port, data in `data_dir` (which holds the `myid` of an ensemble member),
+    the ensemble's `server.N=host:quorum:election` lines (none: standalone). tickTime 500 ms lets ZooKeeper grant
+    squeal's session timeouts from 1 s (a server grants 2 to 20 ticks)."""
+    text = (
+        f"tickTime=500\ndataDir={data_dir}\nclientPort={port}\nclientPortAddress={host}\n"
+        "admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr\n"
+    )
+    if peers:
+        text += "initLimit=10\nsyncLimit=5\n" + "".join(f"server.{i}={h}:{q}:{e}\n" for i, h, q, e in peers)
+    return text
+
+
 class ZooKeeper(ManagedProcess):
     """A ZooKeeper 3.8 server (Debian package) for squeal's HA mode: standalone, or one member of an ensemble
     (`ZooKeeper.ensemble(3)`: each member with its `myid` and the peers' quorum and election ports)."""
@@ -487,17 +508,10 @@ class ZooKeeper(ManagedProcess):
         conf = self.workdir / f"zoo-{self.port}.cfg"
         data = self.workdir / f"zkdata-{self.port}"
         data.mkdir(exist_ok=True)
-        text = (
-            f"tickTime=500\ndataDir={data}\nclientPort={self.port}\nclientPortAddress={self.host}\n"
-            "admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr\n"
-        )
         if self.peers:
             (data / "myid").write_text(f"{self.server_id}\n")
-            text += "initLimit=10\nsyncLimit=5\n" + "".join(f"server.{i}={h}:{q}:{e}\n" for i, h, q, e in self.peers)
-        conf.write_text(text)
-        # zookeeper.jar's manifest names its dependencies; /etc/zookeeper/conf holds its log4j settings.
-        jars = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar"
-        return [self.java, "-cp", jars, "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(conf)]
+        conf.write_text(zookeeper_config(self.host, self.port, data, self.peers))
+        return [self.java, "-cp", ZOOKEEPER_CLASSPATH, ZOOKEEPER_MAIN, str(conf)]
 
     def ready(self) -> bool:
         """Standalone: serving clients. An ensemble member: answering (it serves only once a quorum of members

@@ -2,24 +2,31 @@
 
 `squealctl up` runs a whole topology on one machine. A real deployment spreads it over many hosts, each
 running its share under systemd. The topology says where every component runs (memcached and router
-addresses, `regions.<r>.squeal.host`, `monitoring.host`); this module picks the components of one host
-and writes, into DIR:
+addresses, `regions.<r>.squeal.host`, each squeal instance's `host`, `zookeeper.servers`,
+`monitoring.host`); this module picks the components of one host and writes, into DIR:
 
     squeal.target                       groups every unit below (`systemctl enable --now squeal.target`)
+    squeal-zookeeper-<N>.service        ZooKeeper server N (its myid) of the [zookeeper] ensemble (HA)
     squeal-memcached-*.service          one per memcached instance (pool member or regional pool member)
     squeal-router-*.service             one per router address, with routers/<cluster>.json
-    squeal-daemon-<region>.service      the region's squeal daemon, reading DIR/topology.toml
+    squeal-daemon-<region>.service      the squeal daemon of a region without squeal_instances
+    squeal-instance-<name>.service      one per squeal instance of an HA region (`squeal run --instance`)
     squeal-monitoring.service           the dashboard + prober, scraping monitoring/components.json
     topology.toml                       a copy of the topology file the units read
     routers/<cluster>.json              the cluster's router config (router_config.cluster_config)
+    zookeeper/zoo-<N>.cfg               server N's zoo.cfg, as `squealctl up` writes it (ops.harness)
     monitoring/components.json          every component of the deployment, for the monitoring server
 
-Every service restarts on failure, has resource limits (open files; memcached's memory from its `-m`)
-and runs sandboxed (read-only system, private /tmp, no home directories, no new privileges, only
-IP and Unix sockets, a system-call allow-list); what it must write (router spools, squeal's
-datamarkers) is its own state directory. MariaDB is not rendered: the database hosts run Debian's
-mariadb service with the settings docs/deploy.md lists. ZooKeeper (squeal's HA mode) and HA
-instances are not rendered yet. docs/deploy.md walks through it.
+An HA region never gets a `--region` daemon (`squeal run` refuses one for it), and `[shards]` add no
+unit: a region's daemon or leading instance runs every shard's pipeline itself.
+
+Every service restarts on failure, has resource limits (open files; memcached's memory from its `-m`,
+ZooKeeper's from its Java heap) and runs sandboxed (read-only system, private /tmp, no home
+directories, no new privileges, only IP and Unix sockets, a system-call allow-list); what it must
+write (router spools, squeal's datamarkers and request files, ZooKeeper's data and myid) is its own
+state directory. MariaDB is not rendered: every database, extra replica and shard copy runs under
+Debian's mariadb service with the settings docs/deploy.md lists (`squealctl render` names those of the
+host). docs/deploy.md walks through it.
 """
 
 from __future__ import annotations
@@ -27,13 +34,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import router_config
-from ops.harness import REPO_ROOT, ROUTER_BIN
+from ops.harness import REPO_ROOT, ROUTER_BIN, ZOOKEEPER_CLASSPATH, ZOOKEEPER_MAIN, zookeeper_config
 from router_config import Topology
 
 TARGET = "squeal.target"
@@ -55,6 +63,11 @@ def _default_memcached() -> Path:
     return Path(shutil.which("memcached") or "/usr/bin/memcached")
 
 
+def _default_java() -> Path:
+    # Debian's default-jre-headless links it there (update-alternatives); ZooKeeper 3.8 runs on Java 11 and 17.
+    return Path(shutil.which("java") or "/usr/bin/java")
+
+
 @dataclass(frozen=True)
 class RenderOptions:
     """Where things are on the target host, and the knobs the topology does not carry."""
@@ -68,6 +81,8 @@ class RenderOptions:
     memcached_mb: int = 64  # memcached -m (item memory, MB); MemoryMax is derived from it
     memcached_connections: int = 4096  # memcached -c
     router_metrics_offset: int = DEFAULT_ROUTER_METRICS_OFFSET  # router /metrics port = router port + this
+    java_bin: Path = field(default_factory=_default_java)  # runs the [zookeeper] servers (HA mode)
+    zookeeper_heap_mb: int = 512  # ZooKeeper's -Xmx; its MemoryMax is derived from it
 
 
 @dataclass(frozen=True)
@@ -77,7 +92,7 @@ class Unit:
     name: str  # file name, e.g. squeal-router-east-a-31100.service
     description: str
     argv: tuple[str, ...]
-    kind: str  # memcached | router | squeal | monitoring
+    kind: str  # zookeeper | memcached | router | squeal | monitoring
     state: tuple[str, ...] = ()  # sub-directories of the data dir the service writes
     environment: tuple[tuple[str, str], ...] = ()
     limit_nofile: int = 65536
@@ -85,6 +100,8 @@ class Unit:
     ports: tuple[int, ...] = ()  # ports it listens on (below 1024: CAP_NET_BIND_SERVICE)
     jit_free: bool = True  # no JIT / libffi trampolines: MemoryDenyWriteExecute is safe
     needs_network: bool = False  # talks to other hosts at start-up: ordered after network-online.target
+    pre: tuple[tuple[str, ...], ...] = ()  # ExecStartPre= commands (run as the service, in its sandbox)
+    after: tuple[str, ...] = ()  # units of the same host to start first (ordering only: After=)
 
 
 @dataclass
@@ -93,7 +110,7 @@ class Rendered:
     host: str
     units: list[Path]
     files: list[Path]  # configs: topology copy, router configs, components list
-    databases: list[str]  # regions whose database runs on this host (configured by hand, docs/deploy.md)
+    databases: list[str]  # the MariaDB servers this host runs, described (configured by hand, docs/deploy.md)
 
 
 # -- what runs on a host -----------------------------------------------------------------------------
@@ -109,8 +126,55 @@ def _memcached_mem_max(mb: int) -> int:
     return mb + mb // 4 + 64
 
 
+def _zookeeper_mem_max(heap_mb: int) -> int:
+    # -Xmx bounds the Java heap only; class metadata, JIT code, thread stacks and direct buffers (up to the heap
+    # size again by default) come on top.
+    return 2 * heap_mb + 128
+
+
+def zookeeper_data_dir(opts: RenderOptions, server_id: int) -> Path:
+    """Where ZooKeeper server `server_id` (its myid) keeps its snapshots and transaction log on its host."""
+    return opts.data_dir / f"zookeeper-{server_id}"
+
+
+def zookeeper_files(topo: Topology, host: str, opts: RenderOptions) -> dict[str, str]:
+    """The zoo.cfg of every `[zookeeper]` server on `host`, by path relative to DIR (`zookeeper/zoo-N.cfg`, N its
+    myid): the same file `squealctl up` writes (ops.harness.zookeeper_config), with its data in the data dir."""
+    zk = topo.zookeeper
+    if zk is None:
+        return {}
+    peers = zk.peers()
+    return {
+        f"zookeeper/zoo-{server_id}.cfg": zookeeper_config(
+            where, zk.servers[server_id - 1].port, zookeeper_data_dir(opts, server_id), peers if len(peers) > 1 else ()
+        )
+        for server_id, where, _, _ in peers
+        if where == host
+    }
+
+
+def describe_databases(topo: Topology, host: str) -> list[str]:
+    """The MariaDB servers (each shard's copies, every extra replica) that run on `host`, one phrase each."""
+    out: list[str] = []
+    for shard in topo.shards:
+        for d in shard.copies:
+            if d.host == host:
+                what = f"region {d.region}'s database" if shard.implicit else f"shard {shard.name}'s copy in {d.region}"
+                out.append(f"{what} ({d.role}, {d.address}, server_id {d.server_id})")
+    for r in topo.regions:
+        for d in r.replicas:
+            if d.host == host:
+                source = d.replicates_from or r.database.name
+                out.append(f"replica {d.name} of region {r.name} ({d.address}, server_id {d.server_id}, from {source})")
+    return out
+
+
 def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> list[Unit]:
-    """The services `host` runs, in start order: memcached, routers, squeal daemons, monitoring."""
+    """The services `host` runs, in start order: ZooKeeper, memcached, routers, squeal daemons, monitoring.
+
+    A region with `squeal_instances` (HA) runs one `squeal run --instance NAME` per instance, never a `--region`
+    daemon (`squeal run` refuses that for such a region). With `[shards]` nothing more is rendered: a region's
+    daemon or leading instance runs a pipeline per shard itself."""
     hosts = topo.hosts()
     if host not in hosts:
         raise RenderError(f"{host} runs nothing in {topo.source}; the hosts it names: {', '.join(hosts)}")
@@ -119,6 +183,41 @@ def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> li
     python_env = (("PYTHONUNBUFFERED", "1"), ("PYTHONDONTWRITEBYTECODE", "1"))
     topology_file = config_dir / "topology.toml"
     units: list[Unit] = []
+
+    zk = topo.zookeeper
+    ensemble, clients = (zk.peers(), zk.servers) if zk else ((), ())
+    for server_id, where, quorum, election in ensemble:
+        if where != host:
+            continue
+        client = clients[server_id - 1]
+        data = zookeeper_data_dir(opts, server_id)
+        argv = (
+            str(opts.java_bin),
+            f"-Xmx{opts.zookeeper_heap_mb}m",
+            "-XX:+ExitOnOutOfMemoryError",  # a restart beats a server limping on without memory
+            "-cp", ZOOKEEPER_CLASSPATH,
+            ZOOKEEPER_MAIN,
+            str(config_dir / "zookeeper" / f"zoo-{server_id}.cfg"),
+        )  # fmt: skip
+        # An ensemble member finds its id in dataDir/myid (systemd creates the state directory, empty).
+        myid = f"mkdir -p {shlex.quote(str(data))} && echo {server_id} > {shlex.quote(str(data / 'myid'))}"
+        pre = (("/bin/sh", "-c", myid),) if len(ensemble) > 1 else ()
+        units.append(
+            Unit(
+                name=f"squeal-zookeeper-{server_id}.service",
+                description=f"ZooKeeper server {server_id} of squeal's ensemble on {client} (quorum {quorum}, "
+                f"election {election})",
+                argv=argv,
+                kind="zookeeper",
+                state=(data.name,),
+                memory_max_mb=_zookeeper_mem_max(opts.zookeeper_heap_mb),
+                ports=(client.port, quorum, election),
+                jit_free=False,  # the JVM's JIT writes code
+                needs_network=True,  # its peers on other hosts
+                pre=pre,
+            )
+        )
+    zookeepers_here = tuple(u.name for u in units)
 
     def memcached(addr: router_config.Address, where: str, name: str) -> Unit:
         mb = opts.memcached_mb
@@ -179,7 +278,33 @@ def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> li
                 )
             )
     for region in topo.regions:
-        if region.squeal_host != host:
+        for inst in region.squeal_instances:
+            if inst.host != host:
+                continue
+            state = f"squeal-instance-{_part(inst.name)}"  # pid file and requests; the markers are in ZooKeeper
+            argv = (
+                str(venv / "bin" / "squeal"),
+                "run", str(topology_file),
+                "--instance", inst.name,
+                "--metrics-port", str(inst.metrics_port),
+                "--state-dir", str(opts.data_dir / state),
+            )  # fmt: skip
+            units.append(
+                Unit(
+                    name=f"squeal-instance-{_part(inst.name)}.service",
+                    description=f"squeal instance {inst.name} of region {region.name} (HA; reads "
+                    f"{inst.database.name or region.name} at {inst.database.address})",
+                    argv=argv,
+                    kind="squeal",
+                    state=(state,),
+                    environment=python_env,
+                    ports=(inst.metrics_port,),
+                    jit_free=False,
+                    needs_network=True,
+                    after=zookeepers_here,
+                )
+            )
+        if region.squeal_instances or region.squeal_host != host:
             continue
         address = topo.squeal_address(region.name)
         state = f"squeal-{_part(region.name)}"
@@ -256,13 +381,39 @@ def components(topo: Topology, offset: int, topology_file: Path) -> dict:
     """The monitoring server's component list (the shape `squealctl up` records): what to scrape, everywhere."""
     out: list[dict] = []
 
-    def add(role: str, region: str, cluster: str | None, pool: str | None, address: str, metrics: str | None):
+    def add(
+        role: str,
+        region: str,
+        cluster: str | None,
+        pool: str | None,
+        address: str,
+        metrics: str | None,
+        instance: str | None = None,
+        shard: str | None = None,
+    ):
         out.append(
-            {"role": role, "region": region, "cluster": cluster, "pool": pool, "address": address, "metrics": metrics}
+            {
+                "role": role,
+                "region": region,
+                "cluster": cluster,
+                "pool": pool,
+                "address": address,
+                "metrics": metrics,
+                "instance": instance,
+                "shard": shard,
+            }
         )
 
+    if topo.zookeeper is not None:  # recorded as `squealctl up` does: under the master region
+        for a in topo.zookeeper.servers:
+            add("zookeeper", topo.master.name, None, None, str(a), None)
+    for shard in topo.shards:
+        for d in shard.copies:
+            name = None if shard.implicit else shard.name
+            add(f"mariadb-{d.role}", d.region, None, None, str(d.address), None, shard=name)
     for r in topo.regions:
-        add(f"mariadb-{r.database.role}", r.name, None, None, str(r.database.address), None)
+        for d in r.replicas:
+            add("mariadb-replica", r.name, None, None, str(d.address), None, d.name)
     for r in topo.regions:
         for a in r.regional_pool.servers if r.regional_pool else ():
             add("memcached", r.name, None, "regional", str(a), None)
@@ -273,9 +424,9 @@ def components(topo: Topology, offset: int, topology_file: Path) -> dict:
     for c in topo.clusters:
         for a in c.routers:
             add("router", c.region, c.name, None, str(a), f"{a.host}:{a.port + offset}")
-    for r in topo.regions:
-        address = str(topo.squeal_address(r.name))
-        add("squeal", r.name, None, None, address, address)
+    for daemon in topo.squeal_daemons():  # a region's HA instances, else its single daemon
+        address = str(daemon.address)
+        add("squeal", daemon.region, None, None, address, address, daemon.instance.name if daemon.instance else None)
     return {"topology": str(topology_file), "rendered": True, "components": out}
 
 
@@ -326,11 +477,13 @@ def unit_text(unit: Unit, opts: RenderOptions, config_dir: Path) -> str:
     ]
     if unit.needs_network:
         lines += ["Wants=network-online.target", "After=network-online.target"]
+    lines += [f"After={name}" for name in unit.after]
     lines += [
         "",
         "[Service]",
         "Type=exec",
         f"User={opts.user}",
+        *(f"ExecStartPre={' '.join(exec_quote(a) for a in pre)}" for pre in unit.pre),
         f"ExecStart={' '.join(exec_quote(a) for a in unit.argv)}",
         f"WorkingDirectory={_path_setting(config_dir)}",
     ]
@@ -429,6 +582,11 @@ def render_systemd(
             path.parent.mkdir(exist_ok=True)
             path.write_text(router_config.render(router_config.cluster_config(topo, cluster.name)))
             files.append(path)
+    for relative, text in zookeeper_files(topo, host, opts).items():
+        path = out / relative
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+        files.append(path)
     if any(u.kind == "monitoring" for u in units):
         path = out / "monitoring" / "components.json"
         path.parent.mkdir(exist_ok=True)
@@ -447,8 +605,7 @@ def render_systemd(
     for old in out.glob("squeal-*.service"):
         if old not in written and old.read_text(errors="replace").startswith(HEADER):
             old.unlink()
-    databases = [r.name for r in topo.regions if r.database.host == host]
-    return Rendered(out=out, host=host, units=written, files=files, databases=databases)
+    return Rendered(out=out, host=host, units=written, files=files, databases=describe_databases(topo, host))
 
 
 # -- squealctl render ----------------------------------------------------------------------------------
@@ -464,7 +621,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "systemd",
         help="systemd units + configs for one host of the topology",
         description="Write the systemd unit files and generated configs that one host of the topology runs "
-        "(memcached instances, routers with their JSON configs, squeal daemons, monitoring) and a "
+        "(ZooKeeper servers, memcached instances, routers with their JSON configs, squeal daemons or HA "
+        "instances, monitoring) and a "
         "squeal.target grouping them. Walk-through: docs/deploy.md.",
         epilog="Example: squealctl render systemd examples/three-hosts.toml --host 127.0.0.2 --out /etc/squeal",
     )
@@ -498,6 +656,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=DEFAULT_ROUTER_METRICS_OFFSET,
         help="each router serves /metrics on its port + this (default: %(default)s)",
     )
+    sd.add_argument("--java-bin", default=str(_default_java()), help="runs ZooKeeper (default: %(default)s)")
+    sd.add_argument(
+        "--zookeeper-heap-mb",
+        type=int,
+        default=512,
+        help="ZooKeeper's -Xmx; sets MemoryMax (default: %(default)s)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -511,13 +676,18 @@ def run(args: argparse.Namespace) -> int:
         user=args.user,
         memcached_mb=args.memcached_mb,
         router_metrics_offset=args.router_metrics_offset,
+        java_bin=Path(args.java_bin).absolute(),
+        zookeeper_heap_mb=args.zookeeper_heap_mb,
     )
     try:
         rendered = render_systemd(args.topology, args.host, args.out, opts)
     except RenderError as e:
         print(f"squealctl render: error: {e}", file=sys.stderr)
         return 2
-    for path in (opts.venv / "bin" / "squeal", opts.router_bin, opts.memcached_bin):
+    needed = [opts.venv / "bin" / "squeal", opts.router_bin, opts.memcached_bin]
+    if any(p.parent.name == "zookeeper" for p in rendered.files):
+        needed += [opts.java_bin, Path(ZOOKEEPER_CLASSPATH.rsplit(":", 1)[-1])]  # Debian's zookeeper package
+    for path in needed:
         if not path.exists():
             print(f"squealctl render: warning: {path} does not exist here; it must on {args.host}", file=sys.stderr)
     private = home_paths(opts, opts.config_dir or rendered.out) if opts.user != "root" else []
@@ -531,8 +701,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"host {args.host}: {services} services and {TARGET} in {rendered.out}")
     for path in rendered.units + rendered.files:
         print(f"  {path.relative_to(rendered.out)}")
-    for region in rendered.databases:
-        print(f"  (the database of region {region} runs here too: set up MariaDB as docs/deploy.md says)")
+    for database in rendered.databases:
+        print(f"  (MariaDB runs here too, {database}: set it up as docs/deploy.md says)")
     print(
         f"install: cp {rendered.out}/squeal*.service {rendered.out}/{TARGET} /etc/systemd/system/ && "
         f"systemctl daemon-reload && systemctl enable --now {TARGET}"

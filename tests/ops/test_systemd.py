@@ -1,14 +1,17 @@
-"""`squealctl render systemd`: hosts in the topology, unit files systemd accepts, and a 3-host run.
+"""`squealctl render systemd`: hosts in the topology, unit files systemd accepts, and 3-host runs.
 
-The 3-host run renders every host of examples/three-hosts.toml (127.0.0.1, and the loopback aliases
-127.0.0.2 and 127.0.0.3: all of 127.0.0.0/8 is this machine) and starts every rendered ExecStart= as the
-unit says (its User=, Environment=, WorkingDirectory=), the way systemd would, then changes rows on the
-primary and sees their keys deleted from memcached servers on hosts other than the squeal daemon's.
+The 3-host runs render every host of examples/three-hosts.toml (one squeal daemon per region) and
+examples/three-hosts-ha.toml (two squeal instances per region, a ZooKeeper server on each host) — 127.0.0.1
+and the loopback aliases 127.0.0.2 and 127.0.0.3: all of 127.0.0.0/8 is this machine — and start every
+rendered ExecStartPre= and ExecStart= as the unit says (its User=, Environment=, WorkingDirectory=), the way
+systemd would, then change rows on the primary and see their keys deleted from memcached servers on hosts
+other than the deleting squeal daemon's.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import pwd
 import shlex
@@ -27,12 +30,15 @@ import router_config
 from ops import systemd
 from ops.cli import main as squealctl
 from ops.harness import ROUTER_BIN, free_port, wait_until
+from ops.local import squeal_state, zookeeper_mode
 from router_config import TopologyError
 from tests.binaries import needs_binary
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL = REPO / "examples" / "local.toml"
 THREE = REPO / "examples" / "three-hosts.toml"
+THREE_HA = REPO / "examples" / "three-hosts-ha.toml"
+SHARDED = REPO / "examples" / "sharded.toml"
 HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze") or "/usr/bin/systemd-analyze"
 # What systemd gives a service before its Environment= lines.
@@ -66,6 +72,15 @@ def unescape(word: str) -> str:
 def exec_start(unit: dict) -> list[str]:
     (line,) = unit["Service"]["ExecStart"]
     return [unescape(w) for w in shlex.split(line)]
+
+
+def exec_start_pre(unit: dict) -> list[list[str]]:
+    return [[unescape(w) for w in shlex.split(line)] for line in unit["Service"].get("ExecStartPre", [])]
+
+
+def role_of(path: Path) -> str:
+    """A rendered service's kind from its name: zookeeper, memcached, router, daemon, instance, monitoring."""
+    return path.stem.split("-")[1]
 
 
 def verify(paths: list[Path]) -> None:
@@ -153,13 +168,15 @@ def test_rendered_units_pass_systemd_analyze_verify(tmp_path):
     out = tmp_path / "local"
     render(LOCAL, "127.0.0.1", out, "--memcached-mb", "100")
     services = services_of(out)
-    kinds = [p.stem.split("-")[1] for p in services]
-    assert (kinds.count("memcached"), kinds.count("router"), kinds.count("daemon"), kinds.count("monitoring")) == (
-        22,
-        4,
-        2,
-        1,
-    )
+    kinds = [role_of(p) for p in services]
+    # examples/local.toml is HA: two instances per region and a 3-server ensemble, never a `--region` daemon.
+    assert {k: kinds.count(k) for k in kinds} == {
+        "zookeeper": 3,
+        "memcached": 22,
+        "router": 4,
+        "instance": 4,
+        "monitoring": 1,
+    }
     verify([*services, out / "squeal.target"])
 
     topo = router_config.load(LOCAL)
@@ -195,9 +212,15 @@ def test_rendered_units_pass_systemd_analyze_verify(tmp_path):
             spool = argv[argv.index("--spool-dir") + 1]
             assert service["StateDirectory"] == [spool.removeprefix("/var/lib/")]
             assert spool.startswith("/var/lib/squeal/router-")
-        if "daemon" in path.name:
+        if "daemon" in path.name or "instance" in path.name:
             assert argv[1:3] == ["run", str(out / "topology.toml")]
             assert service["StateDirectory"] == [argv[argv.index("--state-dir") + 1].removeprefix("/var/lib/")]
+        if "zookeeper" in path.name:
+            assert argv[1] == "-Xmx512m" and service["MemoryMax"] == [f"{2 * 512 + 128}M"]
+            assert service["StateDirectory"] == [f"squeal/zookeeper-{path.stem.rsplit('-', 1)[1]}"]
+            assert "MemoryDenyWriteExecute" not in service  # the JVM's JIT
+        elif "memcached" in path.name or "router" in path.name:
+            assert service["MemoryDenyWriteExecute"] == ["yes"]
         if "monitoring" in path.name:
             assert argv[1:5] == ["-m", "monitoring", "serve", str(out / "topology.toml")]
 
@@ -208,6 +231,71 @@ def test_rendered_units_pass_systemd_analyze_verify(tmp_path):
     render(moved, "127.0.0.1", out)
     assert not (out / "squeal-router-west-b-32200.service").exists()
     assert (out / "squeal-other.service").exists()
+
+
+def _squeal_argvs(topology: Path, tmp_path: Path) -> dict[str, list[list[str]]]:
+    """Every host's squeal units' ExecStart= (`squeal run …`), rendered through squealctl, by host."""
+    out = {}
+    for host in router_config.load(topology).hosts():
+        where = tmp_path / f"{topology.stem}-{host}"
+        render(topology, host, where)
+        out[host] = [exec_start(parse_unit(p)) for p in services_of(where) if role_of(p) in ("daemon", "instance")]
+    return out
+
+
+def test_ha_region_never_gets_a_region_daemon(tmp_path):
+    # east runs two HA instances on host C (a standalone ZooKeeper on host A); west keeps its single daemon.
+    mixed = tmp_path / "mixed.toml"
+    mixed.write_text(
+        THREE.read_text()
+        + '\n[zookeeper]\nservers = ["127.0.0.1:29181"]\n'
+        + '\n[[regions.east.squeal_instances]]\nname = "east-1"\nhost = "127.0.0.3"\nmetrics_port = 29110\n'
+        + '\n[[regions.east.squeal_instances]]\nname = "east-2"\nhost = "127.0.0.3"\nmetrics_port = 29111\n'
+        + "\n[regions.east.replicas.east-r1]\nport = 23308\nserver_id = 3\n"
+    )
+    mixed.write_text(mixed.read_text().replace('name = "east-2"\n', 'name = "east-2"\ndatabase = "east-r1"\n'))
+    argvs = _squeal_argvs(mixed, tmp_path)
+    assert argvs["127.0.0.3"] == [
+        [str(systemd.DEFAULT_VENV / "bin" / "squeal"), "run", str(tmp_path / "mixed-127.0.0.3" / "topology.toml"),
+         "--instance", name, "--metrics-port", port, "--state-dir", f"/var/lib/squeal/squeal-instance-{name}"]
+        for name, port in (("east-1", "29110"), ("east-2", "29111"))
+    ]  # fmt: skip
+    assert [a[a.index("--region") + 1] for a in argvs["127.0.0.2"]] == ["west"]  # the single daemon stays
+    assert argvs["127.0.0.1"] == []
+
+    # A standalone ZooKeeper: no myid, no peers; ordered before the instances of its host (none here).
+    zk = parse_unit(tmp_path / "mixed-127.0.0.1" / "squeal-zookeeper-1.service")
+    assert "ExecStartPre" not in zk["Service"]
+    cfg = (tmp_path / "mixed-127.0.0.1" / "zookeeper" / "zoo-1.cfg").read_text()
+    assert "clientPort=29181\nclientPortAddress=127.0.0.1\n" in cfg and "server." not in cfg
+    assert "dataDir=/var/lib/squeal/zookeeper-1\n" in cfg
+
+    # Every HA topology, on every host: instances only, each exactly once, on the host the topology names.
+    for topology in (LOCAL, THREE_HA, SHARDED):
+        topo = router_config.load(topology)
+        argvs = _squeal_argvs(topology, tmp_path)
+        every = [a for host_argvs in argvs.values() for a in host_argvs]
+        assert not [a for a in every if "--region" in a], topology
+        ran = {a[a.index("--instance") + 1]: host for host, host_argvs in argvs.items() for a in host_argvs}
+        expected = {s.name: s.host for r in topo.regions for s in r.squeal_instances}
+        assert ran == expected and len(every) == len(expected), topology
+
+
+def test_sharded_topology_renders_no_unit_per_shard(tmp_path):
+    out = tmp_path / "sharded"
+    render(SHARDED, "127.0.0.1", out)
+    services = services_of(out)
+    topo = router_config.load(SHARDED)
+    # A region's instances run every shard's pipeline: nothing is named after a shard.
+    assert not [p.name for p in services for sh in topo.shards if sh.name in p.name]
+    kinds = [role_of(p) for p in services]
+    assert (kinds.count("instance"), kinds.count("zookeeper"), kinds.count("daemon")) == (4, 3, 0)
+    # The monitoring server's list has every shard copy (MariaDB, not rendered), instance and ZooKeeper server.
+    listed = json.loads((out / "monitoring" / "components.json").read_text())["components"]
+    copies = {(c["shard"], c["region"], c["address"]) for c in listed if c["role"].startswith("mariadb-")}
+    assert copies == {(sh.name, d.region, str(d.address)) for sh in topo.shards for d in sh.copies}
+    assert {c["instance"] for c in listed if c["role"] == "squeal"} == {"east-1", "east-2", "west-1", "west-2"}
+    assert [c["address"] for c in listed if c["role"] == "zookeeper"] == [str(a) for a in topo.zookeeper.servers]
 
 
 # -- three hosts on this machine -------------------------------------------------------------------
@@ -241,6 +329,7 @@ class _Started:
     def __init__(self, logs: Path) -> None:
         self.logs = logs
         self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.stopped: set[str] = set()  # stopped on purpose (`systemctl stop`): not a failure
 
     def start(self, unit_path: Path) -> None:
         unit = parse_unit(unit_path)
@@ -248,24 +337,37 @@ class _Started:
         env = {"PATH": SYSTEMD_PATH}
         env.update(v.split("=", 1) for v in service.get("Environment", []))
         account = pwd.getpwnam(service["User"][0])
+        as_service = {
+            "cwd": unescape(service["WorkingDirectory"][0]),
+            "env": env,
+            "user": account.pw_uid,
+            "group": account.pw_gid,
+            "extra_groups": [],
+            "stdin": subprocess.DEVNULL,
+        }
+        for pre in exec_start_pre(unit):  # systemd runs each to completion first; a failure fails the start
+            done = subprocess.run(pre, capture_output=True, text=True, timeout=30, **as_service)
+            assert done.returncode == 0, (unit_path.name, pre, done.stdout + done.stderr)
         log = open(self.logs / f"{unit_path.stem}.log", "ab")  # noqa: SIM115 - handed to the child
         proc = subprocess.Popen(
-            exec_start(unit),
-            cwd=unescape(service["WorkingDirectory"][0]),
-            env=env,
-            user=account.pw_uid,
-            group=account.pw_gid,
-            extra_groups=[],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            exec_start(unit), stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **as_service
         )
         log.close()
         self.procs.append((unit_path.name, proc))
 
+    def stop_unit(self, name: str) -> None:
+        """`systemctl stop NAME`: SIGTERM, wait."""
+        proc = dict(self.procs)[name]
+        self.stopped.add(name)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
     def exited(self) -> list[str]:
-        return [f"{name} (exit {p.returncode}): {self._tail(name)}" for name, p in self.procs if p.poll() is not None]
+        return [
+            f"{name} (exit {p.returncode}): {self._tail(name)}"
+            for name, p in self.procs
+            if p.poll() is not None and name not in self.stopped
+        ]
 
     def _tail(self, name: str) -> str:
         path = self.logs / f"{Path(name).stem}.log"
@@ -283,14 +385,107 @@ class _Started:
                 p.wait()
 
 
+def _service_account() -> pwd.struct_passwd:
+    """The units run as an unprivileged account ("nobody" is refused by systemd) -- unless this machine's venv
+    runs an interpreter from root's home (pyenv), which only root may: then they are rendered for root."""
+    in_root_home = [p for p in systemd.home_paths(systemd.RenderOptions(), Path("/tmp")) if p.is_relative_to("/root")]
+    return pwd.getpwnam("root" if in_root_home else "daemon")
+
+
+def _render_hosts(topology: Path, base: Path, options: list[str]) -> list[Path]:
+    """Every host's units, each host's set checked by systemd-analyze verify; all their services."""
+    services: list[Path] = []
+    for host in HOSTS:
+        out = base / host
+        render(topology, host, out, *options)
+        services += services_of(out)
+        verify([*services_of(out), out / "squeal.target"])
+    return services
+
+
+def _start_in_order(started: _Started, services: list[Path], topo: router_config.Topology) -> None:
+    """Start every service, a kind at a time, each kind ready before the next (ZooKeeper serving, ports open).
+
+    systemd starts each host's units in any order and the routers cope (a server that does not answer yet is
+    marked down and probed again); here the memcached servers of every host come first, so that no router
+    starts by failing over to its gutter pool and the keys cached by the test land where they hash."""
+    for role in ("zookeeper", "memcached", "router", "daemon", "instance", "monitoring"):
+        of_role = [path for path in services if role_of(path) == role]
+        if not of_role:
+            continue
+        for path in of_role:
+            started.start(path)
+        if role == "zookeeper":  # only a quorum serves: wait for all of them together
+            for a in topo.zookeeper.servers:
+                wait_until(lambda a=a: zookeeper_mode(str(a)) is not None, 90, f"ZooKeeper {a} serving")
+            continue
+        listening = {"daemon": "squeal", "instance": "squeal"}.get(role, role)
+        for kind, _, a in topo.listeners():
+            if kind == listening:
+                wait_until(lambda a=a: _port_open(a.host, a.port), 60, f"{role} on {a}")
+        assert not started.exited(), started.exited()
+
+
+def _invalidated_elsewhere(topo, primary, deleter_host: dict[str, str], round_: int) -> None:
+    """Cache users 1..12 in every cluster through its router; a row change on the primary (host 1) must delete
+    each key from the memcached that held it, some of them on a host other than the deleting daemon's."""
+    holders: dict[str, dict[str, router_config.Address]] = {}
+    for cluster in topo.clusters:
+        router = Client((cluster.routers[0].host, cluster.routers[0].port), timeout=2)
+        for i in range(1, 13):
+            assert router.set(f"user:{i}", b"cached row", expire=300, noreply=False)
+        holders[cluster.name] = {}
+        for server in cluster.wildcard.servers:
+            direct = Client((server.host, server.port), timeout=2)
+            for i in range(1, 13):
+                if direct.get(f"user:{i}") is not None:
+                    holders[cluster.name][f"user:{i}"] = server
+        assert len(holders[cluster.name]) == 12, holders
+        elsewhere = {a.host for a in holders[cluster.name].values()} - {deleter_host[cluster.region]}
+        assert elsewhere, f"no key of {cluster.name} is cached on a host other than its squeal daemon's"
+
+    primary.execute(f"UPDATE app.users SET name = CONCAT(name, '{round_}') WHERE id <= 12")
+
+    def all_gone() -> bool:
+        return not [
+            key
+            for keys in holders.values()
+            for key, a in keys.items()
+            if Client((a.host, a.port), timeout=2).get(key) is not None
+        ]
+
+    wait_until(all_gone, 30, f"invalidations in every cluster (round {round_})")
+
+
+def _probed_everywhere(topo: router_config.Topology) -> None:
+    """The monitoring server on host 1 probes every cluster through their routers on hosts 2 and 3."""
+    monitor = f"http://{topo.monitoring.host}:{topo.monitoring.port}/metrics"
+
+    def probed() -> bool:
+        counts = {
+            sample.labels["cluster"]: sample.value
+            for family in text_string_to_metric_families(_http(monitor))
+            for sample in family.samples
+            if sample.name == "squeal_probe_invalidation_seconds_count"
+        }
+        return all(counts.get(c.name, 0) >= 1 for c in topo.clusters)
+
+    wait_until(probed, 30, "canary probes through every cluster")
+
+
+def _users_table(primary) -> None:
+    primary.execute(
+        "CREATE DATABASE app",
+        "CREATE TABLE app.users (id BIGINT PRIMARY KEY, name VARCHAR(100) NOT NULL, email VARCHAR(191) NOT NULL)",
+        "INSERT INTO app.users VALUES " + ",".join(f"({i}, 'u{i}', 'u{i}@example.com')" for i in range(1, 13)),
+    )
+
+
 @needs_router
 def test_three_hosts_run_from_rendered_units(mariadb_factory, tmp_path):
     topo = router_config.reassign_ports(router_config.load(THREE), free_port)  # hosts stay, ports move
     offset = _metrics_offset(topo)
-    # The units run as an unprivileged account ("nobody" is refused by systemd) -- unless this machine's venv
-    # runs an interpreter from root's home (pyenv), which only root may: then they are rendered for root.
-    in_root_home = [p for p in systemd.home_paths(systemd.RenderOptions(), Path("/tmp")) if p.is_relative_to("/root")]
-    account = pwd.getpwnam("root" if in_root_home else "daemon")
+    account = _service_account()
     base = Path(tempfile.mkdtemp(prefix="squeal-3hosts-"))  # readable by that account (tmp_path is not)
     base.chmod(0o755)
     started = _Started(tmp_path)
@@ -304,82 +499,137 @@ def test_three_hosts_run_from_rendered_units(mariadb_factory, tmp_path):
         # Host 1's databases come from the harness (MariaDB is configured by hand in a real deployment).
         east, west = topo.region("east").database, topo.region("west").database
         primary = mariadb_factory(east.server_id, port=east.port, host=east.host)
-        primary.execute(
-            "CREATE DATABASE app",
-            "CREATE TABLE app.users (id BIGINT PRIMARY KEY, name VARCHAR(100) NOT NULL, email VARCHAR(191) NOT NULL)",
-            "INSERT INTO app.users VALUES " + ",".join(f"({i}, 'u{i}', 'u{i}@example.com')" for i in range(1, 13)),
-        )
+        _users_table(primary)
         replica = mariadb_factory(west.server_id, port=west.port, host=west.host, replica=True)
         replica.replicate_from(primary)
         replica.wait_for_gtid(primary.gtid_binlog_pos())
 
         options = ["--data-dir", str(data), "--user", account.pw_name, "--router-metrics-offset", str(offset)]
-        services: list[Path] = []
-        for host in HOSTS:
-            out = base / host
-            render(topology, host, out, *options)
-            services += services_of(out)
-            verify([*services_of(out), out / "squeal.target"])
+        services = _render_hosts(topology, base, options)
         assert len(services) == 13  # 8 memcached + 2 routers + 2 squeal daemons + monitoring
 
-        # systemd starts each host's units in any order and the routers cope (a server that does not answer
-        # yet is marked down and probed again); here the memcached servers of every host come first, so that
-        # no router starts by failing over to its gutter pool and the keys below land where they hash.
-        for role in ("memcached", "router", "daemon", "monitoring"):
-            for path in services:
-                if path.stem.split("-")[1] == role:
-                    started.start(path)
-            for kind, _, a in topo.listeners():
-                if kind == role:
-                    wait_until(lambda a=a: _port_open(a.host, a.port), 30, f"{role} on {a}")
+        _start_in_order(started, services, topo)
         for region in topo.regions:
             # squeal serves /healthz on its topology host (regions.R.squeal.host)
             healthy = f"http://{topo.squeal_address(region.name)}/healthz"  # 200 once every flow is healthy
             wait_until(lambda url=healthy: bool(_http(url)), 60, f"squeal {region.name}")
         assert not started.exited(), started.exited()
 
-        # Cache users 1..12 in every cluster, through its router; note which memcached holds each key.
-        holders: dict[str, dict[str, router_config.Address]] = {}
-        for cluster in topo.clusters:
-            router = Client((cluster.routers[0].host, cluster.routers[0].port), timeout=2)
-            for i in range(1, 13):
-                assert router.set(f"user:{i}", b"cached row", expire=300, noreply=False)
-            holders[cluster.name] = {}
-            for server in cluster.wildcard.servers:
-                direct = Client((server.host, server.port), timeout=2)
-                for i in range(1, 13):
-                    if direct.get(f"user:{i}") is not None:
-                        holders[cluster.name][f"user:{i}"] = server
-            assert len(holders[cluster.name]) == 12, holders
-            elsewhere = {a.host for a in holders[cluster.name].values()} - {topo.region(cluster.region).squeal_host}
-            assert elsewhere, f"no key of {cluster.name} is cached on a host other than its squeal daemon's"
+        _invalidated_elsewhere(topo, primary, {r.name: r.squeal_host for r in topo.regions}, 1)
+        _probed_everywhere(topo)
+        assert not started.exited(), started.exited()
+    finally:
+        started.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
-        # A row change on the primary (host 1) → each key gone from its memcached, on other hosts.
-        primary.execute("UPDATE app.users SET name = CONCAT(name, '!') WHERE id <= 12")
 
-        def all_gone() -> bool:
-            return not [
-                key
-                for keys in holders.values()
-                for key, a in keys.items()
-                if Client((a.host, a.port), timeout=2).get(key) is not None
-            ]
+def _check_ha_units(topo: router_config.Topology, base: Path, services: list[Path], data: Path) -> None:
+    """Every host's share of an HA topology: one `squeal run --instance` per instance on its host (no `--region`
+    daemon), one ZooKeeper unit per server on its host with the same ensemble in every zoo.cfg, and the
+    monitoring server's list naming every instance and ZooKeeper server."""
+    instances = {s.name: s for r in topo.regions for s in r.squeal_instances}
+    seen_instances: dict[str, str] = {}
+    seen_zookeepers: dict[int, str] = {}
+    ensemble = [f"server.{i}={h}:{q}:{e}" for i, h, q, e in topo.zookeeper.peers()]
+    for path in services:
+        host, unit = path.parent.name, parse_unit(path)
+        argv = exec_start(unit)
+        assert role_of(path) != "daemon" and "--region" not in argv, path
+        if role_of(path) == "instance":
+            name = argv[argv.index("--instance") + 1]
+            assert argv[1:3] == ["run", str(path.parent / "topology.toml")]
+            assert argv[argv.index("--metrics-port") + 1] == str(instances[name].metrics_port)
+            assert name not in seen_instances and instances[name].host == host, (name, host)
+            seen_instances[name] = host
+            # ordered after the ZooKeeper server of its host, if any
+            assert unit["Unit"]["After"][-1].startswith("squeal-zookeeper-"), unit["Unit"]
+        if role_of(path) == "zookeeper":
+            myid = int(path.stem.rsplit("-", 1)[1])
+            assert myid not in seen_zookeepers
+            seen_zookeepers[myid] = host
+            lines = Path(argv[-1]).read_text().splitlines()
+            cfg = dict(line.split("=", 1) for line in lines if not line.startswith("server."))
+            servers = [line for line in lines if line.startswith("server.")]
+            assert servers == ensemble, (path, servers)
+            client = topo.zookeeper.servers[myid - 1]
+            assert (
+                (cfg["clientPortAddress"], int(cfg["clientPort"])) == (client.host, client.port) == (host, client.port)
+            )
+            assert cfg["dataDir"] == str(data / f"zookeeper-{myid}")
+            assert unit["Service"]["ReadWritePaths"] == [cfg["dataDir"]]
+            assert exec_start_pre(unit) == [["/bin/sh", "-c", f"mkdir -p {cfg['dataDir']} && echo {myid} > "
+                                                                f"{cfg['dataDir']}/myid"]]  # fmt: skip
+            assert Path(argv[0]).is_absolute() and argv[argv.index("-cp") + 1].endswith("/usr/share/java/zookeeper.jar")
+    assert seen_instances == {name: s.host for name, s in instances.items()}
+    assert seen_zookeepers == {i: h for i, h, _, _ in topo.zookeeper.peers()}
+    listed = json.loads((base / topo.monitoring.host / "monitoring" / "components.json").read_text())["components"]
+    squeal = {(c["instance"], c["address"], c["metrics"]) for c in listed if c["role"] == "squeal"}
+    assert squeal == {(s.name, str(s.address), str(s.address)) for s in instances.values()}
+    assert [c["address"] for c in listed if c["role"] == "zookeeper"] == [str(a) for a in topo.zookeeper.servers]
+    replicas = {c["instance"]: c["address"] for c in listed if c["role"] == "mariadb-replica" and c["instance"]}
+    assert replicas == {d.name: str(d.address) for r in topo.regions for d in r.replicas}
 
-        wait_until(all_gone, 30, "invalidations in both clusters")
 
-        # The monitoring server on host 1 probes both clusters through their routers on hosts 2 and 3.
-        monitor = f"http://{topo.monitoring.host}:{topo.monitoring.port}/metrics"
+def _leader(topo: router_config.Topology, region: str) -> router_config.SquealInstance | None:
+    leaders = [s for s in topo.region(region).squeal_instances if squeal_state(str(s.address)) == "leader"]
+    return leaders[0] if len(leaders) == 1 else None
 
-        def probed() -> bool:
-            counts = {
-                sample.labels["cluster"]: sample.value
-                for family in text_string_to_metric_families(_http(monitor))
-                for sample in family.samples
-                if sample.name == "squeal_probe_invalidation_seconds_count"
-            }
-            return all(counts.get(c.name, 0) >= 1 for c in topo.clusters)
 
-        wait_until(probed, 30, "canary probes through every cluster")
+@needs_router
+def test_three_hosts_ha_run_from_rendered_units(mariadb_factory, tmp_path):
+    """examples/three-hosts-ha.toml from its rendered units: a ZooKeeper server on each host, two squeal
+    instances per region on hosts 2 and 3; a leader per region deletes on the other hosts, and once the east
+    leader is stopped the other east instance, on the other host, takes over."""
+    topo = router_config.reassign_ports(router_config.load(THREE_HA), free_port)
+    offset = _metrics_offset(topo)
+    account = _service_account()
+    base = Path(tempfile.mkdtemp(prefix="squeal-3hosts-ha-"))
+    base.chmod(0o755)
+    started = _Started(tmp_path)
+    try:
+        topology = base / "three-hosts-ha.toml"
+        topology.write_text(router_config.dumps(topo))
+        data = base / "data"
+        data.mkdir()
+        os.chown(data, account.pw_uid, account.pw_gid)
+
+        # Host 1's four MariaDB servers (configured by hand in a real deployment, docs/deploy.md section 3).
+        east, west = topo.region("east"), topo.region("west")
+        primary = mariadb_factory(east.database.server_id, port=east.database.port, host=east.database.host)
+        _users_table(primary)
+        for db in (west.database, *east.replicas, *west.replicas):
+            assert db.replicates_from in ("", "east"), db  # every copy of this example replicates from east
+            copy = mariadb_factory(db.server_id, port=db.port, host=db.host, replica=True)
+            copy.replicate_from(primary)
+            copy.wait_for_gtid(primary.gtid_binlog_pos())
+
+        options = ["--data-dir", str(data), "--user", account.pw_name, "--router-metrics-offset", str(offset)]
+        options += ["--zookeeper-heap-mb", "128"]
+        services = _render_hosts(topology, base, options)
+        kinds = [role_of(p) for p in services]
+        assert {k: kinds.count(k) for k in kinds} == {
+            "zookeeper": 3, "memcached": 8, "router": 2, "instance": 4, "monitoring": 1
+        }  # fmt: skip
+        _check_ha_units(topo, base, services, data)
+
+        _start_in_order(started, services, topo)
+        for region in topo.regions:
+            wait_until(lambda r=region.name: _leader(topo, r) is not None, 60, f"a leader of region {region.name}")
+        assert not started.exited(), started.exited()
+
+        leaders = {r.name: _leader(topo, r.name) for r in topo.regions}
+        _invalidated_elsewhere(topo, primary, {r: s.host for r, s in leaders.items()}, 1)
+        _probed_everywhere(topo)
+
+        # `systemctl stop` of east's leader on its host: the other east instance, on the other host, leads.
+        gone = leaders["east"]
+        started.stop_unit(f"squeal-instance-{gone.name}.service")
+        wait_until(
+            lambda: (s := _leader(topo, "east")) is not None and s.name != gone.name, 60, "east's standby to lead"
+        )
+        successor = _leader(topo, "east")
+        assert successor.host != gone.host
+        _invalidated_elsewhere(topo, primary, {"east": successor.host, "west": leaders["west"].host}, 2)
         assert not started.exited(), started.exited()
     finally:
         started.stop()
