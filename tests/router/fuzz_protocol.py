@@ -285,7 +285,7 @@ def overlong_get(stream: bytes) -> bool:
     return any(_RETRIEVAL.match(line) and any(len(t) > 250 for t in line.split(b" ")) for line in lines)
 
 
-def exchange(address: str, chunks: list[bytes], quiet: float = 0.3, timeout: float = 10.0) -> bytes:
+def exchange(address: str, chunks: list[bytes], quiet: float = 0.6, timeout: float = 10.0) -> bytes:
     """Send the pieces (a short pause between them) and the end marker; read the replies up to the
     marker's, or until the server closes, or has been quiet for `quiet` seconds; then half-close
     and read what is left. (Half-closing at once would not do: memcached closes on end-of-file
