@@ -277,57 +277,35 @@ def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> li
                     ports=(addr.port, metrics),
                 )
             )
+    def squeal_unit(name: str, description: str, selector: tuple[str, str], port: int, state: str,
+                    after: tuple[str, ...] = ()) -> Unit:
+        """`squeal run TOPOLOGY --region R` (a region's daemon) or `--instance NAME` (an HA instance)."""
+        argv = (
+            str(venv / "bin" / "squeal"),
+            "run", str(topology_file),
+            *selector,
+            "--metrics-port", str(port),
+            "--state-dir", str(opts.data_dir / state),
+        )  # fmt: skip
+        return Unit(name=name, description=description, argv=argv, kind="squeal", state=(state,),
+                    environment=python_env, ports=(port,), jit_free=False, needs_network=True, after=after)
+
     for region in topo.regions:
         for inst in region.squeal_instances:
             if inst.host != host:
                 continue
-            state = f"squeal-instance-{_part(inst.name)}"  # pid file and requests; the markers are in ZooKeeper
-            argv = (
-                str(venv / "bin" / "squeal"),
-                "run", str(topology_file),
-                "--instance", inst.name,
-                "--metrics-port", str(inst.metrics_port),
-                "--state-dir", str(opts.data_dir / state),
-            )  # fmt: skip
-            units.append(
-                Unit(
-                    name=f"squeal-instance-{_part(inst.name)}.service",
-                    description=f"squeal instance {inst.name} of region {region.name} (HA; reads "
-                    f"{inst.database.name or region.name} at {inst.database.address})",
-                    argv=argv,
-                    kind="squeal",
-                    state=(state,),
-                    environment=python_env,
-                    ports=(inst.metrics_port,),
-                    jit_free=False,
-                    needs_network=True,
-                    after=zookeepers_here,
-                )
-            )
+            part = _part(inst.name)  # its state dir: pid file and requests; the markers are in ZooKeeper
+            units.append(squeal_unit(
+                f"squeal-instance-{part}.service",
+                f"squeal instance {inst.name} of region {region.name} (HA; reads "
+                f"{inst.database.name or region.name} at {inst.database.address})",
+                ("--instance", inst.name), inst.metrics_port, f"squeal-instance-{part}", after=zookeepers_here))
         if region.squeal_instances or region.squeal_host != host:
             continue
-        address = topo.squeal_address(region.name)
-        state = f"squeal-{_part(region.name)}"
-        argv = (
-            str(venv / "bin" / "squeal"),
-            "run", str(topology_file),
-            "--region", region.name,
-            "--metrics-port", str(address.port),
-            "--state-dir", str(opts.data_dir / state),
-        )  # fmt: skip
-        units.append(
-            Unit(
-                name=f"squeal-daemon-{_part(region.name)}.service",
-                description=f"squeal invalidation daemon, region {region.name} (database {region.database.address})",
-                argv=argv,
-                kind="squeal",
-                state=(state,),
-                environment=python_env,
-                ports=(address.port,),
-                jit_free=False,
-                needs_network=True,
-            )
-        )
+        units.append(squeal_unit(
+            f"squeal-daemon-{_part(region.name)}.service",
+            f"squeal invalidation daemon, region {region.name} (database {region.database.address})",
+            ("--region", region.name), topo.squeal_address(region.name).port, f"squeal-{_part(region.name)}"))
     if topo.monitoring.host == host:
         m = topo.monitoring
         argv = (
