@@ -280,10 +280,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             )  # fmt: skip
             # HA topologies only: a squeal instance's name, state and leader; a ZooKeeper server's quorum
             # ... and with [shards], the shard of every MariaDB copy
-            optional = ("instance", "shard", "state", "leader", "serving", "mode")
+            optional = ("instance", "shard", "shards", "state", "leader", "serving", "mode")
             rows_out = [
                 {k: r[k] for k in keys}
-                | {k: r[k] for k in optional if k in r and (k not in ("instance", "shard") or r[k])}
+                | {k: r[k] for k in optional if k in r and (k not in ("instance", "shard", "shards") or r[k])}
                 for r in rows
             ]
             print(json.dumps(rows_out, indent=2))
@@ -475,6 +475,8 @@ def _print_status(rows: list[dict], supervisor: dict | None = None) -> None:
             if r["state"] != "leader" and r.get("leader"):
                 ha += f" (leader: {r['leader']})"
             state = f"{ha}, {state}"
+        if r.get("shards"):  # a sharded region's reader: which shards it runs
+            state = f"{state}; reads {len(r['shards'])} shards ({', '.join(r['shards'])})"
         pid = r["pid"] if r["running"] else "-"
         print(
             f"{r['name']:{width}} {r['role']:16} {r['region']:7} {pid:>7} {_duration(r['uptime']):>7} "

@@ -503,6 +503,8 @@ class Deployment:
                 if c.instance:
                     row["state"] = body.get("state")
                     row["leader"] = (body.get("ha") or {}).get("leader")
+                if isinstance(body.get("shards"), dict):  # [shards]: the shards this daemon reads now
+                    row["shards"] = sorted(body["shards"])
             if c.role == "zookeeper":
                 row["mode"] = zookeeper_mode(c.address) if row["answering"] else None
                 row["serving"] = row["mode"] is not None

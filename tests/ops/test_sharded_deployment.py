@@ -55,6 +55,12 @@ def test_status_names_the_shard_of_every_database_copy(sharded) -> None:
         return found if len(found) == 2 else []
 
     leaders = wait_until(leaders, WITHIN, "a leader in each region", interval=0.5)
+    rows = json.loads(squealctl(state, "status", "--json").stdout)
+    shards = sorted(s.name for s in topo.shards)
+    assert all(r["shards"] == shards for r in rows if r.get("instance") in leaders)  # who reads each shard
+    assert all("shards" not in r for r in rows if r.get("state") == "standby")
+    text = squealctl(state, "status").stdout
+    assert text.count(f"reads 4 shards ({', '.join(shards)})") == 2, text
     for leader in (s for r in topo.regions for s in r.squeal_instances if s.name in leaders):
         health = _healthz(leader.address)
         assert set(health["shards"]) == {s.name for s in topo.shards} and health["ok"], health["problems"]
