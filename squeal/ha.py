@@ -65,6 +65,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pymysql
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, RolledBackError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -914,8 +915,16 @@ class HaInstance:
                 for position in positions.values():
                     g.merge(target, g.parse_position(position))
                 copy = source_for(self.topology.shard_copy(shard, self.region.name))
-                waited += wait_for_copy(copy.connect, target, self.zk.takeover_wait_s,
-                                        progress=self.metrics.takeover_wait.set)
+                try:
+                    waited += wait_for_copy(copy.connect, target, self.zk.takeover_wait_s,
+                                            progress=self.metrics.takeover_wait.set)
+                except pymysql.err.OperationalError as e:
+                    if not sharded:
+                        raise TakeoverError(f"this copy does not answer: {e}") from e
+                    # Every instance reads the region's same copy of a shard, so it has what the markers say
+                    # once it answers again; its pipeline starts then (RegionDaemon retries it). The others go on.
+                    log.error("instance %s: shard %s's copy %s does not answer (%s); taking the other shards over",
+                              self.instance.name, shard, copy.host + ":" + str(copy.port), e)
         finally:
             self.metrics.takeover_waiting.set(0)
         self.takeover["markers"] = markers

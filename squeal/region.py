@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Sample
 from prometheus_client.twisted import MetricsResource
-from twisted.internet import defer, threads
+from twisted.internet import defer, task, threads
 from twisted.web import resource, server
 
 import router_config
@@ -40,6 +40,8 @@ from squeal.metrics import WriteMetrics
 from squeal.sampler import DeleteSampler
 
 log = logging.getLogger(__name__)
+
+RETRY_S = 5.0  # a shard whose database did not answer at start-up is tried again this often
 
 
 class ShardLabels:
@@ -92,6 +94,7 @@ class RegionDaemon:
         self.started = False
         self.exit_code = 0
         self._adding: set[str] = set()
+        self.waiting: dict[str, str] = {}  # shard -> why its pipeline has not started yet (retried)
 
     # -- shards -----------------------------------------------------------------------------------------------
 
@@ -104,16 +107,28 @@ class RegionDaemon:
                       sample_every=o["sample_every"], shard=shard, hub=self.hub)
 
     def prepare(self) -> None:
-        """Prepare every shard's pipeline (blocking). A shard that cannot start is a clear error naming it."""
+        """Prepare every shard's pipeline (blocking). A shard whose database does not answer does not hold the
+        others back: it is a /healthz problem naming it, retried every `RETRY_S` once running. Any other error
+        (a bad rule, an unwritable marker dir), or no shard answering at all, is a start-up error naming it."""
         for shard in self.topology.shards:
             daemon = self._pipeline(shard.name)
             try:
                 daemon.prepare()
+            except ConnectionError as e:
+                if not self.topology.sharded or len(self.topology.shards) == 1:
+                    raise
+                self._detach(daemon)
+                self.waiting[shard.name] = f"shard {shard.name}: not started, its database does not answer: {e}"
+                log.error("%s; the other shards start, this one is retried every %gs", self.waiting[shard.name],
+                          RETRY_S)
+                continue
             except Exception as e:
                 if not self.topology.sharded:
                     raise
                 raise type(e)(f"shard {shard.name} ({daemon.database.address}): {e}") from e
             self.shards[shard.name] = daemon
+        if not self.shards:
+            raise ConnectionError("no shard's database answers: " + "; ".join(self.waiting.values()))
         if self.topology.sharded:
             log.info("region %s: %d shards (%s), one pipeline each; %d destinations shared by all",
                      self.region.name, len(self.shards), ", ".join(self.shards), len(self.hub.senders))
@@ -150,6 +165,10 @@ class RegionDaemon:
         for daemon in self.shards.values():
             daemon.start_pipeline()
         self.started = True
+        if self.waiting:
+            self._retries = task.LoopingCall(self._retry_waiting)
+            self._retries.clock = self.reactor
+            self._retries.start(RETRY_S, now=False)
         self.reactor.addSystemEventTrigger("before", "shutdown", self.shutdown)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.reload))
@@ -179,16 +198,36 @@ class RegionDaemon:
             if shard.name not in self.shards and shard.name not in self._adding:
                 self._add_shard(fresh, shard.name)
 
-    def _add_shard(self, topology: Topology, shard: str) -> None:
+    def _retry_waiting(self) -> None:
+        """Reactor, every RETRY_S: try again the shards whose database did not answer at start-up."""
+        for shard in list(self.waiting):
+            if shard not in self._adding and not self.stopping:
+                self._add_shard(self.topology, shard, new=False)
+        if not self.waiting and self._retries.running:
+            self._retries.stop()
+
+    def _detach(self, daemon: Daemon) -> None:
+        """A pipeline that will not run: its flows leave the shared senders."""
+        for sender in self.hub.senders.values():
+            for flow in list(daemon.flows.values()):
+                if flow in sender.flows:
+                    sender.remove_flow(flow)
+
+    def _add_shard(self, topology: Topology, shard: str, new: bool = True) -> None:
+        """Prepare a shard's pipeline on a thread and start it: one new in the topology (SIGHUP), or one whose
+        database did not answer before (`new=False`, retried every RETRY_S)."""
         self._adding.add(shard)
-        log.warning("shard %s is new in %s: starting its pipeline", shard, topology.source)
+        if new:
+            log.warning("shard %s is new in %s: starting its pipeline", shard, topology.source)
         self.topology = topology
         daemon = self._pipeline(shard)
         d = threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), daemon.prepare)
 
         def ready(_: Any) -> None:
             self._adding.discard(shard)
+            self.waiting.pop(shard, None)
             if self.stopping:
+                self._detach(daemon)
                 return
             self.shards[shard] = daemon
             daemon.start_pipeline()
@@ -196,11 +235,12 @@ class RegionDaemon:
 
         def failed(f: Any) -> None:
             self._adding.discard(shard)
-            for sender in self.hub.senders.values():
-                for flow in list(daemon.flows.values()):
-                    if flow in sender.flows:
-                        sender.remove_flow(flow)
-            log.error("shard %s could not start (retried at the next SIGHUP): %s", shard, f.getErrorMessage())
+            self._detach(daemon)
+            if new:
+                log.error("shard %s could not start (retried at the next SIGHUP): %s", shard, f.getErrorMessage())
+            else:
+                self.waiting[shard] = f"shard {shard}: not started, its database does not answer: " \
+                                      f"{f.getErrorMessage()}"
 
         d.addCallbacks(ready, failed)
 
@@ -210,8 +250,10 @@ class RegionDaemon:
             return next(iter(statuses.values()))
         problems = {f"{name}: {k}": f"shard {name}: {v}" for name, st in statuses.items()
                     for k, v in st["problems"].items()}
+        problems |= {f"{name}: not started": why for name, why in self.waiting.items()}
         return {
-            "ok": bool(statuses) and all(st["ok"] for st in statuses.values()) and not self.stopping,
+            "ok": bool(statuses) and all(st["ok"] for st in statuses.values()) and not self.stopping
+            and not self.waiting,
             "problems": problems,
             "region": self.region.name,
             "reader_connected": all(st["reader_connected"] for st in statuses.values()),

@@ -284,3 +284,22 @@ def test_compact_shard_groups_expand_and_round_trip() -> None:
     assert again.shards == topo.shards and again.rules == topo.rules
     local = router_config.load(Path(__file__).resolve().parents[2] / "examples" / "local.toml")
     assert not local.sharded and [s.name for s in local.shards] == ["main"]
+
+
+def test_a_shard_down_at_start_holds_nobody_back_and_starts_when_it_answers(sharded) -> None:
+    env = sharded()
+    db = env.dbs["s2"]
+    db.stop(grace=5)
+    try:
+        env.daemon.start()  # ready once /healthz answers: s2 waits ~20 s for its database first, alone
+        health = wait_until(lambda: (h := env.health())[0] == 503 and h[1], 60, "/healthz naming the shard")
+        assert "s2: not started" in health["problems"], health["problems"]
+        assert "does not answer" in health["problems"]["s2: not started"]
+        env.tracer("s0")  # the others invalidate meanwhile
+        env.tracer("s1")
+    finally:
+        db.start()
+    wait_until(lambda: "shard s2: pipeline started" in env.log(), 90, "s2's pipeline to start once it answers")
+    env.tracer("s2")
+    wait_until(lambda: env.health()[0] == 200, 30, "/healthz 200 with every shard running")
+    assert env.daemon.proc.poll() is None  # the same process all along
