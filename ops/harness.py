@@ -299,6 +299,10 @@ class MariaDB(ManagedProcess):
         # A shard's domain (router_config Shard): its primary's GTIDs name the shard (D-S-N); None: MariaDB's 0.
         self.gtid_domain_id = gtid_domain_id
         self.datadir = self.workdir / f"data-{self.port}"
+        # A tmpdir of its own: a MariaDB server removes the `#sql*` files it finds in its tmpdir when it starts,
+        # and with a shared /tmp that was another server's mariadb-install-db at work ("Could not remove
+        # temporary table ... ERROR: 1051 Unknown table 'mysql.tmp_user_sys'").
+        self.tmpdir = self.workdir / f"tmp-{self.port}"
         self.socket_path = self.workdir / f"mariadb-{self.port}.sock"
         self.mariadbd = require_binary("mariadbd", "mariadb-server", search=("/usr/sbin/mariadbd",))
         self.install_db = require_binary("mariadb-install-db", "mariadb-server")
@@ -307,6 +311,7 @@ class MariaDB(ManagedProcess):
         # An existing datadir is reused as is (`squealctl up` after `down` keeps its data and binlogs).
         # mariadb-install-db would not wipe it either (it prints "mysql.user table already exists!" and exits 0),
         # but there is nothing for it to do.
+        self.tmpdir.mkdir(parents=True, exist_ok=True)
         if (self.datadir / "mysql").exists():
             return
         self.datadir.mkdir(parents=True, exist_ok=True)
@@ -315,6 +320,7 @@ class MariaDB(ManagedProcess):
                 self.install_db,
                 "--no-defaults",
                 f"--datadir={self.datadir}",
+                f"--tmpdir={self.tmpdir}",
                 "--auth-root-authentication-method=normal",
                 "--user=root",
                 "--skip-test-db",
@@ -330,6 +336,7 @@ class MariaDB(ManagedProcess):
             self.mariadbd,
             "--no-defaults",
             f"--datadir={self.datadir}",
+            f"--tmpdir={self.tmpdir}",
             f"--port={self.port}",
             f"--bind-address={self.host}",
             f"--socket={self.socket_path}",

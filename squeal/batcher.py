@@ -174,12 +174,20 @@ class Sender:
         if self.client is None:
             self._connect()
             return
-        # Nothing in flight: one batch from every flow with something queued, full or not, in one write; then
-        # (and while batches are in flight) only full batches are pipelined.
-        full_only = bool(self.batches)
-        payloads: list[bytes] = []
-        nkeys = 0
+        # Nothing in flight: one batch from every flow (shard) with something queued, full or not, share one
+        # write. Then, and while batches are in flight, only full batches are pipelined, one write each (as with
+        # a single flow: `batch_size = 1` is one delete per write, the experiments' "unbatched").
+        joined: list[bytes] = []
+        joined_keys = 0
         n = len(self.flows)
+        if not self.batches:
+            for i in range(n):
+                flow = self.flows[(self._next + i) % n]
+                batch = self._take(flow)
+                if batch is not None:
+                    joined.append(batch.payload)
+                    joined_keys += batch.nkeys
+            self._write(joined, joined_keys)
         progress = True
         while progress and len(self.batches) < self._limit:
             progress = False
@@ -187,29 +195,34 @@ class Sender:
                 flow = self.flows[(self._next + i) % n]
                 if len(self.batches) >= self._limit:
                     break
-                if full_only and flow.pending_keys < self.batch_size:
+                if flow.pending_keys < self.batch_size:
                     continue
-                batch = flow.take_batch(self.batch_size, self.max_in_flight)
-                if batch is None:
-                    continue
-                if batch.nkeys == 0:  # only key-less transactions, nothing ahead: done without a round trip
-                    flow.ack(batch)
+                batch = self._take(flow)
+                if batch is not None:
+                    self._write([batch.payload], batch.nkeys)
                     progress = True
-                    continue
-                self.batches.append((flow, batch))
-                payloads.append(batch.payload)
-                nkeys += batch.nkeys
-                progress = True
-            full_only = True
         self._next = (self._next + 1) % max(1, n)
-        if payloads:
-            if self.timeout is None:
-                self.timeout = self.reactor.callLater(self.reply_timeout, self._on_timeout)
-            self.client.send(payloads[0] if len(payloads) == 1 else b"".join(payloads))
-            if self._writes is not None and self._per_write is not None:
-                self._writes.inc()
-                self._per_write.observe(nkeys)
         self._check_drained()
+
+    def _take(self, flow: Flow) -> Batch | None:
+        """The flow's next batch, now in flight (a batch of key-less transactions is done at once: None)."""
+        while (batch := flow.take_batch(self.batch_size, self.max_in_flight)) is not None:
+            if batch.nkeys:
+                self.batches.append((flow, batch))
+                return batch
+            flow.ack(batch)  # only key-less transactions, nothing ahead: done without a round trip
+        return None
+
+    def _write(self, payloads: list[bytes], nkeys: int) -> None:
+        if not payloads:
+            return
+        assert self.client is not None
+        if self.timeout is None:
+            self.timeout = self.reactor.callLater(self.reply_timeout, self._on_timeout)
+        self.client.send(payloads[0] if len(payloads) == 1 else b"".join(payloads))
+        if self._writes is not None and self._per_write is not None:
+            self._writes.inc()
+            self._per_write.observe(nkeys)
 
     # -- connection ----------------------------------------------------------------------------------------
 

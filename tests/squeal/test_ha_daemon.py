@@ -254,12 +254,15 @@ def test_a_preferred_instance_restarted_by_a_supervisor_never_wins_the_vacancy_i
                    20, "someone to take the vacancy")
         assert [name for _, name in watch.leaders][-1] == "east-2", ("the restarted east-1 won", watch.leaders)
         wait_until(lambda: env.state("east-2") == "leader", 20, "east-2 to deliver")
+        env.probe(10_000_010 + i, 15)  # it delivers (and its markers move: the watch has something to judge)
         t_vacancy_filled = time.monotonic()
         wait_until(lambda: env.state("east-1") == "leader", 30, "east-1 to get the region back by hand-back")
         print(f"\nround {i + 1}: the restarted east-1 published rejoining, east-2 took the vacancy; handed back "
               f"{(time.monotonic() - t_vacancy_filled) * 1000:.0f} ms later")
     wait_until(lambda: env.state("east-2") == "standby", 30, "east-2 to stand by again")
     gone = env.probe(10_000_001, 15)  # and east-1 delivers
+    wait_until(lambda: all(len({v.position for v in seen}) >= 2 for seen in watch.markers.values())
+               and watch.markers, 15, "the markers to move past the probes")
     watch.stop()
     assert [name for _, name in watch.leaders] == ["east-1", "east-2"] * rounds + ["east-1"], watch.leaders
     watch.check_one_leader_at_a_time()
