@@ -276,7 +276,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.json:
             keys = (
                 "name", "role", "region", "cluster", "pool", "pid", "address", "metrics", "running", "answering",
-                "uptime", "restarts", "stopped", "log",
+                "healthy", "problems", "uptime", "restarts", "stopped", "log",
             )  # fmt: skip
             # HA topologies only: a squeal instance's name, state and leader; a ZooKeeper server's quorum
             # ... and with [shards], the shard of every MariaDB copy

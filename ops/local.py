@@ -97,6 +97,19 @@ def component_name(
     return role
 
 
+def _visible_problems(row: dict) -> dict[str, str]:
+    """Why a component without a /healthz of its own is not healthy, as `status` sees it (empty: healthy)."""
+    if row.get("stopped"):
+        return {"stopped": "held down by `squealctl stop` (`squealctl start NAME`)"}
+    if not row["running"]:
+        return {"process": f"pid {row['pid']} is not running"}
+    if not row["answering"]:
+        return {"port": f"{row['address']} does not accept connections"}
+    if row["role"] == "zookeeper" and not row.get("serving"):
+        return {"quorum": "the server answers but does not serve (no quorum?)"}
+    return {}
+
+
 class Deployment:
     """The local processes of one topology, tracked in `state_dir`."""
 
@@ -508,6 +521,9 @@ class Deployment:
             if c.role == "zookeeper":
                 row["mode"] = zookeeper_mode(c.address) if row["answering"] else None
                 row["serving"] = row["mode"] is not None
+            if c.role != "squeal":  # squeal's come from its /healthz; the others' from what we can see
+                row["problems"] = _visible_problems(row)
+                row["healthy"] = not row["problems"]
             out.append(row)
         return out
 

@@ -68,3 +68,26 @@ def test_status_shows_a_daemon_that_answers_503_as_unhealthy_with_its_problems(t
         assert line.endswith("UNHEALTHY (/healthz 503): data_loss: " + PROBLEMS["data_loss"]), line
     else:
         assert line.endswith(" up"), line
+
+
+def test_status_json_says_healthy_and_why_not_for_every_component(tmp_path, healthz) -> None:
+    """Issue 27 item 6: `status --json` carries `healthy` and `problems` for every component, not only the text
+    form, and not only squeal's (a halted leader must not look healthy to a script)."""
+    Health.code = 503
+    record(tmp_path, f"127.0.0.1:{healthz.server_address[1]}")
+    deployment = Deployment(tmp_path)
+    me = os.getpid()
+    gone = Component(role="memcached", region="east", cluster="east-a", pool="wildcard", pid=2**22 + 7,
+                     address="127.0.0.1:1", log="", cmdline=["/nonexistent/memcached", "-p", "1"],
+                     name="memcached/east-a/wildcard/0")
+    closed = Component(role="router", region="east", cluster="east-a", pool=None, pid=me, address="127.0.0.1:1",
+                       log="", cmdline=psutil.Process(me).cmdline(), name="router/east-a/0")
+    deployment.save(deployment.components() + [gone, closed], "topology.toml")
+    out = subprocess.run([sys.executable, "-m", "ops.cli", "--state-dir", str(tmp_path), "status", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    rows = {r["name"]: r for r in json.loads(out.stdout)}
+    assert rows["squeal/east"]["healthy"] is False and rows["squeal/east"]["problems"] == PROBLEMS
+    assert rows["memcached/east-a/wildcard/0"]["healthy"] is False
+    assert "not running" in rows["memcached/east-a/wildcard/0"]["problems"]["process"]
+    assert rows["router/east-a/0"]["healthy"] is False
+    assert "does not accept connections" in rows["router/east-a/0"]["problems"]["port"]
