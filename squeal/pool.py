@@ -419,7 +419,8 @@ class Controller:
                     self.client.delete_async(f"{self.base}/move/{shard}").get(timeout=self.worker.call_timeout)
             return p
         for m in p.moves:
-            last_moved[m.shard] = now
+            if m.source is not None:  # a hand-over; a first placement is not a move the cooldown protects
+                last_moved[m.shard] = now
         new = {"assignment": out, "last_moved": last_moved, "moves": int(doc.get("moves", 0)) + len(p.moves)
                + len(manual), "by": self.worker.name, "at": now}
         data = json.dumps(new, sort_keys=True).encode()
