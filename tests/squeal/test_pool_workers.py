@@ -11,6 +11,8 @@ shard (each row's key cached in both clusters before its INSERT commits):
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +24,6 @@ from test_ha_support import ensemble, hosts, unique_root
 
 from ops import harness
 from ops.harness import MariaDB, Memcached, SquealDaemon, free_port
-from squeal import pool
 from squeal.zkstore import shard_path
 
 SHARDS = ("p0", "p1", "p2", "p3")
@@ -185,13 +186,26 @@ def assert_nothing_lost(env: Pool, written: list[int]) -> None:
     assert not lost, f"{sum(len(k) for k in left.values())} of {len(keys)} committed rows' keys survived: {lost}"
 
 
+def squealctl(env: Pool, *args: str) -> str:
+    """squealctl against the pool's topology; its stdout (a failure fails the test with its stderr)."""
+    out = subprocess.run([sys.executable, "-m", "ops.cli", "--state-dir", str(env.base / "ctl"), *args,
+                          "--topology", str(env.topology)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, f"squealctl {' '.join(args)}: exit {out.returncode}: {out.stderr}"
+    return out.stdout
+
+
+def owned(env: Pool) -> dict[str, set[str]]:
+    """`squealctl workers --json`: each worker's shards, as the per-shard owner znodes say."""
+    return {w["name"]: set(w["shards"]) for w in json.loads(squealctl(env, "workers", "--json"))}
+
+
 def pool_of(env: Pool):
     from test_ha_support import client
 
     return client(env.zk_hosts, SESSION_TIMEOUT)
 
 
-def test_a_joining_worker_takes_shards_then_a_drain_moves_them_back_nothing_lost(make_pool) -> None:
+def test_a_joining_worker_takes_shards_a_move_and_a_drain_nothing_lost(make_pool) -> None:
     env = make_pool()
     prime(env, range(1, 20001))
     env.workers["w1"].start()
@@ -208,25 +222,35 @@ def test_a_joining_worker_takes_shards_then_a_drain_moves_them_back_nothing_lost
     at_join = len(writer.written)
     wait_until(lambda: len(writer.written) > at_join + 100, DEADLINE, "writes after the join")
 
-    # The assignment and the owners in ZooKeeper agree with what runs; markers: one znode per shard.
+    # `squealctl workers` (the owner znodes in ZooKeeper) agrees with what runs; markers: one znode per shard.
+    rows = json.loads(squealctl(env, "workers", "--json"))
+    assert {w["name"]: set(w["shards"]) for w in rows} == placed
+    assert all(w["region"] == "east" and w["pid"] == env.workers[w["name"]].proc.pid for w in rows), rows
+    assert all(isinstance(w["load"], float | int) for w in rows)
+    assert "w3" in squealctl(env, "workers")
     zk = pool_of(env)
     try:
-        members = pool.workers(zk, env.root, "east")
-        assert {m["name"]: set(m["shards"]) for m in members} == placed
-        assert all(m["region"] == "east" and m["pid"] for m in members)
         for shard in SHARDS:
             doc = json.loads(zk.get(f"{shard_path(env.root, 'east', shard)}/markers")[0])
             assert set(doc["positions"]) == {"c0", "c1"}, doc
-
-        # Drain w3 under load: its shards go back to w1 and w2.
-        pool.request_drain(zk, env.root, "east", "w3")
-        wait_until(lambda: (p := env.placed(("w1", "w2", "w3"))) and not p["w3"], DEADLINE,
-                   "w3 drained: every shard on w1 and w2")
-        at_drain = len(writer.written)
-        wait_until(lambda: len(writer.written) > at_drain + 100, DEADLINE, "writes after the drain")
     finally:
         zk.stop()
         zk.close()
+
+    # An operator's move under load: one of w1's shards to w3.
+    shard = sorted(placed["w1"])[0]
+    squealctl(env, "move", shard, "--to", "w3")
+    wait_until(lambda: shard in env.running("w3") and shard in owned(env)["w3"], DEADLINE, f"{shard} moved to w3")
+    at_move = len(writer.written)
+    wait_until(lambda: len(writer.written) > at_move + 100, DEADLINE, "writes after the move")
+
+    # Drain w3 under load: its shards go to w1 and w2.
+    assert "draining" in squealctl(env, "drain", "w3")
+    wait_until(lambda: (p := env.placed(("w1", "w2", "w3"))) and not p["w3"], DEADLINE,
+               "w3 drained: every shard on w1 and w2")
+    assert owned(env)["w3"] == set()
+    at_drain = len(writer.written)
+    wait_until(lambda: len(writer.written) > at_drain + 100, DEADLINE, "writes after the drain")
     written = writer.stop()
     assert_nothing_lost(env, written)
     assert "handing it on" in env.log("w3") and "released shard" in env.log("w3")
