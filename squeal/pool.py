@@ -50,6 +50,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -530,6 +531,8 @@ class PoolWorker:
         root.putChild(b"sampled-deletes", SampledDeletesResource(self.daemon.sampler.recent))
         self.reactor.listenTCP(self.metrics_port, server.Site(root), interface=self.instance.host)
         self.reactor.addSystemEventTrigger("before", "shutdown", self.shutdown)
+        if threading.current_thread() is threading.main_thread():  # as a region daemon: replay requests now
+            signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.daemon.checkpoint))
         threading.Thread(target=self._run, name="pool-worker", daemon=True).start()
 
     def _join(self) -> float:
@@ -631,11 +634,9 @@ class PoolWorker:
             wait_for_copy(copy.connect, target, self.zk.takeover_wait_s)
 
         def started(_: Any) -> None:
-            with self._state:
-                self.starting.discard(shard)
             self.metrics.owned.labels(shard=shard).set(1)
             self.metrics.starts.inc()
-            self._wake.set()
+            self._started_or_not(shard)
 
         def failed(f: Any) -> None:
             log.error("worker %s: shard %s could not start: %s; released, retried in %gs", self.name, shard,
@@ -644,10 +645,14 @@ class PoolWorker:
             self.stores.pop(shard, None)
             d = threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), ownership.release, shard,
                                           "failed")
-            d.addBoth(lambda _: (self._state.acquire(), self.starting.discard(shard), self._state.release(),
-                                 self._wake.set()))
+            d.addBoth(lambda _: self._started_or_not(shard))
 
         self.daemon.add_shard(shard, before=before).addCallbacks(started, failed)
+
+    def _started_or_not(self, shard: str) -> None:
+        with self._state:
+            self.starting.discard(shard)
+        self._wake.set()
 
     def _stop_shard(self, shard: str) -> None:
         """Reactor: a shard assigned elsewhere: stop reading it, let its in-flight deletes be acknowledged, write

@@ -277,3 +277,80 @@ def test_kill_9_of_a_worker_with_two_shards_resumes_them_elsewhere_nothing_lost(
     wait_until(lambda: len(writer.written) > at + 100, DEADLINE, "writes after the crash")
     written = writer.stop()
     assert_nothing_lost(env, written)
+
+
+class MarkerWatch(threading.Thread):
+    """Polls every shard's marker znode: records each version's positions and writer; `went_back` lists any
+    flow whose marker ever moved to a position that does not cover the one before."""
+
+    def __init__(self, env: Pool) -> None:
+        super().__init__(daemon=True)
+        self.client = pool_of(env)
+        self.paths = {s: f"{shard_path(env.root, 'east', s)}/markers" for s in SHARDS}
+        self.seen: dict[str, list[tuple[int, dict[str, str], str]]] = {s: [] for s in SHARDS}
+        self.went_back: list[str] = []
+        self.stop_flag = threading.Event()
+
+    def run(self) -> None:
+        from kazoo.exceptions import NoNodeError
+
+        from squeal import gtid as g
+
+        while not self.stop_flag.wait(0.05):
+            for shard, path in self.paths.items():
+                try:
+                    data, stat = self.client.get(path)
+                except NoNodeError:
+                    continue
+                except Exception:  # noqa: BLE001 - a slow answer: the next round
+                    continue
+                doc = json.loads(data)
+                seen = self.seen[shard]
+                if seen and seen[-1][0] == stat.version:
+                    continue
+                if seen:
+                    for flow, position in doc["positions"].items():
+                        before = seen[-1][1].get(flow)
+                        if before is not None and not g.covers_position(g.parse_position(position),
+                                                                        g.parse_position(before)):
+                            self.went_back.append(f"{shard}/{flow}: {before} -> {position} by {doc.get('by')}")
+                seen.append((stat.version, doc["positions"], doc.get("by", "")))
+
+    def stop(self) -> None:
+        self.stop_flag.set()
+        self.join(10)
+        self.client.stop()
+        self.client.close()
+
+
+def test_a_paused_worker_is_fenced_its_shards_resume_elsewhere_and_no_marker_goes_back(make_pool) -> None:
+    env = make_pool()
+    prime(env, range(1, 20001))
+    env.workers["w1"].start()
+    env.workers["w2"].start()
+    placed = wait_until(lambda: (p := env.placed(("w1", "w2"))) and all(p.values()) and p, DEADLINE,
+                        "all 4 shards running on w1 and w2")
+    watch = MarkerWatch(env)
+    watch.start()
+    writer = Writer(env, rate=60)
+    writer.start()
+    wait_until(lambda: len(writer.written) > 100, DEADLINE, "writes before the pause")
+    victim, other = ("w1", "w2") if placed["w1"] else ("w2", "w1")
+    env.workers[victim].pause()  # SIGSTOP past its session timeout: a worker that is slow, not dead
+    wait_until(lambda: env.placed((other,)), DEADLINE, f"every shard running on {other} while {victim} is stopped")
+    at = len(writer.written)
+    wait_until(lambda: len(writer.written) > at + 100, DEADLINE, "writes while the old owner is stopped")
+    env.workers[victim].resume()  # its lease is long over: it sends nothing, writes no marker, starts over
+    wait_until(lambda: "starting over" in env.log(victim), DEADLINE, f"{victim} to notice its session is gone")
+    wait_until(lambda: env.placed((other, victim)), DEADLINE, f"{victim} back in the pool, every shard running")
+    at = len(writer.written)
+    wait_until(lambda: len(writer.written) > at + 100, DEADLINE, "writes after the resume")
+    written = writer.stop()
+    assert_nothing_lost(env, written)
+    watch.stop()
+    assert not watch.went_back, watch.went_back
+    for shard, seen in watch.seen.items():
+        assert len({json.dumps(p, sort_keys=True) for _, p, _ in seen}) >= 2, f"{shard}'s markers never moved"
+    moved = {s for s in placed[victim]}
+    assert all({by for _, _, by in watch.seen[s]} >= {victim, other} for s in moved), \
+        "each shard of the paused worker was written by it, then by its new owner"
