@@ -788,7 +788,8 @@ class Daemon:
                 sender = self.senders.get(name)
                 if sender is not None and flow in sender.flows:
                     sender.remove_flow(flow)
-            self._final_markers(save_timeout).addBoth(result.callback)
+            saved = self._final_markers(save_timeout)
+            saved.addBoth(lambda ok: (self._store_thread.close(), result.callback(ok)))
 
         def check() -> None:
             if idle() or self.reactor.seconds() - started >= flush_timeout:

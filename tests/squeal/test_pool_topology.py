@@ -53,3 +53,20 @@ pools.wildcard = { servers = ["127.0.0.1:5001"] }
     with pytest.raises(TopologyError) as info:
         router_config.loads(text, source="pool.toml")
     assert info.value.path == "regions.east.squeal_pool" and "needs its workers" in str(info.value)
+
+
+def test_squealctl_pool_commands_refuse_what_is_not_a_pool(tmp_path, capsys) -> None:
+    from ops.cli import main as squealctl
+
+    pooled, plain = tmp_path / "pool.toml", tmp_path / "ha.toml"
+    pooled.write_text(POOLED)
+    plain.write_text(HA_GOOD)
+    state = ["--state-dir", str(tmp_path / "state")]
+    assert squealctl([*state, "drain", "east-9", "--topology", str(pooled)]) == 2
+    assert "no squeal instance 'east-9'" in capsys.readouterr().err
+    assert squealctl([*state, "drain", "west-1", "--topology", str(pooled)]) == 2  # west elects a leader
+    assert "no pooled region for west-1" in capsys.readouterr().err
+    assert squealctl([*state, "workers", "--topology", str(plain)]) == 2
+    assert "no pooled region" in capsys.readouterr().err
+    assert squealctl([*state, "move", "nosuch", "--to", "east-1", "--topology", str(pooled)]) == 2
+    assert "no shard 'nosuch'" in capsys.readouterr().err
