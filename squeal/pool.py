@@ -41,7 +41,7 @@ sees the shards orphaned and places them at once; their new owners start from th
 
 Not yet (later steps): the HA election of non-pooled regions stays as it is (squeal/ha.py); a worker reads the
 region's own copy of each shard (no preferred copies); binlog bytes/s is not measured yet (0: load is rows/s,
-at least 1 per shard); `squeal replay` / `accept-data-loss` for pooled regions.
+at least 1 per shard); placement settings in the topology.
 """
 
 from __future__ import annotations
@@ -520,6 +520,7 @@ class PoolWorker:
     def start(self) -> None:
         """Call with the reactor about to run (or running)."""
         assert self.client is not None
+        self.state_dir.mkdir(parents=True, exist_ok=True)  # the shards' request files (accept-data-loss)
         self.daemon = RegionDaemon(self.topology, self.region.name, self.state_dir, metrics_port=None,
                                    reactor=self.reactor, reply_timeout=self.reply_timeout,
                                    connect_timeout=self.connect_timeout, sample_every=self.sample_every,
@@ -616,6 +617,24 @@ class PoolWorker:
         if time.monotonic() - self._published_at >= PUBLISH_EVERY_S:
             self._measure()
             self._publish()
+            self._take_loss_acceptance()
+
+    def _take_loss_acceptance(self) -> None:
+        """`squeal accept-data-loss` for a shard this worker owns (a znode beside its markers, taken fenced by the
+        shard's epoch) goes to that shard's pipeline, which applies it at its next checkpoint."""
+        daemon = self.daemon
+        if daemon is None:
+            return
+        for shard, store in list(self.stores.items()):
+            pipeline = daemon.shards.get(shard)
+            if pipeline is None:
+                continue
+            try:
+                if store.take_loss_acceptance():
+                    log.warning("worker %s: data loss accepted by the operator (%s)", self.name, store.accept_path)
+                    pipeline.accept_path().write_text("accepted\n")
+            except Exception as e:  # noqa: BLE001 - retried at the next publish
+                log.debug("cannot take %s: %s", store.accept_path, e)
 
     def _start_shard(self, shard: str) -> None:
         """Reactor: the pipeline of a shard just taken: markers from ZooKeeper, its copy caught up with them."""

@@ -353,7 +353,7 @@ class ShardMarkerStore(ZooKeeperDatamarkerStore):
         super().__init__(client, root, region, owner=owner, fence=fence, timeout=timeout, on_write=on_write)
         self.shard = shard
         self.data = shard_path(root, region, shard)
-        self.dir = f"zookeeper:{self.data}/markers"
+        self.dir = f"zookeeper:{self.data}"  # the shard's znode: `markers`, `replay/`, `accept-data-loss` below it
         self.epoch_path = f"{self.data}/epoch"
         self.markers_path = f"{self.data}/markers"
         self._positions: dict[str, str] = {}

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from squeal_helpers import SCHEMA, Cache, healthz, scrape, unique_db, wait_until
+from squeal_helpers import SCHEMA, Cache, healthz, scrape, unique_db, wait_gone, wait_until
 from test_ha_support import ensemble, hosts, unique_root
 
 from ops import harness
@@ -354,3 +354,13 @@ def test_a_paused_worker_is_fenced_its_shards_resume_elsewhere_and_no_marker_goe
     moved = {s for s in placed[victim]}
     assert all({by for _, _, by in watch.seen[s]} >= {victim, other} for s in moved), \
         "each shard of the paused worker was written by it, then by its new owner"
+
+    # `squeal replay` in a pooled region: the request lands beside the shard's markers; its owner applies it.
+    from squeal.cli import main as squeal_main
+
+    again = [f"user:{i}" for i in written if i % len(SHARDS) == 1][:20]  # rows of shard p1, invalidated already
+    for c in env.caches:
+        c.set_many(again)
+    assert squeal_main(["replay", str(env.topology), "--region", "east", "--shard", "p1", "--flow", "all",
+                        "--from", ""]) == 0
+    wait_gone(env.caches, again, DEADLINE)
