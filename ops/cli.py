@@ -224,6 +224,38 @@ def _parser() -> argparse.ArgumentParser:
     al.add_argument("--region", required=True, help="the halted region")
     al.add_argument("--shard", default=None, help="with [shards]: the halted shard (each halts alone)")
 
+    wk = sub.add_parser(
+        "workers",
+        help="a pooled region's squeal workers: who owns which shard, each worker's load",
+        description="For every region with squeal_pool = true (or --region): each worker of its pool, the shards "
+        "it owns now (ZooKeeper's per-shard owner znodes), the shards the controller assigns it, its measured load "
+        "(rows/s equivalents, smoothed) and whether it drains. Runbook: docs/runbooks/workers.md.",
+        epilog="Exit status: 0 listed; 2 no pooled region, or ZooKeeper does not answer.",
+    )
+    wk.add_argument("--topology", help="topology file (default: the one `squealctl up` recorded)")
+    wk.add_argument("--region", help="only this region")
+    wk.add_argument("--json", action="store_true", help="one object per worker: name, region, pid, shards, load, ...")
+    dn = sub.add_parser(
+        "drain",
+        help="move every shard of a pool worker to the others (before stopping it, say)",
+        description="Ask the pool's controller to move WORKER's shards to the other workers and give it none: each "
+        "shard's old owner stops reading it, waits for its deletes to be acknowledged, writes its markers and "
+        "releases it; the new owner starts from them. `--undo` makes the worker eligible again. Runbook: "
+        "docs/runbooks/workers.md.",
+    )
+    dn.add_argument("worker", metavar="WORKER", help="a squeal instance of a pooled region")
+    dn.add_argument("--undo", action="store_true", help="end the drain: the worker may be given shards again")
+    dn.add_argument("--topology", help="topology file (default: the one `squealctl up` recorded)")
+    mv = sub.add_parser(
+        "move",
+        help="move one shard of a pooled region to a given worker",
+        description="Ask the pool's controller to move SHARD to WORKER at its next plan (within a second), the same "
+        "planned hand-over as a rebalance; a rebalance leaves the shard there for the cooldown (300 s).",
+    )
+    mv.add_argument("shard", metavar="SHARD")
+    mv.add_argument("--to", required=True, metavar="WORKER", help="a worker of the shard's pooled region")
+    mv.add_argument("--topology", help="topology file (default: the one `squealctl up` recorded)")
+
     from ops import systemd  # `render systemd`: one host of a multi-host deployment (docs/deploy.md)
 
     systemd.add_parser(sub)
@@ -326,6 +358,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "warmup":
         return _warmup(deployment.state_dir, args)
+    if args.command in ("workers", "drain", "move"):
+        return _pool_command(deployment, args)
     if args.command == "gutter":
         topo = router_config.load(args.topology)
         if args.cluster:
@@ -494,6 +528,71 @@ def _duration(seconds: float | None) -> str:
     if seconds < 172800:
         return f"{seconds / 3600:.0f}h"
     return f"{seconds / 86400:.0f}d"
+
+
+def _pool_command(deployment: Deployment, args: argparse.Namespace) -> int:
+    """`squealctl workers`, `drain WORKER`, `move SHARD --to WORKER` for pooled regions (squeal/pool.py)."""
+    from kazoo.client import KazooClient
+
+    from squeal import pool
+
+    path = args.topology or deployment.recorded_topology()
+    if path is None:
+        raise HarnessError(f"{args.command}: no --topology given and no deployment recorded in {deployment.state_file}")
+    topo = router_config.load(path)
+    pooled = [r for r in topo.regions if r.squeal_pool]
+    if args.command == "workers":
+        if args.region is not None:
+            pooled = [r for r in pooled if r.name == topo.region(args.region).name]
+    else:
+        name = args.worker if args.command == "drain" else args.to
+        try:
+            instance = topo.instance(name)
+        except KeyError as e:
+            raise HarnessError(str(e).strip('"')) from e
+        pooled = [r for r in pooled if r.name == instance.region]
+        if args.command == "move" and args.shard not in {s.name for s in topo.shards}:
+            raise HarnessError(f"no shard {args.shard!r} in {topo.source} (have: "
+                               f"{', '.join(s.name for s in topo.shards)})")
+    if not pooled or topo.zookeeper is None:
+        raise HarnessError(f"{topo.source}: no pooled region{'' if args.command == 'workers' else ' for ' + name} "
+                           "([regions.R] squeal_pool = true)")
+    zk = topo.zookeeper
+    client = KazooClient(hosts=zk.hosts, timeout=zk.session_timeout_s, connection_retry={"max_tries": 0})
+    try:
+        client.start(timeout=5)
+    except Exception as e:  # noqa: BLE001 - kazoo's time-out
+        client.close()
+        raise HarnessError(f"cannot reach ZooKeeper {zk.hosts} (zookeeper.servers in {topo.source}) within 5s: "
+                           f"{e or type(e).__name__}") from e
+    try:
+        if args.command == "drain":
+            pool.request_drain(client, zk.root, pooled[0].name, args.worker, undo=args.undo)
+            print(f"worker {args.worker} (region {pooled[0].name}): "
+                  + ("drain ended: it may be given shards again" if args.undo else
+                     "draining: the controller moves its shards to the other workers; `squealctl workers` shows "
+                     "them go"))
+            return 0
+        if args.command == "move":
+            pool.request_move(client, zk.root, pooled[0].name, args.shard, args.to)
+            print(f"shard {args.shard}: move to worker {args.to} requested (region {pooled[0].name}); "
+                  "`squealctl workers` shows it arrive")
+            return 0
+        rows = [w for r in pooled for w in pool.workers(client, zk.root, r.name)]
+    finally:
+        client.stop()
+        client.close()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'WORKER':<14} {'REGION':<8} {'PID':>7} {'LOAD':>9}  SHARDS (owned now)")
+    for w in rows:
+        extra = " [draining]" if w["draining"] else ""
+        if sorted(w["assigned"]) != sorted(w["shards"]):
+            extra += f" (assigned: {', '.join(w['assigned']) or 'none'})"
+        print(f"{w['name']:<14} {w['region']:<8} {w['pid'] or '-':>7} {w['load']:>9.1f}  "
+              f"{', '.join(w['shards']) or '-'}{extra}")
+    return 0
 
 
 if __name__ == "__main__":

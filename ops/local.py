@@ -351,7 +351,17 @@ class Deployment:
                 name = component_name("squeal", endpoint.region, None, None, instance=instance)
                 track(daemon, name, "squeal", endpoint.region, metrics=daemon.address, instance=instance)
             for region in topo.regions:
-                if region.squeal_instances:  # `up` returns with every HA region led
+                if region.squeal_pool:  # `up` returns with every shard of a pooled region running on a worker
+                    addresses = [str(s.address) for s in region.squeal_instances]
+                    want = {s.name for s in topo.shards}
+                    wait_until(
+                        lambda addresses=addresses, want=want: want <= {
+                            s for a in addresses for s in (_healthz(a)[1].get("shards") or {})},
+                        60,
+                        f"every shard of region {region.name} running on one of its squeal workers "
+                        f"{', '.join(addresses)}",
+                    )
+                elif region.squeal_instances:  # `up` returns with every HA region led
                     addresses = [str(s.address) for s in region.squeal_instances]
                     wait_until(
                         lambda addresses=addresses: any(squeal_state(a) == "leader" for a in addresses),

@@ -411,7 +411,8 @@ class _Builder:
         self.table(
             body,
             path,
-            {"master", "database", "regional_pool", "clusters", "squeal", "replicas", "squeal_instances"},
+            {"master", "database", "regional_pool", "clusters", "squeal", "replicas", "squeal_instances",
+             "squeal_pool"},
             {"clusters"} if shards else {"database", "clusters"},
         )
         master = self.typed(body.get("master", False), f"{path}.master", bool, "true or false")
@@ -475,6 +476,10 @@ class _Builder:
         sharded = bool(database.shard)
         instances = self.instances(body.get("squeal_instances", []), name, (database, *replicas), squeal_host,
                                    f"{path}.squeal_instances", sharded=sharded)
+        pool = self.typed(body.get("squeal_pool", False), f"{path}.squeal_pool", bool, "true or false")
+        if pool and not instances:
+            raise self.fail(f"{path}.squeal_pool", "a squeal pool needs its workers: [[regions."
+                            f"{name}.squeal_instances]] (each runs `squeal run --instance NAME`)")
         return Region(
             name=name,
             master=master,
@@ -484,6 +489,7 @@ class _Builder:
             squeal_host=squeal_host,
             replicas=replicas,
             squeal_instances=instances,
+            squeal_pool=pool,
         )
 
     def replicas(self, value: Any, region: str, path: str) -> tuple[Database, ...]:

@@ -212,6 +212,9 @@ class Region:
     squeal_host: str = DEFAULT_HOST
     replicas: tuple[Database, ...] = ()  # more copies of the region's data (for squeal instances to read)
     squeal_instances: tuple[SquealInstance, ...] = ()  # HA mode: several daemons, one leader (needs [zookeeper])
+    # Pool mode (`squeal_pool = true`): the instances are workers that divide the region's shards among them
+    # (squeal/pool.py), each shard with its own owner; without it, the instances elect one leader (squeal/ha.py).
+    squeal_pool: bool = False
 
     @property
     def copies(self) -> tuple[Database, ...]:

@@ -168,6 +168,8 @@ def to_document(topo: Topology) -> dict[str, Any]:
                 | ({} if topo.sharded else {"database": s.database.name})
                 for s in r.squeal_instances
             ]
+        if r.squeal_pool:
+            body["squeal_pool"] = True
         doc["regions"][r.name] = body
     return doc
 

@@ -54,6 +54,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         instance = topo.instance(args.instance)
         if args.region is not None and args.region != instance.region:
             raise ValueError(f"instance {instance.name} belongs to region {instance.region}, not {args.region}")
+        if topo.region(instance.region).squeal_pool:  # a worker of the region's pool (docs/squeal.md, "Worker pool")
+            from squeal.pool import run_worker
+
+            return run_worker(topo, instance.name, state_dir=args.state_dir, metrics_port=args.metrics_port,
+                              reply_timeout=args.reply_timeout, sample_every=args.sample_every)
         return run_instance(topo, instance.name, state_dir=args.state_dir, metrics_port=args.metrics_port,
                             from_gtid=args.from_gtid, reply_timeout=args.reply_timeout,
                             sample_every=args.sample_every)

@@ -506,8 +506,16 @@ class Daemon:
         return d
 
     def _save_markers(self, moved: dict[str, str]) -> dict[str, Exception]:
-        """On the store's thread: write each marker; returns the failures (flow -> exception)."""
+        """On the store's thread: write each marker; returns the failures (flow -> exception). A store with
+        `save_many` (one record for every flow of the shard: `ShardMarkerStore`) gets them in one write."""
         errors: dict[str, Exception] = {}
+        save_many = getattr(self.store, "save_many", None)
+        if save_many is not None:
+            try:
+                save_many(moved)
+            except Exception as e:  # noqa: BLE001 - as below: the round fails as a whole and is retried
+                errors = dict.fromkeys(moved, e)
+            return errors
         for name, position in moved.items():
             try:
                 self.store.save(name, position)
@@ -746,6 +754,51 @@ class Daemon:
         drained = defer.DeferredList([s.when_drained() for s in self.senders.values()])
         drained.addCallback(lambda _: (timeout.cancel() if timeout.active() else None, finish()))
         return finished
+
+    def retire(self, flush_timeout: float = 10.0, save_timeout: float = 5.0) -> defer.Deferred:
+        """Stop this pipeline and hand its shard on (a worker pool's planned move, `RegionDaemon.remove_shard`):
+        stop reading, wait (at most `flush_timeout`) until every flow has nothing queued or in flight, take the
+        flows off the shared senders (which keep serving the other shards), write the final markers (at most
+        `save_timeout`). Fires True if every marker is written: the next owner starts exactly where this one's
+        destinations acknowledged. Anything unacknowledged at the time-out stays after the markers: the next owner
+        sends it again (at least once, never a gap)."""
+        self.stopping = True
+        if self.live is not None:
+            self.live.reader.stop()
+        if self.source_poller is not None:
+            self.source_poller.stop(timeout=0)
+        for loop in self.catchups.values():
+            loop.reader.stop()
+        result: defer.Deferred = defer.Deferred()
+        started = self.reactor.seconds()
+
+        def idle() -> bool:
+            return all(not f.queue and not f.sending for f in self.flows.values())
+
+        def hand_on() -> None:
+            poll.stop()
+            checkpoints = getattr(self, "_checkpoints", None)
+            if checkpoints is not None and checkpoints.running:
+                checkpoints.stop()
+            if not idle():
+                log.warning("shard %s: deletes still unacknowledged after %gs (%s); the next owner sends them again",
+                            self.shard.name, flush_timeout,
+                            ", ".join(f"{n}: {f.backlog} keys" for n, f in self.flows.items() if f.queue))
+            for name, flow in self.flows.items():
+                sender = self.senders.get(name)
+                if sender is not None and flow in sender.flows:
+                    sender.remove_flow(flow)
+            saved = self._final_markers(save_timeout)
+            saved.addBoth(lambda ok: (self._store_thread.close(), result.callback(ok)))
+
+        def check() -> None:
+            if idle() or self.reactor.seconds() - started >= flush_timeout:
+                hand_on()
+
+        poll = task.LoopingCall(check)
+        poll.clock = self.reactor
+        poll.start(0.02, now=True)
+        return result
 
     def _final_markers(self, timeout: float) -> defer.Deferred:
         """Checkpoint rounds until every flow's marker is written: fires True, or False after `timeout`

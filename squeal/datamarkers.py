@@ -260,9 +260,17 @@ class StoreThread:
         self._calls.put((fn, args, d))
         return d
 
+    def close(self) -> None:
+        """End the thread once the calls queued so far are done (a pipeline handed on: it makes no more)."""
+        if self._thread is not None:
+            self._calls.put(None)
+
     def _run(self) -> None:
         while True:
-            fn, args, d = self._calls.get()
+            item = self._calls.get()
+            if item is None:
+                return
+            fn, args, d = item
             try:
                 result = fn(*args)
             except Exception:  # noqa: BLE001 - handed to the Deferred

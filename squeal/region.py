@@ -71,7 +71,8 @@ class RegionDaemon:
     def __init__(self, topology: Topology, region: str, state_dir: str | Path | None = None,
                  metrics_port: int | None = None, from_gtid: str | None = None, reactor: Any = None,
                  reply_timeout: float = 2.0, connect_timeout: float = 20.0, sample_every: int = 1000,
-                 stores: Callable[[str], DatamarkerStore] | None = None, checkpoint_interval: float = 1.0) -> None:
+                 stores: Callable[[str], DatamarkerStore] | None = None, checkpoint_interval: float = 1.0,
+                 gate: Callable[[str], Callable[[], bool]] | None = None) -> None:
         if reactor is None:
             from twisted.internet import reactor as default_reactor
             reactor = default_reactor
@@ -81,6 +82,7 @@ class RegionDaemon:
         self.state_dir = state_dir_for(topology, state_dir)
         self.metrics_port = metrics_port
         self.stores = stores  # shard -> its datamarker store (HA: ZooKeeper); None: files under state_dir
+        self.gate = gate  # shard -> whether its flows may hand out a batch now (a pool worker's per-shard fence)
         self.options = {"from_gtid": from_gtid, "reply_timeout": reply_timeout, "connect_timeout": connect_timeout,
                         "sample_every": sample_every, "checkpoint_interval": checkpoint_interval}
         # Write-level series (writes, deletes per write) are the destinations', not a shard's.
@@ -207,7 +209,7 @@ class RegionDaemon:
             self._retries.stop()
 
     def _detach(self, daemon: Daemon) -> None:
-        """A pipeline that will not run: its flows leave the shared senders."""
+        """A pipeline that will not run (or no longer runs): its flows leave the shared senders."""
         for sender in self.hub.senders.values():
             for flow in list(daemon.flows.values()):
                 if flow in sender.flows:
@@ -216,33 +218,69 @@ class RegionDaemon:
     def _add_shard(self, topology: Topology, shard: str, new: bool = True) -> None:
         """Prepare a shard's pipeline on a thread and start it: one new in the topology (SIGHUP), or one whose
         database did not answer before (`new=False`, retried every RETRY_S)."""
-        self._adding.add(shard)
         if new:
             log.warning("shard %s is new in %s: starting its pipeline", shard, topology.source)
         self.topology = topology
-        daemon = self._pipeline(shard)
-        d = threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), daemon.prepare)
 
         def ready(_: Any) -> None:
-            self._adding.discard(shard)
             self.waiting.pop(shard, None)
-            if self.stopping:
-                self._detach(daemon)
-                return
-            self.shards[shard] = daemon
-            daemon.start_pipeline()
-            log.warning("shard %s: pipeline started (%d shards)", shard, len(self.shards))
 
         def failed(f: Any) -> None:
-            self._adding.discard(shard)
-            self._detach(daemon)
             if new:
                 log.error("shard %s could not start (retried at the next SIGHUP): %s", shard, f.getErrorMessage())
-            else:
+            elif not self.stopping:
                 self.waiting[shard] = f"shard {shard}: not started, its database does not answer: " \
                                       f"{f.getErrorMessage()}"
 
-        d.addCallbacks(ready, failed)
+        self.add_shard(shard).addCallbacks(ready, failed)
+
+    def add_shard(self, shard: str, before: Callable[[], None] | None = None) -> defer.Deferred:
+        """Start `shard`'s pipeline while the others run: `before()` (blocking: a pool worker's wait for its copy)
+        and the pipeline's `prepare()` on a thread, then its reader, flows (gated by `gate(shard)`) and
+        checkpoints. Fires when it delivers; fails (the shard is then not running) with the start-up error."""
+        if shard in self.shards or shard in self._adding:
+            return defer.fail(ValueError(f"shard {shard} is running or starting already"))
+        self._adding.add(shard)
+        daemon = self._pipeline(shard)
+
+        def prepare() -> None:
+            if before is not None:
+                before()
+            daemon.prepare()
+
+        d = threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), prepare)
+
+        def ready(_: Any) -> Daemon:
+            self._adding.discard(shard)
+            if self.stopping:
+                self._detach(daemon)
+                raise RuntimeError(f"shard {shard}: not started, the daemon is stopping")
+            if self.gate is not None:
+                may_send = self.gate(shard)
+                for flow in daemon.flows.values():
+                    flow.may_send = may_send
+            self.shards[shard] = daemon
+            daemon.start_pipeline()
+            log.warning("shard %s: pipeline started (%d shards)", shard, len(self.shards))
+            return daemon
+
+        def failed(f: Any) -> Any:
+            self._adding.discard(shard)
+            self._detach(daemon)
+            return f
+
+        return d.addCallbacks(ready, failed)
+
+    def remove_shard(self, shard: str, flush_timeout: float = 10.0, save_timeout: float = 5.0) -> defer.Deferred:
+        """Stop `shard`'s pipeline while the others run, and hand it on (`Daemon.retire`): it stops reading, its
+        in-flight deletes are acknowledged, its flows leave the shared senders, its final markers are written.
+        Fires True if every marker was written (the next owner starts exactly there), False otherwise (the next
+        owner starts from older markers: duplicates, never a gap)."""
+        daemon = self.shards.pop(shard, None)
+        if daemon is None:
+            return defer.succeed(True)
+        log.warning("shard %s: stopping its pipeline (%d shards left)", shard, len(self.shards))
+        return daemon.retire(flush_timeout, save_timeout)
 
     def status(self) -> dict[str, Any]:
         statuses = {name: d.status() for name, d in self.shards.items()}

@@ -274,7 +274,12 @@ def zookeeper_store(topo: router_config.Topology, region: str, timeout: float = 
             f"{e or type(e).__name__}; region {region}'s datamarkers live there: nothing requested"
         ) from e
     try:
-        yield ZooKeeperDatamarkerStore(client, zk.root, region, timeout=timeout, shard=shard)
+        if topo.region(region).squeal_pool:  # a pooled region: the shard's own znodes, whoever owns it
+            from squeal.zkstore import ShardMarkerStore
+
+            yield ShardMarkerStore(client, zk.root, region, shard or topo.shards[0].name, timeout=timeout)
+        else:
+            yield ZooKeeperDatamarkerStore(client, zk.root, region, timeout=timeout, shard=shard)
     except ZooKeeperUnavailable as e:
         raise ReplayError(f"{e}; the request may not have been recorded: run the command again") from e
     finally:
@@ -283,18 +288,22 @@ def zookeeper_store(topo: router_config.Topology, region: str, timeout: float = 
 
 
 def zookeeper_leader(store: object) -> str | None:
-    """Who leads the store's region now (the `leader` znode's name), None when nobody does."""
+    """Who leads the store's region now (the `leader` znode's name), None when nobody does; in a pooled region,
+    which worker owns the store's shard (its `owner` znode)."""
     import json
 
     from kazoo.exceptions import NoNodeError
 
+    from squeal.zkstore import ShardMarkerStore
+
     client, base = store.client, store.base  # type: ignore[attr-defined]
+    path, key = (f"{store.data}/owner", "worker") if isinstance(store, ShardMarkerStore) else (f"{base}/leader", "name")
     try:
-        data, _ = client.get(f"{base}/leader")
+        data, _ = client.get(path)
     except NoNodeError:
         return None
     try:
-        return json.loads(data.decode()).get("name")
+        return json.loads(data.decode()).get(key)
     except ValueError:
         return "?"
 

@@ -323,3 +323,138 @@ class ZooKeeperDatamarkerStore:
         if failure is not None:
             raise failure
         return True
+
+
+def pool_path(root: str, region: str) -> str:
+    """Where a pooled region's workers, controller, assignment and shards live (squeal/pool.py)."""
+    return f"{region_path(root, region)}/pool"
+
+
+def shard_path(root: str, region: str, shard: str) -> str:
+    return f"{pool_path(root, region)}/shards/{shard}"
+
+
+class ShardMarkerStore(ZooKeeperDatamarkerStore):
+    """One znode per (region, shard) holding every destination's GTID: the datamarkers of a pooled region.
+
+    `<root>/regions/<region>/pool/shards/<shard>/markers` is JSON `{"positions": {flow: position}, "saved_at",
+    "by"}`, written by the shard's owner at most once per checkpoint for all of its flows at once (`save_many`,
+    which the daemon's checkpoint uses), so ZooKeeper's write rate is bounded by shards × 1/interval, not by
+    shards × destinations. Same compare-and-set discipline as `ZooKeeperDatamarkerStore`: each write is one
+    multi-operation that checks the *shard's* `epoch` znode still has the version this owner set when it took the
+    shard (its fencing token, from `fence()`), and sets the markers znode with the version this store last read or
+    wrote. A deposed or released owner's write fails as a whole (`FencedError`): no marker ever goes back.
+    Replay and accept-data-loss requests live beside it (`replay/<flow>`, `accept-data-loss`), fenced the same way.
+    """
+
+    def __init__(self, client: KazooClient, root: str, region: str, shard: str, owner: str = "",
+                 fence: Callable[[], int | None] | None = None, timeout: float = 5.0,
+                 on_write: Callable[[float], None] | None = None) -> None:
+        super().__init__(client, root, region, owner=owner, fence=fence, timeout=timeout, on_write=on_write)
+        self.shard = shard
+        self.data = shard_path(root, region, shard)
+        self.dir = f"zookeeper:{self.data}"  # the shard's znode: `markers`, `replay/`, `accept-data-loss` below it
+        self.epoch_path = f"{self.data}/epoch"
+        self.markers_path = f"{self.data}/markers"
+        self._positions: dict[str, str] = {}
+        self._version: int | None = None
+        self._read = False
+
+    def ensure_paths(self) -> None:
+        try:
+            self._wait(self.client.ensure_path_async(f"{self.data}/replay"), f"create {self.data}/replay")
+        except NodeExistsError:
+            pass
+
+    def _read_doc(self) -> tuple[dict[str, str], int | None]:
+        path = self.markers_path
+        try:
+            data, stat = self._wait(self.client.get_async(path), f"read {path}")
+        except NoNodeError:
+            return {}, None
+        try:
+            doc = json.loads(data.decode())
+            positions = doc["positions"]
+            if not isinstance(positions, dict):
+                raise ValueError('"positions" is not an object')
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path} is not a shard's datamarkers: {e}") from e
+        for flow, position in positions.items():
+            if not isinstance(position, str):
+                raise ValueError(f"{path}: flow {flow}: the position is not a string")
+            try:
+                g.parse_position(position)  # a corrupt marker is an error, never silently "now"
+            except g.GtidError as e:
+                raise g.GtidError(f"{path}: flow {flow}: {e}") from e
+        return dict(positions), stat.version
+
+    def load(self, flow: str) -> str | None:
+        """The flow's marker. The first call reads the shard's znode (and its version, for the compare-and-set of
+        the next write); later calls answer from what was read or written since."""
+        if not self._read:
+            self._positions, self._version = self._read_doc()
+            self._read = True
+        return self._positions.get(flow)
+
+    def positions(self) -> dict[str, str]:
+        """Every flow's marker of the shard, read now (versions not remembered)."""
+        return self._read_doc()[0]
+
+    def save(self, flow: str, position: str) -> None:
+        self.save_many({flow: position})
+
+    def save_many(self, moved: dict[str, str]) -> None:
+        """Write the shard's markers with `moved` applied, in one multi-operation (see the class docstring);
+        FencedError if this worker no longer owns the shard or the znode changed since it read it."""
+        for position in moved.values():
+            g.parse_position(position)
+        path = self.markers_path
+        if not self._read:
+            raise FencedError(f"{path}: written before it was read (load() first: the compare-and-set needs the "
+                              "version this owner started from)")
+        token = self._fence_token(f"markers {path} not written")
+        positions = {**self._positions, **moved}
+        doc = {"positions": positions, "saved_at": time.time()}
+        if self.owner:
+            doc["by"] = self.owner
+        data = json.dumps(doc, sort_keys=True).encode()
+        version = self._version
+        t = self.client.transaction()
+        if token is not None:
+            t.check(self.epoch_path, token)
+        if version is None:
+            t.create(path, data)
+        else:
+            t.set_data(path, data, version=version)
+        started = time.monotonic()
+        results = self._wait(t.commit_async(), f"write {path}")
+        if self.on_write is not None:
+            self.on_write(time.monotonic() - started)
+        failure = next((r for r in results if isinstance(r, Exception) and not isinstance(r, RolledBackError)),
+                       None)
+        if failure is None:
+            stat = results[-1]
+            self._version = 0 if version is None else getattr(stat, "version", version + 1)
+            self._positions = positions
+            return
+        raise self._fenced(path, ",".join(sorted(moved)), json.dumps(moved), token, version, failure)
+
+    def _fenced(self, path: str, flow: str, position: str, token: int | None, version: int | None,
+                failure: Exception) -> FencedError:
+        if token is not None and isinstance(failure, BadVersionError | NoNodeError) and not self._epoch_is(token):
+            why = (f"shard {self.shard} has had another owner since this one took it (epoch version {token}), or "
+                   "this owner released it")
+        elif isinstance(failure, NodeExistsError):
+            why = "the markers were created by someone else after this owner found none"
+        else:
+            why = f"the markers changed since this owner read them (version {version}; {type(failure).__name__})"
+        return FencedError(f"markers {path} not moved to {position}: {why}")
+
+    def _fence_token(self, what: str) -> int | None:
+        if self.fence is None:
+            return None
+        token = self.fence()
+        if token is None:
+            raise FencedError(f"{what}: this worker does not own shard {self.shard} of region {self.region} (or its "
+                              "lease ran out)")
+        return token

@@ -1,0 +1,880 @@
+"""An elastic squeal worker pool (issue 24): a region's shards divided among its workers through ZooKeeper.
+
+A pooled region (`[regions.R] squeal_pool = true`) runs its `[[regions.R.squeal_instances]]` as *workers*
+(`squeal run --instance NAME`). Each (region, shard) has exactly one owner among them; one elected
+controller decides who owns what with the load-aware policy (`squeal.placement.plan`); a worker runs one
+pipeline per shard it owns (a `RegionDaemon` whose shards come and go at run time). Znodes, under
+`<root>/regions/<region>/pool/`:
+
+    workers/<name>        ephemeral, JSON {"name", "pid", "region", "shards", "loads", "load", "since"}: the pool's
+                          members (alive while their session is) and what each measures: per owned shard
+                          {"rows_s", "bytes_s", "load"}, smoothed (`placement.smooth`, 60 s half-life)
+    controller/           kazoo's `Election` recipe: the one worker that plans
+    assignment            persistent, JSON {"assignment": {shard: worker}, "last_moved": {shard: t}, "moves", "by",
+                          "at"}: the plan, written by the controller with compare-and-set (its znode version)
+    drain/<name>          persistent: an operator's `squealctl drain NAME`: the controller moves its shards away
+    move/<shard>          persistent, JSON {"to"}: an operator's `squealctl move SHARD --to NAME`
+    shards/<shard>/owner  ephemeral, JSON {"worker", "epoch", "since"}: who owns the shard now
+    shards/<shard>/epoch  persistent, JSON {"epoch", "owner"[, "released"]}: bumped (version + 1) in the multi-
+                          operation that creates `owner`, so its version is the owner's fencing token; an owner that
+                          hands the shard on marks it "released" in the multi-operation that deletes `owner`
+    shards/<shard>/markers  every destination's GTID for the shard (`zkstore.ShardMarkerStore`)
+
+**Ownership and fencing** (the region election's argument, per shard). A worker takes a shard only when the
+assignment names it and nobody owns the shard: creating `owner` (ephemeral: it dies with the session) and
+bumping `epoch` are one multi-operation. The worker acts for the shard only within its *lease* (`SessionLease`:
+each round trip to ZooKeeper proves the session alive until its send time + T, the session timeout; the lease
+runs to send time + 0.6 T): the shard's flows hand the batcher a batch only while `may_send(shard)` holds at
+that instant, and every marker write checks the shard's epoch version. A shard changes hands only after its
+`owner` znode is gone: released by its owner once it has stopped (a planned move), or expired with its
+owner's session (a crash, a partition), which ZooKeeper does no earlier than T after it last heard from that
+session, i.e. after the old owner's lease ran out. So the old owner has stopped sending before the new one
+starts, and its late marker writes fail (the epoch moved).
+
+**A planned move** (rebalance, drain, `squealctl move`): the controller writes the new assignment; the old
+owner stops reading the shard, waits (bounded) for its in-flight deletes to be acknowledged, writes the
+shard's markers and releases `owner`; the new owner, watching `owner`, takes it, reads the markers and starts
+from them. At least once: whatever was not acknowledged is after the markers and is sent again.
+
+**A crash**: the dead worker's `workers/<name>` and `owner` znodes expire with its session; the controller
+sees the shards orphaned and places them at once; their new owners start from the markers.
+
+Not yet (later steps): the HA election of non-pooled regions stays as it is (squeal/ha.py); a worker reads the
+region's own copy of each shard (no preferred copies); binlog bytes/s is not measured yet (0: load is rows/s,
+at least 1 per shard); placement settings in the topology.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, RolledBackError
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.twisted import MetricsResource
+from twisted.internet import defer, threads
+from twisted.web import resource, server
+
+from router_config import Topology
+from squeal import gtid as g
+from squeal import placement
+from squeal.daemon import HealthResource, SampledDeletesResource, source_for, state_dir_for
+from squeal.ha import rejoin_as_standby, wait_for_copy
+from squeal.region import RegionDaemon
+from squeal.zkstore import UNAVAILABLE, ShardMarkerStore, pool_path, shard_path
+
+log = logging.getLogger(__name__)
+
+LEASE_FRACTION = 0.6
+LOAD_HALF_LIFE_S = 60.0
+PUBLISH_EVERY_S = 1.0
+PLAN_EVERY_S = 1.0
+RETRY_FAILED_S = 5.0  # a shard whose pipeline failed to start is tried again after this long
+
+
+def _doc(data: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(data.decode() or "{}")
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+class SessionLease:
+    """How long this worker may still act for the shards it owns: every `tick` a round trip to ZooKeeper (its
+    member znode still belongs to its session) extends the lease to the round trip's send time + 0.6 T (T: the
+    session timeout), so the lease ends before ZooKeeper can expire the session and give the shards to others.
+    A lease that runs out only because answers were slow *lapses* (nothing is sent) and resumes when a
+    multi-operation through ZooKeeper's leader confirms the member znode (the session lived: its ephemeral
+    `owner` znodes never went); no confirmation within T more, or the session LOST, calls `on_lost(reason)`."""
+
+    def __init__(self, client: KazooClient, member_path: str, session_timeout: float,
+                 on_lost: Callable[[str], None], tick: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.client = client
+        self.member_path = member_path
+        self.session_timeout = session_timeout
+        self.length = LEASE_FRACTION * session_timeout
+        self.tick = tick if tick is not None else session_timeout / 6
+        self.call_timeout = max(0.5, session_timeout / 3)
+        self.on_lost = on_lost
+        self.clock = clock
+        self.until = 0.0
+        self.lapsed = False
+        self.suspended = False
+        self.lost: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, sent: float) -> None:
+        """The member znode was just created by a request sent at `sent`: the first lease."""
+        self.until = sent + self.length
+        self.client.add_listener(self._on_connection)
+        self._thread = threading.Thread(target=self._run, name="pool-lease", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(Exception):
+            self.client.remove_listener(self._on_connection)
+
+    def valid(self) -> bool:
+        return self.lost is None and not self.suspended and not self.lapsed and self.clock() < self.until
+
+    def left(self) -> float:
+        return max(0.0, self.until - self.clock()) if self.valid() else 0.0
+
+    def _on_connection(self, state: str) -> None:
+        if state == KazooState.SUSPENDED:
+            self.suspended = True
+        elif state == KazooState.LOST:
+            self.suspended = True
+            self._lose("session", "ZooKeeper session lost (expired or closed)")
+        else:
+            self.suspended = False
+
+    def _lose(self, reason: str, why: str) -> None:
+        if self.lost is not None:
+            return
+        self.lost = reason
+        log.warning("pool worker lease lost: %s", why)
+        threading.Thread(target=self.on_lost, args=(reason,), name="pool-lost", daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.tick):
+            if self.lost is not None:
+                return
+            sent = self.clock()
+            try:
+                self._renew(sent)
+            except (*UNAVAILABLE, KazooException) as e:
+                log.debug("lease renewal: %s", e)
+            now = self.clock()
+            if now >= self.until and not self.lapsed:
+                self.lapsed = True
+                log.warning("pool worker lease ran out (no answer from ZooKeeper for %.1fs): sending paused",
+                            self.length)
+            if self.lapsed and now >= self.until + self.session_timeout:
+                self._lose("lease", f"no answer confirmed the session within {self.session_timeout:g}s after the "
+                           "lease ran out")
+
+    def _renew(self, sent: float) -> None:
+        stat = self.client.exists_async(self.member_path).get(timeout=self.call_timeout)
+        session = self.client.client_id[0] if self.client.client_id else None
+        if stat is None or stat.ephemeralOwner != session:
+            self._lose("znode", f"the member znode {self.member_path} is gone or belongs to another session")
+            return
+        if self.lapsed:
+            t = self.client.transaction()
+            t.check(self.member_path, stat.version)
+            results = t.commit_async().get(timeout=self.call_timeout)
+            if any(isinstance(r, Exception) and not isinstance(r, RolledBackError) for r in results):
+                return  # (a concurrent publish moved the version: the next tick)
+            if sent + self.length <= self.clock():
+                return
+            log.warning("pool worker: ZooKeeper confirmed the session again: sending resumed")
+            self.lapsed = False
+        self.until = max(self.until, sent + self.length)
+
+
+class Ownership:
+    """This worker's shards (shard -> fencing token): taken and released with the per-shard multi-operations of
+    the module docstring."""
+
+    def __init__(self, client: KazooClient, root: str, region: str, worker: str, lease: SessionLease,
+                 call_timeout: float = 2.0) -> None:
+        self.client = client
+        self.root = root
+        self.region = region
+        self.worker = worker
+        self.lease = lease
+        self.call_timeout = call_timeout
+        self.tokens: dict[str, int] = {}
+        self.epochs: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _call(self, async_result: Any) -> Any:
+        return async_result.get(timeout=self.call_timeout)
+
+    def paths(self, shard: str) -> tuple[str, str]:
+        base = shard_path(self.root, self.region, shard)
+        return f"{base}/owner", f"{base}/epoch"
+
+    def owner_of(self, shard: str, watch: Callable[[Any], None] | None = None) -> str | None:
+        """The shard's owner now (None: nobody); `watch` fires when the `owner` znode changes."""
+        owner, _ = self.paths(shard)
+        stat = self._call(self.client.exists_async(owner, watch=watch))
+        if stat is None:
+            return None
+        try:
+            data, _ = self._call(self.client.get_async(owner))
+        except NoNodeError:
+            return None
+        return str(_doc(data).get("worker") or "?")
+
+    def acquire(self, shard: str) -> int | None:
+        """Take the shard if nobody owns it (and this worker's lease holds): its fencing token, or None."""
+        if not self.lease.valid():
+            return None
+        owner, epoch_path = self.paths(shard)
+        try:
+            data, stat = self._call(self.client.get_async(epoch_path))
+        except NoNodeError:
+            with contextlib.suppress(NodeExistsError):
+                self._call(self.client.create_async(epoch_path, json.dumps({"epoch": 0}).encode(), makepath=True))
+            data, stat = self._call(self.client.get_async(epoch_path))
+        epoch = int(_doc(data).get("epoch", 0)) + 1
+        t = self.client.transaction()
+        t.create(owner, json.dumps({"worker": self.worker, "epoch": epoch, "since": time.time()}).encode(),
+                 ephemeral=True)
+        t.set_data(epoch_path, json.dumps({"epoch": epoch, "owner": self.worker}).encode(), version=stat.version)
+        results = self._call(t.commit_async())
+        if any(isinstance(r, Exception) for r in results):
+            return None  # someone owns it (or took it a moment ago)
+        token = stat.version + 1
+        with self._lock:
+            self.tokens[shard] = token
+            self.epochs[shard] = epoch
+        log.warning("worker %s owns shard %s (epoch %d, fencing token %d)", self.worker, shard, epoch, token)
+        return token
+
+    def may_send(self, shard: str) -> bool:
+        return shard in self.tokens and self.lease.valid()
+
+    def fence(self, shard: str) -> int | None:
+        token = self.tokens.get(shard)
+        return token if token is not None and self.lease.valid() else None
+
+    def release(self, shard: str, reason: str) -> None:
+        """Give the shard up (after its pipeline stopped and wrote its markers): from here on nothing of this
+        worker is sent or written for it, and the next owner may take it at once."""
+        with self._lock:
+            token = self.tokens.pop(shard, None)
+            epoch = self.epochs.pop(shard, None)
+        if token is None:
+            return
+        owner, epoch_path = self.paths(shard)
+        try:
+            stat = self._call(self.client.exists_async(owner))
+            session = self.client.client_id[0] if self.client.client_id else None
+            if stat is None or stat.ephemeralOwner != session:
+                return
+            t = self.client.transaction()
+            t.delete(owner, version=stat.version)
+            t.set_data(epoch_path, json.dumps({"epoch": epoch, "owner": self.worker, "released": reason,
+                                               "at": time.time()}).encode(), version=token)
+            results = self._call(t.commit_async())
+            if any(isinstance(r, Exception) for r in results):
+                log.warning("worker %s: could not mark shard %s released (%s); deleting its owner znode only",
+                            self.worker, shard, results)
+                self._call(self.client.delete_async(owner, version=stat.version))
+        except (NoNodeError, KazooException, *UNAVAILABLE) as e:
+            log.warning("worker %s: could not release shard %s (%s); it is free when this session ends",
+                        self.worker, shard, e)
+            return
+        log.warning("worker %s released shard %s (%s)", self.worker, shard, reason)
+
+
+class PoolMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.owned = Gauge("squeal_pool_shard_owned", "1 for each shard this worker owns", ["shard"], registry=r)
+        self.shard_load = Gauge("squeal_pool_shard_load", "A shard's smoothed load (rows/s equivalents) as its owner "
+                                "measures it", ["shard"], registry=r)
+        self.load = Gauge("squeal_pool_worker_load", "The sum of this worker's shards' loads", registry=r)
+        self.controller = Gauge("squeal_pool_controller", "1 while this worker is the pool's controller", registry=r)
+        self.owner = Gauge("squeal_pool_owner", "(controller) 1 for each shard's assigned worker",
+                           ["shard", "worker"], registry=r)
+        self.moves = Counter("squeal_pool_moves", "(controller) shards moved by plans, by reason", ["reason"],
+                             registry=r)
+        self.starts = Counter("squeal_pool_shard_starts", "Shard pipelines this worker started", registry=r)
+        self.stops = Counter("squeal_pool_shard_stops", "Shard pipelines this worker stopped and handed on",
+                             registry=r)
+        self.zk_connected = Gauge("squeal_pool_zookeeper_connected", "1 while the ZooKeeper session is connected",
+                                  registry=r)
+
+
+class _DaemonMetrics:
+    def __init__(self, daemon: RegionDaemon) -> None:
+        self.daemon = daemon
+
+    def collect(self) -> Iterator[Any]:
+        yield from self.daemon.registry.collect()
+
+
+class Controller:
+    """The pool's controller, elected with kazoo's `Election` recipe: every `PLAN_EVERY_S` it reads the members,
+    their published loads, drain and move requests and the assignment, calls `placement.plan`, and writes the
+    new assignment (compare-and-set: two controllers for a moment, an old one's session ending, cannot overwrite
+    each other's plans unseen)."""
+
+    def __init__(self, worker: PoolWorker, settings: placement.Settings | None = None) -> None:
+        self.worker = worker
+        self.client = worker.client
+        self.base = worker.base
+        self.settings = settings or placement.Settings()
+        self.imbalanced_since: float | None = None
+        self.loads: dict[str, float] = {}
+        self.leading = False
+        self._stop = threading.Event()
+        self._election: Any = None
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="pool-controller", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._election is not None:
+            with contextlib.suppress(Exception):
+                self._election.cancel()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._election = self.client.Election(f"{self.base}/controller", self.worker.name)
+                self._election.run(self._lead)
+            except Exception as e:  # noqa: BLE001 - contend again
+                log.debug("controller election: %s", e)
+            self._stop.wait(0.5)
+
+    def _lead(self) -> None:
+        self.leading = True
+        self.worker.metrics.controller.set(1)
+        log.warning("worker %s is the controller of region %s's pool", self.worker.name, self.worker.region.name)
+        try:
+            while not self._stop.is_set() and self.client.state == KazooState.CONNECTED:
+                try:
+                    self.plan_once()
+                except (*UNAVAILABLE, KazooException) as e:
+                    log.warning("controller: %s: %s (retried)", type(e).__name__, e)
+                except Exception:  # noqa: BLE001 - the controller goes on
+                    log.exception("controller: planning failed (retried)")
+                self._stop.wait(PLAN_EVERY_S)
+        finally:
+            self.leading = False
+            self.worker.metrics.controller.set(0)
+
+    def _get(self, path: str) -> Any:
+        return self.client.get_async(path).get(timeout=self.worker.call_timeout)
+
+    def _children(self, path: str) -> list[str]:
+        try:
+            return list(self.client.get_children_async(path).get(timeout=self.worker.call_timeout))
+        except NoNodeError:
+            return []
+
+    def plan_once(self) -> placement.Plan | None:
+        members: dict[str, dict[str, Any]] = {}
+        for name in self._children(f"{self.base}/workers"):
+            with contextlib.suppress(NoNodeError):
+                members[name] = _doc(self._get(f"{self.base}/workers/{name}")[0])
+        drains = set(self._children(f"{self.base}/drain"))
+        try:
+            data, stat = self._get(f"{self.base}/assignment")
+            doc, version = _doc(data), stat.version
+        except NoNodeError:
+            doc, version = {}, None
+        assignment: dict[str, str] = dict(doc.get("assignment") or {})
+        last_moved: dict[str, float] = {k: float(v) for k, v in (doc.get("last_moved") or {}).items()}
+        names = [s.name for s in self.worker.topology.shards]
+        for member in members.values():
+            for shard, load in (member.get("loads") or {}).items():
+                if shard in names and assignment.get(shard) == member.get("name"):
+                    self.loads[shard] = float(load.get("load", 1.0))
+        now = time.time()
+        manual: list[placement.Move] = []
+        taken: list[str] = []
+        for shard in self._children(f"{self.base}/move"):
+            taken.append(shard)
+            with contextlib.suppress(NoNodeError):
+                to = str(_doc(self._get(f"{self.base}/move/{shard}")[0]).get("to"))
+                if shard not in names or to not in members or to in drains:
+                    log.error("controller: move request %s -> %s ignored (unknown shard, or %s is not an eligible "
+                              "worker)", shard, to, to)
+                    continue
+                if assignment.get(shard) != to:
+                    manual.append(placement.Move(shard, assignment.get(shard), to, "manual", "squealctl move",
+                                                 self.loads.get(shard, 1.0), self.worker.region.name, "requested"))
+                    assignment[shard] = to
+                    last_moved[shard] = now
+        workers = [placement.Worker(name, draining=name in drains, region=self.worker.region.name)
+                   for name in members]
+        shards = [placement.Shard(s, self.loads.get(s, 1.0)) for s in names]
+        p = placement.plan(workers, shards, assignment, last_moved, now, self.imbalanced_since, self.settings)
+        self.imbalanced_since = p.imbalanced_since
+        out = {s: w for s, w in assignment.items() if s in p.unplaced} | p.assignment
+        for shard, worker in out.items():
+            self.worker.metrics.owner.labels(shard=shard, worker=worker).set(1)
+        if not p.moves and not manual:
+            for shard in taken:
+                with contextlib.suppress(NoNodeError):
+                    self.client.delete_async(f"{self.base}/move/{shard}").get(timeout=self.worker.call_timeout)
+            return p
+        for m in p.moves:
+            if m.source is not None:  # a hand-over; a first placement is not a move the cooldown protects
+                last_moved[m.shard] = now
+        new = {"assignment": out, "last_moved": last_moved, "moves": int(doc.get("moves", 0)) + len(p.moves)
+               + len(manual), "by": self.worker.name, "at": now}
+        data = json.dumps(new, sort_keys=True).encode()
+        try:
+            if version is None:
+                self.client.create_async(f"{self.base}/assignment", data, makepath=True).get(
+                    timeout=self.worker.call_timeout)
+            else:
+                self.client.set_async(f"{self.base}/assignment", data, version=version).get(
+                    timeout=self.worker.call_timeout)
+        except (NodeExistsError, KazooException) as e:
+            log.warning("controller: the assignment changed meanwhile (%s): planning again", type(e).__name__)
+            return None
+        for shard in taken:
+            with contextlib.suppress(NoNodeError):
+                self.client.delete_async(f"{self.base}/move/{shard}").get(timeout=self.worker.call_timeout)
+        for m in (*manual, *p.moves):
+            if m.source:
+                self.worker.metrics.owner.labels(shard=m.shard, worker=m.source).set(0)
+            self.worker.metrics.owner.labels(shard=m.shard, worker=m.target).set(1)
+            self.worker.metrics.moves.labels(reason=m.reason).inc()
+            log.warning("controller: shard %s: %s -> %s (%s: %s)", m.shard, m.source or "nobody", m.target, m.reason,
+                        m.detail)
+        return p
+
+
+class PoolWorker:
+    """`squeal run --instance NAME` in a pooled region: a member of the pool, the owner of the shards the
+    assignment gives it (one pipeline each, in one `RegionDaemon`), and a candidate for controller."""
+
+    def __init__(self, topology: Topology, instance: str, state_dir: str | Path | None = None,
+                 metrics_port: int | None = None, reactor: Any = None, reply_timeout: float = 2.0,
+                 sample_every: int = 1000, connect_timeout: float = 20.0,
+                 rejoin: Callable[[str], None] = rejoin_as_standby,
+                 settings: placement.Settings | None = None) -> None:
+        if reactor is None:
+            from twisted.internet import reactor as default_reactor
+            reactor = default_reactor
+        self.reactor = reactor
+        self.instance = topology.instance(instance)
+        if topology.zookeeper is None:
+            raise ValueError(f"{topology.source}: a squeal pool needs a [zookeeper] section")
+        self.zk = topology.zookeeper
+        self.topology = topology
+        self.region = topology.region(self.instance.region)
+        if not self.region.squeal_pool:
+            raise ValueError(f"region {self.region.name} is not a pool (squeal_pool = true)")
+        self.name = self.instance.name
+        self.state_dir = Path(state_dir) if state_dir is not None else state_dir_for(topology, None) / self.name
+        self.metrics_port = metrics_port if metrics_port is not None else self.instance.metrics_port
+        self.reply_timeout = reply_timeout
+        self.sample_every = sample_every
+        self.connect_timeout = connect_timeout
+        self.rejoin = rejoin
+        self.settings = settings
+        self.base = pool_path(self.zk.root, self.region.name)
+        self.member_path = f"{self.base}/workers/{self.name}"
+        self.call_timeout = max(0.5, self.zk.session_timeout_s / 3)
+        self.registry = CollectorRegistry()
+        self.metrics = PoolMetrics(self.registry)
+        self.client: KazooClient | None = None
+        self.lease: SessionLease | None = None
+        self.ownership: Ownership | None = None
+        self.controller: Controller | None = None
+        self.daemon: RegionDaemon | None = None
+        self.stores: dict[str, ShardMarkerStore] = {}
+        self.assignment: dict[str, str] = {}
+        self.starting: set[str] = set()
+        self.stopping_shards: set[str] = set()
+        self.failed_at: dict[str, float] = {}
+        self.loads: dict[str, dict[str, float]] = {}
+        self._rows: dict[str, tuple[float, float]] = {}  # shard -> (rows counted, when)
+        self._published_at = 0.0
+        self.stopping = False
+        self.exit_code = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._state = threading.Lock()
+
+    # -- start-up ---------------------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """ZooKeeper answers (a one-line start-up error otherwise)."""
+        rejoined = os.environ.get("SQUEAL_HA_REJOINED")
+        self.client = KazooClient(hosts=self.zk.hosts, timeout=self.zk.session_timeout_s,
+                                  connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 1.0})
+        try:
+            self.client.start(timeout=None if rejoined else self.connect_timeout)
+        except Exception as e:  # noqa: BLE001 - kazoo's time-out
+            self.client.stop()
+            raise ConnectionError(f"cannot reach ZooKeeper {self.zk.hosts} within {self.connect_timeout:g}s: "
+                                  f"{e or type(e).__name__}") from e
+        for sub in ("workers", "drain", "move", "shards"):
+            self.client.ensure_path(f"{self.base}/{sub}")
+
+    def start(self) -> None:
+        """Call with the reactor about to run (or running)."""
+        assert self.client is not None
+        self.state_dir.mkdir(parents=True, exist_ok=True)  # the shards' request files (accept-data-loss)
+        self.daemon = RegionDaemon(self.topology, self.region.name, self.state_dir, metrics_port=None,
+                                   reactor=self.reactor, reply_timeout=self.reply_timeout,
+                                   connect_timeout=self.connect_timeout, sample_every=self.sample_every,
+                                   stores=self.stores.__getitem__, gate=self._gate)
+        self.registry.register(_DaemonMetrics(self.daemon))
+        root = resource.Resource()
+        root.putChild(b"metrics", MetricsResource(registry=self.registry))
+        root.putChild(b"healthz", HealthResource(self.status))
+        root.putChild(b"sampled-deletes", SampledDeletesResource(self.daemon.sampler.recent))
+        self.reactor.listenTCP(self.metrics_port, server.Site(root), interface=self.instance.host)
+        self.reactor.addSystemEventTrigger("before", "shutdown", self.shutdown)
+        if threading.current_thread() is threading.main_thread():  # as a region daemon: replay requests now
+            signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.daemon.checkpoint))
+        threading.Thread(target=self._run, name="pool-worker", daemon=True).start()
+
+    def _join(self) -> float:
+        """Create this worker's member znode (waiting for a previous process's to expire); returns when the
+        request that created it was sent (the lease's first round trip)."""
+        assert self.client is not None
+        while not self._stop.is_set():
+            sent = time.monotonic()
+            try:
+                self.client.create(self.member_path, self._member_doc(), ephemeral=True, makepath=True)
+                return sent
+            except NodeExistsError:
+                log.warning("worker %s: a previous process of this worker is still a member (its session has not "
+                            "expired yet): waiting", self.name)
+                gone = threading.Event()
+                if self.client.exists(self.member_path, watch=lambda _, gone=gone: gone.set()) is not None:
+                    gone.wait(self.zk.session_timeout_s)
+        return time.monotonic()
+
+    def _run(self) -> None:
+        assert self.client is not None
+        sent = self._join()
+        if self._stop.is_set():
+            return
+        self.lease = SessionLease(self.client, self.member_path, self.zk.session_timeout_s, on_lost=self._lost)
+        self.lease.start(sent)
+        self.ownership = Ownership(self.client, self.zk.root, self.region.name, self.name, self.lease,
+                                   self.call_timeout)
+        self.controller = Controller(self, self.settings)
+        self.controller.start()
+        log.warning("worker %s joined region %s's pool", self.name, self.region.name)
+        while not self._stop.is_set():
+            try:
+                self.metrics.zk_connected.set(1 if self.client.connected else 0)
+                self._step()
+            except (*UNAVAILABLE, KazooException) as e:
+                log.debug("worker step: %s", e)
+            except Exception:  # noqa: BLE001 - the worker goes on
+                log.exception("worker step failed (retried)")
+            self._wake.wait(self.lease.tick)
+            self._wake.clear()
+
+    # -- the worker's step ------------------------------------------------------------------------------------
+
+    def _gate(self, shard: str) -> Callable[[], bool]:
+        return lambda: self.ownership is not None and self.ownership.may_send(shard)
+
+    def _read_assignment(self) -> dict[str, str]:
+        assert self.client is not None
+        try:
+            data, _ = self.client.get_async(f"{self.base}/assignment", watch=lambda _: self._wake.set()).get(
+                timeout=self.call_timeout)
+        except NoNodeError:
+            self.client.exists_async(f"{self.base}/assignment", watch=lambda _: self._wake.set())
+            return {}
+        return {str(k): str(v) for k, v in (_doc(data).get("assignment") or {}).items()}
+
+    def _step(self) -> None:
+        assert self.lease is not None and self.ownership is not None
+        if self.stopping or not self.lease.valid():
+            return
+        self.assignment = self._read_assignment()
+        mine = {s for s, w in self.assignment.items() if w == self.name}
+        with self._state:
+            owned = set(self.ownership.tokens)
+            busy = self.starting | self.stopping_shards
+        now = time.monotonic()
+        for shard in sorted(mine - owned - busy):
+            if now - self.failed_at.get(shard, -RETRY_FAILED_S) < RETRY_FAILED_S:
+                continue
+            if self.ownership.owner_of(shard, watch=lambda _: self._wake.set()) is not None:
+                continue  # its owner has not released it yet: the watch wakes this loop
+            if self.ownership.acquire(shard) is not None:
+                with self._state:
+                    self.starting.add(shard)
+                self.reactor.callFromThread(self._start_shard, shard)
+        for shard in sorted(owned - mine - busy):
+            with self._state:
+                self.stopping_shards.add(shard)
+            self.reactor.callFromThread(self._stop_shard, shard)
+        if time.monotonic() - self._published_at >= PUBLISH_EVERY_S:
+            self._measure()
+            self._publish()
+            self._take_loss_acceptance()
+
+    def _take_loss_acceptance(self) -> None:
+        """`squeal accept-data-loss` for a shard this worker owns (a znode beside its markers, taken fenced by the
+        shard's epoch) goes to that shard's pipeline, which applies it at its next checkpoint."""
+        daemon = self.daemon
+        if daemon is None:
+            return
+        for shard, store in list(self.stores.items()):
+            pipeline = daemon.shards.get(shard)
+            if pipeline is None:
+                continue
+            try:
+                if store.take_loss_acceptance():
+                    log.warning("worker %s: data loss accepted by the operator (%s)", self.name, store.accept_path)
+                    pipeline.accept_path().write_text("accepted\n")
+            except Exception as e:  # noqa: BLE001 - retried at the next publish
+                log.debug("cannot take %s: %s", store.accept_path, e)
+
+    def _start_shard(self, shard: str) -> None:
+        """Reactor: the pipeline of a shard just taken: markers from ZooKeeper, its copy caught up with them."""
+        assert self.client is not None and self.daemon is not None and self.ownership is not None
+        ownership = self.ownership
+        store = ShardMarkerStore(self.client, self.zk.root, self.region.name, shard, owner=self.name,
+                                 fence=lambda: ownership.fence(shard))
+        self.stores[shard] = store
+
+        def before() -> None:
+            store.ensure_paths()
+            target: dict = {}
+            for position in store.positions().values():
+                g.merge(target, g.parse_position(position))
+            copy = source_for(self.topology.shard_copy(shard, self.region.name))
+            wait_for_copy(copy.connect, target, self.zk.takeover_wait_s)
+
+        def started(_: Any) -> None:
+            self.metrics.owned.labels(shard=shard).set(1)
+            self.metrics.starts.inc()
+            self._started_or_not(shard)
+
+        def failed(f: Any) -> None:
+            log.error("worker %s: shard %s could not start: %s; released, retried in %gs", self.name, shard,
+                      f.getErrorMessage(), RETRY_FAILED_S)
+            self.failed_at[shard] = time.monotonic()
+            self.stores.pop(shard, None)
+            d = threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), ownership.release, shard,
+                                          "failed")
+            d.addBoth(lambda _: self._started_or_not(shard))
+
+        self.daemon.add_shard(shard, before=before).addCallbacks(started, failed)
+
+    def _started_or_not(self, shard: str) -> None:
+        with self._state:
+            self.starting.discard(shard)
+        self._wake.set()
+
+    def _stop_shard(self, shard: str) -> None:
+        """Reactor: a shard assigned elsewhere: stop reading it, let its in-flight deletes be acknowledged, write
+        its markers, then release it."""
+        assert self.daemon is not None and self.ownership is not None
+        ownership = self.ownership
+        log.warning("worker %s: shard %s is assigned to %s now: handing it on", self.name, shard,
+                    self.assignment.get(shard, "nobody"))
+
+        def release(saved: Any) -> defer.Deferred:
+            if saved is not True:
+                log.error("worker %s: shard %s's final markers were not all written; its next owner resends from "
+                          "the older ones", self.name, shard)
+            return threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), ownership.release, shard,
+                                             "moved")
+
+        def done(_: Any) -> None:
+            self.stores.pop(shard, None)
+            self.loads.pop(shard, None)
+            self._rows.pop(shard, None)
+            if shard in self._owned_labels():
+                self.metrics.owned.remove(shard)
+            self.metrics.stops.inc()
+            with self._state:
+                self.stopping_shards.discard(shard)
+            self._wake.set()
+
+        self.daemon.remove_shard(shard).addBoth(release).addBoth(done)
+
+    def _owned_labels(self) -> set[str]:
+        return {s.labels["shard"] for m in self.metrics.owned.collect() for s in m.samples}
+
+    def _measure(self) -> None:
+        """Each owned shard's rows/s since the last measure, smoothed (`placement.smooth`)."""
+        daemon = self.daemon
+        if daemon is None:
+            return
+        now = time.monotonic()
+        for shard, pipeline in list(daemon.shards.items()):
+            rows = sum(s.value for m in pipeline.metrics.rows.collect() for s in m.samples
+                       if s.name.endswith("_total"))
+            before = self._rows.get(shard)
+            self._rows[shard] = (rows, now)
+            if before is None or now <= before[1]:
+                continue
+            rate = max(0.0, (rows - before[0]) / (now - before[1]))
+            previous = self.loads.get(shard, {}).get("rows_s")
+            rows_s = placement.smooth(previous, rate, now - before[1], LOAD_HALF_LIFE_S)
+            load = placement.shard_load(rows_s, 0.0)
+            self.loads[shard] = {"rows_s": round(rows_s, 3), "bytes_s": 0.0, "load": round(load, 3)}
+            self.metrics.shard_load.labels(shard=shard).set(load)
+        self.metrics.load.set(sum(v["load"] for s, v in self.loads.items() if s in daemon.shards))
+
+    def _member_doc(self) -> bytes:
+        shards = sorted(self.daemon.shards) if self.daemon is not None else []
+        loads = {s: v for s, v in self.loads.items() if s in shards}
+        return json.dumps({"name": self.name, "region": self.region.name, "pid": os.getpid(), "shards": shards,
+                           "loads": loads, "load": round(sum(v["load"] for v in loads.values()), 3),
+                           "at": time.time()}, sort_keys=True).encode()
+
+    def _publish(self) -> None:
+        assert self.client is not None
+        self.client.set_async(self.member_path, self._member_doc()).get(timeout=self.call_timeout)
+        self._published_at = time.monotonic()
+
+    def _lost(self, reason: str) -> None:
+        """The lease is gone for good (session lost, no confirmation): nothing more is sent (the gate says no
+        already); like a deposed HA leader, the process starts over."""
+        if self.stopping:
+            return
+        log.error("worker %s lost its ZooKeeper session (%s): every shard it owned may have a new owner; "
+                  "starting over", self.name, reason)
+        self.rejoin(reason)
+
+    # -- shutdown, status -------------------------------------------------------------------------------------
+
+    def shutdown(self) -> defer.Deferred:
+        """SIGTERM: every shard's pipeline flushes and writes its markers, then every shard is released at once
+        (its next owner starts without waiting for this session to expire), then the member znode goes."""
+        self.stopping = True
+        self._stop.set()
+        self._wake.set()
+        if self.controller is not None:
+            self.controller.stop()
+        daemon = self.daemon
+        d = daemon.shutdown() if daemon is not None else defer.succeed(None)
+
+        def release(_: Any) -> defer.Deferred:
+            if daemon is not None:
+                self.exit_code = daemon.exit_code
+            return threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), self._leave)
+
+        return d.addBoth(release)
+
+    def _leave(self) -> None:
+        if self.ownership is not None:
+            for shard in list(self.ownership.tokens):
+                self.ownership.release(shard, "stopped")
+        if self.lease is not None:
+            self.lease.stop()
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                self.client.delete(self.member_path)
+            with contextlib.suppress(Exception):
+                self.client.stop()
+                self.client.close()
+
+    def status(self) -> dict[str, Any]:
+        daemon = self.daemon
+        shards = {name: d.status() for name, d in list(daemon.shards.items())} if daemon is not None else {}
+        problems = {f"{name}: {k}": f"shard {name}: {v}" for name, st in shards.items()
+                    for k, v in st["problems"].items()}
+        lease = self.lease
+        if lease is None or not lease.valid():
+            problems["lease"] = "no valid lease on the ZooKeeper session: this worker sends nothing"
+        return {
+            "ok": not problems and not self.stopping,
+            "problems": problems,
+            "state": "worker",
+            "instance": self.name,
+            "region": self.region.name,
+            "pid": os.getpid(),
+            "controller": bool(self.controller and self.controller.leading),
+            "owns": sorted(self.ownership.tokens) if self.ownership is not None else [],
+            "starting": sorted(self.starting),
+            "stopping": sorted(self.stopping_shards),
+            "lease_left_s": round(lease.left(), 3) if lease is not None else 0.0,
+            "loads": dict(self.loads),
+            "flows": {f"{name}/{f}": v for name, st in shards.items() for f, v in st["flows"].items()},
+            "shards": shards,
+        }
+
+
+def run_worker(topology: Topology, instance: str, state_dir: str | Path | None = None,
+               metrics_port: int | None = None, reply_timeout: float = 2.0, sample_every: int = 1000) -> int:
+    """`squeal run --instance NAME` in a pooled region: run until SIGTERM/SIGINT; returns the exit code."""
+    from twisted.internet import reactor
+
+    worker = PoolWorker(topology, instance, state_dir, metrics_port, reactor=reactor, reply_timeout=reply_timeout,
+                        sample_every=sample_every)
+    worker.prepare()
+    reactor.callWhenRunning(worker.start)
+    reactor.run()
+    return worker.exit_code
+
+
+# -- what squealctl asks -----------------------------------------------------------------------------------------
+
+
+def workers(client: KazooClient, root: str, region: str) -> list[dict[str, Any]]:
+    """Every member of the region's pool: name, region, pid, the shards it owns now (from the shards' `owner`
+    znodes: ownership, not the plan), its load and the shards the assignment gives it."""
+    base = pool_path(root, region)
+    try:
+        names = client.get_children(f"{base}/workers")
+    except NoNodeError:
+        names = []
+    try:
+        assignment = _doc(client.get(f"{base}/assignment")[0]).get("assignment") or {}
+    except NoNodeError:
+        assignment = {}
+    try:
+        shard_names = client.get_children(f"{base}/shards")
+    except NoNodeError:
+        shard_names = []
+    owners: dict[str, str] = {}
+    for shard in shard_names:
+        with contextlib.suppress(NoNodeError):
+            owners[shard] = str(_doc(client.get(f"{base}/shards/{shard}/owner")[0]).get("worker"))
+    try:
+        drains = set(client.get_children(f"{base}/drain"))
+    except NoNodeError:
+        drains = set()
+    out = []
+    for name in sorted(names):
+        try:
+            doc = _doc(client.get(f"{base}/workers/{name}")[0])
+        except NoNodeError:
+            continue
+        out.append({"name": name, "region": region, "pid": doc.get("pid"),
+                    "shards": sorted(s for s, w in owners.items() if w == name),
+                    "load": doc.get("load", 0.0), "loads": doc.get("loads", {}),
+                    "assigned": sorted(s for s, w in assignment.items() if w == name),
+                    "draining": name in drains})
+    return out
+
+
+def request_drain(client: KazooClient, root: str, region: str, worker: str, undo: bool = False) -> None:
+    """`squealctl drain WORKER`: the controller moves the worker's shards to the others (and gives it none)."""
+    path = f"{pool_path(root, region)}/drain/{worker}"
+    if undo:
+        with contextlib.suppress(NoNodeError):
+            client.delete(path)
+        return
+    with contextlib.suppress(NodeExistsError):
+        client.create(path, json.dumps({"requested_at": time.time()}).encode(), makepath=True)
+
+
+def request_move(client: KazooClient, root: str, region: str, shard: str, to: str) -> None:
+    """`squealctl move SHARD --to WORKER`: the controller reassigns the shard at its next plan."""
+    path = f"{pool_path(root, region)}/move/{shard}"
+    data = json.dumps({"to": to, "requested_at": time.time()}).encode()
+    try:
+        client.create(path, data, makepath=True)
+    except NodeExistsError:
+        client.set(path, data)

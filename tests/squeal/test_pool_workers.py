@@ -1,0 +1,366 @@
+"""The elastic worker pool (issue 24) end to end: real MariaDB per shard, a 3-server ZooKeeper ensemble, memcached.
+
+A region of 4 shards, `squeal_pool = true`, workers `squeal run --instance wN`. Under steady writes on every
+shard (each row's key cached in both clusters before its INSERT commits):
+* a third worker joins: shards move to it, and every committed row's key is gone from every cluster;
+* a worker is drained (`squealctl drain`): its shards move to the others, 0 lost;
+* a worker owning >= 2 shards is killed (-9): every shard resumes elsewhere after its session expires, 0 lost.
+"0 lost" is checked key by key against the rows in each shard's database.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from squeal_helpers import SCHEMA, Cache, healthz, scrape, unique_db, wait_gone, wait_until
+from test_ha_support import ensemble, hosts, unique_root
+
+from ops import harness
+from ops.harness import MariaDB, Memcached, SquealDaemon, free_port
+from squeal.zkstore import shard_path
+
+SHARDS = ("p0", "p1", "p2", "p3")
+SESSION_TIMEOUT = 2.0
+DEADLINE = 60.0  # for things that must happen (a slow, shared machine): never a speed assertion
+
+
+@pytest.fixture(scope="module")
+def zk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list]:
+    with ensemble(tmp_path_factory.mktemp("zk-pool-workers")) as members:
+        yield members
+
+
+@pytest.fixture(scope="module")
+def shard_dbs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[MariaDB]]:
+    """One primary per shard of the `p` group, GTID domains 30..33."""
+    base = tmp_path_factory.mktemp("pool-shards")
+    dbs = [MariaDB(server_id=300 + i, workdir=base / f"s{i}", gtid_domain_id=30 + i) for i in range(len(SHARDS))]
+    try:
+        for db in dbs:
+            db.start()
+        yield dbs
+    finally:
+        for db in dbs:
+            db.stop(grace=5)
+
+
+class Pool:
+    """A schema on every shard, two memcached clusters, a pooled topology with workers w1..w3 (not started)."""
+
+    def __init__(self, base: Path, dbs: list[MariaDB], zk: list) -> None:
+        self.base, self.dbs = base, dbs
+        self.schema = unique_db("pool")
+        for db in dbs:
+            db.execute(f"CREATE DATABASE {self.schema}")
+            with db.connect(self.schema) as conn, conn.cursor() as cur:
+                for stmt in filter(str.strip, SCHEMA.split(";")):
+                    cur.execute(stmt)
+        self.memcacheds = [Memcached(workdir=base / "memcached").start() for _ in range(2)]
+        self.caches = [Cache(m.port) for m in self.memcacheds]
+        self.root = unique_root()
+        self.zk_hosts = hosts(zk)
+        self.ports = {f"w{i}": free_port() for i in (1, 2, 3)}
+        clusters = "".join(
+            f'[regions.east.clusters.c{i}]\nrouters = ["127.0.0.1:{m.port}"]\n'
+            f'pools.wildcard = {{ kind = "wildcard", servers = ["127.0.0.1:{free_port()}"] }}\n'
+            for i, m in enumerate(self.memcacheds))
+        instances = "".join(f'[[regions.east.squeal_instances]]\nname = "{n}"\nmetrics_port = {p}\n'
+                            for n, p in self.ports.items())
+        servers = ", ".join(f'"{h}"' for h in self.zk_hosts.split(","))
+        self.topology = base / "topology.toml"
+        self.topology.write_text(
+            f'[squeal]\ndatamarker_dir = "var/dm"\nmetrics_port_base = {free_port()}\n\n'
+            f"[zookeeper]\nservers = [{servers}]\nsession_timeout_s = {SESSION_TIMEOUT}\n"
+            f'root = "{self.root}"\n\n'
+            + "".join(f"[shards.{s}]\ngtid_domain_id = {30 + i}\n"
+                      f"east = {{ port = {dbs[i].port}, server_id = {dbs[i].server_id} }}\n"
+                      for i, s in enumerate(SHARDS))
+            + f'\n[[rules]]\ntable = "{self.schema}.users"\nkeys = ["user:{{id}}"]\n\n'
+            + "[regions.east]\nmaster = true\nsqueal_pool = true\n" + instances + clusters)
+        self.workers = {n: SquealDaemon(self.topology, "east", port=p, workdir=base / n, instance=n)
+                        for n, p in self.ports.items()}
+
+    def running(self, name: str) -> set[str]:
+        """The shards whose pipeline runs in worker `name` now (empty if it does not answer)."""
+        try:
+            _, body = healthz(self.ports[name])
+        except OSError:
+            return set()
+        return set(body.get("shards") or {}) - set(body.get("stopping") or [])
+
+    def placed(self, names: tuple[str, ...]) -> dict[str, set[str]] | None:
+        """Each worker's running shards, if every shard runs on exactly one of `names` (else None)."""
+        now = {n: self.running(n) for n in names}
+        every = [s for shards in now.values() for s in shards]
+        return now if sorted(every) == sorted(SHARDS) else None
+
+    def log(self, name: str) -> str:
+        f = self.workers[name].log_file
+        return f.read_text() if f.exists() else ""
+
+    def stop(self) -> None:
+        for w in self.workers.values():
+            w.stop(grace=10)
+        for c in self.caches:
+            c.close()
+        for m in self.memcacheds:
+            m.stop(grace=5)
+
+
+@pytest.fixture
+def make_pool(shard_dbs, zk, tmp_path: Path) -> Iterator:
+    made: list[Pool] = []
+
+    def make() -> Pool:
+        p = Pool(tmp_path / f"pool{len(made)}", shard_dbs, zk)
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.stop()
+
+
+class Writer(threading.Thread):
+    """Steady single-row INSERTs into users, round robin over the shards: row i on shard i % 4. Its key
+    `user:i` is in both caches before the row commits (`prime`), so only squeal's delete removes it."""
+
+    def __init__(self, env: Pool, rate: float, first: int = 1) -> None:
+        super().__init__(daemon=True)
+        self.env, self.rate, self.next_id, self.first = env, rate, first, first
+        self.stop_flag = threading.Event()
+        self.error: BaseException | None = None
+        self.written: list[int] = []
+
+    def run(self) -> None:
+        conns = [db.connect(self.env.schema) for db in self.env.dbs]
+        try:
+            t = time.monotonic()
+            while not self.stop_flag.is_set():
+                i = self.next_id
+                with conns[i % len(conns)].cursor() as cur:
+                    cur.execute("INSERT INTO users VALUES (%s, %s, 'w')", (i, f"u{i}@pool"))
+                self.written.append(i)
+                self.next_id += 1
+                t += 1.0 / self.rate
+                time.sleep(max(0.0, t - time.monotonic()))
+        except BaseException as e:  # noqa: BLE001
+            self.error = e
+        finally:
+            for c in conns:
+                c.close()
+
+    def stop(self) -> list[int]:
+        self.stop_flag.set()
+        self.join(20)
+        assert self.error is None, self.error
+        return list(self.written)
+
+
+def prime(env: Pool, ids: range) -> None:
+    for c in env.caches:
+        c.set_many(f"user:{i}" for i in ids)
+
+
+def assert_nothing_lost(env: Pool, written: list[int]) -> None:
+    """Key by key against each shard's database: every committed row's key is gone from every cluster."""
+    in_db = sorted(r[0] for i, db in enumerate(env.dbs) for r in db.execute(
+        f"SELECT id FROM {env.schema}.users WHERE email LIKE '%@pool'"))
+    assert in_db == sorted(written), "the writer's rows are the databases' rows"
+    keys = [f"user:{i}" for i in in_db]
+    left: dict[int, set[str]] = {}
+
+    def gone() -> bool:
+        left.update({c.addr[1]: c.present(keys) for c in env.caches})
+        return not any(left.values())
+
+    harness.wait_until(gone, DEADLINE, "keys gone", interval=0.2, error=None)
+    lost = {port: sorted(k)[:10] for port, k in left.items() if k}
+    assert not lost, f"{sum(len(k) for k in left.values())} of {len(keys)} committed rows' keys survived: {lost}"
+
+
+def squealctl(env: Pool, *args: str) -> str:
+    """squealctl against the pool's topology; its stdout (a failure fails the test with its stderr)."""
+    out = subprocess.run([sys.executable, "-m", "ops.cli", "--state-dir", str(env.base / "ctl"), *args,
+                          "--topology", str(env.topology)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, f"squealctl {' '.join(args)}: exit {out.returncode}: {out.stderr}"
+    return out.stdout
+
+
+def owned(env: Pool) -> dict[str, set[str]]:
+    """`squealctl workers --json`: each worker's shards, as the per-shard owner znodes say."""
+    return {w["name"]: set(w["shards"]) for w in json.loads(squealctl(env, "workers", "--json"))}
+
+
+def pool_of(env: Pool):
+    from test_ha_support import client
+
+    return client(env.zk_hosts, SESSION_TIMEOUT)
+
+
+def test_a_joining_worker_takes_shards_a_move_and_a_drain_nothing_lost(make_pool) -> None:
+    env = make_pool()
+    prime(env, range(1, 20001))
+    env.workers["w1"].start()
+    env.workers["w2"].start()
+    wait_until(lambda: env.placed(("w1", "w2")), DEADLINE, "all 4 shards running on w1 and w2")
+    writer = Writer(env, rate=60)
+    writer.start()
+    wait_until(lambda: len(writer.written) > 100, DEADLINE, "writes before the join")
+
+    env.workers["w3"].start()  # joins under load: the controller fills the empty worker at once
+    placed = wait_until(lambda: (p := env.placed(("w1", "w2", "w3"))) and p["w3"] and p, DEADLINE,
+                        "a shard running on the new worker w3")
+    assert sorted(len(s) for s in placed.values()) == [1, 1, 2], placed
+    at_join = len(writer.written)
+    wait_until(lambda: len(writer.written) > at_join + 100, DEADLINE, "writes after the join")
+
+    # `squealctl workers` (the owner znodes in ZooKeeper) agrees with what runs; markers: one znode per shard.
+    rows = json.loads(squealctl(env, "workers", "--json"))
+    assert {w["name"]: set(w["shards"]) for w in rows} == placed
+    assert all(w["region"] == "east" and w["pid"] == env.workers[w["name"]].proc.pid for w in rows), rows
+    assert all(isinstance(w["load"], float | int) for w in rows)
+    assert "w3" in squealctl(env, "workers")
+    zk = pool_of(env)
+    try:
+        for shard in SHARDS:
+            doc = json.loads(zk.get(f"{shard_path(env.root, 'east', shard)}/markers")[0])
+            assert set(doc["positions"]) == {"c0", "c1"}, doc
+    finally:
+        zk.stop()
+        zk.close()
+
+    # An operator's move under load: one of w1's shards to w3.
+    shard = sorted(placed["w1"])[0]
+    squealctl(env, "move", shard, "--to", "w3")
+    wait_until(lambda: shard in env.running("w3") and shard in owned(env)["w3"], DEADLINE, f"{shard} moved to w3")
+    at_move = len(writer.written)
+    wait_until(lambda: len(writer.written) > at_move + 100, DEADLINE, "writes after the move")
+
+    # Drain w3 under load: its shards go to w1 and w2.
+    assert "draining" in squealctl(env, "drain", "w3")
+    wait_until(lambda: (p := env.placed(("w1", "w2", "w3"))) and not p["w3"], DEADLINE,
+               "w3 drained: every shard on w1 and w2")
+    assert owned(env)["w3"] == set()
+    at_drain = len(writer.written)
+    wait_until(lambda: len(writer.written) > at_drain + 100, DEADLINE, "writes after the drain")
+    written = writer.stop()
+    assert_nothing_lost(env, written)
+    assert "handing it on" in env.log("w3") and "released shard" in env.log("w3")
+    metrics = scrape(env.ports["w3"])
+    assert metrics.get("squeal_pool_shard_starts_total", 0) >= 1
+    assert metrics.get("squeal_pool_shard_stops_total", 0) >= 1
+
+
+def test_kill_9_of_a_worker_with_two_shards_resumes_them_elsewhere_nothing_lost(make_pool) -> None:
+    env = make_pool()
+    prime(env, range(1, 20001))
+    for name in ("w1", "w2", "w3"):
+        env.workers[name].start()
+    placed = wait_until(lambda: (p := env.placed(("w1", "w2", "w3"))) and all(p.values()) and p, DEADLINE,
+                        "all 4 shards running, every worker with at least one")
+    writer = Writer(env, rate=60)
+    writer.start()
+    wait_until(lambda: len(writer.written) > 100, DEADLINE, "writes before the crash")
+    victim = next(n for n, s in placed.items() if len(s) >= 2)
+    others = tuple(n for n in ("w1", "w2", "w3") if n != victim)
+    env.workers[victim].kill()  # SIGKILL: no flush, no marker, no release: its session must expire
+    wait_until(lambda: env.placed(others), DEADLINE, f"every shard of {victim} resumed on {others}")
+    at = len(writer.written)
+    wait_until(lambda: len(writer.written) > at + 100, DEADLINE, "writes after the crash")
+    written = writer.stop()
+    assert_nothing_lost(env, written)
+
+
+class MarkerWatch(threading.Thread):
+    """Polls every shard's marker znode: records each version's positions and writer; `went_back` lists any
+    flow whose marker ever moved to a position that does not cover the one before."""
+
+    def __init__(self, env: Pool) -> None:
+        super().__init__(daemon=True)
+        self.client = pool_of(env)
+        self.paths = {s: f"{shard_path(env.root, 'east', s)}/markers" for s in SHARDS}
+        self.seen: dict[str, list[tuple[int, dict[str, str], str]]] = {s: [] for s in SHARDS}
+        self.went_back: list[str] = []
+        self.stop_flag = threading.Event()
+
+    def run(self) -> None:
+        from kazoo.exceptions import NoNodeError
+
+        from squeal import gtid as g
+
+        while not self.stop_flag.wait(0.05):
+            for shard, path in self.paths.items():
+                try:
+                    data, stat = self.client.get(path)
+                except NoNodeError:
+                    continue
+                except Exception:  # noqa: BLE001 - a slow answer: the next round
+                    continue
+                doc = json.loads(data)
+                seen = self.seen[shard]
+                if seen and seen[-1][0] == stat.version:
+                    continue
+                if seen:
+                    for flow, position in doc["positions"].items():
+                        before = seen[-1][1].get(flow)
+                        if before is not None and not g.covers_position(g.parse_position(position),
+                                                                        g.parse_position(before)):
+                            self.went_back.append(f"{shard}/{flow}: {before} -> {position} by {doc.get('by')}")
+                seen.append((stat.version, doc["positions"], doc.get("by", "")))
+
+    def stop(self) -> None:
+        self.stop_flag.set()
+        self.join(10)
+        self.client.stop()
+        self.client.close()
+
+
+def test_a_paused_worker_is_fenced_its_shards_resume_elsewhere_and_no_marker_goes_back(make_pool) -> None:
+    env = make_pool()
+    prime(env, range(1, 20001))
+    env.workers["w1"].start()
+    env.workers["w2"].start()
+    placed = wait_until(lambda: (p := env.placed(("w1", "w2"))) and all(p.values()) and p, DEADLINE,
+                        "all 4 shards running on w1 and w2")
+    watch = MarkerWatch(env)
+    watch.start()
+    writer = Writer(env, rate=60)
+    writer.start()
+    wait_until(lambda: len(writer.written) > 100, DEADLINE, "writes before the pause")
+    victim, other = ("w1", "w2") if placed["w1"] else ("w2", "w1")
+    env.workers[victim].pause()  # SIGSTOP past its session timeout: a worker that is slow, not dead
+    wait_until(lambda: env.placed((other,)), DEADLINE, f"every shard running on {other} while {victim} is stopped")
+    at = len(writer.written)
+    wait_until(lambda: len(writer.written) > at + 100, DEADLINE, "writes while the old owner is stopped")
+    env.workers[victim].resume()  # its lease is long over: it sends nothing, writes no marker, starts over
+    wait_until(lambda: "starting over" in env.log(victim), DEADLINE, f"{victim} to notice its session is gone")
+    wait_until(lambda: env.placed((other, victim)), DEADLINE, f"{victim} back in the pool, every shard running")
+    at = len(writer.written)
+    wait_until(lambda: len(writer.written) > at + 100, DEADLINE, "writes after the resume")
+    written = writer.stop()
+    assert_nothing_lost(env, written)
+    watch.stop()
+    assert not watch.went_back, watch.went_back
+    for shard, seen in watch.seen.items():
+        assert len({json.dumps(p, sort_keys=True) for _, p, _ in seen}) >= 2, f"{shard}'s markers never moved"
+    moved = {s for s in placed[victim]}
+    assert all({by for _, _, by in watch.seen[s]} >= {victim, other} for s in moved), \
+        "each shard of the paused worker was written by it, then by its new owner"
+
+    # `squeal replay` in a pooled region: the request lands beside the shard's markers; its owner applies it.
+    from squeal.cli import main as squeal_main
+
+    again = [f"user:{i}" for i in written if i % len(SHARDS) == 1][:20]  # rows of shard p1, invalidated already
+    for c in env.caches:
+        c.set_many(again)
+    assert squeal_main(["replay", str(env.topology), "--region", "east", "--shard", "p1", "--flow", "all",
+                        "--from", ""]) == 0
+    wait_gone(env.caches, again, DEADLINE)
