@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ops import harness
 from ops.harness import MariaDB, Memcached, SquealDaemon, free_port
+from squeal import gtid as g
 
 _counter = itertools.count(1)
 
@@ -210,6 +211,30 @@ class SquealEnv:
             c.set(f"user:{n}")
         self.sql(f"INSERT INTO users VALUES ({n}, 'fence{n}@x', 'fence')")
         wait_gone(self.caches, [f"user:{n}"], timeout)
+
+    def markers_cover(self, position: str | None = None, timeout: float = 15.0) -> None:
+        """Until every flow's datamarker file holds `position` (default: the database's now) or later: a
+        checkpoint observed, not slept for."""
+        target = g.parse_position(position if position is not None else self.db.gtid_binlog_pos())
+
+        def covered() -> bool:
+            files = list(self.state_dir.glob("*.marker"))
+            return bool(files) and all(
+                g.covers_position(g.parse_position(json.loads(f.read_text())["position"]), target) for f in files)
+
+        wait_until(covered, timeout, f"every datamarker in {self.state_dir} to reach {g.format_position(target)}")
+
+    def marker_writes(self) -> dict[str, float]:
+        """squeal_datamarker_writes_total per flow, now (a flow that was never checkpointed has none)."""
+        return {k: v for k, v in scrape(self.daemon.port).items() if k.startswith("squeal_datamarker_writes_total")}
+
+    def checkpointed(self, since: dict[str, float], timeout: float = 15.0) -> None:
+        """Until every flow's datamarker was written again after `since` (`marker_writes()` taken once every flow
+        had been checkpointed, before the changes that must be): for markers that are held back (an undecided XA
+        prepare) and so cannot be watched by position."""
+        assert since, "take marker_writes() after a first checkpoint of every flow (markers_cover)"
+        wait_until(lambda: all(self.marker_writes().get(k, 0) > v for k, v in since.items()), timeout,
+                   "a checkpoint of every flow")
 
     def log(self) -> str:
         return self.daemon.log_file.read_text() if self.daemon.log_file.exists() else ""

@@ -185,7 +185,8 @@ def test_a_takeover_waits_for_a_lagging_copy_instead_of_skipping(ha_env_own_repl
         env.all_gone(list(range(1, 400)), 15)  # east-1 delivered them (and its markers say so)
         env.daemons["east-1"].kill()
         wait_until(lambda: env.state("east-2") == "taking_over", 15, "east-2 to be elected and wait for its copy")
-        time.sleep(1.0)
+        wait_until(lambda: scrape(env.daemons["east-2"].port)["squeal_ha_takeover_wait_seconds"] >= 0.9, 15,
+                   "east-2 to have waited for its copy for a while")
         status, body = healthz(env.daemons["east-2"].port)
         assert body["state"] == "taking_over" and body["ha"]["state"] == "leader", body
         m = scrape(env.daemons["east-2"].port)

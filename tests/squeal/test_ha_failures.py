@@ -196,7 +196,7 @@ def test_zookeeper_losing_a_server_changes_nothing_losing_its_quorum_pauses_deli
         in_db = [r[0] for r in env.sql("SELECT id FROM posts ORDER BY id")]
         assert in_db == written
         env.all_gone(in_db, 30)  # everything written during the pause too
-        time.sleep(1.5)  # a checkpoint after the last writes, for the watcher to see
+        watch.wait_covering(env.position())  # a checkpoint after the last writes, seen by the watcher
         watch.stop()
         watch.check_one_leader_at_a_time()
         # The watch saw markers move before the quorum went and after it came back: it was looking throughout.

@@ -92,7 +92,7 @@ def test_a_partitioned_leader_stops_the_standby_takes_over_and_the_old_leader_re
         later = post_keys(range(written[-1] + 1, written[-1] + 50))
         for c in env.caches:  # rows never written were not invalidated
             assert c.present(later) == set(later)
-        time.sleep(1.5)  # a checkpoint after the last writes, for the watcher to see
+        watch.wait_covering(env.position())  # a checkpoint after the last writes, seen by the watcher
         watch.stop()
         # From ZooKeeper's (and so the destinations') point of view: east-1, then east-2, then east-1 again,
         # epochs growing, no marker back, no marker written by an instance out of its turn.

@@ -248,6 +248,10 @@ class HaEnv:
     def sql(self, *statements: str) -> list[tuple]:
         return self.primary.execute(f"USE {self.schema}", *statements)
 
+    def position(self) -> str:
+        """The primary's GTID position now."""
+        return self.primary.gtid_binlog_pos()
+
     def probe(self, n: int, timeout: float) -> float:
         """Commit user n (its key cached in every cluster); seconds until its key is gone everywhere."""
         for c in self.caches:
@@ -363,6 +367,18 @@ class MarkerWatch:
             assert not self._thread.is_alive(), "the marker watch did not stop"
         if self.error is not None:
             raise AssertionError(f"the marker watch failed: {self.error!r}") from self.error
+
+    def wait_covering(self, position: str, timeout: float = 20.0) -> None:
+        """Until the watch has seen every flow's marker at or past `position` (a checkpoint after the last
+        writes, observed rather than slept for)."""
+        target = g.parse_position(position)
+
+        def covered() -> bool:
+            markers = dict(self.markers)
+            return bool(markers) and all(
+                seen and g.covers_position(g.parse_position(seen[-1].position), target) for seen in markers.values())
+
+        wait_until(covered, timeout, f"every marker the watch sees to reach {position}")
 
     def check_markers_moved(self) -> None:
         """The watch saw every flow's marker take more than one value (else "none went back" says nothing)."""

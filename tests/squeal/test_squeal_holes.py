@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -224,12 +223,14 @@ def test_xa_prepared_before_a_restart_and_committed_after_it(squeal_env) -> None
     env = squeal_env().start()
     env.sql("INSERT INTO users VALUES (3, 'c@x', 'c')")
     env.fence()
+    env.markers_cover()  # every flow checkpointed once: its write counter exists
+    before = env.marker_writes()
     _set_everywhere(env, ["user:3", "user:email:c@x"])
     with env.connect() as conn, conn.cursor() as cur:
         for stmt in ("XA START 'sq3'", "UPDATE users SET email='c2@x' WHERE id=3", "XA END 'sq3'", "XA PREPARE 'sq3'"):
             cur.execute(stmt)
     env.fence()  # a later transaction is acknowledged: without the hold the marker would pass the prepare
-    time.sleep(2.5)  # two checkpoints
+    env.checkpointed(before)  # markers written since (held before the prepare)
     env.daemon.stop()
     env.daemon.start()
     assert _still_cached(env, ["user:3"])  # not committed yet
@@ -398,7 +399,7 @@ def test_purged_binlog_with_flush_policy_flushes_and_resumes(lonely_db, tmp_path
         env.topology.write_text(env.topology.read_text().replace("[squeal]\n", '[squeal]\non_data_loss = "flush"\n'))
         env.start()
         env.fence()
-        time.sleep(1.5)  # a checkpoint
+        env.markers_cover()  # the markers hold the fence
         _purge_behind_squeal(env)
         _set_everywhere(env, ["user:100", "user:101", "unrelated"])
         env.daemon.start()
@@ -417,7 +418,7 @@ def test_purged_binlog_with_halt_policy_stops_loudly_until_accepted(lonely_db, t
     try:
         env.start()
         env.fence()
-        time.sleep(1.5)
+        env.markers_cover()
         _purge_behind_squeal(env)
         _set_everywhere(env, ["user:100", "unrelated"])
         env.daemon.start()  # started: it serves /healthz, with a 503 while halted
