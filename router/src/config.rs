@@ -241,7 +241,7 @@ impl<'c> Builder<'c> {
         };
         let pool: Arc<str> = Arc::from(name);
         let mut dests: Vec<RouteRef> = Vec::with_capacity(servers.len());
-        for s in servers {
+        for (index, s) in servers.iter().enumerate() {
             let addr = s
                 .as_str()
                 .ok_or_else(|| format!("pool `{name}`: server entries must be strings"))?;
@@ -256,6 +256,7 @@ impl<'c> Builder<'c> {
                 pool: pool.clone(),
                 timeout,
                 ctx: self.ctx.clone(),
+                index,
             }));
         }
         Ok(dests)
@@ -405,6 +406,10 @@ pub struct RouterConfig {
     pub flush_problems: Vec<String>,
     /// Every server the config uses, once (installed in the `Context` when the config serves).
     pub servers: Vec<Arc<Server>>,
+    /// MD5 of the config text, hex (`__mcrouter__.config_md5_digest`).
+    pub md5: String,
+    /// When it was built (`__mcrouter__.config_age`).
+    pub loaded_at: std::time::Instant,
 }
 
 /// The routing prefix of a key (`/region/cluster/`), if it has one.
@@ -431,6 +436,11 @@ impl RouterConfig {
                 Err(reply)
             }
         }
+    }
+
+    /// The tree for `req` (its routing prefix stripped), counting nothing: admin requests.
+    pub fn route_for(&self, req: &mut Request) -> Result<&RouteRef, Reply> {
+        self.choose(req).map(|(route, _)| route)
     }
 
     fn choose(&self, req: &mut Request) -> Result<&Labeled, Reply> {
@@ -609,6 +619,8 @@ pub fn load(ctx: &Arc<Context>, text: &str, default_prefix: Option<&str>) -> Res
         flush_targets,
         flush_problems,
         servers: b.servers.into_values().collect(),
+        md5: crate::admin::md5_hex(text.as_bytes()),
+        loaded_at: std::time::Instant::now(),
     })
 }
 

@@ -302,7 +302,7 @@ impl Conn {
             }
             Command::Version => {
                 ctx.stats.no_route.count("version");
-                let v = format!("VERSION 1.6.18-squeal-router-{}\r\n", env!("CARGO_PKG_VERSION"));
+                let v = format!("VERSION {}\r\n", crate::admin::version());
                 self.push_ready(Bytes::from(v));
             }
             Command::Stats => {
@@ -476,6 +476,10 @@ impl Conn {
 
     fn multi_get(&mut self, ctx: Arc<Context>, gets: bool, mut keys: Vec<Bytes>, start: Instant) {
         let cmd = if gets { Cmd::Gets } else { Cmd::Get };
+        if keys.iter().any(|k| crate::admin::is_admin(k)) {
+            self.admin_get(ctx, cmd, keys, start);
+            return;
+        }
         if keys.len() == 1 {
             // The common case gets no batching machinery: route the one key like any keyed request.
             let req = Request::simple(cmd, keys.pop().expect("one key"));
@@ -487,6 +491,40 @@ impl Conn {
             async move {
                 let bytes = multi_get_reply(&ctx, &config, cmd, keys).await;
                 Done::Merged { bytes, start }
+            }
+            .boxed(),
+        );
+    }
+}
+
+/// A get with `__mcrouter__.` keys (see `crate::admin`): those are answered by the router, the
+/// others routed as usual, each key on its own, VALUE blocks in the order asked.
+impl Conn {
+    fn admin_get(&mut self, ctx: Arc<Context>, cmd: Cmd, keys: Vec<Bytes>, start: Instant) {
+        let config = self.config.clone();
+        self.in_flight.push_back(
+            async move {
+                let parts = join_all(keys.into_iter().map(|key| {
+                    let (ctx, config) = (ctx.clone(), config.clone());
+                    async move {
+                        if crate::admin::is_admin(&key) {
+                            ctx.stats.no_route.count(cmd.name());
+                            return crate::admin::value_block(config, key).await;
+                        }
+                        let one = multi_get_reply(&ctx, &config, cmd, vec![key]).await;
+                        one.slice(..one.len() - END.len())
+                    }
+                }))
+                .await;
+                let mut out = BytesMut::new();
+                for p in parts {
+                    out.put_slice(&p);
+                }
+                out.put_slice(END);
+                Done::Merged {
+                    bytes: out.freeze(),
+                    start,
+                }
             }
             .boxed(),
         );

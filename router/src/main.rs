@@ -108,8 +108,44 @@ struct Args {
     opts: Options,
 }
 
+/// `__mcrouter__.options`: every option by its long name (`_` for `-`) and the value in effect.
+/// The auth files are shown as given or not (`yes`/`no`), never their path or content.
+fn startup_options(c: &Cli) -> Vec<(String, String)> {
+    let opt = |v: Option<String>| v.unwrap_or_default();
+    let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
+    vec![
+        ("config_file".into(), c.config_file.display().to_string()),
+        ("port".into(), c.port.to_string()),
+        ("listen".into(), c.listen.clone()),
+        ("metrics_port".into(), opt(c.metrics_port.map(|p| p.to_string()))),
+        (
+            "spool_dir".into(),
+            opt(c.spool_dir.as_ref().map(|d| d.display().to_string())),
+        ),
+        ("spool_max_mb".into(), c.spool_max_mb.to_string()),
+        ("server_timeout_ms".into(), c.server_timeout_ms.to_string()),
+        ("connect_timeout_ms".into(), c.connect_timeout_ms.to_string()),
+        ("probe_delay_initial_ms".into(), c.probe_delay_initial_ms.to_string()),
+        ("probe_delay_max_ms".into(), c.probe_delay_max_ms.to_string()),
+        ("route_prefix".into(), opt(c.route_prefix.clone())),
+        ("threads".into(), c.threads.to_string()),
+        ("enable_flush_cmd".into(), yes_no(c.enable_flush_cmd)),
+        ("max_item_size".into(), c.max_item_size.to_string()),
+        ("auth_file".into(), yes_no(c.auth_file.is_some())),
+        ("upstream_auth_file".into(), yes_no(c.upstream_auth_file.is_some())),
+        ("no_config_watch".into(), yes_no(c.no_config_watch)),
+    ]
+}
+
 impl From<Cli> for Args {
     fn from(c: Cli) -> Args {
+        squeal_router::admin::set_startup(squeal_router::admin::Startup {
+            config_file: std::fs::canonicalize(&c.config_file)
+                .unwrap_or_else(|_| c.config_file.clone())
+                .display()
+                .to_string(),
+            options: startup_options(&c),
+        });
         let opts = Options {
             server_timeout: Duration::from_millis(c.server_timeout_ms),
             connect_timeout: Duration::from_millis(c.connect_timeout_ms),

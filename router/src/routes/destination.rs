@@ -18,11 +18,29 @@ pub struct Destination {
     pub pool: Arc<str>,
     pub timeout: Duration,
     pub ctx: Arc<Context>,
+    /// Its place in the pool's `servers` (mcrouter's `id`).
+    pub index: usize,
+}
+
+impl Destination {
+    /// `__mcrouter__.route`: a server that is down answers as it would (TKO, so failover routes
+    /// go on to their next child, as mcrouter's recording does); one that is up is recorded and
+    /// answers the route's default reply. Nothing is sent and nothing is spooled.
+    fn record(&self, rec: &crate::admin::Recorder, req: &Request) -> Reply {
+        if self.server.is_tko() {
+            return Reply::error(Res::Tko, "tko: server is marked down");
+        }
+        rec.record(&self.server.addr);
+        super::default_reply(req)
+    }
 }
 
 impl Route for Destination {
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         Box::pin(async move {
+            if let Some(rec) = &req.recording {
+                return self.record(rec, req);
+            }
             let reply = if self.server.is_tko() {
                 Reply::error(Res::Tko, "tko: server is marked down")
             } else {
@@ -37,6 +55,16 @@ impl Route for Destination {
             }
             reply
         })
+    }
+
+    fn route_name(&self) -> String {
+        format!(
+            "host|pool={}|id={}|ap={}:ascii:plain:notcompressed|timeout={}ms|keep_routing_prefix=false",
+            self.pool,
+            self.index,
+            self.server.addr,
+            self.timeout.as_millis()
+        )
     }
 
     fn first_get_target(&self, _req: &Request) -> Option<(&Arc<Server>, Duration)> {

@@ -30,6 +30,12 @@ pub async fn try_in_order(children: &[RouteRef], req: &Request, tried: &mut Vec<
 }
 
 impl Route for Failover {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        for c in &self.children {
+            visit(c, req);
+        }
+    }
+
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         Box::pin(async move {
             let first = self.children[0].route(req).await;

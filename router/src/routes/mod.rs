@@ -54,6 +54,34 @@ pub trait Route: Send + Sync + 'static {
     fn first_get_target(&self, _req: &Request) -> Option<(&Arc<crate::server::Server>, std::time::Duration)> {
         None
     }
+
+    /// The handle's line in `__mcrouter__.route_handles` (mcrouter's `routeName()`): by default
+    /// its type in mcrouter's lower-case style (`Failover` → `failover`, `AllSync` → `all-sync`).
+    fn route_name(&self) -> String {
+        kebab_name(std::any::type_name::<Self>())
+    }
+
+    /// For `__mcrouter__.route_handles` (mcrouter's `traverse`): call `visit` with each child `req`
+    /// may reach, and the request that child would get, without routing anything. Leaves have none.
+    fn traverse(&self, _req: &Request, _visit: &mut dyn FnMut(&RouteRef, &Request)) {}
+}
+
+/// `squeal_router::routes::all_sync::AllSync` → `all-sync` (a trailing `Route` dropped).
+pub fn kebab_name(type_name: &str) -> String {
+    let short = type_name.rsplit("::").next().unwrap_or(type_name);
+    let short = short.strip_suffix("Route").filter(|s| !s.is_empty()).unwrap_or(short);
+    let mut out = String::with_capacity(short.len() + 4);
+    for (i, c) in short.chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                out.push('-');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Builds a handle from its config object (`"Type|rest"` shorthands arrive as objects, see below).

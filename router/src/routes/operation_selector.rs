@@ -17,6 +17,12 @@ pub struct OperationSelector {
 }
 
 impl Route for OperationSelector {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        if let Some(r) = self.policies.get(&req.op()).or(self.default.as_ref()) {
+            visit(r, req);
+        }
+    }
+
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         match self.policies.get(&req.op()).or(self.default.as_ref()) {
             Some(r) => r.route(req),

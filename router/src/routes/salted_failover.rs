@@ -40,6 +40,12 @@ impl SaltedFailover {
 }
 
 impl Route for SaltedFailover {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        for i in self.order(&req.routing_key()) {
+            visit(&self.servers[i], req);
+        }
+    }
+
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         Box::pin(async move {
             let order = self.order(&req.routing_key());

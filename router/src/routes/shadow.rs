@@ -33,6 +33,16 @@ fn key_fraction(key: &[u8]) -> f64 {
 }
 
 impl Route for ShadowRoute {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        visit(&self.child, req);
+        let f = key_fraction(&req.routing_key());
+        for s in &self.shadows {
+            if s.key_range.0 <= f && f <= s.key_range.1 {
+                visit(&s.target, req);
+            }
+        }
+    }
+
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         let f = key_fraction(&req.routing_key());
         for s in &self.shadows {
