@@ -68,9 +68,7 @@ struct Conn {
 }
 
 pub async fn serve(shared: Arc<Shared>, stream: TcpStream) {
-    let stats = &shared.ctx.stats;
-    stats.curr_connections.fetch_add(1, Relaxed);
-    stats.total_connections.fetch_add(1, Relaxed);
+    // counted in `curr_connections`/`total_connections` by the acceptor (`crate::accept`)
     let _ = stream.set_nodelay(true);
     let (generation, config) = shared.config();
     let mut conn = Conn {

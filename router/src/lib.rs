@@ -4,7 +4,8 @@
 //! `spool` (failed deletes to disk and back), `ack` (when a delete counts as acknowledged), `routes` (route handles, one per file) built by
 //! `config` from JSON, `connection` (one client connection: buffered reads, replies in request
 //! order), `flush` (opt-in `flush_all` to every server of the config), `metrics_http` (Prometheus
-//! `/metrics`), `admin` (`get __mcrouter__.*` admin requests, answered by the router itself).
+//! `/metrics`), `accept` (accepting clients; refusing them at the connection limit as memcached
+//! does), `admin` (`get __mcrouter__.*` admin requests, answered by the router itself).
 //! `main` wires them together.
 
 use std::collections::HashMap;
@@ -12,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+pub mod accept;
 pub mod ack;
 pub mod admin;
 pub mod auth;

@@ -67,6 +67,10 @@ pub struct Stats {
     pub replayed_deletes: AtomicU64,
     pub curr_connections: AtomicU64,
     pub total_connections: AtomicU64,
+    /// Clients refused at the connection limit (memcached's `rejected_connections`).
+    pub rejected_connections: AtomicU64,
+    /// The client connection limit (memcached's `max_connections`), set by `crate::accept`.
+    pub max_connections: AtomicU64,
     pub config_loads: AtomicU64,
     pub config_rejects: AtomicU64,
     latency: Vec<AtomicU64>,
@@ -111,6 +115,8 @@ impl Default for Stats {
             replayed_deletes: AtomicU64::new(0),
             curr_connections: AtomicU64::new(0),
             total_connections: AtomicU64::new(0),
+            rejected_connections: AtomicU64::new(0),
+            max_connections: AtomicU64::new(0),
             config_loads: AtomicU64::new(0),
             config_rejects: AtomicU64::new(0),
             latency: (0..=LATENCY_BUCKETS.len()).map(|_| AtomicU64::new(0)).collect(),
@@ -205,6 +211,11 @@ impl Stats {
             ),
             ("config_loads", "configs loaded", g(&self.config_loads)),
             ("config_rejects", "configs rejected", g(&self.config_rejects)),
+            (
+                "rejected_connections",
+                "clients refused at the connection limit",
+                g(&self.rejected_connections),
+            ),
         ]
     }
 
@@ -236,6 +247,7 @@ impl Stats {
         s += &format!("STAT uptime {}\r\n", self.uptime().as_secs());
         s += &format!("STAT time {now}\r\n");
         s += &format!("STAT version squeal-router-{}\r\n", env!("CARGO_PKG_VERSION"));
+        s += &format!("STAT max_connections {}\r\n", self.max_connections.load(Relaxed));
         s += &format!("STAT curr_connections {}\r\n", self.curr_connections.load(Relaxed));
         s += &format!(
             "STAT total_connections {}\r\n",
@@ -285,6 +297,8 @@ impl Stats {
         }
         s += "# HELP squeal_router_connections open client connections\n# TYPE squeal_router_connections gauge\n";
         s += &format!("squeal_router_connections {}\n", self.curr_connections.load(Relaxed));
+        s += "# HELP squeal_router_max_connections client connection limit\n# TYPE squeal_router_max_connections gauge\n";
+        s += &format!("squeal_router_max_connections {}\n", self.max_connections.load(Relaxed));
         s += "# HELP squeal_router_servers_tko servers currently marked TKO\n# TYPE squeal_router_servers_tko gauge\n";
         s += &format!("squeal_router_servers_tko {servers_tko}\n");
         s += "# HELP squeal_router_request_duration_seconds client request latency\n";
