@@ -309,6 +309,17 @@ impl Request {
         matches!(self.cmd, Cmd::Get | Cmd::Gets | Cmd::MetaGet)
     }
 
+    /// A get counted in get hits and misses: `get`/`gets`/`mg`, but not one that also touches
+    /// (`mg … T`, which `gat`/`gats` become): memcached counts those as touches, not gets.
+    #[inline]
+    pub fn counts_as_get(&self) -> bool {
+        match self.cmd {
+            Cmd::Get | Cmd::Gets => true,
+            Cmd::MetaGet => !self.meta.iter().any(|t| t.first() == Some(&b'T')),
+            _ => false,
+        }
+    }
+
     pub fn is_delete(&self) -> bool {
         matches!(self.cmd, Cmd::Delete | Cmd::MetaDelete)
     }

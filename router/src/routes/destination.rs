@@ -20,6 +20,8 @@ pub struct Destination {
     pub ctx: Arc<Context>,
     /// Its place in the pool's `servers` (mcrouter's `id`).
     pub index: usize,
+    /// The pool's get hits and misses.
+    pub gets: Arc<crate::stats::PoolCounters>,
 }
 
 impl Destination {
@@ -49,6 +51,9 @@ impl Route for Destination {
             if req.is_delete() && reply.res.is_failover_error() {
                 return crate::ack::spool_failed(&self.ctx, &self.server, &self.pool, req, reply).await;
             }
+            if req.counts_as_get() {
+                self.gets.gets.count(reply.res);
+            }
             if req.too_large && !reply.res.is_error() {
                 // the server dropped the old value; the new one was never sent
                 return Reply::error(Res::RemoteError, "object too large for cache");
@@ -67,7 +72,7 @@ impl Route for Destination {
         )
     }
 
-    fn first_get_target(&self, _req: &Request) -> Option<(&Arc<Server>, Duration)> {
-        (!self.server.is_tko()).then_some((&self.server, self.timeout))
+    fn first_get_target(&self, _req: &Request) -> Option<&Destination> {
+        (!self.server.is_tko()).then_some(self)
     }
 }

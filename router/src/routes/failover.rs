@@ -51,7 +51,7 @@ impl Route for Failover {
         })
     }
 
-    fn first_get_target(&self, req: &Request) -> Option<(&Arc<crate::server::Server>, std::time::Duration)> {
+    fn first_get_target(&self, req: &Request) -> Option<&crate::routes::destination::Destination> {
         self.children[0].first_get_target(req)
     }
 }

@@ -50,7 +50,7 @@ impl Route for FailoverWithExptime {
         })
     }
 
-    fn first_get_target(&self, req: &Request) -> Option<(&Arc<crate::server::Server>, std::time::Duration)> {
+    fn first_get_target(&self, req: &Request) -> Option<&crate::routes::destination::Destination> {
         self.normal.first_get_target(req)
     }
 }

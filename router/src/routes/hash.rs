@@ -36,7 +36,7 @@ impl Route for HashRoute {
         self.children[i].route(req)
     }
 
-    fn first_get_target(&self, req: &Request) -> Option<(&std::sync::Arc<crate::server::Server>, std::time::Duration)> {
+    fn first_get_target(&self, req: &Request) -> Option<&crate::routes::destination::Destination> {
         let i = self.func.pick(&req.routing_key(), &self.salt, self.children.len());
         self.children[i].first_get_target(req)
     }

@@ -48,10 +48,11 @@ pub type RouteRef = Arc<dyn Route>;
 pub trait Route: Send + Sync + 'static {
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply>;
 
-    /// For classic gets: the server this route would ask first, when a hit or a miss from it is
-    /// the final answer (errors may still fail over). Lets a multi-get send one multi-key `get`
-    /// per server; any key whose batched get fails goes through `route` as usual.
-    fn first_get_target(&self, _req: &Request) -> Option<(&Arc<crate::server::Server>, std::time::Duration)> {
+    /// For classic gets: the destination (server of a pool) this route would ask first, when a hit
+    /// or a miss from it is the final answer (errors may still fail over). Lets a multi-get send one
+    /// multi-key `get` per destination (counted in its pool's hits and misses); any key whose
+    /// batched get fails goes through `route` as usual.
+    fn first_get_target(&self, _req: &Request) -> Option<&crate::routes::destination::Destination> {
         None
     }
 

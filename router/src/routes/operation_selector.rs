@@ -30,7 +30,7 @@ impl Route for OperationSelector {
         }
     }
 
-    fn first_get_target(&self, req: &Request) -> Option<(&Arc<crate::server::Server>, std::time::Duration)> {
+    fn first_get_target(&self, req: &Request) -> Option<&crate::routes::destination::Destination> {
         self.policies
             .get(&req.op())
             .or(self.default.as_ref())?

@@ -40,7 +40,7 @@ impl Route for PrefixSelector {
         }
     }
 
-    fn first_get_target(&self, req: &Request) -> Option<(&Arc<crate::server::Server>, std::time::Duration)> {
+    fn first_get_target(&self, req: &Request) -> Option<&crate::routes::destination::Destination> {
         self.select(&req.routing_key())?.first_get_target(req)
     }
 }

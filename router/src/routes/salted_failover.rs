@@ -63,7 +63,7 @@ impl Route for SaltedFailover {
         })
     }
 
-    fn first_get_target(&self, req: &Request) -> Option<(&Arc<crate::server::Server>, std::time::Duration)> {
+    fn first_get_target(&self, req: &Request) -> Option<&crate::routes::destination::Destination> {
         let i = self.func.pick(&req.routing_key(), &self.salt, self.servers.len());
         self.servers[i].first_get_target(req)
     }

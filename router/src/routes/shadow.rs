@@ -53,7 +53,7 @@ impl Route for ShadowRoute {
         self.child.route(req)
     }
 
-    fn first_get_target(&self, req: &Request) -> Option<(&Arc<crate::server::Server>, std::time::Duration)> {
+    fn first_get_target(&self, req: &Request) -> Option<&crate::routes::destination::Destination> {
         // a batched get would skip the shadows: only when none takes this key
         let f = key_fraction(&req.routing_key());
         if self.shadows.iter().any(|s| s.key_range.0 <= f && f <= s.key_range.1) {
