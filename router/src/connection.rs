@@ -636,7 +636,7 @@ async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: Cmd, keys: V
         && !reply.res.is_error()
     {
         // One server had every key, as asked: its VALUE blocks are the answer.
-        count_values(&reply.wire, n, &batches[0].dest.gets.gets, counters[0]);
+        count_values(reply.values, n, &batches[0].dest.gets.gets, counters[0]);
         let mut out = BytesMut::with_capacity(reply.wire.len() + END.len());
         out.put_slice(&reply.wire);
         out.put_slice(END);
@@ -705,18 +705,9 @@ async fn send_batch(batch: &Batch<'_>, gets: bool, reqs: &[Request]) -> Reply {
 }
 
 /// Hits and misses of a multi-get that one server answered whole (`n` keys, all of one route):
-/// its VALUE blocks are the hits.
-fn count_values(wire: &[u8], n: usize, pool: &crate::stats::HitCounters, route: Option<&Arc<RouteCounters>>) {
-    let mut hits = 0u64;
-    let mut pos = 0;
-    while pos < wire.len() {
-        let line = &wire[pos..pos + first_line_end(&wire[pos..])];
-        let Some(len) = line.split(|&b| b == b' ').nth(3).and_then(parse_decimal) else {
-            break;
-        };
-        hits += 1;
-        pos += line.len() + 2 + len + 2;
-    }
+/// its VALUE blocks (counted by the server connection while framing them) are the hits.
+fn count_values(values: u32, n: usize, pool: &crate::stats::HitCounters, route: Option<&Arc<RouteCounters>>) {
+    let hits = u64::from(values);
     let misses = (n as u64).saturating_sub(hits);
     for c in [Some(pool), route.map(|r| &r.gets)].into_iter().flatten() {
         c.hits.fetch_add(hits, Relaxed);

@@ -83,3 +83,20 @@ def test_get_hits_and_misses_are_counted_per_route_and_pool(memcached_factory, r
     c.close()
     st = stats_of(router.address)
     assert (st["get_hits"], st["get_misses"], st["pool:A:get_hits"]) == ("1", "0", "1"), st
+
+    # a multi-get one server answers whole (no routing prefix to strip: its reply is passed on as it is)
+    c = Conn(router.address)
+
+    def server_of(key: str) -> str:
+        reply = c.call(f"get __mcrouter__.route(get,{key})\r\n".encode())
+        return reply.split(b"\r\n")[1].decode()
+
+    target = server_of("k0")
+    same = [k for k in keys if server_of(k) == target]
+    missing = next(f"m{i}" for i in range(100) if server_of(f"m{i}") == target)
+    reply = c.call(("get " + " ".join([*same, missing]) + "\r\n").encode())
+    assert reply.count(b"VALUE ") == len(same)
+    c.close()
+    st = stats_of(router.address)
+    assert (st["get_hits"], st["get_misses"]) == (str(1 + len(same)), "1"), st
+    assert (st["pool:A:get_hits"], st["pool:A:get_misses"]) == (str(1 + len(same)), "1"), st
