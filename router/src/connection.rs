@@ -588,8 +588,8 @@ fn select_route<'c>(config: &'c RouterConfig, req: &mut Request) -> (Selected<'c
 async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: Cmd, keys: Vec<Bytes>) -> Bytes {
     let n = keys.len();
     let mut reqs: Vec<Request> = Vec::with_capacity(n);
-    let mut routes: Vec<Option<&RouteRef>> = Vec::with_capacity(n);
-    let mut counters: Vec<Option<&Arc<RouteCounters>>> = Vec::with_capacity(n);
+    // each key's route and the counters of its label
+    let mut routes: Vec<Option<(&RouteRef, &Arc<RouteCounters>)>> = Vec::with_capacity(n);
     let mut parts: Vec<Part> = Vec::with_capacity(n);
     let mut batches: Vec<Batch> = Vec::new();
     let mut stripped = false;
@@ -612,13 +612,11 @@ async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: Cmd, keys: V
                         }
                     }
                 }
-                routes.push(Some(route));
-                counters.push(Some(route_counters));
+                routes.push(Some((route, route_counters)));
                 parts.push(Part::Pending);
             }
             Err(e) => {
                 routes.push(None);
-                counters.push(None);
                 parts.push(Part::Routed(e));
             }
         }
@@ -636,7 +634,7 @@ async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: Cmd, keys: V
         && !reply.res.is_error()
     {
         // One server had every key, as asked: its VALUE blocks are the answer.
-        count_values(reply.values, n, &batches[0].dest.gets.gets, counters[0]);
+        count_values(reply.values, n, &batches[0].dest.gets.gets, routes[0].map(|r| r.1));
         let mut out = BytesMut::with_capacity(reply.wire.len() + END.len());
         out.put_slice(&reply.wire);
         out.put_slice(END);
@@ -663,7 +661,7 @@ async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: Cmd, keys: V
     let slow: Vec<usize> = (0..n).filter(|&i| matches!(parts[i], Part::Pending)).collect();
     if !slow.is_empty() {
         let outs = join_all(slow.iter().map(|&i| {
-            let route = routes[i].expect("pending keys have a route");
+            let (route, _) = routes[i].expect("pending keys have a route");
             let req = &reqs[i];
             async move { route.route(req).await }
         }))
@@ -675,7 +673,7 @@ async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: Cmd, keys: V
     let client_key = |i: usize| asked[i].as_deref().unwrap_or(&reqs[i].key);
     let mut out = BytesMut::new();
     for (i, part) in parts.iter().enumerate() {
-        if let Some(c) = counters[i] {
+        if let Some((_, c)) = routes[i] {
             c.gets.count(match part {
                 Part::Batched(..) => Res::Found,
                 Part::Miss => Res::Miss,
