@@ -42,6 +42,8 @@ pub struct Builder<'c> {
     /// The config's servers by address: the live ones reused (a reload keeps their connections and
     /// TKO state), others new. Nothing outside the config refers to them until it is installed.
     servers: HashMap<String, Arc<Server>>,
+    /// The get counters of every pool built (shown in `stats` once the config loads).
+    pool_gets: Vec<Arc<crate::stats::PoolCounters>>,
 }
 
 impl<'c> Builder<'c> {
@@ -57,6 +59,7 @@ impl<'c> Builder<'c> {
             built_pools: Default::default(),
             weighted_pools: Default::default(),
             servers: HashMap::new(),
+            pool_gets: Vec::new(),
         }
     }
 
@@ -240,8 +243,10 @@ impl<'c> Builder<'c> {
             None => self.ctx.opts.server_timeout,
         };
         let pool: Arc<str> = Arc::from(name);
+        let gets = self.ctx.stats.pool_counters(name);
+        self.pool_gets.push(gets.clone());
         let mut dests: Vec<RouteRef> = Vec::with_capacity(servers.len());
-        for s in servers {
+        for (index, s) in servers.iter().enumerate() {
             let addr = s
                 .as_str()
                 .ok_or_else(|| format!("pool `{name}`: server entries must be strings"))?;
@@ -256,6 +261,8 @@ impl<'c> Builder<'c> {
                 pool: pool.clone(),
                 timeout,
                 ctx: self.ctx.clone(),
+                index,
+                gets: gets.clone(),
             }));
         }
         Ok(dests)
@@ -405,6 +412,10 @@ pub struct RouterConfig {
     pub flush_problems: Vec<String>,
     /// Every server the config uses, once (installed in the `Context` when the config serves).
     pub servers: Vec<Arc<Server>>,
+    /// MD5 of the config text, hex (`__mcrouter__.config_md5_digest`).
+    pub md5: String,
+    /// When it was built (`__mcrouter__.config_age`).
+    pub loaded_at: std::time::Instant,
 }
 
 /// The routing prefix of a key (`/region/cluster/`), if it has one.
@@ -420,17 +431,22 @@ fn routing_prefix(key: &[u8]) -> Option<usize> {
 impl RouterConfig {
     /// Choose the tree for `req`, stripping a matched routing prefix from its key, and count the
     /// request on the chosen route (or as unroutable).
-    pub fn select(&self, req: &mut Request) -> Result<&RouteRef, Reply> {
+    pub fn select(&self, req: &mut Request) -> Result<(&RouteRef, &Arc<RouteCounters>), Reply> {
         match self.choose(req) {
             Ok((route, counters)) => {
                 counters.count_cmd(req.cmd);
-                Ok(route)
+                Ok((route, counters))
             }
             Err(reply) => {
                 self.unroutable.count_cmd(req.cmd);
                 Err(reply)
             }
         }
+    }
+
+    /// The tree for `req` (its routing prefix stripped), counting nothing: admin requests.
+    pub fn route_for(&self, req: &mut Request) -> Result<&RouteRef, Reply> {
+        self.choose(req).map(|(route, _)| route)
     }
 
     fn choose(&self, req: &mut Request) -> Result<&Labeled, Reply> {
@@ -596,6 +612,7 @@ pub fn load(ctx: &Arc<Context>, text: &str, default_prefix: Option<&str>) -> Res
     }
     b.warn_unused_weights();
     let (flush_targets, flush_problems) = b.take_flush_targets();
+    ctx.stats.register_pools(&b.pool_gets);
     match &root {
         Root::Single((_, counters)) => ctx.stats.register([counters]),
         Root::Aliased { aliases, .. } => ctx.stats.register(aliases.iter().map(|(_, (_, counters))| counters)),
@@ -609,6 +626,8 @@ pub fn load(ctx: &Arc<Context>, text: &str, default_prefix: Option<&str>) -> Res
         flush_targets,
         flush_problems,
         servers: b.servers.into_values().collect(),
+        md5: crate::admin::md5_hex(text.as_bytes()),
+        loaded_at: std::time::Instant::now(),
     })
 }
 
@@ -783,11 +802,11 @@ mod tests {
                                       {"aliases": ["/west/b/"], "route": "ErrorRoute|west"}]}"#;
             let cfg = load(&c, text, None).unwrap();
             let mut r = req(Cmd::Get, "/west/b/user:1");
-            let route = cfg.select(&mut r).ok().unwrap();
+            let route = cfg.select(&mut r).ok().unwrap().0;
             assert_eq!(&r.key[..], b"user:1");
             assert_eq!(route.route(&r).await.res, Res::LocalError);
             let mut r = req(Cmd::Get, "user:1");
-            assert_eq!(cfg.select(&mut r).ok().unwrap().route(&r).await.res, Res::Miss);
+            assert_eq!(cfg.select(&mut r).ok().unwrap().0.route(&r).await.res, Res::Miss);
             let mut r = req(Cmd::Get, "/north/x/k");
             assert!(cfg.select(&mut r).is_err());
             assert_eq!(routing_prefix(b"/a/b/c"), Some(5));
@@ -952,7 +971,7 @@ mod tests {
             let text = r#"{"routes": {"aliases": ["/east/a/", "/east/b/"], "route": "ErrorRoute|x"}}"#;
             let cfg = load(&c, text, None).unwrap();
             let mut r = req(Cmd::Get, "/east/b/k");
-            assert_eq!(cfg.select(&mut r).ok().unwrap().route(&r).await.res, Res::LocalError);
+            assert_eq!(cfg.select(&mut r).ok().unwrap().0.route(&r).await.res, Res::LocalError);
             assert_eq!(&r.key[..], b"k");
             let err = load(&c, r#"{"routes": 5}"#, None).err().unwrap();
             assert!(err.contains("`routes` must be"), "{err}");
@@ -984,9 +1003,9 @@ mod tests {
             let mut hit_second = 0;
             for i in 0..200 {
                 let r = req(Cmd::Get, &format!("key{i}"));
-                let route = cfg.select(&mut r.clone()).ok().unwrap().clone();
-                if let Some((server, _)) = route.first_get_target(&r) {
-                    hit_second += usize::from(server.addr.ends_with(":2"));
+                let route = cfg.select(&mut r.clone()).ok().unwrap().0.clone();
+                if let Some(dest) = route.first_get_target(&r) {
+                    hit_second += usize::from(dest.server.addr.ends_with(":2"));
                 }
             }
             assert_eq!(hit_second, 0);

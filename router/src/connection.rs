@@ -19,11 +19,11 @@ use crate::auth::Login;
 use crate::config::RouterConfig;
 use crate::protocol::reply::{first_line_end, meta_hit_as_value, parse_decimal};
 use crate::protocol::request::{BINARY_REQUEST_MAGIC, binary_refusal, parse_with};
-use crate::protocol::{Cmd, Command, ParseOutcome, Reply, Request};
+use crate::protocol::{Cmd, Command, ParseOutcome, Reply, Request, Res};
+use crate::routes::destination::Destination;
 use crate::routes::{BoxFuture, RouteRef};
-use crate::server::Server;
+use crate::stats::RouteCounters;
 use crate::{Context, Shared};
-use std::time::Duration;
 
 /// Requests in flight per connection before the router stops reading from it (backpressure).
 const MAX_IN_FLIGHT: usize = 4096;
@@ -68,9 +68,7 @@ struct Conn {
 }
 
 pub async fn serve(shared: Arc<Shared>, stream: TcpStream) {
-    let stats = &shared.ctx.stats;
-    stats.curr_connections.fetch_add(1, Relaxed);
-    stats.total_connections.fetch_add(1, Relaxed);
+    // counted in `curr_connections`/`total_connections` by the acceptor (`crate::accept`)
     let _ = stream.set_nodelay(true);
     let (generation, config) = shared.config();
     let mut conn = Conn {
@@ -302,7 +300,7 @@ impl Conn {
             }
             Command::Version => {
                 ctx.stats.no_route.count("version");
-                let v = format!("VERSION 1.6.18-squeal-router-{}\r\n", env!("CARGO_PKG_VERSION"));
+                let v = format!("VERSION {}\r\n", crate::admin::version());
                 self.push_ready(Bytes::from(v));
             }
             Command::Stats => {
@@ -395,8 +393,9 @@ impl Conn {
     /// Route one single-key request; `answer` turns its reply into the bytes for the client.
     fn route_one(&mut self, ctx: Arc<Context>, mut req: Request, start: Instant, answer: AnswerFn) {
         let (route, asked) = select_route(&self.config, &mut req);
-        let route = match route {
-            Ok(r) => r.clone(),
+        let (route, gets) = match route {
+            // gets count their hits and misses on their route (memcached's get_hits/get_misses)
+            Ok((r, counters)) => (r.clone(), req.counts_as_get().then(|| counters.clone())),
             Err(reply) => {
                 ctx.stats.errors.fetch_add(1, Relaxed);
                 if !req.suppress(&reply) {
@@ -408,6 +407,9 @@ impl Conn {
         self.in_flight.push_back(
             async move {
                 let reply = route.route(&req).await;
+                if let Some(gets) = gets {
+                    gets.gets.count(reply.res);
+                }
                 Done::Routed {
                     answer,
                     asked,
@@ -438,13 +440,15 @@ impl Conn {
             }
             let (route, asked) = select_route(&self.config, &mut req);
             let client_key = asked.unwrap_or_else(|| req.key.clone());
-            reqs.push((req, route.cloned(), client_key));
+            let route = route.map(|(r, _)| r.clone());
+            reqs.push((req, route, client_key));
         }
         self.in_flight.push_back(
             async move {
                 let single = reqs.len() == 1;
                 let replies = join_all(reqs.iter().map(|(req, route, _)| async move {
                     match route {
+                        // a touch as memcached counts it, not a get (see `Request::counts_as_get`)
                         Ok(route) => route.route(req).await,
                         Err(reply) => reply.clone(),
                     }
@@ -476,6 +480,10 @@ impl Conn {
 
     fn multi_get(&mut self, ctx: Arc<Context>, gets: bool, mut keys: Vec<Bytes>, start: Instant) {
         let cmd = if gets { Cmd::Gets } else { Cmd::Get };
+        if keys.iter().any(|k| crate::admin::is_admin(k)) {
+            self.admin_get(ctx, cmd, keys, start);
+            return;
+        }
         if keys.len() == 1 {
             // The common case gets no batching machinery: route the one key like any keyed request.
             let req = Request::simple(cmd, keys.pop().expect("one key"));
@@ -487,6 +495,40 @@ impl Conn {
             async move {
                 let bytes = multi_get_reply(&ctx, &config, cmd, keys).await;
                 Done::Merged { bytes, start }
+            }
+            .boxed(),
+        );
+    }
+}
+
+/// A get with `__mcrouter__.` keys (see `crate::admin`): those are answered by the router, the
+/// others routed as usual, each key on its own, VALUE blocks in the order asked.
+impl Conn {
+    fn admin_get(&mut self, ctx: Arc<Context>, cmd: Cmd, keys: Vec<Bytes>, start: Instant) {
+        let config = self.config.clone();
+        self.in_flight.push_back(
+            async move {
+                let parts = join_all(keys.into_iter().map(|key| {
+                    let (ctx, config) = (ctx.clone(), config.clone());
+                    async move {
+                        if crate::admin::is_admin(&key) {
+                            ctx.stats.no_route.count(cmd.name());
+                            return crate::admin::value_block(config, key).await;
+                        }
+                        let one = multi_get_reply(&ctx, &config, cmd, vec![key]).await;
+                        one.slice(..one.len() - END.len())
+                    }
+                }))
+                .await;
+                let mut out = BytesMut::new();
+                for p in parts {
+                    out.put_slice(&p);
+                }
+                out.put_slice(END);
+                Done::Merged {
+                    bytes: out.freeze(),
+                    start,
+                }
             }
             .boxed(),
         );
@@ -524,15 +566,17 @@ enum Part {
 }
 
 /// Keys that one server answers first, sent as one multi-key get.
-struct Batch {
-    server: Arc<Server>,
-    timeout: Duration,
+struct Batch<'c> {
+    dest: &'c Destination,
     members: Vec<usize>,
 }
 
+/// A request's route and the counters of its label, or the error that answers it.
+type Selected<'c> = Result<(&'c RouteRef, &'c Arc<RouteCounters>), Reply>;
+
 /// Choose `req`'s route; also returns the key as the client sent it if routing stripped a
 /// prefix from it. Routing prefixes start with '/', so only such keys are kept aside.
-fn select_route<'c>(config: &'c RouterConfig, req: &mut Request) -> (Result<&'c RouteRef, Reply>, Option<Bytes>) {
+fn select_route<'c>(config: &'c RouterConfig, req: &mut Request) -> (Selected<'c>, Option<Bytes>) {
     let asked = req.key.starts_with(b"/").then(|| req.key.clone());
     let route = config.select(req);
     (route, asked.filter(|a| a.len() != req.key.len()))
@@ -544,7 +588,8 @@ fn select_route<'c>(config: &'c RouterConfig, req: &mut Request) -> (Result<&'c 
 async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: Cmd, keys: Vec<Bytes>) -> Bytes {
     let n = keys.len();
     let mut reqs: Vec<Request> = Vec::with_capacity(n);
-    let mut routes: Vec<Option<&RouteRef>> = Vec::with_capacity(n);
+    // each key's route and the counters of its label
+    let mut routes: Vec<Option<(&RouteRef, &Arc<RouteCounters>)>> = Vec::with_capacity(n);
     let mut parts: Vec<Part> = Vec::with_capacity(n);
     let mut batches: Vec<Batch> = Vec::new();
     let mut stripped = false;
@@ -555,23 +600,19 @@ async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: Cmd, keys: V
         stripped |= client_key.is_some();
         asked.push(client_key);
         match route {
-            Ok(route) => {
-                if let Some((server, timeout)) = route.first_get_target(&req) {
-                    match batches.iter_mut().find(|b| Arc::ptr_eq(&b.server, server)) {
+            Ok((route, route_counters)) => {
+                if let Some(dest) = route.first_get_target(&req) {
+                    match batches.iter_mut().find(|b| std::ptr::eq(b.dest, dest)) {
                         Some(b) => b.members.push(i),
                         None => {
                             // room for every key left: one server often has them all
                             let mut members = Vec::with_capacity(n - i);
                             members.push(i);
-                            batches.push(Batch {
-                                server: server.clone(),
-                                timeout,
-                                members,
-                            })
+                            batches.push(Batch { dest, members })
                         }
                     }
                 }
-                routes.push(Some(route));
+                routes.push(Some((route, route_counters)));
                 parts.push(Part::Pending);
             }
             Err(e) => {
@@ -593,6 +634,7 @@ async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: Cmd, keys: V
         && !reply.res.is_error()
     {
         // One server had every key, as asked: its VALUE blocks are the answer.
+        count_values(reply.values, n, &batches[0].dest.gets.gets, routes[0].map(|r| r.1));
         let mut out = BytesMut::with_capacity(reply.wire.len() + END.len());
         out.put_slice(&reply.wire);
         out.put_slice(END);
@@ -609,11 +651,17 @@ async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: Cmd, keys: V
             continue;
         }
         split_values(b, &reply.wire, &batch.members, &reqs, &mut parts);
+        for &i in &batch.members {
+            batch.dest.gets.gets.count(match parts[i] {
+                Part::Batched(..) => Res::Found,
+                _ => Res::Miss,
+            });
+        }
     }
     let slow: Vec<usize> = (0..n).filter(|&i| matches!(parts[i], Part::Pending)).collect();
     if !slow.is_empty() {
         let outs = join_all(slow.iter().map(|&i| {
-            let route = routes[i].expect("pending keys have a route");
+            let (route, _) = routes[i].expect("pending keys have a route");
             let req = &reqs[i];
             async move { route.route(req).await }
         }))
@@ -625,6 +673,14 @@ async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: Cmd, keys: V
     let client_key = |i: usize| asked[i].as_deref().unwrap_or(&reqs[i].key);
     let mut out = BytesMut::new();
     for (i, part) in parts.iter().enumerate() {
+        if let Some((_, c)) = routes[i] {
+            c.gets.count(match part {
+                Part::Batched(..) => Res::Found,
+                Part::Miss => Res::Miss,
+                Part::Routed(reply) => reply.res,
+                Part::Pending => Res::LocalError,
+            });
+        }
         match part {
             Part::Batched(b, range) => {
                 append_value(&mut out, client_key(i), &reqs[i], &replies[*b].wire[range.clone()])
@@ -641,9 +697,20 @@ async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: Cmd, keys: V
     out.freeze()
 }
 
-async fn send_batch(batch: &Batch, gets: bool, reqs: &[Request]) -> Reply {
+async fn send_batch(batch: &Batch<'_>, gets: bool, reqs: &[Request]) -> Reply {
     let keys: Vec<&Bytes> = batch.members.iter().map(|&i| &reqs[i].key).collect();
-    batch.server.send_multi_get(gets, &keys, batch.timeout).await
+    batch.dest.server.send_multi_get(gets, &keys, batch.dest.timeout).await
+}
+
+/// Hits and misses of a multi-get that one server answered whole (`n` keys, all of one route):
+/// its VALUE blocks (counted by the server connection while framing them) are the hits.
+fn count_values(values: u32, n: usize, pool: &crate::stats::HitCounters, route: Option<&Arc<RouteCounters>>) {
+    let hits = u64::from(values);
+    let misses = (n as u64).saturating_sub(hits);
+    for c in [Some(pool), route.map(|r| &r.gets)].into_iter().flatten() {
+        c.hits.fetch_add(hits, Relaxed);
+        c.misses.fetch_add(misses, Relaxed);
+    }
 }
 
 /// Hand the VALUE blocks of batch `batch`'s reply to the keys that asked (in order; absent = miss).

@@ -346,6 +346,16 @@ impl HashFunc {
     }
 
     /// Index in `0..n` for `key` with `salt` appended (mcrouter's salting).
+    /// mcrouter's name for it (`hash_func`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            HashFunc::Ch3 => "Ch3",
+            HashFunc::Crc32 => "Crc32",
+            HashFunc::WeightedCh3(_) => "WeightedCh3",
+            HashFunc::ConstShard => "ConstShard",
+        }
+    }
+
     pub fn pick(&self, key: &[u8], salt: &[u8], n: usize) -> usize {
         if n <= 1 {
             return 0;

@@ -4,14 +4,18 @@
 //! `spool` (failed deletes to disk and back), `ack` (when a delete counts as acknowledged), `routes` (route handles, one per file) built by
 //! `config` from JSON, `connection` (one client connection: buffered reads, replies in request
 //! order), `flush` (opt-in `flush_all` to every server of the config), `metrics_http` (Prometheus
-//! `/metrics`). `main` wires them together.
+//! `/metrics`), `accept` (accepting clients; refusing them at the connection limit as memcached
+//! does), `admin` (`get __mcrouter__.*` admin requests, answered by the router itself).
+//! `main` wires them together.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+pub mod accept;
 pub mod ack;
+pub mod admin;
 pub mod auth;
 pub mod config;
 pub mod connection;

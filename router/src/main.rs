@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 
 use clap::Parser;
 use squeal_router::auth::AuthFile;
-use squeal_router::{Context, Options, Shared, config, connection, metrics_http, spool};
+use squeal_router::{Context, Options, Shared, accept, config, metrics_http, spool};
 use tokio::net::TcpListener;
 
 /// The command line (clap's derive API): one field per flag, its doc comment the `--help` line.
@@ -78,6 +78,9 @@ struct Cli {
     /// Do not poll the config file for changes: reload only on SIGHUP
     #[arg(long)]
     no_config_watch: bool,
+    /// Max simultaneous clients, as memcached's -c (default: the fd limit less max(32, an eighth)); more are refused
+    #[arg(short = 'c', long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    conn_limit: Option<u64>,
 }
 
 /// A `-Y` file, read when the command line is (a file that cannot be read or parsed is a bad value).
@@ -103,13 +106,58 @@ struct Args {
     spool_max_mb: u64,
     route_prefix: Option<String>,
     threads: usize,
+    /// Client connection limit (`--conn-limit`, or from the fd limit).
+    conn_limit: u64,
     /// Poll the config file for changes (SIGHUP reloads either way).
     watch: bool,
     opts: Options,
 }
 
+/// `--conn-limit`, or by default the fd limit less a reserve (`accept::default_conn_limit`).
+fn conn_limit(given: Option<u64>) -> u64 {
+    given
+        .unwrap_or_else(|| squeal_router::accept::default_conn_limit(squeal_router::accept::fd_limit().unwrap_or(1024)))
+}
+
+/// `__mcrouter__.options`: every option by its long name (`_` for `-`) and the value in effect.
+/// The auth files are shown as given or not (`yes`/`no`), never their path or content.
+fn startup_options(c: &Cli) -> Vec<(String, String)> {
+    let opt = |v: Option<String>| v.unwrap_or_default();
+    let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
+    vec![
+        ("config_file".into(), c.config_file.display().to_string()),
+        ("port".into(), c.port.to_string()),
+        ("listen".into(), c.listen.clone()),
+        ("metrics_port".into(), opt(c.metrics_port.map(|p| p.to_string()))),
+        (
+            "spool_dir".into(),
+            opt(c.spool_dir.as_ref().map(|d| d.display().to_string())),
+        ),
+        ("spool_max_mb".into(), c.spool_max_mb.to_string()),
+        ("server_timeout_ms".into(), c.server_timeout_ms.to_string()),
+        ("connect_timeout_ms".into(), c.connect_timeout_ms.to_string()),
+        ("probe_delay_initial_ms".into(), c.probe_delay_initial_ms.to_string()),
+        ("probe_delay_max_ms".into(), c.probe_delay_max_ms.to_string()),
+        ("route_prefix".into(), opt(c.route_prefix.clone())),
+        ("threads".into(), c.threads.to_string()),
+        ("enable_flush_cmd".into(), yes_no(c.enable_flush_cmd)),
+        ("max_item_size".into(), c.max_item_size.to_string()),
+        ("auth_file".into(), yes_no(c.auth_file.is_some())),
+        ("upstream_auth_file".into(), yes_no(c.upstream_auth_file.is_some())),
+        ("no_config_watch".into(), yes_no(c.no_config_watch)),
+        ("conn_limit".into(), conn_limit(c.conn_limit).to_string()),
+    ]
+}
+
 impl From<Cli> for Args {
     fn from(c: Cli) -> Args {
+        squeal_router::admin::set_startup(squeal_router::admin::Startup {
+            config_file: std::fs::canonicalize(&c.config_file)
+                .unwrap_or_else(|_| c.config_file.clone())
+                .display()
+                .to_string(),
+            options: startup_options(&c),
+        });
         let opts = Options {
             server_timeout: Duration::from_millis(c.server_timeout_ms),
             connect_timeout: Duration::from_millis(c.connect_timeout_ms),
@@ -129,6 +177,7 @@ impl From<Cli> for Args {
             spool_max_mb: c.spool_max_mb,
             route_prefix: c.route_prefix,
             threads: c.threads,
+            conn_limit: conn_limit(c.conn_limit),
             watch: !c.no_config_watch,
             opts,
         }
@@ -313,23 +362,8 @@ async fn run(args: Args) -> Result<(), String> {
     } else {
         eprintln!("squeal-router: config file not watched (--no-config-watch): reload with SIGHUP");
     }
-    let accept = {
-        let shared = shared.clone();
-        async move {
-            loop {
-                match listener.accept().await {
-                    Ok((stream, _)) => {
-                        tokio::spawn(connection::serve(shared.clone(), stream));
-                    }
-                    Err(e) => {
-                        // e.g. out of file descriptors: back off instead of spinning
-                        eprintln!("squeal-router: accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                }
-            }
-        }
-    };
+    eprintln!("squeal-router: at most {} clients at a time", args.conn_limit);
+    let accept = accept::serve(listener, shared.clone(), args.conn_limit);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
     tokio::select! {

@@ -27,16 +27,25 @@ const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    let mut failing = false;
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(e) => {
-                // e.g. out of file descriptors: back off instead of spinning
-                eprintln!("squeal-router: metrics accept failed: {e}");
+                // e.g. out of file descriptors: back off instead of spinning, and log the first
+                // failure only (a scraper waiting in the queue would make it 20 lines a second)
+                if !failing {
+                    eprintln!("squeal-router: metrics accept failed: {e} (retrying; logged once)");
+                    failing = true;
+                }
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         };
+        if failing {
+            eprintln!("squeal-router: metrics accepting again");
+            failing = false;
+        }
         let shared = shared.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| {

@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::Context;
 use crate::auth::{self, NotReady, UpstreamLogin};
-use crate::protocol::reply::parse_reply;
+use crate::protocol::reply::parse_reply_counted;
 use crate::protocol::{Cmd, Reply, ReplyKind, Request, Res};
 
 /// Consecutive timeouts that make a server TKO.
@@ -427,11 +427,13 @@ async fn read_loop(rd: OwnedReadHalf, mut prx: mpsc::UnboundedReceiver<Pending>,
             let Some((kind, _)) = pending.front() else {
                 return; // a reply nobody asked for: out of sync
             };
-            match parse_reply(&buf, *kind) {
-                Ok(Some((res, consumed, keep))) => {
+            match parse_reply_counted(&buf, *kind) {
+                Ok(Some((res, consumed, keep, values))) => {
                     let chunk = buf.split_to(consumed).freeze();
                     let (_, tx) = pending.pop_front().expect("front exists");
-                    let _ = tx.send(Reply::new(res, chunk.slice(..keep)));
+                    let mut reply = Reply::new(res, chunk.slice(..keep));
+                    reply.values = values;
+                    let _ = tx.send(reply);
                 }
                 Ok(None) => break,
                 Err(_) => return,

@@ -29,6 +29,39 @@ pub const NO_ROUTE: &str = "none";
 pub struct RouteCounters {
     pub label: String,
     requests: Vec<AtomicU64>,
+    /// Gets (`get`/`gets` keys, `mg`, `gat`/`gats` keys) answered with a value, and without one.
+    pub gets: HitCounters,
+}
+
+/// Get hits and misses (memcached's `get_hits`/`get_misses`): a hit is a value (`VALUE`, or `VA`/`HD`
+/// for `mg`), a miss none (`END` without the key, `EN`); errors are neither.
+#[derive(Default)]
+pub struct HitCounters {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+}
+
+impl HitCounters {
+    /// Count one answer to a get-type request from its result.
+    #[inline]
+    pub fn count(&self, res: crate::protocol::Res) {
+        match res {
+            crate::protocol::Res::Found => self.hits.fetch_add(1, Relaxed),
+            crate::protocol::Res::Miss => self.misses.fetch_add(1, Relaxed),
+            _ => 0,
+        };
+    }
+
+    fn load(&self) -> [u64; 2] {
+        [self.hits.load(Relaxed), self.misses.load(Relaxed)]
+    }
+}
+
+/// Get hits and misses of one pool, as its servers answered them (a WarmUpRoute's miss on cold
+/// and hit on warm count once in each pool).
+pub struct PoolCounters {
+    pub label: String,
+    pub gets: HitCounters,
 }
 
 impl RouteCounters {
@@ -36,6 +69,7 @@ impl RouteCounters {
         RouteCounters {
             label: label.to_string(),
             requests: OPS.iter().map(|_| AtomicU64::new(0)).collect(),
+            gets: HitCounters::default(),
         }
     }
 
@@ -54,6 +88,8 @@ pub struct Stats {
     started: Instant,
     /// Every route's counters, kept across reloads (a label keeps its counters).
     routes: Mutex<Vec<Arc<RouteCounters>>>,
+    /// Every pool's get counters, by pool name, kept across reloads.
+    pools: Mutex<Vec<Arc<PoolCounters>>>,
     pub no_route: Arc<RouteCounters>,
     pub errors: AtomicU64,
     pub client_errors: AtomicU64,
@@ -67,6 +103,10 @@ pub struct Stats {
     pub replayed_deletes: AtomicU64,
     pub curr_connections: AtomicU64,
     pub total_connections: AtomicU64,
+    /// Clients refused at the connection limit (memcached's `rejected_connections`).
+    pub rejected_connections: AtomicU64,
+    /// The client connection limit (memcached's `max_connections`), set by `crate::accept`.
+    pub max_connections: AtomicU64,
     pub config_loads: AtomicU64,
     pub config_rejects: AtomicU64,
     latency: Vec<AtomicU64>,
@@ -84,6 +124,13 @@ struct Baseline {
     scalars: Vec<u64>,
     /// requests per op, by route label
     routes: Vec<(String, Vec<u64>)>,
+    /// get hits and misses, by route label, then by pool
+    route_gets: Vec<(String, [u64; 2])>,
+    pool_gets: Vec<(String, [u64; 2])>,
+}
+
+fn find(list: &[(String, [u64; 2])], label: &str) -> [u64; 2] {
+    list.iter().find(|(l, _)| l == label).map_or([0, 0], |(_, v)| *v)
 }
 
 impl Baseline {
@@ -98,6 +145,7 @@ impl Default for Stats {
         Stats {
             started: Instant::now(),
             routes: Mutex::new(vec![no_route.clone()]),
+            pools: Mutex::new(Vec::new()),
             no_route,
             errors: AtomicU64::new(0),
             client_errors: AtomicU64::new(0),
@@ -111,6 +159,8 @@ impl Default for Stats {
             replayed_deletes: AtomicU64::new(0),
             curr_connections: AtomicU64::new(0),
             total_connections: AtomicU64::new(0),
+            rejected_connections: AtomicU64::new(0),
+            max_connections: AtomicU64::new(0),
             config_loads: AtomicU64::new(0),
             config_rejects: AtomicU64::new(0),
             latency: (0..=LATENCY_BUCKETS.len()).map(|_| AtomicU64::new(0)).collect(),
@@ -145,6 +195,32 @@ impl Stats {
                 routes.push(c.clone());
             }
         }
+    }
+
+    /// The get counters of pool `name` (config loads call this): those of an earlier config if
+    /// one had the pool, else new ones, shown once a config using them loads (`register_pools`).
+    pub fn pool_counters(&self, name: &str) -> Arc<PoolCounters> {
+        let pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        match pools.iter().find(|p| p.label == name) {
+            Some(p) => p.clone(),
+            None => Arc::new(PoolCounters {
+                label: name.to_string(),
+                gets: HitCounters::default(),
+            }),
+        }
+    }
+
+    pub fn register_pools<'a>(&self, counters: impl IntoIterator<Item = &'a Arc<PoolCounters>>) {
+        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        for c in counters {
+            if !pools.iter().any(|p| p.label == c.label) {
+                pools.push(c.clone());
+            }
+        }
+    }
+
+    fn pool_snapshot(&self) -> Vec<Arc<PoolCounters>> {
+        self.pools.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     fn route_snapshot(&self) -> Vec<Arc<RouteCounters>> {
@@ -205,6 +281,11 @@ impl Stats {
             ),
             ("config_loads", "configs loaded", g(&self.config_loads)),
             ("config_rejects", "configs rejected", g(&self.config_rejects)),
+            (
+                "rejected_connections",
+                "clients refused at the connection limit",
+                g(&self.rejected_connections),
+            ),
         ]
     }
 
@@ -218,6 +299,16 @@ impl Stats {
                 .route_snapshot()
                 .iter()
                 .map(|r| (r.label.clone(), r.requests.iter().map(|c| c.load(Relaxed)).collect()))
+                .collect(),
+            route_gets: self
+                .route_snapshot()
+                .iter()
+                .map(|r| (r.label.clone(), r.gets.load()))
+                .collect(),
+            pool_gets: self
+                .pool_snapshot()
+                .iter()
+                .map(|p| (p.label.clone(), p.gets.load()))
                 .collect(),
         };
         *self.since_reset.lock().unwrap_or_else(|e| e.into_inner()) = base;
@@ -236,6 +327,7 @@ impl Stats {
         s += &format!("STAT uptime {}\r\n", self.uptime().as_secs());
         s += &format!("STAT time {now}\r\n");
         s += &format!("STAT version squeal-router-{}\r\n", env!("CARGO_PKG_VERSION"));
+        s += &format!("STAT max_connections {}\r\n", self.max_connections.load(Relaxed));
         s += &format!("STAT curr_connections {}\r\n", self.curr_connections.load(Relaxed));
         s += &format!(
             "STAT total_connections {}\r\n",
@@ -256,7 +348,37 @@ impl Stats {
         for (op, n) in OPS.iter().zip(totals) {
             s += &format!("STAT cmd_{op} {n}\r\n");
         }
+        // memcached's get_hits/get_misses, then per route and per pool (memcstat-style names)
+        let mut gets = [0u64; 2];
+        let mut per = String::new();
+        for r in self.route_snapshot() {
+            let (now, then) = (r.gets.load(), find(&base.route_gets, &r.label));
+            let n = [now[0].saturating_sub(then[0]), now[1].saturating_sub(then[1])];
+            gets = [gets[0] + n[0], gets[1] + n[1]];
+            if n != [0, 0] {
+                per += &format!(
+                    "STAT route:{l}:get_hits {}\r\nSTAT route:{l}:get_misses {}\r\n",
+                    n[0],
+                    n[1],
+                    l = r.label
+                );
+            }
+        }
+        for p in self.pool_snapshot() {
+            let (now, then) = (p.gets.load(), find(&base.pool_gets, &p.label));
+            let n = [now[0].saturating_sub(then[0]), now[1].saturating_sub(then[1])];
+            if n != [0, 0] {
+                per += &format!(
+                    "STAT pool:{l}:get_hits {}\r\nSTAT pool:{l}:get_misses {}\r\n",
+                    n[0],
+                    n[1],
+                    l = p.label
+                );
+            }
+        }
+        s += &format!("STAT get_hits {}\r\nSTAT get_misses {}\r\n", gets[0], gets[1]);
         s += &per_route;
+        s += &per;
         for (i, (name, _, v)) in self.scalars().into_iter().enumerate() {
             s += &format!("STAT {name} {}\r\n", since(v, base.scalars.get(i)));
         }
@@ -279,12 +401,39 @@ impl Stats {
                 );
             }
         }
+        for (name, help, which) in [
+            ("get_hits", "gets answered with a value (get/gets keys, mg VA/HD)", 0),
+            ("get_misses", "gets answered without a value (get/gets keys, mg EN)", 1),
+        ] {
+            s += &format!(
+                "# HELP squeal_router_{name}_total {help}, by route\n# TYPE squeal_router_{name}_total counter\n"
+            );
+            for r in self.route_snapshot() {
+                s += &format!(
+                    "squeal_router_{name}_total{{route=\"{}\"}} {}\n",
+                    r.label,
+                    r.gets.load()[which]
+                );
+            }
+            s += &format!(
+                "# HELP squeal_router_pool_{name}_total {help}, by pool\n# TYPE squeal_router_pool_{name}_total counter\n"
+            );
+            for p in self.pool_snapshot() {
+                s += &format!(
+                    "squeal_router_pool_{name}_total{{pool=\"{}\"}} {}\n",
+                    p.label,
+                    p.gets.load()[which]
+                );
+            }
+        }
         for (name, help, v) in self.scalars() {
             s += &format!("# HELP squeal_router_{name}_total {help}\n# TYPE squeal_router_{name}_total counter\n");
             s += &format!("squeal_router_{name}_total {v}\n");
         }
         s += "# HELP squeal_router_connections open client connections\n# TYPE squeal_router_connections gauge\n";
         s += &format!("squeal_router_connections {}\n", self.curr_connections.load(Relaxed));
+        s += "# HELP squeal_router_max_connections client connection limit\n# TYPE squeal_router_max_connections gauge\n";
+        s += &format!("squeal_router_max_connections {}\n", self.max_connections.load(Relaxed));
         s += "# HELP squeal_router_servers_tko servers currently marked TKO\n# TYPE squeal_router_servers_tko gauge\n";
         s += &format!("squeal_router_servers_tko {servers_tko}\n");
         s += "# HELP squeal_router_request_duration_seconds client request latency\n";

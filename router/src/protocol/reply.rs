@@ -103,6 +103,8 @@ pub struct Reply {
     pub wire: Bytes,
     /// A failed delete that was written to the spool (answered as not-found if nothing better).
     pub spooled: bool,
+    /// `VALUE` blocks in a multi-key get's reply from a server (its hits, counted while framing).
+    pub values: u32,
 }
 
 impl Reply {
@@ -111,6 +113,7 @@ impl Reply {
             res,
             wire,
             spooled: false,
+            values: 0,
         }
     }
 
@@ -227,10 +230,15 @@ pub fn parse_decimal(digits: &[u8]) -> Option<usize> {
 /// Frame one reply at the start of `buf`: `Ok(Some((res, consumed, keep)))` where the reply's
 /// bytes to pass on are `buf[..keep]`; `Ok(None)` if more bytes are needed.
 pub fn parse_reply(buf: &[u8], kind: ReplyKind) -> Result<Option<(Res, usize, usize)>, Desync> {
+    Ok(parse_reply_counted(buf, kind)?.map(|(res, consumed, keep, _)| (res, consumed, keep)))
+}
+
+/// `parse_reply`, plus the number of `VALUE` blocks framed (0 for other kinds).
+pub fn parse_reply_counted(buf: &[u8], kind: ReplyKind) -> Result<Option<(Res, usize, usize, u32)>, Desync> {
     match kind {
         ReplyKind::Values => {
             let mut pos = 0;
-            let mut found = false;
+            let mut found = 0u32;
             loop {
                 let Some((line, next)) = line_at(buf, pos) else {
                     return Ok(None);
@@ -241,12 +249,13 @@ pub fn parse_reply(buf: &[u8], kind: ReplyKind) -> Result<Option<(Res, usize, us
                         return Ok(None);
                     }
                     pos = next + len + 2;
-                    found = true;
+                    found += 1;
                 } else if line == b"END" {
-                    return Ok(Some((if found { Res::Found } else { Res::Miss }, next, pos)));
+                    let res = if found > 0 { Res::Found } else { Res::Miss };
+                    return Ok(Some((res, next, pos, found)));
                 } else if pos == 0 {
                     return match classify_line(line, false) {
-                        Some(res) if res.is_error() => Ok(Some((res, next, next))),
+                        Some(res) if res.is_error() => Ok(Some((res, next, next, 0))),
                         _ => Err(Desync),
                     };
                 } else {
@@ -263,10 +272,10 @@ pub fn parse_reply(buf: &[u8], kind: ReplyKind) -> Result<Option<(Res, usize, us
                 if buf.len() < next + len + 2 {
                     return Ok(None);
                 }
-                return Ok(Some((Res::Found, next + len + 2, next + len + 2)));
+                return Ok(Some((Res::Found, next + len + 2, next + len + 2, 0)));
             }
             let res = classify_line(line, kind == ReplyKind::Meta).ok_or(Desync)?;
-            Ok(Some((res, next, next)))
+            Ok(Some((res, next, next, 0)))
         }
     }
 }

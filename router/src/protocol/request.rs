@@ -57,6 +57,16 @@ pub enum Cmd {
 }
 
 impl Cmd {
+    /// A classic command by its name (`__mcrouter__.route(set,KEY)`); meta commands are not named.
+    pub fn from_name(name: &[u8]) -> Option<Cmd> {
+        use Cmd::*;
+        [
+            Get, Gets, Set, Add, Replace, Append, Prepend, Cas, Delete, Incr, Decr, Touch,
+        ]
+        .into_iter()
+        .find(|c| c.name().as_bytes() == name)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Cmd::Get => "get",
@@ -148,6 +158,9 @@ pub struct Request {
     /// its route as the update it is, but each server gets an unlink of the key instead (`delete`,
     /// or `md` for `ms`), and the answer is `SERVER_ERROR object too large for cache`.
     pub too_large: bool,
+    /// Set only by `__mcrouter__.route(...)` (see `crate::admin`): destinations record themselves
+    /// here and answer as a server that is up would by default, sending nothing.
+    pub recording: Option<std::sync::Arc<crate::admin::Recorder>>,
 }
 
 /// A parsed client command.
@@ -254,6 +267,7 @@ impl Request {
             quiet: false,
             base64_key: false,
             too_large: false,
+            recording: None,
         }
     }
 
@@ -293,6 +307,17 @@ impl Request {
 
     pub fn is_get(&self) -> bool {
         matches!(self.cmd, Cmd::Get | Cmd::Gets | Cmd::MetaGet)
+    }
+
+    /// A get counted in get hits and misses: `get`/`gets`/`mg`, but not one that also touches
+    /// (`mg … T`, which `gat`/`gats` become): memcached counts those as touches, not gets.
+    #[inline]
+    pub fn counts_as_get(&self) -> bool {
+        match self.cmd {
+            Cmd::Get | Cmd::Gets => true,
+            Cmd::MetaGet => !self.meta.iter().any(|t| t.first() == Some(&b'T')),
+            _ => false,
+        }
     }
 
     pub fn is_delete(&self) -> bool {

@@ -22,6 +22,12 @@ pub fn spawn_to(child: &RouteRef, req: &Request) {
 }
 
 impl Route for AllAsync {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        for c in &self.children {
+            visit(c, req);
+        }
+    }
+
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         for c in &self.children {
             spawn_to(c, req);

@@ -19,6 +19,12 @@ pub struct AllFastest {
 }
 
 impl Route for AllFastest {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        for c in &self.children {
+            visit(c, req);
+        }
+    }
+
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         Box::pin(async move {
             let (tx, mut rx) = mpsc::unbounded_channel();

@@ -15,6 +15,12 @@ pub struct AllInitial {
 }
 
 impl Route for AllInitial {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        for c in &self.children {
+            visit(c, req);
+        }
+    }
+
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         for c in self.children.iter().skip(1) {
             spawn_to(c, req);

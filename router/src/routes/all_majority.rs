@@ -17,6 +17,12 @@ pub struct AllMajority {
 }
 
 impl Route for AllMajority {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        for c in &self.children {
+            visit(c, req);
+        }
+    }
+
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         Box::pin(async move {
             let n = self.children.len();

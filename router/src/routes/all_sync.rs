@@ -16,6 +16,12 @@ pub struct AllSync {
 }
 
 impl Route for AllSync {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        for c in &self.children {
+            visit(c, req);
+        }
+    }
+
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         Box::pin(async move {
             let replies = join_all(self.children.iter().map(|c| c.route(req))).await;

@@ -18,11 +18,31 @@ pub struct Destination {
     pub pool: Arc<str>,
     pub timeout: Duration,
     pub ctx: Arc<Context>,
+    /// Its place in the pool's `servers` (mcrouter's `id`).
+    pub index: usize,
+    /// The pool's get hits and misses.
+    pub gets: Arc<crate::stats::PoolCounters>,
+}
+
+impl Destination {
+    /// `__mcrouter__.route`: a server that is down answers as it would (TKO, so failover routes
+    /// go on to their next child, as mcrouter's recording does); one that is up is recorded and
+    /// answers the route's default reply. Nothing is sent and nothing is spooled.
+    fn record(&self, rec: &crate::admin::Recorder, req: &Request) -> Reply {
+        if self.server.is_tko() {
+            return Reply::error(Res::Tko, "tko: server is marked down");
+        }
+        rec.record(&self.server.addr);
+        super::default_reply(req)
+    }
 }
 
 impl Route for Destination {
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         Box::pin(async move {
+            if let Some(rec) = &req.recording {
+                return self.record(rec, req);
+            }
             let reply = if self.server.is_tko() {
                 Reply::error(Res::Tko, "tko: server is marked down")
             } else {
@@ -30,6 +50,9 @@ impl Route for Destination {
             };
             if req.is_delete() && reply.res.is_failover_error() {
                 return crate::ack::spool_failed(&self.ctx, &self.server, &self.pool, req, reply).await;
+            }
+            if req.counts_as_get() {
+                self.gets.gets.count(reply.res);
             }
             if req.too_large && !reply.res.is_error() {
                 // the server dropped the old value; the new one was never sent
@@ -39,7 +62,17 @@ impl Route for Destination {
         })
     }
 
-    fn first_get_target(&self, _req: &Request) -> Option<(&Arc<Server>, Duration)> {
-        (!self.server.is_tko()).then_some((&self.server, self.timeout))
+    fn route_name(&self) -> String {
+        format!(
+            "host|pool={}|id={}|ap={}:ascii:plain:notcompressed|timeout={}ms|keep_routing_prefix=false",
+            self.pool,
+            self.index,
+            self.server.addr,
+            self.timeout.as_millis()
+        )
+    }
+
+    fn first_get_target(&self, _req: &Request) -> Option<&Destination> {
+        (!self.server.is_tko()).then_some(self)
     }
 }

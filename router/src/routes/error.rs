@@ -13,6 +13,10 @@ pub struct ErrorRoute {
 }
 
 impl Route for ErrorRoute {
+    fn route_name(&self) -> String {
+        format!("error|{}", self.response)
+    }
+
     fn route<'a>(&'a self, _req: &'a Request) -> BoxFuture<'a, Reply> {
         Box::pin(async move { Reply::error(Res::LocalError, &self.response) })
     }

@@ -30,6 +30,12 @@ pub async fn try_in_order(children: &[RouteRef], req: &Request, tried: &mut Vec<
 }
 
 impl Route for Failover {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        for c in &self.children {
+            visit(c, req);
+        }
+    }
+
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         Box::pin(async move {
             let first = self.children[0].route(req).await;
@@ -45,7 +51,7 @@ impl Route for Failover {
         })
     }
 
-    fn first_get_target(&self, req: &Request) -> Option<(&Arc<crate::server::Server>, std::time::Duration)> {
+    fn first_get_target(&self, req: &Request) -> Option<&crate::routes::destination::Destination> {
         self.children[0].first_get_target(req)
     }
 }

@@ -25,6 +25,14 @@ pub struct FailoverWithExptime {
 }
 
 impl Route for FailoverWithExptime {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        visit(&self.normal, req);
+        let capped = cap_exptime(req, self.failover_exptime);
+        for c in &self.failover {
+            visit(c, capped.as_ref().unwrap_or(req));
+        }
+    }
+
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         Box::pin(async move {
             let normal = self.normal.route(req).await;
@@ -42,7 +50,7 @@ impl Route for FailoverWithExptime {
         })
     }
 
-    fn first_get_target(&self, req: &Request) -> Option<(&Arc<crate::server::Server>, std::time::Duration)> {
+    fn first_get_target(&self, req: &Request) -> Option<&crate::routes::destination::Destination> {
         self.normal.first_get_target(req)
     }
 }

@@ -17,12 +17,26 @@ pub struct HashRoute {
 }
 
 impl Route for HashRoute {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        let i = self.func.pick(&req.routing_key(), &self.salt, self.children.len());
+        visit(&self.children[i], req);
+    }
+
+    fn route_name(&self) -> String {
+        let salt = if self.salt.is_empty() {
+            String::new()
+        } else {
+            format!("|salt={}", String::from_utf8_lossy(&self.salt))
+        };
+        format!("hash|{}{salt}", self.func.name())
+    }
+
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         let i = self.func.pick(&req.routing_key(), &self.salt, self.children.len());
         self.children[i].route(req)
     }
 
-    fn first_get_target(&self, req: &Request) -> Option<(&std::sync::Arc<crate::server::Server>, std::time::Duration)> {
+    fn first_get_target(&self, req: &Request) -> Option<&crate::routes::destination::Destination> {
         let i = self.func.pick(&req.routing_key(), &self.salt, self.children.len());
         self.children[i].first_get_target(req)
     }

@@ -28,6 +28,13 @@ pub struct L1L2Cache {
 }
 
 impl Route for L1L2Cache {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        visit(&self.l1, req);
+        if req.is_get() || req.is_delete() {
+            visit(&self.l2, req);
+        }
+    }
+
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         if req.is_delete() {
             return Box::pin(async move {

@@ -22,8 +22,25 @@ pub struct LatencyInjection {
 }
 
 impl Route for LatencyInjection {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        visit(&self.child, req);
+    }
+
+    fn route_name(&self) -> String {
+        format!(
+            "latency-injection|before:{}ms|after:{}ms|total:{}ms",
+            self.before.as_millis(),
+            self.after.as_millis(),
+            self.total.as_millis()
+        )
+    }
+
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         Box::pin(async move {
+            if req.recording.is_some() {
+                // `__mcrouter__.route`: nothing is sent, so there is nothing to delay
+                return self.child.route(req).await;
+            }
             let start = Instant::now();
             if !self.before.is_zero() {
                 tokio::time::sleep(self.before).await;

@@ -30,6 +30,18 @@ pub fn unix_now() -> i64 {
 }
 
 impl Route for Migrate {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        let now = (self.now)();
+        let from = now < self.start + 2 * self.interval && (req.is_delete() || now < self.start + self.interval);
+        let to = now >= self.start && (req.is_delete() || now >= self.start + self.interval);
+        if from {
+            visit(&self.from, req);
+        }
+        if to {
+            visit(&self.to, req);
+        }
+    }
+
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         let now = (self.now)();
         if now < self.start {

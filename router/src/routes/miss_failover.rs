@@ -14,6 +14,12 @@ pub struct MissFailover {
 }
 
 impl Route for MissFailover {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        for c in &self.children {
+            visit(c, req);
+        }
+    }
+
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         if !req.is_get() {
             return self.children[0].route(req);

@@ -48,12 +48,41 @@ pub type RouteRef = Arc<dyn Route>;
 pub trait Route: Send + Sync + 'static {
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply>;
 
-    /// For classic gets: the server this route would ask first, when a hit or a miss from it is
-    /// the final answer (errors may still fail over). Lets a multi-get send one multi-key `get`
-    /// per server; any key whose batched get fails goes through `route` as usual.
-    fn first_get_target(&self, _req: &Request) -> Option<(&Arc<crate::server::Server>, std::time::Duration)> {
+    /// For classic gets: the destination (server of a pool) this route would ask first, when a hit
+    /// or a miss from it is the final answer (errors may still fail over). Lets a multi-get send one
+    /// multi-key `get` per destination (counted in its pool's hits and misses); any key whose
+    /// batched get fails goes through `route` as usual.
+    fn first_get_target(&self, _req: &Request) -> Option<&crate::routes::destination::Destination> {
         None
     }
+
+    /// The handle's line in `__mcrouter__.route_handles` (mcrouter's `routeName()`): by default
+    /// its type in mcrouter's lower-case style (`Failover` → `failover`, `AllSync` → `all-sync`).
+    fn route_name(&self) -> String {
+        kebab_name(std::any::type_name::<Self>())
+    }
+
+    /// For `__mcrouter__.route_handles` (mcrouter's `traverse`): call `visit` with each child `req`
+    /// may reach, and the request that child would get, without routing anything. Leaves have none.
+    fn traverse(&self, _req: &Request, _visit: &mut dyn FnMut(&RouteRef, &Request)) {}
+}
+
+/// `squeal_router::routes::all_sync::AllSync` → `all-sync` (a trailing `Route` dropped).
+pub fn kebab_name(type_name: &str) -> String {
+    let short = type_name.rsplit("::").next().unwrap_or(type_name);
+    let short = short.strip_suffix("Route").filter(|s| !s.is_empty()).unwrap_or(short);
+    let mut out = String::with_capacity(short.len() + 4);
+    for (i, c) in short.chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                out.push('-');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Builds a handle from its config object (`"Type|rest"` shorthands arrive as objects, see below).

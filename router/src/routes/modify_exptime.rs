@@ -16,6 +16,19 @@ pub struct ModifyExptime {
 }
 
 impl Route for ModifyExptime {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        let changed = if !req.has_exptime() {
+            None
+        } else if self.min {
+            cap_exptime(req, self.exptime)
+        } else {
+            let mut r = req.clone();
+            r.set_exptime(self.exptime);
+            Some(r)
+        };
+        visit(&self.target, changed.as_ref().unwrap_or(req));
+    }
+
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         if !req.has_exptime() {
             return self.target.route(req);

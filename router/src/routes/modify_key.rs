@@ -102,6 +102,22 @@ fn restore_key(wire: &Bytes, sent: &[u8], asked: &[u8]) -> Bytes {
 }
 
 impl Route for ModifyKey {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        match self.modified(&req.routing_key()) {
+            Some(new) if valid_key(&new).is_ok() => {
+                let mut changed = req.clone();
+                changed.key = if req.base64_key {
+                    Bytes::from(base64::engine::general_purpose::STANDARD.encode(&new))
+                } else {
+                    Bytes::from(new)
+                };
+                visit(&self.target, &changed);
+            }
+            Some(_) => {}
+            None => visit(&self.target, req),
+        }
+    }
+
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         let key = req.routing_key();
         let Some(new) = self.modified(&key) else {

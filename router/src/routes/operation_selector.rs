@@ -17,6 +17,12 @@ pub struct OperationSelector {
 }
 
 impl Route for OperationSelector {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        if let Some(r) = self.policies.get(&req.op()).or(self.default.as_ref()) {
+            visit(r, req);
+        }
+    }
+
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         match self.policies.get(&req.op()).or(self.default.as_ref()) {
             Some(r) => r.route(req),
@@ -24,7 +30,7 @@ impl Route for OperationSelector {
         }
     }
 
-    fn first_get_target(&self, req: &Request) -> Option<(&Arc<crate::server::Server>, std::time::Duration)> {
+    fn first_get_target(&self, req: &Request) -> Option<&crate::routes::destination::Destination> {
         self.policies
             .get(&req.op())
             .or(self.default.as_ref())?

@@ -26,6 +26,12 @@ impl PrefixSelector {
 }
 
 impl Route for PrefixSelector {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        if let Some(r) = self.select(&req.routing_key()) {
+            visit(r, req);
+        }
+    }
+
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         let chosen = self.select(&req.routing_key()).cloned();
         match chosen {
@@ -34,7 +40,7 @@ impl Route for PrefixSelector {
         }
     }
 
-    fn first_get_target(&self, req: &Request) -> Option<(&Arc<crate::server::Server>, std::time::Duration)> {
+    fn first_get_target(&self, req: &Request) -> Option<&crate::routes::destination::Destination> {
         self.select(&req.routing_key())?.first_get_target(req)
     }
 }

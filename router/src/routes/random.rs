@@ -41,6 +41,12 @@ impl RandomRoute {
 }
 
 impl Route for RandomRoute {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        for c in &self.children {
+            visit(c, req);
+        }
+    }
+
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         let i = (self.next() % self.children.len() as u64) as usize;
         self.children[i].route(req)

@@ -40,6 +40,12 @@ impl SaltedFailover {
 }
 
 impl Route for SaltedFailover {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        for i in self.order(&req.routing_key()) {
+            visit(&self.servers[i], req);
+        }
+    }
+
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         Box::pin(async move {
             let order = self.order(&req.routing_key());
@@ -57,7 +63,7 @@ impl Route for SaltedFailover {
         })
     }
 
-    fn first_get_target(&self, req: &Request) -> Option<(&Arc<crate::server::Server>, std::time::Duration)> {
+    fn first_get_target(&self, req: &Request) -> Option<&crate::routes::destination::Destination> {
         let i = self.func.pick(&req.routing_key(), &self.salt, self.servers.len());
         self.servers[i].first_get_target(req)
     }

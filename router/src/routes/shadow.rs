@@ -33,6 +33,16 @@ fn key_fraction(key: &[u8]) -> f64 {
 }
 
 impl Route for ShadowRoute {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        visit(&self.child, req);
+        let f = key_fraction(&req.routing_key());
+        for s in &self.shadows {
+            if s.key_range.0 <= f && f <= s.key_range.1 {
+                visit(&s.target, req);
+            }
+        }
+    }
+
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         let f = key_fraction(&req.routing_key());
         for s in &self.shadows {
@@ -43,7 +53,7 @@ impl Route for ShadowRoute {
         self.child.route(req)
     }
 
-    fn first_get_target(&self, req: &Request) -> Option<(&Arc<crate::server::Server>, std::time::Duration)> {
+    fn first_get_target(&self, req: &Request) -> Option<&crate::routes::destination::Destination> {
         // a batched get would skip the shadows: only when none takes this key
         let f = key_fraction(&req.routing_key());
         if self.shadows.iter().any(|s| s.key_range.0 <= f && f <= s.key_range.1) {

@@ -281,6 +281,13 @@ impl WarmUp {
 }
 
 impl Route for WarmUp {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        visit(&self.cold, req);
+        if req.is_get() {
+            visit(&self.warm, req);
+        }
+    }
+
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         match req.cmd {
             Cmd::Get | Cmd::Gets | Cmd::MetaGet => Box::pin(self.get(req)),
