@@ -693,10 +693,8 @@ class Daemon:
 
     # -- shutdown ----------------------------------------------------------------------------------------------
 
-    def shutdown(self, flush_timeout: float = 3.0, save_timeout: float = 3.0) -> defer.Deferred:
-        """Stop reading, flush queued deletes (bounded time), write the datamarkers (bounded time: markers
-        still unwritten after `save_timeout`, a failing or hung store, are an ERROR and exit code 1). Runs
-        before the reactor stops; the Deferred it returns always fires."""
+    def _stop_reading(self) -> None:
+        """Stop the live reader, the source poller and every catch-up reader (shutdown and hand-on)."""
         self.stopping = True
         if self.live is not None:
             self.live.reader.stop()
@@ -704,6 +702,12 @@ class Daemon:
             self.source_poller.stop(timeout=0)
         for loop in self.catchups.values():
             loop.reader.stop()
+
+    def shutdown(self, flush_timeout: float = 3.0, save_timeout: float = 3.0) -> defer.Deferred:
+        """Stop reading, flush queued deletes (bounded time), write the datamarkers (bounded time: markers
+        still unwritten after `save_timeout`, a failing or hung store, are an ERROR and exit code 1). Runs
+        before the reactor stops; the Deferred it returns always fires."""
+        self._stop_reading()
         finished: defer.Deferred = defer.Deferred()
 
         finishing: list[bool] = []
@@ -762,13 +766,7 @@ class Daemon:
         `save_timeout`). Fires True if every marker is written: the next owner starts exactly where this one's
         destinations acknowledged. Anything unacknowledged at the time-out stays after the markers: the next owner
         sends it again (at least once, never a gap)."""
-        self.stopping = True
-        if self.live is not None:
-            self.live.reader.stop()
-        if self.source_poller is not None:
-            self.source_poller.stop(timeout=0)
-        for loop in self.catchups.values():
-            loop.reader.stop()
+        self._stop_reading()
         result: defer.Deferred = defer.Deferred()
         started = self.reactor.seconds()
 
