@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from squeal.placement import (  # noqa: E402
+from squeal.placement import (
     Plan,
     Settings,
     Shard,

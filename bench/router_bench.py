@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ops.harness import Memcached, Router, free_port, memcached_command, wait_until  # noqa: E402
+from ops.harness import Memcached, Router, free_port, memcached_command, wait_until
 
 KEYS = [f"bench:key:{i}".encode() for i in range(1000)]
 ROUTER_DIR = Path(__file__).resolve().parent.parent / "router"

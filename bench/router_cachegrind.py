@@ -31,8 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.router_bench import KEYS, LOADGEN, VALUE, build_examples  # noqa: E402
-from ops.harness import Memcached, free_port, memcached_command, wait_until  # noqa: E402
+from bench.router_bench import KEYS, LOADGEN, VALUE, build_examples
+from ops.harness import Memcached, free_port, memcached_command, wait_until
 
 # (keys per get, connections, pipeline depth): the cells docs/benchmarks.md reports
 CELLS = [(1, 2, 1), (1, 2, 8), (1, 32, 32), (10, 32, 8)]

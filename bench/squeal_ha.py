@@ -48,12 +48,12 @@ from kazoo.client import KazooClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "squeal"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from squeal_helpers import Cache, healthz, topology_text  # noqa: E402
-from squeal_latency_load import PROBE_ROWS, PROBE_TEMPLATE, SCHEMA, LoadGenerator, Phase, Prober, ms, pct  # noqa: E402
-from squeal_throughput import cpu_seconds, create_schema, load, loadavg, metric_sum, squeal_replay  # noqa: E402
+from squeal_helpers import Cache, healthz, topology_text
+from squeal_latency_load import PROBE_ROWS, PROBE_TEMPLATE, SCHEMA, LoadGenerator, Phase, Prober, ms, pct
+from squeal_throughput import cpu_seconds, create_schema, load, loadavg, metric_sum, squeal_replay
 
-from ops.harness import REPO_ROOT, MariaDB, Memcached, SquealDaemon, ZooKeeper, free_port, wait_until  # noqa: E402
-from squeal import gtid as g  # noqa: E402
+from ops.harness import REPO_ROOT, MariaDB, Memcached, SquealDaemon, ZooKeeper, free_port, wait_until
+from squeal import gtid as g
 
 # The daemons run from the virtualenv, whose editable install may point at another checkout: run this one's.
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))

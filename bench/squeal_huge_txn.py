@@ -31,11 +31,11 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "squeal"))
-from squeal_helpers import Cache, topology_text  # noqa: E402
-from squeal_throughput import bare_decode, c_decoder, cpu_seconds, create_schema, loadavg, metric_sum  # noqa: E402
+from squeal_helpers import Cache, topology_text
+from squeal_throughput import bare_decode, c_decoder, cpu_seconds, create_schema, loadavg, metric_sum
 
-from ops.harness import MariaDB, Memcached, SquealDaemon  # noqa: E402
-from squeal import gtid as g  # noqa: E402
+from ops.harness import MariaDB, Memcached, SquealDaemon
+from squeal import gtid as g
 
 
 def health(port: int) -> dict:

@@ -74,11 +74,11 @@ import pymysql
 from pymysql.constants import CLIENT
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "squeal"))
-from squeal_helpers import Cache, healthz, topology_text  # noqa: E402
-from squeal_throughput import create_schema, load, loadavg, metric_sum, squeal_replay  # noqa: E402
+from squeal_helpers import Cache, healthz, topology_text
+from squeal_throughput import create_schema, load, loadavg, metric_sum, squeal_replay
 
-from ops.harness import MariaDB, Memcached, SquealDaemon, wait_until  # noqa: E402
-from squeal import gtid as g  # noqa: E402
+from ops.harness import MariaDB, Memcached, SquealDaemon, wait_until
+from squeal import gtid as g
 
 SCHEMA = "bench"
 PROBE_TEMPLATE = "squeal:canary:{id}"  # monitoring/prober.py's canary rule

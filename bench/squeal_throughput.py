@@ -41,11 +41,11 @@ from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.event import MariadbGtidEvent, XidEvent
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "squeal"))
-from squeal_helpers import topology_text  # noqa: E402
+from squeal_helpers import topology_text
 
-from ops.harness import MariaDB, Memcached, SquealDaemon, wait_until  # noqa: E402
-from squeal import gtid as g  # noqa: E402
-from squeal.reader import BinlogReader  # noqa: E402
+from ops.harness import MariaDB, Memcached, SquealDaemon, wait_until
+from squeal import gtid as g
+from squeal.reader import BinlogReader
 
 
 def health(port: int) -> dict:

@@ -82,7 +82,7 @@ class LeaderWatch:
         while not self._stop.is_set():
             try:
                 found = leaders(self.topo)
-            except Exception:  # noqa: BLE001 - the watch must outlive any one bad answer
+            except Exception:
                 log.exception("polling the squeal instances failed")
             else:
                 with self._lock:

@@ -561,7 +561,7 @@ def _pool_command(deployment: Deployment, args: argparse.Namespace) -> int:
     client = KazooClient(hosts=zk.hosts, timeout=zk.session_timeout_s, connection_retry={"max_tries": 0})
     try:
         client.start(timeout=5)
-    except Exception as e:  # noqa: BLE001 - kazoo's time-out
+    except Exception as e:
         client.close()
         raise HarnessError(f"cannot reach ZooKeeper {zk.hosts} (zookeeper.servers in {topo.source}) within 5s: "
                            f"{e or type(e).__name__}") from e

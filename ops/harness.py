@@ -163,7 +163,7 @@ class ManagedProcess:
         if self.proc and self.proc.poll() is None:
             return self
         self.prepare()
-        log_handle = open(self.log_file, "ab")  # noqa: SIM115 - handed to the child
+        log_handle = open(self.log_file, "ab")
         log.info("starting %s on %s (log %s)", self.name, self.address, self.log_file)
         self.proc = subprocess.Popen(
             self.command(),

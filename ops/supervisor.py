@@ -202,7 +202,7 @@ class Supervisor(procmon.ProcessMonitor):
 
         try:
             self.deployment.start_components(topology_path, without, demo, demo_rate, track)
-        except BaseException as e:  # noqa: BLE001 - reported to `squealctl up`, which raises it
+        except BaseException as e:
             message = str(e) if isinstance(e, HarnessError | router_config.TopologyError) else f"{e!r}"
             log.exception("start-up failed; stopping what was started")
             reactor.callFromThread(self._start_failed, message)
@@ -491,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     supervisor = Supervisor(deployment, str(Path(args.topology).resolve()))
     try:
         supervisor.listen(router_config.load(args.topology).master.name)
-    except Exception as e:  # noqa: BLE001 - reported to `squealctl up`
+    except Exception as e:
         _report({"error": f"the supervisor could not start: {e}"})
         raise
     supervisor.startService()

@@ -431,17 +431,17 @@ class Daemon:
             self._take_loss_acceptance()
             self.xa.forget_decided([f.acked for f in self.flows.values()])
             self.metrics.xa_prepared.set(len(self.xa))
-        except Exception:  # noqa: BLE001 - the checkpoint loop must never stop
+        except Exception:
             log.exception("checkpoint: data-loss or XA bookkeeping failed; retried at the next one")
         try:
             self._watch_lag()
-        except Exception:  # noqa: BLE001 - the checkpoint loop must never stop
+        except Exception:
             log.exception("checkpoint: the lag check failed; retried at the next one")
         try:
             self._watch_markers()
             if self._marker_round is None:
                 self._start_marker_round()
-        except Exception:  # noqa: BLE001 - the checkpoint loop must never stop
+        except Exception:
             log.exception("datamarker checkpoint failed; retried at the next one")
         if self.live is not None and self.live.error is not None and not self.stopping:
             log.error("the live binlog reader died (%s); exiting", self.live.error)
@@ -723,7 +723,7 @@ class Daemon:
                 if checkpoints is not None and checkpoints.running:
                     checkpoints.stop()
                 saved = self._final_markers(save_timeout)
-            except Exception:  # noqa: BLE001 - the Deferred below must fire whatever happens
+            except Exception:
                 log.exception("shutdown: writing the datamarkers failed")
                 saved = defer.succeed(False)
             saved.addBoth(done)
@@ -747,7 +747,7 @@ class Daemon:
                 except OSError:
                     pass
                 log.info("stopped; datamarkers: %s", markers)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("shutdown failed")
                 self.exit_code = self.exit_code or 1
             finally:

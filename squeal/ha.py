@@ -288,7 +288,7 @@ class Elector:
                 log.debug("election step: ZooKeeper unavailable: %s", e)
             except KazooException as e:
                 log.warning("election step failed (retried): %s: %s", type(e).__name__, e)
-            except Exception:  # noqa: BLE001 - the election must go on
+            except Exception:
                 log.exception("election step failed (retried)")
             wait, self._retry_in = min(self.tick, self._retry_in or self.tick), None
             self._wake.wait(wait)
@@ -809,7 +809,7 @@ class HaInstance:
                                   connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 1.0})
         try:
             self.client.start(timeout=None if rejoined else self.connect_timeout)
-        except Exception as e:  # noqa: BLE001 - kazoo's time-out
+        except Exception as e:
             self.client.stop()
             raise ConnectionError(f"cannot reach ZooKeeper {self.zk.hosts} within {self.connect_timeout:g}s: "
                                   f"{e or type(e).__name__}") from e

@@ -385,7 +385,7 @@ class ReadLoop:
                 read_rows = 0
                 self.sink(c)
                 del txn, c  # the flows hold its delete lines: keep no keys alive until the next transaction
-        except BaseException as e:  # noqa: BLE001 - reported by the daemon, which stops
+        except BaseException as e:
             self.error = e
             log.exception("binlog reader %s failed", name)
 

@@ -356,7 +356,7 @@ class Controller:
                     self.plan_once()
                 except (*UNAVAILABLE, KazooException) as e:
                     log.warning("controller: %s: %s (retried)", type(e).__name__, e)
-                except Exception:  # noqa: BLE001 - the controller goes on
+                except Exception:
                     log.exception("controller: planning failed (retried)")
                 self._stop.wait(PLAN_EVERY_S)
         finally:
@@ -510,7 +510,7 @@ class PoolWorker:
                                   connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 1.0})
         try:
             self.client.start(timeout=None if rejoined else self.connect_timeout)
-        except Exception as e:  # noqa: BLE001 - kazoo's time-out
+        except Exception as e:
             self.client.stop()
             raise ConnectionError(f"cannot reach ZooKeeper {self.zk.hosts} within {self.connect_timeout:g}s: "
                                   f"{e or type(e).__name__}") from e
@@ -571,7 +571,7 @@ class PoolWorker:
                 self._step()
             except (*UNAVAILABLE, KazooException) as e:
                 log.debug("worker step: %s", e)
-            except Exception:  # noqa: BLE001 - the worker goes on
+            except Exception:
                 log.exception("worker step failed (retried)")
             self._wake.wait(self.lease.tick)
             self._wake.clear()

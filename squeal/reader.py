@@ -394,7 +394,7 @@ NATIVE_CHARSETS = frozenset({"utf8mb3", "utf8mb4", "utf8", "ascii", "binary", "l
 def native_module() -> Any:
     """The `squeal_native` extension, or NativeUnavailable saying how to build it."""
     try:
-        from squeal import squeal_native  # noqa: PLC0415 - compiled by the install (pyproject.toml)
+        from squeal import squeal_native
     except ImportError as e:
         raise NativeUnavailable(
             f"reader = \"native\" needs the squeal_native extension ({e}): run scripts/setup.sh "
@@ -408,7 +408,7 @@ def native_charsets() -> dict[int, str]:
     str's bytes are the column's), "raw" (an encoding Python cannot look up, e.g. binary: bytes), "cp1252"
     (latin1, which PyMySQL decodes as Windows-1252) or "unsupported" (another codec). Built from the
     library's own table, so both readers agree by construction."""
-    from pymysqlreplication.constants import CHARSET  # noqa: PLC0415
+    from pymysqlreplication.constants import CHARSET
 
     out: dict[int, str] = {}
     for i in range(0, 4096):
@@ -494,7 +494,7 @@ class NativeBinlogReader(_Reconnecting):
         return out
 
     def _read_once(self) -> Iterator[Event]:
-        from squeal.rules import LINES  # noqa: PLC0415 - rules imports transactions, not the reader
+        from squeal.rules import LINES
 
         native = self.native
         s = self.source

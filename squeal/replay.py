@@ -267,7 +267,7 @@ def zookeeper_store(topo: router_config.Topology, region: str, timeout: float = 
                          logger=_QUIET_KAZOO)  # its per-attempt warnings would bury the one line that matters
     try:
         client.start(timeout=timeout)
-    except Exception as e:  # noqa: BLE001 - kazoo's time-out (or a refused connection)
+    except Exception as e:
         client.close()
         raise ReplayError(
             f"cannot reach ZooKeeper {zk.hosts} (zookeeper.servers in {topo.source}) within {timeout:g}s: "

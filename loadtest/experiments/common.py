@@ -344,7 +344,7 @@ class Sampler:
             for name, probe in self.probes.items():
                 try:
                     row[name] = probe()
-                except Exception:  # a server we killed on purpose, or one that is busy
+                except Exception:  # noqa: BLE001 - a server we killed on purpose, or one that is busy
                     row[name] = None
             self.rows.append(row)
             self._stop.wait(self.interval)

@@ -12,8 +12,8 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")  # headless: CI and ssh sessions have no display
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
 
 @dataclass

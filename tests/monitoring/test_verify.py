@@ -218,7 +218,7 @@ def test_grace_is_a_few_times_the_p99_squeal_measures(tmp_path):
     ).encode() + b"\n"
 
     class Metrics(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             self.send_response(200)
             self.end_headers()
             self.wfile.write(body)

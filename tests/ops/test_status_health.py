@@ -23,7 +23,7 @@ PROBLEMS = {"data_loss": "the binlog no longer has 0-1-5..0-1-9: run `squealctl 
 class Health(BaseHTTPRequestHandler):
     code = 503
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         body = json.dumps({"ok": self.code == 200, "problems": PROBLEMS if self.code != 200 else {}}).encode()
         self.send_response(self.code)
         self.send_header("Content-Type", "application/json")

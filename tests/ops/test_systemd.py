@@ -348,7 +348,7 @@ class _Started:
         for pre in exec_start_pre(unit):  # systemd runs each to completion first; a failure fails the start
             done = subprocess.run(pre, capture_output=True, text=True, timeout=30, **as_service)
             assert done.returncode == 0, (unit_path.name, pre, done.stdout + done.stderr)
-        log = open(self.logs / f"{unit_path.stem}.log", "ab")  # noqa: SIM115 - handed to the child
+        log = open(self.logs / f"{unit_path.stem}.log", "ab")
         proc = subprocess.Popen(
             exec_start(unit), stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **as_service
         )

@@ -121,8 +121,8 @@ def test_a_dropped_column_is_counted_not_fatal() -> None:
 
 
 def test_the_missing_column_counter_counts_every_row_not_only_the_first() -> None:
-    from squeal.metrics import Metrics  # noqa: PLC0415
-    from squeal.pipeline import KeyStage  # noqa: PLC0415
+    from squeal.metrics import Metrics
+    from squeal.pipeline import KeyStage
 
     metrics = Metrics()
     stage = KeyStage(KeyExtractor(RULES), (), metrics)
