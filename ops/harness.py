@@ -531,16 +531,30 @@ class ZooKeeper(ManagedProcess):
 
     def serving(self) -> bool:
         """The server serves clients (standalone, or in an ensemble with a quorum: leader or follower)."""
-        with socket.create_connection((self.host, self.port), timeout=1) as s:
-            s.sendall(b"srvr")
-            reply = b""
-            while chunk := s.recv(4096):
-                reply += chunk
-        return b"Mode: " in reply
+        return zookeeper_mode(f"{self.host}:{self.port}") is not None
 
     @staticmethod
     def wait_serving(members: list[ZooKeeper], timeout: float = 60.0) -> None:
         wait_until(lambda: all(m.serving() for m in members), timeout, "the ZooKeeper ensemble to serve")
+
+
+def zookeeper_mode(address: str) -> str | None:
+    """A ZooKeeper server's `Mode:` from the `srvr` four-letter word (`leader`, `follower`, `standalone`);
+    None when it does not serve (no quorum yet, or not answering)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1) as s:
+            s.settimeout(2)
+            s.sendall(b"srvr")
+            reply = b""
+            while chunk := s.recv(4096):
+                reply += chunk
+    except OSError:
+        return None
+    for line in reply.decode(errors="replace").splitlines():
+        if line.startswith("Mode: "):
+            return line.removeprefix("Mode: ").strip()
+    return None
 
 
 class SquealDaemon(ManagedProcess):

@@ -48,6 +48,7 @@ from ops.harness import (
     child_env,
     free_port,
     wait_until,
+    zookeeper_mode,
 )
 
 log = logging.getLogger(__name__)
@@ -651,25 +652,6 @@ def _healthz(address: str) -> tuple[int | None, dict]:
 def squeal_state(address: str) -> str | None:
     """An HA squeal instance's state from its /healthz (`leader`, `standby`, `taking_over`), None if no answer."""
     return _healthz(address)[1].get("state")
-
-
-def zookeeper_mode(address: str) -> str | None:
-    """A ZooKeeper server's `Mode:` from the `srvr` four-letter word (`leader`, `follower`, `standalone`);
-    None when it does not serve (no quorum yet, or not answering)."""
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=1) as s:
-            s.settimeout(2)
-            s.sendall(b"srvr")
-            reply = b""
-            while chunk := s.recv(4096):
-                reply += chunk
-    except OSError:
-        return None
-    for line in reply.decode(errors="replace").splitlines():
-        if line.startswith("Mode: "):
-            return line.removeprefix("Mode: ").strip()
-    return None
 
 
 def _port_open(address: str) -> bool:

@@ -253,6 +253,9 @@ class ZooKeeperDatamarkerStore:
         out: dict[str, str] = {}
         base = f"{self.data}/replay"
         try:
+            # This session's server may be a follower behind the leader: sync first, so a request an operator's
+            # client has had confirmed (through another server) is seen now, not a checkpoint later.
+            self._wait(self.client.sync_async(base), f"sync {base}")
             children = self._wait(self.client.get_children_async(base), f"list {base}")
         except NoNodeError:
             return out

@@ -29,8 +29,8 @@ from pymemcache.client.base import Client
 import router_config
 from ops import systemd
 from ops.cli import main as squealctl
-from ops.harness import ROUTER_BIN, free_port, wait_until
-from ops.local import squeal_state, zookeeper_mode
+from ops.harness import ROUTER_BIN, free_port, wait_until, zookeeper_mode
+from ops.local import squeal_state
 from router_config import TopologyError
 from tests.binaries import needs_binary
 
