@@ -59,9 +59,10 @@ def test_up_status_down_leaves_no_process(tmp_path, topology_file):
             assert sorted(r["name"] for r in rows if r.get("state") == "standby") == [
                 "squeal/east/east-2", "squeal/west/west-2"]
         assert all(r["running"] and r["answering"] for r in rows), rows
+        assert all(r["healthy"] and r["problems"] == {} for r in rows), rows
         assert all(r["serving"] for r in rows if r["role"] == "zookeeper"), rows
         base = {"name", "role", "region", "cluster", "pool", "pid", "address", "metrics", "running", "answering"}
-        base |= {"uptime", "restarts", "stopped", "log"}
+        base |= {"uptime", "restarts", "stopped", "log", "healthy", "problems"}
         ha = {"squeal": {"instance", "state", "leader"}, "zookeeper": {"serving", "mode"}}
         for r in rows:
             extra = {"instance"} if r["name"].count("/") == 2 and r["role"] == "mariadb-replica" else set()
