@@ -258,7 +258,7 @@ class Gen:
             stream = b"".join(self.command(first=i == 0) for i in range(self.rng.randint(1, 10)))
             for _ in range(self.rng.choice([0, 0, 0, 1, 2])):
                 stream = self.mutate(stream)
-            if not overlong_get(stream):
+            if not overlong_get(stream) and not quiet_autovivifying_ma(stream):
                 break
         if self.chance(0.05):
             stream += self.last()
@@ -274,6 +274,21 @@ END_REPLY = b"NF Oend\r\n"
 
 
 _RETRIEVAL = re.compile(rb"^ *(get|gets|gat|gats|bget) ")
+
+
+_ARITHMETIC = re.compile(rb"^ *ma ")
+
+
+def quiet_autovivifying_ma(stream: bytes) -> bool:
+    """Whether an `ma` line carries both a `q` and an `N` flag (mutation can make one out of any `ma`):
+    memcached answers the item's creation, the router cannot tell it from an increment (a known
+    difference, docs/router.md), and the fuzzer does not generate it."""
+    for line in stream.split(b"\n"):
+        if _ARITHMETIC.match(line):
+            flags = line.rstrip(b"\r").split()[2:]  # after `ma KEY`
+            if any(f.startswith(b"q") for f in flags) and any(f.startswith(b"N") for f in flags):
+                return True
+    return False
 
 
 def overlong_get(stream: bytes) -> bool:

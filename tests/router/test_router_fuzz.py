@@ -19,6 +19,7 @@ from tests.router.fuzz_protocol import (
     Target,
     load_regressions,
     overlong_get,
+    quiet_autovivifying_ma,
     router_config,
     run,
 )
@@ -60,6 +61,9 @@ def test_the_generator_covers_what_it_promises() -> None:
     assert any(k in streams for k in KEYS)
     assert overlong_get(b"get k0\r\nget " + b"L" * 300 + b"\r\n")
     assert not overlong_get(b"get " + b"L" * 300 + b"\r\n")
+    # what CI's run 1245719449 found: a mutation put `q` into an `ma … N1000` line (the known difference)
+    assert quiet_autovivifying_ma(b"ma \x01c k M+ q N1000\r\ndecr k1 13 x q\r\n")
+    assert not quiet_autovivifying_ma(b"ma k N1000\r\nma k q\r\nmg k q N30\r\n")
 
 
 def test_a_divergence_is_reported(target: Target) -> None:
