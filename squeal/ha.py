@@ -867,17 +867,7 @@ class HaInstance:
         daemon = self.daemon
         if daemon is None or self.phase != LEADER:
             return
-        for shard, store in list(self.stores.items()):
-            pipeline = daemon.shards.get(shard)
-            if pipeline is None:
-                continue
-            try:
-                if store.take_loss_acceptance():
-                    log.warning("instance %s: data loss accepted by the operator (%s)", self.instance.name,
-                                store.accept_path)
-                    pipeline.accept_path().write_text("accepted\n")
-            except Exception as e:  # noqa: BLE001 - retried every second; ZooKeeper may be away for a while
-                log.debug("cannot take %s: %s", store.accept_path, e)
+        daemon.take_loss_acceptances(self.stores, f"instance {self.instance.name}")
 
     # -- leadership --------------------------------------------------------------------------------------------
 

@@ -625,16 +625,7 @@ class PoolWorker:
         daemon = self.daemon
         if daemon is None:
             return
-        for shard, store in list(self.stores.items()):
-            pipeline = daemon.shards.get(shard)
-            if pipeline is None:
-                continue
-            try:
-                if store.take_loss_acceptance():
-                    log.warning("worker %s: data loss accepted by the operator (%s)", self.name, store.accept_path)
-                    pipeline.accept_path().write_text("accepted\n")
-            except Exception as e:  # noqa: BLE001 - retried at the next publish
-                log.debug("cannot take %s: %s", store.accept_path, e)
+        daemon.take_loss_acceptances(self.stores, f"worker {self.name}")
 
     def _start_shard(self, shard: str) -> None:
         """Reactor: the pipeline of a shard just taken: markers from ZooKeeper, its copy caught up with them."""

@@ -301,6 +301,21 @@ class RegionDaemon:
             "shards": statuses,
         }
 
+    def take_loss_acceptances(self, stores: dict[str, Any], who: str) -> None:
+        """`squeal accept-data-loss` requests kept in ZooKeeper (a znode per shard, `stores`: shard -> its store)
+        handed to each running shard's pipeline, which applies it at its next checkpoint (its own request file).
+        Called every second or so by an HA leader or a pool worker; a ZooKeeper error waits for the next call."""
+        for shard, store in list(stores.items()):
+            pipeline = self.shards.get(shard)
+            if pipeline is None:
+                continue
+            try:
+                if store.take_loss_acceptance():
+                    log.warning("%s: data loss accepted by the operator (%s)", who, store.accept_path)
+                    pipeline.accept_path().write_text("accepted\n")
+            except Exception as e:  # noqa: BLE001 - retried at the next call; ZooKeeper may be away for a while
+                log.debug("cannot take %s: %s", store.accept_path, e)
+
     def accept_paths(self) -> list[Path]:
         """Each shard's `squeal accept-data-loss` request file."""
         return [d.accept_path() for d in self.shards.values()]
