@@ -68,7 +68,7 @@ from router_config import Topology
 from squeal import gtid as g
 from squeal import placement
 from squeal.daemon import HealthResource, SampledDeletesResource, source_for, state_dir_for
-from squeal.ha import rejoin_as_standby, wait_for_copy
+from squeal.ha import rejoin_as_standby, serve_while_preparing, wait_for_copy
 from squeal.region import RegionDaemon
 from squeal.zkstore import UNAVAILABLE, ShardMarkerStore, pool_path, shard_path
 
@@ -500,12 +500,15 @@ class PoolWorker:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._state = threading.Lock()
+        self.waiting_for: str | None = None  # during `prepare`: "zookeeper" (a /healthz problem)
+        self._serving = False
 
     # -- start-up ---------------------------------------------------------------------------------------------
 
     def prepare(self) -> None:
         """ZooKeeper answers (a one-line start-up error otherwise)."""
         rejoined = os.environ.get("SQUEAL_HA_REJOINED")
+        self.waiting_for = "zookeeper"
         self.client = KazooClient(hosts=self.zk.hosts, timeout=self.zk.session_timeout_s,
                                   connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 1.0})
         try:
@@ -516,9 +519,22 @@ class PoolWorker:
                                   f"{e or type(e).__name__}") from e
         for sub in ("workers", "drain", "move", "shards"):
             self.client.ensure_path(f"{self.base}/{sub}")
+        self.waiting_for = None
+
+    def serve(self) -> None:
+        """/metrics, /healthz, /sampled-deletes, from before `prepare` on (waiting for ZooKeeper shows there)."""
+        if self._serving:
+            return
+        root = resource.Resource()
+        root.putChild(b"metrics", MetricsResource(registry=self.registry))
+        root.putChild(b"healthz", HealthResource(self.status))
+        root.putChild(b"sampled-deletes", SampledDeletesResource(
+            lambda since: self.daemon.sampler.recent(since) if self.daemon is not None else []))
+        self.reactor.listenTCP(self.metrics_port, server.Site(root), interface=self.instance.host)
+        self._serving = True
 
     def start(self) -> None:
-        """Call with the reactor about to run (or running)."""
+        """Call after `prepare`, with the reactor about to run (or running)."""
         assert self.client is not None
         self.state_dir.mkdir(parents=True, exist_ok=True)  # the shards' request files (accept-data-loss)
         self.daemon = RegionDaemon(self.topology, self.region.name, self.state_dir, metrics_port=None,
@@ -526,11 +542,7 @@ class PoolWorker:
                                    connect_timeout=self.connect_timeout, sample_every=self.sample_every,
                                    stores=self.stores.__getitem__, gate=self._gate)
         self.registry.register(_DaemonMetrics(self.daemon))
-        root = resource.Resource()
-        root.putChild(b"metrics", MetricsResource(registry=self.registry))
-        root.putChild(b"healthz", HealthResource(self.status))
-        root.putChild(b"sampled-deletes", SampledDeletesResource(self.daemon.sampler.recent))
-        self.reactor.listenTCP(self.metrics_port, server.Site(root), interface=self.instance.host)
+        self.serve()
         self.reactor.addSystemEventTrigger("before", "shutdown", self.shutdown)
         if threading.current_thread() is threading.main_thread():  # as a region daemon: replay requests now
             signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.daemon.checkpoint))
@@ -776,6 +788,8 @@ class PoolWorker:
         problems = {f"{name}: {k}": f"shard {name}: {v}" for name, st in shards.items()
                     for k, v in st["problems"].items()}
         lease = self.lease
+        if self.waiting_for == "zookeeper":
+            problems["zookeeper"] = f"starting: waiting for ZooKeeper {self.zk.hosts} to answer"
         if lease is None or not lease.valid():
             problems["lease"] = "no valid lease on the ZooKeeper session: this worker sends nothing"
         return {
@@ -803,10 +817,7 @@ def run_worker(topology: Topology, instance: str, state_dir: str | Path | None =
 
     worker = PoolWorker(topology, instance, state_dir, metrics_port, reactor=reactor, reply_timeout=reply_timeout,
                         sample_every=sample_every)
-    worker.prepare()
-    reactor.callWhenRunning(worker.start)
-    reactor.run()
-    return worker.exit_code
+    return serve_while_preparing(reactor, worker)
 
 
 # -- what squealctl asks -----------------------------------------------------------------------------------------
