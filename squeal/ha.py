@@ -92,6 +92,7 @@ LEADER, STANDBY = "leader", "standby"
 STARTUP_ERRORS = (ConnectionError, ReaderConfigError, ValueError)  # `prepare`'s one-line errors (squeal.cli)
 GIVEN_UP = ("resign", "handback")  # deposition reasons of a term given up (not lost: not rejoining after it)
 STATES = (LEADER, STANDBY)
+STARTING = "starting"  # /healthz `state` while `prepare` waits for the copy or ZooKeeper (not a candidate yet)
 GAP_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 4, 5, 7.5, 10, 15, 30, 60, 120)
 
 
@@ -736,7 +737,8 @@ class HaInstance:
     with the region's datamarkers in ZooKeeper (`ZooKeeperDatamarkerStore`, fenced by the election epoch).
 
     * Start-up (`prepare`): its copy has the binlog settings squeal needs; ZooKeeper answers. /metrics and
-      /healthz are served from the start (`state`: standby, taking_over, leader).
+      /healthz are served from the start (`state`: starting — waiting for the copy or ZooKeeper —, standby,
+      taking_over, leader).
     * Elected: reads every flow's marker, waits (at most `takeover_wait_s`, `squeal_ha_takeover_wait_seconds`)
       until its copy has applied them, then runs a `RegionDaemon` (every shard) from those markers. Its flows hand
       out batches only while the lease holds (`gate_flows`).
@@ -1009,7 +1011,7 @@ class HaInstance:
     def status(self) -> dict[str, Any]:
         ha = self.elector.snapshot() if self.elector is not None else {"state": STANDBY}
         base = {
-            "state": self.phase,
+            "state": STARTING if self.waiting_for else self.phase,
             "instance": self.instance.name,
             "region": self.region.name,
             "database": {"name": self.instance.database.name, "address": str(self.instance.database.address),

@@ -795,7 +795,7 @@ class PoolWorker:
         return {
             "ok": not problems and not self.stopping,
             "problems": problems,
-            "state": "worker",
+            "state": "starting" if self.waiting_for else "worker",
             "instance": self.name,
             "region": self.region.name,
             "pid": os.getpid(),

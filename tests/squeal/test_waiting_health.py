@@ -51,4 +51,5 @@ def test_waiting_for_zookeeper_serves_an_unhealthy_healthz_naming_the_ensemble(
     assert status == 503, body
     assert body["ok"] is False
     assert body["instance"] == "east-1" and body["region"] == "east"
+    assert body["state"] == "starting"  # not a standby (a candidate) yet
     assert daemon.proc is not None and daemon.proc.poll() is None  # still waiting, not given up
