@@ -26,8 +26,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -50,6 +48,7 @@ from ops.harness import (
     wait_until,
     zookeeper_mode,
 )
+from squeal import probe_health
 
 log = logging.getLogger(__name__)
 
@@ -357,7 +356,7 @@ class Deployment:
                     want = {s.name for s in topo.shards}
                     wait_until(
                         lambda addresses=addresses, want=want: want <= {
-                            s for a in addresses for s in (_healthz(a)[1].get("shards") or {})},
+                            s for a in addresses for s in (probe_health(a)[1].get("shards") or {})},
                         60,
                         f"every shard of region {region.name} running on one of its squeal workers "
                         f"{', '.join(addresses)}",
@@ -520,7 +519,7 @@ class Deployment:
                 "uptime": _uptime(pid) if running else None,
             }
             if c.role == "squeal":
-                code, body = _healthz(c.address) if row["answering"] else (None, {})
+                code, body = probe_health(c.address) if row["answering"] else (None, {})
                 row["healthy"] = None if code is None else code == 200
                 problems = body.get("problems") or {}
                 row["problems"] = problems if isinstance(problems, dict) else {"healthz": str(problems)}
@@ -632,26 +631,9 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-def _healthz(address: str) -> tuple[int | None, dict]:
-    """A squeal daemon's /healthz: (200 or 503, its JSON: `problems`, and for an HA instance `state`, `ha`), or
-    (None, {}) when it gave no answer."""
-    try:
-        with urllib.request.urlopen(f"http://{address}/healthz", timeout=2) as resp:
-            code, raw = resp.status, resp.read()
-    except urllib.error.HTTPError as e:
-        code, raw = e.code, e.read()
-    except OSError:
-        return None, {}
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        body = {}
-    return code, body if isinstance(body, dict) else {}
-
-
 def squeal_state(address: str) -> str | None:
     """An HA squeal instance's state from its /healthz (`leader`, `standby`, `taking_over`), None if no answer."""
-    return _healthz(address)[1].get("state")
+    return probe_health(address)[1].get("state")
 
 
 def _port_open(address: str) -> bool:
