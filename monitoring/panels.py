@@ -12,7 +12,7 @@ prober's canary, every cluster) and squeal's commit → acknowledged latency per
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from monitoring.scrape import Store
 
@@ -77,9 +77,31 @@ def ratio(num: list[list[float]], den: list[list[float]]) -> list[list[float]]:
     return [[t, v / d[t]] for t, v in num if d.get(t)]
 
 
+def quantile(q: float, buckets: Mapping[float, float]) -> float | None:
+    """Prometheus' histogram_quantile on cumulative {upper bound: count}: interpolated linearly inside the bucket
+    that holds it (the first bucket starts at 0; in the +Inf bucket: the highest finite bound); None without
+    observations. The one implementation, for the panels and `verify`'s grace."""
+    bounds = sorted(buckets)
+    if not bounds or buckets[bounds[-1]] <= 0:
+        return None
+    rank = q * buckets[bounds[-1]]
+    lower, below = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if bound == float("inf"):
+                finite = [b for b in bounds if b != float("inf")]
+                return finite[-1] if finite else None
+            if count == below:
+                return bound
+            return lower + (bound - lower) * (rank - below) / (count - below)
+        lower, below = bound, count
+    return bounds[-1]
+
+
 def histogram_quantile(q: float, buckets: dict[float, dict[float, float]], window: float = WINDOW) -> list[list[float]]:
-    """q-quantile over time from cumulative bucket counters {le: {t: count}}, interpolated linearly inside
-    the bucket that holds it (as Prometheus's histogram_quantile does; the first bucket starts at 0)."""
+    """q-quantile over time from cumulative bucket counters {le: {t: count}}: `quantile` of the increase over
+    `window` at each time."""
     if not buckets:
         return []
     bounds = sorted(buckets)
@@ -89,18 +111,9 @@ def histogram_quantile(q: float, buckets: dict[float, dict[float, float]], windo
         t0 = next((x for x in times if x >= t - window), t)
         if t0 == t:
             continue
-        counts = [buckets[le].get(t, 0.0) - buckets[le].get(t0, 0.0) for le in bounds]
-        total = counts[-1]
-        if total <= 0:
-            continue
-        target = q * total
-        lower, below = 0.0, 0.0
-        for le, c in zip(bounds, counts, strict=True):
-            if c >= target:
-                share = (target - below) / (c - below) if c > below else 1.0
-                out.append([t, lower + (le - lower) * share])
-                break
-            lower, below = le, c
+        value = quantile(q, {le: buckets[le].get(t, 0.0) - buckets[le].get(t0, 0.0) for le in bounds})
+        if value is not None:
+            out.append([t, value])
     return out
 
 

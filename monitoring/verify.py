@@ -56,6 +56,7 @@ from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheError
 
 import router_config
+from monitoring.panels import quantile
 from monitoring.scrape import scrape_prometheus
 from router_config.model import COLUMN_NAME, PLACEHOLDER
 
@@ -542,26 +543,6 @@ class VerifyReport:
 # -- grace: a few times the measured p99 invalidation latency ----------------------------------------------
 
 
-def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None:
-    """Prometheus' histogram_quantile on cumulative {upper bound: count}; None without observations."""
-    bounds = sorted(buckets)
-    if not bounds or buckets[bounds[-1]] <= 0:
-        return None
-    rank = q * buckets[bounds[-1]]
-    lower, below = 0.0, 0.0
-    for bound in bounds:
-        count = buckets[bound]
-        if count >= rank:
-            if bound == float("inf"):
-                finite = [b for b in bounds if b != float("inf")]
-                return finite[-1] if finite else None
-            if count == below:
-                return bound
-            return lower + (bound - lower) * (rank - below) / (count - below)
-        lower, below = bound, count
-    return bounds[-1]
-
-
 def squeal_metrics_addresses(topo: router_config.Topology) -> list[str]:
     return [str(address) for role, _, address in topo.listeners() if role == "squeal"]
 
@@ -579,7 +560,7 @@ def measured_grace(topo: router_config.Topology, timeout: float = 1.0) -> tuple[
         except (OSError, ValueError) as e:
             log.debug("verify: no latency histogram from %s: %s", address, e)
             continue
-        p99 = histogram_quantile(0.99, buckets)
+        p99 = quantile(0.99, buckets)
         if p99 is not None:
             p99s.append(p99)
     if not p99s:
