@@ -59,7 +59,7 @@ from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, RolledBackError
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.twisted import MetricsResource
 from twisted.internet import defer, threads
 from twisted.web import resource, server
@@ -78,6 +78,7 @@ LEASE_FRACTION = 0.6
 LOAD_HALF_LIFE_S = 60.0
 PUBLISH_EVERY_S = 1.0
 PLAN_EVERY_S = 1.0
+PAUSE_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 30, 60, 120, 300)  # seconds; the members publish every second
 RETRY_FAILED_S = 5.0  # a shard whose pipeline failed to start is tried again after this long
 
 
@@ -301,6 +302,12 @@ class PoolMetrics:
                              registry=r)
         self.zk_connected = Gauge("squeal_pool_zookeeper_connected", "1 while the ZooKeeper session is connected",
                                   registry=r)
+        self.unowned = Gauge("squeal_pool_shard_unowned_seconds", "(controller) How long the shard has run on no "
+                             "worker (0 while it runs on one), from the workers' published shards", ["shard"],
+                             registry=r)
+        self.pauses = Histogram("squeal_pool_unowned_seconds", "(controller) Each stretch a shard ran on no worker, "
+                                "observed when it runs again: a move's or a takeover's pause", buckets=PAUSE_BUCKETS,
+                                registry=r)
 
 
 class _DaemonMetrics:
@@ -324,6 +331,7 @@ class Controller:
         self.settings = settings or placement.Settings()
         self.imbalanced_since: float | None = None
         self.loads: dict[str, float] = {}
+        self.unowned_since: dict[str, float] = {}  # shard -> when this controller first saw it run nowhere
         self.leading = False
         self._stop = threading.Event()
         self._election: Any = None
@@ -362,6 +370,8 @@ class Controller:
         finally:
             self.leading = False
             self.worker.metrics.controller.set(0)
+            self.unowned_since.clear()  # the next controller measures from its own first look
+            self.worker.metrics.unowned.clear()
 
     def _get(self, path: str) -> Any:
         return self.client.get_async(path).get(timeout=self.worker.call_timeout)
@@ -371,6 +381,21 @@ class Controller:
             return list(self.client.get_children_async(path).get(timeout=self.worker.call_timeout))
         except NoNodeError:
             return []
+
+    def _account_unowned(self, members: dict[str, dict[str, Any]], names: list[str]) -> None:
+        """Which shards run on no worker now (the members' published `shards`, each at most a second old), and
+        for how long: the metrics of a move's pause and of the time any shard was without an owner."""
+        running = {s for m in members.values() for s in (m.get("shards") or [])}
+        now = time.monotonic()
+        for shard in names:
+            if shard in running:
+                since = self.unowned_since.pop(shard, None)
+                if since is not None:
+                    self.worker.metrics.pauses.observe(now - since)
+                self.worker.metrics.unowned.labels(shard=shard).set(0)
+            else:
+                since = self.unowned_since.setdefault(shard, now)
+                self.worker.metrics.unowned.labels(shard=shard).set(now - since)
 
     def plan_once(self) -> placement.Plan | None:
         members: dict[str, dict[str, Any]] = {}
@@ -386,6 +411,7 @@ class Controller:
         assignment: dict[str, str] = dict(doc.get("assignment") or {})
         last_moved: dict[str, float] = {k: float(v) for k, v in (doc.get("last_moved") or {}).items()}
         names = [s.name for s in self.worker.topology.shards]
+        self._account_unowned(members, names)
         for member in members.values():
             for shard, load in (member.get("loads") or {}).items():
                 if shard in names and assignment.get(shard) == member.get("name"):
