@@ -12,7 +12,7 @@ prober's canary, every cluster) and squeal's commit → acknowledged latency per
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from monitoring.scrape import Store
 
@@ -129,7 +129,7 @@ def _histogram_by(store: Store, name: str, group: Callable[[dict], str]) -> dict
     return grouped
 
 
-def _lines(data: dict[str, list[list[float]]]) -> list[dict]:
+def _lines(data: Mapping[str, Sequence[Sequence[float]]]) -> list[dict]:
     return [{"label": label, "points": pts} for label, pts in sorted(data.items()) if pts]
 
 
@@ -256,12 +256,12 @@ def build(store: Store) -> list[dict]:
         return pick
 
     hit_rates = {}
-    for label, kind in (("", "wildcard"), (" gutter", "gutter")):
+    for suffix, kind in (("", "wildcard"), (" gutter", "gutter")):
         hits = _aligned(store.select("memcached_get_hits"), cluster_pool(kind))
         misses = _aligned(store.select("memcached_get_misses"), cluster_pool(kind))
         for cluster in hits:
             h, m = rate(hits[cluster]), dict((t, v) for t, v in rate(misses.get(cluster, {})))
-            hit_rates[f"{cluster}{label}"] = [[t, v / (v + m.get(t, 0.0))] for t, v in h if v + m.get(t, 0.0) > 0]
+            hit_rates[f"{cluster}{suffix}"] = [[t, v / (v + m.get(t, 0.0))] for t, v in h if v + m.get(t, 0.0) > 0]
     panels.append(
         {"title": "Cache hit rate per cluster (memcached get_hits / gets)", "unit": "ratio", "lines": _lines(hit_rates)}
     )
@@ -284,9 +284,9 @@ def build(store: Store) -> list[dict]:
         "squeal_client_stale_served_total",
         "squeal_client_fills_refused_total",
     ):
-        series = _aligned(store.select(metric), lambda lab: "all")
-        if "all" in series:
-            lease_lines[metric.removeprefix("squeal_client_").removesuffix("_total")] = rate(series["all"])
+        summed = _aligned(store.select(metric), lambda lab: "all")
+        if "all" in summed:
+            lease_lines[metric.removeprefix("squeal_client_").removesuffix("_total")] = rate(summed["all"])
     panels.append({"title": "Lease activity (web tier) per second", "unit": "/s", "lines": _lines(lease_lines)})
     return panels
 

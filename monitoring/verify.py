@@ -39,6 +39,7 @@ checked and none of the others holds a stale copy.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import logging
@@ -327,6 +328,11 @@ def _order_terms(order_by: str | None) -> list[tuple[str, bool]]:
     return out
 
 
+def _nulls_first(column: str, row: Mapping[str, Any]) -> tuple[bool, Any]:
+    """A sort key for one column as MariaDB orders it: NULLs first."""
+    return row[column] is not None, row[column]
+
+
 def database_rows(
     db: Database | Sequence[Database], family: KeyFamily, values: Sequence[str], cached: CachedRows
 ) -> CachedRows:
@@ -350,7 +356,7 @@ def database_rows(
     found = [r for d in dbs for r in d.query(sql, values)]
     if len(dbs) > 1:
         for column, descending in reversed(order):  # stable sorts, last term first; NULLs first, as MariaDB
-            found.sort(key=lambda r, c=column: (r[c] is not None, r[c]), reverse=descending)
+            found.sort(key=functools.partial(_nulls_first, column), reverse=descending)
         found = found[:limit] if limit else found
     rows = tuple({k: _norm(v) for k, v in r.items() if k not in extra} for r in found)
     return CachedRows(rows, cached.order_by, cached.limit, cached.one)

@@ -193,7 +193,7 @@ def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> li
             continue
         client = clients[server_id - 1]
         data = zookeeper_data_dir(opts, server_id)
-        argv = (
+        argv: tuple[str, ...] = (
             str(opts.java_bin),
             f"-Xmx{opts.zookeeper_heap_mb}m",
             "-XX:+ExitOnOutOfMemoryError",  # a restart beats a server limping on without memory
@@ -223,7 +223,7 @@ def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> li
 
     def memcached(addr: router_config.Address, where: str, name: str) -> Unit:
         mb = opts.memcached_mb
-        argv = (
+        argv: tuple[str, ...] = (
             str(opts.memcached_bin),
             "-l", addr.host,
             "-p", str(addr.port),
@@ -282,7 +282,7 @@ def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> li
     def squeal_unit(name: str, description: str, selector: tuple[str, str], port: int, state: str,
                     after: tuple[str, ...] = ()) -> Unit:
         """`squeal run TOPOLOGY --region R` (a region's daemon) or `--instance NAME` (an HA instance)."""
-        argv = (
+        argv: tuple[str, ...] = (
             str(venv / "bin" / "squeal"),
             "run", str(topology_file),
             *selector,

@@ -478,7 +478,7 @@ class Elector:
         self._published = want
 
     def _candidates(self) -> list[dict[str, Any]]:
-        out = []
+        out: list[dict[str, Any]] = []
         try:
             names = self._call(self.client.get_children_async(self.candidates_path))
         except NoNodeError:
@@ -914,13 +914,13 @@ class HaInstance:
         self.metrics.takeover_waiting.set(1)
         waited = 0.0
         try:
-            for shard, store in stores.items():
+            for name, store in stores.items():
                 positions = store.positions()
-                markers.update({f"{shard}/{f}" if sharded else f: p for f, p in positions.items()})
+                markers.update({f"{name}/{f}" if sharded else f: p for f, p in positions.items()})
                 target: dict = {}
                 for position in positions.values():
                     g.merge(target, g.parse_position(position))
-                copy = source_for(self.topology.shard_copy(shard, self.region.name))
+                copy = source_for(self.topology.shard_copy(name, self.region.name))
                 try:
                     waited += wait_for_copy(copy.connect, target, self.zk.takeover_wait_s,
                                             progress=self.metrics.takeover_wait.set)
@@ -930,7 +930,7 @@ class HaInstance:
                     # Every instance reads the region's same copy of a shard, so it has what the markers say
                     # once it answers again; its pipeline starts then (RegionDaemon retries it). The others go on.
                     log.error("instance %s: shard %s's copy %s does not answer (%s); taking the other shards over",
-                              self.instance.name, shard, copy.host + ":" + str(copy.port), e)
+                              self.instance.name, name, copy.host + ":" + str(copy.port), e)
         finally:
             self.metrics.takeover_waiting.set(0)
         self.takeover["markers"] = markers
@@ -989,8 +989,12 @@ class HaInstance:
             return
         log.warning("instance %s: handing region %s back; flushing and writing the datamarkers first",
                     self.instance.name, self.region.name)
-        d = self.daemon.shutdown()
-        d.addBoth(lambda _: self.elector.resign("handback"))
+        elector = self.elector
+
+        def resign(_: Any) -> None:
+            elector.resign("handback")
+
+        self.daemon.shutdown().addBoth(resign)
 
     def _release(self) -> None:
         self.stopping = True
