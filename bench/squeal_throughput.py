@@ -25,7 +25,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import subprocess
@@ -44,12 +43,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "squea
 from squeal_helpers import topology_text
 
 from ops.harness import MariaDB, Memcached, SquealDaemon, wait_until
+from squeal import fetch_health
 from squeal import gtid as g
 from squeal.reader import BinlogReader
 
 
 def health(port: int) -> dict:
-    return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read())
+    return fetch_health(f"127.0.0.1:{port}", timeout=5)[1]
 
 
 def metric_sum(port: int, name: str) -> float:

@@ -20,7 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import pymysql
 
@@ -69,11 +69,19 @@ def require_binary(name: str, package: str, *, search: tuple[str, ...] = ()) -> 
     return found
 
 
+class Polled(Protocol):
+    """What `wait_until` watches for an early exit: a Popen, or the supervisor's `Run`."""
+
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+
 def wait_until(
     check: Callable[[], T],
     timeout: float,
     what: str = "condition",
-    proc: subprocess.Popen | None = None,
+    proc: Polled | None = None,
     log_file: Path | None = None,
     *,
     interval: float = 0.05,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Set
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,7 @@ class _Builder:
 
     # -- generic readers ---------------------------------------------------------------------------
 
-    def table(self, value: Any, path: str, allowed: set[str], required: set[str] = frozenset()) -> dict:
+    def table(self, value: Any, path: str, allowed: set[str], required: Set[str] = frozenset()) -> dict:
         if not isinstance(value, dict):
             raise self.fail(path, f"must be a table, got {type(value).__name__}")
         for key in value:
@@ -323,7 +324,7 @@ class _Builder:
             "on_data_loss": (str, " or ".join(f'"{c}"' for c in ON_DATA_LOSS)),
             "reader": (str, " or ".join(f'"{c}"' for c in READERS)),
         }
-        out = {}
+        out: dict[str, Any] = {}
         for name in names:
             v = value.get(name, getattr(defaults, name))
             kind, what = kinds[name]
@@ -378,7 +379,7 @@ class _Builder:
             codec = body.get("codec")
             if codec is not None and not CODEC_PATH.match(self.typed(codec, f"{here}.codec", str, "an import path")):
                 raise self.fail(f"{here}.codec", f'{codec!r} is not an import path like "package.module:function"')
-            when_changed = ()
+            when_changed: tuple[str, ...] = ()
             if "when_changed" in body:
                 when_changed = self.string_list(body["when_changed"], f"{here}.when_changed")
                 for k, name in enumerate(when_changed):

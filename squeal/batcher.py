@@ -34,6 +34,12 @@ from squeal.sampler import DeleteSampler
 log = logging.getLogger(__name__)
 
 
+def _abort(transport: Any) -> None:
+    """Drop a TCP connection now (`ITCPTransport.abortConnection`: a protocol's `transport` is typed as the
+    plain `ITransport`, which has no such method)."""
+    transport.abortConnection()
+
+
 class DeleteProtocol(protocol.Protocol):
     """One connection to one router (or memcached): writes batches, reads replies up to `MN`."""
 
@@ -48,6 +54,7 @@ class DeleteProtocol(protocol.Protocol):
 
     def send(self, payload: bytes) -> None:
         # Replies of the batches before this one may still be arriving: error counts reset only at `MN`.
+        assert self.transport is not None  # (sent only while connected)
         self.transport.write(payload)
 
     def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted's name
@@ -236,7 +243,7 @@ class Sender:
         def connected(p: DeleteProtocol) -> None:
             self.connecting = False
             if self.stopped:
-                p.transport.abortConnection()
+                _abort(p.transport)
                 return
             self.client = p
             self._send()
@@ -304,7 +311,7 @@ class Sender:
         self.timeout = None
         client, self.client = self.client, None
         if client is not None and client.transport is not None:
-            client.transport.abortConnection()
+            _abort(client.transport)
         if self.stopped or self.waiting:
             return
         self.router += 1  # the next router of the set, round robin

@@ -266,8 +266,10 @@ class Daemon:
                 raise DatamarkerDirError(f"cannot write the datamarker of flow {f.name} in {self._marker_where()}: "
                                          f"{describe_error(e)}") from e
             self.metrics.marker_write_errors.labels(flow=f.name)  # (the series exist from the start, at 0)
-            self.metrics.marker_age.labels(flow=f.name).set_function(
-                lambda name=f.name: self._marker_watch.age(name, self.reactor.seconds()))
+            def marker_age(name: str = f.name) -> float:
+                return self._marker_watch.age(name, self.reactor.seconds())
+
+            self.metrics.marker_age.labels(flow=f.name).set_function(marker_age)
             f.on_shed = self._on_shed
             self.senders[f.name] = self.hub.attach(f)
         start = g.earliest([f.acked for f in flows])
@@ -756,7 +758,12 @@ class Daemon:
 
         timeout = self.reactor.callLater(flush_timeout, finish)  # a dead destination must not hold us up
         drained = defer.DeferredList([s.when_drained() for s in self.senders.values()])
-        drained.addCallback(lambda _: (timeout.cancel() if timeout.active() else None, finish()))
+        def drained_all(_: Any) -> None:
+            if timeout.active():
+                timeout.cancel()
+            finish()
+
+        drained.addCallback(drained_all)
         return finished
 
     def retire(self, flush_timeout: float = 10.0, save_timeout: float = 5.0) -> defer.Deferred:
@@ -787,7 +794,11 @@ class Daemon:
                 if sender is not None and flow in sender.flows:
                     sender.remove_flow(flow)
             saved = self._final_markers(save_timeout)
-            saved.addBoth(lambda ok: (self._store_thread.close(), result.callback(ok)))
+            def handed_on(ok: Any) -> None:
+                self._store_thread.close()
+                result.callback(ok)
+
+            saved.addBoth(handed_on)
 
         def check() -> None:
             if idle() or self.reactor.seconds() - started >= flush_timeout:

@@ -59,7 +59,7 @@ from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, RolledBackError
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.twisted import MetricsResource
 from twisted.internet import defer, threads
 from twisted.web import resource, server
@@ -68,7 +68,7 @@ from router_config import Topology
 from squeal import gtid as g
 from squeal import placement
 from squeal.daemon import HealthResource, SampledDeletesResource, source_for, state_dir_for
-from squeal.ha import rejoin_as_standby, wait_for_copy
+from squeal.ha import rejoin_as_standby, serve_while_preparing, wait_for_copy
 from squeal.region import RegionDaemon
 from squeal.zkstore import UNAVAILABLE, ShardMarkerStore, pool_path, shard_path
 
@@ -78,6 +78,7 @@ LEASE_FRACTION = 0.6
 LOAD_HALF_LIFE_S = 60.0
 PUBLISH_EVERY_S = 1.0
 PLAN_EVERY_S = 1.0
+PAUSE_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 30, 60, 120, 300)  # seconds; the members publish every second
 RETRY_FAILED_S = 5.0  # a shard whose pipeline failed to start is tried again after this long
 
 
@@ -301,6 +302,12 @@ class PoolMetrics:
                              registry=r)
         self.zk_connected = Gauge("squeal_pool_zookeeper_connected", "1 while the ZooKeeper session is connected",
                                   registry=r)
+        self.unowned = Gauge("squeal_pool_shard_unowned_seconds", "(controller) How long the shard has run on no "
+                             "worker (0 while it runs on one), from the workers' published shards", ["shard"],
+                             registry=r)
+        self.pauses = Histogram("squeal_pool_unowned_seconds", "(controller) Each stretch a shard ran on no worker, "
+                                "observed when it runs again: a move's or a takeover's pause", buckets=PAUSE_BUCKETS,
+                                registry=r)
 
 
 class _DaemonMetrics:
@@ -324,6 +331,7 @@ class Controller:
         self.settings = settings or placement.Settings()
         self.imbalanced_since: float | None = None
         self.loads: dict[str, float] = {}
+        self.unowned_since: dict[str, float] = {}  # shard -> when this controller first saw it run nowhere
         self.leading = False
         self._stop = threading.Event()
         self._election: Any = None
@@ -362,6 +370,8 @@ class Controller:
         finally:
             self.leading = False
             self.worker.metrics.controller.set(0)
+            self.unowned_since.clear()  # the next controller measures from its own first look
+            self.worker.metrics.unowned.clear()
 
     def _get(self, path: str) -> Any:
         return self.client.get_async(path).get(timeout=self.worker.call_timeout)
@@ -371,6 +381,21 @@ class Controller:
             return list(self.client.get_children_async(path).get(timeout=self.worker.call_timeout))
         except NoNodeError:
             return []
+
+    def _account_unowned(self, members: dict[str, dict[str, Any]], names: list[str]) -> None:
+        """Which shards run on no worker now (the members' published `shards`, each at most a second old), and
+        for how long: the metrics of a move's pause and of the time any shard was without an owner."""
+        running = {s for m in members.values() for s in (m.get("shards") or [])}
+        now = time.monotonic()
+        for shard in names:
+            if shard in running:
+                since = self.unowned_since.pop(shard, None)
+                if since is not None:
+                    self.worker.metrics.pauses.observe(now - since)
+                self.worker.metrics.unowned.labels(shard=shard).set(0)
+            else:
+                since = self.unowned_since.setdefault(shard, now)
+                self.worker.metrics.unowned.labels(shard=shard).set(now - since)
 
     def plan_once(self) -> placement.Plan | None:
         members: dict[str, dict[str, Any]] = {}
@@ -386,6 +411,7 @@ class Controller:
         assignment: dict[str, str] = dict(doc.get("assignment") or {})
         last_moved: dict[str, float] = {k: float(v) for k, v in (doc.get("last_moved") or {}).items()}
         names = [s.name for s in self.worker.topology.shards]
+        self._account_unowned(members, names)
         for member in members.values():
             for shard, load in (member.get("loads") or {}).items():
                 if shard in names and assignment.get(shard) == member.get("name"):
@@ -500,12 +526,15 @@ class PoolWorker:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._state = threading.Lock()
+        self.waiting_for: str | None = None  # during `prepare`: "zookeeper" (a /healthz problem)
+        self._serving = False
 
     # -- start-up ---------------------------------------------------------------------------------------------
 
     def prepare(self) -> None:
         """ZooKeeper answers (a one-line start-up error otherwise)."""
         rejoined = os.environ.get("SQUEAL_HA_REJOINED")
+        self.waiting_for = "zookeeper"
         self.client = KazooClient(hosts=self.zk.hosts, timeout=self.zk.session_timeout_s,
                                   connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 1.0})
         try:
@@ -516,9 +545,22 @@ class PoolWorker:
                                   f"{e or type(e).__name__}") from e
         for sub in ("workers", "drain", "move", "shards"):
             self.client.ensure_path(f"{self.base}/{sub}")
+        self.waiting_for = None
+
+    def serve(self) -> None:
+        """/metrics, /healthz, /sampled-deletes, from before `prepare` on (waiting for ZooKeeper shows there)."""
+        if self._serving:
+            return
+        root = resource.Resource()
+        root.putChild(b"metrics", MetricsResource(registry=self.registry))
+        root.putChild(b"healthz", HealthResource(self.status))
+        root.putChild(b"sampled-deletes", SampledDeletesResource(
+            lambda since: self.daemon.sampler.recent(since) if self.daemon is not None else []))
+        self.reactor.listenTCP(self.metrics_port, server.Site(root), interface=self.instance.host)
+        self._serving = True
 
     def start(self) -> None:
-        """Call with the reactor about to run (or running)."""
+        """Call after `prepare`, with the reactor about to run (or running)."""
         assert self.client is not None
         self.state_dir.mkdir(parents=True, exist_ok=True)  # the shards' request files (accept-data-loss)
         self.daemon = RegionDaemon(self.topology, self.region.name, self.state_dir, metrics_port=None,
@@ -526,11 +568,7 @@ class PoolWorker:
                                    connect_timeout=self.connect_timeout, sample_every=self.sample_every,
                                    stores=self.stores.__getitem__, gate=self._gate)
         self.registry.register(_DaemonMetrics(self.daemon))
-        root = resource.Resource()
-        root.putChild(b"metrics", MetricsResource(registry=self.registry))
-        root.putChild(b"healthz", HealthResource(self.status))
-        root.putChild(b"sampled-deletes", SampledDeletesResource(self.daemon.sampler.recent))
-        self.reactor.listenTCP(self.metrics_port, server.Site(root), interface=self.instance.host)
+        self.serve()
         self.reactor.addSystemEventTrigger("before", "shutdown", self.shutdown)
         if threading.current_thread() is threading.main_thread():  # as a region daemon: replay requests now
             signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.daemon.checkpoint))
@@ -776,12 +814,14 @@ class PoolWorker:
         problems = {f"{name}: {k}": f"shard {name}: {v}" for name, st in shards.items()
                     for k, v in st["problems"].items()}
         lease = self.lease
+        if self.waiting_for == "zookeeper":
+            problems["zookeeper"] = f"starting: waiting for ZooKeeper {self.zk.hosts} to answer"
         if lease is None or not lease.valid():
             problems["lease"] = "no valid lease on the ZooKeeper session: this worker sends nothing"
         return {
             "ok": not problems and not self.stopping,
             "problems": problems,
-            "state": "worker",
+            "state": "starting" if self.waiting_for else "worker",
             "instance": self.name,
             "region": self.region.name,
             "pid": os.getpid(),
@@ -803,10 +843,7 @@ def run_worker(topology: Topology, instance: str, state_dir: str | Path | None =
 
     worker = PoolWorker(topology, instance, state_dir, metrics_port, reactor=reactor, reply_timeout=reply_timeout,
                         sample_every=sample_every)
-    worker.prepare()
-    reactor.callWhenRunning(worker.start)
-    reactor.run()
-    return worker.exit_code
+    return serve_while_preparing(reactor, worker)
 
 
 # -- what squealctl asks -----------------------------------------------------------------------------------------

@@ -124,6 +124,7 @@ def _find_daemon(candidates: list[tuple[int, str]], region: str, state_dir: Path
             fd = os.pidfd_open(pid)
         if fd is None and not Path(f"/proc/{pid}").exists():
             continue
+        why: str | None
         try:
             argv = _cmdline(pid)
         except OSError as e:  # e.g. /proc mounted with hidepid: what we cannot check we do not signal

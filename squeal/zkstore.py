@@ -54,7 +54,7 @@ from kazoo.exceptions import (
 from kazoo.handlers.threading import KazooTimeoutError
 
 from squeal import gtid as g
-from squeal.datamarkers import DatamarkerDirError
+from squeal.datamarkers import DatamarkerDirError, check_position, decode_marker
 
 log = logging.getLogger(__name__)
 
@@ -132,20 +132,6 @@ class ZooKeeperDatamarkerStore:
         except ZooKeeperUnavailable as e:
             raise DatamarkerDirError(f"cannot reach the datamarkers in {self.dir}: {e}") from e
 
-    @staticmethod
-    def _decode(data: bytes, where: str) -> str:
-        try:
-            doc = json.loads(data.decode())
-            position = doc.get("position") if isinstance(doc, dict) else None
-            if not isinstance(position, str):
-                raise ValueError('no "position" string')
-            g.parse_position(position)  # a corrupt marker is an error, never silently "now"
-        except g.GtidError as e:
-            raise g.GtidError(f"{where}: {e}") from e
-        except ValueError as e:
-            raise ValueError(f"{where} is not a datamarker: {e}") from e
-        return position
-
     def _doc(self, flow: str, position: str) -> bytes:
         doc = {"flow": flow, "position": position, "saved_at": time.time()}
         if self.owner:
@@ -170,7 +156,7 @@ class ZooKeeperDatamarkerStore:
         except NoNodeError:
             self._versions[flow] = None
             return None
-        position = self._decode(data, path)
+        position = decode_marker(data, path)
         self._versions[flow] = stat.version
         return position
 
@@ -187,7 +173,7 @@ class ZooKeeperDatamarkerStore:
                 data, _ = self._wait(self.client.get_async(f"{markers}/{flow}"), f"read {markers}/{flow}")
             except NoNodeError:
                 continue
-            out[flow] = self._decode(data, f"{markers}/{flow}")
+            out[flow] = decode_marker(data, f"{markers}/{flow}")
         return out
 
     def save(self, flow: str, position: str) -> None:
@@ -269,7 +255,7 @@ class ZooKeeperDatamarkerStore:
             except NoNodeError:
                 continue
             try:
-                position = self._decode(data, path)
+                position = decode_marker(data, path)
             except ValueError as e:
                 log.error("corrupt replay request %s removed, not applied: %s", path, e)
                 position = None
@@ -383,12 +369,7 @@ class ShardMarkerStore(ZooKeeperDatamarkerStore):
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path} is not a shard's datamarkers: {e}") from e
         for flow, position in positions.items():
-            if not isinstance(position, str):
-                raise ValueError(f"{path}: flow {flow}: the position is not a string")
-            try:
-                g.parse_position(position)  # a corrupt marker is an error, never silently "now"
-            except g.GtidError as e:
-                raise g.GtidError(f"{path}: flow {flow}: {e}") from e
+            check_position(position, f"{path}: flow {flow}")
         return dict(positions), stat.version
 
     def load(self, flow: str) -> str | None:
