@@ -39,9 +39,12 @@ from them. At least once: whatever was not acknowledged is after the markers and
 **A crash**: the dead worker's `workers/<name>` and `owner` znodes expire with its session; the controller
 sees the shards orphaned and places them at once; their new owners start from the markers.
 
+Load: each owner measures rows/s (`squeal_rows_total`) and binlog bytes/s (`BinlogMeter`) per shard, smooths
+both (`[regions.R.squeal_placement] half_life_s`) and publishes them with their combination (`placement.shard_load`,
+`bytes_per_row`); the controller plans with the region's `squeal_placement` settings.
+
 Not yet (later steps): the HA election of non-pooled regions stays as it is (squeal/ha.py); a worker reads the
-region's own copy of each shard (no preferred copies); binlog bytes/s is not measured yet (0: load is rows/s,
-at least 1 per shard); placement settings in the topology.
+region's own copy of each shard (no preferred copies).
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ from prometheus_client.twisted import MetricsResource
 from twisted.internet import defer, threads
 from twisted.web import resource, server
 
-from router_config import Topology
+from router_config import PoolPlacement, Topology
 from squeal import gtid as g
 from squeal import placement
 from squeal.daemon import HealthResource, SampledDeletesResource, source_for, state_dir_for
@@ -87,6 +90,83 @@ def _doc(data: bytes) -> dict[str, Any]:
     except ValueError:
         return {}
     return doc if isinstance(doc, dict) else {}
+
+
+def placement_settings(p: PoolPlacement) -> placement.Settings:
+    """The controller's `placement.Settings` from a region's `[regions.R.squeal_placement]`."""
+    return placement.Settings(threshold=p.threshold, persist_s=p.persist_s, cooldown_s=p.cooldown_s,
+                              max_moves=p.max_moves or None)
+
+
+class BinlogMeter:
+    """How fast each owned shard's binlog grows: every `every` seconds, `SHOW BINARY LOGS` on the copy the worker
+    reads (what its reader streams, whether or not the transactions touch tables with rules). `grown[shard]` is
+    the bytes added since the first sample (file by file: a rotation adds the new file's size, a purge subtracts
+    nothing). A copy that does not answer (down, or the account lacks BINLOG MONITOR / REPLICATION CLIENT) keeps
+    its last figure; the load then rests on rows/s alone."""
+
+    def __init__(self, source: Callable[[str], Any], every: float = PUBLISH_EVERY_S) -> None:
+        self.source = source
+        self.every = every
+        self.grown: dict[str, int] = {}
+        self._sizes: dict[str, dict[str, int]] = {}
+        self._conns: dict[str, Any] = {}
+        self._wanted: set[str] = set()
+        self._warned: set[str] = set()
+        self._stop = threading.Event()
+
+    def keep(self, shards: set[str]) -> None:
+        """Measure these shards (the ones this worker runs now); forget the others."""
+        self._wanted = set(shards)
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="pool-binlog-meter", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            wanted = set(self._wanted)
+            for shard in sorted(set(self._conns) - wanted):
+                self._forget(shard)
+            for shard in sorted(set(self._sizes) - wanted):
+                self._sizes.pop(shard, None)
+                self.grown.pop(shard, None)
+            for shard in sorted(wanted):
+                try:
+                    self.sample(shard)
+                except Exception as e:  # noqa: BLE001 - a copy that does not answer: its last figure stays
+                    self._forget(shard)
+                    if shard not in self._warned:
+                        self._warned.add(shard)
+                        log.warning("pool: cannot read shard %s's binlog size (SHOW BINARY LOGS): %s; its load is "
+                                    "its rows/s alone until it can", shard, e)
+        for shard in list(self._conns):
+            self._forget(shard)
+
+    def _forget(self, shard: str) -> None:
+        conn = self._conns.pop(shard, None)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def sample(self, shard: str) -> int:
+        conn = self._conns.get(shard)
+        if conn is None:
+            conn = self._conns[shard] = self.source(shard).connect()
+        with conn.cursor() as cur:
+            cur.execute("SHOW BINARY LOGS")
+            sizes = {str(row[0]): int(row[1]) for row in cur.fetchall()}
+        before = self._sizes.get(shard)
+        self._sizes[shard] = sizes
+        if before is None:
+            self.grown[shard] = 0
+        else:
+            self.grown[shard] = self.grown.get(shard, 0) + sum(
+                max(0, size - before.get(name, 0 if name > max(before, default="") else size))
+                for name, size in sizes.items())
+        return self.grown[shard]
 
 
 class SessionLease:
@@ -290,6 +370,11 @@ class PoolMetrics:
         self.owned = Gauge("squeal_pool_shard_owned", "1 for each shard this worker owns", ["shard"], registry=r)
         self.shard_load = Gauge("squeal_pool_shard_load", "A shard's smoothed load (rows/s equivalents) as its owner "
                                 "measures it", ["shard"], registry=r)
+        self.shard_rows = Gauge("squeal_pool_shard_rows_per_second", "A shard's smoothed rows/s (changed rows of "
+                                "tables with rules) as its owner measures it", ["shard"], registry=r)
+        self.shard_bytes = Gauge("squeal_pool_shard_binlog_bytes_per_second", "A shard's smoothed binlog growth "
+                                 "(bytes/s of its copy's binlog, what its reader streams) as its owner measures it",
+                                 ["shard"], registry=r)
         self.load = Gauge("squeal_pool_worker_load", "The sum of this worker's shards' loads", registry=r)
         self.controller = Gauge("squeal_pool_controller", "1 while this worker is the pool's controller", registry=r)
         self.owner = Gauge("squeal_pool_owner", "(controller) 1 for each shard's assigned worker",
@@ -476,7 +561,10 @@ class PoolWorker:
         self.sample_every = sample_every
         self.connect_timeout = connect_timeout
         self.rejoin = rejoin
-        self.settings = settings
+        self.settings = settings if settings is not None else placement_settings(self.region.squeal_placement)
+        self.bytes_per_row = self.region.squeal_placement.bytes_per_row
+        self.half_life_s = self.region.squeal_placement.half_life_s
+        self.meter = BinlogMeter(lambda shard: source_for(topology.shard_copy(shard, self.region.name)))
         self.base = pool_path(self.zk.root, self.region.name)
         self.member_path = f"{self.base}/workers/{self.name}"
         self.call_timeout = max(0.5, self.zk.session_timeout_s / 3)
@@ -493,7 +581,7 @@ class PoolWorker:
         self.stopping_shards: set[str] = set()
         self.failed_at: dict[str, float] = {}
         self.loads: dict[str, dict[str, float]] = {}
-        self._rows: dict[str, tuple[float, float]] = {}  # shard -> (rows counted, when)
+        self._rows: dict[str, tuple[float, float, int | None]] = {}  # shard -> (rows counted, when, binlog grown)
         self._published_at = 0.0
         self.stopping = False
         self.exit_code = 0
@@ -564,6 +652,7 @@ class PoolWorker:
                                    self.call_timeout)
         self.controller = Controller(self, self.settings)
         self.controller.start()
+        self.meter.start()
         log.warning("worker %s joined region %s's pool", self.name, self.region.name)
         while not self._stop.is_set():
             try:
@@ -696,24 +785,34 @@ class PoolWorker:
         return {s.labels["shard"] for m in self.metrics.owned.collect() for s in m.samples}
 
     def _measure(self) -> None:
-        """Each owned shard's rows/s since the last measure, smoothed (`placement.smooth`)."""
+        """Each owned shard's rows/s and binlog bytes/s since the last measure, each smoothed (`placement.smooth`,
+        the region's `squeal_placement.half_life_s`), combined into its load (`placement.shard_load`)."""
         daemon = self.daemon
         if daemon is None:
             return
         now = time.monotonic()
+        self.meter.keep(set(daemon.shards))
         for shard, pipeline in list(daemon.shards.items()):
             rows = sum(s.value for m in pipeline.metrics.rows.collect() for s in m.samples
                        if s.name.endswith("_total"))
+            grown = self.meter.grown.get(shard)
             before = self._rows.get(shard)
-            self._rows[shard] = (rows, now)
+            self._rows[shard] = (rows, now, grown)
             if before is None or now <= before[1]:
                 continue
-            rate = max(0.0, (rows - before[0]) / (now - before[1]))
-            previous = self.loads.get(shard, {}).get("rows_s")
-            rows_s = placement.smooth(previous, rate, now - before[1], LOAD_HALF_LIFE_S)
-            load = placement.shard_load(rows_s, 0.0)
-            self.loads[shard] = {"rows_s": round(rows_s, 3), "bytes_s": 0.0, "load": round(load, 3)}
+            elapsed = now - before[1]
+            previous = self.loads.get(shard, {})
+            rows_s = placement.smooth(previous.get("rows_s"), max(0.0, (rows - before[0]) / elapsed), elapsed,
+                                      self.half_life_s)
+            bytes_s = previous.get("bytes_s", 0.0)
+            if grown is not None and before[2] is not None:  # (None: the binlog's size is not known yet)
+                bytes_s = placement.smooth(previous.get("bytes_s") if "rows_s" in previous else None,
+                                           max(0.0, (grown - before[2]) / elapsed), elapsed, self.half_life_s)
+            load = placement.shard_load(rows_s, bytes_s, bytes_per_row=self.bytes_per_row)
+            self.loads[shard] = {"rows_s": round(rows_s, 3), "bytes_s": round(bytes_s, 1), "load": round(load, 3)}
             self.metrics.shard_load.labels(shard=shard).set(load)
+            self.metrics.shard_rows.labels(shard=shard).set(rows_s)
+            self.metrics.shard_bytes.labels(shard=shard).set(bytes_s)
         self.metrics.load.set(sum(v["load"] for s, v in self.loads.items() if s in daemon.shards))
 
     def _member_doc(self) -> bytes:
@@ -758,6 +857,7 @@ class PoolWorker:
         return d.addBoth(release)
 
     def _leave(self) -> None:
+        self.meter.stop()
         if self.ownership is not None:
             for shard in list(self.ownership.tokens):
                 self.ownership.release(shard, "stopped")
