@@ -70,7 +70,7 @@ from twisted.web import resource, server
 from router_config import PoolPlacement, Topology
 from squeal import gtid as g
 from squeal import placement
-from squeal.daemon import HealthResource, SampledDeletesResource, source_for, state_dir_for
+from squeal.daemon import HealthResource, SampledDeletesResource, accept_path, source_for, state_dir_for
 from squeal.ha import rejoin_as_standby, wait_for_copy
 from squeal.region import RegionDaemon
 from squeal.zkstore import UNAVAILABLE, ShardMarkerStore, pool_path, shard_path
@@ -765,8 +765,12 @@ class PoolWorker:
             if saved is not True:
                 log.error("worker %s: shard %s's final markers were not all written; its next owner resends from "
                           "the older ones", self.name, shard)
-            return threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), ownership.release, shard,
-                                             "moved")
+
+            def hand_on() -> None:
+                self._give_back_acceptance(shard)
+                ownership.release(shard, "moved")
+
+            return threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), hand_on)
 
         def done(_: Any) -> None:
             self.stores.pop(shard, None)
@@ -780,6 +784,24 @@ class PoolWorker:
             self._wake.set()
 
         self.daemon.remove_shard(shard).addBoth(release).addBoth(done)
+
+    def _give_back_acceptance(self, shard: str) -> None:
+        """An operator's accept-data-loss this worker took for `shard` but whose pipeline stopped before applying
+        it (a move in the same second, a SIGTERM) goes back beside the shard's markers for the next owner: taken
+        from ZooKeeper, it would otherwise be lost with this worker's request file and the shard stay halted."""
+        store = self.stores.get(shard)
+        path = accept_path(self.state_dir, self.region.name, shard if self.topology.sharded else None)
+        if store is None or not path.exists():
+            return
+        try:
+            store.request_loss_acceptance()
+        except (*UNAVAILABLE, KazooException) as e:
+            log.error("worker %s: could not hand shard %s's accepted data loss on (%s): run `squeal accept-data-loss "
+                      "--shard %s` again", self.name, shard, e, shard)
+            return
+        path.unlink(missing_ok=True)
+        log.warning("worker %s: shard %s's accepted data loss was not applied here: handed on to its next owner",
+                    self.name, shard)
 
     def _owned_labels(self) -> set[str]:
         return {s.labels["shard"] for m in self.metrics.owned.collect() for s in m.samples}
@@ -860,6 +882,7 @@ class PoolWorker:
         self.meter.stop()
         if self.ownership is not None:
             for shard in list(self.ownership.tokens):
+                self._give_back_acceptance(shard)
                 self.ownership.release(shard, "stopped")
         if self.lease is not None:
             self.lease.stop()

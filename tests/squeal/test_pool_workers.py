@@ -10,6 +10,7 @@ shard (each row's key cached in both clusters before its INSERT commits):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -500,3 +501,70 @@ def test_zookeeper_losing_its_quorum_pauses_every_owner_and_quorum_back_resumes_
     assert not any(during.values()), f"markers written while every owner was paused: {during}"
     assert all(any(m < paused_ms for *_, m in w) for w in watch.writes.values()), "the watch saw writes before"
     watch.one_sender_per_token()
+
+
+def test_accept_data_loss_of_a_purged_shard_goes_through_its_owner(make_pool) -> None:
+    """Shard p1's binlog purged past its markers while the pool is down: its owner halts p1 alone (503 naming
+    it), the other shards invalidate; `squeal accept-data-loss --shard p1` (a znode beside p1's markers) is taken
+    by whichever worker owns p1: it flushes the clusters and p1 resumes."""
+    from squeal.cli import main as squeal_main
+
+    env = make_pool()
+    p1 = env.dbs[1]
+
+    def tracer(i: int) -> None:  # row i lives on shard i % 4; its key cached first, then gone by squeal
+        for c in env.caches:
+            c.set_many([f"user:{i}"])
+        with env.dbs[i % len(SHARDS)].connect(env.schema) as conn, conn.cursor() as cur:
+            cur.execute("INSERT INTO users VALUES (%s, %s, 'w')", (i, f"u{i}@tracer"))
+        wait_gone(env.caches, [f"user:{i}"], DEADLINE)
+
+    env.workers["w1"].start()
+    env.workers["w2"].start()
+    wait_until(lambda: (p := env.placed(("w1", "w2"))) and all(p.values()) and p, DEADLINE,
+               "all 4 shards running on w1 and w2")
+    tracer(101)
+    zk = pool_of(env)
+    try:
+        path = f"{shard_path(env.root, 'east', 'p1')}/markers"
+        wait_until(lambda: "31-301-" in zk.get(path)[0].decode(), DEADLINE, "p1's markers holding its tracer")
+    finally:
+        zk.stop()
+        zk.close()
+    for w in ("w1", "w2"):
+        env.workers[w].stop(grace=10)  # SIGTERM: markers written, shards released
+    lost = [501, 505, 509]
+    for c in env.caches:
+        c.set_many([f"user:{i}" for i in lost])
+    with p1.connect(env.schema) as conn, conn.cursor() as cur:
+        for i in lost:
+            cur.execute("INSERT INTO users VALUES (%s, %s, 'lost')", (i, f"u{i}@lost"))
+            cur.execute("FLUSH BINARY LOGS")
+    p1.execute(f"PURGE BINARY LOGS TO '{p1.execute('SHOW BINARY LOGS')[-1][0]}'")
+    env.workers["w1"].start()
+    env.workers["w2"].start()
+    wait_until(lambda: (p := env.placed(("w1", "w2"))) and all(p.values()) and p, DEADLINE,
+               "all 4 shards running on w1 and w2 again")
+
+    def halted() -> tuple[str, str] | None:
+        for w in ("w1", "w2"):
+            with contextlib.suppress(OSError):
+                status, body = healthz(env.ports[w])
+                problems = [v for v in body.get("problems", {}).values() if "DATA LOSS" in v]
+                if status == 503 and problems and "p1" in body.get("owns", []):
+                    return w, problems[0]
+        return None
+
+    owner, why = wait_until(halted, DEADLINE, "p1's owner answering 503 for p1's data loss")
+    assert "shard p1" in why and "--shard p1" in why, why
+    tracer(104)  # the other shards keep invalidating while p1 is halted
+    tracer(106)
+    for c in env.caches:  # p1 sent nothing: halted, not flushed
+        assert c.present([f"user:{i}" for i in lost]) == {f"user:{i}" for i in lost}
+    assert squeal_main(["accept-data-loss", str(env.topology), "--region", "east", "--shard", "p1"]) == 0
+    wait_gone(env.caches, [f"user:{i}" for i in lost], DEADLINE)  # p1's owner flushed the clusters, resumed
+    wait_until(lambda: all(healthz(env.ports[w])[0] == 200 for w in ("w1", "w2")), DEADLINE,
+               "both workers healthy after the recovery")
+    owner = next(w for w in ("w1", "w2") if "p1" in env.running(w))
+    assert "data loss accepted by the operator" in env.log(owner)
+    tracer(113)  # p1 invalidates again
