@@ -411,6 +411,7 @@ class Controller:
         self.loads: dict[str, float] = {}
         self.leading = False
         self._stop = threading.Event()
+        self._kick = threading.Event()  # set by a watch on the members: plan now, not at the next second
         self._election: Any = None
 
     def start(self) -> None:
@@ -418,6 +419,7 @@ class Controller:
 
     def stop(self) -> None:
         self._stop.set()
+        self._kick.set()
         if self._election is not None:
             with contextlib.suppress(Exception):
                 self._election.cancel()
@@ -443,7 +445,8 @@ class Controller:
                     log.warning("controller: %s: %s (retried)", type(e).__name__, e)
                 except Exception:
                     log.exception("controller: planning failed (retried)")
-                self._stop.wait(PLAN_EVERY_S)
+                self._kick.wait(PLAN_EVERY_S)
+                self._kick.clear()
         finally:
             self.leading = False
             self.worker.metrics.controller.set(0)
@@ -451,15 +454,19 @@ class Controller:
     def _get(self, path: str) -> Any:
         return self.client.get_async(path).get(timeout=self.worker.call_timeout)
 
-    def _children(self, path: str) -> list[str]:
+    def _children(self, path: str, watch: Callable[[Any], None] | None = None) -> list[str]:
         try:
-            return list(self.client.get_children_async(path).get(timeout=self.worker.call_timeout))
+            return list(self.client.get_children_async(path, watch=watch).get(timeout=self.worker.call_timeout))
         except NoNodeError:
             return []
 
+    def _members_changed(self, _: Any) -> None:
+        """A worker joined or its session ended (a crash's orphans): plan at once."""
+        self._kick.set()
+
     def plan_once(self) -> placement.Plan | None:
         members: dict[str, dict[str, Any]] = {}
-        for name in self._children(f"{self.base}/workers"):
+        for name in self._children(f"{self.base}/workers", watch=self._members_changed):
             with contextlib.suppress(NoNodeError):
                 members[name] = _doc(self._get(f"{self.base}/workers/{name}")[0])
         drains = set(self._children(f"{self.base}/drain"))
