@@ -543,8 +543,8 @@ def test_accept_data_loss_of_a_purged_shard_goes_through_its_owner(make_pool) ->
     p1.execute(f"PURGE BINARY LOGS TO '{p1.execute('SHOW BINARY LOGS')[-1][0]}'")
     env.workers["w1"].start()
     env.workers["w2"].start()
-    wait_until(lambda: (p := env.placed(("w1", "w2"))) and all(p.values()) and p, DEADLINE,
-               "all 4 shards running on w1 and w2 again")
+    # (whichever worker came back first may hold every shard: the other is filled once the cooldown allows)
+    wait_until(lambda: env.placed(("w1", "w2")), DEADLINE, "all 4 shards running again")
 
     def halted() -> tuple[str, str] | None:
         for w in ("w1", "w2"):
