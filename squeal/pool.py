@@ -62,7 +62,7 @@ from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, RolledBackError
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.twisted import MetricsResource
 from twisted.internet import defer, threads
 from twisted.web import resource, server
@@ -382,6 +382,9 @@ class PoolMetrics:
         self.moves = Counter("squeal_pool_moves", "(controller) shards moved by plans, by reason", ["reason"],
                              registry=r)
         self.starts = Counter("squeal_pool_shard_starts", "Shard pipelines this worker started", registry=r)
+        self.start_seconds = Histogram("squeal_pool_shard_start_seconds", "From taking a shard (its owner znode "
+                                       "created) to its pipeline started: the new owner's part of a move's pause",
+                                       buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30), registry=r)
         self.stops = Counter("squeal_pool_shard_stops", "Shard pipelines this worker stopped and handed on",
                              registry=r)
         self.zk_connected = Gauge("squeal_pool_zookeeper_connected", "1 while the ZooKeeper session is connected",
@@ -731,17 +734,28 @@ class PoolWorker:
                                  fence=lambda: ownership.fence(shard))
         self.stores[shard] = store
 
+        taken = time.monotonic()
+        phases: dict[str, float] = {}
+
         def before() -> None:
+            phases["queued"] = time.monotonic() - taken
             store.ensure_paths()
             target: dict = {}
             for position in store.positions().values():
                 g.merge(target, g.parse_position(position))
             copy = source_for(self.topology.shard_copy(shard, self.region.name))
             wait_for_copy(copy.connect, target, self.zk.takeover_wait_s)
+            phases["markers"] = time.monotonic() - taken
 
         def started(_: Any) -> None:
+            took = time.monotonic() - taken
             self.metrics.owned.labels(shard=shard).set(1)
             self.metrics.starts.inc()
+            self.metrics.start_seconds.observe(took)
+            log.warning("worker %s: shard %s delivering %.0f ms after it was taken (waited for a thread %.0f ms, "
+                        "markers read and copy caught up by %.0f ms, then the pipeline's checks and start)",
+                        self.name, shard, took * 1000, phases.get("queued", 0) * 1000,
+                        phases.get("markers", 0) * 1000)
             self._started_or_not(shard)
 
         def failed(f: Any) -> None:
