@@ -22,7 +22,8 @@ round robin over the shards) throughout.
    squeal CPU (every squeal process, user + system) per 1,000 rows read. Both modes keep up with the offered
    load (rows read = rows written), so the cost shows as CPU, not as rows/s.
 
-The load average is printed with every phase (the machine is shared). Everything started is stopped by pid.
+The load average is printed with every phase (the machine is shared). Everything started is stopped by pid
+and the temporary directory removed at the end.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import argparse
 import contextlib
 import os
 import re
+import shutil
 import sys
 import tempfile
 import threading
@@ -302,6 +304,7 @@ def main() -> None:
         finally:
             for db in dbs:
                 db.stop(grace=5)
+    shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":
