@@ -29,6 +29,7 @@ from router_config.model import (
     Database,
     MonitoringSettings,
     Pool,
+    PoolPlacement,
     Region,
     RegionalPool,
     Rule,
@@ -413,7 +414,7 @@ class _Builder:
             body,
             path,
             {"master", "database", "regional_pool", "clusters", "squeal", "replicas", "squeal_instances",
-             "squeal_pool"},
+             "squeal_pool", "squeal_placement"},
             {"clusters"} if shards else {"database", "clusters"},
         )
         master = self.typed(body.get("master", False), f"{path}.master", bool, "true or false")
@@ -481,6 +482,12 @@ class _Builder:
         if pool and not instances:
             raise self.fail(f"{path}.squeal_pool", "a squeal pool needs its workers: [[regions."
                             f"{name}.squeal_instances]] (each runs `squeal run --instance NAME`)")
+        placement = PoolPlacement()
+        if "squeal_placement" in body:
+            if not pool:
+                raise self.fail(f"{path}.squeal_placement", "placement settings are for a squeal pool: set "
+                                f"squeal_pool = true in [regions.{name}] or remove this table")
+            placement = self.pool_placement(body["squeal_placement"], f"{path}.squeal_placement")
         return Region(
             name=name,
             master=master,
@@ -491,7 +498,27 @@ class _Builder:
             replicas=replicas,
             squeal_instances=instances,
             squeal_pool=pool,
+            squeal_placement=placement,
         )
+
+    def pool_placement(self, value: Any, path: str) -> PoolPlacement:
+        """`[regions.R.squeal_placement]`: the pool controller's settings (docs/squeal.md, "Placement settings")."""
+        numbers = {"threshold", "persist_s", "cooldown_s", "bytes_per_row", "half_life_s"}
+        body = self.table(value, path, numbers | {"max_moves"})
+        out: dict[str, Any] = {}
+        for key in sorted(numbers):
+            v = self.typed(body.get(key, getattr(PoolPlacement, key)), f"{path}.{key}", (int, float), "a number")
+            if key == "threshold" and v <= 1:
+                raise self.fail(f"{path}.{key}", f"must be greater than 1 (max/mean worker load allowed), got {v}")
+            if key in ("persist_s", "cooldown_s") and v < 0:
+                raise self.fail(f"{path}.{key}", f"must be 0 or more seconds, got {v}")
+            if key in ("bytes_per_row", "half_life_s") and v <= 0:
+                raise self.fail(f"{path}.{key}", f"must be greater than 0, got {v}")
+            out[key] = float(v)
+        moves = self.typed(body.get("max_moves", 0), f"{path}.max_moves", int, "a whole number (0: no cap)")
+        if moves < 0:
+            raise self.fail(f"{path}.max_moves", f"must be 0 (no cap) or more, got {moves}")
+        return PoolPlacement(max_moves=moves, **out)
 
     def replicas(self, value: Any, region: str, path: str) -> tuple[Database, ...]:
         """`[regions.R.replicas.NAME]`: more copies of the region's data, GTID replicas (log_slave_updates)."""

@@ -187,6 +187,19 @@ class ZooKeeperSettings:
 
 
 @dataclass(frozen=True)
+class PoolPlacement:
+    """`[regions.R.squeal_placement]` of a pooled region: how its controller balances shard load over the workers
+    (squeal/placement.py; docs/squeal.md, "Placement settings"). The defaults suit production; tests shorten them."""
+
+    threshold: float = 1.15  # a worker is balanced within [level / threshold, level * threshold]
+    persist_s: float = 60.0  # an imbalance must last this long before a rebalance moves anything
+    cooldown_s: float = 300.0  # a shard moved this recently is not moved again by a rebalance
+    max_moves: int = 0  # at most this many rebalance moves per plan; 0: no cap
+    bytes_per_row: float = 500.0  # a shard's load = rows/s + binlog bytes/s / bytes_per_row
+    half_life_s: float = 60.0  # the half-life of the owners' smoothing of rows/s and bytes/s
+
+
+@dataclass(frozen=True)
 class SquealEndpoint:
     """One squeal daemon as the other parts reach it: the region's single daemon, or one HA instance.
 
@@ -215,6 +228,7 @@ class Region:
     # Pool mode (`squeal_pool = true`): the instances are workers that divide the region's shards among them
     # (squeal/pool.py), each shard with its own owner; without it, the instances elect one leader (squeal/ha.py).
     squeal_pool: bool = False
+    squeal_placement: PoolPlacement = field(default_factory=PoolPlacement)  # pool mode only
 
     @property
     def copies(self) -> tuple[Database, ...]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import tomli_w
 
-from router_config.model import Address, Cluster, ColdStart, Pool, Region, Topology
+from router_config.model import Address, Cluster, ColdStart, Pool, PoolPlacement, Region, Topology
 
 
 def reassign_ports(topo: Topology, allocate: Callable[[], int]) -> Topology:
@@ -170,6 +170,8 @@ def to_document(topo: Topology) -> dict[str, Any]:
             ]
         if r.squeal_pool:
             body["squeal_pool"] = True
+            if r.squeal_placement != PoolPlacement():
+                body["squeal_placement"] = asdict(r.squeal_placement)
         doc["regions"][r.name] = body
     return doc
 

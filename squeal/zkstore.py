@@ -327,7 +327,8 @@ class ShardMarkerStore(ZooKeeperDatamarkerStore):
     """One znode per (region, shard) holding every destination's GTID: the datamarkers of a pooled region.
 
     `<root>/regions/<region>/pool/shards/<shard>/markers` is JSON `{"positions": {flow: position}, "saved_at",
-    "by"}`, written by the shard's owner at most once per checkpoint for all of its flows at once (`save_many`,
+    "by", "token"}` ("token": the writer's fencing token, the epoch znode's version), written by the shard's owner
+    at most once per checkpoint for all of its flows at once (`save_many`,
     which the daemon's checkpoint uses), so ZooKeeper's write rate is bounded by shards × 1/interval, not by
     shards × destinations. Same compare-and-set discipline as `ZooKeeperDatamarkerStore`: each write is one
     multi-operation that checks the *shard's* `epoch` znode still has the version this owner set when it took the
@@ -398,9 +399,11 @@ class ShardMarkerStore(ZooKeeperDatamarkerStore):
                               "version this owner started from)")
         token = self._fence_token(f"markers {path} not written")
         positions = {**self._positions, **moved}
-        doc = {"positions": positions, "saved_at": time.time()}
+        doc: dict[str, Any] = {"positions": positions, "saved_at": time.time()}
         if self.owner:
             doc["by"] = self.owner
+        if token is not None:
+            doc["token"] = token  # the writer's fencing token: one owner per token (what the pool's tests check)
         data = json.dumps(doc, sort_keys=True).encode()
         version = self._version
         t = self.client.transaction()
