@@ -277,6 +277,9 @@ class MariaDB(ManagedProcess):
     """A MariaDB server with the binlog settings squeal needs (ROW, FULL image + metadata, annotations, GTID).
 
     `user`/`password`: a TCP account (root has no password; the test account is created at start).
+    TLS (issue 25): `ssl_cert`/`ssl_key`/`ssl_ca` start the server with `--ssl-cert/--ssl-key/--ssl-ca`;
+    `require_ssl` creates the account `REQUIRE SSL`; `auth = "ed25519"` creates it `IDENTIFIED VIA ed25519`
+    (the `auth_ed25519` plugin, loaded at start). `connect()` then dials with TLS, verifying against `ssl_ca`.
     """
 
     name = "mariadb"
@@ -292,8 +295,20 @@ class MariaDB(ManagedProcess):
         host: str = "127.0.0.1",
         replica: bool = False,
         gtid_domain_id: int | None = None,
+        ssl_cert: str | Path | None = None,
+        ssl_key: str | Path | None = None,
+        ssl_ca: str | Path | None = None,
+        require_ssl: bool = False,
+        auth: str = "mysql_native_password",
     ) -> None:
         super().__init__(port, workdir, host)
+        if auth not in ("mysql_native_password", "ed25519"):
+            raise HarnessError(f"MariaDB auth {auth!r}: expected mysql_native_password or ed25519")
+        if require_ssl and not (ssl_cert and ssl_key):
+            raise HarnessError("MariaDB require_ssl needs ssl_cert and ssl_key")
+        self.ssl_cert, self.ssl_key, self.ssl_ca = ssl_cert, ssl_key, ssl_ca
+        self.require_ssl = require_ssl
+        self.auth = auth
         self.server_id = server_id
         self.replica = replica
         # A shard's domain (router_config Shard): its primary's GTIDs name the shard (D-S-N); None: MariaDB's 0.
@@ -357,6 +372,12 @@ class MariaDB(ManagedProcess):
         ]
         if self.gtid_domain_id is not None:
             cmd.append(f"--gtid-domain-id={self.gtid_domain_id}")
+        if self.ssl_cert and self.ssl_key:
+            cmd += [f"--ssl-cert={self.ssl_cert}", f"--ssl-key={self.ssl_key}"]
+            if self.ssl_ca:
+                cmd.append(f"--ssl-ca={self.ssl_ca}")
+        if self.auth == "ed25519":
+            cmd.append("--plugin-load-add=auth_ed25519")
         if self.replica:
             cmd += ["--log-slave-updates", "--read-only=OFF"]
         return cmd
@@ -374,13 +395,28 @@ class MariaDB(ManagedProcess):
                 # skip those as already done. The primary's own CREATE USER replicates here anyway.
                 cur.execute("SET SESSION sql_log_bin = 0")
             # Idempotent: a restarted server keeps its accounts.
-            cur.execute(f"CREATE USER IF NOT EXISTS '{self.user}'@'%' IDENTIFIED BY '{self.password}'")
+            if self.auth == "ed25519":
+                identified = f"IDENTIFIED VIA ed25519 USING PASSWORD('{self.password}')"
+            else:
+                identified = f"IDENTIFIED BY '{self.password}'"
+            require = "REQUIRE SSL" if self.require_ssl else "REQUIRE NONE"
+            cur.execute(f"CREATE USER IF NOT EXISTS '{self.user}'@'%' {identified} {require}")
             cur.execute(f"GRANT ALL PRIVILEGES ON *.* TO '{self.user}'@'%' WITH GRANT OPTION")
         return True
 
+    def ssl_settings(self) -> dict | None:
+        """PyMySQL's `ssl` argument for a client of this server (None: plaintext): verify against `ssl_ca`."""
+        if not (self.ssl_cert and self.ssl_key):
+            return None
+        return {"ca": str(self.ssl_ca)} if self.ssl_ca else {"check_hostname": False}
+
     def connect(self, database: str | None = None, **kwargs) -> pymysql.connections.Connection:
-        """A PyMySQL connection over TCP as the squeal account, autocommit on by default."""
+        """A PyMySQL connection over TCP as the squeal account, autocommit on by default (TLS if the server
+        has a certificate)."""
         kwargs.setdefault("autocommit", True)
+        ssl = self.ssl_settings()
+        if ssl is not None:
+            kwargs.setdefault("ssl", ssl)
         return pymysql.connect(
             host=self.host, port=self.port, user=self.user, password=self.password, database=database, **kwargs
         )

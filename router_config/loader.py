@@ -79,6 +79,7 @@ class _Builder:
     def __init__(self, source: str) -> None:
         self.source = source
         self.ports: dict[tuple[str, int], str] = {}  # (host, port) -> key path that claimed it
+        self.tls_settings: TlsSettings | None = None  # [tls], read first: every Database carries it
 
     def fail(self, path: str, message: str) -> TopologyError:
         return TopologyError(self.source, path, message)
@@ -152,7 +153,7 @@ class _Builder:
         squeal = self.settings(doc.get("squeal", {}), "squeal")
         monitoring = self.monitoring(doc.get("monitoring", {}), "monitoring")
         zookeeper = self.zookeeper(doc["zookeeper"], "zookeeper") if "zookeeper" in doc else None
-        tls = self.tls(doc["tls"], "tls") if "tls" in doc else None
+        tls = self.tls_settings = self.tls(doc["tls"], "tls") if "tls" in doc else None
         rules = self.rules(doc.get("rules", []), "rules")
         regions_doc = self.typed(doc["regions"], "regions", dict, "a table of regions")
         if not regions_doc:
@@ -239,7 +240,7 @@ class _Builder:
                     self.claim(host, port + i, at)
                     copies.append(Database(role="primary" if region == master else "replica", host=host,
                                            port=port + i, server_id=server_id + i, user=user, password=password,
-                                           name=f"{name}@{region}", shard=name, region=region,
+                                           tls=self.tls_settings, name=f"{name}@{region}", shard=name, region=region,
                                            gtid_domain_id=domain + i))
                 out.append(Shard(name, tuple(copies), domain + i))
         return tuple(out)
@@ -512,7 +513,7 @@ class _Builder:
         user = self.typed(db.get("user", "squeal"), f"{db_path}.user", str, "an account name")
         password = self.typed(db.get("password", "squeal"), f"{db_path}.password", str, "a password")
         database = Database(role=role, host=host, port=port, server_id=server_id, user=user, password=password,
-                            name=name)
+                            name=name, tls=self.tls_settings)
         return self.region_body(name, body, path, master, database)
 
     def region_body(self, name: str, body: dict, path: str, master: bool, database: Database) -> Region:
@@ -579,7 +580,7 @@ class _Builder:
                 role="replica", host=host, port=port, server_id=server_id,
                 user=self.typed(body.get("user", "squeal"), f"{here}.user", str, "an account name"),
                 password=self.typed(body.get("password", "squeal"), f"{here}.password", str, "a password"),
-                name=name, replicates_from=source,
+                name=name, replicates_from=source, tls=self.tls_settings,
             ))
         return tuple(out)
 

@@ -90,6 +90,36 @@ class RegionalPool:
     prefixes: tuple[str, ...]
 
 
+# The components a `[tls]` section can name a certificate for (`[tls.<component>]`, or `<dir>/<component>.crt`).
+TLS_COMPONENTS = ("squeal", "mariadb", "zookeeper", "router", "memcached", "monitoring", "webtier")
+
+
+@dataclass(frozen=True)
+class CertKey:
+    """A PEM certificate (chain) and its private key, absolute paths."""
+
+    cert: str
+    key: str
+
+
+@dataclass(frozen=True)
+class TlsSettings:
+    """`[tls]`: one switch for the whole topology (docs/squeal.md, "TLS").
+
+    With a `[tls]` section every link that can use TLS does, verifying its peer against `ca`; `require = true`
+    also makes the servers refuse plaintext (MariaDB accounts `REQUIRE SSL`, ZooKeeper without a plaintext
+    client port). `certs`: each component's own certificate, by component name (`TLS_COMPONENTS`); a
+    component without one connects as a client without a certificate. Paths are absolute (the loader resolves
+    them against the topology file's directory and checks that each file exists)."""
+
+    ca: str | None = None
+    require: bool = False
+    certs: tuple[tuple[str, CertKey], ...] = ()
+
+    def cert(self, component: str) -> CertKey | None:
+        return dict(self.certs).get(component)
+
+
 @dataclass(frozen=True)
 class Database:
     role: str  # "primary" (master region) or "replica"
@@ -108,6 +138,9 @@ class Database:
     shard: str = ""
     region: str = ""
     gtid_domain_id: int | None = None
+    # The topology's [tls] (None: plaintext): clients of this copy (squeal, the web tier) dial it with TLS,
+    # verifying its certificate against `tls.ca`, each presenting its own certificate if it has one.
+    tls: TlsSettings | None = None
 
     @property
     def address(self) -> Address:
@@ -155,36 +188,6 @@ class SquealInstance:
     @property
     def address(self) -> Address:
         return Address(self.host, self.metrics_port)
-
-
-# The components a `[tls]` section can name a certificate for (`[tls.<component>]`, or `<dir>/<component>.crt`).
-TLS_COMPONENTS = ("squeal", "mariadb", "zookeeper", "router", "memcached", "monitoring", "webtier")
-
-
-@dataclass(frozen=True)
-class CertKey:
-    """A PEM certificate (chain) and its private key, absolute paths."""
-
-    cert: str
-    key: str
-
-
-@dataclass(frozen=True)
-class TlsSettings:
-    """`[tls]`: one switch for the whole topology (docs/squeal.md, "TLS").
-
-    With a `[tls]` section every link that can use TLS does, verifying its peer against `ca`; `require = true`
-    also makes the servers refuse plaintext (MariaDB accounts `REQUIRE SSL`, ZooKeeper without a plaintext
-    client port). `certs`: each component's own certificate, by component name (`TLS_COMPONENTS`); a
-    component without one connects as a client without a certificate. Paths are absolute (the loader resolves
-    them against the topology file's directory and checks that each file exists)."""
-
-    ca: str | None = None
-    require: bool = False
-    certs: tuple[tuple[str, CertKey], ...] = ()
-
-    def cert(self, component: str) -> CertKey | None:
-        return dict(self.certs).get(component)
 
 
 @dataclass(frozen=True)

@@ -104,3 +104,9 @@ def test_key_without_certificate_in_the_directory(tmp_path, certs):
     (d / "router.key").write_bytes((certs / "squeal.key").read_bytes())
     e = error(tmp_path, f'[tls]\ndir = "{d}"\n')
     assert e.path == "tls.dir" and "router.key without router.crt" in e.message
+
+
+def test_every_database_copy_carries_the_tls_settings(tmp_path, certs):
+    topo = load(tmp_path, f'[tls]\ndir = "{certs}"\nrequire = true\n')
+    assert topo.region("east").database.tls == topo.tls
+    assert all(d.tls == topo.tls for sh in topo.shards for d in sh.copies)
