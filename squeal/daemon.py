@@ -57,6 +57,7 @@ from squeal.reader import (
     Source,
     check_server,
     current_position,
+    describe_failure,
     native_module,
     native_problems,
 )
@@ -79,7 +80,11 @@ def state_dir_for(topology: Topology, state_dir: str | Path | None) -> Path:
 def source_for(region: Region | Database) -> Source:
     """The binlog source of a region's database (or of one database copy)."""
     db = region.database if isinstance(region, Region) else region
-    return Source(db.host, db.port, db.user, db.password)
+    if db.tls is None:
+        return Source(db.host, db.port, db.user, db.password)
+    mine = db.tls.cert("squeal")
+    return Source(db.host, db.port, db.user, db.password, tls=True, ssl_ca=db.tls.ca,
+                  ssl_cert=mine.cert if mine else None, ssl_key=mine.key if mine else None)
 
 
 class SenderHub:
@@ -110,7 +115,7 @@ def connect_with_retry(source: Source, timeout: float) -> Any:
             return source.connect()
         except pymysql.err.OperationalError as e:
             if time.monotonic() > deadline:
-                raise ConnectionError(f"cannot connect to the database {source.host}:{source.port}: {e}") from e
+                raise ConnectionError(f"cannot connect to the database: {describe_failure(source, e)}") from e
             time.sleep(0.5)
 
 

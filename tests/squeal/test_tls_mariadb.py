@@ -1,0 +1,178 @@
+"""squeal's binlog readers over TLS to a hardened MariaDB (issue 25, item 3).
+
+The server has a certificate from a local CA (ops.tls) and squeal's account is `REQUIRE SSL` and
+`IDENTIFIED VIA ed25519`: each reader must stream a committed row's keys, verifying the server. A server the
+reader cannot trust (another CA, an expired certificate, a certificate for another name) gives one warning
+naming the server and the reason, the reader retries, and its position does not move.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pymysql
+import pytest
+from squeal_helpers import unique_db
+
+from ops import tls
+from ops.harness import MariaDB
+from router_config import Rule
+from squeal import gtid as g
+from squeal.reader import BinlogReader, NativeBinlogReader, Source, native_module
+from squeal.rules import LINES, KeyExtractor, delete_line
+from squeal.transactions import Restart, Rows
+from tests.conftest import _Processes
+
+native_module()  # part of the package: never skipped
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tls.CertPair]:
+    d = tmp_path_factory.mktemp("pki")
+    ca = tls.make_ca(d)
+    other = tls.make_ca(d, name="other-ca", common_name="someone else's CA")
+    past = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=1)
+    return {
+        "ca": ca,
+        "other-ca": other,
+        "mariadb": tls.issue(ca, d, "mariadb"),
+        "squeal": tls.issue(ca, d, "squeal"),
+        "expired": tls.issue(ca, d, "expired", not_before=past - datetime.timedelta(days=30), not_after=past),
+        "elsewhere": tls.issue(ca, d, "elsewhere", hosts=("db.elsewhere.example", "10.9.9.9")),
+    }
+
+
+def tls_server(procs: _Processes, pki: dict[str, tls.CertPair], cert: str, server_id: int) -> MariaDB:
+    pair = pki[cert]
+    return procs.add(MariaDB(server_id, workdir=procs.base / cert, ssl_cert=pair.cert, ssl_key=pair.key,
+                             ssl_ca=pki["ca"].cert, require_ssl=True, auth="ed25519"))
+
+
+@pytest.fixture(scope="module")
+def hardened(tmp_path_factory, pki) -> Iterator[MariaDB]:
+    """A MariaDB whose squeal account is REQUIRE SSL and ed25519."""
+    procs = _Processes(tmp_path_factory.mktemp("tls-mariadb"))
+    try:
+        yield tls_server(procs, pki, "mariadb", 31)
+    finally:
+        procs.stop_all()
+
+
+def source_of(db: MariaDB, pki: dict[str, tls.CertPair], ca: str = "ca") -> Source:
+    return Source(db.host, db.port, db.user, db.password, tls=True, ssl_ca=str(pki[ca].cert),
+                  ssl_cert=str(pki["squeal"].cert), ssl_key=str(pki["squeal"].key))
+
+
+def reader_for(kind: str, source: Source, start: g.Position, rules: list[Rule]):
+    extractor = KeyExtractor(rules)
+    if kind == "python":
+        return BinlogReader(source, start, extractor.tables, name=f"tls-{kind}", max_backoff=0.2)
+    return NativeBinlogReader(source, start, extractor.tables, extractor.templates, name=f"tls-{kind}",
+                              max_backoff=0.2)
+
+
+def test_the_account_really_is_hardened(hardened):
+    plugin, ssl_type = hardened.execute("SELECT plugin, ssl_type FROM mysql.user WHERE user = 'squeal'")[0]
+    assert (plugin, ssl_type) == ("ed25519", "ANY")
+    with pytest.raises(pymysql.err.OperationalError) as e:  # the same account without TLS is refused
+        pymysql.connect(host=hardened.host, port=hardened.port, user=hardened.user, password=hardened.password,
+                        ssl_disabled=True)
+    assert e.value.args[0] == 1045
+
+
+@pytest.mark.parametrize("kind", ["python", "native"])
+def test_reader_streams_a_committed_rows_keys_over_tls_with_ed25519(hardened, pki, kind):
+    schema = unique_db(f"tls{kind}")
+    hardened.execute(f"CREATE DATABASE {schema}",
+                     f"CREATE TABLE {schema}.users (id INT PRIMARY KEY, email VARCHAR(100))")
+    start = g.parse_position(hardened.gtid_binlog_pos())
+    hardened.execute(f"INSERT INTO {schema}.users VALUES (7, 'seven@example')")
+    rules = [Rule(table=f"{schema}.users", keys=("user:{id}",))]
+    reader = reader_for(kind, source_of(hardened, pki), start, rules)
+    found: list[Rows] = []
+    for ev in reader:
+        assert not isinstance(ev, Restart), f"the {kind} reader lost its connection"
+        if isinstance(ev, Rows) and ev.table == "users":
+            found.append(ev)
+            reader.stop()
+    assert len(found) == 1
+    if kind == "python":
+        assert found[0].images == ({"id": 7, "email": "seven@example"},)
+    else:
+        assert found[0].kind == LINES and delete_line("user:7")[0] in str(found[0].images)
+    assert reader.errors == 0
+
+
+BAD = {  # how the reader is let down -> words its one warning must hold (besides the server's address)
+    "wrong-ca": ("not signed by the CA squeal trusts", "other-ca.crt", "certificate verify failed"),
+    "expired": ("expired", "certificate verify failed"),
+    "hostname": ("not valid for", "certificate verify failed"),
+}
+
+
+@pytest.fixture(scope="module")
+def untrusted(tmp_path_factory, pki, hardened) -> Iterator[dict[str, Callable[[], Source]]]:
+    """For each bad case, the source a reader dials: a server it must not trust."""
+    procs = _Processes(tmp_path_factory.mktemp("tls-bad"))
+    try:
+        expired = tls_server(procs, pki, "expired", 32)
+        elsewhere = tls_server(procs, pki, "elsewhere", 33)
+        yield {
+            "wrong-ca": lambda: source_of(hardened, pki, ca="other-ca"),
+            "expired": lambda: source_of(expired, pki),
+            "hostname": lambda: source_of(elsewhere, pki),
+        }
+    finally:
+        procs.stop_all()
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+@pytest.mark.parametrize("kind", ["python", "native"])
+def test_an_untrusted_server_gives_one_clear_error_and_the_reader_retries(untrusted, caplog, kind, case):
+    source = untrusted[case]()
+    start = {0: (1, 1)}
+    reader = reader_for(kind, source, start, [Rule(table="app.users", keys=("user:{id}",))])
+    caplog.set_level(logging.WARNING, logger="squeal.reader")
+    restarts = 0
+    for ev in reader:
+        assert not isinstance(ev, Rows)
+        if isinstance(ev, Restart):
+            restarts += 1
+            if restarts == 2:  # it failed, said why, and tried again
+                reader.stop()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "squeal.reader"]
+    assert len(warnings) == 2, warnings
+    message = warnings[0]
+    assert f"TLS to MariaDB {source.host}:{source.port} failed" in message, message
+    for words in BAD[case]:
+        assert words in message, message
+    assert reader.errors == 2
+    assert reader.committed == start  # nothing read, nothing to move a datamarker
+
+
+def test_the_topology_tls_section_reaches_the_reader(tmp_path, hardened, pki):
+    import router_config
+    from squeal.daemon import source_for
+
+    (tmp_path / "topo.toml").write_text(f"""
+[tls]
+ca = "{pki['ca'].cert}"
+require = true
+[tls.squeal]
+cert = "{pki['squeal'].cert}"
+key = "{pki['squeal'].key}"
+[regions.east]
+master = true
+database = {{ role = "primary", port = {hardened.port}, server_id = 31 }}
+[regions.east.clusters.a]
+routers = ["127.0.0.1:1"]
+pools.wildcard = {{ servers = ["127.0.0.1:2"] }}
+""")
+    source = source_for(router_config.load(Path(tmp_path / "topo.toml")).region("east"))
+    assert source == source_of(hardened, pki)
+    with source.connect() as conn, conn.cursor() as cur:
+        cur.execute("SHOW STATUS LIKE 'Ssl_version'")
+        assert cur.fetchone()[1].startswith("TLSv1.")
