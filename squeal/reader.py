@@ -568,7 +568,7 @@ class NativeBinlogReader(_Reconnecting):
             s.host, s.port, s.user, s.password, self.server_id, g.format_position(self.committed),
             self.rules, sorted(self.tables), sorted(self.parents), native_charsets(),
             (Begin, Annotate, Rows, Commit, Query, XaPrepare, LINES), 1.0, filters=self.filters,
-            regional_prefixes=self.regional_prefixes)
+            regional_prefixes=self.regional_prefixes, tls=(s.ssl_ca, s.ssl_cert, s.ssl_key) if s.tls else None)
         self._duplicates_seen = 0
         self._rewritten_seen = (0, 0)
         try:

@@ -102,7 +102,7 @@ def test_reader_streams_a_committed_rows_keys_over_tls_with_ed25519(hardened, pk
     if kind == "python":
         assert found[0].images == ({"id": 7, "email": "seven@example"},)
     else:
-        assert found[0].kind == LINES and delete_line("user:7")[0] in str(found[0].images)
+        assert found[0].kind == LINES and found[0].images == ((delete_line("user:7")[0],), ())
     assert reader.errors == 0
 
 
