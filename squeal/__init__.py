@@ -19,6 +19,7 @@ from squeal.gtid import GtidError, format_position, parse_gtid, parse_position
 from squeal.reader import BinlogReader, ReaderConfigError, Source, check_server, current_position
 from squeal.rules import KeyExtractor, RuleError, check_rules, comment_keys, delete_line, encode_key
 from squeal.transactions import Transaction, TransactionGrouper
+from squeal.zkstore import client_options as zookeeper_client_options
 
 __all__ = [
     "BinlogReader",
@@ -48,4 +49,5 @@ __all__ = [
     "parse_position",
     "run",
     "split_keys",
+    "zookeeper_client_options",
 ]
