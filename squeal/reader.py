@@ -117,15 +117,15 @@ class Source:
     def settings(self) -> dict[str, Any]:
         out: dict[str, Any] = {"host": self.host, "port": self.port, "user": self.user, "passwd": self.password,
                                "connect_timeout": 5}
+        return out | self._tls_settings()
+
+    def _tls_settings(self) -> dict[str, Any]:
+        # Without [tls], plaintext: PyMySQL would otherwise try unverified TLS with any server that offers it.
         ctx = self.ssl_context()
-        if ctx is not None:
-            out["ssl"] = ctx
-        return out
+        return {"ssl_disabled": True} if ctx is None else {"ssl": ctx}
 
     def connect(self, **kwargs: Any) -> pymysql.connections.Connection:
-        ctx = self.ssl_context()
-        if ctx is not None:
-            kwargs["ssl"] = ctx
+        kwargs |= self._tls_settings()
         return pymysql.connect(host=self.host, port=self.port, user=self.user, password=self.password,
                                autocommit=True, **{"connect_timeout": 5, **kwargs})
 
