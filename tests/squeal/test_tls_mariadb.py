@@ -176,3 +176,33 @@ pools.wildcard = {{ servers = ["127.0.0.1:2"] }}
     with source.connect() as conn, conn.cursor() as cur:
         cur.execute("SHOW STATUS LIKE 'Ssl_version'")
         assert cur.fetchone()[1].startswith("TLSv1.")
+
+
+@pytest.mark.parametrize("reader", ["native", "python"])
+def test_squeal_daemon_invalidates_over_tls_from_a_hardened_account(tmp_path, hardened, pki, reader):
+    """End to end: `squeal run` with the topology's [tls] reads the hardened server and deletes the row's keys."""
+    from squeal_helpers import Cache, create_schema, topology_text, wait_gone
+
+    from ops.harness import Memcached, SquealDaemon
+
+    schema = unique_db(f"tlsd{reader}")
+    create_schema(hardened, schema)
+    procs = _Processes(tmp_path)
+    try:
+        caches = [procs.add(Memcached(workdir=tmp_path / "mc")) for _ in range(2)]
+        tls_section = (f'[tls]\nca = "{pki["ca"].cert}"\nrequire = true\n'
+                       f'[tls.squeal]\ncert = "{pki["squeal"].cert}"\nkey = "{pki["squeal"].key}"\n')
+        text = topology_text(hardened, schema, [m.port for m in caches], regional=False)
+        topo = tmp_path / "topology.toml"
+        topo.write_text(tls_section + text.replace("[squeal]\n", f'[squeal]\nreader = "{reader}"\n', 1))
+        daemon = procs.add(SquealDaemon(topo, "east", workdir=tmp_path / "squeal", state_dir=tmp_path / "state"))
+        clients = [Cache(m.port) for m in caches]
+        for c in clients:
+            c.set("user:41")
+        hardened.execute(f"INSERT INTO {schema}.users VALUES (41, 'a@x', 'a')")
+        wait_gone(clients, ["user:41"])
+        log = daemon.log_file.read_text()
+        assert ("binlog reader: native" in log) == (reader == "native"), log[-2000:]
+        assert "TLS to MariaDB" not in log
+    finally:
+        procs.stop_all()
