@@ -20,6 +20,7 @@ Lifecycle:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ from prometheus_client.twisted import MetricsResource
 from twisted.internet import defer, task
 from twisted.web import resource, server
 
-from router_config import Database, Region, SquealSettings, Topology
+from router_config import Database, Region, SquealSettings, TlsSettings, Topology
 from squeal import gtid as g
 from squeal.batcher import Sender
 from squeal.bulk import load_cascades
@@ -64,6 +65,7 @@ from squeal.reader import (
 from squeal.rules import KeyExtractor, check_rules, load_columns
 from squeal.sampler import DeleteSampler, SampledDelete
 from squeal.source import SourcePoller
+from squeal.tlswrap import client_context
 from squeal.transactions import PreparedXa
 
 log = logging.getLogger(__name__)
@@ -91,9 +93,10 @@ class SenderHub:
     """The batchers of a process, one `Sender` per destination, shared by every shard's flow to it."""
 
     def __init__(self, reactor: Any, settings: SquealSettings, metrics: Metrics | WriteMetrics,
-                 sampler: DeleteSampler, reply_timeout: float) -> None:
+                 sampler: DeleteSampler, reply_timeout: float, tls: TlsSettings | None = None) -> None:
         self.reactor, self.settings, self.metrics, self.sampler = reactor, settings, metrics, sampler
         self.reply_timeout = reply_timeout
+        self.tls = tls  # [tls]: deletes to the routers over TLS
         self.senders: dict[str, Sender] = {}
 
     def attach(self, flow: Flow) -> Sender:
@@ -102,7 +105,8 @@ class SenderHub:
             s = self.settings
             sender = self.senders[flow.name] = Sender(
                 flow, self.reactor, s.batch_size, s.flush_interval_ms / 1000.0, reply_timeout=self.reply_timeout,
-                metrics=self.metrics, sampler=self.sampler)
+                metrics=self.metrics, sampler=self.sampler,
+                tls=functools.partial(client_context, self.tls) if self.tls is not None else None)
         else:
             sender.add_flow(flow)
         return sender
@@ -191,7 +195,8 @@ class Daemon:
         self.settings = topology.squeal
         self.metrics = Metrics()
         # Shared batchers (a RegionDaemon's), or our own: one Sender per destination either way.
-        self.hub = hub or SenderHub(reactor, self.settings, self.metrics, self.sampler, reply_timeout)
+        self.hub = hub or SenderHub(reactor, self.settings, self.metrics, self.sampler, reply_timeout,
+                                    tls=topology.tls)
         self.source = source_for(self.database)
         self.extractor = KeyExtractor(self.rules)
         prefixes = self.region.regional_pool.prefixes if self.region.regional_pool else ()

@@ -3,22 +3,28 @@
 The server has a certificate from a local CA (ops.tls) and squeal's account is `REQUIRE SSL` and
 `IDENTIFIED VIA ed25519`: each reader must stream a committed row's keys, verifying the server. A server the
 reader cannot trust (another CA, an expired certificate, a certificate for another name) gives one warning
-naming the server and the reason, the reader retries, and its position does not move.
+naming the server and the reason, the reader retries, and its position does not move. The deletes go over
+TLS too (the Sender, to memcached `-Z` standing in for a router's TLS port), the server verified alike.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import logging
+import socket
+import ssl
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pymysql
 import pytest
-from squeal_helpers import unique_db
+from squeal_helpers import Cache, create_schema, topology_text, unique_db, wait_gone, wait_until
 
 from ops import tls
-from ops.harness import MariaDB
+from ops.harness import MariaDB, Memcached, SquealDaemon
 from router_config import Rule
 from squeal import gtid as g
 from squeal.reader import BinlogReader, NativeBinlogReader, Source, native_module
@@ -181,10 +187,6 @@ pools.wildcard = {{ servers = ["127.0.0.1:2"] }}
 @pytest.mark.parametrize("reader", ["native", "python"])
 def test_squeal_daemon_invalidates_over_tls_from_a_hardened_account(tmp_path, hardened, pki, reader):
     """End to end: `squeal run` with the topology's [tls] reads the hardened server and deletes the row's keys."""
-    from squeal_helpers import Cache, create_schema, topology_text, wait_gone
-
-    from ops.harness import Memcached, SquealDaemon
-
     schema = unique_db(f"tlsd{reader}")
     create_schema(hardened, schema)
     procs = _Processes(tmp_path)
@@ -206,3 +208,97 @@ def test_squeal_daemon_invalidates_over_tls_from_a_hardened_account(tmp_path, ha
         assert "TLS to MariaDB" not in log
     finally:
         procs.stop_all()
+
+
+# -- deletes to the routers over TLS (the Sender), against memcached -Z ---------------------------------------
+
+
+class TlsMemcached(Memcached):
+    """memcached 1.6 with TLS on its one port (`-Z`, Debian's build): what a router's TLS port looks like to squeal."""
+
+    def __init__(self, pair: tls.CertPair, ca: tls.CertPair, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.pair, self.ca = pair, ca
+
+    def command(self) -> list[str]:
+        return [*super().command(), "-Z", "-o", f"ssl_chain_cert={self.pair.cert},ssl_key={self.pair.key}"]
+
+    def context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.ca.cert))
+
+    def ready(self) -> bool:
+        with socket.create_connection((self.host, self.port), timeout=1) as s, \
+                self.context().wrap_socket(s, server_hostname=self.host) as t:
+            t.sendall(b"version\r\n")
+            return t.recv(64).startswith(b"VERSION")
+
+    def cache(self) -> Cache:
+        c = Cache(self.port, self.host)
+        c.sock = self.context().wrap_socket(c.sock, server_hostname=self.host)
+        return c
+
+
+def tls_daemon(tmp_path: Path, db: MariaDB, pki, schema: str, caches: list[Memcached], procs: _Processes):
+    tls_section = (f'[tls]\nca = "{pki["ca"].cert}"\nrequire = true\n'
+                   f'[tls.squeal]\ncert = "{pki["squeal"].cert}"\nkey = "{pki["squeal"].key}"\n')
+    topo = tmp_path / "topology.toml"
+    topo.write_text(tls_section + topology_text(db, schema, [m.port for m in caches], regional=False))
+    return procs.add(SquealDaemon(topo, "east", workdir=tmp_path / "squeal", state_dir=tmp_path / "state"))
+
+
+def test_deletes_go_to_memcached_over_tls(tmp_path, hardened, pki):
+    schema = unique_db("tlsdel")
+    create_schema(hardened, schema)
+    procs = _Processes(tmp_path)
+    try:
+        caches = [procs.add(TlsMemcached(pki["mariadb"], pki["ca"], workdir=tmp_path / "mc")) for _ in range(2)]
+        clients = [m.cache() for m in caches]
+        daemon = tls_daemon(tmp_path, hardened, pki, schema, caches, procs)
+        for c in clients:
+            c.set_many(["user:51", "user:email:b@x"])
+        hardened.execute(f"INSERT INTO {schema}.users VALUES (51, 'b@x', 'b')")
+        wait_gone(clients, ["user:51", "user:email:b@x"])
+        assert "TLS to" not in daemon.log_file.read_text()
+    finally:
+        procs.stop_all()
+
+
+def test_a_router_with_an_untrusted_certificate_gets_no_deletes_and_the_flow_waits(tmp_path, hardened, pki):
+    schema = unique_db("tlsbad")
+    create_schema(hardened, schema)
+    procs = _Processes(tmp_path)
+    try:
+        good = procs.add(TlsMemcached(pki["mariadb"], pki["ca"], workdir=tmp_path / "mc"))
+        # a certificate from our CA, but for another host: the name check must refuse it
+        bad = TlsMemcached(pki["elsewhere"], pki["ca"], workdir=tmp_path / "mc")
+        bad.context = lambda: _no_name_check(pki)  # the test's own client only: squeal checks the name
+        procs.add(bad)
+        daemon = tls_daemon(tmp_path, hardened, pki, schema, [good, bad], procs)
+        clients = [good.cache(), bad.cache()]
+        for c in clients:
+            c.set("user:61")
+        hardened.execute(f"INSERT INTO {schema}.users VALUES (61, 'c@x', 'c')")
+        wait_gone(clients[:1], ["user:61"])
+        message = f"TLS to 127.0.0.1:{bad.port} failed: certificate verify failed"
+        wait_until(lambda: message in daemon.log_file.read_text(), 30, "the flow's TLS warning")
+        assert "mismatch" in daemon.log_file.read_text().split(message, 1)[1].split("\n", 1)[0]
+        assert clients[1].has("user:61")  # nothing was sent to the untrusted server
+        flows = json.loads(_healthz(daemon.port))["flows"]
+        end = g.parse_position(hardened.gtid_binlog_pos())
+        acked = {name: g.covers_position(g.parse_position(f["acked"]), end) for name, f in flows.items()}
+        assert acked == {"c0": True, "c1": False}, flows
+    finally:
+        procs.stop_all()
+
+
+def _no_name_check(pki) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(pki["ca"].cert))
+    ctx.check_hostname = False
+    return ctx
+
+
+def _healthz(port: int) -> bytes:
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read()
+    except urllib.error.HTTPError as e:  # 503 while a flow cannot deliver: the body is the same JSON
+        return e.read()
