@@ -19,8 +19,9 @@
 2. Batching: deletes per write (squeal_deletes_sent_total / squeal_delete_writes_total) for the same
    replay with the topology's batch_size (256) and with batch_size = 1 (no batching).
    With `--tls` the server has a certificate (ops.tls) and every round also runs each reader with the
-   topology's `[tls]` section (TLS to MariaDB, the server verified): RATIO squeal[reader] tls/plaintext is
-   the median of the rounds' TLS rows/s / plaintext rows/s (issue 25's target: >= 0.9).
+   topology's `[tls]` section: TLS to MariaDB (the server verified) and, since `[tls]` is one switch for every
+   link, the deletes over TLS too, to a second pair of memcached started with `-Z`. RATIO squeal[reader]
+   tls/plaintext is the median of the rounds' TLS rows/s / plaintext rows/s (issue 25's target: >= 0.9).
 3. Memory: squeal following a steady write load while one cluster's memcached is SIGSTOPped for
    `--dead-seconds`; squeal's RSS is sampled throughout, then after the dead cluster has caught up.
 """
@@ -31,6 +32,8 @@ import argparse
 import json
 import os
 import resource
+import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -50,6 +53,24 @@ from ops import tls as pki
 from ops.harness import MariaDB, Memcached, SquealDaemon, wait_until
 from squeal import gtid as g
 from squeal.reader import BinlogReader
+
+
+class TlsMemcached(Memcached):
+    """memcached `-Z` (TLS on its port) for squeal's deletes under `--tls`."""
+
+    def __init__(self, pair: pki.CertPair, ca: pki.CertPair, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.pair, self.ca = pair, ca
+
+    def command(self) -> list[str]:
+        return [*super().command(), "-Z", "-o", f"ssl_chain_cert={self.pair.cert},ssl_key={self.pair.key}"]
+
+    def ready(self) -> bool:
+        ctx = ssl.create_default_context(cafile=str(self.ca.cert))
+        with socket.create_connection((self.host, self.port), timeout=1) as s, \
+                ctx.wrap_socket(s, server_hostname=self.host) as t:
+            t.sendall(b"version\r\n")
+            return t.recv(64).startswith(b"VERSION")
 
 
 def health(port: int) -> dict:
@@ -111,7 +132,8 @@ def bare_decode(db: MariaDB, schema: str, start: str, end: g.Position) -> tuple[
     connection, which the library answers by reconnecting from `start` (upstream issue 367), forever.
     """
     stream = BinLogStreamReader(
-        connection_settings={"host": db.host, "port": db.port, "user": db.user, "passwd": db.password},
+        connection_settings={"host": db.host, "port": db.port, "user": db.user, "passwd": db.password,
+                             "ssl_disabled": True},  # plaintext, as before --tls existed
         server_id=987654, blocking=True, is_mariadb=True, annotate_rows_event=True, auto_position=start,
         only_events=BinlogReader.EVENTS, only_schemas=[schema], only_tables=["users", "posts"],
         enable_logging=False)
@@ -301,6 +323,8 @@ def main() -> int:
         server_tls = {"ssl_cert": server.cert, "ssl_key": server.key, "ssl_ca": ca.cert}
     db = MariaDB(1, workdir=base / "db", **server_tls).start()
     caches = [Memcached(workdir=base / "mc", memory_mb=256).start() for _ in range(2)]
+    tls_caches = [TlsMemcached(server, ca, workdir=base / "mc-tls", memory_mb=256).start()
+                  for _ in range(2)] if args.tls else []
     try:
         schema = "bench"
         create_schema(db, schema)
@@ -335,7 +359,7 @@ def main() -> int:
                 r["cpu_ratio"] = (bare_cpu / bare_rows) / (r["cpu"] / max(r["window_rows"], 1))
                 result[reader] = r
                 if tls_dir is not None:
-                    t = squeal_replay(base, db, schema, caches, start, end, batch_size=256, reader=reader,
+                    t = squeal_replay(base, db, schema, tls_caches, start, end, batch_size=256, reader=reader,
                                       tls_dir=tls_dir)
                     if t["rows"] != bare_rows:
                         raise RuntimeError(f"squeal ({reader}, TLS) read {t['rows']:.0f} rows, bare decode {bare_rows}")
@@ -382,6 +406,8 @@ def main() -> int:
               f"sheds {mem['sheds']:.0f}, rejoins {mem['rejoins']:.0f}); live deletes/write "
               f"{mem['live_deletes_per_write']:.1f}")
     finally:
+        for m in tls_caches:
+            m.stop()
         for m in caches:
             try:
                 m.resume()

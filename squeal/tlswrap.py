@@ -35,9 +35,12 @@ def client_context(tls: TlsSettings, component: str = "squeal") -> ssl.SSLContex
 
 
 def reason_of(e: BaseException) -> str:
+    """The reason in words: OpenSSL's verify message, or its reason code with what it means here."""
     if isinstance(e, ssl.SSLCertVerificationError):
         return f"certificate verify failed: {e.verify_message}"
     if isinstance(e, ssl.SSLError):
+        if e.reason in ("WRONG_VERSION_NUMBER", "PACKET_LENGTH_TOO_LONG", "RECORD_LAYER_FAILURE"):
+            return f"the server does not answer TLS on this port (a plaintext port?) ({e.reason})"
         return e.reason or str(e)
     return str(e)
 

@@ -263,7 +263,7 @@ def test_deletes_go_to_memcached_over_tls(tmp_path, hardened, pki):
         procs.stop_all()
 
 
-def test_a_router_with_an_untrusted_certificate_gets_no_deletes_and_the_flow_waits(tmp_path, hardened, pki):
+def test_a_router_that_is_untrusted_or_plaintext_gets_no_deletes_and_its_flow_waits(tmp_path, hardened, pki):
     schema = unique_db("tlsbad")
     create_schema(hardened, schema)
     procs = _Processes(tmp_path)
@@ -273,8 +273,9 @@ def test_a_router_with_an_untrusted_certificate_gets_no_deletes_and_the_flow_wai
         bad = TlsMemcached(pki["elsewhere"], pki["ca"], workdir=tmp_path / "mc")
         bad.context = lambda: _no_name_check(pki)  # the test's own client only: squeal checks the name
         procs.add(bad)
-        daemon = tls_daemon(tmp_path, hardened, pki, schema, [good, bad], procs)
-        clients = [good.cache(), bad.cache()]
+        plain = procs.add(Memcached(workdir=tmp_path / "mc"))  # a plaintext port: TLS must not fall back
+        daemon = tls_daemon(tmp_path, hardened, pki, schema, [good, bad, plain], procs)
+        clients = [good.cache(), bad.cache(), Cache(plain.port)]
         for c in clients:
             c.set("user:61")
         hardened.execute(f"INSERT INTO {schema}.users VALUES (61, 'c@x', 'c')")
@@ -282,11 +283,13 @@ def test_a_router_with_an_untrusted_certificate_gets_no_deletes_and_the_flow_wai
         message = f"TLS to 127.0.0.1:{bad.port} failed: certificate verify failed"
         wait_until(lambda: message in daemon.log_file.read_text(), 30, "the flow's TLS warning")
         assert "mismatch" in daemon.log_file.read_text().split(message, 1)[1].split("\n", 1)[0]
-        assert clients[1].has("user:61")  # nothing was sent to the untrusted server
+        message = f"TLS to 127.0.0.1:{plain.port} failed: the server does not answer TLS on this port"
+        wait_until(lambda: message in daemon.log_file.read_text(), 30, "the plaintext flow's TLS warning")
+        assert clients[1].has("user:61") and clients[2].has("user:61")  # nothing was sent to either
         flows = json.loads(_healthz(daemon.port))["flows"]
         end = g.parse_position(hardened.gtid_binlog_pos())
         acked = {name: g.covers_position(g.parse_position(f["acked"]), end) for name, f in flows.items()}
-        assert acked == {"c0": True, "c1": False}, flows
+        assert acked == {"c0": True, "c1": False, "c2": False}, flows
     finally:
         procs.stop_all()
 
