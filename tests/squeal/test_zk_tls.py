@@ -127,3 +127,55 @@ def test_a_client_that_does_not_trust_the_server_gets_no_session(secure_zk, pki)
     with pytest.raises(Exception) as e:
         started(secure_zk, use_ssl=True, ca=str(pki["other-ca"].cert), check_hostname=True)
     assert "CERTIFICATE_VERIFY_FAILED" in str(e.value) or isinstance(e.value, KazooTimeoutError), e.value
+
+
+def test_an_ha_instance_leads_and_invalidates_over_tls_everywhere(tmp_path, secure_zk, pki):
+    """`squeal run --instance` with [tls] and a digest: ZooKeeper over TLS (election, markers with squeal's ACL),
+    MariaDB over TLS with an ed25519 REQUIRE SSL account, deletes over TLS to memcached -Z."""
+    from squeal_helpers import create_schema, topology_text, unique_db, wait_gone, wait_until
+
+    from ops.harness import MariaDB, SquealDaemon, free_port
+    from tests.squeal.test_tls_mariadb import TlsMemcached
+
+    procs = _Processes(tmp_path)
+    try:
+        db = procs.add(MariaDB(41, workdir=tmp_path / "db", ssl_cert=pki["zookeeper"].cert,
+                               ssl_key=pki["zookeeper"].key, ssl_ca=pki["ca"].cert, require_ssl=True,
+                               auth="ed25519"))
+        schema = unique_db("hatls")
+        create_schema(db, schema)
+        caches = [procs.add(TlsMemcached(pki["zookeeper"], pki["ca"], workdir=tmp_path / "mc")) for _ in range(2)]
+        root = f"{ROOT}-ha"
+        port = free_port()
+        text = topology_text(db, schema, [m.port for m in caches], regional=False)
+        text += (f'\n[[regions.east.squeal_instances]]\nname = "east-1"\ndatabase = "east"\nmetrics_port = {port}\n'
+                 f'\n[zookeeper]\nservers = ["{secure_zk.host}:{secure_zk.port}"]\nroot = "{root}"\n'
+                 'digest = "squeal:s3cret"\nsession_timeout_s = 3\n')
+        tls_section = (f'[tls]\nca = "{pki["ca"].cert}"\nrequire = true\n'
+                       f'[tls.squeal]\ncert = "{pki["squeal"].cert}"\nkey = "{pki["squeal"].key}"\n')
+        topo = tmp_path / "topology.toml"
+        topo.write_text(tls_section + text)
+        daemon = procs.add(SquealDaemon(topo, "east", port=port, workdir=tmp_path / "east-1",
+                                        state_dir=tmp_path / "east-1" / "state", instance="east-1"))
+        # leading and delivering: its flows start at the binlog's "now" (no datamarker yet)
+        wait_until(lambda: "leads region east: delivering" in daemon.log_file.read_text(), 30, "east-1 to lead")
+        clients = [m.cache() for m in caches]
+        for c in clients:
+            c.set("user:71")
+        db.execute(f"INSERT INTO {schema}.users VALUES (71, 'h@x', 'h')")
+        wait_gone(clients, ["user:71"])
+
+        intruder = started(secure_zk, use_ssl=True, ca=str(pki["ca"].cert), check_hostname=True)
+        try:
+            east = region_path(root, "east")
+            wait_until(lambda: intruder.exists(f"{east}/markers/c0") is not None, 30, "east-1's first marker")
+            for path in (root, f"{east}/epoch", f"{east}/markers/c0"):
+                acls, _ = intruder.get_acls(path)
+                assert {(a.id.scheme, a.perms) for a in acls} == {("digest", 31), ("world", 1)}, (path, acls)
+            with pytest.raises(NoAuthError):
+                intruder.set(f"{east}/markers/c0", b"{}")
+        finally:
+            intruder.stop()
+            intruder.close()
+    finally:
+        procs.stop_all()
