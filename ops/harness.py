@@ -582,7 +582,10 @@ class ZooKeeper(ManagedProcess):
         conf.write_text(zookeeper_config(self.host, self.port, data, self.peers, tls))
         classpath = ZOOKEEPER_CLASSPATH
         if tls is not None:  # Netty's TLS handler needs its codec, which zookeeper.jar's manifest leaves out
-            classpath += ":/usr/share/java/netty-codec.jar"
+            codec = Path("/usr/share/java/netty-codec.jar")
+            if not codec.exists():
+                raise HarnessError(f"ZooKeeper TLS needs {codec}: install it with `apt-get install libnetty-java`")
+            classpath += f":{codec}"
         return [self.java, "-cp", classpath, ZOOKEEPER_MAIN, str(conf)]
 
     def ready(self) -> bool:
