@@ -6,7 +6,9 @@ Every other package reads topology through this API (never by parsing the file i
 from router_config.emitter import EMITTED_HANDLES, all_cluster_configs, cluster_config, handle_types, render
 from router_config.loader import TopologyError, load, loads
 from router_config.model import (
+    TLS_COMPONENTS,
     Address,
+    CertKey,
     Cluster,
     ColdStart,
     Database,
@@ -19,6 +21,7 @@ from router_config.model import (
     SquealEndpoint,
     SquealInstance,
     SquealSettings,
+    TlsSettings,
     Topology,
     ZooKeeperSettings,
 )
@@ -26,7 +29,9 @@ from router_config.rewrite import can_listen, dumps, reassign_ports, to_document
 
 __all__ = [
     "EMITTED_HANDLES",
+    "TLS_COMPONENTS",
     "Address",
+    "CertKey",
     "Cluster",
     "ColdStart",
     "Database",
@@ -39,6 +44,7 @@ __all__ = [
     "SquealEndpoint",
     "SquealInstance",
     "SquealSettings",
+    "TlsSettings",
     "Topology",
     "TopologyError",
     "all_cluster_configs",

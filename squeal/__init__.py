@@ -21,6 +21,7 @@ from squeal.healthz import fetch_health, probe_health
 from squeal.reader import BinlogReader, ReaderConfigError, Source, check_server, current_position
 from squeal.rules import KeyExtractor, RuleError, check_rules, comment_keys, delete_line, encode_key
 from squeal.transactions import Transaction, TransactionGrouper
+from squeal.zkstore import client_options as zookeeper_client_options
 
 __all__ = [
     "BinlogReader",
@@ -52,4 +53,5 @@ __all__ = [
     "probe_health",
     "run",
     "split_keys",
+    "zookeeper_client_options",
 ]

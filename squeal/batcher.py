@@ -19,6 +19,7 @@ exponential backoff. A dead destination only ever delays its own flow.
 from __future__ import annotations
 
 import logging
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from twisted.internet.endpoints import TCP4ClientEndpoint
 from squeal.flows import Batch, Flow
 from squeal.metrics import Metrics, WriteMetrics
 from squeal.sampler import DeleteSampler
+from squeal.tlswrap import connect_tls
 
 log = logging.getLogger(__name__)
 
@@ -92,12 +94,13 @@ class Sender:
     def __init__(self, flow: Flow, reactor: Any, batch_size: int, flush_interval: float,
                  reply_timeout: float = 2.0, backoff_initial: float = 0.05, backoff_max: float = 5.0,
                  metrics: Metrics | WriteMetrics | None = None, max_in_flight: int = 4,
-                 sampler: DeleteSampler | None = None) -> None:
+                 sampler: DeleteSampler | None = None, tls: Callable[[], ssl.SSLContext] | None = None) -> None:
         self.name = flow.name  # the destination's name (every shard's flow to it has this name)
         self.destinations = flow.destinations
         self.flows: list[Flow] = []
         self._next = 0  # the flow asked first at the next send (round robin across shards)
         self.sampler = sampler
+        self.tls = tls  # deletes over TLS ([tls]): a fresh verifying client context per connection
         self.max_in_flight = max(1, max_in_flight)  # per flow
         self.reactor = reactor
         self.batch_size = batch_size
@@ -238,7 +241,10 @@ class Sender:
         self.connecting = True
         client = DeleteProtocol(self._on_reply, self._on_lost)
         endpoint = TCP4ClientEndpoint(self.reactor, addr.host, addr.port, timeout=self.reply_timeout)
-        d = endpoint.connect(protocol.Factory.forProtocol(lambda: client))
+        if self.tls is not None:
+            d = connect_tls(endpoint, client, self.tls(), addr.host, str(addr))
+        else:
+            d = endpoint.connect(protocol.Factory.forProtocol(lambda: client))
 
         def connected(p: DeleteProtocol) -> None:
             self.connecting = False

@@ -84,7 +84,7 @@ from squeal.daemon import (
 )
 from squeal.reader import ReaderConfigError, check_server, current_position
 from squeal.region import RegionDaemon
-from squeal.zkstore import UNAVAILABLE, ZooKeeperDatamarkerStore, region_path
+from squeal.zkstore import UNAVAILABLE, ZooKeeperDatamarkerStore, client_options, region_path
 
 log = logging.getLogger(__name__)
 
@@ -813,7 +813,8 @@ class HaInstance:
             conn.close()
         self.waiting_for = "zookeeper"
         self.client = KazooClient(hosts=self.zk.hosts, timeout=self.zk.session_timeout_s,
-                                  connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 1.0})
+                                  connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 1.0},
+                                  **client_options(self.topology))
         try:
             self.client.start(timeout=None if rejoined else self.connect_timeout)
         except Exception as e:

@@ -73,7 +73,7 @@ from squeal import placement
 from squeal.daemon import HealthResource, SampledDeletesResource, accept_path, source_for, state_dir_for
 from squeal.ha import rejoin_as_standby, serve_while_preparing, wait_for_copy
 from squeal.region import RegionDaemon
-from squeal.zkstore import UNAVAILABLE, ShardMarkerStore, pool_path, shard_path
+from squeal.zkstore import UNAVAILABLE, ShardMarkerStore, client_options, pool_path, shard_path
 
 log = logging.getLogger(__name__)
 
@@ -634,7 +634,8 @@ class PoolWorker:
         rejoined = os.environ.get("SQUEAL_HA_REJOINED")
         self.waiting_for = "zookeeper"
         self.client = KazooClient(hosts=self.zk.hosts, timeout=self.zk.session_timeout_s,
-                                  connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 1.0})
+                                  connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 1.0},
+                                  **client_options(self.topology))
         try:
             self.client.start(timeout=None if rejoined else self.connect_timeout)
         except Exception as e:

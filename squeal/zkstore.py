@@ -25,6 +25,11 @@ newer marker: its write fails as a whole and raises `FencedError`. A new leader 
 bumps the epoch) *before* it reads the markers, so everything the old leader wrote up to then is what the
 new leader starts from.
 
+Security (issue 25, `client_options`): with `[tls]` squeal's clients dial the ensemble's TLS client port,
+verifying the servers against the topology's CA (and presenting squeal's certificate); with `[zookeeper] digest`
+they log in with that credential and create every znode with an ACL that lets only that identity change it
+(everyone may read: status tools, monitoring). Znodes created before the digest was set keep their open ACL.
+
 Failures: ZooKeeper unreachable (no quorum, connection lost, session expired, an answer slower than
 `timeout`) is `ZooKeeperUnavailable`, an OSError, so the daemon treats it like a marker file that cannot
 be written: deletes keep flowing while the lease allows (squeal/ha.py), the write is retried at the next
@@ -52,7 +57,9 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.security import ACL, make_acl, make_digest_acl
 
+from router_config import Topology
 from squeal import gtid as g
 from squeal.datamarkers import DatamarkerDirError, check_position, decode_marker
 
@@ -70,6 +77,28 @@ class FencedError(RuntimeError):
 
 class ZooKeeperUnavailable(OSError):
     """ZooKeeper did not answer (no quorum, connection lost, session expired, timeout)."""
+
+
+def squeal_acl(digest: str) -> list[ACL]:
+    """The ACL of every znode squeal creates when `[zookeeper] digest = "user:password"` is set: all rights for
+    that identity, read for anyone."""
+    user, _, password = digest.partition(":")
+    return [make_digest_acl(user, password, all=True), make_acl("world", "anyone", read=True)]
+
+
+def client_options(topo: Topology) -> dict[str, Any]:
+    """`KazooClient` keyword arguments for squeal's own identity on the topology's ensemble: TLS when the topology
+    has `[tls]` (the server verified against `tls.ca`, host name included; squeal's certificate if it has one),
+    the digest login and squeal's ACL when `[zookeeper] digest` is set. Empty for a plaintext, open ensemble."""
+    out: dict[str, Any] = {}
+    if topo.tls is not None:
+        mine = topo.tls.cert("squeal")
+        out |= {"use_ssl": True, "verify_certs": True, "check_hostname": True, "ca": topo.tls.ca,
+                "certfile": mine.cert if mine else None, "keyfile": mine.key if mine else None}
+    zk = topo.zookeeper
+    if zk is not None and zk.digest:
+        out |= {"auth_data": [("digest", zk.digest)], "default_acl": squeal_acl(zk.digest)}
+    return out
 
 
 def region_path(root: str, region: str) -> str:
