@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import random
+import ssl
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -43,10 +44,12 @@ from meta_memcache import (
     connection_pool_factory_builder,
     is_error_response,
 )
+from meta_memcache.connection.pool import ConnectionPool
 from meta_memcache.interfaces.cache_api import CacheApi
 
 from leases.metrics import ClientStats
 from leases.serializer import JsonSerializer
+from leases.tls import tls_socket_factory
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +121,7 @@ def connect(
     recv_timeout: float = 1.0,
     mark_down_period: float = 2.0,
     max_pool_size: int = 64,
+    tls: Callable[[], ssl.SSLContext] | None = None,
 ) -> CacheApi:
     """A meta-memcache client for `servers` ("host:port", (host, port) or objects with .host/.port).
 
@@ -125,19 +129,40 @@ def connect(
     memcached itself. Errors come back as error responses instead of exceptions
     (`raise_on_server_error=False`) so the read path can fall back; a server that fails is marked down
     for `mark_down_period` seconds so a dead memcached costs one failed connect, not one per request.
+
+    `tls`: a function returning a verifying client context (`router_config.client_context(topo.tls,
+    "webtier")`): every connection is TLS (leases/tls.py), a failed handshake is one WARNING line and the
+    server counts as down.
     """
+    builder = connection_pool_factory_builder(
+        initial_pool_size=0,
+        max_pool_size=max_pool_size,
+        mark_down_period_s=mark_down_period,
+        connection_timeout=connect_timeout,
+        recv_timeout=recv_timeout,
+    )
+    if tls is not None:
+        builder = _tls_pool_builder(tls, max_pool_size, mark_down_period, connect_timeout, recv_timeout)
     return CacheClient.cache_client_from_servers(
-        [_address(s) for s in servers],
-        connection_pool_factory_builder(
+        [_address(s) for s in servers], builder, serializer=JsonSerializer(), raise_on_server_error=False
+    )
+
+
+def _tls_pool_builder(
+    tls: Callable[[], ssl.SSLContext], max_pool_size: int, mark_down_period: float, connect_timeout: float,
+    recv_timeout: float,
+) -> Callable[[ServerAddress], ConnectionPool]:
+    def build(address: ServerAddress) -> ConnectionPool:
+        return ConnectionPool(
+            server=str(address),
+            socket_factory_fn=tls_socket_factory(address.host, address.port, tls, connect_timeout, recv_timeout),
             initial_pool_size=0,
             max_pool_size=max_pool_size,
             mark_down_period_s=mark_down_period,
-            connection_timeout=connect_timeout,
-            recv_timeout=recv_timeout,
-        ),
-        serializer=JsonSerializer(),
-        raise_on_server_error=False,
-    )
+            version=address.version,
+        )
+
+    return build
 
 
 def check_key(key: str) -> None:

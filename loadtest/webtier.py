@@ -37,7 +37,7 @@ from leases import ClientStats, LeaseCache, WaitPolicy, connect
 from leases.serializer import JSON_FLAG
 from monitoring.verify import CachedRows
 from remote_markers import RemoteMarkers, SqlClient
-from router_config import Topology
+from router_config import Topology, client_context
 
 SCHEMA_SQL = Path(__file__).with_name("schema.sql")
 FEED_LENGTH = 20  # posts kept in a cached feed
@@ -273,10 +273,12 @@ class WebServer:
             raise ValueError(f"cluster {cl.name} is in region {cl.region}, not {reg.name}")
         self.region, self.cluster, self.ttl = reg, cl, ttl
         marker_cache: LeaseCache | None = None
-        client = connect(cl.routers, recv_timeout=recv_timeout)
+        # [tls]: the routers (and a regional pool dialled directly) over TLS, as the web tier
+        tls = functools.partial(client_context, topology.tls, "webtier") if topology.tls is not None else None
+        client = connect(cl.routers, recv_timeout=recv_timeout, tls=tls)
         if regional_direct and reg.regional_pool is not None:
             marker_cache = LeaseCache(
-                connect(reg.regional_pool.servers, recv_timeout=recv_timeout), name=f"{reg.name}-regional"
+                connect(reg.regional_pool.servers, recv_timeout=recv_timeout, tls=tls), name=f"{reg.name}-regional"
             )
         self.cache = LeaseCache(client, name=cl.name, leases=leases, lease_ttl=lease_ttl, wait=wait)
         self.topology = topology

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheError
 
-from router_config import Topology
+from router_config import Topology, client_context, mysql_options
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,7 @@ class Prober:
             password=db.password,
             autocommit=True,
             connect_timeout=3,
+            **mysql_options(db, "monitoring"),
         )
 
     def ensure_canary_table(self) -> None:
@@ -139,7 +140,8 @@ class Prober:
         client = self._clients.get(address)
         if client is None:
             host, _, port = address.rpartition(":")
-            client = Client((host, int(port)), connect_timeout=1, timeout=1)
+            tls = client_context(self.topo.tls, "monitoring") if self.topo.tls is not None else None
+            client = Client((host, int(port)), connect_timeout=1, timeout=1, tls_context=tls)
             self._clients[address] = client
         return client
 

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter
 from pymemcache.client.base import Client
 
 from monitoring.verify import ConsistencyChecker, KeepFlags, shard_databases
-from router_config import Topology
+from router_config import Topology, client_context
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,9 @@ class SampledDeleteChecker:
     def _client(self, address: str) -> Client:
         if address not in self._clients:
             host, _, port = address.rpartition(":")
-            self._clients[address] = Client((host, int(port)), connect_timeout=1, timeout=2, serde=KeepFlags())
+            tls = client_context(self.topo.tls, "monitoring") if self.topo.tls is not None else None
+            self._clients[address] = Client((host, int(port)), connect_timeout=1, timeout=2, serde=KeepFlags(),
+                                            tls_context=tls)
         return self._clients[address]
 
     def fetch(self) -> int:

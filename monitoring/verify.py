@@ -45,6 +45,7 @@ import json
 import logging
 import random
 import re
+import ssl
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -269,6 +270,7 @@ class Database:
                 connect_timeout=self.connect_timeout,
                 read_timeout=30,
                 cursorclass=pymysql.cursors.DictCursor,
+                **router_config.mysql_options(self.db, "monitoring"),
             )
         except pymysql.err.Error as e:
             self.lost = True
@@ -606,15 +608,20 @@ def _reason(e: BaseException) -> str:
 CACHE_ERRORS = (OSError, MemcacheError)  # OSError includes timeouts
 
 
-def _client(address: router_config.Address) -> Client:
-    return Client((address.host, address.port), connect_timeout=2, timeout=5, serde=KeepFlags())
+def _client(address: router_config.Address, tls: ssl.SSLContext | None) -> Client:
+    return Client((address.host, address.port), connect_timeout=2, timeout=5, serde=KeepFlags(), tls_context=tls)
 
 
-def _connect(cluster: router_config.Cluster) -> tuple[Client, router_config.Address]:
+def router_tls(topo: router_config.Topology) -> ssl.SSLContext | None:
+    """monitoring's client context for the routers with `[tls]` (None: plaintext)."""
+    return router_config.client_context(topo.tls, "monitoring") if topo.tls is not None else None
+
+
+def _connect(cluster: router_config.Cluster, tls: ssl.SSLContext | None) -> tuple[Client, router_config.Address]:
     """A client on the first of the cluster's routers that answers `version`."""
     failures = []
     for router in cluster.routers:
-        client = _client(router)
+        client = _client(router, tls)
         try:
             client.version()
             return client, router
@@ -663,6 +670,7 @@ class FirstLook:
     clusters: list[str] = field(default_factory=list)  # checked in full
     unchecked: dict[str, Unchecked] = field(default_factory=dict)  # cluster -> why not
     routers: dict[str, router_config.Address] = field(default_factory=dict)  # cluster -> the router it answered on
+    tls: ssl.SSLContext | None = None  # [tls]: the routers are dialled with it
 
     def add(self, cluster: str, other: FirstLook) -> None:
         """Count one cluster's look (`_look_at`) in."""
@@ -709,11 +717,11 @@ def _look_at(cluster: str, client: Client, keys: list[str], checker: Consistency
 def _first_look(topo: router_config.Topology, keys: list[str], checker: ConsistencyChecker) -> FirstLook:
     """Phase 1: every cluster's copies, through one of its routers; a cluster whose routers do not answer (or
     fail mid-check) is `unchecked`, and none of its counts are kept."""
-    total = FirstLook()
+    total = FirstLook(tls=router_tls(topo))
     seen: dict[tuple[str, bytes, int], Verdict] = {}
     for cluster in topo.clusters:
         try:
-            client, router = _connect(cluster)
+            client, router = _connect(cluster, total.tls)
         except ConnectionError as e:
             total.unchecked[cluster.name] = Unchecked(cluster.name, str(e))
             continue
@@ -753,7 +761,7 @@ def _recheck(look: FirstLook, checker: ConsistencyChecker, grace: float,
         again: list[_Suspect] = []
         for name in dict.fromkeys(s.cluster for s in suspects if s.cluster not in look.unchecked):
             mine = [s for s in suspects if s.cluster == name]
-            client = _client(look.routers[name])
+            client = _client(look.routers[name], look.tls)
             try:
                 found = client.gets_many([s.key for s in mine])
                 for s in mine:

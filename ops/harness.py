@@ -122,9 +122,14 @@ def _tail(log_file: Path | None, lines: int = 15) -> str:
     return f"\n--- last lines of {log_file} ---\n" + "\n".join(text)
 
 
-def memcached_command(address: tuple[str, int], command: bytes, timeout: float = 2.0) -> bytes:
-    """Send one text command and return the first reply line (with its terminator stripped)."""
-    with socket.create_connection(address, timeout=timeout) as s:
+def memcached_command(address: tuple[str, int], command: bytes, timeout: float = 2.0,
+                      tls: ssl.SSLContext | None = None) -> bytes:
+    """Send one text command and return the first reply line (with its terminator stripped); over TLS with
+    `tls` (a memcached `-Z` or a router's TLS port)."""
+    with contextlib.ExitStack() as stack:
+        s = stack.enter_context(socket.create_connection(address, timeout=timeout))
+        if tls is not None:
+            s = stack.enter_context(tls.wrap_socket(s, server_hostname=address[0]))
         s.sendall(command)
         buf = b""
         while not buf.endswith(b"\r\n"):
@@ -247,7 +252,10 @@ class ManagedProcess:
 
 
 class Memcached(ManagedProcess):
-    """memcached 1.6 on loopback, TCP only (`-U 0`)."""
+    """memcached 1.6 on loopback, TCP only (`-U 0`).
+
+    TLS (issue 25): `ssl_cert`/`ssl_key` start it with `-Z` (TLS on its one port, Debian's build), what a
+    router's TLS port looks like to a client; `ssl_ca` is the CA its readiness check verifies it against."""
 
     name = "memcached"
     # A graceful stop waits up to a second for memcached's maintenance threads to wake; a cache has
@@ -255,11 +263,23 @@ class Memcached(ManagedProcess):
     stop_signal = signal.SIGKILL
 
     def __init__(
-        self, port: int | None = None, workdir: str | Path | None = None, memory_mb: int = 64, host: str = "127.0.0.1"
+        self, port: int | None = None, workdir: str | Path | None = None, memory_mb: int = 64, host: str = "127.0.0.1",
+        ssl_cert: str | Path | None = None, ssl_key: str | Path | None = None, ssl_ca: str | Path | None = None,
     ) -> None:
         super().__init__(port, workdir, host)
         self.memory_mb = memory_mb
         self.binary = require_binary("memcached", "memcached")
+        self.ssl_cert, self.ssl_key, self.ssl_ca = ssl_cert, ssl_key, ssl_ca
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """A client context for this server (None: plaintext), verifying it against `ssl_ca` if given."""
+        if not self.ssl_cert:
+            return None
+        if self.ssl_ca:
+            return ssl.create_default_context(cafile=str(self.ssl_ca))
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        return ctx
 
     def command(self) -> list[str]:
         return [
@@ -276,10 +296,12 @@ class Memcached(ManagedProcess):
             "4096",
             "-u",
             "root",
+            *(["-Z", "-o", f"ssl_chain_cert={self.ssl_cert},ssl_key={self.ssl_key}"] if self.ssl_cert else []),
         ]
 
     def ready(self) -> bool:
-        return memcached_command((self.host, self.port), b"version\r\n").startswith(b"VERSION")
+        return memcached_command((self.host, self.port), b"version\r\n", tls=self.ssl_context()).startswith(
+            b"VERSION")
 
 
 class MariaDB(ManagedProcess):

@@ -12,6 +12,8 @@ from typing import Any
 import pymysql
 import pymysql.cursors
 
+import router_config
+
 
 class SqlClient:
     """Queries against one MariaDB server and database. `role` ("master"/"replica") names it in logs."""
@@ -27,22 +29,26 @@ class SqlClient:
         role: str = "",
         connect_timeout: float = 5.0,
         init_command: str | None = None,
+        tls: dict[str, Any] | None = None,
     ) -> None:
         """init_command: SQL run on every new connection, e.g. a shard's `SET SESSION auto_increment_...`
-        (a reconnect gets it again, so the session never silently loses it)."""
+        (a reconnect gets it again, so the session never silently loses it). `tls`: PyMySQL's TLS options
+        (`router_config.mysql_options`), applied to every new connection."""
         self.host, self.port, self.user, self.password = host, port, user, password
         self.database = database
         self.role = role
         self.connect_timeout = connect_timeout
         self.init_command = init_command
+        self.tls = tls or {}
         self._local = threading.local()
 
     @classmethod
     def for_database(
         cls, db: Any, database: str | None, *, role: str = "", init_command: str | None = None
     ) -> SqlClient:
-        """From a `router_config.Database` (host, port, user, password)."""
-        return cls(db.host, db.port, db.user, db.password, database, role=role, init_command=init_command)
+        """From a `router_config.Database` (host, port, user, password; its `[tls]`, as the web tier)."""
+        return cls(db.host, db.port, db.user, db.password, database, role=role, init_command=init_command,
+                   tls=router_config.mysql_options(db, "webtier") if isinstance(db, router_config.Database) else None)
 
     def _conn(self) -> pymysql.connections.Connection:
         conn = getattr(self._local, "conn", None)
@@ -57,6 +63,7 @@ class SqlClient:
                 connect_timeout=self.connect_timeout,
                 init_command=self.init_command,
                 cursorclass=pymysql.cursors.DictCursor,
+                **self.tls,
             )
             self._local.conn = conn
         return conn

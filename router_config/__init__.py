@@ -26,6 +26,13 @@ from router_config.model import (
     ZooKeeperSettings,
 )
 from router_config.rewrite import can_listen, dumps, reassign_ports, to_document, with_cold_cluster
+from router_config.tls import (
+    cert_expiry_timestamp,
+    certificate_files,
+    client_context,
+    mysql_options,
+    verifying_context,
+)
 
 __all__ = [
     "EMITTED_HANDLES",
@@ -49,14 +56,19 @@ __all__ = [
     "TopologyError",
     "all_cluster_configs",
     "can_listen",
+    "cert_expiry_timestamp",
+    "certificate_files",
+    "client_context",
     "cluster_config",
     "dumps",
     "handle_types",
     "load",
     "loads",
+    "mysql_options",
     "reassign_ports",
     "render",
     "to_document",
+    "verifying_context",
     "with_cold_cluster",
     "ZooKeeperSettings",
 ]

@@ -42,6 +42,7 @@ from pymysqlreplication.event import (
 )
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
+from router_config import verifying_context
 from squeal import gtid as g
 from squeal.transactions import (
     FL_PREPARED_XA,
@@ -107,12 +108,7 @@ class Source:
         """A fresh client context per connection (renewed certificate files are read at the next connect)."""
         if not self.tls:
             return None
-        ctx = ssl.create_default_context(cafile=self.ssl_ca)
-        ctx.check_hostname = True
-        ctx.verify_mode = ssl.CERT_REQUIRED
-        if self.ssl_cert and self.ssl_key:
-            ctx.load_cert_chain(self.ssl_cert, self.ssl_key)
-        return ctx
+        return verifying_context(self.ssl_ca, self.ssl_cert, self.ssl_key)
 
     def settings(self) -> dict[str, Any]:
         out: dict[str, Any] = {"host": self.host, "port": self.port, "user": self.user, "passwd": self.password,

@@ -16,6 +16,7 @@ from typing import Any
 from twisted.internet import defer, protocol
 from twisted.python.failure import Failure
 
+import router_config
 from router_config import TlsSettings
 
 
@@ -25,13 +26,7 @@ class TlsError(ConnectionError):
 
 def client_context(tls: TlsSettings, component: str = "squeal") -> ssl.SSLContext:
     """A verifying client context from the topology's [tls] (read afresh per connection: renewed files count)."""
-    ctx = ssl.create_default_context(cafile=tls.ca)
-    ctx.check_hostname = True
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    mine = tls.cert(component)
-    if mine is not None:
-        ctx.load_cert_chain(mine.cert, mine.key)
-    return ctx
+    return router_config.client_context(tls, component)
 
 
 def reason_of(e: BaseException) -> str:

@@ -1,0 +1,63 @@
+"""The client side of `[tls]` for every package: one place that turns the topology's TLS settings into
+what a client library wants (an `ssl.SSLContext`, PyMySQL's connection options) and reads a certificate's
+expiry for the metric.
+
+It lives here, at the bottom of the layers, because every package that dials something (squeal, the web
+tier's leases and remote markers, monitoring, ops, loadtest) reads the topology and may import
+`router_config`, and none of them may import each other in both directions. ZooKeeper's kazoo options stay
+with squeal (`squeal.zookeeper_client_options`): only squeal's identity may write there.
+"""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from typing import Any
+
+from router_config.model import Database, TlsSettings
+
+
+def verifying_context(ca: str | None, cert: str | None = None, key: str | None = None) -> ssl.SSLContext:
+    """A client context that verifies the server's certificate and host name against `ca` (None: the
+    system's trust store), presenting `cert`/`key` if given. Build one per connection: renewed files count."""
+    ctx = ssl.create_default_context(cafile=ca)
+    ctx.check_hostname = True
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    if cert and key:
+        ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+def client_context(tls: TlsSettings, component: str) -> ssl.SSLContext:
+    """A verifying client context from `[tls]`, presenting `component`'s certificate if it has one."""
+    mine = tls.cert(component)
+    return verifying_context(tls.ca, mine.cert if mine else None, mine.key if mine else None)
+
+
+def mysql_options(db: Database, component: str) -> dict[str, Any]:
+    """PyMySQL `connect()` keyword arguments for dialling `db` as `component`: with `[tls]` a verifying context
+    (the server's certificate and name checked against the topology's CA; `component`'s certificate
+    presented), else plaintext explicitly — PyMySQL would otherwise try unverified TLS with any server that
+    offers it."""
+    if db.tls is None:
+        return {"ssl_disabled": True}
+    return {"ssl": client_context(db.tls, component)}
+
+
+def cert_expiry_timestamp(cert_path: str | Path) -> float:
+    """When the (first) certificate in a PEM file stops being valid, as a Unix timestamp (the expiry metric,
+    `squeal_tls_cert_expiry_timestamp_seconds`)."""
+    from cryptography import x509  # imported here: most clients never read a certificate themselves
+
+    path = Path(cert_path)
+    try:
+        cert = x509.load_pem_x509_certificate(path.read_bytes())
+    except ValueError as e:
+        raise ValueError(f"{path}: not a PEM certificate ({e})") from e
+    return cert.not_valid_after_utc.timestamp()
+
+
+def certificate_files(tls: TlsSettings) -> list[tuple[str, str]]:
+    """Every certificate `[tls]` names, as (component, path): the CA as component "ca", then each component's."""
+    out = [("ca", tls.ca)] if tls.ca else []
+    return out + [(name, ck.cert) for name, ck in tls.certs]

@@ -1,0 +1,150 @@
+"""monitoring's and the web tier's clients of MariaDB honour `[tls]` (issue 25, item 6).
+
+The same checks run twice: against a plaintext MariaDB, and against a hardened one (certificate from a local
+CA, the account `REQUIRE SSL` and `IDENTIFIED VIA ed25519`, the topology's `[tls] require = true`). The web
+tier writes and fills the caches, `squealctl verify` finds the one planted stale value, and the prober's canary
+reaches every cluster through a running squeal — with the same answers on both.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pymysql
+import pytest
+from pymemcache.client.base import Client
+
+import router_config
+from loadtest.webtier import WebServer, schema_statements
+from monitoring.prober import CANARY_TABLE, Prober
+from monitoring.verify import EXIT_STALE, verify
+from ops import cli, tls
+from ops.harness import MariaDB, SquealDaemon, free_port
+from tests.conftest import _Processes
+
+CODEC = "loadtest.webtier:verify_codec"
+TOPOLOGY = """
+[squeal]
+metrics_port_base = {metrics}
+{tls}
+[[rules]]
+table = "tls_app.users"
+keys = ["user:{{id}}", "user:email:{{email}}"]
+codec = "{codec}"
+
+[[rules]]
+table = "tls_app.posts"
+keys = ["post:{{id}}", "feed:{{author_id}}"]
+codec = "{codec}"
+
+[[rules]]
+table = "tls_app.follows"
+keys = ["followers:{{followee_id}}", "following:{{follower_id}}"]
+codec = "{codec}"
+
+[[rules]]
+table = "{canary}"
+keys = ["squeal:canary:{{id}}"]
+
+[regions.east]
+master = true
+database = {{ role = "primary", port = {port}, server_id = 1 }}
+[regions.east.clusters.a]
+routers = ["{ma}"]
+pools.wildcard = {{ servers = ["127.0.0.1:{pa}"] }}
+[regions.east.clusters.b]
+routers = ["{mb}"]
+pools.wildcard = {{ servers = ["127.0.0.1:{pb}"] }}
+"""
+GRACE = 0.3
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tls.CertPair]:
+    d = tmp_path_factory.mktemp("pki")
+    ca = tls.make_ca(d)
+    return {"ca": ca, **{name: tls.issue(ca, d, name) for name in ("mariadb", "squeal", "monitoring", "webtier")}}
+
+
+@pytest.fixture(scope="module", params=["plaintext", "tls"])
+def server(request, tmp_path_factory, pki) -> Iterator[tuple[str, MariaDB]]:
+    procs = _Processes(tmp_path_factory.mktemp(f"mariadb-{request.param}"))
+    try:
+        if request.param == "plaintext":
+            yield request.param, procs.add(MariaDB(41, workdir=procs.base / "db"))
+        else:
+            m = pki["mariadb"]
+            yield request.param, procs.add(MariaDB(42, workdir=procs.base / "db", ssl_cert=m.cert, ssl_key=m.key,
+                                                   ssl_ca=pki["ca"].cert, require_ssl=True, auth="ed25519"))
+    finally:
+        procs.stop_all()
+
+
+def tls_section(pki: dict[str, tls.CertPair]) -> str:
+    out = f'[tls]\nca = "{pki["ca"].cert}"\nrequire = true\n'
+    for name in ("squeal", "monitoring", "webtier"):
+        out += f'[tls.{name}]\ncert = "{pki[name].cert}"\nkey = "{pki[name].key}"\n'
+    return out
+
+
+@pytest.fixture
+def world(server, pki, memcached_factory, processes, tmp_path):
+    kind, db = server
+    # each memcached stands in for its cluster's router (with [tls]: memcached -Z for the router's TLS port)
+    mc = {}
+    if kind == "tls":
+        mc = {"ssl_cert": pki["mariadb"].cert, "ssl_key": pki["mariadb"].key, "ssl_ca": pki["ca"].cert}
+    caches = {"a": memcached_factory(**mc), "b": memcached_factory(**mc)}
+    path = tmp_path / "topology.toml"
+    path.write_text(TOPOLOGY.format(
+        metrics=free_port(), tls=tls_section(pki) if kind == "tls" else "", codec=CODEC, canary=CANARY_TABLE,
+        port=db.port, ma=caches["a"].address, mb=caches["b"].address, pa=free_port(), pb=free_port(),
+    ))
+    topo = router_config.load(path)
+    assert (topo.master.database.tls is not None) == (kind == "tls")
+    db.execute("DROP DATABASE IF EXISTS tls_app", *schema_statements("tls_app"))
+    clients = {c: Client(("127.0.0.1", m.port), tls_context=m.ssl_context()) for c, m in caches.items()}
+    return kind, db, topo, path, clients
+
+
+def test_the_hardened_server_refuses_a_plaintext_client(server):
+    kind, db = server
+    if kind == "plaintext":
+        pytest.skip("only the hardened server refuses plaintext")
+    with pytest.raises(pymysql.err.OperationalError):
+        pymysql.connect(host=db.host, port=db.port, user=db.user, password=db.password, ssl_disabled=True)
+
+
+def test_web_tier_and_verify_give_the_same_answers_over_tls(world, capsys):
+    kind, db, topo, path, clients = world
+    web = WebServer(topo, "east", "a", database="tls_app")
+    try:
+        ids = [web.create_user(f"u{i}", f"u{i}@tls.example") for i in range(4)]
+        for user_id in ids:
+            web.get_user(user_id)  # fill cluster a through the real read path (TLS to MariaDB if [tls])
+        report = verify(topo, sample=None, grace=GRACE)
+        assert report.ok and report.checked == len(ids) and report.unchecked == (), (kind, report)
+
+        row = web.master.query_one("SELECT id, name, email FROM users WHERE id = %s", (ids[0],))
+        clients["b"].set(f"user:{ids[0]}", json.dumps({**row, "name": "old"}).encode(), expire=300, flags=64)
+        report = verify(topo, sample=None, grace=GRACE)
+        assert {(s.cluster, s.key) for s in report.stale} == {("b", f"user:{ids[0]}")}, (kind, report)
+        assert report.exit_code == EXIT_STALE
+
+        code = cli.main(["verify", str(path), "--all", "--grace", str(GRACE)])
+        out, err = capsys.readouterr()
+        assert code == EXIT_STALE and f"b: user:{ids[0]} is stale" in out and "1 stale" in out, (kind, out, err)
+    finally:
+        web.close()
+
+
+def test_the_prober_canary_reaches_every_cluster_over_tls(world, processes, tmp_path: Path):
+    kind, db, topo, path, _ = world
+    probe = Prober(topo, deadline=20.0)
+    probe.ensure_canary_table()  # over TLS when [tls]: the hardened account refuses anything else
+    processes.add(SquealDaemon(path, "east", workdir=tmp_path / "squeal", state_dir=tmp_path / "state"))
+    results = [probe.probe_once() for _ in range(2)]
+    for r in results:
+        assert set(r.latencies) == {"a", "b"} and None not in r.latencies.values(), (kind, r)
