@@ -60,19 +60,28 @@ def _relay(plain: socket.socket, tls: ssl.SSLSocket) -> None:
     """Move bytes both ways until either side closes, then close both."""
     try:
         plain.settimeout(None)
-        tls.settimeout(None)
+        # Reads from the TLS side never block: a readable socket may carry only TLS records with no data for
+        # the client (TLS 1.3 session tickets), and a blocking read would then wait for the server's answer
+        # to a request still sitting on the plaintext side.
+        tls.setblocking(False)
         while True:
             readable = [tls] if tls.pending() else select.select([plain, tls], [], [])[0]
             if tls in readable:
-                data = tls.recv(65536)
-                if not data:
-                    return
-                plain.sendall(data)
+                try:
+                    data = tls.recv(65536)
+                except ssl.SSLWantReadError:
+                    data = None
+                if data is not None:
+                    if not data:
+                        return
+                    plain.sendall(data)
             if plain in readable:
                 data = plain.recv(65536)
                 if not data:
                     return
+                tls.setblocking(True)  # writes may wait: the server reads what it is sent
                 tls.sendall(data)
+                tls.setblocking(False)
     except (OSError, ValueError):
         return  # a reset, or a socket closed under us: the client sees its end close
     finally:
