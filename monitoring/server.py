@@ -28,6 +28,7 @@ from monitoring import panels
 from monitoring.leaders import LeaderWatch
 from monitoring.prober import Prober
 from monitoring.scrape import Scraper, Store, Target
+from squeal import CertExpiry
 
 # The global reactor provides every interface used here (TCP, threads, run's options); its stub names one.
 reactor: Any = _reactor
@@ -114,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"monitoring: error: {e}", file=sys.stderr)
         return 2
     registry = CollectorRegistry()
+    if topo.tls is not None:  # every certificate [tls] names: MariaDB, ZooKeeper, memcached have no /metrics
+        registry.register(CertExpiry(router_config.certificate_files(topo.tls)))
     store = Store()
     components = Path(args.state_dir) / "components.json"
     own = Target("prometheus", f"{args.host}:{args.port}", (("role", "monitoring"),))

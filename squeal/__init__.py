@@ -18,6 +18,7 @@ from squeal.datamarkers import DatamarkerStore, FileDatamarkerStore
 from squeal.flows import Committed, Dispatcher, Flow, flow_names, flows_for_region, split_keys
 from squeal.gtid import GtidError, format_position, parse_gtid, parse_position
 from squeal.healthz import fetch_health, probe_health
+from squeal.metrics import CertExpiry, own_certificates
 from squeal.reader import BinlogReader, ReaderConfigError, Source, check_server, current_position
 from squeal.rules import KeyExtractor, RuleError, check_rules, comment_keys, delete_line, encode_key
 from squeal.transactions import Transaction, TransactionGrouper
@@ -25,6 +26,7 @@ from squeal.zkstore import client_options as zookeeper_client_options
 
 __all__ = [
     "BinlogReader",
+    "CertExpiry",
     "Committed",
     "Daemon",
     "DatamarkerStore",
@@ -50,6 +52,7 @@ __all__ = [
     "format_position",
     "parse_gtid",
     "parse_position",
+    "own_certificates",
     "probe_health",
     "run",
     "split_keys",

@@ -49,7 +49,7 @@ from squeal.datamarkers import (
     describe_error,
 )
 from squeal.flows import LIVE, Committed, Dispatcher, Flow, flows_for_region
-from squeal.metrics import Metrics, WriteMetrics
+from squeal.metrics import CertExpiry, Metrics, WriteMetrics, own_certificates
 from squeal.pipeline import Handoff, KeyStage, ReadLoop
 from squeal.reader import (
     BinlogReader,
@@ -98,6 +98,8 @@ class SenderHub:
         self.reply_timeout = reply_timeout
         self.tls = tls  # [tls]: deletes to the routers over TLS
         self.senders: dict[str, Sender] = {}
+        if tls is not None:  # one hub per process: the expiry of the certificates squeal loads, exported once
+            metrics.registry.register(CertExpiry(own_certificates(tls, "squeal")))
 
     def attach(self, flow: Flow) -> Sender:
         sender = self.senders.get(flow.name)

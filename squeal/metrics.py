@@ -8,7 +8,16 @@ transaction (sub-millisecond resolution): it shows squeal's own share of the lat
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+from router_config import TlsSettings, cert_expiry_timestamp, certificate_files
+
+log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -119,3 +128,36 @@ class WriteMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.writes, self.deletes_per_write = _write_series(self.registry)
+
+
+class CertExpiry:
+    """A collector: `squeal_tls_cert_expiry_timestamp_seconds{component, path}`, when each certificate a
+    component loads from `[tls]` stops being valid (Unix time), read from the file at every scrape so a renewed
+    file shows at once. `component` is the `[tls.<component>]` whose certificate it is, or `ca`. A file that
+    cannot be read is left out of the scrape and logged once (the loader checked it existed at start)."""
+
+    def __init__(self, certs: list[tuple[str, str]]) -> None:
+        self.certs = certs
+        self._reported: set[str] = set()
+
+    def describe(self) -> list[Any]:
+        return []  # registering must not read the files
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily("squeal_tls_cert_expiry_timestamp_seconds",
+                                   "When each TLS certificate this process loads expires (Unix time)",
+                                   labels=["component", "path"])
+        for component, path in self.certs:
+            try:
+                family.add_metric([component, path], cert_expiry_timestamp(path))
+                self._reported.discard(path)
+            except (OSError, ValueError) as e:
+                if path not in self._reported:
+                    self._reported.add(path)
+                    log.warning("[tls] certificate of %s cannot be read for its expiry: %s", component, e)
+        yield family
+
+
+def own_certificates(tls: TlsSettings, component: str) -> list[tuple[str, str]]:
+    """The certificates `component` loads from `[tls]`: the CA, and its own certificate if it has one."""
+    return [(c, p) for c, p in certificate_files(tls) if c in ("ca", component)]

@@ -24,7 +24,7 @@ def python_metrics() -> set[str]:
     for path in ROOT.glob("*/**/*.py"):
         if ".venv" in path.parts or "tests" in path.parts:
             continue
-        names = re.findall(r'(?:Counter|Gauge|Histogram)\(\s*"(squeal_[a-z_]+)"', path.read_text())
+        names = re.findall(r'(?:Counter|Gauge|Histogram)(?:MetricFamily)?\(\s*"(squeal_[a-z_]+)"', path.read_text())
         found |= {_base(n) for n in names}  # prometheus-client adds/strips the _total suffix itself
     return found
 

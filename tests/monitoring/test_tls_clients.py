@@ -19,9 +19,10 @@ from pymemcache.client.base import Client
 import router_config
 from loadtest.webtier import WebServer, schema_statements
 from monitoring.prober import CANARY_TABLE, Prober
+from monitoring.scrape import scrape_prometheus
 from monitoring.verify import EXIT_STALE, verify
 from ops import cli, tls
-from ops.harness import MariaDB, SquealDaemon, free_port
+from ops.harness import MariaDB, MonitoringServer, SquealDaemon, free_port
 from tests.conftest import _Processes
 
 CODEC = "loadtest.webtier:verify_codec"
@@ -148,3 +149,27 @@ def test_the_prober_canary_reaches_every_cluster_over_tls(world, processes, tmp_
     results = [probe.probe_once() for _ in range(2)]
     for r in results:
         assert set(r.latencies) == {"a", "b"} and None not in r.latencies.values(), (kind, r)
+
+
+def expiry_series(address: str) -> dict[tuple[str, str], float]:
+    return {(labels["component"], labels["path"]): value
+            for name, labels, value in scrape_prometheus(address) if name == "squeal_tls_cert_expiry_timestamp_seconds"}
+
+
+def test_every_component_exports_its_certificates_expiry(world, pki, processes, tmp_path: Path):
+    """squeal exports the CA's and its own certificate's expiry; the monitoring server every certificate [tls]
+    names (MariaDB, ZooKeeper and memcached have no /metrics of their own). Plaintext: no such series."""
+    kind, db, topo, path, _ = world
+    Prober(topo).ensure_canary_table()
+    daemon = processes.add(SquealDaemon(path, "east", workdir=tmp_path / "squeal", state_dir=tmp_path / "state"))
+    mon = processes.add(MonitoringServer(path, tmp_path / "state", workdir=tmp_path / "mon",
+                                         extra_args=("--no-prober",)))
+    squeal_addr = daemon.address  # ready: its /healthz (and /metrics) answer
+    got_squeal, got_mon = expiry_series(squeal_addr), expiry_series(mon.address)
+    if kind == "plaintext":
+        assert got_squeal == {} and got_mon == {}
+        return
+    when = {name: tls.expires_at(pair.cert).timestamp() for name, pair in pki.items()}
+    assert got_squeal == {("ca", str(pki["ca"].cert)): when["ca"], ("squeal", str(pki["squeal"].cert)): when["squeal"]}
+    assert got_mon == {("ca", str(pki["ca"].cert)): when["ca"],
+                       **{(n, str(pki[n].cert)): when[n] for n in ("squeal", "monitoring", "webtier")}}
