@@ -17,6 +17,13 @@ addresses, `regions.<r>.squeal.host`, each squeal instance's `host`, `zookeeper.
     routers/<cluster>.json              the cluster's router config (router_config.cluster_config)
     zookeeper/zoo-<N>.cfg               server N's zoo.cfg, as `squealctl up` writes it (ops.harness)
     monitoring/components.json          every component of the deployment, for the monitoring server
+    mariadb/tls.cnf                     with [tls], on a host with databases: MariaDB's ssl-cert/key/ca settings
+
+With `[tls]` (docs/deploy.md, "Encrypt every link") the units carry the TLS options of what they run: each
+ZooKeeper server a TLS-only client port (`secureClientPort`, Netty, a PEM key store built from
+`[tls.zookeeper]` at each start), MariaDB's settings in mariadb/tls.cnf (`[tls.mariadb]`; `require = true`
+adds `require-secure-transport`); squeal, monitoring and the web tier read `[tls]` from the topology copy.
+memcached and the routers stay plaintext here until the router's TLS flags land (issue 25, items 1-2).
 
 An HA or pooled region never gets a `--region` daemon (`squeal run` refuses one for it), and `[shards]` add
 no unit: a region's daemon or leading instance runs every shard's pipeline itself, a pool's workers the shards
@@ -47,6 +54,7 @@ from ops.harness import REPO_ROOT, ROUTER_BIN, ZOOKEEPER_CLASSPATH, ZOOKEEPER_MA
 from router_config import Topology
 
 TARGET = "squeal.target"
+NETTY_CODEC_JAR = "/usr/share/java/netty-codec.jar"  # Debian's libnetty-java (ZooKeeper's TLS port)
 HEADER = "# Rendered by `squealctl render systemd`: edit the topology and render again rather than this file."
 DEFAULT_DATA_DIR = Path("/var/lib/squeal")
 DEFAULT_VENV = REPO_ROOT / ".venv"
@@ -148,11 +156,56 @@ def zookeeper_files(topo: Topology, host: str, opts: RenderOptions) -> dict[str,
     peers = zk.peers()
     return {
         f"zookeeper/zoo-{server_id}.cfg": zookeeper_config(
-            where, zk.servers[server_id - 1].port, zookeeper_data_dir(opts, server_id), peers if len(peers) > 1 else ()
+            where, zk.servers[server_id - 1].port, zookeeper_data_dir(opts, server_id), peers if len(peers) > 1 else (),
+            tls=_zookeeper_tls(topo, opts, server_id),
         )
         for server_id, where, _, _ in peers
         if where == host
     }
+
+
+def _server_cert(topo: Topology, component: str, what: str) -> router_config.CertKey:
+    """The certificate `[tls.<component>]` a server needs with `[tls]`; RenderError naming the key if missing."""
+    assert topo.tls is not None
+    mine = topo.tls.cert(component)
+    if mine is None or topo.tls.ca is None:
+        missing = f"tls.{component}" if mine is None else "tls.ca"
+        raise RenderError(f"{topo.source}: {missing}: [tls] needs it for {what}")
+    return mine
+
+
+def zookeeper_keystore(opts: RenderOptions, server_id: int) -> Path:
+    """ZooKeeper's PEM key store (its key, then its certificate chain, in one file), made at each start."""
+    return zookeeper_data_dir(opts, server_id) / "tls-keystore.pem"
+
+
+def _zookeeper_tls(topo: Topology, opts: RenderOptions, server_id: int) -> tuple[Path, str] | None:
+    """With [tls]: (key store, CA) for a TLS-only client port (`secureClientPort`), as `squealctl up` runs it."""
+    if topo.tls is None:
+        return None
+    _server_cert(topo, "zookeeper", "ZooKeeper's TLS client port ([zookeeper] servers)")
+    assert topo.tls.ca is not None
+    return zookeeper_keystore(opts, server_id), topo.tls.ca
+
+
+def mariadb_tls_cnf(topo: Topology) -> str | None:
+    """With [tls], the `[mariadbd]` settings of every MariaDB server of the topology: its certificate, the CA
+    that signs its clients', and (`require = true`) no plaintext connection at all."""
+    if topo.tls is None:
+        return None
+    mine = _server_cert(topo, "mariadb", "MariaDB's TLS (the databases of the topology)")
+    lines = [
+        "# Rendered by `squealctl render systemd` from the topology's [tls]: include it in every MariaDB server's",
+        "# configuration (e.g. /etc/mysql/mariadb.conf.d/90-squeal-tls.cnf), then restart the server.",
+        "[mariadbd]",
+        f"ssl-cert = {mine.cert}",
+        f"ssl-key = {mine.key}",
+        f"ssl-ca = {topo.tls.ca}",
+    ]
+    if topo.tls.require:
+        lines += ["# [tls] require = true: refuse plaintext clients (accounts may also say REQUIRE SSL)",
+                  "require-secure-transport = ON"]
+    return "\n".join(lines) + "\n"
 
 
 def describe_databases(topo: Topology, host: str) -> list[str]:
@@ -193,22 +246,29 @@ def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> li
             continue
         client = clients[server_id - 1]
         data = zookeeper_data_dir(opts, server_id)
+        tls = _zookeeper_tls(topo, opts, server_id)
         argv: tuple[str, ...] = (
             str(opts.java_bin),
             f"-Xmx{opts.zookeeper_heap_mb}m",
             "-XX:+ExitOnOutOfMemoryError",  # a restart beats a server limping on without memory
-            "-cp", ZOOKEEPER_CLASSPATH,
+            # with [tls], Netty's TLS handler needs its codec, which zookeeper.jar's manifest leaves out
+            "-cp", ZOOKEEPER_CLASSPATH + (f":{NETTY_CODEC_JAR}" if tls else ""),
             ZOOKEEPER_MAIN,
             str(config_dir / "zookeeper" / f"zoo-{server_id}.cfg"),
         )  # fmt: skip
         # An ensemble member finds its id in dataDir/myid (systemd creates the state directory, empty).
         myid = f"mkdir -p {shlex.quote(str(data))} && echo {server_id} > {shlex.quote(str(data / 'myid'))}"
-        pre = (("/bin/sh", "-c", myid),) if len(ensemble) > 1 else ()
+        pre: tuple[tuple[str, ...], ...] = (("/bin/sh", "-c", myid),) if len(ensemble) > 1 else ()
+        if tls is not None:  # ZooKeeper's PEM key store is one file: key + chain, rebuilt from [tls] at each start
+            mine = _server_cert(topo, "zookeeper", "ZooKeeper's TLS client port")
+            keystore = shlex.quote(str(zookeeper_keystore(opts, server_id)))
+            pre += (("/bin/sh", "-c", f"mkdir -p {shlex.quote(str(data))} && umask 077 && "
+                     f"cat {shlex.quote(mine.key)} {shlex.quote(mine.cert)} > {keystore}"),)
         units.append(
             Unit(
                 name=f"squeal-zookeeper-{server_id}.service",
                 description=f"ZooKeeper server {server_id} of squeal's ensemble on {client} (quorum {quorum}, "
-                f"election {election})",
+                f"election {election}{'; TLS client port' if tls else ''})",
                 argv=argv,
                 kind="zookeeper",
                 state=(data.name,),
@@ -574,6 +634,13 @@ def render_systemd(
         path.parent.mkdir(exist_ok=True)
         path.write_text(text)
         files.append(path)
+    databases = describe_databases(topo, host)
+    tls_cnf = mariadb_tls_cnf(topo) if databases else None
+    if tls_cnf is not None:
+        path = out / "mariadb" / "tls.cnf"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(tls_cnf)
+        files.append(path)
     if any(u.kind == "monitoring" for u in units):
         path = out / "monitoring" / "components.json"
         path.parent.mkdir(exist_ok=True)
@@ -592,7 +659,7 @@ def render_systemd(
     for old in out.glob("squeal-*.service"):
         if old not in written and old.read_text(errors="replace").startswith(HEADER):
             old.unlink()
-    return Rendered(out=out, host=host, units=written, files=files, databases=describe_databases(topo, host))
+    return Rendered(out=out, host=host, units=written, files=files, databases=databases)
 
 
 # -- squealctl render ----------------------------------------------------------------------------------
@@ -674,6 +741,8 @@ def run(args: argparse.Namespace) -> int:
     needed = [opts.venv / "bin" / "squeal", opts.router_bin, opts.memcached_bin]
     if any(p.parent.name == "zookeeper" for p in rendered.files):
         needed += [opts.java_bin, Path(ZOOKEEPER_CLASSPATH.rsplit(":", 1)[-1])]  # Debian's zookeeper package
+        if any(NETTY_CODEC_JAR in p.read_text() for p in rendered.units):
+            needed.append(Path(NETTY_CODEC_JAR))
     for path in needed:
         if not path.exists():
             print(f"squealctl render: warning: {path} does not exist here; it must on {args.host}", file=sys.stderr)
@@ -688,8 +757,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"host {args.host}: {services} services and {TARGET} in {rendered.out}")
     for path in rendered.units + rendered.files:
         print(f"  {path.relative_to(rendered.out)}")
+    tls_cnf = rendered.out / "mariadb" / "tls.cnf"
     for database in rendered.databases:
-        print(f"  (MariaDB runs here too, {database}: set it up as docs/deploy.md says)")
+        also = f", with {tls_cnf.relative_to(rendered.out)} in its configuration" if tls_cnf in rendered.files else ""
+        print(f"  (MariaDB runs here too, {database}: set it up as docs/deploy.md says{also})")
     print(
         f"install: cp {rendered.out}/squeal*.service {rendered.out}/{TARGET} /etc/systemd/system/ && "
         f"systemctl daemon-reload && systemctl enable --now {TARGET}"

@@ -17,6 +17,7 @@ import pwd
 import shlex
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import urllib.request
@@ -27,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pymemcache.client.base import Client
 
 import router_config
-from ops import systemd
+from ops import systemd, tls
 from ops.cli import main as squealctl
 from ops.harness import ROUTER_BIN, free_port, wait_until, zookeeper_mode
 from ops.local import squeal_state
@@ -672,3 +673,75 @@ def test_pooled_region_renders_one_unit_per_worker_and_the_ensemble(tmp_path):
     listed = json.loads((here / "monitoring" / "components.json").read_text())["components"]
     assert {c["instance"] for c in listed if c["role"] == "squeal"} == {"east-1", "east-2", "east-3", "west-1",
                                                                           "west-2"}
+
+
+# -- [tls] (issue 25) -----------------------------------------------------------------------------------------
+
+
+def _tls_topology(tmp_path: Path, components: tuple[str, ...] = ("mariadb", "zookeeper", "squeal")) -> Path:
+    """examples/three-hosts-ha.toml with `[tls] dir = "tls"` (ops.tls's CA and certificates) and one ZooKeeper
+    server on a free port (a standalone server starts quickly on a shared machine)."""
+    d = tmp_path / "tls"
+    ca = tls.make_ca(d)
+    for name in components:
+        tls.issue(ca, d, name)
+    text = THREE_HA.read_text()
+    text = text.replace('servers = ["127.0.0.1:25181", "127.0.0.2:25182", "127.0.0.3:25183"]',
+                        f'servers = ["127.0.0.1:{free_port()}"]')
+    text = text.replace("peer_ports = [[25281, 25381], [25282, 25382], [25283, 25383]]",
+                        f"peer_ports = [[{free_port()}, {free_port()}]]")
+    path = tmp_path / "tls-ha.toml"
+    path.write_text('[tls]\ndir = "tls"\nrequire = true\n\n' + text)
+    return path
+
+
+def test_tls_topology_renders_zookeepers_tls_port_and_mariadbs_ssl_settings(tmp_path):
+    topology = _tls_topology(tmp_path)
+    topo = router_config.load(topology)
+    out, data = tmp_path / "out", tmp_path / "data"
+    render(topology, "127.0.0.1", out, "--data-dir", str(data))
+    tls_dir = tmp_path / "tls"
+
+    cnf = (out / "mariadb" / "tls.cnf").read_text()
+    assert "[mariadbd]" in cnf
+    for line in (f"ssl-cert = {tls_dir / 'mariadb.crt'}", f"ssl-key = {tls_dir / 'mariadb.key'}",
+                 f"ssl-ca = {tls_dir / 'ca.crt'}", "require-secure-transport = ON"):
+        assert line in cnf.splitlines(), (line, cnf)
+
+    cfg = (out / "zookeeper" / "zoo-1.cfg").read_text().splitlines()
+    port = topo.zookeeper.servers[0].port
+    assert f"secureClientPort={port}" in cfg and not any(c.startswith("clientPort=") for c in cfg), cfg
+    assert "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory" in cfg
+    keystore = data / "zookeeper-1" / "tls-keystore.pem"
+    assert f"ssl.keyStore.location={keystore}" in cfg and f"ssl.trustStore.location={tls_dir / 'ca.crt'}" in cfg
+    unit = parse_unit(out / "squeal-zookeeper-1.service")
+    argv = exec_start(unit)
+    assert argv[argv.index("-cp") + 1].endswith(f":{systemd.NETTY_CODEC_JAR}")
+    (pre,) = exec_start_pre(unit)  # standalone: no myid, only the key store
+    assert pre[:2] == ["/bin/sh", "-c"] and str(keystore) in pre[2] and "umask 077" in pre[2]
+    verify([*services_of(out), out / "squeal.target"])
+
+    # and it runs: the pre-command builds the key store, the server answers only over TLS
+    if not Path(systemd.NETTY_CODEC_JAR).exists() or not Path("/usr/share/zookeeper").exists():
+        pytest.skip("ZooKeeper or libnetty-java not installed (scripts/setup.sh)")
+    subprocess.run(pre, check=True, timeout=30)
+    assert keystore.stat().st_mode & 0o077 == 0
+    log = (tmp_path / "zk.log").open("w")
+    proc = subprocess.Popen(argv, cwd=out, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        address = str(topo.zookeeper.servers[0])
+        ctx = ssl.create_default_context(cafile=str(tls_dir / "ca.crt"))
+        assert wait_until(lambda: zookeeper_mode(address, ctx), 90, "the rendered ZooKeeper over TLS", proc=proc,
+                          log_file=tmp_path / "zk.log") == "standalone"
+        assert zookeeper_mode(address) is None  # a plaintext client gets nothing
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_tls_topology_without_a_servers_certificate_is_a_one_line_error(tmp_path, capsys):
+    topology = _tls_topology(tmp_path, components=("mariadb", "squeal"))
+    rc = squealctl(["render", "systemd", str(topology), "--host", "127.0.0.1", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "tls.zookeeper" in err and str(topology) in err, err
