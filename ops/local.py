@@ -24,6 +24,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -517,6 +518,7 @@ class Deployment:
         (`leader`, `follower`, `standalone`; None when not serving)."""
         out = []
         components = self.components()
+        zk_tls = self._zookeeper_tls() if any(c.role == "zookeeper" for c in components) else None
         for c, pid in zip(components, self.locate(components), strict=True):
             running = pid is not None
             row = {
@@ -537,13 +539,22 @@ class Deployment:
                 if isinstance(body.get("shards"), dict):  # [shards]: the shards this daemon reads now
                     row["shards"] = sorted(body["shards"])
             if c.role == "zookeeper":
-                row["mode"] = zookeeper_mode(c.address) if row["answering"] else None
+                row["mode"] = zookeeper_mode(c.address, zk_tls) if row["answering"] else None
                 row["serving"] = row["mode"] is not None
             if c.role != "squeal":  # squeal's come from its /healthz; the others' from what we can see
                 row["problems"] = _visible_problems(row)
                 row["healthy"] = not row["problems"]
             out.append(row)
         return out
+
+    def _zookeeper_tls(self) -> ssl.SSLContext | None:
+        """With the recorded topology's [tls], ZooKeeper's client ports are TLS: `srvr` is asked over TLS,
+        verifying the servers against the topology's CA (status presents no certificate of its own)."""
+        path = self.recorded_topology()
+        if path is None or not Path(path).exists():
+            return None
+        tls = router_config.load(path).tls
+        return router_config.verifying_context(tls.ca) if tls is not None else None
 
     def supervisor_status(self) -> dict | None:
         """The supervisor's record with `running` and `uptime`, or None when the deployment has none."""
