@@ -16,8 +16,8 @@ from typing import Any
 from twisted.internet import defer, protocol
 from twisted.python.failure import Failure
 
-import router_config
 from router_config import TlsSettings
+from router_config import client_context as _client_context
 
 
 class TlsError(ConnectionError):
@@ -26,7 +26,7 @@ class TlsError(ConnectionError):
 
 def client_context(tls: TlsSettings, component: str = "squeal") -> ssl.SSLContext:
     """A verifying client context from the topology's [tls] (read afresh per connection: renewed files count)."""
-    return router_config.client_context(tls, component)
+    return _client_context(tls, component)
 
 
 def reason_of(e: BaseException) -> str:

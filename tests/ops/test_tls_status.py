@@ -29,7 +29,8 @@ def test_status_asks_a_tls_only_zookeeper_over_tls(processes, tmp_path):
     topology = tmp_path / "topology.toml"
     text = (REPO / "examples" / "local.toml").read_text()
     text = text.replace('servers = ["127.0.0.1:12181", "127.0.0.1:12182", "127.0.0.1:12183"]\n'
-                        'peer_ports = [[12281, 12381], [12282, 12382], [12283, 12383]]\n', f'servers = ["{zk.address}"]\n')
+                        'peer_ports = [[12281, 12381], [12282, 12382], [12283, 12383]]\n',
+                        f'servers = ["{zk.address}"]\n')
     topology.write_text('[tls]\ndir = "tls"\nrequire = true\n\n' + text)
     state = tmp_path / "state"
     state.mkdir()
