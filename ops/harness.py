@@ -126,6 +126,28 @@ def memcached_command(address: tuple[str, int], command: bytes, timeout: float =
         return buf.rstrip(b"\r\n")
 
 
+def tls_memcached_command(
+    address: tuple[str, int], command: bytes, timeout: float = 2.0, ca: Path | None = None
+) -> bytes:
+    """`memcached_command` over TLS: the server's certificate is checked against `ca` if given (else not at
+    all: a readiness check of a server whose certificate is meant to be bad)."""
+    import ssl
+
+    ctx = ssl.create_default_context(cafile=str(ca)) if ca else ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if not ca:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    with socket.create_connection(address, timeout=timeout) as raw, ctx.wrap_socket(raw, server_hostname=address[0]) as s:
+        s.sendall(command)
+        buf = b""
+        while not buf.endswith(b"\r\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+        return buf.rstrip(b"\r\n")
+
+
 class ManagedProcess:
     """One child process with a work dir, a log file and a readiness check. Context manager."""
 
@@ -246,11 +268,18 @@ class Memcached(ManagedProcess):
     stop_signal = signal.SIGKILL
 
     def __init__(
-        self, port: int | None = None, workdir: str | Path | None = None, memory_mb: int = 64, host: str = "127.0.0.1"
+        self,
+        port: int | None = None,
+        workdir: str | Path | None = None,
+        memory_mb: int = 64,
+        host: str = "127.0.0.1",
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
         super().__init__(port, workdir, host)
         self.memory_mb = memory_mb
         self.binary = require_binary("memcached", "memcached")
+        # (certificate chain, key) in PEM: the port speaks TLS only (`-Z`), see DESIGN.md "TLS facts"
+        self.tls = tls
 
     def command(self) -> list[str]:
         return [
@@ -267,9 +296,11 @@ class Memcached(ManagedProcess):
             "4096",
             "-u",
             "root",
-        ]
+        ] + (["-Z", "-o", f"ssl_chain_cert={self.tls[0]},ssl_key={self.tls[1]}"] if self.tls else [])
 
     def ready(self) -> bool:
+        if self.tls:
+            return tls_memcached_command((self.host, self.port), b"version\r\n").startswith(b"VERSION")
         return memcached_command((self.host, self.port), b"version\r\n").startswith(b"VERSION")
 
 
@@ -433,8 +464,11 @@ class Router(ManagedProcess):
         spool_dir: str | Path | None = None,
         host: str = "127.0.0.1",
         extra_args: tuple[str, ...] = (),
+        ssl_port: int | None = None,
     ) -> None:
         super().__init__(port, workdir, host)
+        # a TLS port beside the plaintext one (`--ssl-port`; its certificate flags go in extra_args)
+        self.ssl_port = ssl_port
         if not ROUTER_BIN.exists():
             raise HarnessError(f"{ROUTER_BIN} not built: run scripts/setup.sh (cargo build --release in router/)")
         self.config_path = Path(config_path)
@@ -456,6 +490,8 @@ class Router(ManagedProcess):
         ]
         if self.metrics_port:
             cmd += ["--metrics-port", str(self.metrics_port)]
+        if self.ssl_port:
+            cmd += ["--ssl-port", str(self.ssl_port)]
         return cmd + list(self.extra_args)
 
     def ready(self) -> bool:
