@@ -137,7 +137,10 @@ def tls_memcached_command(
     if not ca:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
-    with socket.create_connection(address, timeout=timeout) as raw, ctx.wrap_socket(raw, server_hostname=address[0]) as s:
+    with (
+        socket.create_connection(address, timeout=timeout) as raw,
+        ctx.wrap_socket(raw, server_hostname=address[0]) as s,
+    ):
         s.sendall(command)
         buf = b""
         while not buf.endswith(b"\r\n"):

@@ -70,12 +70,16 @@ def tls_args(pki, *more: str) -> tuple[str, ...]:
     )
 
 
-def start_router(processes, config: dict, extra: tuple[str, ...] = (), name: str = "router", ssl: bool = True) -> Router:
+def start_router(
+    processes, config: dict, extra: tuple[str, ...] = (), name: str = "router", ssl: bool = True
+) -> Router:
     workdir = processes.base / name
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "config.json"
     path.write_text(json.dumps(config))
-    return processes.add(Router(path, workdir=workdir, ssl_port=free_port() if ssl else None, extra_args=(*FAST, *extra)))
+    return processes.add(
+        Router(path, workdir=workdir, ssl_port=free_port() if ssl else None, extra_args=(*FAST, *extra))
+    )
 
 
 def plain_pool(mc: Memcached) -> dict:
@@ -310,13 +314,17 @@ def test_a_tls_pool_reaches_memcached_z_and_verifies_it(processes, pki):
 
 def test_a_tls_pool_without_a_ca_is_refused_at_start(tmp_path, pki):
     config = tmp_path / "c.json"
-    config.write_text(json.dumps({"pools": {"p": {"servers": ["127.0.0.1:1"], "security_mech": "tls"}}, "route": "PoolRoute|p"}))
+    config.write_text(
+        json.dumps({"pools": {"p": {"servers": ["127.0.0.1:1"], "security_mech": "tls"}}, "route": "PoolRoute|p"})
+    )
     out = subprocess.run(
         [str(ROUTER_BIN), "-f", str(config), "-p", str(free_port())], capture_output=True, text=True, timeout=30
     )
     assert out.returncode == 1
     assert "pool `p`" in out.stderr and "--pem-ca-path" in out.stderr, out.stderr
-    config.write_text(json.dumps({"pools": {"p": {"servers": ["127.0.0.1:1"], "security_mech": "quic"}}, "route": "PoolRoute|p"}))
+    config.write_text(
+        json.dumps({"pools": {"p": {"servers": ["127.0.0.1:1"], "security_mech": "quic"}}, "route": "PoolRoute|p"})
+    )
     out = subprocess.run(
         [str(ROUTER_BIN), "-f", str(config), "-p", str(free_port()), "--pem-ca-path", str(pki.ca.cert)],
         capture_output=True,
@@ -354,7 +362,9 @@ def test_a_bad_server_certificate_is_one_clear_log_line(processes, pki, case):
     pair, why = {
         "wrong CA": (lambda: tls.issue(pki.other_ca, d, "mc"), "not signed by a trusted CA"),
         "expired": (
-            lambda: tls.issue(pki.ca, d, "mc", not_before=now - datetime.timedelta(days=9), not_after=now - datetime.timedelta(days=1)),
+            lambda: tls.issue(
+                pki.ca, d, "mc", not_before=now - datetime.timedelta(days=9), not_after=now - datetime.timedelta(days=1)
+            ),
             "certificate expired",
         ),
         "hostname mismatch": (lambda: tls.issue(pki.ca, d, "mc", hosts=("cache.example",)), "hostname mismatch"),
