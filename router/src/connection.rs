@@ -64,6 +64,8 @@ struct Conn {
     fresh: bool,
     /// False until the client has logged in, when the router runs with `--auth-file`.
     authenticated: bool,
+    /// The client's address, for log lines.
+    peer: String,
     wbuf: BytesMut,
     in_flight: FuturesOrdered<ReplyFuture>,
 }
@@ -166,6 +168,10 @@ pub async fn serve<S: ClientStream>(shared: Arc<Shared>, mut stream: S) {
         closing: false,
         fresh: true,
         authenticated: shared.ctx.opts.client_auth.is_none(),
+        peer: stream
+            .tcp()
+            .peer_addr()
+            .map_or_else(|_| "?".to_string(), |a| a.to_string()),
         wbuf: BytesMut::new(),
         in_flight: FuturesOrdered::new(),
     };
@@ -302,6 +308,17 @@ impl Conn {
                 };
                 self.shared.ctx.stats.client_errors.fetch_add(1, Relaxed);
                 self.push_ready(refusal);
+                self.closing = true;
+                return data.len();
+            }
+            if data.len() >= 2 && data[0] == 22 && data[1] == 3 {
+                // A TLS ClientHello (record type 22, version 3.x) on a plaintext port: one line
+                // naming the client (rate-limited), then close; its TLS library reports the failure.
+                self.shared.ctx.stats.client_errors.fetch_add(1, Relaxed);
+                crate::tls::PLAINTEXT_PORT.note(
+                    &format!("client {}", self.peer),
+                    "a TLS client on the plaintext port (it sent a TLS handshake; use an --ssl-port); closed",
+                );
                 self.closing = true;
                 return data.len();
             }

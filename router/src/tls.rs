@@ -287,6 +287,10 @@ pub fn reason(e: &io::Error) -> String {
     }
 }
 
+/// TLS clients that came to a plaintext port (see `crate::connection`), logged as handshake
+/// failures are.
+pub static PLAINTEXT_PORT: std::sync::LazyLock<FailureLog> = std::sync::LazyLock::new(FailureLog::default);
+
 /// Handshake failures, logged one line each up to [`LOG_BURST`] a second, then summed up.
 #[derive(Default)]
 pub struct FailureLog {

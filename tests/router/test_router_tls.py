@@ -126,9 +126,12 @@ def test_tls_and_plaintext_ports_serve_the_same_protocol(processes, memcached_fa
     assert t.call(b"get __mcrouter__.version\r\n") == p.call(b"get __mcrouter__.version\r\n")
     assert t.call(b"version\r\n").startswith(b"VERSION")
     assert int(stats(p)["tls_handshakes"]) == 1
-    # the plaintext port stays plaintext: a TLS client there gets no handshake
+    # the plaintext port stays plaintext: a TLS client there gets no handshake, and one log line
     with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
-        TlsConn((router.host, router.port), pki.ca.cert, timeout=2.0).call(b"version\r\n")
+        TlsConn((router.host, router.port), pki.ca.cert, timeout=5.0).call(b"version\r\n")
+    wait_for(lambda: tls_lines(router), what="the router's log line")
+    (line,) = tls_lines(router)
+    assert "client 127.0.0.1:" in line and "a TLS client on the plaintext port" in line, line
     t.close()
     p.close()
 
