@@ -125,6 +125,9 @@ fn tls_connector(ca: &str) -> TlsConnector {
         .unwrap_or_else(|e| die(0, "TLS", e))
         .with_root_certificates(roots)
         .with_no_client_auth();
+    // every connection pays a full handshake (no session resumption): the worst case
+    let mut config = config;
+    config.resumption = tokio_rustls::rustls::client::Resumption::disabled();
     TlsConnector::from(Arc::new(config))
 }
 
