@@ -1144,4 +1144,33 @@ mod tests {
         assert_eq!(normalize_addr("[::1]:5").unwrap(), "[::1]:5");
         assert!(normalize_addr("h:0").is_none());
     }
+
+    #[test]
+    fn security_mech_as_mcrouter_spells_it() {
+        let obj = |v: serde_json::Value| v.as_object().unwrap().clone();
+        assert_eq!(
+            pool_security_mech("p", &obj(serde_json::json!({"security_mech": "tls"}))),
+            Ok(true)
+        );
+        assert_eq!(
+            pool_security_mech("p", &obj(serde_json::json!({"security_mech": "plain"}))),
+            Ok(false)
+        );
+        assert_eq!(
+            pool_security_mech("p", &obj(serde_json::json!({"use_ssl": true}))),
+            Ok(true)
+        );
+        assert_eq!(pool_security_mech("p", &obj(serde_json::json!({}))), Ok(false));
+        let e = pool_security_mech("p", &obj(serde_json::json!({"security_mech": "tls_to_plain"}))).unwrap_err();
+        assert!(e.contains("pool `p`") && e.contains("tls_to_plain"), "{e}");
+        assert_eq!(server_security_mech("127.0.0.1:1:ascii:ssl"), Ok(Some(true)));
+        assert_eq!(server_security_mech("[::1]:1:ascii:plain"), Ok(Some(false)));
+        assert_eq!(server_security_mech("127.0.0.1:1"), Ok(None));
+        assert_eq!(server_security_mech("127.0.0.1:1:ascii"), Ok(None));
+        assert!(server_security_mech("127.0.0.1:1:ascii:x").is_err());
+        assert_eq!(
+            normalize_addr("127.0.0.1:11211:ascii:ssl").as_deref(),
+            Some("127.0.0.1:11211")
+        );
+    }
 }

@@ -772,6 +772,72 @@ mod tests {
     }
 
     #[test]
+    fn tls_flags_map_as_mcrouters() {
+        // --server-pem-* default to --pem-* (mcrouter's finalizeOptions); --pem-* are for servers
+        let a = parse(&[
+            "-f",
+            "c.json",
+            "-p",
+            "1",
+            "--ssl-port",
+            "5001,5002",
+            "--pem-cert-path",
+            "r.crt",
+            "--pem-key-path",
+            "r.key",
+            "--pem-ca-path",
+            "ca.crt",
+            "--ssl-require-peer-certs",
+        ])
+        .unwrap();
+        assert_eq!(a.ssl_ports, [5001, 5002]);
+        let l = a.listener_tls.unwrap();
+        assert_eq!(
+            (l.cert.to_str(), l.key.to_str(), l.ca.as_deref()),
+            (Some("r.crt"), Some("r.key"), Some("ca.crt".as_ref()))
+        );
+        assert!(l.require_client_cert);
+        let u = a.upstream_tls.unwrap();
+        assert_eq!(
+            (u.ca.as_deref(), u.cert.as_deref()),
+            (Some("ca.crt".as_ref()), Some("r.crt".as_ref()))
+        );
+        let a = parse(&[
+            "-f",
+            "c.json",
+            "-p",
+            "1",
+            "--ssl-port",
+            "5001",
+            "--server-pem-cert-path",
+            "s.crt",
+            "--server-pem-key-path",
+            "s.key",
+            "--server-pem-ca-path",
+            "clients.crt",
+            "--pem-ca-path",
+            "ca.crt",
+            "--ssl-service-identity",
+            "cache.example",
+        ])
+        .unwrap();
+        let l = a.listener_tls.unwrap();
+        assert_eq!(
+            (l.cert.to_str(), l.ca.as_deref()),
+            (Some("s.crt"), Some("clients.crt".as_ref()))
+        );
+        assert!(!l.require_client_cert);
+        assert_eq!(
+            a.upstream_tls.unwrap().service_identity.as_deref(),
+            Some("cache.example")
+        );
+        let a = parse(&["-f", "c.json", "-p", "1"]).unwrap();
+        assert!(a.listener_tls.is_none() && a.upstream_tls.is_none() && a.ssl_ports.is_empty());
+        let e = parse(&["-f", "c.json", "-p", "1", "--ssl-port", "5001"]).err().unwrap();
+        assert!(e.contains("--ssl-port needs a certificate and key"), "{e}");
+    }
+
+    #[test]
     fn max_item_size_reads_like_memcacheds_dash_i() {
         let size = |v: &str| parse(&["-f", "c.json", "-p", "1", "--max-item-size", v]).map(|a| a.opts.max_value);
         assert_eq!(parse(&["-f", "c.json", "-p", "1"]).unwrap().opts.max_value, 1024 * 1024);
