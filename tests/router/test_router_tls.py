@@ -274,6 +274,21 @@ def test_certificates_rotated_under_load_without_a_client_error(processes, memca
     assert "TLS certificate for clients reloaded on SIGHUP" in router.log_file.read_text()
 
 
+def test_certificate_files_changed_are_picked_up_without_a_signal(processes, memcached_factory, pki):
+    mc = memcached_factory()
+    router = start_router(processes, plain_pool(mc), tls_args(pki))
+    addr = (router.host, router.ssl_port)
+    kept = TlsConn(addr, pki.ca.cert)
+    assert kept.call(b"set k 0 0 1\r\nv\r\n") == b"STORED"
+    new = tls.issue(pki.ca, pki.router.cert.parent / "new", "router")
+    pki.router.key.write_bytes(new.key.read_bytes())
+    pki.router.cert.write_bytes(new.cert.read_bytes())
+    serial = new.load_cert().serial_number
+    wait_for(lambda: TlsConn(addr, pki.ca.cert).peer_serial() == serial, what="the new certificate served")
+    assert "reloaded (files changed)" in router.log_file.read_text()
+    assert kept.call(b"get k\r\n") == b"VALUE k 0 1\r\nv\r\nEND\r\n"
+
+
 def test_a_bad_certificate_file_on_sighup_keeps_the_old_one(processes, memcached_factory, pki):
     mc = memcached_factory()
     router = start_router(processes, plain_pool(mc), tls_args(pki))
