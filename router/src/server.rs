@@ -369,7 +369,15 @@ async fn open(
             None => ServerStream::Plain(tcp),
             Some(tls) => ServerStream::Tls(Box::new(tls.connect(addr, tcp).await.map_err(NotReady::Failed)?)),
         };
-        auth::prepare(&mut stream, login).await?;
+        let tls = matches!(stream, ServerStream::Tls(_));
+        auth::prepare(&mut stream, login).await.map_err(|e| match e {
+            // TLS 1.3: a server that refuses the router's certificate (or its lack of one) says so
+            // only after the handshake, in an alert read with the first answer
+            NotReady::Failed(m) if tls && m.contains("alert") => NotReady::Failed(format!(
+                "TLS: the server refused the router after the handshake ({m}): does it demand a client certificate (--pem-cert-path) from another CA?"
+            )),
+            e => e,
+        })?;
         Ok(stream)
     };
     match tokio::time::timeout(connect_timeout, attempt).await {

@@ -398,3 +398,35 @@ def test_a_bad_server_certificate_is_one_clear_log_line(processes, pki, case):
     assert f"server {mc.address}" in lines[0] and why in lines[0], lines[0]
     # memcached itself is fine over TLS for a client that does not check
     assert tls_memcached_command((mc.host, mc.port), b"version\r\n").startswith(b"VERSION")
+
+
+class VerifyingMemcached(Memcached):
+    """memcached -Z that demands a client certificate signed by `ca` (`ssl_verify_mode=2`)."""
+
+    def __init__(self, ca: Path, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.ca = ca
+
+    def command(self) -> list[str]:
+        return super().command() + ["-o", f"ssl_ca_cert={self.ca},ssl_verify_mode=2"]
+
+    def ready(self) -> bool:
+        with socket.create_connection((self.host, self.port), timeout=2):
+            return True
+
+
+def test_the_router_shows_its_certificate_to_a_memcached_that_demands_one(processes, pki):
+    mc = processes.add(
+        VerifyingMemcached(pki.ca.cert, workdir=processes.base / "mc", tls=(pki.memcached.cert, pki.memcached.key))
+    )
+    config = {"pools": {"p": {"servers": [mc.address], "security_mech": "tls"}}, "route": "PoolRoute|p"}
+    with_cert = start_router(processes, config, tls_args(pki), ssl=False)
+    c = Conn(with_cert.address)
+    assert c.call(b"set k 0 0 1\r\nv\r\n") == b"STORED"
+    assert c.call(b"get k\r\n") == b"VALUE k 0 1\r\nv\r\nEND\r\n"
+    # without --pem-cert-path memcached refuses the router: the request fails, one TKO line says so
+    without = start_router(processes, config, ("--pem-ca-path", str(pki.ca.cert)), name="router2", ssl=False)
+    c2 = Conn(without.address)
+    assert c2.call(b"get k\r\n").startswith(b"SERVER_ERROR")
+    lines = [line for line in without.log_file.read_text().splitlines() if "marked TKO" in line]
+    assert len(lines) == 1 and mc.address in lines[0] and "client certificate (--pem-cert-path)" in lines[0], lines
