@@ -14,6 +14,7 @@ down:
 lint:
 	.venv/bin/ruff check .
 	.venv/bin/lint-imports
+	.venv/bin/mypy
 	@if [ -f router/Cargo.toml ]; then cd router && cargo fmt --check && cargo clippy --locked -q --all-targets -- -D warnings; fi
 	@if [ -f squeal_native/Cargo.toml ]; then cd squeal_native && cargo fmt --check && cargo clippy --locked -q --all-targets -- -D warnings; fi
 

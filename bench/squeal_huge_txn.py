@@ -19,13 +19,10 @@ the wall-clock time). `--reader` is the daemon's `[squeal] reader` (default nati
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import psutil
@@ -35,15 +32,12 @@ from squeal_helpers import Cache, topology_text
 from squeal_throughput import bare_decode, c_decoder, cpu_seconds, create_schema, loadavg, metric_sum
 
 from ops.harness import MariaDB, Memcached, SquealDaemon
+from squeal import fetch_health
 from squeal import gtid as g
 
 
 def health(port: int) -> dict:
-    try:
-        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read()
-    except urllib.error.HTTPError as e:  # 503 still carries the flows
-        body = e.read()
-    return json.loads(body)
+    return fetch_health(f"127.0.0.1:{port}", timeout=5)[1]  # a 503 still carries the flows
 
 
 def user_keys(ids: range) -> list[str]:

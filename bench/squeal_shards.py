@@ -29,6 +29,7 @@ from pathlib import Path
 import psutil
 
 from ops.harness import MariaDB, Memcached, SquealDaemon, free_port, wait_until
+from squeal import probe_health
 
 DOMAIN = 30  # shard i runs in GTID domain 30 + i
 SCHEMA = "CREATE TABLE users (id INT PRIMARY KEY, email VARCHAR(200), name VARCHAR(200), n INT) ENGINE=InnoDB"
@@ -43,10 +44,7 @@ def metric_sum(text: str, prefix: str) -> float:
 
 
 def health(port: int) -> dict:
-    try:
-        return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read())
-    except OSError:
-        return {}
+    return probe_health(f"127.0.0.1:{port}", timeout=5)[1]
 
 
 def topology(dbs: list[MariaDB], schema: str, caches: list[Memcached]) -> str:

@@ -1,7 +1,7 @@
 """squeal throughput, batching and memory benchmark (not a test: prints figures for docs/benchmarks.md).
 
     .venv/bin/python bench/squeal_throughput.py [--rows 50000] [--repeat 3] [--readers native,python]
-                                                [--dead-seconds 60] [--no-memory]
+                                                [--dead-seconds 60] [--no-memory] [--tls]
 
 1. Throughput: one binlog of `--rows` row changes (a 4-column table, transactions of 10 single-row
    statements, half INSERTs, half UPDATEs; grown until every reader's window below lasts `--min-seconds`,
@@ -18,6 +18,10 @@
    1,000 row changes, and its RSS at the end of the run (at full speed).
 2. Batching: deletes per write (squeal_deletes_sent_total / squeal_delete_writes_total) for the same
    replay with the topology's batch_size (256) and with batch_size = 1 (no batching).
+   With `--tls` the server has a certificate (ops.tls) and every round also runs each reader with the
+   topology's `[tls]` section: TLS to MariaDB (the server verified) and, since `[tls]` is one switch for every
+   link, the deletes over TLS too, to a second pair of memcached started with `-Z`. RATIO squeal[reader]
+   tls/plaintext is the median of the rounds' TLS rows/s / plaintext rows/s (issue 25's target: >= 0.9).
 3. Memory: squeal following a steady write load while one cluster's memcached is SIGSTOPped for
    `--dead-seconds`; squeal's RSS is sampled throughout, then after the dead cluster has caught up.
 """
@@ -25,9 +29,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
+import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -43,13 +48,33 @@ from pymysqlreplication.event import MariadbGtidEvent, XidEvent
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "squeal"))
 from squeal_helpers import topology_text
 
+from ops import tls as pki
 from ops.harness import MariaDB, Memcached, SquealDaemon, wait_until
+from squeal import fetch_health
 from squeal import gtid as g
 from squeal.reader import BinlogReader
 
 
+class TlsMemcached(Memcached):
+    """memcached `-Z` (TLS on its port) for squeal's deletes under `--tls`."""
+
+    def __init__(self, pair: pki.CertPair, ca: pki.CertPair, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.pair, self.ca = pair, ca
+
+    def command(self) -> list[str]:
+        return [*super().command(), "-Z", "-o", f"ssl_chain_cert={self.pair.cert},ssl_key={self.pair.key}"]
+
+    def ready(self) -> bool:
+        ctx = ssl.create_default_context(cafile=str(self.ca.cert))
+        with socket.create_connection((self.host, self.port), timeout=1) as s, \
+                ctx.wrap_socket(s, server_hostname=self.host) as t:
+            t.sendall(b"version\r\n")
+            return t.recv(64).startswith(b"VERSION")
+
+
 def health(port: int) -> dict:
-    return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read())
+    return fetch_health(f"127.0.0.1:{port}", timeout=5)[1]
 
 
 def metric_sum(port: int, name: str) -> float:
@@ -107,7 +132,8 @@ def bare_decode(db: MariaDB, schema: str, start: str, end: g.Position) -> tuple[
     connection, which the library answers by reconnecting from `start` (upstream issue 367), forever.
     """
     stream = BinLogStreamReader(
-        connection_settings={"host": db.host, "port": db.port, "user": db.user, "passwd": db.password},
+        connection_settings={"host": db.host, "port": db.port, "user": db.user, "passwd": db.password,
+                             "ssl_disabled": True},  # plaintext, as before --tls existed
         server_id=987654, blocking=True, is_mariadb=True, annotate_rows_event=True, auto_position=start,
         only_events=BinlogReader.EVENTS, only_schemas=[schema], only_tables=["users", "posts"],
         enable_logging=False)
@@ -146,10 +172,13 @@ def c_decoder(db: MariaDB, start: str, end: g.Position) -> tuple[float, float]:
 
 
 def squeal_replay(base: Path, db: MariaDB, schema: str, caches: list[Memcached], start: str, end: g.Position,
-                  batch_size: int, reader: str = "python", timeout: float = 900) -> dict:
+                  batch_size: int, reader: str = "python", timeout: float = 900, tls_dir: Path | None = None) -> dict:
+    """`tls_dir`: the topology gets `[tls] dir = tls_dir` (squeal dials MariaDB with TLS)."""
     work = Path(tempfile.mkdtemp(dir=base))
     topo = work / "topology.toml"
     text = topology_text(db, schema, [m.port for m in caches], regional=False, batch_size=batch_size)
+    if tls_dir is not None:
+        text = f'[tls]\ndir = "{tls_dir}"\nrequire = true\n' + text
     topo.write_text(text.replace("[squeal]\n", f'[squeal]\nreader = "{reader}"\n', 1))
     # The 4-column table: rules render two keys per row image.
     daemon = SquealDaemon(topo, "east", workdir=work, state_dir=work / "state", extra_args=("--from-gtid", start))
@@ -281,10 +310,21 @@ def main() -> int:
     ap.add_argument("--min-seconds", type=float, default=2.0,
                     help="measure each squeal reader over at least this much decoding after /healthz: the binlog "
                          "grows past --rows until it does (the native reader needs far more rows than the python one)")
+    ap.add_argument("--tls", action="store_true", help="also run each reader over TLS to MariaDB (RATIO tls/plaintext)")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="squeal-bench-"))
-    db = MariaDB(1, workdir=base / "db").start()
+    tls_dir: Path | None = None
+    server_tls: dict = {}
+    if args.tls:
+        tls_dir = base / "pki"
+        ca = pki.make_ca(tls_dir)
+        pki.issue(ca, tls_dir, "squeal")
+        server = pki.issue(ca, tls_dir, "mariadb")
+        server_tls = {"ssl_cert": server.cert, "ssl_key": server.key, "ssl_ca": ca.cert}
+    db = MariaDB(1, workdir=base / "db", **server_tls).start()
     caches = [Memcached(workdir=base / "mc", memory_mb=256).start() for _ in range(2)]
+    tls_caches = [TlsMemcached(server, ca, workdir=base / "mc-tls", memory_mb=256).start()
+                  for _ in range(2)] if args.tls else []
     try:
         schema = "bench"
         create_schema(db, schema)
@@ -318,6 +358,15 @@ def main() -> int:
                 # CPU over the window, per row, against bare decode's CPU per row
                 r["cpu_ratio"] = (bare_cpu / bare_rows) / (r["cpu"] / max(r["window_rows"], 1))
                 result[reader] = r
+                if tls_dir is not None:
+                    t = squeal_replay(base, db, schema, tls_caches, start, end, batch_size=256, reader=reader,
+                                      tls_dir=tls_dir)
+                    if t["rows"] != bare_rows:
+                        raise RuntimeError(f"squeal ({reader}, TLS) read {t['rows']:.0f} rows, bare decode {bare_rows}")
+                    r["tls"] = t["rows_per_s"] / r["rows_per_s"]
+                    print(f"  squeal {reader:6} over TLS: {t['window_rows']:.0f} rows in {t['seconds']:.2f}s = "
+                          f"{t['rows_per_s']:,.0f} rows/s = {r['tls']:.2f}x plaintext; CPU per 1,000 rows "
+                          f"{t['cpu_per_1000'] * 1000:.1f} ms (plaintext {r['cpu_per_1000'] * 1000:.1f} ms)")
                 print(f"  squeal {reader:6} end to end: {r['window_rows']:.0f} rows in {r['seconds']:.2f}s = "
                       f"{r['rows_per_s']:,.0f} rows/s ({r['rows'] - r['window_rows']:.0f} read before /healthz);"
                       f" {r['deletes_per_write']:.1f} deletes/write; RSS {r['rss_mb']:.0f} MB; sheds "
@@ -335,6 +384,10 @@ def main() -> int:
                   f"squeal {mid[reader]['rows_per_s']:,.0f} rows/s = {mid[reader]['of_c']:.2f} of C; CPU ratio "
                   f"median {cpu_ratios[(len(cpu_ratios) - 1) // 2]:.2f}; CPU per 1,000 rows "
                   f"{mid[reader]['cpu_per_1000'] * 1000:.1f} ms; RSS {mid[reader]['rss_mb']:.0f} MB")
+            if tls_dir is not None:
+                tls_ratios = sorted(x[reader]["tls"] for x in rounds)
+                print(f"RATIO squeal[{reader}] tls/plaintext: median {tls_ratios[(len(tls_ratios) - 1) // 2]:.2f} "
+                      f"of {len(rounds)} rounds ({', '.join(f'{v:.2f}' for v in tls_ratios)})")
         main_reader = readers[0] if readers else "python"
         batched = rounds[(len(rounds) - 1) // 2][main_reader]
         single = squeal_replay(base, db, schema, caches, start, end, batch_size=1, reader=main_reader)
@@ -353,6 +406,8 @@ def main() -> int:
               f"sheds {mem['sheds']:.0f}, rejoins {mem['rejoins']:.0f}); live deletes/write "
               f"{mem['live_deletes_per_write']:.1f}")
     finally:
+        for m in tls_caches:
+            m.stop()
         for m in caches:
             try:
                 m.resume()

@@ -24,6 +24,7 @@ Locust workloads drive this object directly (no HTTP layer: the cache and databa
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import zlib
@@ -83,6 +84,12 @@ def shard_master(topology: Topology, shard: str, database: str = "app") -> SqlCl
     return SqlClient.for_database(db, database, role=role, init_command=init)
 
 
+def _nulls_first(column: str | None, item: Any) -> tuple[bool, Any]:
+    """A sort key as MariaDB orders NULLs (first): the item itself (`column` None), or its column."""
+    value = item if column is None else item[column]
+    return value is not None, value
+
+
 @dataclass(frozen=True)
 class KeyFamily:
     """One kind of cache key the web tier fills: `<prefix>:<arg>` holds what `query` returns for `arg`.
@@ -114,8 +121,8 @@ class KeyFamily:
         query = _QUERY.match(self.query)
         assert query, self.query
         for column, descending in reversed(_order(query["order"])):  # stable sorts, last key first
-            pick = (lambda v: v) if column == "1" or self.shape == "column" else (lambda r, c=column: r[c])
-            merged.sort(key=lambda item, pick=pick: (pick(item) is not None, pick(item)), reverse=descending)
+            whole = column == "1" or self.shape == "column"  # a list of values, else of rows
+            merged.sort(key=functools.partial(_nulls_first, None if whole else column), reverse=descending)
         return merged[: int(query["limit"])] if query["limit"] else merged
 
     def load(self, db: SqlClient, key: str) -> Any:

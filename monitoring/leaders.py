@@ -7,32 +7,20 @@ took over (`takeover.since`). Regions with a single daemon have no election and 
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-import urllib.error
-import urllib.request
 from typing import Any
 
 from router_config import Topology
+from squeal import probe_health
 
 log = logging.getLogger(__name__)
 
 
 def instance_health(address: str, timeout: float = 2.0) -> dict[str, Any] | None:
     """An instance's /healthz JSON (200 or 503), None when it does not answer."""
-    try:
-        with urllib.request.urlopen(f"http://{address}/healthz", timeout=timeout) as resp:
-            raw = resp.read()
-    except urllib.error.HTTPError as e:
-        raw = e.read()
-    except OSError:
-        return None
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        return None
-    return body if isinstance(body, dict) else None
+    code, body = probe_health(address, timeout)
+    return body if code is not None else None
 
 
 def leaders(topo: Topology, health=instance_health) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ prober's canary, every cluster) and squeal's commit → acknowledged latency per
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from monitoring.scrape import Store
 
@@ -77,9 +77,31 @@ def ratio(num: list[list[float]], den: list[list[float]]) -> list[list[float]]:
     return [[t, v / d[t]] for t, v in num if d.get(t)]
 
 
+def quantile(q: float, buckets: Mapping[float, float]) -> float | None:
+    """Prometheus' histogram_quantile on cumulative {upper bound: count}: interpolated linearly inside the bucket
+    that holds it (the first bucket starts at 0; in the +Inf bucket: the highest finite bound); None without
+    observations. The one implementation, for the panels and `verify`'s grace."""
+    bounds = sorted(buckets)
+    if not bounds or buckets[bounds[-1]] <= 0:
+        return None
+    rank = q * buckets[bounds[-1]]
+    lower, below = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if bound == float("inf"):
+                finite = [b for b in bounds if b != float("inf")]
+                return finite[-1] if finite else None
+            if count == below:
+                return bound
+            return lower + (bound - lower) * (rank - below) / (count - below)
+        lower, below = bound, count
+    return bounds[-1]
+
+
 def histogram_quantile(q: float, buckets: dict[float, dict[float, float]], window: float = WINDOW) -> list[list[float]]:
-    """q-quantile over time from cumulative bucket counters {le: {t: count}}, interpolated linearly inside
-    the bucket that holds it (as Prometheus's histogram_quantile does; the first bucket starts at 0)."""
+    """q-quantile over time from cumulative bucket counters {le: {t: count}}: `quantile` of the increase over
+    `window` at each time."""
     if not buckets:
         return []
     bounds = sorted(buckets)
@@ -89,18 +111,9 @@ def histogram_quantile(q: float, buckets: dict[float, dict[float, float]], windo
         t0 = next((x for x in times if x >= t - window), t)
         if t0 == t:
             continue
-        counts = [buckets[le].get(t, 0.0) - buckets[le].get(t0, 0.0) for le in bounds]
-        total = counts[-1]
-        if total <= 0:
-            continue
-        target = q * total
-        lower, below = 0.0, 0.0
-        for le, c in zip(bounds, counts, strict=True):
-            if c >= target:
-                share = (target - below) / (c - below) if c > below else 1.0
-                out.append([t, lower + (le - lower) * share])
-                break
-            lower, below = le, c
+        value = quantile(q, {le: buckets[le].get(t, 0.0) - buckets[le].get(t0, 0.0) for le in bounds})
+        if value is not None:
+            out.append([t, value])
     return out
 
 
@@ -116,7 +129,7 @@ def _histogram_by(store: Store, name: str, group: Callable[[dict], str]) -> dict
     return grouped
 
 
-def _lines(data: dict[str, list[list[float]]]) -> list[dict]:
+def _lines(data: Mapping[str, Sequence[Sequence[float]]]) -> list[dict]:
     return [{"label": label, "points": pts} for label, pts in sorted(data.items()) if pts]
 
 
@@ -243,12 +256,12 @@ def build(store: Store) -> list[dict]:
         return pick
 
     hit_rates = {}
-    for label, kind in (("", "wildcard"), (" gutter", "gutter")):
+    for suffix, kind in (("", "wildcard"), (" gutter", "gutter")):
         hits = _aligned(store.select("memcached_get_hits"), cluster_pool(kind))
         misses = _aligned(store.select("memcached_get_misses"), cluster_pool(kind))
         for cluster in hits:
             h, m = rate(hits[cluster]), dict((t, v) for t, v in rate(misses.get(cluster, {})))
-            hit_rates[f"{cluster}{label}"] = [[t, v / (v + m.get(t, 0.0))] for t, v in h if v + m.get(t, 0.0) > 0]
+            hit_rates[f"{cluster}{suffix}"] = [[t, v / (v + m.get(t, 0.0))] for t, v in h if v + m.get(t, 0.0) > 0]
     panels.append(
         {"title": "Cache hit rate per cluster (memcached get_hits / gets)", "unit": "ratio", "lines": _lines(hit_rates)}
     )
@@ -262,6 +275,8 @@ def build(store: Store) -> list[dict]:
         }
     )
 
+    panels.extend(_pool_panels(store))
+
     lease_lines = {}
     for metric in (
         "squeal_client_lease_wins_total",
@@ -269,8 +284,35 @@ def build(store: Store) -> list[dict]:
         "squeal_client_stale_served_total",
         "squeal_client_fills_refused_total",
     ):
-        series = _aligned(store.select(metric), lambda lab: "all")
-        if "all" in series:
-            lease_lines[metric.removeprefix("squeal_client_").removesuffix("_total")] = rate(series["all"])
+        summed = _aligned(store.select(metric), lambda lab: "all")
+        if "all" in summed:
+            lease_lines[metric.removeprefix("squeal_client_").removesuffix("_total")] = rate(summed["all"])
     panels.append({"title": "Lease activity (web tier) per second", "unit": "/s", "lines": _lines(lease_lines)})
     return panels
+
+
+def _pool_panels(store: Store) -> list[dict]:
+    """A pooled region's workers (issue 24, docs/runbooks/workers.md): none without `squeal_pool_*` series.
+    `instance` is the worker's name (the dashboard's scrape labels)."""
+    loads = _aligned(store.select("squeal_pool_worker_load"), lambda lab: f"{lab.get('region', '?')}/"
+                     f"{lab.get('instance', '?')}")
+    if not loads:
+        return []
+    owned = _aligned(store.select("squeal_pool_shard_owned"), lambda lab: f"{lab.get('region', '?')}/"
+                     f"{lab.get('shard')} on {lab.get('instance', '?')}")
+    moves = _aligned(store.select("squeal_pool_moves_total"), lambda lab: f"{lab.get('region', '?')} "
+                     f"{lab.get('reason')}")
+    # only the controller sets these; a former controller's series are cleared, so the worst is the one that counts
+    unowned = _aligned(store.select("squeal_pool_shard_unowned_seconds"), _where, worst=True)
+    pauses = _histogram_by(store, "squeal_pool_unowned_seconds", lambda lab: f"{lab.get('region', '?')} move pause p99")
+    return [
+        {"title": "squeal pool: load per worker", "unit": "rows/s",
+         "lines": _lines({w: sorted(p.items()) for w, p in loads.items()})},
+        {"title": "squeal pool: worker running each shard (1 while it runs it)", "unit": "",
+         "lines": _lines({o: sorted(p.items()) for o, p in owned.items()})},
+        {"title": "squeal pool: shard moves per minute by reason", "unit": "/min",
+         "lines": _lines({m: [[t, v * 60] for t, v in rate(p, window=300)] for m, p in moves.items()})},
+        {"title": "squeal pool: time a shard has run on no worker, and move pauses p99", "unit": "s",
+         "lines": _lines({**{s: sorted(p.items()) for s, p in unowned.items()},
+                          **{r: histogram_quantile(0.99, b, window=600) for r, b in pauses.items()}})},
+    ]

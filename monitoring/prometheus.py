@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 ALERT_RULES = Path(__file__).resolve().with_name("alerts.yml")
 
@@ -22,14 +23,15 @@ def scrape_config(components_file: Path, interval: str = "5s", rules: Path | Non
     The rules file is named by its absolute path: Prometheus resolves relative ones against the directory
     of the config file, wherever the operator saves this output.
     """
-    components = (doc := json.loads(components_file.read_text()))["components"] + doc.get("supervisors", [])
+    recorded = json.loads(components_file.read_text())
+    components = recorded["components"] + recorded.get("supervisors", [])
     jobs: dict[str, list[dict]] = {}
     for c in components:
         if not c.get("metrics"):
             continue
         labels = {k: c[k] for k in ("region", "cluster") if c.get(k)}
         jobs.setdefault(f"squeal-{c['role']}", []).append({"targets": [c["metrics"]], "labels": labels})
-    doc: dict = {"global": {"scrape_interval": interval, "evaluation_interval": interval}}
+    doc: dict[str, Any] = {"global": {"scrape_interval": interval, "evaluation_interval": interval}}
     if rules is not None:
         doc["rule_files"] = [str(Path(rules).resolve())]
     # honor_labels: a label a component exports itself wins over the target's. The prober's series carry the

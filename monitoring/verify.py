@@ -39,6 +39,7 @@ checked and none of the others holds a stale copy.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import logging
@@ -56,6 +57,7 @@ from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheError
 
 import router_config
+from monitoring.panels import quantile
 from monitoring.scrape import scrape_prometheus
 from router_config.model import COLUMN_NAME, PLACEHOLDER
 
@@ -326,6 +328,11 @@ def _order_terms(order_by: str | None) -> list[tuple[str, bool]]:
     return out
 
 
+def _nulls_first(column: str, row: Mapping[str, Any]) -> tuple[bool, Any]:
+    """A sort key for one column as MariaDB orders it: NULLs first."""
+    return row[column] is not None, row[column]
+
+
 def database_rows(
     db: Database | Sequence[Database], family: KeyFamily, values: Sequence[str], cached: CachedRows
 ) -> CachedRows:
@@ -349,7 +356,7 @@ def database_rows(
     found = [r for d in dbs for r in d.query(sql, values)]
     if len(dbs) > 1:
         for column, descending in reversed(order):  # stable sorts, last term first; NULLs first, as MariaDB
-            found.sort(key=lambda r, c=column: (r[c] is not None, r[c]), reverse=descending)
+            found.sort(key=functools.partial(_nulls_first, column), reverse=descending)
         found = found[:limit] if limit else found
     rows = tuple({k: _norm(v) for k, v in r.items() if k not in extra} for r in found)
     return CachedRows(rows, cached.order_by, cached.limit, cached.one)
@@ -542,26 +549,6 @@ class VerifyReport:
 # -- grace: a few times the measured p99 invalidation latency ----------------------------------------------
 
 
-def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None:
-    """Prometheus' histogram_quantile on cumulative {upper bound: count}; None without observations."""
-    bounds = sorted(buckets)
-    if not bounds or buckets[bounds[-1]] <= 0:
-        return None
-    rank = q * buckets[bounds[-1]]
-    lower, below = 0.0, 0.0
-    for bound in bounds:
-        count = buckets[bound]
-        if count >= rank:
-            if bound == float("inf"):
-                finite = [b for b in bounds if b != float("inf")]
-                return finite[-1] if finite else None
-            if count == below:
-                return bound
-            return lower + (bound - lower) * (rank - below) / (count - below)
-        lower, below = bound, count
-    return bounds[-1]
-
-
 def squeal_metrics_addresses(topo: router_config.Topology) -> list[str]:
     return [str(address) for role, _, address in topo.listeners() if role == "squeal"]
 
@@ -579,7 +566,7 @@ def measured_grace(topo: router_config.Topology, timeout: float = 1.0) -> tuple[
         except (OSError, ValueError) as e:
             log.debug("verify: no latency histogram from %s: %s", address, e)
             continue
-        p99 = histogram_quantile(0.99, buckets)
+        p99 = quantile(0.99, buckets)
         if p99 is not None:
             p99s.append(p99)
     if not p99s:
@@ -663,6 +650,136 @@ class _Suspect:
     verdict: Verdict
 
 
+@dataclass
+class FirstLook:
+    """What the first look at the clusters found: counts over the clusters checked in full, and the copies that
+    disagreed with the database (re-read after the grace: `_recheck`)."""
+
+    checked: int = 0  # (cluster, key) pairs found cached and compared
+    absent: int = 0  # (cluster, key) pairs not cached
+    placeholders: int = 0  # lease placeholders
+    unjudged: int = 0  # values the codec does not read
+    suspects: list[_Suspect] = field(default_factory=list)
+    clusters: list[str] = field(default_factory=list)  # checked in full
+    unchecked: dict[str, Unchecked] = field(default_factory=dict)  # cluster -> why not
+    routers: dict[str, router_config.Address] = field(default_factory=dict)  # cluster -> the router it answered on
+
+    def add(self, cluster: str, other: FirstLook) -> None:
+        """Count one cluster's look (`_look_at`) in."""
+        self.clusters.append(cluster)
+        self.checked += other.checked
+        self.absent += other.absent
+        self.placeholders += other.placeholders
+        self.unjudged += other.unjudged
+        self.suspects.extend(other.suspects)
+
+
+@dataclass
+class Recheck:
+    """The mismatches re-read after their grace: stale copies, and how many were invalidations in flight."""
+
+    stale: list[StaleKey] = field(default_factory=list)
+    in_flight: int = 0
+
+
+def _look_at(cluster: str, client: Client, keys: list[str], checker: ConsistencyChecker,
+             seen: dict[tuple[str, bytes, int], Verdict]) -> FirstLook:
+    """One cluster's cached copies of `keys`, judged against the database (`seen`: verdicts by (key, bytes,
+    flags), as clusters mostly hold the same bytes). Raises CACHE_ERRORS when its router fails."""
+    look = FirstLook()
+    for start in range(0, len(keys), CHUNK):
+        chunk = keys[start : start + CHUNK]
+        found = client.gets_many(chunk)
+        look.absent += len(chunk) - len(found)
+        for key, ((value, flags), cas) in found.items():
+            v = seen.get((key, value, flags))
+            if v is None:
+                v = seen[(key, value, flags)] = checker.judge(key, value, flags)
+            if v.state == "placeholder":
+                look.placeholders += 1
+            elif v.state == "unjudged":
+                look.unjudged += 1
+            else:
+                look.checked += 1
+                if v.state == "differs":
+                    look.suspects.append(_Suspect(cluster, key, cas, time.monotonic(), v))
+    return look
+
+
+def _first_look(topo: router_config.Topology, keys: list[str], checker: ConsistencyChecker) -> FirstLook:
+    """Phase 1: every cluster's copies, through one of its routers; a cluster whose routers do not answer (or
+    fail mid-check) is `unchecked`, and none of its counts are kept."""
+    total = FirstLook()
+    seen: dict[tuple[str, bytes, int], Verdict] = {}
+    for cluster in topo.clusters:
+        try:
+            client, router = _connect(cluster)
+        except ConnectionError as e:
+            total.unchecked[cluster.name] = Unchecked(cluster.name, str(e))
+            continue
+        total.routers[cluster.name] = router
+        try:
+            look = _look_at(cluster.name, client, keys, checker, seen)
+        except CACHE_ERRORS as e:
+            total.unchecked[cluster.name] = Unchecked(cluster.name, f"router {router} failed mid-check ({_reason(e)})")
+            continue
+        finally:
+            client.close()
+        total.add(cluster.name, look)
+    return total
+
+
+def _grace(topo: router_config.Topology, look: FirstLook, grace: float | None) -> tuple[float | None, str]:
+    """Phase 2: how long a mismatch gets before it is re-read, and where that figure came from ("" when no
+    mismatch needs one)."""
+    if not look.suspects:
+        return grace, ""
+    if grace is None:
+        return measured_grace(topo)
+    return grace, "--grace"
+
+
+def _recheck(look: FirstLook, checker: ConsistencyChecker, grace: float,
+             sleep: Callable[[float], None]) -> Recheck:
+    """Phase 3: re-read each mismatch once its grace is over. Gone or agreeing: an invalidation in flight. The
+    same copy (same CAS), or any copy in the last round: stale. Replaced by another copy that disagrees too: that
+    one gets its grace (at most RECHECK_ROUNDS rounds). A router failing here makes its cluster `unchecked`."""
+    result = Recheck()
+    suspects = look.suspects
+    for last_round in (r == RECHECK_ROUNDS for r in range(1, RECHECK_ROUNDS + 1)):
+        if not suspects:
+            break
+        sleep(max(0.0, max(s.seen for s in suspects) + grace - time.monotonic()))
+        again: list[_Suspect] = []
+        for name in dict.fromkeys(s.cluster for s in suspects if s.cluster not in look.unchecked):
+            mine = [s for s in suspects if s.cluster == name]
+            client = _client(look.routers[name])
+            try:
+                found = client.gets_many([s.key for s in mine])
+                for s in mine:
+                    if s.key not in found:
+                        result.in_flight += 1  # deleted within the grace: the invalidation was on its way
+                        continue
+                    (value, flags), cas = found[s.key]
+                    v = checker.judge(s.key, value, flags)
+                    if v.state != "differs":
+                        result.in_flight += 1
+                    elif cas == s.cas or last_round:
+                        ttl = _ttl_left(client, s.key)
+                        result.stale.append(StaleKey(name, s.key, v.cached, v.expected, ttl, v.shards))
+                    else:  # replaced by another copy that disagrees too: give that one its grace
+                        again.append(_Suspect(name, s.key, cas, time.monotonic(), v))
+            except CACHE_ERRORS as e:
+                reason = f"router {look.routers[name]} failed while re-reading {len(mine)} mismatches ({_reason(e)})"
+                look.unchecked[name] = Unchecked(name, reason)
+                look.clusters.remove(name)
+                again = [s for s in again if s.cluster != name]
+            finally:
+                client.close()
+        suspects = again
+    return result
+
+
 def verify(
     topo: router_config.Topology,
     *,
@@ -681,6 +798,9 @@ def verify(
     for every rule (default: each rule's `codec`, else `json_rows`). grace: seconds a mismatch gets
     before it is re-read (default: `measured_grace`). Raises VerifyError when nothing can be checked because
     the database does not answer or the codec cannot be loaded; unreachable routers are in the report.
+
+    The phases: the keys (`sample_keys`), the first look at every cluster (`_first_look`), the grace
+    (`_grace`), the re-read of the mismatches (`_recheck`).
     """
     dbs = shard_databases(topo)
     checker = ConsistencyChecker(topo, dbs, codec, database)
@@ -689,98 +809,20 @@ def verify(
             db.connect()
         keys = keys if keys is not None else checker.sample_keys(sample, random.Random(seed))
         keys = [k for k in keys if _valid_key(k)]  # a row whose key memcached refuses is never cached
-        first_look: dict[tuple[str, bytes, int], Verdict] = {}  # clusters mostly hold the same bytes
-        checked = absent = placeholders = unjudged = in_flight = 0
-        clusters: list[str] = []
-        unchecked: dict[str, Unchecked] = {}
-        routers: dict[str, router_config.Address] = {}
-        suspects: list[_Suspect] = []
-        for cluster in topo.clusters:
-            try:
-                client, router = _connect(cluster)
-            except ConnectionError as e:
-                unchecked[cluster.name] = Unchecked(cluster.name, str(e))
-                continue
-            routers[cluster.name] = router
-            counts = [0, 0, 0, 0]  # checked, absent, placeholders, unjudged
-            found_here: list[_Suspect] = []
-            try:
-                for start in range(0, len(keys), CHUNK):
-                    chunk = keys[start : start + CHUNK]
-                    found = client.gets_many(chunk)
-                    counts[1] += len(chunk) - len(found)
-                    for key, ((value, flags), cas) in found.items():
-                        v = first_look.get((key, value, flags))
-                        if v is None:
-                            v = first_look[(key, value, flags)] = checker.judge(key, value, flags)
-                        if v.state == "placeholder":
-                            counts[2] += 1
-                            continue
-                        if v.state == "unjudged":
-                            counts[3] += 1
-                            continue
-                        counts[0] += 1
-                        if v.state == "differs":
-                            found_here.append(_Suspect(cluster.name, key, cas, time.monotonic(), v))
-            except CACHE_ERRORS as e:
-                unchecked[cluster.name] = Unchecked(cluster.name, f"router {router} failed mid-check ({_reason(e)})")
-                continue
-            finally:
-                client.close()
-            clusters.append(cluster.name)
-            checked, absent = checked + counts[0], absent + counts[1]
-            placeholders, unjudged = placeholders + counts[2], unjudged + counts[3]
-            suspects.extend(found_here)
-
-        grace_source = ""
-        if suspects and grace is None:
-            grace, grace_source = measured_grace(topo)
-        elif suspects:
-            grace_source = "--grace"
-        stale: list[StaleKey] = []
-        for last_round in (r == RECHECK_ROUNDS for r in range(1, RECHECK_ROUNDS + 1)):
-            if not suspects:
-                break
-            assert grace is not None
-            sleep(max(0.0, max(s.seen for s in suspects) + grace - time.monotonic()))
-            again: list[_Suspect] = []
-            for name in dict.fromkeys(s.cluster for s in suspects if s.cluster not in unchecked):
-                mine = [s for s in suspects if s.cluster == name]
-                client = _client(routers[name])
-                try:
-                    found = client.gets_many([s.key for s in mine])
-                    for s in mine:
-                        if s.key not in found:
-                            in_flight += 1  # deleted within the grace: the invalidation was on its way
-                            continue
-                        (value, flags), cas = found[s.key]
-                        v = checker.judge(s.key, value, flags)
-                        if v.state != "differs":
-                            in_flight += 1
-                        elif cas == s.cas or last_round:
-                            ttl = _ttl_left(client, s.key)
-                            stale.append(StaleKey(name, s.key, v.cached, v.expected, ttl, v.shards))
-                        else:  # replaced by another copy that disagrees too: give that one its grace
-                            again.append(_Suspect(name, s.key, cas, time.monotonic(), v))
-                except CACHE_ERRORS as e:
-                    reason = f"router {routers[name]} failed while re-reading {len(mine)} mismatches ({_reason(e)})"
-                    unchecked[name] = Unchecked(name, reason)
-                    clusters.remove(name)
-                    again = [s for s in again if s.cluster != name]
-                finally:
-                    client.close()
-            suspects = again
+        look = _first_look(topo, keys, checker)
+        grace, grace_source = _grace(topo, look, grace)
+        recheck = _recheck(look, checker, grace, sleep) if grace is not None and grace_source else Recheck()
         if checker.unknown_families:
             log.info("verify: the codec does not read %s", ", ".join(sorted(checker.unknown_families)))
         return VerifyReport(
-            checked,
-            absent,
-            tuple(stale),
-            placeholders=placeholders,
-            in_flight=in_flight,
-            unjudged=unjudged,
-            unchecked=tuple(unchecked.values()),
-            clusters=tuple(clusters),
+            look.checked,
+            look.absent,
+            tuple(recheck.stale),
+            placeholders=look.placeholders,
+            in_flight=recheck.in_flight,
+            unjudged=look.unjudged,
+            unchecked=tuple(look.unchecked.values()),
+            clusters=tuple(look.clusters),
             grace=grace if grace_source else None,
             grace_source=grace_source,
         )

@@ -534,7 +534,7 @@ def _pool_command(deployment: Deployment, args: argparse.Namespace) -> int:
     """`squealctl workers`, `drain WORKER`, `move SHARD --to WORKER` for pooled regions (squeal/pool.py)."""
     from kazoo.client import KazooClient
 
-    from squeal import pool
+    from squeal import pool, zookeeper_client_options
 
     path = args.topology or deployment.recorded_topology()
     if path is None:
@@ -558,7 +558,8 @@ def _pool_command(deployment: Deployment, args: argparse.Namespace) -> int:
         raise HarnessError(f"{topo.source}: no pooled region{'' if args.command == 'workers' else ' for ' + name} "
                            "([regions.R] squeal_pool = true)")
     zk = topo.zookeeper
-    client = KazooClient(hosts=zk.hosts, timeout=zk.session_timeout_s, connection_retry={"max_tries": 0})
+    client = KazooClient(hosts=zk.hosts, timeout=zk.session_timeout_s, connection_retry={"max_tries": 0},
+                         **zookeeper_client_options(topo))
     try:
         client.start(timeout=5)
     except Exception as e:

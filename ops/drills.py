@@ -121,7 +121,7 @@ class Drill:
 
     def kill(self, name: str | None, role: str) -> None:
         target = self._running(name, role, "kill -9")
-        if target is None:
+        if target is None or name is None:
             return
         before, what = target
         os.kill(before["pid"], signal.SIGKILL)
@@ -141,7 +141,7 @@ class Drill:
 
     def pause_process(self, name: str | None, role: str) -> None:
         target = self._running(name, role, "SIGSTOP", f" for {self.pause:g} s")
-        if target is None:
+        if target is None or name is None:
             return
         before, what = target
         os.kill(before["pid"], signal.SIGSTOP)

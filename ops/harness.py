@@ -14,13 +14,14 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import pymysql
 
@@ -69,11 +70,19 @@ def require_binary(name: str, package: str, *, search: tuple[str, ...] = ()) -> 
     return found
 
 
+class Polled(Protocol):
+    """What `wait_until` watches for an early exit: a Popen, or the supervisor's `Run`."""
+
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+
 def wait_until(
     check: Callable[[], T],
     timeout: float,
     what: str = "condition",
-    proc: subprocess.Popen | None = None,
+    proc: Polled | None = None,
     log_file: Path | None = None,
     *,
     interval: float = 0.05,
@@ -311,6 +320,9 @@ class MariaDB(ManagedProcess):
     """A MariaDB server with the binlog settings squeal needs (ROW, FULL image + metadata, annotations, GTID).
 
     `user`/`password`: a TCP account (root has no password; the test account is created at start).
+    TLS (issue 25): `ssl_cert`/`ssl_key`/`ssl_ca` start the server with `--ssl-cert/--ssl-key/--ssl-ca`;
+    `require_ssl` creates the account `REQUIRE SSL`; `auth = "ed25519"` creates it `IDENTIFIED VIA ed25519`
+    (the `auth_ed25519` plugin, loaded at start). `connect()` then dials with TLS, verifying against `ssl_ca`.
     """
 
     name = "mariadb"
@@ -326,8 +338,20 @@ class MariaDB(ManagedProcess):
         host: str = "127.0.0.1",
         replica: bool = False,
         gtid_domain_id: int | None = None,
+        ssl_cert: str | Path | None = None,
+        ssl_key: str | Path | None = None,
+        ssl_ca: str | Path | None = None,
+        require_ssl: bool = False,
+        auth: str = "mysql_native_password",
     ) -> None:
         super().__init__(port, workdir, host)
+        if auth not in ("mysql_native_password", "ed25519"):
+            raise HarnessError(f"MariaDB auth {auth!r}: expected mysql_native_password or ed25519")
+        if require_ssl and not (ssl_cert and ssl_key):
+            raise HarnessError("MariaDB require_ssl needs ssl_cert and ssl_key")
+        self.ssl_cert, self.ssl_key, self.ssl_ca = ssl_cert, ssl_key, ssl_ca
+        self.require_ssl = require_ssl
+        self.auth = auth
         self.server_id = server_id
         self.replica = replica
         # A shard's domain (router_config Shard): its primary's GTIDs name the shard (D-S-N); None: MariaDB's 0.
@@ -391,6 +415,12 @@ class MariaDB(ManagedProcess):
         ]
         if self.gtid_domain_id is not None:
             cmd.append(f"--gtid-domain-id={self.gtid_domain_id}")
+        if self.ssl_cert and self.ssl_key:
+            cmd += [f"--ssl-cert={self.ssl_cert}", f"--ssl-key={self.ssl_key}"]
+            if self.ssl_ca:
+                cmd.append(f"--ssl-ca={self.ssl_ca}")
+        if self.auth == "ed25519":
+            cmd.append("--plugin-load-add=auth_ed25519")
         if self.replica:
             cmd += ["--log-slave-updates", "--read-only=OFF"]
         return cmd
@@ -408,13 +438,28 @@ class MariaDB(ManagedProcess):
                 # skip those as already done. The primary's own CREATE USER replicates here anyway.
                 cur.execute("SET SESSION sql_log_bin = 0")
             # Idempotent: a restarted server keeps its accounts.
-            cur.execute(f"CREATE USER IF NOT EXISTS '{self.user}'@'%' IDENTIFIED BY '{self.password}'")
+            if self.auth == "ed25519":
+                identified = f"IDENTIFIED VIA ed25519 USING PASSWORD('{self.password}')"
+            else:
+                identified = f"IDENTIFIED BY '{self.password}'"
+            require = "REQUIRE SSL" if self.require_ssl else "REQUIRE NONE"
+            cur.execute(f"CREATE USER IF NOT EXISTS '{self.user}'@'%' {identified} {require}")
             cur.execute(f"GRANT ALL PRIVILEGES ON *.* TO '{self.user}'@'%' WITH GRANT OPTION")
         return True
 
+    def ssl_settings(self) -> dict | None:
+        """PyMySQL's `ssl` argument for a client of this server (None: plaintext): verify against `ssl_ca`."""
+        if not (self.ssl_cert and self.ssl_key):
+            return None
+        return {"ca": str(self.ssl_ca)} if self.ssl_ca else {"check_hostname": False}
+
     def connect(self, database: str | None = None, **kwargs) -> pymysql.connections.Connection:
-        """A PyMySQL connection over TCP as the squeal account, autocommit on by default."""
+        """A PyMySQL connection over TCP as the squeal account, autocommit on by default (TLS if the server
+        has a certificate)."""
         kwargs.setdefault("autocommit", True)
+        ssl = self.ssl_settings()
+        if ssl is not None:
+            kwargs.setdefault("ssl", ssl)
         return pymysql.connect(
             host=self.host, port=self.port, user=self.user, password=self.password, database=database, **kwargs
         )
@@ -508,15 +553,27 @@ ZOOKEEPER_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 
 
 def zookeeper_config(
-    host: str, port: int, data_dir: str | Path, peers: tuple[tuple[int, str, int, int], ...] = ()
+    host: str, port: int, data_dir: str | Path, peers: tuple[tuple[int, str, int, int], ...] = (),
+    tls: tuple[str | Path, str | Path] | None = None,
 ) -> str:
     """A server's zoo.cfg: clients on host:port, data in `data_dir` (which holds the `myid` of an ensemble member),
     the ensemble's `server.N=host:quorum:election` lines (none: standalone). tickTime 500 ms lets ZooKeeper grant
-    squeal's session timeouts from 1 s (a server grants 2 to 20 ticks)."""
-    text = (
-        f"tickTime=500\ndataDir={data_dir}\nclientPort={port}\nclientPortAddress={host}\n"
-        "admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr\n"
-    )
+    squeal's session timeouts from 1 s (a server grants 2 to 20 ticks).
+
+    `tls` = (key store PEM: key + certificate chain in one file, trust store PEM: the CA): host:port is then a
+    TLS-only client port (`secureClientPort`, Netty's connection factory; no plaintext client port), and a client
+    presenting a certificate must present one from the CA (`ssl.clientAuth=want`)."""
+    if tls is None:
+        text = f"tickTime=500\ndataDir={data_dir}\nclientPort={port}\nclientPortAddress={host}\n"
+    else:
+        keystore, truststore = tls
+        text = (
+            f"tickTime=500\ndataDir={data_dir}\nsecureClientPort={port}\nsecureClientPortAddress={host}\n"
+            "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n"
+            f"ssl.keyStore.location={keystore}\nssl.keyStore.type=PEM\n"
+            f"ssl.trustStore.location={truststore}\nssl.trustStore.type=PEM\nssl.clientAuth=want\n"
+        )
+    text += "admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr\n"
     if peers:
         text += "initLimit=10\nsyncLimit=5\n" + "".join(f"server.{i}={h}:{q}:{e}\n" for i, h, q, e in peers)
     return text
@@ -535,8 +592,15 @@ class ZooKeeper(ManagedProcess):
         host: str = "127.0.0.1",
         server_id: int = 0,
         peers: tuple[tuple[int, str, int, int], ...] = (),
+        ssl_cert: str | Path | None = None,
+        ssl_key: str | Path | None = None,
+        ssl_ca: str | Path | None = None,
     ) -> None:
         super().__init__(port, workdir, host)
+        if bool(ssl_cert) != bool(ssl_key) or (ssl_cert and not ssl_ca):
+            raise HarnessError("ZooKeeper TLS needs ssl_cert, ssl_key and ssl_ca")
+        # TLS (issue 25): the client port is TLS only; clients verify the server against ssl_ca.
+        self.ssl_cert, self.ssl_key, self.ssl_ca = ssl_cert, ssl_key, ssl_ca
         self.server_id = server_id
         self.peers = peers  # ensemble members: (server id, host, quorum port, election port), this one included
         self.java = require_binary("java", "default-jre-headless")
@@ -556,33 +620,58 @@ class ZooKeeper(ManagedProcess):
         data.mkdir(exist_ok=True)
         if self.peers:
             (data / "myid").write_text(f"{self.server_id}\n")
-        conf.write_text(zookeeper_config(self.host, self.port, data, self.peers))
-        return [self.java, "-cp", ZOOKEEPER_CLASSPATH, ZOOKEEPER_MAIN, str(conf)]
+        tls = None
+        if self.ssl_cert and self.ssl_key and self.ssl_ca:
+            keystore = self.workdir / f"zk-{self.port}-keystore.pem"  # ZooKeeper's PEM key store: key + chain
+            keystore.touch(mode=0o600)
+            keystore.write_bytes(Path(self.ssl_key).read_bytes() + Path(self.ssl_cert).read_bytes())
+            tls = (keystore, self.ssl_ca)
+        conf.write_text(zookeeper_config(self.host, self.port, data, self.peers, tls))
+        classpath = ZOOKEEPER_CLASSPATH
+        if tls is not None:  # Netty's TLS handler needs its codec, which zookeeper.jar's manifest leaves out
+            codec = Path("/usr/share/java/netty-codec.jar")
+            if not codec.exists():
+                raise HarnessError(f"ZooKeeper TLS needs {codec}: install it with `apt-get install libnetty-java`")
+            classpath += f":{codec}"
+        return [self.java, "-cp", classpath, ZOOKEEPER_MAIN, str(conf)]
 
     def ready(self) -> bool:
         """Standalone: serving clients. An ensemble member: answering (it serves only once a quorum of members
         is up, so start them all, then `wait_serving`)."""
         if not self.peers:
             return self.serving()
-        with socket.create_connection((self.host, self.port), timeout=1) as s:
+        with self._dial() as s:
             s.sendall(b"ruok")
             return s.recv(16) == b"imok"
 
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """A client context for the TLS port (verifying the server against ssl_ca); None: plaintext."""
+        if not self.ssl_cert:
+            return None
+        return ssl.create_default_context(cafile=str(self.ssl_ca))
+
+    def _dial(self) -> socket.socket:
+        sock = socket.create_connection((self.host, self.port), timeout=1)
+        ctx = self.ssl_context()
+        return ctx.wrap_socket(sock, server_hostname=self.host) if ctx is not None else sock
+
     def serving(self) -> bool:
         """The server serves clients (standalone, or in an ensemble with a quorum: leader or follower)."""
-        return zookeeper_mode(f"{self.host}:{self.port}") is not None
+        return zookeeper_mode(f"{self.host}:{self.port}", self.ssl_context()) is not None
 
     @staticmethod
     def wait_serving(members: list[ZooKeeper], timeout: float = 60.0) -> None:
         wait_until(lambda: all(m.serving() for m in members), timeout, "the ZooKeeper ensemble to serve")
 
 
-def zookeeper_mode(address: str) -> str | None:
+def zookeeper_mode(address: str, tls: ssl.SSLContext | None = None) -> str | None:
     """A ZooKeeper server's `Mode:` from the `srvr` four-letter word (`leader`, `follower`, `standalone`);
-    None when it does not serve (no quorum yet, or not answering)."""
+    None when it does not serve (no quorum yet, or not answering). `tls`: the port is a TLS client port."""
     host, _, port = address.rpartition(":")
     try:
-        with socket.create_connection((host, int(port)), timeout=1) as s:
+        with socket.create_connection((host, int(port)), timeout=1) as plain, (
+            tls.wrap_socket(plain, server_hostname=host) if tls is not None else plain
+        ) as s:
             s.settimeout(2)
             s.sendall(b"srvr")
             reply = b""

@@ -17,6 +17,7 @@ delete spools stay where the previous `up` left them, so a restarted platform re
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -26,8 +27,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -50,6 +49,7 @@ from ops.harness import (
     wait_until,
     zookeeper_mode,
 )
+from squeal import probe_health
 
 log = logging.getLogger(__name__)
 
@@ -355,17 +355,24 @@ class Deployment:
                 if region.squeal_pool:  # `up` returns with every shard of a pooled region running on a worker
                     addresses = [str(s.address) for s in region.squeal_instances]
                     want = {s.name for s in topo.shards}
+
+                    def every_shard_runs(addresses: list[str] = addresses, want: set[str] = want) -> bool:
+                        return want <= {s for a in addresses for s in (probe_health(a)[1].get("shards") or {})}
+
                     wait_until(
-                        lambda addresses=addresses, want=want: want <= {
-                            s for a in addresses for s in (_healthz(a)[1].get("shards") or {})},
+                        every_shard_runs,
                         60,
                         f"every shard of region {region.name} running on one of its squeal workers "
                         f"{', '.join(addresses)}",
                     )
                 elif region.squeal_instances:  # `up` returns with every HA region led
                     addresses = [str(s.address) for s in region.squeal_instances]
+
+                    def led(addresses: list[str] = addresses) -> bool:
+                        return any(squeal_state(a) == "leader" for a in addresses)
+
                     wait_until(
-                        lambda addresses=addresses: any(squeal_state(a) == "leader" for a in addresses),
+                        led,
                         60,
                         f"a leader of region {region.name} among its squeal instances {', '.join(addresses)}",
                     )
@@ -517,10 +524,10 @@ class Deployment:
                 "pid": pid if running else c.pid,
                 "running": running,
                 "answering": running and _port_open(c.address),
-                "uptime": _uptime(pid) if running else None,
+                "uptime": _uptime(pid) if running and pid is not None else None,
             }
             if c.role == "squeal":
-                code, body = _healthz(c.address) if row["answering"] else (None, {})
+                code, body = probe_health(c.address) if row["answering"] else (None, {})
                 row["healthy"] = None if code is None else code == 200
                 problems = body.get("problems") or {}
                 row["problems"] = problems if isinstance(problems, dict) else {"healthz": str(problems)}
@@ -576,7 +583,7 @@ class Deployment:
         for c, pid in running:
             current = Component(**{**asdict(c), "pid": pid})
             left = deadline - time.monotonic()
-            wait_until(lambda current=current: not self.is_running(current), left, f"pid {pid} to exit", error=None)
+            wait_until(functools.partial(_stopped, current), left, f"pid {pid} to exit", error=None)
             if self.is_running(current):
                 log.warning("%s pid %d ignored SIGTERM; killing", c.name or c.role, pid)
                 _signal(pid, signal.SIGKILL)
@@ -632,26 +639,13 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-def _healthz(address: str) -> tuple[int | None, dict]:
-    """A squeal daemon's /healthz: (200 or 503, its JSON: `problems`, and for an HA instance `state`, `ha`), or
-    (None, {}) when it gave no answer."""
-    try:
-        with urllib.request.urlopen(f"http://{address}/healthz", timeout=2) as resp:
-            code, raw = resp.status, resp.read()
-    except urllib.error.HTTPError as e:
-        code, raw = e.code, e.read()
-    except OSError:
-        return None, {}
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        body = {}
-    return code, body if isinstance(body, dict) else {}
-
-
 def squeal_state(address: str) -> str | None:
     """An HA squeal instance's state from its /healthz (`leader`, `standby`, `taking_over`), None if no answer."""
-    return _healthz(address)[1].get("state")
+    return probe_health(address)[1].get("state")
+
+
+def _stopped(c: Component) -> bool:
+    return not Deployment.is_running(c)
 
 
 def _port_open(address: str) -> bool:

@@ -39,12 +39,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
 from prometheus_client.twisted import MetricsResource
 from twisted.application import service
-from twisted.internet import defer, error, protocol, reactor
+from twisted.internet import defer, error, protocol
+from twisted.internet import reactor as _reactor
 from twisted.internet.threads import blockingCallFromThread
 from twisted.logger import STDLibLogObserver, globalLogBeginner
 from twisted.protocols.basic import LineReceiver
@@ -57,6 +59,8 @@ from ops.harness import HarnessError, ManagedProcess, free_port, wait_until
 from ops.local import Component, Deployment
 
 log = logging.getLogger("ops.supervisor")
+# The global reactor provides every interface used here (TCP, Unix sockets, threads, processes); its stub names one.
+reactor: Any = _reactor
 LABELS = ("component", "role", "region", "cluster", "pool")
 
 
@@ -92,10 +96,12 @@ class _ComponentProtocol(protocol.ProcessProtocol):
 class Supervisor(procmon.ProcessMonitor):
     """The components of one deployment, started in order and restarted when they exit."""
 
-    threshold = 10.0  # a component that dies sooner after its start is dying young: back off
-    minRestartDelay = 0.5
-    maxRestartDelay = 30.0
-    killTime = 10.0  # stop signal, then SIGKILL after this long (what `squealctl down` always did)
+    # procmon's stub types these as int; it hands them to callLater, which takes seconds as a float
+    threshold = 10.0  # type: ignore[assignment]  # a component that dies sooner after its start is dying young
+    minRestartDelay = 0.5  # type: ignore[assignment]
+    maxRestartDelay = 30.0  # type: ignore[assignment]
+    killTime = 10.0  # type: ignore[assignment]  # stop signal, then SIGKILL after this long (as `squealctl down`)
+    protocols: dict[str, Any]  # name -> _ComponentProtocol (procmon's own LoggingProtocol is not used)
 
     def __init__(self, deployment: Deployment, topology: str) -> None:
         super().__init__(reactor)
@@ -141,14 +147,12 @@ class Supervisor(procmon.ProcessMonitor):
         root = resource.Resource()
         root.putChild(b"metrics", MetricsResource(registry=self.registry))
         root.putChild(b"healthz", static.Data(b"ok\n", "text/plain"))
-        site = server.Site(root)
-        site.noisy, site.log = False, lambda request: None  # no access log: Prometheus scrapes every few seconds
+        site = _QuietSite(root)
         port = free_port("127.0.0.1")
         reactor.listenTCP(port, site, interface="127.0.0.1")
         control = self.deployment.control_socket
         control.unlink(missing_ok=True)
-        factory = protocol.Factory.forProtocol(_Control)
-        factory.noisy, factory.supervisor = False, self
+        factory = _ControlFactory(self)
         reactor.listenUNIX(str(control), factory, mode=0o600)
         address = f"127.0.0.1:{port}"
         self.record = {
@@ -286,6 +290,8 @@ class Supervisor(procmon.ProcessMonitor):
         if proto is None:
             return
         transport = proto.transport
+        if transport is None:  # not spawned yet
+            return
         try:
             transport.signalProcess(signal.SIGCONT)  # a paused process cannot handle SIGTERM
             transport.signalProcess(self.units[name].proc.stop_signal)
@@ -451,7 +457,27 @@ class _Control(LineReceiver):
 
     def _reply(self, answer: dict) -> None:
         self.sendLine(json.dumps(answer).encode())
-        self.transport.loseConnection()
+        if self.transport is not None:
+            self.transport.loseConnection()
+
+
+class _ControlFactory(protocol.Factory):
+    """The control socket's connections, each a `_Control` asking `supervisor`."""
+
+    protocol = _Control
+    noisy = False
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+
+
+class _QuietSite(server.Site):
+    """/metrics and /healthz without an access log: Prometheus scrapes every few seconds."""
+
+    noisy = False
+
+    def log(self, request: Any) -> None:
+        pass
 
 
 _ready_fd: int | None = None

@@ -11,14 +11,16 @@ addresses, `regions.<r>.squeal.host`, each squeal instance's `host`, `zookeeper.
     squeal-router-*.service             one per router address, with routers/<cluster>.json
     squeal-daemon-<region>.service      the squeal daemon of a region without squeal_instances
     squeal-instance-<name>.service      one per squeal instance of an HA region (`squeal run --instance`)
+    squeal-worker-<name>.service        one per worker of a pooled region (`squeal_pool = true`; the same command)
     squeal-monitoring.service           the dashboard + prober, scraping monitoring/components.json
     topology.toml                       a copy of the topology file the units read
     routers/<cluster>.json              the cluster's router config (router_config.cluster_config)
     zookeeper/zoo-<N>.cfg               server N's zoo.cfg, as `squealctl up` writes it (ops.harness)
     monitoring/components.json          every component of the deployment, for the monitoring server
 
-An HA region never gets a `--region` daemon (`squeal run` refuses one for it), and `[shards]` add no
-unit: a region's daemon or leading instance runs every shard's pipeline itself.
+An HA or pooled region never gets a `--region` daemon (`squeal run` refuses one for it), and `[shards]` add
+no unit: a region's daemon or leading instance runs every shard's pipeline itself, a pool's workers the shards
+its controller gives each.
 
 Every service restarts on failure, has resource limits (open files; memcached's memory from its `-m`,
 ZooKeeper's from its Java heap) and runs sandboxed (read-only system, private /tmp, no home
@@ -172,9 +174,9 @@ def describe_databases(topo: Topology, host: str) -> list[str]:
 def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> list[Unit]:
     """The services `host` runs, in start order: ZooKeeper, memcached, routers, squeal daemons, monitoring.
 
-    A region with `squeal_instances` (HA) runs one `squeal run --instance NAME` per instance, never a `--region`
-    daemon (`squeal run` refuses that for such a region). With `[shards]` nothing more is rendered: a region's
-    daemon or leading instance runs a pipeline per shard itself."""
+    A region with `squeal_instances` (HA, or a pool's workers) runs one `squeal run --instance NAME` per instance,
+    never a `--region` daemon (`squeal run` refuses that for such a region). With `[shards]` nothing more is
+    rendered: a region's daemon or leading instance runs a pipeline per shard itself."""
     hosts = topo.hosts()
     if host not in hosts:
         raise RenderError(f"{host} runs nothing in {topo.source}; the hosts it names: {', '.join(hosts)}")
@@ -191,7 +193,7 @@ def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> li
             continue
         client = clients[server_id - 1]
         data = zookeeper_data_dir(opts, server_id)
-        argv = (
+        argv: tuple[str, ...] = (
             str(opts.java_bin),
             f"-Xmx{opts.zookeeper_heap_mb}m",
             "-XX:+ExitOnOutOfMemoryError",  # a restart beats a server limping on without memory
@@ -221,7 +223,7 @@ def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> li
 
     def memcached(addr: router_config.Address, where: str, name: str) -> Unit:
         mb = opts.memcached_mb
-        argv = (
+        argv: tuple[str, ...] = (
             str(opts.memcached_bin),
             "-l", addr.host,
             "-p", str(addr.port),
@@ -280,7 +282,7 @@ def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> li
     def squeal_unit(name: str, description: str, selector: tuple[str, str], port: int, state: str,
                     after: tuple[str, ...] = ()) -> Unit:
         """`squeal run TOPOLOGY --region R` (a region's daemon) or `--instance NAME` (an HA instance)."""
-        argv = (
+        argv: tuple[str, ...] = (
             str(venv / "bin" / "squeal"),
             "run", str(topology_file),
             *selector,
@@ -295,6 +297,13 @@ def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> li
             if inst.host != host:
                 continue
             part = _part(inst.name)  # its state dir: pid file and requests; the markers are in ZooKeeper
+            if region.squeal_pool:  # the same command line; the pool's controller gives it its shards
+                units.append(squeal_unit(
+                    f"squeal-worker-{part}.service",
+                    f"squeal worker {inst.name} of region {region.name}'s pool (the shards the pool's controller "
+                    f"assigns it, each from its copy in {region.name})",
+                    ("--instance", inst.name), inst.metrics_port, f"squeal-worker-{part}", after=zookeepers_here))
+                continue
             units.append(squeal_unit(
                 f"squeal-instance-{part}.service",
                 f"squeal instance {inst.name} of region {region.name} (HA; reads "

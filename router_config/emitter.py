@@ -67,7 +67,7 @@ def cluster_config(topo: Topology, cluster_name: str) -> dict[str, Any]:
             # single-server pools per replica, for the read-side FailoverRoute order
             for i, server in enumerate(p.servers):
                 pools[f"{p.name}__r{i}"] = {"servers": [str(server)]}
-            route = _replicated_route(p, rotate=index)
+            route: Any = _replicated_route(p, rotate=index)
             for prefix in p.prefixes:
                 policies[prefix] = route
     if region.regional_pool is not None:
@@ -93,7 +93,7 @@ def cluster_config(topo: Topology, cluster_name: str) -> dict[str, Any]:
             "warm": f"PoolRoute|{warm_pool}",
             "exptime": cluster.cold.exptime,
         }
-    route: Any = wildcard
+    route = wildcard
     if policies:
         route = {"type": "PrefixSelectorRoute", "policies": policies, "wildcard": wildcard}
     return {"pools": pools, "route": route}

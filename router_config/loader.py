@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Set
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -22,18 +23,22 @@ from router_config.model import (
     PLACEHOLDER,
     POOL_KINDS,
     READERS,
+    TLS_COMPONENTS,
     Address,
+    CertKey,
     Cluster,
     ColdStart,
     Database,
     MonitoringSettings,
     Pool,
+    PoolPlacement,
     Region,
     RegionalPool,
     Rule,
     Shard,
     SquealInstance,
     SquealSettings,
+    TlsSettings,
     Topology,
     ZooKeeperSettings,
 )
@@ -76,13 +81,14 @@ class _Builder:
     def __init__(self, source: str) -> None:
         self.source = source
         self.ports: dict[tuple[str, int], str] = {}  # (host, port) -> key path that claimed it
+        self.tls_settings: TlsSettings | None = None  # [tls], read first: every Database carries it
 
     def fail(self, path: str, message: str) -> TopologyError:
         return TopologyError(self.source, path, message)
 
     # -- generic readers ---------------------------------------------------------------------------
 
-    def table(self, value: Any, path: str, allowed: set[str], required: set[str] = frozenset()) -> dict:
+    def table(self, value: Any, path: str, allowed: set[str], required: Set[str] = frozenset()) -> dict:
         if not isinstance(value, dict):
             raise self.fail(path, f"must be a table, got {type(value).__name__}")
         for key in value:
@@ -144,10 +150,12 @@ class _Builder:
     # -- the document ------------------------------------------------------------------------------
 
     def topology(self, doc: dict) -> Topology:
-        self.table(doc, "", {"squeal", "monitoring", "rules", "regions", "zookeeper", "shards"}, {"regions"})
+        self.table(doc, "", {"squeal", "monitoring", "rules", "regions", "zookeeper", "shards", "tls"},
+                   {"regions"})
         squeal = self.settings(doc.get("squeal", {}), "squeal")
         monitoring = self.monitoring(doc.get("monitoring", {}), "monitoring")
         zookeeper = self.zookeeper(doc["zookeeper"], "zookeeper") if "zookeeper" in doc else None
+        tls = self.tls_settings = self.tls(doc["tls"], "tls") if "tls" in doc else None
         rules = self.rules(doc.get("rules", []), "rules")
         regions_doc = self.typed(doc["regions"], "regions", dict, "a table of regions")
         if not regions_doc:
@@ -166,7 +174,7 @@ class _Builder:
             raise self.fail("regions", f"exactly one region must have master = true (found: {found})")
         rules = self.scope_rules(rules, shards, doc.get("rules", []))
         topo = Topology(source=self.source, regions=regions, rules=rules, squeal=squeal, monitoring=monitoring,
-                        zookeeper=zookeeper, declared_shards=shards)
+                        zookeeper=zookeeper, declared_shards=shards, tls=tls)
         self.check_cluster_references(topo)
         self.check_copies(topo)
         return topo
@@ -234,7 +242,7 @@ class _Builder:
                     self.claim(host, port + i, at)
                     copies.append(Database(role="primary" if region == master else "replica", host=host,
                                            port=port + i, server_id=server_id + i, user=user, password=password,
-                                           name=f"{name}@{region}", shard=name, region=region,
+                                           tls=self.tls_settings, name=f"{name}@{region}", shard=name, region=region,
                                            gtid_domain_id=domain + i))
                 out.append(Shard(name, tuple(copies), domain + i))
         return tuple(out)
@@ -266,9 +274,69 @@ class _Builder:
             out.append(replace(rule, shards=tuple(dict.fromkeys(names))))
         return tuple(out)
 
+    # -- tls -----------------------------------------------------------------------------------------------
+
+    def base_dir(self) -> Path:
+        """Relative paths in the topology are relative to the file's directory (a `loads` string: the cwd)."""
+        source = Path(self.source)
+        return source.resolve().parent if source.is_file() else Path.cwd()
+
+    def pem_file(self, value: Any, path: str) -> str:
+        self.typed(value, path, str, "a path to a PEM file")
+        if not value:
+            raise self.fail(path, "must not be empty")
+        full = self.base_dir() / value
+        if not full.is_file():
+            raise self.fail(path, f"{value!r}: no such file ({full})")
+        return str(full)
+
+    def tls(self, value: Any, path: str) -> TlsSettings:
+        """`[tls]`: `ca`, `require`, `dir` (the convention `<dir>/ca.crt`, `<dir>/<component>.crt` + `.key`, as
+        `ops.tls` writes them) and `[tls.<component>]` tables of `cert` + `key` that override the convention."""
+        self.table(value, path, {"ca", "require", "dir", *TLS_COMPONENTS})
+        require = self.typed(value.get("require", False), f"{path}.require", bool, "true or false")
+        directory: Path | None = None
+        if "dir" in value:
+            self.typed(value["dir"], f"{path}.dir", str, "a directory path")
+            directory = self.base_dir() / value["dir"]
+            if not directory.is_dir():
+                raise self.fail(f"{path}.dir", f"{value['dir']!r}: no such directory ({directory})")
+        ca: str | None = None
+        if "ca" in value:
+            ca = self.pem_file(value["ca"], f"{path}.ca")
+        elif directory is not None and (directory / "ca.crt").is_file():
+            ca = str(directory / "ca.crt")
+        if require and ca is None:
+            where = f" (and {path}.dir has no ca.crt)" if directory is not None else ""
+            raise self.fail(f"{path}.require", f"require = true needs {path}.ca, the CA that every peer's "
+                            f"certificate is checked against{where}")
+        certs: list[tuple[str, CertKey]] = []
+        for component in TLS_COMPONENTS:
+            at = f"{path}.{component}"
+            if component in value:
+                body = self.table(value[component], at, {"cert", "key"}, {"cert", "key"})
+                certs.append((component, CertKey(self.pem_file(body["cert"], f"{at}.cert"),
+                                                 self.pem_file(body["key"], f"{at}.key"))))
+            elif directory is not None:
+                cert, key = directory / f"{component}.crt", directory / f"{component}.key"
+                if cert.is_file() != key.is_file():
+                    have, missing = (cert, key) if cert.is_file() else (key, cert)
+                    raise self.fail(f"{path}.dir", f"{have.name} without {missing.name} in {directory}")
+                if cert.is_file():
+                    certs.append((component, CertKey(str(cert), str(key))))
+        if ca is None and not certs:
+            raise self.fail(path, "names no CA and no certificate: set ca (and [tls.<component>] cert/key, or dir)")
+        return TlsSettings(ca=ca, require=require, certs=tuple(certs))
+
     def zookeeper(self, value: Any, path: str) -> ZooKeeperSettings:
         self.table(value, path, {"servers", "session_timeout_s", "root", "takeover_wait_s", "handback_after_s",
-                                 "peer_ports"}, {"servers"})
+                                 "peer_ports", "digest"}, {"servers"})
+        digest = value.get("digest")
+        if digest is not None:
+            self.typed(digest, f"{path}.digest", str, 'a "user:password" string')
+            user, sep, password = digest.partition(":")
+            if not sep or not user or not password:
+                raise self.fail(f"{path}.digest", 'must be "user:password" (both non-empty)')
         servers = self.addresses(value["servers"], f"{path}.servers")
         peer_ports = self.peer_ports(value.get("peer_ports"), servers, f"{path}.peer_ports")
         numbers = {}
@@ -281,7 +349,7 @@ class _Builder:
         root = self.typed(value.get("root", ZooKeeperSettings.root), f"{path}.root", str, "a znode path")
         if not ZNODE_PATH.match(root):
             raise self.fail(f"{path}.root", f'{root!r} is not a znode path like "/squeal"')
-        return ZooKeeperSettings(servers=servers, root=root, peer_ports=peer_ports, **numbers)
+        return ZooKeeperSettings(servers=servers, root=root, peer_ports=peer_ports, digest=digest, **numbers)
 
     def peer_ports(self, value: Any, servers: tuple[Address, ...], path: str) -> tuple[tuple[int, int], ...]:
         """`peer_ports = [[quorum, election], ...]`, one pair per server (default: its client port + 100, + 200).
@@ -323,7 +391,7 @@ class _Builder:
             "on_data_loss": (str, " or ".join(f'"{c}"' for c in ON_DATA_LOSS)),
             "reader": (str, " or ".join(f'"{c}"' for c in READERS)),
         }
-        out = {}
+        out: dict[str, Any] = {}
         for name in names:
             v = value.get(name, getattr(defaults, name))
             kind, what = kinds[name]
@@ -378,7 +446,7 @@ class _Builder:
             codec = body.get("codec")
             if codec is not None and not CODEC_PATH.match(self.typed(codec, f"{here}.codec", str, "an import path")):
                 raise self.fail(f"{here}.codec", f'{codec!r} is not an import path like "package.module:function"')
-            when_changed = ()
+            when_changed: tuple[str, ...] = ()
             if "when_changed" in body:
                 when_changed = self.string_list(body["when_changed"], f"{here}.when_changed")
                 for k, name in enumerate(when_changed):
@@ -412,7 +480,7 @@ class _Builder:
             body,
             path,
             {"master", "database", "regional_pool", "clusters", "squeal", "replicas", "squeal_instances",
-             "squeal_pool"},
+             "squeal_pool", "squeal_placement"},
             {"clusters"} if shards else {"database", "clusters"},
         )
         master = self.typed(body.get("master", False), f"{path}.master", bool, "true or false")
@@ -447,7 +515,7 @@ class _Builder:
         user = self.typed(db.get("user", "squeal"), f"{db_path}.user", str, "an account name")
         password = self.typed(db.get("password", "squeal"), f"{db_path}.password", str, "a password")
         database = Database(role=role, host=host, port=port, server_id=server_id, user=user, password=password,
-                            name=name)
+                            name=name, tls=self.tls_settings)
         return self.region_body(name, body, path, master, database)
 
     def region_body(self, name: str, body: dict, path: str, master: bool, database: Database) -> Region:
@@ -480,6 +548,12 @@ class _Builder:
         if pool and not instances:
             raise self.fail(f"{path}.squeal_pool", "a squeal pool needs its workers: [[regions."
                             f"{name}.squeal_instances]] (each runs `squeal run --instance NAME`)")
+        placement = PoolPlacement()
+        if "squeal_placement" in body:
+            if not pool:
+                raise self.fail(f"{path}.squeal_placement", "placement settings are for a squeal pool: set "
+                                f"squeal_pool = true in [regions.{name}] or remove this table")
+            placement = self.pool_placement(body["squeal_placement"], f"{path}.squeal_placement")
         return Region(
             name=name,
             master=master,
@@ -490,7 +564,27 @@ class _Builder:
             replicas=replicas,
             squeal_instances=instances,
             squeal_pool=pool,
+            squeal_placement=placement,
         )
+
+    def pool_placement(self, value: Any, path: str) -> PoolPlacement:
+        """`[regions.R.squeal_placement]`: the pool controller's settings (docs/squeal.md, "Placement settings")."""
+        numbers = {"threshold", "persist_s", "cooldown_s", "bytes_per_row", "half_life_s"}
+        body = self.table(value, path, numbers | {"max_moves"})
+        out: dict[str, Any] = {}
+        for key in sorted(numbers):
+            v = self.typed(body.get(key, getattr(PoolPlacement, key)), f"{path}.{key}", (int, float), "a number")
+            if key == "threshold" and v <= 1:
+                raise self.fail(f"{path}.{key}", f"must be greater than 1 (max/mean worker load allowed), got {v}")
+            if key in ("persist_s", "cooldown_s") and v < 0:
+                raise self.fail(f"{path}.{key}", f"must be 0 or more seconds, got {v}")
+            if key in ("bytes_per_row", "half_life_s") and v <= 0:
+                raise self.fail(f"{path}.{key}", f"must be greater than 0, got {v}")
+            out[key] = float(v)
+        moves = self.typed(body.get("max_moves", 0), f"{path}.max_moves", int, "a whole number (0: no cap)")
+        if moves < 0:
+            raise self.fail(f"{path}.max_moves", f"must be 0 (no cap) or more, got {moves}")
+        return PoolPlacement(max_moves=moves, **out)
 
     def replicas(self, value: Any, region: str, path: str) -> tuple[Database, ...]:
         """`[regions.R.replicas.NAME]`: more copies of the region's data, GTID replicas (log_slave_updates)."""
@@ -514,7 +608,7 @@ class _Builder:
                 role="replica", host=host, port=port, server_id=server_id,
                 user=self.typed(body.get("user", "squeal"), f"{here}.user", str, "an account name"),
                 password=self.typed(body.get("password", "squeal"), f"{here}.password", str, "a password"),
-                name=name, replicates_from=source,
+                name=name, replicates_from=source, tls=self.tls_settings,
             ))
         return tuple(out)
 

@@ -90,6 +90,36 @@ class RegionalPool:
     prefixes: tuple[str, ...]
 
 
+# The components a `[tls]` section can name a certificate for (`[tls.<component>]`, or `<dir>/<component>.crt`).
+TLS_COMPONENTS = ("squeal", "mariadb", "zookeeper", "router", "memcached", "monitoring", "webtier")
+
+
+@dataclass(frozen=True)
+class CertKey:
+    """A PEM certificate (chain) and its private key, absolute paths."""
+
+    cert: str
+    key: str
+
+
+@dataclass(frozen=True)
+class TlsSettings:
+    """`[tls]`: one switch for the whole topology (docs/squeal.md, "TLS").
+
+    With a `[tls]` section every link that can use TLS does, verifying its peer against `ca`; `require = true`
+    also makes the servers refuse plaintext (MariaDB accounts `REQUIRE SSL`, ZooKeeper without a plaintext
+    client port). `certs`: each component's own certificate, by component name (`TLS_COMPONENTS`); a
+    component without one connects as a client without a certificate. Paths are absolute (the loader resolves
+    them against the topology file's directory and checks that each file exists)."""
+
+    ca: str | None = None
+    require: bool = False
+    certs: tuple[tuple[str, CertKey], ...] = ()
+
+    def cert(self, component: str) -> CertKey | None:
+        return dict(self.certs).get(component)
+
+
 @dataclass(frozen=True)
 class Database:
     role: str  # "primary" (master region) or "replica"
@@ -108,6 +138,9 @@ class Database:
     shard: str = ""
     region: str = ""
     gtid_domain_id: int | None = None
+    # The topology's [tls] (None: plaintext): clients of this copy (squeal, the web tier) dial it with TLS,
+    # verifying its certificate against `tls.ca`, each presenting its own certificate if it has one.
+    tls: TlsSettings | None = None
 
     @property
     def address(self) -> Address:
@@ -173,6 +206,9 @@ class ZooKeeperSettings:
     # Each server's (quorum, election) ports, for `squealctl up` to start the ensemble (`peer_ports`; by
     # default the client port + 100 and + 200). Clients never use them.
     peer_ports: tuple[tuple[int, int], ...] = ()
+    # `digest = "user:password"`: squeal's ZooKeeper identity. squeal's clients authenticate with it and create
+    # every znode under `root` with an ACL that lets only that identity write (anyone may read); None: open ACLs.
+    digest: str | None = None
 
     def peers(self) -> tuple[tuple[int, str, int, int], ...]:
         """The ensemble as ZooKeeper's `server.N=host:quorum:election` lines need it: (N, host, quorum,
@@ -184,6 +220,19 @@ class ZooKeeperSettings:
     def hosts(self) -> str:
         """The connect string: `host:port,host:port`."""
         return ",".join(str(a) for a in self.servers)
+
+
+@dataclass(frozen=True)
+class PoolPlacement:
+    """`[regions.R.squeal_placement]` of a pooled region: how its controller balances shard load over the workers
+    (squeal/placement.py; docs/squeal.md, "Placement settings"). The defaults suit production; tests shorten them."""
+
+    threshold: float = 1.15  # a worker is balanced within [level / threshold, level * threshold]
+    persist_s: float = 60.0  # an imbalance must last this long before a rebalance moves anything
+    cooldown_s: float = 300.0  # a shard moved this recently is not moved again by a rebalance
+    max_moves: int = 0  # at most this many rebalance moves per plan; 0: no cap
+    bytes_per_row: float = 500.0  # a shard's load = rows/s + binlog bytes/s / bytes_per_row
+    half_life_s: float = 60.0  # the half-life of the owners' smoothing of rows/s and bytes/s
 
 
 @dataclass(frozen=True)
@@ -215,6 +264,7 @@ class Region:
     # Pool mode (`squeal_pool = true`): the instances are workers that divide the region's shards among them
     # (squeal/pool.py), each shard with its own owner; without it, the instances elect one leader (squeal/ha.py).
     squeal_pool: bool = False
+    squeal_placement: PoolPlacement = field(default_factory=PoolPlacement)  # pool mode only
 
     @property
     def copies(self) -> tuple[Database, ...]:
@@ -289,6 +339,7 @@ class Topology:
     # implicit shard made of the regions' databases). With [shards], `Region.database` is the region's copy of
     # the first shard (for parts that read one database: the demo web tier's schema, the prober's canary).
     declared_shards: tuple[Shard, ...] = ()
+    tls: TlsSettings | None = None  # [tls]: None = every link in plaintext
 
     @property
     def sharded(self) -> bool:

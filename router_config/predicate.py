@@ -203,6 +203,7 @@ class _Parser:
         return self.atom()
 
     def atom(self) -> Node:
+        node: Node
         if self.accept("("):
             node = self.or_()
             self.take("punct", ")", "')'")
@@ -227,7 +228,7 @@ class _Parser:
             while self.accept(","):
                 items.append(self.literal())
             self.take("punct", ")", "')' or ','")
-            node: Node = Compare(column, "=", items[0]) if len(items) == 1 else BoolOp(
+            node = Compare(column, "=", items[0]) if len(items) == 1 else BoolOp(
                 "or", tuple(Compare(column, "=", lit) for lit in items))
             return Not(node) if negated else node
         if negated:

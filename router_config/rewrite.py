@@ -13,7 +13,7 @@ from typing import Any
 
 import tomli_w
 
-from router_config.model import Address, Cluster, ColdStart, Pool, Region, Topology
+from router_config.model import Address, Cluster, ColdStart, Pool, PoolPlacement, Region, Topology
 
 
 def reassign_ports(topo: Topology, allocate: Callable[[], int]) -> Topology:
@@ -114,6 +114,11 @@ def to_document(topo: Topology) -> dict[str, Any]:
         }
         if zk.peer_ports:
             doc["zookeeper"]["peer_ports"] = [list(p) for p in zk.peer_ports]
+        if zk.digest is not None:
+            doc["zookeeper"]["digest"] = zk.digest
+    if topo.tls is not None:  # absolute paths: the document may be written anywhere
+        doc["tls"] = {"require": topo.tls.require} | ({"ca": topo.tls.ca} if topo.tls.ca else {})
+        doc["tls"] |= {name: {"cert": ck.cert, "key": ck.key} for name, ck in topo.tls.certs}
     if topo.sharded:  # one [shards.NAME] per shard (a `count` group is written out shard by shard)
         doc["shards"] = {
             sh.name: {"gtid_domain_id": sh.gtid_domain_id, "user": sh.primary.user, "password": sh.primary.password}
@@ -170,6 +175,8 @@ def to_document(topo: Topology) -> dict[str, Any]:
             ]
         if r.squeal_pool:
             body["squeal_pool"] = True
+            if r.squeal_placement != PoolPlacement():
+                body["squeal_placement"] = asdict(r.squeal_placement)
         doc["regions"][r.name] = body
     return doc
 

@@ -10,15 +10,18 @@ The pipeline, one module per stage, read top to bottom:
     datamarkers   durable per-flow positions (file store; zkstore: the same on ZooKeeper for HA)
     ha            HA mode: one leader per region through ZooKeeper, fenced, standbys take over
     daemon        wires them on the Twisted reactor; cli: `squeal run` / `squeal replay`
+    healthz       the one client of a daemon's /healthz
 """
 
 from squeal.daemon import Daemon, run
 from squeal.datamarkers import DatamarkerStore, FileDatamarkerStore
 from squeal.flows import Committed, Dispatcher, Flow, flow_names, flows_for_region, split_keys
 from squeal.gtid import GtidError, format_position, parse_gtid, parse_position
+from squeal.healthz import fetch_health, probe_health
 from squeal.reader import BinlogReader, ReaderConfigError, Source, check_server, current_position
 from squeal.rules import KeyExtractor, RuleError, check_rules, comment_keys, delete_line, encode_key
 from squeal.transactions import Transaction, TransactionGrouper
+from squeal.zkstore import client_options as zookeeper_client_options
 
 __all__ = [
     "BinlogReader",
@@ -41,11 +44,14 @@ __all__ = [
     "current_position",
     "delete_line",
     "encode_key",
+    "fetch_health",
     "flow_names",
     "flows_for_region",
     "format_position",
     "parse_gtid",
     "parse_position",
+    "probe_health",
     "run",
     "split_keys",
+    "zookeeper_client_options",
 ]

@@ -19,6 +19,7 @@ exponential backoff. A dead destination only ever delays its own flow.
 from __future__ import annotations
 
 import logging
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable
@@ -30,8 +31,15 @@ from twisted.internet.endpoints import TCP4ClientEndpoint
 from squeal.flows import Batch, Flow
 from squeal.metrics import Metrics, WriteMetrics
 from squeal.sampler import DeleteSampler
+from squeal.tlswrap import connect_tls
 
 log = logging.getLogger(__name__)
+
+
+def _abort(transport: Any) -> None:
+    """Drop a TCP connection now (`ITCPTransport.abortConnection`: a protocol's `transport` is typed as the
+    plain `ITransport`, which has no such method)."""
+    transport.abortConnection()
 
 
 class DeleteProtocol(protocol.Protocol):
@@ -48,6 +56,7 @@ class DeleteProtocol(protocol.Protocol):
 
     def send(self, payload: bytes) -> None:
         # Replies of the batches before this one may still be arriving: error counts reset only at `MN`.
+        assert self.transport is not None  # (sent only while connected)
         self.transport.write(payload)
 
     def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted's name
@@ -85,12 +94,13 @@ class Sender:
     def __init__(self, flow: Flow, reactor: Any, batch_size: int, flush_interval: float,
                  reply_timeout: float = 2.0, backoff_initial: float = 0.05, backoff_max: float = 5.0,
                  metrics: Metrics | WriteMetrics | None = None, max_in_flight: int = 4,
-                 sampler: DeleteSampler | None = None) -> None:
+                 sampler: DeleteSampler | None = None, tls: Callable[[], ssl.SSLContext] | None = None) -> None:
         self.name = flow.name  # the destination's name (every shard's flow to it has this name)
         self.destinations = flow.destinations
         self.flows: list[Flow] = []
         self._next = 0  # the flow asked first at the next send (round robin across shards)
         self.sampler = sampler
+        self.tls = tls  # deletes over TLS ([tls]): a fresh verifying client context per connection
         self.max_in_flight = max(1, max_in_flight)  # per flow
         self.reactor = reactor
         self.batch_size = batch_size
@@ -231,12 +241,15 @@ class Sender:
         self.connecting = True
         client = DeleteProtocol(self._on_reply, self._on_lost)
         endpoint = TCP4ClientEndpoint(self.reactor, addr.host, addr.port, timeout=self.reply_timeout)
-        d = endpoint.connect(protocol.Factory.forProtocol(lambda: client))
+        if self.tls is not None:
+            d = connect_tls(endpoint, client, self.tls(), addr.host, str(addr))
+        else:
+            d = endpoint.connect(protocol.Factory.forProtocol(lambda: client))
 
         def connected(p: DeleteProtocol) -> None:
             self.connecting = False
             if self.stopped:
-                p.transport.abortConnection()
+                _abort(p.transport)
                 return
             self.client = p
             self._send()
@@ -304,7 +317,7 @@ class Sender:
         self.timeout = None
         client, self.client = self.client, None
         if client is not None and client.transport is not None:
-            client.transport.abortConnection()
+            _abort(client.transport)
         if self.stopped or self.waiting:
             return
         self.router += 1  # the next router of the set, round robin

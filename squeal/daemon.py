@@ -20,6 +20,7 @@ Lifecycle:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ from prometheus_client.twisted import MetricsResource
 from twisted.internet import defer, task
 from twisted.web import resource, server
 
-from router_config import Database, Region, SquealSettings, Topology
+from router_config import Database, Region, SquealSettings, TlsSettings, Topology
 from squeal import gtid as g
 from squeal.batcher import Sender
 from squeal.bulk import load_cascades
@@ -57,12 +58,14 @@ from squeal.reader import (
     Source,
     check_server,
     current_position,
+    describe_failure,
     native_module,
     native_problems,
 )
 from squeal.rules import KeyExtractor, check_rules, load_columns
 from squeal.sampler import DeleteSampler, SampledDelete
 from squeal.source import SourcePoller
+from squeal.tlswrap import client_context
 from squeal.transactions import PreparedXa
 
 log = logging.getLogger(__name__)
@@ -79,16 +82,21 @@ def state_dir_for(topology: Topology, state_dir: str | Path | None) -> Path:
 def source_for(region: Region | Database) -> Source:
     """The binlog source of a region's database (or of one database copy)."""
     db = region.database if isinstance(region, Region) else region
-    return Source(db.host, db.port, db.user, db.password)
+    if db.tls is None:
+        return Source(db.host, db.port, db.user, db.password)
+    mine = db.tls.cert("squeal")
+    return Source(db.host, db.port, db.user, db.password, tls=True, ssl_ca=db.tls.ca,
+                  ssl_cert=mine.cert if mine else None, ssl_key=mine.key if mine else None)
 
 
 class SenderHub:
     """The batchers of a process, one `Sender` per destination, shared by every shard's flow to it."""
 
     def __init__(self, reactor: Any, settings: SquealSettings, metrics: Metrics | WriteMetrics,
-                 sampler: DeleteSampler, reply_timeout: float) -> None:
+                 sampler: DeleteSampler, reply_timeout: float, tls: TlsSettings | None = None) -> None:
         self.reactor, self.settings, self.metrics, self.sampler = reactor, settings, metrics, sampler
         self.reply_timeout = reply_timeout
+        self.tls = tls  # [tls]: deletes to the routers over TLS
         self.senders: dict[str, Sender] = {}
 
     def attach(self, flow: Flow) -> Sender:
@@ -97,7 +105,8 @@ class SenderHub:
             s = self.settings
             sender = self.senders[flow.name] = Sender(
                 flow, self.reactor, s.batch_size, s.flush_interval_ms / 1000.0, reply_timeout=self.reply_timeout,
-                metrics=self.metrics, sampler=self.sampler)
+                metrics=self.metrics, sampler=self.sampler,
+                tls=functools.partial(client_context, self.tls) if self.tls is not None else None)
         else:
             sender.add_flow(flow)
         return sender
@@ -110,7 +119,7 @@ def connect_with_retry(source: Source, timeout: float) -> Any:
             return source.connect()
         except pymysql.err.OperationalError as e:
             if time.monotonic() > deadline:
-                raise ConnectionError(f"cannot connect to the database {source.host}:{source.port}: {e}") from e
+                raise ConnectionError(f"cannot connect to the database: {describe_failure(source, e)}") from e
             time.sleep(0.5)
 
 
@@ -186,7 +195,8 @@ class Daemon:
         self.settings = topology.squeal
         self.metrics = Metrics()
         # Shared batchers (a RegionDaemon's), or our own: one Sender per destination either way.
-        self.hub = hub or SenderHub(reactor, self.settings, self.metrics, self.sampler, reply_timeout)
+        self.hub = hub or SenderHub(reactor, self.settings, self.metrics, self.sampler, reply_timeout,
+                                    tls=topology.tls)
         self.source = source_for(self.database)
         self.extractor = KeyExtractor(self.rules)
         prefixes = self.region.regional_pool.prefixes if self.region.regional_pool else ()
@@ -266,8 +276,10 @@ class Daemon:
                 raise DatamarkerDirError(f"cannot write the datamarker of flow {f.name} in {self._marker_where()}: "
                                          f"{describe_error(e)}") from e
             self.metrics.marker_write_errors.labels(flow=f.name)  # (the series exist from the start, at 0)
-            self.metrics.marker_age.labels(flow=f.name).set_function(
-                lambda name=f.name: self._marker_watch.age(name, self.reactor.seconds()))
+            def marker_age(name: str = f.name) -> float:
+                return self._marker_watch.age(name, self.reactor.seconds())
+
+            self.metrics.marker_age.labels(flow=f.name).set_function(marker_age)
             f.on_shed = self._on_shed
             self.senders[f.name] = self.hub.attach(f)
         start = g.earliest([f.acked for f in flows])
@@ -756,7 +768,12 @@ class Daemon:
 
         timeout = self.reactor.callLater(flush_timeout, finish)  # a dead destination must not hold us up
         drained = defer.DeferredList([s.when_drained() for s in self.senders.values()])
-        drained.addCallback(lambda _: (timeout.cancel() if timeout.active() else None, finish()))
+        def drained_all(_: Any) -> None:
+            if timeout.active():
+                timeout.cancel()
+            finish()
+
+        drained.addCallback(drained_all)
         return finished
 
     def retire(self, flush_timeout: float = 10.0, save_timeout: float = 5.0) -> defer.Deferred:
@@ -787,7 +804,11 @@ class Daemon:
                 if sender is not None and flow in sender.flows:
                     sender.remove_flow(flow)
             saved = self._final_markers(save_timeout)
-            saved.addBoth(lambda ok: (self._store_thread.close(), result.callback(ok)))
+            def handed_on(ok: Any) -> None:
+                self._store_thread.close()
+                result.callback(ok)
+
+            saved.addBoth(handed_on)
 
         def check() -> None:
             if idle() or self.reactor.seconds() - started >= flush_timeout:

@@ -64,6 +64,34 @@ class DatamarkerStore(Protocol):
         """Raise DatamarkerDirError unless markers can be written now (optional: the daemon's start-up check)."""
 
 
+def check_position(position: object, where: str) -> str:
+    """A stored marker's position: a string that parses (a corrupt marker is an error, never silently "now");
+    ValueError or GtidError naming `where` otherwise."""
+    if not isinstance(position, str):
+        raise ValueError(f"{where}: the position is not a string")
+    try:
+        g.parse_position(position)
+    except g.GtidError as e:
+        raise g.GtidError(f"{where}: {e}") from e
+    return position
+
+
+def decode_marker(data: bytes, where: str, what: str = "datamarker") -> str:
+    """The position of one stored marker document (`{"position": ..., ...}` as JSON: a marker file, a marker or
+    replay request znode); ValueError (`where` is not a `what`) or GtidError naming `where` if it is corrupt."""
+    try:
+        doc = json.loads(data.decode())
+        position = doc.get("position") if isinstance(doc, dict) else None
+        if not isinstance(position, str):
+            raise ValueError('no "position" string')
+        g.parse_position(position)  # a corrupt marker is an error, never silently "now"
+    except g.GtidError as e:
+        raise g.GtidError(f"{where}: {e}") from e
+    except ValueError as e:  # (json.JSONDecodeError and UnicodeDecodeError are ValueErrors)
+        raise ValueError(f"{where} is not a {what}: {e}") from e
+    return position
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -116,20 +144,10 @@ class FileDatamarkerStore:
     def _read(self, path: Path) -> str | None:
         """The position in `path`; None if there is no such file; ValueError (naming the file) if corrupt."""
         try:
-            text = path.read_text()
+            data = path.read_bytes()
         except FileNotFoundError:
             return None
-        try:
-            doc = json.loads(text)
-            position = doc.get("position") if isinstance(doc, dict) else None
-            if not isinstance(position, str):
-                raise ValueError('no "position" string')
-            g.parse_position(position)  # a corrupt marker is an error, never silently "now"
-        except g.GtidError as e:
-            raise g.GtidError(f"{path}: {e}") from e
-        except ValueError as e:  # (json.JSONDecodeError and UnicodeDecodeError are ValueErrors)
-            raise ValueError(f"{path} is not a datamarker file: {e}") from e
-        return position
+        return decode_marker(data, str(path), "datamarker file")
 
     def load(self, flow: str) -> str | None:
         return self._read(self._path(flow, "marker"))

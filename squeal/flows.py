@@ -82,7 +82,8 @@ def split_keys(keys: Sequence[str], regional_prefixes: Sequence[str]) -> tuple[l
     if not regional_prefixes:
         return list(keys), []
     prefixes = tuple(regional_prefixes)
-    cluster, regional = [], []
+    cluster: list[str] = []
+    regional: list[str] = []
     for k in keys:
         (regional if k.startswith(prefixes) else cluster).append(k)
     return cluster, regional

@@ -63,7 +63,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pymysql
 from kazoo.client import KazooClient, KazooState
@@ -82,15 +82,17 @@ from squeal.daemon import (
     source_for,
     state_dir_for,
 )
-from squeal.reader import check_server, current_position
+from squeal.reader import ReaderConfigError, check_server, current_position
 from squeal.region import RegionDaemon
-from squeal.zkstore import UNAVAILABLE, ZooKeeperDatamarkerStore, region_path
+from squeal.zkstore import UNAVAILABLE, ZooKeeperDatamarkerStore, client_options, region_path
 
 log = logging.getLogger(__name__)
 
 LEADER, STANDBY = "leader", "standby"
+STARTUP_ERRORS = (ConnectionError, ReaderConfigError, ValueError)  # `prepare`'s one-line errors (squeal.cli)
 GIVEN_UP = ("resign", "handback")  # deposition reasons of a term given up (not lost: not rejoining after it)
 STATES = (LEADER, STANDBY)
+STARTING = "starting"  # /healthz `state` while `prepare` waits for the copy or ZooKeeper (not a candidate yet)
 GAP_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 4, 5, 7.5, 10, 15, 30, 60, 120)
 
 
@@ -476,7 +478,7 @@ class Elector:
         self._published = want
 
     def _candidates(self) -> list[dict[str, Any]]:
-        out = []
+        out: list[dict[str, Any]] = []
         try:
             names = self._call(self.client.get_children_async(self.candidates_path))
         except NoNodeError:
@@ -735,7 +737,8 @@ class HaInstance:
     with the region's datamarkers in ZooKeeper (`ZooKeeperDatamarkerStore`, fenced by the election epoch).
 
     * Start-up (`prepare`): its copy has the binlog settings squeal needs; ZooKeeper answers. /metrics and
-      /healthz are served from the start (`state`: standby, taking_over, leader).
+      /healthz are served from the start (`state`: starting — waiting for the copy or ZooKeeper —, standby,
+      taking_over, leader).
     * Elected: reads every flow's marker, waits (at most `takeover_wait_s`, `squeal_ha_takeover_wait_seconds`)
       until its copy has applied them, then runs a `RegionDaemon` (every shard) from those markers. Its flows hand
       out batches only while the lease holds (`gate_flows`).
@@ -786,6 +789,8 @@ class HaInstance:
         self.exit_code = 0
         self._healthy = True
         self._health_stop = threading.Event()
+        self.waiting_for: str | None = None  # during `prepare`: "database" or "zookeeper" (a /healthz problem)
+        self._serving = False
 
     # -- start-up --------------------------------------------------------------------------------------------
 
@@ -800,25 +805,32 @@ class HaInstance:
             log.warning("instance %s: rejoining after %s: waiting for %s and ZooKeeper %s without a time-out",
                         self.instance.name, rejoined, self.instance.database.address, self.zk.hosts)
         timeout = math.inf if rejoined else self.connect_timeout
+        self.waiting_for = "database"
         conn = connect_with_retry(self.source, timeout)
         try:
             check_server(conn, replica=self.instance.database.role == "replica")
         finally:
             conn.close()
+        self.waiting_for = "zookeeper"
         self.client = KazooClient(hosts=self.zk.hosts, timeout=self.zk.session_timeout_s,
-                                  connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 1.0})
+                                  connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 1.0},
+                                  **client_options(self.topology))
         try:
             self.client.start(timeout=None if rejoined else self.connect_timeout)
         except Exception as e:
             self.client.stop()
             raise ConnectionError(f"cannot reach ZooKeeper {self.zk.hosts} within {self.connect_timeout:g}s: "
                                   f"{e or type(e).__name__}") from e
+        self.waiting_for = None
         log.info("instance %s (region %s, rank %d) on %s %s: standing by%s", self.instance.name, self.region.name,
                  self.rank, self.instance.database.role, self.instance.database.address,
                  f" (rejoined after: {rejoined})" if rejoined else "")
 
-    def start(self) -> None:
-        """Call with the reactor about to run (or running)."""
+    def serve(self) -> None:
+        """/metrics, /healthz and /sampled-deletes on the instance's port, from before `prepare` on (a standby
+        waiting for its copy or ZooKeeper says so there instead of looking dead)."""
+        if self._serving:
+            return
         root = resource.Resource()
         root.putChild(b"metrics", MetricsResource(registry=self.registry))
         root.putChild(b"healthz", HealthResource(self.status))
@@ -826,6 +838,11 @@ class HaInstance:
         root.putChild(b"sampled-deletes", SampledDeletesResource(
             lambda since: self.daemon.sampler.recent(since) if self.daemon is not None else []))
         self.reactor.listenTCP(self.metrics_port, server.Site(root), interface=self.instance.host)
+        self._serving = True
+
+    def start(self) -> None:
+        """Call after `prepare`, with the reactor about to run (or running)."""
+        self.serve()
         assert self.client is not None
         self.elector = Elector(
             self.client, self.zk.root, self.region.name, self.instance.name, self.rank,
@@ -898,13 +915,13 @@ class HaInstance:
         self.metrics.takeover_waiting.set(1)
         waited = 0.0
         try:
-            for shard, store in stores.items():
+            for name, store in stores.items():
                 positions = store.positions()
-                markers.update({f"{shard}/{f}" if sharded else f: p for f, p in positions.items()})
+                markers.update({f"{name}/{f}" if sharded else f: p for f, p in positions.items()})
                 target: dict = {}
                 for position in positions.values():
                     g.merge(target, g.parse_position(position))
-                copy = source_for(self.topology.shard_copy(shard, self.region.name))
+                copy = source_for(self.topology.shard_copy(name, self.region.name))
                 try:
                     waited += wait_for_copy(copy.connect, target, self.zk.takeover_wait_s,
                                             progress=self.metrics.takeover_wait.set)
@@ -914,7 +931,7 @@ class HaInstance:
                     # Every instance reads the region's same copy of a shard, so it has what the markers say
                     # once it answers again; its pipeline starts then (RegionDaemon retries it). The others go on.
                     log.error("instance %s: shard %s's copy %s does not answer (%s); taking the other shards over",
-                              self.instance.name, shard, copy.host + ":" + str(copy.port), e)
+                              self.instance.name, name, copy.host + ":" + str(copy.port), e)
         finally:
             self.metrics.takeover_waiting.set(0)
         self.takeover["markers"] = markers
@@ -973,8 +990,12 @@ class HaInstance:
             return
         log.warning("instance %s: handing region %s back; flushing and writing the datamarkers first",
                     self.instance.name, self.region.name)
-        d = self.daemon.shutdown()
-        d.addBoth(lambda _: self.elector.resign("handback"))
+        elector = self.elector
+
+        def resign(_: Any) -> None:
+            elector.resign("handback")
+
+        self.daemon.shutdown().addBoth(resign)
 
     def _release(self) -> None:
         self.stopping = True
@@ -995,7 +1016,7 @@ class HaInstance:
     def status(self) -> dict[str, Any]:
         ha = self.elector.snapshot() if self.elector is not None else {"state": STANDBY}
         base = {
-            "state": self.phase,
+            "state": STARTING if self.waiting_for else self.phase,
             "instance": self.instance.name,
             "region": self.region.name,
             "database": {"name": self.instance.database.name, "address": str(self.instance.database.address),
@@ -1008,7 +1029,12 @@ class HaInstance:
             status.update(base)
             return status
         problems: dict[str, str] = {}
-        if ha.get("zookeeper") != "connected":
+        if self.waiting_for == "database":
+            problems["database"] = (f"starting: waiting for this instance's copy {self.instance.database.address} "
+                                    "to answer")
+        elif self.waiting_for == "zookeeper":
+            problems["zookeeper"] = f"starting: waiting for ZooKeeper {self.zk.hosts} to answer"
+        elif ha.get("zookeeper") != "connected":
             problems["zookeeper"] = f"ZooKeeper {self.zk.hosts}: {ha.get('zookeeper')}"
         if not self._healthy:
             problems["database"] = f"this instance's copy {self.instance.database.address} does not answer"
@@ -1035,7 +1061,49 @@ def run_instance(topology: Topology, instance: str, state_dir: str | Path | None
 
     inst = HaInstance(topology, instance, state_dir, metrics_port, from_gtid, reactor=reactor,
                       reply_timeout=reply_timeout, sample_every=sample_every)
-    inst.prepare()
-    reactor.callWhenRunning(inst.start)
+    return serve_while_preparing(reactor, inst)
+
+
+class Preparing(Protocol):
+    """What `serve_while_preparing` runs: an HA instance or a pool worker."""
+
+    exit_code: int
+
+    def serve(self) -> None: ...
+    def prepare(self) -> None: ...
+    def start(self) -> None: ...
+
+
+def serve_while_preparing(reactor: Any, process: Preparing) -> int:
+    """Serve /healthz at once, `prepare` on a thread (it blocks: waiting for the copy and ZooKeeper, without a
+    time-out after a rejoin), then `start`; run the reactor until SIGTERM/SIGINT and return the exit code.
+
+    A start-up error (`prepare` gave up) is the one line `squeal: error: ...` on stderr and exit code 2, as the
+    command's other start-up errors (squeal.cli)."""
+
+    def prepared() -> None:
+        if reactor.running:
+            process.start()
+
+    def failed(e: BaseException) -> None:
+        if not isinstance(e, STARTUP_ERRORS):
+            log.error("start-up failed", exc_info=e)
+        print(f"squeal: error: {e}", file=sys.stderr)
+        process.exit_code = 2
+        if reactor.running:
+            reactor.stop()
+
+    def prepare() -> None:
+        try:
+            process.prepare()
+        except Exception as e:  # noqa: BLE001 - reported by `failed`, on the reactor
+            reactor.callFromThread(failed, e)
+        else:
+            reactor.callFromThread(prepared)
+
+    # A thread of its own, not the reactor's pool: a shutdown waits for the pool's threads, and this one may wait
+    # for ZooKeeper indefinitely.
+    process.serve()
+    reactor.callWhenRunning(lambda: threading.Thread(target=prepare, name="squeal-prepare", daemon=True).start())
     reactor.run()
-    return inst.exit_code
+    return process.exit_code

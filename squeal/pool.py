@@ -39,9 +39,12 @@ from them. At least once: whatever was not acknowledged is after the markers and
 **A crash**: the dead worker's `workers/<name>` and `owner` znodes expire with its session; the controller
 sees the shards orphaned and places them at once; their new owners start from the markers.
 
+Load: each owner measures rows/s (`squeal_rows_total`) and binlog bytes/s (`BinlogMeter`) per shard, smooths
+both (`[regions.R.squeal_placement] half_life_s`) and publishes them with their combination (`placement.shard_load`,
+`bytes_per_row`); the controller plans with the region's `squeal_placement` settings.
+
 Not yet (later steps): the HA election of non-pooled regions stays as it is (squeal/ha.py); a worker reads the
-region's own copy of each shard (no preferred copies); binlog bytes/s is not measured yet (0: load is rows/s,
-at least 1 per shard); placement settings in the topology.
+region's own copy of each shard (no preferred copies).
 """
 
 from __future__ import annotations
@@ -59,18 +62,18 @@ from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, RolledBackError
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.twisted import MetricsResource
 from twisted.internet import defer, threads
 from twisted.web import resource, server
 
-from router_config import Topology
+from router_config import PoolPlacement, Topology
 from squeal import gtid as g
 from squeal import placement
-from squeal.daemon import HealthResource, SampledDeletesResource, source_for, state_dir_for
-from squeal.ha import rejoin_as_standby, wait_for_copy
+from squeal.daemon import HealthResource, SampledDeletesResource, accept_path, source_for, state_dir_for
+from squeal.ha import rejoin_as_standby, serve_while_preparing, wait_for_copy
 from squeal.region import RegionDaemon
-from squeal.zkstore import UNAVAILABLE, ShardMarkerStore, pool_path, shard_path
+from squeal.zkstore import UNAVAILABLE, ShardMarkerStore, client_options, pool_path, shard_path
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +81,7 @@ LEASE_FRACTION = 0.6
 LOAD_HALF_LIFE_S = 60.0
 PUBLISH_EVERY_S = 1.0
 PLAN_EVERY_S = 1.0
+PAUSE_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 30, 60, 120, 300)  # seconds; the members publish every second
 RETRY_FAILED_S = 5.0  # a shard whose pipeline failed to start is tried again after this long
 
 
@@ -87,6 +91,83 @@ def _doc(data: bytes) -> dict[str, Any]:
     except ValueError:
         return {}
     return doc if isinstance(doc, dict) else {}
+
+
+def placement_settings(p: PoolPlacement) -> placement.Settings:
+    """The controller's `placement.Settings` from a region's `[regions.R.squeal_placement]`."""
+    return placement.Settings(threshold=p.threshold, persist_s=p.persist_s, cooldown_s=p.cooldown_s,
+                              max_moves=p.max_moves or None)
+
+
+class BinlogMeter:
+    """How fast each owned shard's binlog grows: every `every` seconds, `SHOW BINARY LOGS` on the copy the worker
+    reads (what its reader streams, whether or not the transactions touch tables with rules). `grown[shard]` is
+    the bytes added since the first sample (file by file: a rotation adds the new file's size, a purge subtracts
+    nothing). A copy that does not answer (down, or the account lacks BINLOG MONITOR / REPLICATION CLIENT) keeps
+    its last figure; the load then rests on rows/s alone."""
+
+    def __init__(self, source: Callable[[str], Any], every: float = PUBLISH_EVERY_S) -> None:
+        self.source = source
+        self.every = every
+        self.grown: dict[str, int] = {}
+        self._sizes: dict[str, dict[str, int]] = {}
+        self._conns: dict[str, Any] = {}
+        self._wanted: set[str] = set()
+        self._warned: set[str] = set()
+        self._stop = threading.Event()
+
+    def keep(self, shards: set[str]) -> None:
+        """Measure these shards (the ones this worker runs now); forget the others."""
+        self._wanted = set(shards)
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="pool-binlog-meter", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            wanted = set(self._wanted)
+            for shard in sorted(set(self._conns) - wanted):
+                self._forget(shard)
+            for shard in sorted(set(self._sizes) - wanted):
+                self._sizes.pop(shard, None)
+                self.grown.pop(shard, None)
+            for shard in sorted(wanted):
+                try:
+                    self.sample(shard)
+                except Exception as e:  # noqa: BLE001 - a copy that does not answer: its last figure stays
+                    self._forget(shard)
+                    if shard not in self._warned:
+                        self._warned.add(shard)
+                        log.warning("pool: cannot read shard %s's binlog size (SHOW BINARY LOGS): %s; its load is "
+                                    "its rows/s alone until it can", shard, e)
+        for shard in list(self._conns):
+            self._forget(shard)
+
+    def _forget(self, shard: str) -> None:
+        conn = self._conns.pop(shard, None)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def sample(self, shard: str) -> int:
+        conn = self._conns.get(shard)
+        if conn is None:
+            conn = self._conns[shard] = self.source(shard).connect()
+        with conn.cursor() as cur:
+            cur.execute("SHOW BINARY LOGS")
+            sizes = {str(row[0]): int(row[1]) for row in cur.fetchall()}
+        before = self._sizes.get(shard)
+        self._sizes[shard] = sizes
+        if before is None:
+            self.grown[shard] = 0
+        else:
+            self.grown[shard] = self.grown.get(shard, 0) + sum(
+                max(0, size - before.get(name, 0 if name > max(before, default="") else size))
+                for name, size in sizes.items())
+        return self.grown[shard]
 
 
 class SessionLease:
@@ -290,6 +371,11 @@ class PoolMetrics:
         self.owned = Gauge("squeal_pool_shard_owned", "1 for each shard this worker owns", ["shard"], registry=r)
         self.shard_load = Gauge("squeal_pool_shard_load", "A shard's smoothed load (rows/s equivalents) as its owner "
                                 "measures it", ["shard"], registry=r)
+        self.shard_rows = Gauge("squeal_pool_shard_rows_per_second", "A shard's smoothed rows/s (changed rows of "
+                                "tables with rules) as its owner measures it", ["shard"], registry=r)
+        self.shard_bytes = Gauge("squeal_pool_shard_binlog_bytes_per_second", "A shard's smoothed binlog growth "
+                                 "(bytes/s of its copy's binlog, what its reader streams) as its owner measures it",
+                                 ["shard"], registry=r)
         self.load = Gauge("squeal_pool_worker_load", "The sum of this worker's shards' loads", registry=r)
         self.controller = Gauge("squeal_pool_controller", "1 while this worker is the pool's controller", registry=r)
         self.owner = Gauge("squeal_pool_owner", "(controller) 1 for each shard's assigned worker",
@@ -297,10 +383,19 @@ class PoolMetrics:
         self.moves = Counter("squeal_pool_moves", "(controller) shards moved by plans, by reason", ["reason"],
                              registry=r)
         self.starts = Counter("squeal_pool_shard_starts", "Shard pipelines this worker started", registry=r)
+        self.start_seconds = Histogram("squeal_pool_shard_start_seconds", "From taking a shard (its owner znode "
+                                       "created) to its pipeline started: the new owner's part of a move's pause",
+                                       buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30), registry=r)
         self.stops = Counter("squeal_pool_shard_stops", "Shard pipelines this worker stopped and handed on",
                              registry=r)
         self.zk_connected = Gauge("squeal_pool_zookeeper_connected", "1 while the ZooKeeper session is connected",
                                   registry=r)
+        self.unowned = Gauge("squeal_pool_shard_unowned_seconds", "(controller) How long the shard has run on no "
+                             "worker (0 while it runs on one), from the workers' published shards", ["shard"],
+                             registry=r)
+        self.pauses = Histogram("squeal_pool_unowned_seconds", "(controller) Each stretch a shard ran on no worker, "
+                                "observed when it runs again: a move's or a takeover's pause", buckets=PAUSE_BUCKETS,
+                                registry=r)
 
 
 class _DaemonMetrics:
@@ -324,8 +419,10 @@ class Controller:
         self.settings = settings or placement.Settings()
         self.imbalanced_since: float | None = None
         self.loads: dict[str, float] = {}
+        self.unowned_since: dict[str, float] = {}  # shard -> when this controller first saw it run nowhere
         self.leading = False
         self._stop = threading.Event()
+        self._kick = threading.Event()  # set by a watch on the members: plan now, not at the next second
         self._election: Any = None
 
     def start(self) -> None:
@@ -333,6 +430,7 @@ class Controller:
 
     def stop(self) -> None:
         self._stop.set()
+        self._kick.set()
         if self._election is not None:
             with contextlib.suppress(Exception):
                 self._election.cancel()
@@ -358,23 +456,45 @@ class Controller:
                     log.warning("controller: %s: %s (retried)", type(e).__name__, e)
                 except Exception:
                     log.exception("controller: planning failed (retried)")
-                self._stop.wait(PLAN_EVERY_S)
+                self._kick.wait(PLAN_EVERY_S)
+                self._kick.clear()
         finally:
             self.leading = False
             self.worker.metrics.controller.set(0)
+            self.unowned_since.clear()  # the next controller measures from its own first look
+            self.worker.metrics.unowned.clear()
 
     def _get(self, path: str) -> Any:
         return self.client.get_async(path).get(timeout=self.worker.call_timeout)
 
-    def _children(self, path: str) -> list[str]:
+    def _children(self, path: str, watch: Callable[[Any], None] | None = None) -> list[str]:
         try:
-            return list(self.client.get_children_async(path).get(timeout=self.worker.call_timeout))
+            return list(self.client.get_children_async(path, watch=watch).get(timeout=self.worker.call_timeout))
         except NoNodeError:
             return []
 
+    def _account_unowned(self, members: dict[str, dict[str, Any]], names: list[str]) -> None:
+        """Which shards run on no worker now (the members' published `shards`, each at most a second old), and
+        for how long: the metrics of a move's pause and of the time any shard was without an owner."""
+        running = {s for m in members.values() for s in (m.get("shards") or [])}
+        now = time.monotonic()
+        for shard in names:
+            if shard in running:
+                since = self.unowned_since.pop(shard, None)
+                if since is not None:
+                    self.worker.metrics.pauses.observe(now - since)
+                self.worker.metrics.unowned.labels(shard=shard).set(0)
+            else:
+                since = self.unowned_since.setdefault(shard, now)
+                self.worker.metrics.unowned.labels(shard=shard).set(now - since)
+
+    def _members_changed(self, _: Any) -> None:
+        """A worker joined or its session ended (a crash's orphans): plan at once."""
+        self._kick.set()
+
     def plan_once(self) -> placement.Plan | None:
         members: dict[str, dict[str, Any]] = {}
-        for name in self._children(f"{self.base}/workers"):
+        for name in self._children(f"{self.base}/workers", watch=self._members_changed):
             with contextlib.suppress(NoNodeError):
                 members[name] = _doc(self._get(f"{self.base}/workers/{name}")[0])
         drains = set(self._children(f"{self.base}/drain"))
@@ -386,6 +506,7 @@ class Controller:
         assignment: dict[str, str] = dict(doc.get("assignment") or {})
         last_moved: dict[str, float] = {k: float(v) for k, v in (doc.get("last_moved") or {}).items()}
         names = [s.name for s in self.worker.topology.shards]
+        self._account_unowned(members, names)
         for member in members.values():
             for shard, load in (member.get("loads") or {}).items():
                 if shard in names and assignment.get(shard) == member.get("name"):
@@ -476,7 +597,10 @@ class PoolWorker:
         self.sample_every = sample_every
         self.connect_timeout = connect_timeout
         self.rejoin = rejoin
-        self.settings = settings
+        self.settings = settings if settings is not None else placement_settings(self.region.squeal_placement)
+        self.bytes_per_row = self.region.squeal_placement.bytes_per_row
+        self.half_life_s = self.region.squeal_placement.half_life_s
+        self.meter = BinlogMeter(lambda shard: source_for(topology.shard_copy(shard, self.region.name)))
         self.base = pool_path(self.zk.root, self.region.name)
         self.member_path = f"{self.base}/workers/{self.name}"
         self.call_timeout = max(0.5, self.zk.session_timeout_s / 3)
@@ -493,21 +617,25 @@ class PoolWorker:
         self.stopping_shards: set[str] = set()
         self.failed_at: dict[str, float] = {}
         self.loads: dict[str, dict[str, float]] = {}
-        self._rows: dict[str, tuple[float, float]] = {}  # shard -> (rows counted, when)
+        self._rows: dict[str, tuple[float, float, int | None]] = {}  # shard -> (rows counted, when, binlog grown)
         self._published_at = 0.0
         self.stopping = False
         self.exit_code = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._state = threading.Lock()
+        self.waiting_for: str | None = None  # during `prepare`: "zookeeper" (a /healthz problem)
+        self._serving = False
 
     # -- start-up ---------------------------------------------------------------------------------------------
 
     def prepare(self) -> None:
         """ZooKeeper answers (a one-line start-up error otherwise)."""
         rejoined = os.environ.get("SQUEAL_HA_REJOINED")
+        self.waiting_for = "zookeeper"
         self.client = KazooClient(hosts=self.zk.hosts, timeout=self.zk.session_timeout_s,
-                                  connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 1.0})
+                                  connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 1.0},
+                                  **client_options(self.topology))
         try:
             self.client.start(timeout=None if rejoined else self.connect_timeout)
         except Exception as e:
@@ -516,9 +644,22 @@ class PoolWorker:
                                   f"{e or type(e).__name__}") from e
         for sub in ("workers", "drain", "move", "shards"):
             self.client.ensure_path(f"{self.base}/{sub}")
+        self.waiting_for = None
+
+    def serve(self) -> None:
+        """/metrics, /healthz, /sampled-deletes, from before `prepare` on (waiting for ZooKeeper shows there)."""
+        if self._serving:
+            return
+        root = resource.Resource()
+        root.putChild(b"metrics", MetricsResource(registry=self.registry))
+        root.putChild(b"healthz", HealthResource(self.status))
+        root.putChild(b"sampled-deletes", SampledDeletesResource(
+            lambda since: self.daemon.sampler.recent(since) if self.daemon is not None else []))
+        self.reactor.listenTCP(self.metrics_port, server.Site(root), interface=self.instance.host)
+        self._serving = True
 
     def start(self) -> None:
-        """Call with the reactor about to run (or running)."""
+        """Call after `prepare`, with the reactor about to run (or running)."""
         assert self.client is not None
         self.state_dir.mkdir(parents=True, exist_ok=True)  # the shards' request files (accept-data-loss)
         self.daemon = RegionDaemon(self.topology, self.region.name, self.state_dir, metrics_port=None,
@@ -526,11 +667,7 @@ class PoolWorker:
                                    connect_timeout=self.connect_timeout, sample_every=self.sample_every,
                                    stores=self.stores.__getitem__, gate=self._gate)
         self.registry.register(_DaemonMetrics(self.daemon))
-        root = resource.Resource()
-        root.putChild(b"metrics", MetricsResource(registry=self.registry))
-        root.putChild(b"healthz", HealthResource(self.status))
-        root.putChild(b"sampled-deletes", SampledDeletesResource(self.daemon.sampler.recent))
-        self.reactor.listenTCP(self.metrics_port, server.Site(root), interface=self.instance.host)
+        self.serve()
         self.reactor.addSystemEventTrigger("before", "shutdown", self.shutdown)
         if threading.current_thread() is threading.main_thread():  # as a region daemon: replay requests now
             signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.daemon.checkpoint))
@@ -564,6 +701,7 @@ class PoolWorker:
                                    self.call_timeout)
         self.controller = Controller(self, self.settings)
         self.controller.start()
+        self.meter.start()
         log.warning("worker %s joined region %s's pool", self.name, self.region.name)
         while not self._stop.is_set():
             try:
@@ -635,17 +773,28 @@ class PoolWorker:
                                  fence=lambda: ownership.fence(shard))
         self.stores[shard] = store
 
+        taken = time.monotonic()
+        phases: dict[str, float] = {}
+
         def before() -> None:
+            phases["queued"] = time.monotonic() - taken
             store.ensure_paths()
             target: dict = {}
             for position in store.positions().values():
                 g.merge(target, g.parse_position(position))
             copy = source_for(self.topology.shard_copy(shard, self.region.name))
             wait_for_copy(copy.connect, target, self.zk.takeover_wait_s)
+            phases["markers"] = time.monotonic() - taken
 
         def started(_: Any) -> None:
+            took = time.monotonic() - taken
             self.metrics.owned.labels(shard=shard).set(1)
             self.metrics.starts.inc()
+            self.metrics.start_seconds.observe(took)
+            log.warning("worker %s: shard %s delivering %.0f ms after it was taken (waited for a thread %.0f ms, "
+                        "markers read and copy caught up by %.0f ms, then the pipeline's checks and start)",
+                        self.name, shard, took * 1000, phases.get("queued", 0) * 1000,
+                        phases.get("markers", 0) * 1000)
             self._started_or_not(shard)
 
         def failed(f: Any) -> None:
@@ -676,8 +825,12 @@ class PoolWorker:
             if saved is not True:
                 log.error("worker %s: shard %s's final markers were not all written; its next owner resends from "
                           "the older ones", self.name, shard)
-            return threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), ownership.release, shard,
-                                             "moved")
+
+            def hand_on() -> None:
+                self._give_back_acceptance(shard)
+                ownership.release(shard, "moved")
+
+            return threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), hand_on)
 
         def done(_: Any) -> None:
             self.stores.pop(shard, None)
@@ -692,28 +845,56 @@ class PoolWorker:
 
         self.daemon.remove_shard(shard).addBoth(release).addBoth(done)
 
+    def _give_back_acceptance(self, shard: str) -> None:
+        """An operator's accept-data-loss this worker took for `shard` but whose pipeline stopped before applying
+        it (a move in the same second, a SIGTERM) goes back beside the shard's markers for the next owner: taken
+        from ZooKeeper, it would otherwise be lost with this worker's request file and the shard stay halted."""
+        store = self.stores.get(shard)
+        path = accept_path(self.state_dir, self.region.name, shard if self.topology.sharded else None)
+        if store is None or not path.exists():
+            return
+        try:
+            store.request_loss_acceptance()
+        except (*UNAVAILABLE, KazooException) as e:
+            log.error("worker %s: could not hand shard %s's accepted data loss on (%s): run `squeal accept-data-loss "
+                      "--shard %s` again", self.name, shard, e, shard)
+            return
+        path.unlink(missing_ok=True)
+        log.warning("worker %s: shard %s's accepted data loss was not applied here: handed on to its next owner",
+                    self.name, shard)
+
     def _owned_labels(self) -> set[str]:
         return {s.labels["shard"] for m in self.metrics.owned.collect() for s in m.samples}
 
     def _measure(self) -> None:
-        """Each owned shard's rows/s since the last measure, smoothed (`placement.smooth`)."""
+        """Each owned shard's rows/s and binlog bytes/s since the last measure, each smoothed (`placement.smooth`,
+        the region's `squeal_placement.half_life_s`), combined into its load (`placement.shard_load`)."""
         daemon = self.daemon
         if daemon is None:
             return
         now = time.monotonic()
+        self.meter.keep(set(daemon.shards))
         for shard, pipeline in list(daemon.shards.items()):
             rows = sum(s.value for m in pipeline.metrics.rows.collect() for s in m.samples
                        if s.name.endswith("_total"))
+            grown = self.meter.grown.get(shard)
             before = self._rows.get(shard)
-            self._rows[shard] = (rows, now)
+            self._rows[shard] = (rows, now, grown)
             if before is None or now <= before[1]:
                 continue
-            rate = max(0.0, (rows - before[0]) / (now - before[1]))
-            previous = self.loads.get(shard, {}).get("rows_s")
-            rows_s = placement.smooth(previous, rate, now - before[1], LOAD_HALF_LIFE_S)
-            load = placement.shard_load(rows_s, 0.0)
-            self.loads[shard] = {"rows_s": round(rows_s, 3), "bytes_s": 0.0, "load": round(load, 3)}
+            elapsed = now - before[1]
+            previous = self.loads.get(shard, {})
+            rows_s = placement.smooth(previous.get("rows_s"), max(0.0, (rows - before[0]) / elapsed), elapsed,
+                                      self.half_life_s)
+            bytes_s = previous.get("bytes_s", 0.0)
+            if grown is not None and before[2] is not None:  # (None: the binlog's size is not known yet)
+                bytes_s = placement.smooth(previous.get("bytes_s") if "rows_s" in previous else None,
+                                           max(0.0, (grown - before[2]) / elapsed), elapsed, self.half_life_s)
+            load = placement.shard_load(rows_s, bytes_s, bytes_per_row=self.bytes_per_row)
+            self.loads[shard] = {"rows_s": round(rows_s, 3), "bytes_s": round(bytes_s, 1), "load": round(load, 3)}
             self.metrics.shard_load.labels(shard=shard).set(load)
+            self.metrics.shard_rows.labels(shard=shard).set(rows_s)
+            self.metrics.shard_bytes.labels(shard=shard).set(bytes_s)
         self.metrics.load.set(sum(v["load"] for s, v in self.loads.items() if s in daemon.shards))
 
     def _member_doc(self) -> bytes:
@@ -758,8 +939,10 @@ class PoolWorker:
         return d.addBoth(release)
 
     def _leave(self) -> None:
+        self.meter.stop()
         if self.ownership is not None:
             for shard in list(self.ownership.tokens):
+                self._give_back_acceptance(shard)
                 self.ownership.release(shard, "stopped")
         if self.lease is not None:
             self.lease.stop()
@@ -776,12 +959,14 @@ class PoolWorker:
         problems = {f"{name}: {k}": f"shard {name}: {v}" for name, st in shards.items()
                     for k, v in st["problems"].items()}
         lease = self.lease
+        if self.waiting_for == "zookeeper":
+            problems["zookeeper"] = f"starting: waiting for ZooKeeper {self.zk.hosts} to answer"
         if lease is None or not lease.valid():
             problems["lease"] = "no valid lease on the ZooKeeper session: this worker sends nothing"
         return {
             "ok": not problems and not self.stopping,
             "problems": problems,
-            "state": "worker",
+            "state": "starting" if self.waiting_for else "worker",
             "instance": self.name,
             "region": self.region.name,
             "pid": os.getpid(),
@@ -803,10 +988,7 @@ def run_worker(topology: Topology, instance: str, state_dir: str | Path | None =
 
     worker = PoolWorker(topology, instance, state_dir, metrics_port, reactor=reactor, reply_timeout=reply_timeout,
                         sample_every=sample_every)
-    worker.prepare()
-    reactor.callWhenRunning(worker.start)
-    reactor.run()
-    return worker.exit_code
+    return serve_while_preparing(reactor, worker)
 
 
 # -- what squealctl asks -----------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import functools
 import logging
 import random
 import socket
+import ssl
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -84,20 +85,82 @@ class _Connection(pymysql.connections.Connection):
 
 @dataclass(frozen=True)
 class Source:
-    """Where and how to connect (from the topology's `Region.database`)."""
+    """Where and how to connect (from the topology's `Region.database`).
+
+    `tls`: dial with TLS (the topology has `[tls]`), verifying the server's certificate and host name against
+    `ssl_ca` (None: the system's trust store); `ssl_cert`/`ssl_key`: squeal's own certificate, if it has one.
+    Authentication is whatever the account uses: `mysql_native_password` or `ed25519` (PyNaCl)."""
 
     host: str
     port: int
     user: str
     password: str
+    tls: bool = False
+    ssl_ca: str | None = None
+    ssl_cert: str | None = None
+    ssl_key: str | None = None
+
+    def __str__(self) -> str:
+        return f"MariaDB {self.host}:{self.port}"
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """A fresh client context per connection (renewed certificate files are read at the next connect)."""
+        if not self.tls:
+            return None
+        ctx = ssl.create_default_context(cafile=self.ssl_ca)
+        ctx.check_hostname = True
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        if self.ssl_cert and self.ssl_key:
+            ctx.load_cert_chain(self.ssl_cert, self.ssl_key)
+        return ctx
 
     def settings(self) -> dict[str, Any]:
-        return {"host": self.host, "port": self.port, "user": self.user, "passwd": self.password,
-                "connect_timeout": 5}
+        out: dict[str, Any] = {"host": self.host, "port": self.port, "user": self.user, "passwd": self.password,
+                               "connect_timeout": 5}
+        return out | self._tls_settings()
 
-    def connect(self) -> pymysql.connections.Connection:
+    def _tls_settings(self) -> dict[str, Any]:
+        # Without [tls], plaintext: PyMySQL would otherwise try unverified TLS with any server that offers it.
+        ctx = self.ssl_context()
+        return {"ssl_disabled": True} if ctx is None else {"ssl": ctx}
+
+    def connect(self, **kwargs: Any) -> pymysql.connections.Connection:
+        kwargs |= self._tls_settings()
         return pymysql.connect(host=self.host, port=self.port, user=self.user, password=self.password,
-                               autocommit=True, connect_timeout=5)
+                               autocommit=True, **{"connect_timeout": 5, **kwargs})
+
+
+# OpenSSL's verify codes that mean "no path to a CA we trust": the server's certificate is from another CA.
+UNTRUSTED_ISSUER = frozenset({2, 18, 19, 20, 21})
+
+
+def tls_failure(error: BaseException, ca: str | None = None) -> str | None:
+    """Why a TLS handshake failed (the certificate check's reason, e.g. "certificate has expired"), found in
+    `error` or what it wraps (PyMySQL keeps the ssl error as `original_exception`); None if not a TLS error."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ssl.SSLCertVerificationError):
+            hint = ""
+            if e.verify_code in UNTRUSTED_ISSUER:
+                hint = f" (not signed by the CA squeal trusts: {ca or 'the system trust store'})"
+            return f"certificate verify failed: {e.verify_message}{hint}"
+        if isinstance(e, ssl.SSLError):
+            return e.reason or str(e)
+        todo += [getattr(e, "original_exception", None), e.__cause__, e.__context__]
+    return None
+
+
+def describe_failure(source: Source, error: BaseException) -> str:
+    """One line naming the server and the reason; TLS failures say so."""
+    reason = tls_failure(error, source.ssl_ca)
+    if reason is not None:
+        return f"TLS to {source} failed: {reason}"
+    return f"{source}: {error}"
 
 
 REQUIRED = {
@@ -366,7 +429,10 @@ class BinlogReader(_Reconnecting):
                     yield out
         except (StreamLost, pymysql.err.MySQLError, OSError, struct_error) as e:
             code = e.args[0] if isinstance(e, pymysql.err.MySQLError) and e.args else 0
-            message = str(e.args[1] if code == BINLOG_GONE and len(e.args) > 1 else e)
+            if code == BINLOG_GONE and len(e.args) > 1:
+                message = str(e.args[1])
+            else:
+                message = describe_failure(self.source, e)
             raise _StreamEnded(code if isinstance(code, int) else 0, message) from e
         finally:
             self._stream = None
@@ -502,7 +568,7 @@ class NativeBinlogReader(_Reconnecting):
             s.host, s.port, s.user, s.password, self.server_id, g.format_position(self.committed),
             self.rules, sorted(self.tables), sorted(self.parents), native_charsets(),
             (Begin, Annotate, Rows, Commit, Query, XaPrepare, LINES), 1.0, filters=self.filters,
-            regional_prefixes=self.regional_prefixes)
+            regional_prefixes=self.regional_prefixes, tls=(s.ssl_ca, s.ssl_cert, s.ssl_key) if s.tls else None)
         self._duplicates_seen = 0
         self._rewritten_seen = (0, 0)
         try:

@@ -88,7 +88,7 @@ class RegionDaemon:
         # Write-level series (writes, deletes per write) are the destinations', not a shard's.
         self.metrics = WriteMetrics()
         self.sampler = DeleteSampler(every=sample_every)
-        self.hub = SenderHub(reactor, topology.squeal, self.metrics, self.sampler, reply_timeout)
+        self.hub = SenderHub(reactor, topology.squeal, self.metrics, self.sampler, reply_timeout, tls=topology.tls)
         self.shards: dict[str, Daemon] = {}
         self.registry = CollectorRegistry()
         self.registry.register(ShardLabels(self._registries))

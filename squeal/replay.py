@@ -124,6 +124,7 @@ def _find_daemon(candidates: list[tuple[int, str]], region: str, state_dir: Path
             fd = os.pidfd_open(pid)
         if fd is None and not Path(f"/proc/{pid}").exists():
             continue
+        why: str | None
         try:
             argv = _cmdline(pid)
         except OSError as e:  # e.g. /proc mounted with hidepid: what we cannot check we do not signal
@@ -258,13 +259,14 @@ def zookeeper_store(topo: router_config.Topology, region: str, timeout: float = 
     naming the servers and the topology key when ZooKeeper does not answer within `timeout`."""
     from kazoo.client import KazooClient
 
-    from squeal.zkstore import ZooKeeperDatamarkerStore, ZooKeeperUnavailable
+    from squeal.zkstore import ZooKeeperDatamarkerStore, ZooKeeperUnavailable, client_options
 
     zk = topo.zookeeper
     if zk is None:  # the loader refuses instances without [zookeeper]
         raise ReplayError(f"{topo.source}: region {region} has squeal instances but no [zookeeper] section", code=2)
+    # The quiet logger: kazoo's per-attempt warnings would bury the one line that matters.
     client = KazooClient(hosts=zk.hosts, timeout=zk.session_timeout_s, connection_retry={"max_tries": 0},
-                         logger=_QUIET_KAZOO)  # its per-attempt warnings would bury the one line that matters
+                         logger=_QUIET_KAZOO, **client_options(topo))
     try:
         client.start(timeout=timeout)
     except Exception as e:

@@ -75,7 +75,7 @@ def delete_lines(keys: Iterable[str], rewritten: dict[str, int] | None = None) -
     Printable ASCII without spaces, 1..186 characters (nearly every key) is one str check and one encode:
     for ASCII `isprintable()` is exactly 0x20-0x7e, so excluding the space leaves memcached's plain key bytes.
     """
-    out = []
+    out: list[bytes] = []
     append = out.append
     for k in keys:
         if 0 < len(k) <= MAX_PLAIN_KEY and k.isascii() and k.isprintable() and " " not in k:
@@ -286,7 +286,7 @@ class KeyExtractor:
             if rows.kind == RENDERED:
                 for key in rows.images:
                     if key not in seen:
-                        seen[key] = None  # type: ignore[index]
+                        seen[key] = None
             else:
                 self._add(rows, seen, None)
         return list(seen), len(seen) - from_comments, from_comments
@@ -301,7 +301,7 @@ class KeyExtractor:
         """
         new: list[str] = []
         duplicates = self._add(rows, seen, new)
-        return Rows(rows.schema, rows.table, RENDERED, tuple(new)), duplicates  # type: ignore[arg-type]
+        return Rows(rows.schema, rows.table, RENDERED, tuple(new)), duplicates
 
     def _add(self, rows: Rows, seen: dict[str, None], new: list[str] | None) -> int:
         """Keys of `rows`' images not in `seen` into `seen` (and `new`); returns how many were already there."""

@@ -237,10 +237,8 @@ class SourcePoller:
 
     def _connect(self) -> Any:
         # Source.connect() has no read timeout: a hung server would hang this thread (and its reports) forever.
-        s = self.source
-        return pymysql.connect(host=s.host, port=s.port, user=s.user, password=s.password, autocommit=True,
-                               connect_timeout=self.timeout, read_timeout=self.timeout,
-                               write_timeout=self.timeout)
+        return self.source.connect(connect_timeout=self.timeout, read_timeout=self.timeout,
+                                   write_timeout=self.timeout)
 
     def _close(self) -> None:
         conn, self._conn = self._conn, None

@@ -32,6 +32,7 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from squeal import gtid as g
 from squeal.gtid import Gtid
@@ -81,7 +82,7 @@ class Rows:
     schema: str
     table: str
     kind: str  # "insert" | "update" | "delete" (`rules.RENDERED`: `images` are keys; `rules.LINES`: delete lines)
-    images: tuple[dict, ...]  # every row image: after (insert), before (delete), before and after (update)
+    images: tuple[Any, ...]  # every row image: after (insert), before (delete), before and after (update)
     # Rows changed, when `images` cannot tell: the native reader's events carry keys (or, for a parent of a
     # cascading foreign key, nothing) instead of row images. -1: count the images.
     changed: int = -1
@@ -168,7 +169,7 @@ class TransactionGrouper:
             return None
         if kind is Annotate:
             if self._open is not None:
-                self._open.statements.append(event.sql)  # type: ignore[union-attr]
+                self._open.statements.append(event.sql)  # type: ignore[union-attr, arg-type]
             return None
         if kind is Begin:
             if self._open is not None:
@@ -180,7 +181,7 @@ class TransactionGrouper:
         if kind is Commit:
             return self._close()
         if kind is Query:
-            return self._query(event.sql, event.schema)  # type: ignore[union-attr]
+            return self._query(event.sql, event.schema)  # type: ignore[union-attr, arg-type]
         if kind is XaPrepare:
             return self._prepare(event.xid)  # type: ignore[union-attr]
         if kind is Restart:

@@ -25,6 +25,11 @@ newer marker: its write fails as a whole and raises `FencedError`. A new leader 
 bumps the epoch) *before* it reads the markers, so everything the old leader wrote up to then is what the
 new leader starts from.
 
+Security (issue 25, `client_options`): with `[tls]` squeal's clients dial the ensemble's TLS client port,
+verifying the servers against the topology's CA (and presenting squeal's certificate); with `[zookeeper] digest`
+they log in with that credential and create every znode with an ACL that lets only that identity change it
+(everyone may read: status tools, monitoring). Znodes created before the digest was set keep their open ACL.
+
 Failures: ZooKeeper unreachable (no quorum, connection lost, session expired, an answer slower than
 `timeout`) is `ZooKeeperUnavailable`, an OSError, so the daemon treats it like a marker file that cannot
 be written: deletes keep flowing while the lease allows (squeal/ha.py), the write is retried at the next
@@ -52,9 +57,11 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.security import ACL, make_acl, make_digest_acl
 
+from router_config import Topology
 from squeal import gtid as g
-from squeal.datamarkers import DatamarkerDirError
+from squeal.datamarkers import DatamarkerDirError, check_position, decode_marker
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +77,28 @@ class FencedError(RuntimeError):
 
 class ZooKeeperUnavailable(OSError):
     """ZooKeeper did not answer (no quorum, connection lost, session expired, timeout)."""
+
+
+def squeal_acl(digest: str) -> list[ACL]:
+    """The ACL of every znode squeal creates when `[zookeeper] digest = "user:password"` is set: all rights for
+    that identity, read for anyone."""
+    user, _, password = digest.partition(":")
+    return [make_digest_acl(user, password, all=True), make_acl("world", "anyone", read=True)]
+
+
+def client_options(topo: Topology) -> dict[str, Any]:
+    """`KazooClient` keyword arguments for squeal's own identity on the topology's ensemble: TLS when the topology
+    has `[tls]` (the server verified against `tls.ca`, host name included; squeal's certificate if it has one),
+    the digest login and squeal's ACL when `[zookeeper] digest` is set. Empty for a plaintext, open ensemble."""
+    out: dict[str, Any] = {}
+    if topo.tls is not None:
+        mine = topo.tls.cert("squeal")
+        out |= {"use_ssl": True, "verify_certs": True, "check_hostname": True, "ca": topo.tls.ca,
+                "certfile": mine.cert if mine else None, "keyfile": mine.key if mine else None}
+    zk = topo.zookeeper
+    if zk is not None and zk.digest:
+        out |= {"auth_data": [("digest", zk.digest)], "default_acl": squeal_acl(zk.digest)}
+    return out
 
 
 def region_path(root: str, region: str) -> str:
@@ -132,20 +161,6 @@ class ZooKeeperDatamarkerStore:
         except ZooKeeperUnavailable as e:
             raise DatamarkerDirError(f"cannot reach the datamarkers in {self.dir}: {e}") from e
 
-    @staticmethod
-    def _decode(data: bytes, where: str) -> str:
-        try:
-            doc = json.loads(data.decode())
-            position = doc.get("position") if isinstance(doc, dict) else None
-            if not isinstance(position, str):
-                raise ValueError('no "position" string')
-            g.parse_position(position)  # a corrupt marker is an error, never silently "now"
-        except g.GtidError as e:
-            raise g.GtidError(f"{where}: {e}") from e
-        except ValueError as e:
-            raise ValueError(f"{where} is not a datamarker: {e}") from e
-        return position
-
     def _doc(self, flow: str, position: str) -> bytes:
         doc = {"flow": flow, "position": position, "saved_at": time.time()}
         if self.owner:
@@ -170,7 +185,7 @@ class ZooKeeperDatamarkerStore:
         except NoNodeError:
             self._versions[flow] = None
             return None
-        position = self._decode(data, path)
+        position = decode_marker(data, path)
         self._versions[flow] = stat.version
         return position
 
@@ -187,7 +202,7 @@ class ZooKeeperDatamarkerStore:
                 data, _ = self._wait(self.client.get_async(f"{markers}/{flow}"), f"read {markers}/{flow}")
             except NoNodeError:
                 continue
-            out[flow] = self._decode(data, f"{markers}/{flow}")
+            out[flow] = decode_marker(data, f"{markers}/{flow}")
         return out
 
     def save(self, flow: str, position: str) -> None:
@@ -269,7 +284,7 @@ class ZooKeeperDatamarkerStore:
             except NoNodeError:
                 continue
             try:
-                position = self._decode(data, path)
+                position = decode_marker(data, path)
             except ValueError as e:
                 log.error("corrupt replay request %s removed, not applied: %s", path, e)
                 position = None
@@ -341,7 +356,8 @@ class ShardMarkerStore(ZooKeeperDatamarkerStore):
     """One znode per (region, shard) holding every destination's GTID: the datamarkers of a pooled region.
 
     `<root>/regions/<region>/pool/shards/<shard>/markers` is JSON `{"positions": {flow: position}, "saved_at",
-    "by"}`, written by the shard's owner at most once per checkpoint for all of its flows at once (`save_many`,
+    "by", "token"}` ("token": the writer's fencing token, the epoch znode's version), written by the shard's owner
+    at most once per checkpoint for all of its flows at once (`save_many`,
     which the daemon's checkpoint uses), so ZooKeeper's write rate is bounded by shards × 1/interval, not by
     shards × destinations. Same compare-and-set discipline as `ZooKeeperDatamarkerStore`: each write is one
     multi-operation that checks the *shard's* `epoch` znode still has the version this owner set when it took the
@@ -383,12 +399,7 @@ class ShardMarkerStore(ZooKeeperDatamarkerStore):
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path} is not a shard's datamarkers: {e}") from e
         for flow, position in positions.items():
-            if not isinstance(position, str):
-                raise ValueError(f"{path}: flow {flow}: the position is not a string")
-            try:
-                g.parse_position(position)  # a corrupt marker is an error, never silently "now"
-            except g.GtidError as e:
-                raise g.GtidError(f"{path}: flow {flow}: {e}") from e
+            check_position(position, f"{path}: flow {flow}")
         return dict(positions), stat.version
 
     def load(self, flow: str) -> str | None:
@@ -417,9 +428,11 @@ class ShardMarkerStore(ZooKeeperDatamarkerStore):
                               "version this owner started from)")
         token = self._fence_token(f"markers {path} not written")
         positions = {**self._positions, **moved}
-        doc = {"positions": positions, "saved_at": time.time()}
+        doc: dict[str, Any] = {"positions": positions, "saved_at": time.time()}
         if self.owner:
             doc["by"] = self.owner
+        if token is not None:
+            doc["token"] = token  # the writer's fencing token: one owner per token (what the pool's tests check)
         data = json.dumps(doc, sort_keys=True).encode()
         version = self._version
         t = self.client.transaction()

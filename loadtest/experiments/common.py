@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -224,6 +224,7 @@ class LocustRun:
 
         what = f"locust's first timeline line (see {self.log_path})"
         rows = wait_until(first_rows, timeout, what, interval=0.1, ignore=(), error=RuntimeError)
+        assert rows is not None  # (wait_until raises on a time-out)
         return rows[0]["t"]
 
     def _check_alive(self) -> None:
@@ -330,7 +331,7 @@ def db_selects(db: SqlClient | list[SqlClient]) -> float:
 class Sampler:
     """Calls `probes` every `interval` seconds on a thread: rows of {"t": time, name: value}."""
 
-    probes: dict[str, Callable[[], float | None]]
+    probes: Mapping[str, Callable[[], float | None]]
     interval: float = 0.5
     rows: list[dict[str, float | None]] = field(default_factory=list)
 
@@ -359,15 +360,16 @@ class Sampler:
 
     def rates(self, name: str, t0: float) -> list[tuple[float, float]]:
         """Per-second rate of a cumulative probe (gaps where the probe failed)."""
-        out, prev = [], None
+        out: list[tuple[float, float]] = []
+        prev: tuple[float, float] | None = None
         for row in self.rows:
-            v = row.get(name)
-            if v is None:
+            v, t = row.get(name), row["t"]
+            if v is None or t is None:
                 prev = None
                 continue
-            if prev is not None and row["t"] > prev[0] and v >= prev[1] and row["t"] >= t0:
-                out.append((row["t"] - t0, (v - prev[1]) / (row["t"] - prev[0])))
-            prev = (row["t"], v)
+            if prev is not None and t > prev[0] and v >= prev[1] and t >= t0:
+                out.append((t - t0, (v - prev[1]) / (t - prev[0])))
+            prev = (t, v)
         return out
 
 

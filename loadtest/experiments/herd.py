@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from loadtest.experiments.common import Sampler, Stack, db_selects, final_counts, memcached_command_all, run_locust
 from loadtest.experiments.common import topology_doc as make_doc
@@ -39,7 +40,7 @@ def run(short: bool = False, workdir: Path | None = None) -> Report:
                     "INSERT INTO posts (author_id, body) VALUES (%s, %s)", (a, body(sizes.size(rng), a))
                 )
         cluster = stack.topo.clusters[0]
-        runs = {}
+        runs: dict[str, dict[str, Any]] = {}
         for leases in (False, True):
             memcached_command_all(cluster.wildcard.servers, b"flush_all\r\n")
             spec = stack.spec(

@@ -183,7 +183,7 @@ def _race(stack: Stack, post_id: int, *, erase_holdoff: bool) -> dict[str, Any]:
         stale = [s for s in report.stale if s.cluster == COLD]
         return {
             "post": post_id,
-            "served_stale_during_race": bool(served) and served.get("body") != new_body,
+            "served_stale_during_race": bool(served) and served is not None and served.get("body") != new_body,
             "cold_stale_after": bool(stale),
             "detail": [str(s)[:200] for s in stale],
         }

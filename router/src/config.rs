@@ -574,7 +574,17 @@ fn line_col(text: &str, at: usize) -> (usize, usize) {
 /// Parse and build a config. `default_prefix` picks the default of a `routes` config (mcrouter's
 /// `--route-prefix`); without it, the first alias of the first entry is the default.
 pub fn load(ctx: &Arc<Context>, text: &str, default_prefix: Option<&str>) -> Result<RouterConfig, String> {
-    let v = parse_jsonc(text)?;
+    load_from(ctx, text, default_prefix, None)
+}
+
+/// [`load`] for a config read from a file in `dir`: its `@import(path)`s read files relative to `dir`.
+pub fn load_from(
+    ctx: &Arc<Context>,
+    text: &str,
+    default_prefix: Option<&str>,
+    dir: Option<&std::path::Path>,
+) -> Result<RouterConfig, String> {
+    let v = crate::preprocess::expand_file(text, default_prefix, dir, &[])?;
     let top = v.as_object().ok_or("config must be a JSON object")?;
     let pools = match top.get("pools") {
         None => Map::new(),
@@ -609,10 +619,16 @@ pub fn load(ctx: &Arc<Context>, text: &str, default_prefix: Option<&str>) -> Res
             ctx.stats.route_counters("default"),
         )),
         (None, Some(routes @ (Value::Array(_) | Value::Object(_)))) => {
-            // a list of `{aliases, route}` entries, or one such entry on its own
+            // a list of `{aliases, route}` entries; or, as mcrouter, an object mapping each alias to
+            // its route; or one `{aliases, route}` entry on its own
             let entries: Vec<Value> = match routes {
                 Value::Array(entries) => entries.clone(),
-                one => vec![one.clone()],
+                Value::Object(one) if one.contains_key("aliases") => vec![routes.clone()],
+                Value::Object(by_alias) => by_alias
+                    .iter()
+                    .map(|(alias, route)| serde_json::json!({"aliases": [alias], "route": route}))
+                    .collect(),
+                _ => unreachable!("matched as a list or an object"),
             };
             let mut aliases = Vec::new();
             for (i, entry) in entries.iter().enumerate() {
@@ -1027,6 +1043,19 @@ mod tests {
             assert_eq!(&r.key[..], b"k");
             let err = load(&c, r#"{"routes": 5}"#, None).err().unwrap();
             assert!(err.contains("`routes` must be"), "{err}");
+        });
+    }
+
+    #[test]
+    fn routes_may_map_each_alias_to_its_route_as_mcrouter_reads_them() {
+        run(async {
+            let c = ctx();
+            let text = r#"{"routes": {"/east/a/": "ErrorRoute|a", "/east/b/": "NullRoute"}}"#;
+            let cfg = load(&c, text, Some("/east/b/")).unwrap();
+            let mut r = req(Cmd::Get, "/east/a/k");
+            assert_eq!(cfg.select(&mut r).ok().unwrap().0.route(&r).await.res, Res::LocalError);
+            let mut r = req(Cmd::Get, "k");
+            assert_ne!(cfg.select(&mut r).ok().unwrap().0.route(&r).await.res, Res::LocalError);
         });
     }
 

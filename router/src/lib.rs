@@ -22,6 +22,7 @@ pub mod connection;
 pub mod flush;
 pub mod hash;
 pub mod metrics_http;
+pub mod preprocess;
 pub mod protocol;
 pub mod routes;
 pub mod server;

@@ -305,7 +305,7 @@ fn load(ctx: &Arc<Context>, args: &Args) -> (Stamp, Result<config::RouterConfig,
     let stamp = mtime(&args.config_file);
     let cfg = std::fs::read_to_string(&args.config_file)
         .map_err(|e| format!("cannot read {}: {e}", args.config_file.display()))
-        .and_then(|text| config::load(ctx, &text, args.route_prefix.as_deref()));
+        .and_then(|text| config::load_from(ctx, &text, args.route_prefix.as_deref(), args.config_file.parent()));
     (stamp, cfg)
 }
 

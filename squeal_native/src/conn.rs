@@ -8,22 +8,34 @@
 //! `HandshakeResponse`, `AuthSwitchRequest`, `ErrPacket`, `ComRegisterSlave`, `ComBinlogDump`. No byte
 //! of the protocol is parsed here by hand.
 //!
-//! Authentication: `mysql_native_password` (MariaDB's default), directly or after an auth switch.
+//! Authentication: `mysql_native_password` (MariaDB's default) or `ed25519` (MariaDB's `auth_ed25519`
+//! plugin), directly or after an auth switch.
+//!
+//! TLS (`Tls`): after the server's greeting the client sends an `SslRequest` (mysql_common's packet), runs
+//! a TLS handshake with rustls on the same socket — verifying the server's certificate and name against the
+//! CA given — and continues the connection phase inside it. A failed check is `ConnError::Tls`, whose text
+//! names the server and the reason as the Python reader's does.
 
 use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{CertificateError, ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 
 use bytes::BytesMut;
 use mysql_common::constants::CapabilityFlags;
 use mysql_common::io::ParseBuf;
 use mysql_common::packets::{
     AuthPlugin, AuthSwitchRequest, BinlogDumpFlags, ComBinlogDump, ComRegisterSlave, ErrPacket,
-    HandshakePacket, HandshakeResponse,
+    HandshakePacket, HandshakeResponse, SslRequest,
 };
 use mysql_common::proto::codec::PacketCodec;
 use mysql_common::proto::MySerialize;
-use mysql_common::scramble::scramble_native;
+use mysql_common::scramble::{create_response_for_ed25519, scramble_native};
 
 /// Why a connection failed or ended.
 #[derive(Debug)]
@@ -34,6 +46,9 @@ pub enum ConnError {
     Io(io::Error),
     /// The server said something this client does not handle (an auth plugin, an odd packet).
     Protocol(String),
+    /// TLS could not be set up: (server "host:port", reason). Certificate problems, a server without TLS,
+    /// unreadable PEM files.
+    Tls(String, String),
 }
 
 impl std::fmt::Display for ConnError {
@@ -42,6 +57,7 @@ impl std::fmt::Display for ConnError {
             ConnError::Server { code, message } => write!(f, "({code}, {message:?})"),
             ConnError::Io(e) => write!(f, "{e}"),
             ConnError::Protocol(m) => write!(f, "{m}"),
+            ConnError::Tls(server, reason) => write!(f, "TLS to MariaDB {server} failed: {reason}"),
         }
     }
 }
@@ -54,9 +70,132 @@ impl From<io::Error> for ConnError {
 
 const COM_QUERY: u8 = 0x03;
 const MAX_PACKET: u32 = 1 << 30;
+const UTF8MB4_GENERAL_CI: u8 = 45;
+
+/// How to dial with TLS: the CA the server's certificate must chain to, and squeal's own certificate.
+#[derive(Clone, Debug, Default)]
+pub struct Tls {
+    pub ca: Option<PathBuf>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+}
+
+impl Tls {
+    /// A rustls client configuration (read afresh at every connect: renewed files count at once).
+    fn config(&self) -> Result<ClientConfig, String> {
+        let ca = self.ca.as_ref().ok_or(
+            "the native reader needs a CA to verify the server with ([tls] ca in the topology)",
+        )?;
+        let mut roots = RootCertStore::empty();
+        let certs = CertificateDer::pem_file_iter(ca)
+            .map_err(|e| format!("cannot read the CA {}: {e}", ca.display()))?;
+        for cert in certs {
+            let cert = cert.map_err(|e| format!("cannot read the CA {}: {e}", ca.display()))?;
+            roots
+                .add(cert)
+                .map_err(|e| format!("bad CA certificate in {}: {e}", ca.display()))?;
+        }
+        if roots.is_empty() {
+            return Err(format!("no certificate in the CA file {}", ca.display()));
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS set-up: {e}"))?
+            .with_root_certificates(roots);
+        match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => {
+                let chain = CertificateDer::pem_file_iter(cert)
+                    .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+                    .map_err(|e| {
+                        format!("cannot read squeal's certificate {}: {e}", cert.display())
+                    })?;
+                let key = PrivateKeyDer::from_pem_file(key)
+                    .map_err(|e| format!("cannot read squeal's key {}: {e}", key.display()))?;
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .map_err(|e| format!("squeal's certificate and key: {e}"))
+            }
+            _ => Ok(builder.with_no_client_auth()),
+        }
+    }
+}
+
+/// Why a TLS handshake failed, in the words the Python reader (OpenSSL) uses where there is a match.
+fn tls_reason(e: &io::Error, host: &str, ca: &Option<PathBuf>) -> String {
+    let Some(err) = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) else {
+        return e.to_string();
+    };
+    match err {
+        rustls::Error::InvalidCertificate(c) => {
+            let why = match c {
+                CertificateError::UnknownIssuer | CertificateError::BadSignature => {
+                    let ca = ca
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default();
+                    format!("unknown issuer (not signed by the CA squeal trusts: {ca})")
+                }
+                CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
+                    "certificate has expired".into()
+                }
+                CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
+                    "certificate is not yet valid".into()
+                }
+                CertificateError::NotValidForName
+                | CertificateError::NotValidForNameContext { .. } => {
+                    format!("certificate is not valid for '{host}'")
+                }
+                other => format!("{other:?}"),
+            };
+            format!("certificate verify failed: {why}")
+        }
+        other => other.to_string(),
+    }
+}
+
+/// The socket: plaintext, or TLS over it once the server agreed.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<StreamOwned<ClientConnection, TcpStream>>),
+}
+
+impl Stream {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(t) => &t.sock,
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(t) => t.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(t) => t.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(t) => t.flush(),
+        }
+    }
+}
 
 pub struct Conn {
-    sock: TcpStream,
+    sock: Stream,
     codec: PacketCodec,
     rbuf: BytesMut,
     caps: CapabilityFlags,
@@ -71,6 +210,7 @@ impl Conn {
         user: &str,
         password: &str,
         timeout: Duration,
+        tls: Option<&Tls>,
     ) -> Result<Conn, ConnError> {
         let addr = (host, port)
             .to_socket_addrs()?
@@ -83,16 +223,46 @@ impl Conn {
         let mut codec = PacketCodec::default();
         codec.max_allowed_packet = MAX_PACKET as usize;
         let mut conn = Conn {
-            sock,
+            sock: Stream::Plain(sock),
             codec,
             rbuf: BytesMut::with_capacity(1 << 16),
             caps: CapabilityFlags::CLIENT_PROTOCOL_41,
         };
-        conn.handshake(user, password)?;
+        conn.handshake(host, port, user, password, tls)?;
         Ok(conn)
     }
 
-    fn handshake(&mut self, user: &str, password: &str) -> Result<(), ConnError> {
+    /// After the greeting: `SslRequest`, then the TLS handshake on the socket, verifying the server.
+    fn start_tls(&mut self, host: &str, port: u16, tls: &Tls) -> Result<(), ConnError> {
+        let server = format!("{host}:{port}");
+        let fail = |reason: String| ConnError::Tls(server.clone(), reason);
+        let config = tls.config().map_err(fail)?;
+        let name = ServerName::try_from(host.to_string())
+            .map_err(|e| fail(format!("{host:?} is not a host name or address: {e}")))?;
+        let mut client = ClientConnection::new(Arc::new(config), name)
+            .map_err(|e| fail(format!("TLS set-up: {e}")))?;
+        let mut body = Vec::new();
+        SslRequest::new(self.caps, MAX_PACKET, UTF8MB4_GENERAL_CI).serialize(&mut body);
+        self.write_packet(&body)?;
+        // The same socket (a second handle to it); the plaintext handle is dropped once TLS is up.
+        let mut sock = self.sock.tcp().try_clone()?;
+        while client.is_handshaking() {
+            client
+                .complete_io(&mut sock)
+                .map_err(|e| fail(tls_reason(&e, host, &tls.ca)))?;
+        }
+        self.sock = Stream::Tls(Box::new(StreamOwned::new(client, sock)));
+        Ok(())
+    }
+
+    fn handshake(
+        &mut self,
+        host: &str,
+        port: u16,
+        user: &str,
+        password: &str,
+        tls: Option<&Tls>,
+    ) -> Result<(), ConnError> {
         let packet = self.read_packet()?;
         if packet.first() == Some(&0xff) {
             return Err(self.server_error(&packet));
@@ -108,6 +278,16 @@ impl Conn {
             | CapabilityFlags::CLIENT_TRANSACTIONS;
         self.caps = wanted & hs.capabilities();
         let nonce = hs.nonce();
+        if let Some(tls) = tls {
+            if !hs.capabilities().contains(CapabilityFlags::CLIENT_SSL) {
+                return Err(ConnError::Tls(
+                    format!("{host}:{port}"),
+                    "the server does not offer TLS (start it with --ssl-cert/--ssl-key)".into(),
+                ));
+            }
+            self.caps |= CapabilityFlags::CLIENT_SSL;
+            self.start_tls(host, port, tls)?;
+        }
         let scramble = scramble_native(&nonce, password.as_bytes());
         let version = hs.server_version_parsed().unwrap_or((5, 5, 5));
         let response = HandshakeResponse::new(
@@ -138,10 +318,15 @@ impl Conn {
                             let reply = data.map(|d| d.to_vec()).unwrap_or_default();
                             self.write_packet(&reply)?;
                         }
+                        AuthPlugin::Ed25519 => {
+                            let reply =
+                                create_response_for_ed25519(password.as_bytes(), switch.plugin_data());
+                            self.write_packet(&reply)?;
+                        }
                         other => {
                             return Err(ConnError::Protocol(format!(
-                            "the server asks for auth plugin {:?}; the native reader speaks only \
-                                 mysql_native_password (use [squeal] reader = \"python\")",
+                            "the server asks for auth plugin {:?}; the native reader speaks \
+                                 mysql_native_password and client_ed25519 (use [squeal] reader = \"python\")",
                             String::from_utf8_lossy(other.as_bytes())
                         )))
                         }
@@ -249,6 +434,6 @@ impl Conn {
 
     /// Makes a blocked `read_packet` on another handle return (used by `stop`).
     pub fn shutdown_handle(&self) -> Option<TcpStream> {
-        self.sock.try_clone().ok()
+        self.sock.tcp().try_clone().ok()
     }
 }

@@ -25,6 +25,7 @@ mod python {
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyFrozenSet, PyList, PyString, PyTuple};
 
+    use crate::conn::Tls;
     use crate::keys::{Charset, FilterSpec, Rules, Template};
     use crate::stream::{self, Kind, Out, Settings, Shared};
 
@@ -46,6 +47,9 @@ mod python {
         Py<PyAny>,
         String,
     );
+
+    /// TLS to the server: (CA file, squeal's certificate file, its key file); None: plaintext.
+    type TlsArg = (Option<String>, Option<String>, Option<String>);
 
     /// (schema, table, watched columns, where steps as (op, column, literal)).
     type FilterArg = (String, String, Vec<String>, Vec<(String, String, String)>);
@@ -84,11 +88,12 @@ mod python {
         /// Python reader would decode; `parents`: parents of cascading foreign keys; `charsets`: collation id
         /// -> "text" | "raw" | "cp1252" | "unsupported"; `events`: (Begin, Annotate, Rows, Commit, Query, XaPrepare,
         /// LINES); `filters`: [(schema, table, watched columns, where steps)] (`Rule.watched`,
-        /// `Predicate.steps`); `regional_prefixes`: keys for the regional pool only.
+        /// `Predicate.steps`); `regional_prefixes`: keys for the regional pool only; `tls`: (CA, certificate,
+        /// key) files to dial with TLS, verifying the server (None: plaintext).
         #[new]
         #[pyo3(signature = (host, port, user, password, server_id, position, rules, read_tables, parents,
                             charsets, events, heartbeat=1.0, queue=256, filters=Vec::new(),
-                            regional_prefixes=Vec::new()))]
+                            regional_prefixes=Vec::new(), tls=None))]
         #[allow(clippy::too_many_arguments)]
         fn new(
             py: Python<'_>,
@@ -107,6 +112,7 @@ mod python {
             queue: usize,
             filters: Vec<FilterArg>,
             regional_prefixes: Vec<String>,
+            tls: Option<TlsArg>,
         ) -> PyResult<Self> {
             if !(heartbeat > 0.0 && heartbeat < 4_000_000.0) {
                 return Err(PyValueError::new_err("heartbeat must be > 0 seconds"));
@@ -163,6 +169,11 @@ mod python {
                 server_id,
                 position,
                 heartbeat: Duration::from_secs_f64(heartbeat),
+                tls: tls.map(|(ca, cert, key)| Tls {
+                    ca: ca.map(Into::into),
+                    cert: cert.map(Into::into),
+                    key: key.map(Into::into),
+                }),
             };
             let shared = Arc::new(Shared::default());
             let (tx, rx) = sync_channel(queue.max(1));

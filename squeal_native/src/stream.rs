@@ -28,7 +28,7 @@ use mysql_common::binlog::events::{Event, EventData, QueryEvent, RowsEventData, 
 use mysql_common::binlog::EventStreamReader;
 use mysql_common::io::ParseBuf;
 
-use crate::conn::{Conn, ConnError};
+use crate::conn::{Conn, ConnError, Tls};
 use crate::filter::{Decision, Image, Skip};
 use crate::keys::{read_image, render, Plan, Rendered, Rules};
 use crate::lines::{delete_line, Encoding};
@@ -103,6 +103,8 @@ pub struct Settings {
     pub server_id: u32,
     pub position: String,
     pub heartbeat: Duration,
+    /// Dial with TLS (the topology's `[tls]`), verifying the server.
+    pub tls: Option<Tls>,
 }
 
 /// State shared with the Python object (any thread).
@@ -216,7 +218,14 @@ impl Reader {
         }
         // Reads time out well after a missed heartbeat: a dead server or network is noticed.
         let timeout = (s.heartbeat * 4).max(Duration::from_secs(5));
-        let mut conn = Conn::connect(&s.host, s.port, &s.user, &s.password, timeout)?;
+        let mut conn = Conn::connect(
+            &s.host,
+            s.port,
+            &s.user,
+            &s.password,
+            timeout,
+            s.tls.as_ref(),
+        )?;
         *self.shared.socket.lock().unwrap() = conn.shutdown_handle();
         if self.shared.stop.load(Ordering::SeqCst) {
             return Ok(());

@@ -107,3 +107,34 @@ def test_unsharded_series_get_no_shard_panels():
     assert not [t for t in panels if "per shard" in t]
     assert _last(panels["squeal lag per flow"]) == {"east/east-a": 2.0}
     assert _last(panels["Replica lag behind the primary per region"]) == {"west": 3.0}
+
+
+def test_pool_series_give_worker_load_shard_owners_moves_and_unowned_time():
+    """Issue 24 item 5: a pooled region's dashboard: load per worker, the worker running each shard, moves per
+    minute by reason, and how long any shard has run on no worker with the move pauses' p99."""
+    store = Store()
+    for t in range(0, 61, 5):
+        at = float(t)
+        for worker, load in (("east-1", 40.0), ("east-2", 10.0)):
+            store.add("squeal_pool_worker_load", {"region": "east", "instance": worker}, load, at)
+        # s1 moves from east-1 to east-2 at t = 30
+        store.add("squeal_pool_shard_owned", {"region": "east", "instance": "east-1", "shard": "s0"}, 1.0, at)
+        store.add("squeal_pool_shard_owned", {"region": "east", "instance": "east-1" if t < 30 else "east-2",
+                                              "shard": "s1"}, 1.0, at)
+        ctl = {"region": "east", "instance": "east-1"}
+        store.add("squeal_pool_moves_total", {**ctl, "reason": "rebalance"}, 0.0 if t < 30 else 1.0, at)
+        store.add("squeal_pool_shard_unowned_seconds", {**ctl, "shard": "s0"}, 0.0, at)
+        store.add("squeal_pool_shard_unowned_seconds", {**ctl, "shard": "s1"}, 2.0 if t == 30 else 0.0, at)
+        paused = 0.0 if t < 35 else 1.0  # one pause, between 1 and 2 s
+        for le, count in (("0.5", 0.0), ("1.0", 0.0), ("2.0", paused), ("+Inf", paused)):
+            store.add("squeal_pool_unowned_seconds_bucket", {**ctl, "le": le}, count, at)
+    panels = {p["title"]: p for p in build_panels(store)}
+    assert _last(panels["squeal pool: load per worker"]) == {"east/east-1": 40.0, "east/east-2": 10.0}
+    owners = panels["squeal pool: worker running each shard (1 while it runs it)"]
+    assert {line["label"] for line in owners["lines"]} == {"east/s0 on east-1", "east/s1 on east-1",
+                                                            "east/s1 on east-2"}
+    assert _last(panels["squeal pool: shard moves per minute by reason"])["east rebalance"] > 0
+    unowned = panels["squeal pool: time a shard has run on no worker, and move pauses p99"]
+    assert max(v for line in unowned["lines"] if line["label"] == "east/s1" for _, v in line["points"]) == 2.0
+    assert 1.0 < _last(unowned)["east move pause p99"] <= 2.0
+    assert "squeal pool: load per worker" not in {p["title"] for p in build_panels(_sharded_store())}

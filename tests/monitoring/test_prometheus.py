@@ -111,6 +111,7 @@ def test_every_alert_has_for_severity_runbook_tests_and_docs() -> None:
         "SquealDaemonDown", "SquealFlowLagHigh", "SquealFlowBacklogStuck", "SquealReaderDisconnected",
         "SquealHalted", "SquealBinlogDataLoss", "SquealBulkChangeNeedsFlush", "SquealDatamarkerAgeHigh",
         "SquealDatamarkerWriteErrors", "SquealProbeDeadlineMissed", "SquealGutterActive", "SquealRouterServersTKO",
+        "SquealPoolShardUnowned",
     }
     assert set(blocks) == expected
     tests = ALERT_TESTS.read_text()

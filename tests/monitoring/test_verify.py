@@ -14,13 +14,13 @@ from pymemcache.client.base import Client
 
 import router_config
 from loadtest.webtier import WebServer, schema_statements
+from monitoring.panels import quantile
 from monitoring.verify import (
     DEFAULT_GRACE,
     EXIT_CANNOT_CHECK,
     EXIT_CLEAN,
     EXIT_PARTIAL,
     EXIT_STALE,
-    histogram_quantile,
     measured_grace,
     verify,
 )
@@ -201,8 +201,8 @@ def test_nothing_up_is_one_line_and_exit_2(tmp_path, capsys):
 
 def test_grace_is_a_few_times_the_p99_squeal_measures(tmp_path):
     buckets = {0.1: 50, 0.25: 90, 0.5: 100, float("inf"): 100}
-    assert histogram_quantile(0.99, buckets) == pytest.approx(0.25 + 0.25 * 9 / 10)
-    assert histogram_quantile(0.99, {1.0: 0, float("inf"): 0}) is None
+    assert quantile(0.99, buckets) == pytest.approx(0.25 + 0.25 * 9 / 10)
+    assert quantile(0.99, {1.0: 0, float("inf"): 0}) is None
 
     body = "\n".join(
         [

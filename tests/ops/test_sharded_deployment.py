@@ -8,7 +8,6 @@ nothing stale after the demo web tier has run against it.
 from __future__ import annotations
 
 import json
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 
 import router_config
 from ops.harness import REPO_ROOT, ROUTER_BIN, memcached_command, wait_until
+from squeal import fetch_health
 from tests.ops.deployments import run_sql, squealctl, stable_port
 
 WITHIN = 60.0  # a deadline for something that must happen, not a speed check
@@ -62,13 +62,8 @@ def test_status_names_the_shard_of_every_database_copy(sharded) -> None:
     text = squealctl(state, "status").stdout
     assert text.count(f"reads 4 shards ({', '.join(shards)})") == 2, text
     for leader in (s for r in topo.regions for s in r.squeal_instances if s.name in leaders):
-        health = _healthz(leader.address)
+        health = fetch_health(str(leader.address), timeout=5)[1]
         assert set(health["shards"]) == {s.name for s in topo.shards} and health["ok"], health["problems"]
-
-
-def _healthz(address: router_config.Address) -> dict:
-    with urllib.request.urlopen(f"http://{address}/healthz", timeout=5) as r:
-        return json.loads(r.read())
 
 
 def test_a_write_on_each_shard_deletes_its_keys_in_every_cluster_of_both_regions(sharded) -> None:

@@ -24,6 +24,7 @@ import pytest
 import router_config
 from ops.harness import memcached_command, wait_until
 from ops.local import Deployment
+from squeal import probe_health
 from tests.ops.deployments import TWO_REGIONS, squealctl, stable_port
 
 BACK_WITHIN = 5.0  # the bound for a killed component to answer again (measured and printed)
@@ -79,13 +80,8 @@ def answers(row: dict) -> bool:
             return memcached_command((host, int(port)), b"version\r\n", timeout=0.5).startswith(b"VERSION")
         except OSError:
             return False
-    try:  # squeal: /healthz answers (200, or 503 with its problems)
-        with urllib.request.urlopen(f"http://{row['address']}/healthz", timeout=1):
-            return True
-    except urllib.error.HTTPError as e:
-        return e.code == 503
-    except OSError:
-        return False
+    # squeal: /healthz answers (200, or 503 with its problems)
+    return probe_health(row["address"], timeout=1)[0] in (200, 503)
 
 
 def kill_and_wait_back(state: Path, name: str) -> tuple[int, int, float]:

@@ -79,7 +79,8 @@ def exec_start_pre(unit: dict) -> list[list[str]]:
 
 
 def role_of(path: Path) -> str:
-    """A rendered service's kind from its name: zookeeper, memcached, router, daemon, instance, monitoring."""
+    """A rendered service's kind from its name: zookeeper, memcached, router, daemon, instance, worker,
+    monitoring."""
     return path.stem.split("-")[1]
 
 
@@ -634,3 +635,40 @@ def test_three_hosts_ha_run_from_rendered_units(mariadb_factory, tmp_path):
     finally:
         started.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_pooled_region_renders_one_unit_per_worker_and_the_ensemble(tmp_path):
+    """Issue 24 item 5: a region with `squeal_pool = true` runs one `squeal run --instance NAME` per worker (named a
+    worker: it runs the shards the pool's controller gives it, not a leader's every shard), never a `--region`
+    daemon, next to the ZooKeeper servers; an HA region beside it keeps its instances."""
+    pooled = tmp_path / "pooled.toml"
+    text = SHARDED.read_text().replace("[regions.east]\nmaster = true\n",
+                                       "[regions.east]\nmaster = true\nsqueal_pool = true\n")
+    text = text.replace("[regions.west]\n", '[[regions.east.squeal_instances]]\nname = "east-3"\nhost = "127.0.0.2"\n'
+                        "metrics_port = 19412\n\n[regions.west]\n")
+    pooled.write_text(text)
+    topo = router_config.load(pooled)
+    assert topo.region("east").squeal_pool and len(topo.region("east").squeal_instances) == 3
+    here, there = tmp_path / "here", tmp_path / "there"
+    render(pooled, "127.0.0.1", here)
+    render(pooled, "127.0.0.2", there)
+    kinds = [role_of(p) for p in services_of(here)]
+    assert (kinds.count("worker"), kinds.count("instance"), kinds.count("zookeeper"), kinds.count("daemon")) == (
+        2, 2, 3, 0)
+    assert [p.name for p in services_of(there)] == ["squeal-worker-east-3.service"]
+    verify([*services_of(here), here / "squeal.target"])
+    for out, name, port in ((here, "east-1", "19410"), (here, "east-2", "19411"), (there, "east-3", "19412")):
+        unit = parse_unit(out / f"squeal-worker-{name}.service")
+        assert exec_start(unit) == [
+            str(systemd.DEFAULT_VENV / "bin" / "squeal"), "run", str(out / "topology.toml"), "--instance", name,
+            "--metrics-port", port, "--state-dir", f"/var/lib/squeal/squeal-worker-{name}"]  # fmt: skip
+        assert unit["Service"]["StateDirectory"] == [f"squeal/squeal-worker-{name}"]
+        (description,) = unit["Unit"]["Description"]
+        assert f"worker {name} of region east's pool" in description, description
+        # ordered after the ensemble's servers on its host (none on 127.0.0.2)
+        zk_after = [a for a in unit["Unit"].get("After", []) if "zookeeper" in a]
+        assert zk_after == ([f"squeal-zookeeper-{i}.service" for i in (1, 2, 3)] if out is here else [])
+    # the monitoring server scrapes every worker
+    listed = json.loads((here / "monitoring" / "components.json").read_text())["components"]
+    assert {c["instance"] for c in listed if c["role"] == "squeal"} == {"east-1", "east-2", "east-3", "west-1",
+                                                                          "west-2"}

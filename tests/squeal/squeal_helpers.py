@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ops import harness
 from ops.harness import MariaDB, Memcached, SquealDaemon, free_port
+from squeal import fetch_health
 from squeal import gtid as g
 
 _counter = itertools.count(1)
@@ -153,11 +154,7 @@ def wait_gone(caches: list[Cache], keys: list[str], timeout: float = 10.0) -> No
 
 def healthz(port: int, host: str = "127.0.0.1") -> tuple[int, dict]:
     """(HTTP status, JSON body) of a squeal daemon's /healthz: 200 healthy, 503 with its `problems`."""
-    try:
-        with urllib.request.urlopen(f"http://{host}:{port}/healthz", timeout=5) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return fetch_health(f"{host}:{port}", timeout=5)
 
 
 def scrape(port: int, host: str = "127.0.0.1") -> dict[str, float]:

@@ -403,7 +403,9 @@ def test_preference_unhealthy_candidates_and_hand_back(zk, clients, candidates) 
     t0 = time.monotonic()
     a.elector.set_healthy(True)
     wait_until(lambda: a.elector.is_leader, 15, "east-1 to lead after the hand-back")
-    assert b.when("deposed") and b.events[-1][2] == "handback"
+    # resign deletes the leader znode before it tells on_deposed: east-1 may lead before east-2 records it
+    wait_until(lambda: b.when("deposed"), 5, "east-2's deposition recorded")
+    assert b.events[-1][2] == "handback"
     gap = a.when("elected")[0] - b.when("deposed")[0]
     time.sleep(1.0)
     assert b.elector.state == STANDBY and a.elector.is_leader  # east-2 does not grab it back

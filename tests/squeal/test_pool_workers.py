@@ -10,6 +10,7 @@ shard (each row's key cached in both clusters before its INSERT commits):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -17,10 +18,11 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from squeal_helpers import SCHEMA, Cache, healthz, scrape, unique_db, wait_gone, wait_until
-from test_ha_support import ensemble, hosts, unique_root
+from test_ha_support import NetnsSquealDaemon, ensemble, hosts, unique_root
 
 from ops import harness
 from ops.harness import MariaDB, Memcached, SquealDaemon, free_port
@@ -52,9 +54,14 @@ def shard_dbs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[MariaDB
 
 
 class Pool:
-    """A schema on every shard, two memcached clusters, a pooled topology with workers w1..w3 (not started)."""
+    """A schema on every shard, two memcached clusters, a pooled topology with workers w1..w3 (not started).
 
-    def __init__(self, base: Path, dbs: list[MariaDB], zk: list) -> None:
+    `host`: where the databases, memcacheds and ZooKeeper listen; `netns`: worker -> (namespace, its address) for
+    a worker that runs inside a network namespace (the partition test); `placement`: the body of
+    `[regions.east.squeal_placement]`."""
+
+    def __init__(self, base: Path, dbs: list[MariaDB], zk: list, host: str = "127.0.0.1",
+                 netns: dict[str, tuple[str, str]] | None = None, placement: str = "") -> None:
         self.base, self.dbs = base, dbs
         self.schema = unique_db("pool")
         for db in dbs:
@@ -62,17 +69,19 @@ class Pool:
             with db.connect(self.schema) as conn, conn.cursor() as cur:
                 for stmt in filter(str.strip, SCHEMA.split(";")):
                     cur.execute(stmt)
-        self.memcacheds = [Memcached(workdir=base / "memcached").start() for _ in range(2)]
-        self.caches = [Cache(m.port) for m in self.memcacheds]
+        self.memcacheds = [Memcached(workdir=base / "memcached", host=host).start() for _ in range(2)]
+        self.caches = [Cache(m.port, host) for m in self.memcacheds]
+        netns = netns or {}
+        self.hosts = {n: netns[n][1] if n in netns else "127.0.0.1" for n in ("w1", "w2", "w3")}
         self.root = unique_root()
         self.zk_hosts = hosts(zk)
         self.ports = {f"w{i}": free_port() for i in (1, 2, 3)}
         clusters = "".join(
-            f'[regions.east.clusters.c{i}]\nrouters = ["127.0.0.1:{m.port}"]\n'
-            f'pools.wildcard = {{ kind = "wildcard", servers = ["127.0.0.1:{free_port()}"] }}\n'
+            f'[regions.east.clusters.c{i}]\nrouters = ["{host}:{m.port}"]\n'
+            f'pools.wildcard = {{ kind = "wildcard", servers = ["{host}:{free_port()}"] }}\n'
             for i, m in enumerate(self.memcacheds))
         instances = "".join(f'[[regions.east.squeal_instances]]\nname = "{n}"\nmetrics_port = {p}\n'
-                            for n, p in self.ports.items())
+                            f'host = "{self.hosts[n]}"\n' for n, p in self.ports.items())
         servers = ", ".join(f'"{h}"' for h in self.zk_hosts.split(","))
         self.topology = base / "topology.toml"
         self.topology.write_text(
@@ -80,17 +89,21 @@ class Pool:
             f"[zookeeper]\nservers = [{servers}]\nsession_timeout_s = {SESSION_TIMEOUT}\n"
             f'root = "{self.root}"\n\n'
             + "".join(f"[shards.{s}]\ngtid_domain_id = {30 + i}\n"
-                      f"east = {{ port = {dbs[i].port}, server_id = {dbs[i].server_id} }}\n"
+                      f'east = {{ host = "{host}", port = {dbs[i].port}, server_id = {dbs[i].server_id} }}\n'
                       for i, s in enumerate(SHARDS))
             + f'\n[[rules]]\ntable = "{self.schema}.users"\nkeys = ["user:{{id}}"]\n\n'
-            + "[regions.east]\nmaster = true\nsqueal_pool = true\n" + instances + clusters)
-        self.workers = {n: SquealDaemon(self.topology, "east", port=p, workdir=base / n, instance=n)
-                        for n, p in self.ports.items()}
+            + "[regions.east]\nmaster = true\nsqueal_pool = true\n" + instances + clusters
+            + (f"\n[regions.east.squeal_placement]\n{placement}\n" if placement else ""))
+        self.workers = {
+            n: (NetnsSquealDaemon(netns[n][0], self.topology, "east", port=p, workdir=base / n, instance=n,
+                                  host=self.hosts[n]) if n in netns else
+                SquealDaemon(self.topology, "east", port=p, workdir=base / n, instance=n))
+            for n, p in self.ports.items()}
 
     def running(self, name: str) -> set[str]:
         """The shards whose pipeline runs in worker `name` now (empty if it does not answer)."""
         try:
-            _, body = healthz(self.ports[name])
+            _, body = healthz(self.ports[name], self.hosts[name])
         except OSError:
             return set()
         return set(body.get("shards") or {}) - set(body.get("stopping") or [])
@@ -118,8 +131,8 @@ class Pool:
 def make_pool(shard_dbs, zk, tmp_path: Path) -> Iterator:
     made: list[Pool] = []
 
-    def make() -> Pool:
-        p = Pool(tmp_path / f"pool{len(made)}", shard_dbs, zk)
+    def make(**kwargs: Any) -> Pool:
+        p = Pool(tmp_path / f"pool{len(made)}", shard_dbs, zk, **kwargs)
         made.append(p)
         return p
 
@@ -130,11 +143,15 @@ def make_pool(shard_dbs, zk, tmp_path: Path) -> Iterator:
 
 class Writer(threading.Thread):
     """Steady single-row INSERTs into users, round robin over the shards: row i on shard i % 4. Its key
-    `user:i` is in both caches before the row commits (`prime`), so only squeal's delete removes it."""
+    `user:i` is in both caches before the row commits (`prime`), so only squeal's delete removes it.
+    `weights`: rows per round for each shard (default one each; (10, 1, 1, 1): p0 gets 10x the writes)."""
 
-    def __init__(self, env: Pool, rate: float, first: int = 1) -> None:
+    def __init__(self, env: Pool, rate: float, first: int = 1, weights: tuple[int, ...] = (1, 1, 1, 1)) -> None:
         super().__init__(daemon=True)
         self.env, self.rate, self.next_id, self.first = env, rate, first, first
+        self.rounds = [j for j, w in enumerate(weights) for _ in range(w)]
+        n = len(weights)
+        self.next_of = [first + (j - first) % n for j in range(n)]  # the next id with id % n == j
         self.stop_flag = threading.Event()
         self.error: BaseException | None = None
         self.written: list[int] = []
@@ -143,12 +160,16 @@ class Writer(threading.Thread):
         conns = [db.connect(self.env.schema) for db in self.env.dbs]
         try:
             t = time.monotonic()
+            k = 0
             while not self.stop_flag.is_set():
-                i = self.next_id
-                with conns[i % len(conns)].cursor() as cur:
+                j = self.rounds[k % len(self.rounds)]
+                k += 1
+                i = self.next_of[j]
+                with conns[j].cursor() as cur:
                     cur.execute("INSERT INTO users VALUES (%s, %s, 'w')", (i, f"u{i}@pool"))
                 self.written.append(i)
-                self.next_id += 1
+                self.next_of[j] += len(conns)
+                self.next_id = max(self.next_id, i + 1)
                 t += 1.0 / self.rate
                 time.sleep(max(0.0, t - time.monotonic()))
         except BaseException as e:  # noqa: BLE001
@@ -288,6 +309,8 @@ class MarkerWatch(threading.Thread):
         self.client = pool_of(env)
         self.paths = {s: f"{shard_path(env.root, 'east', s)}/markers" for s in SHARDS}
         self.seen: dict[str, list[tuple[int, dict[str, str], str]]] = {s: [] for s in SHARDS}
+        self.writes: dict[str, list[tuple[int, int | None, str, int]]] = {s: [] for s in SHARDS}  # version, token,
+        # writer, mtime (ms: when ZooKeeper's leader took the write)
         self.went_back: list[str] = []
         self.stop_flag = threading.Event()
 
@@ -315,12 +338,28 @@ class MarkerWatch(threading.Thread):
                                                                         g.parse_position(before)):
                             self.went_back.append(f"{shard}/{flow}: {before} -> {position} by {doc.get('by')}")
                 seen.append((stat.version, doc["positions"], doc.get("by", "")))
+                self.writes[shard].append((stat.version, doc.get("token"), doc.get("by", ""), stat.mtime))
 
     def stop(self) -> None:
         self.stop_flag.set()
         self.join(10)
         self.client.stop()
         self.client.close()
+
+    def one_sender_per_token(self) -> dict[str, list[tuple[int | None, str]]]:
+        """Every shard's marker writers in order, as (token, worker) runs. Fails unless tokens only rise and each
+        token was written by one worker: no two owners of a shard ever wrote its markers in turn."""
+        runs: dict[str, list[tuple[int | None, str]]] = {}
+        for shard, writes in self.writes.items():
+            run: list[tuple[int | None, str]] = []
+            for _, token, by, _ in writes:
+                if not run or run[-1] != (token, by):
+                    run.append((token, by))
+            tokens = [t for t, _ in run]
+            assert None not in tokens, f"{shard}: a marker written without a fencing token: {run}"
+            assert tokens == sorted(set(tokens)), f"{shard}: a token wrote again after a newer one: {run}"
+            runs[shard] = run
+        return runs
 
 
 def test_a_paused_worker_is_fenced_its_shards_resume_elsewhere_and_no_marker_goes_back(make_pool) -> None:
@@ -364,3 +403,168 @@ def test_a_paused_worker_is_fenced_its_shards_resume_elsewhere_and_no_marker_goe
     assert squeal_main(["replay", str(env.topology), "--region", "east", "--shard", "p1", "--flow", "all",
                         "--from", ""]) == 0
     wait_gone(env.caches, again, DEADLINE)
+
+
+# Seconds, not the production minutes: the imbalance must last 3 s, a moved shard rests 5 s, loads smoothed
+# with a 3 s half-life; threshold 1.5 keeps 4 equal shards on 3 workers (2, 1, 1) balanced.
+FAST_PLACEMENT = "threshold = 1.5\npersist_s = 3\ncooldown_s = 5\nhalf_life_s = 3\n"
+
+
+def test_a_shard_with_ten_times_the_writes_ends_alone_on_its_worker_nothing_lost(make_pool) -> None:
+    env = make_pool(placement=FAST_PLACEMENT)
+    prime(env, range(1, 40001))
+    for name in ("w1", "w2", "w3"):
+        env.workers[name].start()
+    placed = wait_until(lambda: (p := env.placed(("w1", "w2", "w3"))) and all(p.values()) and p, DEADLINE,
+                        "all 4 shards running, every worker with at least one")
+    hot_worker = next(n for n, s in placed.items() if "p0" in s)
+    if placed[hot_worker] == {"p0"}:  # give p0 company first: the rebalance must be what leaves it alone
+        crowded = next(n for n, s in placed.items() if len(s) == 2)
+        squealctl(env, "move", sorted(placed[crowded])[0], "--to", hot_worker)
+        placed = wait_until(lambda: (p := env.placed(("w1", "w2", "w3"))) and len(p[hot_worker]) == 2 and p,
+                            DEADLINE, f"a second shard running beside p0 on {hot_worker}")
+    company = placed[hot_worker] - {"p0"}
+
+    writer = Writer(env, rate=65, weights=(10, 1, 1, 1))  # p0: 50 rows/s, the others 5 each
+    writer.start()
+    alone = wait_until(lambda: owned(env)[hot_worker] == {"p0"} and env.running(hot_worker) == {"p0"},
+                       DEADLINE, f"p0 alone on {hot_worker} after the rebalance")
+    assert alone
+    at = len(writer.written)
+    wait_until(lambda: len(writer.written) > at + 200, DEADLINE, "writes after the rebalance")
+    rows = {w["name"]: w for w in json.loads(squealctl(env, "workers", "--json"))}
+    p0 = rows[hot_worker]["loads"]["p0"]
+    others = {s: v for w in rows.values() for s, v in w["loads"].items() if s != "p0"}
+    assert p0["rows_s"] > 0 and p0["bytes_s"] > 0, p0  # both terms measured
+    assert all(p0["load"] > 3 * v["load"] for v in others.values()), (p0, others)
+    written = writer.stop()
+    assert_nothing_lost(env, written)
+    logs = "".join(env.log(n) for n in env.workers)
+    assert any(f"shard {s}: {hot_worker} -> " in logs and "(rebalance:" in logs for s in company), \
+        "the company left by a rebalance"
+    metrics = scrape(env.ports[hot_worker])
+    assert metrics.get('squeal_pool_shard_binlog_bytes_per_second{shard="p0"}', 0) > 0
+
+
+def test_zookeeper_losing_its_quorum_pauses_every_owner_and_quorum_back_resumes_nothing_lost(make_pool, zk) -> None:
+    from ops.harness import ZooKeeper
+
+    env = make_pool()
+    prime(env, range(1, 20001))
+    env.workers["w1"].start()
+    env.workers["w2"].start()
+    wait_until(lambda: (p := env.placed(("w1", "w2"))) and all(p.values()) and p, DEADLINE,
+               "all 4 shards running on w1 and w2")
+    watch = MarkerWatch(env)
+    watch.start()
+    writer = Writer(env, rate=60)
+    writer.start()
+    wait_until(lambda: len(writer.written) > 100, DEADLINE, "writes before the outage")
+    killed = list(zk[:2])
+    try:
+        for member in killed:
+            member.kill()
+
+        def paused(name: str) -> bool:
+            try:
+                return "lease" in healthz(env.ports[name])[1].get("problems", {})
+            except OSError:
+                return False
+
+        wait_until(lambda: paused("w1") and paused("w2"), DEADLINE, "both workers' leases to lapse (paused)")
+        paused_ms = time.time() * 1000
+        at = len(writer.written)
+        wait_until(lambda: len(writer.written) > at + 100, DEADLINE, "writes while ZooKeeper has no quorum")
+        held = [f"user:{i}" for i in writer.written[at:at + 100]]
+        for c in env.caches:  # committed while every owner was paused: still cached (paused, not lost)
+            assert c.present(held) == set(held), f"{len(held) - len(c.present(held))} keys deleted without a quorum"
+        assert all(w.proc.poll() is None for n, w in env.workers.items() if n in ("w1", "w2"))
+        back_ms = time.time() * 1000
+        for member in killed:
+            member.start()
+        ZooKeeper.wait_serving(zk)
+        killed.clear()
+    finally:
+        for member in killed:  # the module's ensemble stays whole for the next test, whatever happened
+            member.start()
+    wait_gone(env.caches, held, DEADLINE)  # resumed
+    wait_until(lambda: env.placed(("w1", "w2")), DEADLINE, "every shard running again")
+    at = len(writer.written)
+    wait_until(lambda: len(writer.written) > at + 100, DEADLINE, "writes after the quorum is back")
+    written = writer.stop()
+    assert_nothing_lost(env, written)
+    wait_until(lambda: all(any(m > back_ms for *_, m in w) for w in watch.writes.values()), DEADLINE,
+               "every shard's markers written after the quorum came back")
+    watch.stop()
+    assert not watch.went_back, watch.went_back
+    during = {s: [(v, by, m) for v, _, by, m in w if paused_ms < m < back_ms] for s, w in watch.writes.items()}
+    assert not any(during.values()), f"markers written while every owner was paused: {during}"
+    assert all(any(m < paused_ms for *_, m in w) for w in watch.writes.values()), "the watch saw writes before"
+    watch.one_sender_per_token()
+
+
+def test_accept_data_loss_of_a_purged_shard_goes_through_its_owner(make_pool) -> None:
+    """Shard p1's binlog purged past its markers while the pool is down: its owner halts p1 alone (503 naming
+    it), the other shards invalidate; `squeal accept-data-loss --shard p1` (a znode beside p1's markers) is taken
+    by whichever worker owns p1: it flushes the clusters and p1 resumes."""
+    from squeal.cli import main as squeal_main
+
+    env = make_pool()
+    p1 = env.dbs[1]
+
+    def tracer(i: int) -> None:  # row i lives on shard i % 4; its key cached first, then gone by squeal
+        for c in env.caches:
+            c.set_many([f"user:{i}"])
+        with env.dbs[i % len(SHARDS)].connect(env.schema) as conn, conn.cursor() as cur:
+            cur.execute("INSERT INTO users VALUES (%s, %s, 'w')", (i, f"u{i}@tracer"))
+        wait_gone(env.caches, [f"user:{i}"], DEADLINE)
+
+    env.workers["w1"].start()
+    env.workers["w2"].start()
+    wait_until(lambda: (p := env.placed(("w1", "w2"))) and all(p.values()) and p, DEADLINE,
+               "all 4 shards running on w1 and w2")
+    tracer(101)
+    zk = pool_of(env)
+    try:
+        path = f"{shard_path(env.root, 'east', 'p1')}/markers"
+        wait_until(lambda: "31-301-" in zk.get(path)[0].decode(), DEADLINE, "p1's markers holding its tracer")
+    finally:
+        zk.stop()
+        zk.close()
+    for w in ("w1", "w2"):
+        env.workers[w].stop(grace=10)  # SIGTERM: markers written, shards released
+    lost = [501, 505, 509]
+    for c in env.caches:
+        c.set_many([f"user:{i}" for i in lost])
+    with p1.connect(env.schema) as conn, conn.cursor() as cur:
+        for i in lost:
+            cur.execute("INSERT INTO users VALUES (%s, %s, 'lost')", (i, f"u{i}@lost"))
+            cur.execute("FLUSH BINARY LOGS")
+    p1.execute(f"PURGE BINARY LOGS TO '{p1.execute('SHOW BINARY LOGS')[-1][0]}'")
+    env.workers["w1"].start()
+    env.workers["w2"].start()
+    # (whichever worker came back first may hold every shard: the other is filled once the cooldown allows)
+    wait_until(lambda: env.placed(("w1", "w2")), DEADLINE, "all 4 shards running again")
+
+    def halted() -> tuple[str, str] | None:
+        for w in ("w1", "w2"):
+            with contextlib.suppress(OSError):
+                status, body = healthz(env.ports[w])
+                problems = [v for v in body.get("problems", {}).values() if "DATA LOSS" in v]
+                if status == 503 and problems and "p1" in body.get("owns", []):
+                    return w, problems[0]
+        return None
+
+    owner, why = wait_until(halted, DEADLINE, "p1's owner answering 503 for p1's data loss")
+    assert "shard p1" in why and "--shard p1" in why, why
+    tracer(104)  # the other shards keep invalidating while p1 is halted
+    tracer(106)
+    for c in env.caches:  # p1 sent nothing: halted, not flushed
+        assert c.present([f"user:{i}" for i in lost]) == {f"user:{i}" for i in lost}
+    assert squeal_main(["accept-data-loss", str(env.topology), "--region", "east", "--shard", "p1"]) == 0
+    wait_gone(env.caches, [f"user:{i}" for i in lost], DEADLINE)  # p1's owner flushed the clusters, resumed
+    wait_until(lambda: all(healthz(env.ports[w])[0] == 200 for w in ("w1", "w2")), DEADLINE,
+               "both workers healthy after the recovery")
+    owner = next(w for w in ("w1", "w2") if "p1" in env.running(w))
+    assert "data loss accepted by the operator" in env.log(owner)
+    tracer(113)  # p1 invalidates again

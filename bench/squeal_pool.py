@@ -1,0 +1,311 @@
+"""The elastic worker pool live (issue 24; not a test: prints figures for docs/benchmarks.md).
+
+    .venv/bin/python bench/squeal_pool.py [--kills 20] [--moves 10] [--rounds 2] [--seconds 20] [--rate 400]
+
+One run, on this machine, with the acceptance tests' set-up (tests/squeal/test_pool_workers.py's `Pool`): a
+MariaDB primary per shard (4 shards), two memcached clusters, a 3-server ZooKeeper ensemble (session timeout
+2 s), a pooled region of three workers `squeal run --instance wN` (placement: cooldown 2 s, so a restarted
+worker is filled again at once), and a background load of `--rate` rows/s (10-row INSERT transactions,
+round robin over the shards) throughout.
+
+1. Failover, `--kills` times: a canary key (a row of a shard the victim owns) set in both clusters, kill -9 of
+   the worker owning that shard, the canary row committed at once, polled every 1 ms until gone from both
+   clusters: failover = kill -> canary gone (the session expiry, the controller's placement, the new owner's
+   start from the markers). The killed worker is restarted and the bench waits until every shard runs again
+   before the next kill.
+2. Planned moves, `--moves` times: `squealctl move`'s request for one shard to another worker while a prober
+   commits a row of that shard every 20 ms (key cached first) and times commit -> gone from both clusters;
+   reported for the probes committed while a move was under way (request -> the new owner running) and for
+   the probes between moves.
+3. Cost, `--rounds` times alternating: the same 4 shards read by one `squeal run --region east` (the same
+   topology without the pool) and by the pool (2 workers), each under the background load for `--seconds`:
+   squeal CPU (every squeal process, user + system) per 1,000 rows read. Both modes keep up with the offered
+   load (rows read = rows written), so the cost shows as CPU, not as rows/s.
+
+The load average is printed with every phase (the machine is shared). Everything started is stopped by pid
+and the temporary directory removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "squeal"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from squeal_helpers import healthz
+from squeal_latency_load import pct
+from squeal_throughput import cpu_seconds, loadavg, metric_sum
+from test_ha_support import ensemble
+from test_pool_workers import SHARDS, Pool
+
+from ops.harness import REPO_ROOT, MariaDB, SquealDaemon, free_port, wait_until
+from squeal.pool import request_move
+
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))
+
+PLACEMENT = "cooldown_s = 2\n"
+DEADLINE = 60.0
+
+
+class Load(threading.Thread):
+    """`rate` rows/s of 10-row INSERT transactions, round robin over the shards (ids from 10,000,000: row i on
+    shard i % 4, like the tests' rows)."""
+
+    def __init__(self, env: Pool, rate: float) -> None:
+        super().__init__(daemon=True)
+        self.env, self.rate = env, rate
+        self.next_of = [10_000_000 + j for j in range(len(SHARDS))]
+        self.rows = 0
+        self.stop_flag = threading.Event()
+
+    def run(self) -> None:
+        conns = [db.connect(self.env.schema) for db in self.env.dbs]
+        t = time.monotonic()
+        j = 0
+        try:
+            while not self.stop_flag.is_set():
+                ids = [self.next_of[j] + 4 * k for k in range(10)]
+                self.next_of[j] += 40
+                with conns[j].cursor() as cur:
+                    cur.execute("BEGIN")
+                    cur.executemany("INSERT INTO users VALUES (%s, %s, 'load')", [(i, f"l{i}@load") for i in ids])
+                    cur.execute("COMMIT")
+                self.rows += 10
+                j = (j + 1) % len(conns)
+                t += 10.0 / self.rate
+                time.sleep(max(0.0, t - time.monotonic()))
+        finally:
+            for c in conns:
+                c.close()
+
+    def stop(self) -> None:
+        self.stop_flag.set()
+        self.join(20)
+
+
+class Canary:
+    """Commit a row of one shard with its key cached in both clusters; time commit -> gone (1 ms polls)."""
+
+    def __init__(self, env: Pool, base: int = 1_000_000) -> None:
+        self.env = env
+        self.next_of = [base + j for j in range(len(SHARDS))]
+        self.conns = [db.connect(env.schema) for db in env.dbs]
+
+    def prepare(self, shard: int) -> int:
+        i = self.next_of[shard]
+        self.next_of[shard] += len(SHARDS)
+        for c in self.env.caches:
+            c.set_many([f"user:{i}"])
+        return i
+
+    def commit(self, shard: int, i: int) -> float:
+        with self.conns[shard].cursor() as cur:
+            cur.execute("INSERT INTO users VALUES (%s, %s, 'canary')", (i, f"c{i}@canary"))
+        return time.monotonic()
+
+    def gone_at(self, i: int, timeout: float = DEADLINE) -> float:
+        key = [f"user:{i}"]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not any(c.present(key) for c in self.env.caches):
+                return time.monotonic()
+            time.sleep(0.001)
+        raise TimeoutError(f"canary {key[0]} still cached after {timeout:g}s")
+
+
+def running_everywhere(env: Pool, names: tuple[str, ...]) -> dict[str, set[str]]:
+    return wait_until(lambda: env.placed(names), DEADLINE, f"every shard running on {names}")
+
+
+def failovers(env: Pool, kills: int) -> list[float]:
+    canary = Canary(env)
+    names = ("w1", "w2", "w3")
+    out: list[float] = []
+    for k in range(kills):
+        placed = running_everywhere(env, names)
+        shard = k % len(SHARDS)
+        victim = next(n for n, s in placed.items() if SHARDS[shard] in s)
+        i = canary.prepare(shard)
+        t0 = time.monotonic()
+        env.workers[victim].kill()
+        canary.commit(shard, i)
+        took = canary.gone_at(i) - t0
+        out.append(took)
+        print(f"  kill {k + 1}: {victim} (owned {sorted(placed[victim])}) -> {SHARDS[shard]} delivering again "
+              f"after {took * 1000:.0f} ms; {loadavg()}", flush=True)
+        env.workers[victim].start()
+    running_everywhere(env, names)
+    return out
+
+
+class Prober(threading.Thread):
+    def __init__(self, env: Pool, shard: int, every: float = 0.02) -> None:
+        super().__init__(daemon=True)
+        self.canary = Canary(env, base=2_000_000)
+        self.shard, self.every = shard, every
+        self.samples: list[tuple[float, float]] = []  # (commit time, commit -> gone)
+        self.stop_flag = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop_flag.is_set():
+            i = self.canary.prepare(self.shard)
+            t = self.canary.commit(self.shard, i)
+            self.samples.append((t, self.canary.gone_at(i) - t))
+            time.sleep(self.every)
+
+    def stop(self) -> None:
+        self.stop_flag.set()
+        self.join(DEADLINE)
+
+
+def planned_moves(env: Pool, moves: int) -> tuple[list[float], list[float], list[float]]:
+    from test_ha_support import client
+
+    names = ("w1", "w2", "w3")
+    zk = client(env.zk_hosts, 2.0)
+    prober = Prober(env, 0)
+    prober.start()
+    windows: list[tuple[float, float]] = []
+    try:
+        for k in range(moves):
+            placed = running_everywhere(env, names)
+            source = next(n for n, s in placed.items() if SHARDS[0] in s)
+            target = names[(names.index(source) + 1) % len(names)]
+            time.sleep(3.0)  # the cooldown (2 s) of the last move, and probes between moves
+            t0 = time.monotonic()
+            request_move(zk, env.root, "east", SHARDS[0], target)
+            wait_until(lambda t=target: SHARDS[0] in env.running(t) and all(
+                SHARDS[0] not in env.running(n) for n in names if n != t), DEADLINE, f"{SHARDS[0]} on {target}")
+            windows.append((t0, time.monotonic()))
+            print(f"  move {k + 1}: {SHARDS[0]} {source} -> {target} in {(windows[-1][1] - t0) * 1000:.0f} ms "
+                  f"(request -> running there); {loadavg()}", flush=True)
+        time.sleep(1.0)
+    finally:
+        prober.stop()
+        zk.stop()
+        zk.close()
+    during = sorted(d for t, d in prober.samples if any(a <= t <= b for a, b in windows))
+    between = sorted(d for t, d in prober.samples if not any(a - 0.5 <= t <= b + 1.0 for a, b in windows))
+    return during, between, [b - a for a, b in windows]
+
+
+def squeal_cpu_per_krow(ports_pids: dict[int, int], load: Load, seconds: float) -> tuple[float, float, int]:
+    """(CPU ms per 1,000 rows read, rows read / rows written, rows read) over `seconds` of the running load."""
+    pids = list(ports_pids.values())
+    rows0 = sum(metric_sum(p, "squeal_rows_total") for p in ports_pids)
+    cpu0, w0 = cpu_seconds(pids), load.rows
+    time.sleep(seconds)
+    rows1 = sum(metric_sum(p, "squeal_rows_total") for p in ports_pids)
+    cpu1, w1 = cpu_seconds(pids), load.rows
+    read = int(rows1 - rows0)
+    return (cpu1 - cpu0) * 1000 / max(1, read) * 1000, read / max(1, w1 - w0), read
+
+
+def single_topology(env: Pool) -> Path:
+    text = env.topology.read_text().replace("squeal_pool = true\n", "")
+    text = re.sub(r'\[\[regions\.east\.squeal_instances\]\]\nname = "w\d"\nmetrics_port = \d+\nhost = "[^"]*"\n',
+                  "", text)
+    text = re.sub(r"\n\[regions\.east\.squeal_placement\]\n[^\[]*", "\n", text)
+    path = env.base / "single.toml"
+    path.write_text(text)
+    return path
+
+
+def costs(env: Pool, rounds: int, seconds: float, load: Load) -> list[tuple[str, float, float, int]]:
+    single = SquealDaemon(single_topology(env), "east", port=free_port(), workdir=env.base / "single")
+
+    def single_health() -> dict:
+        with contextlib.suppress(OSError):
+            return healthz(single.port)[1]
+        return {}
+
+    out = []
+    for r in range(rounds):
+        for mode in ("single", "pool"):
+            if mode == "single":
+                single.start()
+                wait_until(lambda: set(single_health().get("shards") or {}) == set(SHARDS), DEADLINE,
+                           "the single daemon running every shard")
+                time.sleep(3.0)  # past its start-up
+                figure = squeal_cpu_per_krow({single.port: single.pid}, load, seconds)
+                single.stop(grace=10)
+            else:
+                for n in ("w1", "w2"):
+                    env.workers[n].start()
+                running_everywhere(env, ("w1", "w2"))
+                time.sleep(3.0)
+                figure = squeal_cpu_per_krow({env.ports[n]: env.workers[n].pid for n in ("w1", "w2")}, load,
+                                             seconds)
+                for n in ("w1", "w2"):
+                    env.workers[n].stop(grace=10)
+            out.append((mode, *figure))
+            print(f"  round {r + 1} {mode}: {figure[0]:.2f} ms CPU per 1,000 rows, {figure[2]} rows read "
+                  f"({figure[1]:.3f} of those written); {loadavg()}", flush=True)
+
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kills", type=int, default=20)
+    ap.add_argument("--moves", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--rate", type=float, default=400.0)
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="squeal-pool-bench-"))
+    dbs = [MariaDB(server_id=500 + i, workdir=base / f"s{i}", gtid_domain_id=50 + i) for i in range(len(SHARDS))]
+    with ensemble(base / "zk") as zk:
+        try:
+            for db in dbs:
+                db.start()
+            env = Pool(base / "pool", dbs, zk, placement=PLACEMENT)
+            load = Load(env, args.rate)
+            load.start()
+            print(f"{len(SHARDS)} shards, 3 workers, session timeout 2 s, {args.rate:g} rows/s background; "
+                  f"{loadavg()}", flush=True)
+            try:
+                for n in ("w1", "w2", "w3"):
+                    env.workers[n].start()
+                running_everywhere(env, ("w1", "w2", "w3"))
+                if args.kills:
+                    times = sorted(failovers(env, args.kills))
+                    print(f"failover over {len(times)} kill -9s: min {times[0] * 1000:.0f} ms, p50 "
+                          f"{pct(times, 0.5) * 1000:.0f} ms, p90 {pct(times, 0.9) * 1000:.0f} ms, p99 "
+                          f"{pct(times, 0.99) * 1000:.0f} ms, max {times[-1] * 1000:.0f} ms", flush=True)
+                if args.moves:
+                    during, between, spans = planned_moves(env, args.moves)
+                    print(f"planned moves: {len(spans)}, request -> running on the target p50 "
+                          f"{pct(sorted(spans), 0.5) * 1000:.0f} ms, max {max(spans) * 1000:.0f} ms; moving shard's "
+                          f"commit -> gone during moves ({len(during)} probes) p50 {pct(during, 0.5) * 1000:.1f} ms, "
+                          f"p99 {pct(during, 0.99) * 1000:.1f} ms, max {during[-1] * 1000:.1f} ms; between moves "
+                          f"({len(between)} probes) p50 {pct(between, 0.5) * 1000:.1f} ms, p99 "
+                          f"{pct(between, 0.99) * 1000:.1f} ms", flush=True)
+                for n in ("w1", "w2", "w3"):
+                    env.workers[n].stop(grace=10)
+                if args.rounds:
+                    figures = costs(env, args.rounds, args.seconds, load)
+                    s = sorted(f[1] for f in figures if f[0] == "single")
+                    p = sorted(f[1] for f in figures if f[0] == "pool")
+                    print(f"cost: squeal CPU per 1,000 rows, single median {pct(s, 0.5):.2f} ms, pool median "
+                          f"{pct(p, 0.5):.2f} ms: pool / single {pct(p, 0.5) / pct(s, 0.5):.3f}", flush=True)
+            finally:
+                load.stop()
+                env.stop()
+        finally:
+            for db in dbs:
+                db.stop(grace=5)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

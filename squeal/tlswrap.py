@@ -1,0 +1,156 @@
+"""TLS for squeal's Twisted connections with the standard library's `ssl` (memory BIOs), not pyOpenSSL.
+
+Twisted's own TLS needs pyOpenSSL and service_identity; squeal has one TLS client connection kind (the
+Sender's, to routers or memcached `-Z`), so it drives an `ssl.SSLObject` itself: bytes from the socket go into
+one memory BIO, the TLS engine's output is written to the transport. `connect_tls` hands back the inner
+protocol only once the handshake succeeded — the server's certificate verified against the CA and the name
+dialled — or fails with `TlsError` naming the peer and the reason, so the Sender treats a TLS failure like
+any failed connect (the batch stays queued, the next router is tried after the back-off).
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+from twisted.internet import defer, protocol
+from twisted.python.failure import Failure
+
+from router_config import TlsSettings
+
+
+class TlsError(ConnectionError):
+    """The TLS handshake failed (the message names the peer and the reason)."""
+
+
+def client_context(tls: TlsSettings, component: str = "squeal") -> ssl.SSLContext:
+    """A verifying client context from the topology's [tls] (read afresh per connection: renewed files count)."""
+    ctx = ssl.create_default_context(cafile=tls.ca)
+    ctx.check_hostname = True
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    mine = tls.cert(component)
+    if mine is not None:
+        ctx.load_cert_chain(mine.cert, mine.key)
+    return ctx
+
+
+def reason_of(e: BaseException) -> str:
+    """The reason in words: OpenSSL's verify message, or its reason code with what it means here."""
+    if isinstance(e, ssl.SSLCertVerificationError):
+        return f"certificate verify failed: {e.verify_message}"
+    if isinstance(e, ssl.SSLError):
+        if e.reason in ("WRONG_VERSION_NUMBER", "PACKET_LENGTH_TOO_LONG", "RECORD_LAYER_FAILURE"):
+            return f"the server does not answer TLS on this port (a plaintext port?) ({e.reason})"
+        return e.reason or str(e)
+    return str(e)
+
+
+class _InnerTransport:
+    """What the inner protocol sees as its transport: plaintext in, TLS records out."""
+
+    def __init__(self, outer: TlsClientProtocol) -> None:
+        self.outer = outer
+
+    def write(self, data: bytes) -> None:
+        self.outer.write_plain(data)
+
+    def writeSequence(self, data: list[bytes]) -> None:  # noqa: N802 - Twisted's name
+        self.outer.write_plain(b"".join(data))
+
+    def loseConnection(self) -> None:  # noqa: N802
+        self.outer.transport.loseConnection()
+
+    def abortConnection(self) -> None:  # noqa: N802
+        self.outer.transport.abortConnection()
+
+    def getPeer(self) -> Any:  # noqa: N802
+        return self.outer.transport.getPeer()
+
+    def getHost(self) -> Any:  # noqa: N802
+        return self.outer.transport.getHost()
+
+
+class TlsClientProtocol(protocol.Protocol):
+    """Runs `inner` over TLS on this connection; `ready` fires with `inner` after the handshake."""
+
+    def __init__(self, inner: protocol.Protocol, context: ssl.SSLContext, hostname: str, peer: str) -> None:
+        self.inner = inner
+        self.peer = peer
+        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.tls = context.wrap_bio(self.incoming, self.outgoing, server_side=False, server_hostname=hostname)
+        self.ready: defer.Deferred = defer.Deferred()
+        self.handshaken = False
+
+    def _flush(self) -> None:
+        data = self.outgoing.read()
+        if data:
+            self.transport.write(data)
+
+    def _fail(self, reason: str) -> None:
+        if not self.ready.called:
+            self.ready.errback(Failure(TlsError(f"TLS to {self.peer} failed: {reason}")))
+        self.transport.abortConnection()
+
+    def _handshake(self) -> None:
+        try:
+            self.tls.do_handshake()
+        except ssl.SSLWantReadError:
+            self._flush()
+            return
+        except ssl.SSLError as e:
+            self._flush()
+            self._fail(reason_of(e))
+            return
+        self._flush()
+        self.handshaken = True
+        self.inner.makeConnection(_InnerTransport(self))
+        self.ready.callback(self.inner)
+
+    def connectionMade(self) -> None:  # noqa: N802
+        self._handshake()
+
+    def dataReceived(self, data: bytes) -> None:  # noqa: N802
+        self.incoming.write(data)
+        if not self.handshaken:
+            self._handshake()
+            if not self.handshaken:
+                return
+        chunks = []
+        while True:
+            try:
+                chunk = self.tls.read(1 << 16)
+            except ssl.SSLWantReadError:
+                break
+            except ssl.SSLZeroReturnError:
+                self.transport.loseConnection()
+                break
+            except ssl.SSLError as e:
+                self._fail(reason_of(e))
+                return
+            if not chunk:
+                break
+            chunks.append(chunk)
+        self._flush()  # TLS 1.3 may answer (key updates, tickets)
+        if chunks:
+            self.inner.dataReceived(b"".join(chunks))
+
+    def write_plain(self, data: bytes) -> None:
+        self.tls.write(data)
+        self._flush()
+
+    def connectionLost(self, reason: Any = None) -> None:  # noqa: N802
+        if not self.ready.called:
+            why = str(reason.value) if reason is not None else "closed"
+            self.ready.errback(Failure(TlsError(f"TLS to {self.peer} failed: the connection closed during the "
+                                                f"handshake ({why})")))
+        if self.handshaken:
+            self.inner.connectionLost(reason)
+
+
+def connect_tls(endpoint: Any, inner: protocol.Protocol, context: ssl.SSLContext, hostname: str,
+                peer: str) -> defer.Deferred:
+    """Connect `endpoint` and run `inner` over TLS; fires with `inner` once the server is verified."""
+    outer = TlsClientProtocol(inner, context, hostname, peer)
+    d = endpoint.connect(protocol.Factory.forProtocol(lambda: outer))
+    d.addCallback(lambda _: outer.ready)
+    return d
