@@ -9,6 +9,12 @@ Not a test: nothing here asserts on time. Run from the repository root:
 
     .venv/bin/python bench/router_bench.py [--seconds 3] [--depths 1,8,32] [--conns 2,32] [--keys 1,10]
         [--rounds 3] [--idle 10000] [--no-pin] [--forwarder]
+    .venv/bin/python bench/router_bench.py --tls [--depths 8,32] [--conns 2,32] [--keys 1] [--handshakes 2000]
+
+`--tls`: the router over TLS vs memcached `-Z` direct in the same run (a local CA from ops.tls; the
+generator speaks TLS to both; the router reaches the same memcached over TLS, a pool with
+`security_mech: tls`): CPU per request at each depth, and the CPU of one new connection (TCP + TLS
+handshake + one `version`, the generator opening `--handshakes` connections in turn) for each.
 
 By default memcached runs on CPU 0 and the generator and proxy share CPU 1, the way a router sits on
 the web host next to its clients and memcached on a machine of its own; unpinned runs on this 2-core
@@ -87,12 +93,13 @@ def pin(pid: int, cpu: int) -> None:
 
 
 def run_load(port: int, multi: int, depth: int, conns: int, seconds: float, threads: int,
-             cpu: int | None = None) -> dict:
+             cpu: int | None = None, tls_ca: Path | None = None) -> dict:
     """One run of router/examples/loadgen.rs against `port` (same generator for every target)."""
     out = subprocess.run(
         [str(LOADGEN), "--port", str(port), "--conns", str(conns), "--threads", str(threads),
          "--depth", str(depth), "--keys", str(multi), "--seconds", str(seconds),
-         "--key-count", str(len(KEYS)), "--prefix", "bench:key:"],
+         "--key-count", str(len(KEYS)), "--prefix", "bench:key:",
+         *(["--tls-ca", str(tls_ca)] if tls_ca else [])],
         check=True, capture_output=True, text=True,
         preexec_fn=(lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None).stdout
     r = json.loads(out)
@@ -169,9 +176,16 @@ def main() -> None:
     ap.add_argument("--no-pin", dest="pin", action="store_false",
                     help="let the scheduler place everything (default: memcached on CPU 0; generator and proxy "
                          "on CPU 1, as a router runs on the web host and memcached on its own machine)")
+    ap.add_argument("--tls", action="store_true",
+                    help="TLS mode: the router over TLS vs memcached -Z direct, and the cost of a new connection")
+    ap.add_argument("--handshakes", type=int, default=2000, help="new connections per target in --tls mode")
     args = ap.parse_args()
     if args.pin and len(os.sched_getaffinity(0)) < 2:
         sys.exit("router_bench: pinning needs 2 CPUs; run with --no-pin")
+    if args.tls:
+        build_examples()
+        tls_main(args)
+        return
     depths = [int(d) for d in args.depths.split(",")]
     conn_counts = [int(c) for c in args.conns.split(",")]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -256,6 +270,89 @@ def main() -> None:
     print(f"\nRSS with {n} idle client connections: {after:.1f} MB (before: {before:.1f} MB)")
     if args.json:
         args.json.write_text(json.dumps({"results": results, "rss_idle_mb": after, "idle": n}, indent=2))
+
+
+def tls_main(args: argparse.Namespace) -> None:
+    """--tls: squeal-router (TLS port, TLS pool) vs memcached -Z direct, one memcached, same run."""
+    from ops import tls
+
+    depths = [int(d) for d in args.depths.split(",")]
+    conn_counts = [int(c) for c in args.conns.split(",")]
+    key_counts = [int(k) for k in args.keys.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="router-bench-tls-"))
+    ca = tls.make_ca(work / "pki")
+    server = tls.issue(ca, work / "pki", "memcached")
+    mine = tls.issue(ca, work / "pki", "router")
+    mc = Memcached(workdir=work, memory_mb=256, tls=(server.cert, server.key)).start()
+    cfg = work / "router.json"
+    cfg.write_text(json.dumps({"pools": {"p": {"servers": [mc.address], "security_mech": "tls"}},
+                               "route": "PoolRoute|p"}))
+    extra = ("--pem-cert-path", str(mine.cert), "--pem-key-path", str(mine.key), "--pem-ca-path", str(ca.cert))
+    if args.router_threads:
+        extra += ("--threads", str(args.router_threads))
+    router = Router(cfg, workdir=work, extra_args=extra, ssl_port=free_port()).start()
+    results = []
+    cells = [(multi, conns, depth) for multi in key_counts for conns in conn_counts for depth in depths]
+    handshake = {}
+    try:
+        filler = Router(cfg, workdir=work / "filler", extra_args=extra).start()  # a plaintext way in, to fill
+        s = socket.create_connection(("127.0.0.1", filler.port))
+        s.sendall(b"".join(b"set %s 0 0 %d noreply\r\n%s\r\n" % (k, len(VALUE), VALUE) for k in KEYS) + b"mn\r\n")
+        while not s.recv(100).endswith(b"MN\r\n"):
+            pass
+        s.close()
+        filler.stop()
+        targets = [("memcached -Z", mc.port, None), ("router TLS", router.ssl_port, router.pid)]
+        client_cpu = None
+        if args.pin:
+            server_cpu, client_cpu = sorted(os.sched_getaffinity(0))[:2]
+            pin(mc.pid, server_cpu)
+            pin(router.pid, client_cpu)
+        for multi, conns, depth in cells:
+            for name, port, proxy_pid in [t for _ in range(args.rounds) for t in targets]:
+                mc0 = cpu_seconds(mc.pid)
+                px0 = cpu_seconds(proxy_pid) if proxy_pid else 0.0
+                r = run_load(port, multi, depth, conns, args.seconds, args.loadgen_threads, client_cpu, ca.cert)
+                r["memcached_cpu_us_per_req"] = (cpu_seconds(mc.pid) - mc0) / r["requests"] * 1e6
+                proxy_cpu = (cpu_seconds(proxy_pid) - px0) if proxy_pid else None
+                r["proxy_cpu_us_per_req"] = proxy_cpu / r["requests"] * 1e6 if proxy_cpu is not None else None
+                r.update(target=name, keys=multi, depth=depth, conns=conns)
+                results.append(r)
+                print(f"{name:14s} keys={multi:2d} conns={conns:3d} depth={depth:3d} req/s={r['rps']:9.0f} "
+                      f"p50={r['p50_ms']:.3f}ms p99={r['p99_ms']:.3f}ms "
+                      f"mc_cpu={r['memcached_cpu_us_per_req']:.2f}us "
+                      f"proxy_cpu={r['proxy_cpu_us_per_req'] or 0:.2f}us", flush=True)
+        for name, port, pid in [("memcached -Z", mc.port, mc.pid), ("router TLS", router.ssl_port, router.pid),
+                                ("router plaintext", router.port, router.pid)]:
+            c0 = cpu_seconds(pid)
+            out = subprocess.run(
+                [str(LOADGEN), "--port", str(port), "--handshakes", str(args.handshakes),
+                 *(["--tls-ca", str(ca.cert)] if "plaintext" not in name else [])],
+                check=True, capture_output=True, text=True,
+                preexec_fn=(lambda: os.sched_setaffinity(0, {client_cpu})) if client_cpu is not None else None)
+            h = json.loads(out.stdout)
+            handshake[name] = ((cpu_seconds(pid) - c0) / h["handshakes"] * 1e6, h["seconds"] / h["handshakes"] * 1e3)
+            print(f"{name}: {handshake[name][0]:.0f} us CPU, {handshake[name][1]:.2f} ms wall per new connection")
+    finally:
+        router.stop()
+        mc.stop()
+    print("\n| keys/req | conns | depth | memcached -Z req/s | router TLS req/s | p50 ms (mc / router) "
+          "| p99 ms (mc / router) | router CPU/req ÷ memcached's direct | same, memcached's behind the router |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for multi, conns, depth in cells:
+        m, ro = (median_run([r for r in results if (r["target"], r["keys"], r["conns"], r["depth"])
+                             == (t, multi, conns, depth)]) for t in ("memcached -Z", "router TLS"))
+        print(f"| {multi} | {conns} | {depth} | {m['rps']:.0f} | {ro['rps']:.0f} | "
+              f"{m['p50_ms']:.3f} / {ro['p50_ms']:.3f} | {m['p99_ms']:.3f} / {ro['p99_ms']:.3f} | "
+              f"{ro['proxy_cpu_us_per_req'] / m['memcached_cpu_us_per_req']:.2f}x | "
+              f"{ro['proxy_cpu_us_per_req'] / ro['memcached_cpu_us_per_req']:.2f}x |")
+    print("\n| new connection (connect, handshake, one version, close) | CPU of the server side "
+          "| wall, one at a time |")
+    print("|---|---|---|")
+    for name, (cpu_us, wall_ms) in handshake.items():
+        print(f"| {name} | {cpu_us:.0f} us | {wall_ms:.2f} ms |")
+    if args.json:
+        args.json.write_text(json.dumps({"results": results, "handshake": handshake}, indent=2))
 
 
 if __name__ == "__main__":

@@ -122,14 +122,34 @@ def _tail(log_file: Path | None, lines: int = 15) -> str:
     return f"\n--- last lines of {log_file} ---\n" + "\n".join(text)
 
 
-def memcached_command(address: tuple[str, int], command: bytes, timeout: float = 2.0,
-                      tls: ssl.SSLContext | None = None) -> bytes:
-    """Send one text command and return the first reply line (with its terminator stripped); over TLS with
-    `tls` (a memcached `-Z` or a router's TLS port)."""
-    with contextlib.ExitStack() as stack:
-        s = stack.enter_context(socket.create_connection(address, timeout=timeout))
-        if tls is not None:
-            s = stack.enter_context(tls.wrap_socket(s, server_hostname=address[0]))
+def memcached_command(address: tuple[str, int], command: bytes, timeout: float = 2.0) -> bytes:
+    """Send one text command and return the first reply line (with its terminator stripped)."""
+    with socket.create_connection(address, timeout=timeout) as s:
+        s.sendall(command)
+        buf = b""
+        while not buf.endswith(b"\r\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+        return buf.rstrip(b"\r\n")
+
+
+def tls_memcached_command(
+    address: tuple[str, int], command: bytes, timeout: float = 2.0, ca: Path | None = None
+) -> bytes:
+    """`memcached_command` over TLS: the server's certificate is checked against `ca` if given (else not at
+    all: a readiness check of a server whose certificate is meant to be bad)."""
+    import ssl
+
+    ctx = ssl.create_default_context(cafile=str(ca)) if ca else ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if not ca:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    with (
+        socket.create_connection(address, timeout=timeout) as raw,
+        ctx.wrap_socket(raw, server_hostname=address[0]) as s,
+    ):
         s.sendall(command)
         buf = b""
         while not buf.endswith(b"\r\n"):
@@ -254,8 +274,9 @@ class ManagedProcess:
 class Memcached(ManagedProcess):
     """memcached 1.6 on loopback, TCP only (`-U 0`).
 
-    TLS (issue 25): `ssl_cert`/`ssl_key` start it with `-Z` (TLS on its one port, Debian's build), what a
-    router's TLS port looks like to a client; `ssl_ca` is the CA its readiness check verifies it against."""
+    TLS (issue 25): `tls` = (certificate, key) starts it with `-Z` (TLS on its one port, Debian's build), what a
+    router's TLS port looks like to a client; `ssl_ca` is the CA its readiness check and `ssl_context()` verify
+    it against."""
 
     name = "memcached"
     # A graceful stop waits up to a second for memcached's maintenance threads to wake; a cache has
@@ -263,17 +284,24 @@ class Memcached(ManagedProcess):
     stop_signal = signal.SIGKILL
 
     def __init__(
-        self, port: int | None = None, workdir: str | Path | None = None, memory_mb: int = 64, host: str = "127.0.0.1",
-        ssl_cert: str | Path | None = None, ssl_key: str | Path | None = None, ssl_ca: str | Path | None = None,
+        self,
+        port: int | None = None,
+        workdir: str | Path | None = None,
+        memory_mb: int = 64,
+        host: str = "127.0.0.1",
+        tls: tuple[Path, Path] | None = None,
+        ssl_ca: str | Path | None = None,
     ) -> None:
         super().__init__(port, workdir, host)
         self.memory_mb = memory_mb
         self.binary = require_binary("memcached", "memcached")
-        self.ssl_cert, self.ssl_key, self.ssl_ca = ssl_cert, ssl_key, ssl_ca
+        # (certificate chain, key) in PEM: the port speaks TLS only (`-Z`), see DESIGN.md "TLS facts"
+        self.tls = tls
+        self.ssl_ca = ssl_ca  # the CA that signed its certificate: what its clients (and `ready`) verify against
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """A client context for this server (None: plaintext), verifying it against `ssl_ca` if given."""
-        if not self.ssl_cert:
+        if not self.tls:
             return None
         if self.ssl_ca:
             return ssl.create_default_context(cafile=str(self.ssl_ca))
@@ -296,12 +324,13 @@ class Memcached(ManagedProcess):
             "4096",
             "-u",
             "root",
-            *(["-Z", "-o", f"ssl_chain_cert={self.ssl_cert},ssl_key={self.ssl_key}"] if self.ssl_cert else []),
-        ]
+        ] + (["-Z", "-o", f"ssl_chain_cert={self.tls[0]},ssl_key={self.tls[1]}"] if self.tls else [])
 
     def ready(self) -> bool:
-        return memcached_command((self.host, self.port), b"version\r\n", tls=self.ssl_context()).startswith(
-            b"VERSION")
+        if self.tls:
+            ca = Path(self.ssl_ca) if self.ssl_ca else None
+            return tls_memcached_command((self.host, self.port), b"version\r\n", ca=ca).startswith(b"VERSION")
+        return memcached_command((self.host, self.port), b"version\r\n").startswith(b"VERSION")
 
 
 class MariaDB(ManagedProcess):
@@ -500,8 +529,11 @@ class Router(ManagedProcess):
         spool_dir: str | Path | None = None,
         host: str = "127.0.0.1",
         extra_args: tuple[str, ...] = (),
+        ssl_port: int | None = None,
     ) -> None:
         super().__init__(port, workdir, host)
+        # a TLS port beside the plaintext one (`--ssl-port`; its certificate flags go in extra_args)
+        self.ssl_port = ssl_port
         if not ROUTER_BIN.exists():
             raise HarnessError(f"{ROUTER_BIN} not built: run scripts/setup.sh (cargo build --release in router/)")
         self.config_path = Path(config_path)
@@ -523,6 +555,8 @@ class Router(ManagedProcess):
         ]
         if self.metrics_port:
             cmd += ["--metrics-port", str(self.metrics_port)]
+        if self.ssl_port:
+            cmd += ["--ssl-port", str(self.ssl_port)]
         return cmd + list(self.extra_args)
 
     def ready(self) -> bool:

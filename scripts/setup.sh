@@ -16,6 +16,7 @@ command -v memcached >/dev/null 2>&1 || need_apt+=(memcached)
 command -v memcstat >/dev/null 2>&1 || need_apt+=(libmemcached-tools)
 command -v nutcracker >/dev/null 2>&1 || [ -x /usr/sbin/nutcracker ] || need_apt+=(nutcracker)
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
+perl -MIO::Socket::SSL -e1 >/dev/null 2>&1 || need_apt+=(libio-socket-ssl-perl)  # memcached's t/ssl_*.t (SSL_TEST=1)
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
 { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need_apt+=(prometheus)  # both in one package

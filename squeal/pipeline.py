@@ -325,7 +325,7 @@ class ReadLoop:
             take_counts = getattr(self.reader, "take_counts", None)  # NativeBinlogReader
             read_rows = 0
             for ev in self.reader:
-                if type(ev) is DataLoss:
+                if isinstance(ev, DataLoss):  # (isinstance: mypy narrows the event union by it)
                     self._data_loss(ev)
                     continue
                 if type(ev) is Rows:

@@ -361,8 +361,9 @@ def plan(workers: Iterable[Worker], shards: Iterable[Shard], assignment: Mapping
         need, room = low - t_load, high - t_load
 
         def spare(w: str) -> float:
-            if kept[w] is not None:
-                return wload[w] - loads[kept[w]]  # a hot shard's company may all go
+            hot = kept[w]
+            if hot is not None:
+                return wload[w] - loads[hot]  # a hot shard's company may all go
             return wload[w] - low
 
         sources = sorted((w for w in held if w != target and wload[w] > t_load + eps),
@@ -389,12 +390,12 @@ def plan(workers: Iterable[Worker], shards: Iterable[Shard], assignment: Mapping
         for source in sorted(held, key=lambda w: (-wload[w], w)):  # nothing clean: improve the pair
             if source == target or wload[source] <= t_load + eps:
                 break
-            picked = None
+            picked: tuple[float, str] | None = None
             for shard in candidates(source):
                 x = loads[shard]
-                key = (abs(wload[source] - t_load - 2 * x), shard)
-                if t_load + x < wload[source] - eps and (picked is None or key < picked):
-                    picked = key
+                score = (abs(wload[source] - t_load - 2 * x), shard)
+                if t_load + x < wload[source] - eps and (picked is None or score < picked):
+                    picked = score
             if picked:
                 return picked[1], source
         return None

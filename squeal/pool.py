@@ -414,7 +414,7 @@ class Controller:
 
     def __init__(self, worker: PoolWorker, settings: placement.Settings | None = None) -> None:
         self.worker = worker
-        self.client = worker.client
+        self.client: Any = worker.client  # connected: the controller starts after the worker joined
         self.base = worker.base
         self.settings = settings or placement.Settings()
         self.imbalanced_since: float | None = None
@@ -662,15 +662,16 @@ class PoolWorker:
         """Call after `prepare`, with the reactor about to run (or running)."""
         assert self.client is not None
         self.state_dir.mkdir(parents=True, exist_ok=True)  # the shards' request files (accept-data-loss)
-        self.daemon = RegionDaemon(self.topology, self.region.name, self.state_dir, metrics_port=None,
-                                   reactor=self.reactor, reply_timeout=self.reply_timeout,
-                                   connect_timeout=self.connect_timeout, sample_every=self.sample_every,
-                                   stores=self.stores.__getitem__, gate=self._gate)
-        self.registry.register(_DaemonMetrics(self.daemon))
+        daemon = RegionDaemon(self.topology, self.region.name, self.state_dir, metrics_port=None,
+                              reactor=self.reactor, reply_timeout=self.reply_timeout,
+                              connect_timeout=self.connect_timeout, sample_every=self.sample_every,
+                              stores=self.stores.__getitem__, gate=self._gate)
+        self.daemon = daemon
+        self.registry.register(_DaemonMetrics(daemon))
         self.serve()
         self.reactor.addSystemEventTrigger("before", "shutdown", self.shutdown)
         if threading.current_thread() is threading.main_thread():  # as a region daemon: replay requests now
-            signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.daemon.checkpoint))
+            signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(daemon.checkpoint))
         threading.Thread(target=self._run, name="pool-worker", daemon=True).start()
 
     def _join(self) -> float:

@@ -25,7 +25,7 @@ import random
 import socket
 import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Set
 from dataclasses import dataclass
 from struct import error as struct_error  # a truncated packet after a socket shutdown
 from typing import Any
@@ -339,7 +339,7 @@ class _Reconnecting:
     def _read_once(self) -> Iterator[Event]:
         raise NotImplementedError
 
-    def __iter__(self) -> Iterator[Event]:
+    def __iter__(self) -> Iterator[Event | DataLoss]:
         while not self._stop.is_set():
             loss: DataLoss | None = None
             try:
@@ -456,7 +456,7 @@ NATIVE_CHARSETS = frozenset({"utf8mb3", "utf8mb4", "utf8", "ascii", "binary", "l
 def native_module() -> Any:
     """The `squeal_native` extension, or NativeUnavailable saying how to build it."""
     try:
-        from squeal import squeal_native
+        from squeal import squeal_native  # type: ignore[attr-defined]  # compiled in place by the install
     except ImportError as e:
         raise NativeUnavailable(
             f"reader = \"native\" needs the squeal_native extension ({e}): run scripts/setup.sh "
@@ -523,7 +523,7 @@ class NativeBinlogReader(_Reconnecting):
     batch = 1024  # events per GIL acquisition at most
 
     def __init__(self, source: Source, start: g.Position, tables: set[tuple[str, str]],
-                 templates: dict[tuple[str, str], tuple[Any, ...]], parents: set[tuple[str, str]] = frozenset(),
+                 templates: dict[tuple[str, str], tuple[Any, ...]], parents: Set[tuple[str, str]] = frozenset(),
                  name: str = "live", max_backoff: float = 5.0, filters: dict[tuple[str, str], Any] | None = None,
                  regional_prefixes: tuple[str, ...] = ()) -> None:
         super().__init__(source, start, tables, name, max_backoff)

@@ -83,8 +83,10 @@ class RegionDaemon:
         self.metrics_port = metrics_port
         self.stores = stores  # shard -> its datamarker store (HA: ZooKeeper); None: files under state_dir
         self.gate = gate  # shard -> whether its flows may hand out a batch now (a pool worker's per-shard fence)
-        self.options = {"from_gtid": from_gtid, "reply_timeout": reply_timeout, "connect_timeout": connect_timeout,
-                        "sample_every": sample_every, "checkpoint_interval": checkpoint_interval}
+        # what every shard's pipeline is made with (the keyword arguments of `Daemon`)
+        self.pipeline_options: dict[str, Any] = {
+            "from_gtid": from_gtid, "reply_timeout": reply_timeout, "connect_timeout": connect_timeout,
+            "sample_every": sample_every, "checkpoint_interval": checkpoint_interval}
         # Write-level series (writes, deletes per write) are the destinations', not a shard's.
         self.metrics = WriteMetrics()
         self.sampler = DeleteSampler(every=sample_every)
@@ -101,12 +103,9 @@ class RegionDaemon:
     # -- shards -----------------------------------------------------------------------------------------------
 
     def _pipeline(self, shard: str) -> Daemon:
-        o = self.options
         return Daemon(self.topology, self.region.name, self.state_dir, metrics_port=None,
-                      from_gtid=o["from_gtid"], store=self.stores(shard) if self.stores else None,
-                      reactor=self.reactor, reply_timeout=o["reply_timeout"],
-                      checkpoint_interval=o["checkpoint_interval"], connect_timeout=o["connect_timeout"],
-                      sample_every=o["sample_every"], shard=shard, hub=self.hub)
+                      store=self.stores(shard) if self.stores else None, reactor=self.reactor,
+                      shard=shard, hub=self.hub, **self.pipeline_options)
 
     def prepare(self) -> None:
         """Prepare every shard's pipeline (blocking). A shard whose database does not answer does not hold the

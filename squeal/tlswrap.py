@@ -11,9 +11,10 @@ any failed connect (the batch stays queued, the next router is tried after the b
 from __future__ import annotations
 
 import ssl
-from typing import Any
+from typing import Any, cast
 
 from twisted.internet import defer, protocol
+from twisted.internet.interfaces import ITCPTransport
 from twisted.python.failure import Failure
 
 from router_config import TlsSettings
@@ -53,16 +54,16 @@ class _InnerTransport:
         self.outer.write_plain(b"".join(data))
 
     def loseConnection(self) -> None:  # noqa: N802
-        self.outer.transport.loseConnection()
+        self.outer.tcp.loseConnection()
 
     def abortConnection(self) -> None:  # noqa: N802
-        self.outer.transport.abortConnection()
+        self.outer.tcp.abortConnection()
 
     def getPeer(self) -> Any:  # noqa: N802
-        return self.outer.transport.getPeer()
+        return self.outer.tcp.getPeer()
 
     def getHost(self) -> Any:  # noqa: N802
-        return self.outer.transport.getHost()
+        return self.outer.tcp.getHost()
 
 
 class TlsClientProtocol(protocol.Protocol):
@@ -76,15 +77,21 @@ class TlsClientProtocol(protocol.Protocol):
         self.ready: defer.Deferred = defer.Deferred()
         self.handshaken = False
 
+    @property
+    def tcp(self) -> ITCPTransport:
+        """The TCP connection under the TLS (Twisted sets it before connectionMade)."""
+        assert self.transport is not None
+        return cast(ITCPTransport, self.transport)
+
     def _flush(self) -> None:
         data = self.outgoing.read()
         if data:
-            self.transport.write(data)
+            self.tcp.write(data)
 
     def _fail(self, reason: str) -> None:
         if not self.ready.called:
             self.ready.errback(Failure(TlsError(f"TLS to {self.peer} failed: {reason}")))
-        self.transport.abortConnection()
+        self.tcp.abortConnection()
 
     def _handshake(self) -> None:
         try:
@@ -117,7 +124,7 @@ class TlsClientProtocol(protocol.Protocol):
             except ssl.SSLWantReadError:
                 break
             except ssl.SSLZeroReturnError:
-                self.transport.loseConnection()
+                self.tcp.loseConnection()
                 break
             except ssl.SSLError as e:
                 self._fail(reason_of(e))

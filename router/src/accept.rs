@@ -23,7 +23,7 @@ use futures_util::FutureExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::{Shared, connection};
+use crate::{Shared, connection, tls};
 
 /// What memcached answers a client over its connection limit.
 pub const TOO_MANY: &[u8] = b"ERROR Too many open connections\r\n";
@@ -73,6 +73,8 @@ struct Acceptor {
     spare: Option<std::fs::File>,
     /// Refused clients still being given their moment to close.
     lingering: Arc<std::sync::atomic::AtomicUsize>,
+    /// A TLS port (`--ssl-port`): clients are served after their handshake.
+    tls: Option<Arc<tls::Listener>>,
 }
 
 fn spare_fd() -> Option<std::fs::File> {
@@ -107,6 +109,24 @@ impl Acceptor {
     fn refuse(&mut self, stream: TcpStream, linger: bool) {
         self.refused += 1;
         self.shared.ctx.stats.rejected_connections.fetch_add(1, Relaxed);
+        if let Some(tls) = &self.tls {
+            // the refusal goes inside TLS, as memcached -Z sends it; out of fds, just close
+            if linger && self.lingering.load(Relaxed) < MAX_LINGERING {
+                let lingering = self.lingering.clone();
+                lingering.fetch_add(1, Relaxed);
+                let acceptor = tls.acceptor();
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(LINGER, async {
+                        let mut s = acceptor.accept(stream).await.ok()?;
+                        s.write_all(TOO_MANY).await.ok()?;
+                        s.shutdown().await.ok()
+                    })
+                    .await;
+                    lingering.fetch_sub(1, Relaxed);
+                });
+            }
+            return;
+        }
         let _ = stream.try_write(TOO_MANY);
         if !linger || self.lingering.load(Relaxed) >= MAX_LINGERING {
             drain(&stream);
@@ -133,7 +153,7 @@ impl Acceptor {
     async fn run(mut self, listener: TcpListener) {
         loop {
             match listener.accept().await {
-                Ok((stream, _)) => {
+                Ok((stream, peer)) => {
                     let ctx = self.shared.ctx.clone();
                     let stats = &ctx.stats;
                     if stats.curr_connections.load(Relaxed) >= self.limit {
@@ -149,7 +169,14 @@ impl Acceptor {
                     // still see the limit
                     stats.curr_connections.fetch_add(1, Relaxed);
                     stats.total_connections.fetch_add(1, Relaxed);
-                    tokio::spawn(connection::serve(self.shared.clone(), stream));
+                    match &self.tls {
+                        None => {
+                            tokio::spawn(connection::serve(self.shared.clone(), stream));
+                        }
+                        Some(tls) => {
+                            tokio::spawn(handshake(self.shared.clone(), tls.clone(), stream, peer));
+                        }
+                    }
                 }
                 Err(e) if out_of_fds(&e) => {
                     self.enter(State::OutOfFds);
@@ -180,6 +207,44 @@ impl Acceptor {
     }
 }
 
+/// Serve a client of a TLS port after its handshake; a failed one is one line in the log (at
+/// most `tls::LOG_BURST` a second) naming the client and the reason, and the client is closed.
+async fn handshake(shared: Arc<Shared>, tls: Arc<tls::Listener>, stream: TcpStream, peer: std::net::SocketAddr) {
+    let stats = &shared.ctx.stats;
+    let fail = |why: String| {
+        stats.tls_handshake_failures.fetch_add(1, Relaxed);
+        tls.failures.note(&format!("client {peer}"), &why);
+        stats.curr_connections.fetch_sub(1, Relaxed);
+    };
+    // A TLS client starts with a handshake record (content type 22); anything else is a client
+    // speaking plaintext (or something else) to the TLS port: say so rather than rustls's parse error.
+    let mut first = [0u8; 16];
+    let peeked = tokio::time::timeout(tls::HANDSHAKE_TIMEOUT, stream.peek(&mut first)).await;
+    match peeked {
+        Ok(Ok(0)) | Ok(Err(_)) => {
+            stats.curr_connections.fetch_sub(1, Relaxed);
+            return; // gone before saying anything: nothing to report
+        }
+        Ok(Ok(n)) if first[0] != 22 => {
+            let shown = String::from_utf8_lossy(&first[..n]).escape_debug().to_string();
+            return fail(format!(
+                "not a TLS client: a plaintext client on the TLS port? (it sent \"{shown}\"); closed"
+            ));
+        }
+        Ok(Ok(_)) => {}
+        Err(_) => return fail("no TLS handshake within 10 s; closed".into()),
+    }
+    let accepted = tokio::time::timeout(tls::HANDSHAKE_TIMEOUT, tls.acceptor().accept(stream)).await;
+    match accepted {
+        Ok(Ok(s)) => {
+            stats.tls_handshakes.fetch_add(1, Relaxed);
+            connection::serve(shared.clone(), connection::TlsClient::new(s)).await
+        }
+        Ok(Err(e)) => fail(format!("handshake failed: {}", tls::reason(&e))),
+        Err(_) => fail("handshake not finished within 10 s; closed".into()),
+    }
+}
+
 /// Read what the client has already sent (so that closing does not reset the connection over
 /// unread bytes and lose the answer), without waiting for more.
 fn drain(stream: &TcpStream) {
@@ -191,8 +256,9 @@ fn drain(stream: &TcpStream) {
     }
 }
 
-/// Accept clients on `listener` for ever, at most `limit` at a time (see the module docs).
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>, limit: u64) {
+/// Accept clients on `listener` for ever, at most `limit` at a time (see the module docs); over
+/// TLS (after a handshake) if `tls` is given.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, limit: u64, tls: Option<Arc<tls::Listener>>) {
     shared.ctx.stats.max_connections.store(limit, Relaxed);
     let acceptor = Acceptor {
         shared,
@@ -201,6 +267,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, limit: u64) {
         refused: 0,
         spare: spare_fd(),
         lingering: Default::default(),
+        tls,
     };
     acceptor.run(listener).await
 }

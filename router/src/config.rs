@@ -63,17 +63,23 @@ impl<'c> Builder<'c> {
         }
     }
 
-    /// The config's server at `addr`.
-    fn server(&mut self, addr: &str) -> Arc<Server> {
+    /// The config's server at `addr`, over TLS or not (a server is one connection: the same
+    /// address cannot be both in one config; a reload that changes it makes a new server).
+    fn server(&mut self, addr: &str, tls: bool) -> Result<Arc<Server>, String> {
         if let Some(s) = self.servers.get(addr) {
-            return s.clone();
+            if s.tls != tls {
+                return Err(format!(
+                    "server {addr} is reached over TLS in one pool and in plaintext in another (`security_mech`)"
+                ));
+            }
+            return Ok(s.clone());
         }
-        let s = self
-            .ctx
-            .live_server(addr)
-            .unwrap_or_else(|| Server::new(addr.to_string(), self.ctx));
+        let s = match self.ctx.live_server(addr) {
+            Some(s) if s.tls == tls => s,
+            _ => Server::new(addr.to_string(), tls, self.ctx),
+        };
         self.servers.insert(addr.to_string(), s.clone());
-        s
+        Ok(s)
     }
 
     pub fn ctx(&self) -> &Arc<Context> {
@@ -242,6 +248,7 @@ impl<'c> Builder<'c> {
             Some(_) => return Err(format!("pool `{name}`: `server_timeout` must be positive")),
             None => self.ctx.opts.server_timeout,
         };
+        let pool_tls = pool_security_mech(name, obj)?;
         let pool: Arc<str> = Arc::from(name);
         let gets = self.ctx.stats.pool_counters(name);
         self.pool_gets.push(gets.clone());
@@ -250,8 +257,16 @@ impl<'c> Builder<'c> {
             let addr = s
                 .as_str()
                 .ok_or_else(|| format!("pool `{name}`: server entries must be strings"))?;
+            let tls = server_security_mech(addr)
+                .map_err(|e| format!("pool `{name}`: server `{addr}`: {e}"))?
+                .unwrap_or(pool_tls);
             let addr = normalize_addr(addr).ok_or_else(|| format!("pool `{name}`: bad server address `{addr}`"))?;
-            let server = self.server(&addr);
+            if tls && self.ctx.opts.upstream_tls.is_none() {
+                return Err(format!(
+                    "pool `{name}`: server {addr} is reached over TLS (`security_mech`), which needs --pem-ca-path (the CA that signed the servers' certificates)"
+                ));
+            }
+            let server = self.server(&addr, tls).map_err(|e| format!("pool `{name}`: {e}"))?;
             self.flush_targets.push(FlushTarget {
                 server: server.clone(),
                 timeout,
@@ -279,6 +294,8 @@ impl<'c> Builder<'c> {
             "protocol",
             "connect_timeout",
             "name",
+            "security_mech",
+            "use_ssl",
         ];
         match obj.get("protocol") {
             None => {}
@@ -365,6 +382,41 @@ impl<'c> Builder<'c> {
 }
 
 /// `host:port` (an optional mcrouter `:ascii:plain`-style suffix dropped; `[v6]:port` kept).
+/// mcrouter's `security_mech` of a pool (`"tls"`, `"plain"`; the older `"use_ssl": true` means
+/// tls): does the pool reach its servers over TLS?
+fn pool_security_mech(name: &str, obj: &Map<String, Value>) -> Result<bool, String> {
+    match (obj.get("security_mech"), obj.get("use_ssl")) {
+        (Some(Value::String(m)), _) => security_mech(m).map_err(|e| format!("pool `{name}`: {e}")),
+        (Some(other), _) => Err(format!("pool `{name}`: `security_mech` must be a string, not {other}")),
+        (None, Some(Value::Bool(b))) => Ok(*b),
+        (None, Some(other)) => Err(format!("pool `{name}`: `use_ssl` must be true or false, not {other}")),
+        (None, None) => Ok(false),
+    }
+}
+
+fn security_mech(m: &str) -> Result<bool, String> {
+    match m {
+        "tls" | "ssl" => Ok(true),
+        "plain" | "none" => Ok(false),
+        other => Err(format!(
+            "security_mech `{other}` is not supported (the router knows \"tls\" and \"plain\")"
+        )),
+    }
+}
+
+/// A server entry's own security mech, mcrouter's `host:port:protocol:mech` form (e.g.
+/// `127.0.0.1:11211:ascii:ssl`), if it has one.
+fn server_security_mech(addr: &str) -> Result<Option<bool>, String> {
+    let rest = match addr.strip_prefix('[') {
+        Some(s) => s.split_once("]:").map_or("", |(_, r)| r),
+        None => addr.split_once(':').map_or("", |(_, r)| r),
+    };
+    match rest.split(':').nth(2) {
+        None | Some("") => Ok(None),
+        Some(m) => security_mech(m).map(Some),
+    }
+}
+
 fn normalize_addr(addr: &str) -> Option<String> {
     let (host, rest) = if let Some(stripped) = addr.strip_prefix('[') {
         let (h, r) = stripped.split_once("]:")?;
@@ -1120,5 +1172,34 @@ mod tests {
         );
         assert_eq!(normalize_addr("[::1]:5").unwrap(), "[::1]:5");
         assert!(normalize_addr("h:0").is_none());
+    }
+
+    #[test]
+    fn security_mech_as_mcrouter_spells_it() {
+        let obj = |v: serde_json::Value| v.as_object().unwrap().clone();
+        assert_eq!(
+            pool_security_mech("p", &obj(serde_json::json!({"security_mech": "tls"}))),
+            Ok(true)
+        );
+        assert_eq!(
+            pool_security_mech("p", &obj(serde_json::json!({"security_mech": "plain"}))),
+            Ok(false)
+        );
+        assert_eq!(
+            pool_security_mech("p", &obj(serde_json::json!({"use_ssl": true}))),
+            Ok(true)
+        );
+        assert_eq!(pool_security_mech("p", &obj(serde_json::json!({}))), Ok(false));
+        let e = pool_security_mech("p", &obj(serde_json::json!({"security_mech": "tls_to_plain"}))).unwrap_err();
+        assert!(e.contains("pool `p`") && e.contains("tls_to_plain"), "{e}");
+        assert_eq!(server_security_mech("127.0.0.1:1:ascii:ssl"), Ok(Some(true)));
+        assert_eq!(server_security_mech("[::1]:1:ascii:plain"), Ok(Some(false)));
+        assert_eq!(server_security_mech("127.0.0.1:1"), Ok(None));
+        assert_eq!(server_security_mech("127.0.0.1:1:ascii"), Ok(None));
+        assert!(server_security_mech("127.0.0.1:1:ascii:x").is_err());
+        assert_eq!(
+            normalize_addr("127.0.0.1:11211:ascii:ssl").as_deref(),
+            Some("127.0.0.1:11211")
+        );
     }
 }

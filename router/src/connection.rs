@@ -13,6 +13,7 @@ use std::time::Instant;
 use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::future::{FutureExt, join_all};
 use futures_util::stream::{FuturesOrdered, StreamExt};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::auth::Login;
@@ -63,13 +64,101 @@ struct Conn {
     fresh: bool,
     /// False until the client has logged in, when the router runs with `--auth-file`.
     authenticated: bool,
+    /// The client's address, for log lines.
+    peer: String,
     wbuf: BytesMut,
     in_flight: FuturesOrdered<ReplyFuture>,
 }
 
-pub async fn serve(shared: Arc<Shared>, stream: TcpStream) {
+/// A client's byte stream, plaintext or TLS: the connection code is the same for both.
+pub trait ClientStream: AsyncWrite + Unpin + Send + 'static {
+    /// Wait until `read_now` may find something.
+    fn readable(&self) -> impl Future<Output = std::io::Result<()>> + Send + '_;
+    /// Read what is there into `buf` without waiting: `Ok(None)` if nothing was, `Ok(Some(0))` at
+    /// the end of the stream.
+    fn read_now(&mut self, buf: &mut BytesMut) -> std::io::Result<Option<usize>>;
+    /// The TCP connection underneath.
+    fn tcp(&self) -> &TcpStream;
+}
+
+impl ClientStream for TcpStream {
+    fn readable(&self) -> impl Future<Output = std::io::Result<()>> + Send + '_ {
+        TcpStream::readable(self)
+    }
+    fn read_now(&mut self, buf: &mut BytesMut) -> std::io::Result<Option<usize>> {
+        crate::server::read_ready(self, buf)
+    }
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+}
+
+/// A client over TLS. rustls may hold decrypted bytes that the socket no longer shows as
+/// readable, so after a read that brought something the next read is tried before waiting.
+pub struct TlsClient {
+    stream: tokio_rustls::server::TlsStream<TcpStream>,
+    more: bool,
+}
+
+impl TlsClient {
+    pub fn new(stream: tokio_rustls::server::TlsStream<TcpStream>) -> TlsClient {
+        // the client's first request may have come with its last handshake message
+        TlsClient { stream, more: true }
+    }
+}
+
+impl AsyncWrite for TlsClient {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+impl ClientStream for TlsClient {
+    async fn readable(&self) -> std::io::Result<()> {
+        if self.more {
+            Ok(())
+        } else {
+            self.stream.get_ref().0.readable().await
+        }
+    }
+    fn read_now(&mut self, buf: &mut BytesMut) -> std::io::Result<Option<usize>> {
+        match self.stream.read_buf(buf).now_or_never() {
+            None => {
+                self.more = false;
+                Ok(None)
+            }
+            Some(Ok(n)) => {
+                self.more = n > 0;
+                Ok(Some(n))
+            }
+            Some(Err(e)) => Err(e),
+        }
+    }
+    fn tcp(&self) -> &TcpStream {
+        self.stream.get_ref().0
+    }
+}
+
+/// Serve one client until it leaves.
+pub async fn serve<S: ClientStream>(shared: Arc<Shared>, mut stream: S) {
     // counted in `curr_connections`/`total_connections` by the acceptor (`crate::accept`)
-    let _ = stream.set_nodelay(true);
+    let _ = stream.tcp().set_nodelay(true);
     let (generation, config) = shared.config();
     let mut conn = Conn {
         shared: shared.clone(),
@@ -79,26 +168,27 @@ pub async fn serve(shared: Arc<Shared>, stream: TcpStream) {
         closing: false,
         fresh: true,
         authenticated: shared.ctx.opts.client_auth.is_none(),
+        peer: stream
+            .tcp()
+            .peer_addr()
+            .map_or_else(|_| "?".to_string(), |a| a.to_string()),
         wbuf: BytesMut::new(),
         in_flight: FuturesOrdered::new(),
     };
-    let _ = conn.run(&stream).await;
+    if conn.run(&mut stream).await.is_ok() {
+        // a TLS client gets its close_notify
+        let _ = stream.shutdown().await;
+    }
     shared.ctx.stats.curr_connections.fetch_sub(1, Relaxed);
 }
 
-async fn write_all(stream: &TcpStream, mut buf: &[u8]) -> std::io::Result<()> {
-    while !buf.is_empty() {
-        match stream.try_write(buf) {
-            Ok(n) => buf = &buf[n..],
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => stream.writable().await?,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
+async fn write_all<S: ClientStream>(stream: &mut S, buf: &[u8]) -> std::io::Result<()> {
+    stream.write_all(buf).await?;
+    stream.flush().await
 }
 
 impl Conn {
-    async fn run(&mut self, stream: &TcpStream) -> std::io::Result<()> {
+    async fn run<S: ClientStream>(&mut self, stream: &mut S) -> std::io::Result<()> {
         let mut rbuf = BytesMut::new();
         loop {
             if self.in_flight.is_empty() {
@@ -132,7 +222,7 @@ impl Conn {
                     // room for 16 KiB: a command line of up to 16 KiB written at once is read at once,
                     // as memcached reads it (a line cut short by a read is held to 2 KiB, as there)
                     rbuf.reserve(READ_CHUNK);
-                    match crate::server::read_ready(stream, &mut rbuf)? {
+                    match stream.read_now(&mut rbuf)? {
                         Some(0) => {
                             self.closing = true;
                             continue;
@@ -218,6 +308,17 @@ impl Conn {
                 };
                 self.shared.ctx.stats.client_errors.fetch_add(1, Relaxed);
                 self.push_ready(refusal);
+                self.closing = true;
+                return data.len();
+            }
+            if data.len() >= 2 && data[0] == 22 && data[1] == 3 {
+                // A TLS ClientHello (record type 22, version 3.x) on a plaintext port: one line
+                // naming the client (rate-limited), then close; its TLS library reports the failure.
+                self.shared.ctx.stats.client_errors.fetch_add(1, Relaxed);
+                crate::tls::PLAINTEXT_PORT.note(
+                    &format!("client {}", self.peer),
+                    "a TLS client on the plaintext port (it sent a TLS handshake; use an --ssl-port); closed",
+                );
                 self.closing = true;
                 return data.len();
             }

@@ -170,7 +170,7 @@ mod tests {
 
     fn target(ctx: &Arc<Context>, addr: &str) -> FlushTarget {
         FlushTarget {
-            server: crate::server::Server::new(addr.to_string(), ctx),
+            server: crate::server::Server::new(addr.to_string(), false, ctx),
             timeout: Duration::from_millis(500),
         }
     }

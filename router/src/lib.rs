@@ -28,6 +28,7 @@ pub mod routes;
 pub mod server;
 pub mod spool;
 pub mod stats;
+pub mod tls;
 
 use config::RouterConfig;
 use server::Server;
@@ -50,6 +51,9 @@ pub struct Options {
     pub client_auth: Option<std::sync::Arc<auth::AuthFile>>,
     /// `--upstream-auth-file`: the router logs in to every new server connection with this.
     pub upstream_login: Option<auth::UpstreamLogin>,
+    /// `--pem-ca-path` (and `--pem-cert-path`/`--pem-key-path`): TLS to the servers of pools with
+    /// `"security_mech": "tls"`.
+    pub upstream_tls: Option<Arc<tls::Upstream>>,
 }
 
 impl Default for Options {
@@ -63,6 +67,7 @@ impl Default for Options {
             max_value: protocol::request::MAX_VALUE_LEN,
             client_auth: None,
             upstream_login: None,
+            upstream_tls: None,
         }
     }
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 
 use clap::Parser;
 use squeal_router::auth::AuthFile;
-use squeal_router::{Context, Options, Shared, accept, config, metrics_http, spool};
+use squeal_router::{Context, Options, Shared, accept, config, metrics_http, spool, tls};
 use tokio::net::TcpListener;
 
 /// The command line (clap's derive API): one field per flag, its doc comment the `--help` line.
@@ -81,6 +81,33 @@ struct Cli {
     /// Max simultaneous clients, as memcached's -c (default: the fd limit less max(32, an eighth)); more are refused
     #[arg(short = 'c', long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     conn_limit: Option<u64>,
+    /// Serve TLS clients on these ports too (comma separated; mcrouter's --ssl-port)
+    #[arg(long, value_name = "PORTS", value_delimiter = ',', allow_negative_numbers = true)]
+    ssl_port: Vec<u16>,
+    /// The router's certificate (PEM): for TLS clients unless --server-pem-cert-path, and shown to TLS servers
+    #[arg(long, value_name = "PATH")]
+    pem_cert_path: Option<PathBuf>,
+    /// Key of --pem-cert-path (PEM)
+    #[arg(long, value_name = "PATH")]
+    pem_key_path: Option<PathBuf>,
+    /// CA (PEM) that TLS servers' certificates must chain to (and clients' unless --server-pem-ca-path)
+    #[arg(long, value_name = "PATH")]
+    pem_ca_path: Option<PathBuf>,
+    /// Certificate (PEM) served on --ssl-port (default: --pem-cert-path)
+    #[arg(long, value_name = "PATH")]
+    server_pem_cert_path: Option<PathBuf>,
+    /// Key of --server-pem-cert-path (default: --pem-key-path)
+    #[arg(long, value_name = "PATH")]
+    server_pem_key_path: Option<PathBuf>,
+    /// CA (PEM) that client certificates must chain to (default: --pem-ca-path)
+    #[arg(long, value_name = "PATH")]
+    server_pem_ca_path: Option<PathBuf>,
+    /// TLS clients must present a certificate signed by the client CA (mutual TLS)
+    #[arg(long)]
+    ssl_require_peer_certs: bool,
+    /// Name TLS servers' certificates must carry (default: the host of each server's address)
+    #[arg(long, value_name = "NAME")]
+    ssl_service_identity: Option<String>,
 }
 
 /// A `-Y` file, read when the command line is (a file that cannot be read or parsed is a bad value).
@@ -111,6 +138,39 @@ struct Args {
     /// Poll the config file for changes (SIGHUP reloads either way).
     watch: bool,
     opts: Options,
+    /// `--ssl-port`s and what their TLS is built from.
+    ssl_ports: Vec<u16>,
+    listener_tls: Option<tls::ListenerFiles>,
+    /// TLS to servers (with `--pem-ca-path`).
+    upstream_tls: Option<tls::UpstreamFiles>,
+}
+
+/// The TLS setups of the command line, as mcrouter reads its flags: `--server-pem-*` for the
+/// listeners, each defaulting to its `--pem-*` counterpart (mcrouter's finalizeOptions does
+/// the same), `--pem-*` for connections to servers.
+fn tls_files(c: &Cli) -> Result<(Option<tls::ListenerFiles>, Option<tls::UpstreamFiles>), String> {
+    let listener = if c.ssl_port.is_empty() {
+        None
+    } else {
+        let cert = c.server_pem_cert_path.clone().or_else(|| c.pem_cert_path.clone());
+        let key = c.server_pem_key_path.clone().or_else(|| c.pem_key_path.clone());
+        let (Some(cert), Some(key)) = (cert, key) else {
+            return Err("--ssl-port needs a certificate and key: --server-pem-cert-path and --server-pem-key-path (or --pem-cert-path and --pem-key-path)".into());
+        };
+        Some(tls::ListenerFiles {
+            cert,
+            key,
+            ca: c.server_pem_ca_path.clone().or_else(|| c.pem_ca_path.clone()),
+            require_client_cert: c.ssl_require_peer_certs,
+        })
+    };
+    let upstream = c.pem_ca_path.clone().map(|ca| tls::UpstreamFiles {
+        ca: Some(ca),
+        cert: c.pem_cert_path.clone(),
+        key: c.pem_key_path.clone(),
+        service_identity: c.ssl_service_identity.clone(),
+    });
+    Ok((listener, upstream))
 }
 
 /// `--conn-limit`, or by default the fd limit less a reserve (`accept::default_conn_limit`).
@@ -124,6 +184,7 @@ fn conn_limit(given: Option<u64>) -> u64 {
 fn startup_options(c: &Cli) -> Vec<(String, String)> {
     let opt = |v: Option<String>| v.unwrap_or_default();
     let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
+    let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
     vec![
         ("config_file".into(), c.config_file.display().to_string()),
         ("port".into(), c.port.to_string()),
@@ -146,11 +207,25 @@ fn startup_options(c: &Cli) -> Vec<(String, String)> {
         ("upstream_auth_file".into(), yes_no(c.upstream_auth_file.is_some())),
         ("no_config_watch".into(), yes_no(c.no_config_watch)),
         ("conn_limit".into(), conn_limit(c.conn_limit).to_string()),
+        (
+            "ssl_port".into(),
+            c.ssl_port.iter().map(u16::to_string).collect::<Vec<_>>().join(","),
+        ),
+        ("pem_cert_path".into(), opt(path(&c.pem_cert_path))),
+        ("pem_key_path".into(), opt(path(&c.pem_key_path))),
+        ("pem_ca_path".into(), opt(path(&c.pem_ca_path))),
+        ("server_pem_cert_path".into(), opt(path(&c.server_pem_cert_path))),
+        ("server_pem_key_path".into(), opt(path(&c.server_pem_key_path))),
+        ("server_pem_ca_path".into(), opt(path(&c.server_pem_ca_path))),
+        ("ssl_require_peer_certs".into(), yes_no(c.ssl_require_peer_certs)),
+        ("ssl_service_identity".into(), opt(c.ssl_service_identity.clone())),
     ]
 }
 
-impl From<Cli> for Args {
-    fn from(c: Cli) -> Args {
+impl TryFrom<Cli> for Args {
+    type Error = String;
+    fn try_from(c: Cli) -> Result<Args, String> {
+        let (listener_tls, upstream_tls) = tls_files(&c)?;
         squeal_router::admin::set_startup(squeal_router::admin::Startup {
             config_file: std::fs::canonicalize(&c.config_file)
                 .unwrap_or_else(|_| c.config_file.clone())
@@ -167,8 +242,9 @@ impl From<Cli> for Args {
             max_value: c.max_item_size,
             client_auth: c.auth_file.map(Arc::new),
             upstream_login: c.upstream_auth_file.map(|a| a.login_request()),
+            upstream_tls: None, // built from `upstream_tls` when the router starts
         };
-        Args {
+        Ok(Args {
             config_file: c.config_file,
             port: c.port,
             listen: c.listen,
@@ -180,7 +256,10 @@ impl From<Cli> for Args {
             conn_limit: conn_limit(c.conn_limit),
             watch: !c.no_config_watch,
             opts,
-        }
+            ssl_ports: c.ssl_port,
+            listener_tls,
+            upstream_tls,
+        })
     }
 }
 
@@ -189,7 +268,11 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    Cli::try_parse_from(args).map(Args::from)
+    let cli = Cli::try_parse_from(args)?;
+    Args::try_from(cli).map_err(|e| {
+        use clap::CommandFactory;
+        Cli::command().error(clap::error::ErrorKind::ArgumentConflict, e)
+    })
 }
 
 /// memcached's `-I` syntax: bytes, or a number with `k` or `m` (KiB, MiB); 1 KiB to 1 GiB.
@@ -242,6 +325,9 @@ fn log_loaded(verb: &str, path: &std::path::Path, cfg: &config::RouterConfig) {
 struct Reloader {
     shared: Arc<Shared>,
     args: Arc<Args>,
+    /// The TLS setups, whose files are read again on SIGHUP (and when they change).
+    listener_tls: Option<Arc<tls::Listener>>,
+    upstream_tls: Option<Arc<tls::Upstream>>,
     /// The file's stamp when it was last read (loaded or rejected): the watch reloads only when it
     /// changes, so a file SIGHUP has just loaded is not loaded again by the watch.
     seen: Mutex<Stamp>,
@@ -250,6 +336,8 @@ struct Reloader {
 impl Reloader {
     fn new(shared: Arc<Shared>, args: Arc<Args>, seen: Stamp) -> Arc<Reloader> {
         Arc::new(Reloader {
+            listener_tls: None,
+            upstream_tls: shared.ctx.opts.upstream_tls.clone(),
             shared,
             args,
             seen: Mutex::new(seen),
@@ -277,6 +365,43 @@ impl Reloader {
                 eprintln!("squeal-router: config {path} rejected{how}, keeping the previous one: {e}");
             }
         }
+    }
+
+    /// Read the TLS certificates, keys and CAs again: new handshakes use them, connections
+    /// already open keep theirs. Files that do not load are rejected and the old ones kept.
+    fn reload_tls(&self, how: &str) {
+        if let Some(l) = &self.listener_tls {
+            match l.reload() {
+                Ok(()) => eprintln!(
+                    "squeal-router: TLS certificate for clients reloaded{how} ({})",
+                    l.files.cert.display()
+                ),
+                Err(e) => {
+                    eprintln!("squeal-router: TLS certificate for clients rejected{how}, keeping the previous one: {e}")
+                }
+            }
+        }
+        if let Some(u) = &self.upstream_tls {
+            match u.reload() {
+                Ok(()) => eprintln!("squeal-router: TLS setup for servers reloaded{how}"),
+                Err(e) => {
+                    eprintln!("squeal-router: TLS setup for servers rejected{how}, keeping the previous one: {e}")
+                }
+            }
+        }
+    }
+
+    /// Every TLS file in use.
+    fn tls_paths(&self) -> Vec<PathBuf> {
+        let mut paths = Vec::new();
+        if let Some(l) = &self.listener_tls {
+            paths.extend([l.files.cert.clone(), l.files.key.clone()]);
+            paths.extend(l.files.ca.clone());
+        }
+        if let Some(u) = &self.upstream_tls {
+            paths.extend(u.files.ca.iter().chain(&u.files.cert).chain(&u.files.key).cloned());
+        }
+        paths
     }
 
     fn seen(&self) -> Stamp {
@@ -310,6 +435,31 @@ async fn watch_config(reloader: Arc<Reloader>) {
     }
 }
 
+/// Poll the TLS files every second; after a change, once they have been still for ~1 s (a
+/// rotation writes several files), read them again.
+async fn watch_tls(reloader: Arc<Reloader>) {
+    let stamps = |r: &Reloader| r.tls_paths().iter().map(mtime).collect::<Vec<Stamp>>();
+    let mut seen = stamps(&reloader);
+    loop {
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let now = stamps(&reloader);
+        if now == seen {
+            continue;
+        }
+        let mut settled = now;
+        loop {
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            let again = stamps(&reloader);
+            if again == settled {
+                break;
+            }
+            settled = again;
+        }
+        seen = settled;
+        reloader.reload_tls(" (files changed)");
+    }
+}
+
 /// Reload on every SIGHUP (the handler is installed before the router listens, so a SIGHUP never
 /// finds the default action, which would end the process).
 async fn reload_on_sighup(reloader: Arc<Reloader>, mut hup: tokio::signal::unix::Signal) {
@@ -319,6 +469,7 @@ async fn reload_on_sighup(reloader: Arc<Reloader>, mut hup: tokio::signal::unix:
             reloader.args.config_file.display()
         );
         reloader.reload(" on SIGHUP");
+        reloader.reload_tls(" on SIGHUP");
     }
 }
 
@@ -331,7 +482,15 @@ async fn run(args: Args) -> Result<(), String> {
         ),
         None => None,
     };
-    let ctx = Context::new(args.opts.clone(), spool);
+    let mut opts = args.opts.clone();
+    if let Some(files) = &args.upstream_tls {
+        opts.upstream_tls = Some(tls::Upstream::new(files.clone())?);
+    }
+    let listener_tls = match &args.listener_tls {
+        Some(files) => Some(tls::Listener::new(files.clone())?),
+        None => None,
+    };
+    let ctx = Context::new(opts, spool);
     let (stamp, cfg) = load(&ctx, &args);
     let cfg = cfg.map_err(|e| format!("config {} rejected: {e}", args.config_file.display()))?;
     log_loaded("loaded", &args.config_file, &cfg);
@@ -339,8 +498,33 @@ async fn run(args: Args) -> Result<(), String> {
     let shared = Shared::new(ctx.clone(), cfg);
     let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(|e| format!("cannot handle SIGHUP: {e}"))?;
-    let reloader = Reloader::new(shared.clone(), args.clone(), stamp);
+    let reloader = {
+        let mut r = Reloader::new(shared.clone(), args.clone(), stamp);
+        Arc::get_mut(&mut r).expect("not shared yet").listener_tls = listener_tls.clone();
+        r
+    };
     tokio::spawn(reload_on_sighup(reloader.clone(), hup));
+    let mut tls_accepts = Vec::new();
+    if let Some(tls) = &listener_tls {
+        for port in &args.ssl_ports {
+            let addr = format!("{}:{port}", args.listen);
+            let l = TcpListener::bind(&addr)
+                .await
+                .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+            let mtls = if tls.files.require_client_cert {
+                ", client certificates required"
+            } else {
+                ""
+            };
+            eprintln!("squeal-router: listening on {addr} (TLS{mtls})");
+            tls_accepts.push(tokio::spawn(accept::serve(
+                l,
+                shared.clone(),
+                args.conn_limit,
+                Some(tls.clone()),
+            )));
+        }
+    }
     let addr = format!("{}:{}", args.listen, args.port);
     let listener = TcpListener::bind(&addr)
         .await
@@ -358,12 +542,15 @@ async fn run(args: Args) -> Result<(), String> {
         tokio::spawn(metrics_http::serve(ml, shared.clone()));
     }
     if args.watch {
+        if !reloader.tls_paths().is_empty() {
+            tokio::spawn(watch_tls(reloader.clone()));
+        }
         tokio::spawn(watch_config(reloader));
     } else {
         eprintln!("squeal-router: config file not watched (--no-config-watch): reload with SIGHUP");
     }
     eprintln!("squeal-router: at most {} clients at a time", args.conn_limit);
-    let accept = accept::serve(listener, shared.clone(), args.conn_limit);
+    let accept = accept::serve(listener, shared.clone(), args.conn_limit, None);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
     tokio::select! {
@@ -582,6 +769,72 @@ mod tests {
             assert!(e.contains("cannot read"), "{e}");
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn tls_flags_map_as_mcrouters() {
+        // --server-pem-* default to --pem-* (mcrouter's finalizeOptions); --pem-* are for servers
+        let a = parse(&[
+            "-f",
+            "c.json",
+            "-p",
+            "1",
+            "--ssl-port",
+            "5001,5002",
+            "--pem-cert-path",
+            "r.crt",
+            "--pem-key-path",
+            "r.key",
+            "--pem-ca-path",
+            "ca.crt",
+            "--ssl-require-peer-certs",
+        ])
+        .unwrap();
+        assert_eq!(a.ssl_ports, [5001, 5002]);
+        let l = a.listener_tls.unwrap();
+        assert_eq!(
+            (l.cert.to_str(), l.key.to_str(), l.ca.as_deref()),
+            (Some("r.crt"), Some("r.key"), Some("ca.crt".as_ref()))
+        );
+        assert!(l.require_client_cert);
+        let u = a.upstream_tls.unwrap();
+        assert_eq!(
+            (u.ca.as_deref(), u.cert.as_deref()),
+            (Some("ca.crt".as_ref()), Some("r.crt".as_ref()))
+        );
+        let a = parse(&[
+            "-f",
+            "c.json",
+            "-p",
+            "1",
+            "--ssl-port",
+            "5001",
+            "--server-pem-cert-path",
+            "s.crt",
+            "--server-pem-key-path",
+            "s.key",
+            "--server-pem-ca-path",
+            "clients.crt",
+            "--pem-ca-path",
+            "ca.crt",
+            "--ssl-service-identity",
+            "cache.example",
+        ])
+        .unwrap();
+        let l = a.listener_tls.unwrap();
+        assert_eq!(
+            (l.cert.to_str(), l.ca.as_deref()),
+            (Some("s.crt"), Some("clients.crt".as_ref()))
+        );
+        assert!(!l.require_client_cert);
+        assert_eq!(
+            a.upstream_tls.unwrap().service_identity.as_deref(),
+            Some("cache.example")
+        );
+        let a = parse(&["-f", "c.json", "-p", "1"]).unwrap();
+        assert!(a.listener_tls.is_none() && a.upstream_tls.is_none() && a.ssl_ports.is_empty());
+        let e = parse(&["-f", "c.json", "-p", "1", "--ssl-port", "5001"]).err().unwrap();
+        assert!(e.contains("--ssl-port needs a certificate and key"), "{e}");
     }
 
     #[test]

@@ -21,7 +21,10 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::pin::Pin;
+use std::task::Poll;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::{mpsc, oneshot};
@@ -55,6 +58,8 @@ pub struct Server {
     /// The last connection opened (or probe) found that the server demands a login the router does
     /// not have: logged when this changes to true, not per request or probe.
     login_demanded: AtomicBool,
+    /// Reached over TLS (its pool's `"security_mech": "tls"`), verified with `--pem-ca-path`.
+    pub tls: bool,
     ctx: Weak<Context>,
 }
 
@@ -76,7 +81,7 @@ fn jitter(d: Duration) -> Duration {
 }
 
 impl Server {
-    pub fn new(addr: String, ctx: &Arc<Context>) -> Arc<Server> {
+    pub fn new(addr: String, tls: bool, ctx: &Arc<Context>) -> Arc<Server> {
         let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
         let server = Arc::new(Server {
             addr,
@@ -85,6 +90,7 @@ impl Server {
             consecutive_timeouts: AtomicU32::new(0),
             retired: AtomicBool::new(false),
             login_demanded: AtomicBool::new(false),
+            tls,
             ctx: Arc::downgrade(ctx),
         });
         // The connection task holds the server weakly: it ends when the server is dropped.
@@ -254,7 +260,13 @@ impl Server {
     }
 
     async fn probe(&self, ctx: &Context) -> bool {
-        let opened = open(&self.addr, ctx.opts.upstream_login.as_ref(), ctx.opts.connect_timeout).await;
+        let opened = open(
+            &self.addr,
+            self.tls_config(ctx),
+            ctx.opts.upstream_login.as_ref(),
+            ctx.opts.connect_timeout,
+        )
+        .await;
         self.note_opened(&opened);
         let Ok(mut s) = opened else {
             return false;
@@ -272,6 +284,11 @@ impl Server {
             tokio::time::timeout(ctx.opts.server_timeout, attempt).await,
             Ok(Some(()))
         )
+    }
+
+    /// The TLS setup to reach this server with, if it is reached over TLS.
+    fn tls_config(&self, ctx: &Context) -> Option<Arc<crate::tls::Upstream>> {
+        if self.tls { ctx.opts.upstream_tls.clone() } else { None }
     }
 
     /// After a connection (or probe) was opened: say so once when the server starts demanding a
@@ -293,19 +310,74 @@ impl Server {
     }
 }
 
-/// A connection to `addr`, made ready for requests (`auth::prepare`: logged in with `login`, or
-/// found not to demand a login) within `connect_timeout`: the one way server connections and probe
-/// connections are opened. The error carries the reply code for the requests waiting on it.
+/// A connection to a server: plaintext, or TLS for a pool with `"security_mech": "tls"`.
+pub enum ServerStream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for ServerStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ServerStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            ServerStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for ServerStream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            ServerStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            ServerStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ServerStream::Plain(s) => Pin::new(s).poll_flush(cx),
+            ServerStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ServerStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            ServerStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// A connection to `addr` (over TLS with `tls`), made ready for requests (`auth::prepare`: logged
+/// in with `login`, or found not to demand a login) within `connect_timeout`: the one way server
+/// connections and probe connections are opened. The error carries the reply code for the
+/// requests waiting on it.
 async fn open(
     addr: &str,
+    tls: Option<Arc<crate::tls::Upstream>>,
     login: Option<&UpstreamLogin>,
     connect_timeout: Duration,
-) -> Result<TcpStream, (Res, NotReady)> {
+) -> Result<ServerStream, (Res, NotReady)> {
     let attempt = async {
-        let mut stream = TcpStream::connect(addr)
+        let tcp = TcpStream::connect(addr)
             .await
             .map_err(|e| NotReady::Failed(format!("connect error: {e}")))?;
-        auth::prepare(&mut stream, login).await?;
+        let _ = tcp.set_nodelay(true);
+        let mut stream = match tls {
+            None => ServerStream::Plain(tcp),
+            Some(tls) => ServerStream::Tls(Box::new(tls.connect(addr, tcp).await.map_err(NotReady::Failed)?)),
+        };
+        let tls = matches!(stream, ServerStream::Tls(_));
+        auth::prepare(&mut stream, login).await.map_err(|e| match e {
+            // TLS 1.3: a server that refuses the router's certificate (or its lack of one) says so
+            // only after the handshake, in an alert read with the first answer
+            NotReady::Failed(m) if tls && m.contains("alert") => NotReady::Failed(format!(
+                "TLS: the server refused the router after the handshake ({m}): does it demand a client certificate (--pem-cert-path) from another CA?"
+            )),
+            e => e,
+        })?;
         Ok(stream)
     };
     match tokio::time::timeout(connect_timeout, attempt).await {
@@ -318,10 +390,11 @@ async fn open(
 /// the server is dropped (its queue closes).
 async fn run(server: Weak<Server>, mut rx: mpsc::Receiver<Job>) {
     while let Some(first) = rx.recv().await {
-        let Some((addr, connect_timeout, login)) = server.upgrade().and_then(|s| {
+        let Some((addr, tls, connect_timeout, login)) = server.upgrade().and_then(|s| {
             let ctx = s.ctx.upgrade()?;
             Some((
                 s.addr.clone(),
+                s.tls_config(&ctx),
                 ctx.opts.connect_timeout,
                 ctx.opts.upstream_login.clone(),
             ))
@@ -331,14 +404,19 @@ async fn run(server: Weak<Server>, mut rx: mpsc::Receiver<Job>) {
         // Connect and log in (`--upstream-auth-file`), or find that the server demands no login,
         // before any client request is sent: a server connection is shared by every client, so it
         // is never left to a client's login.
-        let opened = open(&addr, login.as_ref(), connect_timeout).await;
+        let opened = open(&addr, tls, login.as_ref(), connect_timeout).await;
         if let Some(s) = server.upgrade() {
             s.note_opened(&opened);
         }
         let failure = match opened {
-            Ok(stream) => {
-                let _ = stream.set_nodelay(true);
-                serve(stream, first, &mut rx).await;
+            Ok(ServerStream::Plain(stream)) => {
+                let (rd, wr) = stream.into_split();
+                serve(rd, wr, first, &mut rx).await;
+                continue;
+            }
+            Ok(ServerStream::Tls(stream)) => {
+                let (rd, wr) = tokio::io::split(*stream);
+                serve(rd, wr, first, &mut rx).await;
                 continue;
             }
             Err((res, why)) => (res, why.to_string()),
@@ -353,8 +431,30 @@ async fn run(server: Weak<Server>, mut rx: mpsc::Receiver<Job>) {
     }
 }
 
-async fn serve(stream: TcpStream, first: Job, rx: &mut mpsc::Receiver<Job>) {
-    let (rd, mut wr) = stream.into_split();
+/// The reading half of a server connection.
+trait ReadHalf: Send + 'static {
+    /// Read what arrives into `buf` (waiting for it): the count, 0 at the end of the stream.
+    fn read_some(&mut self, buf: &mut BytesMut) -> impl Future<Output = std::io::Result<usize>> + Send;
+}
+
+impl ReadHalf for OwnedReadHalf {
+    async fn read_some(&mut self, buf: &mut BytesMut) -> std::io::Result<usize> {
+        loop {
+            self.readable().await?;
+            if let Some(n) = read_ready(self.as_ref(), buf)? {
+                return Ok(n);
+            }
+        }
+    }
+}
+
+impl ReadHalf for tokio::io::ReadHalf<tokio_rustls::client::TlsStream<TcpStream>> {
+    async fn read_some(&mut self, buf: &mut BytesMut) -> std::io::Result<usize> {
+        self.read_buf(buf).await
+    }
+}
+
+async fn serve<R: ReadHalf, W: AsyncWrite + Unpin>(rd: R, mut wr: W, first: Job, rx: &mut mpsc::Receiver<Job>) {
     let (ptx, prx) = mpsc::unbounded_channel();
     let (dead_tx, mut dead_rx) = oneshot::channel::<()>();
     let reader = tokio::spawn(read_loop(rd, prx, dead_tx));
@@ -378,7 +478,7 @@ async fn serve(stream: TcpStream, first: Job, rx: &mut mpsc::Receiver<Job>) {
                 job = rx.try_recv().ok();
             }
         }
-        if wr.write_all(&wbuf).await.is_err() {
+        if wr.write_all(&wbuf).await.is_err() || wr.flush().await.is_err() {
             break;
         }
         wbuf.clear();
@@ -414,7 +514,7 @@ pub fn read_ready(stream: &TcpStream, buf: &mut BytesMut) -> std::io::Result<Opt
     }
 }
 
-async fn read_loop(rd: OwnedReadHalf, mut prx: mpsc::UnboundedReceiver<Pending>, _dead: oneshot::Sender<()>) {
+async fn read_loop<R: ReadHalf>(mut rd: R, mut prx: mpsc::UnboundedReceiver<Pending>, _dead: oneshot::Sender<()>) {
     let mut buf = BytesMut::with_capacity(16 * 1024);
     let mut pending: VecDeque<Pending> = VecDeque::new();
     loop {
@@ -442,11 +542,8 @@ async fn read_loop(rd: OwnedReadHalf, mut prx: mpsc::UnboundedReceiver<Pending>,
         if buf.capacity() - buf.len() < 4096 {
             buf.reserve(16 * 1024);
         }
-        if rd.readable().await.is_err() {
-            return;
-        }
-        match read_ready(rd.as_ref(), &mut buf) {
-            Ok(Some(0)) | Err(_) => return,
+        match rd.read_some(&mut buf).await {
+            Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
     }

@@ -105,6 +105,10 @@ pub struct Stats {
     pub total_connections: AtomicU64,
     /// Clients refused at the connection limit (memcached's `rejected_connections`).
     pub rejected_connections: AtomicU64,
+    /// Clients of a TLS port whose handshake succeeded.
+    pub tls_handshakes: AtomicU64,
+    /// Clients of a TLS port refused at the handshake (each logged, see `crate::tls::FailureLog`).
+    pub tls_handshake_failures: AtomicU64,
     /// The client connection limit (memcached's `max_connections`), set by `crate::accept`.
     pub max_connections: AtomicU64,
     pub config_loads: AtomicU64,
@@ -160,6 +164,8 @@ impl Default for Stats {
             curr_connections: AtomicU64::new(0),
             total_connections: AtomicU64::new(0),
             rejected_connections: AtomicU64::new(0),
+            tls_handshakes: AtomicU64::new(0),
+            tls_handshake_failures: AtomicU64::new(0),
             max_connections: AtomicU64::new(0),
             config_loads: AtomicU64::new(0),
             config_rejects: AtomicU64::new(0),
@@ -285,6 +291,16 @@ impl Stats {
                 "rejected_connections",
                 "clients refused at the connection limit",
                 g(&self.rejected_connections),
+            ),
+            (
+                "tls_handshakes",
+                "clients of a TLS port whose handshake succeeded",
+                g(&self.tls_handshakes),
+            ),
+            (
+                "tls_handshake_failures",
+                "clients of a TLS port refused at the handshake",
+                g(&self.tls_handshake_failures),
             ),
         ]
     }

@@ -43,7 +43,7 @@ def context_fn(pki: dict[str, tls.CertPair], ca: str = "ca") -> Callable[[], ssl
 @pytest.fixture
 def tls_memcached(memcached_factory, pki) -> Memcached:
     m = pki["memcached"]
-    return memcached_factory(ssl_cert=m.cert, ssl_key=m.key, ssl_ca=pki["ca"].cert)
+    return memcached_factory(tls=(m.cert, m.key), ssl_ca=pki["ca"].cert)
 
 
 def direct(mc: Memcached) -> Client:

@@ -96,7 +96,7 @@ def world(server, pki, memcached_factory, processes, tmp_path):
     # each memcached stands in for its cluster's router (with [tls]: memcached -Z for the router's TLS port)
     mc = {}
     if kind == "tls":
-        mc = {"ssl_cert": pki["mariadb"].cert, "ssl_key": pki["mariadb"].key, "ssl_ca": pki["ca"].cert}
+        mc = {"tls": (pki["mariadb"].cert, pki["mariadb"].key), "ssl_ca": pki["ca"].cert}
     caches = {"a": memcached_factory(**mc), "b": memcached_factory(**mc)}
     path = tmp_path / "topology.toml"
     path.write_text(TOPOLOGY.format(

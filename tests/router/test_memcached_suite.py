@@ -39,17 +39,12 @@ NOT_APPLICABLE: dict[str, str] = {
         f: "binary protocol (the router speaks the text protocol only)"
         for f in ("binary.t", "binary-get.t", "binary-sasl.t", "issue_50.t")
     },
-    **{
-        f: "TLS (memcached's -Z options)"
-        for f in (
-            "ssl_cert_refresh.t",
-            "ssl_ports.t",
-            "ssl_proto_version.t",
-            "ssl_session_resumption.t",
-            "ssl_settings.t",
-            "ssl_verify_modes.t",
-        )
-    },
+    # TLS: the files that test memcached's own TLS server knobs (the router's TLS port has its own flags)
+    "ssl_cert_refresh.t": "memcached's `refresh_certs` admin command and its time_since_server_cert_refresh stat "
+    "(the router reloads its certificates on SIGHUP or a change of the files)",
+    "ssl_settings.t": "`stats settings` (memcached's ssl_* settings); the router answers `stats <group>` with ERROR",
+    "ssl_verify_modes.t": "memcached's `-o ssl_verify_mode` and its accepting_conns stat (the router's is "
+    "--ssl-require-peer-certs, tested in test_router_tls.py)",
     "udp.t": "UDP (the router listens on TCP only)",
     "unixsocket.t": "unix domain sockets (the router listens on TCP only)",
     "stats-conns.t": "unix domain sockets and memcached's per-connection table (`stats conns`)",
@@ -120,8 +115,17 @@ SKIPPED_ASSERTIONS: dict[str, str] = {
     "t/issue_61.t:20": "conn_yields is memcached's per-connection worker counter (`stats`)",
 }
 
+# Run with SSL_TEST=1 (memcached's own switch): every hop TLS, the client -> router on an --ssl-port with
+# the suite's own certificates, the router -> memcached -Z (pool security_mech tls). The ssl_* files
+# that apply, and a few protocol files to show the same answers over TLS.
+OVER_TLS = ["ssl_ports.t", "ssl_proto_version.t", "ssl_session_resumption.t"]
+ALSO_OVER_TLS = ["cas.t", "flags.t", "incrdecr.t", "metaget.t", "noreply.t", "touch.t"]
+SKIPPED_ASSERTIONS["t/ssl_proto_version.t:27"] = (
+    "`-o ssl_min_version` is memcached's option: the router's TLS port offers rustls' defaults (TLS 1.2 and 1.3)"
+)
+
 ALL_FILES = sorted(p.name for p in SUITE.glob("t/*.t")) if SUITE.is_dir() else []
-APPLICABLE = [f for f in ALL_FILES if f not in NOT_APPLICABLE]
+APPLICABLE = [f for f in ALL_FILES if f not in NOT_APPLICABLE and f not in OVER_TLS]
 
 
 def test_every_file_is_classified() -> None:
@@ -133,6 +137,19 @@ def test_every_file_is_classified() -> None:
 
 @pytest.mark.parametrize("name", APPLICABLE or ["(memcached source missing)"])
 def test_memcached_suite_file_passes_through_router(name: str, tmp_path: Path) -> None:
+    run_file(name, tmp_path)
+
+
+@pytest.mark.parametrize("name", OVER_TLS + ALSO_OVER_TLS)
+def test_memcached_suite_file_passes_through_router_over_tls(name: str, tmp_path: Path) -> None:
+    try:
+        subprocess.run(["perl", "-MIO::Socket::SSL", "-e1"], check=True, capture_output=True)
+    except subprocess.CalledProcessError:
+        pytest.skip("perl's IO::Socket::SSL is missing (scripts/setup.sh installs libio-socket-ssl-perl)")
+    run_file(name, tmp_path, {"SSL_TEST": "1"})
+
+
+def run_file(name: str, tmp_path: Path, more_env: dict[str, str] | None = None) -> None:
     if not SUITE.is_dir():
         pytest.skip(f"memcached's source is not in {SUITE} (scripts/setup.sh fetches it)")
     env = dict(
@@ -140,6 +157,7 @@ def test_memcached_suite_file_passes_through_router(name: str, tmp_path: Path) -
         SQUEAL_ROUTER_BIN=str(ROUTER_BIN),
         SQUEAL_SUITE_TMP=str(tmp_path),
         SQUEAL_SUITE_SKIP="\n".join(f"{where}\t{why}" for where, why in SKIPPED_ASSERTIONS.items()),
+        **(more_env or {}),
     )
     cmd = ["perl", "-It/lib", f"-I{SHIM}", "-MSquealSuite", f"t/{name}"]
     proc = subprocess.run(cmd, cwd=SUITE, env=env, capture_output=True, timeout=90)

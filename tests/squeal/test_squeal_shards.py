@@ -237,33 +237,43 @@ def test_layout_errors_name_the_key(tmp_path: Path) -> None:
             'pools.wildcard = { servers = ["127.0.0.1:2"] }\n'
             '[regions.west]\n[regions.west.clusters.c1]\nrouters = ["127.0.0.1:3"]\n'
             'pools.wildcard = { servers = ["127.0.0.1:4"] }\n')
-    cases = {
-        # a shard missing its copy in a region
-        '[shards.a]\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\n':
+    cases = [
+        (  # a shard missing its copy in a region
+            '[shards.a]\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\n',
             "shards.a: shard 'a' has no copy in region 'west'",
-        # two shards on one port
-        '[shards.a]\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\nwest = { port = 11, server_id = 2 }\n'
-        '[shards.b]\ngtid_domain_id = 2\neast = { port = 10, server_id = 3 }\nwest = { port = 12, server_id = 4 }\n':
+        ),
+        (  # two shards on one port
+            '[shards.a]\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\nwest = { port = 11, server_id = 2 }\n'
+            '[shards.b]\ngtid_domain_id = 2\neast = { port = 10, server_id = 3 }\n'
+            'west = { port = 12, server_id = 4 }\n',
             "shards.b.east.port: duplicate port: 127.0.0.1:10 is already used by shards.a.east.port",
-        # a shard declared twice (a group's member and a single shard)
-        '[shards.u]\ncount = 2\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\n'
-        'west = { port = 20, server_id = 10 }\n'
-        '[shards.u-1]\ngtid_domain_id = 5\neast = { port = 30, server_id = 30 }\n'
-        'west = { port = 31, server_id = 31 }\n':
+        ),
+        (  # a shard declared twice (a group's member and a single shard)
+            '[shards.u]\ncount = 2\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\n'
+            'west = { port = 20, server_id = 10 }\n'
+            '[shards.u-1]\ngtid_domain_id = 5\neast = { port = 30, server_id = 30 }\n'
+            'west = { port = 31, server_id = 31 }\n',
             "shards.u-1: shard 'u-1' is already declared by shards.u (shard 1 of 2)",
-        # two shards in one GTID domain
-        '[shards.a]\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\nwest = { port = 11, server_id = 2 }\n'
-        '[shards.b]\ngtid_domain_id = 1\neast = { port = 12, server_id = 3 }\nwest = { port = 13, server_id = 4 }\n':
+        ),
+        (  # two shards in one GTID domain
+            '[shards.a]\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\nwest = { port = 11, server_id = 2 }\n'
+            '[shards.b]\ngtid_domain_id = 1\neast = { port = 12, server_id = 3 }\n'
+            'west = { port = 13, server_id = 4 }\n',
             "shards.b.gtid_domain_id: GTID domain 1 (shard b) is already used by shard a",
-        # server ids unique fleet-wide
-        '[shards.a]\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\nwest = { port = 11, server_id = 1 }\n':
+        ),
+        (  # server ids unique fleet-wide
+            '[shards.a]\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\n'
+            'west = { port = 11, server_id = 1 }\n',
             "shards.a.west.server_id: server_id 1 (shard a, region west) is already used by shard a in region east",
-        # a rule scoped to an unknown shard
-        '[shards.a]\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\nwest = { port = 11, server_id = 2 }\n'
-        '[[rules]]\ntable = "app.t"\nkeys = ["t:{id}"]\nshards = ["b"]\n':
+        ),
+        (  # a rule scoped to an unknown shard
+            '[shards.a]\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\nwest = { port = 11, server_id = 2 }\n'
+            '[[rules]]\ntable = "app.t"\nkeys = ["t:{id}"]\nshards = ["b"]\n',
             "rules[0].shards[0]: unknown shard 'b' (have: a)",
-    }
-    for shards, expected in cases.items():
+        ),
+    ]
+    assert len(cases) == 6
+    for shards, expected in cases:
         with pytest.raises(router_config.TopologyError) as e:
             router_config.loads(shards + base, source="t.toml")
         assert str(e.value).startswith(f"t.toml: {expected}"), str(e.value)

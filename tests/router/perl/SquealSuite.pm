@@ -22,6 +22,12 @@ package SquealSuite;
 # engine, and the extstore parts of the tests wait on its per-server stats.
 # A test's `-Y FILE` (memcached's ascii auth) also starts the router with `--auth-file FILE
 # --upstream-auth-file FILE`, as docs/router.md says to run it in front of `-Y` servers.
+#
+# With SSL_TEST=1 (memcached's own switch: MemcachedTest::enabled_tls_testing) every hop is TLS:
+# memcached runs with -Z and the suite's own t/server_crt.pem, the router serves the test on an
+# --ssl-port with that certificate and reaches memcached over TLS (pool security_mech tls,
+# verified against t/cacert.pem for the certificate's name test.com). A test's
+# `-l notls:H:P1,H:P2` becomes the router's plaintext -p P1 and --ssl-port P2.
 use strict;
 use warnings;
 use File::Temp qw(tempdir);
@@ -72,8 +78,18 @@ sub new_memcached {
     die "squeal shim: unix sockets (-s) are not applicable through the router\n" if $args =~ /(?:^|\s)-s\s/;
     # TCP only: the port is ours (-p, UDP off); a test's -l goes to memcached (`-l fooble` must fail).
     $args =~ s/(?:^|\s)-[pU]\s*\S+//g;
+    my $tls = $router_bin && MemcachedTest::enabled_tls_testing();
+    my ($plain_port, $tls_port);
+    if ($tls && $args =~ s/(?:^|\s)-l\s*notls:[^:,\s]+:(\d+),[^:,\s]+:(\d+)//) {
+        ($plain_port, $tls_port) = ($1, $2);  # the router's two ports
+    }
     $args .= ' -l 127.0.0.1' unless $args =~ /(?:^|\s)-l\s/;
     $args .= ' -u root' if $< == 0;
+    if ($tls) {
+        $args .= ' -Z';
+        $args .= ' -o ssl_chain_cert=t/server_crt.pem' unless $args =~ /ssl_chain_cert=/;
+        $args .= ' -o ssl_key=t/server_key.pem' unless $args =~ /ssl_key=/;
+    }
     $count++;
     my $mc_port = MemcachedTest::free_port();
     my @mc = ($memcached_exe, split(' ', $args), '-p', $mc_port, '-U', '0');
@@ -85,16 +101,33 @@ sub new_memcached {
     close $conn;
     my $port = $passed_port || MemcachedTest::free_port();
     my $config = "$tmp/router$count.json";
+    my $mech = $tls ? ', "security_mech": "tls"' : '';
     open my $fh, '>', $config or die "$config: $!";
-    print $fh qq({"pools": {"p": {"servers": ["127.0.0.1:$mc_port"]}}, "route": "PoolRoute|p"}\n);
+    print $fh qq({"pools": {"p": {"servers": ["127.0.0.1:$mc_port"]$mech}}, "route": "PoolRoute|p"}\n);
     close $fh;
-    my @router = ($router_bin, '--config-file', $config, '-p', $port, '--listen', '127.0.0.1',
-                  '--spool-dir', "$tmp/spool$count", '--enable-flush-cmd');
+    my $listen_port = $port;
+    my @tls_args;
+    if ($tls) {
+        $tls_port ||= $port;
+        $listen_port = $plain_port || MemcachedTest::free_port();
+        @tls_args = ('--ssl-port', $tls_port, '--pem-cert-path', 't/server_crt.pem', '--pem-key-path',
+                     't/server_key.pem', '--pem-ca-path', 't/cacert.pem', '--ssl-service-identity', 'test.com');
+    }
+    my @router = ($router_bin, '--config-file', $config, '-p', $listen_port, '--listen', '127.0.0.1',
+                  '--spool-dir', "$tmp/spool$count", '--enable-flush-cmd', @tls_args);
     push @router, '--auth-file', $1, '--upstream-auth-file', $1 if $args =~ /(?:^|\s)-Y\s*(\S+)/;
     my $size = item_size($args);
     push @router, '--max-item-size', $size if defined $size;
     my $router_pid = spawn("$tmp/router$count.log", @router);
-    $conn = wait_port($port, $router_pid, 'squeal-router');
+    $conn = wait_port($listen_port, $router_pid, 'squeal-router');
+    if ($tls) {
+        close $conn;
+        wait_port($tls_port, $router_pid, 'squeal-router (TLS)');
+        $port = $tls_port;
+        $conn = IO::Socket::SSL->new(PeerAddr => "127.0.0.1:$port", SSL_verify_mode => 0,
+                                     SSL_cert_file => 't/client_crt.pem', SSL_key_file => 't/client_key.pem')
+            or die "squeal shim: no TLS connection to the router: $IO::Socket::SSL::SSL_ERROR\n";
+    }
     return SquealSuite::Handle->new(pid => $router_pid, memcached_pid => $mc_pid, conn => $conn,
                                     host => '127.0.0.1', port => $port, memcached_port => $mc_port);
 }
