@@ -17,9 +17,10 @@ from pymemcache.client.base import Client
 
 from leases import LeaseCache, connect
 from ops import tls
-from ops.harness import Memcached
+from ops.harness import ROUTER_BIN, Memcached, free_port
 from remote_markers import RemoteMarkers, marker_key
 from router_config import CertKey, TlsSettings, client_context
+from tests.binaries import needs_binary
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +103,21 @@ def test_a_server_from_another_ca_is_one_warning_and_the_database_answers(tls_me
     assert "certificate verify failed" in line.getMessage(), line.getMessage()
     assert not [r for r in caplog.records if r.exc_info], "no tracebacks"
     assert direct(tls_memcached).get("user:bad0") is None  # the client refused the server: nothing filled
+
+
+@needs_binary(ROUTER_BIN.exists(), "router not built (scripts/setup.sh)")
+def test_a_lease_and_a_remote_marker_through_the_routers_tls_port(memcached_factory, router_factory, pki):
+    """The real thing: squeal-router's `--ssl-port` (its TLS listener) in front of a plaintext memcached."""
+    mc = memcached_factory()
+    router_cert = pki["memcached"]  # any certificate of the CA for 127.0.0.1 will do for the router
+    router = router_factory(
+        {"pools": {"A": {"servers": [mc.address]}}, "route": "PoolRoute|A"}, ssl_port=free_port(),
+        extra_args=("--pem-cert-path", str(router_cert.cert), "--pem-key-path", str(router_cert.key)))
+    tls_address = f"{router.host}:{router.ssl_port}"
+    cache = LeaseCache(connect([tls_address], tls=context_fn(pki)), name=f"router-tls-{next_name()}")
+    loads: list[int] = []
+    assert cache.get_or_fill("user:9", lambda: loads.append(1) or {"id": 9}, ttl=60) == {"id": 9}
+    assert cache.get_or_fill("user:9", lambda: loads.append(1) or {"id": 9}, ttl=60) == {"id": 9}
+    assert len(loads) == 1 and cache.stats.errors == 0
+    assert Client((mc.host, mc.port)).get("user:9") is not None  # through the router into memcached
+    assert cache.set(marker_key("user:9"), 1, 60) and cache.exists(marker_key("user:9")) is True
