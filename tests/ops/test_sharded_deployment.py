@@ -16,6 +16,7 @@ import pytest
 import router_config
 from ops.harness import REPO_ROOT, ROUTER_BIN, memcached_command, wait_until
 from squeal import fetch_health
+from tests.binaries import require_binary
 from tests.ops.deployments import run_sql, squealctl, stable_port
 
 WITHIN = 60.0  # a deadline for something that must happen, not a speed check
@@ -23,8 +24,7 @@ WITHIN = 60.0  # a deadline for something that must happen, not a speed check
 
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, router_config.Topology, Path]]:
-    if not ROUTER_BIN.exists():
-        pytest.skip("router not built (scripts/setup.sh)")
+    require_binary(ROUTER_BIN.exists(), "router not built (scripts/setup.sh)")
     base = tmp_path_factory.mktemp("sharded-deployment")
     topo = router_config.reassign_ports(router_config.load(REPO_ROOT / "examples" / "sharded.toml"), stable_port)
     path = base / "sharded.toml"

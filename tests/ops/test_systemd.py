@@ -33,7 +33,7 @@ from ops.cli import main as squealctl
 from ops.harness import ROUTER_BIN, free_port, wait_until, zookeeper_mode
 from ops.local import squeal_state
 from router_config import TopologyError
-from tests.binaries import needs_binary
+from tests.binaries import needs_binary, require_binary
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL = REPO / "examples" / "local.toml"
@@ -722,8 +722,8 @@ def test_tls_topology_renders_zookeepers_tls_port_and_mariadbs_ssl_settings(tmp_
     verify([*services_of(out), out / "squeal.target"])
 
     # and it runs: the pre-command builds the key store, the server answers only over TLS
-    if not Path(systemd.NETTY_CODEC_JAR).exists() or not Path("/usr/share/zookeeper").exists():
-        pytest.skip("ZooKeeper or libnetty-java not installed (scripts/setup.sh)")
+    require_binary(Path(systemd.NETTY_CODEC_JAR).exists() and Path("/usr/share/zookeeper").exists(),
+                   "ZooKeeper or libnetty-java not installed (scripts/setup.sh)")
     subprocess.run(pre, check=True, timeout=30)
     assert keystore.stat().st_mode & 0o077 == 0
     log = (tmp_path / "zk.log").open("w")

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.binaries import require_binary
 from tests.router.conftest import REPO, ROUTER_BIN
 
 SUITE = REPO / "var/memcached-src/memcached-1.6.18"
@@ -129,8 +130,7 @@ APPLICABLE = [f for f in ALL_FILES if f not in NOT_APPLICABLE and f not in OVER_
 
 
 def test_every_file_is_classified() -> None:
-    if not SUITE.is_dir():
-        pytest.skip(f"memcached's source is not in {SUITE} (scripts/setup.sh fetches it)")
+    require_binary(SUITE.is_dir(), f"memcached's source is not in {SUITE} (scripts/setup.sh fetches it)")
     assert set(NOT_APPLICABLE) <= set(ALL_FILES), set(NOT_APPLICABLE) - set(ALL_FILES)
     assert len(APPLICABLE) >= 20, APPLICABLE
 
@@ -142,16 +142,13 @@ def test_memcached_suite_file_passes_through_router(name: str, tmp_path: Path) -
 
 @pytest.mark.parametrize("name", OVER_TLS + ALSO_OVER_TLS)
 def test_memcached_suite_file_passes_through_router_over_tls(name: str, tmp_path: Path) -> None:
-    try:
-        subprocess.run(["perl", "-MIO::Socket::SSL", "-e1"], check=True, capture_output=True)
-    except subprocess.CalledProcessError:
-        pytest.skip("perl's IO::Socket::SSL is missing (scripts/setup.sh installs libio-socket-ssl-perl)")
+    has_ssl = subprocess.run(["perl", "-MIO::Socket::SSL", "-e1"], capture_output=True).returncode == 0
+    require_binary(has_ssl, "perl's IO::Socket::SSL is missing (scripts/setup.sh installs libio-socket-ssl-perl)")
     run_file(name, tmp_path, {"SSL_TEST": "1"})
 
 
 def run_file(name: str, tmp_path: Path, more_env: dict[str, str] | None = None) -> None:
-    if not SUITE.is_dir():
-        pytest.skip(f"memcached's source is not in {SUITE} (scripts/setup.sh fetches it)")
+    require_binary(SUITE.is_dir(), f"memcached's source is not in {SUITE} (scripts/setup.sh fetches it)")
     env = dict(
         os.environ,
         SQUEAL_ROUTER_BIN=str(ROUTER_BIN),
