@@ -256,6 +256,11 @@ class Daemon:
                 check_writable()  # an unwritable marker dir: a one-line start-up error, not a failure a second later
             self._checked_at = time.monotonic()
 
+    @property
+    def checked(self) -> bool:
+        """Whether `check` is done."""
+        return self._checked_at is not None
+
     def _now(self, fresh: bool) -> g.Position:
         """The copy's position now (where a destination without a datamarker starts): the one `check` read, or,
         if that was a while ago (`fresh` False: checked before this pipeline was needed), read again."""

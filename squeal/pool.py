@@ -495,9 +495,11 @@ class Controller:
 
     def plan_once(self) -> placement.Plan | None:
         members: dict[str, dict[str, Any]] = {}
-        for name in self._children(f"{self.base}/workers", watch=self._members_changed):
+        asked = {name: self.client.get_async(f"{self.base}/workers/{name}")  # (all at once: one round trip)
+                 for name in self._children(f"{self.base}/workers", watch=self._members_changed)}
+        for name, answer in asked.items():
             with contextlib.suppress(NoNodeError):
-                members[name] = _doc(self._get(f"{self.base}/workers/{name}")[0])
+                members[name] = _doc(answer.get(timeout=self.worker.call_timeout)[0])
         drains = set(self._children(f"{self.base}/drain"))
         try:
             data, stat = self._get(f"{self.base}/assignment")
@@ -789,12 +791,13 @@ class PoolWorker:
         for shard in sorted(mine - owned - busy):
             if now - self.failed_at.get(shard, -RETRY_FAILED_S) < RETRY_FAILED_S:
                 continue
-            if self.ownership.owner_of(shard, watch=lambda _: self._wake.set()) is not None:
-                continue  # its owner has not released it yet: the watch wakes this loop
-            if self.ownership.acquire(shard) is not None:
+            if self.ownership.acquire(shard) is not None:  # (first: a takeover's orphan is free already)
                 with self._state:
                     self.starting.add(shard)
                 self.reactor.callFromThread(self._start_shard, shard)
+            elif self.ownership.owner_of(shard, watch=lambda _: self._wake.set()) is None:
+                self._wake.set()  # released between the two: try again at once
+            # (else its owner has not released it yet: the watch on `owner` wakes this loop when it does)
         for shard in sorted(owned - mine - busy):
             with self._state:
                 self.stopping_shards.add(shard)
@@ -820,6 +823,7 @@ class PoolWorker:
 
         taken = time.monotonic()
         phases: dict[str, float] = {}
+        ahead = shard in self.daemon.checked_ahead
 
         def before() -> None:
             phases["queued"] = time.monotonic() - taken
@@ -837,9 +841,10 @@ class PoolWorker:
             self.metrics.starts.inc()
             self.metrics.start_seconds.observe(took)
             log.warning("worker %s: shard %s delivering %.0f ms after it was taken (waited for a thread %.0f ms, "
-                        "markers read and copy caught up by %.0f ms, then the pipeline's checks and start)",
+                        "markers read and copy caught up by %.0f ms, then %s and the start)",
                         self.name, shard, took * 1000, phases.get("queued", 0) * 1000,
-                        phases.get("markers", 0) * 1000)
+                        phases.get("markers", 0) * 1000,
+                        "the flows (its database checked ahead)" if ahead else "the pipeline's checks, flows")
             self._started_or_not(shard)
 
         def failed(f: Any) -> None:
@@ -1019,6 +1024,7 @@ class PoolWorker:
             "owns": sorted(self.ownership.tokens) if self.ownership is not None else [],
             "starting": sorted(self.starting),
             "stopping": sorted(self.stopping_shards),
+            "checked_ahead": sorted(daemon.checked_ahead) if daemon is not None else [],
             "lease_left_s": round(lease.left(), 3) if lease is not None else 0.0,
             "loads": dict(self.loads),
             "flows": {f"{name}/{f}": v for name, st in shards.items() for f, v in st["flows"].items()},

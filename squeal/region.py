@@ -264,7 +264,13 @@ class RegionDaemon:
 
     @property
     def warmed(self) -> set[str]:
+        """The shards whose pipeline is being checked ahead or has been."""
         return set(self._warm)
+
+    @property
+    def checked_ahead(self) -> set[str]:
+        """The shards whose pipeline has been checked ahead (`warm` done): ready to start once owned."""
+        return {shard for shard, daemon in list(self._warm.items()) if daemon.checked}
 
     def add_shard(self, shard: str, before: Callable[[], None] | None = None) -> defer.Deferred:
         """Start `shard`'s pipeline while the others run: `before()` (blocking: a pool worker's wait for its copy)
