@@ -34,7 +34,9 @@ starts, and its late marker writes fail (the epoch moved).
 **A planned move** (rebalance, drain, `squealctl move`): the controller writes the new assignment; the old
 owner stops reading the shard, waits (bounded) for its in-flight deletes to be acknowledged, writes the
 shard's markers and releases `owner`; the new owner, watching `owner`, takes it, reads the markers and starts
-from them. At least once: whatever was not acknowledged is after the markers and is sent again.
+from them. Its pipeline's database checks were done ahead (`RegionDaemon.warm`, while the old owner handed on;
+in a region of at most `WARM_ALL_UP_TO` shards, for every shard, for a takeover too): only what needs ownership
+is in the shard's pause. At least once: whatever was not acknowledged is after the markers and is sent again.
 
 **A crash**: the dead worker's `workers/<name>` and `owner` znodes expire with its session; the controller
 sees the shards orphaned and places them at once; their new owners start from the markers.

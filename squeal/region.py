@@ -275,7 +275,9 @@ class RegionDaemon:
     def add_shard(self, shard: str, before: Callable[[], None] | None = None) -> defer.Deferred:
         """Start `shard`'s pipeline while the others run: `before()` (blocking: a pool worker's wait for its copy)
         and the pipeline's `prepare()` on a thread, then its reader, flows (gated by `gate(shard)`) and
-        checkpoints. Fires when it delivers; fails (the shard is then not running) with the start-up error."""
+        checkpoints. A pipeline checked ahead (`warm`) starts from its checks; otherwise, with `before`, the checks
+        run on another thread while `before` waits. Fires when it delivers; fails (the shard is then not running)
+        with the start-up error."""
         if shard in self.shards or shard in self._adding:
             return defer.fail(ValueError(f"shard {shard} is running or starting already"))
         self._adding.add(shard)
