@@ -227,28 +227,62 @@ class Daemon:
         self._marker_round: defer.Deferred | None = None  # the checkpoint round in progress, if any
         self.source_poller: SourcePoller | None = None  # the source's position and replication lag (prepare)
         self.reader_kind = "python"  # "native" when prepare() chose squeal_native ([squeal] reader)
+        self._check_lock = threading.Lock()
+        self._checked_at: float | None = None  # when `check` was done (monotonic)
+        self._checked_now: g.Position | None = None  # the copy's position when it was
 
     # -- start-up ----------------------------------------------------------------------------------------
 
-    def prepare(self) -> None:
-        """Blocking checks and state loading. Raises ReaderConfigError / RuleError with a clear message."""
+    def check(self) -> None:
+        """The blocking checks that need neither the datamarkers nor the right to send: the copy's binlog
+        settings, the rules against its columns, its cascading foreign keys, the reader. Done once (later calls
+        return at once; a concurrent one waits for it): a pool worker runs it for a shard before it owns it, so
+        that a move's pause or a takeover holds only what does need ownership (`prepare`). Raises like `prepare`."""
+        with self._check_lock:
+            if self._checked_at is not None:
+                return
+            conn = connect_with_retry(self.source, self.connect_timeout)
+            try:
+                check_server(conn, replica=self.database.role == "replica")
+                columns = load_columns(conn, self.extractor.tables)
+                places = [i for i, r in enumerate(self.topology.rules) if r.applies_to(self.shard.name)]
+                for warning in check_rules(self.rules, columns, places):
+                    log.warning("%s%s", f"shard {self.shard.name}: " if self.topology.sharded else "", warning)
+                self.stage.bulk.set_cascades(load_cascades(conn))
+                self.reader_kind = self._choose_reader(conn)
+                self._checked_now = current_position(conn)
+            finally:
+                conn.close()
+            check_writable = getattr(self.store, "check_writable", None)
+            if check_writable is not None:
+                check_writable()  # an unwritable marker dir: a one-line start-up error, not a failure a second later
+            self._checked_at = time.monotonic()
+
+    @property
+    def checked(self) -> bool:
+        """Whether `check` is done."""
+        return self._checked_at is not None
+
+    def _now(self, fresh: bool) -> g.Position:
+        """The copy's position now (where a destination without a datamarker starts): the one `check` read, or,
+        if that was a while ago (`fresh` False: checked before this pipeline was needed), read again."""
+        if fresh and self._checked_now is not None:
+            return self._checked_now
         conn = connect_with_retry(self.source, self.connect_timeout)
         try:
-            check_server(conn, replica=self.database.role == "replica")
-            columns = load_columns(conn, self.extractor.tables)
-            places = [i for i, r in enumerate(self.topology.rules) if r.applies_to(self.shard.name)]
-            for warning in check_rules(self.rules, columns, places):
-                log.warning("%s%s", f"shard {self.shard.name}: " if self.topology.sharded else "", warning)
-            self.stage.bulk.set_cascades(load_cascades(conn))
-            self.reader_kind = self._choose_reader(conn)
-            now = current_position(conn)
+            return current_position(conn)
         finally:
             conn.close()
-        check_writable = getattr(self.store, "check_writable", None)
-        if check_writable is not None:
-            check_writable()  # an unwritable marker dir is a one-line start-up error, not a failure a second later
+
+    def prepare(self) -> None:
+        """Blocking checks (`check`, unless done before) and state loading: the flows start from their
+        datamarkers. Raises ReaderConfigError / RuleError with a clear message."""
+        checked_before = self._checked_at is not None
+        self.check()
+        now: g.Position | None = None
         names = [c.name for c in self.region.clusters] + (["regional"] if self.region.regional_pool else [])
         starts: dict[str, g.Position] = {}
+        unsaved: set[str] = set()  # flows not starting from their datamarker: theirs is written before they run
         for name in names:
             try:
                 marker = self.store.load(name)
@@ -261,19 +295,25 @@ class Daemon:
                 starts[name] = dict(self.from_gtid)
                 how = "--from-gtid"
             else:
+                if now is None:
+                    now = self._now(fresh=not checked_before)
                 starts[name] = dict(now)  # a new destination starts from "now"
                 how = "now (no datamarker yet)"
+            if marker is None:
+                unsaved.add(name)
             log.info("flow %s starts after %s (%s)", name, g.format_position(starts[name]) or "the start", how)
         for name, position in self.store.take_replay_requests().items():
             if name in starts:
                 starts[name] = g.parse_position(position)
+                unsaved.add(name)
                 log.info("flow %s: replay request, starts after %s", name, position or "the start")
         s = self.settings
         flows = flows_for_region(self.region, starts, s.max_backlog, self.metrics)
         for f in flows:
             self.flows[f.name] = f
             try:
-                self.store.save(f.name, g.format_position(f.acked))  # a new destination's "now" is now durable
+                if f.name in unsaved:  # a new destination's "now" (or a replay's start) is now durable
+                    self.store.save(f.name, g.format_position(f.acked))
             except OSError as e:
                 raise DatamarkerDirError(f"cannot write the datamarker of flow {f.name} in {self._marker_where()}: "
                                          f"{describe_error(e)}") from e
@@ -306,7 +346,8 @@ class Daemon:
             on_problem=lambda text: self.reactor.callFromThread(self._source_problem, text))
         for f in flows:
             f.source_lag = self.source_poller.behind  # lag against the source, even when nothing is queued
-        self.source_poller.tick()  # a first poll now: /healthz and the gauges know the source from the start
+        if not checked_before:  # (checked ahead, as a pool worker does: the poller's thread polls first thing)
+            self.source_poller.tick()  # a first poll now: /healthz and the gauges know the source from the start
 
     def _choose_reader(self, conn: Any) -> str:
         """[squeal] reader: "native" needs the extension (else a start-up error) and rules whose columns it

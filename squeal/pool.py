@@ -34,7 +34,9 @@ starts, and its late marker writes fail (the epoch moved).
 **A planned move** (rebalance, drain, `squealctl move`): the controller writes the new assignment; the old
 owner stops reading the shard, waits (bounded) for its in-flight deletes to be acknowledged, writes the
 shard's markers and releases `owner`; the new owner, watching `owner`, takes it, reads the markers and starts
-from them. At least once: whatever was not acknowledged is after the markers and is sent again.
+from them. Its pipeline's database checks were done ahead (`RegionDaemon.warm`, while the old owner handed on;
+in a region of at most `WARM_ALL_UP_TO` shards, for every shard, for a takeover too): only what needs ownership
+is in the shard's pause. At least once: whatever was not acknowledged is after the markers and is sent again.
 
 **A crash**: the dead worker's `workers/<name>` and `owner` znodes expire with its session; the controller
 sees the shards orphaned and places them at once; their new owners start from the markers.
@@ -83,6 +85,7 @@ PUBLISH_EVERY_S = 1.0
 PLAN_EVERY_S = 1.0
 PAUSE_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 30, 60, 120, 300)  # seconds; the members publish every second
 RETRY_FAILED_S = 5.0  # a shard whose pipeline failed to start is tried again after this long
+WARM_ALL_UP_TO = 64  # a worker of a region with at most this many shards checks every shard's pipeline ahead
 
 
 def _doc(data: bytes) -> dict[str, Any]:
@@ -494,9 +497,11 @@ class Controller:
 
     def plan_once(self) -> placement.Plan | None:
         members: dict[str, dict[str, Any]] = {}
-        for name in self._children(f"{self.base}/workers", watch=self._members_changed):
+        asked = {name: self.client.get_async(f"{self.base}/workers/{name}")  # (all at once: one round trip)
+                 for name in self._children(f"{self.base}/workers", watch=self._members_changed)}
+        for name, answer in asked.items():
             with contextlib.suppress(NoNodeError):
-                members[name] = _doc(self._get(f"{self.base}/workers/{name}")[0])
+                members[name] = _doc(answer.get(timeout=self.worker.call_timeout)[0])
         drains = set(self._children(f"{self.base}/drain"))
         try:
             data, stat = self._get(f"{self.base}/assignment")
@@ -613,6 +618,8 @@ class PoolWorker:
         self.daemon: RegionDaemon | None = None
         self.stores: dict[str, ShardMarkerStore] = {}
         self.assignment: dict[str, str] = {}
+        self._assignment_stale = True  # its watch fired (or it was never read): read it at the next step
+        self._assignment_read_at = 0.0
         self.starting: set[str] = set()
         self.stopping_shards: set[str] = set()
         self.failed_at: dict[str, float] = {}
@@ -665,7 +672,7 @@ class PoolWorker:
         daemon = RegionDaemon(self.topology, self.region.name, self.state_dir, metrics_port=None,
                               reactor=self.reactor, reply_timeout=self.reply_timeout,
                               connect_timeout=self.connect_timeout, sample_every=self.sample_every,
-                              stores=self.stores.__getitem__, gate=self._gate)
+                              stores=self._store_for, gate=self._gate)
         self.daemon = daemon
         self.registry.register(_DaemonMetrics(daemon))
         self.serve()
@@ -717,17 +724,59 @@ class PoolWorker:
 
     # -- the worker's step ------------------------------------------------------------------------------------
 
+    def _store_for(self, shard: str) -> ShardMarkerStore:
+        """The shard's marker store for its next (or current) pipeline, fenced by this worker's ownership of it:
+        made when the pipeline is built (checked ahead or started), dropped when the pipeline stops."""
+        store = self.stores.get(shard)
+        if store is None:
+            ownership = self.ownership
+            assert self.client is not None and ownership is not None
+            store = self.stores[shard] = ShardMarkerStore(self.client, self.zk.root, self.region.name, shard,
+                                                          owner=self.name, fence=lambda: ownership.fence(shard))
+        return store
+
+    def _warm(self, mine: set[str], busy: set[str]) -> None:
+        """Check ahead (`RegionDaemon.warm`: the database checks, no markers, nothing sent) the pipelines of the
+        shards this worker may take next: those the assignment gives it (a planned move: while their old owner
+        hands them on) and, in a region of at most `WARM_ALL_UP_TO` shards, every shard (a takeover after a
+        crash), like an HA standby that has prepared its pipeline."""
+        daemon = self.daemon
+        if daemon is None:
+            return
+        names = [s.name for s in self.topology.shards]
+        wanted = set(names) if len(names) <= WARM_ALL_UP_TO else set(mine)
+        wanted -= set(daemon.shards) | busy
+        warmed = daemon.warmed
+        for shard in sorted(warmed - wanted - busy):
+            self.reactor.callFromThread(daemon.unwarm, shard)
+        for shard in sorted(wanted - warmed):
+            if time.monotonic() - self.failed_at.get(shard, -RETRY_FAILED_S) >= RETRY_FAILED_S:
+                self.reactor.callFromThread(daemon.warm, shard)
+
     def _gate(self, shard: str) -> Callable[[], bool]:
         return lambda: self.ownership is not None and self.ownership.may_send(shard)
 
+    def _assignment_changed(self, _: Any) -> None:
+        self._assignment_stale = True
+        self._wake.set()
+
     def _read_assignment(self) -> dict[str, str]:
+        """The assignment, read again only when its watch fired or a second has passed (the step runs every lease
+        tick: reading and re-arming the watch each time was most of an idle worker's ZooKeeper traffic)."""
         assert self.client is not None
+        if not self._assignment_stale and time.monotonic() - self._assignment_read_at < PUBLISH_EVERY_S:
+            return self.assignment
+        self._assignment_stale = False
+        self._assignment_read_at = time.monotonic()
         try:
-            data, _ = self.client.get_async(f"{self.base}/assignment", watch=lambda _: self._wake.set()).get(
+            data, _ = self.client.get_async(f"{self.base}/assignment", watch=self._assignment_changed).get(
                 timeout=self.call_timeout)
         except NoNodeError:
-            self.client.exists_async(f"{self.base}/assignment", watch=lambda _: self._wake.set())
+            self.client.exists_async(f"{self.base}/assignment", watch=self._assignment_changed)
             return {}
+        except BaseException:
+            self._assignment_stale = True  # (not read: again at the next step)
+            raise
         return {str(k): str(v) for k, v in (_doc(data).get("assignment") or {}).items()}
 
     def _step(self) -> None:
@@ -739,16 +788,18 @@ class PoolWorker:
         with self._state:
             owned = set(self.ownership.tokens)
             busy = self.starting | self.stopping_shards
+        self._warm(mine, busy | owned)
         now = time.monotonic()
         for shard in sorted(mine - owned - busy):
             if now - self.failed_at.get(shard, -RETRY_FAILED_S) < RETRY_FAILED_S:
                 continue
-            if self.ownership.owner_of(shard, watch=lambda _: self._wake.set()) is not None:
-                continue  # its owner has not released it yet: the watch wakes this loop
-            if self.ownership.acquire(shard) is not None:
+            if self.ownership.acquire(shard) is not None:  # (first: a takeover's orphan is free already)
                 with self._state:
                     self.starting.add(shard)
                 self.reactor.callFromThread(self._start_shard, shard)
+            elif self.ownership.owner_of(shard, watch=lambda _: self._wake.set()) is None:
+                self._wake.set()  # released between the two: try again at once
+            # (else its owner has not released it yet: the watch on `owner` wakes this loop when it does)
         for shard in sorted(owned - mine - busy):
             with self._state:
                 self.stopping_shards.add(shard)
@@ -770,18 +821,17 @@ class PoolWorker:
         """Reactor: the pipeline of a shard just taken: markers from ZooKeeper, its copy caught up with them."""
         assert self.client is not None and self.daemon is not None and self.ownership is not None
         ownership = self.ownership
-        store = ShardMarkerStore(self.client, self.zk.root, self.region.name, shard, owner=self.name,
-                                 fence=lambda: ownership.fence(shard))
-        self.stores[shard] = store
+        store = self._store_for(shard)  # (the one of the pipeline checked ahead, if it was)
 
         taken = time.monotonic()
         phases: dict[str, float] = {}
+        ahead = shard in self.daemon.checked_ahead
 
         def before() -> None:
             phases["queued"] = time.monotonic() - taken
-            store.ensure_paths()
+            store.ensure_paths()  # (made already if the pipeline was checked ahead)
             target: dict = {}
-            for position in store.positions().values():
+            for position in store.read().values():  # read once: the pipeline starts from these
                 g.merge(target, g.parse_position(position))
             copy = source_for(self.topology.shard_copy(shard, self.region.name))
             wait_for_copy(copy.connect, target, self.zk.takeover_wait_s)
@@ -793,9 +843,10 @@ class PoolWorker:
             self.metrics.starts.inc()
             self.metrics.start_seconds.observe(took)
             log.warning("worker %s: shard %s delivering %.0f ms after it was taken (waited for a thread %.0f ms, "
-                        "markers read and copy caught up by %.0f ms, then the pipeline's checks and start)",
+                        "markers read and copy caught up by %.0f ms, then %s and the start)",
                         self.name, shard, took * 1000, phases.get("queued", 0) * 1000,
-                        phases.get("markers", 0) * 1000)
+                        phases.get("markers", 0) * 1000,
+                        "the flows (its database checked ahead)" if ahead else "the pipeline's checks, flows")
             self._started_or_not(shard)
 
         def failed(f: Any) -> None:
@@ -975,6 +1026,7 @@ class PoolWorker:
             "owns": sorted(self.ownership.tokens) if self.ownership is not None else [],
             "starting": sorted(self.starting),
             "stopping": sorted(self.stopping_shards),
+            "checked_ahead": sorted(daemon.checked_ahead) if daemon is not None else [],
             "lease_left_s": round(lease.left(), 3) if lease is not None else 0.0,
             "loads": dict(self.loads),
             "flows": {f"{name}/{f}": v for name, st in shards.items() for f, v in st["flows"].items()},

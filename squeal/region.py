@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,8 @@ class RegionDaemon:
         self.started = False
         self.exit_code = 0
         self._adding: set[str] = set()
+        self._warm: dict[str, Daemon] = {}  # shard -> a pipeline checked ahead (`warm`), not started
+        self._warm_failed: dict[str, float] = {}  # shard -> when checking it ahead last failed (monotonic)
         self.waiting: dict[str, str] = {}  # shard -> why its pipeline has not started yet (retried)
 
     # -- shards -----------------------------------------------------------------------------------------------
@@ -233,19 +236,62 @@ class RegionDaemon:
 
         self.add_shard(shard).addCallbacks(ready, failed)
 
+    def warm(self, shard: str) -> defer.Deferred:
+        """Reactor: build `shard`'s pipeline and run its database checks (`Daemon.check`) on a thread, without
+        starting it or touching its datamarkers: `add_shard` then starts from it and does only what needs the
+        shard's ownership. A pool worker warms a shard the assignment gives it while the old owner still hands it
+        on. Fires when the checks are done (a failure is logged and forgotten: `add_shard` checks again)."""
+        daemon = self._warm.get(shard)
+        if daemon is None:
+            if time.monotonic() - self._warm_failed.get(shard, -RETRY_S) < RETRY_S:
+                return defer.succeed(None)  # (its database did not answer a moment ago)
+            daemon = self._warm[shard] = self._pipeline(shard)
+
+        def failed(f: Any) -> None:
+            if self._warm.get(shard) is daemon:
+                del self._warm[shard]
+            if shard not in self._warm_failed:
+                log.warning("shard %s: checking its database ahead failed (%s); checked again when it starts",
+                            shard, f.getErrorMessage())
+            self._warm_failed[shard] = time.monotonic()
+
+        d = threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), daemon.check)
+        return d.addCallbacks(lambda _: self._warm_failed.pop(shard, None), failed)
+
+    def unwarm(self, shard: str) -> None:
+        """Forget a shard's pipeline checked ahead (the assignment no longer gives it to this worker)."""
+        self._warm.pop(shard, None)
+
+    @property
+    def warmed(self) -> set[str]:
+        """The shards whose pipeline is being checked ahead or has been."""
+        return set(self._warm)
+
+    @property
+    def checked_ahead(self) -> set[str]:
+        """The shards whose pipeline has been checked ahead (`warm` done): ready to start once owned."""
+        return {shard for shard, daemon in list(self._warm.items()) if daemon.checked}
+
     def add_shard(self, shard: str, before: Callable[[], None] | None = None) -> defer.Deferred:
         """Start `shard`'s pipeline while the others run: `before()` (blocking: a pool worker's wait for its copy)
         and the pipeline's `prepare()` on a thread, then its reader, flows (gated by `gate(shard)`) and
-        checkpoints. Fires when it delivers; fails (the shard is then not running) with the start-up error."""
+        checkpoints. A pipeline checked ahead (`warm`) starts from its checks; otherwise, with `before`, the checks
+        run on another thread while `before` waits. Fires when it delivers; fails (the shard is then not running)
+        with the start-up error."""
         if shard in self.shards or shard in self._adding:
             return defer.fail(ValueError(f"shard {shard} is running or starting already"))
         self._adding.add(shard)
-        daemon = self._pipeline(shard)
+        daemon = self._warm.pop(shard, None)
+        if daemon is None and before is not None:  # checked on another thread while `before` waits (ZooKeeper,
+            self.warm(shard)                       # the copy): in parallel, not one after the other
+            daemon = self._warm.pop(shard, None)
+        if daemon is None:
+            daemon = self._pipeline(shard)
 
         def prepare() -> None:
             if before is not None:
                 before()
-            daemon.prepare()
+            daemon.prepare()  # (its checks: done, or waited for)
 
         d = threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), prepare)
 

@@ -378,12 +378,17 @@ class ShardMarkerStore(ZooKeeperDatamarkerStore):
         self._positions: dict[str, str] = {}
         self._version: int | None = None
         self._read = False
+        self._paths_made = False
 
     def ensure_paths(self) -> None:
+        """The shard's znodes exist (persistent: once made, later calls of this store do not ask again)."""
+        if self._paths_made:
+            return
         try:
             self._wait(self.client.ensure_path_async(f"{self.data}/replay"), f"create {self.data}/replay")
         except NodeExistsError:
             pass
+        self._paths_made = True
 
     def _read_doc(self) -> tuple[dict[str, str], int | None]:
         path = self.markers_path
@@ -413,6 +418,13 @@ class ShardMarkerStore(ZooKeeperDatamarkerStore):
     def positions(self) -> dict[str, str]:
         """Every flow's marker of the shard, read now (versions not remembered)."""
         return self._read_doc()[0]
+
+    def read(self) -> dict[str, str]:
+        """Every flow's marker of the shard, read now and remembered with the znode's version, as `load`'s first
+        call does: a new owner reads them once, after it took the shard, for its copy check and its flows."""
+        self._positions, self._version = self._read_doc()
+        self._read = True
+        return dict(self._positions)
 
     def save(self, flow: str, position: str) -> None:
         self.save_many({flow: position})

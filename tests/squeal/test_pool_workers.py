@@ -280,6 +280,46 @@ def test_a_joining_worker_takes_shards_a_move_and_a_drain_nothing_lost(make_pool
     assert metrics.get("squeal_pool_shard_stops_total", 0) >= 1
 
 
+def test_workers_check_shards_ahead_and_a_new_owner_starts_from_the_markers_without_rewriting_them(make_pool) -> None:
+    """The new owner's part of a move's pause is only what needs ownership: every worker (a region of 4 shards)
+    has checked the pipelines of the shards it does not run ahead, and a new owner starts from the markers its
+    predecessor wrote without writing them again (before, one ZooKeeper write per destination at every start)."""
+    env = make_pool()
+    prime(env, range(1, 20001))
+    env.workers["w1"].start()
+    env.workers["w2"].start()
+    placed = wait_until(lambda: (p := env.placed(("w1", "w2"))) and all(p.values()) and p, DEADLINE,
+                        "all 4 shards running, on w1 and w2")
+
+    def ahead(name: str) -> set[str]:
+        return set(healthz(env.ports[name], env.hosts[name])[1].get("checked_ahead") or [])
+
+    for name, mine in placed.items():
+        others = set(SHARDS) - mine
+        wait_until(lambda name=name, others=others: ahead(name) == others, DEADLINE,
+                   f"{name} has checked {sorted(others)} ahead")
+    shard = sorted(placed["w1"])[0]
+    path = f"{shard_path(env.root, 'east', shard)}/markers"
+    zk = pool_of(env)
+    try:
+        before = zk.get(path)
+        squealctl(env, "move", shard, "--to", "w2")
+        wait_until(lambda: shard in env.running("w2") and shard in owned(env)["w2"], DEADLINE, f"{shard} moved to w2")
+        after = zk.get(path)
+        assert after[1].version == before[1].version, (
+            f"nothing was written to {shard}'s markers across a move without writes: {before[0]!r} -> {after[0]!r}")
+        assert json.loads(after[0])["positions"] == json.loads(before[0])["positions"]
+    finally:
+        zk.stop()
+        zk.close()
+    assert f"shard {shard} delivering" in env.log("w2") and "checked ahead" in env.log("w2")
+    wait_until(lambda: shard in ahead("w1"), DEADLINE, f"w1 has checked {shard} ahead again (it may get it back)")
+    writer = Writer(env, rate=60)
+    writer.start()
+    wait_until(lambda: len(writer.written) > 100, DEADLINE, "writes after the move")
+    assert_nothing_lost(env, writer.stop())
+
+
 def test_kill_9_of_a_worker_with_two_shards_resumes_them_elsewhere_nothing_lost(make_pool) -> None:
     env = make_pool()
     prime(env, range(1, 20001))
