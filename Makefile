@@ -13,6 +13,7 @@ down:
 
 lint:
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 	.venv/bin/lint-imports
 	.venv/bin/mypy
 	@if [ -f router/Cargo.toml ]; then cd router && cargo fmt --check && cargo clippy --locked -q --all-targets -- -D warnings; fi

@@ -47,8 +47,7 @@ def main() -> int:
             count[role] += 1
         except psutil.NoSuchProcess:
             print(f"{name} exited during the window", file=sys.stderr)
-    print(f"# {len(procs)} processes, {wall:.0f} s window, {os.cpu_count()} cores, "
-          f"load {os.getloadavg()[0]:.2f}\n")
+    print(f"# {len(procs)} processes, {wall:.0f} s window, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}\n")
     print("| role | processes | CPU (share of one core) | RSS MB |")
     print("|---|---:|---:|---:|")
     for role in sorted(cpu, key=lambda r: -cpu[r]):

@@ -25,8 +25,9 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "local.toml"
 
 
 def squealctl(state: Path, *args: str) -> None:
-    subprocess.run([sys.executable, "-m", "ops.cli", "--state-dir", str(state), *args], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "ops.cli", "--state-dir", str(state), *args], check=True, stdout=subprocess.DEVNULL
+    )
 
 
 def main() -> int:
@@ -64,8 +65,10 @@ def main() -> int:
         under = sum(1 for x in xs if x < 1.0)
         p99 = xs[min(len(xs) - 1, int(0.99 * len(xs)))]
         role = "master" if cluster.region == topo.master.name else "replica"
-        print(f"| {cluster.name} | {cluster.region} ({role}) | {n} | {statistics.median(xs) * 1000:.1f} ms | "
-              f"{p99 * 1000:.1f} ms | {xs[-1] * 1000:.1f} ms | {under / n:.4%} | {missed[cluster.name]} |")
+        print(
+            f"| {cluster.name} | {cluster.region} ({role}) | {n} | {statistics.median(xs) * 1000:.1f} ms | "
+            f"{p99 * 1000:.1f} ms | {xs[-1] * 1000:.1f} ms | {under / n:.4%} | {missed[cluster.name]} |"
+        )
     return 0
 
 

@@ -51,8 +51,9 @@ def preprocessor_cases(tests: Path) -> tuple[int, list[str]]:
         for group, g in data.items():
             for name, case in g["cases"].items():
                 config = Path(d, "case.json")
-                config.write_text(json.dumps({"consts": g.get("consts", {}), "macros": g.get("macros", {}),
-                                              "orig": case["orig"]}))
+                config.write_text(
+                    json.dumps({"consts": g.get("consts", {}), "macros": g.get("macros", {}), "orig": case["orig"]})
+                )
                 out = run("--expand", "--config-params", TEST_PARAMS, config)
                 got = json.loads(out.stdout)["orig"] if out.returncode == 0 else None
                 want = json.dumps(case["expand"], sort_keys=True)
@@ -113,8 +114,10 @@ def main() -> None:
     counts, reasons = test_configs(args.checkout)
     total = sum(counts.values())
     loads = counts["loads clean"] + counts["loads with warnings"]
-    print(f"test configs: {loads} of {total} load ({counts['loads clean']} clean, "
-          f"{counts['loads with warnings']} with warnings), {counts['refused']} refused")
+    print(
+        f"test configs: {loads} of {total} load ({counts['loads clean']} clean, "
+        f"{counts['loads with warnings']} with warnings), {counts['refused']} refused"
+    )
     for reason, n in reasons.most_common(12):
         print(f"  {n:3d}  {reason}")
 

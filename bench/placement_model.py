@@ -79,8 +79,9 @@ class Pool:
     def step(self) -> tuple[Plan, float]:
         shards = [Shard(s, x) for s, x in self.loads.items()]
         started = time.thread_time()
-        p = plan([Worker(w) for w in self.workers], shards, self.assignment, self.last_moved, self.now,
-                 self.since, SETTINGS)
+        p = plan(
+            [Worker(w) for w in self.workers], shards, self.assignment, self.last_moved, self.now, self.since, SETTINGS
+        )
         took = time.thread_time() - started
         for m in p.moves:
             self.last_moved[m.shard] = self.now
@@ -188,19 +189,36 @@ def run(n_shards: int, n_workers: int, seed: int) -> list[dict]:
     rows: list[dict] = []
     joined = 0
 
-    def row(name: str, minimum: int, moves: int, slowest: float, plans: int, ch_before: dict[str, str] | None,
-            ch_minimum: int | None = None) -> None:
+    def row(
+        name: str,
+        minimum: int,
+        moves: int,
+        slowest: float,
+        plans: int,
+        ch_before: dict[str, str] | None,
+        ch_minimum: int | None = None,
+    ) -> None:
         started = time.thread_time()
         ch = consistent_hash_assignment(pool.workers, pool.loads)
         ch_time = time.thread_time() - started
         ch_moves = n_shards if ch_before is None else sum(1 for s in ch if ch_before.get(s) != ch[s])
-        rows.append({
-            "workers": n_workers, "scenario": name, "pool": len(pool.workers), "minimum": minimum,
-            "moves": moves, "plans": plans, "time": slowest, "fig": figures(pool.loads, pool.assignment,
-                                                                            pool.workers),
-            "ch_moves": ch_moves, "ch_minimum": minimum if ch_minimum is None else ch_minimum,
-            "ch_time": ch_time, "ch_fig": figures(pool.loads, ch, pool.workers), "ch": ch,
-        })
+        rows.append(
+            {
+                "workers": n_workers,
+                "scenario": name,
+                "pool": len(pool.workers),
+                "minimum": minimum,
+                "moves": moves,
+                "plans": plans,
+                "time": slowest,
+                "fig": figures(pool.loads, pool.assignment, pool.workers),
+                "ch_moves": ch_moves,
+                "ch_minimum": minimum if ch_minimum is None else ch_minimum,
+                "ch_time": ch_time,
+                "ch_fig": figures(pool.loads, ch, pool.workers),
+                "ch": ch,
+            }
+        )
 
     # initial
     moves, slowest, plans = pool.converge()
@@ -218,8 +236,11 @@ def run(n_shards: int, n_workers: int, seed: int) -> list[dict]:
         if dead is not None:
             minimum = held_by(pool.assignment, dead)
             if name == "crash (hot)":  # its hot shard must be alone: some worker's shards must all leave
-                minimum += min(held_by(pool.assignment, w) for w in pool.workers
-                               if not any(pool.assignment[s] == w for s in hot_shards()))
+                minimum += min(
+                    held_by(pool.assignment, w)
+                    for w in pool.workers
+                    if not any(pool.assignment[s] == w for s in hot_shards())
+                )
         moves, slowest, plans = pool.converge()
         row(name, minimum, moves, slowest, plans, ch_before, ch_min)
 
@@ -232,6 +253,7 @@ def run(n_shards: int, n_workers: int, seed: int) -> list[dict]:
             for _ in range(k):
                 pool.workers.append(f"new-{joined:03d}")
                 joined += 1
+
         return change
 
     def crash(hot: bool):
@@ -245,6 +267,7 @@ def run(n_shards: int, n_workers: int, seed: int) -> list[dict]:
                 victim = max((w for w in pool.workers if w not in hot_workers), key=lambda w: (counts[w], w))
             pool.workers.remove(victim)
             return victim
+
         return change
 
     def shift() -> None:
@@ -290,11 +313,15 @@ def main() -> None:
     for n in (int(x) for x in args.workers.split(",")):
         rows += run(args.shards, n, args.seed)
     print(table(rows))
-    print(f"\nconsistent hashing: computing an assignment took at most "
-          f"{max(r['ch_time'] for r in rows) * 1000:.0f} ms CPU")
-    print(f"\n{args.shards} shards, Zipf(1.0), seed {args.seed}; threshold {SETTINGS.threshold}, persist "
-          f"{SETTINGS.persist_s:g} s, cooldown {SETTINGS.cooldown_s:g} s, a plan every {TICK_S:g} s; "
-          f"whole run {time.perf_counter() - started:.1f} s")
+    print(
+        f"\nconsistent hashing: computing an assignment took at most "
+        f"{max(r['ch_time'] for r in rows) * 1000:.0f} ms CPU"
+    )
+    print(
+        f"\n{args.shards} shards, Zipf(1.0), seed {args.seed}; threshold {SETTINGS.threshold}, persist "
+        f"{SETTINGS.persist_s:g} s, cooldown {SETTINGS.cooldown_s:g} s, a plan every {TICK_S:g} s; "
+        f"whole run {time.perf_counter() - started:.1f} s"
+    )
 
 
 if __name__ == "__main__":

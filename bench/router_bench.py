@@ -63,8 +63,11 @@ LOADGEN = ROUTER_DIR / "target" / "release" / "examples" / "loadgen"
 
 
 def build_examples() -> None:
-    subprocess.run(["cargo", "build", "--release", "--locked", "--example", "loadgen", "--example", "forwarder"],
-                   cwd=ROUTER_DIR, check=True)
+    subprocess.run(
+        ["cargo", "build", "--release", "--locked", "--example", "loadgen", "--example", "forwarder"],
+        cwd=ROUTER_DIR,
+        check=True,
+    )
 
 
 class Forwarder:
@@ -76,10 +79,23 @@ class Forwarder:
         self.log = workdir / "forwarder.log"
         with self.log.open("w") as log:
             self.proc = subprocess.Popen(
-                [str(ROUTER_DIR / "target" / "release" / "examples" / "forwarder"), "--port", str(self.port),
-                 "--backend", backend], stdout=log, stderr=subprocess.STDOUT)
-        wait_until(lambda: memcached_command(("127.0.0.1", self.port), b"get x\r\n") == b"END", 10,
-                   "forwarder", self.proc, self.log)
+                [
+                    str(ROUTER_DIR / "target" / "release" / "examples" / "forwarder"),
+                    "--port",
+                    str(self.port),
+                    "--backend",
+                    backend,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        wait_until(
+            lambda: memcached_command(("127.0.0.1", self.port), b"get x\r\n") == b"END",
+            10,
+            "forwarder",
+            self.proc,
+            self.log,
+        )
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -92,16 +108,43 @@ def pin(pid: int, cpu: int) -> None:
         os.sched_setaffinity(int(tid), {cpu})
 
 
-def run_load(port: int, multi: int, depth: int, conns: int, seconds: float, threads: int,
-             cpu: int | None = None, tls_ca: Path | None = None) -> dict:
+def run_load(
+    port: int,
+    multi: int,
+    depth: int,
+    conns: int,
+    seconds: float,
+    threads: int,
+    cpu: int | None = None,
+    tls_ca: Path | None = None,
+) -> dict:
     """One run of router/examples/loadgen.rs against `port` (same generator for every target)."""
     out = subprocess.run(
-        [str(LOADGEN), "--port", str(port), "--conns", str(conns), "--threads", str(threads),
-         "--depth", str(depth), "--keys", str(multi), "--seconds", str(seconds),
-         "--key-count", str(len(KEYS)), "--prefix", "bench:key:",
-         *(["--tls-ca", str(tls_ca)] if tls_ca else [])],
-        check=True, capture_output=True, text=True,
-        preexec_fn=(lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None).stdout
+        [
+            str(LOADGEN),
+            "--port",
+            str(port),
+            "--conns",
+            str(conns),
+            "--threads",
+            str(threads),
+            "--depth",
+            str(depth),
+            "--keys",
+            str(multi),
+            "--seconds",
+            str(seconds),
+            "--key-count",
+            str(len(KEYS)),
+            "--prefix",
+            "bench:key:",
+            *(["--tls-ca", str(tls_ca)] if tls_ca else []),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        preexec_fn=(lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None,
+    ).stdout
     r = json.loads(out)
     r["rps"] = r["requests"] / r["seconds"]
     r["keys_per_s"] = r["rps"] * multi
@@ -130,9 +173,16 @@ class Nutcracker:
         stats_port = free_port()
         self.proc = subprocess.Popen(
             ["/usr/sbin/nutcracker", "-c", str(conf), "-s", str(stats_port), "-o", str(self.log)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        wait_until(lambda: memcached_command(("127.0.0.1", self.port), b"get x\r\n") == b"END", 10,
-                   "nutcracker", self.proc, self.log)
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
+        wait_until(
+            lambda: memcached_command(("127.0.0.1", self.port), b"get x\r\n") == b"END",
+            10,
+            "nutcracker",
+            self.proc,
+            self.log,
+        )
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -164,20 +214,31 @@ def main() -> None:
     ap.add_argument("--depths", default="1,8,32", help="pipeline depths per connection (requests per batch)")
     ap.add_argument("--conns", default="2,32", help="concurrent client connections (comma list)")
     ap.add_argument("--keys", default="1,10", help="keys per get request (comma list)")
-    ap.add_argument("--rounds", type=int, default=3,
-                    help="runs per cell and target, interleaved; the table shows medians")
+    ap.add_argument(
+        "--rounds", type=int, default=3, help="runs per cell and target, interleaved; the table shows medians"
+    )
     ap.add_argument("--loadgen-threads", type=int, default=1, help="threads of the load generator")
     ap.add_argument("--idle", type=int, default=10_000, help="idle connections for the RSS check (0: skip)")
     ap.add_argument("--router-threads", type=int, default=None)
     ap.add_argument("--json", type=Path, default=None, help="also write every cell here")
-    ap.add_argument("--forwarder", action="store_true",
-                    help="also measure a bytes-copying forwarder (router/examples/forwarder.rs), the floor of "
-                         "any TCP proxy's CPU per request")
-    ap.add_argument("--no-pin", dest="pin", action="store_false",
-                    help="let the scheduler place everything (default: memcached on CPU 0; generator and proxy "
-                         "on CPU 1, as a router runs on the web host and memcached on its own machine)")
-    ap.add_argument("--tls", action="store_true",
-                    help="TLS mode: the router over TLS vs memcached -Z direct, and the cost of a new connection")
+    ap.add_argument(
+        "--forwarder",
+        action="store_true",
+        help="also measure a bytes-copying forwarder (router/examples/forwarder.rs), the floor of "
+        "any TCP proxy's CPU per request",
+    )
+    ap.add_argument(
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="let the scheduler place everything (default: memcached on CPU 0; generator and proxy "
+        "on CPU 1, as a router runs on the web host and memcached on its own machine)",
+    )
+    ap.add_argument(
+        "--tls",
+        action="store_true",
+        help="TLS mode: the router over TLS vs memcached -Z direct, and the cost of a new connection",
+    )
     ap.add_argument("--handshakes", type=int, default=2000, help="new connections per target in --tls mode")
     args = ap.parse_args()
     if args.pin and len(os.sched_getaffinity(0)) < 2:
@@ -210,8 +271,11 @@ def main() -> None:
         s.sendall(b"".join(b"set %s 0 0 %d noreply\r\n%s\r\n" % (k, len(VALUE), VALUE) for k in KEYS) + b"mn\r\n")
         while not s.recv(100).endswith(b"MN\r\n"):
             pass
-        targets = [("memcached", mc.port, None), ("squeal-router", router.port, router.pid),
-                   ("nutcracker", nut.port, nut.proc.pid)]
+        targets = [
+            ("memcached", mc.port, None),
+            ("squeal-router", router.port, router.pid),
+            ("nutcracker", nut.port, nut.proc.pid),
+        ]
         if fwd:
             targets.append(("forwarder", fwd.port, fwd.proc.pid))
         client_cpu = None
@@ -230,10 +294,13 @@ def main() -> None:
                 r["proxy_cpu_us_per_req"] = proxy_cpu / r["requests"] * 1e6 if proxy_cpu is not None else None
                 r.update(target=name, keys=multi, depth=depth, conns=conns)
                 results.append(r)
-                print(f"{name:14s} keys={multi:2d} conns={conns:3d} depth={depth:3d} req/s={r['rps']:9.0f} "
-                      f"p50={r['p50_ms']:.3f}ms p99={r['p99_ms']:.3f}ms "
-                      f"mc_cpu={r['memcached_cpu_us_per_req']:.2f}us "
-                      f"proxy_cpu={r['proxy_cpu_us_per_req'] or 0:.2f}us", flush=True)
+                print(
+                    f"{name:14s} keys={multi:2d} conns={conns:3d} depth={depth:3d} req/s={r['rps']:9.0f} "
+                    f"p50={r['p50_ms']:.3f}ms p99={r['p99_ms']:.3f}ms "
+                    f"mc_cpu={r['memcached_cpu_us_per_req']:.2f}us "
+                    f"proxy_cpu={r['proxy_cpu_us_per_req'] or 0:.2f}us",
+                    flush=True,
+                )
         before, after, n = idle_connections_rss(router, args.idle)
         print(f"squeal-router RSS: {before:.1f} MB idle, {after:.1f} MB with {n} idle client connections")
     finally:
@@ -243,30 +310,43 @@ def main() -> None:
         router.stop()
         mc.stop()
 
-    print("\n| keys/req | conns | depth | memcached req/s | router req/s | nutcracker req/s | router/nutcracker "
-          "| p50 ms (mc / router / nut) | p99 ms (mc / router / nut) | CPU/req ÷ memcached's (router / nut) "
-          "| same, memcached's in the same run |")
+    print(
+        "\n| keys/req | conns | depth | memcached req/s | router req/s | nutcracker req/s | router/nutcracker "
+        "| p50 ms (mc / router / nut) | p99 ms (mc / router / nut) | CPU/req ÷ memcached's (router / nut) "
+        "| same, memcached's in the same run |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for multi, conns, depth in cells:
-        m, ro, nu = (median_run([r for r in results if (r["target"], r["keys"], r["conns"], r["depth"])
-                                 == (t, multi, conns, depth)]) for t in ("memcached", "squeal-router", "nutcracker"))
+        m, ro, nu = (
+            median_run(
+                [r for r in results if (r["target"], r["keys"], r["conns"], r["depth"]) == (t, multi, conns, depth)]
+            )
+            for t in ("memcached", "squeal-router", "nutcracker")
+        )
         base = m["memcached_cpu_us_per_req"]
-        print(f"| {multi} | {conns} | {depth} | {m['rps']:.0f} | {ro['rps']:.0f} | {nu['rps']:.0f} | "
-              f"{ro['rps'] / nu['rps']:.2f}x | {m['p50_ms']:.3f} / {ro['p50_ms']:.3f} / {nu['p50_ms']:.3f} | "
-              f"{m['p99_ms']:.3f} / {ro['p99_ms']:.3f} / {nu['p99_ms']:.3f} | "
-              f"{ro['proxy_cpu_us_per_req'] / base:.2f}x / {nu['proxy_cpu_us_per_req'] / base:.2f}x | "
-              f"{ro['proxy_cpu_us_per_req'] / ro['memcached_cpu_us_per_req']:.2f}x / "
-              f"{nu['proxy_cpu_us_per_req'] / nu['memcached_cpu_us_per_req']:.2f}x |")
+        print(
+            f"| {multi} | {conns} | {depth} | {m['rps']:.0f} | {ro['rps']:.0f} | {nu['rps']:.0f} | "
+            f"{ro['rps'] / nu['rps']:.2f}x | {m['p50_ms']:.3f} / {ro['p50_ms']:.3f} / {nu['p50_ms']:.3f} | "
+            f"{m['p99_ms']:.3f} / {ro['p99_ms']:.3f} / {nu['p99_ms']:.3f} | "
+            f"{ro['proxy_cpu_us_per_req'] / base:.2f}x / {nu['proxy_cpu_us_per_req'] / base:.2f}x | "
+            f"{ro['proxy_cpu_us_per_req'] / ro['memcached_cpu_us_per_req']:.2f}x / "
+            f"{nu['proxy_cpu_us_per_req'] / nu['memcached_cpu_us_per_req']:.2f}x |"
+        )
     if args.forwarder:
         print("\n| keys/req | conns | depth | forwarder req/s | CPU/req ÷ memcached's (forwarder / router / nut) |")
         print("|---|---|---|---|---|")
         for multi, conns, depth in cells:
-            m, ro, nu, fw = (median_run([r for r in results if (r["target"], r["keys"], r["conns"], r["depth"])
-                                         == (t, multi, conns, depth)])
-                             for t in ("memcached", "squeal-router", "nutcracker", "forwarder"))
+            m, ro, nu, fw = (
+                median_run(
+                    [r for r in results if (r["target"], r["keys"], r["conns"], r["depth"]) == (t, multi, conns, depth)]
+                )
+                for t in ("memcached", "squeal-router", "nutcracker", "forwarder")
+            )
             base = m["memcached_cpu_us_per_req"]
-            print(f"| {multi} | {conns} | {depth} | {fw['rps']:.0f} | {fw['proxy_cpu_us_per_req'] / base:.2f}x / "
-                  f"{ro['proxy_cpu_us_per_req'] / base:.2f}x / {nu['proxy_cpu_us_per_req'] / base:.2f}x |")
+            print(
+                f"| {multi} | {conns} | {depth} | {fw['rps']:.0f} | {fw['proxy_cpu_us_per_req'] / base:.2f}x / "
+                f"{ro['proxy_cpu_us_per_req'] / base:.2f}x / {nu['proxy_cpu_us_per_req'] / base:.2f}x |"
+            )
     print(f"\nRSS with {n} idle client connections: {after:.1f} MB (before: {before:.1f} MB)")
     if args.json:
         args.json.write_text(json.dumps({"results": results, "rss_idle_mb": after, "idle": n}, indent=2))
@@ -285,8 +365,9 @@ def tls_main(args: argparse.Namespace) -> None:
     mine = tls.issue(ca, work / "pki", "router")
     mc = Memcached(workdir=work, memory_mb=256, tls=(server.cert, server.key)).start()
     cfg = work / "router.json"
-    cfg.write_text(json.dumps({"pools": {"p": {"servers": [mc.address], "security_mech": "tls"}},
-                               "route": "PoolRoute|p"}))
+    cfg.write_text(
+        json.dumps({"pools": {"p": {"servers": [mc.address], "security_mech": "tls"}}, "route": "PoolRoute|p"})
+    )
     extra = ("--pem-cert-path", str(mine.cert), "--pem-key-path", str(mine.key), "--pem-ca-path", str(ca.cert))
     if args.router_threads:
         extra += ("--threads", str(args.router_threads))
@@ -318,36 +399,60 @@ def tls_main(args: argparse.Namespace) -> None:
                 r["proxy_cpu_us_per_req"] = proxy_cpu / r["requests"] * 1e6 if proxy_cpu is not None else None
                 r.update(target=name, keys=multi, depth=depth, conns=conns)
                 results.append(r)
-                print(f"{name:14s} keys={multi:2d} conns={conns:3d} depth={depth:3d} req/s={r['rps']:9.0f} "
-                      f"p50={r['p50_ms']:.3f}ms p99={r['p99_ms']:.3f}ms "
-                      f"mc_cpu={r['memcached_cpu_us_per_req']:.2f}us "
-                      f"proxy_cpu={r['proxy_cpu_us_per_req'] or 0:.2f}us", flush=True)
-        for name, port, pid in [("memcached -Z", mc.port, mc.pid), ("router TLS", router.ssl_port, router.pid),
-                                ("router plaintext", router.port, router.pid)]:
+                print(
+                    f"{name:14s} keys={multi:2d} conns={conns:3d} depth={depth:3d} req/s={r['rps']:9.0f} "
+                    f"p50={r['p50_ms']:.3f}ms p99={r['p99_ms']:.3f}ms "
+                    f"mc_cpu={r['memcached_cpu_us_per_req']:.2f}us "
+                    f"proxy_cpu={r['proxy_cpu_us_per_req'] or 0:.2f}us",
+                    flush=True,
+                )
+        for name, port, pid in [
+            ("memcached -Z", mc.port, mc.pid),
+            ("router TLS", router.ssl_port, router.pid),
+            ("router plaintext", router.port, router.pid),
+        ]:
             c0 = cpu_seconds(pid)
             out = subprocess.run(
-                [str(LOADGEN), "--port", str(port), "--handshakes", str(args.handshakes),
-                 *(["--tls-ca", str(ca.cert)] if "plaintext" not in name else [])],
-                check=True, capture_output=True, text=True,
-                preexec_fn=(lambda: os.sched_setaffinity(0, {client_cpu})) if client_cpu is not None else None)
+                [
+                    str(LOADGEN),
+                    "--port",
+                    str(port),
+                    "--handshakes",
+                    str(args.handshakes),
+                    *(["--tls-ca", str(ca.cert)] if "plaintext" not in name else []),
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+                preexec_fn=(lambda: os.sched_setaffinity(0, {client_cpu})) if client_cpu is not None else None,
+            )
             h = json.loads(out.stdout)
             handshake[name] = ((cpu_seconds(pid) - c0) / h["handshakes"] * 1e6, h["seconds"] / h["handshakes"] * 1e3)
             print(f"{name}: {handshake[name][0]:.0f} us CPU, {handshake[name][1]:.2f} ms wall per new connection")
     finally:
         router.stop()
         mc.stop()
-    print("\n| keys/req | conns | depth | memcached -Z req/s | router TLS req/s | p50 ms (mc / router) "
-          "| p99 ms (mc / router) | router CPU/req ÷ memcached's direct | same, memcached's behind the router |")
+    print(
+        "\n| keys/req | conns | depth | memcached -Z req/s | router TLS req/s | p50 ms (mc / router) "
+        "| p99 ms (mc / router) | router CPU/req ÷ memcached's direct | same, memcached's behind the router |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for multi, conns, depth in cells:
-        m, ro = (median_run([r for r in results if (r["target"], r["keys"], r["conns"], r["depth"])
-                             == (t, multi, conns, depth)]) for t in ("memcached -Z", "router TLS"))
-        print(f"| {multi} | {conns} | {depth} | {m['rps']:.0f} | {ro['rps']:.0f} | "
-              f"{m['p50_ms']:.3f} / {ro['p50_ms']:.3f} | {m['p99_ms']:.3f} / {ro['p99_ms']:.3f} | "
-              f"{ro['proxy_cpu_us_per_req'] / m['memcached_cpu_us_per_req']:.2f}x | "
-              f"{ro['proxy_cpu_us_per_req'] / ro['memcached_cpu_us_per_req']:.2f}x |")
-    print("\n| new connection (connect, handshake, one version, close) | CPU of the server side "
-          "| wall, one at a time |")
+        m, ro = (
+            median_run(
+                [r for r in results if (r["target"], r["keys"], r["conns"], r["depth"]) == (t, multi, conns, depth)]
+            )
+            for t in ("memcached -Z", "router TLS")
+        )
+        print(
+            f"| {multi} | {conns} | {depth} | {m['rps']:.0f} | {ro['rps']:.0f} | "
+            f"{m['p50_ms']:.3f} / {ro['p50_ms']:.3f} | {m['p99_ms']:.3f} / {ro['p99_ms']:.3f} | "
+            f"{ro['proxy_cpu_us_per_req'] / m['memcached_cpu_us_per_req']:.2f}x | "
+            f"{ro['proxy_cpu_us_per_req'] / ro['memcached_cpu_us_per_req']:.2f}x |"
+        )
+    print(
+        "\n| new connection (connect, handshake, one version, close) | CPU of the server side | wall, one at a time |"
+    )
     print("|---|---|---|")
     for name, (cpu_us, wall_ms) in handshake.items():
         print(f"| {name} | {cpu_us:.0f} us | {wall_ms:.2f} ms |")

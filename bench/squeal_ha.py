@@ -60,38 +60,69 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO_ROOT), os.envi
 
 
 def single_topology(db: MariaDB, caches: list[Memcached]) -> str:
-    text = topology_text(db, SCHEMA, [m.port for m in caches], regional=False,
-                         extra_rules=[(f"{SCHEMA}.probe", [PROBE_TEMPLATE])])
+    text = topology_text(
+        db, SCHEMA, [m.port for m in caches], regional=False, extra_rules=[(f"{SCHEMA}.probe", [PROBE_TEMPLATE])]
+    )
     return text.replace("[squeal]\n", '[squeal]\nreader = "native"\n', 1)
 
 
-def ha_topology(db: MariaDB, replica: MariaDB, caches: list[Memcached], zk: list[ZooKeeper], root: str,
-                ports: dict[str, int], session_timeout: float, handback_after: float) -> str:
+def ha_topology(
+    db: MariaDB,
+    replica: MariaDB,
+    caches: list[Memcached],
+    zk: list[ZooKeeper],
+    root: str,
+    ports: dict[str, int],
+    session_timeout: float,
+    handback_after: float,
+) -> str:
     text = single_topology(db, caches)
-    text += (f'\n[regions.east.replicas.east-r1]\nhost = "{replica.host}"\nport = {replica.port}\n'
-             f'server_id = {replica.server_id}\nuser = "{replica.user}"\npassword = "{replica.password}"\n')
+    text += (
+        f'\n[regions.east.replicas.east-r1]\nhost = "{replica.host}"\nport = {replica.port}\n'
+        f'server_id = {replica.server_id}\nuser = "{replica.user}"\npassword = "{replica.password}"\n'
+    )
     for name, copy in (("east-1", "east"), ("east-2", "east-r1")):
-        text += f'\n[[regions.east.squeal_instances]]\nname = "{name}"\ndatabase = "{copy}"\n' \
-                f"metrics_port = {ports[name]}\n"
+        text += (
+            f'\n[[regions.east.squeal_instances]]\nname = "{name}"\ndatabase = "{copy}"\nmetrics_port = {ports[name]}\n'
+        )
     servers = ", ".join(f'"{m.host}:{m.port}"' for m in zk)
-    return text + (f'\n[zookeeper]\nservers = [{servers}]\nsession_timeout_s = {session_timeout:g}\n'
-                   f'root = "{root}"\ntakeover_wait_s = 30\nhandback_after_s = {handback_after:g}\n')
+    return text + (
+        f"\n[zookeeper]\nservers = [{servers}]\nsession_timeout_s = {session_timeout:g}\n"
+        f'root = "{root}"\ntakeover_wait_s = 30\nhandback_after_s = {handback_after:g}\n'
+    )
 
 
 class HaPair:
     """east-1 and east-2 on a fresh ZooKeeper root (no markers yet)."""
 
-    def __init__(self, base: Path, db: MariaDB, replica: MariaDB, caches: list[Memcached], zk: list[ZooKeeper],
-                 session_timeout: float, handback_after: float, from_gtid: str | None = None) -> None:
+    def __init__(
+        self,
+        base: Path,
+        db: MariaDB,
+        replica: MariaDB,
+        caches: list[Memcached],
+        zk: list[ZooKeeper],
+        session_timeout: float,
+        handback_after: float,
+        from_gtid: str | None = None,
+    ) -> None:
         work = Path(tempfile.mkdtemp(dir=base, prefix="ha-"))
         self.root = f"/bench{uuid.uuid4().hex[:8]}"
         self.ports = {name: free_port() for name in ("east-1", "east-2")}
         topo = work / "topology.toml"
         topo.write_text(ha_topology(db, replica, caches, zk, self.root, self.ports, session_timeout, handback_after))
         extra = ("--from-gtid", from_gtid) if from_gtid else ()
-        self.daemons = {name: SquealDaemon(topo, "east", port=port, workdir=work / name, state_dir=work / name / "st",
-                                           extra_args=("--instance", name, *extra))
-                        for name, port in self.ports.items()}
+        self.daemons = {
+            name: SquealDaemon(
+                topo,
+                "east",
+                port=port,
+                workdir=work / name,
+                state_dir=work / name / "st",
+                extra_args=("--instance", name, *extra),
+            )
+            for name, port in self.ports.items()
+        }
 
     def health(self, name: str) -> dict:
         return healthz(self.ports[name])[1]
@@ -110,8 +141,16 @@ class HaPair:
             d.stop(grace=10)
 
 
-def ha_replay(base: Path, db: MariaDB, replica: MariaDB, caches: list[Memcached], zk: list[ZooKeeper],
-              start: str, end: g.Position, session_timeout: float) -> dict:
+def ha_replay(
+    base: Path,
+    db: MariaDB,
+    replica: MariaDB,
+    caches: list[Memcached],
+    zk: list[ZooKeeper],
+    start: str,
+    end: g.Position,
+    session_timeout: float,
+) -> dict:
     """The replay with a standby in place before it starts: the leader znode is held by the bench's own
     session until both instances stand by."""
     pair = HaPair(base, db, replica, caches, zk, session_timeout, 3600.0, from_gtid=start)
@@ -120,28 +159,41 @@ def ha_replay(base: Path, db: MariaDB, replica: MariaDB, caches: list[Memcached]
     try:
         base_path = f"{pair.root}/regions/east"
         hold.create(f"{base_path}/epoch", json.dumps({"epoch": 0}).encode(), makepath=True)
-        hold.create(f"{base_path}/leader", json.dumps({"name": "bench-hold", "epoch": 0, "since": time.time()})
-                    .encode(), ephemeral=True)
+        hold.create(
+            f"{base_path}/leader",
+            json.dumps({"name": "bench-hold", "epoch": 0, "since": time.time()}).encode(),
+            ephemeral=True,
+        )
         for name in ("east-2", "east-1"):
             pair.daemons[name].start()
-            wait_until(lambda n=name: pair.health(n).get("ha", {}).get("leader") == "bench-hold", 30,
-                       f"{name} to stand by")
+            wait_until(
+                lambda n=name: pair.health(n).get("ha", {}).get("leader") == "bench-hold", 30, f"{name} to stand by"
+            )
         hold.delete(f"{base_path}/leader")  # the region is free: east-1 (preferred) takes it and replays
         port = pair.ports["east-1"]
         wait_until(lambda: pair.state("east-1") == "leader", 30, "east-1 to lead", interval=0.002)
         # The window opens once the leader's reader has read something, as the single daemon's does (its
         # /healthz answers after its reader started; squeal_replay subtracts what was read before): the
         # reader's connection set-up is not throughput. (Takeover time is measured by the failover part.)
-        wait_until(lambda: metric_sum(port, 'squeal_rows_total{reader="live"') > 0, 30, "east-1 to read",
-                   interval=0.002)
+        wait_until(
+            lambda: metric_sum(port, 'squeal_rows_total{reader="live"') > 0, 30, "east-1 to read", interval=0.002
+        )
         t0 = time.perf_counter()
         rows0 = metric_sum(port, 'squeal_rows_total{reader="live"')
-        groups = {"leader": [pair.daemons["east-1"].pid], "standby": [pair.daemons["east-2"].pid],
-                  "zookeeper": [m.pid for m in zk]}
+        groups = {
+            "leader": [pair.daemons["east-1"].pid],
+            "standby": [pair.daemons["east-2"].pid],
+            "zookeeper": [m.pid for m in zk],
+        }
         cpu0 = {k: cpu_seconds(pids) for k, pids in groups.items()}
-        wait_until(lambda: all(g.covers_position(g.parse_position(f["acked"]), end)
-                               for f in pair.health("east-1")["flows"].values()),
-                   600, f"the leader to acknowledge {g.format_position(end)}", interval=0.02)
+        wait_until(
+            lambda: all(
+                g.covers_position(g.parse_position(f["acked"]), end) for f in pair.health("east-1")["flows"].values()
+            ),
+            600,
+            f"the leader to acknowledge {g.format_position(end)}",
+            interval=0.02,
+        )
         elapsed = time.perf_counter() - t0
         cpu = {k: cpu_seconds(pids) - cpu0[k] for k, pids in groups.items()}
         rows = metric_sum(port, 'squeal_rows_total{reader="live"')
@@ -151,9 +203,15 @@ def ha_replay(base: Path, db: MariaDB, replica: MariaDB, caches: list[Memcached]
         hold.close()
         pair.stop()
     window = rows - rows0
-    return {"rows": rows, "window_rows": window, "seconds": elapsed, "rows_per_s": window / elapsed, "sheds": sheds,
-            "cpu_per_1000": cpu["leader"] / max(window, 1) * 1000,
-            "others_cpu": {k: v for k, v in cpu.items() if k != "leader"}}
+    return {
+        "rows": rows,
+        "window_rows": window,
+        "seconds": elapsed,
+        "rows_per_s": window / elapsed,
+        "sheds": sheds,
+        "cpu_per_1000": cpu["leader"] / max(window, 1) * 1000,
+        "others_cpu": {k: v for k, v in cpu.items() if k != "leader"},
+    }
 
 
 def median(values: list[float]) -> float:
@@ -169,9 +227,11 @@ def main() -> int:
     ap.add_argument("--kills", type=int, default=20, help="kill -9s of the leader")
     ap.add_argument("--session-timeout", type=float, default=2.0, help="ZooKeeper session timeout (s)")
     args = ap.parse_args()
-    print(f"command: .venv/bin/python bench/squeal_ha.py --rows {args.rows} --repeat {args.repeat} "
-          f"--probe-seconds {args.probe_seconds:g} --load-txn {args.load_txn:g} --kills {args.kills} "
-          f"--session-timeout {args.session_timeout:g}")
+    print(
+        f"command: .venv/bin/python bench/squeal_ha.py --rows {args.rows} --repeat {args.repeat} "
+        f"--probe-seconds {args.probe_seconds:g} --load-txn {args.load_txn:g} --kills {args.kills} "
+        f"--session-timeout {args.session_timeout:g}"
+    )
     print(f"start: {loadavg()}", flush=True)
     base = Path(tempfile.mkdtemp(prefix="squeal-ha-bench-"))
     started: list = []
@@ -202,15 +262,21 @@ def main() -> int:
         for i in range(args.repeat):
             for mode in ("single", "ha"):
                 print(f"replay {i + 1}/{args.repeat} {mode}: {loadavg()}", flush=True)
-                r = (squeal_replay(base, db, SCHEMA, mcs, start, end, batch_size=256, reader="native") if
-                     mode == "single" else ha_replay(base, db, replica, mcs, zk, start, end, args.session_timeout))
+                r = (
+                    squeal_replay(base, db, SCHEMA, mcs, start, end, batch_size=256, reader="native")
+                    if mode == "single"
+                    else ha_replay(base, db, replica, mcs, zk, start, end, args.session_timeout)
+                )
                 if r["rows"] != args.rows:
                     raise RuntimeError(f"{mode}: squeal read {r['rows']:.0f} rows, {args.rows} written")
                 rates[mode].append(r["rows_per_s"])
                 others = "".join(f", {k} {v:.2f}s" for k, v in r.get("others_cpu", {}).items())
-                print(f"  {r['window_rows']:.0f} rows in {r['seconds']:.3f}s = {r['rows_per_s']:,.0f} rows/s "
-                      f"({r['rows'] - r['window_rows']:.0f} read before); sheds {r['sheds']:.0f}; CPU: squeal "
-                      f"{r['cpu_per_1000'] * 1000:.1f} ms per 1,000 rows{others}", flush=True)
+                print(
+                    f"  {r['window_rows']:.0f} rows in {r['seconds']:.3f}s = {r['rows_per_s']:,.0f} rows/s "
+                    f"({r['rows'] - r['window_rows']:.0f} read before); sheds {r['sheds']:.0f}; CPU: squeal "
+                    f"{r['cpu_per_1000'] * 1000:.1f} ms per 1,000 rows{others}",
+                    flush=True,
+                )
         ratios = [h / s for s, h in zip(rates["single"], rates["ha"], strict=True)]
 
         # 2. latency under a paced background load
@@ -224,8 +290,13 @@ def main() -> int:
                 if mode == "single":
                     work = Path(tempfile.mkdtemp(dir=base, prefix="live-"))
                     (work / "topology.toml").write_text(single_topology(db, mcs))
-                    single = SquealDaemon(work / "topology.toml", "east", workdir=work, state_dir=work / "st",
-                                          extra_args=("--from-gtid", db.gtid_binlog_pos()))
+                    single = SquealDaemon(
+                        work / "topology.toml",
+                        "east",
+                        workdir=work,
+                        state_dir=work / "st",
+                        extra_args=("--from-gtid", db.gtid_binlog_pos()),
+                    )
                     single.start()
                     stop = single.stop
                 else:
@@ -233,8 +304,11 @@ def main() -> int:
                     pair.daemons["east-1"].start()
                     wait_until(lambda p=pair: p.state("east-1") == "leader", 30, "east-1 to lead")
                     pair.daemons["east-2"].start()
-                    wait_until(lambda p=pair: p.health("east-2").get("ha", {}).get("leader") == "east-1", 30,
-                               "east-2 to stand by")
+                    wait_until(
+                        lambda p=pair: p.health("east-2").get("ha", {}).get("leader") == "east-1",
+                        30,
+                        "east-2 to stand by",
+                    )
                     stop = pair.stop
                 prober = Prober(db, SCHEMA, [m.port for m in mcs])
                 try:
@@ -274,12 +348,18 @@ def main() -> int:
                 gone = time.perf_counter() - t_kill
                 takeover = pair.health(other)["takeover"]
                 failovers.append((gone, takeover["since"] - kill_wall, takeover.get("ready_after_s", 0.0)))
-                print(f"  kill {k + 1}: {leader} killed -> {other} elected {failovers[-1][1] * 1000:.0f} ms, "
-                      f"delivering {failovers[-1][2] * 1000:.0f} ms later, canary gone {gone * 1000:.0f} ms "
-                      f"after the kill", flush=True)
+                print(
+                    f"  kill {k + 1}: {leader} killed -> {other} elected {failovers[-1][1] * 1000:.0f} ms, "
+                    f"delivering {failovers[-1][2] * 1000:.0f} ms later, canary gone {gone * 1000:.0f} ms "
+                    f"after the kill",
+                    flush=True,
+                )
                 pair.daemons[leader].start()
-                wait_until(lambda n=leader, o=other: pair.health(n).get("ha", {}).get("leader") == o, 30,
-                           f"{leader} to stand by")
+                wait_until(
+                    lambda n=leader, o=other: pair.health(n).get("ha", {}).get("leader") == o,
+                    30,
+                    f"{leader} to stand by",
+                )
         finally:
             for c in caches:
                 c.close()
@@ -306,8 +386,11 @@ def main() -> int:
         ready = sorted(f[2] for f in failovers)
         print(f"\n| failover over {len(gone)} kill -9s | min | p50 | p90 | p99 | max |")
         print("|---|---|---|---|---|---|")
-        for what, vals in (("kill -> canary gone", gone), ("kill -> new leader elected", elected),
-                           ("elected -> delivering", ready)):
+        for what, vals in (
+            ("kill -> canary gone", gone),
+            ("kill -> new leader elected", elected),
+            ("elected -> delivering", ready),
+        ):
             print(f"| {what} | " + " | ".join(f"{pct(vals, q) * 1000:.0f} ms" for q in (0, 0.5, 0.9, 0.99, 1.0)) + " |")
         return 0
     finally:

@@ -46,11 +46,12 @@ def user_keys(ids: range) -> list[str]:
 
 def in_chunks(keys: list[str], n: int = 20_000):
     for i in range(0, len(keys), n):
-        yield keys[i:i + n]
+        yield keys[i : i + n]
 
 
-def one_pair(db: MariaDB, schema: str, caches: list[Cache], daemon: SquealDaemon, ids: range,
-             memcached_pids: list[int]) -> dict:
+def one_pair(
+    db: MariaDB, schema: str, caches: list[Cache], daemon: SquealDaemon, ids: range, memcached_pids: list[int]
+) -> dict:
     keys = user_keys(ids)
     for c in caches:
         for part in in_chunks(keys):
@@ -75,9 +76,11 @@ def one_pair(db: MariaDB, schema: str, caches: list[Cache], daemon: SquealDaemon
         cpu_before: tuple[float, float] | None = None
         t_write = time.perf_counter()
         for i in range(0, len(rows), 1000):
-            part = rows[i:i + 1000]
-            cur.execute("INSERT INTO users VALUES " + ", ".join(["(%s, %s, 'n', 0)"] * len(part)),
-                        [v for j in part for v in (j, f"u{j}@example.com")])
+            part = rows[i : i + 1000]
+            cur.execute(
+                "INSERT INTO users VALUES " + ", ".join(["(%s, %s, 'n', 0)"] * len(part)),
+                [v for j in part for v in (j, f"u{j}@example.com")],
+            )
         cpu_before = cpu_seconds([daemon.pid]), cpu_seconds(memcached_pids)  # (squeal is idle until the commit)
         conn.commit()
         t_commit = time.perf_counter()
@@ -106,10 +109,20 @@ def one_pair(db: MariaDB, schema: str, caches: list[Cache], daemon: SquealDaemon
         raise RuntimeError(f"bare decode read {bare_rows} rows, want {len(ids)}")
     c_s, _ = c_decoder(db, start, end)
     squeal_s = t_acked - t_commit
-    return {"write_s": t_commit - t_write, "squeal_s": squeal_s, "read_s": (dispatched or t_acked) - t_commit,
-            "bare_s": bare_s, "ratio": squeal_s / bare_s, "sheds": sheds, "keys": len(keys), "c_s": c_s,
-            "rss_before_mb": rss_before / 2**20, "rss_peak_mb": peak[0] / 2**20,
-            "cpu_squeal_s": cpu_squeal, "cpu_memcached_s": cpu_memcached}
+    return {
+        "write_s": t_commit - t_write,
+        "squeal_s": squeal_s,
+        "read_s": (dispatched or t_acked) - t_commit,
+        "bare_s": bare_s,
+        "ratio": squeal_s / bare_s,
+        "sheds": sheds,
+        "keys": len(keys),
+        "c_s": c_s,
+        "rss_before_mb": rss_before / 2**20,
+        "rss_peak_mb": peak[0] / 2**20,
+        "cpu_squeal_s": cpu_squeal,
+        "cpu_memcached_s": cpu_memcached,
+    }
 
 
 def main() -> int:
@@ -135,25 +148,30 @@ def main() -> int:
         pairs = []
         for i in range(args.repeat):
             print(f"pair {i + 1}/{args.repeat}: {loadavg()}")
-            p = one_pair(db, schema, caches, daemon, range(i * args.rows + 1, (i + 1) * args.rows + 1),
-                         [m.pid for m in mcs])
+            p = one_pair(
+                db, schema, caches, daemon, range(i * args.rows + 1, (i + 1) * args.rows + 1), [m.pid for m in mcs]
+            )
             pairs.append(p)
-            print(f"  one transaction of {args.rows:,} rows / {p['keys']:,} keys (written in {p['write_s']:.1f}s): "
-                  f"squeal commit -> every key deleted in both clusters {p['squeal_s']:.2f}s (read and handed "
-                  f"to the flows after {p['read_s']:.2f}s); bare decode {p['bare_s']:.2f}s; ratio {p['ratio']:.2f} "
-                  f"({1 / p['ratio']:.1f}x bare); C decoder {p['c_s']:.2f}s; "
-                  f"sheds {p['sheds']:.0f}; squeal RSS {p['rss_before_mb']:.0f} MB before, peak "
-                  f"{p['rss_peak_mb']:.0f} MB; CPU from commit to acknowledged: squeal {p['cpu_squeal_s']:.2f}s, "
-                  f"the two memcacheds {p['cpu_memcached_s']:.2f}s")
+            print(
+                f"  one transaction of {args.rows:,} rows / {p['keys']:,} keys (written in {p['write_s']:.1f}s): "
+                f"squeal commit -> every key deleted in both clusters {p['squeal_s']:.2f}s (read and handed "
+                f"to the flows after {p['read_s']:.2f}s); bare decode {p['bare_s']:.2f}s; ratio {p['ratio']:.2f} "
+                f"({1 / p['ratio']:.1f}x bare); C decoder {p['c_s']:.2f}s; "
+                f"sheds {p['sheds']:.0f}; squeal RSS {p['rss_before_mb']:.0f} MB before, peak "
+                f"{p['rss_peak_mb']:.0f} MB; CPU from commit to acknowledged: squeal {p['cpu_squeal_s']:.2f}s, "
+                f"the two memcacheds {p['cpu_memcached_s']:.2f}s"
+            )
         print(f"after the pairs: {loadavg()}")
         pairs.sort(key=lambda p: p["ratio"])
         mid = pairs[(len(pairs) - 1) // 2]
         ratios = ", ".join(f"{p['ratio']:.2f}" for p in pairs)
-        print(f"RATIO squeal[{args.reader}] commit->deleted / bare decode: median {mid['ratio']:.2f} "
-              f"({1 / mid['ratio']:.1f}x bare) of {len(pairs)} pairs ({ratios}); median pair squeal "
-              f"{mid['squeal_s']:.2f}s, bare {mid['bare_s']:.2f}s, C decoder {mid['c_s']:.2f}s (squeal = "
-              f"{mid['c_s'] / mid['squeal_s']:.2f} of C); sheds {sum(p['sheds'] for p in pairs):.0f}; peak RSS "
-              f"{max(p['rss_peak_mb'] for p in pairs):.0f} MB")
+        print(
+            f"RATIO squeal[{args.reader}] commit->deleted / bare decode: median {mid['ratio']:.2f} "
+            f"({1 / mid['ratio']:.1f}x bare) of {len(pairs)} pairs ({ratios}); median pair squeal "
+            f"{mid['squeal_s']:.2f}s, bare {mid['bare_s']:.2f}s, C decoder {mid['c_s']:.2f}s (squeal = "
+            f"{mid['c_s'] / mid['squeal_s']:.2f} of C); sheds {sum(p['sheds'] for p in pairs):.0f}; peak RSS "
+            f"{max(p['rss_peak_mb'] for p in pairs):.0f} MB"
+        )
     finally:
         for c in caches:
             c.close()

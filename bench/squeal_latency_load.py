@@ -122,8 +122,18 @@ def update_txn(first: int) -> str:
     return "BEGIN;" + ";".join(rows) + ";COMMIT"
 
 
-def writer_process(conn_args: dict[str, Any], rate: float, threads: int, first_id: int, start: Any, stop: Any,
-                   ready: Synchronized, rows: Synchronized, cpu: Synchronized, failed: Synchronized) -> None:
+def writer_process(
+    conn_args: dict[str, Any],
+    rate: float,
+    threads: int,
+    first_id: int,
+    start: Any,
+    stop: Any,
+    ready: Synchronized,
+    rows: Synchronized,
+    cpu: Synchronized,
+    failed: Synchronized,
+) -> None:
     """`threads` writers on their own connections sharing one token bucket of `rate` transactions/s.
     Adds committed rows to `rows`; its CPU time goes to `cpu` at the end."""
     bucket = TokenBucket(rate, max(threads, rate * 0.05))
@@ -177,9 +187,22 @@ class LoadGenerator:
         self.threads = procs * threads
         conn_args = {"host": db.host, "port": db.port, "user": db.user, "password": db.password, "database": schema}
         self.procs = [
-            ctx.Process(target=writer_process, name=f"loadgen-{i}",
-                        args=(conn_args, rate_txn / procs, threads, FIRST_LOAD_ID + i * threads * IDS_PER_THREAD,
-                              self.start_event, self.stop_event, self.ready, self.rows[i], self.cpu[i], self.failed))
+            ctx.Process(
+                target=writer_process,
+                name=f"loadgen-{i}",
+                args=(
+                    conn_args,
+                    rate_txn / procs,
+                    threads,
+                    FIRST_LOAD_ID + i * threads * IDS_PER_THREAD,
+                    self.start_event,
+                    self.stop_event,
+                    self.ready,
+                    self.rows[i],
+                    self.cpu[i],
+                    self.failed,
+                ),
+            )
             for i in range(procs)
         ]
 
@@ -227,8 +250,9 @@ class Phase:
     seconds: float = 0.0
 
     def latencies(self, cluster: int, from_sent: bool = False) -> list[float]:
-        return sorted(s.gone[cluster] + (s.commit_s if from_sent else 0.0)
-                      for s in self.samples if s.gone[cluster] is not None)
+        return sorted(
+            s.gone[cluster] + (s.commit_s if from_sent else 0.0) for s in self.samples if s.gone[cluster] is not None
+        )
 
     def missed(self, cluster: int) -> int:
         return sum(s.gone[cluster] is None for s in self.samples)
@@ -253,8 +277,9 @@ class Prober:
         key = PROBE_TEMPLATE.format(id=self.next_row)
         for c in self.caches:
             c.set(key, b"canary")
-        self.cur.execute("UPDATE probe SET seq = seq + 1, committed_at = %s WHERE id = %s",
-                         (time.time(), self.next_row))
+        self.cur.execute(
+            "UPDATE probe SET seq = seq + 1, committed_at = %s WHERE id = %s", (time.time(), self.next_row)
+        )
         sent = time.perf_counter()
         self.conn.commit()
         returned = time.perf_counter()
@@ -314,11 +339,13 @@ def db_seq(cur: Any) -> int:
 def start_live_daemon(base: Path, db: MariaDB, caches: list[Memcached]) -> SquealDaemon:
     work = Path(tempfile.mkdtemp(dir=base, prefix="live-"))
     topo = work / "topology.toml"
-    text = topology_text(db, SCHEMA, [m.port for m in caches], regional=False,
-                         extra_rules=[(f"{SCHEMA}.probe", [PROBE_TEMPLATE])])
+    text = topology_text(
+        db, SCHEMA, [m.port for m in caches], regional=False, extra_rules=[(f"{SCHEMA}.probe", [PROBE_TEMPLATE])]
+    )
     topo.write_text(text.replace("[squeal]\n", '[squeal]\nreader = "native"\n', 1))
-    daemon = SquealDaemon(topo, "east", workdir=work, state_dir=work / "state",
-                          extra_args=("--from-gtid", db.gtid_binlog_pos()))
+    daemon = SquealDaemon(
+        topo, "east", workdir=work, state_dir=work / "state", extra_args=("--from-gtid", db.gtid_binlog_pos())
+    )
     daemon.start()
     log = daemon.log_file.read_text() if daemon.log_file.exists() else ""
     if "binlog reader: native" not in log:
@@ -335,9 +362,15 @@ def wait_acked(daemon: SquealDaemon, db: MariaDB, timeout: float = 120.0) -> flo
     """Seconds until both clusters have acknowledged the database's current position."""
     end = g.parse_position(db.gtid_binlog_pos())
     t0 = time.perf_counter()
-    wait_until(lambda: all(g.covers_position(g.parse_position(f["acked"]), end)
-                           for f in healthz(daemon.port)[1]["flows"].values()),
-               timeout, f"squeal to acknowledge {g.format_position(end)}", interval=0.01, error=RuntimeError)
+    wait_until(
+        lambda: all(
+            g.covers_position(g.parse_position(f["acked"]), end) for f in healthz(daemon.port)[1]["flows"].values()
+        ),
+        timeout,
+        f"squeal to acknowledge {g.format_position(end)}",
+        interval=0.01,
+        error=RuntimeError,
+    )
     return time.perf_counter() - t0
 
 
@@ -355,13 +388,17 @@ def ms(x: float) -> str:
 
 def describe(phase: Phase, clusters: int) -> None:
     commits = sorted(s.commit_s for s in phase.samples)
-    print(f"  {phase.name}: {len(phase.samples)} probes in {phase.seconds:.1f}s; COMMIT round trip p50 "
-          f"{ms(pct(commits, 0.5))}, p99 {ms(pct(commits, 0.99))}")
+    print(
+        f"  {phase.name}: {len(phase.samples)} probes in {phase.seconds:.1f}s; COMMIT round trip p50 "
+        f"{ms(pct(commits, 0.5))}, p99 {ms(pct(commits, 0.99))}"
+    )
     for i in range(clusters):
         lat, sent = phase.latencies(i), phase.latencies(i, from_sent=True)
-        print(f"    c{i}: commit returned -> gone p50 {ms(pct(lat, 0.5))}, p90 {ms(pct(lat, 0.9))}, "
-              f"p99 {ms(pct(lat, 0.99))}, max {ms(lat[-1] if lat else math.nan)}; missed {phase.missed(i)}; "
-              f"from COMMIT sent (the prober's clock) p50 {ms(pct(sent, 0.5))}, p99 {ms(pct(sent, 0.99))}")
+        print(
+            f"    c{i}: commit returned -> gone p50 {ms(pct(lat, 0.5))}, p90 {ms(pct(lat, 0.9))}, "
+            f"p99 {ms(pct(lat, 0.99))}, max {ms(lat[-1] if lat else math.nan)}; missed {phase.missed(i)}; "
+            f"from COMMIT sent (the prober's clock) p50 {ms(pct(sent, 0.5))}, p99 {ms(pct(sent, 0.99))}"
+        )
 
 
 def main() -> int:
@@ -374,13 +411,21 @@ def main() -> int:
     ap.add_argument("--capacity-rows", type=int, default=50_000)
     ap.add_argument("--capacity-rounds", type=int, default=3, help="capacity replays (median used)")
     ap.add_argument("--durable", action="store_true", help="keep innodb_flush_log_at_trx_commit = 1")
-    ap.add_argument("--favour", type=int, default=0, metavar="N",
-                    help="renice squeal, the memcacheds and the prober to -N under the load (0: leave them)")
+    ap.add_argument(
+        "--favour",
+        type=int,
+        default=0,
+        metavar="N",
+        help="renice squeal, the memcacheds and the prober to -N under the load (0: leave them)",
+    )
     args = ap.parse_args()
-    command = (f".venv/bin/python bench/squeal_latency_load.py --load {args.load:g} --seconds {args.seconds:g} "
-               f"--idle-seconds {args.idle_seconds:g} --procs {args.procs} --threads {args.threads} "
-               f"--capacity-rows {args.capacity_rows} --capacity-rounds {args.capacity_rounds}"
-               + (" --durable" if args.durable else "") + (f" --favour {args.favour}" if args.favour else ""))
+    command = (
+        f".venv/bin/python bench/squeal_latency_load.py --load {args.load:g} --seconds {args.seconds:g} "
+        f"--idle-seconds {args.idle_seconds:g} --procs {args.procs} --threads {args.threads} "
+        f"--capacity-rows {args.capacity_rows} --capacity-rounds {args.capacity_rounds}"
+        + (" --durable" if args.durable else "")
+        + (f" --favour {args.favour}" if args.favour else "")
+    )
     print(f"command: {command}")
     loads: list[float] = []
 
@@ -414,13 +459,17 @@ def main() -> int:
             if r["rows"] != args.capacity_rows:
                 raise RuntimeError(f"squeal read {r['rows']:.0f} rows, {args.capacity_rows} written")
             rates.append(r["rows_per_s"])
-            print(f"  {r['window_rows']:.0f} rows in {r['seconds']:.3f}s = {r['rows_per_s']:,.0f} rows/s "
-                  f"({r['rows'] - r['window_rows']:.0f} read before /healthz); sheds {r['sheds']:.0f}")
+            print(
+                f"  {r['window_rows']:.0f} rows in {r['seconds']:.3f}s = {r['rows_per_s']:,.0f} rows/s "
+                f"({r['rows'] - r['window_rows']:.0f} read before /healthz); sheds {r['sheds']:.0f}"
+            )
         capacity = sorted(rates)[(len(rates) - 1) // 2]
         target = args.load * capacity
-        print(f"capacity: median {capacity:,.0f} rows/s of {len(rates)} replays "
-              f"({', '.join(f'{x:,.0f}' for x in sorted(rates))}); target load {args.load:g} x = {target:,.0f} rows/s "
-              f"= {target / 10:,.0f} transactions/s")
+        print(
+            f"capacity: median {capacity:,.0f} rows/s of {len(rates)} replays "
+            f"({', '.join(f'{x:,.0f}' for x in sorted(rates))}); target load {args.load:g} x = {target:,.0f} rows/s "
+            f"= {target / 10:,.0f} transactions/s"
+        )
 
         # 2. live daemon, idle baseline
         daemon = start_live_daemon(base, db, mcs)
@@ -481,22 +530,30 @@ def main() -> int:
         sheds = metric_sum(daemon.port, "squeal_flow_sheds_total") - sheds0
         live_rows = metric_sum(daemon.port, 'squeal_rows_total{reader="live"') - live0
         secs = per_second[1:] or per_second  # the first second includes the ramp's start
-        print(f"  written {rows_end:,} rows in {window:.1f}s; after the {RAMP:g}s ramp {achieved:,.0f} rows/s = "
-              f"{achieved / target:.2f} of the target = {achieved / capacity:.2f} of capacity (per second: "
-              f"min {min(secs):,}, median {middle(secs):,}, max {max(secs):,} rows)")
-        print(f"  CPU over the load window (cores): squeal {cpu['squeal']:.2f}, mariadb {cpu['mariadb']:.2f}, "
-              f"load generator {gen_cpu / window:.2f}; whole box {box_cpu:.0f}% busy")
+        print(
+            f"  written {rows_end:,} rows in {window:.1f}s; after the {RAMP:g}s ramp {achieved:,.0f} rows/s = "
+            f"{achieved / target:.2f} of the target = {achieved / capacity:.2f} of capacity (per second: "
+            f"min {min(secs):,}, median {middle(secs):,}, max {max(secs):,} rows)"
+        )
+        print(
+            f"  CPU over the load window (cores): squeal {cpu['squeal']:.2f}, mariadb {cpu['mariadb']:.2f}, "
+            f"load generator {gen_cpu / window:.2f}; whole box {box_cpu:.0f}% busy"
+        )
         max_lag = max(lags, default=0)
-        print(f"  squeal: live reader rows {live_rows:,.0f}; lag sampled each second (transactions not yet "
-              f"acknowledged by the slower cluster) median {middle(lags)}, max {max_lag} (~"
-              f"{max_lag / max(achieved / 10, 1) * 1000:.0f} ms of writes at the achieved rate), of which not yet "
-              f"read by squeal: median {middle(read_lags)}, max {max(read_lags, default=0)}; both clusters "
-              f"acknowledged the last write {drain * 1000:.0f} ms after the load stopped; sheds {sheds:.0f}")
+        print(
+            f"  squeal: live reader rows {live_rows:,.0f}; lag sampled each second (transactions not yet "
+            f"acknowledged by the slower cluster) median {middle(lags)}, max {max_lag} (~"
+            f"{max_lag / max(achieved / 10, 1) * 1000:.0f} ms of writes at the achieved rate), of which not yet "
+            f"read by squeal: median {middle(read_lags)}, max {max(read_lags, default=0)}; both clusters "
+            f"acknowledged the last write {drain * 1000:.0f} ms after the load stopped; sheds {sheds:.0f}"
+        )
         if achieved < 0.95 * target:
-            print(f"  NOTE: the load generator did NOT reach the target ({target:,.0f} rows/s): it wrote "
-                  f"{achieved:,.0f} rows/s = {achieved / capacity:.0%} of capacity. MariaDB and the Python writers "
-                  f"share this 2-core box with squeal and the writers fell behind the bucket's pace (the CPU, not "
-                  f"the pacing, limited them: the box was saturated); the latency below holds for this load only.")
+            print(
+                f"  NOTE: the load generator did NOT reach the target ({target:,.0f} rows/s): it wrote "
+                f"{achieved:,.0f} rows/s = {achieved / capacity:.0%} of capacity. MariaDB and the Python writers "
+                f"share this 2-core box with squeal and the writers fell behind the bucket's pace (the CPU, not "
+                f"the pacing, limited them: the box was saturated); the latency below holds for this load only."
+            )
         describe(under_load, len(mcs))
 
         # 4. idle again
@@ -514,25 +571,36 @@ def main() -> int:
             lat, base_lat = under_load.latencies(i), idle.latencies(i)
             p99, p99_idle = pct(lat, 0.99), pct(base_lat, 0.99)
             verdicts.append(p99 < 0.050 and under_load.missed(i) == 0)
-            print(f"  c{i}: under load p50 {ms(pct(lat, 0.5))} p99 {ms(p99)} ({len(lat)} probes); idle p50 "
-                  f"{ms(pct(base_lat, 0.5))} p99 {ms(p99_idle)} ({len(base_lat)} probes); p99 load / idle "
-                  f"{p99 / p99_idle:.2f}")
+            print(
+                f"  c{i}: under load p50 {ms(pct(lat, 0.5))} p99 {ms(p99)} ({len(lat)} probes); idle p50 "
+                f"{ms(pct(base_lat, 0.5))} p99 {ms(p99_idle)} ({len(base_lat)} probes); p99 load / idle "
+                f"{p99 / p99_idle:.2f}"
+            )
         reached = achieved >= 0.95 * target
-        print(f"TARGET p99 < 50 ms at {args.load:g} x capacity: latency {'met' if all(verdicts) else 'NOT met'} "
-              f"at {achieved / capacity:.0%} of capacity"
-              + ("" if reached else f" (the {args.load:.0%} load was NOT reached: not a test of the target)"))
+        print(
+            f"TARGET p99 < 50 ms at {args.load:g} x capacity: latency {'met' if all(verdicts) else 'NOT met'} "
+            f"at {achieved / capacity:.0%} of capacity"
+            + ("" if reached else f" (the {args.load:.0%} load was NOT reached: not a test of the target)")
+        )
 
         date = datetime.date.today().isoformat()
         loads_s = f"{min(loads):.1f}–{max(loads):.1f}"
-        cells = [f"{date}, load avg {loads_s}", f"{capacity:,.0f}", f"{target:,.0f} ({args.load:g}x)",
-                 f"{achieved:,.0f} ({achieved / capacity:.2f} of capacity)",
-                 f"{len(under_load.samples)} / {len(idle.samples)}"]
+        cells = [
+            f"{date}, load avg {loads_s}",
+            f"{capacity:,.0f}",
+            f"{target:,.0f} ({args.load:g}x)",
+            f"{achieved:,.0f} ({achieved / capacity:.2f} of capacity)",
+            f"{len(under_load.samples)} / {len(idle.samples)}",
+        ]
         for i in range(len(mcs)):
             lat, base_lat = under_load.latencies(i), idle.latencies(i)
             cells.append(f"{ms(pct(lat, 0.5))} / {ms(pct(lat, 0.99))} / {ms(lat[-1] if lat else math.nan)}")
             cells.append(f"{ms(pct(base_lat, 0.5))} / {ms(pct(base_lat, 0.99))}")
-        cells += [f"{max(lags, default=0)}", f"{sheds:.0f}",
-                  f"{sum(under_load.missed(i) + idle.missed(i) for i in range(len(mcs)))}"]
+        cells += [
+            f"{max(lags, default=0)}",
+            f"{sheds:.0f}",
+            f"{sum(under_load.missed(i) + idle.missed(i) for i in range(len(mcs)))}",
+        ]
         header = ["run", "capacity rows/s", "target rows/s", "achieved rows/s", "probes load / idle"]
         for i in range(len(mcs)):
             header += [f"c{i} under load p50 / p99 / max", f"c{i} idle p50 / p99"]

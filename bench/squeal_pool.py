@@ -140,8 +140,11 @@ def failovers(env: Pool, kills: int) -> list[float]:
         canary.commit(shard, i)
         took = canary.gone_at(i) - t0
         out.append(took)
-        print(f"  kill {k + 1}: {victim} (owned {sorted(placed[victim])}) -> {SHARDS[shard]} delivering again "
-              f"after {took * 1000:.0f} ms; {loadavg()}", flush=True)
+        print(
+            f"  kill {k + 1}: {victim} (owned {sorted(placed[victim])}) -> {SHARDS[shard]} delivering again "
+            f"after {took * 1000:.0f} ms; {loadavg()}",
+            flush=True,
+        )
         env.workers[victim].start()
     running_everywhere(env, names)
     return out
@@ -183,11 +186,18 @@ def planned_moves(env: Pool, moves: int) -> tuple[list[float], list[float], list
             time.sleep(3.0)  # the cooldown (2 s) of the last move, and probes between moves
             t0 = time.monotonic()
             request_move(zk, env.root, "east", SHARDS[0], target)
-            wait_until(lambda t=target: SHARDS[0] in env.running(t) and all(
-                SHARDS[0] not in env.running(n) for n in names if n != t), DEADLINE, f"{SHARDS[0]} on {target}")
+            wait_until(
+                lambda t=target: SHARDS[0] in env.running(t)
+                and all(SHARDS[0] not in env.running(n) for n in names if n != t),
+                DEADLINE,
+                f"{SHARDS[0]} on {target}",
+            )
             windows.append((t0, time.monotonic()))
-            print(f"  move {k + 1}: {SHARDS[0]} {source} -> {target} in {(windows[-1][1] - t0) * 1000:.0f} ms "
-                  f"(request -> running there); {loadavg()}", flush=True)
+            print(
+                f"  move {k + 1}: {SHARDS[0]} {source} -> {target} in {(windows[-1][1] - t0) * 1000:.0f} ms "
+                f"(request -> running there); {loadavg()}",
+                flush=True,
+            )
         time.sleep(1.0)
     finally:
         prober.stop()
@@ -212,8 +222,9 @@ def squeal_cpu_per_krow(ports_pids: dict[int, int], load: Load, seconds: float) 
 
 def single_topology(env: Pool) -> Path:
     text = env.topology.read_text().replace("squeal_pool = true\n", "")
-    text = re.sub(r'\[\[regions\.east\.squeal_instances\]\]\nname = "w\d"\nmetrics_port = \d+\nhost = "[^"]*"\n',
-                  "", text)
+    text = re.sub(
+        r'\[\[regions\.east\.squeal_instances\]\]\nname = "w\d"\nmetrics_port = \d+\nhost = "[^"]*"\n', "", text
+    )
     text = re.sub(r"\n\[regions\.east\.squeal_placement\]\n[^\[]*", "\n", text)
     path = env.base / "single.toml"
     path.write_text(text)
@@ -233,8 +244,11 @@ def costs(env: Pool, rounds: int, seconds: float, load: Load) -> list[tuple[str,
         for mode in ("single", "pool"):
             if mode == "single":
                 single.start()
-                wait_until(lambda: set(single_health().get("shards") or {}) == set(SHARDS), DEADLINE,
-                           "the single daemon running every shard")
+                wait_until(
+                    lambda: set(single_health().get("shards") or {}) == set(SHARDS),
+                    DEADLINE,
+                    "the single daemon running every shard",
+                )
                 time.sleep(3.0)  # past its start-up
                 figure = squeal_cpu_per_krow({single.port: single.pid}, load, seconds)
                 single.stop(grace=10)
@@ -243,13 +257,15 @@ def costs(env: Pool, rounds: int, seconds: float, load: Load) -> list[tuple[str,
                     env.workers[n].start()
                 running_everywhere(env, ("w1", "w2"))
                 time.sleep(3.0)
-                figure = squeal_cpu_per_krow({env.ports[n]: env.workers[n].pid for n in ("w1", "w2")}, load,
-                                             seconds)
+                figure = squeal_cpu_per_krow({env.ports[n]: env.workers[n].pid for n in ("w1", "w2")}, load, seconds)
                 for n in ("w1", "w2"):
                     env.workers[n].stop(grace=10)
             out.append((mode, *figure))
-            print(f"  round {r + 1} {mode}: {figure[0]:.2f} ms CPU per 1,000 rows, {figure[2]} rows read "
-                  f"({figure[1]:.3f} of those written); {loadavg()}", flush=True)
+            print(
+                f"  round {r + 1} {mode}: {figure[0]:.2f} ms CPU per 1,000 rows, {figure[2]} rows read "
+                f"({figure[1]:.3f} of those written); {loadavg()}",
+                flush=True,
+            )
 
     return out
 
@@ -271,33 +287,44 @@ def main() -> None:
             env = Pool(base / "pool", dbs, zk, placement=PLACEMENT)
             load = Load(env, args.rate)
             load.start()
-            print(f"{len(SHARDS)} shards, 3 workers, session timeout 2 s, {args.rate:g} rows/s background; "
-                  f"{loadavg()}", flush=True)
+            print(
+                f"{len(SHARDS)} shards, 3 workers, session timeout 2 s, {args.rate:g} rows/s background; {loadavg()}",
+                flush=True,
+            )
             try:
                 for n in ("w1", "w2", "w3"):
                     env.workers[n].start()
                 running_everywhere(env, ("w1", "w2", "w3"))
                 if args.kills:
                     times = sorted(failovers(env, args.kills))
-                    print(f"failover over {len(times)} kill -9s: min {times[0] * 1000:.0f} ms, p50 "
-                          f"{pct(times, 0.5) * 1000:.0f} ms, p90 {pct(times, 0.9) * 1000:.0f} ms, p99 "
-                          f"{pct(times, 0.99) * 1000:.0f} ms, max {times[-1] * 1000:.0f} ms", flush=True)
+                    print(
+                        f"failover over {len(times)} kill -9s: min {times[0] * 1000:.0f} ms, p50 "
+                        f"{pct(times, 0.5) * 1000:.0f} ms, p90 {pct(times, 0.9) * 1000:.0f} ms, p99 "
+                        f"{pct(times, 0.99) * 1000:.0f} ms, max {times[-1] * 1000:.0f} ms",
+                        flush=True,
+                    )
                 if args.moves:
                     during, between, spans = planned_moves(env, args.moves)
-                    print(f"planned moves: {len(spans)}, request -> running on the target p50 "
-                          f"{pct(sorted(spans), 0.5) * 1000:.0f} ms, max {max(spans) * 1000:.0f} ms; moving shard's "
-                          f"commit -> gone during moves ({len(during)} probes) p50 {pct(during, 0.5) * 1000:.1f} ms, "
-                          f"p99 {pct(during, 0.99) * 1000:.1f} ms, max {during[-1] * 1000:.1f} ms; between moves "
-                          f"({len(between)} probes) p50 {pct(between, 0.5) * 1000:.1f} ms, p99 "
-                          f"{pct(between, 0.99) * 1000:.1f} ms", flush=True)
+                    print(
+                        f"planned moves: {len(spans)}, request -> running on the target p50 "
+                        f"{pct(sorted(spans), 0.5) * 1000:.0f} ms, max {max(spans) * 1000:.0f} ms; moving shard's "
+                        f"commit -> gone during moves ({len(during)} probes) p50 {pct(during, 0.5) * 1000:.1f} ms, "
+                        f"p99 {pct(during, 0.99) * 1000:.1f} ms, max {during[-1] * 1000:.1f} ms; between moves "
+                        f"({len(between)} probes) p50 {pct(between, 0.5) * 1000:.1f} ms, p99 "
+                        f"{pct(between, 0.99) * 1000:.1f} ms",
+                        flush=True,
+                    )
                 for n in ("w1", "w2", "w3"):
                     env.workers[n].stop(grace=10)
                 if args.rounds:
                     figures = costs(env, args.rounds, args.seconds, load)
                     s = sorted(f[1] for f in figures if f[0] == "single")
                     p = sorted(f[1] for f in figures if f[0] == "pool")
-                    print(f"cost: squeal CPU per 1,000 rows, single median {pct(s, 0.5):.2f} ms, pool median "
-                          f"{pct(p, 0.5):.2f} ms: pool / single {pct(p, 0.5) / pct(s, 0.5):.3f}", flush=True)
+                    print(
+                        f"cost: squeal CPU per 1,000 rows, single median {pct(s, 0.5):.2f} ms, pool median "
+                        f"{pct(p, 0.5):.2f} ms: pool / single {pct(p, 0.5) / pct(s, 0.5):.3f}",
+                        flush=True,
+                    )
             finally:
                 load.stop()
                 env.stop()

@@ -48,15 +48,21 @@ def health(port: int) -> dict:
 
 
 def topology(dbs: list[MariaDB], schema: str, caches: list[Memcached]) -> str:
-    shards = "".join(f"[shards.s{i}]\ngtid_domain_id = {DOMAIN + i}\n"
-                     f"east = {{ port = {db.port}, server_id = {db.server_id} }}\n" for i, db in enumerate(dbs))
-    clusters = "".join(f'[regions.east.clusters.c{i}]\nrouters = ["127.0.0.1:{m.port}"]\n'
-                       f'pools.wildcard = {{ kind = "wildcard", servers = ["127.0.0.1:{free_port()}"] }}\n'
-                       for i, m in enumerate(caches))
+    shards = "".join(
+        f"[shards.s{i}]\ngtid_domain_id = {DOMAIN + i}\neast = {{ port = {db.port}, server_id = {db.server_id} }}\n"
+        for i, db in enumerate(dbs)
+    )
+    clusters = "".join(
+        f'[regions.east.clusters.c{i}]\nrouters = ["127.0.0.1:{m.port}"]\n'
+        f'pools.wildcard = {{ kind = "wildcard", servers = ["127.0.0.1:{free_port()}"] }}\n'
+        for i, m in enumerate(caches)
+    )
     # max_backlog above any round's keys: no flow is shed to a catch-up reader (which would read rows twice)
-    return (f'[squeal]\ndatamarker_dir = "dm"\nmetrics_port_base = {free_port()}\nmax_backlog = 5000000\n{shards}'
-            f'[[rules]]\ntable = "{schema}.users"\nkeys = ["user:{{id}}", "user:email:{{email}}"]\n'
-            f"[regions.east]\nmaster = true\n{clusters}")
+    return (
+        f'[squeal]\ndatamarker_dir = "dm"\nmetrics_port_base = {free_port()}\nmax_backlog = 5000000\n{shards}'
+        f'[[rules]]\ntable = "{schema}.users"\nkeys = ["user:{{id}}", "user:email:{{email}}"]\n'
+        f"[regions.east]\nmaster = true\n{clusters}"
+    )
 
 
 def load(db: MariaDB, schema: str, rows: int) -> None:
@@ -122,16 +128,21 @@ def replay_round(base: Path, dbs: list[MariaDB], caches: list[Memcached], rows: 
         cpu0 = sum(proc.cpu_times()[:2])
         rows0 = metric_sum(scrape(daemon.port), "squeal_rows_total")
         t0 = time.monotonic()
-        wait_until(lambda: acked_all(daemon, after), 600, "every shard's flows to acknowledge the load",
-                   interval=0.05)
+        wait_until(lambda: acked_all(daemon, after), 600, "every shard's flows to acknowledge the load", interval=0.05)
         wall = time.monotonic() - t0
         cpu = sum(proc.cpu_times()[:2]) - cpu0
         rows_read = metric_sum(scrape(daemon.port), "squeal_rows_total") - rows0
         rss = proc.memory_info().rss / 2**20
     finally:
         daemon.stop(grace=10)
-    return {"shards": n, "rows": rows_read, "cpu_s": cpu, "wall_s": wall, "rows_per_cpu_s": rows_read / cpu,
-            "rss_mb": rss}
+    return {
+        "shards": n,
+        "rows": rows_read,
+        "cpu_s": cpu,
+        "wall_s": wall,
+        "rows_per_cpu_s": rows_read / cpu,
+        "rss_mb": rss,
+    }
 
 
 def histogram_median(text: str, name: str) -> float | None:
@@ -140,7 +151,8 @@ def histogram_median(text: str, name: str) -> float | None:
         if line.startswith(name + "_bucket{"):
             le = line.split('le="', 1)[1].split('"', 1)[0]
             buckets[float("inf") if le == "+Inf" else float(le)] = buckets.get(float(le), 0.0) + float(
-                line.rsplit(" ", 1)[1])
+                line.rsplit(" ", 1)[1]
+            )
     if not buckets or max(buckets.values()) == 0:
         return None
     total = buckets[max(buckets)]
@@ -184,8 +196,12 @@ def live_round(base: Path, dbs: list[MariaDB], caches: list[Memcached], rate: fl
         daemon.stop(grace=10)
     deletes = metric_sum(text, "squeal_deletes_per_write_sum")
     writes = metric_sum(text, "squeal_deletes_per_write_count")
-    return {"shards": n, "txn_per_s": sum(sent) / seconds, "deletes_per_write_mean": deletes / max(writes, 1),
-            "deletes_per_write_median": histogram_median(text, "squeal_deletes_per_write")}
+    return {
+        "shards": n,
+        "txn_per_s": sum(sent) / seconds,
+        "deletes_per_write_mean": deletes / max(writes, 1),
+        "deletes_per_write_median": histogram_median(text, "squeal_deletes_per_write"),
+    }
 
 
 def main() -> int:
@@ -203,24 +219,31 @@ def main() -> int:
     try:
         for proc in [*dbs, *caches]:
             proc.start()
-        print(f"# squeal over 1..{max(counts)} shards, {args.rows} rows per replay round, {os.cpu_count()} cores, "
-              f"load {os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"# squeal over 1..{max(counts)} shards, {args.rows} rows per replay round, {os.cpu_count()} cores, "
+            f"load {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
         replays = [replay_round(base, dbs[:n], caches, args.rows) for n in counts] if args.only != "live" else []
         if replays:
             one = replays[0]["rows_per_cpu_s"]
             print("\n| shards | rows | squeal CPU s | rows / CPU-s | vs 1 shard | RSS MB | RSS MB per shard |")
             print("|---:|---:|---:|---:|---:|---:|---:|")
         for r in replays:
-            print(f"| {r['shards']} | {r['rows']:.0f} | {r['cpu_s']:.2f} | {r['rows_per_cpu_s']:,.0f} | "
-                  f"{r['rows_per_cpu_s'] / one:.2f}x | {r['rss_mb']:.0f} | {r['rss_mb'] / r['shards']:.0f} |")
+            print(
+                f"| {r['shards']} | {r['rows']:.0f} | {r['cpu_s']:.2f} | {r['rows_per_cpu_s']:,.0f} | "
+                f"{r['rows_per_cpu_s'] / one:.2f}x | {r['rss_mb']:.0f} | {r['rss_mb'] / r['shards']:.0f} |"
+            )
         if args.only == "replay":
             return 0
         lives = [live_round(base, dbs[:n], caches, args.rate, args.seconds) for n in counts]
         print("\n| shards | txn/s (all shards) | deletes per write, mean | median (bucket) |")
         print("|---:|---:|---:|---:|")
         for r in lives:
-            print(f"| {r['shards']} | {r['txn_per_s']:.0f} | {r['deletes_per_write_mean']:.2f} | "
-                  f"{r['deletes_per_write_median']} |")
+            print(
+                f"| {r['shards']} | {r['txn_per_s']:.0f} | {r['deletes_per_write_mean']:.2f} | "
+                f"{r['deletes_per_write_median']} |"
+            )
         print(f"\nload average at the end: {os.getloadavg()}")
     finally:
         for proc in [*caches, *dbs]:

@@ -67,8 +67,10 @@ class TlsMemcached(Memcached):
 
     def ready(self) -> bool:
         ctx = ssl.create_default_context(cafile=str(self.ca.cert))
-        with socket.create_connection((self.host, self.port), timeout=1) as s, \
-                ctx.wrap_socket(s, server_hostname=self.host) as t:
+        with (
+            socket.create_connection((self.host, self.port), timeout=1) as s,
+            ctx.wrap_socket(s, server_hostname=self.host) as t,
+        ):
             t.sendall(b"version\r\n")
             return t.recv(64).startswith(b"VERSION")
 
@@ -111,14 +113,16 @@ def cpu_seconds(pids: list[int]) -> float:
 def create_schema(db: MariaDB, schema: str, probe_rows: int = 0) -> None:
     """The squeal benches' schema: `users` (4 columns: the rules render two keys per row image), `posts`, and
     with `probe_rows` a `probe` table of that many rows for canary probes (commit -> key gone)."""
-    statements = [f"CREATE DATABASE {schema}",
-                  f"CREATE TABLE {schema}.users (id INT PRIMARY KEY, email VARCHAR(100), name VARCHAR(100), n INT)",
-                  f"CREATE TABLE {schema}.posts (id INT PRIMARY KEY, author_id INT, title VARCHAR(100))"]
+    statements = [
+        f"CREATE DATABASE {schema}",
+        f"CREATE TABLE {schema}.users (id INT PRIMARY KEY, email VARCHAR(100), name VARCHAR(100), n INT)",
+        f"CREATE TABLE {schema}.posts (id INT PRIMARY KEY, author_id INT, title VARCHAR(100))",
+    ]
     if probe_rows:
-        statements += [f"CREATE TABLE {schema}.probe (id INT PRIMARY KEY, seq BIGINT NOT NULL, "
-                       "committed_at DOUBLE NOT NULL)",
-                       f"INSERT INTO {schema}.probe VALUES "
-                       + ", ".join(f"({i}, 0, 0)" for i in range(1, probe_rows + 1))]
+        statements += [
+            f"CREATE TABLE {schema}.probe (id INT PRIMARY KEY, seq BIGINT NOT NULL, committed_at DOUBLE NOT NULL)",
+            f"INSERT INTO {schema}.probe VALUES " + ", ".join(f"({i}, 0, 0)" for i in range(1, probe_rows + 1)),
+        ]
     db.execute(*statements)
 
 
@@ -132,11 +136,23 @@ def bare_decode(db: MariaDB, schema: str, start: str, end: g.Position) -> tuple[
     connection, which the library answers by reconnecting from `start` (upstream issue 367), forever.
     """
     stream = BinLogStreamReader(
-        connection_settings={"host": db.host, "port": db.port, "user": db.user, "passwd": db.password,
-                             "ssl_disabled": True},  # plaintext, as before --tls existed
-        server_id=987654, blocking=True, is_mariadb=True, annotate_rows_event=True, auto_position=start,
-        only_events=BinlogReader.EVENTS, only_schemas=[schema], only_tables=["users", "posts"],
-        enable_logging=False)
+        connection_settings={
+            "host": db.host,
+            "port": db.port,
+            "user": db.user,
+            "passwd": db.password,
+            "ssl_disabled": True,
+        },  # plaintext, as before --tls existed
+        server_id=987654,
+        blocking=True,
+        is_mariadb=True,
+        annotate_rows_event=True,
+        auto_position=start,
+        only_events=BinlogReader.EVENTS,
+        only_schemas=[schema],
+        only_tables=["users", "posts"],
+        enable_logging=False,
+    )
     last = next(iter(end.items()))
     final_gtid = f"{last[0]}-{last[1][0]}-{last[1][1]}"
     rows = 0
@@ -160,9 +176,19 @@ def c_decoder(db: MariaDB, start: str, end: g.Position) -> tuple[float, float]:
     """`mariadb-binlog --read-from-remote-server -v` over the same GTID range, output to /dev/null:
     (seconds, CPU seconds of the child). `-v` makes it decode every row image (to commented pseudo-SQL)."""
     first = db.execute("SHOW BINARY LOGS")[0][0]
-    cmd = ["mariadb-binlog", "--read-from-remote-server", f"--host={db.host}", f"--port={db.port}",
-           f"--user={db.user}", f"--password={db.password}", "--to-last-log", "-v",
-           f"--start-position={start}", f"--stop-position={g.format_position(end)}", first]
+    cmd = [
+        "mariadb-binlog",
+        "--read-from-remote-server",
+        f"--host={db.host}",
+        f"--port={db.port}",
+        f"--user={db.user}",
+        f"--password={db.password}",
+        "--to-last-log",
+        "-v",
+        f"--start-position={start}",
+        f"--stop-position={g.format_position(end)}",
+        first,
+    ]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=True)
@@ -171,8 +197,18 @@ def c_decoder(db: MariaDB, start: str, end: g.Position) -> tuple[float, float]:
     return elapsed, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def squeal_replay(base: Path, db: MariaDB, schema: str, caches: list[Memcached], start: str, end: g.Position,
-                  batch_size: int, reader: str = "python", timeout: float = 900, tls_dir: Path | None = None) -> dict:
+def squeal_replay(
+    base: Path,
+    db: MariaDB,
+    schema: str,
+    caches: list[Memcached],
+    start: str,
+    end: g.Position,
+    batch_size: int,
+    reader: str = "python",
+    timeout: float = 900,
+    tls_dir: Path | None = None,
+) -> dict:
     """`tls_dir`: the topology gets `[tls] dir = tls_dir` (squeal dials MariaDB with TLS)."""
     work = Path(tempfile.mkdtemp(dir=base))
     topo = work / "topology.toml"
@@ -189,10 +225,17 @@ def squeal_replay(base: Path, db: MariaDB, schema: str, caches: list[Memcached],
     rows0 = metric_sum(daemon.port, 'squeal_rows_total{reader="live"')  # read before the window opened
     try:
         # each poll costs the daemon's reactor a little: not too often
-        wait_until(lambda: all(g.covers_position(g.parse_position(f["acked"]), end)
-                               for f in health(daemon.port)["flows"].values()),
-                   timeout, f"squeal ({reader}) to acknowledge {g.format_position(end)}", daemon.proc,
-                   daemon.log_file, interval=0.02, error=RuntimeError)
+        wait_until(
+            lambda: all(
+                g.covers_position(g.parse_position(f["acked"]), end) for f in health(daemon.port)["flows"].values()
+            ),
+            timeout,
+            f"squeal ({reader}) to acknowledge {g.format_position(end)}",
+            daemon.proc,
+            daemon.log_file,
+            interval=0.02,
+            error=RuntimeError,
+        )
         elapsed = time.perf_counter() - t0
         cpu1 = proc.cpu_times()
         # The live reader's rows only: a flow that shed is re-read by a catch-up reader, whose rows are
@@ -209,13 +252,24 @@ def squeal_replay(base: Path, db: MariaDB, schema: str, caches: list[Memcached],
         raise RuntimeError("the daemon did not read with the native reader (see its log)")
     window = rows - rows0
     cpu = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
-    return {"rows": rows, "window_rows": window, "seconds": elapsed, "rows_per_s": window / elapsed,
-            "deletes": deletes, "writes": writes, "deletes_per_write": deletes / max(writes, 1),
-            "rss_mb": rss / 2**20, "sheds": sheds, "cpu": cpu, "cpu_per_1000": cpu / max(window, 1) * 1000}
+    return {
+        "rows": rows,
+        "window_rows": window,
+        "seconds": elapsed,
+        "rows_per_s": window / elapsed,
+        "deletes": deletes,
+        "writes": writes,
+        "deletes_per_write": deletes / max(writes, 1),
+        "rss_mb": rss / 2**20,
+        "sheds": sheds,
+        "cpu": cpu,
+        "cpu_per_1000": cpu / max(window, 1) * 1000,
+    }
 
 
-def memory_run(base: Path, db: MariaDB, schema: str, caches: list[Memcached], dead_seconds: float,
-               reader: str = "python") -> dict:
+def memory_run(
+    base: Path, db: MariaDB, schema: str, caches: list[Memcached], dead_seconds: float, reader: str = "python"
+) -> dict:
     work = Path(tempfile.mkdtemp(dir=base))
     topo = work / "topology.toml"
     text = topology_text(db, schema, [m.port for m in caches], regional=False)
@@ -256,9 +310,17 @@ def memory_run(base: Path, db: MariaDB, schema: str, caches: list[Memcached], de
     stop.set()
     rows_written = written[0]
     end = g.parse_position(db.gtid_binlog_pos())
-    wait_until(lambda: all(g.covers_position(g.parse_position(f["acked"]), end)
-                           for f in health(daemon.port)["flows"].values()),
-               300, "the dead cluster to catch up", daemon.proc, daemon.log_file, interval=0.1, error=RuntimeError)
+    wait_until(
+        lambda: all(
+            g.covers_position(g.parse_position(f["acked"]), end) for f in health(daemon.port)["flows"].values()
+        ),
+        300,
+        "the dead cluster to catch up",
+        daemon.proc,
+        daemon.log_file,
+        interval=0.1,
+        error=RuntimeError,
+    )
     catch_up = time.monotonic() - resumed_at
     time.sleep(2)
     stop_sampling.set()
@@ -268,15 +330,31 @@ def memory_run(base: Path, db: MariaDB, schema: str, caches: list[Memcached], de
     deletes = metric_sum(daemon.port, "squeal_deletes_sent_total")
     writes = metric_sum(daemon.port, "squeal_delete_writes_total")
     daemon.stop()
-    return {"dead_seconds": dead_seconds, "rows_written": rows_written,
-            "write_rate": rows_written / (dead_seconds + 3), "rss_before_mb": before,
-            "rss_peak_mb": max(r for _, r in samples), "rss_after_catchup_mb": after,
-            "catch_up_seconds": catch_up, "sheds": sheds, "rejoins": rejoins,
-            "live_deletes_per_write": deletes / max(writes, 1)}
+    return {
+        "dead_seconds": dead_seconds,
+        "rows_written": rows_written,
+        "write_rate": rows_written / (dead_seconds + 3),
+        "rss_before_mb": before,
+        "rss_peak_mb": max(r for _, r in samples),
+        "rss_after_catchup_mb": after,
+        "catch_up_seconds": catch_up,
+        "sheds": sheds,
+        "rejoins": rejoins,
+        "live_deletes_per_write": deletes / max(writes, 1),
+    }
 
 
-def grow_for_window(base: Path, db: MariaDB, schema: str, caches: list[Memcached], start: str, end: g.Position,
-                    rows: int, readers: list[str], min_seconds: float) -> tuple[g.Position, int]:
+def grow_for_window(
+    base: Path,
+    db: MariaDB,
+    schema: str,
+    caches: list[Memcached],
+    start: str,
+    end: g.Position,
+    rows: int,
+    readers: list[str],
+    min_seconds: float,
+) -> tuple[g.Position, int]:
     """Writes more row changes until every reader's squeal replay is measured over at least `min_seconds`
     (its window opens at /healthz, and the rows read before are not counted: at the native reader's speed
     50,000 rows left a window of 0.1-0.2 s, and one figure swung 10-19x between rounds). Returns the new
@@ -293,8 +371,10 @@ def grow_for_window(base: Path, db: MariaDB, schema: str, caches: list[Memcached
             load(db, schema, more, first_id=rows // 2 + 1)
             rows += more
             end = g.parse_position(db.gtid_binlog_pos())
-            print(f"squeal ({reader}) measured over {r['seconds']:.2f}s < {min_seconds:.1f}s: wrote {more} more row "
-                  f"changes in {time.perf_counter() - t:.1f}s, {rows} in all")
+            print(
+                f"squeal ({reader}) measured over {r['seconds']:.2f}s < {min_seconds:.1f}s: wrote {more} more row "
+                f"changes in {time.perf_counter() - t:.1f}s, {rows} in all"
+            )
         else:
             raise RuntimeError(f"squeal ({reader}) still measured over less than {min_seconds:.1f}s")
     return end, rows
@@ -307,9 +387,13 @@ def main() -> int:
     ap.add_argument("--readers", default="native,python", help="squeal readers to run end to end, comma-separated")
     ap.add_argument("--dead-seconds", type=float, default=60.0)
     ap.add_argument("--no-memory", action="store_true", help="skip the dead-cluster memory run")
-    ap.add_argument("--min-seconds", type=float, default=2.0,
-                    help="measure each squeal reader over at least this much decoding after /healthz: the binlog "
-                         "grows past --rows until it does (the native reader needs far more rows than the python one)")
+    ap.add_argument(
+        "--min-seconds",
+        type=float,
+        default=2.0,
+        help="measure each squeal reader over at least this much decoding after /healthz: the binlog "
+        "grows past --rows until it does (the native reader needs far more rows than the python one)",
+    )
     ap.add_argument("--tls", action="store_true", help="also run each reader over TLS to MariaDB (RATIO tls/plaintext)")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="squeal-bench-"))
@@ -323,8 +407,9 @@ def main() -> int:
         server_tls = {"ssl_cert": server.cert, "ssl_key": server.key, "ssl_ca": ca.cert}
     db = MariaDB(1, workdir=base / "db", **server_tls).start()
     caches = [Memcached(workdir=base / "mc", memory_mb=256).start() for _ in range(2)]
-    tls_caches = [TlsMemcached(server, ca, workdir=base / "mc-tls", memory_mb=256).start()
-                  for _ in range(2)] if args.tls else []
+    tls_caches = (
+        [TlsMemcached(server, ca, workdir=base / "mc-tls", memory_mb=256).start() for _ in range(2)] if args.tls else []
+    )
     try:
         schema = "bench"
         create_schema(db, schema)
@@ -345,8 +430,10 @@ def main() -> int:
             bare = bare_rows / bare_s
             c_s, c_cpu = c_decoder(db, start, end)
             c_rate = bare_rows / c_s
-            print(f"  bare mysql-replication decode: {bare_rows} rows in {bare_s:.2f}s = {bare:,.0f} rows/s; "
-                  f"CPU {bare_cpu:.2f}s")
+            print(
+                f"  bare mysql-replication decode: {bare_rows} rows in {bare_s:.2f}s = {bare:,.0f} rows/s; "
+                f"CPU {bare_cpu:.2f}s"
+            )
             print(f"  C decoder (mariadb-binlog -R -v): {c_s:.2f}s = {c_rate:,.0f} rows/s; CPU {c_cpu:.2f}s")
             result = {"bare": bare, "bare_cpu": bare_cpu, "c": c_rate}
             for reader in readers:
@@ -359,19 +446,24 @@ def main() -> int:
                 r["cpu_ratio"] = (bare_cpu / bare_rows) / (r["cpu"] / max(r["window_rows"], 1))
                 result[reader] = r
                 if tls_dir is not None:
-                    t = squeal_replay(base, db, schema, tls_caches, start, end, batch_size=256, reader=reader,
-                                      tls_dir=tls_dir)
+                    t = squeal_replay(
+                        base, db, schema, tls_caches, start, end, batch_size=256, reader=reader, tls_dir=tls_dir
+                    )
                     if t["rows"] != bare_rows:
                         raise RuntimeError(f"squeal ({reader}, TLS) read {t['rows']:.0f} rows, bare decode {bare_rows}")
                     r["tls"] = t["rows_per_s"] / r["rows_per_s"]
-                    print(f"  squeal {reader:6} over TLS: {t['window_rows']:.0f} rows in {t['seconds']:.2f}s = "
-                          f"{t['rows_per_s']:,.0f} rows/s = {r['tls']:.2f}x plaintext; CPU per 1,000 rows "
-                          f"{t['cpu_per_1000'] * 1000:.1f} ms (plaintext {r['cpu_per_1000'] * 1000:.1f} ms)")
-                print(f"  squeal {reader:6} end to end: {r['window_rows']:.0f} rows in {r['seconds']:.2f}s = "
-                      f"{r['rows_per_s']:,.0f} rows/s ({r['rows'] - r['window_rows']:.0f} read before /healthz);"
-                      f" {r['deletes_per_write']:.1f} deletes/write; RSS {r['rss_mb']:.0f} MB; sheds "
-                      f"{r['sheds']:.0f}; CPU {r['cpu']:.2f}s = {r['cpu_per_1000'] * 1000:.1f} ms per 1,000 rows; "
-                      f"{r['ratio']:.2f}x bare, {r['of_c']:.2f} of C, CPU ratio {r['cpu_ratio']:.2f}")
+                    print(
+                        f"  squeal {reader:6} over TLS: {t['window_rows']:.0f} rows in {t['seconds']:.2f}s = "
+                        f"{t['rows_per_s']:,.0f} rows/s = {r['tls']:.2f}x plaintext; CPU per 1,000 rows "
+                        f"{t['cpu_per_1000'] * 1000:.1f} ms (plaintext {r['cpu_per_1000'] * 1000:.1f} ms)"
+                    )
+                print(
+                    f"  squeal {reader:6} end to end: {r['window_rows']:.0f} rows in {r['seconds']:.2f}s = "
+                    f"{r['rows_per_s']:,.0f} rows/s ({r['rows'] - r['window_rows']:.0f} read before /healthz);"
+                    f" {r['deletes_per_write']:.1f} deletes/write; RSS {r['rss_mb']:.0f} MB; sheds "
+                    f"{r['sheds']:.0f}; CPU {r['cpu']:.2f}s = {r['cpu_per_1000'] * 1000:.1f} ms per 1,000 rows; "
+                    f"{r['ratio']:.2f}x bare, {r['of_c']:.2f} of C, CPU ratio {r['cpu_ratio']:.2f}"
+                )
             rounds.append(result)
         print(f"after the rounds: {loadavg()}")
         for reader in readers:
@@ -379,32 +471,40 @@ def main() -> int:
             mid = ordered[(len(ordered) - 1) // 2]
             cpu_ratios = sorted(x[reader]["cpu_ratio"] for x in rounds)
             each = ", ".join(f"{x[reader]['ratio']:.2f}" for x in ordered)
-            print(f"RATIO squeal[{reader}]/bare: median {mid[reader]['ratio']:.2f} of {len(rounds)} rounds ({each}); "
-                  f"in the median round bare {mid['bare']:,.0f} rows/s, C decoder {mid['c']:,.0f} rows/s, "
-                  f"squeal {mid[reader]['rows_per_s']:,.0f} rows/s = {mid[reader]['of_c']:.2f} of C; CPU ratio "
-                  f"median {cpu_ratios[(len(cpu_ratios) - 1) // 2]:.2f}; CPU per 1,000 rows "
-                  f"{mid[reader]['cpu_per_1000'] * 1000:.1f} ms; RSS {mid[reader]['rss_mb']:.0f} MB")
+            print(
+                f"RATIO squeal[{reader}]/bare: median {mid[reader]['ratio']:.2f} of {len(rounds)} rounds ({each}); "
+                f"in the median round bare {mid['bare']:,.0f} rows/s, C decoder {mid['c']:,.0f} rows/s, "
+                f"squeal {mid[reader]['rows_per_s']:,.0f} rows/s = {mid[reader]['of_c']:.2f} of C; CPU ratio "
+                f"median {cpu_ratios[(len(cpu_ratios) - 1) // 2]:.2f}; CPU per 1,000 rows "
+                f"{mid[reader]['cpu_per_1000'] * 1000:.1f} ms; RSS {mid[reader]['rss_mb']:.0f} MB"
+            )
             if tls_dir is not None:
                 tls_ratios = sorted(x[reader]["tls"] for x in rounds)
-                print(f"RATIO squeal[{reader}] tls/plaintext: median {tls_ratios[(len(tls_ratios) - 1) // 2]:.2f} "
-                      f"of {len(rounds)} rounds ({', '.join(f'{v:.2f}' for v in tls_ratios)})")
+                print(
+                    f"RATIO squeal[{reader}] tls/plaintext: median {tls_ratios[(len(tls_ratios) - 1) // 2]:.2f} "
+                    f"of {len(rounds)} rounds ({', '.join(f'{v:.2f}' for v in tls_ratios)})"
+                )
         main_reader = readers[0] if readers else "python"
         batched = rounds[(len(rounds) - 1) // 2][main_reader]
         single = squeal_replay(base, db, schema, caches, start, end, batch_size=1, reader=main_reader)
-        print(f"squeal[{main_reader}] end to end (batch 1): {single['rows_per_s']:,.0f} rows/s; "
-              f"{single['deletes_per_write']:.1f} deletes/write; sheds {single['sheds']:.0f}; batching = "
-              f"{batched['deletes_per_write'] / single['deletes_per_write']:.0f}x deletes per write")
+        print(
+            f"squeal[{main_reader}] end to end (batch 1): {single['rows_per_s']:,.0f} rows/s; "
+            f"{single['deletes_per_write']:.1f} deletes/write; sheds {single['sheds']:.0f}; batching = "
+            f"{batched['deletes_per_write'] / single['deletes_per_write']:.0f}x deletes per write"
+        )
         if args.no_memory:
             return 0
 
         mem = memory_run(base, db, schema, caches, args.dead_seconds, main_reader)
         print(f"memory run done: {loadavg()}")
-        print(f"memory ({main_reader} reader): one cluster dead {mem['dead_seconds']:.0f}s under "
-              f"{mem['write_rate']:,.0f} rows/s: RSS "
-              f"{mem['rss_before_mb']:.0f} MB before, peak {mem['rss_peak_mb']:.0f} MB, "
-              f"{mem['rss_after_catchup_mb']:.0f} MB after catch-up ({mem['catch_up_seconds']:.1f}s to catch up; "
-              f"sheds {mem['sheds']:.0f}, rejoins {mem['rejoins']:.0f}); live deletes/write "
-              f"{mem['live_deletes_per_write']:.1f}")
+        print(
+            f"memory ({main_reader} reader): one cluster dead {mem['dead_seconds']:.0f}s under "
+            f"{mem['write_rate']:,.0f} rows/s: RSS "
+            f"{mem['rss_before_mb']:.0f} MB before, peak {mem['rss_peak_mb']:.0f} MB, "
+            f"{mem['rss_after_catchup_mb']:.0f} MB after catch-up ({mem['catch_up_seconds']:.1f}s to catch up; "
+            f"sheds {mem['sheds']:.0f}, rejoins {mem['rejoins']:.0f}); live deletes/write "
+            f"{mem['live_deletes_per_write']:.1f}"
+        )
     finally:
         for m in tls_caches:
             m.stop()

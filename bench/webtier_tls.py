@@ -67,8 +67,10 @@ def main() -> int:
         plain = Memcached(workdir=d / "mc")
         secure = Memcached(workdir=d / "mc", tls=(server.cert, server.key), ssl_ca=ca.cert)
         with plain, secure:
-            caches = {"plaintext": LeaseCache(connect([plain.address]), name="plain"),
-                      "tls": LeaseCache(connect([secure.address], tls=ctx), name="tls")}
+            caches = {
+                "plaintext": LeaseCache(connect([plain.address]), name="plain"),
+                "tls": LeaseCache(connect([secure.address], tls=ctx), name="tls"),
+            }
             rounds: dict[str, list[tuple[float, float]]] = {"plaintext": [], "tls": []}
             print(f"load average {os.getloadavg()[0]:.2f}; {args.reads} hits per round")
             for r in range(args.repeat):
@@ -76,14 +78,19 @@ def main() -> int:
                     rounds[name].append(reads(cache, args.reads))
                     rate, us = rounds[name][-1]
                     print(f"round {r + 1} {name:9s} {rate:9.0f} reads/s  {us:6.1f} µs CPU/read")
-            med = {n: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v))
-                   for n, v in rounds.items()}
-            print(f"RATIO tls/plaintext reads/s {med['tls'][0] / med['plaintext'][0]:.2f}, "
-                  f"CPU per read {med['tls'][1] / med['plaintext'][1]:.2f}")
+            med = {
+                n: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for n, v in rounds.items()
+            }
+            print(
+                f"RATIO tls/plaintext reads/s {med['tls'][0] / med['plaintext'][0]:.2f}, "
+                f"CPU per read {med['tls'][1] / med['plaintext'][1]:.2f}"
+            )
             plain_ms = connects(plain.address, None, args.connects)
             tls_ms = connects(secure.address, ctx, args.connects)
-            print(f"new connection + first read: plaintext {plain_ms:.2f} ms, tls {tls_ms:.2f} ms "
-                  f"(x{tls_ms / plain_ms:.1f})")
+            print(
+                f"new connection + first read: plaintext {plain_ms:.2f} ms, tls {tls_ms:.2f} ms "
+                f"(x{tls_ms / plain_ms:.1f})"
+            )
             print(f"load average {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -47,8 +47,11 @@ def main() -> None:
                 pending: deque = deque()
                 latencies: list[float] = []
                 done = 0
-                print(f"3-server ensemble, {args.shards} marker znodes of {args.bytes} B, {args.in_flight} in flight; "
-                      f"{loadavg()}", flush=True)
+                print(
+                    f"3-server ensemble, {args.shards} marker znodes of {args.bytes} B, {args.in_flight} in flight; "
+                    f"{loadavg()}",
+                    flush=True,
+                )
                 start = time.monotonic()
                 i = 0
                 while time.monotonic() - start < args.seconds:
@@ -70,10 +73,12 @@ def main() -> None:
                     done += 1
                 took = time.monotonic() - start
                 latencies.sort()
-                print(f"{done} writes in {took:.1f} s: {done / took:,.0f} writes/s, "
-                      f"{done * args.bytes / took / 1e6:.1f} MB/s of znode data; latency p50 "
-                      f"{pct(latencies, 0.5) * 1000:.1f} ms, p99 {pct(latencies, 0.99) * 1000:.1f} ms; {loadavg()}",
-                      flush=True)
+                print(
+                    f"{done} writes in {took:.1f} s: {done / took:,.0f} writes/s, "
+                    f"{done * args.bytes / took / 1e6:.1f} MB/s of znode data; latency p50 "
+                    f"{pct(latencies, 0.5) * 1000:.1f} ms, p99 {pct(latencies, 0.99) * 1000:.1f} ms; {loadavg()}",
+                    flush=True,
+                )
             finally:
                 zk.stop()
                 zk.close()

@@ -149,7 +149,10 @@ def connect(
 
 
 def _tls_pool_builder(
-    tls: Callable[[], ssl.SSLContext], max_pool_size: int, mark_down_period: float, connect_timeout: float,
+    tls: Callable[[], ssl.SSLContext],
+    max_pool_size: int,
+    mark_down_period: float,
+    connect_timeout: float,
     recv_timeout: float,
 ) -> Callable[[ServerAddress], ConnectionPool]:
     def build(address: ServerAddress) -> ConnectionPool:
@@ -248,8 +251,9 @@ class LeaseCache:
             step = next(waits, None)
             if step is None:
                 self.stats.incr("wait_exhausted")
-                log.warning("%s: lease on %r not filled within %.1fs; reading the database", self.name, key,
-                            self.wait.budget)
+                log.warning(
+                    "%s: lease on %r not filled within %.1fs; reading the database", self.name, key, self.wait.budget
+                )
                 return self._load_unfilled(key, loader, first=False)
             self.stats.incr("waits")
             self._sleep(step)

@@ -35,7 +35,8 @@ _PROM: dict[str, Counter] = {
     ),
     "marker_sets": Counter("squeal_client_remote_marker_sets", "Remote markers written before a write", ["cache"]),
     "master_reads": Counter(
-        "squeal_client_master_reads", "Misses read from the master database because a remote marker was present",
+        "squeal_client_master_reads",
+        "Misses read from the master database because a remote marker was present",
         ["cache"],
     ),
     "replica_reads": Counter("squeal_client_replica_reads", "Misses read from the local (replica) database", ["cache"]),

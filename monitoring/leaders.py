@@ -35,13 +35,13 @@ def leaders(topo: Topology, health=instance_health) -> list[dict[str, Any]]:
         for inst in region.squeal_instances:
             body = health(str(inst.address))
             state = (body or {}).get("state") or "down"
-            rows.append({"name": inst.name, "address": str(inst.address), "database": inst.database.name,
-                         "state": state})
+            rows.append(
+                {"name": inst.name, "address": str(inst.address), "database": inst.database.name, "state": state}
+            )
             if state == "leader":
                 leader, since = inst.name, (body.get("takeover") or {}).get("since")
         standbys = [r["name"] for r in rows if r["state"] == "standby"]
-        out.append({"region": region.name, "leader": leader, "since": since, "standbys": standbys,
-                    "instances": rows})
+        out.append({"region": region.name, "leader": leader, "since": since, "standbys": standbys, "instances": rows})
     return out
 
 

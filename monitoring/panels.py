@@ -189,9 +189,7 @@ def build(store: Store) -> list[dict]:
         (store.select("squeal_flow_backlog"), "squeal backlog per flow (keys queued)", "keys", False),
     ):
         flows = _aligned(series, lambda lab: f"{lab.get('region', '?')}/{lab.get('flow')}", worst=worst)
-        panels.append(
-            {"title": title, "unit": unit, "lines": _lines({f: sorted(p.items()) for f, p in flows.items()})}
-        )
+        panels.append({"title": title, "unit": unit, "lines": _lines({f: sorted(p.items()) for f, p in flows.items()})})
     if _sharded(lag):
         shards = _aligned(lag, _where, worst=True)
         panels.append(
@@ -217,8 +215,10 @@ def build(store: Store) -> list[dict]:
     # images (TRUNCATE, DROP, RENAME, ... under on_truncate), binlog data loss, a halted region.
     alerts: dict[str, dict[float, float]] = {}
     for metric, label in (
-        ("squeal_bulk_changes_total", lambda lab: f"{_where(lab)} {lab.get('statement')} "
-                                                  f"{lab.get('table')} ({lab.get('policy')})"),
+        (
+            "squeal_bulk_changes_total",
+            lambda lab: f"{_where(lab)} {lab.get('statement')} {lab.get('table')} ({lab.get('policy')})",
+        ),
         ("squeal_data_loss_total", lambda lab: f"{_where(lab)} binlog data loss ({lab.get('policy')})"),
         ("squeal_halted", lambda lab: f"{_where(lab)} HALTED"),
     ):
@@ -294,25 +294,45 @@ def build(store: Store) -> list[dict]:
 def _pool_panels(store: Store) -> list[dict]:
     """A pooled region's workers (issue 24, docs/runbooks/workers.md): none without `squeal_pool_*` series.
     `instance` is the worker's name (the dashboard's scrape labels)."""
-    loads = _aligned(store.select("squeal_pool_worker_load"), lambda lab: f"{lab.get('region', '?')}/"
-                     f"{lab.get('instance', '?')}")
+    loads = _aligned(
+        store.select("squeal_pool_worker_load"), lambda lab: f"{lab.get('region', '?')}/{lab.get('instance', '?')}"
+    )
     if not loads:
         return []
-    owned = _aligned(store.select("squeal_pool_shard_owned"), lambda lab: f"{lab.get('region', '?')}/"
-                     f"{lab.get('shard')} on {lab.get('instance', '?')}")
-    moves = _aligned(store.select("squeal_pool_moves_total"), lambda lab: f"{lab.get('region', '?')} "
-                     f"{lab.get('reason')}")
+    owned = _aligned(
+        store.select("squeal_pool_shard_owned"),
+        lambda lab: f"{lab.get('region', '?')}/{lab.get('shard')} on {lab.get('instance', '?')}",
+    )
+    moves = _aligned(
+        store.select("squeal_pool_moves_total"), lambda lab: f"{lab.get('region', '?')} {lab.get('reason')}"
+    )
     # only the controller sets these; a former controller's series are cleared, so the worst is the one that counts
     unowned = _aligned(store.select("squeal_pool_shard_unowned_seconds"), _where, worst=True)
     pauses = _histogram_by(store, "squeal_pool_unowned_seconds", lambda lab: f"{lab.get('region', '?')} move pause p99")
     return [
-        {"title": "squeal pool: load per worker", "unit": "rows/s",
-         "lines": _lines({w: sorted(p.items()) for w, p in loads.items()})},
-        {"title": "squeal pool: worker running each shard (1 while it runs it)", "unit": "",
-         "lines": _lines({o: sorted(p.items()) for o, p in owned.items()})},
-        {"title": "squeal pool: shard moves per minute by reason", "unit": "/min",
-         "lines": _lines({m: [[t, v * 60] for t, v in rate(p, window=300)] for m, p in moves.items()})},
-        {"title": "squeal pool: time a shard has run on no worker, and move pauses p99", "unit": "s",
-         "lines": _lines({**{s: sorted(p.items()) for s, p in unowned.items()},
-                          **{r: histogram_quantile(0.99, b, window=600) for r, b in pauses.items()}})},
+        {
+            "title": "squeal pool: load per worker",
+            "unit": "rows/s",
+            "lines": _lines({w: sorted(p.items()) for w, p in loads.items()}),
+        },
+        {
+            "title": "squeal pool: worker running each shard (1 while it runs it)",
+            "unit": "",
+            "lines": _lines({o: sorted(p.items()) for o, p in owned.items()}),
+        },
+        {
+            "title": "squeal pool: shard moves per minute by reason",
+            "unit": "/min",
+            "lines": _lines({m: [[t, v * 60] for t, v in rate(p, window=300)] for m, p in moves.items()}),
+        },
+        {
+            "title": "squeal pool: time a shard has run on no worker, and move pauses p99",
+            "unit": "s",
+            "lines": _lines(
+                {
+                    **{s: sorted(p.items()) for s, p in unowned.items()},
+                    **{r: histogram_quantile(0.99, b, window=600) for r, b in pauses.items()},
+                }
+            ),
+        },
     ]

@@ -63,8 +63,9 @@ class SampledDeleteChecker:
         if address not in self._clients:
             host, _, port = address.rpartition(":")
             tls = client_context(self.topo.tls, "monitoring") if self.topo.tls is not None else None
-            self._clients[address] = Client((host, int(port)), connect_timeout=1, timeout=2, serde=KeepFlags(),
-                                            tls_context=tls)
+            self._clients[address] = Client(
+                (host, int(port)), connect_timeout=1, timeout=2, serde=KeepFlags(), tls_context=tls
+            )
         return self._clients[address]
 
     def fetch(self) -> int:

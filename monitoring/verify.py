@@ -690,8 +690,13 @@ class Recheck:
     in_flight: int = 0
 
 
-def _look_at(cluster: str, client: Client, keys: list[str], checker: ConsistencyChecker,
-             seen: dict[tuple[str, bytes, int], Verdict]) -> FirstLook:
+def _look_at(
+    cluster: str,
+    client: Client,
+    keys: list[str],
+    checker: ConsistencyChecker,
+    seen: dict[tuple[str, bytes, int], Verdict],
+) -> FirstLook:
     """One cluster's cached copies of `keys`, judged against the database (`seen`: verdicts by (key, bytes,
     flags), as clusters mostly hold the same bytes). Raises CACHE_ERRORS when its router fails."""
     look = FirstLook()
@@ -747,8 +752,7 @@ def _grace(topo: router_config.Topology, look: FirstLook, grace: float | None) -
     return grace, "--grace"
 
 
-def _recheck(look: FirstLook, checker: ConsistencyChecker, grace: float,
-             sleep: Callable[[float], None]) -> Recheck:
+def _recheck(look: FirstLook, checker: ConsistencyChecker, grace: float, sleep: Callable[[float], None]) -> Recheck:
     """Phase 3: re-read each mismatch once its grace is over. Gone or agreeing: an invalidation in flight. The
     same copy (same CAS), or any copy in the last round: stale. Replaced by another copy that disagrees too: that
     one gets its grace (at most RECHECK_ROUNDS rounds). A router failing here makes its cluster `unchecked`."""

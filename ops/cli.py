@@ -216,7 +216,7 @@ def _parser() -> argparse.ArgumentParser:
     al = sub.add_parser(
         "accept-data-loss",
         help="a region's squeal halted on purged binlogs: flush the region's caches and resume",
-        description="After binlog data loss with on_data_loss = \"halt\" the region's squeal daemon stops "
+        description='After binlog data loss with on_data_loss = "halt" the region\'s squeal daemon stops '
         "delivering (/healthz 503). This tells the daemon `squealctl up` started to flush every destination of "
         "the region and resume from the oldest binlog the database still has. Runbook: docs/runbooks/data-loss.md.",
     )
@@ -346,7 +346,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         topo = router_config.load(args.topology)
         for region in topo.regions:
             role = "master" if region.master else "replica"
-            where = (f"{len(topo.shards)} shards" if topo.sharded else f"database {region.database.address}")
+            where = f"{len(topo.shards)} shards" if topo.sharded else f"database {region.database.address}"
             print(
                 f"region {region.name} ({role}): {where}, "
                 f"{len(region.clusters)} clusters: {', '.join(c.name for c in region.clusters)}"
@@ -413,9 +413,17 @@ def _dispatch(args: argparse.Namespace) -> int:
         topology = args.topology or deployment.recorded_topology()
         if topology is None:
             raise HarnessError(f"accept-data-loss: no TOPOLOGY given and none recorded in {deployment.state_file}")
-        return squeal_main(["accept-data-loss", str(topology), "--region", args.region,
-                            "--state-dir", str(deployment.squeal_state_dir(args.region)),
-                            *(("--shard", args.shard) if args.shard else ())])
+        return squeal_main(
+            [
+                "accept-data-loss",
+                str(topology),
+                "--region",
+                args.region,
+                "--state-dir",
+                str(deployment.squeal_state_dir(args.region)),
+                *(("--shard", args.shard) if args.shard else ()),
+            ]
+        )
     if args.command == "render":
         from ops import systemd
 
@@ -552,32 +560,47 @@ def _pool_command(deployment: Deployment, args: argparse.Namespace) -> int:
             raise HarnessError(str(e).strip('"')) from e
         pooled = [r for r in pooled if r.name == instance.region]
         if args.command == "move" and args.shard not in {s.name for s in topo.shards}:
-            raise HarnessError(f"no shard {args.shard!r} in {topo.source} (have: "
-                               f"{', '.join(s.name for s in topo.shards)})")
+            raise HarnessError(
+                f"no shard {args.shard!r} in {topo.source} (have: {', '.join(s.name for s in topo.shards)})"
+            )
     if not pooled or topo.zookeeper is None:
-        raise HarnessError(f"{topo.source}: no pooled region{'' if args.command == 'workers' else ' for ' + name} "
-                           "([regions.R] squeal_pool = true)")
+        raise HarnessError(
+            f"{topo.source}: no pooled region{'' if args.command == 'workers' else ' for ' + name} "
+            "([regions.R] squeal_pool = true)"
+        )
     zk = topo.zookeeper
-    client = KazooClient(hosts=zk.hosts, timeout=zk.session_timeout_s, connection_retry={"max_tries": 0},
-                         **zookeeper_client_options(topo))
+    client = KazooClient(
+        hosts=zk.hosts,
+        timeout=zk.session_timeout_s,
+        connection_retry={"max_tries": 0},
+        **zookeeper_client_options(topo),
+    )
     try:
         client.start(timeout=5)
     except Exception as e:
         client.close()
-        raise HarnessError(f"cannot reach ZooKeeper {zk.hosts} (zookeeper.servers in {topo.source}) within 5s: "
-                           f"{e or type(e).__name__}") from e
+        raise HarnessError(
+            f"cannot reach ZooKeeper {zk.hosts} (zookeeper.servers in {topo.source}) within 5s: {e or type(e).__name__}"
+        ) from e
     try:
         if args.command == "drain":
             pool.request_drain(client, zk.root, pooled[0].name, args.worker, undo=args.undo)
-            print(f"worker {args.worker} (region {pooled[0].name}): "
-                  + ("drain ended: it may be given shards again" if args.undo else
-                     "draining: the controller moves its shards to the other workers; `squealctl workers` shows "
-                     "them go"))
+            print(
+                f"worker {args.worker} (region {pooled[0].name}): "
+                + (
+                    "drain ended: it may be given shards again"
+                    if args.undo
+                    else "draining: the controller moves its shards to the other workers; `squealctl workers` shows "
+                    "them go"
+                )
+            )
             return 0
         if args.command == "move":
             pool.request_move(client, zk.root, pooled[0].name, args.shard, args.to)
-            print(f"shard {args.shard}: move to worker {args.to} requested (region {pooled[0].name}); "
-                  "`squealctl workers` shows it arrive")
+            print(
+                f"shard {args.shard}: move to worker {args.to} requested (region {pooled[0].name}); "
+                "`squealctl workers` shows it arrive"
+            )
             return 0
         rows = [w for r in pooled for w in pool.workers(client, zk.root, r.name)]
     finally:
@@ -591,8 +614,10 @@ def _pool_command(deployment: Deployment, args: argparse.Namespace) -> int:
         extra = " [draining]" if w["draining"] else ""
         if sorted(w["assigned"]) != sorted(w["shards"]):
             extra += f" (assigned: {', '.join(w['assigned']) or 'none'})"
-        print(f"{w['name']:<14} {w['region']:<8} {w['pid'] or '-':>7} {w['load']:>9.1f}  "
-              f"{', '.join(w['shards']) or '-'}{extra}")
+        print(
+            f"{w['name']:<14} {w['region']:<8} {w['pid'] or '-':>7} {w['load']:>9.1f}  "
+            f"{', '.join(w['shards']) or '-'}{extra}"
+        )
     return 0
 
 

@@ -252,8 +252,10 @@ class Drill:
         master = self.topo.master.name
         router = self._pick("router")
         # in an HA region: its leader (the standby must take over, the killed one come back as a standby)
-        self.kill(self._pick("squeal", lambda r: r["region"] == master and r.get("state", "leader") == "leader"),
-                  "squeal daemon")
+        self.kill(
+            self._pick("squeal", lambda r: r["region"] == master and r.get("state", "leader") == "leader"),
+            "squeal daemon",
+        )
         self.kill(router, "router")
         self.kill(self._pick("memcached", lambda r: r["pool"] == "wildcard"), "memcached")
         self.pause_process(self._pick("router", skip=router) or router, "router")
@@ -275,7 +277,12 @@ class Drill:
 
 def _connect(db: router_config.Database) -> pymysql.connections.Connection:
     return pymysql.connect(
-        host=db.host, port=db.port, user=db.user, password=db.password, autocommit=True, connect_timeout=5,
+        host=db.host,
+        port=db.port,
+        user=db.user,
+        password=db.password,
+        autocommit=True,
+        connect_timeout=5,
         **router_config.mysql_options(db, "monitoring"),
     )
 

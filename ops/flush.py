@@ -202,8 +202,11 @@ def main(
         return 2
     if not yes:
         if not stdin.isatty():
-            print(f"squealctl flush: error: not flushing {name} without confirmation: stdin is not a terminal "
-                  "(add --yes)", file=err)
+            print(
+                f"squealctl flush: error: not flushing {name} without confirmation: stdin is not a terminal "
+                "(add --yes)",
+                file=err,
+            )
             return 2
         if not confirm(name, targets, stdin, out):
             print("squealctl flush: not confirmed; nothing flushed", file=err)
@@ -219,7 +222,10 @@ def main(
         hint = ""
         if any("disabled" in line for o in outcomes for line in o.errors):
             hint = "; a router refuses flush_all unless started with --enable-flush-cmd"
-        print(f"squealctl flush: error: NOT flushed: {', '.join(failed)} (servers that answered OK were "
-              f"flushed; run it again once the named ones answer{hint})", file=err)
+        print(
+            f"squealctl flush: error: NOT flushed: {', '.join(failed)} (servers that answered OK were "
+            f"flushed; run it again once the named ones answer{hint})",
+            file=err,
+        )
         return 1
     return 0

@@ -570,7 +570,10 @@ ZOOKEEPER_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 
 
 def zookeeper_config(
-    host: str, port: int, data_dir: str | Path, peers: tuple[tuple[int, str, int, int], ...] = (),
+    host: str,
+    port: int,
+    data_dir: str | Path,
+    peers: tuple[tuple[int, str, int, int], ...] = (),
     tls: tuple[str | Path, str | Path] | None = None,
 ) -> str:
     """A server's zoo.cfg: clients on host:port, data in `data_dir` (which holds the `myid` of an ensemble member),
@@ -686,9 +689,10 @@ def zookeeper_mode(address: str, tls: ssl.SSLContext | None = None) -> str | Non
     None when it does not serve (no quorum yet, or not answering). `tls`: the port is a TLS client port."""
     host, _, port = address.rpartition(":")
     try:
-        with socket.create_connection((host, int(port)), timeout=1) as plain, (
-            tls.wrap_socket(plain, server_hostname=host) if tls is not None else plain
-        ) as s:
+        with (
+            socket.create_connection((host, int(port)), timeout=1) as plain,
+            tls.wrap_socket(plain, server_hostname=host) if tls is not None else plain as s,
+        ):
             s.settimeout(2)
             s.sendall(b"srvr")
             reply = b""

@@ -79,7 +79,12 @@ class Component:
 
 
 def component_name(
-    role: str, region: str, cluster: str | None, pool: str | None, index: int = 0, instance: str | None = None,
+    role: str,
+    region: str,
+    cluster: str | None,
+    pool: str | None,
+    index: int = 0,
+    instance: str | None = None,
     shard: str | None = None,
 ) -> str:
     """`router/east-a/0`, `memcached/east-a/wildcard/1`, `memcached/east/regional/0`, `mariadb/east`,
@@ -402,11 +407,23 @@ class Deployment:
         members, waits = [], []
         for server_id, host, _, _ in peers:
             port = zk.servers[server_id - 1].port
-            member = ZooKeeper(port=port, host=host, workdir=self.state_dir / "zookeeper", server_id=server_id,
-                               peers=peers if len(peers) > 1 else ())
+            member = ZooKeeper(
+                port=port,
+                host=host,
+                workdir=self.state_dir / "zookeeper",
+                server_id=server_id,
+                peers=peers if len(peers) > 1 else (),
+            )
             members.append(member)
-            waits.append(track(member, component_name("zookeeper", topo.master.name, None, None, server_id),
-                               "zookeeper", topo.master.name, wait=False))
+            waits.append(
+                track(
+                    member,
+                    component_name("zookeeper", topo.master.name, None, None, server_id),
+                    "zookeeper",
+                    topo.master.name,
+                    wait=False,
+                )
+            )
         return members, waits
 
     def _start_databases(self, topo: router_config.Topology, without: frozenset[str], track) -> None:
@@ -466,11 +483,22 @@ class Deployment:
         for shard in topo.shards:
             primary: MariaDB | None = None
             for db in sorted(shard.copies, key=lambda d: d.role != "primary"):
-                server = MariaDB(db.server_id, port=db.port, host=db.host, replica=db.role == "replica",
-                                 workdir=self.state_dir / f"mariadb-{db.name}", gtid_domain_id=db.gtid_domain_id)
+                server = MariaDB(
+                    db.server_id,
+                    port=db.port,
+                    host=db.host,
+                    replica=db.role == "replica",
+                    workdir=self.state_dir / f"mariadb-{db.name}",
+                    gtid_domain_id=db.gtid_domain_id,
+                )
                 role = f"mariadb-{db.role}"
-                track(server, component_name(role, db.region, None, None, shard=shard.name), role, db.region,
-                      shard=shard.name)
+                track(
+                    server,
+                    component_name(role, db.region, None, None, shard=shard.name),
+                    role,
+                    db.region,
+                    shard=shard.name,
+                )
                 if primary is None:
                     primary = server
                     if DEMO_SCHEMA.exists():  # squeal checks rule templates against it at start-up

@@ -192,8 +192,18 @@ class Supervisor(procmon.ProcessMonitor):
                 raise HarnessError("the supervisor was stopped during start-up")
             proc.prepare()
             component = Component(
-                role, region, cluster, pool, 0, proc.address, str(proc.log_file), proc.command(), metrics, name=name,
-                instance=instance, shard=shard,
+                role,
+                region,
+                cluster,
+                pool,
+                0,
+                proc.address,
+                str(proc.log_file),
+                proc.command(),
+                metrics,
+                name=name,
+                instance=instance,
+                shard=shard,
             )
             run = blockingCallFromThread(reactor, self.add, component, proc)
 

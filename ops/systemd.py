@@ -156,7 +156,10 @@ def zookeeper_files(topo: Topology, host: str, opts: RenderOptions) -> dict[str,
     peers = zk.peers()
     return {
         f"zookeeper/zoo-{server_id}.cfg": zookeeper_config(
-            where, zk.servers[server_id - 1].port, zookeeper_data_dir(opts, server_id), peers if len(peers) > 1 else (),
+            where,
+            zk.servers[server_id - 1].port,
+            zookeeper_data_dir(opts, server_id),
+            peers if len(peers) > 1 else (),
             tls=_zookeeper_tls(topo, opts, server_id),
         )
         for server_id, where, _, _ in peers
@@ -203,8 +206,10 @@ def mariadb_tls_cnf(topo: Topology) -> str | None:
         f"ssl-ca = {topo.tls.ca}",
     ]
     if topo.tls.require:
-        lines += ["# [tls] require = true: refuse plaintext clients (accounts may also say REQUIRE SSL)",
-                  "require-secure-transport = ON"]
+        lines += [
+            "# [tls] require = true: refuse plaintext clients (accounts may also say REQUIRE SSL)",
+            "require-secure-transport = ON",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -262,8 +267,14 @@ def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> li
         if tls is not None:  # ZooKeeper's PEM key store is one file: key + chain, rebuilt from [tls] at each start
             mine = _server_cert(topo, "zookeeper", "ZooKeeper's TLS client port")
             keystore = shlex.quote(str(zookeeper_keystore(opts, server_id)))
-            pre += (("/bin/sh", "-c", f"mkdir -p {shlex.quote(str(data))} && umask 077 && "
-                     f"cat {shlex.quote(mine.key)} {shlex.quote(mine.cert)} > {keystore}"),)
+            pre += (
+                (
+                    "/bin/sh",
+                    "-c",
+                    f"mkdir -p {shlex.quote(str(data))} && umask 077 && "
+                    f"cat {shlex.quote(mine.key)} {shlex.quote(mine.cert)} > {keystore}",
+                ),
+            )
         units.append(
             Unit(
                 name=f"squeal-zookeeper-{server_id}.service",
@@ -339,8 +350,10 @@ def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> li
                     ports=(addr.port, metrics),
                 )
             )
-    def squeal_unit(name: str, description: str, selector: tuple[str, str], port: int, state: str,
-                    after: tuple[str, ...] = ()) -> Unit:
+
+    def squeal_unit(
+        name: str, description: str, selector: tuple[str, str], port: int, state: str, after: tuple[str, ...] = ()
+    ) -> Unit:
         """`squeal run TOPOLOGY --region R` (a region's daemon) or `--instance NAME` (an HA instance)."""
         argv: tuple[str, ...] = (
             str(venv / "bin" / "squeal"),
@@ -349,8 +362,18 @@ def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> li
             "--metrics-port", str(port),
             "--state-dir", str(opts.data_dir / state),
         )  # fmt: skip
-        return Unit(name=name, description=description, argv=argv, kind="squeal", state=(state,),
-                    environment=python_env, ports=(port,), jit_free=False, needs_network=True, after=after)
+        return Unit(
+            name=name,
+            description=description,
+            argv=argv,
+            kind="squeal",
+            state=(state,),
+            environment=python_env,
+            ports=(port,),
+            jit_free=False,
+            needs_network=True,
+            after=after,
+        )
 
     for region in topo.regions:
         for inst in region.squeal_instances:
@@ -358,23 +381,40 @@ def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> li
                 continue
             part = _part(inst.name)  # its state dir: pid file and requests; the markers are in ZooKeeper
             if region.squeal_pool:  # the same command line; the pool's controller gives it its shards
-                units.append(squeal_unit(
-                    f"squeal-worker-{part}.service",
-                    f"squeal worker {inst.name} of region {region.name}'s pool (the shards the pool's controller "
-                    f"assigns it, each from its copy in {region.name})",
-                    ("--instance", inst.name), inst.metrics_port, f"squeal-worker-{part}", after=zookeepers_here))
+                units.append(
+                    squeal_unit(
+                        f"squeal-worker-{part}.service",
+                        f"squeal worker {inst.name} of region {region.name}'s pool (the shards the pool's controller "
+                        f"assigns it, each from its copy in {region.name})",
+                        ("--instance", inst.name),
+                        inst.metrics_port,
+                        f"squeal-worker-{part}",
+                        after=zookeepers_here,
+                    )
+                )
                 continue
-            units.append(squeal_unit(
-                f"squeal-instance-{part}.service",
-                f"squeal instance {inst.name} of region {region.name} (HA; reads "
-                f"{inst.database.name or region.name} at {inst.database.address})",
-                ("--instance", inst.name), inst.metrics_port, f"squeal-instance-{part}", after=zookeepers_here))
+            units.append(
+                squeal_unit(
+                    f"squeal-instance-{part}.service",
+                    f"squeal instance {inst.name} of region {region.name} (HA; reads "
+                    f"{inst.database.name or region.name} at {inst.database.address})",
+                    ("--instance", inst.name),
+                    inst.metrics_port,
+                    f"squeal-instance-{part}",
+                    after=zookeepers_here,
+                )
+            )
         if region.squeal_instances or region.squeal_host != host:
             continue
-        units.append(squeal_unit(
-            f"squeal-daemon-{_part(region.name)}.service",
-            f"squeal invalidation daemon, region {region.name} (database {region.database.address})",
-            ("--region", region.name), topo.squeal_address(region.name).port, f"squeal-{_part(region.name)}"))
+        units.append(
+            squeal_unit(
+                f"squeal-daemon-{_part(region.name)}.service",
+                f"squeal invalidation daemon, region {region.name} (database {region.database.address})",
+                ("--region", region.name),
+                topo.squeal_address(region.name).port,
+                f"squeal-{_part(region.name)}",
+            )
+        )
     if topo.monitoring.host == host:
         m = topo.monitoring
         argv = (

@@ -142,8 +142,6 @@ class RemoteMarkers:
         """Where a miss on `key` must be read: the master if a marker says the replica may be behind."""
         return self.master if self.reads_master(key) else self.local
 
-    def read_through(
-        self, key: str, query: Callable[[SqlClient], T], ttl: int, *, stale_ok: bool = False
-    ) -> T:
+    def read_through(self, key: str, query: Callable[[SqlClient], T], ttl: int, *, stale_ok: bool = False) -> T:
         """The cached value of `key`; on a miss `query(db)` against the database `database_for` picks."""
         return self.cache.get_or_fill(key, lambda: query(self.database_for(key)), ttl, stale_ok=stale_ok)

@@ -47,8 +47,16 @@ class SqlClient:
         cls, db: Any, database: str | None, *, role: str = "", init_command: str | None = None
     ) -> SqlClient:
         """From a `router_config.Database` (host, port, user, password; its `[tls]`, as the web tier)."""
-        return cls(db.host, db.port, db.user, db.password, database, role=role, init_command=init_command,
-                   tls=router_config.mysql_options(db, "webtier") if isinstance(db, router_config.Database) else None)
+        return cls(
+            db.host,
+            db.port,
+            db.user,
+            db.password,
+            database,
+            role=role,
+            init_command=init_command,
+            tls=router_config.mysql_options(db, "webtier") if isinstance(db, router_config.Database) else None,
+        )
 
     def _conn(self) -> pymysql.connections.Connection:
         conn = getattr(self._local, "conn", None)

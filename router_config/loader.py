@@ -150,8 +150,7 @@ class _Builder:
     # -- the document ------------------------------------------------------------------------------
 
     def topology(self, doc: dict) -> Topology:
-        self.table(doc, "", {"squeal", "monitoring", "rules", "regions", "zookeeper", "shards", "tls"},
-                   {"regions"})
+        self.table(doc, "", {"squeal", "monitoring", "rules", "regions", "zookeeper", "shards", "tls"}, {"regions"})
         squeal = self.settings(doc.get("squeal", {}), "squeal")
         monitoring = self.monitoring(doc.get("monitoring", {}), "monitoring")
         zookeeper = self.zookeeper(doc["zookeeper"], "zookeeper") if "zookeeper" in doc else None
@@ -173,8 +172,16 @@ class _Builder:
             found = ", ".join(masters) if masters else "none"
             raise self.fail("regions", f"exactly one region must have master = true (found: {found})")
         rules = self.scope_rules(rules, shards, doc.get("rules", []))
-        topo = Topology(source=self.source, regions=regions, rules=rules, squeal=squeal, monitoring=monitoring,
-                        zookeeper=zookeeper, declared_shards=shards, tls=tls)
+        topo = Topology(
+            source=self.source,
+            regions=regions,
+            rules=rules,
+            squeal=squeal,
+            monitoring=monitoring,
+            zookeeper=zookeeper,
+            declared_shards=shards,
+            tls=tls,
+        )
         self.check_cluster_references(topo)
         self.check_copies(topo)
         return topo
@@ -195,8 +202,10 @@ class _Builder:
         domains: dict[int, str] = {}
         clash = sorted(set(regions) & self.SHARD_KEYS)
         if clash:
-            raise self.fail(f"regions.{clash[0]}", f"a region cannot be named {clash[0]!r} in a topology with "
-                            "[shards] (it is a key of every shard)")
+            raise self.fail(
+                f"regions.{clash[0]}",
+                f"a region cannot be named {clash[0]!r} in a topology with [shards] (it is a key of every shard)",
+            )
         for group, body in value.items():
             here = f"{path}.{group}"
             if not COPY_NAME.match(group):
@@ -204,8 +213,11 @@ class _Builder:
             self.table(body, here, set(self.SHARD_KEYS) | set(regions), {"gtid_domain_id"})
             for region in regions:
                 if region not in body:
-                    raise self.fail(here, f"shard {group!r} has no copy in region {region!r}: every shard needs "
-                                    f"one in every region (`{region} = {{ port = ..., server_id = ... }}`)")
+                    raise self.fail(
+                        here,
+                        f"shard {group!r} has no copy in region {region!r}: every shard needs "
+                        f"one in every region (`{region} = {{ port = ..., server_id = ... }}`)",
+                    )
             count = body.get("count")
             if count is not None:
                 self.typed(count, f"{here}.count", int, "a number of shards")
@@ -213,17 +225,22 @@ class _Builder:
                     raise self.fail(f"{here}.count", f"must be 1-4096, got {count}")
             domain = self.typed(body["gtid_domain_id"], f"{here}.gtid_domain_id", int, "a GTID domain id")
             if not 1 <= domain <= 0xFFFFFFFF - (count or 1):
-                raise self.fail(f"{here}.gtid_domain_id", f"must be 1-4294967295 (0 is MariaDB's default domain, "
-                                f"left to topologies without [shards]), got {domain}")
+                raise self.fail(
+                    f"{here}.gtid_domain_id",
+                    f"must be 1-4294967295 (0 is MariaDB's default domain, "
+                    f"left to topologies without [shards]), got {domain}",
+                )
             user = self.typed(body.get("user", "squeal"), f"{here}.user", str, "an account name")
             password = self.typed(body.get("password", "squeal"), f"{here}.password", str, "a password")
             copies_doc = {}
             for region in regions:
                 at = f"{here}.{region}"
                 c = self.table(body[region], at, {"host", "port", "server_id"}, {"port", "server_id"})
-                copies_doc[region] = (self.host(c.get("host", DEFAULT_HOST), f"{at}.host"),
-                                      self.port(c["port"], f"{at}.port"),
-                                      self.typed(c["server_id"], f"{at}.server_id", int, "a positive integer"))
+                copies_doc[region] = (
+                    self.host(c.get("host", DEFAULT_HOST), f"{at}.host"),
+                    self.port(c["port"], f"{at}.port"),
+                    self.typed(c["server_id"], f"{at}.server_id", int, "a positive integer"),
+                )
             for i in range(count or 1):
                 name = f"{group}-{i}" if count is not None else group
                 where = f"{here} (shard {i} of {count})" if count is not None else here
@@ -231,8 +248,11 @@ class _Builder:
                     raise self.fail(where, f"shard {name!r} is already declared by {names[name]}")
                 names[name] = where
                 if domain + i in domains:
-                    raise self.fail(f"{here}.gtid_domain_id", f"GTID domain {domain + i} (shard {name}) is already "
-                                    f"used by {domains[domain + i]}: each shard needs its own domain")
+                    raise self.fail(
+                        f"{here}.gtid_domain_id",
+                        f"GTID domain {domain + i} (shard {name}) is already "
+                        f"used by {domains[domain + i]}: each shard needs its own domain",
+                    )
                 domains[domain + i] = f"shard {name}"
                 copies = []
                 for region, (host, port, server_id) in copies_doc.items():
@@ -240,10 +260,21 @@ class _Builder:
                     if port + i > 65535:
                         raise self.fail(at, f"port {port + i} is out of range 1-65535")
                     self.claim(host, port + i, at)
-                    copies.append(Database(role="primary" if region == master else "replica", host=host,
-                                           port=port + i, server_id=server_id + i, user=user, password=password,
-                                           tls=self.tls_settings, name=f"{name}@{region}", shard=name, region=region,
-                                           gtid_domain_id=domain + i))
+                    copies.append(
+                        Database(
+                            role="primary" if region == master else "replica",
+                            host=host,
+                            port=port + i,
+                            server_id=server_id + i,
+                            user=user,
+                            password=password,
+                            tls=self.tls_settings,
+                            name=f"{name}@{region}",
+                            shard=name,
+                            region=region,
+                            gtid_domain_id=domain + i,
+                        )
+                    )
                 out.append(Shard(name, tuple(copies), domain + i))
         return tuple(out)
 
@@ -308,15 +339,21 @@ class _Builder:
             ca = str(directory / "ca.crt")
         if require and ca is None:
             where = f" (and {path}.dir has no ca.crt)" if directory is not None else ""
-            raise self.fail(f"{path}.require", f"require = true needs {path}.ca, the CA that every peer's "
-                            f"certificate is checked against{where}")
+            raise self.fail(
+                f"{path}.require",
+                f"require = true needs {path}.ca, the CA that every peer's certificate is checked against{where}",
+            )
         certs: list[tuple[str, CertKey]] = []
         for component in TLS_COMPONENTS:
             at = f"{path}.{component}"
             if component in value:
                 body = self.table(value[component], at, {"cert", "key"}, {"cert", "key"})
-                certs.append((component, CertKey(self.pem_file(body["cert"], f"{at}.cert"),
-                                                 self.pem_file(body["key"], f"{at}.key"))))
+                certs.append(
+                    (
+                        component,
+                        CertKey(self.pem_file(body["cert"], f"{at}.cert"), self.pem_file(body["key"], f"{at}.key")),
+                    )
+                )
             elif directory is not None:
                 cert, key = directory / f"{component}.crt", directory / f"{component}.key"
                 if cert.is_file() != key.is_file():
@@ -329,8 +366,12 @@ class _Builder:
         return TlsSettings(ca=ca, require=require, certs=tuple(certs))
 
     def zookeeper(self, value: Any, path: str) -> ZooKeeperSettings:
-        self.table(value, path, {"servers", "session_timeout_s", "root", "takeover_wait_s", "handback_after_s",
-                                 "peer_ports", "digest"}, {"servers"})
+        self.table(
+            value,
+            path,
+            {"servers", "session_timeout_s", "root", "takeover_wait_s", "handback_after_s", "peer_ports", "digest"},
+            {"servers"},
+        )
         digest = value.get("digest")
         if digest is not None:
             self.typed(digest, f"{path}.digest", str, 'a "user:password" string')
@@ -341,8 +382,9 @@ class _Builder:
         peer_ports = self.peer_ports(value.get("peer_ports"), servers, f"{path}.peer_ports")
         numbers = {}
         for name in ("session_timeout_s", "takeover_wait_s", "handback_after_s"):
-            v = self.typed(value.get(name, getattr(ZooKeeperSettings, name)), f"{path}.{name}", (int, float),
-                           "a number of seconds")
+            v = self.typed(
+                value.get(name, getattr(ZooKeeperSettings, name)), f"{path}.{name}", (int, float), "a number of seconds"
+            )
             if v <= 0:
                 raise self.fail(f"{path}.{name}", f"must be greater than 0, got {v}")
             numbers[name] = float(v)
@@ -360,8 +402,11 @@ class _Builder:
         else:
             self.typed(value, path, list, "a list of [quorum, election] port pairs, one per server")
             if len(value) != len(servers):
-                raise self.fail(path, f"{len(value)} pairs for {len(servers)} servers: one [quorum, election] "
-                                "pair per server, in the order of servers")
+                raise self.fail(
+                    path,
+                    f"{len(value)} pairs for {len(servers)} servers: one [quorum, election] "
+                    "pair per server, in the order of servers",
+                )
             pairs, where = [], []
             for i, pair in enumerate(value):
                 self.typed(pair, f"{path}[{i}]", list, "a [quorum, election] port pair")
@@ -428,8 +473,12 @@ class _Builder:
         seen: set[str] = set()
         for i, body in enumerate(value):
             here = f"{path}[{i}]"
-            self.table(body, here, {"table", "keys", "on_truncate", "codec", "when_changed", "where", "shards"},
-                       {"table", "keys"})
+            self.table(
+                body,
+                here,
+                {"table", "keys", "on_truncate", "codec", "when_changed", "where", "shards"},
+                {"table", "keys"},
+            )
             table = self.typed(body["table"], f"{here}.table", str, 'a "schema.table" name')
             parts = table.split(".")
             if len(parts) != 2 or not all(COLUMN_NAME.match(p) for p in parts):
@@ -454,13 +503,16 @@ class _Builder:
                         raise self.fail(f"{here}.when_changed[{k}]", f"{name!r} is not a column name like user_id")
             where = None
             if "where" in body:
-                text = self.typed(body["where"], f"{here}.where", str, 'a predicate like "status != \'draft\'"')
+                text = self.typed(body["where"], f"{here}.where", str, "a predicate like \"status != 'draft'\"")
                 try:
                     where = predicate.parse(text)
                 except predicate.PredicateError as e:
                     raise self.fail(f"{here}.where", f"{e} (at character {e.offset + 1} of {text!r})") from None
-            rules.append(Rule(table=table, keys=keys, on_truncate=on_truncate, codec=codec,
-                              when_changed=when_changed, where=where))
+            rules.append(
+                Rule(
+                    table=table, keys=keys, on_truncate=on_truncate, codec=codec, when_changed=when_changed, where=where
+                )
+            )
         return tuple(rules)
 
     def template(self, template: str, path: str) -> None:
@@ -479,18 +531,29 @@ class _Builder:
         self.table(
             body,
             path,
-            {"master", "database", "regional_pool", "clusters", "squeal", "replicas", "squeal_instances",
-             "squeal_pool", "squeal_placement"},
+            {
+                "master",
+                "database",
+                "regional_pool",
+                "clusters",
+                "squeal",
+                "replicas",
+                "squeal_instances",
+                "squeal_pool",
+                "squeal_placement",
+            },
             {"clusters"} if shards else {"database", "clusters"},
         )
         master = self.typed(body.get("master", False), f"{path}.master", bool, "true or false")
         if shards:
             for key in ("database", "replicas"):
                 if key in body:
-                    raise self.fail(f"{path}.{key}", f"a topology with [shards] gives each shard's copies under "
-                                    f"[shards.NAME]; `{key}` of a region is for one database per region"
-                                    + (" (extra replicas per shard are not supported yet)" if key == "replicas"
-                                       else ""))
+                    raise self.fail(
+                        f"{path}.{key}",
+                        f"a topology with [shards] gives each shard's copies under "
+                        f"[shards.NAME]; `{key}` of a region is for one database per region"
+                        + (" (extra replicas per shard are not supported yet)" if key == "replicas" else ""),
+                    )
             return self.region_body(name, body, path, master, shards[0].copy(name))
         db_path = f"{path}.database"
         db = self.table(
@@ -514,8 +577,16 @@ class _Builder:
         server_id = self.typed(db["server_id"], f"{db_path}.server_id", int, "a positive integer")
         user = self.typed(db.get("user", "squeal"), f"{db_path}.user", str, "an account name")
         password = self.typed(db.get("password", "squeal"), f"{db_path}.password", str, "a password")
-        database = Database(role=role, host=host, port=port, server_id=server_id, user=user, password=password,
-                            name=name, tls=self.tls_settings)
+        database = Database(
+            role=role,
+            host=host,
+            port=port,
+            server_id=server_id,
+            user=user,
+            password=password,
+            name=name,
+            tls=self.tls_settings,
+        )
         return self.region_body(name, body, path, master, database)
 
     def region_body(self, name: str, body: dict, path: str, master: bool, database: Database) -> Region:
@@ -542,17 +613,29 @@ class _Builder:
             squeal_host = self.host(sq.get("host", DEFAULT_HOST), f"{path}.squeal.host")
         replicas = self.replicas(body.get("replicas", {}), name, f"{path}.replicas")
         sharded = bool(database.shard)
-        instances = self.instances(body.get("squeal_instances", []), name, (database, *replicas), squeal_host,
-                                   f"{path}.squeal_instances", sharded=sharded)
+        instances = self.instances(
+            body.get("squeal_instances", []),
+            name,
+            (database, *replicas),
+            squeal_host,
+            f"{path}.squeal_instances",
+            sharded=sharded,
+        )
         pool = self.typed(body.get("squeal_pool", False), f"{path}.squeal_pool", bool, "true or false")
         if pool and not instances:
-            raise self.fail(f"{path}.squeal_pool", "a squeal pool needs its workers: [[regions."
-                            f"{name}.squeal_instances]] (each runs `squeal run --instance NAME`)")
+            raise self.fail(
+                f"{path}.squeal_pool",
+                "a squeal pool needs its workers: [[regions."
+                f"{name}.squeal_instances]] (each runs `squeal run --instance NAME`)",
+            )
         placement = PoolPlacement()
         if "squeal_placement" in body:
             if not pool:
-                raise self.fail(f"{path}.squeal_placement", "placement settings are for a squeal pool: set "
-                                f"squeal_pool = true in [regions.{name}] or remove this table")
+                raise self.fail(
+                    f"{path}.squeal_placement",
+                    "placement settings are for a squeal pool: set "
+                    f"squeal_pool = true in [regions.{name}] or remove this table",
+                )
             placement = self.pool_placement(body["squeal_placement"], f"{path}.squeal_placement")
         return Region(
             name=name,
@@ -596,24 +679,34 @@ class _Builder:
                 raise self.fail(here, f"replica name {name!r} may use only letters, digits, '_', '.' and '-'")
             if name == region:
                 raise self.fail(here, f"{name!r} names the region's own database; give the replica another name")
-            self.table(body, here, {"host", "port", "server_id", "user", "password", "replicates_from"},
-                       {"port", "server_id"})
+            self.table(
+                body, here, {"host", "port", "server_id", "user", "password", "replicates_from"}, {"port", "server_id"}
+            )
             host = self.host(body.get("host", DEFAULT_HOST), f"{here}.host")
             port = self.port(body["port"], f"{here}.port")
             self.claim(host, port, f"{here}.port")
             server_id = self.typed(body["server_id"], f"{here}.server_id", int, "a positive integer")
-            source = self.typed(body.get("replicates_from", region), f"{here}.replicates_from", str,
-                                "the name of a database copy")
-            out.append(Database(
-                role="replica", host=host, port=port, server_id=server_id,
-                user=self.typed(body.get("user", "squeal"), f"{here}.user", str, "an account name"),
-                password=self.typed(body.get("password", "squeal"), f"{here}.password", str, "a password"),
-                name=name, replicates_from=source, tls=self.tls_settings,
-            ))
+            source = self.typed(
+                body.get("replicates_from", region), f"{here}.replicates_from", str, "the name of a database copy"
+            )
+            out.append(
+                Database(
+                    role="replica",
+                    host=host,
+                    port=port,
+                    server_id=server_id,
+                    user=self.typed(body.get("user", "squeal"), f"{here}.user", str, "an account name"),
+                    password=self.typed(body.get("password", "squeal"), f"{here}.password", str, "a password"),
+                    name=name,
+                    replicates_from=source,
+                    tls=self.tls_settings,
+                )
+            )
         return tuple(out)
 
-    def instances(self, value: Any, region: str, copies: tuple[Database, ...], default_host: str,
-                  path: str, sharded: bool = False) -> tuple[SquealInstance, ...]:
+    def instances(
+        self, value: Any, region: str, copies: tuple[Database, ...], default_host: str, path: str, sharded: bool = False
+    ) -> tuple[SquealInstance, ...]:
         """`[[regions.R.squeal_instances]]`: squeal daemons of the region, each on its own copy of the data (with
         [shards]: every instance reads the region's copy of each shard; `database` is not theirs to choose)."""
         self.typed(value, path, list, "an array of [[squeal_instances]] tables")
@@ -625,25 +718,33 @@ class _Builder:
             self.table(body, here, {"name", "database", "host", "metrics_port"}, {"name", "metrics_port"})
             name = self.typed(body["name"], f"{here}.name", str, "an instance name")
             if not COPY_NAME.match(name):
-                raise self.fail(f"{here}.name", f"instance name {name!r} may use only letters, digits, '_', '.' "
-                                 "and '-'")
+                raise self.fail(
+                    f"{here}.name", f"instance name {name!r} may use only letters, digits, '_', '.' and '-'"
+                )
             if sharded:
                 if "database" in body:
-                    raise self.fail(f"{here}.database", "with [shards], every instance reads the region's copy of "
-                                    "each shard: leave `database` out")
+                    raise self.fail(
+                        f"{here}.database",
+                        "with [shards], every instance reads the region's copy of each shard: leave `database` out",
+                    )
                 host = self.host(body.get("host", default_host), f"{here}.host")
                 port = self.port(body["metrics_port"], f"{here}.metrics_port")
                 self.claim(host, port, f"{here}.metrics_port")
-                out.append(SquealInstance(name=name, region=region, database=copies[0], metrics_port=port,
-                                          host=host))
+                out.append(SquealInstance(name=name, region=region, database=copies[0], metrics_port=port, host=host))
                 continue
             copy = self.typed(body.get("database", region), f"{here}.database", str, "the name of a database copy")
             if copy not in by_name:
-                raise self.fail(f"{here}.database", f"unknown database {copy!r}: an instance reads a copy of its "
-                                f"region's data (region {region} has: {', '.join(by_name)})")
+                raise self.fail(
+                    f"{here}.database",
+                    f"unknown database {copy!r}: an instance reads a copy of its "
+                    f"region's data (region {region} has: {', '.join(by_name)})",
+                )
             if copy in readers:
-                raise self.fail(f"{here}.database", f"instances {readers[copy]!r} and {name!r} both read database "
-                                f"{copy!r}: each instance needs a copy of its own (they exist to survive its loss)")
+                raise self.fail(
+                    f"{here}.database",
+                    f"instances {readers[copy]!r} and {name!r} both read database "
+                    f"{copy!r}: each instance needs a copy of its own (they exist to survive its loss)",
+                )
             readers[copy] = name
             host = self.host(body.get("host", default_host), f"{here}.host")
             port = self.port(body["metrics_port"], f"{here}.metrics_port")
@@ -731,8 +832,11 @@ class _Builder:
                 for d in sh.copies:
                     here = f"shards.{sh.name}.{d.region}.server_id"
                     if d.server_id in server_ids:
-                        raise self.fail(here, f"server_id {d.server_id} (shard {sh.name}, region {d.region}) is "
-                                        f"already used by {server_ids[d.server_id]} (replication needs distinct ids)")
+                        raise self.fail(
+                            here,
+                            f"server_id {d.server_id} (shard {sh.name}, region {d.region}) is "
+                            f"already used by {server_ids[d.server_id]} (replication needs distinct ids)",
+                        )
                     server_ids[d.server_id] = f"shard {sh.name} in region {d.region}"
         else:
             server_ids = {r.database.server_id: f"regions.{r.name}.database" for r in topo.regions}
@@ -740,12 +844,16 @@ class _Builder:
             for d in r.replicas:
                 here = f"regions.{r.name}.replicas.{d.name}"
                 if d.server_id in server_ids:
-                    raise self.fail(f"{here}.server_id", f"server_id {d.server_id} is already used by "
-                                    f"{server_ids[d.server_id]} (replication needs distinct ids)")
+                    raise self.fail(
+                        f"{here}.server_id",
+                        f"server_id {d.server_id} is already used by "
+                        f"{server_ids[d.server_id]} (replication needs distinct ids)",
+                    )
                 server_ids[d.server_id] = here
                 if d.replicates_from not in copies:
-                    raise self.fail(f"{here}.replicates_from", f"unknown database {d.replicates_from!r} (have: "
-                                    f"{', '.join(copies)})")
+                    raise self.fail(
+                        f"{here}.replicates_from", f"unknown database {d.replicates_from!r} (have: {', '.join(copies)})"
+                    )
                 seen = [d.name]
                 source = d.replicates_from
                 while source in copies and copies[source][0].replicates_from:
@@ -756,9 +864,12 @@ class _Builder:
         instances: dict[str, str] = {}
         for r in topo.regions:
             if r.squeal_instances and topo.zookeeper is None:
-                raise self.fail(f"regions.{r.name}.squeal_instances", "squeal instances need a [zookeeper] section "
-                                "(servers = [\"host:port\", ...]): their leader election and shared datamarkers live "
-                                "there")
+                raise self.fail(
+                    f"regions.{r.name}.squeal_instances",
+                    "squeal instances need a [zookeeper] section "
+                    '(servers = ["host:port", ...]): their leader election and shared datamarkers live '
+                    "there",
+                )
             for i, s in enumerate(r.squeal_instances):
                 here = f"regions.{r.name}.squeal_instances[{i}].name"
                 if s.name in instances:

@@ -424,8 +424,10 @@ class Topology:
             at = f"regions.{r.name}"
             out += [("mariadb", f"{at}.replicas.{d.name}.port", d.address) for d in r.replicas]
             if r.squeal_instances:  # HA mode: the instances instead of the region's single daemon
-                out += [("squeal", f"{at}.squeal_instances[{k}].metrics_port", s.address)
-                        for k, s in enumerate(r.squeal_instances)]
+                out += [
+                    ("squeal", f"{at}.squeal_instances[{k}].metrics_port", s.address)
+                    for k, s in enumerate(r.squeal_instances)
+                ]
             else:
                 where = f"squeal.metrics_port_base (+{i}, region {r.name})"
                 out.append(("squeal", where, self.squeal_address(r.name)))

@@ -21,7 +21,8 @@ import re
 from dataclasses import dataclass
 
 OPERATORS = ("=", "!=", "<", "<=", ">", ">=")
-_TOKEN = re.compile(r"""
+_TOKEN = re.compile(
+    r"""
     \s*(?:
       (?P<string>'(?:[^']|'')*')
     | (?P<number>[-+]?(?:\d+(?:\.\d*)?|\.\d+))
@@ -30,7 +31,9 @@ _TOKEN = re.compile(r"""
     | (?P<quoted>`[^`]+`)
     | (?P<word>[A-Za-z_][A-Za-z0-9_$]*)
     | (?P<bad>\S)
-    )""", re.VERBOSE)
+    )""",
+    re.VERBOSE,
+)
 _KEYWORDS = {"AND", "OR", "NOT", "IS", "NULL", "IN"}
 
 
@@ -228,8 +231,11 @@ class _Parser:
             while self.accept(","):
                 items.append(self.literal())
             self.take("punct", ")", "')' or ','")
-            node = Compare(column, "=", items[0]) if len(items) == 1 else BoolOp(
-                "or", tuple(Compare(column, "=", lit) for lit in items))
+            node = (
+                Compare(column, "=", items[0])
+                if len(items) == 1
+                else BoolOp("or", tuple(Compare(column, "=", lit) for lit in items))
+            )
             return Not(node) if negated else node
         if negated:
             raise PredicateError(f"expected IN after {column} NOT", self.peek()[2])
@@ -247,7 +253,8 @@ class _Parser:
             number = re.sub(r"^(-?)\.", r"\g<1>0.", number)  # ".5" -> "0.5", "5." -> "5.0": one spelling
             return Literal(number + "0" if number.endswith(".") else number, number=True)
         if kind == "keyword" and value == "NULL":
-            raise PredicateError("a comparison with NULL is never true in SQL: write `column IS NULL` "
-                                 "or `column IS NOT NULL`", offset)
+            raise PredicateError(
+                "a comparison with NULL is never true in SQL: write `column IS NULL` or `column IS NOT NULL`", offset
+            )
         found = "the end" if kind == "end" else repr(value)
         raise PredicateError(f"expected a 'string' or a number, found {found}", offset)

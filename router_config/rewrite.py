@@ -31,8 +31,9 @@ def reassign_ports(topo: Topology, allocate: Callable[[], int]) -> Topology:
     def cluster(c: Cluster) -> Cluster:
         return replace(c, routers=addrs(c.routers), pools=tuple(pool(p) for p in c.pools))
 
-    shards = tuple(replace(sh, copies=tuple(replace(d, port=allocate()) for d in sh.copies))
-                   for sh in topo.declared_shards)
+    shards = tuple(
+        replace(sh, copies=tuple(replace(d, port=allocate()) for d in sh.copies)) for sh in topo.declared_shards
+    )
     shard_copies = {d.name: d for sh in shards for d in sh.copies}
 
     def region(r: Region) -> Region:
@@ -44,8 +45,9 @@ def reassign_ports(topo: Topology, allocate: Callable[[], int]) -> Topology:
             regional_pool=replace(rp, servers=addrs(rp.servers)) if rp else None,
             clusters=tuple(cluster(c) for c in r.clusters),
             replicas=tuple(copies[d.name] for d in r.replicas),
-            squeal_instances=tuple(replace(s, database=copies[s.database.name], metrics_port=allocate())
-                                   for s in r.squeal_instances),
+            squeal_instances=tuple(
+                replace(s, database=copies[s.database.name], metrics_port=allocate()) for s in r.squeal_instances
+            ),
         )
 
     base = _free_run(allocate, len(topo.regions))

@@ -91,10 +91,20 @@ class Sender:
     shards). Each flow's batches are still acknowledged in its own order, by the `MN` that closes each batch.
     """
 
-    def __init__(self, flow: Flow, reactor: Any, batch_size: int, flush_interval: float,
-                 reply_timeout: float = 2.0, backoff_initial: float = 0.05, backoff_max: float = 5.0,
-                 metrics: Metrics | WriteMetrics | None = None, max_in_flight: int = 4,
-                 sampler: DeleteSampler | None = None, tls: Callable[[], ssl.SSLContext] | None = None) -> None:
+    def __init__(
+        self,
+        flow: Flow,
+        reactor: Any,
+        batch_size: int,
+        flush_interval: float,
+        reply_timeout: float = 2.0,
+        backoff_initial: float = 0.05,
+        backoff_max: float = 5.0,
+        metrics: Metrics | WriteMetrics | None = None,
+        max_in_flight: int = 4,
+        sampler: DeleteSampler | None = None,
+        tls: Callable[[], ssl.SSLContext] | None = None,
+    ) -> None:
         self.name = flow.name  # the destination's name (every shard's flow to it has this name)
         self.destinations = flow.destinations
         self.flows: list[Flow] = []
@@ -278,8 +288,11 @@ class Sender:
         flushes = batch.flushes
         if oks < flushes:  # a refused flush is never acknowledged: the flow retries it
             self.batches.appendleft((flow, batch))
-            log.error("flow %s: flush_all refused (%r); squeal-router flushes only with --enable-flush-cmd",
-                      self.name, errors[0] if errors else b"no OK")
+            log.error(
+                "flow %s: flush_all refused (%r); squeal-router flushes only with --enable-flush-cmd",
+                self.name,
+                errors[0] if errors else b"no OK",
+            )
             self._failure("flush_all not acknowledged")
             return
         if server_errors:
@@ -289,8 +302,9 @@ class Sender:
         if flushes and m is not None:
             m.flushes.labels(flow=flow.name).inc(flushes)
         if errors:
-            log.warning("flow %s: %d error replies in a batch (not retried), e.g. %r", self.name,
-                        len(errors), errors[0])
+            log.warning(
+                "flow %s: %d error replies in a batch (not retried), e.g. %r", self.name, len(errors), errors[0]
+            )
         self.backoff = self.backoff_initial
         flow.ack(batch)
         if m is not None:
@@ -323,8 +337,14 @@ class Sender:
         self.router += 1  # the next router of the set, round robin
         for m in {id(f.metrics): f.metrics for f in self.flows if f.metrics is not None}.values():
             m.retries.labels(flow=self.name).inc()
-        log.warning("flow %s: %s %s; retrying in %.2fs via %s", self.name, addr, why, self.backoff,
-                    self.destinations[self.router % len(self.destinations)])
+        log.warning(
+            "flow %s: %s %s; retrying in %.2fs via %s",
+            self.name,
+            addr,
+            why,
+            self.backoff,
+            self.destinations[self.router % len(self.destinations)],
+        )
         self.waiting = True
         self.reactor.callLater(self.backoff, self._retry)
         self.backoff = min(self.backoff * 2, self.backoff_max)

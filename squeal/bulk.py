@@ -80,8 +80,9 @@ def existing_tables(conn: Any, schemas: Iterable[str]) -> tuple[g.Position, set[
     with conn.cursor() as cur:
         for _ in range(5):
             before = current_position(conn)
-            cur.execute(f"SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES "
-                        f"WHERE TABLE_SCHEMA IN ({marks})", names)
+            cur.execute(
+                f"SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA IN ({marks})", names
+            )
             tables = {(str(s), str(t)) for s, t in cur.fetchall()}
             if current_position(conn) == before:
                 return before, tables
@@ -132,13 +133,15 @@ def load_cascades(conn: Any) -> Cascades:
     with conn.cursor() as cur:
         cur.execute(
             "SELECT CONSTRAINT_SCHEMA, TABLE_NAME, CONSTRAINT_NAME, REFERENCED_COLUMN_NAME "
-            "FROM information_schema.KEY_COLUMN_USAGE WHERE REFERENCED_TABLE_NAME IS NOT NULL")
+            "FROM information_schema.KEY_COLUMN_USAGE WHERE REFERENCED_TABLE_NAME IS NOT NULL"
+        )
         columns: dict[tuple[str, str, str], list[str]] = {}
         for cs, ct, name, column in cur.fetchall():
             columns.setdefault((cs, ct, name), []).append(column.lower())
         cur.execute(
             "SELECT UNIQUE_CONSTRAINT_SCHEMA, REFERENCED_TABLE_NAME, CONSTRAINT_SCHEMA, TABLE_NAME, DELETE_RULE, "
-            "UPDATE_RULE, CONSTRAINT_NAME FROM information_schema.REFERENTIAL_CONSTRAINTS")
+            "UPDATE_RULE, CONSTRAINT_NAME FROM information_schema.REFERENTIAL_CONSTRAINTS"
+        )
         out: Cascades = {}
         for ps, pt, cs, ct, on_delete, on_update, name in cur.fetchall():
             if on_delete in _CHANGES_CHILD or on_update in _CHANGES_CHILD:
@@ -238,8 +241,11 @@ class BulkDetector:
             kind = statement_kind(sql)
             if kind == "drop database":
                 dropped = _dropped_database(sql)
-                hit = [rule for (s, t), rule in self.rules.items()
-                       if s == dropped and (not tracked or (s, t) in (self.existing or ()))]
+                hit = [
+                    rule
+                    for (s, t), rule in self.rules.items()
+                    if s == dropped and (not tracked or (s, t) in (self.existing or ()))
+                ]
             elif kind is not None:
                 hit = [self.rules[name] for name in named_tables(sql, schema) if name in self.rules]
             if kind is not None:

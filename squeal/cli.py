@@ -57,22 +57,43 @@ def cmd_run(args: argparse.Namespace) -> int:
         if topo.region(instance.region).squeal_pool:  # a worker of the region's pool (docs/squeal.md, "Worker pool")
             from squeal.pool import run_worker
 
-            return run_worker(topo, instance.name, state_dir=args.state_dir, metrics_port=args.metrics_port,
-                              reply_timeout=args.reply_timeout, sample_every=args.sample_every)
-        return run_instance(topo, instance.name, state_dir=args.state_dir, metrics_port=args.metrics_port,
-                            from_gtid=args.from_gtid, reply_timeout=args.reply_timeout,
-                            sample_every=args.sample_every)
+            return run_worker(
+                topo,
+                instance.name,
+                state_dir=args.state_dir,
+                metrics_port=args.metrics_port,
+                reply_timeout=args.reply_timeout,
+                sample_every=args.sample_every,
+            )
+        return run_instance(
+            topo,
+            instance.name,
+            state_dir=args.state_dir,
+            metrics_port=args.metrics_port,
+            from_gtid=args.from_gtid,
+            reply_timeout=args.reply_timeout,
+            sample_every=args.sample_every,
+        )
     if args.region is None:
         raise ValueError("squeal run needs --region REGION (or --instance NAME in HA mode)")
     region = topo.region(args.region)  # a clear error for a wrong region before anything starts
     if region.squeal_instances:
-        raise ValueError(f"region {region.name} runs squeal instances with leader election: start each with "
-                         f"--instance NAME ({', '.join(s.name for s in region.squeal_instances)})")
+        raise ValueError(
+            f"region {region.name} runs squeal instances with leader election: start each with "
+            f"--instance NAME ({', '.join(s.name for s in region.squeal_instances)})"
+        )
     port = args.metrics_port
     if port is None:
         port = topo.squeal.metrics_port_base + [r.name for r in topo.regions].index(args.region)
-    return run(topo, args.region, state_dir=args.state_dir, metrics_port=port, from_gtid=args.from_gtid,
-               reply_timeout=args.reply_timeout, sample_every=args.sample_every)
+    return run(
+        topo,
+        args.region,
+        state_dir=args.state_dir,
+        metrics_port=port,
+        from_gtid=args.from_gtid,
+        reply_timeout=args.reply_timeout,
+        sample_every=args.sample_every,
+    )
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -81,8 +102,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     topo = _topology(args.topology)
     try:
-        lines = replay(topo, args.region, args.flow, args.from_gtid, state_dir_for(topo, args.state_dir),
-                       shard=args.shard)
+        lines = replay(
+            topo, args.region, args.flow, args.from_gtid, state_dir_for(topo, args.state_dir), shard=args.shard
+        )
     except ReplayError as e:
         print(f"squeal replay: error: {e}", file=sys.stderr)
         return e.code
@@ -123,58 +145,97 @@ def cmd_accept_data_loss(args: argparse.Namespace) -> int:
             print(f"squeal accept-data-loss: error: {e}", file=sys.stderr)
             return e.code
         who = f"its leader, instance {leader}," if leader else "its next leader"
-        print(f"data loss accepted for{of} region {region.name} ({store.dir}/accept-data-loss): {who} flushes the "
-              "region's destinations and resumes within a second or two; watch its /healthz")
+        print(
+            f"data loss accepted for{of} region {region.name} ({store.dir}/accept-data-loss): {who} flushes the "
+            "region's destinations and resumes within a second or two; watch its /healthz"
+        )
         return 0
     state = state_dir_for(topo, args.state_dir)
     if not state.is_dir():
         raise ValueError(f"state dir {state} does not exist (is --state-dir the daemon's?)")
     path = accept_path(state, region.name, shard)
     path.write_text("accepted\n")
-    print(f"data loss accepted for{of} region {region.name} ({path}): the running daemon flushes the region's "
-          "destinations and resumes within a second; watch /healthz")
+    print(
+        f"data loss accepted for{of} region {region.name} ({path}): the running daemon flushes the region's "
+        "destinations and resumes within a second; watch /healthz"
+    )
     return 0
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="squeal", description=DESCRIPTION,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="squeal", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = p.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run the invalidation daemon for one region's database",
-                         description=DESCRIPTION, epilog=RUN_EPILOG,
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    run = sub.add_parser(
+        "run",
+        help="run the invalidation daemon for one region's database",
+        description=DESCRIPTION,
+        epilog=RUN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run.add_argument("topology", metavar="TOPOLOGY", help="topology TOML file (see examples/local.toml)")
     run.add_argument("--region", default=None, help="the region whose database this daemon reads")
-    run.add_argument("--instance", default=None, metavar="NAME",
-                     help="HA mode: run the topology's squeal instance NAME (one of its region's "
-                          "[[squeal_instances]]): a standby until elected leader through ZooKeeper")
-    run.add_argument("--metrics-port", type=int, default=None,
-                     help="port for /metrics and /healthz (default: the topology's metrics_port_base + the "
-                          "region's index; with --instance, the instance's metrics_port)")
-    run.add_argument("--state-dir", default=None,
-                     help="where datamarkers live (default: the topology's squeal.datamarker_dir)")
-    run.add_argument("--from-gtid", default=None, metavar="GTID",
-                     help="flows with no datamarker start after this GTID position instead of now")
-    run.add_argument("--sample-every", type=int, default=1000, metavar="N",
-                     help="keep 1 in N acknowledged deletes for /sampled-deletes (the prober re-checks them; "
-                     "default %(default)s)")
-    run.add_argument("--reply-timeout", type=float, default=2.0, metavar="SECONDS",
-                     help="a destination that does not answer a batch within this is retried (default 2)")
+    run.add_argument(
+        "--instance",
+        default=None,
+        metavar="NAME",
+        help="HA mode: run the topology's squeal instance NAME (one of its region's "
+        "[[squeal_instances]]): a standby until elected leader through ZooKeeper",
+    )
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="port for /metrics and /healthz (default: the topology's metrics_port_base + the "
+        "region's index; with --instance, the instance's metrics_port)",
+    )
+    run.add_argument(
+        "--state-dir", default=None, help="where datamarkers live (default: the topology's squeal.datamarker_dir)"
+    )
+    run.add_argument(
+        "--from-gtid",
+        default=None,
+        metavar="GTID",
+        help="flows with no datamarker start after this GTID position instead of now",
+    )
+    run.add_argument(
+        "--sample-every",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="keep 1 in N acknowledged deletes for /sampled-deletes (the prober re-checks them; default %(default)s)",
+    )
+    run.add_argument(
+        "--reply-timeout",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="a destination that does not answer a batch within this is retried (default 2)",
+    )
     run.set_defaults(func=cmd_run)
 
-    rep = sub.add_parser("replay", help="re-send one flow's invalidations from a GTID",
-                         description="Re-send one destination's invalidations from a GTID position.",
-                         epilog=REPLAY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    rep = sub.add_parser(
+        "replay",
+        help="re-send one flow's invalidations from a GTID",
+        description="Re-send one destination's invalidations from a GTID position.",
+        epilog=REPLAY_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     rep.add_argument("topology", metavar="TOPOLOGY", help="topology TOML file")
     add_replay_options(rep)
     rep.add_argument("--state-dir", default=None, help="where datamarkers live (as for `squeal run`); must exist")
     rep.set_defaults(func=cmd_replay)
 
-    acc = sub.add_parser("accept-data-loss", help="after purged binlogs (halt policy): flush the region, resume",
-                         description="Accept binlog data loss for a halted region.", epilog=ACCEPT_EPILOG,
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    acc = sub.add_parser(
+        "accept-data-loss",
+        help="after purged binlogs (halt policy): flush the region, resume",
+        description="Accept binlog data loss for a halted region.",
+        epilog=ACCEPT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     acc.add_argument("topology", metavar="TOPOLOGY", help="topology TOML file")
     acc.add_argument("--region", required=True, help="the halted region")
     acc.add_argument("--shard", default=None, help="with [shards]: the halted shard (each halts alone)")
@@ -185,16 +246,27 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     from squeal.datamarkers import DatamarkerDirError
     from squeal.reader import ReaderConfigError
     from squeal.rules import RuleError
 
     try:
         return args.func(args)
-    except (router_config.TopologyError, RuleError, ReaderConfigError, g.GtidError, ValueError, KeyError,
-            ConnectionError, DatamarkerDirError) as e:
+    except (
+        router_config.TopologyError,
+        RuleError,
+        ReaderConfigError,
+        g.GtidError,
+        ValueError,
+        KeyError,
+        ConnectionError,
+        DatamarkerDirError,
+    ) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"squeal: error: {msg}", file=sys.stderr)
         return 2

@@ -85,15 +85,30 @@ def source_for(region: Region | Database) -> Source:
     if db.tls is None:
         return Source(db.host, db.port, db.user, db.password)
     mine = db.tls.cert("squeal")
-    return Source(db.host, db.port, db.user, db.password, tls=True, ssl_ca=db.tls.ca,
-                  ssl_cert=mine.cert if mine else None, ssl_key=mine.key if mine else None)
+    return Source(
+        db.host,
+        db.port,
+        db.user,
+        db.password,
+        tls=True,
+        ssl_ca=db.tls.ca,
+        ssl_cert=mine.cert if mine else None,
+        ssl_key=mine.key if mine else None,
+    )
 
 
 class SenderHub:
     """The batchers of a process, one `Sender` per destination, shared by every shard's flow to it."""
 
-    def __init__(self, reactor: Any, settings: SquealSettings, metrics: Metrics | WriteMetrics,
-                 sampler: DeleteSampler, reply_timeout: float, tls: TlsSettings | None = None) -> None:
+    def __init__(
+        self,
+        reactor: Any,
+        settings: SquealSettings,
+        metrics: Metrics | WriteMetrics,
+        sampler: DeleteSampler,
+        reply_timeout: float,
+        tls: TlsSettings | None = None,
+    ) -> None:
         self.reactor, self.settings, self.metrics, self.sampler = reactor, settings, metrics, sampler
         self.reply_timeout = reply_timeout
         self.tls = tls  # [tls]: deletes to the routers over TLS
@@ -106,9 +121,15 @@ class SenderHub:
         if sender is None:
             s = self.settings
             sender = self.senders[flow.name] = Sender(
-                flow, self.reactor, s.batch_size, s.flush_interval_ms / 1000.0, reply_timeout=self.reply_timeout,
-                metrics=self.metrics, sampler=self.sampler,
-                tls=functools.partial(client_context, self.tls) if self.tls is not None else None)
+                flow,
+                self.reactor,
+                s.batch_size,
+                s.flush_interval_ms / 1000.0,
+                reply_timeout=self.reply_timeout,
+                metrics=self.metrics,
+                sampler=self.sampler,
+                tls=functools.partial(client_context, self.tls) if self.tls is not None else None,
+            )
         else:
             sender.add_flow(flow)
         return sender
@@ -146,8 +167,7 @@ class SampledDeletesResource(resource.Resource):
             request.setResponseCode(400)
             return b"since must be a unix time\n"
         request.setHeader(b"content-type", b"application/json")
-        return json.dumps([{"flow": s.flow, "key": s.key, "acked_at": s.acked_at}
-                           for s in self.recent(since)]).encode()
+        return json.dumps([{"flow": s.flow, "key": s.key, "acked_at": s.acked_at} for s in self.recent(since)]).encode()
 
 
 class HealthResource(resource.Resource):
@@ -167,20 +187,34 @@ class HealthResource(resource.Resource):
 
 
 class Daemon:
-    def __init__(self, topology: Topology, region: str, state_dir: str | Path | None = None,
-                 metrics_port: int | None = None, from_gtid: str | None = None,
-                 store: DatamarkerStore | None = None, reactor: Any = None, reply_timeout: float = 2.0,
-                 checkpoint_interval: float = 1.0, connect_timeout: float = 20.0,
-                 sample_every: int = 1000, shard: str | None = None, hub: SenderHub | None = None) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        region: str,
+        state_dir: str | Path | None = None,
+        metrics_port: int | None = None,
+        from_gtid: str | None = None,
+        store: DatamarkerStore | None = None,
+        reactor: Any = None,
+        reply_timeout: float = 2.0,
+        checkpoint_interval: float = 1.0,
+        connect_timeout: float = 20.0,
+        sample_every: int = 1000,
+        shard: str | None = None,
+        hub: SenderHub | None = None,
+    ) -> None:
         if reactor is None:
             from twisted.internet import reactor as default_reactor
+
             reactor = default_reactor
         self.reactor = reactor
         self.topology = topology
         self.region = topology.region(region)
         if shard is None and len(topology.shards) > 1:
-            raise ValueError(f"{topology.source}: region {region} has {len(topology.shards)} shards: name one "
-                             f"({', '.join(s.name for s in topology.shards)})")
+            raise ValueError(
+                f"{topology.source}: region {region} has {len(topology.shards)} shards: name one "
+                f"({', '.join(s.name for s in topology.shards)})"
+            )
         self.shard = topology.shard(shard) if shard is not None else topology.shards[0]
         # The copy this pipeline reads: the region's copy of its shard (without [shards]: the region's database).
         self.database = topology.shard_copy(self.shard.name, self.region.name)
@@ -197,8 +231,7 @@ class Daemon:
         self.settings = topology.squeal
         self.metrics = Metrics()
         # Shared batchers (a RegionDaemon's), or our own: one Sender per destination either way.
-        self.hub = hub or SenderHub(reactor, self.settings, self.metrics, self.sampler, reply_timeout,
-                                    tls=topology.tls)
+        self.hub = hub or SenderHub(reactor, self.settings, self.metrics, self.sampler, reply_timeout, tls=topology.tls)
         self.source = source_for(self.database)
         self.extractor = KeyExtractor(self.rules)
         prefixes = self.region.regional_pool.prefixes if self.region.regional_pool else ()
@@ -315,9 +348,11 @@ class Daemon:
                 if f.name in unsaved:  # a new destination's "now" (or a replay's start) is now durable
                     self.store.save(f.name, g.format_position(f.acked))
             except OSError as e:
-                raise DatamarkerDirError(f"cannot write the datamarker of flow {f.name} in {self._marker_where()}: "
-                                         f"{describe_error(e)}") from e
+                raise DatamarkerDirError(
+                    f"cannot write the datamarker of flow {f.name} in {self._marker_where()}: {describe_error(e)}"
+                ) from e
             self.metrics.marker_write_errors.labels(flow=f.name)  # (the series exist from the start, at 0)
+
             def marker_age(name: str = f.name) -> float:
                 return self._marker_watch.age(name, self.reactor.seconds())
 
@@ -329,21 +364,27 @@ class Daemon:
         bulk = self.stage.bulk
         for parent in sorted(bulk.parents):
             children = {r.table: r.on_truncate for k in ("delete", "update") for r in bulk.cascade_targets(parent, k)}
-            log.warning("foreign keys: deleting or updating a row of %s.%s changes %s through ON DELETE/UPDATE "
-                        "actions MariaDB does not log; squeal applies their on_truncate policy to such changes (%s)",
-                        parent[0], parent[1], ", ".join(sorted(children)),
-                        ", ".join(f"{t}: {p}" for t, p in sorted(children.items())))
+            log.warning(
+                "foreign keys: deleting or updating a row of %s.%s changes %s through ON DELETE/UPDATE "
+                "actions MariaDB does not log; squeal applies their on_truncate policy to such changes (%s)",
+                parent[0],
+                parent[1],
+                ", ".join(sorted(children)),
+                ", ".join(f"{t}: {p}" for t, p in sorted(children.items())),
+            )
         # The parents of cascading foreign keys are read too (their row events signal the cascades).
         self.read_tables = self.extractor.tables | self.stage.bulk.parents
         reader = self._reader(start, "live")
         handoff = Handoff(self.reactor, self._deliver_live, bound=max(100, s.max_backlog // 4), ready=self._live_room)
-        self.live = ReadLoop(reader, self.stage, handoff.put, self.metrics, xa=self.xa,
-                             on_data_loss=self._on_data_loss)
+        self.live = ReadLoop(reader, self.stage, handoff.put, self.metrics, xa=self.xa, on_data_loss=self._on_data_loss)
         self.metrics.reader_connected.labels(reader="live").set_function(lambda: int(reader.connected.is_set()))
         self.source_poller = SourcePoller(
-            self.source, replica=self.database.role == "replica", metrics=self.metrics,
+            self.source,
+            replica=self.database.role == "replica",
+            metrics=self.metrics,
             positions=lambda: [dict(f.acked) for f in flows],
-            on_problem=lambda text: self.reactor.callFromThread(self._source_problem, text))
+            on_problem=lambda text: self.reactor.callFromThread(self._source_problem, text),
+        )
         for f in flows:
             f.source_lag = self.source_poller.behind  # lag against the source, even when nothing is queued
         if not checked_before:  # (checked ahead, as a pool worker does: the poller's thread polls first thing)
@@ -357,9 +398,11 @@ class Daemon:
         native_module()
         problems = native_problems(conn, self.extractor.text_columns)
         if problems:
-            log.warning("reader = \"native\": rules name columns the native reader cannot render exactly "
-                        "like python-mysql-replication (%s); reading with python-mysql-replication instead",
-                        "; ".join(problems))
+            log.warning(
+                'reader = "native": rules name columns the native reader cannot render exactly '
+                "like python-mysql-replication (%s); reading with python-mysql-replication instead",
+                "; ".join(problems),
+            )
             return "python"
         log.info("binlog reader: native (squeal_native)")
         return "native"
@@ -371,9 +414,16 @@ class Daemon:
 
     def _reader(self, start: g.Position, name: str) -> BinlogReader | NativeBinlogReader:
         if self.reader_kind == "native":
-            return NativeBinlogReader(self.source, start, self.read_tables, self.extractor.templates,
-                                      self.stage.bulk.parents, name=name, filters=self.extractor.filters,
-                                      regional_prefixes=self.stage.regional_prefixes)
+            return NativeBinlogReader(
+                self.source,
+                start,
+                self.read_tables,
+                self.extractor.templates,
+                self.stage.bulk.parents,
+                name=name,
+                filters=self.extractor.filters,
+                regional_prefixes=self.stage.regional_prefixes,
+            )
         return BinlogReader(self.source, start, self.read_tables, name=name)
 
     @property
@@ -421,8 +471,12 @@ class Daemon:
                 self._rejoin_if_caught_up(self.dispatcher.flows[name], loop)
 
     def _on_shed(self, flow: Flow) -> None:
-        log.warning("flow %s: backlog passed %d keys; shed from memory, a catch-up reader re-reads from %s",
-                    flow.name, flow.max_backlog, g.format_position(flow.acked) or "the start")
+        log.warning(
+            "flow %s: backlog passed %d keys; shed from memory, a catch-up reader re-reads from %s",
+            flow.name,
+            flow.max_backlog,
+            g.format_position(flow.acked) or "the start",
+        )
         old = self.catchups.pop(flow.name, None)
         if old is not None:
             old.reader.stop()
@@ -445,8 +499,9 @@ class Daemon:
                 time.sleep(0.01)
 
         loop: ReadLoop
-        handoff = Handoff(self.reactor, lambda items: self._deliver_catchup(flow, loop, items),
-                          bound=max(100, bound // 2))
+        handoff = Handoff(
+            self.reactor, lambda items: self._deliver_catchup(flow, loop, items), bound=max(100, bound // 2)
+        )
         loop = ReadLoop(reader, self.stage, handoff.put, self.metrics, wait=brake, on_data_loss=self._on_data_loss)
         self.catchups[flow.name] = loop
         log.info("flow %s: catch-up reader from %s", flow.name, g.format_position(start) or "the start")
@@ -543,8 +598,9 @@ class Daemon:
         """Replay requests could not be read: logged (rate-limited); the markers are written all the same."""
         error = describe_error(failure.value)
         if self._marker_watch.failed(self._REPLAYS, error, self.reactor.seconds()):
-            log.error("cannot take replay requests from %s: %s (retried at every checkpoint)", self._marker_where(),
-                      error)
+            log.error(
+                "cannot take replay requests from %s: %s (retried at every checkpoint)", self._marker_where(), error
+            )
 
     def _write_moved_markers(self) -> defer.Deferred | bool:
         now = self.reactor.seconds()
@@ -587,18 +643,27 @@ class Daemon:
                 self.metrics.checkpoints.labels(flow=name).inc()
                 self.problems.pop(f"datamarker:{name}", None)
                 if failures:
-                    log.warning("flow %s: datamarker written again in %s (after %d failed writes)", name,
-                                self._marker_where(), failures)
+                    log.warning(
+                        "flow %s: datamarker written again in %s (after %d failed writes)",
+                        name,
+                        self._marker_where(),
+                        failures,
+                    )
                 continue
             flow = self.flows.get(name)
             if flow is not None:
                 flow.dirty = True  # retried at the next checkpoint
             self.metrics.marker_write_errors.labels(flow=name).inc()
             if self._marker_watch.failed(name, describe_error(e), now):
-                log.error("flow %s: cannot write its datamarker (%s) in %s: %s; deletes keep flowing, the write "
-                          "is retried at every checkpoint (%d failed so far; logged at most once a minute)",
-                          name, moved[name], self._marker_where(), describe_error(e),
-                          self._marker_watch.failures(name))
+                log.error(
+                    "flow %s: cannot write its datamarker (%s) in %s: %s; deletes keep flowing, the write "
+                    "is retried at every checkpoint (%d failed so far; logged at most once a minute)",
+                    name,
+                    moved[name],
+                    self._marker_where(),
+                    describe_error(e),
+                    self._marker_watch.failures(name),
+                )
         self._watch_markers()
         return not errors
 
@@ -617,13 +682,15 @@ class Daemon:
             copy = f"{self.database.name or self.region.name} ({self.database.address}, {self.database.role})"
             if source and source.get("role") == "replica":
                 rep = source.get("replication") or {}
-                why = (f"its source, the replica {copy}, is {source.get('replication_lag') or 0:.0f}s behind its "
-                       f"primary (replication io {rep.get('io_running', '?')}, sql {rep.get('sql_running', '?')})"
-                       if flow.backlog == 0 else why)
+                why = (
+                    f"its source, the replica {copy}, is {source.get('replication_lag') or 0:.0f}s behind its "
+                    f"primary (replication io {rep.get('io_running', '?')}, sql {rep.get('sql_running', '?')})"
+                    if flow.backlog == 0
+                    else why
+                )
             elif source and not source.get("up", True):
                 why = f"its source {copy} does not answer"
-            self.problems[key] = (f"flow {name}: {lag:.0f}s behind the primary's commits (max_lag_s = {limit:g}): "
-                                  f"{why}")
+            self.problems[key] = f"flow {name}: {lag:.0f}s behind the primary's commits (max_lag_s = {limit:g}): {why}"
 
     def _watch_markers(self) -> None:
         """/healthz: a flow whose acknowledged position has waited more than marker_max_age_s is a problem."""
@@ -634,8 +701,10 @@ class Daemon:
             age = self._marker_watch.age(name, now)
             if age > limit:
                 error = self._marker_watch.last_error(name) or "the write has not returned (a hung disk?)"
-                self.problems[key] = (f"flow {name}: datamarker in {self._marker_where()} not written for "
-                                      f"{age:.0f}s (marker_max_age_s = {limit:g}): {error}")
+                self.problems[key] = (
+                    f"flow {name}: datamarker in {self._marker_where()} not written for "
+                    f"{age:.0f}s (marker_max_age_s = {limit:g}): {error}"
+                )
             else:
                 self.problems.pop(key, None)
 
@@ -653,8 +722,10 @@ class Daemon:
             "source": self.source_poller.snapshot() if self.source_poller is not None else None,
             "alerts": list(self.stage.alerts)[-10:],  # recent changes without row images (TRUNCATE, ...)
             "xa_prepared": len(self.xa),
-            "flows": {n: {"state": f.state, "backlog": f.backlog, "acked": g.format_position(f.acked)}
-                      for n, f in self.flows.items()},
+            "flows": {
+                n: {"state": f.state, "backlog": f.backlog, "acked": g.format_position(f.acked)}
+                for n, f in self.flows.items()
+            },
         }
 
     # -- binlog data loss (Wormhole's onDataLoss) ------------------------------------------------------------
@@ -671,8 +742,10 @@ class Daemon:
         if not self._halted:
             log.warning("accept-data-loss request ignored: no reader is halted on data loss")
             return
-        log.warning("data loss accepted by the operator: flushing the region's destinations and resuming (%s)",
-                    ", ".join(sorted(self._halted)))
+        log.warning(
+            "data loss accepted by the operator: flushing the region's destinations and resuming (%s)",
+            ", ".join(sorted(self._halted)),
+        )
         with self._loss_accepted:
             self._loss_accepted_at = time.time()
             self._loss_accepted.notify_all()
@@ -688,24 +761,34 @@ class Daemon:
         resume = loss.resume
         if resume is None:
             policy = "halt"
-            why = (f"binlog reader {name}: the database cannot serve position {requested} ({loss.message}) and "
-                   f"that position is not behind its oldest binlog ({g.format_position(loss.oldest or {}) or '?'}):"
-                   " a datamarker from another server or a restored backup? Stop squeal, set every flow's "
-                   "marker with `squeal replay TOPOLOGY --region R --flow all --from GTID`, start it again")
+            why = (
+                f"binlog reader {name}: the database cannot serve position {requested} ({loss.message}) and "
+                f"that position is not behind its oldest binlog ({g.format_position(loss.oldest or {}) or '?'}):"
+                " a datamarker from another server or a restored backup? Stop squeal, set every flow's "
+                "marker with `squeal replay TOPOLOGY --region R --flow all --from GTID`, start it again"
+            )
         else:
             oldest = g.format_position(loss.oldest or {})
-            why = (f"binlog reader {name}: DATA LOSS: the binlog after {requested} was purged ({loss.message}); "
-                   f"lost GTIDs {loss.lost_range()}; the oldest binlog starts after {oldest}")
+            why = (
+                f"binlog reader {name}: DATA LOSS: the binlog after {requested} was purged ({loss.message}); "
+                f"lost GTIDs {loss.lost_range()}; the oldest binlog starts after {oldest}"
+            )
         self.metrics.data_loss.labels(policy=policy).inc()
         if policy == "flush":
-            log.error("%s; on_data_loss = \"flush\": flushing every destination of region %s and resuming after "
-                      "%s", why, self.region.name, g.format_position(resume or {}))
+            log.error(
+                '%s; on_data_loss = "flush": flushing every destination of region %s and resuming after %s',
+                why,
+                self.region.name,
+                g.format_position(resume or {}),
+            )
             return resume
         if resume is not None:
             shard = f" --shard {self.shard.name}" if self.topology.sharded else ""
-            why += (f"; on_data_loss = \"halt\": delivery stopped. Recover with `squeal accept-data-loss TOPOLOGY "
-                    f"--region {self.region.name}{shard}` (flushes the region's caches, resumes from the oldest "
-                    "binlog; docs/runbooks/data-loss.md)")
+            why += (
+                f'; on_data_loss = "halt": delivery stopped. Recover with `squeal accept-data-loss TOPOLOGY '
+                f"--region {self.region.name}{shard}` (flushes the region's caches, resumes from the oldest "
+                "binlog; docs/runbooks/data-loss.md)"
+            )
         self.reactor.callFromThread(self._set_halted, name, why)
         since = last_log = time.time()
         log.error("%s", why)
@@ -718,8 +801,9 @@ class Daemon:
         self.reactor.callFromThread(self._set_halted, name, None)
         if loop.reader.stopped or resume is None:
             return None
-        log.warning("binlog reader %s: data loss accepted; flushing and resuming after %s", name,
-                    g.format_position(resume))
+        log.warning(
+            "binlog reader %s: data loss accepted; flushing and resuming after %s", name, g.format_position(resume)
+        )
         return resume
 
     def _set_halted(self, reader: str, why: str | None) -> None:
@@ -789,14 +873,21 @@ class Daemon:
                 unsaved = [n for n, f in self.flows.items() if f.dirty or self._marker_watch.pending(n)]
                 if saved is not True and unsaved:
                     errors = [e for e in (self._marker_watch.last_error(n) for n in unsaved) if e]
-                    log.error("could not save the datamarkers of flow(s) %s in %s within %gs (%s); on restart "
-                              "they resume from their older markers and send those deletes again",
-                              ", ".join(f"{n} at {markers[n]}" for n in unsaved), self._marker_where(),
-                              save_timeout, errors[0] if errors else "the write has not returned (a hung disk?)")
+                    log.error(
+                        "could not save the datamarkers of flow(s) %s in %s within %gs (%s); on restart "
+                        "they resume from their older markers and send those deletes again",
+                        ", ".join(f"{n} at {markers[n]}" for n in unsaved),
+                        self._marker_where(),
+                        save_timeout,
+                        errors[0] if errors else "the write has not returned (a hung disk?)",
+                    )
                     self.exit_code = self.exit_code or 1
                 elif saved is not True:
-                    log.warning("the datamarker store in %s did not answer within %gs (every marker was already "
-                                "written)", self._marker_where(), save_timeout)
+                    log.warning(
+                        "the datamarker store in %s did not answer within %gs (every marker was already written)",
+                        self._marker_where(),
+                        save_timeout,
+                    )
                 try:
                     self._pid_path().unlink(missing_ok=True)
                 except OSError:
@@ -811,6 +902,7 @@ class Daemon:
 
         timeout = self.reactor.callLater(flush_timeout, finish)  # a dead destination must not hold us up
         drained = defer.DeferredList([s.when_drained() for s in self.senders.values()])
+
         def drained_all(_: Any) -> None:
             if timeout.active():
                 timeout.cancel()
@@ -839,14 +931,18 @@ class Daemon:
             if checkpoints is not None and checkpoints.running:
                 checkpoints.stop()
             if not idle():
-                log.warning("shard %s: deletes still unacknowledged after %gs (%s); the next owner sends them again",
-                            self.shard.name, flush_timeout,
-                            ", ".join(f"{n}: {f.backlog} keys" for n, f in self.flows.items() if f.queue))
+                log.warning(
+                    "shard %s: deletes still unacknowledged after %gs (%s); the next owner sends them again",
+                    self.shard.name,
+                    flush_timeout,
+                    ", ".join(f"{n}: {f.backlog} keys" for n, f in self.flows.items() if f.queue),
+                )
             for name, flow in self.flows.items():
                 sender = self.senders.get(name)
                 if sender is not None and flow in sender.flows:
                     sender.remove_flow(flow)
             saved = self._final_markers(save_timeout)
+
             def handed_on(ok: Any) -> None:
                 self._store_thread.close()
                 result.callback(ok)
@@ -891,13 +987,28 @@ class Daemon:
         return result
 
 
-def run(topology: Topology, region: str, state_dir: str | Path | None = None, metrics_port: int | None = None,
-        from_gtid: str | None = None, reply_timeout: float = 2.0, sample_every: int = 1000) -> int:
+def run(
+    topology: Topology,
+    region: str,
+    state_dir: str | Path | None = None,
+    metrics_port: int | None = None,
+    from_gtid: str | None = None,
+    reply_timeout: float = 2.0,
+    sample_every: int = 1000,
+) -> int:
     """Run the daemon until SIGTERM/SIGINT; returns the exit code."""
     from twisted.internet import reactor
 
-    daemon = Daemon(topology, region, state_dir, metrics_port, from_gtid, reactor=reactor,
-                    reply_timeout=reply_timeout, sample_every=sample_every)
+    daemon = Daemon(
+        topology,
+        region,
+        state_dir,
+        metrics_port,
+        from_gtid,
+        reactor=reactor,
+        reply_timeout=reply_timeout,
+        sample_every=sample_every,
+    )
     daemon.prepare()
     reactor.callWhenRunning(daemon.start)
     reactor.run()

@@ -110,9 +110,16 @@ class Batch:
 
 
 class Flow:
-    def __init__(self, name: str, kind: str, destinations: Sequence[Address], start: g.Position,
-                 max_backlog: int, metrics: Metrics | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        destinations: Sequence[Address],
+        start: g.Position,
+        max_backlog: int,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.name = name
         self.kind = kind  # "cluster" or "regional": which lines of a Committed it takes
         self.destinations = tuple(destinations)
@@ -315,7 +322,7 @@ class Flow:
                 if n >= batch_size:
                     break
             else:
-                parts.extend(lines[offset:offset + room])
+                parts.extend(lines[offset : offset + room])
                 n += room
                 offset += room
                 break
@@ -396,8 +403,9 @@ class Flow:
                 self.metrics.state.labels(flow=self.name, state=s).set(1 if s == state else 0)
 
 
-def flows_for_region(region: Region, starts: dict[str, g.Position], max_backlog: int,
-                     metrics: Metrics | None = None) -> list[Flow]:
+def flows_for_region(
+    region: Region, starts: dict[str, g.Position], max_backlog: int, metrics: Metrics | None = None
+) -> list[Flow]:
     """One flow per cluster of `region`, plus the regional flow if the region has a regional pool."""
     flows = [Flow(c.name, "cluster", c.routers, starts[c.name], max_backlog, metrics) for c in region.clusters]
     if region.regional_pool is not None:

@@ -101,36 +101,64 @@ class ElectionMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
-        self.leader = Gauge("squeal_ha_leader", "1 while this instance leads its region (owns every flow)",
-                            registry=r)
-        self.state = Gauge("squeal_ha_state", "1 for this instance's HA state (leader or standby)", ["state"],
-                           registry=r)
+        self.leader = Gauge("squeal_ha_leader", "1 while this instance leads its region (owns every flow)", registry=r)
+        self.state = Gauge(
+            "squeal_ha_state", "1 for this instance's HA state (leader or standby)", ["state"], registry=r
+        )
         self.elections = Counter("squeal_ha_elections", "Elections this instance won", registry=r)
-        self.takeovers = Counter("squeal_ha_takeovers", "Elections this instance won after another instance "
-                                 "had led the region (a failover or a hand-back)", registry=r)
-        self.lease_lapses = Counter("squeal_ha_lease_lapses", "Times this leader's lease ran out waiting for an "
-                                    "answer from ZooKeeper (sending paused, term kept)", registry=r)
-        self.lease_resumptions = Counter("squeal_ha_lease_resumptions", "Lapsed leases whose term ZooKeeper "
-                                         "confirmed: sending resumed in the same term, no election", registry=r)
-        self.depositions = Counter("squeal_ha_depositions", "Times this instance stopped leading, by reason "
-                                   "(lease, session, znode, handback, resign)", ["reason"], registry=r)
-        self.leaderless = Histogram("squeal_ha_leaderless_seconds", "Times without a leader this instance saw: "
-                                    "from the leader znode vanishing to a new leader's (a crashed leader's "
-                                    "session timeout comes before that)", buckets=GAP_BUCKETS, registry=r)
-        self.leader_present = Gauge("squeal_ha_leader_present", "1 while this instance sees a leader of its "
-                                    "region in ZooKeeper", registry=r)
-        self.zk_connected = Gauge("squeal_ha_zookeeper_connected", "1 while the ZooKeeper session is connected",
-                                  registry=r)
+        self.takeovers = Counter(
+            "squeal_ha_takeovers",
+            "Elections this instance won after another instance had led the region (a failover or a hand-back)",
+            registry=r,
+        )
+        self.lease_lapses = Counter(
+            "squeal_ha_lease_lapses",
+            "Times this leader's lease ran out waiting for an answer from ZooKeeper (sending paused, term kept)",
+            registry=r,
+        )
+        self.lease_resumptions = Counter(
+            "squeal_ha_lease_resumptions",
+            "Lapsed leases whose term ZooKeeper confirmed: sending resumed in the same term, no election",
+            registry=r,
+        )
+        self.depositions = Counter(
+            "squeal_ha_depositions",
+            "Times this instance stopped leading, by reason (lease, session, znode, handback, resign)",
+            ["reason"],
+            registry=r,
+        )
+        self.leaderless = Histogram(
+            "squeal_ha_leaderless_seconds",
+            "Times without a leader this instance saw: "
+            "from the leader znode vanishing to a new leader's (a crashed leader's "
+            "session timeout comes before that)",
+            buckets=GAP_BUCKETS,
+            registry=r,
+        )
+        self.leader_present = Gauge(
+            "squeal_ha_leader_present", "1 while this instance sees a leader of its region in ZooKeeper", registry=r
+        )
+        self.zk_connected = Gauge(
+            "squeal_ha_zookeeper_connected", "1 while the ZooKeeper session is connected", registry=r
+        )
         # set by the daemon's HA wiring (squeal/ha.py HaInstance) and the marker store
-        self.takeover_wait = Gauge("squeal_ha_takeover_wait_seconds", "How long the last takeover waited for "
-                                   "this instance's copy to apply the flows' datamarkers (while waiting: so far)",
-                                   registry=r)
-        self.takeover_waiting = Gauge("squeal_ha_takeover_waiting", "1 while a new leader waits for its copy "
-                                      "to apply the datamarkers' GTIDs", registry=r)
-        self.marker_write = Histogram("squeal_ha_marker_write_seconds", "Datamarker writes to ZooKeeper "
-                                      "(a compare-and-set multi-operation)", buckets=(
-                                          0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
-                                      registry=r)
+        self.takeover_wait = Gauge(
+            "squeal_ha_takeover_wait_seconds",
+            "How long the last takeover waited for "
+            "this instance's copy to apply the flows' datamarkers (while waiting: so far)",
+            registry=r,
+        )
+        self.takeover_waiting = Gauge(
+            "squeal_ha_takeover_waiting",
+            "1 while a new leader waits for its copy to apply the datamarkers' GTIDs",
+            registry=r,
+        )
+        self.marker_write = Histogram(
+            "squeal_ha_marker_write_seconds",
+            "Datamarker writes to ZooKeeper (a compare-and-set multi-operation)",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
+            registry=r,
+        )
         for s in STATES:
             self.state.labels(state=s).set(1 if s == STANDBY else 0)
 
@@ -149,15 +177,29 @@ class Elector:
     `on_pause(paused)`: the ZooKeeper connection is suspended (True) / back within the lease (False).
     """
 
-    def __init__(self, client: KazooClient, root: str, region: str, name: str, rank: int, *,
-                 session_timeout: float, on_elected: Callable[[int], None] = lambda token: None,
-                 on_deposed: Callable[[str], None] = lambda reason: None,
-                 on_handback: Callable[[], None] | None = None,
-                 on_pause: Callable[[bool], None] = lambda paused: None,
-                 metrics: ElectionMetrics | None = None, tick: float | None = None, lease_fraction: float = 0.6,
-                 defer: float = 0.5, handback_after: float = 2.0, healthy: bool = True, rejoining: bool = False,
-                 resume_within: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        client: KazooClient,
+        root: str,
+        region: str,
+        name: str,
+        rank: int,
+        *,
+        session_timeout: float,
+        on_elected: Callable[[int], None] = lambda token: None,
+        on_deposed: Callable[[str], None] = lambda reason: None,
+        on_handback: Callable[[], None] | None = None,
+        on_pause: Callable[[bool], None] = lambda paused: None,
+        metrics: ElectionMetrics | None = None,
+        tick: float | None = None,
+        lease_fraction: float = 0.6,
+        defer: float = 0.5,
+        handback_after: float = 2.0,
+        healthy: bool = True,
+        rejoining: bool = False,
+        resume_within: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if not 0 < lease_fraction < 1:
             raise ValueError("lease_fraction must be between 0 and 1: the lease must end before the session can")
         self.client = client
@@ -170,8 +212,12 @@ class Elector:
         self.resume_within = resume_within if resume_within is not None else session_timeout
         self.defer = defer
         self.handback_after = handback_after
-        self.on_elected, self.on_deposed, self.on_handback, self.on_pause = on_elected, on_deposed, on_handback, \
-            on_pause
+        self.on_elected, self.on_deposed, self.on_handback, self.on_pause = (
+            on_elected,
+            on_deposed,
+            on_handback,
+            on_pause,
+        )
         self.metrics = metrics or ElectionMetrics()
         self.clock = clock
         base = region_path(root, region)
@@ -274,11 +320,19 @@ class Elector:
             self.on_deposed(reason)
 
     def snapshot(self) -> dict[str, Any]:
-        return {"instance": self.name, "region": self.region, "rank": self.rank, "state": self.state,
-                "leader": self.leader_name, "term": self.term, "lease_left_s": round(self.lease_left(), 3),
-                "zookeeper": "suspended" if self._suspended else ("connected" if self.client.connected else "lost"),
-                "healthy": self._healthy, "rejoining": self._rejoining(),
-                "lease": ("lapsed" if self._lapsed else "held") if self.state == LEADER else None}
+        return {
+            "instance": self.name,
+            "region": self.region,
+            "rank": self.rank,
+            "state": self.state,
+            "leader": self.leader_name,
+            "term": self.term,
+            "lease_left_s": round(self.lease_left(), 3),
+            "zookeeper": "suspended" if self._suspended else ("connected" if self.client.connected else "lost"),
+            "healthy": self._healthy,
+            "rejoining": self._rejoining(),
+            "lease": ("lapsed" if self._lapsed else "held") if self.state == LEADER else None,
+        }
 
     # -- threads --------------------------------------------------------------------------------------------------
 
@@ -324,8 +378,11 @@ class Elector:
                     continue
                 self._lock.release()
                 try:
-                    self._depose("lease", f"lease ran out and no answer from ZooKeeper confirmed the term within "
-                                 f"{self.resume_within:g}s more (session timeout {self.session_timeout:g}s)")
+                    self._depose(
+                        "lease",
+                        f"lease ran out and no answer from ZooKeeper confirmed the term within "
+                        f"{self.resume_within:g}s more (session timeout {self.session_timeout:g}s)",
+                    )
                 finally:
                     self._lock.acquire()
 
@@ -333,9 +390,14 @@ class Elector:
         """The lease ran out (no answer for lease_fraction x T): stop sending, keep the term; the next round trip
         that confirms it resumes it (`_confirm_term`)."""
         self.metrics.lease_lapses.inc()
-        log.warning("instance %s: lease ran out: no answer from ZooKeeper for %.1fs (session timeout %gs): sending "
-                    "paused; the same term resumes if ZooKeeper confirms it within %gs", self.name, self.lease_length,
-                    self.session_timeout, self.resume_within)
+        log.warning(
+            "instance %s: lease ran out: no answer from ZooKeeper for %.1fs (session timeout %gs): sending "
+            "paused; the same term resumes if ZooKeeper confirms it within %gs",
+            self.name,
+            self.lease_length,
+            self.session_timeout,
+            self.resume_within,
+        )
         self.on_pause(True)
         self._wake.set()  # a round trip now, not at the next tick
 
@@ -345,8 +407,11 @@ class Elector:
         if state == KazooState.SUSPENDED:
             self._suspended = True
             if self.state == LEADER:
-                log.warning("instance %s: ZooKeeper connection suspended: sending paused (lease %.2fs left)",
-                            self.name, self.lease_left())
+                log.warning(
+                    "instance %s: ZooKeeper connection suspended: sending paused (lease %.2fs left)",
+                    self.name,
+                    self.lease_left(),
+                )
                 self.on_pause(True)
         elif state == KazooState.LOST:
             self._suspended = True
@@ -443,9 +508,13 @@ class Elector:
             else:
                 self._rejoining_until = max(self._rejoining_until, self.clock() + self.handback_after)
         self._recalled = True
-        log.warning("instance %s: its last term in region %s (epoch %s) ended without being given up: rejoining "
-                    "as a standby%s", self.name, self.region, last.get("epoch"),
-                    "; its old session still holds the leader znode" if held else "")
+        log.warning(
+            "instance %s: its last term in region %s (epoch %s) ended without being given up: rejoining as a standby%s",
+            self.name,
+            self.region,
+            last.get("epoch"),
+            "; its old session still holds the leader znode" if held else "",
+        )
 
     def _old_term_ended(self) -> None:
         """The leader znode of this instance's lost term is gone (its old session expired): the vacancy it made
@@ -457,15 +526,20 @@ class Elector:
     def _preferred_to_me(self, c: dict[str, Any]) -> bool:
         """Whether candidate `c` goes before this instance: healthy, not rejoining, and better-ranked (or any
         such candidate while this instance is rejoining itself)."""
-        return (c["name"] != self.name and c["healthy"] and not c["rejoining"]
-                and (c["rank"] < self.rank or self._rejoining()))
+        return (
+            c["name"] != self.name
+            and c["healthy"]
+            and not c["rejoining"]
+            and (c["rank"] < self.rank or self._rejoining())
+        )
 
     def _publish_candidate(self) -> None:
         want = (self.rank, self._healthy, self._rejoining())
         if self._published == want:
             return
-        data = json.dumps({"name": self.name, "rank": self.rank, "healthy": self._healthy,
-                           "rejoining": want[2]}).encode()
+        data = json.dumps(
+            {"name": self.name, "rank": self.rank, "healthy": self._healthy, "rejoining": want[2]}
+        ).encode()
         try:
             self._call(self.client.create_async(self.candidate_path, data, ephemeral=True, makepath=True))
         except NodeExistsError:
@@ -487,8 +561,14 @@ class Elector:
             try:
                 data, _ = self._call(self.client.get_async(f"{self.candidates_path}/{name}"))
                 doc = json.loads(data.decode())
-                out.append({"name": str(doc["name"]), "rank": int(doc["rank"]), "healthy": bool(doc["healthy"]),
-                            "rejoining": bool(doc.get("rejoining", False))})
+                out.append(
+                    {
+                        "name": str(doc["name"]),
+                        "rank": int(doc["rank"]),
+                        "healthy": bool(doc["healthy"]),
+                        "rejoining": bool(doc.get("rejoining", False)),
+                    }
+                )
             except (NoNodeError, ValueError, KeyError, TypeError):
                 continue
         return out
@@ -518,18 +598,21 @@ class Elector:
             previous = json.loads(data.decode() or "{}")
         except NoNodeError:
             try:
-                self._call(self.client.create_async(self.epoch_path, json.dumps({"epoch": 0}).encode(),
-                                                    makepath=True))
+                self._call(self.client.create_async(self.epoch_path, json.dumps({"epoch": 0}).encode(), makepath=True))
             except NodeExistsError:
                 pass
             self._wake.set()
             return
         epoch = int(previous.get("epoch", 0)) + 1
         t = self.client.transaction()
-        t.create(self.leader_path, json.dumps({"name": self.name, "epoch": epoch, "since": time.time()}).encode(),
-                 ephemeral=True)
-        t.set_data(self.epoch_path, json.dumps({"epoch": epoch, "leader": self.name}).encode(),
-                   version=epoch_stat.version)
+        t.create(
+            self.leader_path,
+            json.dumps({"name": self.name, "epoch": epoch, "since": time.time()}).encode(),
+            ephemeral=True,
+        )
+        t.set_data(
+            self.epoch_path, json.dumps({"epoch": epoch, "leader": self.name}).encode(), version=epoch_stat.version
+        )
         sent = self.clock()
         results = self._call(t.commit_async())
         if any(isinstance(r, Exception) for r in results):
@@ -553,8 +636,14 @@ class Elector:
             m.takeovers.inc()
         if since is not None:
             m.leaderless.observe(self.clock() - since)
-        log.warning("instance %s leads region %s (epoch %d, fencing token %d; previous leader %s)", self.name,
-                    self.region, epoch, token, previous.get("leader") or "none")
+        log.warning(
+            "instance %s leads region %s (epoch %d, fencing token %d; previous leader %s)",
+            self.name,
+            self.region,
+            epoch,
+            token,
+            previous.get("leader") or "none",
+        )
         self.on_elected(token)
 
     def _renew(self, sent: float, confirmed: bool = False) -> bool:
@@ -572,8 +661,13 @@ class Elector:
             self._lock.notify_all()
         if resumed:
             self.metrics.lease_resumptions.inc()
-            log.warning("instance %s: ZooKeeper answered again and confirmed the term (epoch %s, fencing token %s): "
-                        "sending resumed, no election", self.name, self._epoch, self._token)
+            log.warning(
+                "instance %s: ZooKeeper answered again and confirmed the term (epoch %s, fencing token %s): "
+                "sending resumed, no election",
+                self.name,
+                self._epoch,
+                self._token,
+            )
             if not self._suspended:
                 self.on_pause(False)
         return True
@@ -592,8 +686,11 @@ class Elector:
         results = self._call(t.commit_async())
         failures = [r for r in results if isinstance(r, Exception) and not isinstance(r, RolledBackError)]
         if failures:
-            self._depose("znode", f"lease ran out and the term is over: {type(failures[0]).__name__} checking the "
-                         "epoch and the leader znode")
+            self._depose(
+                "znode",
+                f"lease ran out and the term is over: {type(failures[0]).__name__} checking the "
+                "epoch and the leader znode",
+            )
             return
         self._renew(sent, confirmed=True)
 
@@ -609,8 +706,13 @@ class Elector:
             self._better_since = now
         if now - self._better_since >= self.handback_after:
             self._handing_back = True
-            log.warning("instance %s hands region %s back to %s (preferred, healthy for %.1fs)", self.name,
-                        self.region, min(better, key=lambda c: c["rank"])["name"], now - self._better_since)
+            log.warning(
+                "instance %s hands region %s back to %s (preferred, healthy for %.1fs)",
+                self.name,
+                self.region,
+                min(better, key=lambda c: c["rank"])["name"],
+                now - self._better_since,
+            )
             self.on_handback()
 
     def _depose(self, reason: str, why: str, notify: bool = True) -> bool:
@@ -658,15 +760,24 @@ class Elector:
                 return
             t = self.client.transaction()
             t.delete(self.leader_path, version=stat.version)
-            t.set_data(self.epoch_path, json.dumps({"epoch": epoch, "leader": self.name, "released": reason or
-                                                    "released", "at": time.time()}).encode(), version=token)
+            t.set_data(
+                self.epoch_path,
+                json.dumps(
+                    {"epoch": epoch, "leader": self.name, "released": reason or "released", "at": time.time()}
+                ).encode(),
+                version=token,
+            )
             results = self._call(t.commit_async())
         except (NoNodeError, KazooException, *UNAVAILABLE) as e:
             log.debug("could not release %s: %s", self.leader_path, e)
             return
         if any(isinstance(r, Exception) for r in results):
-            log.warning("instance %s: could not mark its term (epoch %d) released: %s; deleting the leader znode "
-                        "only", self.name, epoch, results)
+            log.warning(
+                "instance %s: could not mark its term (epoch %d) released: %s; deleting the leader znode only",
+                self.name,
+                epoch,
+                results,
+            )
             self._delete_own(self.leader_path)
 
     def _delete_own(self, path: str) -> None:
@@ -695,8 +806,13 @@ class TakeoverError(RuntimeError):
     """A new leader could not start delivering (its copy too far behind, the database unreachable, ...)."""
 
 
-def wait_for_copy(connect: Callable[[], Any], target: Any, timeout: float,
-                  progress: Callable[[float], None] = lambda waited: None, interval: float = 0.05) -> float:
+def wait_for_copy(
+    connect: Callable[[], Any],
+    target: Any,
+    timeout: float,
+    progress: Callable[[float], None] = lambda waited: None,
+    interval: float = 0.05,
+) -> float:
     """Block until the copy's `@@gtid_binlog_pos` covers `target` (every flow's marker): a takeover never
     skips what its copy has not applied yet. Returns the seconds waited; TakeoverError after `timeout`."""
     started = time.monotonic()
@@ -709,9 +825,11 @@ def wait_for_copy(connect: Callable[[], Any], target: Any, timeout: float,
             if g.covers_position(have, target):
                 return waited
             if waited >= timeout:
-                raise TakeoverError(f"this copy has applied only {g.format_position(have) or 'nothing'} after "
-                                    f"{waited:.1f}s; the flows' datamarkers need {g.format_position(target)} "
-                                    "(takeover_wait_s)")
+                raise TakeoverError(
+                    f"this copy has applied only {g.format_position(have) or 'nothing'} after "
+                    f"{waited:.1f}s; the flows' datamarkers need {g.format_position(target)} "
+                    "(takeover_wait_s)"
+                )
             time.sleep(interval)
     finally:
         conn.close()
@@ -748,12 +866,22 @@ class HaInstance:
     * SIGTERM: the daemon flushes and writes its markers; then the leadership is released at once.
     """
 
-    def __init__(self, topology: Topology, instance: str, state_dir: str | Path | None = None,
-                 metrics_port: int | None = None, from_gtid: str | None = None, reactor: Any = None,
-                 reply_timeout: float = 2.0, sample_every: int = 1000, connect_timeout: float = 20.0,
-                 rejoin: Callable[[str], None] = rejoin_as_standby) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        instance: str,
+        state_dir: str | Path | None = None,
+        metrics_port: int | None = None,
+        from_gtid: str | None = None,
+        reactor: Any = None,
+        reply_timeout: float = 2.0,
+        sample_every: int = 1000,
+        connect_timeout: float = 20.0,
+        rejoin: Callable[[str], None] = rejoin_as_standby,
+    ) -> None:
         if reactor is None:
             from twisted.internet import reactor as default_reactor
+
             reactor = default_reactor
         self.reactor = reactor
         self.instance = topology.instance(instance)
@@ -765,8 +893,9 @@ class HaInstance:
         # The daemon sees the region as if its database were this instance's copy.
         mine = replace(self.region, database=self.instance.database)
         self.topology = replace(topology, regions=tuple(mine if r.name == mine.name else r for r in topology.regions))
-        self.state_dir = Path(state_dir) if state_dir is not None else \
-            state_dir_for(topology, None) / self.instance.name
+        self.state_dir = (
+            Path(state_dir) if state_dir is not None else state_dir_for(topology, None) / self.instance.name
+        )
         self.metrics_port = metrics_port if metrics_port is not None else self.instance.metrics_port
         self.from_gtid = from_gtid
         self.reply_timeout = reply_timeout
@@ -802,8 +931,13 @@ class HaInstance:
         quorum), the same configuration worked a moment ago, and a standby that waits is harmless."""
         rejoined = os.environ.get("SQUEAL_HA_REJOINED")
         if rejoined:
-            log.warning("instance %s: rejoining after %s: waiting for %s and ZooKeeper %s without a time-out",
-                        self.instance.name, rejoined, self.instance.database.address, self.zk.hosts)
+            log.warning(
+                "instance %s: rejoining after %s: waiting for %s and ZooKeeper %s without a time-out",
+                self.instance.name,
+                rejoined,
+                self.instance.database.address,
+                self.zk.hosts,
+            )
         timeout = math.inf if rejoined else self.connect_timeout
         self.waiting_for = "database"
         conn = connect_with_retry(self.source, timeout)
@@ -812,19 +946,29 @@ class HaInstance:
         finally:
             conn.close()
         self.waiting_for = "zookeeper"
-        self.client = KazooClient(hosts=self.zk.hosts, timeout=self.zk.session_timeout_s,
-                                  connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 1.0},
-                                  **client_options(self.topology))
+        self.client = KazooClient(
+            hosts=self.zk.hosts,
+            timeout=self.zk.session_timeout_s,
+            connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 1.0},
+            **client_options(self.topology),
+        )
         try:
             self.client.start(timeout=None if rejoined else self.connect_timeout)
         except Exception as e:
             self.client.stop()
-            raise ConnectionError(f"cannot reach ZooKeeper {self.zk.hosts} within {self.connect_timeout:g}s: "
-                                  f"{e or type(e).__name__}") from e
+            raise ConnectionError(
+                f"cannot reach ZooKeeper {self.zk.hosts} within {self.connect_timeout:g}s: {e or type(e).__name__}"
+            ) from e
         self.waiting_for = None
-        log.info("instance %s (region %s, rank %d) on %s %s: standing by%s", self.instance.name, self.region.name,
-                 self.rank, self.instance.database.role, self.instance.database.address,
-                 f" (rejoined after: {rejoined})" if rejoined else "")
+        log.info(
+            "instance %s (region %s, rank %d) on %s %s: standing by%s",
+            self.instance.name,
+            self.region.name,
+            self.rank,
+            self.instance.database.role,
+            self.instance.database.address,
+            f" (rejoined after: {rejoined})" if rejoined else "",
+        )
 
     def serve(self) -> None:
         """/metrics, /healthz and /sampled-deletes on the instance's port, from before `prepare` on (a standby
@@ -835,8 +979,10 @@ class HaInstance:
         root.putChild(b"metrics", MetricsResource(registry=self.registry))
         root.putChild(b"healthz", HealthResource(self.status))
         # the leader's samples; a standby sends nothing, so it has none
-        root.putChild(b"sampled-deletes", SampledDeletesResource(
-            lambda since: self.daemon.sampler.recent(since) if self.daemon is not None else []))
+        root.putChild(
+            b"sampled-deletes",
+            SampledDeletesResource(lambda since: self.daemon.sampler.recent(since) if self.daemon is not None else []),
+        )
         self.reactor.listenTCP(self.metrics_port, server.Site(root), interface=self.instance.host)
         self._serving = True
 
@@ -845,13 +991,21 @@ class HaInstance:
         self.serve()
         assert self.client is not None
         self.elector = Elector(
-            self.client, self.zk.root, self.region.name, self.instance.name, self.rank,
-            session_timeout=self.zk.session_timeout_s, metrics=self.metrics, handback_after=self.handback_after,
+            self.client,
+            self.zk.root,
+            self.region.name,
+            self.instance.name,
+            self.rank,
+            session_timeout=self.zk.session_timeout_s,
+            metrics=self.metrics,
+            handback_after=self.handback_after,
             on_elected=lambda token: self.reactor.callFromThread(self._elected, token),
             on_deposed=self._deposed,
             on_handback=lambda: self.reactor.callFromThread(self._hand_back),
-            on_pause=self._paused, healthy=self._healthy,
-            rejoining=bool(os.environ.get("SQUEAL_HA_REJOINED")))  # it replaced a deposed leader
+            on_pause=self._paused,
+            healthy=self._healthy,
+            rejoining=bool(os.environ.get("SQUEAL_HA_REJOINED")),
+        )  # it replaced a deposed leader
         self.elector.start()
         threading.Thread(target=self._watch_health, name="ha-health", daemon=True).start()
         # After the daemon's own "before shutdown" (flush, final markers): give the leadership up at once.
@@ -871,8 +1025,12 @@ class HaInstance:
             except Exception:  # noqa: BLE001 - any failure: not healthy
                 healthy = False
             if healthy != self._healthy:
-                log.warning("instance %s: its copy %s %s", self.instance.name, self.instance.database.address,
-                            "answers again" if healthy else "does not answer")
+                log.warning(
+                    "instance %s: its copy %s %s",
+                    self.instance.name,
+                    self.instance.database.address,
+                    "answers again" if healthy else "does not answer",
+                )
             self._healthy = healthy
             if self.elector is not None:
                 self.elector.set_healthy(healthy)
@@ -904,9 +1062,15 @@ class HaInstance:
         sharded = self.topology.sharded
         stores: dict[str, ZooKeeperDatamarkerStore] = {}
         for shard in self.topology.shards:
-            store = ZooKeeperDatamarkerStore(self.client, self.zk.root, self.region.name, owner=self.instance.name,
-                                             fence=self.elector.fence_token, on_write=self.metrics.marker_write.observe,
-                                             shard=shard.name if sharded else None)
+            store = ZooKeeperDatamarkerStore(
+                self.client,
+                self.zk.root,
+                self.region.name,
+                owner=self.instance.name,
+                fence=self.elector.fence_token,
+                on_write=self.metrics.marker_write.observe,
+                shard=shard.name if sharded else None,
+            )
             store.ensure_paths()
             stores[shard.name] = store
         self.stores = stores
@@ -923,15 +1087,21 @@ class HaInstance:
                     g.merge(target, g.parse_position(position))
                 copy = source_for(self.topology.shard_copy(name, self.region.name))
                 try:
-                    waited += wait_for_copy(copy.connect, target, self.zk.takeover_wait_s,
-                                            progress=self.metrics.takeover_wait.set)
+                    waited += wait_for_copy(
+                        copy.connect, target, self.zk.takeover_wait_s, progress=self.metrics.takeover_wait.set
+                    )
                 except pymysql.err.OperationalError as e:
                     if not sharded:
                         raise TakeoverError(f"this copy does not answer: {e}") from e
                     # Every instance reads the region's same copy of a shard, so it has what the markers say
                     # once it answers again; its pipeline starts then (RegionDaemon retries it). The others go on.
-                    log.error("instance %s: shard %s's copy %s does not answer (%s); taking the other shards over",
-                              self.instance.name, name, copy.host + ":" + str(copy.port), e)
+                    log.error(
+                        "instance %s: shard %s's copy %s does not answer (%s); taking the other shards over",
+                        self.instance.name,
+                        name,
+                        copy.host + ":" + str(copy.port),
+                        e,
+                    )
         finally:
             self.metrics.takeover_waiting.set(0)
         self.takeover["markers"] = markers
@@ -939,10 +1109,18 @@ class HaInstance:
         self.takeover["waited_s"] = round(waited, 3)
         if self.elector.fence_token() != token:
             raise TakeoverError("deposed while taking over")
-        daemon = RegionDaemon(self.topology, self.region.name, self.state_dir, metrics_port=None,
-                              from_gtid=self.from_gtid, reactor=self.reactor, reply_timeout=self.reply_timeout,
-                              connect_timeout=self.connect_timeout, sample_every=self.sample_every,
-                              stores=stores.__getitem__)
+        daemon = RegionDaemon(
+            self.topology,
+            self.region.name,
+            self.state_dir,
+            metrics_port=None,
+            from_gtid=self.from_gtid,
+            reactor=self.reactor,
+            reply_timeout=self.reply_timeout,
+            connect_timeout=self.connect_timeout,
+            sample_every=self.sample_every,
+            stores=stores.__getitem__,
+        )
         daemon.prepare()
         return daemon
 
@@ -957,16 +1135,25 @@ class HaInstance:
         self.phase = LEADER
         took = time.time() - self.takeover["since"]
         self.takeover["ready_after_s"] = round(took, 3)
-        log.warning("instance %s leads region %s: delivering from %s's binlog (%s) from the datamarkers %s; "
-                    "takeover took %.0f ms (waited %.0f ms for the copy)", self.instance.name, self.region.name,
-                    self.instance.database.name, self.instance.database.address,
-                    self.takeover.get("markers") or "(none: every flow starts now)", took * 1000,
-                    self.takeover.get("waited_s", 0) * 1000)
+        log.warning(
+            "instance %s leads region %s: delivering from %s's binlog (%s) from the datamarkers %s; "
+            "takeover took %.0f ms (waited %.0f ms for the copy)",
+            self.instance.name,
+            self.region.name,
+            self.instance.database.name,
+            self.instance.database.address,
+            self.takeover.get("markers") or "(none: every flow starts now)",
+            took * 1000,
+            self.takeover.get("waited_s", 0) * 1000,
+        )
 
     def _takeover_failed(self, failure: Any) -> None:
-        log.error("instance %s could not take region %s over: %s; giving the leadership up", self.instance.name,
-                  self.region.name, failure.getErrorMessage() if failure.check(TakeoverError) else
-                  failure.getTraceback())
+        log.error(
+            "instance %s could not take region %s over: %s; giving the leadership up",
+            self.instance.name,
+            self.region.name,
+            failure.getErrorMessage() if failure.check(TakeoverError) else failure.getTraceback(),
+        )
         self.phase = STANDBY
         if self.elector is not None:
             self.elector.resign("takeover")  # -> _deposed -> rejoin
@@ -988,8 +1175,11 @@ class HaInstance:
             if self.elector is not None and self.phase == STANDBY:
                 self.elector.resign("handback")
             return
-        log.warning("instance %s: handing region %s back; flushing and writing the datamarkers first",
-                    self.instance.name, self.region.name)
+        log.warning(
+            "instance %s: handing region %s back; flushing and writing the datamarkers first",
+            self.instance.name,
+            self.region.name,
+        )
         elector = self.elector
 
         def resign(_: Any) -> None:
@@ -1019,8 +1209,12 @@ class HaInstance:
             "state": STARTING if self.waiting_for else self.phase,
             "instance": self.instance.name,
             "region": self.region.name,
-            "database": {"name": self.instance.database.name, "address": str(self.instance.database.address),
-                         "role": self.instance.database.role, "answers": self._healthy},
+            "database": {
+                "name": self.instance.database.name,
+                "address": str(self.instance.database.address),
+                "role": self.instance.database.role,
+                "answers": self._healthy,
+            },
             "ha": ha,
             "takeover": dict(self.takeover),
         }
@@ -1030,8 +1224,9 @@ class HaInstance:
             return status
         problems: dict[str, str] = {}
         if self.waiting_for == "database":
-            problems["database"] = (f"starting: waiting for this instance's copy {self.instance.database.address} "
-                                    "to answer")
+            problems["database"] = (
+                f"starting: waiting for this instance's copy {self.instance.database.address} to answer"
+            )
         elif self.waiting_for == "zookeeper":
             problems["zookeeper"] = f"starting: waiting for ZooKeeper {self.zk.hosts} to answer"
         elif ha.get("zookeeper") != "connected":
@@ -1053,14 +1248,28 @@ class _CurrentDaemon:
             yield from daemon.registry.collect()
 
 
-def run_instance(topology: Topology, instance: str, state_dir: str | Path | None = None,
-                 metrics_port: int | None = None, from_gtid: str | None = None, reply_timeout: float = 2.0,
-                 sample_every: int = 1000) -> int:
+def run_instance(
+    topology: Topology,
+    instance: str,
+    state_dir: str | Path | None = None,
+    metrics_port: int | None = None,
+    from_gtid: str | None = None,
+    reply_timeout: float = 2.0,
+    sample_every: int = 1000,
+) -> int:
     """`squeal run --instance NAME`: run until SIGTERM/SIGINT; returns the exit code."""
     from twisted.internet import reactor
 
-    inst = HaInstance(topology, instance, state_dir, metrics_port, from_gtid, reactor=reactor,
-                      reply_timeout=reply_timeout, sample_every=sample_every)
+    inst = HaInstance(
+        topology,
+        instance,
+        state_dir,
+        metrics_port,
+        from_gtid,
+        reactor=reactor,
+        reply_timeout=reply_timeout,
+        sample_every=sample_every,
+    )
     return serve_while_preparing(reactor, inst)
 
 

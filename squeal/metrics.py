@@ -27,97 +27,180 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
         # reader / pipeline
-        self.transactions = Counter("squeal_transactions", "Committed transactions read from the binlog",
-                                    ["reader"], registry=r)
-        self.rows = Counter("squeal_rows", "Row changes of tables with rules, read from the binlog", ["reader"],
-                            registry=r)
-        self.keys = Counter("squeal_keys", "Keys extracted, by source (rule templates or mcd comments)",
-                            ["source"], registry=r)
-        self.keys_rewritten = Counter("squeal_keys_rewritten",
-                                      "Keys sent in memcached's base64 form (encoding=base64) or as the base64 "
-                                      "of their BLAKE2b digest (encoding=hashed), as the web tier's client does",
-                                      ["encoding"], registry=r)
-        self.missing_columns = Counter("squeal_rule_missing_column",
-                                       "Row images lacking a column a rule template names (dropped column?)",
-                                       ["table", "column"], registry=r)
-        self.rule_filtered = Counter("squeal_rule_filtered", "Changed rows a rule's filter kept from sending keys: "
-                                     "an UPDATE changing no when_changed column, or no image matching where",
-                                     ["table", "reason"], registry=r)
-        self.pieces = Counter("squeal_transaction_pieces", "Pieces of huge transactions handed to the flows while "
-                              "still being read (their deletes start before the whole transaction is read)",
-                              registry=r)
-        self.reader_reconnects = Counter("squeal_reader_reconnects", "Binlog reconnects (resumed from the "
-                                         "last committed GTID)", ["reader"], registry=r)
-        self.reader_connected = Gauge("squeal_reader_connected", "1 while the binlog stream is connected",
-                                      ["reader"], registry=r)
-        self.reader_event_time = Gauge("squeal_reader_last_commit_timestamp_seconds",
-                                       "Commit timestamp of the last transaction read", ["reader"], registry=r)
-        self.rolled_back = Counter("squeal_transactions_rolled_back",
-                                   "Transactions that ended in ROLLBACK (nothing sent)", registry=r)
+        self.transactions = Counter(
+            "squeal_transactions", "Committed transactions read from the binlog", ["reader"], registry=r
+        )
+        self.rows = Counter(
+            "squeal_rows", "Row changes of tables with rules, read from the binlog", ["reader"], registry=r
+        )
+        self.keys = Counter(
+            "squeal_keys", "Keys extracted, by source (rule templates or mcd comments)", ["source"], registry=r
+        )
+        self.keys_rewritten = Counter(
+            "squeal_keys_rewritten",
+            "Keys sent in memcached's base64 form (encoding=base64) or as the base64 "
+            "of their BLAKE2b digest (encoding=hashed), as the web tier's client does",
+            ["encoding"],
+            registry=r,
+        )
+        self.missing_columns = Counter(
+            "squeal_rule_missing_column",
+            "Row images lacking a column a rule template names (dropped column?)",
+            ["table", "column"],
+            registry=r,
+        )
+        self.rule_filtered = Counter(
+            "squeal_rule_filtered",
+            "Changed rows a rule's filter kept from sending keys: "
+            "an UPDATE changing no when_changed column, or no image matching where",
+            ["table", "reason"],
+            registry=r,
+        )
+        self.pieces = Counter(
+            "squeal_transaction_pieces",
+            "Pieces of huge transactions handed to the flows while "
+            "still being read (their deletes start before the whole transaction is read)",
+            registry=r,
+        )
+        self.reader_reconnects = Counter(
+            "squeal_reader_reconnects",
+            "Binlog reconnects (resumed from the last committed GTID)",
+            ["reader"],
+            registry=r,
+        )
+        self.reader_connected = Gauge(
+            "squeal_reader_connected", "1 while the binlog stream is connected", ["reader"], registry=r
+        )
+        self.reader_event_time = Gauge(
+            "squeal_reader_last_commit_timestamp_seconds",
+            "Commit timestamp of the last transaction read",
+            ["reader"],
+            registry=r,
+        )
+        self.rolled_back = Counter(
+            "squeal_transactions_rolled_back", "Transactions that ended in ROLLBACK (nothing sent)", registry=r
+        )
         # flows
-        self.backlog = Gauge("squeal_flow_backlog", "Keys queued for a destination, not yet acknowledged",
-                             ["flow"], registry=r)
-        self.lag = Gauge("squeal_flow_lag_seconds",
-                         "How far the destination is behind the primary's commits (a lower bound): the larger of "
-                         "now minus the commit time of the oldest unacknowledged transaction and the time since the "
-                         "source first showed a position the flow has not acknowledged (docs/squeal.md, Lag)",
-                         ["flow"], registry=r)
+        self.backlog = Gauge(
+            "squeal_flow_backlog", "Keys queued for a destination, not yet acknowledged", ["flow"], registry=r
+        )
+        self.lag = Gauge(
+            "squeal_flow_lag_seconds",
+            "How far the destination is behind the primary's commits (a lower bound): the larger of "
+            "now minus the commit time of the oldest unacknowledged transaction and the time since the "
+            "source first showed a position the flow has not acknowledged (docs/squeal.md, Lag)",
+            ["flow"],
+            registry=r,
+        )
         self.state = Gauge("squeal_flow_state", "1 for the flow's current state", ["flow", "state"], registry=r)
-        self.sheds = Counter("squeal_flow_sheds", "Times a flow's backlog passed max_backlog and was dropped "
-                             "from memory (to be re-read by a catch-up reader)", ["flow"], registry=r)
+        self.sheds = Counter(
+            "squeal_flow_sheds",
+            "Times a flow's backlog passed max_backlog and was dropped "
+            "from memory (to be re-read by a catch-up reader)",
+            ["flow"],
+            registry=r,
+        )
         self.catchups = Counter("squeal_flow_catchups", "Catch-up readers started", ["flow"], registry=r)
-        self.rejoins = Counter("squeal_flow_rejoins", "Catch-up readers that caught up and rejoined the live "
-                               "stream", ["flow"], registry=r)
-        self.retries = Counter("squeal_flow_retries", "Failed batches (connect error, timeout, SERVER_ERROR), "
-                               "retried with backoff", ["flow"], registry=r)
-        self.reply_errors = Counter("squeal_flow_reply_errors", "Error replies to individual deletes",
-                                    ["flow", "error"], registry=r)
+        self.rejoins = Counter(
+            "squeal_flow_rejoins", "Catch-up readers that caught up and rejoined the live stream", ["flow"], registry=r
+        )
+        self.retries = Counter(
+            "squeal_flow_retries",
+            "Failed batches (connect error, timeout, SERVER_ERROR), retried with backoff",
+            ["flow"],
+            registry=r,
+        )
+        self.reply_errors = Counter(
+            "squeal_flow_reply_errors", "Error replies to individual deletes", ["flow", "error"], registry=r
+        )
         self.deletes = Counter("squeal_deletes_sent", "Deletes sent (and acknowledged)", ["flow"], registry=r)
         self.writes, self.deletes_per_write = _write_series(r)
-        self.latency = Histogram("squeal_invalidation_latency_seconds",
-                                 "Commit timestamp (GTID event, 1 s resolution) to delete acknowledged",
-                                 ["flow"], buckets=LATENCY_BUCKETS, registry=r)
-        self.delivery_latency = Histogram("squeal_delivery_latency_seconds",
-                                          "Transaction read from the binlog to its deletes acknowledged",
-                                          ["flow"], buckets=LATENCY_BUCKETS, registry=r)
+        self.latency = Histogram(
+            "squeal_invalidation_latency_seconds",
+            "Commit timestamp (GTID event, 1 s resolution) to delete acknowledged",
+            ["flow"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.delivery_latency = Histogram(
+            "squeal_delivery_latency_seconds",
+            "Transaction read from the binlog to its deletes acknowledged",
+            ["flow"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.checkpoints = Counter("squeal_datamarker_writes", "Datamarkers written", ["flow"], registry=r)
-        self.marker_write_errors = Counter("squeal_datamarker_write_errors",
-                                           "Datamarker writes that failed (retried at the next checkpoint)",
-                                           ["flow"], registry=r)
-        self.marker_age = Gauge("squeal_datamarker_age_seconds",
-                                "How long the flow's acknowledged position has waited to be written to its "
-                                "datamarker (0 while the marker is current, however idle the flow)",
-                                ["flow"], registry=r)
+        self.marker_write_errors = Counter(
+            "squeal_datamarker_write_errors",
+            "Datamarker writes that failed (retried at the next checkpoint)",
+            ["flow"],
+            registry=r,
+        )
+        self.marker_age = Gauge(
+            "squeal_datamarker_age_seconds",
+            "How long the flow's acknowledged position has waited to be written to its "
+            "datamarker (0 while the marker is current, however idle the flow)",
+            ["flow"],
+            registry=r,
+        )
         # the source database (squeal/source.py)
-        self.source_up = Gauge("squeal_source_up", "1 while the last poll of the source database succeeded",
-                               registry=r)
-        self.source_replication_lag = Gauge("squeal_source_replication_lag_seconds",
-                                            "How far a replica source's data is behind its primary: "
-                                            "Seconds_Behind_Master, or while replication is stalled the last "
-                                            "known value plus the time stalled (0 for a primary)", registry=r)
+        self.source_up = Gauge("squeal_source_up", "1 while the last poll of the source database succeeded", registry=r)
+        self.source_replication_lag = Gauge(
+            "squeal_source_replication_lag_seconds",
+            "How far a replica source's data is behind its primary: "
+            "Seconds_Behind_Master, or while replication is stalled the last "
+            "known value plus the time stalled (0 for a primary)",
+            registry=r,
+        )
         # changes that need more than deletes (docs/squeal.md "What squeal guarantees")
-        self.flushes = Counter("squeal_flushes", "flush_all commands acknowledged by a destination (TRUNCATE "
-                               "policy \"flush\", or binlog data loss)", ["flow"], registry=r)
-        self.bulk_changes = Counter("squeal_bulk_changes",
-                                    "Changes to a ruled table that carry no row images (TRUNCATE, DROP, RENAME, a "
-                                    "statement-logged change), by the rule's on_truncate policy",
-                                    ["table", "statement", "policy"], registry=r)
-        self.xa_prepared = Gauge("squeal_xa_prepared", "XA transactions prepared and not yet decided (their "
-                                 "prepare holds the datamarkers back)", registry=r)
-        self.xa_unknown = Counter("squeal_xa_unknown_decisions", "XA COMMITs whose PREPARE squeal never read "
-                                  "(its rows' keys are unknown: prepared before squeal's start position)",
-                                  registry=r)
-        self.data_loss = Counter("squeal_data_loss", "Times the binlog a reader needed was purged (error 1236), "
-                                 "by the on_data_loss policy applied", ["policy"], registry=r)
-        self.halted = Gauge("squeal_halted", "1 while delivery is halted after binlog data loss "
-                            "(on_data_loss = \"halt\"; see docs/runbooks/data-loss.md)", registry=r)
+        self.flushes = Counter(
+            "squeal_flushes",
+            'flush_all commands acknowledged by a destination (TRUNCATE policy "flush", or binlog data loss)',
+            ["flow"],
+            registry=r,
+        )
+        self.bulk_changes = Counter(
+            "squeal_bulk_changes",
+            "Changes to a ruled table that carry no row images (TRUNCATE, DROP, RENAME, a "
+            "statement-logged change), by the rule's on_truncate policy",
+            ["table", "statement", "policy"],
+            registry=r,
+        )
+        self.xa_prepared = Gauge(
+            "squeal_xa_prepared",
+            "XA transactions prepared and not yet decided (their prepare holds the datamarkers back)",
+            registry=r,
+        )
+        self.xa_unknown = Counter(
+            "squeal_xa_unknown_decisions",
+            "XA COMMITs whose PREPARE squeal never read "
+            "(its rows' keys are unknown: prepared before squeal's start position)",
+            registry=r,
+        )
+        self.data_loss = Counter(
+            "squeal_data_loss",
+            "Times the binlog a reader needed was purged (error 1236), by the on_data_loss policy applied",
+            ["policy"],
+            registry=r,
+        )
+        self.halted = Gauge(
+            "squeal_halted",
+            '1 while delivery is halted after binlog data loss (on_data_loss = "halt"; see docs/runbooks/data-loss.md)',
+            registry=r,
+        )
 
 
 def _write_series(r: CollectorRegistry) -> tuple[Counter, Histogram]:
-    writes = Counter("squeal_delete_writes", "Writes of deletes to a destination (one socket write each; with "
-                     "[shards], one write carries every shard's batches that are ready)", ["flow"], registry=r)
-    per_write = Histogram("squeal_deletes_per_write", "Deletes packed into one write", ["flow"],
-                          buckets=BATCH_BUCKETS, registry=r)
+    writes = Counter(
+        "squeal_delete_writes",
+        "Writes of deletes to a destination (one socket write each; with "
+        "[shards], one write carries every shard's batches that are ready)",
+        ["flow"],
+        registry=r,
+    )
+    per_write = Histogram(
+        "squeal_deletes_per_write", "Deletes packed into one write", ["flow"], buckets=BATCH_BUCKETS, registry=r
+    )
     return writes, per_write
 
 
@@ -144,9 +227,11 @@ class CertExpiry:
         return []  # registering must not read the files
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily("squeal_tls_cert_expiry_timestamp_seconds",
-                                   "When each TLS certificate this process loads expires (Unix time)",
-                                   labels=["component", "path"])
+        family = GaugeMetricFamily(
+            "squeal_tls_cert_expiry_timestamp_seconds",
+            "When each TLS certificate this process loads expires (Unix time)",
+            labels=["component", "path"],
+        )
         for component, path in self.certs:
             try:
                 family.add_metric([component, path], cert_expiry_timestamp(path))

@@ -48,8 +48,13 @@ class KeyStage:
     flow queues that same tuple.
     """
 
-    def __init__(self, extractor: KeyExtractor, regional_prefixes: Sequence[str],
-                 metrics: Metrics | None = None, rules: Sequence[Rule] = ()) -> None:
+    def __init__(
+        self,
+        extractor: KeyExtractor,
+        regional_prefixes: Sequence[str],
+        metrics: Metrics | None = None,
+        rules: Sequence[Rule] = (),
+    ) -> None:
         self.extractor = extractor
         self.bulk = BulkDetector(rules)
         self.alerts: collections.deque[dict[str, Any]] = collections.deque(maxlen=50)  # for /healthz
@@ -61,10 +66,16 @@ class KeyStage:
         self._keys_rule = metrics.keys.labels(source="rule") if metrics is not None else None
         self._keys_comment = metrics.keys.labels(source="comment") if metrics is not None else None
         # One KeyStage per daemon (and registry): the live and catch-up read loops share it.
-        self._duplicates = Counter(
-            "squeal_keys_duplicates", "Keys a transaction rendered again (e.g. feed:{author_id} for every row of "
-            "one author), dropped: each transaction holds and sends each key once",
-            registry=metrics.registry) if metrics is not None else None
+        self._duplicates = (
+            Counter(
+                "squeal_keys_duplicates",
+                "Keys a transaction rendered again (e.g. feed:{author_id} for every row of "
+                "one author), dropped: each transaction holds and sends each key once",
+                registry=metrics.registry,
+            )
+            if metrics is not None
+            else None
+        )
 
     def render(self, rows: Rows, seen: dict[str, None]) -> Rows:
         """A row event of the open transaction as its keys not yet in `seen` (which gains them)."""
@@ -73,8 +84,13 @@ class KeyStage:
             self._duplicates.inc(duplicates)
         return out
 
-    def rendered_elsewhere(self, duplicates: int, missing: list[tuple[str, str, str, str, int]],
-                           filtered: list[tuple[str, str, str, int]], rewritten: dict[str, int]) -> None:
+    def rendered_elsewhere(
+        self,
+        duplicates: int,
+        missing: list[tuple[str, str, str, str, int]],
+        filtered: list[tuple[str, str, str, int]],
+        rewritten: dict[str, int],
+    ) -> None:
         """What the native reader dropped, missed, filtered or encoded while rendering rows itself (`take_counts`)."""
         if duplicates and self._duplicates is not None:
             self._duplicates.inc(duplicates)
@@ -102,8 +118,16 @@ class KeyStage:
             self._keys_rule.inc(len(cluster) + len(regional))  # type: ignore[union-attr]
             for how, n in rewritten.items():
                 self.metrics.keys_rewritten.labels(encoding=how).inc(n)
-        return Committed(txn.gtid, txn.timestamp, time.time(), cluster, regional,
-                         partial=True, rows_from=rows_from, rows_to=len(txn.rows))
+        return Committed(
+            txn.gtid,
+            txn.timestamp,
+            time.time(),
+            cluster,
+            regional,
+            partial=True,
+            rows_from=rows_from,
+            rows_to=len(txn.rows),
+        )
 
     def _lines(self, keys: list[str], rewritten: dict[str, int]) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
         """(delete lines for every cluster, for the regional pool only)."""
@@ -112,8 +136,9 @@ class KeyStage:
             return delete_lines(cluster, rewritten), delete_lines(regional, rewritten)
         return delete_lines(keys, rewritten), ()
 
-    def process(self, txn: Transaction, read_ts: float | None = None, report: bool = True,
-                rows_from: int = 0) -> Committed:
+    def process(
+        self, txn: Transaction, read_ts: float | None = None, report: bool = True, rows_from: int = 0
+    ) -> Committed:
         """`report`: log and count what needs an operator (the live reader; catch-up readers re-read).
         `rows_from`: the row events before it were handed on already, in pieces (`piece`)."""
         if rows_from:
@@ -131,8 +156,15 @@ class KeyStage:
         if native:
             cluster_lines, regional_lines, n = _with_native_lines(cluster_lines, regional_lines, native, from_comments)
             from_rules += n
-        c = Committed(txn.gtid, txn.timestamp, time.time() if read_ts is None else read_ts,
-                      cluster_lines, regional_lines, flush, rows_from=rows_from)
+        c = Committed(
+            txn.gtid,
+            txn.timestamp,
+            time.time() if read_ts is None else read_ts,
+            cluster_lines,
+            regional_lines,
+            flush,
+            rows_from=rows_from,
+        )
         m = self.metrics
         if m is not None:
             if from_rules:
@@ -141,31 +173,52 @@ class KeyStage:
                 self._keys_comment.inc(from_comments)  # type: ignore[union-attr]
             for how, n in rewritten.items():
                 m.keys_rewritten.labels(encoding=how).inc(n)
-            _mirror(self.extractor.missing_columns, self._missing_reported,
-                    lambda s, t, column: m.missing_columns.labels(table=f"{s}.{t}", column=column))
-            _mirror(self.extractor.filtered, self._filtered_reported,
-                    lambda s, t, reason: m.rule_filtered.labels(table=f"{s}.{t}", reason=reason))
+            _mirror(
+                self.extractor.missing_columns,
+                self._missing_reported,
+                lambda s, t, column: m.missing_columns.labels(table=f"{s}.{t}", column=column),
+            )
+            _mirror(
+                self.extractor.filtered,
+                self._filtered_reported,
+                lambda s, t, reason: m.rule_filtered.labels(table=f"{s}.{t}", reason=reason),
+            )
         return c
-
 
     def _report(self, txn: Transaction, change: BulkChange) -> None:
         rule, policy = change.rule, change.rule.on_truncate
         sql = change.sql if len(change.sql) <= 200 else change.sql[:200] + "..."
-        what = (f"{change.statement.upper()} of ruled table {rule.table} at GTID {txn.gtid_text} ({sql!r}) "
-                f"carries no row images: every cached key of {', '.join(rule.keys)} may be stale")
+        what = (
+            f"{change.statement.upper()} of ruled table {rule.table} at GTID {txn.gtid_text} ({sql!r}) "
+            f"carries no row images: every cached key of {', '.join(rule.keys)} may be stale"
+        )
         if policy == "flush":
-            log.warning("%s; on_truncate = \"flush\": flushing every destination of the region", what)
+            log.warning('%s; on_truncate = "flush": flushing every destination of the region', what)
         else:
-            log.error("%s; on_truncate = \"alert\": nothing was deleted, flush the region's caches "
-                      "(squealctl flush) or set on_truncate = \"flush\" for this rule", what)
-        self.alerts.append({"time": time.time(), "gtid": txn.gtid_text, "table": rule.table,
-                            "statement": change.statement, "policy": policy, "sql": sql})
+            log.error(
+                '%s; on_truncate = "alert": nothing was deleted, flush the region\'s caches '
+                '(squealctl flush) or set on_truncate = "flush" for this rule',
+                what,
+            )
+        self.alerts.append(
+            {
+                "time": time.time(),
+                "gtid": txn.gtid_text,
+                "table": rule.table,
+                "statement": change.statement,
+                "policy": policy,
+                "sql": sql,
+            }
+        )
         if self.metrics is not None:
             self.metrics.bulk_changes.labels(table=rule.table, statement=change.statement, policy=policy).inc()
 
 
-def _mirror(counts: dict[tuple[str, str, str], int], reported: dict[tuple[str, str, str], int],
-            child: Callable[[str, str, str], Any]) -> None:
+def _mirror(
+    counts: dict[tuple[str, str, str], int],
+    reported: dict[tuple[str, str, str], int],
+    child: Callable[[str, str, str], Any],
+) -> None:
     """Move a labelled Prometheus counter (`child(schema, table, x)`) up to the extractor's running `counts`;
     `reported` remembers what it already added."""
     if counts == reported:
@@ -196,8 +249,15 @@ class Handoff:
     threads, and under a fast replay those hand-offs, not the work, were a good share of squeal's cost.
     """
 
-    def __init__(self, reactor: Any, deliver: Callable[[list[Committed]], None], bound: int = 20000,
-                 chunk: int = 200, linger: float = 0.001, ready: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self,
+        reactor: Any,
+        deliver: Callable[[list[Committed]], None],
+        bound: int = 20000,
+        chunk: int = 200,
+        linger: float = 0.001,
+        ready: Callable[[], bool] | None = None,
+    ) -> None:
         self.reactor = reactor
         self.deliver = deliver
         # Reactor: False holds the hand-off (and so, once it holds `bound`, the reader) while no destination
@@ -247,8 +307,9 @@ class Handoff:
             self.reactor.callLater(self.linger, self._drain)
 
 
-def _with_native_lines(cluster: tuple[bytes, ...], regional: tuple[bytes, ...], native: list,
-                       from_comments: int) -> tuple[tuple[bytes, ...], tuple[bytes, ...], int]:
+def _with_native_lines(
+    cluster: tuple[bytes, ...], regional: tuple[bytes, ...], native: list, from_comments: int
+) -> tuple[tuple[bytes, ...], tuple[bytes, ...], int]:
     """The comment keys' lines, then the native reader's (kind LINES: (cluster, regional) per event), less any
     line a comment already sends (what `KeyExtractor.keys` drops as a duplicate); and the lines added."""
     sent = set(cluster) | set(regional) if from_comments else None
@@ -267,11 +328,17 @@ def _with_native_lines(cluster: tuple[bytes, ...], regional: tuple[bytes, ...], 
 class ReadLoop:
     """Runs reader -> grouper -> key stage on a thread; each committed transaction goes to `sink`."""
 
-    def __init__(self, reader: BinlogReader | NativeBinlogReader, stage: KeyStage, sink: Callable[[Committed], None],
-                 metrics: Metrics | None = None, wait: Callable[[], None] | None = None,
-                 xa: PreparedXa | None = None,
-                 on_data_loss: Callable[[ReadLoop, DataLoss], g.Position | None] | None = None,
-                 stream_lines: int = STREAM_LINES) -> None:
+    def __init__(
+        self,
+        reader: BinlogReader | NativeBinlogReader,
+        stage: KeyStage,
+        sink: Callable[[Committed], None],
+        metrics: Metrics | None = None,
+        wait: Callable[[], None] | None = None,
+        xa: PreparedXa | None = None,
+        on_data_loss: Callable[[ReadLoop, DataLoss], g.Position | None] | None = None,
+        stream_lines: int = STREAM_LINES,
+    ) -> None:
         self.reader = reader
         self.stream_lines = stream_lines  # hand a transaction on in pieces once this many lines wait (0: never)
         self.xa = xa  # the live reader records XA prepares and decisions here (datamarkers wait for them)
@@ -299,8 +366,11 @@ class ReadLoop:
             finally:
                 conn.close()
         except Exception as e:  # noqa: BLE001 - only the DROP DATABASE alerts get wider
-            log.warning("cannot read which ruled tables exist (%s): a DROP DATABASE will alert for every ruled "
-                        "table of its database", e)
+            log.warning(
+                "cannot read which ruled tables exist (%s): a DROP DATABASE will alert for every ruled "
+                "table of its database",
+                e,
+            )
             return
         if found is not None:
             self.stage.bulk.know_existing(*found)
@@ -398,8 +468,12 @@ class ReadLoop:
         if self.xa is not None:
             self.xa.decided(txn.xid, txn.gtid)
             if txn.xa_unknown and txn.xa == "commit":
-                log.error("XA COMMIT %s at GTID %s: its XA PREPARE is before squeal's start position, so its "
-                          "rows' keys are unknown and were not deleted", txn.xid, txn.gtid_text)
+                log.error(
+                    "XA COMMIT %s at GTID %s: its XA PREPARE is before squeal's start position, so its "
+                    "rows' keys are unknown and were not deleted",
+                    txn.xid,
+                    txn.gtid_text,
+                )
                 if self.metrics is not None:
                     self.metrics.xa_unknown.inc()
         return True

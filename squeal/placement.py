@@ -150,8 +150,9 @@ class Plan:
     notes: tuple[str, ...]  # why a rebalance waited or stopped short
 
 
-def shard_load(rows_per_s: float, binlog_bytes_per_s: float, *, bytes_per_row: float = 500.0,
-               floor: float = 1.0) -> float:
+def shard_load(
+    rows_per_s: float, binlog_bytes_per_s: float, *, bytes_per_row: float = 500.0, floor: float = 1.0
+) -> float:
     """A shard's load in rows/s equivalents: rows/s + binlog bytes/s ÷ `bytes_per_row`, at least `floor`."""
     return max(floor, rows_per_s + binlog_bytes_per_s / bytes_per_row)
 
@@ -194,8 +195,9 @@ def level(loads: Iterable[float], workers: int) -> tuple[float, float]:
     return mean, mean * (1 + 1e-12)
 
 
-def balance(loads: Mapping[str, float], assignment: Mapping[str, str], workers: Iterable[str],
-            threshold: float) -> Balance:
+def balance(
+    loads: Mapping[str, float], assignment: Mapping[str, str], workers: Iterable[str], threshold: float
+) -> Balance:
     """Judge `assignment` (shard → worker) of shards with `loads` over `workers` (the eligible ones)."""
     names = sorted(set(workers))
     held: dict[str, set[str]] = {w: set() for w in names}
@@ -208,8 +210,14 @@ def balance(loads: Mapping[str, float], assignment: Mapping[str, str], workers: 
     return _judge(loads, held, wload, lvl, hot, threshold)
 
 
-def _judge(loads: Mapping[str, float], held: Mapping[str, set[str]], wload: Mapping[str, float], lvl: float,
-           hot: frozenset[str], threshold: float) -> Balance:
+def _judge(
+    loads: Mapping[str, float],
+    held: Mapping[str, set[str]],
+    wload: Mapping[str, float],
+    lvl: float,
+    hot: frozenset[str],
+    threshold: float,
+) -> Balance:
     high, low = lvl * threshold, lvl / threshold
     eps = 1e-9 * max(lvl, 1e-12)
     worst: list[tuple[float, str]] = []
@@ -231,15 +239,26 @@ def _judge(loads: Mapping[str, float], held: Mapping[str, set[str]], wload: Mapp
     total = math.fsum(wload.values())
     mean = total / len(wload) if wload else 0.0
     return Balance(
-        level=lvl, hot=hot, high=high, low=low, imbalance=imbalance,
+        level=lvl,
+        hot=hot,
+        high=high,
+        low=low,
+        imbalance=imbalance,
         max_over_mean=(max(wload.values()) / mean) if mean > 0 else 1.0,
-        hot_not_alone=hot_not_alone, violations=tuple(w for _, w in worst),
+        hot_not_alone=hot_not_alone,
+        violations=tuple(w for _, w in worst),
     )
 
 
-def plan(workers: Iterable[Worker], shards: Iterable[Shard], assignment: Mapping[str, str],
-         last_moved: Mapping[str, float], now: float, imbalanced_since: float | None = None,
-         settings: Settings | None = None) -> Plan:
+def plan(
+    workers: Iterable[Worker],
+    shards: Iterable[Shard],
+    assignment: Mapping[str, str],
+    last_moved: Mapping[str, float],
+    now: float,
+    imbalanced_since: float | None = None,
+    settings: Settings | None = None,
+) -> Plan:
     """The moves that place every unowned shard and, once an imbalance has persisted, fix it.
 
     `assignment`: shard → worker as it stands (shards missing from it are new); `last_moved`: shard → the
@@ -366,8 +385,7 @@ def plan(workers: Iterable[Worker], shards: Iterable[Shard], assignment: Mapping
                 return wload[w] - loads[hot]  # a hot shard's company may all go
             return wload[w] - low
 
-        sources = sorted((w for w in held if w != target and wload[w] > t_load + eps),
-                         key=lambda w: (-spare(w), w))
+        sources = sorted((w for w in held if w != target and wload[w] > t_load + eps), key=lambda w: (-spare(w), w))
         best: tuple[tuple[int, float, str], str, str] | None = None
         for source in sources:
             cap = min(spare(source), room)
@@ -424,10 +442,13 @@ def plan(workers: Iterable[Worker], shards: Iterable[Shard], assignment: Mapping
                 break
             stuck.add(w)
         if move is None:
-            blocked = [s for w in state.violations for s in held[w]
-                       if s in last_moved and now - last_moved[s] < cfg.cooldown_s]
-            notes.append(f"no move improves the imbalance {_figure(state)}"
-                         + (f" ({len(blocked)} shard(s) in cooldown)" if blocked else ""))
+            blocked = [
+                s for w in state.violations for s in held[w] if s in last_moved and now - last_moved[s] < cfg.cooldown_s
+            ]
+            notes.append(
+                f"no move improves the imbalance {_figure(state)}"
+                + (f" ({len(blocked)} shard(s) in cooldown)" if blocked else "")
+            )
             break
         shard, source, target, detail = move
         held[source].discard(shard)
@@ -464,10 +485,26 @@ def _figure(b: Balance) -> str:
     return text
 
 
-def _done(moves: list[Move], owner: dict[str, str], wload: dict[str, float], before: Balance, after: Balance,
-          since: float | None, unplaced: tuple[str, ...], notes: list[str]) -> Plan:
-    return Plan(moves=tuple(moves), assignment=dict(sorted(owner.items())), loads=dict(sorted(wload.items())),
-                before=before, after=after, imbalanced_since=since, unplaced=unplaced, notes=tuple(notes))
+def _done(
+    moves: list[Move],
+    owner: dict[str, str],
+    wload: dict[str, float],
+    before: Balance,
+    after: Balance,
+    since: float | None,
+    unplaced: tuple[str, ...],
+    notes: list[str],
+) -> Plan:
+    return Plan(
+        moves=tuple(moves),
+        assignment=dict(sorted(owner.items())),
+        loads=dict(sorted(wload.items())),
+        before=before,
+        after=after,
+        imbalanced_since=since,
+        unplaced=unplaced,
+        notes=tuple(notes),
+    )
 
 
 def _hash(text: str) -> int:

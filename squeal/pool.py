@@ -98,8 +98,9 @@ def _doc(data: bytes) -> dict[str, Any]:
 
 def placement_settings(p: PoolPlacement) -> placement.Settings:
     """The controller's `placement.Settings` from a region's `[regions.R.squeal_placement]`."""
-    return placement.Settings(threshold=p.threshold, persist_s=p.persist_s, cooldown_s=p.cooldown_s,
-                              max_moves=p.max_moves or None)
+    return placement.Settings(
+        threshold=p.threshold, persist_s=p.persist_s, cooldown_s=p.cooldown_s, max_moves=p.max_moves or None
+    )
 
 
 class BinlogMeter:
@@ -144,8 +145,12 @@ class BinlogMeter:
                     self._forget(shard)
                     if shard not in self._warned:
                         self._warned.add(shard)
-                        log.warning("pool: cannot read shard %s's binlog size (SHOW BINARY LOGS): %s; its load is "
-                                    "its rows/s alone until it can", shard, e)
+                        log.warning(
+                            "pool: cannot read shard %s's binlog size (SHOW BINARY LOGS): %s; its load is "
+                            "its rows/s alone until it can",
+                            shard,
+                            e,
+                        )
         for shard in list(self._conns):
             self._forget(shard)
 
@@ -169,7 +174,8 @@ class BinlogMeter:
         else:
             self.grown[shard] = self.grown.get(shard, 0) + sum(
                 max(0, size - before.get(name, 0 if name > max(before, default="") else size))
-                for name, size in sizes.items())
+                for name, size in sizes.items()
+            )
         return self.grown[shard]
 
 
@@ -181,9 +187,15 @@ class SessionLease:
     multi-operation through ZooKeeper's leader confirms the member znode (the session lived: its ephemeral
     `owner` znodes never went); no confirmation within T more, or the session LOST, calls `on_lost(reason)`."""
 
-    def __init__(self, client: KazooClient, member_path: str, session_timeout: float,
-                 on_lost: Callable[[str], None], tick: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        client: KazooClient,
+        member_path: str,
+        session_timeout: float,
+        on_lost: Callable[[str], None],
+        tick: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.client = client
         self.member_path = member_path
         self.session_timeout = session_timeout
@@ -245,11 +257,13 @@ class SessionLease:
             now = self.clock()
             if now >= self.until and not self.lapsed:
                 self.lapsed = True
-                log.warning("pool worker lease ran out (no answer from ZooKeeper for %.1fs): sending paused",
-                            self.length)
+                log.warning(
+                    "pool worker lease ran out (no answer from ZooKeeper for %.1fs): sending paused", self.length
+                )
             if self.lapsed and now >= self.until + self.session_timeout:
-                self._lose("lease", f"no answer confirmed the session within {self.session_timeout:g}s after the "
-                           "lease ran out")
+                self._lose(
+                    "lease", f"no answer confirmed the session within {self.session_timeout:g}s after the lease ran out"
+                )
 
     def _renew(self, sent: float) -> None:
         stat = self.client.exists_async(self.member_path).get(timeout=self.call_timeout)
@@ -274,8 +288,9 @@ class Ownership:
     """This worker's shards (shard -> fencing token): taken and released with the per-shard multi-operations of
     the module docstring."""
 
-    def __init__(self, client: KazooClient, root: str, region: str, worker: str, lease: SessionLease,
-                 call_timeout: float = 2.0) -> None:
+    def __init__(
+        self, client: KazooClient, root: str, region: str, worker: str, lease: SessionLease, call_timeout: float = 2.0
+    ) -> None:
         self.client = client
         self.root = root
         self.region = region
@@ -318,8 +333,9 @@ class Ownership:
             data, stat = self._call(self.client.get_async(epoch_path))
         epoch = int(_doc(data).get("epoch", 0)) + 1
         t = self.client.transaction()
-        t.create(owner, json.dumps({"worker": self.worker, "epoch": epoch, "since": time.time()}).encode(),
-                 ephemeral=True)
+        t.create(
+            owner, json.dumps({"worker": self.worker, "epoch": epoch, "since": time.time()}).encode(), ephemeral=True
+        )
         t.set_data(epoch_path, json.dumps({"epoch": epoch, "owner": self.worker}).encode(), version=stat.version)
         results = self._call(t.commit_async())
         if any(isinstance(r, Exception) for r in results):
@@ -354,16 +370,24 @@ class Ownership:
                 return
             t = self.client.transaction()
             t.delete(owner, version=stat.version)
-            t.set_data(epoch_path, json.dumps({"epoch": epoch, "owner": self.worker, "released": reason,
-                                               "at": time.time()}).encode(), version=token)
+            t.set_data(
+                epoch_path,
+                json.dumps({"epoch": epoch, "owner": self.worker, "released": reason, "at": time.time()}).encode(),
+                version=token,
+            )
             results = self._call(t.commit_async())
             if any(isinstance(r, Exception) for r in results):
-                log.warning("worker %s: could not mark shard %s released (%s); deleting its owner znode only",
-                            self.worker, shard, results)
+                log.warning(
+                    "worker %s: could not mark shard %s released (%s); deleting its owner znode only",
+                    self.worker,
+                    shard,
+                    results,
+                )
                 self._call(self.client.delete_async(owner, version=stat.version))
         except (NoNodeError, KazooException, *UNAVAILABLE) as e:
-            log.warning("worker %s: could not release shard %s (%s); it is free when this session ends",
-                        self.worker, shard, e)
+            log.warning(
+                "worker %s: could not release shard %s (%s); it is free when this session ends", self.worker, shard, e
+            )
             return
         log.warning("worker %s released shard %s (%s)", self.worker, shard, reason)
 
@@ -372,33 +396,59 @@ class PoolMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
         self.owned = Gauge("squeal_pool_shard_owned", "1 for each shard this worker owns", ["shard"], registry=r)
-        self.shard_load = Gauge("squeal_pool_shard_load", "A shard's smoothed load (rows/s equivalents) as its owner "
-                                "measures it", ["shard"], registry=r)
-        self.shard_rows = Gauge("squeal_pool_shard_rows_per_second", "A shard's smoothed rows/s (changed rows of "
-                                "tables with rules) as its owner measures it", ["shard"], registry=r)
-        self.shard_bytes = Gauge("squeal_pool_shard_binlog_bytes_per_second", "A shard's smoothed binlog growth "
-                                 "(bytes/s of its copy's binlog, what its reader streams) as its owner measures it",
-                                 ["shard"], registry=r)
+        self.shard_load = Gauge(
+            "squeal_pool_shard_load",
+            "A shard's smoothed load (rows/s equivalents) as its owner measures it",
+            ["shard"],
+            registry=r,
+        )
+        self.shard_rows = Gauge(
+            "squeal_pool_shard_rows_per_second",
+            "A shard's smoothed rows/s (changed rows of tables with rules) as its owner measures it",
+            ["shard"],
+            registry=r,
+        )
+        self.shard_bytes = Gauge(
+            "squeal_pool_shard_binlog_bytes_per_second",
+            "A shard's smoothed binlog growth "
+            "(bytes/s of its copy's binlog, what its reader streams) as its owner measures it",
+            ["shard"],
+            registry=r,
+        )
         self.load = Gauge("squeal_pool_worker_load", "The sum of this worker's shards' loads", registry=r)
         self.controller = Gauge("squeal_pool_controller", "1 while this worker is the pool's controller", registry=r)
-        self.owner = Gauge("squeal_pool_owner", "(controller) 1 for each shard's assigned worker",
-                           ["shard", "worker"], registry=r)
-        self.moves = Counter("squeal_pool_moves", "(controller) shards moved by plans, by reason", ["reason"],
-                             registry=r)
+        self.owner = Gauge(
+            "squeal_pool_owner", "(controller) 1 for each shard's assigned worker", ["shard", "worker"], registry=r
+        )
+        self.moves = Counter(
+            "squeal_pool_moves", "(controller) shards moved by plans, by reason", ["reason"], registry=r
+        )
         self.starts = Counter("squeal_pool_shard_starts", "Shard pipelines this worker started", registry=r)
-        self.start_seconds = Histogram("squeal_pool_shard_start_seconds", "From taking a shard (its owner znode "
-                                       "created) to its pipeline started: the new owner's part of a move's pause",
-                                       buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30), registry=r)
-        self.stops = Counter("squeal_pool_shard_stops", "Shard pipelines this worker stopped and handed on",
-                             registry=r)
-        self.zk_connected = Gauge("squeal_pool_zookeeper_connected", "1 while the ZooKeeper session is connected",
-                                  registry=r)
-        self.unowned = Gauge("squeal_pool_shard_unowned_seconds", "(controller) How long the shard has run on no "
-                             "worker (0 while it runs on one), from the workers' published shards", ["shard"],
-                             registry=r)
-        self.pauses = Histogram("squeal_pool_unowned_seconds", "(controller) Each stretch a shard ran on no worker, "
-                                "observed when it runs again: a move's or a takeover's pause", buckets=PAUSE_BUCKETS,
-                                registry=r)
+        self.start_seconds = Histogram(
+            "squeal_pool_shard_start_seconds",
+            "From taking a shard (its owner znode "
+            "created) to its pipeline started: the new owner's part of a move's pause",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+            registry=r,
+        )
+        self.stops = Counter("squeal_pool_shard_stops", "Shard pipelines this worker stopped and handed on", registry=r)
+        self.zk_connected = Gauge(
+            "squeal_pool_zookeeper_connected", "1 while the ZooKeeper session is connected", registry=r
+        )
+        self.unowned = Gauge(
+            "squeal_pool_shard_unowned_seconds",
+            "(controller) How long the shard has run on no "
+            "worker (0 while it runs on one), from the workers' published shards",
+            ["shard"],
+            registry=r,
+        )
+        self.pauses = Histogram(
+            "squeal_pool_unowned_seconds",
+            "(controller) Each stretch a shard ran on no worker, "
+            "observed when it runs again: a move's or a takeover's pause",
+            buckets=PAUSE_BUCKETS,
+            registry=r,
+        )
 
 
 class _DaemonMetrics:
@@ -497,8 +547,10 @@ class Controller:
 
     def plan_once(self) -> placement.Plan | None:
         members: dict[str, dict[str, Any]] = {}
-        asked = {name: self.client.get_async(f"{self.base}/workers/{name}")  # (all at once: one round trip)
-                 for name in self._children(f"{self.base}/workers", watch=self._members_changed)}
+        asked = {
+            name: self.client.get_async(f"{self.base}/workers/{name}")  # (all at once: one round trip)
+            for name in self._children(f"{self.base}/workers", watch=self._members_changed)
+        }
         for name, answer in asked.items():
             with contextlib.suppress(NoNodeError):
                 members[name] = _doc(answer.get(timeout=self.worker.call_timeout)[0])
@@ -524,16 +576,29 @@ class Controller:
             with contextlib.suppress(NoNodeError):
                 to = str(_doc(self._get(f"{self.base}/move/{shard}")[0]).get("to"))
                 if shard not in names or to not in members or to in drains:
-                    log.error("controller: move request %s -> %s ignored (unknown shard, or %s is not an eligible "
-                              "worker)", shard, to, to)
+                    log.error(
+                        "controller: move request %s -> %s ignored (unknown shard, or %s is not an eligible worker)",
+                        shard,
+                        to,
+                        to,
+                    )
                     continue
                 if assignment.get(shard) != to:
-                    manual.append(placement.Move(shard, assignment.get(shard), to, "manual", "squealctl move",
-                                                 self.loads.get(shard, 1.0), self.worker.region.name, "requested"))
+                    manual.append(
+                        placement.Move(
+                            shard,
+                            assignment.get(shard),
+                            to,
+                            "manual",
+                            "squealctl move",
+                            self.loads.get(shard, 1.0),
+                            self.worker.region.name,
+                            "requested",
+                        )
+                    )
                     assignment[shard] = to
                     last_moved[shard] = now
-        workers = [placement.Worker(name, draining=name in drains, region=self.worker.region.name)
-                   for name in members]
+        workers = [placement.Worker(name, draining=name in drains, region=self.worker.region.name) for name in members]
         shards = [placement.Shard(s, self.loads.get(s, 1.0)) for s in names]
         p = placement.plan(workers, shards, assignment, last_moved, now, self.imbalanced_since, self.settings)
         self.imbalanced_since = p.imbalanced_since
@@ -548,16 +613,23 @@ class Controller:
         for m in p.moves:
             if m.source is not None:  # a hand-over; a first placement is not a move the cooldown protects
                 last_moved[m.shard] = now
-        new = {"assignment": out, "last_moved": last_moved, "moves": int(doc.get("moves", 0)) + len(p.moves)
-               + len(manual), "by": self.worker.name, "at": now}
+        new = {
+            "assignment": out,
+            "last_moved": last_moved,
+            "moves": int(doc.get("moves", 0)) + len(p.moves) + len(manual),
+            "by": self.worker.name,
+            "at": now,
+        }
         data = json.dumps(new, sort_keys=True).encode()
         try:
             if version is None:
                 self.client.create_async(f"{self.base}/assignment", data, makepath=True).get(
-                    timeout=self.worker.call_timeout)
+                    timeout=self.worker.call_timeout
+                )
             else:
                 self.client.set_async(f"{self.base}/assignment", data, version=version).get(
-                    timeout=self.worker.call_timeout)
+                    timeout=self.worker.call_timeout
+                )
         except (NodeExistsError, KazooException) as e:
             log.warning("controller: the assignment changed meanwhile (%s): planning again", type(e).__name__)
             return None
@@ -569,8 +641,9 @@ class Controller:
                 self.worker.metrics.owner.labels(shard=m.shard, worker=m.source).set(0)
             self.worker.metrics.owner.labels(shard=m.shard, worker=m.target).set(1)
             self.worker.metrics.moves.labels(reason=m.reason).inc()
-            log.warning("controller: shard %s: %s -> %s (%s: %s)", m.shard, m.source or "nobody", m.target, m.reason,
-                        m.detail)
+            log.warning(
+                "controller: shard %s: %s -> %s (%s: %s)", m.shard, m.source or "nobody", m.target, m.reason, m.detail
+            )
         return p
 
 
@@ -578,13 +651,22 @@ class PoolWorker:
     """`squeal run --instance NAME` in a pooled region: a member of the pool, the owner of the shards the
     assignment gives it (one pipeline each, in one `RegionDaemon`), and a candidate for controller."""
 
-    def __init__(self, topology: Topology, instance: str, state_dir: str | Path | None = None,
-                 metrics_port: int | None = None, reactor: Any = None, reply_timeout: float = 2.0,
-                 sample_every: int = 1000, connect_timeout: float = 20.0,
-                 rejoin: Callable[[str], None] = rejoin_as_standby,
-                 settings: placement.Settings | None = None) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        instance: str,
+        state_dir: str | Path | None = None,
+        metrics_port: int | None = None,
+        reactor: Any = None,
+        reply_timeout: float = 2.0,
+        sample_every: int = 1000,
+        connect_timeout: float = 20.0,
+        rejoin: Callable[[str], None] = rejoin_as_standby,
+        settings: placement.Settings | None = None,
+    ) -> None:
         if reactor is None:
             from twisted.internet import reactor as default_reactor
+
             reactor = default_reactor
         self.reactor = reactor
         self.instance = topology.instance(instance)
@@ -640,15 +722,19 @@ class PoolWorker:
         """ZooKeeper answers (a one-line start-up error otherwise)."""
         rejoined = os.environ.get("SQUEAL_HA_REJOINED")
         self.waiting_for = "zookeeper"
-        self.client = KazooClient(hosts=self.zk.hosts, timeout=self.zk.session_timeout_s,
-                                  connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 1.0},
-                                  **client_options(self.topology))
+        self.client = KazooClient(
+            hosts=self.zk.hosts,
+            timeout=self.zk.session_timeout_s,
+            connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 1.0},
+            **client_options(self.topology),
+        )
         try:
             self.client.start(timeout=None if rejoined else self.connect_timeout)
         except Exception as e:
             self.client.stop()
-            raise ConnectionError(f"cannot reach ZooKeeper {self.zk.hosts} within {self.connect_timeout:g}s: "
-                                  f"{e or type(e).__name__}") from e
+            raise ConnectionError(
+                f"cannot reach ZooKeeper {self.zk.hosts} within {self.connect_timeout:g}s: {e or type(e).__name__}"
+            ) from e
         for sub in ("workers", "drain", "move", "shards"):
             self.client.ensure_path(f"{self.base}/{sub}")
         self.waiting_for = None
@@ -660,8 +746,10 @@ class PoolWorker:
         root = resource.Resource()
         root.putChild(b"metrics", MetricsResource(registry=self.registry))
         root.putChild(b"healthz", HealthResource(self.status))
-        root.putChild(b"sampled-deletes", SampledDeletesResource(
-            lambda since: self.daemon.sampler.recent(since) if self.daemon is not None else []))
+        root.putChild(
+            b"sampled-deletes",
+            SampledDeletesResource(lambda since: self.daemon.sampler.recent(since) if self.daemon is not None else []),
+        )
         self.reactor.listenTCP(self.metrics_port, server.Site(root), interface=self.instance.host)
         self._serving = True
 
@@ -669,10 +757,18 @@ class PoolWorker:
         """Call after `prepare`, with the reactor about to run (or running)."""
         assert self.client is not None
         self.state_dir.mkdir(parents=True, exist_ok=True)  # the shards' request files (accept-data-loss)
-        daemon = RegionDaemon(self.topology, self.region.name, self.state_dir, metrics_port=None,
-                              reactor=self.reactor, reply_timeout=self.reply_timeout,
-                              connect_timeout=self.connect_timeout, sample_every=self.sample_every,
-                              stores=self._store_for, gate=self._gate)
+        daemon = RegionDaemon(
+            self.topology,
+            self.region.name,
+            self.state_dir,
+            metrics_port=None,
+            reactor=self.reactor,
+            reply_timeout=self.reply_timeout,
+            connect_timeout=self.connect_timeout,
+            sample_every=self.sample_every,
+            stores=self._store_for,
+            gate=self._gate,
+        )
         self.daemon = daemon
         self.registry.register(_DaemonMetrics(daemon))
         self.serve()
@@ -691,8 +787,11 @@ class PoolWorker:
                 self.client.create(self.member_path, self._member_doc(), ephemeral=True, makepath=True)
                 return sent
             except NodeExistsError:
-                log.warning("worker %s: a previous process of this worker is still a member (its session has not "
-                            "expired yet): waiting", self.name)
+                log.warning(
+                    "worker %s: a previous process of this worker is still a member (its session has not "
+                    "expired yet): waiting",
+                    self.name,
+                )
                 gone = threading.Event()
                 if self.client.exists(self.member_path, watch=lambda _, gone=gone: gone.set()) is not None:
                     gone.wait(self.zk.session_timeout_s)
@@ -705,8 +804,9 @@ class PoolWorker:
             return
         self.lease = SessionLease(self.client, self.member_path, self.zk.session_timeout_s, on_lost=self._lost)
         self.lease.start(sent)
-        self.ownership = Ownership(self.client, self.zk.root, self.region.name, self.name, self.lease,
-                                   self.call_timeout)
+        self.ownership = Ownership(
+            self.client, self.zk.root, self.region.name, self.name, self.lease, self.call_timeout
+        )
         self.controller = Controller(self, self.settings)
         self.controller.start()
         self.meter.start()
@@ -731,8 +831,14 @@ class PoolWorker:
         if store is None:
             ownership = self.ownership
             assert self.client is not None and ownership is not None
-            store = self.stores[shard] = ShardMarkerStore(self.client, self.zk.root, self.region.name, shard,
-                                                          owner=self.name, fence=lambda: ownership.fence(shard))
+            store = self.stores[shard] = ShardMarkerStore(
+                self.client,
+                self.zk.root,
+                self.region.name,
+                shard,
+                owner=self.name,
+                fence=lambda: ownership.fence(shard),
+            )
         return store
 
     def _warm(self, mine: set[str], busy: set[str]) -> None:
@@ -770,7 +876,8 @@ class PoolWorker:
         self._assignment_read_at = time.monotonic()
         try:
             data, _ = self.client.get_async(f"{self.base}/assignment", watch=self._assignment_changed).get(
-                timeout=self.call_timeout)
+                timeout=self.call_timeout
+            )
         except NoNodeError:
             self.client.exists_async(f"{self.base}/assignment", watch=self._assignment_changed)
             return {}
@@ -842,20 +949,31 @@ class PoolWorker:
             self.metrics.owned.labels(shard=shard).set(1)
             self.metrics.starts.inc()
             self.metrics.start_seconds.observe(took)
-            log.warning("worker %s: shard %s delivering %.0f ms after it was taken (waited for a thread %.0f ms, "
-                        "markers read and copy caught up by %.0f ms, then %s and the start)",
-                        self.name, shard, took * 1000, phases.get("queued", 0) * 1000,
-                        phases.get("markers", 0) * 1000,
-                        "the flows (its database checked ahead)" if ahead else "the pipeline's checks, flows")
+            log.warning(
+                "worker %s: shard %s delivering %.0f ms after it was taken (waited for a thread %.0f ms, "
+                "markers read and copy caught up by %.0f ms, then %s and the start)",
+                self.name,
+                shard,
+                took * 1000,
+                phases.get("queued", 0) * 1000,
+                phases.get("markers", 0) * 1000,
+                "the flows (its database checked ahead)" if ahead else "the pipeline's checks, flows",
+            )
             self._started_or_not(shard)
 
         def failed(f: Any) -> None:
-            log.error("worker %s: shard %s could not start: %s; released, retried in %gs", self.name, shard,
-                      f.getErrorMessage(), RETRY_FAILED_S)
+            log.error(
+                "worker %s: shard %s could not start: %s; released, retried in %gs",
+                self.name,
+                shard,
+                f.getErrorMessage(),
+                RETRY_FAILED_S,
+            )
             self.failed_at[shard] = time.monotonic()
             self.stores.pop(shard, None)
-            d = threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), ownership.release, shard,
-                                          "failed")
+            d = threads.deferToThreadPool(
+                self.reactor, self.reactor.getThreadPool(), ownership.release, shard, "failed"
+            )
             d.addBoth(lambda _: self._started_or_not(shard))
 
         self.daemon.add_shard(shard, before=before).addCallbacks(started, failed)
@@ -870,13 +988,21 @@ class PoolWorker:
         its markers, then release it."""
         assert self.daemon is not None and self.ownership is not None
         ownership = self.ownership
-        log.warning("worker %s: shard %s is assigned to %s now: handing it on", self.name, shard,
-                    self.assignment.get(shard, "nobody"))
+        log.warning(
+            "worker %s: shard %s is assigned to %s now: handing it on",
+            self.name,
+            shard,
+            self.assignment.get(shard, "nobody"),
+        )
 
         def release(saved: Any) -> defer.Deferred:
             if saved is not True:
-                log.error("worker %s: shard %s's final markers were not all written; its next owner resends from "
-                          "the older ones", self.name, shard)
+                log.error(
+                    "worker %s: shard %s's final markers were not all written; its next owner resends from "
+                    "the older ones",
+                    self.name,
+                    shard,
+                )
 
             def hand_on() -> None:
                 self._give_back_acceptance(shard)
@@ -908,12 +1034,21 @@ class PoolWorker:
         try:
             store.request_loss_acceptance()
         except (*UNAVAILABLE, KazooException) as e:
-            log.error("worker %s: could not hand shard %s's accepted data loss on (%s): run `squeal accept-data-loss "
-                      "--shard %s` again", self.name, shard, e, shard)
+            log.error(
+                "worker %s: could not hand shard %s's accepted data loss on (%s): run `squeal accept-data-loss "
+                "--shard %s` again",
+                self.name,
+                shard,
+                e,
+                shard,
+            )
             return
         path.unlink(missing_ok=True)
-        log.warning("worker %s: shard %s's accepted data loss was not applied here: handed on to its next owner",
-                    self.name, shard)
+        log.warning(
+            "worker %s: shard %s's accepted data loss was not applied here: handed on to its next owner",
+            self.name,
+            shard,
+        )
 
     def _owned_labels(self) -> set[str]:
         return {s.labels["shard"] for m in self.metrics.owned.collect() for s in m.samples}
@@ -927,8 +1062,7 @@ class PoolWorker:
         now = time.monotonic()
         self.meter.keep(set(daemon.shards))
         for shard, pipeline in list(daemon.shards.items()):
-            rows = sum(s.value for m in pipeline.metrics.rows.collect() for s in m.samples
-                       if s.name.endswith("_total"))
+            rows = sum(s.value for m in pipeline.metrics.rows.collect() for s in m.samples if s.name.endswith("_total"))
             grown = self.meter.grown.get(shard)
             before = self._rows.get(shard)
             self._rows[shard] = (rows, now, grown)
@@ -936,12 +1070,17 @@ class PoolWorker:
                 continue
             elapsed = now - before[1]
             previous = self.loads.get(shard, {})
-            rows_s = placement.smooth(previous.get("rows_s"), max(0.0, (rows - before[0]) / elapsed), elapsed,
-                                      self.half_life_s)
+            rows_s = placement.smooth(
+                previous.get("rows_s"), max(0.0, (rows - before[0]) / elapsed), elapsed, self.half_life_s
+            )
             bytes_s = previous.get("bytes_s", 0.0)
             if grown is not None and before[2] is not None:  # (None: the binlog's size is not known yet)
-                bytes_s = placement.smooth(previous.get("bytes_s") if "rows_s" in previous else None,
-                                           max(0.0, (grown - before[2]) / elapsed), elapsed, self.half_life_s)
+                bytes_s = placement.smooth(
+                    previous.get("bytes_s") if "rows_s" in previous else None,
+                    max(0.0, (grown - before[2]) / elapsed),
+                    elapsed,
+                    self.half_life_s,
+                )
             load = placement.shard_load(rows_s, bytes_s, bytes_per_row=self.bytes_per_row)
             self.loads[shard] = {"rows_s": round(rows_s, 3), "bytes_s": round(bytes_s, 1), "load": round(load, 3)}
             self.metrics.shard_load.labels(shard=shard).set(load)
@@ -952,9 +1091,18 @@ class PoolWorker:
     def _member_doc(self) -> bytes:
         shards = sorted(self.daemon.shards) if self.daemon is not None else []
         loads = {s: v for s, v in self.loads.items() if s in shards}
-        return json.dumps({"name": self.name, "region": self.region.name, "pid": os.getpid(), "shards": shards,
-                           "loads": loads, "load": round(sum(v["load"] for v in loads.values()), 3),
-                           "at": time.time()}, sort_keys=True).encode()
+        return json.dumps(
+            {
+                "name": self.name,
+                "region": self.region.name,
+                "pid": os.getpid(),
+                "shards": shards,
+                "loads": loads,
+                "load": round(sum(v["load"] for v in loads.values()), 3),
+                "at": time.time(),
+            },
+            sort_keys=True,
+        ).encode()
 
     def _publish(self) -> None:
         assert self.client is not None
@@ -966,8 +1114,11 @@ class PoolWorker:
         already); like a deposed HA leader, the process starts over."""
         if self.stopping:
             return
-        log.error("worker %s lost its ZooKeeper session (%s): every shard it owned may have a new owner; "
-                  "starting over", self.name, reason)
+        log.error(
+            "worker %s lost its ZooKeeper session (%s): every shard it owned may have a new owner; starting over",
+            self.name,
+            reason,
+        )
         self.rejoin(reason)
 
     # -- shutdown, status -------------------------------------------------------------------------------------
@@ -1008,8 +1159,9 @@ class PoolWorker:
     def status(self) -> dict[str, Any]:
         daemon = self.daemon
         shards = {name: d.status() for name, d in list(daemon.shards.items())} if daemon is not None else {}
-        problems = {f"{name}: {k}": f"shard {name}: {v}" for name, st in shards.items()
-                    for k, v in st["problems"].items()}
+        problems = {
+            f"{name}: {k}": f"shard {name}: {v}" for name, st in shards.items() for k, v in st["problems"].items()
+        }
         lease = self.lease
         if self.waiting_for == "zookeeper":
             problems["zookeeper"] = f"starting: waiting for ZooKeeper {self.zk.hosts} to answer"
@@ -1034,13 +1186,26 @@ class PoolWorker:
         }
 
 
-def run_worker(topology: Topology, instance: str, state_dir: str | Path | None = None,
-               metrics_port: int | None = None, reply_timeout: float = 2.0, sample_every: int = 1000) -> int:
+def run_worker(
+    topology: Topology,
+    instance: str,
+    state_dir: str | Path | None = None,
+    metrics_port: int | None = None,
+    reply_timeout: float = 2.0,
+    sample_every: int = 1000,
+) -> int:
     """`squeal run --instance NAME` in a pooled region: run until SIGTERM/SIGINT; returns the exit code."""
     from twisted.internet import reactor
 
-    worker = PoolWorker(topology, instance, state_dir, metrics_port, reactor=reactor, reply_timeout=reply_timeout,
-                        sample_every=sample_every)
+    worker = PoolWorker(
+        topology,
+        instance,
+        state_dir,
+        metrics_port,
+        reactor=reactor,
+        reply_timeout=reply_timeout,
+        sample_every=sample_every,
+    )
     return serve_while_preparing(reactor, worker)
 
 
@@ -1077,11 +1242,18 @@ def workers(client: KazooClient, root: str, region: str) -> list[dict[str, Any]]
             doc = _doc(client.get(f"{base}/workers/{name}")[0])
         except NoNodeError:
             continue
-        out.append({"name": name, "region": region, "pid": doc.get("pid"),
-                    "shards": sorted(s for s, w in owners.items() if w == name),
-                    "load": doc.get("load", 0.0), "loads": doc.get("loads", {}),
-                    "assigned": sorted(s for s, w in assignment.items() if w == name),
-                    "draining": name in drains})
+        out.append(
+            {
+                "name": name,
+                "region": region,
+                "pid": doc.get("pid"),
+                "shards": sorted(s for s, w in owners.items() if w == name),
+                "load": doc.get("load", 0.0),
+                "loads": doc.get("loads", {}),
+                "assigned": sorted(s for s, w in assignment.items() if w == name),
+                "draining": name in drains,
+            }
+        )
     return out
 
 

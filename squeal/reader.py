@@ -111,8 +111,13 @@ class Source:
         return verifying_context(self.ssl_ca, self.ssl_cert, self.ssl_key)
 
     def settings(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"host": self.host, "port": self.port, "user": self.user, "passwd": self.password,
-                               "connect_timeout": 5}
+        out: dict[str, Any] = {
+            "host": self.host,
+            "port": self.port,
+            "user": self.user,
+            "passwd": self.password,
+            "connect_timeout": 5,
+        }
         return out | self._tls_settings()
 
     def _tls_settings(self) -> dict[str, Any]:
@@ -122,8 +127,14 @@ class Source:
 
     def connect(self, **kwargs: Any) -> pymysql.connections.Connection:
         kwargs |= self._tls_settings()
-        return pymysql.connect(host=self.host, port=self.port, user=self.user, password=self.password,
-                               autocommit=True, **{"connect_timeout": 5, **kwargs})
+        return pymysql.connect(
+            host=self.host,
+            port=self.port,
+            user=self.user,
+            password=self.password,
+            autocommit=True,
+            **{"connect_timeout": 5, **kwargs},
+        )
 
 
 # OpenSSL's verify codes that mean "no path to a CA we trust": the server's certificate is from another CA.
@@ -254,8 +265,12 @@ def convert(ev: Any) -> Event | None:
     if kind is DeleteRowsEvent:
         return Rows(ev.schema, ev.table, "delete", tuple(r["values"] for r in ev.rows))
     if kind is MariadbGtidEvent:
-        return Begin((ev.domain_id, ev.server_id, ev.gtid_seq_no), float(ev.timestamp),
-                     bool(ev.flags & FL_STANDALONE), bool(ev.flags & FL_PREPARED_XA))
+        return Begin(
+            (ev.domain_id, ev.server_id, ev.gtid_seq_no),
+            float(ev.timestamp),
+            bool(ev.flags & FL_STANDALONE),
+            bool(ev.flags & FL_PREPARED_XA),
+        )
     if kind is MariadbAnnotateRowsEvent:
         return Annotate(ev.sql_statement)
     if kind is XidEvent:
@@ -287,8 +302,14 @@ class _Reconnecting:
     loop owns reconnects, backoff and data loss.
     """
 
-    def __init__(self, source: Source, start: g.Position, tables: set[tuple[str, str]],
-                 name: str = "live", max_backoff: float = 5.0) -> None:
+    def __init__(
+        self,
+        source: Source,
+        start: g.Position,
+        tables: set[tuple[str, str]],
+        name: str = "live",
+        max_backoff: float = 5.0,
+    ) -> None:
         self.source = source
         self.committed: g.Position = dict(start)
         self.tables = tables
@@ -351,8 +372,13 @@ class _Reconnecting:
                 if e.code == BINLOG_GONE:
                     loss = self._data_loss(e.message)
                 else:
-                    log.warning("binlog reader %s: %s; reconnecting from %s in %.1fs", self.name, e.message,
-                                g.format_position(self.committed) or "the start", self._backoff)
+                    log.warning(
+                        "binlog reader %s: %s; reconnecting from %s in %.1fs",
+                        self.name,
+                        e.message,
+                        g.format_position(self.committed) or "the start",
+                        self._backoff,
+                    )
             finally:
                 self.connected.clear()
             if self._stop.is_set():
@@ -374,11 +400,26 @@ class BinlogReader(_Reconnecting):
     library before their rows are decoded (annotate events still arrive, for `/* mcd: */` comments).
     """
 
-    EVENTS = [MariadbGtidEvent, MariadbAnnotateRowsEvent, WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent,
-              XidEvent, QueryEvent, XAPrepareEvent, HeartbeatLogEvent]
+    EVENTS = [
+        MariadbGtidEvent,
+        MariadbAnnotateRowsEvent,
+        WriteRowsEvent,
+        UpdateRowsEvent,
+        DeleteRowsEvent,
+        XidEvent,
+        QueryEvent,
+        XAPrepareEvent,
+        HeartbeatLogEvent,
+    ]
 
-    def __init__(self, source: Source, start: g.Position, tables: set[tuple[str, str]],
-                 name: str = "live", max_backoff: float = 5.0) -> None:
+    def __init__(
+        self,
+        source: Source,
+        start: g.Position,
+        tables: set[tuple[str, str]],
+        name: str = "live",
+        max_backoff: float = 5.0,
+    ) -> None:
         super().__init__(source, start, tables, name, max_backoff)
         self._stream: BinLogStreamReader | None = None
 
@@ -440,6 +481,7 @@ class BinlogReader(_Reconnecting):
 
 # -- the native reader (Rust extension squeal_native) -------------------------------------------------
 
+
 class NativeUnavailable(ReaderConfigError):
     """reader = "native" cannot work here: the extension is missing, or a rule needs what it cannot render."""
 
@@ -447,9 +489,31 @@ class NativeUnavailable(ReaderConfigError):
 # Key templates may name columns of these types (information_schema DATA_TYPE) for the native reader: it
 # renders them exactly as python-mysql-replication's values print. Others (FLOAT, TIMESTAMP, ENUM, ...)
 # make the daemon read with python-mysql-replication instead (start-up warning).
-NATIVE_TYPES = frozenset({"tinyint", "smallint", "mediumint", "int", "bigint", "year", "char", "varchar",
-                          "tinytext", "text", "mediumtext", "longtext", "binary", "varbinary", "tinyblob",
-                          "blob", "mediumblob", "longblob", "decimal", "date", "datetime"})
+NATIVE_TYPES = frozenset(
+    {
+        "tinyint",
+        "smallint",
+        "mediumint",
+        "int",
+        "bigint",
+        "year",
+        "char",
+        "varchar",
+        "tinytext",
+        "text",
+        "mediumtext",
+        "longtext",
+        "binary",
+        "varbinary",
+        "tinyblob",
+        "blob",
+        "mediumblob",
+        "longblob",
+        "decimal",
+        "date",
+        "datetime",
+    }
+)
 NATIVE_CHARSETS = frozenset({"utf8mb3", "utf8mb4", "utf8", "ascii", "binary", "latin1"})
 
 
@@ -459,8 +523,9 @@ def native_module() -> Any:
         from squeal import squeal_native  # type: ignore[attr-defined]  # compiled in place by the install
     except ImportError as e:
         raise NativeUnavailable(
-            f"reader = \"native\" needs the squeal_native extension ({e}): run scripts/setup.sh "
-            "(it installs squeal and compiles squeal_native/ with it), or set [squeal] reader = \"python\"") from e
+            f'reader = "native" needs the squeal_native extension ({e}): run scripts/setup.sh '
+            '(it installs squeal and compiles squeal_native/ with it), or set [squeal] reader = "python"'
+        ) from e
     return squeal_native
 
 
@@ -494,8 +559,11 @@ def native_problems(conn: Any, wanted: set[tuple[str, str, str]]) -> list[str]:
     tables = sorted({(s, t) for s, t, _ in wanted})
     where = " OR ".join(["(TABLE_SCHEMA=%s AND TABLE_NAME=%s)"] * len(tables))
     with conn.cursor() as cur:
-        cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME, DATA_TYPE, CHARACTER_SET_NAME "
-                    f"FROM information_schema.COLUMNS WHERE {where}", [v for t in tables for v in t])
+        cur.execute(
+            "SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME, DATA_TYPE, CHARACTER_SET_NAME "
+            f"FROM information_schema.COLUMNS WHERE {where}",
+            [v for t in tables for v in t],
+        )
         rows = cur.fetchall()
     problems = []
     for schema, table, column, data_type, charset in rows:
@@ -522,15 +590,25 @@ class NativeBinlogReader(_Reconnecting):
 
     batch = 1024  # events per GIL acquisition at most
 
-    def __init__(self, source: Source, start: g.Position, tables: set[tuple[str, str]],
-                 templates: dict[tuple[str, str], tuple[Any, ...]], parents: Set[tuple[str, str]] = frozenset(),
-                 name: str = "live", max_backoff: float = 5.0, filters: dict[tuple[str, str], Any] | None = None,
-                 regional_prefixes: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        source: Source,
+        start: g.Position,
+        tables: set[tuple[str, str]],
+        templates: dict[tuple[str, str], tuple[Any, ...]],
+        parents: Set[tuple[str, str]] = frozenset(),
+        name: str = "live",
+        max_backoff: float = 5.0,
+        filters: dict[tuple[str, str], Any] | None = None,
+        regional_prefixes: tuple[str, ...] = (),
+    ) -> None:
         super().__init__(source, start, tables, name, max_backoff)
         self.native = native_module()
         self.rules = [(s, t, [tpl.source for tpl in ts]) for (s, t), ts in sorted(templates.items())]
-        self.filters = [(s, t, list(f.watched), f.where.steps() if f.where is not None else [])
-                        for (s, t), f in sorted((filters or {}).items())]
+        self.filters = [
+            (s, t, list(f.watched), f.where.steps() if f.where is not None else [])
+            for (s, t), f in sorted((filters or {}).items())
+        ]
         self.parents = set(parents)
         self.regional_prefixes = list(regional_prefixes)
         self._rewritten_seen = (0, 0)
@@ -547,8 +625,9 @@ class NativeBinlogReader(_Reconnecting):
         if stream is not None:
             stream.stop()
 
-    def take_counts(self) -> tuple[int, list[tuple[str, str, str, str, int]], list[tuple[str, str, str, int]],
-                                   dict[str, int]]:
+    def take_counts(
+        self,
+    ) -> tuple[int, list[tuple[str, str, str, str, int]], list[tuple[str, str, str, int]], dict[str, int]]:
         """(duplicate keys dropped, [(schema, table, column, template, times)], [(schema, table, reason, rows)],
         {encoding: keys}) since the last call."""
         out = self._duplicates, self._missing, self._filtered, self._rewritten
@@ -561,10 +640,22 @@ class NativeBinlogReader(_Reconnecting):
         native = self.native
         s = self.source
         stream = self._streamobj = native.NativeStream(
-            s.host, s.port, s.user, s.password, self.server_id, g.format_position(self.committed),
-            self.rules, sorted(self.tables), sorted(self.parents), native_charsets(),
-            (Begin, Annotate, Rows, Commit, Query, XaPrepare, LINES), 1.0, filters=self.filters,
-            regional_prefixes=self.regional_prefixes, tls=(s.ssl_ca, s.ssl_cert, s.ssl_key) if s.tls else None)
+            s.host,
+            s.port,
+            s.user,
+            s.password,
+            self.server_id,
+            g.format_position(self.committed),
+            self.rules,
+            sorted(self.tables),
+            sorted(self.parents),
+            native_charsets(),
+            (Begin, Annotate, Rows, Commit, Query, XaPrepare, LINES),
+            1.0,
+            filters=self.filters,
+            regional_prefixes=self.regional_prefixes,
+            tls=(s.ssl_ca, s.ssl_cert, s.ssl_key) if s.tls else None,
+        )
         self._duplicates_seen = 0
         self._rewritten_seen = (0, 0)
         try:

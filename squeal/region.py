@@ -58,8 +58,7 @@ class ShardLabels:
             for family in registry.collect():
                 out = families.get(family.name)
                 if out is None:
-                    out = families[family.name] = Metric(family.name, family.documentation, family.type,
-                                                          family.unit)
+                    out = families[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
                 for s in family.samples:
                     labels = dict(s.labels, shard=shard) if shard is not None else s.labels
                     out.samples.append(Sample(s.name, labels, s.value, s.timestamp, s.exemplar))
@@ -69,13 +68,24 @@ class ShardLabels:
 class RegionDaemon:
     """Every shard's pipeline of one region in one process (`squeal run --region`, and an HA leader's)."""
 
-    def __init__(self, topology: Topology, region: str, state_dir: str | Path | None = None,
-                 metrics_port: int | None = None, from_gtid: str | None = None, reactor: Any = None,
-                 reply_timeout: float = 2.0, connect_timeout: float = 20.0, sample_every: int = 1000,
-                 stores: Callable[[str], DatamarkerStore] | None = None, checkpoint_interval: float = 1.0,
-                 gate: Callable[[str], Callable[[], bool]] | None = None) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        region: str,
+        state_dir: str | Path | None = None,
+        metrics_port: int | None = None,
+        from_gtid: str | None = None,
+        reactor: Any = None,
+        reply_timeout: float = 2.0,
+        connect_timeout: float = 20.0,
+        sample_every: int = 1000,
+        stores: Callable[[str], DatamarkerStore] | None = None,
+        checkpoint_interval: float = 1.0,
+        gate: Callable[[str], Callable[[], bool]] | None = None,
+    ) -> None:
         if reactor is None:
             from twisted.internet import reactor as default_reactor
+
             reactor = default_reactor
         self.reactor = reactor
         self.topology = topology
@@ -86,8 +96,12 @@ class RegionDaemon:
         self.gate = gate  # shard -> whether its flows may hand out a batch now (a pool worker's per-shard fence)
         # what every shard's pipeline is made with (the keyword arguments of `Daemon`)
         self.pipeline_options: dict[str, Any] = {
-            "from_gtid": from_gtid, "reply_timeout": reply_timeout, "connect_timeout": connect_timeout,
-            "sample_every": sample_every, "checkpoint_interval": checkpoint_interval}
+            "from_gtid": from_gtid,
+            "reply_timeout": reply_timeout,
+            "connect_timeout": connect_timeout,
+            "sample_every": sample_every,
+            "checkpoint_interval": checkpoint_interval,
+        }
         # Write-level series (writes, deletes per write) are the destinations', not a shard's.
         self.metrics = WriteMetrics()
         self.sampler = DeleteSampler(every=sample_every)
@@ -106,9 +120,17 @@ class RegionDaemon:
     # -- shards -----------------------------------------------------------------------------------------------
 
     def _pipeline(self, shard: str) -> Daemon:
-        return Daemon(self.topology, self.region.name, self.state_dir, metrics_port=None,
-                      store=self.stores(shard) if self.stores else None, reactor=self.reactor,
-                      shard=shard, hub=self.hub, **self.pipeline_options)
+        return Daemon(
+            self.topology,
+            self.region.name,
+            self.state_dir,
+            metrics_port=None,
+            store=self.stores(shard) if self.stores else None,
+            reactor=self.reactor,
+            shard=shard,
+            hub=self.hub,
+            **self.pipeline_options,
+        )
 
     def prepare(self) -> None:
         """Prepare every shard's pipeline (blocking). A shard whose database does not answer does not hold the
@@ -123,8 +145,9 @@ class RegionDaemon:
                     raise
                 self._detach(daemon)
                 self.waiting[shard.name] = f"shard {shard.name}: not started, its database does not answer: {e}"
-                log.error("%s; the other shards start, this one is retried every %gs", self.waiting[shard.name],
-                          RETRY_S)
+                log.error(
+                    "%s; the other shards start, this one is retried every %gs", self.waiting[shard.name], RETRY_S
+                )
                 continue
             except Exception as e:
                 if not self.topology.sharded:
@@ -134,8 +157,13 @@ class RegionDaemon:
         if not self.shards:
             raise ConnectionError("no shard's database answers: " + "; ".join(self.waiting.values()))
         if self.topology.sharded:
-            log.info("region %s: %d shards (%s), one pipeline each; %d destinations shared by all",
-                     self.region.name, len(self.shards), ", ".join(self.shards), len(self.hub.senders))
+            log.info(
+                "region %s: %d shards (%s), one pipeline each; %d destinations shared by all",
+                self.region.name,
+                len(self.shards),
+                ", ".join(self.shards),
+                len(self.hub.senders),
+            )
 
     @property
     def flows(self) -> dict[str, Flow]:
@@ -196,8 +224,11 @@ class RegionDaemon:
             return
         gone = [s for s in self.shards if s not in {sh.name for sh in fresh.shards}]
         if gone:
-            log.warning("SIGHUP: shard(s) %s left %s; their pipelines run until squeal restarts",
-                        ", ".join(gone), self.topology.source)
+            log.warning(
+                "SIGHUP: shard(s) %s left %s; their pipelines run until squeal restarts",
+                ", ".join(gone),
+                self.topology.source,
+            )
         for shard in fresh.shards:
             if shard.name not in self.shards and shard.name not in self._adding:
                 self._add_shard(fresh, shard.name)
@@ -231,8 +262,7 @@ class RegionDaemon:
             if new:
                 log.error("shard %s could not start (retried at the next SIGHUP): %s", shard, f.getErrorMessage())
             elif not self.stopping:
-                self.waiting[shard] = f"shard {shard}: not started, its database does not answer: " \
-                                      f"{f.getErrorMessage()}"
+                self.waiting[shard] = f"shard {shard}: not started, its database does not answer: {f.getErrorMessage()}"
 
         self.add_shard(shard).addCallbacks(ready, failed)
 
@@ -251,8 +281,11 @@ class RegionDaemon:
             if self._warm.get(shard) is daemon:
                 del self._warm[shard]
             if shard not in self._warm_failed:
-                log.warning("shard %s: checking its database ahead failed (%s); checked again when it starts",
-                            shard, f.getErrorMessage())
+                log.warning(
+                    "shard %s: checking its database ahead failed (%s); checked again when it starts",
+                    shard,
+                    f.getErrorMessage(),
+                )
             self._warm_failed[shard] = time.monotonic()
 
         d = threads.deferToThreadPool(self.reactor, self.reactor.getThreadPool(), daemon.check)
@@ -283,7 +316,7 @@ class RegionDaemon:
         self._adding.add(shard)
         daemon = self._warm.pop(shard, None)
         if daemon is None and before is not None:  # checked on another thread while `before` waits (ZooKeeper,
-            self.warm(shard)                       # the copy): in parallel, not one after the other
+            self.warm(shard)  # the copy): in parallel, not one after the other
             daemon = self._warm.pop(shard, None)
         if daemon is None:
             daemon = self._pipeline(shard)
@@ -331,11 +364,14 @@ class RegionDaemon:
         statuses = {name: d.status() for name, d in self.shards.items()}
         if not self.topology.sharded and len(statuses) == 1:
             return next(iter(statuses.values()))
-        problems = {f"{name}: {k}": f"shard {name}: {v}" for name, st in statuses.items()
-                    for k, v in st["problems"].items()}
+        problems = {
+            f"{name}: {k}": f"shard {name}: {v}" for name, st in statuses.items() for k, v in st["problems"].items()
+        }
         problems |= {f"{name}: not started": why for name, why in self.waiting.items()}
         return {
-            "ok": bool(statuses) and all(st["ok"] for st in statuses.values()) and not self.stopping
+            "ok": bool(statuses)
+            and all(st["ok"] for st in statuses.values())
+            and not self.stopping
             and not self.waiting,
             "problems": problems,
             "region": self.region.name,
@@ -383,15 +419,29 @@ class RegionDaemon:
         return defer.DeferredList(ds).addBoth(done)
 
 
-def run(topology: Topology, region: str, state_dir: str | Path | None = None, metrics_port: int | None = None,
-        from_gtid: str | None = None, reply_timeout: float = 2.0, sample_every: int = 1000) -> int:
+def run(
+    topology: Topology,
+    region: str,
+    state_dir: str | Path | None = None,
+    metrics_port: int | None = None,
+    from_gtid: str | None = None,
+    reply_timeout: float = 2.0,
+    sample_every: int = 1000,
+) -> int:
     """`squeal run --region`: every shard of the region until SIGTERM/SIGINT; returns the exit code."""
     from twisted.internet import reactor
 
-    daemon = RegionDaemon(topology, region, state_dir, metrics_port, from_gtid, reactor=reactor,
-                          reply_timeout=reply_timeout, sample_every=sample_every)
+    daemon = RegionDaemon(
+        topology,
+        region,
+        state_dir,
+        metrics_port,
+        from_gtid,
+        reactor=reactor,
+        reply_timeout=reply_timeout,
+        sample_every=sample_every,
+    )
     daemon.prepare()
     reactor.callWhenRunning(daemon.start)
     reactor.run()
     return daemon.exit_code
-

@@ -45,8 +45,9 @@ class ReplayError(RuntimeError):
 def add_replay_options(p: argparse.ArgumentParser) -> None:
     """--region/--flow/--from, the same for `squeal replay` and `squealctl replay`."""
     p.add_argument("--region", required=True, help="the region whose daemon owns the flow")
-    p.add_argument("--shard", default=None,
-                   help="with [shards]: the shard whose flow to rewind (each shard has its own markers)")
+    p.add_argument(
+        "--shard", default=None, help="with [shards]: the shard whose flow to rewind (each shard has its own markers)"
+    )
     p.add_argument(
         "--flow",
         required=True,
@@ -206,8 +207,10 @@ def replay(
             store.request_replay(name, position)
         except OSError as e:
             raise ReplayError(f"cannot write the datamarker of flow {name} in {state}: {e.strerror}") from e
-        lines.append(f"flow {name}{f' of shard {shard}' if shard else ''}: datamarker {old or '(none)'} -> "
-                     f"{position or '(start of the binlog)'}")
+        lines.append(
+            f"flow {name}{f' of shard {shard}' if shard else ''}: datamarker {old or '(none)'} -> "
+            f"{position or '(start of the binlog)'}"
+        )
 
     if daemon is not None:
         pid, fd = daemon
@@ -253,8 +256,9 @@ def check_shard(topo: router_config.Topology, shard: str | None) -> str | None:
 
 
 @contextlib.contextmanager
-def zookeeper_store(topo: router_config.Topology, region: str, timeout: float = ZK_CONNECT_TIMEOUT,
-                    shard: str | None = None):
+def zookeeper_store(
+    topo: router_config.Topology, region: str, timeout: float = ZK_CONNECT_TIMEOUT, shard: str | None = None
+):
     """An unfenced `ZooKeeperDatamarkerStore` of an HA region (for operator requests); ReplayError (exit 1)
     naming the servers and the topology key when ZooKeeper does not answer within `timeout`."""
     from kazoo.client import KazooClient
@@ -265,8 +269,13 @@ def zookeeper_store(topo: router_config.Topology, region: str, timeout: float = 
     if zk is None:  # the loader refuses instances without [zookeeper]
         raise ReplayError(f"{topo.source}: region {region} has squeal instances but no [zookeeper] section", code=2)
     # The quiet logger: kazoo's per-attempt warnings would bury the one line that matters.
-    client = KazooClient(hosts=zk.hosts, timeout=zk.session_timeout_s, connection_retry={"max_tries": 0},
-                         logger=_QUIET_KAZOO, **client_options(topo))
+    client = KazooClient(
+        hosts=zk.hosts,
+        timeout=zk.session_timeout_s,
+        connection_retry={"max_tries": 0},
+        logger=_QUIET_KAZOO,
+        **client_options(topo),
+    )
     try:
         client.start(timeout=timeout)
     except Exception as e:
@@ -310,8 +319,9 @@ def zookeeper_leader(store: object) -> str | None:
         return "?"
 
 
-def replay_zookeeper(topo: router_config.Topology, region: str, flows: list[str], position: str,
-                     shard: str | None = None) -> list[str]:
+def replay_zookeeper(
+    topo: router_config.Topology, region: str, flows: list[str], position: str, shard: str | None = None
+) -> list[str]:
     """Leave a replay request per flow in ZooKeeper (`replay/<flow>`); the leader applies it at its next
     checkpoint (rewinds the flow, re-reads it through a catch-up reader, moves the marker by compare-and-set).
     The marker itself is left to the leader: a write from here would fail its next compare-and-set."""
@@ -320,12 +330,16 @@ def replay_zookeeper(topo: router_config.Topology, region: str, flows: list[str]
         markers = store.positions()
         for name in flows:
             store.request_replay(name, position)
-            lines.append(f"flow {name}: replay from {position or '(start of the binlog)'} requested in "
-                         f"{store.dir}/replay/{name} (datamarker now {markers.get(name) or '(none)'})")
+            lines.append(
+                f"flow {name}: replay from {position or '(start of the binlog)'} requested in "
+                f"{store.dir}/replay/{name} (datamarker now {markers.get(name) or '(none)'})"
+            )
         leader = zookeeper_leader(store)
     if leader:
-        lines.append(f"the leader of region {region}, instance {leader}, applies it at its next checkpoint (within "
-                     "a second); its /healthz shows the flow catching up")
+        lines.append(
+            f"the leader of region {region}, instance {leader}, applies it at its next checkpoint (within "
+            "a second); its /healthz shows the flow catching up"
+        )
     else:
         lines.append(f"no squeal instance leads region {region} now: the next leader applies it when it takes over")
     return lines

@@ -50,6 +50,7 @@ class RuleError(ValueError):
 
 # -- wire form of a key -----------------------------------------------------------------------------
 
+
 def encode_key(key: bytes) -> tuple[bytes, str]:
     """The memcached token for `key` and how it was produced: "plain", "base64" or "hashed"."""
     if len(key) > MAX_PLAIN_KEY:
@@ -89,6 +90,7 @@ def delete_lines(keys: Iterable[str], rewritten: dict[str, int] | None = None) -
 
 
 # -- rendering --------------------------------------------------------------------------------------
+
 
 def _text(value: Any) -> str:
     if type(value) is str:
@@ -182,7 +184,7 @@ class RowFilter:
         self.missing: set[str] = set()
 
     def reason_to_skip(self, kind: str, images: tuple[dict, ...]) -> str | None:
-        """"when_changed" or "where" if the row sends nothing, else None (`images`: the row's 1 or 2)."""
+        """ "when_changed" or "where" if the row sends nothing, else None (`images`: the row's 1 or 2)."""
         if self.watched and kind == "update" and len(images) == 2:
             before, after = images
             for c in self.watched:
@@ -337,7 +339,7 @@ class KeyExtractor:
         images = rows.images
         out: list[dict] = []
         for i in range(0, len(images), step):
-            row = images[i:i + step]
+            row = images[i : i + step]
             reason = row_filter.reason_to_skip(rows.kind, row)
             if reason is None:
                 out.extend(row)
@@ -365,22 +367,48 @@ class KeyExtractor:
         self.missing_columns[k] = count + times
         if count == 0:
             if template == "when_changed/where":
-                log.error("rule for %s.%s: its filter names column %r, which the row no longer has; the filter "
-                          "lets every row through until the rule is fixed", schema, table, column)
+                log.error(
+                    "rule for %s.%s: its filter names column %r, which the row no longer has; the filter "
+                    "lets every row through until the rule is fixed",
+                    schema,
+                    table,
+                    column,
+                )
             else:
-                log.error("rule for %s.%s: key template %r names column %r, which the row no longer has; "
-                          "that key is not rendered until the rule is fixed", schema, table, template, column)
+                log.error(
+                    "rule for %s.%s: key template %r names column %r, which the row no longer has; "
+                    "that key is not rendered until the rule is fixed",
+                    schema,
+                    table,
+                    template,
+                    column,
+                )
 
 
 # -- start-up check against the live schema ---------------------------------------------------------
 
 # information_schema DATA_TYPEs a `where` may compare with a number (any other with a 'string').
-NUMERIC_TYPES = frozenset({"tinyint", "smallint", "mediumint", "int", "integer", "bigint", "year", "decimal",
-                           "numeric", "float", "double", "real"})
+NUMERIC_TYPES = frozenset(
+    {
+        "tinyint",
+        "smallint",
+        "mediumint",
+        "int",
+        "integer",
+        "bigint",
+        "year",
+        "decimal",
+        "numeric",
+        "float",
+        "double",
+        "real",
+    }
+)
 
 
-def check_rules(rules: Iterable[Rule], columns_of: dict[tuple[str, str], Any],
-                indices: Sequence[int] | None = None) -> list[str]:
+def check_rules(
+    rules: Iterable[Rule], columns_of: dict[tuple[str, str], Any], indices: Sequence[int] | None = None
+) -> list[str]:
     """Raise RuleError if a template or filter names a column its table lacks, or a `where` compares a
     column with the wrong kind of literal; return warnings (missing tables).
 
@@ -395,8 +423,10 @@ def check_rules(rules: Iterable[Rule], columns_of: dict[tuple[str, str], Any],
         schema, table = rule.table.split(".", 1)
         cols = columns_of.get((schema, table))
         if cols is None:
-            warnings.append(f"rules[{i}] (table {rule.table}): the table does not exist (yet); "
-                            "its templates are checked when rows arrive")
+            warnings.append(
+                f"rules[{i}] (table {rule.table}): the table does not exist (yet); "
+                "its templates are checked when rows arrive"
+            )
             continue
         have = set(cols)
         listing = ", ".join(cols)
@@ -409,14 +439,18 @@ def check_rules(rules: Iterable[Rule], columns_of: dict[tuple[str, str], Any],
                     )
         for column in rule.when_changed:
             if column not in have:
-                raise RuleError(f"rules[{i}].when_changed (table {rule.table}): {rule.table} has no column "
-                                f"{column!r} (columns: {listing})")
+                raise RuleError(
+                    f"rules[{i}].when_changed (table {rule.table}): {rule.table} has no column "
+                    f"{column!r} (columns: {listing})"
+                )
         if rule.where is None:
             continue
         for column in rule.where.columns:
             if column not in have:
-                raise RuleError(f"rules[{i}].where (table {rule.table}): {rule.where.source!r} names column "
-                                f"{column!r}, which {rule.table} does not have (columns: {listing})")
+                raise RuleError(
+                    f"rules[{i}].where (table {rule.table}): {rule.where.source!r} names column "
+                    f"{column!r}, which {rule.table} does not have (columns: {listing})"
+                )
         if isinstance(cols, dict):
             for c in rule.where.comparisons():
                 numeric = str(cols[c.column]).lower() in NUMERIC_TYPES
@@ -425,7 +459,8 @@ def check_rules(rules: Iterable[Rule], columns_of: dict[tuple[str, str], Any],
                     raise RuleError(
                         f"rules[{i}].where (table {rule.table}): {c.column} is {cols[c.column]}: compare it with "
                         f"{want}, not {c.literal.value!r} (squeal compares numbers as numbers and strings byte "
-                        "for byte)")
+                        "for byte)"
+                    )
     return warnings
 
 
@@ -439,8 +474,11 @@ def load_columns(conn: Any, tables: Iterable[tuple[str, str]]) -> dict[tuple[str
     where = " OR ".join(["(TABLE_SCHEMA=%s AND TABLE_NAME=%s)"] * len(tables))
     args = [v for t in tables for v in t]
     with conn.cursor() as cur:
-        cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS "
-                    f"WHERE {where} ORDER BY ORDINAL_POSITION", args)
+        cur.execute(
+            "SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS "
+            f"WHERE {where} ORDER BY ORDINAL_POSITION",
+            args,
+        )
         for schema, table, column, data_type in cur.fetchall():
             out.setdefault((schema, table), {})[column] = str(data_type)
     return out

@@ -99,8 +99,7 @@ class SourceLag:
                 self._last_known = float(sbm)
                 self._stalled_since = None
                 return
-            waiting = not g.covers_position(g.parse_position(self.gtid_slave_pos),
-                                            g.parse_position(self.gtid_io_pos))
+            waiting = not g.covers_position(g.parse_position(self.gtid_slave_pos), g.parse_position(self.gtid_io_pos))
             if self.configured and self.io_running == "Yes" and not waiting:
                 self._last_known = 0.0  # everything received is applied
                 self._stalled_since = None
@@ -172,10 +171,18 @@ class SourcePoller:
     `problem_after` seconds (a message), and again with None once a poll succeeds.
     """
 
-    def __init__(self, source: Source, replica: bool, metrics: Metrics | None = None, interval: float = 1.0,
-                 positions: Callable[[], Iterable[g.Position]] = lambda: (),
-                 on_problem: Callable[[str | None], None] = lambda problem: None,
-                 problem_after: float = 30.0, timeout: float = 5.0, clock: Clock = time.time) -> None:
+    def __init__(
+        self,
+        source: Source,
+        replica: bool,
+        metrics: Metrics | None = None,
+        interval: float = 1.0,
+        positions: Callable[[], Iterable[g.Position]] = lambda: (),
+        on_problem: Callable[[str | None], None] = lambda problem: None,
+        problem_after: float = 30.0,
+        timeout: float = 5.0,
+        clock: Clock = time.time,
+    ) -> None:
         self.source = source
         self.replica = replica
         self.interval = interval
@@ -203,8 +210,12 @@ class SourcePoller:
         return self.state.behind(acked, self.clock() if now is None else now)
 
     def snapshot(self) -> dict[str, Any]:
-        out = {"up": self.up, "role": "replica" if self.replica else "primary", "polled_at": self.polled_at,
-               "error": self.error}
+        out = {
+            "up": self.up,
+            "role": "replica" if self.replica else "primary",
+            "polled_at": self.polled_at,
+            "error": self.error,
+        }
         out.update(self.state.snapshot(self.clock()))
         return out
 
@@ -237,8 +248,7 @@ class SourcePoller:
 
     def _connect(self) -> Any:
         # Source.connect() has no read timeout: a hung server would hang this thread (and its reports) forever.
-        return self.source.connect(connect_timeout=self.timeout, read_timeout=self.timeout,
-                                   write_timeout=self.timeout)
+        return self.source.connect(connect_timeout=self.timeout, read_timeout=self.timeout, write_timeout=self.timeout)
 
     def _close(self) -> None:
         conn, self._conn = self._conn, None
@@ -275,12 +285,19 @@ class SourcePoller:
         self._close()
         now = self.clock()
         if self.error is None:
-            log.warning("source %s:%d: cannot poll (%s); retrying every %.0fs", self.source.host,
-                        self.source.port, e, self.interval)
+            log.warning(
+                "source %s:%d: cannot poll (%s); retrying every %.0fs",
+                self.source.host,
+                self.source.port,
+                e,
+                self.interval,
+            )
         self.up, self.error = False, f"{type(e).__name__}: {e}"
         if self._failing_since is None:
             self._failing_since = self.polled_at if self.polled_at is not None else now
         if not self._problem and now - self._failing_since >= self.problem_after:
             self._problem = True
-            self.on_problem(f"cannot poll the database {self.source.host}:{self.source.port} for "
-                            f"{now - self._failing_since:.0f}s: {self.error}")
+            self.on_problem(
+                f"cannot poll the database {self.source.host}:{self.source.port} for "
+                f"{now - self._failing_since:.0f}s: {self.error}"
+            )

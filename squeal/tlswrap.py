@@ -143,14 +143,16 @@ class TlsClientProtocol(protocol.Protocol):
     def connectionLost(self, reason: Any = None) -> None:  # noqa: N802
         if not self.ready.called:
             why = str(reason.value) if reason is not None else "closed"
-            self.ready.errback(Failure(TlsError(f"TLS to {self.peer} failed: the connection closed during the "
-                                                f"handshake ({why})")))
+            self.ready.errback(
+                Failure(TlsError(f"TLS to {self.peer} failed: the connection closed during the handshake ({why})"))
+            )
         if self.handshaken:
             self.inner.connectionLost(reason)
 
 
-def connect_tls(endpoint: Any, inner: protocol.Protocol, context: ssl.SSLContext, hostname: str,
-                peer: str) -> defer.Deferred:
+def connect_tls(
+    endpoint: Any, inner: protocol.Protocol, context: ssl.SSLContext, hostname: str, peer: str
+) -> defer.Deferred:
     """Connect `endpoint` and run `inner` over TLS; fires with `inner` once the server is verified."""
     outer = TlsClientProtocol(inner, context, hostname, peer)
     d = endpoint.connect(protocol.Factory.forProtocol(lambda: outer))

@@ -44,14 +44,17 @@ FL_PREPARED_XA = 0x40
 
 # Statements are matched after leading comments and whitespace; case-insensitive.
 _LEADING_COMMENTS = re.compile(r"^(?:\s+|/\*.*?\*/|--[^\n]*\n|#[^\n]*\n)*", re.DOTALL)
-_WHOLE_ROLLBACK = re.compile(r"ROLLBACK(?:\s+WORK)?(?:\s+AND\s+(?:NO\s+)?CHAIN)?(?:\s+(?:NO\s+)?RELEASE)?\s*;?\s*$",
-                             re.IGNORECASE)
+_WHOLE_ROLLBACK = re.compile(
+    r"ROLLBACK(?:\s+WORK)?(?:\s+AND\s+(?:NO\s+)?CHAIN)?(?:\s+(?:NO\s+)?RELEASE)?\s*;?\s*$", re.IGNORECASE
+)
 _SAVEPOINT_ROLLBACK = re.compile(r"ROLLBACK(?:\s+WORK)?\s+TO\b", re.IGNORECASE)
-_NOTHING_TO_DO = re.compile(r"(?:BEGIN|START\s+TRANSACTION|SAVEPOINT|RELEASE\s+SAVEPOINT|XA\s+(?:START|BEGIN|END))\b",
-                            re.IGNORECASE)
+_NOTHING_TO_DO = re.compile(
+    r"(?:BEGIN|START\s+TRANSACTION|SAVEPOINT|RELEASE\s+SAVEPOINT|XA\s+(?:START|BEGIN|END))\b", re.IGNORECASE
+)
 # MariaDB logs an XID as X'<gtrid hex>',X'<bqual hex>',<formatID> in XA END / XA COMMIT / XA ROLLBACK.
-_XA_DECISION = re.compile(r"XA\s+(COMMIT|ROLLBACK)\s+X'([0-9A-Fa-f]*)'\s*,\s*X'([0-9A-Fa-f]*)'\s*,\s*(\d+)",
-                          re.IGNORECASE)
+_XA_DECISION = re.compile(
+    r"XA\s+(COMMIT|ROLLBACK)\s+X'([0-9A-Fa-f]*)'\s*,\s*X'([0-9A-Fa-f]*)'\s*,\s*(\d+)", re.IGNORECASE
+)
 
 
 def xid_text(gtrid: bytes, bqual: bytes, format_id: int) -> str:
@@ -61,7 +64,7 @@ def xid_text(gtrid: bytes, bqual: bytes, format_id: int) -> str:
 
 def statement_body(sql: str) -> str:
     """`sql` without leading comments and whitespace (MariaDB may log `/* ... */` before a statement)."""
-    return sql[_LEADING_COMMENTS.match(sql).end():]  # type: ignore[union-attr]
+    return sql[_LEADING_COMMENTS.match(sql).end() :]  # type: ignore[union-attr]
 
 
 @dataclass(frozen=True, slots=True)

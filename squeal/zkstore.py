@@ -93,8 +93,14 @@ def client_options(topo: Topology) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if topo.tls is not None:
         mine = topo.tls.cert("squeal")
-        out |= {"use_ssl": True, "verify_certs": True, "check_hostname": True, "ca": topo.tls.ca,
-                "certfile": mine.cert if mine else None, "keyfile": mine.key if mine else None}
+        out |= {
+            "use_ssl": True,
+            "verify_certs": True,
+            "check_hostname": True,
+            "ca": topo.tls.ca,
+            "certfile": mine.cert if mine else None,
+            "keyfile": mine.key if mine else None,
+        }
     zk = topo.zookeeper
     if zk is not None and zk.digest:
         out |= {"auth_data": [("digest", zk.digest)], "default_acl": squeal_acl(zk.digest)}
@@ -114,9 +120,17 @@ class ZooKeeperDatamarkerStore:
     `on_write(seconds)` is told how long each marker write took (a metric).
     """
 
-    def __init__(self, client: KazooClient, root: str, region: str, owner: str = "",
-                 fence: Callable[[], int | None] | None = None, timeout: float = 5.0,
-                 on_write: Callable[[float], None] | None = None, shard: str | None = None) -> None:
+    def __init__(
+        self,
+        client: KazooClient,
+        root: str,
+        region: str,
+        owner: str = "",
+        fence: Callable[[], int | None] | None = None,
+        timeout: float = 5.0,
+        on_write: Callable[[float], None] | None = None,
+        shard: str | None = None,
+    ) -> None:
         self.client = client
         self.region = region
         self.base = region_path(root, region)  # the region's election (`leader`, `epoch`)
@@ -211,8 +225,10 @@ class ZooKeeperDatamarkerStore:
         g.parse_position(position)
         path = self._marker(flow)
         if flow not in self._versions:
-            raise FencedError(f"{path}: written before it was read (load() first: the compare-and-set needs the "
-                              "version this daemon started from)")
+            raise FencedError(
+                f"{path}: written before it was read (load() first: the compare-and-set needs the "
+                "version this daemon started from)"
+            )
         token = self._fence_token(f"marker {path} not written")
         version = self._versions[flow]
         t = self.client.transaction()
@@ -226,19 +242,21 @@ class ZooKeeperDatamarkerStore:
         results = self._wait(t.commit_async(), f"write {path}")
         if self.on_write is not None:
             self.on_write(time.monotonic() - started)
-        failure = next((r for r in results if isinstance(r, Exception) and not isinstance(r, RolledBackError)),
-                       None)
+        failure = next((r for r in results if isinstance(r, Exception) and not isinstance(r, RolledBackError)), None)
         if failure is None:
             stat = results[-1]
             self._versions[flow] = 0 if version is None else getattr(stat, "version", version + 1)
             return
         raise self._fenced(path, flow, position, token, version, failure)
 
-    def _fenced(self, path: str, flow: str, position: str, token: int | None, version: int | None,
-                failure: Exception) -> FencedError:
+    def _fenced(
+        self, path: str, flow: str, position: str, token: int | None, version: int | None, failure: Exception
+    ) -> FencedError:
         if token is not None and isinstance(failure, BadVersionError | NoNodeError) and not self._epoch_is(token):
-            why = (f"another leader has been elected since this one (epoch version {token}): it owns the "
-                   "region's flows now")
+            why = (
+                f"another leader has been elected since this one (epoch version {token}): it owns the "
+                "region's flows now"
+            )
         elif isinstance(failure, NodeExistsError):
             why = "the marker was created by someone else after this daemon found none"
         else:
@@ -293,8 +311,9 @@ class ZooKeeperDatamarkerStore:
                 t.check(self.epoch_path, token)
             t.delete(path, version=stat.version)
             results = self._wait(t.commit_async(), f"take {path}")
-            failure = next((r for r in results if isinstance(r, Exception) and not isinstance(r, RolledBackError)),
-                           None)
+            failure = next(
+                (r for r in results if isinstance(r, Exception) and not isinstance(r, RolledBackError)), None
+            )
             if isinstance(failure, BadVersionError | NoNodeError | NotEmptyError):
                 if token is not None and not self._epoch_is(token):
                     raise FencedError(f"replay request {path} not taken: another leader has been elected")
@@ -366,9 +385,17 @@ class ShardMarkerStore(ZooKeeperDatamarkerStore):
     Replay and accept-data-loss requests live beside it (`replay/<flow>`, `accept-data-loss`), fenced the same way.
     """
 
-    def __init__(self, client: KazooClient, root: str, region: str, shard: str, owner: str = "",
-                 fence: Callable[[], int | None] | None = None, timeout: float = 5.0,
-                 on_write: Callable[[float], None] | None = None) -> None:
+    def __init__(
+        self,
+        client: KazooClient,
+        root: str,
+        region: str,
+        shard: str,
+        owner: str = "",
+        fence: Callable[[], int | None] | None = None,
+        timeout: float = 5.0,
+        on_write: Callable[[float], None] | None = None,
+    ) -> None:
         super().__init__(client, root, region, owner=owner, fence=fence, timeout=timeout, on_write=on_write)
         self.shard = shard
         self.data = shard_path(root, region, shard)
@@ -436,8 +463,10 @@ class ShardMarkerStore(ZooKeeperDatamarkerStore):
             g.parse_position(position)
         path = self.markers_path
         if not self._read:
-            raise FencedError(f"{path}: written before it was read (load() first: the compare-and-set needs the "
-                              "version this owner started from)")
+            raise FencedError(
+                f"{path}: written before it was read (load() first: the compare-and-set needs the "
+                "version this owner started from)"
+            )
         token = self._fence_token(f"markers {path} not written")
         positions = {**self._positions, **moved}
         doc: dict[str, Any] = {"positions": positions, "saved_at": time.time()}
@@ -458,8 +487,7 @@ class ShardMarkerStore(ZooKeeperDatamarkerStore):
         results = self._wait(t.commit_async(), f"write {path}")
         if self.on_write is not None:
             self.on_write(time.monotonic() - started)
-        failure = next((r for r in results if isinstance(r, Exception) and not isinstance(r, RolledBackError)),
-                       None)
+        failure = next((r for r in results if isinstance(r, Exception) and not isinstance(r, RolledBackError)), None)
         if failure is None:
             stat = results[-1]
             self._version = 0 if version is None else getattr(stat, "version", version + 1)
@@ -467,11 +495,14 @@ class ShardMarkerStore(ZooKeeperDatamarkerStore):
             return
         raise self._fenced(path, ",".join(sorted(moved)), json.dumps(moved), token, version, failure)
 
-    def _fenced(self, path: str, flow: str, position: str, token: int | None, version: int | None,
-                failure: Exception) -> FencedError:
+    def _fenced(
+        self, path: str, flow: str, position: str, token: int | None, version: int | None, failure: Exception
+    ) -> FencedError:
         if token is not None and isinstance(failure, BadVersionError | NoNodeError) and not self._epoch_is(token):
-            why = (f"shard {self.shard} has had another owner since this one took it (epoch version {token}), or "
-                   "this owner released it")
+            why = (
+                f"shard {self.shard} has had another owner since this one took it (epoch version {token}), or "
+                "this owner released it"
+            )
         elif isinstance(failure, NodeExistsError):
             why = "the markers were created by someone else after this owner found none"
         else:
@@ -483,6 +514,7 @@ class ShardMarkerStore(ZooKeeperDatamarkerStore):
             return None
         token = self.fence()
         if token is None:
-            raise FencedError(f"{what}: this worker does not own shard {self.shard} of region {self.region} (or its "
-                              "lease ran out)")
+            raise FencedError(
+                f"{what}: this worker does not own shard {self.shard} of region {self.region} (or its lease ran out)"
+            )
         return token

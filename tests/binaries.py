@@ -27,8 +27,9 @@ def require_binary(present: bool, reason: str) -> None:
     if present:
         return
     if binaries_required():
-        pytest.fail(f"{reason} ({REQUIRE_ENV}={os.environ[REQUIRE_ENV]}: a missing binary fails the run)",
-                    pytrace=False)
+        pytest.fail(
+            f"{reason} ({REQUIRE_ENV}={os.environ[REQUIRE_ENV]}: a missing binary fails the run)", pytrace=False
+        )
     pytest.skip(reason)
 
 

@@ -89,9 +89,7 @@ def shard_primaries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
 
     procs = _Processes(tmp_path_factory.mktemp("shard-primaries"))
     try:
-        yield {
-            s: procs.add(MariaDB(SERVER_IDS[s], workdir=procs.base / s, gtid_domain_id=DOMAINS[s])) for s in SHARDS
-        }
+        yield {s: procs.add(MariaDB(SERVER_IDS[s], workdir=procs.base / s, gtid_domain_id=DOMAINS[s])) for s in SHARDS}
     finally:
         procs.stop_all()
 

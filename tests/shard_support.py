@@ -14,7 +14,11 @@ CODEC = "loadtest.webtier:verify_codec"
 
 
 def sharded_topology_text(
-    dbs: dict[str, MariaDB], database: str, clusters: dict[str, str], *, wildcard: dict[str, str] | None = None,
+    dbs: dict[str, MariaDB],
+    database: str,
+    clusters: dict[str, str],
+    *,
+    wildcard: dict[str, str] | None = None,
     canary: bool = False,
 ) -> str:
     """Shards s0..s2 (one primary each, region east), the demo rules for `database` (with the web tier's codec)

@@ -27,7 +27,7 @@ def test_fixture(frob):
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makeconftest("from tests.binaries import pytest_runtest_setup  # noqa: F401\n")
-    pytester.makeini('[pytest]\nmarkers =\n    needs_binary(present, reason): tests/binaries.py\n')
+    pytester.makeini("[pytest]\nmarkers =\n    needs_binary(present, reason): tests/binaries.py\n")
     return pytester
 
 

@@ -21,7 +21,7 @@ def router_handles() -> set[str]:
     router/src/routes/mod.rs, one entry per handle), read from the source so the list cannot go stale."""
     text = ROUTES.read_text()
     start = text.index("pub const REGISTRY: &[Handle] = &[")
-    block = text[start:text.index("\n];", start)]
+    block = text[start : text.index("\n];", start)]
     names = re.findall(r'^\s*name:\s*"(\w+)"', block, re.MULTILINE)
     assert len(names) == len(set(names)) == block.count("Handle {"), names  # one name per entry, no repeats
     return set(names)

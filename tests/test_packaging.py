@@ -21,9 +21,22 @@ REPO = Path(__file__).resolve().parent.parent
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--disable-pip-version-check",
-         "-q", "-w", str(out), str(REPO)],
-        capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "-q",
+            "-w",
+            str(out),
+            str(REPO),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     (built,) = out.glob("squeal-*.whl")
@@ -41,10 +54,17 @@ def test_the_wheel_carries_the_native_reader_and_the_packages(wheel: Path) -> No
 def test_the_native_reader_from_the_wheel_imports(wheel: Path, tmp_path: Path) -> None:
     zipfile.ZipFile(wheel).extractall(tmp_path)
     probe = subprocess.run(
-        [sys.executable, "-c", "from squeal import squeal_native; print(squeal_native.__file__); "
-                               "print(hasattr(squeal_native, 'NativeStream'))"],
-        cwd=tmp_path, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-c",
+            "from squeal import squeal_native; print(squeal_native.__file__); "
+            "print(hasattr(squeal_native, 'NativeStream'))",
+        ],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert probe.returncode == 0, probe.stderr
     where, has_reader = probe.stdout.split()

@@ -57,7 +57,9 @@ def test_up_status_down_leaves_no_process(tmp_path, topology_file):
             leaders = sorted(r["name"] for r in rows if r.get("state") == "leader")
             assert leaders == ["squeal/east/east-1", "squeal/west/west-1"]  # the preferred instance of each
             assert sorted(r["name"] for r in rows if r.get("state") == "standby") == [
-                "squeal/east/east-2", "squeal/west/west-2"]
+                "squeal/east/east-2",
+                "squeal/west/west-2",
+            ]
         assert all(r["running"] and r["answering"] for r in rows), rows
         assert all(r["healthy"] and r["problems"] == {} for r in rows), rows
         assert all(r["serving"] for r in rows if r["role"] == "zookeeper"), rows

@@ -122,31 +122,52 @@ MISTAKES = [
     ),
     ("[[rules]]", "[[rules]]\ntable = 'app.users'\nkeys = ['u:{id}']\n[[rules]]", "rules[1].table", "duplicate rule"),
     ("[regions.east]", "[regions.east\n", "", "not valid TOML"),
-    ('keys = ["user:{id}"]', 'keys = ["user:{id}"]\nwhen_changed = ["e mail"]', "rules[0].when_changed[0]",
-     "is not a column name"),
+    (
+        'keys = ["user:{id}"]',
+        'keys = ["user:{id}"]\nwhen_changed = ["e mail"]',
+        "rules[0].when_changed[0]",
+        "is not a column name",
+    ),
     ('keys = ["user:{id}"]', 'keys = ["user:{id}"]\nwhen_changed = []', "rules[0].when_changed", "must not be empty"),
-    ('keys = ["user:{id}"]', 'keys = ["user:{id}"]\nwhere = "status = \'a\' AND"', "rules[0].where",
-     "expected a column name, found the end (at character 17"),
-    ('keys = ["user:{id}"]', 'keys = ["user:{id}"]\nwhere = "status == 1"', "rules[0].where",
-     "expected a 'string' or a number, found '='"),
+    (
+        'keys = ["user:{id}"]',
+        'keys = ["user:{id}"]\nwhere = "status = \'a\' AND"',
+        "rules[0].where",
+        "expected a column name, found the end (at character 17",
+    ),
+    (
+        'keys = ["user:{id}"]',
+        'keys = ["user:{id}"]\nwhere = "status == 1"',
+        "rules[0].where",
+        "expected a 'string' or a number, found '='",
+    ),
     ('keys = ["user:{id}"]', 'keys = ["user:{id}"]\nwhere = "status != NULL"', "rules[0].where", "IS NULL"),
     ('keys = ["user:{id}"]', 'keys = ["user:{id}"]\nwhere = "(a = 1"', "rules[0].where", "expected ')'"),
-    ('keys = ["user:{id}"]', 'keys = ["user:{id}"]\nwhere = "a = \'x\' b = 1"', "rules[0].where",
-     "AND/OR missing?"),
+    ('keys = ["user:{id}"]', 'keys = ["user:{id}"]\nwhere = "a = \'x\' b = 1"', "rules[0].where", "AND/OR missing?"),
 ]
 
 
 def test_rule_filters_parse_and_round_trip():
-    text = GOOD.replace('keys = ["user:{id}"]', 'keys = ["user:{id}", "user:{email}"]\nwhen_changed = ["name"]\n'
-                        "where = \"NOT (status = 'draft') and `owner id` not in (1, -2.5) or x is not null\"")
+    text = GOOD.replace(
+        'keys = ["user:{id}"]',
+        'keys = ["user:{id}", "user:{email}"]\nwhen_changed = ["name"]\n'
+        "where = \"NOT (status = 'draft') and `owner id` not in (1, -2.5) or x is not null\"",
+    )
     rule = router_config.loads(text).rules[0]
     assert rule.when_changed == ("name",)
     assert rule.watched == ("name", "email", "id")  # templated columns always count
     assert rule.where is not None and rule.where.columns == ("status", "owner id", "x")
     assert rule.where.steps() == [
-        ("s=", "status", "draft"), ("not", "", ""),
-        ("n=", "owner id", "1"), ("n=", "owner id", "-2.5"), ("or", "", ""), ("not", "", ""), ("and", "", ""),
-        ("null", "x", ""), ("not", "", ""), ("or", "", ""),
+        ("s=", "status", "draft"),
+        ("not", "", ""),
+        ("n=", "owner id", "1"),
+        ("n=", "owner id", "-2.5"),
+        ("or", "", ""),
+        ("not", "", ""),
+        ("and", "", ""),
+        ("null", "x", ""),
+        ("not", "", ""),
+        ("or", "", ""),
     ]
     assert router_config.loads(router_config.dumps(router_config.loads(text))).rules == (rule,)
 

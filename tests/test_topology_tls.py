@@ -51,8 +51,10 @@ def test_no_tls_section_means_plaintext():
 
 def test_explicit_paths_relative_to_the_topology_file(tmp_path, certs):
     (tmp_path / "pki").symlink_to(certs)
-    topo = load(tmp_path, '[tls]\nca = "pki/ca.crt"\nrequire = true\n'
-                          '[tls.squeal]\ncert = "pki/squeal.crt"\nkey = "pki/squeal.key"\n')
+    topo = load(
+        tmp_path,
+        '[tls]\nca = "pki/ca.crt"\nrequire = true\n[tls.squeal]\ncert = "pki/squeal.crt"\nkey = "pki/squeal.key"\n',
+    )
     assert topo.tls.require is True
     assert topo.tls.ca == str(tmp_path / "pki" / "ca.crt")
     assert topo.tls.cert("squeal").key == str(tmp_path / "pki" / "squeal.key")
@@ -67,8 +69,11 @@ def test_directory_convention(tmp_path, certs):
 
 
 def test_round_trip_keeps_tls_and_digest(tmp_path, certs):
-    topo = load(tmp_path, f'[tls]\ndir = "{certs}"\nrequire = true\n'
-                          '[zookeeper]\nservers = ["127.0.0.1:2181"]\ndigest = "squeal:secret"\n')
+    topo = load(
+        tmp_path,
+        f'[tls]\ndir = "{certs}"\nrequire = true\n'
+        '[zookeeper]\nservers = ["127.0.0.1:2181"]\ndigest = "squeal:secret"\n',
+    )
     again = router_config.loads(router_config.dumps(topo))
     assert again.tls == topo.tls
     assert again.zookeeper.digest == "squeal:secret"
@@ -77,13 +82,22 @@ def test_round_trip_keeps_tls_and_digest(tmp_path, certs):
 @pytest.mark.parametrize(
     ("text", "key", "words"),
     [
-        ('[tls]\nrequire = true\n[tls.squeal]\ncert = "{d}/squeal.crt"\nkey = "{d}/squeal.key"\n', "tls.require",
-         "needs tls.ca"),
+        (
+            '[tls]\nrequire = true\n[tls.squeal]\ncert = "{d}/squeal.crt"\nkey = "{d}/squeal.key"\n',
+            "tls.require",
+            "needs tls.ca",
+        ),
         ('[tls]\nca = "nowhere/ca.crt"\n', "tls.ca", "no such file"),
-        ('[tls]\nca = "{d}/ca.crt"\n[tls.squeal]\ncert = "{d}/squeal.crt"\n', "tls.squeal",
-         "missing required key 'key'"),
-        ('[tls]\nca = "{d}/ca.crt"\n[tls.squeal]\ncert = "{d}/squeal.crt"\nkey = "{d}/nope.key"\n', "tls.squeal.key",
-         "no such file"),
+        (
+            '[tls]\nca = "{d}/ca.crt"\n[tls.squeal]\ncert = "{d}/squeal.crt"\n',
+            "tls.squeal",
+            "missing required key 'key'",
+        ),
+        (
+            '[tls]\nca = "{d}/ca.crt"\n[tls.squeal]\ncert = "{d}/squeal.crt"\nkey = "{d}/nope.key"\n',
+            "tls.squeal.key",
+            "no such file",
+        ),
         ('[tls]\nca = "{d}/ca.crt"\n[tls.sqeal]\ncert = "a"\nkey = "b"\n', "tls.sqeal", "unknown key"),
         ('[tls]\nca = "{d}/ca.crt"\nrequire = "yes"\n', "tls.require", "true or false"),
         ('[tls]\ndir = "{d}/missing"\n', "tls.dir", "no such directory"),

@@ -115,18 +115,35 @@ def run(short: bool = False, workdir: Path | None = None) -> Report:
                 "median_deletes_per_packet": histogram_median(hist, DESTINATION),
                 "router_cpu_us_per_delete": (cpu1 - cpu0) / deletes * 1e6 if deletes else float("nan"),
                 "memcached_cpu_us_per_delete": (mc1 - mc0) / deletes * 1e6 if deletes else float("nan"),
-                "histogram": {k.split('le="', 1)[1].split('"', 1)[0]: v for k, v in hist.items()
-                              if f'flow="{DESTINATION}"' in k},
+                "histogram": {
+                    k.split('le="', 1)[1].split('"', 1)[0]: v for k, v in hist.items() if f'flow="{DESTINATION}"' in k
+                },
             }
     b, u = phases["batched"], phases["unbatched"]
     ratio = b["deletes_per_packet"] / u["deletes_per_packet"] if u["deletes_per_packet"] else float("nan")
     cpu_ratio = u["router_cpu_us_per_delete"] / b["router_cpu_us_per_delete"] if b["deletes"] else float("nan")
     table = [
-        ["squeal", "writes (tx)", "deletes", "packets", "deletes/packet", "median", "router µs/delete",
-         "memcached µs/delete"],
+        [
+            "squeal",
+            "writes (tx)",
+            "deletes",
+            "packets",
+            "deletes/packet",
+            "median",
+            "router µs/delete",
+            "memcached µs/delete",
+        ],
         *[
-            [name, p["transactions"], p["deletes"], p["packets"], p["deletes_per_packet"],
-             p["median_deletes_per_packet"], p["router_cpu_us_per_delete"], p["memcached_cpu_us_per_delete"]]
+            [
+                name,
+                p["transactions"],
+                p["deletes"],
+                p["packets"],
+                p["deletes_per_packet"],
+                p["median_deletes_per_packet"],
+                p["router_cpu_us_per_delete"],
+                p["memcached_cpu_us_per_delete"],
+            ]
             for name, p in (("batched (256)", b), ("unbatched (1)", u))
         ],
         ["batched/unbatched", "", "", "", ratio, "", f"{cpu_ratio:.1f}x less", ""],
@@ -136,8 +153,11 @@ def run(short: bool = False, workdir: Path | None = None) -> Report:
     ax.bar(["batched", "unbatched"], [b["deletes_per_packet"], u["deletes_per_packet"]], color=["tab:green", "tab:red"])
     ax.set_ylabel("deletes per packet (mean)")
     ax2 = axes[0][1]
-    ax2.bar(["batched", "unbatched"], [b["router_cpu_us_per_delete"], u["router_cpu_us_per_delete"]],
-            color=["tab:green", "tab:red"])
+    ax2.bar(
+        ["batched", "unbatched"],
+        [b["router_cpu_us_per_delete"], u["router_cpu_us_per_delete"]],
+        color=["tab:green", "tab:red"],
+    )
     ax2.set_ylabel("router CPU µs per delete")
     fig.tight_layout()
     return Report(
@@ -145,8 +165,14 @@ def run(short: bool = False, workdir: Path | None = None) -> Report:
         paper=PAPER,
         short=short,
         table=table,
-        results={"users": users, "seconds": seconds, "batched": b, "unbatched": u, "ratio": ratio,
-                 "router_cpu_ratio": cpu_ratio},
+        results={
+            "users": users,
+            "seconds": seconds,
+            "batched": b,
+            "unbatched": u,
+            "ratio": ratio,
+            "router_cpu_ratio": cpu_ratio,
+        },
         figure=fig,
     )
 

@@ -207,8 +207,13 @@ class LocustRun:
         env = {**os.environ, **self.spec.to_env(), "PYTHONPATH": str(REPO_ROOT)}
         with open(self.log_path, "ab") as logf:
             self.proc = subprocess.Popen(
-                self.command(), cwd=REPO_ROOT, env=env, stdout=logf, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                self.command(),
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         self.started = time.time()
         return self

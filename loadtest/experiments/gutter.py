@@ -61,7 +61,9 @@ def run(short: bool = False, workdir: Path | None = None) -> Report:
             # The no-gutter arm: the same pools behind a second router whose config has no gutter route.
             plain_router_addr = Address("127.0.0.1", free_port())
             plain = replace_cluster(
-                stack.topo, cluster.name, routers=(plain_router_addr,),
+                stack.topo,
+                cluster.name,
+                routers=(plain_router_addr,),
                 pools=tuple(p for p in cluster.pools if p.kind != "gutter"),
             )
             plain_path = work / "topology-no-gutter.toml"
@@ -143,19 +145,35 @@ def _report(phases: dict[str, dict[str, Any]], short: bool, users: int) -> Repor
     no, yes = phases["without gutter"], phases["with gutter"]
     cut = 1 - yes["failures"] / no["failures"] if no["failures"] else float("nan")
     table = [
-        ["arm", "requests", "client errors", "error rate after kill", "DB q/s before", "DB q/s after",
-         "gutter hit rate (2nd half)"],
+        [
+            "arm",
+            "requests",
+            "client errors",
+            "error rate after kill",
+            "DB q/s before",
+            "DB q/s after",
+            "gutter hit rate (2nd half)",
+        ],
         *[
-            [arm, p["requests"], p["failures"], p["error_rate_after_kill"], p["db_queries_per_s_before"],
-             p["db_queries_per_s_after"], "-" if p["gutter_hit_rate_late"] is None else p["gutter_hit_rate_late"]]
+            [
+                arm,
+                p["requests"],
+                p["failures"],
+                p["error_rate_after_kill"],
+                p["db_queries_per_s_before"],
+                p["db_queries_per_s_after"],
+                "-" if p["gutter_hit_rate_late"] is None else p["gutter_hit_rate_late"],
+            ]
             for arm, p in phases.items()
         ],
         ["gutter effect", "", f"{cut:.1%} fewer", "", "", "", ""],
     ]
     fig, axes = figure(1, 3, title=f"gutter: one of 3 wildcard memcached killed, {users} web servers")
     for arm, p, color in (("without gutter", no, "tab:red"), ("with gutter", yes, "tab:green")):
-        err = [(t, e / r if r else 0.0) for (t, e), (_, r) in zip(p["series"]["errors"], p["series"]["requests"],
-                                                                   strict=False)]
+        err = [
+            (t, e / r if r else 0.0)
+            for (t, e), (_, r) in zip(p["series"]["errors"], p["series"]["requests"], strict=False)
+        ]
         plot_series(axes[0][0], err, arm, color=color)
         plot_series(axes[0][1], p["series"]["db"], arm, color=color)
         axes[0][0].axvline(p["killed_at"], color=color, linestyle=":", linewidth=1)

@@ -44,8 +44,14 @@ def run(short: bool = False, workdir: Path | None = None) -> Report:
         for leases in (False, True):
             memcached_command_all(cluster.wildcard.servers, b"flush_all\r\n")
             spec = stack.spec(
-                [cluster.name], family="feed", ids=authors, zipf_s=0.0, writer_rate=churn, writer_ids=authors,
-                leases=leases, seed=11,
+                [cluster.name],
+                family="feed",
+                ids=authors,
+                zipf_s=0.0,
+                writer_rate=churn,
+                writer_ids=authors,
+                leases=leases,
+                seed=11,
             )
             with Sampler({"selects": lambda: db_selects(db)}, interval=0.5) as sampler:
                 timeline = run_locust(spec, users, seconds, work)
@@ -76,8 +82,15 @@ def run(short: bool = False, workdir: Path | None = None) -> Report:
     table = [
         ["leases", "peak DB q/s", "DB queries", "loads/write", "requests", "hit rate", "waits"],
         *[
-            [name, r["peak_db_queries_per_s"], r["db_queries"], r["loads_per_write"], r["hits"] + r["misses"],
-             r["hits"] / max(1, r["hits"] + r["misses"]), r["waits"]]
+            [
+                name,
+                r["peak_db_queries_per_s"],
+                r["db_queries"],
+                r["loads_per_write"],
+                r["hits"] + r["misses"],
+                r["hits"] / max(1, r["hits"] + r["misses"]),
+                r["waits"],
+            ]
             for name, r in (("off", off), ("on", on))
         ],
         ["off/on", ratio_peak, ratio_total, ratio_per_write, "", "", ""],
@@ -97,10 +110,15 @@ def run(short: bool = False, workdir: Path | None = None) -> Report:
         short=short,
         table=table,
         results={
-            "users": users, "seconds": seconds, "writes_per_s": churn, "hot_keys": HOT_AUTHORS,
+            "users": users,
+            "seconds": seconds,
+            "writes_per_s": churn,
+            "hot_keys": HOT_AUTHORS,
             "off": {k: v for k, v in off.items() if k != "series"},
             "on": {k: v for k, v in on.items() if k != "series"},
-            "peak_ratio": ratio_peak, "total_ratio": ratio_total, "per_write_ratio": ratio_per_write,
+            "peak_ratio": ratio_peak,
+            "total_ratio": ratio_total,
+            "per_write_ratio": ratio_per_write,
         },
         series={"off": off["series"], "on": on["series"]},
         figure=fig,

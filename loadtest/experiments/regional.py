@@ -64,17 +64,14 @@ def run(short: bool = False, workdir: Path | None = None) -> Report:
                 "hit_rate": counts.get("hits", 0) / gets if gets else float("nan"),
                 "db_queries": counts.get("loads", 0),
                 "db_queries_per_request": counts.get("loads", 0) / max(1, counts.get("requests", 0)),
-                "per_cluster_hit_rate": {
-                    c: _rate(final_counts(timeline, c)) for c in clusters
-                },
+                "per_cluster_hit_rate": {c: _rate(final_counts(timeline, c)) for c in clusters},
             }
     rep, reg = arms["replicated per cluster"], arms["regional pool"]
     mem_ratio = rep["bytes"] / max(1.0, reg["bytes"])
     table = [
         ["arm", "servers", "MB cached", "items", "hit rate", "DB q/request", "requests"],
         *[
-            [arm, p["servers"], p["bytes"] / 1e6, p["items"], p["hit_rate"], p["db_queries_per_request"],
-             p["requests"]]
+            [arm, p["servers"], p["bytes"] / 1e6, p["items"], p["hit_rate"], p["db_queries_per_request"], p["requests"]]
             for arm, p in arms.items()
         ],
         ["replicated/regional", "", f"{mem_ratio:.2f}x memory", "", "", "", ""],
@@ -92,8 +89,15 @@ def run(short: bool = False, workdir: Path | None = None) -> Report:
         paper=PAPER,
         short=short,
         table=table,
-        results={"users": users, "seconds": seconds, "posts": posts, "clusters": CLUSTERS,
-                 "replicated": rep, "regional": reg, "memory_ratio": mem_ratio},
+        results={
+            "users": users,
+            "seconds": seconds,
+            "posts": posts,
+            "clusters": CLUSTERS,
+            "replicated": rep,
+            "regional": reg,
+            "memory_ratio": mem_ratio,
+        },
         figure=fig,
     )
 

@@ -30,9 +30,11 @@ class Report:
     figure: Figure | None = None
 
     def text(self) -> str:
-        return f"{self.name}: {'short' if self.short else 'long'} form — paper: {self.paper}\n" + format_table(
-            self.table
-        ) + "".join(f"\n  note: {n}" for n in self.notes)
+        return (
+            f"{self.name}: {'short' if self.short else 'long'} form — paper: {self.paper}\n"
+            + format_table(self.table)
+            + "".join(f"\n  note: {n}" for n in self.notes)
+        )
 
     def write(self, out_dir: str | Path) -> tuple[Path, Path]:
         out = Path(out_dir)

@@ -143,8 +143,12 @@ def _summarise(timeline: list[dict], sampler: Sampler) -> dict[str, Any]:
         "cold_requests": last.get(COLD, {}).get("requests", 0),
         "cold_client_errors": last.get(COLD, {}).get("failures", 0),
         "db_selects_per_s": sum(v for _, v in sampler.rates("selects", t0)) / max(1, len(sampler.rates("selects", t0))),
-        "series": {"cold_hit_rate": cold_rate, "warm_hit_rate": warm_rate, "cold_db_queries": cold_loads,
-                   "cold_requests": cold_requests},
+        "series": {
+            "cold_hit_rate": cold_rate,
+            "warm_hit_rate": warm_rate,
+            "cold_db_queries": cold_loads,
+            "cold_requests": cold_requests,
+        },
     }
 
 
@@ -170,7 +174,10 @@ def _race(stack: Stack, post_id: int, *, erase_holdoff: bool) -> dict[str, Any]:
             )
             wait_until(
                 lambda: flow_value(scrape(int(squeal_port)), "squeal_deletes_sent_total", COLD) > before,
-                10, f"squeal's delete of {key} to {COLD}", interval=0.1, error=RuntimeError,
+                10,
+                f"squeal's delete of {key} to {COLD}",
+                interval=0.1,
+                error=RuntimeError,
             )
             if erase_holdoff:
                 memcached_command_all(cold.wildcard.servers, f"md {key}\r\n".encode())
@@ -214,11 +221,25 @@ def _report(arms: dict[str, dict[str, Any]], race: dict[str, dict[str, Any]], sh
         return "not reached" if v is None else f"{v:.1f}s"
 
     table = [
-        ["arm", "time to 90% of warm", "cold DB q/request (warm-up)", "cold DB q/request (all)",
-         "cold own hit rate (end)", "warm hit rate", "cold requests"],
+        [
+            "arm",
+            "time to 90% of warm",
+            "cold DB q/request (warm-up)",
+            "cold DB q/request (all)",
+            "cold own hit rate (end)",
+            "warm hit rate",
+            "cold requests",
+        ],
         *[
-            [arm, secs(p["seconds_to_90pct"]), p["cold_db_queries_per_request_in_window"],
-             p["cold_db_queries_per_request"], p["cold_own_hit_rate_end"], p["warm_hit_rate"], p["cold_requests"]]
+            [
+                arm,
+                secs(p["seconds_to_90pct"]),
+                p["cold_db_queries_per_request_in_window"],
+                p["cold_db_queries_per_request"],
+                p["cold_own_hit_rate_end"],
+                p["warm_hit_rate"],
+                p["cold_requests"],
+            ]
             for arm, p in arms.items()
         ],
         ["route effect", "", f"{cut:.1f}x fewer", "", "", "", ""],
@@ -249,8 +270,10 @@ def _report(arms: dict[str, dict[str, Any]], race: dict[str, dict[str, Any]], sh
         results={
             "users": users,
             "db_query_cut": cut,
-            **{arm.replace(" ", "_").replace("-", "_"): {k: v for k, v in p.items() if k != "series"}
-               for arm, p in arms.items()},
+            **{
+                arm.replace(" ", "_").replace("-", "_"): {k: v for k, v in p.items() if k != "series"}
+                for arm, p in arms.items()
+            },
             "race": race,
         },
         series={arm: p["series"] for arm, p in arms.items()},
@@ -268,8 +291,10 @@ def check(report: Report) -> list[str]:
     if no["cold_db_queries"] < 50:
         problems.append(f"the cold cluster made too few database queries to judge ({no['cold_db_queries']})")
     elif not r["db_query_cut"] >= 2:
-        problems.append(f"the warm-up route cut the cold cluster's database queries per request during warm-up "
-                        f"only {r['db_query_cut']:.1f}x (want >= 2x)")
+        problems.append(
+            f"the warm-up route cut the cold cluster's database queries per request during warm-up "
+            f"only {r['db_query_cut']:.1f}x (want >= 2x)"
+        )
     if not yes["cold_own_hit_rate_end"] > 0.3:
         problems.append(f"the cold cluster did not fill through the route (hit rate {yes['cold_own_hit_rate_end']})")
     race = r["race"]

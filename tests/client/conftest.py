@@ -42,9 +42,7 @@ def master_sql(mariadb_pair: tuple[MariaDB, MariaDB], client_db: str):
     sql.close()
 
 
-@pytest.fixture(
-    params=["direct", pytest.param("router", marks=needs_binary(ROUTER_AVAILABLE, ROUTER_SKIP))]
-)
+@pytest.fixture(params=["direct", pytest.param("router", marks=needs_binary(ROUTER_AVAILABLE, ROUTER_SKIP))])
 def cache_servers(request, memcached_factory, router_factory) -> list[str]:
     """Where a LeaseCache connects: memcached itself, or squeal-router in front of it."""
     mc: Memcached = memcached_factory()

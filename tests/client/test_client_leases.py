@@ -131,8 +131,10 @@ def test_thundering_herd(make_cache, master_sql, capsys):
     without_leases, results = _herd(plain, f"user:{uid}:plain", master_sql, uid)
     assert len(results) == 200
     with capsys.disabled():
-        print(f"\nthundering herd, 200 readers of one cold key: {with_leases} database query with leases, "
-              f"{without_leases} without")
+        print(
+            f"\nthundering herd, 200 readers of one cold key: {with_leases} database query with leases, "
+            f"{without_leases} without"
+        )
     assert without_leases > 10
 
 

@@ -136,8 +136,13 @@ def test_read_through_without_webserver(regions):
 
 
 def _wait_gone(check, what: str, timeout: float = 15.0) -> None:
-    wait_until(lambda: not check(), timeout, f"squeal to delete {what} after replication resumed", ignore=(),
-               error=AssertionError)
+    wait_until(
+        lambda: not check(),
+        timeout,
+        f"squeal to delete {what} after replication resumed",
+        ignore=(),
+        error=AssertionError,
+    )
 
 
 @needs_binary(SQUEAL_AVAILABLE, SQUEAL_SKIP)

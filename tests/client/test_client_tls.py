@@ -28,8 +28,12 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tls.CertPair]:
     d = tmp_path_factory.mktemp("pki")
     ca = tls.make_ca(d)
     other = tls.make_ca(d, name="other-ca", common_name="someone else's CA")
-    return {"ca": ca, "other-ca": other, "memcached": tls.issue(ca, d, "memcached"),
-            "webtier": tls.issue(ca, d, "webtier")}
+    return {
+        "ca": ca,
+        "other-ca": other,
+        "memcached": tls.issue(ca, d, "memcached"),
+        "webtier": tls.issue(ca, d, "webtier"),
+    }
 
 
 def settings(pki: dict[str, tls.CertPair], ca: str = "ca") -> TlsSettings:
@@ -92,8 +96,10 @@ def test_a_remote_marker_round_trip_over_tls(tls_memcached, pki, mariadb_pair, c
 
 def test_a_server_from_another_ca_is_one_warning_and_the_database_answers(tls_memcached, pki, caplog):
     caplog.set_level(logging.DEBUG, logger="leases")
-    cache = LeaseCache(connect([tls_memcached.address], tls=context_fn(pki, "other-ca"), mark_down_period=0.0),
-                       name=f"bad-{next_name()}")
+    cache = LeaseCache(
+        connect([tls_memcached.address], tls=context_fn(pki, "other-ca"), mark_down_period=0.0),
+        name=f"bad-{next_name()}",
+    )
     for i in range(5):
         assert cache.get_or_fill(f"user:bad{i}", lambda i=i: {"id": i}, ttl=60) == {"id": i}  # the fallback
     tls_lines = [r for r in caplog.records if "TLS to memcache" in r.getMessage()]
@@ -111,8 +117,10 @@ def test_a_lease_and_a_remote_marker_through_the_routers_tls_port(memcached_fact
     mc = memcached_factory()
     router_cert = pki["memcached"]  # any certificate of the CA for 127.0.0.1 will do for the router
     router = router_factory(
-        {"pools": {"A": {"servers": [mc.address]}}, "route": "PoolRoute|A"}, ssl_port=free_port(),
-        extra_args=("--pem-cert-path", str(router_cert.cert), "--pem-key-path", str(router_cert.key)))
+        {"pools": {"A": {"servers": [mc.address]}}, "route": "PoolRoute|A"},
+        ssl_port=free_port(),
+        extra_args=("--pem-cert-path", str(router_cert.cert), "--pem-key-path", str(router_cert.key)),
+    )
     tls_address = f"{router.host}:{router.ssl_port}"
     cache = LeaseCache(connect([tls_address], tls=context_fn(pki)), name=f"router-tls-{next_name()}")
     loads: list[int] = []

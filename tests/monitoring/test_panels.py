@@ -119,8 +119,12 @@ def test_pool_series_give_worker_load_shard_owners_moves_and_unowned_time():
             store.add("squeal_pool_worker_load", {"region": "east", "instance": worker}, load, at)
         # s1 moves from east-1 to east-2 at t = 30
         store.add("squeal_pool_shard_owned", {"region": "east", "instance": "east-1", "shard": "s0"}, 1.0, at)
-        store.add("squeal_pool_shard_owned", {"region": "east", "instance": "east-1" if t < 30 else "east-2",
-                                              "shard": "s1"}, 1.0, at)
+        store.add(
+            "squeal_pool_shard_owned",
+            {"region": "east", "instance": "east-1" if t < 30 else "east-2", "shard": "s1"},
+            1.0,
+            at,
+        )
         ctl = {"region": "east", "instance": "east-1"}
         store.add("squeal_pool_moves_total", {**ctl, "reason": "rebalance"}, 0.0 if t < 30 else 1.0, at)
         store.add("squeal_pool_shard_unowned_seconds", {**ctl, "shard": "s0"}, 0.0, at)
@@ -131,8 +135,11 @@ def test_pool_series_give_worker_load_shard_owners_moves_and_unowned_time():
     panels = {p["title"]: p for p in build_panels(store)}
     assert _last(panels["squeal pool: load per worker"]) == {"east/east-1": 40.0, "east/east-2": 10.0}
     owners = panels["squeal pool: worker running each shard (1 while it runs it)"]
-    assert {line["label"] for line in owners["lines"]} == {"east/s0 on east-1", "east/s1 on east-1",
-                                                            "east/s1 on east-2"}
+    assert {line["label"] for line in owners["lines"]} == {
+        "east/s0 on east-1",
+        "east/s1 on east-1",
+        "east/s1 on east-2",
+    }
     assert _last(panels["squeal pool: shard moves per minute by reason"])["east rebalance"] > 0
     unowned = panels["squeal pool: time a shard has run on no worker, and move pauses p99"]
     assert max(v for line in unowned["lines"] if line["label"] == "east/s1" for _, v in line["points"]) == 2.0

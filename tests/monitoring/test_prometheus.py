@@ -27,8 +27,17 @@ needs_promtool = needs_binary(
 
 def component(role: str, region: str, cluster: str | None = None, metrics: str | None = None, **kw) -> dict:
     """One entry of components.json as `squealctl up` writes it."""
-    return {"role": role, "region": region, "cluster": cluster, "pool": kw.get("pool"), "pid": kw.get("pid", 1),
-            "address": kw.get("address", "127.0.0.1:1"), "log": "/dev/null", "cmdline": ["x"], "metrics": metrics}
+    return {
+        "role": role,
+        "region": region,
+        "cluster": cluster,
+        "pool": kw.get("pool"),
+        "pid": kw.get("pid", 1),
+        "address": kw.get("address", "127.0.0.1:1"),
+        "log": "/dev/null",
+        "cmdline": ["x"],
+        "metrics": metrics,
+    }
 
 
 def write_components(state_dir: Path, components: list[dict]) -> Path:
@@ -50,13 +59,16 @@ def promtool(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_scrape_config_jobs_labels_and_rules(tmp_path: Path) -> None:
-    components = write_components(tmp_path, [
-        component("memcached", "east", "east-a", pool="wildcard"),  # no /metrics: memcached_exporter's job
-        component("router", "east", "east-a", "127.0.0.1:9201"),
-        component("router", "west", "west-a", "127.0.0.1:9202"),
-        component("squeal", "east", metrics="127.0.0.1:9100"),
-        component("monitoring", "east", metrics="127.0.0.1:19000"),
-    ])
+    components = write_components(
+        tmp_path,
+        [
+            component("memcached", "east", "east-a", pool="wildcard"),  # no /metrics: memcached_exporter's job
+            component("router", "east", "east-a", "127.0.0.1:9201"),
+            component("router", "west", "west-a", "127.0.0.1:9202"),
+            component("squeal", "east", metrics="127.0.0.1:9100"),
+            component("monitoring", "east", metrics="127.0.0.1:19000"),
+        ],
+    )
     doc = scrape_config(components)
     assert doc["global"] == {"scrape_interval": "5s", "evaluation_interval": "5s"}
     assert doc["rule_files"] == [str(ALERT_RULES)] and ALERT_RULES == ALERTS and ALERT_RULES.is_absolute()
@@ -75,11 +87,14 @@ def test_scrape_config_jobs_labels_and_rules(tmp_path: Path) -> None:
 @needs_promtool
 def test_squealctl_prometheus_config_passes_promtool(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     state = tmp_path / "state"
-    write_components(state, [
-        component("router", "east", "east-a", "127.0.0.1:9201"),
-        component("squeal", "east", metrics="127.0.0.1:9100"),
-        component("monitoring", "east", metrics="127.0.0.1:19000"),
-    ])
+    write_components(
+        state,
+        [
+            component("router", "east", "east-a", "127.0.0.1:9201"),
+            component("squeal", "east", metrics="127.0.0.1:9100"),
+            component("monitoring", "east", metrics="127.0.0.1:19000"),
+        ],
+    )
     assert squealctl(["--state-dir", str(state), "prometheus-config"]) == 0
     config = tmp_path / "elsewhere" / "prometheus.yml"  # saved away from the repository: rules still found
     config.parent.mkdir()
@@ -108,10 +123,20 @@ def test_alert_rules_unit_tests_pass() -> None:
 def test_every_alert_has_for_severity_runbook_tests_and_docs() -> None:
     blocks = alert_blocks()
     expected = {
-        "SquealDaemonDown", "SquealFlowLagHigh", "SquealFlowBacklogStuck", "SquealReaderDisconnected",
-        "SquealHalted", "SquealBinlogDataLoss", "SquealBulkChangeNeedsFlush", "SquealDatamarkerAgeHigh",
-        "SquealDatamarkerWriteErrors", "SquealProbeDeadlineMissed", "SquealGutterActive", "SquealRouterServersTKO",
-        "SquealPoolShardUnowned", "SquealTlsCertExpiringSoon",
+        "SquealDaemonDown",
+        "SquealFlowLagHigh",
+        "SquealFlowBacklogStuck",
+        "SquealReaderDisconnected",
+        "SquealHalted",
+        "SquealBinlogDataLoss",
+        "SquealBulkChangeNeedsFlush",
+        "SquealDatamarkerAgeHigh",
+        "SquealDatamarkerWriteErrors",
+        "SquealProbeDeadlineMissed",
+        "SquealGutterActive",
+        "SquealRouterServersTKO",
+        "SquealPoolShardUnowned",
+        "SquealTlsCertExpiringSoon",
     }
     assert set(blocks) == expected
     tests = ALERT_TESTS.read_text()

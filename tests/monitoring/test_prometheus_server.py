@@ -70,20 +70,53 @@ def test_prometheus_scrapes_every_target_and_loads_the_rules(
     state = tmp_path / "state"
     state.mkdir()
     memcached = memcached_factory()
-    components = [{"role": "memcached", "region": "east", "cluster": "east-a", "pool": "wildcard",
-                   "pid": memcached.pid, "address": memcached.address, "log": str(memcached.log_file),
-                   "cmdline": memcached.command(), "metrics": None}]
+    components = [
+        {
+            "role": "memcached",
+            "region": "east",
+            "cluster": "east-a",
+            "pool": "wildcard",
+            "pid": memcached.pid,
+            "address": memcached.address,
+            "log": str(memcached.log_file),
+            "cmdline": memcached.command(),
+            "metrics": None,
+        }
+    ]
     config = {"pools": {"main": {"servers": [memcached.address]}}, "route": {"type": "PoolRoute", "pool": "main"}}
     for region, cluster in (("east", "east-a"), ("west", "west-a")):
         router = router_factory(config, metrics_port=free_port())
-        components.append({"role": "router", "region": region, "cluster": cluster, "pool": None, "pid": router.pid,
-                           "address": router.address, "log": str(router.log_file), "cmdline": router.command(),
-                           "metrics": f"127.0.0.1:{router.metrics_port}"})
-    monitor = processes.add(MonitoringServer(ROOT / "examples" / "local.toml", state, workdir=tmp_path / "monitoring",
-                                             extra_args=("--no-prober",)))
-    components.append({"role": "monitoring", "region": "east", "cluster": None, "pool": None, "pid": monitor.pid,
-                       "address": monitor.address, "log": str(monitor.log_file), "cmdline": monitor.command(),
-                       "metrics": monitor.address})
+        components.append(
+            {
+                "role": "router",
+                "region": region,
+                "cluster": cluster,
+                "pool": None,
+                "pid": router.pid,
+                "address": router.address,
+                "log": str(router.log_file),
+                "cmdline": router.command(),
+                "metrics": f"127.0.0.1:{router.metrics_port}",
+            }
+        )
+    monitor = processes.add(
+        MonitoringServer(
+            ROOT / "examples" / "local.toml", state, workdir=tmp_path / "monitoring", extra_args=("--no-prober",)
+        )
+    )
+    components.append(
+        {
+            "role": "monitoring",
+            "region": "east",
+            "cluster": None,
+            "pool": None,
+            "pid": monitor.pid,
+            "address": monitor.address,
+            "log": str(monitor.log_file),
+            "cmdline": monitor.command(),
+            "metrics": monitor.address,
+        }
+    )
     (state / "components.json").write_text(json.dumps({"topology": "examples/local.toml", "components": components}))
 
     assert squealctl(["--state-dir", str(state), "prometheus-config"]) == 0

@@ -78,7 +78,5 @@ def test_checker_asks_every_squeal_instance_of_an_ha_region():
     # Only the leader has samples, and any instance may lead: each is asked, by its own address.
     example = router_config.load(Path(__file__).resolve().parents[2] / "examples" / "local.toml")
     checker = SampledDeleteChecker(example)
-    assert checker.daemons == {
-        s.name: (s.region, str(s.address)) for r in example.regions for s in r.squeal_instances
-    }
+    assert checker.daemons == {s.name: (s.region, str(s.address)) for r in example.regions for s in r.squeal_instances}
     assert sorted(checker.daemons) == ["east-1", "east-2", "west-1", "west-2"]

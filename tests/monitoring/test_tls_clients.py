@@ -77,8 +77,20 @@ def server(request, tmp_path_factory, pki) -> Iterator[tuple[str, MariaDB]]:
             yield request.param, procs.add(MariaDB(41, workdir=procs.base / "db"))
         else:
             m = pki["mariadb"]
-            yield request.param, procs.add(MariaDB(42, workdir=procs.base / "db", ssl_cert=m.cert, ssl_key=m.key,
-                                                   ssl_ca=pki["ca"].cert, require_ssl=True, auth="ed25519"))
+            yield (
+                request.param,
+                procs.add(
+                    MariaDB(
+                        42,
+                        workdir=procs.base / "db",
+                        ssl_cert=m.cert,
+                        ssl_key=m.key,
+                        ssl_ca=pki["ca"].cert,
+                        require_ssl=True,
+                        auth="ed25519",
+                    )
+                ),
+            )
     finally:
         procs.stop_all()
 
@@ -99,10 +111,19 @@ def world(server, pki, memcached_factory, processes, tmp_path):
         mc = {"tls": (pki["mariadb"].cert, pki["mariadb"].key), "ssl_ca": pki["ca"].cert}
     caches = {"a": memcached_factory(**mc), "b": memcached_factory(**mc)}
     path = tmp_path / "topology.toml"
-    path.write_text(TOPOLOGY.format(
-        metrics=free_port(), tls=tls_section(pki) if kind == "tls" else "", codec=CODEC, canary=CANARY_TABLE,
-        port=db.port, ma=caches["a"].address, mb=caches["b"].address, pa=free_port(), pb=free_port(),
-    ))
+    path.write_text(
+        TOPOLOGY.format(
+            metrics=free_port(),
+            tls=tls_section(pki) if kind == "tls" else "",
+            codec=CODEC,
+            canary=CANARY_TABLE,
+            port=db.port,
+            ma=caches["a"].address,
+            mb=caches["b"].address,
+            pa=free_port(),
+            pb=free_port(),
+        )
+    )
     topo = router_config.load(path)
     assert (topo.master.database.tls is not None) == (kind == "tls")
     db.execute("DROP DATABASE IF EXISTS tls_app", *schema_statements("tls_app"))
@@ -157,8 +178,11 @@ def test_the_prober_canary_reaches_every_cluster_over_tls(world, processes, tmp_
 
 
 def expiry_series(address: str) -> dict[tuple[str, str], float]:
-    return {(labels["component"], labels["path"]): value
-            for name, labels, value in scrape_prometheus(address) if name == "squeal_tls_cert_expiry_timestamp_seconds"}
+    return {
+        (labels["component"], labels["path"]): value
+        for name, labels, value in scrape_prometheus(address)
+        if name == "squeal_tls_cert_expiry_timestamp_seconds"
+    }
 
 
 def test_every_component_exports_its_certificates_expiry(world, pki, processes, tmp_path: Path):
@@ -167,8 +191,9 @@ def test_every_component_exports_its_certificates_expiry(world, pki, processes, 
     kind, db, topo, path, _ = world
     Prober(topo).ensure_canary_table()
     daemon = processes.add(SquealDaemon(path, "east", workdir=tmp_path / "squeal", state_dir=tmp_path / "state"))
-    mon = processes.add(MonitoringServer(path, tmp_path / "state", workdir=tmp_path / "mon",
-                                         extra_args=("--no-prober",)))
+    mon = processes.add(
+        MonitoringServer(path, tmp_path / "state", workdir=tmp_path / "mon", extra_args=("--no-prober",))
+    )
     squeal_addr = daemon.address  # ready: its /healthz (and /metrics) answer
     got_squeal, got_mon = expiry_series(squeal_addr), expiry_series(mon.address)
     if kind == "plaintext":
@@ -176,5 +201,7 @@ def test_every_component_exports_its_certificates_expiry(world, pki, processes, 
         return
     when = {name: tls.expires_at(pair.cert).timestamp() for name, pair in pki.items()}
     assert got_squeal == {("ca", str(pki["ca"].cert)): when["ca"], ("squeal", str(pki["squeal"].cert)): when["squeal"]}
-    assert got_mon == {("ca", str(pki["ca"].cert)): when["ca"],
-                       **{(n, str(pki[n].cert)): when[n] for n in ("squeal", "monitoring", "webtier")}}
+    assert got_mon == {
+        ("ca", str(pki["ca"].cert)): when["ca"],
+        **{(n, str(pki[n].cert)): when[n] for n in ("squeal", "monitoring", "webtier")},
+    }

@@ -70,7 +70,13 @@ def world(mariadb_pair, memcached_factory, router_factory, tmp_path):
     ma, mb = memcached_factory(), memcached_factory()
     ra, rb = free_port(), free_port()
     text = TOPOLOGY.format(
-        db="verify_app", port=primary.port, ra=ra, rb=rb, ma=ma.address, mb=mb.address, codec=CODEC,
+        db="verify_app",
+        port=primary.port,
+        ra=ra,
+        rb=rb,
+        ma=ma.address,
+        mb=mb.address,
+        codec=CODEC,
         metrics=free_port(),
     )
     path = tmp_path / "topology.toml"
@@ -189,8 +195,14 @@ def test_nothing_up_is_one_line_and_exit_2(tmp_path, capsys):
     path = tmp_path / "down.toml"
     path.write_text(
         TOPOLOGY.format(
-            db="app", port=closed[0], ra=closed[1], rb=closed[2], ma=f"127.0.0.1:{closed[3]}",
-            mb=f"127.0.0.1:{closed[4]}", codec=CODEC, metrics=free_port(),
+            db="app",
+            port=closed[0],
+            ra=closed[1],
+            rb=closed[2],
+            ma=f"127.0.0.1:{closed[3]}",
+            mb=f"127.0.0.1:{closed[4]}",
+            codec=CODEC,
+            metrics=free_port(),
         )
     )
     code, out, err = squealctl(capsys, "--state-dir", str(tmp_path / "state"), "verify", str(path))
@@ -204,18 +216,21 @@ def test_grace_is_a_few_times_the_p99_squeal_measures(tmp_path):
     assert quantile(0.99, buckets) == pytest.approx(0.25 + 0.25 * 9 / 10)
     assert quantile(0.99, {1.0: 0, float("inf"): 0}) is None
 
-    body = "\n".join(
-        [
-            "# HELP squeal_invalidation_latency_seconds x",
-            "# TYPE squeal_invalidation_latency_seconds histogram",
-            *(
-                f'squeal_invalidation_latency_seconds_bucket{{flow="{f}",le="{le}"}} {n}'
-                for f in ("a", "b")
-                for le, n in (("0.5", 40), ("1.0", 50), ("+Inf", 50))
-            ),
-            *(f'squeal_invalidation_latency_seconds_count{{flow="{f}"}} 50' for f in ("a", "b")),
-        ]
-    ).encode() + b"\n"
+    body = (
+        "\n".join(
+            [
+                "# HELP squeal_invalidation_latency_seconds x",
+                "# TYPE squeal_invalidation_latency_seconds histogram",
+                *(
+                    f'squeal_invalidation_latency_seconds_bucket{{flow="{f}",le="{le}"}} {n}'
+                    for f in ("a", "b")
+                    for le, n in (("0.5", 40), ("1.0", 50), ("+Inf", 50))
+                ),
+                *(f'squeal_invalidation_latency_seconds_count{{flow="{f}"}} 50' for f in ("a", "b")),
+            ]
+        ).encode()
+        + b"\n"
+    )
 
     class Metrics(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -230,8 +245,16 @@ def test_grace_is_a_few_times_the_p99_squeal_measures(tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         topo = router_config.loads(
-            TOPOLOGY.format(db="app", port=1, ra=2, rb=3, ma="127.0.0.1:4", mb="127.0.0.1:5", codec=CODEC,
-                            metrics=server.server_address[1])
+            TOPOLOGY.format(
+                db="app",
+                port=1,
+                ra=2,
+                rb=3,
+                ma="127.0.0.1:4",
+                mb="127.0.0.1:5",
+                codec=CODEC,
+                metrics=server.server_address[1],
+            )
         )
         grace, source = measured_grace(topo)
     finally:

@@ -19,8 +19,10 @@ def test_verify_source_imports_nothing_from_loadtest():
         name
         for node in ast.walk(tree)
         for name in (
-            [a.name for a in node.names] if isinstance(node, ast.Import)
-            else [node.module or ""] if isinstance(node, ast.ImportFrom)
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom)
             else []
         )
     ]

@@ -156,7 +156,10 @@ def test_squealctl_flush_asks_on_a_real_terminal(world):
     leader, follower = os.openpty()
     proc = subprocess.Popen(
         [sys.executable, "-m", "ops.cli", "flush", "b", "--pool", "wildcard", "--topology", str(world.path)],
-        stdin=follower, stdout=follower, stderr=follower, cwd=REPO_ROOT,
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        cwd=REPO_ROOT,
     )
     os.close(follower)
     seen = b""

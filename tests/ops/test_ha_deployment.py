@@ -42,8 +42,11 @@ def _committed_and_gone(ha: HaDeployment, user_id: int) -> str:
     for cache in (east, west):
         _set(cache, f"user:{user_id}")
     before = _sql(ha.topo, "SELECT @@gtid_binlog_pos")[0][0]
-    _sql(ha.topo, f"INSERT INTO app.users (id, name, email) VALUES ({user_id}, 'n', 'u{user_id}@x') "
-                  "ON DUPLICATE KEY UPDATE name = CONCAT(name, '+')")
+    _sql(
+        ha.topo,
+        f"INSERT INTO app.users (id, name, email) VALUES ({user_id}, 'n', 'u{user_id}@x') "
+        "ON DUPLICATE KEY UPDATE name = CONCAT(name, '+')",
+    )
     for cache in (east, west):
         wait_until(lambda cache=cache: not _has(cache, f"user:{user_id}"), WITHIN, f"user:{user_id} deleted")
     return before
@@ -110,8 +113,11 @@ def test_accept_data_loss_goes_to_the_leader_through_zookeeper(ha_deployment):
         client.close()
     log = ha_deployment.state / "squeal" / "squeal-east-1.log"
     # nothing was halted: the leader's daemon got the request and says so
-    wait_until(lambda: "accept-data-loss request ignored: no reader is halted" in log.read_text(), WITHIN,
-               f"the daemon's answer in {log}")
+    wait_until(
+        lambda: "accept-data-loss request ignored: no reader is halted" in log.read_text(),
+        WITHIN,
+        f"the daemon's answer in {log}",
+    )
 
 
 def test_stopping_the_leader_hands_the_region_over_and_starting_it_hands_it_back(ha_deployment):
@@ -130,15 +136,19 @@ def test_stopping_the_leader_hands_the_region_over_and_starting_it_hands_it_back
 
 
 def test_replay_and_accept_data_loss_name_zookeeper_when_it_does_not_answer(tmp_path):
-    topo = router_config.reassign_ports(router_config.load(
-        REPO_ROOT / "examples" / "local.toml"), stable_port)  # nothing listens on any of its ports
+    topo = router_config.reassign_ports(
+        router_config.load(REPO_ROOT / "examples" / "local.toml"), stable_port
+    )  # nothing listens on any of its ports
     path = tmp_path / "ha.toml"
     path.write_text(router_config.dumps(topo))
     servers = topo.zookeeper.hosts
-    for args in (["replay", str(path), "--region", "west", "--flow", "all", "--from", "0-1-5"],
-                 ["accept-data-loss", str(path), "--region", "west"]):
-        result = subprocess.run([sys.executable, "-m", "squeal.cli", *args], capture_output=True, text=True,
-                                timeout=60, cwd=REPO_ROOT)
+    for args in (
+        ["replay", str(path), "--region", "west", "--flow", "all", "--from", "0-1-5"],
+        ["accept-data-loss", str(path), "--region", "west"],
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "squeal.cli", *args], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT
+        )
         assert result.returncode == 1, (result.stdout, result.stderr)
         assert f"cannot reach ZooKeeper {servers} (zookeeper.servers in {path})" in result.stderr, result.stderr
         assert "nothing requested" in result.stderr
@@ -157,8 +167,10 @@ def test_down_and_up_keep_the_ensemble_data_and_the_markers(ha_deployment):
         client = _zk(ha)
         root = f"{ha.topo.zookeeper.root}/regions/east/markers"
         try:
-            return {flow: g.parse_position(json.loads(client.get(f"{root}/{flow}")[0])["position"])
-                    for flow in client.get_children(root)}
+            return {
+                flow: g.parse_position(json.loads(client.get(f"{root}/{flow}")[0])["position"])
+                for flow in client.get_children(root)
+            }
         finally:
             client.stop()
             client.close()

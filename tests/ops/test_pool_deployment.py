@@ -16,8 +16,9 @@ from tests.binaries import require_binary
 from tests.ops.deployments import HA_TWO_REGIONS, run_sql, squealctl, stable_port
 
 WITHIN = 30.0  # a deadline for something that must happen, not a speed check
-POOLED = HA_TWO_REGIONS.replace("[regions.east]\nmaster = true\n",
-                                "[regions.east]\nmaster = true\nsqueal_pool = true\n")
+POOLED = HA_TWO_REGIONS.replace(
+    "[regions.east]\nmaster = true\n", "[regions.east]\nmaster = true\nsqueal_pool = true\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +51,14 @@ def test_up_runs_the_pool_and_workers_shows_who_owns_the_shard(pooled) -> None:
     west = topo.region("west").clusters[0].pools[0].servers[0]
     for a in (east, west):
         assert memcached_command((a.host, a.port), b"set user:4242 0 0 6\r\ncached\r\n") == b"STORED"
-    run_sql(topo.master.database, "INSERT INTO app.users (id, name, email) VALUES (4242, 'n', 'u4242@x') "
-                                  "ON DUPLICATE KEY UPDATE name = CONCAT(name, '+')")
+    run_sql(
+        topo.master.database,
+        "INSERT INTO app.users (id, name, email) VALUES (4242, 'n', 'u4242@x') "
+        "ON DUPLICATE KEY UPDATE name = CONCAT(name, '+')",
+    )
     for a in (east, west):
-        wait_until(lambda a=a: not memcached_command((a.host, a.port), b"get user:4242\r\n").startswith(b"VALUE"),
-                   WITHIN, f"user:4242 deleted from {a}")
+        wait_until(
+            lambda a=a: not memcached_command((a.host, a.port), b"get user:4242\r\n").startswith(b"VALUE"),
+            WITHIN,
+            f"user:4242 deleted from {a}",
+        )

@@ -74,12 +74,21 @@ def test_a_write_on_each_shard_deletes_its_keys_in_every_cluster_of_both_regions
         for router in routers:
             for key in keys:
                 assert memcached_command(router, f"set {key} 0 0 6\r\ncached\r\n".encode()) == b"STORED"
-        run_sql(shard.primary, *(f"INSERT INTO app.users (id, name, email) VALUES ({k.split(':')[1]}, 'n', "
-                                 f"'{k}@{shard.name}') ON DUPLICATE KEY UPDATE name = 'm'" for k in keys))
+        run_sql(
+            shard.primary,
+            *(
+                f"INSERT INTO app.users (id, name, email) VALUES ({k.split(':')[1]}, 'n', "
+                f"'{k}@{shard.name}') ON DUPLICATE KEY UPDATE name = 'm'"
+                for k in keys
+            ),
+        )
         for router in routers:
             for key in keys:
-                wait_until(lambda r=router, k=key: not memcached_command(r, f"get {k}\r\n".encode())
-                           .startswith(b"VALUE"), WITHIN, f"{key} (shard {shard.name}) gone from {router}")
+                wait_until(
+                    lambda r=router, k=key: not memcached_command(r, f"get {k}\r\n".encode()).startswith(b"VALUE"),
+                    WITHIN,
+                    f"{key} (shard {shard.name}) gone from {router}",
+                )
 
 
 def test_verify_finds_nothing_stale_after_the_demo_load(sharded) -> None:

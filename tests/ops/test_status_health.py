@@ -47,8 +47,17 @@ def healthz() -> Iterator[HTTPServer]:
 def record(state: Path, address: str) -> None:
     """A deployment whose squeal component is this very process (alive, same command) serving `address`."""
     me = os.getpid()
-    squeal = Component(role="squeal", region="east", cluster=None, pool=None, pid=me, address=address,
-                       log=str(state / "squeal.log"), cmdline=psutil.Process(me).cmdline(), name="squeal/east")
+    squeal = Component(
+        role="squeal",
+        region="east",
+        cluster=None,
+        pool=None,
+        pid=me,
+        address=address,
+        log=str(state / "squeal.log"),
+        cmdline=psutil.Process(me).cmdline(),
+        name="squeal/east",
+    )
     state.mkdir(parents=True, exist_ok=True)
     Deployment(state).save([squeal], "topology.toml")
 
@@ -61,8 +70,12 @@ def test_status_shows_a_daemon_that_answers_503_as_unhealthy_with_its_problems(t
     row = Deployment(tmp_path).status()[0]
     assert row["answering"] and row["healthy"] is (code == 200)
     assert row["problems"] == (PROBLEMS if code == 503 else {})
-    out = subprocess.run([sys.executable, "-m", "ops.cli", "--state-dir", str(tmp_path), "status"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "--state-dir", str(tmp_path), "status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     line = next(line for line in out.stdout.splitlines() if line.startswith("squeal/east"))
     if code == 503:
         assert line.endswith("UNHEALTHY (/healthz 503): data_loss: " + PROBLEMS["data_loss"]), line
@@ -77,14 +90,35 @@ def test_status_json_says_healthy_and_why_not_for_every_component(tmp_path, heal
     record(tmp_path, f"127.0.0.1:{healthz.server_address[1]}")
     deployment = Deployment(tmp_path)
     me = os.getpid()
-    gone = Component(role="memcached", region="east", cluster="east-a", pool="wildcard", pid=2**22 + 7,
-                     address="127.0.0.1:1", log="", cmdline=["/nonexistent/memcached", "-p", "1"],
-                     name="memcached/east-a/wildcard/0")
-    closed = Component(role="router", region="east", cluster="east-a", pool=None, pid=me, address="127.0.0.1:1",
-                       log="", cmdline=psutil.Process(me).cmdline(), name="router/east-a/0")
+    gone = Component(
+        role="memcached",
+        region="east",
+        cluster="east-a",
+        pool="wildcard",
+        pid=2**22 + 7,
+        address="127.0.0.1:1",
+        log="",
+        cmdline=["/nonexistent/memcached", "-p", "1"],
+        name="memcached/east-a/wildcard/0",
+    )
+    closed = Component(
+        role="router",
+        region="east",
+        cluster="east-a",
+        pool=None,
+        pid=me,
+        address="127.0.0.1:1",
+        log="",
+        cmdline=psutil.Process(me).cmdline(),
+        name="router/east-a/0",
+    )
     deployment.save(deployment.components() + [gone, closed], "topology.toml")
-    out = subprocess.run([sys.executable, "-m", "ops.cli", "--state-dir", str(tmp_path), "status", "--json"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "--state-dir", str(tmp_path), "status", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     rows = {r["name"]: r for r in json.loads(out.stdout)}
     assert rows["squeal/east"]["healthy"] is False and rows["squeal/east"]["problems"] == PROBLEMS
     assert rows["memcached/east-a/wildcard/0"]["healthy"] is False

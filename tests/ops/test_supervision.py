@@ -47,7 +47,6 @@ SMALL_WITHOUT = ("--without", "mariadb,squeal,monitoring")
 SMALL_NAMES = ["memcached/east-a/wildcard/0", "memcached/east-a/wildcard/1", "router/east-a/0"]
 
 
-
 def write_topology(base: Path, text: str) -> Path:
     path = base / "topology.toml"
     path.write_text(router_config.dumps(router_config.reassign_ports(router_config.loads(text), stable_port)))

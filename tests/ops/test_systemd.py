@@ -643,10 +643,14 @@ def test_pooled_region_renders_one_unit_per_worker_and_the_ensemble(tmp_path):
     worker: it runs the shards the pool's controller gives it, not a leader's every shard), never a `--region`
     daemon, next to the ZooKeeper servers; an HA region beside it keeps its instances."""
     pooled = tmp_path / "pooled.toml"
-    text = SHARDED.read_text().replace("[regions.east]\nmaster = true\n",
-                                       "[regions.east]\nmaster = true\nsqueal_pool = true\n")
-    text = text.replace("[regions.west]\n", '[[regions.east.squeal_instances]]\nname = "east-3"\nhost = "127.0.0.2"\n'
-                        "metrics_port = 19412\n\n[regions.west]\n")
+    text = SHARDED.read_text().replace(
+        "[regions.east]\nmaster = true\n", "[regions.east]\nmaster = true\nsqueal_pool = true\n"
+    )
+    text = text.replace(
+        "[regions.west]\n",
+        '[[regions.east.squeal_instances]]\nname = "east-3"\nhost = "127.0.0.2"\n'
+        "metrics_port = 19412\n\n[regions.west]\n",
+    )
     pooled.write_text(text)
     topo = router_config.load(pooled)
     assert topo.region("east").squeal_pool and len(topo.region("east").squeal_instances) == 3
@@ -655,7 +659,11 @@ def test_pooled_region_renders_one_unit_per_worker_and_the_ensemble(tmp_path):
     render(pooled, "127.0.0.2", there)
     kinds = [role_of(p) for p in services_of(here)]
     assert (kinds.count("worker"), kinds.count("instance"), kinds.count("zookeeper"), kinds.count("daemon")) == (
-        2, 2, 3, 0)
+        2,
+        2,
+        3,
+        0,
+    )
     assert [p.name for p in services_of(there)] == ["squeal-worker-east-3.service"]
     verify([*services_of(here), here / "squeal.target"])
     for out, name, port in ((here, "east-1", "19410"), (here, "east-2", "19411"), (there, "east-3", "19412")):
@@ -671,8 +679,13 @@ def test_pooled_region_renders_one_unit_per_worker_and_the_ensemble(tmp_path):
         assert zk_after == ([f"squeal-zookeeper-{i}.service" for i in (1, 2, 3)] if out is here else [])
     # the monitoring server scrapes every worker
     listed = json.loads((here / "monitoring" / "components.json").read_text())["components"]
-    assert {c["instance"] for c in listed if c["role"] == "squeal"} == {"east-1", "east-2", "east-3", "west-1",
-                                                                          "west-2"}
+    assert {c["instance"] for c in listed if c["role"] == "squeal"} == {
+        "east-1",
+        "east-2",
+        "east-3",
+        "west-1",
+        "west-2",
+    }
 
 
 # -- [tls] (issue 25) -----------------------------------------------------------------------------------------
@@ -686,10 +699,13 @@ def _tls_topology(tmp_path: Path, components: tuple[str, ...] = ("mariadb", "zoo
     for name in components:
         tls.issue(ca, d, name)
     text = THREE_HA.read_text()
-    text = text.replace('servers = ["127.0.0.1:25181", "127.0.0.2:25182", "127.0.0.3:25183"]',
-                        f'servers = ["127.0.0.1:{free_port()}"]')
-    text = text.replace("peer_ports = [[25281, 25381], [25282, 25382], [25283, 25383]]",
-                        f"peer_ports = [[{free_port()}, {free_port()}]]")
+    text = text.replace(
+        'servers = ["127.0.0.1:25181", "127.0.0.2:25182", "127.0.0.3:25183"]', f'servers = ["127.0.0.1:{free_port()}"]'
+    )
+    text = text.replace(
+        "peer_ports = [[25281, 25381], [25282, 25382], [25283, 25383]]",
+        f"peer_ports = [[{free_port()}, {free_port()}]]",
+    )
     path = tmp_path / "tls-ha.toml"
     path.write_text('[tls]\ndir = "tls"\nrequire = true\n\n' + text)
     return path
@@ -704,8 +720,12 @@ def test_tls_topology_renders_zookeepers_tls_port_and_mariadbs_ssl_settings(tmp_
 
     cnf = (out / "mariadb" / "tls.cnf").read_text()
     assert "[mariadbd]" in cnf
-    for line in (f"ssl-cert = {tls_dir / 'mariadb.crt'}", f"ssl-key = {tls_dir / 'mariadb.key'}",
-                 f"ssl-ca = {tls_dir / 'ca.crt'}", "require-secure-transport = ON"):
+    for line in (
+        f"ssl-cert = {tls_dir / 'mariadb.crt'}",
+        f"ssl-key = {tls_dir / 'mariadb.key'}",
+        f"ssl-ca = {tls_dir / 'ca.crt'}",
+        "require-secure-transport = ON",
+    ):
         assert line in cnf.splitlines(), (line, cnf)
 
     cfg = (out / "zookeeper" / "zoo-1.cfg").read_text().splitlines()
@@ -722,8 +742,10 @@ def test_tls_topology_renders_zookeepers_tls_port_and_mariadbs_ssl_settings(tmp_
     verify([*services_of(out), out / "squeal.target"])
 
     # and it runs: the pre-command builds the key store, the server answers only over TLS
-    require_binary(Path(systemd.NETTY_CODEC_JAR).exists() and Path("/usr/share/zookeeper").exists(),
-                   "ZooKeeper or libnetty-java not installed (scripts/setup.sh)")
+    require_binary(
+        Path(systemd.NETTY_CODEC_JAR).exists() and Path("/usr/share/zookeeper").exists(),
+        "ZooKeeper or libnetty-java not installed (scripts/setup.sh)",
+    )
     subprocess.run(pre, check=True, timeout=30)
     assert keystore.stat().st_mode & 0o077 == 0
     log = (tmp_path / "zk.log").open("w")
@@ -731,8 +753,16 @@ def test_tls_topology_renders_zookeepers_tls_port_and_mariadbs_ssl_settings(tmp_
     try:
         address = str(topo.zookeeper.servers[0])
         ctx = ssl.create_default_context(cafile=str(tls_dir / "ca.crt"))
-        assert wait_until(lambda: zookeeper_mode(address, ctx), 90, "the rendered ZooKeeper over TLS", proc=proc,
-                          log_file=tmp_path / "zk.log") == "standalone"
+        assert (
+            wait_until(
+                lambda: zookeeper_mode(address, ctx),
+                90,
+                "the rendered ZooKeeper over TLS",
+                proc=proc,
+                log_file=tmp_path / "zk.log",
+            )
+            == "standalone"
+        )
         assert zookeeper_mode(address) is None  # a plaintext client gets nothing
     finally:
         os.killpg(proc.pid, signal.SIGKILL)

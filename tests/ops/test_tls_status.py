@@ -23,20 +23,32 @@ def test_status_asks_a_tls_only_zookeeper_over_tls(processes, tmp_path):
     ca = tls.make_ca(d)
     for name in ("zookeeper", "squeal"):
         tls.issue(ca, d, name)
-    zk = processes.add(ZooKeeper(workdir=tmp_path / "zk", ssl_cert=d / "zookeeper.crt", ssl_key=d / "zookeeper.key",
-                                 ssl_ca=ca.cert))
+    zk = processes.add(
+        ZooKeeper(workdir=tmp_path / "zk", ssl_cert=d / "zookeeper.crt", ssl_key=d / "zookeeper.key", ssl_ca=ca.cert)
+    )
     assert zookeeper_mode(zk.address) is None  # plaintext `srvr` gets nothing from a TLS-only port
     topology = tmp_path / "topology.toml"
     text = (REPO / "examples" / "local.toml").read_text()
-    text = text.replace('servers = ["127.0.0.1:12181", "127.0.0.1:12182", "127.0.0.1:12183"]\n'
-                        'peer_ports = [[12281, 12381], [12282, 12382], [12283, 12383]]\n',
-                        f'servers = ["{zk.address}"]\n')
+    text = text.replace(
+        'servers = ["127.0.0.1:12181", "127.0.0.1:12182", "127.0.0.1:12183"]\n'
+        "peer_ports = [[12281, 12381], [12282, 12382], [12283, 12383]]\n",
+        f'servers = ["{zk.address}"]\n',
+    )
     topology.write_text('[tls]\ndir = "tls"\nrequire = true\n\n' + text)
     state = tmp_path / "state"
     state.mkdir()
     proc = psutil.Process(zk.proc.pid)
-    record = {"role": "zookeeper", "region": "east", "cluster": None, "pool": None, "pid": proc.pid,
-              "address": zk.address, "log": str(zk.log_file), "cmdline": proc.cmdline(), "name": "zookeeper/1"}
+    record = {
+        "role": "zookeeper",
+        "region": "east",
+        "cluster": None,
+        "pool": None,
+        "pid": proc.pid,
+        "address": zk.address,
+        "log": str(zk.log_file),
+        "cmdline": proc.cmdline(),
+        "name": "zookeeper/1",
+    }
     (state / "components.json").write_text(json.dumps({"topology": str(topology), "components": [record]}))
     (row,) = Deployment(state).status()
     assert row["running"] and row["answering"], row

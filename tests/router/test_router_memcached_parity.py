@@ -51,7 +51,9 @@ def test_router_made_errors_honour_noreply_like_memcached(memcached_factory, rou
         + b"\r\n"  # object too large
         + b"delete k 10 noreply\r\n"  # a delete time memcached no longer takes
         + b"delete k noreply 0\r\n"  # not noreply (memcached looks at the last token): error shown
-        + b"delete " + b"k" * 251 + b" noreply\r\n"  # key too long
+        + b"delete "
+        + b"k" * 251
+        + b" noreply\r\n"  # key too long
         + b"incr k x noreply\r\n"  # bad delta
         + b"touch k x noreply\r\n"  # bad exptime
         + b"set k 0 0 -1 noreply\r\n"  # bad length

@@ -76,7 +76,7 @@ def test_a_macro_that_fails_is_refused_with_where_and_why(router_factory, tmp_pa
     checked = subprocess.run([CONFIG_BIN, bad], capture_output=True, text=True)
     assert checked.returncode == 1
     assert f"{bad}: preprocessor: route: policies: a:: @int" in checked.stderr, checked.stderr
-    assert "cannot make a string (\"abc\") an integer" in checked.stderr, checked.stderr
+    assert 'cannot make a string ("abc") an integer' in checked.stderr, checked.stderr
 
     missing = tmp_path / "missing.json"
     missing.write_text('{"pools": "@import(nowhere.json)", "route": "NullRoute"}')

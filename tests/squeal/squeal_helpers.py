@@ -217,7 +217,8 @@ class SquealEnv:
         def covered() -> bool:
             files = list(self.state_dir.glob("*.marker"))
             return bool(files) and all(
-                g.covers_position(g.parse_position(json.loads(f.read_text())["position"]), target) for f in files)
+                g.covers_position(g.parse_position(json.loads(f.read_text())["position"]), target) for f in files
+            )
 
         wait_until(covered, timeout, f"every datamarker in {self.state_dir} to reach {g.format_position(target)}")
 
@@ -230,8 +231,11 @@ class SquealEnv:
         had been checkpointed, before the changes that must be): for markers that are held back (an undecided XA
         prepare) and so cannot be watched by position."""
         assert since, "take marker_writes() after a first checkpoint of every flow (markers_cover)"
-        wait_until(lambda: all(self.marker_writes().get(k, 0) > v for k, v in since.items()), timeout,
-                   "a checkpoint of every flow")
+        wait_until(
+            lambda: all(self.marker_writes().get(k, 0) > v for k, v in since.items()),
+            timeout,
+            "a checkpoint of every flow",
+        )
 
     def log(self) -> str:
         return self.daemon.log_file.read_text() if self.daemon.log_file.exists() else ""

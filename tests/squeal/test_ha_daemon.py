@@ -50,8 +50,7 @@ def ha_env_own_replica(mariadb_pair, mariadb_factory, zk, memcached_factory, pro
     env.close()
 
 
-def test_kill_9_the_leader_under_load_the_standby_takes_over_and_hands_back_and_nothing_is_lost(
-        ha_env: HaEnv) -> None:
+def test_kill_9_the_leader_under_load_the_standby_takes_over_and_hands_back_and_nothing_is_lost(ha_env: HaEnv) -> None:
     env = ha_env
     planned = range(1, 12001)
     for c in env.caches:
@@ -100,16 +99,23 @@ def test_kill_9_the_leader_under_load_the_standby_takes_over_and_hands_back_and_
         assert c.present(later) == set(later)
     # The markers reach the last commit: the same GTIDs on both copies.
     last = env.primary.gtid_binlog_pos()
-    wait_until(lambda: all(g.covers_position(g.parse_position(p), g.parse_position(last))
-                           for p in env.markers.positions().values()), 15, "markers to reach the last commit")
+    wait_until(
+        lambda: all(
+            g.covers_position(g.parse_position(p), g.parse_position(last)) for p in env.markers.positions().values()
+        ),
+        15,
+        "markers to reach the last commit",
+    )
     m = scrape(env.daemons["east-1"].port)
     assert m["squeal_ha_leader"] == 1 and m["squeal_ha_takeovers_total"] == 1
-    print(f"\nkill -9 of the leader under 200/s writes: east-2 leads after {t_leader * 1000:.0f} ms; the first change "
-          f"committed after the kill was invalidated after {gap * 1000:.0f} ms (session timeout "
-          f"{SESSION_TIMEOUT * 1000:.0f} ms); election -> delivering {takeover.get('ready_after_s', 0) * 1000:.0f} ms "
-          f"(copy wait {takeover.get('waited_s', 0) * 1000:.0f} ms). Hand-back to east-1 {handed_back * 1000:.0f} ms "
-          f"after it stood by (handback_after_s 2 s + health poll), a change committed right after it invalidated "
-          f"in {back_gap * 1000:.0f} ms. {len(in_db)} rows checked key by key")
+    print(
+        f"\nkill -9 of the leader under 200/s writes: east-2 leads after {t_leader * 1000:.0f} ms; the first change "
+        f"committed after the kill was invalidated after {gap * 1000:.0f} ms (session timeout "
+        f"{SESSION_TIMEOUT * 1000:.0f} ms); election -> delivering {takeover.get('ready_after_s', 0) * 1000:.0f} ms "
+        f"(copy wait {takeover.get('waited_s', 0) * 1000:.0f} ms). Hand-back to east-1 {handed_back * 1000:.0f} ms "
+        f"after it stood by (handback_after_s 2 s + health poll), a change committed right after it invalidated "
+        f"in {back_gap * 1000:.0f} ms. {len(in_db)} rows checked key by key"
+    )
 
 
 def test_a_leader_stopped_past_its_session_never_moves_a_marker_back_and_rejoins_as_standby(ha_env: HaEnv) -> None:
@@ -155,8 +161,10 @@ def test_a_leader_stopped_past_its_session_never_moves_a_marker_back_and_rejoins
             assert g.covers_position(after, before), (flow, values)
     log = env.daemons["east-1"].log_file.read_text()
     assert "rejoining as a standby" in log
-    print(f"\nSIGSTOP of the leader: east-2 leads after {took * 1000:.0f} ms; markers seen: "
-          f"{json.dumps({f: len(v) for f, v in seen.items()})} values, none going back; {len(written)} rows checked")
+    print(
+        f"\nSIGSTOP of the leader: east-2 leads after {took * 1000:.0f} ms; markers seen: "
+        f"{json.dumps({f: len(v) for f, v in seen.items()})} values, none going back; {len(written)} rows checked"
+    )
 
 
 def test_wait_for_copy_is_bounded(mariadb_pair) -> None:
@@ -185,8 +193,11 @@ def test_a_takeover_waits_for_a_lagging_copy_instead_of_skipping(ha_env_own_repl
         env.all_gone(list(range(1, 400)), 15)  # east-1 delivered them (and its markers say so)
         env.daemons["east-1"].kill()
         wait_until(lambda: env.state("east-2") == "taking_over", 15, "east-2 to be elected and wait for its copy")
-        wait_until(lambda: scrape(env.daemons["east-2"].port)["squeal_ha_takeover_wait_seconds"] >= 0.9, 15,
-                   "east-2 to have waited for its copy for a while")
+        wait_until(
+            lambda: scrape(env.daemons["east-2"].port)["squeal_ha_takeover_wait_seconds"] >= 0.9,
+            15,
+            "east-2 to have waited for its copy for a while",
+        )
         status, body = healthz(env.daemons["east-2"].port)
         assert body["state"] == "taking_over" and body["ha"]["state"] == "leader", body
         m = scrape(env.daemons["east-2"].port)
@@ -202,8 +213,10 @@ def test_a_takeover_waits_for_a_lagging_copy_instead_of_skipping(ha_env_own_repl
     assert in_db == written
     env.all_gone(in_db, 30)
     waited = healthz(env.daemons["east-2"].port)[1]["takeover"]["waited_s"]
-    print(f"\nlagging copy: east-2 waited {waited:.2f}s for its copy (delivering {caught_up * 1000:.0f} ms after "
-          f"the SQL thread restarted); {len(in_db)} rows checked key by key")
+    print(
+        f"\nlagging copy: east-2 waited {waited:.2f}s for its copy (delivering {caught_up * 1000:.0f} ms after "
+        f"the SQL thread restarted); {len(in_db)} rows checked key by key"
+    )
 
 
 @pytest.fixture
@@ -211,14 +224,16 @@ def ha_env_long_sessions(mariadb_pair, zk, memcached_factory, processes, tmp_pat
     """As ha_env, with a session timeout (15 s) far longer than a `squeal run` takes to start, even on a loaded box:
     a killed process's session outlives its restart, and the test ends it (deletes its znodes) when it chooses."""
     primary, replica = mariadb_pair
-    env = HaEnv(tmp_path / "ha", primary, replica, zk, [memcached_factory() for _ in range(2)], processes,
-                session_timeout=15.0)
+    env = HaEnv(
+        tmp_path / "ha", primary, replica, zk, [memcached_factory() for _ in range(2)], processes, session_timeout=15.0
+    )
     yield env
     env.close()
 
 
 def test_a_preferred_instance_restarted_by_a_supervisor_never_wins_the_vacancy_its_own_kill_made(
-        ha_env_long_sessions: HaEnv) -> None:
+    ha_env_long_sessions: HaEnv,
+) -> None:
     """Issue 27, item 2, with real processes: kill -9 of the leader east-1 and an immediate restart by someone
     else (a supervisor: the same command line, no SQUEAL_HA_REJOINED), three times. Deterministic: the restart
     lands within the killed process's session, and the test plays the race the way it was lost in the demo: it
@@ -253,19 +268,27 @@ def test_a_preferred_instance_restarted_by_a_supervisor_never_wins_the_vacancy_i
         # `starting`, before it is one)
         wait_until(lambda: env.state("east-2") == "standby", 20, "east-2 to stand by")
         env.zk_client.delete(f"{base}/leader")  # the old session's term ends: the vacancy its kill made
-        wait_until(lambda: [name for _, name in watch.leaders][-1] != "east-1" or env.state("east-1") != "standby",
-                   20, "someone to take the vacancy")
+        wait_until(
+            lambda: [name for _, name in watch.leaders][-1] != "east-1" or env.state("east-1") != "standby",
+            20,
+            "someone to take the vacancy",
+        )
         assert [name for _, name in watch.leaders][-1] == "east-2", ("the restarted east-1 won", watch.leaders)
         wait_until(lambda: env.state("east-2") == "leader", 20, "east-2 to deliver")
         env.probe(10_000_010 + i, 15)  # it delivers (and its markers move: the watch has something to judge)
         t_vacancy_filled = time.monotonic()
         wait_until(lambda: env.state("east-1") == "leader", 30, "east-1 to get the region back by hand-back")
-        print(f"\nround {i + 1}: the restarted east-1 published rejoining, east-2 took the vacancy; handed back "
-              f"{(time.monotonic() - t_vacancy_filled) * 1000:.0f} ms later")
+        print(
+            f"\nround {i + 1}: the restarted east-1 published rejoining, east-2 took the vacancy; handed back "
+            f"{(time.monotonic() - t_vacancy_filled) * 1000:.0f} ms later"
+        )
     wait_until(lambda: env.state("east-2") == "standby", 30, "east-2 to stand by again")
     gone = env.probe(10_000_001, 15)  # and east-1 delivers
-    wait_until(lambda: all(len({v.position for v in seen}) >= 2 for seen in watch.markers.values())
-               and watch.markers, 15, "the markers to move past the probes")
+    wait_until(
+        lambda: all(len({v.position for v in seen}) >= 2 for seen in watch.markers.values()) and watch.markers,
+        15,
+        "the markers to move past the probes",
+    )
     watch.stop()
     assert [name for _, name in watch.leaders] == ["east-1", "east-2"] * rounds + ["east-1"], watch.leaders
     watch.check_one_leader_at_a_time()

@@ -33,7 +33,7 @@ def zk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ZooKeeper]]:
 
 
 def zk_mode(member: ZooKeeper) -> str:
-    """"leader", "follower", or "" (not serving)."""
+    """ "leader", "follower", or "" (not serving)."""
     try:
         with socket.create_connection((member.host, member.port), timeout=1) as s:
             s.sendall(b"srvr")
@@ -57,7 +57,6 @@ def zk_server_of(pid: int, members: list[ZooKeeper]) -> ZooKeeper | None:
     return None
 
 
-
 def under_load(env: HaEnv, cached: int, warm: int) -> tuple[MarkerWatch, Writer]:
     """Posts 1..`cached` cached in both clusters, east-1 leading and east-2 standing by, the markers watched, 150
     posts/s written; returns once `warm` posts are written and the first ones are gone (delivery is flowing)."""
@@ -73,7 +72,8 @@ def under_load(env: HaEnv, cached: int, warm: int) -> tuple[MarkerWatch, Writer]
 
 
 def test_the_primary_host_dies_the_promoted_replica_s_instance_delivers_everything(
-        zk: list[ZooKeeper], mariadb_factory, memcached_factory, processes, tmp_path) -> None:
+    zk: list[ZooKeeper], mariadb_factory, memcached_factory, processes, tmp_path
+) -> None:
     primary: MariaDB = mariadb_factory(41)
     replica: MariaDB = mariadb_factory(42, replica=True)
     replica.replicate_from(primary)
@@ -113,23 +113,35 @@ def test_the_primary_host_dies_the_promoted_replica_s_instance_delivers_everythi
         # GTID positions) move on from the old primary's.
         last = replica.gtid_binlog_pos()
         assert f"-{replica.server_id}-" in last, last
-        wait_until(lambda: all(g.covers_position(g.parse_position(p), g.parse_position(last))
-                               for p in env.markers.positions().values()), 15, "markers to reach the last commit")
+        wait_until(
+            lambda: all(
+                g.covers_position(g.parse_position(p), g.parse_position(last)) for p in env.markers.positions().values()
+            ),
+            15,
+            "markers to reach the last commit",
+        )
         watch.stop()
         assert [name for _, name in watch.leaders] == ["east-1", "east-2"], watch.leaders
         watch.check_one_leader_at_a_time()
-        assert env.health("east-2")["database"] == {"name": "east-r1", "address": f"127.0.0.1:{replica.port}",
-                                                     "role": "replica", "answers": True}
-        print(f"\nprimary host died (MariaDB and east-1 kill -9): east-2 leads after {took * 1000:.0f} ms; after the "
-              f"promotion a change committed on the promoted copy was invalidated in {gap * 1000:.0f} ms; "
-              f"{len(in_db)} rows checked key by key; {len(lost)} rows the dead primary acknowledged never reached "
-              f"the replica {lost[:10]}; last GTIDs {last}")
+        assert env.health("east-2")["database"] == {
+            "name": "east-r1",
+            "address": f"127.0.0.1:{replica.port}",
+            "role": "replica",
+            "answers": True,
+        }
+        print(
+            f"\nprimary host died (MariaDB and east-1 kill -9): east-2 leads after {took * 1000:.0f} ms; after the "
+            f"promotion a change committed on the promoted copy was invalidated in {gap * 1000:.0f} ms; "
+            f"{len(in_db)} rows checked key by key; {len(lost)} rows the dead primary acknowledged never reached "
+            f"the replica {lost[:10]}; last GTIDs {last}"
+        )
     finally:
         env.close()
 
 
 def test_zookeeper_losing_a_server_changes_nothing_losing_its_quorum_pauses_delivery_safely(
-        zk: list[ZooKeeper], mariadb_pair, memcached_factory, processes, tmp_path) -> None:
+    zk: list[ZooKeeper], mariadb_pair, memcached_factory, processes, tmp_path
+) -> None:
     primary, replica = mariadb_pair
     env = HaEnv(tmp_path / "ha", primary, replica, zk, [memcached_factory() for _ in range(2)], processes)
     killed: list[ZooKeeper] = []
@@ -140,8 +152,11 @@ def test_zookeeper_losing_a_server_changes_nothing_losing_its_quorum_pauses_deli
         leader_pid = env.daemons["east-1"].pid
         modes = {m.port: zk_mode(m) for m in zk}
         used = zk_server_of(leader_pid, zk)
-        first = used if used is not None and modes[used.port] == "follower" else \
-            next(m for m in zk if modes[m.port] == "follower")
+        first = (
+            used
+            if used is not None and modes[used.port] == "follower"
+            else next(m for m in zk if modes[m.port] == "follower")
+        )
         first.kill()
         killed.append(first)
         at = writer.next_id
@@ -156,14 +171,20 @@ def test_zookeeper_losing_a_server_changes_nothing_losing_its_quorum_pauses_deli
 
         # Two of three: no quorum. The leader pauses at once (connection suspended), its lease runs out and
         # it deposes itself; nobody can be elected or write a marker until the quorum is back.
-        second = next(m for m in zk if m is not first and modes[m.port] == "follower") if \
-            modes[first.port] == "leader" else next(m for m in zk if m is not first)
+        second = (
+            next(m for m in zk if m is not first and modes[m.port] == "follower")
+            if modes[first.port] == "leader"
+            else next(m for m in zk if m is not first)
+        )
         t_kill2 = time.monotonic()
         second.kill()
         killed.append(second)
         log = env.daemons["east-1"].log_file
-        wait_until(lambda: "lease ran out" in log.read_text() or "session lost" in log.read_text(), 15,
-                   "east-1 to depose itself")
+        wait_until(
+            lambda: "lease ran out" in log.read_text() or "session lost" in log.read_text(),
+            15,
+            "east-1 to depose itself",
+        )
         deposed = time.monotonic() - t_kill2
         # From here until the servers start again no marker may be written. Not from the kill itself: the
         # leader, still within its lease, may issue a marker write the surviving ZooKeeper server proposes
@@ -207,12 +228,14 @@ def test_zookeeper_losing_a_server_changes_nothing_losing_its_quorum_pauses_deli
         assert not during, during  # no marker written by a deposed leader or while nobody led
         for name, d in env.daemons.items():
             assert d.proc.poll() is None, f"{name} exited"
-        print(f"\nZooKeeper: a follower killed (east-1's server: {first is used}) -> east-1 still leads, a change "
-              f"invalidated in {gap1 * 1000:.0f} ms; the quorum lost -> east-1 deposed itself after "
-              f"{deposed * 1000:.0f} ms, no delete reached memcached in the {id1 - id0} writes that followed; "
-              f"servers restarted: quorum back after {quorum_back:.1f} s, a leader delivering after {resumed:.1f} s "
-              f"(leaders {watch.leaders}), a change committed then invalidated in {gap2 * 1000:.0f} ms; "
-              f"{len(in_db)} rows checked key by key")
+        print(
+            f"\nZooKeeper: a follower killed (east-1's server: {first is used}) -> east-1 still leads, a change "
+            f"invalidated in {gap1 * 1000:.0f} ms; the quorum lost -> east-1 deposed itself after "
+            f"{deposed * 1000:.0f} ms, no delete reached memcached in the {id1 - id0} writes that followed; "
+            f"servers restarted: quorum back after {quorum_back:.1f} s, a leader delivering after {resumed:.1f} s "
+            f"(leaders {watch.leaders}), a change committed then invalidated in {gap2 * 1000:.0f} ms; "
+            f"{len(in_db)} rows checked key by key"
+        )
     finally:
         for member in killed:  # the module's ensemble stays whole for the next test, whatever happened
             member.start()
@@ -220,7 +243,8 @@ def test_zookeeper_losing_a_server_changes_nothing_losing_its_quorum_pauses_deli
 
 
 def test_a_deposed_leader_coming_back_as_a_standby_waits_for_zookeeper_as_long_as_it_takes(
-        zk: list[ZooKeeper], mariadb_pair, memcached_factory, processes, tmp_path, monkeypatch) -> None:
+    zk: list[ZooKeeper], mariadb_pair, memcached_factory, processes, tmp_path, monkeypatch
+) -> None:
     """A leader deposed because ZooKeeper lost its quorum (or its host was cut off) replaces itself with a
     fresh process, which must stand by until ZooKeeper answers again, however long the outage: giving up
     after the start-up's connect time-out would end the instance in the middle of the outage (a standby that
@@ -264,7 +288,8 @@ def test_a_deposed_leader_coming_back_as_a_standby_waits_for_zookeeper_as_long_a
 
 
 def test_zookeeper_answers_stalled_past_the_lease_the_leader_resumes_without_an_election(
-        zk: list[ZooKeeper], mariadb_pair, memcached_factory, processes, tmp_path) -> None:
+    zk: list[ZooKeeper], mariadb_pair, memcached_factory, processes, tmp_path
+) -> None:
     """Issue 27, item 3: under CPU pressure both regions' leaders lost their lease ("no answer from ZooKeeper for
     1.8s") with no fault injected, and nothing was delivered for ~7.3 s while a new leader was elected. Here every
     byte between east-1 and the ensemble is held for 2 s (then delivered: a slow ZooKeeper, not a dead one), under
@@ -273,8 +298,16 @@ def test_zookeeper_answers_stalled_past_the_lease_the_leader_resumes_without_an_
     no change waited anywhere near a failover for its invalidation."""
     primary, replica = mariadb_pair
     links = [Link((m.host, m.port)) for m in zk]
-    env = HaEnv(tmp_path / "ha", primary, replica, zk, [memcached_factory() for _ in range(2)], processes,
-                session_timeout=3.0, zk_servers={"east-1": links})
+    env = HaEnv(
+        tmp_path / "ha",
+        primary,
+        replica,
+        zk,
+        [memcached_factory() for _ in range(2)],
+        processes,
+        session_timeout=3.0,
+        zk_servers={"east-1": links},
+    )
     base = region_path(env.root, "east")
     prober: Prober | None = None
     try:
@@ -288,9 +321,12 @@ def test_zookeeper_answers_stalled_past_the_lease_the_leader_resumes_without_an_
         for link in links:
             link.stall()
         try:
-            wait_until(lambda: scrape(env.daemons["east-1"].port).get("squeal_ha_lease_lapses_total", 0) >= 1
-                       or "lease ran out" in env.daemons["east-1"].log_file.read_text(), 10,
-                       "east-1's lease to run out")
+            wait_until(
+                lambda: scrape(env.daemons["east-1"].port).get("squeal_ha_lease_lapses_total", 0) >= 1
+                or "lease ran out" in env.daemons["east-1"].log_file.read_text(),
+                10,
+                "east-1's lease to run out",
+            )
             time.sleep(max(0.0, 2.0 - (time.monotonic() - t_stall)))  # (the fault lasts 2 s)
         finally:
             for link in links:
@@ -323,10 +359,12 @@ def test_zookeeper_answers_stalled_past_the_lease_the_leader_resumes_without_an_
         worst = max(latencies)
         watch.check_one_leader_at_a_time()
         assert worst <= 2.5, latencies
-        print(f"\nZooKeeper answers to east-1 stalled 2 s (session timeout 3 s, lease 1.8 s): lapsed, resumed in the "
-              f"same term (epoch version {epoch_before[1].version}); {len(latencies)} probes every 100 ms, longest "
-              f"commit -> invalidated {worst * 1000:.0f} ms (median {sorted(latencies)[len(latencies) // 2] * 1000:.0f}"
-              f" ms); {len(in_db)} rows checked key by key")
+        print(
+            f"\nZooKeeper answers to east-1 stalled 2 s (session timeout 3 s, lease 1.8 s): lapsed, resumed in the "
+            f"same term (epoch version {epoch_before[1].version}); {len(latencies)} probes every 100 ms, longest "
+            f"commit -> invalidated {worst * 1000:.0f} ms (median {sorted(latencies)[len(latencies) // 2] * 1000:.0f}"
+            f" ms); {len(in_db)} rows checked key by key"
+        )
     finally:
         if prober is not None:
             prober.stop(timeout=1)

@@ -42,12 +42,21 @@ def zk_far(link: NetnsLink, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 def test_a_partitioned_leader_stops_the_standby_takes_over_and_the_old_leader_rejoins_as_standby(
-        link: NetnsLink, zk_far: list[ZooKeeper], mariadb_factory, memcached_factory, processes, tmp_path) -> None:
+    link: NetnsLink, zk_far: list[ZooKeeper], mariadb_factory, memcached_factory, processes, tmp_path
+) -> None:
     primary = mariadb_factory(31, host=link.root_ip)
     replica = mariadb_factory(32, replica=True)
     replica.replicate_from(primary)
-    env = HaEnv(tmp_path / "ha", primary, replica, zk_far, [memcached_factory(host=link.root_ip) for _ in range(2)],
-                processes, instance_hosts={"east-1": link.ns_ip}, netns={"east-1": link.ns})
+    env = HaEnv(
+        tmp_path / "ha",
+        primary,
+        replica,
+        zk_far,
+        [memcached_factory(host=link.root_ip) for _ in range(2)],
+        processes,
+        instance_hosts={"east-1": link.ns_ip},
+        netns={"east-1": link.ns},
+    )
     try:
         for c in env.caches:
             c.set_many(post_keys(range(1, 6001)))
@@ -99,10 +108,12 @@ def test_a_partitioned_leader_stops_the_standby_takes_over_and_the_old_leader_re
         assert [name for _, name in watch.leaders] == ["east-1", "east-2", "east-1"], watch.leaders
         watch.check_one_leader_at_a_time()
         assert "rejoining as a standby (lease)" in log.read_text()
-        print(f"\nveth partition of the leader (session timeout {SESSION_TIMEOUT * 1000:.0f} ms): east-2 leads "
-              f"{took * 1000:.0f} ms after the cut; a change committed then was invalidated in {gap * 1000:.0f} ms; "
-              f"partition held {partitioned:.1f} s; east-1 back as a standby {rejoined * 1000:.0f} ms after the "
-              f"heal; leaders {watch.leaders}; marker values seen "
-              f"{ {f: len(v) for f, v in watch.markers.items()} }; {len(in_db)} rows checked key by key")
+        print(
+            f"\nveth partition of the leader (session timeout {SESSION_TIMEOUT * 1000:.0f} ms): east-2 leads "
+            f"{took * 1000:.0f} ms after the cut; a change committed then was invalidated in {gap * 1000:.0f} ms; "
+            f"partition held {partitioned:.1f} s; east-1 back as a standby {rejoined * 1000:.0f} ms after the "
+            f"heal; leaders {watch.leaders}; marker values seen "
+            f"{ {f: len(v) for f, v in watch.markers.items()} }; {len(in_db)} rows checked key by key"
+        )
     finally:
         env.close()

@@ -63,8 +63,7 @@ def unique_root() -> str:
 
 def client(connect: str, timeout: float = SESSION_TIMEOUT) -> KazooClient:
     """A started kazoo client (session timeout `timeout`); stop() and close() it when done."""
-    c = KazooClient(hosts=connect, timeout=timeout, connection_retry={"max_tries": -1, "delay": 0.05,
-                                                                       "max_delay": 0.5})
+    c = KazooClient(hosts=connect, timeout=timeout, connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 0.5})
     c.start(timeout=15)
     return c
 
@@ -182,10 +181,20 @@ class HaEnv:
     `session_timeout`: the topology's. `zk_servers`: what an instance connects to instead of the ensemble's
     members (e.g. a `Link` to each), in a topology file of its own that differs only there."""
 
-    def __init__(self, base: Path, primary: MariaDB, replica: MariaDB, zk: list[ZooKeeper],
-                 memcacheds: list[Memcached], processes, *, instance_hosts: dict[str, str] | None = None,
-                 netns: dict[str, str] | None = None, session_timeout: float = SESSION_TIMEOUT,
-                 zk_servers: dict[str, list[Link]] | None = None) -> None:
+    def __init__(
+        self,
+        base: Path,
+        primary: MariaDB,
+        replica: MariaDB,
+        zk: list[ZooKeeper],
+        memcacheds: list[Memcached],
+        processes,
+        *,
+        instance_hosts: dict[str, str] | None = None,
+        netns: dict[str, str] | None = None,
+        session_timeout: float = SESSION_TIMEOUT,
+        zk_servers: dict[str, list[Link]] | None = None,
+    ) -> None:
         self.primary, self.replica = primary, replica
         self.schema = unique_db("ha")
         create_schema(primary, self.schema)
@@ -196,35 +205,47 @@ class HaEnv:
         ports = {"east-1": free_port(), "east-2": free_port()}
         where = {"east-1": "127.0.0.1", "east-2": "127.0.0.1", **(instance_hosts or {})}
         text = topology_text(primary, self.schema, [m.port for m in self.memcacheds], host=primary.host)
-        text += (f"\n[regions.east.replicas.east-r1]\nhost = \"{replica.host}\"\nport = {replica.port}\n"
-                 f'server_id = {replica.server_id}\nuser = "{replica.user}"\npassword = "{replica.password}"\n')
+        text += (
+            f'\n[regions.east.replicas.east-r1]\nhost = "{replica.host}"\nport = {replica.port}\n'
+            f'server_id = {replica.server_id}\nuser = "{replica.user}"\npassword = "{replica.password}"\n'
+        )
         for name, copy in (("east-1", "east"), ("east-2", "east-r1")):
-            text += (f'\n[[regions.east.squeal_instances]]\nname = "{name}"\ndatabase = "{copy}"\n'
-                     f'host = "{where[name]}"\nmetrics_port = {ports[name]}\n')
+            text += (
+                f'\n[[regions.east.squeal_instances]]\nname = "{name}"\ndatabase = "{copy}"\n'
+                f'host = "{where[name]}"\nmetrics_port = {ports[name]}\n'
+            )
         # The ensemble's real quorum/election ports: the defaults (client port + 100, + 200) could name ports
         # this run's other servers got by chance, which the topology check rightly refuses.
         peer_ports = ", ".join(f"[{q}, {e}]" for m in zk for i, _, q, e in m.peers if i == m.server_id)
 
         def with_servers(members: list) -> str:
             servers = ", ".join(f'"{address}"' for address in hosts(members).split(","))
-            return text + (f'\n[zookeeper]\nservers = [{servers}]\npeer_ports = [{peer_ports}]\n'
-                           f'session_timeout_s = {session_timeout}\n'
-                           f'root = "{self.root}"\ntakeover_wait_s = 30\nhandback_after_s = 2\n')
+            return text + (
+                f"\n[zookeeper]\nservers = [{servers}]\npeer_ports = [{peer_ports}]\n"
+                f"session_timeout_s = {session_timeout}\n"
+                f'root = "{self.root}"\ntakeover_wait_s = 30\nhandback_after_s = 2\n'
+            )
 
         self.topology = base / "topology.toml"
         base.mkdir(parents=True, exist_ok=True)
         self.topology.write_text(with_servers(zk))
         self.daemons: dict[str, SquealDaemon] = {}
         for name, port in ports.items():
-            kwargs = dict(port=port, workdir=base / name, state_dir=base / name / "state",
-                          extra_args=("--instance", name), host=where[name])
+            kwargs = dict(
+                port=port,
+                workdir=base / name,
+                state_dir=base / name / "state",
+                extra_args=("--instance", name),
+                host=where[name],
+            )
             topology = self.topology
             if name in (zk_servers or {}):  # the same topology, reaching ZooKeeper another way
                 topology = base / f"topology-{name}.toml"
                 topology.write_text(with_servers(zk_servers[name]))
             ns = (netns or {}).get(name)
-            self.daemons[name] = (NetnsSquealDaemon(ns, topology, "east", **kwargs) if ns else
-                                  SquealDaemon(topology, "east", **kwargs))
+            self.daemons[name] = (
+                NetnsSquealDaemon(ns, topology, "east", **kwargs) if ns else SquealDaemon(topology, "east", **kwargs)
+            )
         self.processes = processes
         for d in self.daemons.values():
             processes.started.append(d)  # stopped by pid at teardown, whatever the test did
@@ -258,8 +279,9 @@ class HaEnv:
             c.set(f"user:{n}")
         t0 = time.monotonic()
         self.sql(f"INSERT INTO users VALUES ({n}, NULL, 'probe')")
-        wait_until(lambda: not any(c.has(f"user:{n}") for c in self.caches), timeout, f"user:{n} deleted",
-                   interval=0.01)
+        wait_until(
+            lambda: not any(c.has(f"user:{n}") for c in self.caches), timeout, f"user:{n} deleted", interval=0.01
+        )
         return time.monotonic() - t0
 
     def all_gone(self, ids: list[int], timeout: float) -> None:
@@ -297,8 +319,9 @@ def start_pair(env: HaEnv) -> None:
     env.daemons["east-1"].start()
     wait_until(lambda: env.state("east-1") == "leader", 30, "east-1 to lead")
     env.daemons["east-2"].start()
-    wait_until(lambda: env.health("east-2").get("ha", {}).get("leader") == "east-1", 15,
-               "east-2 to stand by behind east-1")
+    wait_until(
+        lambda: env.health("east-2").get("ha", {}).get("leader") == "east-1", 15, "east-2 to stand by behind east-1"
+    )
     body = env.health("east-2")
     assert body["state"] == "standby" and body["database"]["name"] == "east-r1", body
 
@@ -312,8 +335,7 @@ class MarkerSeen:
 
 
 # ZooKeeper not answering (servers down, the watch's own session gone meanwhile): look again later
-ZOOKEEPER_AWAY = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError,
-                  KazooTimeoutError)
+ZOOKEEPER_AWAY = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError, KazooTimeoutError)
 
 
 @dataclass
@@ -376,15 +398,19 @@ class MarkerWatch:
         def covered() -> bool:
             markers = dict(self.markers)
             return bool(markers) and all(
-                seen and g.covers_position(g.parse_position(seen[-1].position), target) for seen in markers.values())
+                seen and g.covers_position(g.parse_position(seen[-1].position), target) for seen in markers.values()
+            )
 
         wait_until(covered, timeout, f"every marker the watch sees to reach {position}")
 
     def check_markers_moved(self) -> None:
         """The watch saw every flow's marker take more than one value (else "none went back" says nothing)."""
         assert self.markers, f"the marker watch saw no marker under {self.base}/markers"
-        still = {flow: [v.position for v in values] for flow, values in self.markers.items()
-                 if len({v.position for v in values}) < 2}
+        still = {
+            flow: [v.position for v in values]
+            for flow, values in self.markers.items()
+            if len({v.position for v in values}) < 2
+        }
         assert not still, f"markers the watch never saw move: {still}"
 
     def check_one_leader_at_a_time(self) -> None:

@@ -190,8 +190,12 @@ MISTAKES = [
         "regions.east.squeal_instances[0].metrics_port",
         "duplicate port: 127.0.0.1:2182 is already used by zookeeper.servers[1]",
     ),
-    ('name = "east-1"\nmetrics_port = 19110', 'name = "east-1"', "regions.east.squeal_instances[0]",
-     "missing required key 'metrics_port'"),
+    (
+        'name = "east-1"\nmetrics_port = 19110',
+        'name = "east-1"',
+        "regions.east.squeal_instances[0]",
+        "missing required key 'metrics_port'",
+    ),
     ('name = "east-1"', 'name = "east 1"', "regions.east.squeal_instances[0].name", "may use only letters"),
     ("metrics_port = 19110", "metrics-port = 19110", "regions.east.squeal_instances[0].metrics-port", "unknown key"),
     ('"127.0.0.1:2183"]', '"127.0.0.1:2183"]\nroot = "squeal"', "zookeeper.root", "is not a znode path"),
@@ -222,8 +226,10 @@ def test_squeal_run_in_an_ha_region_needs_an_instance(tmp_path, capsys):
     path = tmp_path / "ha.toml"
     path.write_text(HA_GOOD)
     assert main(["run", str(path), "--region", "east"]) == 2
-    assert "region east runs squeal instances with leader election: start each with --instance NAME " \
-           "(east-1, east-2)" in capsys.readouterr().err
+    assert (
+        "region east runs squeal instances with leader election: start each with --instance NAME "
+        "(east-1, east-2)" in capsys.readouterr().err
+    )
     assert main(["run", str(path), "--instance", "east-9"]) == 2
     assert "no squeal instance 'east-9' (have: east-1, east-2, west-1, west-2)" in capsys.readouterr().err
     assert main(["run", str(path), "--instance", "east-1", "--region", "west"]) == 2

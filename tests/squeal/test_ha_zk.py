@@ -202,15 +202,17 @@ def test_session_loss_and_partition(clients, links) -> None:
     for link in cut_links:
         link.heal()
     # kazoo finds its session expired, starts a new one; the marker (persistent) is still there.
-    wait_until(lambda: store.client.connected and store.client.client_id != old_session, 20, "a new session",
-               interval=0.1)
+    wait_until(
+        lambda: store.client.connected and store.client.client_id != old_session, 20, "a new session", interval=0.1
+    )
     store.save("c0", "0-1-2")
     assert observer.positions() == {"c0": "0-1-2"}
     # An expired session (ZooKeeper closed it) is the same: the next write works on the new session.
     old_session = store.client.client_id
     expire_session(store.client, connect)
-    wait_until(lambda: store.client.connected and store.client.client_id != old_session, 20, "a new session",
-               interval=0.1)
+    wait_until(
+        lambda: store.client.connected and store.client.client_id != old_session, 20, "a new session", interval=0.1
+    )
     store.save("c0", "0-1-3")
     assert observer.positions() == {"c0": "0-1-3"}
     print(f"\nwrite through a cut link failed after {failed_after:.2f}s (timeout 1.0s)")
@@ -222,15 +224,24 @@ def test_session_loss_and_partition(clients, links) -> None:
 class Candidate:
     """An Elector with a timeline of its callbacks, and a thread sampling `may_send()` (when it last said yes)."""
 
-    def __init__(self, zk_client, root: str, name: str, rank: int, session_timeout: float = SESSION_TIMEOUT,
-                 **kwargs) -> None:
+    def __init__(
+        self, zk_client, root: str, name: str, rank: int, session_timeout: float = SESSION_TIMEOUT, **kwargs
+    ) -> None:
         self.events: list[tuple[float, str, object]] = []
         self.last_send_ok = 0.0
-        self.elector = Elector(zk_client, root, "east", name, rank, session_timeout=session_timeout,
-                               on_elected=lambda token: self.events.append((time.monotonic(), "elected", token)),
-                               on_deposed=lambda why: self.events.append((time.monotonic(), "deposed", why)),
-                               on_pause=lambda paused: self.events.append((time.monotonic(), "paused", paused)),
-                               metrics=ElectionMetrics(), **kwargs)
+        self.elector = Elector(
+            zk_client,
+            root,
+            "east",
+            name,
+            rank,
+            session_timeout=session_timeout,
+            on_elected=lambda token: self.events.append((time.monotonic(), "elected", token)),
+            on_deposed=lambda why: self.events.append((time.monotonic(), "deposed", why)),
+            on_pause=lambda paused: self.events.append((time.monotonic(), "paused", paused)),
+            metrics=ElectionMetrics(),
+            **kwargs,
+        )
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, daemon=True)
 
@@ -316,8 +327,9 @@ def test_one_leader_then_the_other_leads_when_its_session_dies(zk, clients, cand
     print(f"leader stopped (released) -> the standby leads: {(a.when('elected')[-1] - t_stop) * 1000:.0f} ms")
 
 
-def test_a_partitioned_leader_stops_before_the_other_leads_and_rejoins_as_standby(zk, clients, links,
-                                                                                candidates) -> None:
+def test_a_partitioned_leader_stops_before_the_other_leads_and_rejoins_as_standby(
+    zk, clients, links, candidates
+) -> None:
     root = unique_root()
     connect, cut_links = links()
     a = candidates(clients(connect), root, "east-1", 0)
@@ -345,15 +357,18 @@ def test_a_partitioned_leader_stops_before_the_other_leads_and_rejoins_as_standb
     assert a.events[[k for _, k, _ in a.events].index("deposed")][2] in ("lease", "session")
     with pytest.raises((FencedError, ZooKeeperUnavailable)):
         store_a.save("c0", "0-1-2")
-    print(f"\ncut at 0: east-1 last could send at "
-          f"{(stopped - t_cut) * 1000:.0f} ms, deposed at {(a.when('deposed')[0] - t_cut) * 1000:.0f} ms; east-2 "
-          f"elected at {(t_b - t_cut) * 1000:.0f} ms (session timeout {SESSION_TIMEOUT * 1000:.0f} ms): "
-          f"{(t_b - stopped) * 1000:.0f} ms with nobody sending")
+    print(
+        f"\ncut at 0: east-1 last could send at "
+        f"{(stopped - t_cut) * 1000:.0f} ms, deposed at {(a.when('deposed')[0] - t_cut) * 1000:.0f} ms; east-2 "
+        f"elected at {(t_b - t_cut) * 1000:.0f} ms (session timeout {SESSION_TIMEOUT * 1000:.0f} ms): "
+        f"{(t_b - stopped) * 1000:.0f} ms with nobody sending"
+    )
 
     for link in cut_links:
         link.heal()
-    wait_until(lambda: a.elector.client.connected and a.elector.leader_name == "east-2", 20,
-               "east-1 to rejoin as standby")
+    wait_until(
+        lambda: a.elector.client.connected and a.elector.leader_name == "east-2", 20, "east-1 to rejoin as standby"
+    )
     assert a.elector.state == STANDBY and a.elector.fence_token() is None
     store_a.load("c0")
     with pytest.raises(FencedError):
@@ -374,9 +389,14 @@ def test_a_short_suspension_within_the_lease_changes_nothing(zk, clients, candid
     server = next(m for m in zk if m.port == connected_to)
     server.kill()
     try:
-        wait_until(lambda: a.elector.client.connected and a.elector.client._connection._socket is not None
-                   and a.elector.client._connection._socket.getpeername()[1] != connected_to, 15,
-                   "east-1 to reconnect to another server", interval=0.01)
+        wait_until(
+            lambda: a.elector.client.connected
+            and a.elector.client._connection._socket is not None
+            and a.elector.client._connection._socket.getpeername()[1] != connected_to,
+            15,
+            "east-1 to reconnect to another server",
+            interval=0.01,
+        )
         time.sleep(SESSION_TIMEOUT)
         assert a.elector.is_leader and a.elector.term == 1 and a.elector.fence_token() == token
         assert not a.when("deposed") and b.elector.state == STANDBY
@@ -410,12 +430,15 @@ def test_preference_unhealthy_candidates_and_hand_back(zk, clients, candidates) 
     time.sleep(1.0)
     assert b.elector.state == STANDBY and a.elector.is_leader  # east-2 does not grab it back
     assert a.metric("squeal_ha_takeovers_total") == 1
-    print(f"\nhealthy again -> handed back after {(a.when('elected')[0] - t0) * 1000:.0f} ms "
-          f"(handback_after 1000 ms); resign -> new leader {gap * 1000:.0f} ms")
+    print(
+        f"\nhealthy again -> handed back after {(a.when('elected')[0] - t0) * 1000:.0f} ms "
+        f"(handback_after 1000 ms); resign -> new leader {gap * 1000:.0f} ms"
+    )
 
 
 def test_a_rejoining_preferred_instance_stands_by_and_gets_the_region_back_only_by_hand_back(
-        zk, clients, candidates) -> None:
+    zk, clients, candidates
+) -> None:
     """The race behind a flaky CI run: a preferred (rank 0) instance whose session expired reconnects and
     republishes its candidate before the standby acts on the vacancy; the standby used to defer to it, so the
     deposed instance won straight back. Here the vacancy is made while both candidates are published: an
@@ -482,7 +505,8 @@ def published_by(zk_client, base: str, c: Candidate) -> bool:
 
 
 def test_an_instance_restarted_while_its_old_session_holds_the_leader_znode_rejoins_whoever_restarted_it(
-        zk, clients, candidates) -> None:
+    zk, clients, candidates
+) -> None:
     """Issue 27, item 2: the race of a supervisor restarting a killed preferred leader (1.5 s later, within its
     session timeout) and the standby deferring to the restarted process, which then won the vacancy its own crash
     made. The new process is a plain one (no `rejoining=True`, no SQUEAL_HA_REJOINED): what makes it rejoin is
@@ -506,8 +530,11 @@ def test_an_instance_restarted_while_its_old_session_holds_the_leader_znode_rejo
     doc, _ = candidate_doc(hold, base, "east-1")
     assert doc["rejoining"] is True, doc
     assert restarted.elector.snapshot()["rejoining"] is True
-    wait_until(lambda: b.elector.leader_name == "east-1" and restarted.elector.leader_name == "east-1", 10,
-               "both to see the old term's leader znode")
+    wait_until(
+        lambda: b.elector.leader_name == "east-1" and restarted.elector.leader_name == "east-1",
+        10,
+        "both to see the old term's leader znode",
+    )
 
     t_vacant = time.monotonic()
     expire_session(old.elector.client, hosts(zk))  # the old process's session ends: the vacancy its crash made
@@ -524,8 +551,9 @@ def test_an_instance_restarted_while_its_old_session_holds_the_leader_znode_rejo
     print(f"\nrestarted within the session: the standby led; handed back {waited * 1000:.0f} ms after the vacancy")
 
 
-def test_an_instance_restarted_after_its_session_expired_rejoins_until_someone_else_led(zk, clients,
-                                                                                          candidates) -> None:
+def test_an_instance_restarted_after_its_session_expired_rejoins_until_someone_else_led(
+    zk, clients, candidates
+) -> None:
     """The same, restarted by anyone after its old session expired but before another instance filled the
     vacancy (the standby was slow to act): the `epoch` record still names it and was never marked released."""
     root = unique_root()
@@ -541,8 +569,9 @@ def test_an_instance_restarted_after_its_session_expired_rejoins_until_someone_e
     restarted = candidates(clients(), root, "east-1", 0, handback_after=3.0)  # a plain process, no rejoin flag
     b = candidates(clients(), root, "east-2", 1, handback_after=1.0)
     b.elector.on_handback = lambda: b.elector.resign()
-    wait_until(lambda: published_by(hold, base, restarted) and published_by(hold, base, b), 10,
-               "both candidates published")
+    wait_until(
+        lambda: published_by(hold, base, restarted) and published_by(hold, base, b), 10, "both candidates published"
+    )
     assert candidate_doc(hold, base, "east-1")[0]["rejoining"] is True
     hold.delete(f"{base}/leader")
     wait_until(lambda: restarted.elector.is_leader or b.elector.is_leader, 10, "a leader")
@@ -567,16 +596,16 @@ def test_an_instance_that_gave_its_term_up_is_not_rejoining_when_it_restarts(zk,
     hold.create(f"{base}/leader", json.dumps({"name": "test-hold", "epoch": 0}).encode(), ephemeral=True)
     restarted = candidates(clients(), root, "east-1", 0)
     b = candidates(clients(), root, "east-2", 1)
-    wait_until(lambda: published_by(hold, base, restarted) and published_by(hold, base, b), 10,
-               "both candidates published")
+    wait_until(
+        lambda: published_by(hold, base, restarted) and published_by(hold, base, b), 10, "both candidates published"
+    )
     assert candidate_doc(hold, base, "east-1")[0]["rejoining"] is False
     hold.delete(f"{base}/leader")
     wait_until(lambda: restarted.elector.is_leader, 10, "east-1 (preferred, not rejoining) to lead")
     assert b.elector.state == STANDBY and not b.when("elected")
 
 
-def test_a_lease_that_lapsed_waiting_for_a_slow_answer_resumes_in_the_same_term(zk, clients, links,
-                                                                                candidates) -> None:
+def test_a_lease_that_lapsed_waiting_for_a_slow_answer_resumes_in_the_same_term(zk, clients, links, candidates) -> None:
     """Issue 27, item 3: ZooKeeper's answers to the leader stalled for 2 s (every byte between it and the ensemble
     held, then delivered: a server starved of CPU), longer than its lease (0.6 x 3 s). The lease lapses - sending
     pauses at once - but the session lives, so its leader znode is still its own: the first round trip that gets
@@ -617,9 +646,11 @@ def test_a_lease_that_lapsed_waiting_for_a_slow_answer_resumes_in_the_same_term(
     store.load("c0")
     store.save("c0", "0-1-1")  # its fencing token is still good
     lapsed_at = a.when("paused")[0]
-    print(f"\nanswers stalled 2 s: east-1's lease lapsed at {(lapsed_at - t_stall) * 1000:.0f} ms, resumed at "
-          f"{(t_resumed - t_stall) * 1000:.0f} ms "
-          f"(same term, epoch version {epoch_before[1].version})")
+    print(
+        f"\nanswers stalled 2 s: east-1's lease lapsed at {(lapsed_at - t_stall) * 1000:.0f} ms, resumed at "
+        f"{(t_resumed - t_stall) * 1000:.0f} ms "
+        f"(same term, epoch version {epoch_before[1].version})"
+    )
 
 
 def test_a_lapsed_leader_whose_term_ended_meanwhile_does_not_resume(zk, clients, links, candidates) -> None:

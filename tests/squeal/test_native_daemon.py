@@ -62,8 +62,11 @@ def test_squeal_reconnects_the_native_reader_from_its_last_commit(env: SquealEnv
         c.set_many(keys)
     env.sql("INSERT INTO users VALUES (2, 'two@x', 'Two')")
     wait_gone(env.caches, keys, timeout=20)
-    wait_until(lambda: scrape(env.daemon.port).get('squeal_reader_reconnects_total{reader="live"}', 0) > before,
-               10, "the reconnect to be counted")
+    wait_until(
+        lambda: scrape(env.daemon.port).get('squeal_reader_reconnects_total{reader="live"}', 0) > before,
+        10,
+        "the reconnect to be counted",
+    )
 
 
 def test_a_rule_the_native_reader_cannot_render_falls_back_to_python(primary, tmp_path) -> None:
@@ -101,16 +104,20 @@ def test_rule_filters_in_the_daemon(primary, tmp_path, reader: str) -> None:
     later change's delete arriving, in commit order); the rest is deleted; both are counted."""
     e = SquealEnv(tmp_path, primary)
     try:
-        e.sql("CREATE TABLE articles (id INT PRIMARY KEY, status VARCHAR(20), views INT, title VARCHAR(50))",
-              "INSERT INTO articles VALUES (1, 'live', 0, 'a'), (2, 'draft', 0, 'b'), (3, 'live', 0, 'c')")
+        e.sql(
+            "CREATE TABLE articles (id INT PRIMARY KEY, status VARCHAR(20), views INT, title VARCHAR(50))",
+            "INSERT INTO articles VALUES (1, 'live', 0, 'a'), (2, 'draft', 0, 'b'), (3, 'live', 0, 'c')",
+        )
         text = e.topology.read_text().replace("[squeal]\n", f'[squeal]\nreader = "{reader}"\n', 1)
         e.topology.write_text(text + FILTERED_RULE.format(schema=e.schema))
         e.start()
         for c in e.caches:
             c.set_many(["art:1", "art:2", "art:3"])
-        e.sql("UPDATE articles SET views = views + 1",  # when_changed: nothing watched changed (3 rows)
-              "UPDATE articles SET title = 'b2' WHERE id = 2",  # where: a draft before and after
-              "UPDATE articles SET title = 'c2' WHERE id = 3")  # sent
+        e.sql(
+            "UPDATE articles SET views = views + 1",  # when_changed: nothing watched changed (3 rows)
+            "UPDATE articles SET title = 'b2' WHERE id = 2",  # where: a draft before and after
+            "UPDATE articles SET title = 'c2' WHERE id = 3",
+        )  # sent
         wait_gone(e.caches, ["art:3"])
         e.fence()
         for c in e.caches:

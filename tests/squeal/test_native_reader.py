@@ -61,18 +61,40 @@ CREATE TABLE scores (id INT PRIMARY KEY, score DECIMAL(6,2), views INT) ENGINE=I
 
 def rules_for(schema: str) -> list[Rule]:
     return [
-        Rule(table=f"{schema}.users", keys=(
-            "user:{id}", "user:email:{email}", "name:{name}", "bin:{bin}", "amt:{amount}", "tiny:{tiny}",
-            "born:{born}", "seen:{seen}", "y:{y}", "big:{big}", "neg:{neg}", "t:{t}:{id}", "b:{b}",
-            "c:{c}", "m:{m}", "region:user:{id}", "pair:{id}:{email}")),
+        Rule(
+            table=f"{schema}.users",
+            keys=(
+                "user:{id}",
+                "user:email:{email}",
+                "name:{name}",
+                "bin:{bin}",
+                "amt:{amount}",
+                "tiny:{tiny}",
+                "born:{born}",
+                "seen:{seen}",
+                "y:{y}",
+                "big:{big}",
+                "neg:{neg}",
+                "t:{t}:{id}",
+                "b:{b}",
+                "c:{c}",
+                "m:{m}",
+                "region:user:{id}",
+                "pair:{id}:{email}",
+            ),
+        ),
         Rule(table=f"{schema}.posts", keys=("post:{id}", "feed:{author_id}"), on_truncate="flush"),
         Rule(table=f"{schema}.counters", keys=("counter:{id}",)),
         Rule(table=f"{schema}.child", keys=("child:{id}",), on_truncate="flush"),
         Rule(table=f"{schema}.evolving", keys=("ev:{a}", "evb:{b}:{id}")),
         Rule(table=f"{schema}.latin", keys=("latin:{v}",)),
         # filters: when_changed (+ the templated id, owner_id) and a string/IN/NULL `where`; a numeric one
-        Rule(table=f"{schema}.articles", keys=("art:{id}", "owner:{owner_id}"), when_changed=("title", "status"),
-             where=predicate.parse("status != 'draft' OR owner_id IN (7, 8)")),
+        Rule(
+            table=f"{schema}.articles",
+            keys=("art:{id}", "owner:{owner_id}"),
+            when_changed=("title", "status"),
+            where=predicate.parse("status != 'draft' OR owner_id IN (7, 8)"),
+        ),
         Rule(table=f"{schema}.scores", keys=("score:{id}",), where=predicate.parse("score >= 1.5 AND NOT views < 10")),
     ]
 
@@ -91,16 +113,22 @@ def workload(conn, other, schema: str) -> None:
 
     long_email = "x" * 240 + "@example.com"
     # latin1 (Windows-1252 to Python): every byte it defines, as stored bytes
-    cp1252 = bytes(b for b in range(0x20, 0x100) if b not in (0x7f, 0x81, 0x8d, 0x8f, 0x90, 0x9d))
+    cp1252 = bytes(b for b in range(0x20, 0x100) if b not in (0x7F, 0x81, 0x8D, 0x8F, 0x90, 0x9D))
     tx(f"INSERT INTO latin VALUES (1, _latin1 x'{cp1252[:100].hex()}'), (2, _latin1 x'{cp1252[100:].hex()}')")
-    tx("INSERT INTO users (id, email, name, bin, amount, tiny, born, seen, y, big, neg, t, b, f, kind, tags, ts, c, m)"
-       " VALUES (1, 'a@x', 'Ann', x'00ff10', 12.5, 0.0000001, '2024-02-29', '2024-01-02 03:04:05.678', 1999,"
-       " 18446744073709551615, -32768, 'text one', x'cafe', 1.5, 'a', 'x,y', '2024-01-01 00:00:00', 'ch', 16777215)")
-    tx("INSERT INTO users (id, email, name) VALUES (2, 'b@x', 'Bj\u00f6rk \U0001f600'), (3, NULL, NULL),"
-       f" (4, '{long_email}', 'has space'), (5, 'e@x', '')")
-    tx("INSERT INTO users (id, email, amount, tiny, born, seen) VALUES"
-       " (6, 'f@x', -0.0001, 0.0000000000, '0000-00-00', '0000-00-00 00:00:00'),"
-       " (7, 'g@x', 99999999.9999, 0.1, '1000-01-01', '9999-12-31 23:59:59.999')")
+    tx(
+        "INSERT INTO users (id, email, name, bin, amount, tiny, born, seen, y, big, neg, t, b, f, kind, tags, ts, c, m)"
+        " VALUES (1, 'a@x', 'Ann', x'00ff10', 12.5, 0.0000001, '2024-02-29', '2024-01-02 03:04:05.678', 1999,"
+        " 18446744073709551615, -32768, 'text one', x'cafe', 1.5, 'a', 'x,y', '2024-01-01 00:00:00', 'ch', 16777215)"
+    )
+    tx(
+        "INSERT INTO users (id, email, name) VALUES (2, 'b@x', 'Bj\u00f6rk \U0001f600'), (3, NULL, NULL),"
+        f" (4, '{long_email}', 'has space'), (5, 'e@x', '')"
+    )
+    tx(
+        "INSERT INTO users (id, email, amount, tiny, born, seen) VALUES"
+        " (6, 'f@x', -0.0001, 0.0000000000, '0000-00-00', '0000-00-00 00:00:00'),"
+        " (7, 'g@x', 99999999.9999, 0.1, '1000-01-01', '9999-12-31 23:59:59.999')"
+    )
     tx("UPDATE users SET email = 'a2@x' WHERE id = 1")  # key-column update: old and new key
     tx("UPDATE users SET name = CONCAT(name, '!') WHERE id IN (1, 2, 3, 4)")  # multi-row update
     tx("UPDATE users SET bin = x'80', y = 2155 WHERE id = 2", "DELETE FROM users WHERE id = 5")
@@ -125,11 +153,20 @@ def workload(conn, other, schema: str) -> None:
         cur2.execute("INSERT INTO posts VALUES (100, 7, 'between')")
     other.commit()
     cur.execute("XA COMMIT 'x1'")
-    for stmt in ("XA START 'x2'", "DELETE FROM users WHERE id = 7", "XA END 'x2'", "XA PREPARE 'x2'",
-                 "XA ROLLBACK 'x2'"):
+    for stmt in (
+        "XA START 'x2'",
+        "DELETE FROM users WHERE id = 7",
+        "XA END 'x2'",
+        "XA PREPARE 'x2'",
+        "XA ROLLBACK 'x2'",
+    ):
         cur.execute(stmt)
-    for stmt in ("XA START 'x3'", "UPDATE users SET email = 'one@x' WHERE id = 6", "XA END 'x3'",
-                 "XA COMMIT 'x3' ONE PHASE"):
+    for stmt in (
+        "XA START 'x3'",
+        "UPDATE users SET email = 'one@x' WHERE id = 6",
+        "XA END 'x3'",
+        "XA COMMIT 'x3' ONE PHASE",
+    ):
         cur.execute(stmt)
     # savepoints
     cur.execute("BEGIN")
@@ -173,8 +210,10 @@ def workload(conn, other, schema: str) -> None:
     conn.commit()
     tx("DELETE FROM users WHERE id >= 1000")
     # rule filters (FILTERED below counts what each statement skips)
-    tx("INSERT INTO articles VALUES (1, 'draft', 1, 0, 'a', 'x'), (2, 'live', 2, 0, 'b', 'x'),"
-       " (3, NULL, 7, 0, 'c', NULL), (4, 'draft', 8, 0, 'd', 'x')")  # 1: where
+    tx(
+        "INSERT INTO articles VALUES (1, 'draft', 1, 0, 'a', 'x'), (2, 'live', 2, 0, 'b', 'x'),"
+        " (3, NULL, 7, 0, 'c', NULL), (4, 'draft', 8, 0, 'd', 'x')"
+    )  # 1: where
     tx("UPDATE articles SET views = views + 1, body = 'edited'")  # 4: when_changed
     tx("UPDATE articles SET status = 'live' WHERE id = 1", "UPDATE articles SET status = 'draft' WHERE id = 2")
     tx("UPDATE articles SET title = 'b2' WHERE id = 2")  # 1: where (a draft before and after)
@@ -187,8 +226,13 @@ def workload(conn, other, schema: str) -> None:
 FILTERED = {("articles", "where"): 2, ("articles", "when_changed"): 4, ("scores", "where"): 4}
 
 
-def decode(make_reader: Callable[[g.Position], object], stage: KeyStage, start: g.Position,
-           end: g.Position, timeout: float = 60) -> list[tuple]:
+def decode(
+    make_reader: Callable[[g.Position], object],
+    stage: KeyStage,
+    start: g.Position,
+    end: g.Position,
+    timeout: float = 60,
+) -> list[tuple]:
     """Everything `ReadLoop` hands on from `start` up to `end`, as (GTID, cluster lines, regional lines, flush,
     pieces): a transaction handed on in pieces is put back together (the readers group row events differently,
     so the pieces' bounds differ; what they send in all must not), `pieces` says how many it came in."""
@@ -205,8 +249,15 @@ def decode(make_reader: Callable[[g.Position], object], stage: KeyStage, start: 
             return
         before = [p for p in pieces if p.gtid == c.gtid] if c.continued else []
         pieces.clear()
-        out.append((c.gtid, tuple(line for p in [*before, c] for line in p.cluster_lines),
-                    tuple(line for p in [*before, c] for line in p.regional_lines), c.flush, len(before) + 1))
+        out.append(
+            (
+                c.gtid,
+                tuple(line for p in [*before, c] for line in p.cluster_lines),
+                tuple(line for p in [*before, c] for line in p.regional_lines),
+                c.flush,
+                len(before) + 1,
+            )
+        )
         if g.covers_position({c.gtid[0]: (c.gtid[1], c.gtid[2])}, end):
             done.set()
 
@@ -255,11 +306,21 @@ def test_both_readers_hand_on_identical_transactions(corpus):
     python = decode(lambda s: BinlogReader(source, s, tables, name="python"), py_stage, start, end)
 
     native_stage = stage_for(rules, cascades)
-    native = decode(lambda s: NativeBinlogReader(source, s, tables, native_stage.extractor.templates,
-                                                 native_stage.bulk.parents, name="native",
-                                                 filters=native_stage.extractor.filters,
-                                                 regional_prefixes=native_stage.regional_prefixes),
-                    native_stage, start, end)
+    native = decode(
+        lambda s: NativeBinlogReader(
+            source,
+            s,
+            tables,
+            native_stage.extractor.templates,
+            native_stage.bulk.parents,
+            name="native",
+            filters=native_stage.extractor.filters,
+            regional_prefixes=native_stage.regional_prefixes,
+        ),
+        native_stage,
+        start,
+        end,
+    )
 
     assert len(native) == len(python)
     for p, n in zip(python, native, strict=True):
@@ -270,13 +331,40 @@ def test_both_readers_hand_on_identical_transactions(corpus):
     assert native_stage.extractor.filtered == py_stage.extractor.filtered
     # the corpus really exercises what it claims
     lines = {line for _, cluster, regional, *_ in python for line in cluster + regional}
-    for key in ("user:email:a@x", "user:email:a2@x", "comment:one", "on:other", "amt:12.5000", "tiny:1.000E-7",
-                "seen:2024-01-02 03:04:05.678000", "born:2024-02-29", "y:1999", "region:user:1",
-                "big:18446744073709551615", "neg:-32768", "name:Bj\u00f6rk \U0001f600", "bin:\udc80",
-                "counter:2", "counter:3", "post:200", "post:201", "ev:a3", "evb:back:3", "user:3999",
-                "art:1", "owner:1", "art:2", "art:3", "owner:7", "owner:3", "art:4", "owner:8", "score:1"):
+    for key in (
+        "user:email:a@x",
+        "user:email:a2@x",
+        "comment:one",
+        "on:other",
+        "amt:12.5000",
+        "tiny:1.000E-7",
+        "seen:2024-01-02 03:04:05.678000",
+        "born:2024-02-29",
+        "y:1999",
+        "region:user:1",
+        "big:18446744073709551615",
+        "neg:-32768",
+        "name:Bj\u00f6rk \U0001f600",
+        "bin:\udc80",
+        "counter:2",
+        "counter:3",
+        "post:200",
+        "post:201",
+        "ev:a3",
+        "evb:back:3",
+        "user:3999",
+        "art:1",
+        "owner:1",
+        "art:2",
+        "art:3",
+        "owner:7",
+        "owner:3",
+        "art:4",
+        "owner:8",
+        "score:1",
+    ):
         assert delete_line(key)[0] in lines, key
-    cp1252 = bytes(b for b in range(0x20, 0x100) if b not in (0x7f, 0x81, 0x8d, 0x8f, 0x90, 0x9d))
+    cp1252 = bytes(b for b in range(0x20, 0x100) if b not in (0x7F, 0x81, 0x8D, 0x8F, 0x90, 0x9D))
     assert delete_line("latin:" + cp1252[100:].decode("cp1252"))[0] in lines
     for key in ("score:2", "score:3", "score:4", "score:5"):  # filtered out
         assert delete_line(key)[0] not in lines, key
@@ -292,13 +380,23 @@ def test_both_readers_hand_on_identical_transactions(corpus):
 
 def test_templates_on_columns_the_native_reader_cannot_render_are_found_at_start_up(corpus):
     db, schema, *_ = corpus
-    rules = [Rule(table=f"{schema}.users", keys=("f:{f}", "k:{kind}", "user:{id}", "e:{email}"),
-                  where=predicate.parse("ts IS NULL")),  # a column only a filter compares is checked too
-             Rule(table=f"{schema}.latin", keys=("l:{v}",)), Rule(table=f"{schema}.greek", keys=("g:{v}",))]
+    rules = [
+        Rule(
+            table=f"{schema}.users",
+            keys=("f:{f}", "k:{kind}", "user:{id}", "e:{email}"),
+            where=predicate.parse("ts IS NULL"),
+        ),  # a column only a filter compares is checked too
+        Rule(table=f"{schema}.latin", keys=("l:{v}",)),
+        Rule(table=f"{schema}.greek", keys=("g:{v}",)),
+    ]
     with db.connect() as conn:
         problems = native_problems(conn, KeyExtractor(rules).text_columns)
-    assert sorted(problems) == [f"{schema}.greek.v has character set greek", f"{schema}.users.f is float",
-                                f"{schema}.users.kind is enum", f"{schema}.users.ts is timestamp"]
+    assert sorted(problems) == [
+        f"{schema}.greek.v has character set greek",
+        f"{schema}.users.f is float",
+        f"{schema}.users.kind is enum",
+        f"{schema}.users.ts is timestamp",
+    ]
 
 
 def test_a_template_on_an_unsupported_column_stops_the_native_reader_loudly(corpus):
@@ -315,7 +413,7 @@ def test_a_template_on_an_unsupported_column_stops_the_native_reader_loudly(corp
         time.sleep(0.05)
     loop.stop()
     assert isinstance(loop.error, NativeUnavailable), loop.error
-    assert "column \"f\" of type FLOAT" in str(loop.error)
+    assert 'column "f" of type FLOAT' in str(loop.error)
 
 
 def test_native_reader_data_loss_and_reconnect(mariadb_pair):

@@ -41,8 +41,12 @@ def test_new_shards_are_placed_at_once_by_decreasing_load_on_the_least_loaded_wo
     shards = [Shard(f"s{x}", float(x)) for x in (6, 5, 4, 3, 2, 1)]
     p = plan(workers(3), shards, {}, {}, now=0.0, settings=S)
     assert [(m.shard, m.target, m.reason, m.source) for m in p.moves] == [
-        ("s6", "w0", UNASSIGNED, None), ("s5", "w1", UNASSIGNED, None), ("s4", "w2", UNASSIGNED, None),
-        ("s3", "w2", UNASSIGNED, None), ("s2", "w1", UNASSIGNED, None), ("s1", "w0", UNASSIGNED, None),
+        ("s6", "w0", UNASSIGNED, None),
+        ("s5", "w1", UNASSIGNED, None),
+        ("s4", "w2", UNASSIGNED, None),
+        ("s3", "w2", UNASSIGNED, None),
+        ("s2", "w1", UNASSIGNED, None),
+        ("s1", "w0", UNASSIGNED, None),
     ]
     assert p.loads == {"w0": 7.0, "w1": 7.0, "w2": 7.0}
     assert p.imbalanced_since is None and p.unplaced == ()
@@ -90,8 +94,7 @@ def test_hysteresis_a_transient_imbalance_moves_nothing_and_a_persistent_one_doe
     shards, assignment = shifted()
     first = plan(workers(4), shards, assignment, {}, now=0.0, settings=S)
     assert first.moves == () and first.imbalanced_since == 0.0 and "must last" in first.notes[0]
-    second = plan(workers(4), shards, assignment, {}, now=30.0, imbalanced_since=first.imbalanced_since,
-                  settings=S)
+    second = plan(workers(4), shards, assignment, {}, now=30.0, imbalanced_since=first.imbalanced_since, settings=S)
     assert second.moves == () and second.imbalanced_since == 0.0
     # transient: the load comes back before 60 s, the clock is reset and nothing ever moved
     calm, _ = even(4, 5)
@@ -133,7 +136,10 @@ def test_a_shard_with_ten_times_the_writes_ends_alone_on_its_worker() -> None:
     assert p.before.level == 4.0  # the other 12 over the other 3 workers
     assert held(p, "w0") == {"hot"}
     assert sorted((m.shard, m.source, m.target) for m in p.moves) == [
-        ("s03", "w0", "w1"), ("s07", "w0", "w2"), ("s11", "w0", "w3")]
+        ("s03", "w0", "w1"),
+        ("s07", "w0", "w2"),
+        ("s11", "w0", "w3"),
+    ]
     assert p.loads == {"w0": 10.0, "w1": 4.0, "w2": 4.0, "w3": 4.0}
     assert p.after.hot_not_alone == 0 and not p.after.violations and p.imbalanced_since is None
     # a fresh placement puts it alone from the start
@@ -178,8 +184,7 @@ def test_same_input_same_plan_whatever_the_order() -> None:
     rng.shuffle(ws2)
     rng.shuffle(shards2)
     rng.shuffle(items)
-    b = plan(ws2, shards2, dict(items), dict(reversed(last.items())), now=1000.0, imbalanced_since=0.0,
-             settings=S)
+    b = plan(ws2, shards2, dict(items), dict(reversed(last.items())), now=1000.0, imbalanced_since=0.0, settings=S)
     assert a == b
     assert a.moves and {m.reason for m in a.moves} >= {UNASSIGNED, ORPHANED, REBALANCE}
     assert "s01" not in {m.shard for m in a.moves if m.reason == REBALANCE}  # in cooldown
@@ -195,7 +200,9 @@ def test_rebalance_respects_max_moves() -> None:
 def test_which_copy_a_worker_reads() -> None:
     shard = Shard("users-1", 1.0, copies=("west", "west/replica-1"))
     assert read_copy(Worker("a", region="west"), shard) == (
-        "west", "the region's own copy (the default: no cross-region reads)")
+        "west",
+        "the region's own copy (the default: no cross-region reads)",
+    )
     picky = Worker("b", region="west", prefer={"users-1": "west/replica-1"})
     assert read_copy(picky, shard) == ("west/replica-1", "the worker's preferred copy")
     wrong = Worker("c", region="west", prefer={"users-1": "east/replica-9"})

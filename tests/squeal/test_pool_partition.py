@@ -53,8 +53,10 @@ def zk_far(link: NetnsLink, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 def far_dbs(link: NetnsLink, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[MariaDB]]:
     """One primary per shard on the root-side address, GTID domains 40..43."""
     base = tmp_path_factory.mktemp("pool-far-shards")
-    dbs = [MariaDB(server_id=400 + i, workdir=base / f"s{i}", gtid_domain_id=40 + i, host=link.root_ip)
-           for i in range(len(SHARDS))]
+    dbs = [
+        MariaDB(server_id=400 + i, workdir=base / f"s{i}", gtid_domain_id=40 + i, host=link.root_ip)
+        for i in range(len(SHARDS))
+    ]
     try:
         for db in dbs:
             db.start()
@@ -65,10 +67,17 @@ def far_dbs(link: NetnsLink, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 def test_a_partitioned_worker_loses_its_shards_and_after_healing_no_shard_has_two_senders(
-        link: NetnsLink, zk_far: list[ZooKeeper], far_dbs: list[MariaDB], tmp_path) -> None:
+    link: NetnsLink, zk_far: list[ZooKeeper], far_dbs: list[MariaDB], tmp_path
+) -> None:
     # Seconds of cooldown, not minutes: every shard moved at the cut, and the healed w1 is filled once it is over.
-    env = Pool(tmp_path / "pool", far_dbs, zk_far, host=link.root_ip, netns={"w1": (link.ns, link.ns_ip)},
-               placement=FAST_PLACEMENT)
+    env = Pool(
+        tmp_path / "pool",
+        far_dbs,
+        zk_far,
+        host=link.root_ip,
+        netns={"w1": (link.ns, link.ns_ip)},
+        placement=FAST_PLACEMENT,
+    )
     try:
         prime(env, range(1, 20001))
         env.workers["w1"].start()
@@ -76,16 +85,20 @@ def test_a_partitioned_worker_loses_its_shards_and_after_healing_no_shard_has_tw
         pid = env.workers["w1"].pid
         assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")  # really elsewhere
         env.workers["w2"].start()  # joins empty: the controller fills it at once
-        placed = wait_until(lambda: (p := env.placed(("w1", "w2"))) and all(p.values()) and p, DEADLINE,
-                            "shards on both workers")
+        placed = wait_until(
+            lambda: (p := env.placed(("w1", "w2"))) and all(p.values()) and p, DEADLINE, "shards on both workers"
+        )
         cut_off = placed["w1"]
         watch = MarkerWatch(env)
         watch.start()
         writer = Writer(env, rate=60)
         writer.start()
         wait_until(lambda: len(writer.written) > 100, DEADLINE, "writes before the cut")
-        wait_until(lambda: all(any(by == "w1" for *_, by, _ in watch.writes[s]) for s in cut_off), DEADLINE,
-                   "w1 writing its shards' markers from inside the namespace")
+        wait_until(
+            lambda: all(any(by == "w1" for *_, by, _ in watch.writes[s]) for s in cut_off),
+            DEADLINE,
+            "w1 writing its shards' markers from inside the namespace",
+        )
 
         link.cut()
         try:
@@ -98,15 +111,21 @@ def test_a_partitioned_worker_loses_its_shards_and_after_healing_no_shard_has_tw
         finally:
             link.heal()
         wait_until(lambda: "starting over" in env.log("w1"), DEADLINE, "w1 to notice its session is gone")
-        placed = wait_until(lambda: (p := env.placed(("w1", "w2"))) and all(p.values()) and p, DEADLINE,
-                            "w1 back in the pool, placed again (an empty worker is filled)")
+        placed = wait_until(
+            lambda: (p := env.placed(("w1", "w2"))) and all(p.values()) and p,
+            DEADLINE,
+            "w1 back in the pool, placed again (an empty worker is filled)",
+        )
         at = len(writer.written)
         wait_until(lambda: len(writer.written) > at + 100, DEADLINE, "writes after the heal")
         written = writer.stop()
         assert_nothing_lost(env, written)
         back = placed["w1"]
-        wait_until(lambda: all(any(by == "w1" for *_, by, _ in watch.writes[s][-3:]) for s in back), DEADLINE,
-                   "w1 writing the markers of the shards it was given back")
+        wait_until(
+            lambda: all(any(by == "w1" for *_, by, _ in watch.writes[s][-3:]) for s in back),
+            DEADLINE,
+            "w1 writing the markers of the shards it was given back",
+        )
         watch.stop()
         assert not watch.went_back, watch.went_back
         runs = watch.one_sender_per_token()

@@ -26,9 +26,12 @@ def test_pool_flag_loads_and_round_trips() -> None:
     assert again.regions == moved.regions and again.region("east").squeal_pool is True
 
 
-@pytest.mark.parametrize(("old", "new", "words"), [
-    ("squeal_pool = true", 'squeal_pool = "yes"', "true or false"),
-])
+@pytest.mark.parametrize(
+    ("old", "new", "words"),
+    [
+        ("squeal_pool = true", 'squeal_pool = "yes"', "true or false"),
+    ],
+)
 def test_pool_flag_mistakes_name_the_key(old: str, new: str, words: str) -> None:
     with pytest.raises(TopologyError) as info:
         router_config.loads(POOLED.replace(old, new, 1), source="pool.toml")
@@ -72,8 +75,12 @@ def test_squealctl_pool_commands_refuse_what_is_not_a_pool(tmp_path, capsys) -> 
     assert "no shard 'nosuch'" in capsys.readouterr().err
 
 
-PLACED = POOLED.replace("[regions.west]\n", "[regions.east.squeal_placement]\nthreshold = 1.3\npersist_s = 5\n"
-                        "cooldown_s = 0\nmax_moves = 2\nbytes_per_row = 250\nhalf_life_s = 4\n\n[regions.west]\n", 1)
+PLACED = POOLED.replace(
+    "[regions.west]\n",
+    "[regions.east.squeal_placement]\nthreshold = 1.3\npersist_s = 5\n"
+    "cooldown_s = 0\nmax_moves = 2\nbytes_per_row = 250\nhalf_life_s = 4\n\n[regions.west]\n",
+    1,
+)
 
 
 def test_placement_settings_load_default_and_round_trip() -> None:
@@ -82,23 +89,27 @@ def test_placement_settings_load_default_and_round_trip() -> None:
     assert PLACED != POOLED, "the test's edit must apply"
     assert router_config.loads(POOLED).region("east").squeal_placement == PoolPlacement()  # the defaults
     topo = router_config.loads(PLACED)
-    assert topo.region("east").squeal_placement == PoolPlacement(threshold=1.3, persist_s=5.0, cooldown_s=0.0,
-                                                                 max_moves=2, bytes_per_row=250.0, half_life_s=4.0)
+    assert topo.region("east").squeal_placement == PoolPlacement(
+        threshold=1.3, persist_s=5.0, cooldown_s=0.0, max_moves=2, bytes_per_row=250.0, half_life_s=4.0
+    )
     again = router_config.loads(router_config.dumps(topo))
     assert again.region("east").squeal_placement == topo.region("east").squeal_placement
 
 
-@pytest.mark.parametrize(("old", "new", "key", "words"), [
-    ("threshold = 1.3", "threshold = 1", "threshold", "greater than 1"),
-    ("threshold = 1.3", 'threshold = "high"', "threshold", "a number"),
-    ("persist_s = 5", "persist_s = -1", "persist_s", "0 or more"),
-    ("cooldown_s = 0", "cooldown_s = true", "cooldown_s", "a boolean"),
-    ("max_moves = 2", "max_moves = 1.5", "max_moves", "whole number"),
-    ("max_moves = 2", "max_moves = -1", "max_moves", "0 (no cap)"),
-    ("bytes_per_row = 250", "bytes_per_row = 0", "bytes_per_row", "greater than 0"),
-    ("half_life_s = 4", "half_life_s = 0", "half_life_s", "greater than 0"),
-    ("half_life_s = 4", "half_lives = 4", "half_lives", "unknown key"),
-])
+@pytest.mark.parametrize(
+    ("old", "new", "key", "words"),
+    [
+        ("threshold = 1.3", "threshold = 1", "threshold", "greater than 1"),
+        ("threshold = 1.3", 'threshold = "high"', "threshold", "a number"),
+        ("persist_s = 5", "persist_s = -1", "persist_s", "0 or more"),
+        ("cooldown_s = 0", "cooldown_s = true", "cooldown_s", "a boolean"),
+        ("max_moves = 2", "max_moves = 1.5", "max_moves", "whole number"),
+        ("max_moves = 2", "max_moves = -1", "max_moves", "0 (no cap)"),
+        ("bytes_per_row = 250", "bytes_per_row = 0", "bytes_per_row", "greater than 0"),
+        ("half_life_s = 4", "half_life_s = 0", "half_life_s", "greater than 0"),
+        ("half_life_s = 4", "half_lives = 4", "half_lives", "unknown key"),
+    ],
+)
 def test_placement_setting_mistakes_name_the_key(old: str, new: str, key: str, words: str) -> None:
     with pytest.raises(TopologyError) as info:
         router_config.loads(PLACED.replace(old, new, 1), source="pool.toml")

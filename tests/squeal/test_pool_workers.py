@@ -60,8 +60,15 @@ class Pool:
     a worker that runs inside a network namespace (the partition test); `placement`: the body of
     `[regions.east.squeal_placement]`."""
 
-    def __init__(self, base: Path, dbs: list[MariaDB], zk: list, host: str = "127.0.0.1",
-                 netns: dict[str, tuple[str, str]] | None = None, placement: str = "") -> None:
+    def __init__(
+        self,
+        base: Path,
+        dbs: list[MariaDB],
+        zk: list,
+        host: str = "127.0.0.1",
+        netns: dict[str, tuple[str, str]] | None = None,
+        placement: str = "",
+    ) -> None:
         self.base, self.dbs = base, dbs
         self.schema = unique_db("pool")
         for db in dbs:
@@ -79,26 +86,39 @@ class Pool:
         clusters = "".join(
             f'[regions.east.clusters.c{i}]\nrouters = ["{host}:{m.port}"]\n'
             f'pools.wildcard = {{ kind = "wildcard", servers = ["{host}:{free_port()}"] }}\n'
-            for i, m in enumerate(self.memcacheds))
-        instances = "".join(f'[[regions.east.squeal_instances]]\nname = "{n}"\nmetrics_port = {p}\n'
-                            f'host = "{self.hosts[n]}"\n' for n, p in self.ports.items())
+            for i, m in enumerate(self.memcacheds)
+        )
+        instances = "".join(
+            f'[[regions.east.squeal_instances]]\nname = "{n}"\nmetrics_port = {p}\nhost = "{self.hosts[n]}"\n'
+            for n, p in self.ports.items()
+        )
         servers = ", ".join(f'"{h}"' for h in self.zk_hosts.split(","))
         self.topology = base / "topology.toml"
         self.topology.write_text(
             f'[squeal]\ndatamarker_dir = "var/dm"\nmetrics_port_base = {free_port()}\n\n'
             f"[zookeeper]\nservers = [{servers}]\nsession_timeout_s = {SESSION_TIMEOUT}\n"
             f'root = "{self.root}"\n\n'
-            + "".join(f"[shards.{s}]\ngtid_domain_id = {30 + i}\n"
-                      f'east = {{ host = "{host}", port = {dbs[i].port}, server_id = {dbs[i].server_id} }}\n'
-                      for i, s in enumerate(SHARDS))
+            + "".join(
+                f"[shards.{s}]\ngtid_domain_id = {30 + i}\n"
+                f'east = {{ host = "{host}", port = {dbs[i].port}, server_id = {dbs[i].server_id} }}\n'
+                for i, s in enumerate(SHARDS)
+            )
             + f'\n[[rules]]\ntable = "{self.schema}.users"\nkeys = ["user:{{id}}"]\n\n'
-            + "[regions.east]\nmaster = true\nsqueal_pool = true\n" + instances + clusters
-            + (f"\n[regions.east.squeal_placement]\n{placement}\n" if placement else ""))
+            + "[regions.east]\nmaster = true\nsqueal_pool = true\n"
+            + instances
+            + clusters
+            + (f"\n[regions.east.squeal_placement]\n{placement}\n" if placement else "")
+        )
         self.workers = {
-            n: (NetnsSquealDaemon(netns[n][0], self.topology, "east", port=p, workdir=base / n, instance=n,
-                                  host=self.hosts[n]) if n in netns else
-                SquealDaemon(self.topology, "east", port=p, workdir=base / n, instance=n))
-            for n, p in self.ports.items()}
+            n: (
+                NetnsSquealDaemon(
+                    netns[n][0], self.topology, "east", port=p, workdir=base / n, instance=n, host=self.hosts[n]
+                )
+                if n in netns
+                else SquealDaemon(self.topology, "east", port=p, workdir=base / n, instance=n)
+            )
+            for n, p in self.ports.items()
+        }
 
     def running(self, name: str) -> set[str]:
         """The shards whose pipeline runs in worker `name` now (empty if it does not answer)."""
@@ -192,8 +212,11 @@ def prime(env: Pool, ids: range) -> None:
 
 def assert_nothing_lost(env: Pool, written: list[int]) -> None:
     """Key by key against each shard's database: every committed row's key is gone from every cluster."""
-    in_db = sorted(r[0] for i, db in enumerate(env.dbs) for r in db.execute(
-        f"SELECT id FROM {env.schema}.users WHERE email LIKE '%@pool'"))
+    in_db = sorted(
+        r[0]
+        for i, db in enumerate(env.dbs)
+        for r in db.execute(f"SELECT id FROM {env.schema}.users WHERE email LIKE '%@pool'")
+    )
     assert in_db == sorted(written), "the writer's rows are the databases' rows"
     keys = [f"user:{i}" for i in in_db]
     left: dict[int, set[str]] = {}
@@ -209,8 +232,12 @@ def assert_nothing_lost(env: Pool, written: list[int]) -> None:
 
 def squealctl(env: Pool, *args: str) -> str:
     """squealctl against the pool's topology; its stdout (a failure fails the test with its stderr)."""
-    out = subprocess.run([sys.executable, "-m", "ops.cli", "--state-dir", str(env.base / "ctl"), *args,
-                          "--topology", str(env.topology)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "--state-dir", str(env.base / "ctl"), *args, "--topology", str(env.topology)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, f"squealctl {' '.join(args)}: exit {out.returncode}: {out.stderr}"
     return out.stdout
 
@@ -237,8 +264,11 @@ def test_a_joining_worker_takes_shards_a_move_and_a_drain_nothing_lost(make_pool
     wait_until(lambda: len(writer.written) > 100, DEADLINE, "writes before the join")
 
     env.workers["w3"].start()  # joins under load: the controller fills the empty worker at once
-    placed = wait_until(lambda: (p := env.placed(("w1", "w2", "w3"))) and p["w3"] and p, DEADLINE,
-                        "a shard running on the new worker w3")
+    placed = wait_until(
+        lambda: (p := env.placed(("w1", "w2", "w3"))) and p["w3"] and p,
+        DEADLINE,
+        "a shard running on the new worker w3",
+    )
     assert sorted(len(s) for s in placed.values()) == [1, 1, 2], placed
     at_join = len(writer.written)
     wait_until(lambda: len(writer.written) > at_join + 100, DEADLINE, "writes after the join")
@@ -267,8 +297,9 @@ def test_a_joining_worker_takes_shards_a_move_and_a_drain_nothing_lost(make_pool
 
     # Drain w3 under load: its shards go to w1 and w2.
     assert "draining" in squealctl(env, "drain", "w3")
-    wait_until(lambda: (p := env.placed(("w1", "w2", "w3"))) and not p["w3"], DEADLINE,
-               "w3 drained: every shard on w1 and w2")
+    wait_until(
+        lambda: (p := env.placed(("w1", "w2", "w3"))) and not p["w3"], DEADLINE, "w3 drained: every shard on w1 and w2"
+    )
     assert owned(env)["w3"] == set()
     at_drain = len(writer.written)
     wait_until(lambda: len(writer.written) > at_drain + 100, DEADLINE, "writes after the drain")
@@ -288,16 +319,22 @@ def test_workers_check_shards_ahead_and_a_new_owner_starts_from_the_markers_with
     prime(env, range(1, 20001))
     env.workers["w1"].start()
     env.workers["w2"].start()
-    placed = wait_until(lambda: (p := env.placed(("w1", "w2"))) and all(p.values()) and p, DEADLINE,
-                        "all 4 shards running, on w1 and w2")
+    placed = wait_until(
+        lambda: (p := env.placed(("w1", "w2"))) and all(p.values()) and p,
+        DEADLINE,
+        "all 4 shards running, on w1 and w2",
+    )
 
     def ahead(name: str) -> set[str]:
         return set(healthz(env.ports[name], env.hosts[name])[1].get("checked_ahead") or [])
 
     for name, mine in placed.items():
         others = set(SHARDS) - mine
-        wait_until(lambda name=name, others=others: ahead(name) == others, DEADLINE,
-                   f"{name} has checked {sorted(others)} ahead")
+        wait_until(
+            lambda name=name, others=others: ahead(name) == others,
+            DEADLINE,
+            f"{name} has checked {sorted(others)} ahead",
+        )
     shard = sorted(placed["w1"])[0]
     path = f"{shard_path(env.root, 'east', shard)}/markers"
     zk = pool_of(env)
@@ -307,7 +344,8 @@ def test_workers_check_shards_ahead_and_a_new_owner_starts_from_the_markers_with
         wait_until(lambda: shard in env.running("w2") and shard in owned(env)["w2"], DEADLINE, f"{shard} moved to w2")
         after = zk.get(path)
         assert after[1].version == before[1].version, (
-            f"nothing was written to {shard}'s markers across a move without writes: {before[0]!r} -> {after[0]!r}")
+            f"nothing was written to {shard}'s markers across a move without writes: {before[0]!r} -> {after[0]!r}"
+        )
         assert json.loads(after[0])["positions"] == json.loads(before[0])["positions"]
     finally:
         zk.stop()
@@ -325,8 +363,11 @@ def test_kill_9_of_a_worker_with_two_shards_resumes_them_elsewhere_nothing_lost(
     prime(env, range(1, 20001))
     for name in ("w1", "w2", "w3"):
         env.workers[name].start()
-    placed = wait_until(lambda: (p := env.placed(("w1", "w2", "w3"))) and all(p.values()) and p, DEADLINE,
-                        "all 4 shards running, every worker with at least one")
+    placed = wait_until(
+        lambda: (p := env.placed(("w1", "w2", "w3"))) and all(p.values()) and p,
+        DEADLINE,
+        "all 4 shards running, every worker with at least one",
+    )
     writer = Writer(env, rate=60)
     writer.start()
     wait_until(lambda: len(writer.written) > 100, DEADLINE, "writes before the crash")
@@ -374,8 +415,9 @@ class MarkerWatch(threading.Thread):
                 if seen:
                     for flow, position in doc["positions"].items():
                         before = seen[-1][1].get(flow)
-                        if before is not None and not g.covers_position(g.parse_position(position),
-                                                                        g.parse_position(before)):
+                        if before is not None and not g.covers_position(
+                            g.parse_position(position), g.parse_position(before)
+                        ):
                             self.went_back.append(f"{shard}/{flow}: {before} -> {position} by {doc.get('by')}")
                 seen.append((stat.version, doc["positions"], doc.get("by", "")))
                 self.writes[shard].append((stat.version, doc.get("token"), doc.get("by", ""), stat.mtime))
@@ -407,8 +449,9 @@ def test_a_paused_worker_is_fenced_its_shards_resume_elsewhere_and_no_marker_goe
     prime(env, range(1, 20001))
     env.workers["w1"].start()
     env.workers["w2"].start()
-    placed = wait_until(lambda: (p := env.placed(("w1", "w2"))) and all(p.values()) and p, DEADLINE,
-                        "all 4 shards running on w1 and w2")
+    placed = wait_until(
+        lambda: (p := env.placed(("w1", "w2"))) and all(p.values()) and p, DEADLINE, "all 4 shards running on w1 and w2"
+    )
     watch = MarkerWatch(env)
     watch.start()
     writer = Writer(env, rate=60)
@@ -431,8 +474,9 @@ def test_a_paused_worker_is_fenced_its_shards_resume_elsewhere_and_no_marker_goe
     for shard, seen in watch.seen.items():
         assert len({json.dumps(p, sort_keys=True) for _, p, _ in seen}) >= 2, f"{shard}'s markers never moved"
     moved = {s for s in placed[victim]}
-    assert all({by for _, _, by in watch.seen[s]} >= {victim, other} for s in moved), \
+    assert all({by for _, _, by in watch.seen[s]} >= {victim, other} for s in moved), (
         "each shard of the paused worker was written by it, then by its new owner"
+    )
 
     # `squeal replay` in a pooled region: the request lands beside the shard's markers; its owner applies it.
     from squeal.cli import main as squeal_main
@@ -440,8 +484,10 @@ def test_a_paused_worker_is_fenced_its_shards_resume_elsewhere_and_no_marker_goe
     again = [f"user:{i}" for i in written if i % len(SHARDS) == 1][:20]  # rows of shard p1, invalidated already
     for c in env.caches:
         c.set_many(again)
-    assert squeal_main(["replay", str(env.topology), "--region", "east", "--shard", "p1", "--flow", "all",
-                        "--from", ""]) == 0
+    assert (
+        squeal_main(["replay", str(env.topology), "--region", "east", "--shard", "p1", "--flow", "all", "--from", ""])
+        == 0
+    )
     wait_gone(env.caches, again, DEADLINE)
 
 
@@ -455,20 +501,29 @@ def test_a_shard_with_ten_times_the_writes_ends_alone_on_its_worker_nothing_lost
     prime(env, range(1, 40001))
     for name in ("w1", "w2", "w3"):
         env.workers[name].start()
-    placed = wait_until(lambda: (p := env.placed(("w1", "w2", "w3"))) and all(p.values()) and p, DEADLINE,
-                        "all 4 shards running, every worker with at least one")
+    placed = wait_until(
+        lambda: (p := env.placed(("w1", "w2", "w3"))) and all(p.values()) and p,
+        DEADLINE,
+        "all 4 shards running, every worker with at least one",
+    )
     hot_worker = next(n for n, s in placed.items() if "p0" in s)
     if placed[hot_worker] == {"p0"}:  # give p0 company first: the rebalance must be what leaves it alone
         crowded = next(n for n, s in placed.items() if len(s) == 2)
         squealctl(env, "move", sorted(placed[crowded])[0], "--to", hot_worker)
-        placed = wait_until(lambda: (p := env.placed(("w1", "w2", "w3"))) and len(p[hot_worker]) == 2 and p,
-                            DEADLINE, f"a second shard running beside p0 on {hot_worker}")
+        placed = wait_until(
+            lambda: (p := env.placed(("w1", "w2", "w3"))) and len(p[hot_worker]) == 2 and p,
+            DEADLINE,
+            f"a second shard running beside p0 on {hot_worker}",
+        )
     company = placed[hot_worker] - {"p0"}
 
     writer = Writer(env, rate=65, weights=(10, 1, 1, 1))  # p0: 50 rows/s, the others 5 each
     writer.start()
-    alone = wait_until(lambda: owned(env)[hot_worker] == {"p0"} and env.running(hot_worker) == {"p0"},
-                       DEADLINE, f"p0 alone on {hot_worker} after the rebalance")
+    alone = wait_until(
+        lambda: owned(env)[hot_worker] == {"p0"} and env.running(hot_worker) == {"p0"},
+        DEADLINE,
+        f"p0 alone on {hot_worker} after the rebalance",
+    )
     assert alone
     at = len(writer.written)
     wait_until(lambda: len(writer.written) > at + 200, DEADLINE, "writes after the rebalance")
@@ -480,8 +535,9 @@ def test_a_shard_with_ten_times_the_writes_ends_alone_on_its_worker_nothing_lost
     written = writer.stop()
     assert_nothing_lost(env, written)
     logs = "".join(env.log(n) for n in env.workers)
-    assert any(f"shard {s}: {hot_worker} -> " in logs and "(rebalance:" in logs for s in company), \
+    assert any(f"shard {s}: {hot_worker} -> " in logs and "(rebalance:" in logs for s in company), (
         "the company left by a rebalance"
+    )
     metrics = scrape(env.ports[hot_worker])
     assert metrics.get('squeal_pool_shard_binlog_bytes_per_second{shard="p0"}', 0) > 0
 
@@ -493,8 +549,9 @@ def test_zookeeper_losing_its_quorum_pauses_every_owner_and_quorum_back_resumes_
     prime(env, range(1, 20001))
     env.workers["w1"].start()
     env.workers["w2"].start()
-    wait_until(lambda: (p := env.placed(("w1", "w2"))) and all(p.values()) and p, DEADLINE,
-               "all 4 shards running on w1 and w2")
+    wait_until(
+        lambda: (p := env.placed(("w1", "w2"))) and all(p.values()) and p, DEADLINE, "all 4 shards running on w1 and w2"
+    )
     watch = MarkerWatch(env)
     watch.start()
     writer = Writer(env, rate=60)
@@ -515,7 +572,7 @@ def test_zookeeper_losing_its_quorum_pauses_every_owner_and_quorum_back_resumes_
         paused_ms = time.time() * 1000
         at = len(writer.written)
         wait_until(lambda: len(writer.written) > at + 100, DEADLINE, "writes while ZooKeeper has no quorum")
-        held = [f"user:{i}" for i in writer.written[at:at + 100]]
+        held = [f"user:{i}" for i in writer.written[at : at + 100]]
         for c in env.caches:  # committed while every owner was paused: still cached (paused, not lost)
             assert c.present(held) == set(held), f"{len(held) - len(c.present(held))} keys deleted without a quorum"
         assert all(w.proc.poll() is None for n, w in env.workers.items() if n in ("w1", "w2"))
@@ -533,8 +590,11 @@ def test_zookeeper_losing_its_quorum_pauses_every_owner_and_quorum_back_resumes_
     wait_until(lambda: len(writer.written) > at + 100, DEADLINE, "writes after the quorum is back")
     written = writer.stop()
     assert_nothing_lost(env, written)
-    wait_until(lambda: all(any(m > back_ms for *_, m in w) for w in watch.writes.values()), DEADLINE,
-               "every shard's markers written after the quorum came back")
+    wait_until(
+        lambda: all(any(m > back_ms for *_, m in w) for w in watch.writes.values()),
+        DEADLINE,
+        "every shard's markers written after the quorum came back",
+    )
     watch.stop()
     assert not watch.went_back, watch.went_back
     during = {s: [(v, by, m) for v, _, by, m in w if paused_ms < m < back_ms] for s, w in watch.writes.items()}
@@ -561,8 +621,9 @@ def test_accept_data_loss_of_a_purged_shard_goes_through_its_owner(make_pool) ->
 
     env.workers["w1"].start()
     env.workers["w2"].start()
-    wait_until(lambda: (p := env.placed(("w1", "w2"))) and all(p.values()) and p, DEADLINE,
-               "all 4 shards running on w1 and w2")
+    wait_until(
+        lambda: (p := env.placed(("w1", "w2"))) and all(p.values()) and p, DEADLINE, "all 4 shards running on w1 and w2"
+    )
     tracer(101)
     zk = pool_of(env)
     try:
@@ -603,8 +664,11 @@ def test_accept_data_loss_of_a_purged_shard_goes_through_its_owner(make_pool) ->
         assert c.present([f"user:{i}" for i in lost]) == {f"user:{i}" for i in lost}
     assert squeal_main(["accept-data-loss", str(env.topology), "--region", "east", "--shard", "p1"]) == 0
     wait_gone(env.caches, [f"user:{i}" for i in lost], DEADLINE)  # p1's owner flushed the clusters, resumed
-    wait_until(lambda: all(healthz(env.ports[w])[0] == 200 for w in ("w1", "w2")), DEADLINE,
-               "both workers healthy after the recovery")
+    wait_until(
+        lambda: all(healthz(env.ports[w])[0] == 200 for w in ("w1", "w2")),
+        DEADLINE,
+        "both workers healthy after the recovery",
+    )
     owner = next(w for w in ("w1", "w2") if "p1" in env.running(w))
     assert "data loss accepted by the operator" in env.log(owner)
     tracer(113)  # p1 invalidates again

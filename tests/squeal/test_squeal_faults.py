@@ -167,7 +167,8 @@ def test_a_filter_comparing_a_number_column_with_a_string_is_a_start_up_error(pr
     schema = unique_db("badfilter")
     create_schema(primary, schema)
     text = topology_text(primary, schema, [1]) + (
-        f'\n[[rules]]\ntable = "{schema}.other"\nkeys = ["other:{{id}}"]\nwhere = "id = \'7\'"\n')
+        f'\n[[rules]]\ntable = "{schema}.other"\nkeys = ["other:{{id}}"]\nwhere = "id = \'7\'"\n'
+    )
     result = _run_squeal(write_topology(tmp_path / "t.toml", text), "--state-dir", str(tmp_path / "s"))
     assert result.returncode == 2, result.stderr
     assert f"rules[2].where (table {schema}.other): id is int: compare it with a number, not '7'" in result.stderr

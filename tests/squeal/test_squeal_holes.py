@@ -47,15 +47,33 @@ def _feed(events) -> list[Transaction]:
 
 def test_grouper_xa_prepare_then_commit_or_rollback() -> None:
     x1, x2 = xid_text(b"x1", b"", 1), xid_text(b"x2", b"b", 7)
-    out = _feed([
-        Begin((0, 1, 6), 1.0), Annotate(b"INSERT"), _rows("users", 1), Query("XA END X'7831',X'',1"), XaPrepare(x1),
-        Begin((0, 1, 7), 2.0), Annotate(b"INSERT"), _rows("users", 2), Query("XA END X'7832',X'62',7"), XaPrepare(x2),
-        Begin((0, 1, 8), 3.0, standalone=True), Query("XA COMMIT X'7831',X'',1"),
-        Begin((0, 1, 9), 4.0, standalone=True), Query("xa rollback X'7832',X'62',7"),
-        Begin((0, 1, 10), 5.0, standalone=True), Query("XA COMMIT X'7833',X'',1"),  # prepared before we read
-    ])
-    assert [(t.gtid, t.xa) for t in out] == [((0, 1, 6), "prepare"), ((0, 1, 7), "prepare"), ((0, 1, 8), "commit"),
-                                             ((0, 1, 9), "rollback"), ((0, 1, 10), "commit")]
+    out = _feed(
+        [
+            Begin((0, 1, 6), 1.0),
+            Annotate(b"INSERT"),
+            _rows("users", 1),
+            Query("XA END X'7831',X'',1"),
+            XaPrepare(x1),
+            Begin((0, 1, 7), 2.0),
+            Annotate(b"INSERT"),
+            _rows("users", 2),
+            Query("XA END X'7832',X'62',7"),
+            XaPrepare(x2),
+            Begin((0, 1, 8), 3.0, standalone=True),
+            Query("XA COMMIT X'7831',X'',1"),
+            Begin((0, 1, 9), 4.0, standalone=True),
+            Query("xa rollback X'7832',X'62',7"),
+            Begin((0, 1, 10), 5.0, standalone=True),
+            Query("XA COMMIT X'7833',X'',1"),  # prepared before we read
+        ]
+    )
+    assert [(t.gtid, t.xa) for t in out] == [
+        ((0, 1, 6), "prepare"),
+        ((0, 1, 7), "prepare"),
+        ((0, 1, 8), "commit"),
+        ((0, 1, 9), "rollback"),
+        ((0, 1, 10), "commit"),
+    ]
     committed = out[2]
     assert [r.images for r in committed.rows] == [({"id": 1},)] and committed.timestamp == 3.0
     assert out[3].rows == [] and not out[3].xa_unknown
@@ -63,14 +81,29 @@ def test_grouper_xa_prepare_then_commit_or_rollback() -> None:
 
 
 def test_grouper_savepoints_and_rollbacks_are_parsed_not_guessed() -> None:
-    out = _feed([
-        Begin((0, 1, 1), 1.0), _rows("users", 4), Query("SAVEPOINT `s1`"), _rows("users", 5),
-        Query("ROLLBACK TO `s1`"), Commit(),
-        Begin((0, 1, 2), 1.0), _rows("users", 6), Query("/* app */ rollback work to savepoint s2"), Query("COMMIT"),
-        Begin((0, 1, 3), 1.0), _rows("m", 7), Query("ROLLBACK"),  # rows that could not roll back (MyISAM)
-        Begin((0, 1, 4), 1.0), Query("INSERT INTO users VALUES (1)"), Query("ROLLBACK"),  # nothing persisted
-        Begin((0, 1, 5), 1.0), Query("UPDATE users SET a=1"), Query("COMMIT"),  # statement-logged change
-    ])
+    out = _feed(
+        [
+            Begin((0, 1, 1), 1.0),
+            _rows("users", 4),
+            Query("SAVEPOINT `s1`"),
+            _rows("users", 5),
+            Query("ROLLBACK TO `s1`"),
+            Commit(),
+            Begin((0, 1, 2), 1.0),
+            _rows("users", 6),
+            Query("/* app */ rollback work to savepoint s2"),
+            Query("COMMIT"),
+            Begin((0, 1, 3), 1.0),
+            _rows("m", 7),
+            Query("ROLLBACK"),  # rows that could not roll back (MyISAM)
+            Begin((0, 1, 4), 1.0),
+            Query("INSERT INTO users VALUES (1)"),
+            Query("ROLLBACK"),  # nothing persisted
+            Begin((0, 1, 5), 1.0),
+            Query("UPDATE users SET a=1"),
+            Query("COMMIT"),  # statement-logged change
+        ]
+    )
     assert [t.gtid[2] for t in out] == [1, 2, 3, 5]
     assert out[2].rolled_back and not out[0].rolled_back
     assert out[3].queries == [("", "UPDATE users SET a=1")]
@@ -106,8 +139,12 @@ def test_bulk_statements_name_ruled_tables() -> None:
     assert hits("ALTER TABLE posts TRUNCATE PARTITION p1") == [("app.posts", "partition")]
     assert hits("CREATE OR REPLACE TABLE posts (id INT)") == [("app.posts", "replace")]
     assert hits("DROP DATABASE app", "x") == [("app.posts", "drop database"), ("app.users", "drop database")]
-    for keeps_rows in ("ALTER TABLE users ADD c INT", "ALTER TABLE users RENAME COLUMN a TO b",
-                       "CREATE TABLE users2 LIKE users", "ALTER TABLE users COMMENT 'rename to x'"):
+    for keeps_rows in (
+        "ALTER TABLE users ADD c INT",
+        "ALTER TABLE users RENAME COLUMN a TO b",
+        "CREATE TABLE users2 LIKE users",
+        "ALTER TABLE users COMMENT 'rename to x'",
+    ):
         assert hits(keeps_rows) == [], keeps_rows
     assert statement_kind("/* x */ update users set a=1") == "statement"
 
@@ -138,11 +175,14 @@ def test_drop_database_counts_only_the_ruled_tables_that_existed() -> None:
 
 def test_cascades_follow_foreign_key_chains_and_actions() -> None:
     rules = [Rule("app.posts", ("post:{id}",)), Rule("app.likes", ("like:{id}",))]
-    d = BulkDetector(rules, cascades={
-        ("app", "users"): [(("app", "posts"), "CASCADE", "RESTRICT", ("id",))],
-        ("app", "posts"): [(("app", "comments"), "SET NULL", "CASCADE", ("id",))],
-        ("app", "comments"): [(("app", "likes"), "CASCADE", "CASCADE", ("id",))],
-    })
+    d = BulkDetector(
+        rules,
+        cascades={
+            ("app", "users"): [(("app", "posts"), "CASCADE", "RESTRICT", ("id",))],
+            ("app", "posts"): [(("app", "comments"), "SET NULL", "CASCADE", ("id",))],
+            ("app", "comments"): [(("app", "likes"), "CASCADE", "CASCADE", ("id",))],
+        },
+    )
     assert [c.rule.table for c in d.cascaded(("app", "users"), "delete")] == ["app.likes", "app.posts"]
     assert d.cascaded(("app", "users"), "update") == []  # ON UPDATE RESTRICT
     assert d.cascaded(("app", "users"), "insert") == []
@@ -153,11 +193,16 @@ def test_cascades_follow_foreign_key_chains_and_actions() -> None:
 def test_only_an_update_of_a_referenced_column_cascades() -> None:
     """Both row images are logged: an update that leaves every referenced column as it was changes no child."""
     rules = [Rule("app.posts", ("post:{id}",)), Rule("app.tags", ("tag:{id}",))]
-    d = BulkDetector(rules, cascades={
-        ("app", "users"): [(("app", "posts"), "CASCADE", "CASCADE", ("id",)),
-                           (("app", "tags"), "RESTRICT", "SET NULL", ("handle", "realm"))],
-        ("app", "legacy"): [(("app", "posts"), "CASCADE", "CASCADE", ())],  # columns unknown: any update
-    })
+    d = BulkDetector(
+        rules,
+        cascades={
+            ("app", "users"): [
+                (("app", "posts"), "CASCADE", "CASCADE", ("id",)),
+                (("app", "tags"), "RESTRICT", "SET NULL", ("handle", "realm")),
+            ],
+            ("app", "legacy"): [(("app", "posts"), "CASCADE", "CASCADE", ())],  # columns unknown: any update
+        },
+    )
 
     def update(table: str, *pairs: tuple[dict, dict]) -> list[str]:
         images = tuple(image for pair in pairs for image in pair)
@@ -208,8 +253,10 @@ def test_xa_commit_invalidates_and_xa_rollback_does_not(squeal_env) -> None:
     env.sql("INSERT INTO users VALUES (1, 'a@x', 'a'), (2, 'b@x', 'b')")
     env.fence()
     _set_everywhere(env, ["user:1", "user:email:a@x", "user:2"])
-    for xid, change in (("sq1", "UPDATE users SET email='a2@x' WHERE id=1"),
-                        ("sq2", "UPDATE users SET name='never' WHERE id=2")):
+    for xid, change in (
+        ("sq1", "UPDATE users SET email='a2@x' WHERE id=1"),
+        ("sq2", "UPDATE users SET name='never' WHERE id=2"),
+    ):
         with env.connect() as conn, conn.cursor() as cur:  # one prepared XA per session
             for stmt in (f"XA START '{xid}'", change, f"XA END '{xid}'", f"XA PREPARE '{xid}'"):
                 cur.execute(stmt)
@@ -282,8 +329,11 @@ def test_truncate_drop_and_rename_of_ruled_tables_alert(squeal_env) -> None:
     env.fence()
     assert _still_cached(env, ["user:30", "post:1"])  # "alert" deletes nothing...
     metrics = scrape(env.daemon.port)
-    for table, statement in ((f"{env.schema}.users", "truncate"), (f"{env.schema}.users", "rename"),
-                             (f"{env.schema}.posts", "drop")):
+    for table, statement in (
+        (f"{env.schema}.users", "truncate"),
+        (f"{env.schema}.users", "rename"),
+        (f"{env.schema}.posts", "drop"),
+    ):
         name = f'squeal_bulk_changes_total{{policy="alert",statement="{statement}",table="{table}"}}'
         assert metrics.get(name) == 1.0, (name, {k: v for k, v in metrics.items() if "bulk" in k})
     log = env.log()
@@ -315,9 +365,12 @@ def test_foreign_key_cascades_to_a_ruled_table_apply_its_policy(squeal_env) -> N
     """MariaDB does not log the child rows an ON DELETE CASCADE changes: the parent's delete must count."""
     env = squeal_env()
     env.topology.write_text(_with(env.topology.read_text(), ".posts", 'on_truncate = "flush"'))
-    env.sql("CREATE TABLE authors (id INT PRIMARY KEY) ENGINE=InnoDB",
-            "ALTER TABLE posts ADD FOREIGN KEY (author_id) REFERENCES authors (id) ON DELETE CASCADE",
-            "INSERT INTO authors VALUES (1), (2)", "INSERT INTO posts VALUES (1, 1, 't'), (2, 2, 't')")
+    env.sql(
+        "CREATE TABLE authors (id INT PRIMARY KEY) ENGINE=InnoDB",
+        "ALTER TABLE posts ADD FOREIGN KEY (author_id) REFERENCES authors (id) ON DELETE CASCADE",
+        "INSERT INTO authors VALUES (1), (2)",
+        "INSERT INTO posts VALUES (1, 1, 't'), (2, 2, 't')",
+    )
     env.start()
     _set_everywhere(env, ["post:1", "feed:1", "post:2"])
     env.sql("INSERT INTO authors VALUES (3)")  # an insert cascades nothing
@@ -335,9 +388,12 @@ def test_an_update_cascades_only_when_it_changes_the_referenced_column(squeal_en
     changes no child row, so it must not flush the region; changing the referenced column must."""
     env = squeal_env()
     env.topology.write_text(_with(env.topology.read_text(), ".posts", 'on_truncate = "flush"'))
-    env.sql("CREATE TABLE authors (id INT PRIMARY KEY, handle VARCHAR(20), seen INT) ENGINE=InnoDB",
-            "ALTER TABLE posts ADD FOREIGN KEY (author_id) REFERENCES authors (id) ON UPDATE CASCADE",
-            "INSERT INTO authors VALUES (1, 'a', 0), (2, 'b', 0)", "INSERT INTO posts VALUES (1, 1, 't')")
+    env.sql(
+        "CREATE TABLE authors (id INT PRIMARY KEY, handle VARCHAR(20), seen INT) ENGINE=InnoDB",
+        "ALTER TABLE posts ADD FOREIGN KEY (author_id) REFERENCES authors (id) ON UPDATE CASCADE",
+        "INSERT INTO authors VALUES (1, 'a', 0), (2, 'b', 0)",
+        "INSERT INTO posts VALUES (1, 1, 't')",
+    )
     env.start()
     unrelated = ["post:1", "feed:1", "other:key"]
     _set_everywhere(env, unrelated)
@@ -365,8 +421,12 @@ def test_drop_database_if_exists_of_a_database_that_does_not_exist_alerts_for_no
     env.fence()
     assert env.log().count("may be stale") == 1, env.log()
     assert f"DROP DATABASE of ruled table {ghost}.t2 " in env.log()
-    assert scrape(env.daemon.port).get(
-        f'squeal_bulk_changes_total{{policy="alert",statement="drop database",table="{ghost}.t2"}}') == 1.0
+    assert (
+        scrape(env.daemon.port).get(
+            f'squeal_bulk_changes_total{{policy="alert",statement="drop database",table="{ghost}.t2"}}'
+        )
+        == 1.0
+    )
 
 
 # -- binlog data loss ----------------------------------------------------------------------------------------------
@@ -422,6 +482,7 @@ def test_purged_binlog_with_halt_policy_stops_loudly_until_accepted(lonely_db, t
         _purge_behind_squeal(env)
         _set_everywhere(env, ["user:100", "unrelated"])
         env.daemon.start()  # started: it serves /healthz, with a 503 while halted
+
         def halted() -> bool:
             try:
                 status, health = _healthz(env)
@@ -436,9 +497,22 @@ def test_purged_binlog_with_halt_policy_stops_loudly_until_accepted(lonely_db, t
         assert scrape(env.daemon.port).get("squeal_halted") == 1.0
         assert _still_cached(env, ["user:100", "unrelated"])  # halted: nothing flushed, nothing sent
         # The documented one-command recovery.
-        done = subprocess.run([sys.executable, "-m", "squeal.cli", "accept-data-loss", str(env.topology),
-                               "--region", "east", "--state-dir", str(env.state_dir)],
-                              capture_output=True, text=True, timeout=30)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "squeal.cli",
+                "accept-data-loss",
+                str(env.topology),
+                "--region",
+                "east",
+                "--state-dir",
+                str(env.state_dir),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert done.returncode == 0, done.stderr
         wait_gone(env.caches, ["user:100", "unrelated"])
         wait_until(lambda: _healthz(env)[0] == 200, 15, "/healthz 200 after recovery")

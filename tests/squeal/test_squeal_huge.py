@@ -202,8 +202,22 @@ def test_rows_are_rendered_as_read_deduplicated_per_transaction_and_sent_at_comm
     out, txns, metrics = run_loop(events)
     assert [c.gtid for c in out] == [(0, 1, 1), (0, 1, 2), (0, 1, 3)]
     assert set(out[0].cluster_lines) == set(
-        lines("feed:0", "k", "post:1", "feed:1", "post:2", "feed:2", "post:3", "post:4", "post:5", "post:6",
-              "user:7", "user:email:a", "user:email:b"))
+        lines(
+            "feed:0",
+            "k",
+            "post:1",
+            "feed:1",
+            "post:2",
+            "feed:2",
+            "post:3",
+            "post:4",
+            "post:5",
+            "post:6",
+            "user:7",
+            "user:email:a",
+            "user:email:b",
+        )
+    )
     assert len(out[0].cluster_lines) == 13  # each key once
     assert out[1].cluster_lines == lines("post:1", "feed:1", "post:4")
     assert out[2].cluster_lines == lines("post:9", "feed:0")
@@ -236,9 +250,11 @@ def insert_users(cur, ids, chunk: int = 1000) -> None:
     """INSERT `ids` into users in multi-row statements of `chunk` rows (the caller commits)."""
     ids = list(ids)
     for i in range(0, len(ids), chunk):
-        part = ids[i:i + chunk]
-        cur.execute("INSERT INTO users VALUES " + ", ".join(["(%s, %s, 'n')"] * len(part)),
-                    [v for j in part for v in (j, f"u{j}@example.com")])
+        part = ids[i : i + chunk]
+        cur.execute(
+            "INSERT INTO users VALUES " + ", ".join(["(%s, %s, 'n')"] * len(part)),
+            [v for j in part for v in (j, f"u{j}@example.com")],
+        )
 
 
 def sheds(port: int) -> dict[str, float]:
@@ -256,8 +272,10 @@ def test_a_huge_transaction_is_deleted_everywhere_without_shedding_any_flow(sque
         assert len(c.present(want)) == len(want)
     with env.connect(autocommit=False) as conn, conn.cursor() as cur:  # one transaction
         insert_users(cur, users)
-        cur.execute("INSERT INTO posts VALUES " + ", ".join(["(%s, %s, 't')"] * len(post_ids)),
-                    [v for j in post_ids for v in (j, j % 10)])
+        cur.execute(
+            "INSERT INTO posts VALUES " + ", ".join(["(%s, %s, 't')"] * len(post_ids)),
+            [v for j in post_ids for v in (j, j % 10)],
+        )
         conn.commit()
 
     def left() -> dict[int, int]:
@@ -287,8 +305,9 @@ def test_a_dead_cluster_still_sheds_while_the_healthy_one_takes_a_huge_transacti
         with env.connect(autocommit=False) as conn, conn.cursor() as cur:
             insert_users(cur, range(1, 3001))
             conn.commit()
-        wait_until(lambda: not healthy.present(huge), 30, "the healthy cluster to take the huge transaction",
-                   interval=0.2)
+        wait_until(
+            lambda: not healthy.present(huge), 30, "the healthy cluster to take the huge transaction", interval=0.2
+        )
         assert sheds(env.daemon.port) == {"c0": 0, "c1": 0, "regional": 0}  # the dead one holds it, once
         with env.connect(autocommit=False) as conn, conn.cursor() as cur:
             for i in range(1, 1501, 10):
@@ -369,8 +388,9 @@ def native_rows(*ks: str, regional: tuple[str, ...] = ()) -> Rows:
 def run_streaming(events, stream_lines: int) -> list[Committed]:
     metrics = Metrics()
     out: list[Committed] = []
-    loop = ReadLoop(FakeReader(events), KeyStage(KeyExtractor(RULES), (), metrics), out.append, metrics,
-                    stream_lines=stream_lines)  # type: ignore[arg-type]
+    loop = ReadLoop(
+        FakeReader(events), KeyStage(KeyExtractor(RULES), (), metrics), out.append, metrics, stream_lines=stream_lines
+    )  # type: ignore[arg-type]
     loop.run()
     assert loop.error is None, loop.error
     assert metrics.registry.get_sample_value("squeal_transaction_pieces_total") == sum(c.partial for c in out)
@@ -390,8 +410,11 @@ def test_the_read_loop_hands_a_huge_transaction_on_in_pieces_and_its_rest_at_com
         Commit(),  # small: whole, as before
     ]
     out = run_streaming(events, stream_lines=4)
-    assert [(c.gtid[2], c.partial, c.rows_from, c.rows_to) for c in out] == [(1, True, 0, 2), (1, False, 2, 0),
-                                                                              (2, False, 0, 0)]
+    assert [(c.gtid[2], c.partial, c.rows_from, c.rows_to) for c in out] == [
+        (1, True, 0, 2),
+        (1, False, 2, 0),
+        (2, False, 0, 0),
+    ]
     assert out[0].cluster_lines == lines("a1", "a2", "a3", "b1", "b2", "b3")
     assert out[1].cluster_lines == lines("k", "c1")
     assert out[2].cluster_lines == lines("d1")

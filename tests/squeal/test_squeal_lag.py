@@ -52,8 +52,7 @@ def deliver(flow: Flow) -> None:
 
 
 def slave_status(io: str = "Yes", sql: str = "Yes", behind: int | None = 0, io_pos: str = "0-1-10") -> dict:
-    return {"Slave_IO_Running": io, "Slave_SQL_Running": sql, "Seconds_Behind_Master": behind,
-            "Gtid_IO_Pos": io_pos}
+    return {"Slave_IO_Running": io, "Slave_SQL_Running": sql, "Seconds_Behind_Master": behind, "Gtid_IO_Pos": io_pos}
 
 
 # -- Flow.lag() and SourceLag on a fake clock ------------------------------------------------------------------
@@ -161,9 +160,16 @@ def test_replica_with_sql_thread_stopped_but_nothing_waiting_is_not_lagging() ->
     assert source.replication_lag(165.0) == 5.0  # waiting work from 160 on; last known is 0 by then
 
 
-@pytest.mark.parametrize("status", [slave_status(io="No", behind=None), slave_status(io="Connecting", behind=None),
-                                    slave_status(io="No", sql="No", behind=None), None],
-                         ids=["io-stopped", "io-connecting", "both-stopped", "not-configured"])
+@pytest.mark.parametrize(
+    "status",
+    [
+        slave_status(io="No", behind=None),
+        slave_status(io="Connecting", behind=None),
+        slave_status(io="No", sql="No", behind=None),
+        None,
+    ],
+    ids=["io-stopped", "io-connecting", "both-stopped", "not-configured"],
+)
 def test_replica_not_replicating_counts_time(status) -> None:
     source = SourceLag(replica=True)
     source.observe_replication(slave_status(behind=2), "0-1-10", 100.0)
@@ -205,8 +211,9 @@ def test_poller_reports_a_source_it_cannot_reach_for_long_and_clears_it(primary:
     problems: list[str | None] = []
     metrics = Metrics()
     dead = Source("127.0.0.1", free_port(), "nobody", "x")  # nothing listens: connection refused at once
-    poller = SourcePoller(dead, replica=True, metrics=metrics, on_problem=problems.append, problem_after=30.0,
-                          timeout=1.0, clock=clock)
+    poller = SourcePoller(
+        dead, replica=True, metrics=metrics, on_problem=problems.append, problem_after=30.0, timeout=1.0, clock=clock
+    )
     assert not poller.tick()
     clock.t = 120.0
     assert not poller.tick() and problems == []  # 20 s: not yet
@@ -276,8 +283,9 @@ def test_stalled_replica_shows_as_lag_on_every_flow_and_recovers(
     create_schema(primary, schema)
     replica.wait_for_gtid(primary.gtid_binlog_pos())
     memcacheds = [memcached_factory(), memcached_factory()]
-    topology = write_topology(tmp_path / "topology.toml",
-                              replica_topology(primary, replica, schema, [m.port for m in memcacheds]))
+    topology = write_topology(
+        tmp_path / "topology.toml", replica_topology(primary, replica, schema, [m.port for m in memcacheds])
+    )
     daemon = processes.add(SquealDaemon(topology, "west", workdir=tmp_path / "squeal", state_dir=tmp_path / "st"))
     caches = [Cache(m.port) for m in memcacheds]
     try:
@@ -287,10 +295,16 @@ def test_stalled_replica_shows_as_lag_on_every_flow_and_recovers(
         primary.execute(f"INSERT INTO {schema}.users VALUES (1, 'a@x', 'a')")
         wait_gone(caches, ["user:1"], timeout=20)
         wait_until(lambda: scrape(daemon.port)["squeal_source_up"] == 1, 10, "the source poller's first poll")
-        lags = wait_until(lambda: (lg := flow_lags(daemon.port)) and all(v == 0 for v in lg.values()) and lg,
-                          20, "every flow's lag at 0 while caught up")
-        assert set(lags) == {'squeal_flow_lag_seconds{flow="w0"}', 'squeal_flow_lag_seconds{flow="w1"}',
-                             'squeal_flow_lag_seconds{flow="regional"}'}
+        lags = wait_until(
+            lambda: (lg := flow_lags(daemon.port)) and all(v == 0 for v in lg.values()) and lg,
+            20,
+            "every flow's lag at 0 while caught up",
+        )
+        assert set(lags) == {
+            'squeal_flow_lag_seconds{flow="w0"}',
+            'squeal_flow_lag_seconds{flow="w1"}',
+            'squeal_flow_lag_seconds{flow="regional"}',
+        }
 
         replica.execute("STOP SLAVE SQL_THREAD")
         keys = []
@@ -322,14 +336,20 @@ def test_stalled_replica_shows_as_lag_on_every_flow_and_recovers(
         code, status = wait_until(lambda: (h := healthz(daemon.port))[0] == 503 and h, 15, "/healthz 503 on lag")
         lag_problems = {k: v for k, v in status["problems"].items() if k.startswith("lag:")}
         assert set(lag_problems) == {"lag:w0", "lag:w1", "lag:regional"}, status["problems"]
-        assert all("max_lag_s = 3" in v and "the replica west" in v and f"127.0.0.1:{replica.port}" in v
-                   and "sql No" in v for v in lag_problems.values()), lag_problems
+        assert all(
+            "max_lag_s = 3" in v and "the replica west" in v and f"127.0.0.1:{replica.port}" in v and "sql No" in v
+            for v in lag_problems.values()
+        ), lag_problems
 
         replica.execute("START SLAVE SQL_THREAD")
         wait_gone(caches, keys, timeout=30)
-        wait_until(lambda: all(v == 0 for v in flow_lags(daemon.port).values())
-                   and scrape(daemon.port)["squeal_source_replication_lag_seconds"] == 0,
-                   30, "every flow's lag back at 0 after the replica caught up", interval=0.2)
+        wait_until(
+            lambda: all(v == 0 for v in flow_lags(daemon.port).values())
+            and scrape(daemon.port)["squeal_source_replication_lag_seconds"] == 0,
+            30,
+            "every flow's lag back at 0 after the replica caught up",
+            interval=0.2,
+        )
         assert healthz_body(daemon.port)["source"]["replication"]["sql_running"] == "Yes"
         wait_until(lambda: healthz(daemon.port)[0] == 200, 15, "/healthz 200 once the copy caught up")
     finally:
@@ -348,8 +368,11 @@ def test_stopped_destination_lag_grows_and_returns_to_zero(squeal_env) -> None:
     wait_until(lambda: all(v == 0 for v in flow_lags(port).values()), 20, "lags at 0")
     src = healthz_body(port)["source"]
     assert src["role"] == "primary" and src["up"] is True and "replication" not in src
-    wait_until(lambda: healthz_body(port)["source"]["binlog_pos"] == env.db.gtid_binlog_pos(), 10,
-               "/healthz showing the primary's binlog position")
+    wait_until(
+        lambda: healthz_body(port)["source"]["binlog_pos"] == env.db.gtid_binlog_pos(),
+        10,
+        "/healthz showing the primary's binlog position",
+    )
     assert scrape(port)["squeal_source_replication_lag_seconds"] == 0
 
     env.memcacheds[0].pause()
@@ -358,11 +381,14 @@ def test_stopped_destination_lag_grows_and_returns_to_zero(squeal_env) -> None:
             c.set("user:7")
         env.sql("INSERT INTO users VALUES (7, 'seven@x', 'seven')")
         wait_gone(env.caches[1:], ["user:7"])  # the other cluster is not held up
-        wait_until(lambda: flow_lags(port)['squeal_flow_lag_seconds{flow="c0"}'] >= 3, 30,
-                   "c0's lag to grow while its memcached is stopped", interval=0.2)
+        wait_until(
+            lambda: flow_lags(port)['squeal_flow_lag_seconds{flow="c0"}'] >= 3,
+            30,
+            "c0's lag to grow while its memcached is stopped",
+            interval=0.2,
+        )
         assert flow_lags(port)['squeal_flow_lag_seconds{flow="c1"}'] == 0
     finally:
         env.memcacheds[0].resume()
-    wait_until(lambda: all(v == 0 for v in flow_lags(port).values()), 30, "every flow's lag back at 0",
-               interval=0.2)
+    wait_until(lambda: all(v == 0 for v in flow_lags(port).values()), 30, "every flow's lag back at 0", interval=0.2)
     env.fence()

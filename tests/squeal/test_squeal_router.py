@@ -81,8 +81,9 @@ def test_truncate_flush_policy_through_routers_never_acknowledges_a_refused_flus
     create_schema(primary, schema)
     mc = {name: Memcached(workdir=tmp_path / "mc").start() for name in ("w0", "w1", "w2", "regional")}
     r0, r1 = free_port(), free_port()
-    topo_path = write_topology(tmp_path / "topology.toml",
-                               _topology(schema, primary, mc, r0, r1, rule_extra='on_truncate = "flush"\n'))
+    topo_path = write_topology(
+        tmp_path / "topology.toml", _topology(schema, primary, mc, r0, r1, rule_extra='on_truncate = "flush"\n')
+    )
     topo = router_config.load(topo_path)
     procs: list = list(mc.values())
     routers: dict[str, Router] = {}

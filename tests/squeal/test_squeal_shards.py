@@ -39,15 +39,18 @@ def shard_dbs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ma
 
 
 def shard_block(name: str, db: MariaDB, domain: int | None = None) -> str:
-    return (f"[shards.{name}]\ngtid_domain_id = {domain or DOMAINS[name]}\n"
-            f"east = {{ port = {db.port}, server_id = {db.server_id} }}\n")
+    return (
+        f"[shards.{name}]\ngtid_domain_id = {domain or DOMAINS[name]}\n"
+        f"east = {{ port = {db.port}, server_id = {db.server_id} }}\n"
+    )
 
 
 class Sharded:
     """A schema on every shard, two memcached clusters, a sharded topology and `squeal run --region east`."""
 
-    def __init__(self, base: Path, dbs: dict[str, MariaDB], shards: tuple[str, ...] = SHARDS,
-                 on_data_loss: str = "halt") -> None:
+    def __init__(
+        self, base: Path, dbs: dict[str, MariaDB], shards: tuple[str, ...] = SHARDS, on_data_loss: str = "halt"
+    ) -> None:
         self.base, self.dbs = base, dbs
         self.schema = f"sh_{base.name[:12].replace('-', '_')}_{os.getpid() % 10000}"
         for db in dbs.values():
@@ -68,7 +71,8 @@ class Sharded:
         clusters = "".join(
             f'[regions.east.clusters.c{i}]\nrouters = ["127.0.0.1:{m.port}"]\n'
             f'pools.wildcard = {{ kind = "wildcard", servers = ["127.0.0.1:{free_port()}"] }}\n'
-            for i, m in enumerate(self.memcacheds))
+            for i, m in enumerate(self.memcacheds)
+        )
         self.topology.write_text(
             f'[squeal]\ndatamarker_dir = "var/dm"\nmetrics_port_base = {free_port()}\n'
             f'on_data_loss = "{self.on_data_loss}"\n'
@@ -76,7 +80,9 @@ class Sharded:
             + f'[[rules]]\ntable = "{self.schema}.users"\nkeys = ["user:{{id}}", "user:email:{{email}}"]\n'
             + f'[[rules]]\ntable = "{self.schema}.posts"\nkeys = ["post:{{id}}"]\nshards = ["s1"]\n'
             + f'[[rules]]\ntable = "{self.schema}.nowhere"\nkeys = ["nowhere:{{id}}"]\n'  # on no shard
-            + "[regions.east]\nmaster = true\n" + clusters)
+            + "[regions.east]\nmaster = true\n"
+            + clusters
+        )
 
     def sql(self, shard: str, *statements: str) -> None:
         self.dbs[shard].execute(f"USE {self.schema}", *statements)
@@ -161,12 +167,18 @@ def test_a_purged_shard_halts_alone_and_recovers_by_its_own_command(sharded) -> 
     env.daemon.start()
     for shard in SHARDS:
         env.tracer(shard)
-    wait_until(lambda: all((env.state_dir / "shards" / s / "c0.marker").exists() for s in SHARDS), 10,
-               "every shard's markers written")
+    wait_until(
+        lambda: all((env.state_dir / "shards" / s / "c0.marker").exists() for s in SHARDS),
+        10,
+        "every shard's markers written",
+    )
     # Checkpointed: the markers hold the tracers. Now s1 commits while squeal is away and loses those binlogs.
     marker = (env.state_dir / "shards" / "s1" / "c0.marker").read_text()
-    wait_until(lambda: (env.state_dir / "shards" / "s1" / "c0.marker").read_text() != marker or
-               str(DOMAINS["s1"]) in marker, 10, "s1's marker to hold its tracer")
+    wait_until(
+        lambda: (env.state_dir / "shards" / "s1" / "c0.marker").read_text() != marker or str(DOMAINS["s1"]) in marker,
+        10,
+        "s1's marker to hold its tracer",
+    )
     env.daemon.stop()
     db = env.dbs["s1"]
     for i in range(3):
@@ -181,19 +193,48 @@ def test_a_purged_shard_halts_alone_and_recovers_by_its_own_command(sharded) -> 
         return health if status == 503 and any("DATA LOSS" in p for p in health["problems"].values()) else None
 
     health = wait_until(halted, 30, "/healthz 503 naming the halted shard")
-    (key, why), = health["problems"].items()
+    ((key, why),) = health["problems"].items()
     assert key.startswith("s1: ") and "shard s1" in why and "lost GTIDs" in why and "--shard s1" in why
     assert health["shards"]["s0"]["ok"] and health["shards"]["s2"]["ok"] and not health["shards"]["s1"]["ok"]
     env.tracer("s0")  # the other shards keep invalidating while s1 is halted
     env.tracer("s2")
     assert all(c.has("user:500") for c in env.caches)  # s1 sent nothing: halted, not flushed
     assert scrape(env.daemon.port)['squeal_halted{shard="s1"}'] == 1.0
-    wrong = subprocess.run([sys.executable, "-m", "squeal.cli", "accept-data-loss", str(env.topology), "--region",
-                            "east", "--state-dir", str(env.state_dir)], capture_output=True, text=True, timeout=30)
+    wrong = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "squeal.cli",
+            "accept-data-loss",
+            str(env.topology),
+            "--region",
+            "east",
+            "--state-dir",
+            str(env.state_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert wrong.returncode == 2 and "--shard" in wrong.stderr  # which shard? never a guess
-    done = subprocess.run([sys.executable, "-m", "squeal.cli", "accept-data-loss", str(env.topology), "--region",
-                           "east", "--shard", "s1", "--state-dir", str(env.state_dir)],
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "squeal.cli",
+            "accept-data-loss",
+            str(env.topology),
+            "--region",
+            "east",
+            "--shard",
+            "s1",
+            "--state-dir",
+            str(env.state_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 0, done.stderr
     wait_gone(env.caches, ["user:500"])  # s1 flushed the region's clusters and resumed
     wait_until(lambda: env.health()[0] == 200, 15, "/healthz 200 after recovery")
@@ -233,41 +274,43 @@ def test_a_shard_added_to_a_running_region_starts_alone(sharded) -> None:
 
 
 def test_layout_errors_name_the_key(tmp_path: Path) -> None:
-    base = ('[regions.east]\nmaster = true\n[regions.east.clusters.c0]\nrouters = ["127.0.0.1:1"]\n'
-            'pools.wildcard = { servers = ["127.0.0.1:2"] }\n'
-            '[regions.west]\n[regions.west.clusters.c1]\nrouters = ["127.0.0.1:3"]\n'
-            'pools.wildcard = { servers = ["127.0.0.1:4"] }\n')
+    base = (
+        '[regions.east]\nmaster = true\n[regions.east.clusters.c0]\nrouters = ["127.0.0.1:1"]\n'
+        'pools.wildcard = { servers = ["127.0.0.1:2"] }\n'
+        '[regions.west]\n[regions.west.clusters.c1]\nrouters = ["127.0.0.1:3"]\n'
+        'pools.wildcard = { servers = ["127.0.0.1:4"] }\n'
+    )
     cases = [
         (  # a shard missing its copy in a region
-            '[shards.a]\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\n',
+            "[shards.a]\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\n",
             "shards.a: shard 'a' has no copy in region 'west'",
         ),
         (  # two shards on one port
-            '[shards.a]\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\nwest = { port = 11, server_id = 2 }\n'
-            '[shards.b]\ngtid_domain_id = 2\neast = { port = 10, server_id = 3 }\n'
-            'west = { port = 12, server_id = 4 }\n',
+            "[shards.a]\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\nwest = { port = 11, server_id = 2 }\n"
+            "[shards.b]\ngtid_domain_id = 2\neast = { port = 10, server_id = 3 }\n"
+            "west = { port = 12, server_id = 4 }\n",
             "shards.b.east.port: duplicate port: 127.0.0.1:10 is already used by shards.a.east.port",
         ),
         (  # a shard declared twice (a group's member and a single shard)
-            '[shards.u]\ncount = 2\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\n'
-            'west = { port = 20, server_id = 10 }\n'
-            '[shards.u-1]\ngtid_domain_id = 5\neast = { port = 30, server_id = 30 }\n'
-            'west = { port = 31, server_id = 31 }\n',
+            "[shards.u]\ncount = 2\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\n"
+            "west = { port = 20, server_id = 10 }\n"
+            "[shards.u-1]\ngtid_domain_id = 5\neast = { port = 30, server_id = 30 }\n"
+            "west = { port = 31, server_id = 31 }\n",
             "shards.u-1: shard 'u-1' is already declared by shards.u (shard 1 of 2)",
         ),
         (  # two shards in one GTID domain
-            '[shards.a]\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\nwest = { port = 11, server_id = 2 }\n'
-            '[shards.b]\ngtid_domain_id = 1\neast = { port = 12, server_id = 3 }\n'
-            'west = { port = 13, server_id = 4 }\n',
+            "[shards.a]\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\nwest = { port = 11, server_id = 2 }\n"
+            "[shards.b]\ngtid_domain_id = 1\neast = { port = 12, server_id = 3 }\n"
+            "west = { port = 13, server_id = 4 }\n",
             "shards.b.gtid_domain_id: GTID domain 1 (shard b) is already used by shard a",
         ),
         (  # server ids unique fleet-wide
-            '[shards.a]\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\n'
-            'west = { port = 11, server_id = 1 }\n',
+            "[shards.a]\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\n"
+            "west = { port = 11, server_id = 1 }\n",
             "shards.a.west.server_id: server_id 1 (shard a, region west) is already used by shard a in region east",
         ),
         (  # a rule scoped to an unknown shard
-            '[shards.a]\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\nwest = { port = 11, server_id = 2 }\n'
+            "[shards.a]\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\nwest = { port = 11, server_id = 2 }\n"
             '[[rules]]\ntable = "app.t"\nkeys = ["t:{id}"]\nshards = ["b"]\n',
             "rules[0].shards[0]: unknown shard 'b' (have: a)",
         ),
@@ -278,10 +321,14 @@ def test_layout_errors_name_the_key(tmp_path: Path) -> None:
             router_config.loads(shards + base, source="t.toml")
         assert str(e.value).startswith(f"t.toml: {expected}"), str(e.value)
     with pytest.raises(router_config.TopologyError, match=r"regions.east.database: a topology with \[shards\]"):
-        router_config.loads('[shards.a]\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\n'
-                            'west = { port = 11, server_id = 2 }\n'
-                            + base.replace("master = true\n", 'master = true\ndatabase = { role = "primary", '
-                                           'port = 5, server_id = 9 }\n'), source="t.toml")
+        router_config.loads(
+            "[shards.a]\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\n"
+            "west = { port = 11, server_id = 2 }\n"
+            + base.replace(
+                "master = true\n", 'master = true\ndatabase = { role = "primary", port = 5, server_id = 9 }\n'
+            ),
+            source="t.toml",
+        )
 
 
 def test_compact_shard_groups_expand_and_round_trip() -> None:

@@ -128,8 +128,10 @@ def test_the_missing_column_counter_counts_every_row_not_only_the_first() -> Non
     stage = KeyStage(KeyExtractor(RULES), (), metrics)
     for seq in (1, 2, 3):
         stage.process(Transaction((0, 1, seq), 1.0, rows=[rows("users", {"id": seq})]))
-    assert metrics.registry.get_sample_value(
-        "squeal_rule_missing_column_total", {"table": "app.users", "column": "email"}) == 3
+    assert (
+        metrics.registry.get_sample_value("squeal_rule_missing_column_total", {"table": "app.users", "column": "email"})
+        == 3
+    )
 
 
 def test_comment_parsing() -> None:
@@ -188,8 +190,20 @@ def test_rule_filter_check_names_the_rule_column_and_literal() -> None:
         check_rules([Rule("app.users", ("user:{id}",), where=predicate.parse("score > 'high'"))], cols)
     with pytest.raises(RuleError, match=r"status is varchar: compare it with a 'string', not '1'"):
         check_rules([Rule("app.users", ("user:{id}",), where=predicate.parse("status = 1"))], cols)
-    assert check_rules([Rule("app.users", ("user:{id}",), when_changed=("email",),
-                             where=predicate.parse("score >= 1.5 and status in ('a', 'b')"))], cols) == []
+    assert (
+        check_rules(
+            [
+                Rule(
+                    "app.users",
+                    ("user:{id}",),
+                    when_changed=("email",),
+                    where=predicate.parse("score >= 1.5 and status in ('a', 'b')"),
+                )
+            ],
+            cols,
+        )
+        == []
+    )
 
 
 def test_row_filters_decide_like_sql() -> None:
@@ -305,8 +319,11 @@ def test_pipelined_batches_ack_in_order_and_fail_back_together() -> None:
     f.offer_live(committed(2, ["d", "e"]))
     b1, b2, b3 = (f.take_batch(2, max_in_flight=3) for _ in range(3))
     f.offer_live(committed(3, []))  # key-less, queued behind the batches in flight
-    assert [b.payload for b in (b1, b2, b3)] == [b"md a q\r\nmd b q\r\nmn\r\n", b"md c q\r\nmd d q\r\nmn\r\n",
-                                                  b"md e q\r\nmn\r\n"]
+    assert [b.payload for b in (b1, b2, b3)] == [
+        b"md a q\r\nmd b q\r\nmn\r\n",
+        b"md c q\r\nmd d q\r\nmn\r\n",
+        b"md e q\r\nmn\r\n",
+    ]
     assert f.take_batch(2, max_in_flight=4) is None  # only the key-less txn is left: not behind batches in flight
     assert f.pending_keys == 0 and f.in_flight is b1
     f.ack(b2)  # out of order: ignored

@@ -53,8 +53,17 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tls.CertPair]:
 
 def tls_server(procs: _Processes, pki: dict[str, tls.CertPair], cert: str, server_id: int) -> MariaDB:
     pair = pki[cert]
-    return procs.add(MariaDB(server_id, workdir=procs.base / cert, ssl_cert=pair.cert, ssl_key=pair.key,
-                             ssl_ca=pki["ca"].cert, require_ssl=True, auth="ed25519"))
+    return procs.add(
+        MariaDB(
+            server_id,
+            workdir=procs.base / cert,
+            ssl_cert=pair.cert,
+            ssl_key=pair.key,
+            ssl_ca=pki["ca"].cert,
+            require_ssl=True,
+            auth="ed25519",
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -68,32 +77,41 @@ def hardened(tmp_path_factory, pki) -> Iterator[MariaDB]:
 
 
 def source_of(db: MariaDB, pki: dict[str, tls.CertPair], ca: str = "ca") -> Source:
-    return Source(db.host, db.port, db.user, db.password, tls=True, ssl_ca=str(pki[ca].cert),
-                  ssl_cert=str(pki["squeal"].cert), ssl_key=str(pki["squeal"].key))
+    return Source(
+        db.host,
+        db.port,
+        db.user,
+        db.password,
+        tls=True,
+        ssl_ca=str(pki[ca].cert),
+        ssl_cert=str(pki["squeal"].cert),
+        ssl_key=str(pki["squeal"].key),
+    )
 
 
 def reader_for(kind: str, source: Source, start: g.Position, rules: list[Rule]):
     extractor = KeyExtractor(rules)
     if kind == "python":
         return BinlogReader(source, start, extractor.tables, name=f"tls-{kind}", max_backoff=0.2)
-    return NativeBinlogReader(source, start, extractor.tables, extractor.templates, name=f"tls-{kind}",
-                              max_backoff=0.2)
+    return NativeBinlogReader(source, start, extractor.tables, extractor.templates, name=f"tls-{kind}", max_backoff=0.2)
 
 
 def test_the_account_really_is_hardened(hardened):
     plugin, ssl_type = hardened.execute("SELECT plugin, ssl_type FROM mysql.user WHERE user = 'squeal'")[0]
     assert (plugin, ssl_type) == ("ed25519", "ANY")
     with pytest.raises(pymysql.err.OperationalError) as e:  # the same account without TLS is refused
-        pymysql.connect(host=hardened.host, port=hardened.port, user=hardened.user, password=hardened.password,
-                        ssl_disabled=True)
+        pymysql.connect(
+            host=hardened.host, port=hardened.port, user=hardened.user, password=hardened.password, ssl_disabled=True
+        )
     assert e.value.args[0] == 1045
 
 
 @pytest.mark.parametrize("kind", ["python", "native"])
 def test_reader_streams_a_committed_rows_keys_over_tls_with_ed25519(hardened, pki, kind):
     schema = unique_db(f"tls{kind}")
-    hardened.execute(f"CREATE DATABASE {schema}",
-                     f"CREATE TABLE {schema}.users (id INT PRIMARY KEY, email VARCHAR(100))")
+    hardened.execute(
+        f"CREATE DATABASE {schema}", f"CREATE TABLE {schema}.users (id INT PRIMARY KEY, email VARCHAR(100))"
+    )
     start = g.parse_position(hardened.gtid_binlog_pos())
     hardened.execute(f"INSERT INTO {schema}.users VALUES (7, 'seven@example')")
     rules = [Rule(table=f"{schema}.users", keys=("user:{id}",))]
@@ -165,11 +183,11 @@ def test_the_topology_tls_section_reaches_the_reader(tmp_path, hardened, pki):
 
     (tmp_path / "topo.toml").write_text(f"""
 [tls]
-ca = "{pki['ca'].cert}"
+ca = "{pki["ca"].cert}"
 require = true
 [tls.squeal]
-cert = "{pki['squeal'].cert}"
-key = "{pki['squeal'].key}"
+cert = "{pki["squeal"].cert}"
+key = "{pki["squeal"].key}"
 [regions.east]
 master = true
 database = {{ role = "primary", port = {hardened.port}, server_id = 31 }}
@@ -193,8 +211,10 @@ def test_squeal_daemon_invalidates_over_tls_from_a_hardened_account(tmp_path, ha
     procs = _Processes(tmp_path)
     try:
         caches = [procs.add(TlsMemcached(pki["mariadb"], pki["ca"], workdir=tmp_path / "mc")) for _ in range(2)]
-        tls_section = (f'[tls]\nca = "{pki["ca"].cert}"\nrequire = true\n'
-                       f'[tls.squeal]\ncert = "{pki["squeal"].cert}"\nkey = "{pki["squeal"].key}"\n')
+        tls_section = (
+            f'[tls]\nca = "{pki["ca"].cert}"\nrequire = true\n'
+            f'[tls.squeal]\ncert = "{pki["squeal"].cert}"\nkey = "{pki["squeal"].key}"\n'
+        )
         text = topology_text(hardened, schema, [m.port for m in caches], regional=False)
         topo = tmp_path / "topology.toml"
         topo.write_text(tls_section + text.replace("[squeal]\n", f'[squeal]\nreader = "{reader}"\n', 1))
@@ -228,8 +248,10 @@ class TlsMemcached(Memcached):
         return ssl.create_default_context(cafile=str(self.ca.cert))
 
     def ready(self) -> bool:
-        with socket.create_connection((self.host, self.port), timeout=1) as s, \
-                self.context().wrap_socket(s, server_hostname=self.host) as t:
+        with (
+            socket.create_connection((self.host, self.port), timeout=1) as s,
+            self.context().wrap_socket(s, server_hostname=self.host) as t,
+        ):
             t.sendall(b"version\r\n")
             return t.recv(64).startswith(b"VERSION")
 
@@ -240,8 +262,10 @@ class TlsMemcached(Memcached):
 
 
 def tls_daemon(tmp_path: Path, db: MariaDB, pki, schema: str, caches: list[Memcached], procs: _Processes):
-    tls_section = (f'[tls]\nca = "{pki["ca"].cert}"\nrequire = true\n'
-                   f'[tls.squeal]\ncert = "{pki["squeal"].cert}"\nkey = "{pki["squeal"].key}"\n')
+    tls_section = (
+        f'[tls]\nca = "{pki["ca"].cert}"\nrequire = true\n'
+        f'[tls.squeal]\ncert = "{pki["squeal"].cert}"\nkey = "{pki["squeal"].key}"\n'
+    )
     topo = tmp_path / "topology.toml"
     topo.write_text(tls_section + topology_text(db, schema, [m.port for m in caches], regional=False))
     return procs.add(SquealDaemon(topo, "east", workdir=tmp_path / "squeal", state_dir=tmp_path / "state"))

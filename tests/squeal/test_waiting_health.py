@@ -35,7 +35,8 @@ def _topology(primary: MariaDB, tmp_path: Path, *, pool: bool) -> tuple[Path, st
 
 @pytest.mark.parametrize("pool", [False, True], ids=["ha-standby", "pool-worker"])
 def test_waiting_for_zookeeper_serves_an_unhealthy_healthz_naming_the_ensemble(
-        primary: MariaDB, processes, tmp_path: Path, pool: bool) -> None:
+    primary: MariaDB, processes, tmp_path: Path, pool: bool
+) -> None:
     topology, ensemble, port = _topology(primary, tmp_path, pool=pool)
     daemon = SquealDaemon(topology, "east", port=port, workdir=tmp_path / "squeal", instance="east-1")
     daemon.start_timeout = 15.0  # less than the start-up's ZooKeeper connect time-out (20 s): it still waits

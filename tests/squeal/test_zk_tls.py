@@ -30,16 +30,24 @@ ROOT = "/squeal-tls"
 def pki(tmp_path_factory) -> dict[str, tls.CertPair]:
     d = tmp_path_factory.mktemp("zk-pki")
     ca = tls.make_ca(d)
-    return {"ca": ca, "other-ca": tls.make_ca(d, name="other-ca"), "zookeeper": tls.issue(ca, d, "zookeeper"),
-            "squeal": tls.issue(ca, d, "squeal"), "intruder": tls.issue(ca, d, "intruder")}
+    return {
+        "ca": ca,
+        "other-ca": tls.make_ca(d, name="other-ca"),
+        "zookeeper": tls.issue(ca, d, "zookeeper"),
+        "squeal": tls.issue(ca, d, "squeal"),
+        "intruder": tls.issue(ca, d, "intruder"),
+    }
 
 
 @pytest.fixture(scope="module")
 def secure_zk(tmp_path_factory, pki) -> Iterator[ZooKeeper]:
     procs = _Processes(tmp_path_factory.mktemp("zk-tls"))
     try:
-        yield procs.add(ZooKeeper(workdir=procs.base, ssl_cert=pki["zookeeper"].cert, ssl_key=pki["zookeeper"].key,
-                                  ssl_ca=pki["ca"].cert))
+        yield procs.add(
+            ZooKeeper(
+                workdir=procs.base, ssl_cert=pki["zookeeper"].cert, ssl_key=pki["zookeeper"].key, ssl_ca=pki["ca"].cert
+            )
+        )
     finally:
         procs.stop_all()
 
@@ -48,11 +56,11 @@ def topology(tmp_path: Path, zk: ZooKeeper, pki: dict[str, tls.CertPair]) -> rou
     path = tmp_path / "topo.toml"
     path.write_text(f"""
 [tls]
-ca = "{pki['ca'].cert}"
+ca = "{pki["ca"].cert}"
 require = true
 [tls.squeal]
-cert = "{pki['squeal'].cert}"
-key = "{pki['squeal'].key}"
+cert = "{pki["squeal"].cert}"
+key = "{pki["squeal"].key}"
 [zookeeper]
 servers = ["{zk.host}:{zk.port}"]
 root = "{ROOT}"
@@ -90,8 +98,14 @@ def test_squeal_writes_markers_over_tls_and_a_foreign_client_cannot(tmp_path, se
         assert store.load("east-a") == "0-1-5"
 
         # Someone with a certificate from the same CA, over TLS, but without squeal's credential.
-        intruder = started(secure_zk, use_ssl=True, ca=str(pki["ca"].cert), certfile=str(pki["intruder"].cert),
-                           keyfile=str(pki["intruder"].key), check_hostname=True)
+        intruder = started(
+            secure_zk,
+            use_ssl=True,
+            ca=str(pki["ca"].cert),
+            certfile=str(pki["intruder"].cert),
+            keyfile=str(pki["intruder"].key),
+            check_hostname=True,
+        )
         try:
             marker = f"{region_path(ROOT, 'east')}/markers/east-a"
             assert b"0-1-5" in intruder.get(marker)[0]  # reading is allowed
@@ -139,24 +153,44 @@ def test_an_ha_instance_leads_and_invalidates_over_tls_everywhere(tmp_path, secu
 
     procs = _Processes(tmp_path)
     try:
-        db = procs.add(MariaDB(41, workdir=tmp_path / "db", ssl_cert=pki["zookeeper"].cert,
-                               ssl_key=pki["zookeeper"].key, ssl_ca=pki["ca"].cert, require_ssl=True,
-                               auth="ed25519"))
+        db = procs.add(
+            MariaDB(
+                41,
+                workdir=tmp_path / "db",
+                ssl_cert=pki["zookeeper"].cert,
+                ssl_key=pki["zookeeper"].key,
+                ssl_ca=pki["ca"].cert,
+                require_ssl=True,
+                auth="ed25519",
+            )
+        )
         schema = unique_db("hatls")
         create_schema(db, schema)
         caches = [procs.add(TlsMemcached(pki["zookeeper"], pki["ca"], workdir=tmp_path / "mc")) for _ in range(2)]
         root = f"{ROOT}-ha"
         port = free_port()
         text = topology_text(db, schema, [m.port for m in caches], regional=False)
-        text += (f'\n[[regions.east.squeal_instances]]\nname = "east-1"\ndatabase = "east"\nmetrics_port = {port}\n'
-                 f'\n[zookeeper]\nservers = ["{secure_zk.host}:{secure_zk.port}"]\nroot = "{root}"\n'
-                 'digest = "squeal:s3cret"\nsession_timeout_s = 3\n')
-        tls_section = (f'[tls]\nca = "{pki["ca"].cert}"\nrequire = true\n'
-                       f'[tls.squeal]\ncert = "{pki["squeal"].cert}"\nkey = "{pki["squeal"].key}"\n')
+        text += (
+            f'\n[[regions.east.squeal_instances]]\nname = "east-1"\ndatabase = "east"\nmetrics_port = {port}\n'
+            f'\n[zookeeper]\nservers = ["{secure_zk.host}:{secure_zk.port}"]\nroot = "{root}"\n'
+            'digest = "squeal:s3cret"\nsession_timeout_s = 3\n'
+        )
+        tls_section = (
+            f'[tls]\nca = "{pki["ca"].cert}"\nrequire = true\n'
+            f'[tls.squeal]\ncert = "{pki["squeal"].cert}"\nkey = "{pki["squeal"].key}"\n'
+        )
         topo = tmp_path / "topology.toml"
         topo.write_text(tls_section + text)
-        daemon = procs.add(SquealDaemon(topo, "east", port=port, workdir=tmp_path / "east-1",
-                                        state_dir=tmp_path / "east-1" / "state", instance="east-1"))
+        daemon = procs.add(
+            SquealDaemon(
+                topo,
+                "east",
+                port=port,
+                workdir=tmp_path / "east-1",
+                state_dir=tmp_path / "east-1" / "state",
+                instance="east-1",
+            )
+        )
         # leading and delivering: its flows start at the binlog's "now" (no datamarker yet)
         wait_until(lambda: "leads region east: delivering" in daemon.log_file.read_text(), 30, "east-1 to lead")
         clients = [m.cache() for m in caches]
