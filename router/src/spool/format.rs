@@ -43,10 +43,10 @@ pub fn entry_line(server: &str, pool: &str, req: &Request) -> String {
         Ok(k) => {
             body.insert("k".into(), json!(k));
             if req.cmd == Cmd::MetaDelete {
-                body.insert("op".into(), json!("md"));
+                body.insert("op".into(), json!(Cmd::MetaDelete.name()));
                 body.insert("f".into(), json!(flags.join(" ")));
             } else {
-                body.insert("op".into(), json!("delete"));
+                body.insert("op".into(), json!(Cmd::Delete.name()));
             }
         }
         Err(_) => {
@@ -54,7 +54,7 @@ pub fn entry_line(server: &str, pool: &str, req: &Request) -> String {
                 "k".into(),
                 json!(base64::engine::general_purpose::STANDARD.encode(&req.key)),
             );
-            body.insert("op".into(), json!("md"));
+            body.insert("op".into(), json!(Cmd::MetaDelete.name()));
             body.insert("f".into(), json!("b"));
         }
     }
@@ -70,7 +70,7 @@ pub fn parse_entry(line: &str) -> Option<Request> {
     }
     let body = arr.get(3)?.as_object()?;
     let key = body.get("k")?.as_str()?;
-    if body.get("op").and_then(Value::as_str) == Some("md") {
+    if body.get("op").and_then(Value::as_str) == Some(Cmd::MetaDelete.name()) {
         let mut req = Request::simple(Cmd::MetaDelete, Bytes::copy_from_slice(key.as_bytes()));
         let flags = body.get("f").and_then(Value::as_str).unwrap_or("");
         for f in flags.split(' ').filter(|f| !f.is_empty() && *f != "q") {
