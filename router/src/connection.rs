@@ -5,6 +5,7 @@
 //! it was sent; replies that are ready together go out in one write. `mn` is an ordinary entry in
 //! that queue, so it is answered only after everything before it. Idle connections hold no
 //! buffers (reads wait for readiness before allocating), which keeps 10,000 idle clients cheap.
+//! A multi-key get is batched per server by `multiget`.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -18,13 +19,15 @@ use tokio::net::TcpStream;
 
 use crate::auth::Login;
 use crate::config::RouterConfig;
-use crate::protocol::reply::{first_line_end, meta_hit_as_value, parse_decimal};
+use crate::protocol::reply::{first_line_end, meta_hit_as_value};
 use crate::protocol::request::{BINARY_REQUEST_MAGIC, binary_refusal, parse_with};
-use crate::protocol::{Cmd, Command, ParseOutcome, Reply, Request, Res};
-use crate::routes::destination::Destination;
+use crate::protocol::{Cmd, Command, ParseOutcome, Reply, Request};
 use crate::routes::{BoxFuture, RouteRef};
 use crate::stats::RouteCounters;
 use crate::{Context, Shared};
+
+mod multiget;
+use multiget::{append_value, multi_get_reply};
 
 /// Requests in flight per connection before the router stops reading from it (backpressure).
 const MAX_IN_FLIGHT: usize = 4096;
@@ -636,6 +639,7 @@ impl Conn {
     }
 }
 
+/// The end of a get's answer.
 const END: &[u8] = b"END\r\n";
 
 /// The answer to `flush_all` without `--enable-flush-cmd`. A `SERVER_ERROR`, as real mcrouter's
@@ -657,21 +661,6 @@ fn single_get_reply(ctx: &Context, orig: &[u8], req: &Request, reply: Reply, out
     }
 }
 
-/// The answer for one key of a multi-key get.
-enum Part {
-    Pending,
-    Miss,
-    /// A VALUE block inside the reply of batch number `.0`.
-    Batched(usize, std::ops::Range<usize>),
-    Routed(Reply),
-}
-
-/// Keys that one server answers first, sent as one multi-key get.
-struct Batch<'c> {
-    dest: &'c Destination,
-    members: Vec<usize>,
-}
-
 /// A request's route and the counters of its label, or the error that answers it.
 type Selected<'c> = Result<(&'c RouteRef, &'c Arc<RouteCounters>), Reply>;
 
@@ -681,186 +670,6 @@ fn select_route<'c>(config: &'c RouterConfig, req: &mut Request) -> (Selected<'c
     let asked = req.key.starts_with(b"/").then(|| req.key.clone());
     let route = config.select(req);
     (route, asked.filter(|a| a.len() != req.key.len()))
-}
-
-/// A multi-key `get`: keys whose route asks one server first are batched into one multi-key get
-/// per server; the others (and the keys of any batch that fails over) take their full route.
-/// VALUE blocks go back in the order the keys were asked.
-async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: Cmd, keys: Vec<Bytes>) -> Bytes {
-    let n = keys.len();
-    let mut reqs: Vec<Request> = Vec::with_capacity(n);
-    // each key's route and the counters of its label
-    let mut routes: Vec<Option<(&RouteRef, &Arc<RouteCounters>)>> = Vec::with_capacity(n);
-    let mut parts: Vec<Part> = Vec::with_capacity(n);
-    let mut batches: Vec<Batch> = Vec::new();
-    let mut stripped = false;
-    let mut asked: Vec<Option<Bytes>> = Vec::with_capacity(n);
-    for (i, k) in keys.into_iter().enumerate() {
-        let mut req = Request::simple(cmd, k);
-        let (route, client_key) = select_route(config, &mut req);
-        stripped |= client_key.is_some();
-        asked.push(client_key);
-        match route {
-            Ok((route, route_counters)) => {
-                if let Some(dest) = route.first_get_target(&req) {
-                    match batches.iter_mut().find(|b| std::ptr::eq(b.dest, dest)) {
-                        Some(b) => b.members.push(i),
-                        None => {
-                            // room for every key left: one server often has them all
-                            let mut members = Vec::with_capacity(n - i);
-                            members.push(i);
-                            batches.push(Batch { dest, members })
-                        }
-                    }
-                }
-                routes.push(Some((route, route_counters)));
-                parts.push(Part::Pending);
-            }
-            Err(e) => {
-                routes.push(None);
-                parts.push(Part::Routed(e));
-            }
-        }
-        reqs.push(req);
-    }
-    let gets = cmd == Cmd::Gets;
-    let replies: Vec<Reply> = if batches.len() == 1 {
-        vec![send_batch(&batches[0], gets, &reqs).await]
-    } else {
-        join_all(batches.iter().map(|b| send_batch(b, gets, &reqs))).await
-    };
-    if let [reply] = &replies[..]
-        && batches[0].members.len() == n
-        && !stripped
-        && !reply.res.is_error()
-    {
-        // One server had every key, as asked: its VALUE blocks are the answer.
-        count_values(reply.values, n, &batches[0].dest.gets.gets, routes[0].map(|r| r.1));
-        let mut out = BytesMut::with_capacity(reply.wire.len() + END.len());
-        out.put_slice(&reply.wire);
-        out.put_slice(END);
-        return out.freeze();
-    }
-    for (b, (batch, reply)) in batches.iter().zip(&replies).enumerate() {
-        if reply.res.is_failover_error() {
-            continue; // these keys take their full route below
-        }
-        if reply.res.is_error() {
-            for &i in &batch.members {
-                parts[i] = Part::Routed(reply.clone());
-            }
-            continue;
-        }
-        split_values(b, &reply.wire, &batch.members, &reqs, &mut parts);
-        for &i in &batch.members {
-            batch.dest.gets.gets.count(match parts[i] {
-                Part::Batched(..) => Res::Found,
-                _ => Res::Miss,
-            });
-        }
-    }
-    let slow: Vec<usize> = (0..n).filter(|&i| matches!(parts[i], Part::Pending)).collect();
-    if !slow.is_empty() {
-        let outs = join_all(slow.iter().map(|&i| {
-            let (route, _) = routes[i].expect("pending keys have a route");
-            let req = &reqs[i];
-            async move { route.route(req).await }
-        }))
-        .await;
-        for (i, r) in slow.into_iter().zip(outs) {
-            parts[i] = Part::Routed(r);
-        }
-    }
-    let client_key = |i: usize| asked[i].as_deref().unwrap_or(&reqs[i].key);
-    let mut out = BytesMut::new();
-    for (i, part) in parts.iter().enumerate() {
-        if let Some((_, c)) = routes[i] {
-            c.gets.count(match part {
-                Part::Batched(..) => Res::Found,
-                Part::Miss => Res::Miss,
-                Part::Routed(reply) => reply.res,
-                Part::Pending => Res::LocalError,
-            });
-        }
-        match part {
-            Part::Batched(b, range) => {
-                append_value(&mut out, client_key(i), &reqs[i], &replies[*b].wire[range.clone()])
-            }
-            Part::Routed(reply) if reply.res.is_hit() => append_value(&mut out, client_key(i), &reqs[i], &reply.wire),
-            Part::Routed(reply) if reply.res.is_error() => {
-                // one key's error makes that key a miss, as mcrouter answers a multi-get
-                ctx.stats.errors.fetch_add(1, Relaxed);
-            }
-            _ => {}
-        }
-    }
-    out.put_slice(END);
-    out.freeze()
-}
-
-async fn send_batch(batch: &Batch<'_>, gets: bool, reqs: &[Request]) -> Reply {
-    let keys: Vec<&Bytes> = batch.members.iter().map(|&i| &reqs[i].key).collect();
-    batch.dest.server.send_multi_get(gets, &keys, batch.dest.timeout).await
-}
-
-/// Hits and misses of a multi-get that one server answered whole (`n` keys, all of one route):
-/// its VALUE blocks (counted by the server connection while framing them) are the hits.
-fn count_values(values: u32, n: usize, pool: &crate::stats::HitCounters, route: Option<&Arc<RouteCounters>>) {
-    let hits = u64::from(values);
-    let misses = (n as u64).saturating_sub(hits);
-    for c in [Some(pool), route.map(|r| &r.gets)].into_iter().flatten() {
-        c.hits.fetch_add(hits, Relaxed);
-        c.misses.fetch_add(misses, Relaxed);
-    }
-}
-
-/// Hand the VALUE blocks of batch `batch`'s reply to the keys that asked (in order; absent = miss).
-fn split_values(batch: usize, wire: &[u8], members: &[usize], reqs: &[Request], parts: &mut [Part]) {
-    let mut pos = 0;
-    let mut j = 0;
-    while pos < wire.len() {
-        let Some(nl) = wire[pos..].iter().position(|&b| b == b'\n') else {
-            break;
-        };
-        let line = &wire[pos..pos + first_line_end(&wire[pos..])];
-        let mut toks = line.split(|&b| b == b' ').filter(|t| !t.is_empty());
-        let (Some(b"VALUE"), Some(key), Some(_flags), Some(len)) = (toks.next(), toks.next(), toks.next(), toks.next())
-        else {
-            break;
-        };
-        let Some(len) = parse_decimal(len) else {
-            break;
-        };
-        let end = (pos + nl + 1 + len + 2).min(wire.len());
-        while j < members.len() && reqs[members[j]].key[..] != key[..] {
-            parts[members[j]] = Part::Miss;
-            j += 1;
-        }
-        if j < members.len() {
-            parts[members[j]] = Part::Batched(batch, pos..end);
-            j += 1;
-        }
-        pos = end;
-    }
-    for &i in &members[j.min(members.len())..] {
-        parts[i] = Part::Miss;
-    }
-}
-
-/// Append a server's VALUE block, with the client's key if a routing prefix was stripped.
-fn append_value(out: &mut BytesMut, orig: &[u8], req: &Request, block: &[u8]) {
-    if orig.len() == req.key.len() || !block.starts_with(b"VALUE ") {
-        out.put_slice(block);
-        return;
-    }
-    let after = 6 + req.key.len();
-    if block.len() < after || block[6..after] != req.key[..] {
-        out.put_slice(block);
-        return;
-    }
-    out.put_slice(b"VALUE ");
-    out.put_slice(orig);
-    out.put_slice(&block[after..]);
 }
 
 /// A keyed request's answer: `finish`, with the client's key put back into meta `k` flags.
@@ -920,31 +729,6 @@ mod tests {
         assert_eq!(&restored(other, b"user:1", b"/e/a/user:1")[..], &other[..]);
         let none = b"EN\r\n";
         assert_eq!(&restored(none, b"user:1", b"/e/a/user:1")[..], &none[..]);
-    }
-
-    #[test]
-    fn batched_values_split_by_key_in_order() {
-        let reqs: Vec<Request> = ["a", "b", "c"]
-            .iter()
-            .map(|k| Request::simple(Cmd::Get, Bytes::from_static(k.as_bytes())))
-            .collect();
-        let wire = b"VALUE a 0 1\r\nx\r\nVALUE c 5 2\r\nyz\r\n";
-        let mut parts: Vec<Part> = (0..3).map(|_| Part::Pending).collect();
-        split_values(0, wire, &[0, 1, 2], &reqs, &mut parts);
-        assert!(matches!(&parts[0], Part::Batched(0, r) if &wire[r.clone()] == b"VALUE a 0 1\r\nx\r\n"));
-        assert!(matches!(parts[1], Part::Miss));
-        assert!(matches!(&parts[2], Part::Batched(0, r) if &wire[r.clone()] == b"VALUE c 5 2\r\nyz\r\n"));
-        // keys with a CR or other control bytes (memcached takes them) are matched whole
-        let reqs: Vec<Request> = [&b"a\rb"[..], b"\x01", b"c\r"]
-            .iter()
-            .map(|k| Request::simple(Cmd::Get, Bytes::copy_from_slice(k)))
-            .collect();
-        let wire = b"VALUE a\rb 0 1\r\nx\r\nVALUE c\r 0 1\r\ny\r\n";
-        let mut parts: Vec<Part> = (0..3).map(|_| Part::Pending).collect();
-        split_values(0, wire, &[0, 1, 2], &reqs, &mut parts);
-        assert!(matches!(&parts[0], Part::Batched(0, r) if &wire[r.clone()] == b"VALUE a\rb 0 1\r\nx\r\n"));
-        assert!(matches!(parts[1], Part::Miss));
-        assert!(matches!(&parts[2], Part::Batched(0, r) if &wire[r.clone()] == b"VALUE c\r 0 1\r\ny\r\n"));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! Layers, bottom up: `protocol` (wire format, no I/O), `server` (per-server connections, TKO),
 //! `spool` (failed deletes to disk and back), `ack` (when a delete counts as acknowledged), `routes` (route handles, one per file) built by
 //! `config` from JSON, `connection` (one client connection: buffered reads, replies in request
-//! order), `flush` (opt-in `flush_all` to every server of the config), `metrics_http` (Prometheus
+//! order; `connection::multiget` batches a multi-key get per server), `flush` (opt-in `flush_all` to every server of the config), `metrics_http` (Prometheus
 //! `/metrics`), `accept` (accepting clients; refusing them at the connection limit as memcached
 //! does), `admin` (`get __mcrouter__.*` admin requests, answered by the router itself).
 //! `main` wires them together.

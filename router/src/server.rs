@@ -112,7 +112,7 @@ impl Server {
     /// One classic multi-key `get`/`gets` for keys that all live here: the VALUE blocks, no END.
     pub async fn send_multi_get(self: &Arc<Self>, gets: bool, keys: &[&Bytes], timeout: Duration) -> Reply {
         let mut data = BytesMut::with_capacity(8 + keys.iter().map(|k| k.len() + 1).sum::<usize>());
-        data.extend_from_slice(if gets { b"gets" } else { b"get" });
+        data.extend_from_slice(if gets { Cmd::Gets } else { Cmd::Get }.name().as_bytes());
         for k in keys {
             data.extend_from_slice(b" ");
             data.extend_from_slice(k);

@@ -7,14 +7,29 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::protocol::Cmd;
+use crate::protocol::request::COMMANDS;
 
-/// Labels of the per-operation request counter (client commands as received). The keyed
-/// commands come first, in the order of [`Cmd`], so a `Cmd` is its own index. `flush` is
-/// `flush_all` (memcached's `cmd_flush`).
-pub const OPS: &[&str] = &[
-    "get", "gets", "set", "add", "replace", "append", "prepend", "cas", "delete", "incr", "decr", "touch", "mg", "ms",
-    "md", "ma", "me", "mn", "version", "stats", "flush", "other",
-];
+/// Labels of the per-operation request counter (client commands as received): the keyed
+/// commands first, named and ordered by [`COMMANDS`] (so a `Cmd` is its own index), then the
+/// commands that no route handles. `flush` is `flush_all` (memcached's `cmd_flush`).
+pub const OPS: &[&str] = &OP_LABELS;
+
+/// Labels of the commands that are not keyed, after the keyed ones in [`OPS`].
+const UNKEYED_OPS: [&str; 5] = ["mn", "version", "stats", "flush", "other"];
+
+const OP_LABELS: [&str; Cmd::COUNT + UNKEYED_OPS.len()] = {
+    let mut labels = [""; Cmd::COUNT + UNKEYED_OPS.len()];
+    let mut i = 0;
+    while i < Cmd::COUNT {
+        labels[i] = COMMANDS[i].name;
+        i += 1;
+    }
+    while i < labels.len() {
+        labels[i] = UNKEYED_OPS[i - Cmd::COUNT];
+        i += 1;
+    }
+    labels
+};
 
 /// Upper bounds (seconds) of the latency histogram buckets.
 pub const LATENCY_BUCKETS: &[f64] = &[

@@ -34,7 +34,8 @@ pub const MAX_PARTIAL_LINE_LEN: usize = 2048;
 /// the line is refused with an error and the connection closed.
 pub const MAX_GET_LINE_LEN: usize = 1024 * 1024;
 
-/// The commands that are routed by key.
+/// The commands that are routed by key. Each has its row in [`COMMANDS`] (its name, its [`Op`]), in
+/// this order; `MetaDebug` stays last (`Cmd::COUNT`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cmd {
     Get,
@@ -56,48 +57,104 @@ pub enum Cmd {
     MetaDebug,
 }
 
-impl Cmd {
-    /// A classic command by its name (`__mcrouter__.route(set,KEY)`); meta commands are not named.
-    pub fn from_name(name: &[u8]) -> Option<Cmd> {
-        use Cmd::*;
-        [
-            Get, Gets, Set, Add, Replace, Append, Prepend, Cas, Delete, Incr, Decr, Touch,
-        ]
-        .into_iter()
-        .find(|c| c.name().as_bytes() == name)
-    }
+/// The one table of command names: every [`Cmd`], in the order of its variants (a `Cmd` is its
+/// own row; checked at compile time), with its name on the wire — also its `stats` label
+/// (`cmd_<name>`, see `crate::stats::OPS`) and, for classic commands, its name in
+/// `__mcrouter__.route(<name>,KEY)` — and the mcrouter operation it counts as ([`Op`]; the meta
+/// commands `ms`/`ma` refine theirs by their `M` flag, see `Request::op`). The classic commands'
+/// names are also the names of the operations (`OperationSelectorRoute`). A new command is added
+/// here and to `Cmd`; parsing finds it by name here too.
+pub const COMMANDS: [CmdInfo; Cmd::COUNT] = [
+    CmdInfo::classic(Cmd::Get, "get", Op::Get),
+    CmdInfo::classic(Cmd::Gets, "gets", Op::Gets),
+    CmdInfo::classic(Cmd::Set, "set", Op::Set),
+    CmdInfo::classic(Cmd::Add, "add", Op::Add),
+    CmdInfo::classic(Cmd::Replace, "replace", Op::Replace),
+    CmdInfo::classic(Cmd::Append, "append", Op::Append),
+    CmdInfo::classic(Cmd::Prepend, "prepend", Op::Prepend),
+    CmdInfo::classic(Cmd::Cas, "cas", Op::Cas),
+    CmdInfo::classic(Cmd::Delete, "delete", Op::Delete),
+    CmdInfo::classic(Cmd::Incr, "incr", Op::Incr),
+    CmdInfo::classic(Cmd::Decr, "decr", Op::Decr),
+    CmdInfo::classic(Cmd::Touch, "touch", Op::Touch),
+    CmdInfo::meta(Cmd::MetaGet, "mg", Op::Get),
+    CmdInfo::meta(Cmd::MetaSet, "ms", Op::Set),
+    CmdInfo::meta(Cmd::MetaDelete, "md", Op::Delete),
+    CmdInfo::meta(Cmd::MetaArith, "ma", Op::Incr),
+    CmdInfo::meta(Cmd::MetaDebug, "me", Op::Get),
+];
 
-    pub fn name(self) -> &'static str {
-        match self {
-            Cmd::Get => "get",
-            Cmd::Gets => "gets",
-            Cmd::Set => "set",
-            Cmd::Add => "add",
-            Cmd::Replace => "replace",
-            Cmd::Append => "append",
-            Cmd::Prepend => "prepend",
-            Cmd::Cas => "cas",
-            Cmd::Delete => "delete",
-            Cmd::Incr => "incr",
-            Cmd::Decr => "decr",
-            Cmd::Touch => "touch",
-            Cmd::MetaGet => "mg",
-            Cmd::MetaSet => "ms",
-            Cmd::MetaDelete => "md",
-            Cmd::MetaArith => "ma",
-            Cmd::MetaDebug => "me",
+// Every `Cmd` is its own row of `COMMANDS` (`Cmd::name` and the stats index rely on it).
+const _: () = {
+    let mut i = 0;
+    while i < COMMANDS.len() {
+        assert!(COMMANDS[i].cmd as usize == i, "COMMANDS is not in the order of Cmd");
+        i += 1;
+    }
+};
+
+/// One row of [`COMMANDS`].
+#[derive(Clone, Copy, Debug)]
+pub struct CmdInfo {
+    pub cmd: Cmd,
+    /// The name on the wire.
+    pub name: &'static str,
+    /// The mcrouter operation it counts as (for `ms`/`ma`, without an `M` flag).
+    pub op: Op,
+    /// A meta command (`mg`, `ms`, ...): not an operation name, not named by `__mcrouter__.route`.
+    pub meta: bool,
+}
+
+impl CmdInfo {
+    const fn classic(cmd: Cmd, name: &'static str, op: Op) -> CmdInfo {
+        CmdInfo {
+            cmd,
+            name,
+            op,
+            meta: false,
         }
     }
 
-    pub fn is_meta(self) -> bool {
-        matches!(
-            self,
-            Cmd::MetaGet | Cmd::MetaSet | Cmd::MetaDelete | Cmd::MetaArith | Cmd::MetaDebug
-        )
+    const fn meta(cmd: Cmd, name: &'static str, op: Op) -> CmdInfo {
+        CmdInfo {
+            cmd,
+            name,
+            op,
+            meta: true,
+        }
     }
 }
 
-/// mcrouter's operation names, used by `OperationSelectorRoute`.
+impl Cmd {
+    /// How many commands there are (rows of [`COMMANDS`]).
+    pub const COUNT: usize = Cmd::MetaDebug as usize + 1;
+
+    /// A classic command by its name (`__mcrouter__.route(set,KEY)`); meta commands are not named.
+    pub fn from_name(name: &[u8]) -> Option<Cmd> {
+        COMMANDS
+            .iter()
+            .find(|c| !c.meta && c.name.as_bytes() == name)
+            .map(|c| c.cmd)
+    }
+
+    /// Any command, classic or meta, by its name on the wire.
+    pub fn from_wire(name: &[u8]) -> Option<Cmd> {
+        COMMANDS.iter().find(|c| c.name.as_bytes() == name).map(|c| c.cmd)
+    }
+
+    #[inline]
+    pub fn name(self) -> &'static str {
+        COMMANDS[self as usize].name
+    }
+
+    #[inline]
+    pub fn is_meta(self) -> bool {
+        COMMANDS[self as usize].meta
+    }
+}
+
+/// mcrouter's operation names, used by `OperationSelectorRoute`: the names of the classic
+/// commands ([`COMMANDS`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
     Get,
@@ -116,21 +173,7 @@ pub enum Op {
 
 impl Op {
     pub fn from_name(name: &str) -> Option<Op> {
-        Some(match name {
-            "get" => Op::Get,
-            "gets" => Op::Gets,
-            "set" => Op::Set,
-            "add" => Op::Add,
-            "replace" => Op::Replace,
-            "append" => Op::Append,
-            "prepend" => Op::Prepend,
-            "cas" => Op::Cas,
-            "delete" => Op::Delete,
-            "incr" => Op::Incr,
-            "decr" => Op::Decr,
-            "touch" => Op::Touch,
-            _ => return None,
-        })
+        COMMANDS.iter().find(|c| !c.meta && c.name == name).map(|c| c.op)
     }
 }
 
@@ -279,18 +322,6 @@ impl Request {
     /// The mcrouter operation this request counts as.
     pub fn op(&self) -> Op {
         match self.cmd {
-            Cmd::Get | Cmd::MetaGet | Cmd::MetaDebug => Op::Get,
-            Cmd::Gets => Op::Gets,
-            Cmd::Set => Op::Set,
-            Cmd::Add => Op::Add,
-            Cmd::Replace => Op::Replace,
-            Cmd::Append => Op::Append,
-            Cmd::Prepend => Op::Prepend,
-            Cmd::Cas => Op::Cas,
-            Cmd::Delete | Cmd::MetaDelete => Op::Delete,
-            Cmd::Incr => Op::Incr,
-            Cmd::Decr => Op::Decr,
-            Cmd::Touch => Op::Touch,
             Cmd::MetaSet => match self.meta_flag(b'M').and_then(|m| m.first().copied()) {
                 Some(b'E' | b'e') => Op::Add,
                 Some(b'A' | b'a') => Op::Append,
@@ -302,6 +333,7 @@ impl Request {
                 Some(b'D' | b'd' | b'-') => Op::Decr,
                 _ => Op::Incr,
             },
+            cmd => COMMANDS[cmd as usize].op,
         }
     }
 
@@ -372,7 +404,13 @@ impl Request {
     pub fn encode(&self, out: &mut BytesMut) {
         if self.too_large {
             // memcached's answer to a too-large set: the old value goes (see `too_large`)
-            out.put_slice(if self.cmd.is_meta() { b"md " } else { b"delete " });
+            let unlink = if self.cmd.is_meta() {
+                Cmd::MetaDelete
+            } else {
+                Cmd::Delete
+            };
+            out.put_slice(unlink.name().as_bytes());
+            out.put_u8(b' ');
             out.put_slice(&self.key);
             if self.base64_key {
                 out.put_slice(b" b");
@@ -537,20 +575,21 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
         return err(UNKNOWN);
     };
     let done = |c: Command| ParseOutcome::Done(c, line_len);
-    match &name[..] {
-        b"get" | b"gets" => {
+    // the keyed commands are found by their name in `COMMANDS`; the others are named here
+    match (Cmd::from_wire(name), &name[..]) {
+        (Some(cmd @ (Cmd::Get | Cmd::Gets)), _) => {
             if tokens.len() < 2 {
                 return err(UNKNOWN);
             }
             if !tokens[1..].iter().all(|k| valid_key(k)) {
                 return err(BAD_FORMAT);
             }
-            let gets = &name[..] == b"gets";
+            let gets = cmd == Cmd::Gets;
             let mut keys = tokens;
             keys.remove(0); // the keys reuse the token list
             done(Command::MultiGet { gets, keys })
         }
-        b"gat" | b"gats" => {
+        (None, b"gat" | b"gats") => {
             // gat <exptime> <key>*: memcached 1.6.18 answers `gat 10` (no key) with `END`
             if tokens.len() < 2 {
                 return err(UNKNOWN);
@@ -566,10 +605,10 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
             keys.drain(..2);
             done(Command::GetAndTouch { cas, exptime, keys })
         }
-        b"set" | b"add" | b"replace" | b"append" | b"prepend" | b"cas" => {
-            parse_storage(buf, &tokens, line_len, max_value)
+        (Some(cmd @ (Cmd::Set | Cmd::Add | Cmd::Replace | Cmd::Append | Cmd::Prepend | Cmd::Cas)), _) => {
+            parse_storage(cmd, buf, &tokens, line_len, max_value)
         }
-        b"delete" => {
+        (Some(Cmd::Delete), _) => {
             // delete <key> [0] [noreply], read as memcached 1.6.18 reads it: `noreply` counts only as
             // the last token, and hides the error of an invalid line (e.g. `delete k 10 noreply`)
             if tokens.len() < 2 || tokens.len() > 4 {
@@ -595,7 +634,7 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
             req.quiet = noreply;
             done(Command::Keyed(req))
         }
-        b"incr" | b"decr" => {
+        (Some(cmd @ (Cmd::Incr | Cmd::Decr)), _) => {
             // incr <key> <delta> [noreply]: a wrong number of tokens is `ERROR` (memcached's
             // WANT_TOKENS); a fourth token that is not `noreply` is ignored, as memcached ignores it
             if tokens.len() < 3 || tokens.len() > 4 {
@@ -606,7 +645,6 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
             if !valid_key(&tokens[1]) {
                 return err(BAD_FORMAT);
             }
-            let cmd = if &name[..] == b"incr" { Cmd::Incr } else { Cmd::Decr };
             let mut req = Request::new(cmd, tokens[1].clone());
             let Some(delta) = strtoull(&tokens[2]) else {
                 return err(BAD_DELTA);
@@ -615,7 +653,7 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
             req.quiet = noreply;
             done(Command::Keyed(req))
         }
-        b"touch" => {
+        (Some(Cmd::Touch), _) => {
             // touch <key> <exptime> [noreply], the fourth token read as for incr
             if tokens.len() < 3 || tokens.len() > 4 {
                 return err(UNKNOWN);
@@ -633,18 +671,11 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
             req.quiet = noreply;
             done(Command::Keyed(req))
         }
-        b"mg" | b"md" | b"ma" => {
-            let cmd = match &name[..] {
-                b"mg" => Cmd::MetaGet,
-                b"md" => Cmd::MetaDelete,
-                _ => Cmd::MetaArith,
-            };
-            match meta_request(cmd, &tokens) {
-                Ok(req) => done(Command::Keyed(req)),
-                Err(reply) => err(reply),
-            }
-        }
-        b"me" => {
+        (Some(cmd @ (Cmd::MetaGet | Cmd::MetaDelete | Cmd::MetaArith)), _) => match meta_request(cmd, &tokens) {
+            Ok(req) => done(Command::Keyed(req)),
+            Err(reply) => err(reply),
+        },
+        (Some(Cmd::MetaDebug), _) => {
             // memcached's `me` reads only its key and a `b` right after it; everything else on the
             // line goes to the server as sent
             if tokens.len() < 2 || tokens[1].len() > MAX_KEY_LEN {
@@ -658,14 +689,14 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
             }
             done(Command::Keyed(req))
         }
-        b"ms" => parse_mset(buf, &tokens, line_len, max_value),
-        b"mn" => done(Command::MetaNoop),
-        b"version" => done(Command::Version),
-        b"stats" if tokens.len() == 1 => done(Command::Stats),
-        b"stats" if &tokens[1][..] == b"reset" => done(Command::StatsReset),
-        b"stats" => err(UNKNOWN),
-        b"quit" => done(Command::Quit),
-        b"verbosity" => {
+        (Some(Cmd::MetaSet), _) => parse_mset(buf, &tokens, line_len, max_value),
+        (None, b"mn") => done(Command::MetaNoop),
+        (None, b"version") => done(Command::Version),
+        (None, b"stats") if tokens.len() == 1 => done(Command::Stats),
+        (None, b"stats") if &tokens[1][..] == b"reset" => done(Command::StatsReset),
+        (None, b"stats") => err(UNKNOWN),
+        (None, b"quit") => done(Command::Quit),
+        (None, b"verbosity") => {
             // verbosity <level> [noreply]: memcached wants 2 or 3 tokens and a 32-bit level
             if tokens.len() < 2 || tokens.len() > 3 {
                 return err(UNKNOWN);
@@ -676,7 +707,7 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
             }
             done(Command::Verbosity { noreply })
         }
-        b"flush_all" => {
+        (None, b"flush_all") => {
             // flush_all [delay] [noreply], read as memcached 1.6.18 reads it: `noreply` counts only as
             // the last token; any other last token is ignored, and a delay is read whenever there
             // is a token besides `noreply` (`flush_all 0 x` flushes, `flush_all x y` is a bad delay)
@@ -695,7 +726,7 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
                 None => err(hide_if(noreply, BAD_FLUSH_DELAY)),
             }
         }
-        b"shutdown" => done(Command::Unsupported("shutdown")),
+        (None, b"shutdown") => done(Command::Unsupported("shutdown")),
         // An HTTP request line (`GET / HTTP/1.1`, `POST /x HTTP/1.0`, ...): memcached 1.6.18 closes
         // the connection without a reply when an unknown command's last token starts with `HTTP/`,
         // so a browser's request (cross-protocol scripting) cannot carry commands in its body.
@@ -870,15 +901,7 @@ fn value_or_refusal(buf: &Bytes, mut req: Request, line_len: usize, len: usize, 
 /// as memcached reads them (`numbers`); a line memcached refuses (a key over 250 bytes, a number it
 /// cannot read, a length over 2^31 - 3) swallows nothing, its value is read as the next command line
 /// there and here.
-fn parse_storage(buf: &Bytes, tokens: &[Bytes], line_len: usize, max_value: usize) -> ParseOutcome {
-    let cmd = match &tokens[0][..] {
-        b"set" => Cmd::Set,
-        b"add" => Cmd::Add,
-        b"replace" => Cmd::Replace,
-        b"append" => Cmd::Append,
-        b"prepend" => Cmd::Prepend,
-        _ => Cmd::Cas,
-    };
+fn parse_storage(cmd: Cmd, buf: &Bytes, tokens: &[Bytes], line_len: usize, max_value: usize) -> ParseOutcome {
     let fixed = if cmd == Cmd::Cas { 6 } else { 5 };
     if tokens.len() < fixed || tokens.len() > fixed + 1 {
         return ParseOutcome::Error {
@@ -939,6 +962,41 @@ mod tests {
         let mut b = BytesMut::new();
         r.encode(&mut b);
         b.to_vec()
+    }
+
+    #[test]
+    fn every_command_is_named_once_in_the_table() {
+        let mut seen = std::collections::HashSet::new();
+        for (i, row) in COMMANDS.iter().enumerate() {
+            assert_eq!(row.cmd as usize, i);
+            assert!(seen.insert(row.name), "{} twice", row.name);
+            assert_eq!(row.cmd.name(), row.name);
+            assert_eq!(row.cmd.is_meta(), row.meta);
+            assert_eq!(Cmd::from_wire(row.name.as_bytes()), Some(row.cmd));
+            // classic commands name their operation and `__mcrouter__.route(<name>,KEY)`; meta ones do not
+            let classic = (!row.meta).then_some(row.cmd);
+            assert_eq!(Cmd::from_name(row.name.as_bytes()), classic);
+            assert_eq!(Op::from_name(row.name), (!row.meta).then_some(row.op));
+            // what parsing reads is the command of that name (the line framed as the command wants it)
+            let line = match row.cmd {
+                Cmd::Set | Cmd::Add | Cmd::Replace | Cmd::Append | Cmd::Prepend => {
+                    format!("{} k 0 0 1\r\nx\r\n", row.name)
+                }
+                Cmd::Cas => "cas k 0 0 1 7\r\nx\r\n".to_string(),
+                Cmd::Incr | Cmd::Decr | Cmd::Touch => format!("{} k 1\r\n", row.name),
+                Cmd::MetaSet => "ms k 1\r\nx\r\n".to_string(),
+                _ => format!("{} k\r\n", row.name),
+            };
+            match p(line.as_bytes()) {
+                ParseOutcome::Done(Command::Keyed(r), _) => assert_eq!(r.cmd, row.cmd, "{line:?}"),
+                ParseOutcome::Done(Command::MultiGet { gets, .. }, _) => {
+                    assert_eq!(if gets { Cmd::Gets } else { Cmd::Get }, row.cmd)
+                }
+                other => panic!("{line:?}: {other:?}"),
+            }
+        }
+        assert_eq!(Cmd::from_wire(b"gat"), None);
+        assert_eq!(Op::from_name("mg"), None);
     }
 
     #[test]
