@@ -198,9 +198,7 @@ class RegionDaemon:
             daemon.start_pipeline()
         self.started = True
         if self.waiting:
-            self._retries = task.LoopingCall(self._retry_waiting)
-            self._retries.clock = self.reactor
-            self._retries.start(RETRY_S, now=False)
+            self._schedule_retries()
         self.reactor.addSystemEventTrigger("before", "shutdown", self.shutdown)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.reload))
@@ -233,6 +231,14 @@ class RegionDaemon:
             if shard.name not in self.shards and shard.name not in self._adding:
                 self._add_shard(fresh, shard.name)
 
+    def _schedule_retries(self) -> None:
+        """Reactor: retry the waiting shards every RETRY_S (until none waits)."""
+        retries = getattr(self, "_retries", None)
+        if retries is None or not retries.running:
+            self._retries = task.LoopingCall(self._retry_waiting)
+            self._retries.clock = self.reactor
+            self._retries.start(RETRY_S, now=False)
+
     def _retry_waiting(self) -> None:
         """Reactor, every RETRY_S: try again the shards whose database did not answer at start-up."""
         for shard in list(self.waiting):
@@ -259,10 +265,14 @@ class RegionDaemon:
             self.waiting.pop(shard, None)
 
         def failed(f: Any) -> None:
+            if self.stopping:
+                return
+            # a /healthz problem naming the shard, retried like a shard whose database was down at start-up
+            why = "its database does not answer" if f.check(ConnectionError) else "its pipeline failed"
+            self.waiting[shard] = f"shard {shard}: not started, {why}: {f.getErrorMessage()}"
             if new:
-                log.error("shard %s could not start (retried at the next SIGHUP): %s", shard, f.getErrorMessage())
-            elif not self.stopping:
-                self.waiting[shard] = f"shard {shard}: not started, its database does not answer: {f.getErrorMessage()}"
+                log.error("%s (retried every %gs)", self.waiting[shard], RETRY_S)
+            self._schedule_retries()
 
         self.add_shard(shard).addCallbacks(ready, failed)
 

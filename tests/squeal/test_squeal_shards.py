@@ -273,6 +273,25 @@ def test_a_shard_added_to_a_running_region_starts_alone(sharded) -> None:
     assert env.daemon.proc.pid == pid and set(env.health()[1]["shards"]) == set(SHARDS)
 
 
+def test_a_shard_added_while_its_database_is_down_is_a_health_problem_and_starts_when_it_answers(sharded) -> None:
+    env = sharded(shards=("s0", "s1"))
+    env.daemon.start()
+    env.tracer("s0")
+    db = env.dbs["s2"]
+    db.stop(grace=5)
+    try:
+        env.write_topology(SHARDS)
+        os.kill(env.daemon.proc.pid, signal.SIGHUP)
+        health = wait_until(lambda: (h := env.health())[0] == 503 and h[1], 60, "/healthz naming the new shard")
+        assert "s2: not started" in health["problems"], health["problems"]
+        env.tracer("s1")  # the running shards never wait for it
+    finally:
+        db.start()
+    wait_until(lambda: "shard s2: pipeline started" in env.log(), 60, "s2 to start once its database answers")
+    env.tracer("s2")
+    wait_until(lambda: env.health()[0] == 200, 15, "/healthz 200 once s2 runs")
+
+
 def test_layout_errors_name_the_key(tmp_path: Path) -> None:
     base = (
         '[regions.east]\nmaster = true\n[regions.east.clusters.c0]\nrouters = ["127.0.0.1:1"]\n'
