@@ -52,7 +52,9 @@ largest ratio of load to `L` among the sharing workers (or `L` to load, for an u
    both inside the band, the one that best evens the pair while the target stays below the source
    ("never the new max"). A hot shard with company keeps its worker and the others leave (its own move
    would cost the most; rule 1 chooses where an orphaned hot shard lands so that its company is small:
-   the placement benchmark's "crash (hot)"). The loop
+   the placement benchmark's "crash (hot)") — unless an empty worker is being filled and the company
+   outnumbers the hot shard's own move plus the refill of what it leaves behind (a join that lowers the
+   level makes a shard hot: it moves to the new worker, not its dozens of small companions). The loop
    stops as soon as nothing violates, or when no move improves anything, or at `settings.max_moves`.
    Each move strictly lowers the sum of squared worker loads, so the loop always ends.
 4. Cooldown: a shard moved less than `settings.cooldown_s` ago (`last_moved`, kept by the caller for every
@@ -442,6 +444,24 @@ def plan(
                 return picked[1], source
         return None
 
+    def hot_for_empty(target: str) -> tuple[str, str] | None:
+        """A hot shard with company that should rather move to the empty `target`: (shard, source).
+
+        Its company must leave it anyway; when that is more shards than the hot shard's own move plus the fill
+        of the company it leaves behind (each fill move brings at most the band's width), the hot shard moves.
+        """
+        width = max(high - low, eps)
+        best: tuple[int, str, str] | None = None
+        for source in held:
+            hot_shard = kept[source]
+            if hot_shard is None or len(held[source]) < 2 or not movable(hot_shard):
+                continue
+            company = wload[source] - loads[hot_shard]
+            saved = (len(held[source]) - 1) - (1 + math.ceil(max(0.0, low - company) / width))
+            if saved > 0 and (best is None or (-saved, hot_shard) < (best[0], best[1])):
+                best = (-saved, hot_shard, source)
+        return (best[1], best[2]) if best else None
+
     rebalanced = 0
     state = before
     stuck: set[str] = set()  # violations no move could fix in this plan; the next plan tries again
@@ -458,10 +478,16 @@ def plan(
                 if found:
                     why = f"with hot shard {kept[w]}" if kept[w] is not None else f"at {wload[w] / lvl:.2f}x"
                     move = (found[0], w, found[1], f"{w} {why} of the level")
-            else:  # too little: take one shard in
-                found = take_into(w)
-                if found:
-                    move = (found[0], found[1], w, f"{w} at {wload[w] / lvl:.2f}x of the level")
+            else:  # too little: take one shard in (an empty worker: perhaps a hot shard instead of its company)
+                hot_move = hot_for_empty(w) if not held[w] else None
+                if hot_move:
+                    move = (hot_move[0], hot_move[1], w, f"hot shard {hot_move[0]} alone, not its company moved")
+                    if only_targets is not None:
+                        only_targets.add(hot_move[1])  # its old worker keeps only the company: fill it too
+                else:
+                    found = take_into(w)
+                    if found:
+                        move = (found[0], found[1], w, f"{w} at {wload[w] / lvl:.2f}x of the level")
             if move:
                 break
             stuck.add(w)

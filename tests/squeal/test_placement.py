@@ -177,6 +177,21 @@ def test_a_hot_shard_orphaned_by_a_crash_lands_where_the_fewest_shards_must_make
     assert held(q, "w3") == {"hot"} and len(q.moves) == 6 and q.after.hot_not_alone == 0
 
 
+def test_a_join_that_makes_a_shard_hot_gives_the_new_worker_that_shard_not_its_company() -> None:
+    """With a fourth worker the level drops under `big`'s load: it must be alone. Its twenty small
+    companions would all have to leave; moving `big` to the empty worker, then refilling w0, is four moves."""
+    shards = [Shard("big", 6.0)] + [Shard(f"t{i:02d}", 0.1) for i in range(20)]
+    shards += [Shard(f"u{i}", 1.0) for i in range(14)]
+    assignment = {"big": "w0"} | {f"t{i:02d}": "w0" for i in range(20)} | {f"u{i}": f"w{1 + i // 7}" for i in range(14)}
+    first = plan(workers(4), shards, assignment, {}, now=0.0, settings=S)
+    assert first.before.hot == frozenset({"big"})
+    assert (first.moves[0].shard, first.moves[0].source, first.moves[0].target) == ("big", "w0", "w3")
+    assert held(first, "w3") == {"big"} and first.after.hot_not_alone == 0
+    recent = {m.shard: 0.0 for m in first.moves}
+    later = plan(workers(4), shards, first.assignment, recent, now=400.0, imbalanced_since=0.0, settings=S)
+    assert not later.after.violations and len(first.moves) + len(later.moves) <= 6
+
+
 def test_drain_moves_everything_off_the_worker() -> None:
     shards, assignment = even(4, 5)
     p = plan(workers(4, w2={"draining": True}), shards, assignment, {}, now=0.0, settings=S)
