@@ -258,7 +258,8 @@ class Gen:
             stream = b"".join(self.command(first=i == 0) for i in range(self.rng.randint(1, 10)))
             for _ in range(self.rng.choice([0, 0, 0, 1, 2])):
                 stream = self.mutate(stream)
-            if not (overlong_get(stream) or quiet_autovivifying_ma(stream) or clock_sensitive(stream)):
+            # (a lone `\n` that a mutation dropped leaves nothing to send)
+            if stream and not (overlong_get(stream) or quiet_autovivifying_ma(stream) or clock_sensitive(stream)):
                 break
         if self.chance(0.05):
             stream += self.last()
