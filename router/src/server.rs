@@ -65,7 +65,7 @@ pub struct Server {
 
 pub fn reply_kind(cmd: Cmd) -> ReplyKind {
     match cmd {
-        Cmd::Get | Cmd::Gets => ReplyKind::Values,
+        Cmd::Get | Cmd::Gets | Cmd::Gat | Cmd::Gats => ReplyKind::Values,
         Cmd::MetaGet | Cmd::MetaArith => ReplyKind::Meta,
         _ => ReplyKind::Line,
     }

@@ -208,6 +208,22 @@ def test_argument_errors_verbosity_and_gat_like_memcached(memcached_factory, rou
     assert got == want
 
 
+def test_a_gat_of_a_stale_item_leaves_its_win_token_to_the_meta_client(memcached_factory, router_factory) -> None:
+    """memcached hands the right to recache an invalidated (stale) item to the first *meta* get
+    (`W`, then `Z` to the rest); a classic `gat` reads the stale value without taking it. The router
+    sent each key of a `gat` as `mg … T`, which took the token: the lease client after it saw `Z`
+    and waited for a refill that the classic client never knew it owed (found by the fuzzer)."""
+    direct, behind = memcached_factory(), memcached_factory()
+    router = router_factory(pool(behind))
+    stream = (
+        b"set n 0 0 1\r\n4\r\nset o 0 0 1\r\n5\r\nmd n I\r\nmd o I\r\n"
+        + b"gat 1000 n\r\ngats 1000 o n\r\nmg n s v f\r\nmg o s v f\r\nmn\r\n"
+    )
+    want, got = both(direct, router, stream)
+    assert want.count(b" X W\r\n") == 2, want  # both meta gets won the recache
+    assert got == want
+
+
 def test_stats_reset_answers_reset_like_memcached(memcached_factory, router_factory) -> None:
     """memcached 1.6.18 answers `RESET` to `stats reset` whatever follows it (`noreply` too: stats
     ignores it); the router answers the same once every server of the config has reset."""

@@ -50,6 +50,8 @@ pub enum Cmd {
     Incr,
     Decr,
     Touch,
+    Gat,
+    Gats,
     MetaGet,
     MetaSet,
     MetaDelete,
@@ -77,6 +79,10 @@ pub const COMMANDS: [CmdInfo; Cmd::COUNT] = [
     CmdInfo::classic(Cmd::Incr, "incr", Op::Incr),
     CmdInfo::classic(Cmd::Decr, "decr", Op::Decr),
     CmdInfo::classic(Cmd::Touch, "touch", Op::Touch),
+    // One key of a classic `gat`/`gats` line (the line itself is `Command::GetAndTouch`). Sent as
+    // itself, never as `mg … T`: an `mg` of a stale item takes its win token from meta clients.
+    CmdInfo::one_key_of_a_line(Cmd::Gat, "gat", Op::Get),
+    CmdInfo::one_key_of_a_line(Cmd::Gats, "gats", Op::Gets),
     CmdInfo::meta(Cmd::MetaGet, "mg", Op::Get),
     CmdInfo::meta(Cmd::MetaSet, "ms", Op::Set),
     CmdInfo::meta(Cmd::MetaDelete, "md", Op::Delete),
@@ -103,6 +109,9 @@ pub struct CmdInfo {
     pub op: Op,
     /// A meta command (`mg`, `ms`, ...): not an operation name, not named by `__mcrouter__.route`.
     pub meta: bool,
+    /// Parsed by its name as `<name> <key> …` (every command but the keys of a `gat`/`gats` line,
+    /// which are parsed as the whole line and, as today, routed as gets).
+    pub keyed_line: bool,
 }
 
 impl CmdInfo {
@@ -112,6 +121,7 @@ impl CmdInfo {
             name,
             op,
             meta: false,
+            keyed_line: true,
         }
     }
 
@@ -121,6 +131,17 @@ impl CmdInfo {
             name,
             op,
             meta: true,
+            keyed_line: true,
+        }
+    }
+
+    const fn one_key_of_a_line(cmd: Cmd, name: &'static str, op: Op) -> CmdInfo {
+        CmdInfo {
+            cmd,
+            name,
+            op,
+            meta: false,
+            keyed_line: false,
         }
     }
 }
@@ -133,13 +154,16 @@ impl Cmd {
     pub fn from_name(name: &[u8]) -> Option<Cmd> {
         COMMANDS
             .iter()
-            .find(|c| !c.meta && c.name.as_bytes() == name)
+            .find(|c| !c.meta && c.keyed_line && c.name.as_bytes() == name)
             .map(|c| c.cmd)
     }
 
     /// Any command, classic or meta, by its name on the wire.
     pub fn from_wire(name: &[u8]) -> Option<Cmd> {
-        COMMANDS.iter().find(|c| c.name.as_bytes() == name).map(|c| c.cmd)
+        COMMANDS
+            .iter()
+            .find(|c| c.keyed_line && c.name.as_bytes() == name)
+            .map(|c| c.cmd)
     }
 
     #[inline]
@@ -173,7 +197,10 @@ pub enum Op {
 
 impl Op {
     pub fn from_name(name: &str) -> Option<Op> {
-        COMMANDS.iter().find(|c| !c.meta && c.name == name).map(|c| c.op)
+        COMMANDS
+            .iter()
+            .find(|c| !c.meta && c.keyed_line && c.name == name)
+            .map(|c| c.op)
     }
 }
 
@@ -338,11 +365,11 @@ impl Request {
     }
 
     pub fn is_get(&self) -> bool {
-        matches!(self.cmd, Cmd::Get | Cmd::Gets | Cmd::MetaGet)
+        matches!(self.cmd, Cmd::Get | Cmd::Gets | Cmd::Gat | Cmd::Gats | Cmd::MetaGet)
     }
 
     /// A get counted in get hits and misses: `get`/`gets`/`mg`, but not one that also touches
-    /// (`mg … T`, which `gat`/`gats` become): memcached counts those as touches, not gets.
+    /// (`gat`/`gats`, `mg … T`): memcached counts those as touches, not gets.
     #[inline]
     pub fn counts_as_get(&self) -> bool {
         match self.cmd {
@@ -360,7 +387,16 @@ impl Request {
     pub fn has_exptime(&self) -> bool {
         matches!(
             self.cmd,
-            Cmd::Set | Cmd::Add | Cmd::Replace | Cmd::Append | Cmd::Prepend | Cmd::Cas | Cmd::Touch | Cmd::MetaSet
+            Cmd::Set
+                | Cmd::Add
+                | Cmd::Replace
+                | Cmd::Append
+                | Cmd::Prepend
+                | Cmd::Cas
+                | Cmd::Touch
+                | Cmd::Gat
+                | Cmd::Gats
+                | Cmd::MetaSet
         )
     }
 
@@ -421,10 +457,17 @@ impl Request {
         let name = self.cmd.name().as_bytes();
         out.reserve(name.len() + self.key.len() + self.value.len() + 64);
         out.put_slice(name);
+        if matches!(self.cmd, Cmd::Gat | Cmd::Gats) {
+            // the one command whose key comes after a number: `gat <exptime> <key>`
+            out.put_slice(format!(" {} ", self.exptime).as_bytes());
+            out.put_slice(&self.key);
+            out.put_slice(b"\r\n");
+            return;
+        }
         out.put_u8(b' ');
         out.put_slice(&self.key);
         match self.cmd {
-            Cmd::Get | Cmd::Gets | Cmd::Delete => {}
+            Cmd::Get | Cmd::Gets | Cmd::Gat | Cmd::Gats | Cmd::Delete => {}
             Cmd::Set | Cmd::Add | Cmd::Replace | Cmd::Append | Cmd::Prepend | Cmd::Cas => {
                 let head = if self.cmd == Cmd::Cas {
                     format!(
@@ -972,6 +1015,13 @@ mod tests {
             assert!(seen.insert(row.name), "{} twice", row.name);
             assert_eq!(row.cmd.name(), row.name);
             assert_eq!(row.cmd.is_meta(), row.meta);
+            if !row.keyed_line {
+                // a key of a `gat`/`gats` line: the line parses as a whole (`GetAndTouch`)
+                assert_eq!(Cmd::from_wire(row.name.as_bytes()), None);
+                assert_eq!(Cmd::from_name(row.name.as_bytes()), None);
+                assert_eq!(Op::from_name(row.name), None);
+                continue;
+            }
             assert_eq!(Cmd::from_wire(row.name.as_bytes()), Some(row.cmd));
             // classic commands name their operation and `__mcrouter__.route(<name>,KEY)`; meta ones do not
             let classic = (!row.meta).then_some(row.cmd);

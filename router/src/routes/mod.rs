@@ -305,7 +305,7 @@ pub fn default_reply(req: &Request) -> Reply {
         return Reply::error(Res::RemoteError, "object too large for cache");
     }
     match req.cmd {
-        Cmd::Get | Cmd::Gets => Reply::new(Res::Miss, bytes::Bytes::new()),
+        Cmd::Get | Cmd::Gets | Cmd::Gat | Cmd::Gats => Reply::new(Res::Miss, bytes::Bytes::new()),
         Cmd::MetaGet | Cmd::MetaDebug => Reply::new(Res::Miss, req.meta_line("EN")),
         Cmd::Set | Cmd::Add | Cmd::Replace | Cmd::Append | Cmd::Prepend | Cmd::Cas => {
             Reply::line(Res::NotStored, "NOT_STORED")
