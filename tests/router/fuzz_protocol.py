@@ -258,7 +258,8 @@ class Gen:
             stream = b"".join(self.command(first=i == 0) for i in range(self.rng.randint(1, 10)))
             for _ in range(self.rng.choice([0, 0, 0, 1, 2])):
                 stream = self.mutate(stream)
-            if not overlong_get(stream) and not quiet_autovivifying_ma(stream):
+            # (a lone `\n` that a mutation dropped leaves nothing to send)
+            if stream and not overlong_get(stream) and not quiet_autovivifying_ma(stream):
                 break
         if self.chance(0.05):
             stream += self.last()
