@@ -60,7 +60,7 @@ pub struct Server {
     login_demanded: AtomicBool,
     /// Reached over TLS (its pool's `"security_mech": "tls"`), verified with `--pem-ca-path`.
     pub tls: bool,
-    /// Requests outstanding and reply latency, measured on every request (LoadBalancerRoute).
+    /// Requests outstanding and reply latency (`crate::load`), kept on every request for LoadBalancerRoute.
     pub load: crate::load::Load,
     ctx: Weak<Context>,
 }
