@@ -270,6 +270,48 @@ mod tests {
     }
 
     #[test]
+    fn a_slow_or_busy_server_loses_the_key_to_its_second_choice() {
+        run(async {
+            for busy in [false, true] {
+                let c = crate::Context::new(crate::Options::default(), None);
+                let text = r#"{"pools": {"p": {"servers": ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]}},
+                               "route": {"type": "LoadBalancerRoute", "children": "Pool|p"}}"#;
+                let cfg = crate::config::load(&c, text, None).unwrap();
+                let mut q = req(Cmd::Get, "some-key");
+                let route = cfg.select(&mut q).ok().unwrap().0.clone();
+                let chosen = |q: &Request| route.first_server(q).unwrap().addr.clone();
+                let server = |addr: &str| cfg.servers.iter().find(|s| s.addr == addr).unwrap().clone();
+                // nothing measured: the key's own server (Ch3, as mcrouter's weighted hashing without load)
+                let home = chosen(&q);
+                assert_eq!(
+                    home,
+                    format!("127.0.0.1:{}", HashFunc::Ch3.pick(b"some-key", b"", 3) + 1)
+                );
+                let now = std::time::Instant::now();
+                for s in &cfg.servers {
+                    s.load.start(now).answered(); // all fast
+                }
+                assert_eq!(chosen(&q), home, "even loads keep the key home");
+                let home_server = server(&home);
+                let _queued: Vec<_>;
+                if busy {
+                    // requests pile up on the home server
+                    _queued = (0..8).map(|_| home_server.load.start(now)).collect();
+                } else {
+                    // the home server answers slowly
+                    server(&home)
+                        .load
+                        .start(now - std::time::Duration::from_millis(50))
+                        .answered();
+                }
+                let second = chosen(&q);
+                assert_ne!(second, home, "busy: {busy}");
+                assert_eq!(chosen(&q), second, "always the key's one second choice");
+            }
+        });
+    }
+
+    #[test]
     fn fails_over_to_the_other_candidate_then_the_rest() {
         let fakes: Vec<_> = (0..3).map(|_| Fake::new("x", Res::Tko)).collect();
         let mut r = balancer(&fakes, Algorithm::WeightedHashing);
