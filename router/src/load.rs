@@ -13,7 +13,8 @@
 //! measures the cost.
 //!
 //! A server's cost is `latency × (outstanding + 1)` (the time a new request can expect to wait,
-//! as in Finagle's "peak EWMA" balancer): `prefer` compares two servers by it.
+//! the cost Finagle's power-of-two-choices balancers weigh, without their peak-following average):
+//! `prefer` compares two servers by it.
 
 use std::cell::Cell;
 use std::sync::OnceLock;
