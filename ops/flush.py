@@ -67,9 +67,7 @@ def router_pools(topo: Topology, cluster: str, configs: Path | None = None) -> d
         config = json.loads(path.read_text())
     else:
         config = router_config.cluster_config(topo, cluster)
-    pools = {name: list(body.get("servers", [])) for name, body in config.get("pools", {}).items()}
-    # a replicated pool's per-replica pools (`sessions__r0`) repeat servers the pool itself names
-    return {n: s for n, s in pools.items() if not ("__r" in n and n.split("__r", 1)[0] in pools)}
+    return {name: list(body.get("servers", [])) for name, body in config.get("pools", {}).items()}
 
 
 def _describe_pool(topo: Topology, cluster: str, name: str, servers: list[str]) -> str:

@@ -3,7 +3,14 @@
 Every other package reads topology through this API (never by parsing the file itself).
 """
 
-from router_config.emitter import EMITTED_HANDLES, all_cluster_configs, cluster_config, handle_types, render
+from router_config.emitter import (
+    EMITTED_HANDLES,
+    all_cluster_configs,
+    cluster_config,
+    handle_types,
+    render,
+    replicated_route,
+)
 from router_config.loader import TopologyError, load, loads
 from router_config.model import (
     TLS_COMPONENTS,
@@ -67,6 +74,7 @@ __all__ = [
     "mysql_options",
     "reassign_ports",
     "render",
+    "replicated_route",
     "to_document",
     "verifying_context",
     "with_cold_cluster",

@@ -950,7 +950,7 @@ mod tests {
                 "a:": {"type": "L1L2CacheRoute", "l1": "NullRoute", "l2": "NullRoute", "upgradingL1Exptime": 5, "ncacheUpdatePeriod": 3},
                 "b:": {"type": "LatencyInjectionRoute", "child": "NullRoute", "request_payload_latency": true},
                 "c:": {"type": "ModifyKeyRoute", "target": "NullRoute", "set_routing_prefix": "/a/b/"},
-                "d:": {"type": "LoadBalancerRoute", "children": ["NullRoute"], "load_ttl_ms": 5},
+                "d:": {"type": "LoadBalancerRoute", "children": ["NullRoute"], "load_ttl_ms": 5, "default_server_load_percent": 50},
                 "e:": {"type": "BlackholeRoute", "default": "NullRoute", "policies": {}},
                 "f:": {"type": "LatestRoute", "children": ["NullRoute"], "thresholds": {}}},
                 "wildcard": "NullRoute"}}"#;
@@ -960,7 +960,7 @@ mod tests {
                 "L1L2CacheRoute: `ncacheUpdatePeriod` ignored",
                 "LatencyInjectionRoute: `request_payload_latency` ignored",
                 "ModifyKeyRoute: `set_routing_prefix` ignored",
-                "LoadBalancerRoute: memcached reports no server load",
+                "LoadBalancerRoute: `default_server_load_percent` ignored",
                 "BlackholeRoute: `policies` match Carbon request fields",
                 "LatestRoute: `thresholds` ignored",
             ] {

@@ -145,7 +145,7 @@ class Gen:
 
     def retrieval(self, first: bool = False) -> bytes:
         """A get; a key over 250 bytes only in a stream's first command (see `overlong_get`)."""
-        cmd = self.pick([b"get", b"gets", b"gat", b"gats"])
+        cmd = self.pick([b"get", b"gets", b"gat", b"gats", b"bget"])
         tokens = [cmd]
         if cmd.startswith(b"gat"):
             tokens.append(self.number([b"0", b"1000", b"-1"]))

@@ -620,14 +620,17 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
     let done = |c: Command| ParseOutcome::Done(c, line_len);
     // the keyed commands are found by their name in `COMMANDS`; the others are named here
     match (Cmd::from_wire(name), &name[..]) {
-        (Some(cmd @ (Cmd::Get | Cmd::Gets)), _) => {
+        // `bget` is memcached's undocumented alias of `get` ("binary get", kept for old clients): the
+        // same code serves it there, so the same parse serves it here; its line is bounded as any
+        // command's (memcached exempts only `get `/`gets ` lines from the partial-line bound)
+        (Some(Cmd::Get | Cmd::Gets), _) | (None, b"bget") => {
             if tokens.len() < 2 {
                 return err(UNKNOWN);
             }
             if !tokens[1..].iter().all(|k| valid_key(k)) {
                 return err(BAD_FORMAT);
             }
-            let gets = cmd == Cmd::Gets;
+            let gets = &name[..] == b"gets";
             let mut keys = tokens;
             keys.remove(0); // the keys reuse the token list
             done(Command::MultiGet { gets, keys })
@@ -1072,6 +1075,18 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn bget_is_a_get() {
+        match p(b"bget a b\r\n") {
+            ParseOutcome::Done(Command::MultiGet { gets: false, keys }, 10) => assert_eq!(keys.len(), 2),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(p(b"bget\r\n"), ParseOutcome::Error { reply: "ERROR\r\n", .. }));
+        // not exempt from the partial-line bound, as on memcached
+        let long = Bytes::from(format!("bget {}", "k ".repeat(1100)));
+        assert!(matches!(p(&long), ParseOutcome::Error { close: true, .. }));
     }
 
     #[test]

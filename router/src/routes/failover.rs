@@ -54,6 +54,10 @@ impl Route for Failover {
     fn first_get_target(&self, req: &Request) -> Option<&crate::routes::destination::Destination> {
         self.children[0].first_get_target(req)
     }
+
+    fn first_server(&self, req: &Request) -> Option<&crate::server::Server> {
+        self.children[0].first_server(req)
+    }
 }
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {

@@ -40,6 +40,11 @@ impl Route for HashRoute {
         let i = self.func.pick(&req.routing_key(), &self.salt, self.children.len());
         self.children[i].first_get_target(req)
     }
+
+    fn first_server(&self, req: &Request) -> Option<&crate::server::Server> {
+        let i = self.func.pick(&req.routing_key(), &self.salt, self.children.len());
+        self.children[i].first_server(req)
+    }
 }
 
 /// `hash_func`/`salt`/`weights` from the handle itself or from a `hash` field (string or

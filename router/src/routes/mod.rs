@@ -56,6 +56,13 @@ pub trait Route: Send + Sync + 'static {
         None
     }
 
+    /// The server this route would send `req` to first, when that is known without routing it
+    /// (a destination; a hash over destinations; a failover's first child): LoadBalancerRoute
+    /// compares its children by that server's measured load (`crate::load`). Others have none.
+    fn first_server(&self, _req: &Request) -> Option<&crate::server::Server> {
+        None
+    }
+
     /// The handle's line in `__mcrouter__.route_handles` (mcrouter's `routeName()`): by default
     /// its type in mcrouter's lower-case style (`Failover` → `failover`, `AllSync` → `all-sync`).
     fn route_name(&self) -> String {
@@ -217,7 +224,15 @@ pub const REGISTRY: &[Handle] = &[
         name: "LoadBalancerRoute",
         build: load_balancer::build,
         shorthand: Some("children"),
-        fields: &["children", "salt", "load_ttl_ms", "default_server_load_percent"],
+        fields: &[
+            "children",
+            "salt",
+            "load_ttl_ms",
+            "failover_count",
+            "algorithm",
+            "default_server_load_percent",
+            "enable_thrift_server_load",
+        ],
     },
     Handle {
         name: "SaltedFailoverRoute",
