@@ -1,4 +1,7 @@
 //! PoolRoute: a HashRoute over the servers of a named (or inline) pool — mcrouter's usual leaf.
+//! As in mcrouter, `"bucketize": true` hashes buckets instead of keys (a McBucketRoute around a
+//! bucket-hashed pool, `mc_bucket.rs`; `useBucketHashSelector` hashes the bucket of a McBucketRoute
+//! above), and `"distribution_enabled": true` puts a DistributionRoute in front.
 
 use std::sync::Arc;
 
@@ -6,8 +9,17 @@ use serde_json::{Map, Value};
 
 use super::RouteRef;
 use super::hash::{HashRoute, hash_settings};
+use super::mc_bucket::BucketHashRoute;
 use super::required;
 use crate::config::Builder;
+
+fn flag(obj: &Map<String, Value>, field: &str) -> Result<bool, String> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(other) => Err(format!("PoolRoute: `{field}` must be true or false, not {other}")),
+    }
+}
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let pool = required(obj, "pool", "PoolRoute")?;
@@ -20,9 +32,25 @@ pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, Stri
     if pool_weights.is_some() && matches!(func, crate::hash::HashFunc::WeightedCh3(_)) {
         b.weights_used(pool);
     }
-    Ok(Arc::new(HashRoute {
-        children: dests,
-        func,
-        salt,
-    }))
+    let bucketize = flag(obj, "bucketize")?;
+    let mut route: RouteRef = if bucketize || flag(obj, "useBucketHashSelector")? {
+        Arc::new(BucketHashRoute {
+            children: dests,
+            func,
+            salt,
+        })
+    } else {
+        Arc::new(HashRoute {
+            children: dests,
+            func,
+            salt,
+        })
+    };
+    if flag(obj, "distribution_enabled")? {
+        route = super::distribution::wrap(route, obj)?;
+    }
+    if bucketize {
+        route = super::mc_bucket::wrap(route, obj)?;
+    }
+    Ok(route)
 }
