@@ -134,7 +134,7 @@ impl<'c> Builder<'c> {
                             &format!("use `PoolRoute|{rest}` to hash over them, or put it in `children`"),
                         );
                     }
-                    let h = lookup(ty).ok_or_else(|| format!("unknown route handle type `{ty}` in `{s}`"))?;
+                    let h = lookup(ty).ok_or_else(|| format!("{} in `{s}`", crate::routes::unknown_type(ty)))?;
                     let mut obj = Map::new();
                     obj.insert("type".into(), Value::String(ty.to_string()));
                     if let Some(field) = h.shorthand {
@@ -172,7 +172,7 @@ impl<'c> Builder<'c> {
                         "put it in `children`, or in a PoolRoute's `pool`",
                     );
                 }
-                let h = lookup(ty).ok_or_else(|| format!("unknown route handle type `{ty}`"))?;
+                let h = lookup(ty).ok_or_else(|| crate::routes::unknown_type(ty))?;
                 self.types_used.insert(h.name);
                 let r = (h.build)(self, obj).map_err(|e| if e.starts_with(ty) { e } else { format!("{ty}: {e}") })?;
                 self.warn_unknown_fields(h.name, obj);
@@ -231,7 +231,8 @@ impl<'c> Builder<'c> {
             Value::String(s) if s.starts_with("Pool|") => self.pool(&Value::String(s["Pool|".len()..].to_string())),
             Value::String(s) if s == CHILDREN_LIST => self.children_list(),
             Value::Object(obj) if obj.get("type").and_then(Value::as_str).is_some_and(is_pool_type) => self.pool(v),
-            other => Ok(vec![self.route(other)?]),
+            // one handle is a list of one (a ShadowRoute there stands for all its routes)
+            other => self.children(&Value::Array(vec![other.clone()])),
         }
     }
 
@@ -298,14 +299,25 @@ impl<'c> Builder<'c> {
             None => self.ctx.opts.server_timeout,
         };
         let pool_tls = pool_security_mech(name, obj)?;
+        let port_override = match get_i64(obj, "port_override").map_err(|e| format!("pool `{name}`: {e}"))? {
+            None => None,
+            Some(p) => Some(
+                u16::try_from(p)
+                    .ok()
+                    .filter(|p| *p > 0)
+                    .ok_or_else(|| format!("pool `{name}`: `port_override` must be from 1 to 65535, not {p}"))?,
+            ),
+        };
         let pool: Arc<str> = Arc::from(name);
         let gets = self.ctx.stats.pool_counters(name);
         self.pool_gets.push(gets.clone());
         let mut dests: Vec<RouteRef> = Vec::with_capacity(servers.len());
         for (index, s) in servers.iter().enumerate() {
-            let addr = s
+            let given = s
                 .as_str()
                 .ok_or_else(|| format!("pool `{name}`: server entries must be strings"))?;
+            let overridden = port_override.map(|p| with_port(given, p));
+            let addr = overridden.as_deref().unwrap_or(given);
             if let Some(p) = server_protocol(addr)
                 && !p.eq_ignore_ascii_case("ascii")
             {
@@ -354,6 +366,9 @@ impl<'c> Builder<'c> {
             // read by the ShardSelection routes (mcrouter keeps a pool's shard map in the pool)
             "shards",
             "shadow_shards",
+            // an empty pool: an error (default) or NullRoute's answers (PoolRoute)
+            "error_on_empty",
+            "port_override",
         ];
         match obj.get("type") {
             None => {}
@@ -469,6 +484,25 @@ fn unsupported_protocol(pool: &str, protocol: &str) -> String {
         "pool `{pool}`: protocol {protocol} is not supported (the router speaks memcached's ascii protocol only; \
          caret and thrift are out of scope, docs/router.md)"
     )
+}
+
+/// A server entry with its port set to `port` (mcrouter's `port_override`): `host` and `host:1`
+/// both become `host:port`; a `:protocol:mech` suffix stays.
+fn with_port(addr: &str, port: u16) -> String {
+    let (host, rest) = match addr.strip_prefix('[') {
+        Some(s) => match s.split_once(']') {
+            Some((h, r)) => (format!("[{h}]"), r.strip_prefix(':').unwrap_or(r)),
+            None => return addr.to_string(),
+        },
+        None => match addr.split_once(':') {
+            Some((h, r)) => (h.to_string(), r),
+            None => (addr.to_string(), ""),
+        },
+    };
+    match rest.split_once(':') {
+        Some((_, suffix)) => format!("{host}:{port}:{suffix}"),
+        None => format!("{host}:{port}"),
+    }
 }
 
 /// `"Pool"` (or mcrouter's lower-case `"pool"`): an inline pool object's type.
@@ -913,6 +947,10 @@ mod tests {
                     "unknown route handle type `BogusRoute`",
                 ),
                 (
+                    r#"{"route": {"type": "FailoverRoute", "children": ["SRRoute|x"]}}"#,
+                    "mcrouter's route handle `SRRoute` is not supported by squeal-router (it is Meta's service-router lookup; docs/router.md) in `SRRoute|x`",
+                ),
+                (
                     r#"{"pools": {"a": {"servers": ["nohost"]}}, "route": "PoolRoute|a"}"#,
                     "bad server address",
                 ),
@@ -1345,6 +1383,30 @@ mod tests {
         fn the_dialect_parser_never_panics_on_any_text(s in "\\PC{0,64}") {
             let _ = parse_jsonc(&s);
         }
+    }
+
+    #[test]
+    fn port_override_sets_every_servers_port() {
+        assert_eq!(with_port("localhost", 7), "localhost:7");
+        assert_eq!(with_port("h:1", 7), "h:7");
+        assert_eq!(with_port("h:1:ascii:ssl", 7), "h:7:ascii:ssl");
+        assert_eq!(with_port("[::1]:1", 7), "[::1]:7");
+        assert_eq!(with_port("[::1]", 7), "[::1]:7");
+        run(async {
+            let c = ctx();
+            let text = r#"{"pools": {"p": {"servers": ["127.0.0.1", "127.0.0.2:5"], "port_override": 11311}}, "route": "PoolRoute|p"}"#;
+            let cfg = load(&c, text, None).unwrap();
+            let mut addrs: Vec<_> = cfg.servers.iter().map(|s| s.addr.clone()).collect();
+            addrs.sort();
+            assert_eq!(addrs, ["127.0.0.1:11311", "127.0.0.2:11311"]);
+            let bad = r#"{"pools": {"p": {"servers": ["h"], "port_override": 0}}, "route": "PoolRoute|p"}"#;
+            assert!(
+                load(&c, bad, None)
+                    .err()
+                    .unwrap()
+                    .contains("`port_override` must be from 1 to 65535")
+            );
+        });
     }
 
     #[test]

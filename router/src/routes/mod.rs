@@ -408,6 +408,46 @@ pub fn lookup(name: &str) -> Option<&'static Handle> {
     REGISTRY.iter().find(|h| h.name == name)
 }
 
+/// mcrouter's route handles this router does not have (its registry and the routes its tests
+/// build): a config naming one is refused saying so, not as a typo.
+pub const NOT_SUPPORTED: &[(&str, &str)] = &[
+    ("BigValueRoute", "values are not split into chunks"),
+    ("CarbonLookasideRoute", "it caches Carbon (Thrift) replies"),
+    ("HostIdRoute", "not implemented"),
+    ("KeyParseRoute", "not implemented"),
+    ("KeySplitRoute", "not implemented"),
+    ("LoggingRoute", "not implemented"),
+    (
+        "OriginalClientHashRoute",
+        "it hashes the client's address, which mcrouter takes from Thrift",
+    ),
+    ("RateLimitRoute", "not implemented"),
+    (
+        "SetDistributionTargetRoute",
+        "there is no distribution layer (see DistributionRoute)",
+    ),
+    ("StagingRoute", "not implemented"),
+    ("SRRoute", "it is Meta's service-router lookup"),
+    ("AxonLogRoute", "it writes to Meta's Axon"),
+    ("McRefillRoute", "it is Meta's refill service"),
+    ("DistributionLoadTestRoute", "it writes to Meta's distribution layer"),
+    ("ShardFilterRoute", "its shard filter is the embedding router's own"),
+    ("ShardSplitRoute", "not implemented (PoolRoute `shard_splits`)"),
+    ("ClientCompatibilityCheckerRoute", "it reads Carbon client versions"),
+    ("OutstandingLimitRoute", "not implemented"),
+    ("SlowWarmUpRoute", "not implemented"),
+];
+
+/// The load error for a handle type the registry does not have.
+pub fn unknown_type(ty: &str) -> String {
+    match NOT_SUPPORTED.iter().find(|(name, _)| *name == ty) {
+        Some((_, why)) => {
+            format!("mcrouter's route handle `{ty}` is not supported by squeal-router ({why}; docs/router.md)")
+        }
+        None => format!("unknown route handle type `{ty}`"),
+    }
+}
+
 /// What a route answers when it has nothing better (NullRoute, AllAsyncRoute): a miss for gets,
 /// not-stored for updates, not-found for the rest; a value the router refused as too large is that
 /// error whatever the route.

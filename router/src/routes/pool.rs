@@ -25,7 +25,22 @@ pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, Stri
     let pool = required(obj, "pool", "PoolRoute")?;
     let dests = b.pool(pool)?;
     if dests.is_empty() {
-        return Err("PoolRoute: pool has no servers".into());
+        let name = match pool {
+            Value::String(name) => name.clone(),
+            other => other
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or("inline")
+                .to_string(),
+        };
+        let error_on_empty = b
+            .pool_field(pool, "error_on_empty")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(true);
+        return Ok(super::hash::over_nothing(b, "PoolRoute", &name, error_on_empty));
+    }
+    if let Some(r) = super::hash::as_route(b, obj, &dests)? {
+        return Ok(r);
     }
     let pool_weights = b.pool_field(pool, "weights");
     let (func, salt) = hash_settings(b, obj, "PoolRoute", pool_weights.as_ref(), dests.len())?;
