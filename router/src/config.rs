@@ -313,9 +313,17 @@ impl<'c> Builder<'c> {
         self.pool_gets.push(gets.clone());
         let mut dests: Vec<RouteRef> = Vec::with_capacity(servers.len());
         for (index, s) in servers.iter().enumerate() {
-            let given = s
-                .as_str()
-                .ok_or_else(|| format!("pool `{name}`: server entries must be strings"))?;
+            if s.is_object() {
+                // as mcrouter: a route handle may stand in a pool's place of a server
+                let route = self
+                    .route(s)
+                    .map_err(|e| format!("pool `{name}`: servers[{index}]: {e}"))?;
+                dests.push(route);
+                continue;
+            }
+            let given = s.as_str().ok_or_else(|| {
+                format!("pool `{name}`: servers[{index}] must be \"host:port\" or a route handle object, not {s}")
+            })?;
             let overridden = port_override.map(|p| with_port(given, p));
             let addr = overridden.as_deref().unwrap_or(given);
             if let Some(p) = server_protocol(addr)
@@ -1209,6 +1217,31 @@ mod tests {
             .err()
             .unwrap();
             assert!(err.contains("`type` must be \"Pool\""), "{err}");
+        });
+    }
+
+    #[test]
+    fn a_pool_server_may_be_a_route_handle_as_in_mcrouter() {
+        run(async {
+            let c = ctx();
+            let text = r#"{"route": {"type": "ShardSelectionRoute", "shards": [[1], [2]],
+                "pool": {"type": "Pool", "servers": [{"type": "ErrorRoute", "response": "one"}, "127.0.0.1:5"]}}}"#;
+            let cfg = load(&c, text, None).unwrap();
+            let mut r = req(Cmd::Get, "k:1:x");
+            let reply = cfg.select(&mut r).ok().unwrap().0.route(&r).await;
+            assert_eq!(&reply.wire[..], b"SERVER_ERROR one\r\n");
+            assert_eq!(cfg.servers.len(), 1);
+            let err = load(
+                &c,
+                r#"{"pools": {"p": {"servers": [5]}}, "route": "PoolRoute|p"}"#,
+                None,
+            )
+            .err()
+            .unwrap();
+            assert!(
+                err.contains("pool `p`: servers[0] must be \"host:port\" or a route handle object, not 5"),
+                "{err}"
+            );
         });
     }
 
