@@ -72,9 +72,7 @@ def sharded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Router, 
             return proc.start()
 
         sizes = {"sharded": 3, "old": 2, "new": 1, "dist": 2}
-        mcs = {
-            name: [started(Memcached(workdir=base / f"{name}{i}")) for i in range(n)] for name, n in sizes.items()
-        }
+        mcs = {name: [started(Memcached(workdir=base / f"{name}{i}")) for i in range(n)] for name, n in sizes.items()}
         path = Path(base, "config.json")
         dead = f"127.0.0.1:{free_port()}"  # a shadow server that is down
         path.write_text(json.dumps(config({k: [m.address for m in v] for k, v in mcs.items()}, dead)))
