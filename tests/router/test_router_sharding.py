@@ -1,5 +1,6 @@
 """mcrouter's shard routing through the real router to real memcached: ShardSelectionRoute,
-EagerShardSelectionShadowRoute (a new shard layout warmed by shadow copies) and DistributionRoute.
+EagerShardSelectionShadowRoute (a new shard layout warmed by shadow copies) and DistributionRoute;
+and L1L2SizeSplitRoute, whose sentinels are memcached items with a client flag.
 
 One router and its memcacheds serve every test of the module; each test uses its own key prefix."""
 
@@ -50,6 +51,12 @@ def config(pools: dict[str, list[str]], dead: str) -> dict:
                     ],
                     "out_of_range": "NullRoute",
                 },
+                "sz:": {
+                    "type": "L1L2SizeSplitRoute",
+                    "l1": {"type": "Pool", "name": "l1", "servers": pools["l1"]},
+                    "l2": {"type": "Pool", "name": "l2", "servers": pools["l2"]},
+                    "threshold": 64,
+                },
                 "dist:": {
                     "type": "DistributionRoute",
                     "distribution_source_region": "east",
@@ -71,7 +78,7 @@ def sharded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Router, 
             stack.callback(proc.stop)
             return proc.start()
 
-        sizes = {"sharded": 3, "old": 2, "new": 1, "dist": 2}
+        sizes = {"sharded": 3, "old": 2, "new": 1, "dist": 2, "l1": 1, "l2": 1}
         mcs = {name: [started(Memcached(workdir=base / f"{name}{i}")) for i in range(n)] for name, n in sizes.items()}
         path = Path(base, "config.json")
         dead = f"127.0.0.1:{free_port()}"  # a shadow server that is down
@@ -135,3 +142,33 @@ def test_distribution_route_passes_every_request_to_its_child(sharded) -> None:
         assert c.call(f"delete {key}\r\n".encode()) == b"DELETED"
         assert holders(servers, key.encode()) == []
     c.close()
+
+
+def test_size_split_keeps_large_values_in_l2_behind_a_sentinel_in_l1(sharded) -> None:
+    router, mcs = sharded
+    (l1,), (l2,) = mcs["l1"], mcs["l2"]
+    c = Conn(router.address)
+    big = b"b" * 100
+    assert c.call(b"set sz:small 3 0 5\r\nsmall\r\n") == b"STORED"
+    assert c.call(b"set sz:big 3 0 100\r\n" + big + b"\r\n") == b"STORED"
+    assert (holders([l1], b"sz:small"), holders([l2], b"sz:small")) == ([0], [])
+    # l2 holds the value with the client's flags; l1 an empty sentinel with flag 0x20 added
+    direct1, direct2 = Conn(l1.address), Conn(l2.address)
+    assert direct2.call(b"get sz:big\r\n") == b"VALUE sz:big 3 100\r\n" + big + b"\r\nEND\r\n"
+    assert direct1.call(b"get sz:big\r\n") == b"VALUE sz:big 35 0\r\n\r\nEND\r\n"
+    # reads through the router see the value wherever it lives; gets carries l1's cas
+    assert c.call(b"get sz:big\r\n") == b"VALUE sz:big 3 100\r\n" + big + b"\r\nEND\r\n"
+    l1_cas = direct1.call(b"gets sz:big\r\n").split(b"\r\n")[0].split(b" ")[4]
+    assert c.call(b"gets sz:big\r\n").split(b"\r\n")[0] == b"VALUE sz:big 3 100 " + l1_cas
+    assert c.call(b"get sz:small\r\n") == b"VALUE sz:small 3 5\r\nsmall\r\nEND\r\n"
+    # an invalidation removes the sentinel: the big value can no longer be read
+    assert c.call(b"delete sz:big\r\n") == b"DELETED"
+    assert holders([l1], b"sz:big") == []
+    assert c.call(b"get sz:big\r\n") == b"END"
+    # a sentinel whose l2 value was evicted is removed, and gets answers a miss
+    assert c.call(b"set sz:gone 0 0 100\r\n" + big + b"\r\n") == b"STORED"
+    assert direct2.call(b"delete sz:gone\r\n") == b"DELETED"
+    assert c.call(b"gets sz:gone\r\n") == b"END"
+    assert holders([l1], b"sz:gone") == []
+    for conn in (c, direct1, direct2):
+        conn.close()
