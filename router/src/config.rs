@@ -887,7 +887,8 @@ mod tests {
                   "mb:": {"type": "McBucketRoute", "total_buckets": 10, "bucketization_keyspace": "k",
                           "target": {"type": "PoolRoute", "pool": "a", "useBucketHashSelector": true}},
                   "rg:": {"type": "RoutingGroupRoute", "routing_group_policies": {"delete_like": "PoolRoute|a"}},
-                  "pp:": {"type": "PrefixPolicyRoute", "default_policy": "PoolRoute|a"}},
+                  "pp:": {"type": "PrefixPolicyRoute", "default_policy": "PoolRoute|a"},
+                  "hi:": "HostIdRoute|Pool|a"},
                 "wildcard": {"type": "FailoverWithExptimeRoute", "normal": "PoolRoute|a",
                              "failover": ["gutter"], "failover_exptime": 10}}
             }"#;

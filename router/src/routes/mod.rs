@@ -28,6 +28,7 @@ pub mod failover;
 pub mod failover_with_exptime;
 pub mod hash;
 pub mod hash_stop_allow_list;
+pub mod host_id;
 pub mod l1l2_cache;
 pub mod l1l2_size_split;
 pub mod latency_injection;
@@ -397,6 +398,12 @@ pub const REGISTRY: &[Handle] = &[
         ],
     },
     Handle {
+        name: "HostIdRoute",
+        build: host_id::build,
+        shorthand: Some("children"),
+        fields: &["children", "salt"],
+    },
+    Handle {
         name: "RoutingGroupRoute",
         build: routing_group::build,
         shorthand: None,
@@ -413,7 +420,6 @@ pub fn lookup(name: &str) -> Option<&'static Handle> {
 pub const NOT_SUPPORTED: &[(&str, &str)] = &[
     ("BigValueRoute", "values are not split into chunks"),
     ("CarbonLookasideRoute", "it caches Carbon (Thrift) replies"),
-    ("HostIdRoute", "not implemented"),
     ("KeyParseRoute", "not implemented"),
     ("KeySplitRoute", "not implemented"),
     ("LoggingRoute", "not implemented"),

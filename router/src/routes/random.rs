@@ -71,7 +71,7 @@ impl Route for RandomRoute {
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let children = b.children(required(obj, "children", "RandomRoute")?)?;
     if children.is_empty() {
-        return Err("RandomRoute: empty `children`".into());
+        return Ok(super::null::over_nothing(b, "RandomRoute"));
     }
     Ok(Arc::new(RandomRoute::new(children)))
 }
