@@ -518,23 +518,23 @@ fn is_pool_type(t: &str) -> bool {
     t == "Pool" || t == "pool"
 }
 
-/// A server entry's own protocol, mcrouter's `host:port:protocol[:mech]` form, if it has one.
-fn server_protocol(addr: &str) -> Option<&str> {
-    let rest = match addr.strip_prefix('[') {
+/// What follows the host in a server entry, mcrouter's `host:port:protocol:mech` (`port:…`).
+fn after_host(addr: &str) -> &str {
+    match addr.strip_prefix('[') {
         Some(s) => s.split_once("]:").map_or("", |(_, r)| r),
         None => addr.split_once(':').map_or("", |(_, r)| r),
-    };
-    rest.split(':').nth(1).filter(|p| !p.is_empty())
+    }
+}
+
+/// A server entry's own protocol (`host:port:protocol[:mech]`), if it has one.
+fn server_protocol(addr: &str) -> Option<&str> {
+    after_host(addr).split(':').nth(1).filter(|p| !p.is_empty())
 }
 
 /// A server entry's own security mech, mcrouter's `host:port:protocol:mech` form (e.g.
 /// `127.0.0.1:11211:ascii:ssl`), if it has one.
 fn server_security_mech(addr: &str) -> Result<Option<bool>, String> {
-    let rest = match addr.strip_prefix('[') {
-        Some(s) => s.split_once("]:").map_or("", |(_, r)| r),
-        None => addr.split_once(':').map_or("", |(_, r)| r),
-    };
-    match rest.split(':').nth(2) {
+    match after_host(addr).split(':').nth(2) {
         None | Some("") => Ok(None),
         Some(m) => security_mech(m).map(Some),
     }
