@@ -197,6 +197,38 @@ mod tests {
     }
 
     #[test]
+    fn mcrouters_bucketized_pool_test_places_key1_as_mcrouter_does() {
+        // mcrouter's test_bucketized_poolroute.py: over five servers, "key1" is on server #3
+        // without buckets; with 1000 buckets it "maps to bucketId 808 and server #5" (WeightedCh3,
+        // every weight 0.5), which also checks WeightedCh3's SpookyHash step against mcrouter
+        assert_eq!(furc_hash(b"key1", 5), 2);
+        assert_eq!(furc_hash(b"key1", 1000), 808);
+        assert_eq!(crate::hash::weighted_ch3(b"808", &[0.5; 5]), 4);
+        run(async {
+            let c = crate::Context::new(crate::Options::default(), None);
+            let text = r#"{"pools": {"foo": {"servers": ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4",
+                             "127.0.0.1:5"], "weights": [0.5, 0.5, 0.5, 0.5, 0.5]}},
+                "route": {"type": "PoolRoute", "pool": "foo", "bucketize": true, "total_buckets": 1000,
+                          "bucketization_keyspace": "test", "hash": "WeightedCh3"}}"#;
+            let cfg = crate::config::load(&c, text, None).unwrap();
+            assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
+            let r = req(Cmd::Get, "key1");
+            let root = cfg.select(&mut r.clone()).ok().unwrap().0.clone();
+            assert!(
+                root.route_name()
+                    .starts_with("bucketize|total_buckets=1000|bucketization_keyspace=test")
+            );
+            let mut reached = Vec::new();
+            fn walk(route: &RouteRef, r: &Request, out: &mut Vec<String>) {
+                out.push(route.route_name());
+                route.traverse(r, &mut |child, r| walk(child, r, out));
+            }
+            walk(&root, &r, &mut reached);
+            assert!(reached.last().unwrap().contains("|id=4|"), "{reached:?}");
+        });
+    }
+
+    #[test]
     fn prefixes_keep_their_keys_in_few_buckets() {
         let fakes: Vec<_> = (0..2).map(|_| Fake::new("x", Res::Found)).collect();
         let r = McBucketRoute {
