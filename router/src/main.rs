@@ -60,6 +60,9 @@ struct Cli {
     /// Routing prefix of the default tree of a `routes` config (else the first alias)
     #[arg(short = 'R', long, value_name = "PREFIX")]
     route_prefix: Option<String>,
+    /// Constants the config's macros read as %name%, as mcrouter's flag: name:value,name:value
+    #[arg(long, value_name = "PARAMS", value_parser = config_params)]
+    config_params: Option<ConfigParams>,
     /// Worker threads (1: one thread runs everything)
     #[arg(long, value_name = "N", allow_negative_numbers = true, default_value_t = 1)]
     threads: usize,
@@ -110,6 +113,14 @@ struct Cli {
     ssl_service_identity: Option<String>,
 }
 
+/// `--config-params` as parsed (a pair without `:` is a bad value).
+#[derive(Clone, Debug)]
+struct ConfigParams(Vec<(String, String)>);
+
+fn config_params(text: &str) -> Result<ConfigParams, String> {
+    squeal_router::preprocess::parse_params(text).map(ConfigParams)
+}
+
 /// A `-Y` file, read when the command line is (a file that cannot be read or parsed is a bad value).
 fn auth_file(path: &str) -> Result<AuthFile, String> {
     AuthFile::read(path.as_ref())
@@ -132,6 +143,8 @@ struct Args {
     spool_dir: Option<PathBuf>,
     spool_max_mb: u64,
     route_prefix: Option<String>,
+    /// `--config-params`: constants for the config's macros.
+    config_params: Vec<(String, String)>,
     threads: usize,
     /// Client connection limit (`--conn-limit`, or from the fd limit).
     conn_limit: u64,
@@ -200,6 +213,15 @@ fn startup_options(c: &Cli) -> Vec<(String, String)> {
         ("probe_delay_initial_ms".into(), c.probe_delay_initial_ms.to_string()),
         ("probe_delay_max_ms".into(), c.probe_delay_max_ms.to_string()),
         ("route_prefix".into(), opt(c.route_prefix.clone())),
+        (
+            "config_params".into(),
+            opt(c.config_params.as_ref().map(|p| {
+                p.0.iter()
+                    .map(|(k, v)| format!("{k}:{v}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })),
+        ),
         ("threads".into(), c.threads.to_string()),
         ("enable_flush_cmd".into(), yes_no(c.enable_flush_cmd)),
         ("max_item_size".into(), c.max_item_size.to_string()),
@@ -252,6 +274,7 @@ impl TryFrom<Cli> for Args {
             spool_dir: c.spool_dir,
             spool_max_mb: c.spool_max_mb,
             route_prefix: c.route_prefix,
+            config_params: c.config_params.map(|p| p.0).unwrap_or_default(),
             threads: c.threads,
             conn_limit: conn_limit(c.conn_limit),
             watch: !c.no_config_watch,
@@ -305,7 +328,15 @@ fn load(ctx: &Arc<Context>, args: &Args) -> (Stamp, Result<config::RouterConfig,
     let stamp = mtime(&args.config_file);
     let cfg = std::fs::read_to_string(&args.config_file)
         .map_err(|e| format!("cannot read {}: {e}", args.config_file.display()))
-        .and_then(|text| config::load_from(ctx, &text, args.route_prefix.as_deref(), args.config_file.parent()));
+        .and_then(|text| {
+            config::load_from(
+                ctx,
+                &text,
+                args.route_prefix.as_deref(),
+                args.config_file.parent(),
+                &args.config_params,
+            )
+        });
     (stamp, cfg)
 }
 

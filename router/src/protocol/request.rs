@@ -231,6 +231,14 @@ pub struct Request {
     /// Set only by `__mcrouter__.route(...)` (see `crate::admin`): destinations record themselves
     /// here and answer as a server that is up would by default, sending nothing.
     pub recording: Option<std::sync::Arc<crate::admin::Recorder>>,
+    /// The bucket a McBucketRoute above put the key in (mcrouter keeps it in the request's
+    /// context): a bucketized pool below hashes it instead of the key.
+    pub bucket: Option<u64>,
+}
+
+/// Where a key's hash stop `|#|` starts, if it has one.
+fn hash_stop(key: &[u8]) -> Option<usize> {
+    key.windows(3).position(|w| w == b"|#|")
 }
 
 /// A parsed client command.
@@ -338,6 +346,7 @@ impl Request {
             base64_key: false,
             too_large: false,
             recording: None,
+            bucket: None,
         }
     }
 
@@ -405,14 +414,26 @@ impl Request {
         self.meta.iter().find(|t| t.first() == Some(&flag)).map(|t| &t[1..])
     }
 
-    /// The bytes to hash for routing: the decoded key for base64 meta keys.
+    /// The bytes to hash for routing: the decoded key for base64 meta keys, and only the part
+    /// before a hash stop `|#|` (mcrouter's routing key: `user:1|#|avatar` is placed with `user:1`).
     pub fn routing_key(&self) -> std::borrow::Cow<'_, [u8]> {
+        if self.base64_key
+            && let Some(mut decoded) = meta::decode_key(&self.key)
+        {
+            decoded.truncate(hash_stop(&decoded).unwrap_or(decoded.len()));
+            return std::borrow::Cow::Owned(decoded);
+        }
+        std::borrow::Cow::Borrowed(&self.key[..hash_stop(&self.key).unwrap_or(self.key.len())])
+    }
+
+    /// Whether the key has a hash stop (see `routing_key`).
+    pub fn has_hash_stop(&self) -> bool {
         if self.base64_key
             && let Some(decoded) = meta::decode_key(&self.key)
         {
-            return std::borrow::Cow::Owned(decoded);
+            return hash_stop(&decoded).is_some();
         }
-        std::borrow::Cow::Borrowed(&self.key)
+        hash_stop(&self.key).is_some()
     }
 
     /// The request's exptime (meta: its `T` flag; absent means 0, never expires).
@@ -1008,6 +1029,20 @@ mod tests {
         let mut b = BytesMut::new();
         r.encode(&mut b);
         b.to_vec()
+    }
+
+    #[test]
+    fn a_hash_stop_ends_the_routing_key_as_in_mcrouter() {
+        let r = Request::simple(Cmd::Get, Bytes::from_static(b"user:1|#|avatar"));
+        assert_eq!(&r.routing_key()[..], b"user:1");
+        assert!(r.has_hash_stop());
+        let r = Request::simple(Cmd::Get, Bytes::from_static(b"a|b#|c"));
+        assert_eq!(&r.routing_key()[..], b"a|b#|c");
+        assert!(!r.has_hash_stop());
+        // a base64 meta key: the stop is looked for in the decoded key
+        let (r, _) = keyed(b"mg dXNlcjoxfCN8YXZhdGFy b v\r\n"); // "user:1|#|avatar"
+        assert_eq!(&r.routing_key()[..], b"user:1");
+        assert!(r.has_hash_stop());
     }
 
     #[test]

@@ -63,7 +63,7 @@ impl Route for Failover {
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let children = b.children(required(obj, "children", "FailoverRoute")?)?;
     if children.is_empty() {
-        return Err("FailoverRoute: empty `children`".into());
+        return Ok(super::null::over_nothing(b, "FailoverRoute"));
     }
     Ok(Arc::new(Failover {
         children,
