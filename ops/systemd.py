@@ -169,12 +169,10 @@ def zookeeper_files(topo: Topology, host: str, opts: RenderOptions) -> dict[str,
 
 def _server_cert(topo: Topology, component: str, what: str) -> router_config.CertKey:
     """The certificate `[tls.<component>]` a server needs with `[tls]`; RenderError naming the key if missing."""
-    assert topo.tls is not None
-    mine = topo.tls.cert(component)
-    if mine is None or topo.tls.ca is None:
-        missing = f"tls.{component}" if mine is None else "tls.ca"
-        raise RenderError(f"{topo.source}: {missing}: [tls] needs it for {what}")
-    return mine
+    try:
+        return router_config.server_certificate(topo, component, what)
+    except router_config.TopologyError as e:
+        raise RenderError(str(e)) from e
 
 
 def zookeeper_keystore(opts: RenderOptions, server_id: int) -> Path:

@@ -31,6 +31,8 @@ from router_config.tls import (
     certificate_files,
     client_context,
     mysql_options,
+    server_certificate,
+    tls_context,
     verifying_context,
 )
 
@@ -67,6 +69,8 @@ __all__ = [
     "mysql_options",
     "reassign_ports",
     "render",
+    "server_certificate",
+    "tls_context",
     "to_document",
     "verifying_context",
     "with_cold_cluster",
