@@ -282,8 +282,8 @@ class Deployment:
             topology_path = self.with_tls(topology_path, topo)
             topo = router_config.load(topology_path)
         if topo.tls is not None:
-            for component, what in _tls_servers(topo, without):  # a missing certificate: nothing started
-                router_config.server_certificate(topo, component, what)
+            for component in _tls_servers(topo, without):  # a missing certificate: nothing started
+                router_config.server_certificate(topo, component)
         # Never wipe the state dir: it holds durable state a restart must resume from (MariaDB datadirs,
         # reused by MariaDB.prepare; squeal's datamarkers; the routers' delete spools). components.json is
         # rewritten by the supervisor before it starts anything (nothing it names runs: checked above); a squeal
@@ -724,26 +724,18 @@ class Deployment:
 # -- TLS: which certificate each server of a `[tls]` topology starts with ----------------------------------------
 
 
-def _tls_servers(topo: router_config.Topology, without: frozenset[str]) -> list[tuple[str, str]]:
-    """(component, what it serves) for every kind of server `up` starts with a certificate under `[tls]`."""
-    wanted = [
-        ("zookeeper", "ZooKeeper's TLS client port ([zookeeper] servers)", topo.zookeeper is not None),
-        ("mariadb", "MariaDB's TLS (the databases of the topology)", True),
-        ("memcached", "memcached's TLS port (-Z) on every pool server", True),
-        ("router", "the routers' TLS port (--ssl-port) on every cluster router address", True),
+def _tls_servers(topo: router_config.Topology, without: frozenset[str]) -> list[str]:
+    """The kinds of server (`router_config.TLS_SERVERS`) `up` starts, each with its certificate under `[tls]`."""
+    return [
+        c for c in router_config.TLS_SERVERS if c not in without and (c != "zookeeper" or topo.zookeeper is not None)
     ]
-    return [(component, what) for component, what, runs in wanted if runs and component not in without]
-
-
-def _certificate(topo: router_config.Topology, component: str) -> router_config.CertKey:
-    return router_config.server_certificate(topo, component, dict(_tls_servers(topo, frozenset()))[component])
 
 
 def _zookeeper_tls(topo: router_config.Topology) -> dict:
     """ZooKeeper's TLS-only client port on its topology port (none: plaintext)."""
     if topo.tls is None:
         return {}
-    mine = _certificate(topo, "zookeeper")
+    mine = router_config.server_certificate(topo, "zookeeper")
     return {"ssl_cert": mine.cert, "ssl_key": mine.key, "ssl_ca": topo.tls.ca}
 
 
@@ -752,7 +744,7 @@ def _mariadb_tls(topo: router_config.Topology) -> dict:
     `render systemd`'s tls.cnf). A replica of a TLS primary replicates over TLS (`MariaDB.replicate_from`)."""
     if topo.tls is None:
         return {}
-    mine = _certificate(topo, "mariadb")
+    mine = router_config.server_certificate(topo, "mariadb")
     require = topo.tls.require
     return {
         "ssl_cert": mine.cert,
@@ -767,7 +759,7 @@ def _memcached_tls(topo: router_config.Topology) -> dict:
     """memcached `-Z`: its topology port speaks TLS only (the routers reach it with `security_mech: tls`)."""
     if topo.tls is None:
         return {}
-    mine = _certificate(topo, "memcached")
+    mine = router_config.server_certificate(topo, "memcached")
     return {"tls": (Path(mine.cert), Path(mine.key)), "ssl_ca": topo.tls.ca}
 
 
@@ -775,7 +767,7 @@ def _router_tls(topo: router_config.Topology) -> tuple[str, str, str] | None:
     """The router's topology port as its one TLS port (no plaintext port), and the CA its TLS pools verify."""
     if topo.tls is None:
         return None
-    mine = _certificate(topo, "router")
+    mine = router_config.server_certificate(topo, "router")
     assert topo.tls.ca is not None  # server_certificate checked it
     return mine.cert, mine.key, topo.tls.ca
 

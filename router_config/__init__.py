@@ -27,6 +27,7 @@ from router_config.model import (
 )
 from router_config.rewrite import can_listen, dumps, reassign_ports, to_document, with_cold_cluster
 from router_config.tls import (
+    TLS_SERVERS,
     cert_expiry_timestamp,
     certificate_files,
     client_context,
@@ -39,6 +40,7 @@ from router_config.tls import (
 __all__ = [
     "EMITTED_HANDLES",
     "TLS_COMPONENTS",
+    "TLS_SERVERS",
     "Address",
     "CertKey",
     "Cluster",

@@ -43,14 +43,24 @@ def tls_context(tls: TlsSettings | None, component: str) -> ssl.SSLContext | Non
     return client_context(tls, component) if tls is not None else None
 
 
-def server_certificate(topo: Topology, component: str, what: str) -> CertKey:
-    """`[tls.<component>]`, the certificate a server needs when it is started (`squealctl up`) or rendered
-    (`render systemd`) under `[tls]`; a TopologyError naming the missing key (`tls.router`, `tls.ca`)."""
+# The servers a `[tls]` topology starts (`squealctl up`) or renders (`render systemd`) with a certificate of their
+# own, and what it serves: the words of the error naming a missing `[tls.<component>]`.
+TLS_SERVERS = {
+    "zookeeper": "ZooKeeper's TLS client port ([zookeeper] servers)",
+    "mariadb": "MariaDB's TLS (the databases of the topology)",
+    "memcached": "memcached's TLS port (-Z) on every pool server",
+    "router": "the routers' TLS port (--ssl-port) on every router address",
+}
+
+
+def server_certificate(topo: Topology, component: str) -> CertKey:
+    """`[tls.<component>]` of a server in `TLS_SERVERS`, which it needs under `[tls]`; a TopologyError naming the
+    missing key (`tls.router`, or `tls.ca`) and what it is for."""
     assert topo.tls is not None
     mine = topo.tls.cert(component)
     if mine is None or topo.tls.ca is None:
         missing = f"tls.{component}" if mine is None else "tls.ca"
-        raise TopologyError(topo.source, missing, f"[tls] needs it for {what}")
+        raise TopologyError(topo.source, missing, f"[tls] needs it for {TLS_SERVERS[component]}")
     return mine
 
 
