@@ -31,7 +31,13 @@ struct Cli {
     #[arg(short = 'f', long, value_name = "PATH")]
     config_file: PathBuf,
     /// Port to serve plaintext memcached clients on (optional with --ssl-port: a TLS-only router)
-    #[arg(short = 'p', long, value_name = "PORT", allow_negative_numbers = true, required_unless_present = "ssl_port")]
+    #[arg(
+        short = 'p',
+        long,
+        value_name = "PORT",
+        allow_negative_numbers = true,
+        required_unless_present = "ssl_port"
+    )]
     port: Option<u16>,
     /// Address to listen on (clients and metrics)
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
@@ -857,7 +863,14 @@ mod tests {
     #[test]
     fn a_tls_only_router_needs_no_plaintext_port() {
         // as mcrouter: -p or --ssl-port, either is enough (`squealctl up --tls` serves TLS only)
-        let tls = ["--ssl-port", "5001", "--pem-cert-path", "r.crt", "--pem-key-path", "r.key"];
+        let tls = [
+            "--ssl-port",
+            "5001",
+            "--pem-cert-path",
+            "r.crt",
+            "--pem-key-path",
+            "r.key",
+        ];
         let a = parse(&[&["-f", "c.json"][..], &tls].concat()).unwrap();
         assert_eq!((a.port, &a.ssl_ports[..]), (None, &[5001][..]));
         let a = parse(&[&["-f", "c.json", "-p", "5000"][..], &tls].concat()).unwrap();
