@@ -460,6 +460,8 @@ class MariaDB(ManagedProcess):
                 identified = f"IDENTIFIED BY '{self.password}'"
             require = "REQUIRE SSL" if self.require_ssl else "REQUIRE NONE"
             cur.execute(f"CREATE USER IF NOT EXISTS '{self.user}'@'%' {identified} {require}")
+            # A reused datadir (`up --tls`, then `up`) keeps the account's old REQUIRE: this start's setting wins.
+            cur.execute(f"ALTER USER '{self.user}'@'%' {require}")
             cur.execute(f"GRANT ALL PRIVILEGES ON *.* TO '{self.user}'@'%' WITH GRANT OPTION")
         return True
 
@@ -502,7 +504,7 @@ class MariaDB(ManagedProcess):
         verified against its `ssl_ca`, this server presenting its own certificate: the binlog stream between
         regions is encrypted like every other link.
         """
-        tls = ""
+        tls = ", MASTER_SSL=0"  # explicitly: CHANGE MASTER keeps what it is not told (a reused datadir's TLS)
         if primary.ssl_cert and primary.ssl_key:
             if not primary.ssl_ca:
                 raise HarnessError(f"replicating over TLS from {primary.address} needs its ssl_ca to verify it")
