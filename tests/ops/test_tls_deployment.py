@@ -25,6 +25,7 @@ import pymysql
 import pytest
 
 import router_config
+from monitoring.scrape import memcached_stats
 from ops.harness import ROUTER_BIN, memcached_command, wait_until, zookeeper_mode
 from tests.binaries import require_binary
 from tests.ops.deployments import squealctl, stable_port
@@ -138,6 +139,10 @@ def test_up_tls_runs_the_topology_with_tls_and_every_component_answers(deployed:
     recorded = json.loads((deployed.state / "components.json").read_text())["components"]
     routers = [c["cmdline"] for c in recorded if c["role"] == "router"]
     assert len(routers) == 2 and all("-p" not in c and "--ssl-port" in c for c in routers), routers
+    # Every client of the routers verified them and was served: squeal, the web tier, monitoring.
+    for cluster in deployed.topo.clusters:
+        stats = memcached_stats(str(cluster.routers[0]), timeout=5, tls=deployed.context())
+        assert stats["tls_handshakes"] > 0 and stats["tls_handshake_failures"] == 0, (cluster.name, stats)
 
 
 def test_every_tls_port_refuses_a_plaintext_client_and_serves_one_that_verifies_the_ca(
