@@ -368,7 +368,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command in ("workers", "drain", "move"):
         return _pool_command(deployment, args)
     if args.command == "gutter":
-        topo = router_config.load(deployment.topology(args.topology))  # `up --tls`'s file: the TLS copy it runs
+        path = deployment.topology(args.topology)  # `up --tls`'s file: the TLS copy the deployment runs
+        assert path is not None  # TOPOLOGY is required here
+        topo = router_config.load(path)
         if args.cluster:
             tls = router_config.tls_context(topo.tls, "monitoring")
             health = gutter.gutter_health(topo.cluster(args.cluster), tls=tls)
