@@ -34,16 +34,20 @@ from router_config.model import (
 )
 from router_config.rewrite import can_listen, dumps, reassign_ports, to_document, with_cold_cluster
 from router_config.tls import (
+    TLS_SERVERS,
     cert_expiry_timestamp,
     certificate_files,
     client_context,
     mysql_options,
+    server_certificate,
+    tls_context,
     verifying_context,
 )
 
 __all__ = [
     "EMITTED_HANDLES",
     "TLS_COMPONENTS",
+    "TLS_SERVERS",
     "Address",
     "CertKey",
     "Cluster",
@@ -75,6 +79,8 @@ __all__ = [
     "reassign_ports",
     "render",
     "replicated_route",
+    "server_certificate",
+    "tls_context",
     "to_document",
     "verifying_context",
     "with_cold_cluster",

@@ -7,6 +7,9 @@ The output is valid for real mcrouter and is what `squeal-router` loads. Shape o
       wildcard:  FailoverWithExptimeRoute(normal=wildcard pool, failover=gutter pool)   [if a gutter]
                  wrapped in WarmUpRoute(cold=..., warm=warm cluster's wildcard) [if the cluster is cold]
 
+With `[tls]` every pool says `"security_mech": "tls"` (mcrouter's pool field): memcached's topology ports
+speak TLS only (`-Z`), and the router verifies each server against the CA it is started with (`--pem-ca-path`).
+
 Replicated pools: sets and deletes go to every replica (AllSyncRoute); a read goes to one replica
 through a LoadBalancerRoute, failing over to the others. squeal-router chooses that replica by the
 load it measures (the key's own replica unless measurably busier or slower than the key's second
@@ -103,6 +106,8 @@ def cluster_config(topo: Topology, cluster_name: str) -> dict[str, Any]:
     route = wildcard
     if policies:
         route = {"type": "PrefixSelectorRoute", "policies": policies, "wildcard": wildcard}
+    if topo.tls is not None:
+        pools = {name: body | {"security_mech": "tls"} for name, body in pools.items()}
     return {"pools": pools, "route": route}
 
 
