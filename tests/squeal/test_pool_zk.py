@@ -12,8 +12,17 @@ import pytest
 from squeal_helpers import wait_until
 from test_ha_support import SESSION_TIMEOUT, client, ensemble, expire_session, hosts, unique_root
 
-from squeal.pool import Ownership, SessionLease
-from squeal.zkstore import FencedError, ShardMarkerStore, pool_path, shard_path
+from squeal.owner import SessionLease
+from squeal.pool import Ownership
+from squeal.zkstore import (
+    FencedError,
+    ShardMarkerStore,
+    Watched,
+    ZooKeeperDatamarkerStore,
+    ha_marker_dir,
+    pool_path,
+    shard_path,
+)
 
 
 @pytest.fixture(scope="module")
@@ -119,3 +128,107 @@ def test_a_crashed_owners_shards_free_only_after_its_session_expires(clients, zk
     finally:
         lease_a.stop()
         lease_b.stop()
+
+
+def count_requests(c) -> list[int]:
+    """How many requests client `c` sends from now on (every kazoo call goes through `KazooClient._call`)."""
+    sent = [0]
+    call = c._call
+
+    def counting(request, async_object):
+        sent[0] += 1
+        return call(request, async_object)
+
+    c._call = counting
+    return sent
+
+
+def test_an_owner_looks_for_operator_requests_only_after_their_watch_fired(clients) -> None:
+    """A periodic look for replay and accept-data-loss requests (`if_changed`) costs no request while nothing
+    changed - it was a sync, a list and a read per shard every second - and still takes every request an operator
+    leaves, through another client; a look without `if_changed` (start-up, SIGHUP) is made at once."""
+    root = unique_root()
+    owner_client, operator_client = clients(), clients()
+    store = ShardMarkerStore(owner_client, root, "east", "s0", owner="w-a")
+    store.ensure_paths()
+    operator = ShardMarkerStore(operator_client, root, "east", "s0")
+    sent = count_requests(owner_client)
+    assert store.take_replay_requests(if_changed=True) == {}  # the first look is made (and leaves the watches)
+    assert not store.take_loss_acceptance(if_changed=True)
+    assert sent[0] > 0
+    quiet = sent[0]
+    for _ in range(20):  # twenty checkpoints with nothing requested
+        assert store.take_replay_requests(if_changed=True) == {}
+        assert not store.take_loss_acceptance(if_changed=True)
+    assert sent[0] == quiet, "looks while nothing changed must not ask ZooKeeper"
+
+    operator.request_replay("c0", "0-1-5")
+    operator.request_loss_acceptance()
+    taken: dict[str, str] = {}
+    wait_until(lambda: taken.update(store.take_replay_requests(if_changed=True)) or taken, 10, "the replay taken")
+    assert taken == {"c0": "0-1-5"}
+    wait_until(lambda: store.take_loss_acceptance(if_changed=True), 10, "the accepted data loss taken")
+    assert not operator_client.exists(f"{shard_path(root, 'east', 's0')}/accept-data-loss"), "taken means removed"
+    assert store.take_replay_requests(if_changed=True) == {} and not store.take_loss_acceptance(if_changed=True)
+    assert store.take_replay_requests(if_changed=True) == {}, "taken once"
+
+    # A synchronous look sees a request at once, watch or not (the operator's server may be ahead of ours).
+    operator.request_replay("c1", "0-1-7")
+    assert store.take_replay_requests() == {"c1": "0-1-7"}
+
+
+def test_a_watched_znode_is_read_again_only_after_it_changed(clients) -> None:
+    """`Watched` (the pool controller's and workers' view of their znodes): one read per change, not per look; a
+    znode created later is seen; the change wakes its owner (`on_change`)."""
+    root = unique_root()
+    reader_client, writer = clients(), clients()
+    path = f"{pool_path(root, 'east')}/assignment"
+    changed: list[int] = []
+    view = Watched(reader_client, path, on_change=lambda: changed.append(1))
+    sent = count_requests(reader_client)
+    assert view.value() is None and view.version is None
+    looked = sent[0]
+    assert view.value() is None and sent[0] == looked, "a missing znode is watched for, not asked again"
+    writer.create(path, b"one", makepath=True)
+    wait_until(lambda: view.value() == b"one", 10, "the created znode read")
+    assert view.version == 0 and changed
+    looked = sent[0]
+    for _ in range(20):
+        assert view.value() == b"one"
+    assert sent[0] == looked, "an unchanged znode is not read again"
+    writer.set(path, b"two")
+    wait_until(lambda: view.value() == b"two", 10, "the new data read")
+    assert view.version == 1
+
+
+def test_a_shard_without_pool_markers_starts_from_the_ha_layouts_markers(clients) -> None:
+    """A region whose markers were written by an HA leader (one znode per destination: `<region>/markers/<flow>`,
+    or `<region>/shards/<shard>/markers/<flow>` with [shards]) and that now runs on the pool: each shard's first
+    owner reads those, so nothing committed since is skipped; its first write makes the shard's own znode, which
+    is what counts from then on (the old znodes are left as they were)."""
+    root = unique_root()
+    ha_client, pool_client = clients(), clients()
+    for shard, ha_shard in (("main", None), ("s1", "s1")):
+        ha = ZooKeeperDatamarkerStore(ha_client, root, "east", owner="east-1", shard=ha_shard)
+        ha.ensure_paths()
+        for flow, position in (("c0", "0-1-7"), ("regional", "0-1-5")):
+            ha.load(flow)
+            ha.save(flow, position)
+        store = ShardMarkerStore(
+            pool_client, root, "east", shard, owner="w1", legacy=ha_marker_dir(root, "east", ha_shard)
+        )
+        store.ensure_paths()
+        assert store.read() == {"c0": "0-1-7", "regional": "0-1-5"}, "the HA layout's markers are the start"
+        assert store.positions() == {"c0": "0-1-7", "regional": "0-1-5"}  # (what `squeal replay` shows)
+        store.save_many({"c0": "0-1-9"})
+        doc = json.loads(pool_client.get(f"{shard_path(root, 'east', shard)}/markers")[0])
+        assert doc["positions"] == {"c0": "0-1-9", "regional": "0-1-5"}, "nothing of the old layout dropped"
+        ha.save("regional", "0-1-6")  # (an old leader still writing: the shard's own znode wins from now on)
+        fresh = ShardMarkerStore(
+            pool_client, root, "east", shard, owner="w2", legacy=ha_marker_dir(root, "east", ha_shard)
+        )
+        assert fresh.read() == {"c0": "0-1-9", "regional": "0-1-5"}
+    corrupt = ha_marker_dir(root, "east", "s2")
+    ha_client.create(f"{corrupt}/c0", b"not json", makepath=True)
+    with pytest.raises(ValueError, match=f"{corrupt}/c0"):
+        ShardMarkerStore(pool_client, root, "east", "s2", legacy=corrupt).read()
