@@ -33,11 +33,14 @@ import contextlib
 import os
 import re
 import shutil
+import socket
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "squeal"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -47,7 +50,7 @@ from squeal_throughput import cpu_seconds, loadavg, metric_sum
 from test_ha_support import ensemble
 from test_pool_workers import SHARDS, Pool
 
-from ops.harness import REPO_ROOT, MariaDB, SquealDaemon, free_port, wait_until
+from ops.harness import REPO_ROOT, MariaDB, SquealDaemon, ZooKeeper, free_port, wait_until
 from squeal.pool import request_move
 
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))
@@ -220,6 +223,29 @@ def squeal_cpu_per_krow(ports_pids: dict[int, int], load: Load, seconds: float) 
     return (cpu1 - cpu0) * 1000 / max(1, read) * 1000, read / max(1, w1 - w0), read
 
 
+def zk_requests(pids: list[int], members: list[ZooKeeper]) -> int:
+    """Requests (pings included) the ensemble has received so far on the sessions of processes `pids`: each
+    server's `cons` (packets received per connection), matched to the processes by their client ports."""
+    mine = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            mine |= {c.laddr.port for c in psutil.Process(pid).net_connections(kind="tcp") if c.raddr}
+    total = 0
+    for m in members:
+        try:
+            with socket.create_connection((m.host, m.port), timeout=2) as conn:
+                conn.sendall(b"cons")
+                reply = b""
+                while chunk := conn.recv(65536):
+                    reply += chunk
+        except OSError:
+            continue
+        for port, received in re.findall(r":(\d+)\[\d+\]\([^)]*?recved=(\d+)", reply.decode(errors="replace")):
+            if int(port) in mine:
+                total += int(received)
+    return total
+
+
 def single_topology(env: Pool) -> Path:
     text = env.topology.read_text().replace("squeal_pool = true\n", "")
     text = re.sub(
@@ -257,7 +283,11 @@ def costs(env: Pool, rounds: int, seconds: float, load: Load) -> list[tuple[str,
                     env.workers[n].start()
                 running_everywhere(env, ("w1", "w2"))
                 time.sleep(3.0)
+                pids = [env.workers[n].pid for n in ("w1", "w2")]
+                asked, t0 = zk_requests(pids, env.zk), time.monotonic()
                 figure = squeal_cpu_per_krow({env.ports[n]: env.workers[n].pid for n in ("w1", "w2")}, load, seconds)
+                rate = (zk_requests(pids, env.zk) - asked) / (time.monotonic() - t0) / len(pids)
+                print(f"  round {r + 1} pool: {rate:.1f} ZooKeeper requests/s per worker (pings included)", flush=True)
                 for n in ("w1", "w2"):
                     env.workers[n].stop(grace=10)
             out.append((mode, *figure))
