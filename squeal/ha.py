@@ -90,7 +90,7 @@ from squeal.owner import (
 )
 from squeal.reader import check_server
 from squeal.region import RegionDaemon
-from squeal.zkstore import UNAVAILABLE, ZooKeeperDatamarkerStore, region_path
+from squeal.zkstore import UNAVAILABLE, Watched, ZooKeeperDatamarkerStore, region_path
 
 log = logging.getLogger(__name__)
 
@@ -255,6 +255,13 @@ class Elector:
         self._wake = threading.Event()
         self._retry_in: float | None = None
         self._threads: list[threading.Thread] = []
+        # What the election step reads, each znode again only after its watch fired (which wakes the step).
+        self._leader_view = self._watched(self.leader_path)
+        self._candidates_view = self._watched(self.candidates_path, children=True)
+        self._candidate_views: dict[str, Watched] = {}
+
+    def _watched(self, path: str, children: bool = False) -> Watched:
+        return Watched(self.client, path, children=children, timeout=self.call_timeout, on_change=self._wake.set)
 
     # -- life cycle ---------------------------------------------------------------------------------------------
 
@@ -389,7 +396,10 @@ class Elector:
             if self.may_send():
                 self._consider_handback()
             return
-        stat = self._call(self.client.exists_async(self.leader_path, watch=lambda event: self._wake.set()))
+        # (read again only when its watch fired, which also wakes this loop: no request per step while a leader
+        # leads - before, an `exists` and a `get` every tick, and a new watch callback kept by kazoo every time)
+        data = self._leader_view.value()
+        stat = self._leader_view.stat if data is not None else None
         if self._old_term_session is not None and (stat is None or stat.ephemeralOwner != self._old_term_session):
             self._old_term_ended()
         if stat is not None:
@@ -397,7 +407,7 @@ class Elector:
                 # Ours, from a term this instance has given up (a lease that ran out): free it for everyone.
                 self._release()
                 return
-            self._saw_leader()
+            self._saw_leader(data)
             return
         self._saw_vacancy()
         if not self._healthy:
@@ -488,14 +498,19 @@ class Elector:
         self._published = want
 
     def _candidates(self) -> list[dict[str, Any]]:
+        """Every published candidate; each znode read again only after it changed (a leader asks every tick)."""
         out: list[dict[str, Any]] = []
-        try:
-            names = self._call(self.client.get_children_async(self.candidates_path))
-        except NoNodeError:
-            return out
+        names = self._candidates_view.value()
+        for gone in set(self._candidate_views) - set(names):
+            del self._candidate_views[gone]
         for name in names:
+            view = self._candidate_views.get(name)
+            if view is None:
+                view = self._candidate_views[name] = self._watched(f"{self.candidates_path}/{name}")
             try:
-                data, _ = self._call(self.client.get_async(f"{self.candidates_path}/{name}"))
+                data = view.value()
+                if data is None:
+                    continue
                 doc = json.loads(data.decode())
                 out.append(
                     {
@@ -509,11 +524,10 @@ class Elector:
                 continue
         return out
 
-    def _saw_leader(self) -> None:
+    def _saw_leader(self, data: bytes) -> None:
         try:
-            data, _ = self._call(self.client.get_async(self.leader_path))
             self.leader_name = json.loads(data.decode()).get("name")
-        except (NoNodeError, ValueError):
+        except (ValueError, AttributeError):
             return
         self.metrics.leader_present.set(1)
         with self._lock:

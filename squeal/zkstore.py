@@ -417,9 +417,9 @@ class Watched:
     every read leaves fired: a change, or kazoo's connection-lost event, which drops every watch - so a value is
     never trusted across a lost connection. Instead of a read per second, a read per change.
 
-    `value()`: the data (None: no such znode) or the sorted child names ([]: none); `version` the znode's version
-    with the data (None: no such znode). `on_change` is called from kazoo's thread when the watch fires (set a
-    flag or an event there; nothing blocking)."""
+    `value()`: the data (None: no such znode) or the sorted child names ([]: none); `version` and `stat` the
+    znode's version and `ZnodeStat` with the data (None: no such znode). `on_change` is called from kazoo's
+    thread when the watch fires (set a flag or an event there; nothing blocking)."""
 
     def __init__(
         self,
@@ -436,6 +436,7 @@ class Watched:
         self.on_change = on_change
         self.stale = True
         self.version: int | None = None
+        self.stat: Any = None
         self._value: Any = [] if children else None
 
     def _fired(self, _: Any) -> None:
@@ -447,7 +448,7 @@ class Watched:
 
     def wrote(self, data: bytes, version: int) -> None:
         """This client just wrote the znode (`version` from the answer): the value until the watch says more."""
-        self._value, self.version = data, version
+        self._value, self.version = data, version  # (`stat` stays the last one read)
 
     def value(self) -> Any:
         if not self.stale:
@@ -466,14 +467,15 @@ class Watched:
             answer = get(self.path, watch=self._fired).get(timeout=self.timeout)
         except NoNodeError:
             # (no watch is left by a read of a missing znode: an `exists` leaves one for its creation)
-            self._value, self.version = ([] if self.children else None), None
+            self._value, self.version, self.stat = ([] if self.children else None), None, None
             if self.client.exists_async(self.path, watch=self._fired).get(timeout=self.timeout) is not None:
                 self.stale = True  # made in between: read it next time
             return
         if self.children:
             self._value = sorted(answer)
         else:
-            self._value, self.version = answer[0], answer[1].version
+            self._value, self.stat = answer[0], answer[1]
+            self.version = self.stat.version
 
 
 def pool_path(root: str, region: str) -> str:
