@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from squeal_helpers import wait_until
-from test_ha_support import SESSION_TIMEOUT, client, ensemble, expire_session, hosts, unique_root
+from test_ha_support import SESSION_TIMEOUT, Link, client, ensemble, expire_session, hosts, unique_root
 
 from squeal.owner import SessionLease
 from squeal.pool import Ownership
@@ -49,12 +49,14 @@ def clients(zk) -> Iterator:
             pass
 
 
-def member(c, root: str, name: str, lost: list[str]) -> tuple[SessionLease, Ownership]:
+def member(
+    c, root: str, name: str, lost: list[str], session_timeout: float = SESSION_TIMEOUT, **kwargs
+) -> tuple[SessionLease, Ownership]:
     """A pool member `name` on client `c`: its ephemeral member znode, its lease, its ownership."""
     path = f"{pool_path(root, 'east')}/workers/{name}"
     sent = time.monotonic()
     c.create(path, b"{}", ephemeral=True, makepath=True)
-    lease = SessionLease(c, path, SESSION_TIMEOUT, on_lost=lost.append)
+    lease = SessionLease(c, path, session_timeout, on_lost=lost.append, **kwargs)
     lease.start(sent)
     return lease, Ownership(c, root, "east", name, lease)
 
@@ -66,6 +68,9 @@ def test_one_owner_per_shard_and_the_marker_znode_is_fenced_by_the_shard_epoch(c
     lease_a, a = member(a_client, root, "w-a", lost)
     lease_b, b = member(b_client, root, "w-b", lost)
     try:
+        # (A member's first lease runs from before its znode was created: on a loaded box that can be over by the
+        # time it returns, and a lapsed lease takes nothing until a renewal confirms it.)
+        wait_until(lambda: lease_a.valid() and lease_b.valid(), 10, "both members' leases")
         token_a = a.acquire("s0")
         assert token_a is not None and a.may_send("s0")
         assert b.acquire("s0") is None, "a shard has one owner at a time"
@@ -232,3 +237,53 @@ def test_a_shard_without_pool_markers_starts_from_the_ha_layouts_markers(clients
     ha_client.create(f"{corrupt}/c0", b"not json", makepath=True)
     with pytest.raises(ValueError, match=f"{corrupt}/c0"):
         ShardMarkerStore(pool_client, root, "east", "s2", legacy=corrupt).read()
+
+
+def test_a_workers_lease_lapsed_on_slow_answers_resumes_and_its_shards_keep_their_epochs(zk, clients) -> None:
+    """Issue 27 item 3 for a pool worker (the lease an HA leader holds too, `squeal.owner.SessionLease`): every byte
+    between the worker and the ensemble held for 2 s, longer than its lease (0.6 x 3 s). The lease lapses - the
+    shard is not sent for, its marker not written - but the session lives, so its member and owner znodes are its
+    own still: the first confirmed round trip resumes it. Same token, same epoch record, no loss, no new owner."""
+    root = unique_root()
+    links = [Link(("127.0.0.1", m.port)) for m in zk]
+    tool = clients()
+    try:
+        a_client = client(hosts(links), 3.0)
+        lost: list[str] = []
+        pauses: list[bool] = []
+        lease, own = member(a_client, root, "w-a", lost, 3.0, on_pause=pauses.append)
+        try:
+            wait_until(lease.valid, 10, "w-a's lease")
+            token = own.acquire("s0")
+            assert token is not None
+            store = ShardMarkerStore(a_client, root, "east", "s0", owner="w-a", fence=lambda: own.fence("s0"))
+            store.ensure_paths()
+            store.load("c0")
+            store.save_many({"c0": "0-1-1"})
+            epoch_path = f"{shard_path(root, 'east', 's0')}/epoch"
+            epoch_before = tool.get(epoch_path)
+            t_stall = time.monotonic()
+            for link in links:
+                link.stall()
+            try:
+                wait_until(lambda: not own.may_send("s0"), 10, "w-a to stop sending for s0")
+                assert own.fence("s0") is None
+                with pytest.raises(FencedError):
+                    store.save_many({"c0": "0-1-2"})  # (refused before it is sent: no valid lease)
+                time.sleep(max(0.0, 2.0 - (time.monotonic() - t_stall)))  # (the fault lasts 2 s)
+            finally:
+                for link in links:
+                    link.unstall()
+            wait_until(lambda: own.may_send("s0") or lost, 10, "w-a to resume (or lose its lease)")
+            assert not lost, lost
+            assert pauses[:1] == [True] and pauses[-1] is False, pauses
+            assert own.fence("s0") == token and tool.get(epoch_path) == epoch_before, "the same term, no new epoch"
+            store.save_many({"c0": "0-1-3"})  # its token is still good
+            assert json.loads(tool.get(f"{shard_path(root, 'east', 's0')}/markers")[0])["positions"] == {"c0": "0-1-3"}
+        finally:
+            lease.stop()
+            a_client.stop()
+            a_client.close()
+    finally:
+        for link in links:
+            link.close()
