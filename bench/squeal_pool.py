@@ -44,6 +44,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "squeal"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# This checkout before the venv's editable install (another checkout's, in a worktree): the harness's REPO_ROOT,
+# and so every squeal process's PYTHONPATH, is then this checkout - without it the bench measured that other code.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from squeal_helpers import healthz
 from squeal_latency_load import pct
 from squeal_throughput import cpu_seconds, loadavg, metric_sum
