@@ -45,8 +45,10 @@ Load: each owner measures rows/s (`squeal_rows_total`) and binlog bytes/s (`Binl
 both (`[regions.R.squeal_placement] half_life_s`) and publishes them with their combination (`placement.shard_load`,
 `bytes_per_row`); the controller plans with the region's `squeal_placement` settings.
 
-Not yet (later steps): the HA election of non-pooled regions stays as it is (squeal/ha.py); a worker reads the
-region's own copy of each shard (no preferred copies).
+What a worker shares with an HA leader (the session lease, start-up, the rejoin after a loss) is squeal/owner.py.
+A shard that has no markers znode yet starts from the HA layout's markers of the same shard (an HA region turned
+into a pool). Not yet (later steps): the HA election of non-pooled regions stays as it is (squeal/ha.py); a worker
+reads the region's own copy of each shard (no preferred copies, so no preferred worker either).
 """
 
 from __future__ import annotations
