@@ -84,10 +84,20 @@ class Pool:
         self.hosts = {n: netns[n][1] if n in netns else "127.0.0.1" for n in ("w1", "w2", "w3")}
         self.root = unique_root()
         self.zk, self.zk_hosts = zk, hosts(zk)
-        self.ports = {f"w{i}": free_port() for i in (1, 2, 3)}
+        # (The topology reserves each ZooKeeper server's port + 100 and + 200 for its peers, in use or not: a free
+        # port that happens to be one of them makes the loader refuse the file.)
+        reserved = {m.port + d for m in zk for d in (0, 100, 200)}
+
+        def port() -> int:
+            while (p := free_port()) in reserved:
+                pass
+            reserved.add(p)
+            return p
+
+        self.ports = {f"w{i}": port() for i in (1, 2, 3)}
         clusters = "".join(
             f'[regions.east.clusters.c{i}]\nrouters = ["{host}:{m.port}"]\n'
-            f'pools.wildcard = {{ kind = "wildcard", servers = ["{host}:{free_port()}"] }}\n'
+            f'pools.wildcard = {{ kind = "wildcard", servers = ["{host}:{port()}"] }}\n'
             for i, m in enumerate(self.memcacheds)
         )
         instances = "".join(
@@ -97,7 +107,7 @@ class Pool:
         servers = ", ".join(f'"{h}"' for h in self.zk_hosts.split(","))
         self.topology = base / "topology.toml"
         self.topology.write_text(
-            f'[squeal]\ndatamarker_dir = "var/dm"\nmetrics_port_base = {free_port()}\n\n'
+            f'[squeal]\ndatamarker_dir = "var/dm"\nmetrics_port_base = {port()}\n\n'
             f"[zookeeper]\nservers = [{servers}]\nsession_timeout_s = {SESSION_TIMEOUT}\n"
             f'root = "{self.root}"\n\n'
             + "".join(

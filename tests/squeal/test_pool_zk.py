@@ -279,7 +279,9 @@ def test_a_workers_lease_lapsed_on_slow_answers_resumes_and_its_shards_keep_thei
             assert pauses[:1] == [True] and pauses[-1] is False, pauses
             assert own.fence("s0") == token and tool.get(epoch_path) == epoch_before, "the same term, no new epoch"
             store.save_many({"c0": "0-1-3"})  # its token is still good
-            assert json.loads(tool.get(f"{shard_path(root, 'east', 's0')}/markers")[0])["positions"] == {"c0": "0-1-3"}
+            markers = f"{shard_path(root, 'east', 's0')}/markers"
+            tool.sync(markers)  # (the tool's server may not have applied the write yet)
+            assert json.loads(tool.get(markers)[0])["positions"] == {"c0": "0-1-3"}
         finally:
             lease.stop()
             a_client.stop()
