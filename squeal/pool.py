@@ -785,6 +785,11 @@ class PoolWorker:
     def _gate(self, shard: str) -> Callable[[], bool]:
         return lambda: self.ownership is not None and self.ownership.may_send(shard)
 
+    def _owner_changed(self, _: Any) -> None:
+        """A shard this worker waits for changed hands (one bound method: kazoo keeps one callback per znode,
+        not one per step that asked)."""
+        self._wake.set()
+
     def _read_assignment(self) -> dict[str, str]:
         """The assignment, read again only when its watch fired (the step runs every lease tick)."""
         assert self._assignment is not None
@@ -809,7 +814,7 @@ class PoolWorker:
                 with self._state:
                     self.starting.add(shard)
                 self.reactor.callFromThread(self._start_shard, shard)
-            elif self.ownership.owner_of(shard, watch=lambda _: self._wake.set()) is None:
+            elif self.ownership.owner_of(shard, watch=self._owner_changed) is None:
                 self._wake.set()  # released between the two: try again at once
             # (else its owner has not released it yet: the watch on `owner` wakes this loop when it does)
         for shard in sorted(owned - mine - busy):
