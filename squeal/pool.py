@@ -90,6 +90,7 @@ log = logging.getLogger(__name__)
 LOAD_HALF_LIFE_S = 60.0
 PUBLISH_EVERY_S = 1.0
 PLAN_EVERY_S = 1.0
+BINLOG_EVERY_S = 5.0  # how often a worker asks each owned shard's copy for its binlog's size (`BinlogMeter`)
 LOAD_CHANGE = 0.05  # a worker republishes a shard's load when it moved by more than this fraction of itself
 PAUSE_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 30, 60, 120, 300)  # seconds; the members publish every second
 RETRY_FAILED_S = 5.0  # a shard whose pipeline failed to start is tried again after this long
@@ -127,13 +128,21 @@ class BinlogMeter:
     """How fast each owned shard's binlog grows: every `every` seconds, `SHOW BINARY LOGS` on the copy the worker
     reads (what its reader streams, whether or not the transactions touch tables with rules). `grown[shard]` is
     the bytes added since the first sample (file by file: a rotation adds the new file's size, a purge subtracts
-    nothing). A copy that does not answer (down, or the account lacks BINLOG MONITOR / REPLICATION CLIENT) keeps
-    its last figure; the load then rests on rows/s alone."""
+    nothing), `rate[shard]` the bytes/s between the last two samples (over the meter's own interval, so the load's
+    once-a-second smoothing sees a steady figure, not a burst every `every` seconds). A copy that does not answer
+    (down, or the account lacks BINLOG MONITOR / REPLICATION CLIENT) keeps its last figure; the load then rests on
+    rows/s alone. Every `BINLOG_EVERY_S` (5 s), not every second: a query per owned shard per second is a cost only a
+    pool worker pays (its fixed cost, docs/benchmarks.md), and a load smoothed over a minute does not need it."""
 
-    def __init__(self, source: Callable[[str], Any], every: float = PUBLISH_EVERY_S) -> None:
+    def __init__(
+        self, source: Callable[[str], Any], every: float = BINLOG_EVERY_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.source = source
         self.every = every
+        self.clock = clock
         self.grown: dict[str, int] = {}
+        self.rate: dict[str, float] = {}
+        self._sampled_at: dict[str, float] = {}
         self._sizes: dict[str, dict[str, int]] = {}
         self._conns: dict[str, Any] = {}
         self._wanted: set[str] = set()
@@ -158,6 +167,8 @@ class BinlogMeter:
             for shard in sorted(set(self._sizes) - wanted):
                 self._sizes.pop(shard, None)
                 self.grown.pop(shard, None)
+                self.rate.pop(shard, None)
+                self._sampled_at.pop(shard, None)
             for shard in sorted(wanted):
                 try:
                     self.sample(shard)
@@ -187,15 +198,21 @@ class BinlogMeter:
         with conn.cursor() as cur:
             cur.execute("SHOW BINARY LOGS")
             sizes = {str(row[0]): int(row[1]) for row in cur.fetchall()}
+        now = self.clock()
         before = self._sizes.get(shard)
         self._sizes[shard] = sizes
         if before is None:
             self.grown[shard] = 0
         else:
-            self.grown[shard] = self.grown.get(shard, 0) + sum(
+            added = sum(
                 max(0, size - before.get(name, 0 if name > max(before, default="") else size))
                 for name, size in sizes.items()
             )
+            self.grown[shard] = self.grown.get(shard, 0) + added
+            elapsed = now - self._sampled_at.get(shard, now)
+            if elapsed > 0:
+                self.rate[shard] = added / elapsed
+        self._sampled_at[shard] = now
         return self.grown[shard]
 
 
@@ -633,7 +650,7 @@ class PoolWorker:
         self.stopping_shards: set[str] = set()
         self.failed_at: dict[str, float] = {}
         self.loads: dict[str, dict[str, float]] = {}
-        self._rows: dict[str, tuple[float, float, int | None]] = {}  # shard -> (rows counted, when, binlog grown)
+        self._rows: dict[str, tuple[float, float]] = {}  # shard -> (rows counted, when)
         self._measured_at = 0.0
         self._published: dict[str, Any] | None = None  # the member znode's content as last written
         self.stopping = False
@@ -974,9 +991,8 @@ class PoolWorker:
         self.meter.keep(set(daemon.shards))
         for shard, pipeline in list(daemon.shards.items()):
             rows = sum(s.value for m in pipeline.metrics.rows.collect() for s in m.samples if s.name.endswith("_total"))
-            grown = self.meter.grown.get(shard)
             before = self._rows.get(shard)
-            self._rows[shard] = (rows, now, grown)
+            self._rows[shard] = (rows, now)
             if before is None or now <= before[1]:
                 continue
             elapsed = now - before[1]
@@ -985,12 +1001,10 @@ class PoolWorker:
                 previous.get("rows_s"), max(0.0, (rows - before[0]) / elapsed), elapsed, self.half_life_s
             )
             bytes_s = previous.get("bytes_s", 0.0)
-            if grown is not None and before[2] is not None:  # (None: the binlog's size is not known yet)
+            rate = self.meter.rate.get(shard)
+            if rate is not None:  # (None: the binlog's growth is not known yet)
                 bytes_s = placement.smooth(
-                    previous.get("bytes_s") if "rows_s" in previous else None,
-                    max(0.0, (grown - before[2]) / elapsed),
-                    elapsed,
-                    self.half_life_s,
+                    previous.get("bytes_s") if "rows_s" in previous else None, max(0.0, rate), elapsed, self.half_life_s
                 )
             load = placement.shard_load(rows_s, bytes_s, bytes_per_row=self.bytes_per_row)
             self.loads[shard] = {"rows_s": round(rows_s, 3), "bytes_s": round(bytes_s, 1), "load": round(load, 3)}
