@@ -616,7 +616,7 @@ def zookeeper_config(
             f"ssl.keyStore.location={keystore}\nssl.keyStore.type=PEM\n"
             f"ssl.trustStore.location={truststore}\nssl.trustStore.type=PEM\nssl.clientAuth=want\n"
         )
-    text += "admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr\n"
+    text += "admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr,cons\n"
     if peers:
         text += "initLimit=10\nsyncLimit=5\n" + "".join(f"server.{i}={h}:{q}:{e}\n" for i, h, q, e in peers)
     return text
