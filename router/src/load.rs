@@ -102,6 +102,13 @@ impl Load {
         }
     }
 
+    /// A reply of `latency_us` measured now, for tests that need exact loads (a timed request's
+    /// latency is whatever the scheduler made it).
+    #[cfg(test)]
+    pub(crate) fn record(&self, latency_us: u64) {
+        self.sample(latency_us, now_us());
+    }
+
     /// Fold one reply's latency into the average. Concurrent updates may lose one another's
     /// sample (relaxed loads and stores, no compare-and-swap): an average can afford that, the
     /// request path cannot afford a retry loop.
