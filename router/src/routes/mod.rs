@@ -137,6 +137,9 @@ pub const REGISTRY: &[Handle] = &[
             "distribution_source_region",
             "distribution_secure_writes_enabled",
             "return_error_on_mc_delete_failure",
+            // copies of some servers' requests (shadow.rs)
+            "shadows",
+            "shadow_policy",
         ],
     },
     Handle {
