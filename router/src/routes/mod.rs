@@ -315,6 +315,7 @@ pub const REGISTRY: &[Handle] = &[
             "before_latency_ms",
             "after_latency_ms",
             "total_latency_ms",
+            "total_latency_percentile_ms",
             "request_payload_latency",
             "max_request_latency_us",
         ],
