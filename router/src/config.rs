@@ -976,7 +976,11 @@ mod tests {
                 (r#"{"route": "PoolRoute|nope"}"#, "unknown pool `nope`"),
                 (
                     r#"{"route": {"type": "BogusRoute"}}"#,
-                    "unknown route handle type `BogusRoute`",
+                    "unknown route handle type `BogusRoute`: not supported by squeal-router (docs/router.md lists the handles it supports)",
+                ),
+                (
+                    r#"{"route": {"type": "KeyParseRoute", "target": "NullRoute"}}"#,
+                    "mcrouter's route handle `KeyParseRoute` is not supported by squeal-router (it chooses the part of the key a McBucketRoute below hashes",
                 ),
                 (
                     r#"{"route": {"type": "FailoverRoute", "children": ["SRRoute|x"]}}"#,

@@ -439,14 +439,26 @@ pub fn lookup(name: &str) -> Option<&'static Handle> {
 pub const NOT_SUPPORTED: &[(&str, &str)] = &[
     ("BigValueRoute", "values are not split into chunks"),
     ("CarbonLookasideRoute", "it caches Carbon (Thrift) replies"),
-    ("KeyParseRoute", "not implemented"),
-    ("KeySplitRoute", "not implemented"),
-    ("LoggingRoute", "not implemented"),
+    (
+        "KeyParseRoute",
+        "it chooses the part of the key a McBucketRoute below hashes; not implemented",
+    ),
+    (
+        "KeySplitRoute",
+        "it spreads a hot key over replicas by a key suffix; not implemented",
+    ),
+    (
+        "LoggingRoute",
+        "it logs requests to mcrouter's own logger; not implemented",
+    ),
     (
         "OriginalClientHashRoute",
         "it hashes the client's address, which mcrouter takes from Thrift",
     ),
-    ("RateLimitRoute", "not implemented"),
+    (
+        "RateLimitRoute",
+        "token-bucket rate limits per operation; not implemented",
+    ),
     (
         "SetDistributionTargetRoute",
         "there is no distribution layer (see DistributionRoute)",
@@ -469,7 +481,9 @@ pub fn unknown_type(ty: &str) -> String {
         Some((_, why)) => {
             format!("mcrouter's route handle `{ty}` is not supported by squeal-router ({why}; docs/router.md)")
         }
-        None => format!("unknown route handle type `{ty}`"),
+        None => format!(
+            "unknown route handle type `{ty}`: not supported by squeal-router (docs/router.md lists the handles it supports)"
+        ),
     }
 }
 
