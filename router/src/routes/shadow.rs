@@ -1,15 +1,18 @@
 //! ShadowRoute (mcrouter's `children` + `shadows`): each child answers as usual, and a copy of
 //! the request goes in the background to each shadow whose `index_range` (child indices
-//! [start, end), as mcrouter reads it; default all, warned: mcrouter shadows none) holds the child and whose `key_fraction_range` (default [0, 1])
-//! holds the key's hash. Shadow replies are thrown away: the client's answer — and for a delete,
-//! whether it counts as acknowledged — is only ever the child's. Like Pool|X, the route is one
-//! per child: in a list it stands for all of them, elsewhere it must have one child.
+//! [start, end), as mcrouter reads it; default all, warned: mcrouter shadows none) holds the
+//! child and whose `key_fraction_range` (default [0, 1]) holds the key's hash — or, with
+//! `keys_to_shadow`, whose list holds the routing key. Shadow replies are thrown away: the
+//! client's answer — and for a delete, whether it counts as acknowledged — is only ever the
+//! child's. Like Pool|X, the route is one per child: in a list it stands for all of them,
+//! elsewhere it must have one child. PoolRoute's `shadows` wrap the pool's servers the same way.
 //!
-//! The key's place in [0, 1] is SpookyHashV2-32 of the key over 2^32 (mcrouter's wiki names
-//! SpookyHashV2; its exact seed is not documented, so the shadowed fraction is the same size as
-//! mcrouter's but not necessarily the same keys). `shadow_policy` other than "default" is
-//! rejected.
+//! The key's place in [0, 1] is SpookyHashV2-32 (seed 0) of the routing key over 2^32 − 1,
+//! mcrouter's `routingKeyHash`: the same keys are shadowed (tested on mcrouter's test_shadow.py
+//! vectors). `shadow_policy` other than "default" is rejected; a shadow that cannot be built is
+//! left out with a warning, as mcrouter leaves it out.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
@@ -21,6 +24,18 @@ use crate::protocol::{Reply, Request};
 pub struct Shadow {
     pub target: RouteRef,
     pub key_range: (f64, f64),
+    /// `keys_to_shadow`: when given, exactly these routing keys are shadowed (not `key_range`)
+    pub keys: Option<Arc<HashSet<Vec<u8>>>>,
+}
+
+impl Shadow {
+    /// Does this shadow take the request whose routing key is `key` (at `fraction` of the hash space)?
+    fn takes(&self, key: &[u8], fraction: f64) -> bool {
+        match &self.keys {
+            Some(keys) => keys.contains(key),
+            None => self.key_range.0 <= fraction && fraction <= self.key_range.1,
+        }
+    }
 }
 
 pub struct ShadowRoute {
@@ -35,18 +50,20 @@ fn key_fraction(key: &[u8]) -> f64 {
 impl Route for ShadowRoute {
     fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
         visit(&self.child, req);
-        let f = key_fraction(&req.routing_key());
+        let key = req.routing_key();
+        let f = key_fraction(&key);
         for s in &self.shadows {
-            if s.key_range.0 <= f && f <= s.key_range.1 {
+            if s.takes(&key, f) {
                 visit(&s.target, req);
             }
         }
     }
 
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
-        let f = key_fraction(&req.routing_key());
+        let key = req.routing_key();
+        let f = key_fraction(&key);
         for s in &self.shadows {
-            if s.key_range.0 <= f && f <= s.key_range.1 {
+            if s.takes(&key, f) {
                 super::all_async::spawn_to(&s.target, req);
             }
         }
@@ -55,8 +72,9 @@ impl Route for ShadowRoute {
 
     fn first_get_target(&self, req: &Request) -> Option<&crate::routes::destination::Destination> {
         // a batched get would skip the shadows: only when none takes this key
-        let f = key_fraction(&req.routing_key());
-        if self.shadows.iter().any(|s| s.key_range.0 <= f && f <= s.key_range.1) {
+        let key = req.routing_key();
+        let f = key_fraction(&key);
+        if self.shadows.iter().any(|s| s.takes(&key, f)) {
             return None;
         }
         self.child.first_get_target(req)
@@ -68,9 +86,9 @@ impl Route for ShadowRoute {
     }
 }
 
-fn pair(v: Option<&Value>, handle: &str, field: &str) -> Result<Option<(f64, f64)>, String> {
+fn pair(v: Option<&Value>, field: &str) -> Result<Option<(f64, f64)>, String> {
     let Some(v) = v else { return Ok(None) };
-    let bad = || format!("{handle}: `{field}` must be a list of two numbers");
+    let bad = || format!("`{field}` must be a list of two numbers");
     let a = v.as_array().filter(|a| a.len() == 2).ok_or_else(bad)?;
     Ok(Some((a[0].as_f64().ok_or_else(bad)?, a[1].as_f64().ok_or_else(bad)?)))
 }
@@ -80,11 +98,14 @@ struct Parsed {
     index_range: (usize, usize),
     target: RouteRef,
     key_range: (f64, f64),
+    keys: Option<Arc<HashSet<Vec<u8>>>>,
 }
 
 /// `shadows` and `shadow_policy` of a ShadowRoute or a PoolRoute (`handle`), as mcrouter's
 /// `makeShadowRoutes` reads them: `index_range` [start, end) — end excluded, as mcrouter's
-/// `start <= i < end`; the wiki's Shadowing setup says so too.
+/// `start <= i < end`; the wiki's Shadowing setup says so too. Like mcrouter, a shadow it cannot
+/// build (not an object, no or a bad `target`, bad ranges) is left out with a warning, and the
+/// route loads with the others.
 fn parse(b: &mut Builder, obj: &Map<String, Value>, handle: &str) -> Result<Vec<Parsed>, String> {
     match obj.get("shadow_policy") {
         None => {}
@@ -95,50 +116,81 @@ fn parse(b: &mut Builder, obj: &Map<String, Value>, handle: &str) -> Result<Vec<
             ));
         }
     }
-    let list = required(obj, "shadows", handle)?
-        .as_array()
-        .ok_or_else(|| format!("{handle}: `shadows` must be a list"))?;
+    let Some(list) = required(obj, "shadows", handle)?.as_array() else {
+        b.warnings.push(format!(
+            "{handle}: `shadows` is not a list: nothing is shadowed (as in mcrouter)"
+        ));
+        return Ok(Vec::new());
+    };
     let mut shadows = Vec::new();
     for (i, s) in list.iter().enumerate() {
-        let s = s
-            .as_object()
-            .ok_or_else(|| format!("{handle}: shadows[{i}] must be an object"))?;
-        let target = b.route(required(s, "target", handle)?)?;
-        let index_range = match pair(s.get("index_range"), handle, "index_range")? {
-            Some((start, end)) if start >= 0.0 && start <= end && end.fract() == 0.0 && start.fract() == 0.0 => {
-                (start as usize, end as usize)
-            }
-            Some(_) => {
-                return Err(format!(
-                    "{handle}: shadows[{i}].index_range must be two whole numbers, start <= end"
-                ));
-            }
-            None => {
-                b.warnings.push(format!(
-                    "{handle}: shadows[{i}] has no `index_range`: here every server is shadowed (mcrouter shadows none)"
-                ));
-                (0, usize::MAX)
-            }
-        };
-        let keys = pair(s.get("key_fraction_range"), handle, "key_fraction_range")?.unwrap_or((0.0, 1.0));
-        if !(0.0..=1.0).contains(&keys.0) || !(0.0..=1.0).contains(&keys.1) || keys.0 > keys.1 {
-            return Err(format!(
-                "{handle}: shadows[{i}].key_fraction_range must be within [0, 1], low first"
-            ));
+        match one(b, s, handle, i) {
+            Ok(parsed) => shadows.push(parsed),
+            Err(e) => b.warnings.push(format!(
+                "{handle}: shadows[{i}] left out: {e} (mcrouter leaves out a shadow it cannot build)"
+            )),
         }
-        for field in s.keys() {
-            if !["target", "index_range", "key_fraction_range"].contains(&field.as_str()) {
-                b.warnings
-                    .push(format!("{handle}: shadows[{i}]: unknown field `{field}` ignored"));
-            }
-        }
-        shadows.push(Parsed {
-            index_range,
-            target,
-            key_range: keys,
-        });
     }
     Ok(shadows)
+}
+
+fn one(b: &mut Builder, s: &Value, handle: &str, i: usize) -> Result<Parsed, String> {
+    let s = s.as_object().ok_or("it must be an object")?;
+    let target = b.route(s.get("target").ok_or("missing `target`")?)?;
+    let keys = match s.get("keys_to_shadow") {
+        None => None,
+        Some(list) => {
+            let list = list.as_array().ok_or("`keys_to_shadow` must be a list of keys")?;
+            let keys = list
+                .iter()
+                .map(|k| k.as_str().map(|k| k.as_bytes().to_vec()))
+                .collect::<Option<HashSet<_>>>()
+                .ok_or("`keys_to_shadow` must be a list of keys")?;
+            (!keys.is_empty()).then_some(keys)
+        }
+    };
+    if let Some(keys) = keys {
+        // mcrouter: the listed keys, whichever child they go to; no range may narrow them
+        if s.contains_key("index_range") || s.contains_key("key_fraction_range") {
+            return Err(
+                "a non-empty `keys_to_shadow` cannot be mixed with `index_range` or `key_fraction_range`".into(),
+            );
+        }
+        return Ok(Parsed {
+            index_range: (0, usize::MAX),
+            target,
+            key_range: (0.0, 1.0),
+            keys: Some(Arc::new(keys)),
+        });
+    }
+    let index_range = match pair(s.get("index_range"), "index_range")? {
+        Some((start, end)) if start >= 0.0 && start <= end && end.fract() == 0.0 && start.fract() == 0.0 => {
+            (start as usize, end as usize)
+        }
+        Some(_) => return Err("`index_range` must be two whole numbers, start <= end".into()),
+        None => {
+            b.warnings.push(format!(
+                "{handle}: shadows[{i}] has no `index_range`: here every server is shadowed (mcrouter shadows none)"
+            ));
+            (0, usize::MAX)
+        }
+    };
+    let keys = pair(s.get("key_fraction_range"), "key_fraction_range")?.unwrap_or((0.0, 1.0));
+    if !(0.0..=1.0).contains(&keys.0) || !(0.0..=1.0).contains(&keys.1) || keys.0 > keys.1 {
+        return Err("`key_fraction_range` must be within [0, 1], low first".into());
+    }
+    for field in s.keys() {
+        if !["target", "index_range", "key_fraction_range", "keys_to_shadow"].contains(&field.as_str()) {
+            b.warnings
+                .push(format!("{handle}: shadows[{i}]: unknown field `{field}` ignored"));
+        }
+    }
+    Ok(Parsed {
+        index_range,
+        target,
+        key_range: keys,
+        keys: None,
+    })
 }
 
 /// Each of `children` with a ShadowRoute around it when some shadow's index range holds it.
@@ -153,6 +205,7 @@ fn wrap(children: Vec<RouteRef>, shadows: &[Parsed]) -> Vec<RouteRef> {
                 .map(|s| Shadow {
                     target: s.target.clone(),
                     key_range: s.key_range,
+                    keys: s.keys.clone(),
                 })
                 .collect::<Vec<_>>();
             if mine.is_empty() {
@@ -208,6 +261,7 @@ mod tests {
             shadows: vec![Shadow {
                 target: shadow.clone(),
                 key_range: (0.0, 1.0),
+                keys: None,
             }],
         };
         let reply = run(async {
@@ -226,6 +280,7 @@ mod tests {
             shadows: vec![Shadow {
                 target: shadow.clone(),
                 key_range: (2.0, 2.0),
+                keys: None,
             }],
         };
         run(r.route(&req(Cmd::Get, "k")));
@@ -289,6 +344,69 @@ mod tests {
         // a key fraction range that takes no key shadows nothing
         let none = config.replace("[0, 1]", "[0, 0]");
         assert!((0..20).all(|i| !reaches(&handles(&none, &format!("key{i}")).0, "127.0.0.1:9")));
+    }
+
+    #[test]
+    fn the_keys_mcrouter_shadows_are_the_keys_shadowed_here() {
+        // mcrouter's test_shadow.py: the keys whose SpookyHashV2-32 (seed 0) falls in a key fraction range
+        let shadowed = |prefix: &str, low: f64, high: f64| -> Vec<usize> {
+            (0..100)
+                .filter(|i| {
+                    let f = key_fraction(format!("{prefix}{i}").as_bytes());
+                    low <= f && f <= high
+                })
+                .collect()
+        };
+        assert_eq!(
+            shadowed("f", 0.0, 0.1),
+            [5, 7, 13, 33, 43, 46, 58, 71, 83, 85, 89, 91, 93]
+        );
+        assert_eq!(shadowed("f", 0.4, 0.5), [9, 10, 20, 26, 32, 34, 42, 47, 54, 63, 64, 98]);
+        assert_eq!(shadowed("b_new", 0.0, 0.1), [10, 11, 15, 34, 40, 43, 47, 71, 93]);
+    }
+
+    #[test]
+    fn a_broken_shadow_is_warned_and_left_out_as_mcrouter_leaves_it_out() {
+        // mcrouter's test_shadow.json: makeShadowRoutes logs each of these and goes on without it
+        let config = r#"{"pools": {"a": {"servers": ["127.0.0.1:1"]}, "b": {"servers": ["127.0.0.1:9"]}},
+            "route": {"type": "PoolRoute", "pool": "a", "shadows": [
+                {"target": "PoolRoute|b", "index_range": [0, 1], "key_fraction_range": [0, 1]},
+                {"target": "NullRoute", "index_range": [0, 1], "key_fraction_range": [-1, 15]},
+                {"target": "do_not_exist", "index_range": [0, 1], "key_fraction_range": [0.0, 1.0]},
+                {"target": "NullRoute", "index_range": 1, "key_fraction_range": 2},
+                12345, {}, []]}}"#;
+        let (tree, warnings) = handles(config, "k");
+        assert!(reaches(&tree, "127.0.0.1:9"), "the good shadow stays: {tree:?}");
+        assert_eq!(tree.iter().filter(|h| *h == "null").count(), 0, "{tree:?}");
+        for (i, why) in [
+            (1, "key_fraction_range` must be within [0, 1]"),
+            (2, "do_not_exist"),
+            (3, "index_range` must be a list of two numbers"),
+            (4, "it must be an object"),
+            (5, "missing `target`"),
+            (6, "it must be an object"),
+        ] {
+            let found = warnings
+                .iter()
+                .any(|w| w.contains(&format!("shadows[{i}]")) && w.contains(why) && w.contains("left out"));
+            assert!(found, "shadows[{i}]: {why}: {warnings:?}");
+        }
+    }
+
+    #[test]
+    fn keys_to_shadow_shadows_exactly_those_keys_hash_stop_ignored() {
+        // mcrouter's test_shadow.py (test_normal_shadow_specific_keys): f101..f106 of f101..f110
+        let config = r#"{"pools": {"a": {"servers": ["127.0.0.1:1", "127.0.0.1:2"]}, "b": {"servers": ["127.0.0.1:9"]}},
+            "route": {"type": "PoolRoute", "pool": "a", "shadows": [
+                {"target": "PoolRoute|b", "keys_to_shadow": ["f101", "f102", "f103", "f104", "f105", "f106"]},
+                {"target": "NullRoute", "keys_to_shadow": ["x"], "index_range": [0, 1]}]}}"#;
+        for i in 101..111 {
+            let (tree, warnings) = handles(config, &format!("f{i}|#|ignored"));
+            assert_eq!(reaches(&tree, "127.0.0.1:9"), i <= 106, "f{i}: {tree:?}");
+            // mixing keys_to_shadow with a range is refused by mcrouter: that shadow is left out
+            assert_eq!(warnings.len(), 1, "{warnings:?}");
+            assert!(warnings[0].contains("shadows[1] left out") && warnings[0].contains("keys_to_shadow"));
+        }
     }
 
     #[test]
