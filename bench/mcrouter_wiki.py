@@ -22,8 +22,14 @@ Each example is then one of (docs/router.md, "mcrouter's wiki examples", says wh
   reason). A block introduced as a named file (`` `pools.json` ``) is written under that name beside the
   page's other examples, so the config that `@import`s it finds it.
 
-The incomplete ones are loaded as written too and their verdict shown with `--list` (an empty server
-list is legal in mcrouter and here), but only complete ones count.
+Incomplete ones whose only placeholders are server lists are loaded again with a loopback server in
+each such list (what a user would write there); the others are loaded as written, for `--list` only.
+
+The JSONM page's worked examples are checked too: an expression (an inline `@macro(…)` or a code
+block) that the page says "would result in" / "would return" / "would produce" / "would be
+preprocessed to" a value (inline or a block; "After preprocessing:" between two blocks) is expanded
+with `squeal-router-config --expand` and compared with that value. An example the page writes with
+typographic quotes or other JSON errors cannot be checked and is listed as such.
 """
 
 from __future__ import annotations
@@ -168,6 +174,97 @@ def canonical(text: str) -> str:
     return json.dumps(parse(text), sort_keys=True)
 
 
+# the JSONM page: code blocks, inline code, and the phrases that tie an expression to its result
+JSONM_TOKEN = re.compile(
+    r"(?P<code><pre[^>]*>.*?</pre>)|<tt>(?P<tt>[^<]*)</tt>"
+    r"|(?P<verb>would result in|would return|would produce(?: an array)?|would be preprocessed to"
+    r"|After preprocessing:)",
+    re.S,
+)
+# what may stand between an expression and its phrase, or a phrase and its result
+JSONM_GLUE = re.compile(r"^[\s,.;:]*(?:the above example|this|after preprocessing,\s*<tt>[^<]*</tt>)?[\s,.;:]*$", re.I)
+TYPOGRAPHIC = re.compile("[\u201c\u201d\u2018\u2019]")
+
+
+class JsonmExample(NamedTuple):
+    line: int
+    expression: object  # the value to expand: a string with a macro call, or a parsed block
+    expected: object | None  # None: the page says it fails
+    problem: str  # why it cannot be checked ("" when it can)
+
+
+def jsonm_value(kind: str, text: str, is_expression: bool) -> tuple[object, str]:
+    """(value, problem) of an inline or block example."""
+    text = html.unescape(re.sub(r"<[^>]+>", "", text)).strip()
+    if TYPOGRAPHIC.search(text):
+        return None, "written with typographic quotes"
+    if kind == "tt" and is_expression:
+        return text, ""
+    value = parse(text)
+    if value is None:
+        if kind == "tt":
+            return text, ""  # a bare string result: `same`, `es`
+        return None, "not JSON as written"
+    return value, ""
+
+
+def jsonm_examples(page: Path) -> list[JsonmExample]:
+    text = page.read_text(errors="replace")
+    tokens = list(JSONM_TOKEN.finditer(text))
+    found = []
+    for i, verb in enumerate(tokens):
+        if not verb.group("verb") or i == 0 or i + 1 >= len(tokens):
+            continue
+        j = i - 1
+        if tokens[j].group("tt") and re.fullmatch(r"[\w.-]+\.json", tokens[j].group("tt")) and j > 0:
+            j -= 1  # "after preprocessing, `allCities.json` would result in": the block before the name
+        before, after = tokens[j], tokens[i + 1]
+        if before.group("verb") or after.group("verb"):
+            continue
+        glue_before = re.sub(r"</?(?:p|div|blockquote)[^>]*>", "", text[before.end() : verb.start()])
+        if not JSONM_GLUE.match(glue_before):
+            continue
+        if text[verb.end() : verb.end() + 12].strip().startswith("an error"):
+            kind, body = ("code", before.group("code")) if before.group("code") else ("tt", before.group("tt"))
+            value, problem = jsonm_value(kind, body, True)
+            found.append(JsonmExample(line_of(text, before.start()), value, None, problem))
+            continue
+        glue_after = re.sub(r"</?(?:p|div)[^>]*>", "", text[verb.end() : after.start()])
+        if not JSONM_GLUE.match(glue_after):
+            continue
+        kind, body = ("code", before.group("code")) if before.group("code") else ("tt", before.group("tt"))
+        value, problem = jsonm_value(kind, body, True)
+        rkind, rbody = ("code", after.group("code")) if after.group("code") else ("tt", after.group("tt"))
+        expected, rproblem = jsonm_value(rkind, rbody, False)
+        found.append(JsonmExample(line_of(text, before.start()), value, expected, problem or rproblem))
+    return found
+
+
+def check_jsonm(example: JsonmExample, files: Path) -> tuple[str, str]:
+    """(verdict, detail): `same`, `differs`, `refused` (`, as mcrouter refuses it`) or `not checkable`."""
+    if example.problem:
+        return "not checkable", example.problem
+    config = Path(files, "jsonm-example.json")
+    config.write_text(json.dumps({"v": example.expression}))
+    # `@import(file:NAME)` reads NAME from the working directory, as mcrouter does
+    out = subprocess.run([CHECK, "--expand", config], capture_output=True, text=True, timeout=30, cwd=files)
+    if out.returncode != 0:
+        why = (out.stderr.strip().splitlines() or ["?"])[-1].split("preprocessor: ", 1)[-1]
+        if example.expected is None:
+            return "same", why
+        if "is a string, not" in why:
+            # the page's own rule: "all arguments that are not macro calls are treated as strings";
+            # mcrouter's not/and/or/add/mod/range refuse strings too (ConfigPreprocessor.cpp)
+            return "refused, as mcrouter refuses it", f"a bare argument is a string: {why}"
+        return "refused", why
+    got = json.loads(out.stdout)["v"]
+    if example.expected is None:
+        return "differs", f"the page says it fails; got {json.dumps(got)}"
+    if got == example.expected:
+        return "same", ""
+    return "differs", f"got {json.dumps(got)[:80]}, the page says {json.dumps(example.expected)[:80]}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("wiki", type=Path, help="a directory with the wiki's pages (*.md)")
@@ -241,6 +338,28 @@ def main() -> None:
         f"{loads(completed)}"
     )
     print(f"examples that are not configs: {kinds['not a config']}")
+
+    jsonm: collections.Counter = collections.Counter()
+    page = args.wiki / "JSONM.md"
+    if page.exists():
+        with tempfile.TemporaryDirectory() as files:
+            text = page.read_text(errors="replace")
+            # files the page names before their block (`<blockquote><p>NAME.json</p></blockquote>`)
+            for m in re.finditer(r"<p>([\w.-]+\.json)</p></blockquote>\s*<div[^>]*>(<pre.*?</pre>)", text, re.S):
+                body = html.unescape(re.sub(r"<[^>]+>", "", m.group(2)))
+                Path(files, m.group(1)).write_text(body)
+            for worked in jsonm_examples(page):
+                verdict, why = check_jsonm(worked, Path(files))
+                jsonm[verdict] += 1
+                show(f"JSONM example: {verdict}", f"JSONM:{worked.line}", why)
+        as_mcrouter = jsonm["refused, as mcrouter refuses it"]
+        checked = jsonm["same"] + jsonm["differs"] + jsonm["refused"] + as_mcrouter
+        print(
+            f"JSONM examples with a stated result: {sum(jsonm.values())}; checked {checked}: {jsonm['same']} give "
+            f"the page's result, {jsonm['differs']} differ, {as_mcrouter} refused as mcrouter refuses them "
+            f"(a bare argument is a string), {jsonm['refused']} refused otherwise; "
+            f"{jsonm['not checkable']} not checkable as written"
+        )
 
 
 if __name__ == "__main__":
