@@ -175,7 +175,16 @@ fn one(b: &mut Builder, s: &Value, handle: &str, i: usize) -> Result<Parsed, Str
             (0, usize::MAX)
         }
     };
-    let keys = pair(s.get("key_fraction_range"), "key_fraction_range")?.unwrap_or((0.0, 1.0));
+    let keys = match pair(s.get("key_fraction_range"), "key_fraction_range")? {
+        Some(range) => range,
+        None => {
+            // mcrouter's range defaults to [0, 0]: only keys hashing to exactly 0
+            b.warnings.push(format!(
+                "{handle}: shadows[{i}] has no `key_fraction_range`: here every key is shadowed (mcrouter shadows none)"
+            ));
+            (0.0, 1.0)
+        }
+    };
     if !(0.0..=1.0).contains(&keys.0) || !(0.0..=1.0).contains(&keys.1) || keys.0 > keys.1 {
         return Err("`key_fraction_range` must be within [0, 1], low first".into());
     }
@@ -341,6 +350,13 @@ mod tests {
             seen[shadowed as usize] += 1;
         }
         assert!(seen[0] > 0 && seen[1] > 0, "{seen:?}");
+        // without a key fraction range every key is shadowed here, warned (mcrouter's default takes none)
+        let everything = config.replace(r#", "key_fraction_range": [0, 1]"#, "");
+        let (_, warnings) = handles(&everything, "k");
+        assert_eq!(
+            warnings,
+            ["PoolRoute: shadows[0] has no `key_fraction_range`: here every key is shadowed (mcrouter shadows none)"]
+        );
         // a key fraction range that takes no key shadows nothing
         let none = config.replace("[0, 1]", "[0, 0]");
         assert!((0..20).all(|i| !reaches(&handles(&none, &format!("key{i}")).0, "127.0.0.1:9")));
