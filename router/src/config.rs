@@ -335,6 +335,11 @@ impl<'c> Builder<'c> {
                 .map_err(|e| format!("pool `{name}`: server `{addr}`: {e}"))?
                 .unwrap_or(pool_tls);
             let addr = normalize_addr(addr).ok_or_else(|| format!("pool `{name}`: bad server address `{addr}`"))?;
+            if addr.ends_with(":0") {
+                self.warnings.push(format!(
+                    "pool `{name}`: server `{addr}` has port 0, where no server listens: every request to it fails"
+                ));
+            }
             if tls && self.ctx.opts.upstream_tls.is_none() {
                 return Err(format!(
                     "pool `{name}`: server {addr} is reached over TLS (`security_mech`), which needs --pem-ca-path (the CA that signed the servers' certificates)"
@@ -549,8 +554,9 @@ fn normalize_addr(addr: &str) -> Option<String> {
         (h.to_string(), r)
     };
     let port = rest.split(':').next()?;
+    // any 16-bit port, as mcrouter: port 0 is legal (warned at load: nothing listens there)
     let port: u16 = port.parse().ok()?;
-    if host.is_empty() || port == 0 {
+    if host.is_empty() {
         return None;
     }
     Some(format!("{host}:{port}"))
@@ -839,6 +845,23 @@ mod tests {
     }
 
     #[test]
+    fn a_server_on_port_0_loads_warned_as_one_nothing_can_answer() {
+        // mcrouter's test_probe_timeout reloads to this config (mcrouter takes any 16-bit port)
+        run(async {
+            let cfg = load(
+                &ctx(),
+                r#"{"pools": {"foo": {"servers": ["localhost:0"]}}, "route": "PoolRoute|foo"}"#,
+                None,
+            )
+            .unwrap();
+            assert_eq!(
+                cfg.warnings,
+                ["pool `foo`: server `localhost:0` has port 0, where no server listens: every request to it fails"]
+            );
+        });
+    }
+
+    #[test]
     fn every_registered_handle_loads() {
         run(async {
             let c = ctx();
@@ -953,7 +976,11 @@ mod tests {
                 (r#"{"route": "PoolRoute|nope"}"#, "unknown pool `nope`"),
                 (
                     r#"{"route": {"type": "BogusRoute"}}"#,
-                    "unknown route handle type `BogusRoute`",
+                    "unknown route handle type `BogusRoute`: not supported by squeal-router (docs/router.md lists the handles it supports)",
+                ),
+                (
+                    r#"{"route": {"type": "KeyParseRoute", "target": "NullRoute"}}"#,
+                    "mcrouter's route handle `KeyParseRoute` is not supported by squeal-router (it chooses the part of the key a McBucketRoute below hashes",
                 ),
                 (
                     r#"{"route": {"type": "FailoverRoute", "children": ["SRRoute|x"]}}"#,
@@ -1451,7 +1478,11 @@ mod tests {
             "127.0.0.1:11211"
         );
         assert_eq!(normalize_addr("[::1]:5").unwrap(), "[::1]:5");
-        assert!(normalize_addr("h:0").is_none());
+        // port 0 is a port (mcrouter takes it; the load warns), 65536 is not
+        assert_eq!(normalize_addr("h:0").unwrap(), "h:0");
+        for bad in ["h:65536", "h:", ":5", "h", "h:PORT"] {
+            assert!(normalize_addr(bad).is_none(), "{bad}");
+        }
     }
 
     #[test]

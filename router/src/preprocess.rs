@@ -47,7 +47,7 @@ pub fn expand_config(config: Value, globals: Vec<(String, Value)>, import: &Impo
 }
 
 /// Parse a config file's text and expand its macros: `@import(path)` reads `path` relative to
-/// `dir`, `default_prefix` (the router's `--route-prefix`) sets `%default-route%`,
+/// `dir` (`@import(file:path)` reads `path` as given), `default_prefix` (the router's `--route-prefix`) sets `%default-route%`,
 /// `%default-region%` and `%default-cluster%`, and `params` are more constants (mcrouter's
 /// `--config-params name:value,...`). Like mcrouter, every config goes through it.
 pub fn expand_file(
@@ -58,7 +58,12 @@ pub fn expand_file(
 ) -> Result<Value> {
     let v = crate::config::parse_jsonc(text)?;
     let import = |path: &str| -> Result<String> {
-        let full = dir.map_or_else(|| std::path::PathBuf::from(path), |d| d.join(path));
+        // mcrouter's ConfigApi: a `file:` resource is its path as given; a bare path is relative
+        // to the config's directory
+        let full = match path.strip_prefix("file:") {
+            Some(given) => std::path::PathBuf::from(given),
+            None => dir.map_or_else(|| std::path::PathBuf::from(path), |d| d.join(path)),
+        };
         std::fs::read_to_string(&full).map_err(|e| format!("cannot read {}: {e}", full.display()))
     };
     let mut constants = globals(default_prefix);
@@ -960,6 +965,28 @@ mod tests {
         assert_eq!(v["route"], json!("PoolRoute|main"));
         let err = expand_file(r#"{"p": "@import(missing.json)"}"#, None, Some(&dir), &[]).unwrap_err();
         assert!(err.contains("missing.json") && err.contains("cannot read"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn import_reads_a_file_resource_by_its_path_as_mcrouter_does() {
+        // the wiki's JSONM page: `@import(file:citiesByCountry.json)`; mcrouter's ConfigApi strips
+        // `file:` and reads the path as given (not relative to the config)
+        let dir = std::env::temp_dir().join(format!("squeal-preprocess-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cities = dir.join("citiesByCountry.json");
+        std::fs::write(&cities, r#"{"ukraine": ["Kyiv", "Lviv"], "usa": ["Menlo Park"]}"#).unwrap();
+        let config = format!(r#"{{"cities": "@merge(@values(@import(file:{})))"}}"#, cities.display());
+        let elsewhere = std::env::temp_dir();
+        let v = expand_file(&config, None, Some(&elsewhere), &[]).unwrap();
+        let mut got: Vec<&str> = v["cities"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        got.sort();
+        assert_eq!(got, ["Kyiv", "Lviv", "Menlo Park"]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

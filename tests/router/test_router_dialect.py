@@ -49,6 +49,10 @@ CONFIG = """
     "policies": {
       "sh:": {"type": "ShadowRoute", "children": ["PoolRoute|main"],
               "shadows": [{"target": "PoolRoute|shadow", "key_fraction_range": [0, 1]}]},
+      // the wiki's Shadowing setup: a PoolRoute's shadows copy what its first server gets
+      // (index_range [0, 1]: the end is excluded, as in mcrouter)
+      "ps:": {"type": "PoolRoute", "pool": "main",
+              "shadows": [{"target": "PoolRoute|shadow", "index_range": [0, 1], "key_fraction_range": [0, 1]}]},
       "mk:": {"type": "ModifyKeyRoute", "target": "PoolRoute|old", "ensure_key_prefix": "v2:"},
       "l:": {"type": "L1L2CacheRoute", "l1": "PoolRoute|l1", "l2": "PoolRoute|l2", "upgradingL1Exptime": 60},
       "af:": {"type": "AllFastestRoute", "children": ["Pool|main"]},  // a pool inside a list
@@ -95,6 +99,23 @@ def test_shadow_gets_a_copy_and_the_child_keeps_the_answer(dialect) -> None:
     c.call(b"delete sh:k\r\n")
     mc_set(mcs["SHADOW"], "sh:k", b"shadow-only")
     assert c.call(b"get sh:k\r\n") == b"END"
+
+
+def test_a_pool_routes_shadows_copy_only_its_servers_in_index_range(dialect) -> None:
+    router, mcs = dialect
+    c = Conn(router.address)
+    keys = [f"ps:{i}" for i in range(40)]
+    for key in keys:
+        assert c.call(f"set {key} 0 0 1\r\nv\r\n".encode()) == b"STORED"
+    first = [k for k in keys if furc_hash(k.encode(), 2) == 0]  # MAIN0's keys: shadowed
+    second = [k for k in keys if furc_hash(k.encode(), 2) == 1]
+    assert first and second
+    wait_for(lambda: all(mc_get(mcs["SHADOW"], k) == b"v" for k in first), what="MAIN0's keys shadowed")
+    assert [k for k in second if mc_get(mcs["SHADOW"], k) is not None] == []
+    # the client's answers are the pool's: a miss there is a miss, whatever the shadow holds
+    assert c.call(f"delete {first[0]}\r\n".encode()) == b"DELETED"
+    mc_set(mcs["SHADOW"], first[0], b"shadow-only")
+    assert c.call(f"get {first[0]}\r\n".encode()) == b"END"
 
 
 def test_modify_key_stores_under_the_new_key_and_answers_with_the_old(dialect) -> None:

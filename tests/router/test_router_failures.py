@@ -276,6 +276,25 @@ def _minimal(handle: str) -> dict:
     }[handle]
 
 
+def test_a_server_on_port_0_loads_warned_and_its_requests_fail(memcached_factory, router_factory) -> None:
+    # mcrouter's test_probe_timeout reloads to a pool whose only server is localhost:0
+    live = memcached_factory()
+    router = router_factory(
+        {
+            "pools": {"zero": {"servers": ["127.0.0.1:0"]}, "live": {"servers": [live.address]}},
+            "route": {
+                "type": "PrefixSelectorRoute",
+                "policies": {"z:": "PoolRoute|zero"},
+                "wildcard": "PoolRoute|live",
+            },
+        }
+    )
+    assert "server `127.0.0.1:0` has port 0" in router.log_file.read_text()
+    c = Conn(router.address)
+    assert c.call(b"get z:k\r\n").startswith(b"SERVER_ERROR")
+    assert c.call(b"set k 0 0 1\r\nv\r\n") == b"STORED"  # the rest of the config serves
+
+
 def test_reload_rejects_bad_config_and_applies_good_one(memcached_factory, router_factory) -> None:
     a, b = memcached_factory(), memcached_factory()
     router = router_factory({"pools": {"p": {"servers": [a.address]}}, "route": "PoolRoute|p"})

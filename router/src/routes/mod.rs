@@ -137,6 +137,9 @@ pub const REGISTRY: &[Handle] = &[
             "distribution_source_region",
             "distribution_secure_writes_enabled",
             "return_error_on_mc_delete_failure",
+            // copies of some servers' requests (shadow.rs)
+            "shadows",
+            "shadow_policy",
         ],
     },
     Handle {
@@ -312,6 +315,7 @@ pub const REGISTRY: &[Handle] = &[
             "before_latency_ms",
             "after_latency_ms",
             "total_latency_ms",
+            "total_latency_percentile_ms",
             "request_payload_latency",
             "max_request_latency_us",
         ],
@@ -435,14 +439,26 @@ pub fn lookup(name: &str) -> Option<&'static Handle> {
 pub const NOT_SUPPORTED: &[(&str, &str)] = &[
     ("BigValueRoute", "values are not split into chunks"),
     ("CarbonLookasideRoute", "it caches Carbon (Thrift) replies"),
-    ("KeyParseRoute", "not implemented"),
-    ("KeySplitRoute", "not implemented"),
-    ("LoggingRoute", "not implemented"),
+    (
+        "KeyParseRoute",
+        "it chooses the part of the key a McBucketRoute below hashes; not implemented",
+    ),
+    (
+        "KeySplitRoute",
+        "it spreads a hot key over replicas by a key suffix; not implemented",
+    ),
+    (
+        "LoggingRoute",
+        "it logs requests to mcrouter's own logger; not implemented",
+    ),
     (
         "OriginalClientHashRoute",
         "it hashes the client's address, which mcrouter takes from Thrift",
     ),
-    ("RateLimitRoute", "not implemented"),
+    (
+        "RateLimitRoute",
+        "token-bucket rate limits per operation; not implemented",
+    ),
     (
         "SetDistributionTargetRoute",
         "there is no distribution layer (see DistributionRoute)",
@@ -465,7 +481,9 @@ pub fn unknown_type(ty: &str) -> String {
         Some((_, why)) => {
             format!("mcrouter's route handle `{ty}` is not supported by squeal-router ({why}; docs/router.md)")
         }
-        None => format!("unknown route handle type `{ty}`"),
+        None => format!(
+            "unknown route handle type `{ty}`: not supported by squeal-router (docs/router.md lists the handles it supports)"
+        ),
     }
 }
 

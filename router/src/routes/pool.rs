@@ -1,7 +1,8 @@
 //! PoolRoute: a HashRoute over the servers of a named (or inline) pool — mcrouter's usual leaf.
 //! As in mcrouter, `"bucketize": true` hashes buckets instead of keys (a McBucketRoute around a
 //! bucket-hashed pool, `mc_bucket.rs`; `useBucketHashSelector` hashes the bucket of a McBucketRoute
-//! above), and `"distribution_enabled": true` puts a DistributionRoute in front.
+//! above), `"distribution_enabled": true` puts a DistributionRoute in front, and `shadows` copy
+//! the requests of some servers to other routes (`shadow.rs`).
 
 use std::sync::Arc;
 
@@ -39,6 +40,8 @@ pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, Stri
             .unwrap_or(true);
         return Ok(super::hash::over_nothing(b, "PoolRoute", &name, error_on_empty));
     }
+    // as in mcrouter, the shadows wrap the pool's servers before anything chooses among them
+    let dests = super::shadow::wrap_pool(b, obj, dests)?;
     if let Some(r) = super::hash::as_route(b, obj, &dests)? {
         return Ok(r);
     }

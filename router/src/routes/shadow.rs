@@ -1,15 +1,18 @@
 //! ShadowRoute (mcrouter's `children` + `shadows`): each child answers as usual, and a copy of
-//! the request goes in the background to each shadow whose `index_range` (child indices,
-//! inclusive; default all) holds the child and whose `key_fraction_range` (default [0, 1])
-//! holds the key's hash. Shadow replies are thrown away: the client's answer — and for a delete,
-//! whether it counts as acknowledged — is only ever the child's. Like Pool|X, the route is one
-//! per child: in a list it stands for all of them, elsewhere it must have one child.
+//! the request goes in the background to each shadow whose `index_range` (child indices
+//! [start, end), as mcrouter reads it; default all, warned: mcrouter shadows none) holds the
+//! child and whose `key_fraction_range` (default [0, 1]) holds the key's hash — or, with
+//! `keys_to_shadow`, whose list holds the routing key. Shadow replies are thrown away: the
+//! client's answer — and for a delete, whether it counts as acknowledged — is only ever the
+//! child's. Like Pool|X, the route is one per child: in a list it stands for all of them,
+//! elsewhere it must have one child. PoolRoute's `shadows` wrap the pool's servers the same way.
 //!
-//! The key's place in [0, 1] is SpookyHashV2-32 of the key over 2^32 (mcrouter's wiki names
-//! SpookyHashV2; its exact seed is not documented, so the shadowed fraction is the same size as
-//! mcrouter's but not necessarily the same keys). `shadow_policy` other than "default" is
-//! rejected.
+//! The key's place in [0, 1] is SpookyHashV2-32 (seed 0) of the routing key over 2^32 − 1,
+//! mcrouter's `routingKeyHash`: the same keys are shadowed (tested on mcrouter's test_shadow.py
+//! vectors). `shadow_policy` other than "default" is rejected; a shadow that cannot be built is
+//! left out with a warning, as mcrouter leaves it out.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
@@ -21,6 +24,18 @@ use crate::protocol::{Reply, Request};
 pub struct Shadow {
     pub target: RouteRef,
     pub key_range: (f64, f64),
+    /// `keys_to_shadow`: when given, exactly these routing keys are shadowed (not `key_range`)
+    pub keys: Option<Arc<HashSet<Vec<u8>>>>,
+}
+
+impl Shadow {
+    /// Does this shadow take the request whose routing key is `key` (at `fraction` of the hash space)?
+    fn takes(&self, key: &[u8], fraction: f64) -> bool {
+        match &self.keys {
+            Some(keys) => keys.contains(key),
+            None => self.key_range.0 <= fraction && fraction <= self.key_range.1,
+        }
+    }
 }
 
 pub struct ShadowRoute {
@@ -35,18 +50,20 @@ fn key_fraction(key: &[u8]) -> f64 {
 impl Route for ShadowRoute {
     fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
         visit(&self.child, req);
-        let f = key_fraction(&req.routing_key());
+        let key = req.routing_key();
+        let f = key_fraction(&key);
         for s in &self.shadows {
-            if s.key_range.0 <= f && f <= s.key_range.1 {
+            if s.takes(&key, f) {
                 visit(&s.target, req);
             }
         }
     }
 
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
-        let f = key_fraction(&req.routing_key());
+        let key = req.routing_key();
+        let f = key_fraction(&key);
         for s in &self.shadows {
-            if s.key_range.0 <= f && f <= s.key_range.1 {
+            if s.takes(&key, f) {
                 super::all_async::spawn_to(&s.target, req);
             }
         }
@@ -55,68 +72,149 @@ impl Route for ShadowRoute {
 
     fn first_get_target(&self, req: &Request) -> Option<&crate::routes::destination::Destination> {
         // a batched get would skip the shadows: only when none takes this key
-        let f = key_fraction(&req.routing_key());
-        if self.shadows.iter().any(|s| s.key_range.0 <= f && f <= s.key_range.1) {
+        let key = req.routing_key();
+        let f = key_fraction(&key);
+        if self.shadows.iter().any(|s| s.takes(&key, f)) {
             return None;
         }
         self.child.first_get_target(req)
+    }
+
+    fn first_server(&self, req: &Request) -> Option<&crate::server::Server> {
+        // the child answers; the shadows only get copies
+        self.child.first_server(req)
     }
 }
 
 fn pair(v: Option<&Value>, field: &str) -> Result<Option<(f64, f64)>, String> {
     let Some(v) = v else { return Ok(None) };
-    let bad = || format!("ShadowRoute: `{field}` must be a list of two numbers");
+    let bad = || format!("`{field}` must be a list of two numbers");
     let a = v.as_array().filter(|a| a.len() == 2).ok_or_else(bad)?;
     Ok(Some((a[0].as_f64().ok_or_else(bad)?, a[1].as_f64().ok_or_else(bad)?)))
 }
 
-/// The routes of a ShadowRoute: one per child.
-pub fn build_list(b: &mut Builder, obj: &Map<String, Value>) -> Result<Vec<RouteRef>, String> {
-    let children = b.children(required(obj, "children", "ShadowRoute")?)?;
+/// One entry of `shadows`: the children (or pool servers) it copies, its target and key range.
+struct Parsed {
+    index_range: (usize, usize),
+    target: RouteRef,
+    key_range: (f64, f64),
+    keys: Option<Arc<HashSet<Vec<u8>>>>,
+}
+
+/// `shadows` and `shadow_policy` of a ShadowRoute or a PoolRoute (`handle`), as mcrouter's
+/// `makeShadowRoutes` reads them: `index_range` [start, end) — end excluded, as mcrouter's
+/// `start <= i < end`; the wiki's Shadowing setup says so too. Like mcrouter, a shadow it cannot
+/// build (not an object, no or a bad `target`, bad ranges) is left out with a warning, and the
+/// route loads with the others.
+fn parse(b: &mut Builder, obj: &Map<String, Value>, handle: &str) -> Result<Vec<Parsed>, String> {
     match obj.get("shadow_policy") {
         None => {}
         Some(Value::String(p)) if p == "default" => {}
         Some(other) => {
             return Err(format!(
-                "ShadowRoute: shadow_policy {other} is not supported (only \"default\")"
+                "{handle}: shadow_policy {other} is not supported (only \"default\")"
             ));
         }
     }
-    let list = required(obj, "shadows", "ShadowRoute")?
-        .as_array()
-        .ok_or("ShadowRoute: `shadows` must be a list")?;
-    // (index range, shadow) pairs
+    let Some(list) = required(obj, "shadows", handle)?.as_array() else {
+        b.warnings.push(format!(
+            "{handle}: `shadows` is not a list: nothing is shadowed (as in mcrouter)"
+        ));
+        return Ok(Vec::new());
+    };
     let mut shadows = Vec::new();
     for (i, s) in list.iter().enumerate() {
-        let s = s
-            .as_object()
-            .ok_or_else(|| format!("ShadowRoute: shadows[{i}] must be an object"))?;
-        let target = b.route(required(s, "target", "ShadowRoute")?)?;
-        let idx = pair(s.get("index_range"), "index_range")?.unwrap_or((0.0, f64::MAX));
-        let keys = pair(s.get("key_fraction_range"), "key_fraction_range")?.unwrap_or((0.0, 1.0));
-        if !(0.0..=1.0).contains(&keys.0) || !(0.0..=1.0).contains(&keys.1) || keys.0 > keys.1 {
-            return Err(format!(
-                "ShadowRoute: shadows[{i}].key_fraction_range must be within [0, 1], low first"
-            ));
+        match one(b, s, handle, i) {
+            Ok(parsed) => shadows.push(parsed),
+            Err(e) => b.warnings.push(format!(
+                "{handle}: shadows[{i}] left out: {e} (mcrouter leaves out a shadow it cannot build)"
+            )),
         }
-        for field in s.keys() {
-            if !["target", "index_range", "key_fraction_range"].contains(&field.as_str()) {
-                b.warnings
-                    .push(format!("ShadowRoute: shadows[{i}]: unknown field `{field}` ignored"));
-            }
-        }
-        shadows.push((idx, target, keys));
     }
-    Ok(children
+    Ok(shadows)
+}
+
+fn one(b: &mut Builder, s: &Value, handle: &str, i: usize) -> Result<Parsed, String> {
+    let s = s.as_object().ok_or("it must be an object")?;
+    let target = b.route(s.get("target").ok_or("missing `target`")?)?;
+    let keys = match s.get("keys_to_shadow") {
+        None => None,
+        Some(list) => {
+            let list = list.as_array().ok_or("`keys_to_shadow` must be a list of keys")?;
+            let keys = list
+                .iter()
+                .map(|k| k.as_str().map(|k| k.as_bytes().to_vec()))
+                .collect::<Option<HashSet<_>>>()
+                .ok_or("`keys_to_shadow` must be a list of keys")?;
+            (!keys.is_empty()).then_some(keys)
+        }
+    };
+    if let Some(keys) = keys {
+        // mcrouter: the listed keys, whichever child they go to; no range may narrow them
+        if s.contains_key("index_range") || s.contains_key("key_fraction_range") {
+            return Err(
+                "a non-empty `keys_to_shadow` cannot be mixed with `index_range` or `key_fraction_range`".into(),
+            );
+        }
+        return Ok(Parsed {
+            index_range: (0, usize::MAX),
+            target,
+            key_range: (0.0, 1.0),
+            keys: Some(Arc::new(keys)),
+        });
+    }
+    let index_range = match pair(s.get("index_range"), "index_range")? {
+        Some((start, end)) if start >= 0.0 && start <= end && end.fract() == 0.0 && start.fract() == 0.0 => {
+            (start as usize, end as usize)
+        }
+        Some(_) => return Err("`index_range` must be two whole numbers, start <= end".into()),
+        None => {
+            b.warnings.push(format!(
+                "{handle}: shadows[{i}] has no `index_range`: here every server is shadowed (mcrouter shadows none)"
+            ));
+            (0, usize::MAX)
+        }
+    };
+    let keys = match pair(s.get("key_fraction_range"), "key_fraction_range")? {
+        Some(range) => range,
+        None => {
+            // mcrouter's range defaults to [0, 0]: only keys hashing to exactly 0
+            b.warnings.push(format!(
+                "{handle}: shadows[{i}] has no `key_fraction_range`: here every key is shadowed (mcrouter shadows none)"
+            ));
+            (0.0, 1.0)
+        }
+    };
+    if !(0.0..=1.0).contains(&keys.0) || !(0.0..=1.0).contains(&keys.1) || keys.0 > keys.1 {
+        return Err("`key_fraction_range` must be within [0, 1], low first".into());
+    }
+    for field in s.keys() {
+        if !["target", "index_range", "key_fraction_range", "keys_to_shadow"].contains(&field.as_str()) {
+            b.warnings
+                .push(format!("{handle}: shadows[{i}]: unknown field `{field}` ignored"));
+        }
+    }
+    Ok(Parsed {
+        index_range,
+        target,
+        key_range: keys,
+        keys: None,
+    })
+}
+
+/// Each of `children` with a ShadowRoute around it when some shadow's index range holds it.
+fn wrap(children: Vec<RouteRef>, shadows: &[Parsed]) -> Vec<RouteRef> {
+    children
         .into_iter()
         .enumerate()
         .map(|(i, child)| {
             let mine = shadows
                 .iter()
-                .filter(|(idx, _, _)| idx.0 <= i as f64 && i as f64 <= idx.1)
-                .map(|(_, target, keys)| Shadow {
-                    target: target.clone(),
-                    key_range: *keys,
+                .filter(|s| s.index_range.0 <= i && i < s.index_range.1)
+                .map(|s| Shadow {
+                    target: s.target.clone(),
+                    key_range: s.key_range,
+                    keys: s.keys.clone(),
                 })
                 .collect::<Vec<_>>();
             if mine.is_empty() {
@@ -125,7 +223,25 @@ pub fn build_list(b: &mut Builder, obj: &Map<String, Value>) -> Result<Vec<Route
                 Arc::new(ShadowRoute { child, shadows: mine }) as RouteRef
             }
         })
-        .collect())
+        .collect()
+}
+
+/// The routes of a ShadowRoute: one per child.
+pub fn build_list(b: &mut Builder, obj: &Map<String, Value>) -> Result<Vec<RouteRef>, String> {
+    let children = b.children(required(obj, "children", "ShadowRoute")?)?;
+    let shadows = parse(b, obj, "ShadowRoute")?;
+    Ok(wrap(children, &shadows))
+}
+
+/// PoolRoute's `shadows` (mcrouter builds them the same way): each server of the pool whose
+/// index a shadow's `index_range` holds copies its requests to that shadow, so a key is shadowed
+/// when the pool's hash sends it to one of those servers.
+pub fn wrap_pool(b: &mut Builder, obj: &Map<String, Value>, servers: Vec<RouteRef>) -> Result<Vec<RouteRef>, String> {
+    if !obj.contains_key("shadows") {
+        return Ok(servers);
+    }
+    let shadows = parse(b, obj, "PoolRoute")?;
+    Ok(wrap(servers, &shadows))
 }
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
@@ -154,6 +270,7 @@ mod tests {
             shadows: vec![Shadow {
                 target: shadow.clone(),
                 key_range: (0.0, 1.0),
+                keys: None,
             }],
         };
         let reply = run(async {
@@ -172,10 +289,140 @@ mod tests {
             shadows: vec![Shadow {
                 target: shadow.clone(),
                 key_range: (2.0, 2.0),
+                keys: None,
             }],
         };
         run(r.route(&req(Cmd::Get, "k")));
         assert_eq!((main.count(), shadow.count()), (2, 1));
+    }
+
+    /// Every handle `key`'s get traverses in `config` (mcrouter's `route_handles`), with the
+    /// load's warnings.
+    fn handles(config: &str, key: &str) -> (Vec<String>, Vec<String>) {
+        fn walk(route: &RouteRef, req: &Request, out: &mut Vec<String>) {
+            out.push(route.route_name());
+            route.traverse(req, &mut |child, r| walk(child, r, out));
+        }
+        run(async {
+            let ctx = crate::Context::new(crate::Options::default(), None);
+            let cfg = crate::config::load(&ctx, config, None).unwrap();
+            let mut r = req(Cmd::Get, key);
+            let root = cfg.route_for(&mut r).ok().unwrap().clone();
+            let mut out = Vec::new();
+            walk(&root, &r, &mut out);
+            (out, cfg.warnings.clone())
+        })
+    }
+
+    fn reaches(handles: &[String], addr: &str) -> bool {
+        handles.iter().any(|h| h.contains(&format!("ap={addr}:")))
+    }
+
+    #[test]
+    fn index_range_ends_before_its_second_number_as_in_mcrouter() {
+        // mcrouter's ShadowRoute takes child i when start <= i < end (ShadowRoute-inl.h); the
+        // wiki's Shadowing setup: `[0, 2]` is the first and second hosts ("non-inclusive")
+        let config = r#"{"pools": {"a": {"servers": ["127.0.0.1:1", "127.0.0.1:2"]},
+                                   "b": {"servers": ["127.0.0.1:9"]}},
+            "route": {"type": "AllSyncRoute", "children": [{"type": "ShadowRoute", "children": "Pool|a",
+                "shadows": [{"target": "PoolRoute|b", "index_range": [0, 1], "key_fraction_range": [0, 1]}]}]}}"#;
+        let (tree, _) = handles(config, "k");
+        let shadowed: Vec<&String> = tree.iter().filter(|h| h.contains("ap=127.0.0.1:9:")).collect();
+        assert_eq!(shadowed.len(), 1, "only child 0 is shadowed: {tree:?}");
+        let at = tree.iter().position(|h| h == "shadow").unwrap();
+        assert!(tree[at + 1].contains("ap=127.0.0.1:1:"), "{tree:?}");
+    }
+
+    #[test]
+    fn a_pool_routes_shadows_copy_the_requests_of_the_servers_in_their_index_range() {
+        // the wiki's Shadowing setup: PoolRoute `shadows`, hosts 0 and 1 of three shadowed
+        let config = r#"{"pools": {"production": {"servers": ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]},
+                                   "test": {"servers": ["127.0.0.1:9"]}},
+            "route": {"type": "PoolRoute", "pool": "production",
+                      "shadows": [{"target": "PoolRoute|test", "index_range": [0, 2], "key_fraction_range": [0, 1]}]}}"#;
+        let mut seen = [0, 0];
+        for i in 0..60 {
+            let (tree, warnings) = handles(config, &format!("key{i}"));
+            assert!(warnings.is_empty(), "{warnings:?}");
+            let shadowed = reaches(&tree, "127.0.0.1:9");
+            let third = reaches(&tree, "127.0.0.1:3");
+            assert_eq!(shadowed, !third, "key{i}: {tree:?}");
+            seen[shadowed as usize] += 1;
+        }
+        assert!(seen[0] > 0 && seen[1] > 0, "{seen:?}");
+        // without a key fraction range every key is shadowed here, warned (mcrouter's default takes none)
+        let everything = config.replace(r#", "key_fraction_range": [0, 1]"#, "");
+        let (_, warnings) = handles(&everything, "k");
+        assert_eq!(
+            warnings,
+            ["PoolRoute: shadows[0] has no `key_fraction_range`: here every key is shadowed (mcrouter shadows none)"]
+        );
+        // a key fraction range that takes no key shadows nothing
+        let none = config.replace("[0, 1]", "[0, 0]");
+        assert!((0..20).all(|i| !reaches(&handles(&none, &format!("key{i}")).0, "127.0.0.1:9")));
+    }
+
+    #[test]
+    fn the_keys_mcrouter_shadows_are_the_keys_shadowed_here() {
+        // mcrouter's test_shadow.py: the keys whose SpookyHashV2-32 (seed 0) falls in a key fraction range
+        let shadowed = |prefix: &str, low: f64, high: f64| -> Vec<usize> {
+            (0..100)
+                .filter(|i| {
+                    let f = key_fraction(format!("{prefix}{i}").as_bytes());
+                    low <= f && f <= high
+                })
+                .collect()
+        };
+        assert_eq!(
+            shadowed("f", 0.0, 0.1),
+            [5, 7, 13, 33, 43, 46, 58, 71, 83, 85, 89, 91, 93]
+        );
+        assert_eq!(shadowed("f", 0.4, 0.5), [9, 10, 20, 26, 32, 34, 42, 47, 54, 63, 64, 98]);
+        assert_eq!(shadowed("b_new", 0.0, 0.1), [10, 11, 15, 34, 40, 43, 47, 71, 93]);
+    }
+
+    #[test]
+    fn a_broken_shadow_is_warned_and_left_out_as_mcrouter_leaves_it_out() {
+        // mcrouter's test_shadow.json: makeShadowRoutes logs each of these and goes on without it
+        let config = r#"{"pools": {"a": {"servers": ["127.0.0.1:1"]}, "b": {"servers": ["127.0.0.1:9"]}},
+            "route": {"type": "PoolRoute", "pool": "a", "shadows": [
+                {"target": "PoolRoute|b", "index_range": [0, 1], "key_fraction_range": [0, 1]},
+                {"target": "NullRoute", "index_range": [0, 1], "key_fraction_range": [-1, 15]},
+                {"target": "do_not_exist", "index_range": [0, 1], "key_fraction_range": [0.0, 1.0]},
+                {"target": "NullRoute", "index_range": 1, "key_fraction_range": 2},
+                12345, {}, []]}}"#;
+        let (tree, warnings) = handles(config, "k");
+        assert!(reaches(&tree, "127.0.0.1:9"), "the good shadow stays: {tree:?}");
+        assert_eq!(tree.iter().filter(|h| *h == "null").count(), 0, "{tree:?}");
+        for (i, why) in [
+            (1, "key_fraction_range` must be within [0, 1]"),
+            (2, "do_not_exist"),
+            (3, "index_range` must be a list of two numbers"),
+            (4, "it must be an object"),
+            (5, "missing `target`"),
+            (6, "it must be an object"),
+        ] {
+            let found = warnings
+                .iter()
+                .any(|w| w.contains(&format!("shadows[{i}]")) && w.contains(why) && w.contains("left out"));
+            assert!(found, "shadows[{i}]: {why}: {warnings:?}");
+        }
+    }
+
+    #[test]
+    fn keys_to_shadow_shadows_exactly_those_keys_hash_stop_ignored() {
+        // mcrouter's test_shadow.py (test_normal_shadow_specific_keys): f101..f106 of f101..f110
+        let config = r#"{"pools": {"a": {"servers": ["127.0.0.1:1", "127.0.0.1:2"]}, "b": {"servers": ["127.0.0.1:9"]}},
+            "route": {"type": "PoolRoute", "pool": "a", "shadows": [
+                {"target": "PoolRoute|b", "keys_to_shadow": ["f101", "f102", "f103", "f104", "f105", "f106"]},
+                {"target": "NullRoute", "keys_to_shadow": ["x"], "index_range": [0, 1]}]}}"#;
+        for i in 101..111 {
+            let (tree, warnings) = handles(config, &format!("f{i}|#|ignored"));
+            assert_eq!(reaches(&tree, "127.0.0.1:9"), i <= 106, "f{i}: {tree:?}");
+            // mixing keys_to_shadow with a range is refused by mcrouter: that shadow is left out
+            assert_eq!(warnings.len(), 1, "{warnings:?}");
+            assert!(warnings[0].contains("shadows[1] left out") && warnings[0].contains("keys_to_shadow"));
+        }
     }
 
     #[test]
