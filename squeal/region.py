@@ -82,6 +82,7 @@ class RegionDaemon:
         stores: Callable[[str], DatamarkerStore] | None = None,
         checkpoint_interval: float = 1.0,
         gate: Callable[[str], Callable[[], bool]] | None = None,
+        instance: str | None = None,
     ) -> None:
         if reactor is None:
             from twisted.internet import reactor as default_reactor
@@ -101,6 +102,7 @@ class RegionDaemon:
             "connect_timeout": connect_timeout,
             "sample_every": sample_every,
             "checkpoint_interval": checkpoint_interval,
+            "instance": instance,  # the HA instance or pool worker this runs in: which copies it reads
         }
         # Write-level series (writes, deletes per write) are the destinations', not a shard's.
         self.metrics = WriteMetrics()
