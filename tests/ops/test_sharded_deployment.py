@@ -47,7 +47,8 @@ def test_status_names_the_shard_of_every_database_copy(sharded) -> None:
     rows = json.loads(squealctl(state, "status", "--json").stdout)
     copies = {(r["shard"], r["region"], r["instance"]): r["role"] for r in rows if r["role"].startswith("mariadb")}
     assert copies == {(s.name, d.region, None): f"mariadb-{d.role}" for s in topo.shards for d in s.copies} | {
-        (s.name, "east", "east-b"): "mariadb-replica" for s in topo.shards  # each shard's extra copy in east
+        (s.name, "east", "east-b"): "mariadb-replica"
+        for s in topo.shards  # each shard's extra copy in east
     }
     assert len(copies) == 12 and all(r["running"] for r in rows)
 
