@@ -164,21 +164,31 @@ class Sender:
     # -- scheduling --------------------------------------------------------------------------------------
 
     def kick(self) -> None:
-        """There may be something to send."""
+        """There may be something to send. What is sent at once leaves at the end of this reactor turn
+        (`callLater(0)`), not here: the shards whose transactions this turn hands on (one handoff each) all
+        enqueue first, and their batches share the write."""
         if self.stopped or self.connecting or self.waiting or len(self.batches) >= self._limit:
             return
-        pending = self._pending()
         if self.batches:
             if any(f.pending_keys >= self.batch_size for f in self.flows):
-                self._send()  # a full batch joins those in flight; a partial one waits for their acks
+                self._send_in(0.0)  # a full batch joins those in flight; a partial one waits for their acks
             return
+        pending = self._pending()
         if pending <= 0 and not any(f.queue for f in self.flows):
             self._check_drained()
             return
         if pending >= self.batch_size or self.flush_interval <= 0:
-            self._send()
-        elif self.timer is None:
-            self.timer = self.reactor.callLater(self.flush_interval, self._on_timer)
+            self._send_in(0.0)
+        else:
+            self._send_in(self.flush_interval)
+
+    def _send_in(self, delay: float) -> None:
+        """Send after `delay` seconds, unless a send is already due that soon."""
+        if self.timer is not None:
+            if self.timer.getTime() <= self.reactor.seconds() + delay:
+                return
+            self.timer.cancel()
+        self.timer = self.reactor.callLater(delay, self._on_timer)
 
     def _on_timer(self) -> None:
         self.timer = None
@@ -194,33 +204,30 @@ class Sender:
         if self.client is None:
             self._connect()
             return
-        # Nothing in flight: one batch from every flow (shard) with something queued, full or not, share one
-        # write. Then, and while batches are in flight, only full batches are pipelined, one write each (as with
-        # a single flow: `batch_size = 1` is one delete per write, the experiments' "unbatched").
-        joined: list[bytes] = []
-        joined_keys = 0
+        # A write carries at most one batch per flow (shard), so `batch_size = 1` with one shard stays one delete
+        # per write (the experiments' "unbatched"). Nothing in flight: one batch from every flow with something
+        # queued, full or not, share the write. Then, and while batches are in flight, only full batches are
+        # pipelined: those of every shard that has one share a write, round after round.
         n = len(self.flows)
-        if not self.batches:
-            for i in range(n):
-                flow = self.flows[(self._next + i) % n]
-                batch = self._take(flow)
-                if batch is not None:
-                    joined.append(batch.payload)
-                    joined_keys += batch.nkeys
-            self._write(joined, joined_keys)
+        full_only = bool(self.batches)
         progress = True
         while progress and len(self.batches) < self._limit:
             progress = False
+            joined: list[bytes] = []
+            joined_keys = 0
             for i in range(n):
                 flow = self.flows[(self._next + i) % n]
                 if len(self.batches) >= self._limit:
                     break
-                if flow.pending_keys < self.batch_size:
+                if full_only and flow.pending_keys < self.batch_size:
                     continue
                 batch = self._take(flow)
                 if batch is not None:
-                    self._write([batch.payload], batch.nkeys)
+                    joined.append(batch.payload)
+                    joined_keys += batch.nkeys
                     progress = True
+            self._write(joined, joined_keys)
+            full_only = True
         self._next = (self._next + 1) % max(1, n)
         self._check_drained()
 

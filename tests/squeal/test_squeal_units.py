@@ -431,7 +431,8 @@ def test_sender_batches_by_timer_fails_over_and_backs_off() -> None:
     assert transport2.value() == b"md a q\r\nmd b q\r\nmn\r\n"
     proto2.dataReceived(b"MN\r\n")
     assert f.acked == {0: (1, 2)} and f.backlog == 0
-    f.offer_live(committed(3, ["c", "d", "e"]))  # a full batch leaves at once, no timer
+    f.offer_live(committed(3, ["c", "d", "e"]))  # a full batch leaves at the end of the reactor turn, no timer
+    reactor.advance(0)
     assert transport2.value().endswith(b"md c q\r\nmd d q\r\nmd e q\r\nmn\r\n")
 
 
@@ -440,6 +441,7 @@ def test_sender_pipelines_full_batches_and_keeps_replies_apart() -> None:
     f = Flow("c0", "cluster", [Address("127.0.0.1", 1001), Address("127.0.0.1", 1002)], {}, 1000)
     s = Sender(f, reactor, batch_size=2, flush_interval=0.0005, reply_timeout=1.0, max_in_flight=2)
     f.offer_live(committed(1, ["a", "b", "c", "d", "e"]))
+    reactor.advance(0)  # (full batches leave at the end of the reactor turn)
     transport, proto = _connect(reactor, 0)
     # Two full batches in flight; the fifth key waits for an ack (no partial batch joins a pipeline).
     assert transport.value() == b"md a q\r\nmd b q\r\nmn\r\nmd c q\r\nmd d q\r\nmn\r\n"
@@ -463,11 +465,13 @@ def test_sender_failure_after_a_shed_hands_back_the_current_batches() -> None:
     f = Flow("c0", "cluster", [Address("127.0.0.1", 1001)], {}, 3)
     s = Sender(f, reactor, batch_size=2, flush_interval=0.0005, reply_timeout=1.0, max_in_flight=4)
     f.offer_live(committed(1, ["a", "b"]))
+    reactor.advance(0)
     transport, proto = _connect(reactor, 0)
     f.offer_live(committed(2, ["c", "d"]))  # backlog 4 > 3: shed while a batch is in flight
     assert f.state == SHED and f.in_flight is None and len(s.batches) == 1
     f.start_catchup()
     f.offer_catchup(committed(1, ["a", "b"]))  # re-read: sent behind the stale batch on the same connection
+    reactor.advance(0)
     assert len(s.batches) == 2 and f.in_flight is s.batches[1][1]
     proto.connectionLost(None)  # nothing acknowledged: the current batch must go back to the flow
     assert f.in_flight is None and f.pending_keys == 2 and not s.batches
@@ -505,6 +509,38 @@ def test_sender_shares_one_connection_and_one_write_among_shards() -> None:
     assert a.pending_keys == 1 and b.pending_keys == 1 and not s.batches
     with pytest.raises(ValueError, match="not for destination"):
         s.add_flow(Flow("c1", "cluster", routers, {}, 1000))
+
+
+def test_full_batches_of_several_shards_share_a_write_while_others_are_in_flight() -> None:
+    """While a write is in flight, the full batches that several shards have ready leave in one write (one batch per
+    shard), not one write each; one shard alone still writes one batch per write (`batch_size = 1`: one delete)."""
+    reactor = MemoryReactorClock()
+    routers = [Address("127.0.0.1", 1001)]
+    flows = [Flow("c0", "cluster", routers, {}, 1000) for _ in range(3)]
+    metrics = Metrics()
+    s = Sender(flows[0], reactor, batch_size=2, flush_interval=0.0005, reply_timeout=1.0, metrics=metrics)
+    for f in flows[1:]:
+        s.add_flow(f)
+    flows[0].offer_live(committed(1, ["x"]))
+    reactor.advance(0.001)
+    transport, proto = _connect(reactor, 0)
+    transport.clear()  # the first write (one delete) is in flight
+    for i, f in enumerate(flows):  # then every shard has a full batch (each handed on by its own handoff)
+        f.offer_live(committed(10 + i, [f"k{i}a", f"k{i}b"]))
+    reactor.advance(0)  # the end of the reactor turn
+    writes = metrics.writes.labels(flow="c0")._value.get()
+    assert writes == 2, writes  # the first one, and one more carrying the three full batches
+    assert transport.value().count(b"mn\r\n") == 3 and metrics.deletes_per_write.labels(flow="c0")._sum.get() == 7
+    for _ in range(4):
+        proto.dataReceived(b"MN\r\n")
+    assert all(f.acked == {0: (1, 10 + i)} for i, f in enumerate(flows)) and s.drained()
+    # one shard, batch_size 1: one delete per write, however many are ready
+    one = Flow("c1", "cluster", routers, {}, 1000)
+    alone = Sender(one, reactor, batch_size=1, flush_interval=0.0005, reply_timeout=1.0, metrics=metrics)
+    one.offer_live(committed(20, ["a", "b", "c"]))
+    reactor.advance(0.001)
+    _connect(reactor, 1)
+    assert metrics.writes.labels(flow="c1")._value.get() == 3 and alone.batches
 
 
 class _ThreadReactor:
