@@ -18,6 +18,7 @@ exponential backoff. A dead destination only ever delays its own flow.
 
 from __future__ import annotations
 
+import functools
 import logging
 import ssl
 import time
@@ -138,7 +139,7 @@ class Sender:
         if flow.name != self.name or flow.destinations != self.destinations:
             raise ValueError(f"flow {flow.name} ({flow.destinations}) is not for destination {self.name}")
         self.flows.append(flow)
-        flow.on_ready = self.kick
+        flow.on_ready = functools.partial(self.kick, flow)
 
     def remove_flow(self, flow: Flow) -> None:
         """A shard's pipeline stopped: its flow leaves (whatever it has in flight is handed back to it)."""
@@ -163,16 +164,22 @@ class Sender:
 
     # -- scheduling --------------------------------------------------------------------------------------
 
-    def kick(self) -> None:
-        """There may be something to send. What is sent at once leaves at the end of this reactor turn
-        (`callLater(0)`), not here: the shards whose transactions this turn hands on (one handoff each) all
-        enqueue first, and their batches share the write."""
+    def kick(self, flow: Flow | None = None) -> None:
+        """There may be something to send (from `flow`, or from any flow). What is sent at once leaves at the
+        end of this reactor turn (`callLater(0)`), not here: the shards whose transactions this turn hands on
+        (one handoff each) all enqueue first, and their batches share the write. Called for every transaction
+        queued: what it looks at does not grow with the number of shards, unless a send may be due."""
         if self.stopped or self.connecting or self.waiting or len(self.batches) >= self._limit:
             return
+        timer = self.timer
+        if timer is not None and timer.getTime() <= self.reactor.seconds():
+            return  # a send at the end of this turn already looks at every flow
         if self.batches:
-            if any(f.pending_keys >= self.batch_size for f in self.flows):
+            if any(f.pending_keys >= self.batch_size for f in (self.flows if flow is None else (flow,))):
                 self._send_in(0.0)  # a full batch joins those in flight; a partial one waits for their acks
             return
+        if timer is not None and flow is not None and flow.pending_keys < self.batch_size:
+            return  # the flush timer runs: this flow adds nothing that would send sooner
         pending = self._pending()
         if pending <= 0 and not any(f.queue for f in self.flows):
             self._check_drained()
@@ -318,7 +325,8 @@ class Sender:
             m.deletes.labels(flow=flow.name).inc(batch.nkeys)
         if self.sampler is not None:
             self.sampler.offer(self.name, batch.payload, batch.nkeys, time.time())
-        self.kick()
+        if not self.batches or len(self.batches) == self._limit - 1:
+            self.kick()  # partial batches may leave now, or full ones again below the limit (`flow`'s: its ack)
 
     def _on_timeout(self) -> None:
         self.timeout = None
