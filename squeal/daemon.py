@@ -51,7 +51,7 @@ from squeal.datamarkers import (
 )
 from squeal.flows import LIVE, Committed, Dispatcher, Flow, flows_for_region
 from squeal.metrics import CertExpiry, Metrics, WriteMetrics, own_certificates
-from squeal.pipeline import Handoff, KeyStage, ReadLoop
+from squeal.pipeline import Handoff, HandoffGroup, KeyStage, ReadLoop
 from squeal.reader import (
     BinlogReader,
     DataLoss,
@@ -205,6 +205,7 @@ class Daemon:
         shard: str | None = None,
         hub: SenderHub | None = None,
         instance: str | None = None,
+        handoffs: HandoffGroup | None = None,
     ) -> None:
         if reactor is None:
             from twisted.internet import reactor as default_reactor
@@ -242,6 +243,9 @@ class Daemon:
         # Shared batchers (a RegionDaemon's), or our own: one Sender per destination either way.
         self.hub = hub or SenderHub(reactor, self.settings, self.metrics, self.sampler, reply_timeout, tls=topology.tls)
         self.source = source_for(self.database)  # (the source poller's)
+        # The reactor's side of the live reader's hand-off: shared by a RegionDaemon's shards, else our own.
+        self.handoffs = handoffs or HandoffGroup(reactor)
+        self._live_handoff: Handoff | None = None
         self.extractor = KeyExtractor(self.rules)
         prefixes = self.region.regional_pool.prefixes if self.region.regional_pool else ()
         self.stage = KeyStage(self.extractor, prefixes, self.metrics, rules=self.rules)
@@ -427,7 +431,13 @@ class Daemon:
         # The parents of cascading foreign keys are read too (their row events signal the cascades).
         self.read_tables = self.extractor.tables | self.stage.bulk.parents
         reader = self._reader(start, "live")
-        handoff = Handoff(self.reactor, self._deliver_live, bound=max(100, s.max_backlog // 4), ready=self._live_room)
+        handoff = self._live_handoff = Handoff(
+            self.reactor,
+            self._deliver_live,
+            bound=max(100, s.max_backlog // 4),
+            ready=self._live_room,
+            group=self.handoffs,
+        )
         self.live = ReadLoop(reader, self.stage, handoff.put, self.metrics, xa=self.xa, on_data_loss=self._on_data_loss)
         self.metrics.reader_connected.labels(reader="live").set_function(lambda: int(reader.connected.is_set()))
         self.source_poller = SourcePoller(
@@ -904,6 +914,8 @@ class Daemon:
     def _stop_reading(self) -> None:
         """Stop the live reader, the source poller and every catch-up reader (shutdown and hand-on)."""
         self.stopping = True
+        if self._live_handoff is not None:
+            self._live_handoff.close()
         if self.live is not None:
             self.live.reader.stop()
         if self.source_poller is not None:

@@ -557,6 +557,33 @@ class _ThreadReactor:
         self.woken.append((f, args))
 
 
+def test_handoffs_of_a_group_wake_the_reactor_once_and_drain_in_one_turn() -> None:
+    """A region's shards share one `HandoffGroup`: transactions read by several shards cost one wake-up and reach
+    the flows in the same reactor turn; a closed hand-off is still drained, then forgotten."""
+    from squeal.pipeline import Handoff, HandoffGroup
+
+    reactor = _ThreadReactor()
+    group = HandoffGroup(reactor, chunk=10, linger=0.001)
+    got: list[tuple[str, list[int]]] = []
+    a = Handoff(reactor, lambda items: got.append(("a", [c.gtid[2] for c in items])), group=group)
+    b = Handoff(reactor, lambda items: got.append(("b", [c.gtid[2] for c in items])), group=group)
+    a.put(committed(1, ["x"]))
+    b.put(committed(2, ["y"]))
+    a.put(committed(3, ["z"]))
+    assert len(reactor.woken) == 1  # one wake-up for both shards
+    f, args = reactor.woken.pop()
+    f(*args)
+    assert got == [("a", [1, 3]), ("b", [2])]  # one turn
+    b.put(committed(4, ["w"]))  # busy: the group looks again after `linger`, no wake-up
+    assert reactor.woken == []
+    b.close()
+    reactor.clock.advance(0.001)
+    assert got[-1] == ("b", [4]) and group.members == [a]  # delivered, then forgotten
+    reactor.clock.advance(0.001)  # a look that finds nothing: the next transaction wakes the reactor again
+    a.put(committed(5, ["v"]))
+    assert len(reactor.woken) == 1
+
+
 def test_handoff_wakes_once_then_lingers_while_busy() -> None:
     from squeal.pipeline import Handoff
 
