@@ -14,9 +14,10 @@
    write (squeal_deletes_per_write: mean, median interpolated in its buckets as Prometheus' histogram_quantile
    does, and the share of writes carrying more than 16), which should grow with N at a fixed total rate, since
    the shards' batches to one cluster share one connection and one write; writes and deletes per second per
-   cluster, and the delivery latency (binlog read -> delete acknowledged, p50 and p99 interpolated) that the
-   packing costs. `--flush-ms` repeats the live rounds for each `[squeal] flush_interval_ms` given: how much
-   a longer coalescing window packs, and what it adds to the latency.
+   cluster, the delivery latency (binlog read -> delete acknowledged, p50 and p99 interpolated) that the
+   packing costs, and squeal's CPU time per 1,000 transactions (all threads, load start to last ack).
+   `--flush-ms` repeats the live rounds for each `[squeal] flush_interval_ms` given: how much a longer
+   coalescing window packs, and what it adds to the latency.
 """
 
 from __future__ import annotations
@@ -189,6 +190,8 @@ def live_round(
                 time.sleep(max(0.0, next_at - time.monotonic()))
 
     try:
+        proc = psutil.Process(daemon.proc.pid)
+        cpu0 = sum(proc.cpu_times()[:2])
         threads = [threading.Thread(target=writer, args=(i,)) for i in range(n)]
         for t in threads:
             t.start()
@@ -196,6 +199,7 @@ def live_round(
             t.join()
         targets = {f"s{i}": seq(db.gtid_binlog_pos(), DOMAIN + i) for i, db in enumerate(dbs)}
         wait_until(lambda: acked_all(daemon, targets), 120, "the live load to be acknowledged", interval=0.05)
+        cpu = sum(proc.cpu_times()[:2]) - cpu0  # (from the load's start until all of it is acknowledged)
         text = scrape(daemon.port)
     finally:
         daemon.stop(grace=10)
@@ -214,6 +218,7 @@ def live_round(
         "deletes_per_s": deletes / seconds / len(caches),
         "latency_p50_ms": 1000 * (quantile(0.5, latency) or 0.0),
         "latency_p99_ms": 1000 * (quantile(0.99, latency) or 0.0),
+        "cpu_ms_per_1k_txn": 1e6 * cpu / max(1, sum(sent)),
     }
 
 
@@ -254,15 +259,15 @@ def main() -> int:
         lives = [live_round(base, dbs[:n], caches, args.rate, args.seconds, f) for f in flushes for n in counts]
         print(
             "\n| flush ms | shards | txn/s (all shards) | writes/s per cluster | deletes/s per cluster "
-            "| deletes per write: mean | median | writes > 16 | delivery p50 ms | p99 ms |"
+            "| deletes per write: mean | median | writes > 16 | delivery p50 ms | p99 ms | squeal CPU ms / 1k txn |"
         )
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in lives:
             print(
                 f"| {r['flush_ms']:g} | {r['shards']} | {r['txn_per_s']:.0f} | {r['writes_per_s']:.0f} | "
                 f"{r['deletes_per_s']:.0f} | {r['deletes_per_write_mean']:.2f} | "
                 f"{r['deletes_per_write_median'] or 0:.1f} | {r['over_16']:.0%} | {r['latency_p50_ms']:.1f} | "
-                f"{r['latency_p99_ms']:.1f} |"
+                f"{r['latency_p99_ms']:.1f} | {r['cpu_ms_per_1k_txn']:.0f} |"
             )
         print(f"\nload average at the end: {os.getloadavg()}")
     finally:
