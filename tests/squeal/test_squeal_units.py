@@ -12,6 +12,7 @@ from twisted.internet.testing import MemoryReactorClock, StringTransport
 
 from router_config import Address, Rule, predicate
 from squeal import gtid as g
+from squeal import reader as reader_module
 from squeal.batcher import DeleteProtocol, Sender
 from squeal.cli import main as cli_main
 from squeal.datamarkers import FileDatamarkerStore
@@ -675,3 +676,45 @@ def test_delete_sampler_skips_base64_keys():
     sampler = DeleteSampler(every=1)
     sampler.offer("a", b"md a2V5 b q\r\nmd plain q\r\nmn\r\n", 2, 1.0)
     assert [s.key for s in sampler.recent()] == ["plain"]
+
+
+class _ScriptedReader(reader_module._Reconnecting):
+    """A reader whose connections follow a script per copy: "lost" (a connection that fails), "behind" (error
+    1236: the copy cannot serve the position), or a list of events to stream before stopping."""
+
+    def __init__(self, sources: list, script: dict[int, list]) -> None:
+        super().__init__(sources, {1: (1, 5)}, set(), name="t")
+        self.script = script
+        self.opened: list[int] = []
+
+    def _read_once(self):
+        self.opened.append(self.current)
+        step = self.script[self.current].pop(0) if self.script[self.current] else "lost"
+        if step == "lost":
+            raise reader_module._StreamEnded(2013, "lost")
+        if step == "behind":
+            raise reader_module._StreamEnded(reader_module.BINLOG_GONE, "not in the master's binlog")
+        self._on_connected()
+        yield from step
+        self.stop()
+
+
+def test_a_reader_leaves_a_failing_or_lagging_copy_for_the_next_and_judges_data_loss_only_on_the_last(
+    monkeypatch,
+) -> None:
+    monkeypatch.setattr(reader_module, "PROBE_S", 3600.0)  # (the probe needs a server: not in this test)
+    copies = [reader_module.Source("h", 1, "u", "p", copy="s@r"), reader_module.Source("h", 2, "u", "p", copy="s@east")]
+    # one lost connection is retried on the same copy; the second in a row moves to the next copy
+    r = _ScriptedReader(copies, {0: ["lost", "lost"], 1: [["event"]]})
+    r._backoff = 0.0
+    events = list(r)
+    assert r.opened == [0, 0, 1] and r.current == 1 and r.switches == 1
+    assert not [e for e in events if isinstance(e, reader_module.DataLoss)]
+    # a copy behind the position to resume from (1236) is left at once: not data loss, which only the last judges
+    r = _ScriptedReader(copies, {0: ["behind"], 1: [["event"]]})
+    events = list(r)
+    assert r.opened == [0, 1] and not [e for e in events if isinstance(e, reader_module.DataLoss)]
+    monkeypatch.setattr(reader_module._Reconnecting, "_data_loss", lambda self, message: ("loss", self.current))
+    r = _ScriptedReader(copies, {0: ["behind"], 1: ["behind", ["event"]]})
+    events = list(r)
+    assert ("loss", 1) in events and r.opened == [0, 1, 1]
