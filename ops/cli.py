@@ -353,7 +353,11 @@ def _dispatch(args: argparse.Namespace) -> int:
             )
         for shard in topo.shards if topo.sharded else ():
             copies = ", ".join(f"{d.region} {d.address} (server_id {d.server_id})" for d in shard.copies)
-            print(f"shard {shard.name} (GTID domain {shard.gtid_domain_id}): {copies}")
+            extra = "".join(
+                f", extra copy {d.name} in {d.region} {d.address} (server_id {d.server_id}, from {d.replicates_from})"
+                for d in shard.replicas
+            )
+            print(f"shard {shard.name} (GTID domain {shard.gtid_domain_id}): {copies}{extra}")
         print(f"{len(topo.rules)} invalidation rules")
         return 0
     if args.command == "warmup":
