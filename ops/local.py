@@ -586,8 +586,11 @@ class Deployment:
                 if c.instance:
                     row["state"] = body.get("state")
                     row["leader"] = (body.get("ha") or {}).get("leader")
-                if isinstance(body.get("shards"), dict):  # [shards]: the shards this daemon reads now
+                if isinstance(body.get("shards"), dict):  # [shards]: the shards this daemon reads now, and which copy
                     row["shards"] = sorted(body["shards"])
+                    row["copies"] = {
+                        shard: (st.get("reads") or {}).get("name") for shard, st in sorted(body["shards"].items())
+                    }
             if c.role == "zookeeper":
                 row["mode"] = zookeeper_mode(c.address, zk_tls) if row["answering"] else None
                 row["serving"] = row["mode"] is not None

@@ -61,6 +61,11 @@ def test_status_names_the_shard_of_every_database_copy(sharded) -> None:
     rows = json.loads(squealctl(state, "status", "--json").stdout)
     shards = sorted(s.name for s in topo.shards)
     assert all(r["shards"] == shards for r in rows if r.get("instance") in leaders)  # who reads each shard
+    # ... from which copy: east-2 names the extra copies east-b, the others read their region's copy
+    for r in rows:
+        if r.get("instance") in leaders:
+            copy = "east-b" if r["instance"] == "east-2" else r["region"]
+            assert r["copies"] == {s: f"{s}@{copy}" for s in shards}, r
     assert all("shards" not in r for r in rows if r.get("state") == "standby")
     text = squealctl(state, "status").stdout
     assert text.count(f"reads 4 shards ({', '.join(shards)})") == 2, text
