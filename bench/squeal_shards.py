@@ -14,8 +14,10 @@
    write (squeal_deletes_per_write: mean, median interpolated in its buckets as Prometheus' histogram_quantile
    does, and the share of writes carrying more than 16), which should grow with N at a fixed total rate, since
    the shards' batches to one cluster share one connection and one write; writes and deletes per second per
-   cluster, the delivery latency (binlog read -> delete acknowledged, p50 and p99 interpolated) that the
-   packing costs, and squeal's CPU time per 1,000 transactions (all threads, load start to last ack).
+   cluster (from the load's start to the last acknowledgement), the delivery latency (binlog read -> delete
+   acknowledged, p50 and p99 interpolated) that the packing costs, squeal's CPU time per 1,000 transactions
+   (all threads, same window), and how long after the load the last delete was acknowledged (> ~1 s: squeal
+   fell behind the load, and its read-to-ack latency alone does not show it).
    `--flush-ms` repeats the live rounds for each `[squeal] flush_interval_ms` given: how much a longer
    coalescing window packs, and what it adds to the latency.
 """
@@ -175,7 +177,8 @@ def live_round(
     (work / "topology.toml").write_text(topology(dbs, schema, caches, flush_ms))
     daemon = SquealDaemon(work / "topology.toml", "east", workdir=work, state_dir=work / "state")
     daemon.start()
-    stop = time.monotonic() + seconds
+    started = time.monotonic()
+    stop = started + seconds
     sent = [0] * n
 
     def writer(i: int) -> None:  # rate/n transactions a second on shard i, paced by the clock
@@ -197,8 +200,10 @@ def live_round(
             t.start()
         for t in threads:
             t.join()
+        loaded = time.monotonic()
         targets = {f"s{i}": seq(db.gtid_binlog_pos(), DOMAIN + i) for i, db in enumerate(dbs)}
         wait_until(lambda: acked_all(daemon, targets), 120, "the live load to be acknowledged", interval=0.05)
+        done = time.monotonic()  # (a squeal that lags behind the load is still working after it: `behind_s`)
         cpu = sum(proc.cpu_times()[:2]) - cpu0  # (from the load's start until all of it is acknowledged)
         text = scrape(daemon.port)
     finally:
@@ -214,8 +219,9 @@ def live_round(
         "deletes_per_write_mean": deletes / max(writes, 1),
         "deletes_per_write_median": quantile(0.5, per_write),
         "over_16": 1 - per_write.get(16.0, 0.0) / max(writes, 1),
-        "writes_per_s": writes / seconds / len(caches),  # per cluster (squeal sends the same keys to each)
-        "deletes_per_s": deletes / seconds / len(caches),
+        "writes_per_s": writes / (done - started) / len(caches),  # per cluster (each gets the same keys)
+        "deletes_per_s": deletes / (done - started) / len(caches),
+        "behind_s": done - loaded,
         "latency_p50_ms": 1000 * (quantile(0.5, latency) or 0.0),
         "latency_p99_ms": 1000 * (quantile(0.99, latency) or 0.0),
         "cpu_ms_per_1k_txn": 1e6 * cpu / max(1, sum(sent)),
@@ -259,15 +265,16 @@ def main() -> int:
         lives = [live_round(base, dbs[:n], caches, args.rate, args.seconds, f) for f in flushes for n in counts]
         print(
             "\n| flush ms | shards | txn/s (all shards) | writes/s per cluster | deletes/s per cluster "
-            "| deletes per write: mean | median | writes > 16 | delivery p50 ms | p99 ms | squeal CPU ms / 1k txn |"
+            "| deletes per write: mean | median | writes > 16 | delivery p50 ms | p99 ms | squeal CPU ms / 1k txn "
+            "| last ack after the load, s |"
         )
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in lives:
             print(
                 f"| {r['flush_ms']:g} | {r['shards']} | {r['txn_per_s']:.0f} | {r['writes_per_s']:.0f} | "
                 f"{r['deletes_per_s']:.0f} | {r['deletes_per_write_mean']:.2f} | "
                 f"{r['deletes_per_write_median'] or 0:.1f} | {r['over_16']:.0%} | {r['latency_p50_ms']:.1f} | "
-                f"{r['latency_p99_ms']:.1f} | {r['cpu_ms_per_1k_txn']:.0f} |"
+                f"{r['latency_p99_ms']:.1f} | {r['cpu_ms_per_1k_txn']:.0f} | {r['behind_s']:.1f} |"
             )
         print(f"\nload average at the end: {os.getloadavg()}")
     finally:
