@@ -919,8 +919,11 @@ class _Builder:
                 copies[d.name] = (d, here)
         if topo.sharded:
             server_ids: dict[int, str] = {}
-            every = [(sh, d) for sh in topo.shards for d in sh.copies]  # (then the extra copies: named as at fault)
-            for sh, d in every + [(sh, d) for sh in topo.shards for d in sh.replicas]:
+            # every shard's copies, then the extra copies: a clash names the extra copy as the one at fault
+            ordered = [(s, d) for s in topo.shards for d in s.copies] + [
+                (s, d) for s in topo.shards for d in s.replicas
+            ]
+            for sh, d in ordered:
                 extra = d.name.partition("@")[2]
                 if extra == d.region:
                     here, what = f"shards.{sh.name}.{d.region}.server_id", f"region {d.region}"

@@ -356,7 +356,10 @@ LAYOUT_BASE = (
     '[regions.west]\n[regions.west.clusters.c1]\nrouters = ["127.0.0.1:3"]\n'
     'pools.wildcard = { servers = ["127.0.0.1:4"] }\n'
 )
-GROUP = "[shards.u]\ncount = 3\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\nwest = { port = 20, server_id = 10 }\n"
+GROUP = (
+    "[shards.u]\ncount = 3\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\n"
+    "west = { port = 20, server_id = 10 }\n"
+)
 
 
 def test_extra_copies_per_shard_expand_like_the_shards() -> None:
