@@ -9,9 +9,9 @@
    rows per CPU-second of the squeal process (all threads) from /healthz answering to every flow having
    acknowledged the last GTID of its shard, as a ratio to the 1-shard figure of the same run (target >= 0.8:
    sharding must not cost per row), and squeal's RSS at the end, per shard.
-2. Aggregation: a paced write load of `--rate` single-row transactions per second in total (2 keys each),
-   spread round robin over the N shards for `--seconds` (the rate reported is the one the writers achieved: a
-   busy box may not reach `--rate`), while squeal follows live. Reported: deletes per
+2. Aggregation: a paced write load of `--rate` single-row transactions per second in total (2 keys each), from
+   8 writer connections spread round robin over the N shards for `--seconds` (the rate reported is the one the
+   writers achieved: a busy box may not reach `--rate`), while squeal follows live. Reported: deletes per
    write (squeal_deletes_per_write: mean, median interpolated in its buckets as Prometheus' histogram_quantile
    does, and the share of writes carrying more than 16), which should grow with N at a fixed total rate, since
    the shards' batches to one cluster share one connection and one write; writes and deletes per second per
@@ -42,6 +42,7 @@ from ops.harness import MariaDB, Memcached, SquealDaemon, free_port, wait_until
 from squeal import probe_health
 
 DOMAIN = 30  # shard i runs in GTID domain 30 + i
+WRITERS = 8  # writer connections of the live load, spread round robin over the shards
 SCHEMA = "CREATE TABLE users (id INT PRIMARY KEY, email VARCHAR(200), name VARCHAR(200), n INT) ENGINE=InnoDB"
 
 
@@ -180,23 +181,25 @@ def live_round(
     daemon.start()
     started = time.monotonic()
     stop = started + seconds
-    sent = [0] * n
+    writers = max(n, WRITERS)  # the same writers whatever N: one shard is not held back by a single connection
+    sent = [0] * writers
 
-    def writer(i: int) -> None:  # rate/n transactions a second on shard i, paced by the clock, until `stop`
-        interval = n / rate
-        with dbs[i].connect(schema) as conn, conn.cursor() as cur:
+    def writer(j: int) -> None:  # rate/writers transactions a second on shard j % n, paced by the clock, until `stop`
+        interval = writers / rate
+        with dbs[j % n].connect(schema) as conn, conn.cursor() as cur:
             k, next_at = 0, time.monotonic()
             while time.monotonic() < stop:  # (a box too busy for the rate ends on time, at a lower rate)
                 k += 1
-                cur.execute("INSERT INTO users VALUES (%s, %s, 'x', 0)", (k, f"e{k}@x"))
-                sent[i] += 1
+                row = k * writers + j  # (unique on the shard whichever writers share it)
+                cur.execute("INSERT INTO users VALUES (%s, %s, 'x', 0)", (row, f"e{row}@x"))
+                sent[j] += 1
                 next_at += interval
                 time.sleep(max(0.0, next_at - time.monotonic()))
 
     try:
         proc = psutil.Process(daemon.proc.pid)
         cpu0 = sum(proc.cpu_times()[:2])
-        threads = [threading.Thread(target=writer, args=(i,)) for i in range(n)]
+        threads = [threading.Thread(target=writer, args=(j,)) for j in range(writers)]
         for t in threads:
             t.start()
         for t in threads:
