@@ -26,7 +26,7 @@ import socket
 import ssl
 import threading
 from collections.abc import Iterator, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from struct import error as struct_error  # a truncated packet after a socket shutdown
 from typing import Any
 
@@ -100,7 +100,7 @@ class Source:
     ssl_ca: str | None = None
     ssl_cert: str | None = None
     ssl_key: str | None = None
-    copy: str = ""  # the topology's name of this copy (`users-0@east-b`), for log lines
+    copy: str = field(default="", compare=False)  # the topology's name of the copy, for log lines: not where it is
 
     def __str__(self) -> str:
         return f"MariaDB {self.host}:{self.port}" + (f" ({self.copy})" if self.copy else "")
