@@ -298,11 +298,11 @@ def test_sharded_topology_renders_no_unit_per_shard(tmp_path):
         (c["shard"], c["region"], c["instance"], c["address"]) for c in listed if c["role"].startswith("mariadb-")
     }
     assert copies == {(sh.name, d.region, None, str(d.address)) for sh in topo.shards for d in sh.copies} | {
-        (sh.name, d.region, "east-b", str(d.address)) for sh in topo.shards for d in sh.replicas
+        (sh.name, d.region, "east-r", str(d.address)) for sh in topo.shards for d in sh.replicas
     }
     assert len(copies) == 12  # the extra copies ([shards.users.replicas.east-b]) too
     described = systemd.describe_databases(topo, "127.0.0.1")
-    assert "shard users-2's extra copy users-2@east-b in east (127.0.0.1:13432, server_id 432, from users-2@east)" in (
+    assert "shard users-2's extra copy users-2@east-r in east (127.0.0.1:13432, server_id 432, from users-2@east)" in (
         described
     ), described
     assert {c["instance"] for c in listed if c["role"] == "squeal"} == {"east-1", "east-2", "west-1", "west-2"}
