@@ -242,21 +242,28 @@ class HandoffGroup:
 
     def __init__(self, reactor: Any, chunk: int = 200, linger: float = 0.001) -> None:
         self.reactor = reactor
-        self.chunk = chunk  # transactions per hand-off per turn, so sockets (acks, sends) are served between
+        # transactions per turn, all hand-offs together, so sockets (acks, sends) are served between however
+        # many shards have a backlog; shared out from a rotating first hand-off, so none waits behind the others
+        self.chunk = chunk
         self.linger = linger
         self.members: list[Handoff] = []
         self._cond = threading.Condition()  # guards every member's items and weight, and `_scheduled`
         self._scheduled = False
+        self._first = 0
 
     def _drain(self) -> None:  # reactor thread
         taken: list[tuple[Handoff, list[Committed]]] = []
         more = held = False
         with self._cond:
-            for h in list(self.members):
+            members = self.members[self._first :] + self.members[: self._first]
+            self._first = (self._first + 1) % max(1, len(self.members))
+            room = self.chunk
+            for h in members:
                 if h.ready is not None and h._items and not h.ready():
                     held = True  # (still scheduled: put() won't wake us)
                     continue
-                n = min(self.chunk, len(h._items))
+                n = min(room, len(h._items))
+                room -= n
                 if n:
                     items = [h._items.popleft() for _ in range(n)]
                     h._weight -= sum(h._weigh(c) for c in items)

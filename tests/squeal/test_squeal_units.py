@@ -583,6 +583,20 @@ def test_handoffs_of_a_group_wake_the_reactor_once_and_drain_in_one_turn() -> No
     reactor.clock.advance(0.001)  # a look that finds nothing: the next transaction wakes the reactor again
     a.put(committed(5, ["v"]))
     assert len(reactor.woken) == 1
+    # `chunk` bounds a turn for all the hand-offs together (sockets are served between turns), and each turn
+    # starts from the next hand-off, so a shard with a backlog does not hold the others back
+    reactor = _ThreadReactor()
+    group = HandoffGroup(reactor, chunk=3, linger=0.001)
+    delivered: list[list[int]] = []
+    several = [Handoff(reactor, lambda items: delivered.append([c.gtid[2] for c in items]), group=group) for _ in "xy"]
+    for i, h in enumerate(several):
+        for k in range(6 if i == 0 else 3):  # the first has a backlog
+            h.put(committed(10 * i + k, ["k"]))
+    f, args = reactor.woken.pop()
+    f(*args)
+    assert delivered == [[0, 1, 2]]  # one turn: three transactions, not three of each hand-off
+    reactor.clock.advance(0)  # (more is waiting: the next turns at once, from the next hand-off on)
+    assert delivered == [[0, 1, 2], [10, 11, 12], [3, 4, 5]]
 
 
 def test_handoff_wakes_once_then_lingers_while_busy() -> None:
