@@ -257,51 +257,56 @@ class _Builder:
                         f"used by {domains[domain + i]}: each shard needs its own domain",
                     )
                 domains[domain + i] = f"shard {name}"
-                copies = []
-                for region, (host, port, server_id) in copies_doc.items():
-                    at = f"{here}.{region}.port" + (f" (+{i}, shard {name})" if count is not None else "")
-                    if port + i > 65535:
-                        raise self.fail(at, f"port {port + i} is out of range 1-65535")
-                    self.claim(host, port + i, at)
-                    copies.append(
-                        Database(
-                            role="primary" if region == master else "replica",
-                            host=host,
-                            port=port + i,
-                            server_id=server_id + i,
-                            user=user,
-                            password=password,
-                            tls=self.tls_settings,
-                            name=f"{name}@{region}",
-                            shard=name,
-                            region=region,
-                            gtid_domain_id=domain + i,
-                        )
+                spec = (here, count, user, password, domain)
+                copies = [
+                    self.shard_copy(
+                        spec, i, name, region, host, port, server_id, "primary" if region == master else "replica"
                     )
-                replicas = []
-                for rname, (region, host, port, server_id, source) in replicas_doc.items():
-                    at = f"{here}.replicas.{rname}.port" + (f" (+{i}, shard {name})" if count is not None else "")
-                    if port + i > 65535:
-                        raise self.fail(at, f"port {port + i} is out of range 1-65535")
-                    self.claim(host, port + i, at)
-                    replicas.append(
-                        Database(
-                            role="replica",
-                            host=host,
-                            port=port + i,
-                            server_id=server_id + i,
-                            user=user,
-                            password=password,
-                            tls=self.tls_settings,
-                            name=f"{name}@{rname}",
-                            replicates_from=f"{name}@{source}",
-                            shard=name,
-                            region=region,
-                            gtid_domain_id=domain + i,
-                        )
-                    )
+                    for region, (host, port, server_id) in copies_doc.items()
+                ]
+                replicas = [
+                    self.shard_copy(spec, i, name, region, host, port, server_id, "replica", rname, source)
+                    for rname, (region, host, port, server_id, source) in replicas_doc.items()
+                ]
                 out.append(Shard(name, tuple(copies), domain + i, replicas=tuple(replicas)))
         return tuple(out)
+
+    def shard_copy(
+        self,
+        spec: tuple[str, int | None, str, str, int],
+        i: int,
+        name: str,
+        region: str,
+        host: str,
+        port: int,
+        server_id: int,
+        role: str,
+        extra: str = "",
+        source: str = "",
+    ) -> Database:
+        """Copy of shard i (`name`) of a [shards.NAME] group (`spec`: its key path, count, account and GTID
+        domain) in `region`: the region's copy, or with `extra` the extra copy R replicating from `source`. Its
+        port and server id are the group's + i; the port is claimed under the key that gave it."""
+        here, count, user, password, domain = spec
+        at = f"{here}.{'replicas.' + extra if extra else region}.port"
+        at += f" (+{i}, shard {name})" if count is not None else ""
+        if port + i > 65535:
+            raise self.fail(at, f"port {port + i} is out of range 1-65535")
+        self.claim(host, port + i, at)
+        return Database(
+            role=role,
+            host=host,
+            port=port + i,
+            server_id=server_id + i,
+            user=user,
+            password=password,
+            tls=self.tls_settings,
+            name=f"{name}@{extra or region}",
+            replicates_from=f"{name}@{source}" if extra else "",
+            shard=name,
+            region=region,
+            gtid_domain_id=domain + i,
+        )
 
     def shard_replicas(self, value: Any, path: str, regions: list[str]) -> dict[str, tuple[str, str, int, int, str]]:
         """`[shards.NAME.replicas.R]`: R -> (region, host, port, server_id, the copy it replicates from: a region
