@@ -20,7 +20,9 @@ round robin over the shards) throughout.
 3. Cost, `--rounds` times alternating: the same 4 shards read by one `squeal run --region east` (the same
    topology without the pool) and by the pool (2 workers), each under the background load for `--seconds`:
    squeal CPU (every squeal process, user + system) per 1,000 rows read. Both modes keep up with the offered
-   load (rows read = rows written), so the cost shows as CPU, not as rows/s.
+   load (rows read = rows written), so the cost shows as CPU, not as rows/s. Also per pool round: ZooKeeper
+   requests/s per worker (each server's `cons`); with `--idle-seconds N`, each mode's CPU per second over N
+   seconds with the load paused (the fixed cost alone).
 
 The load average is printed with every phase (the machine is shared). Everything started is stopped by pid
 and the temporary directory removed at the end.
@@ -33,21 +35,27 @@ import contextlib
 import os
 import re
 import shutil
+import socket
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "squeal"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# This checkout before the venv's editable install (another checkout's, in a worktree): the harness's REPO_ROOT,
+# and so every squeal process's PYTHONPATH, is then this checkout - without it the bench measured that other code.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from squeal_helpers import healthz
 from squeal_latency_load import pct
 from squeal_throughput import cpu_seconds, loadavg, metric_sum
 from test_ha_support import ensemble
 from test_pool_workers import SHARDS, Pool
 
-from ops.harness import REPO_ROOT, MariaDB, SquealDaemon, free_port, wait_until
+from ops.harness import REPO_ROOT, MariaDB, SquealDaemon, ZooKeeper, free_port, wait_until
 from squeal.pool import request_move
 
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))
@@ -66,6 +74,8 @@ class Load(threading.Thread):
         self.next_of = [10_000_000 + j for j in range(len(SHARDS))]
         self.rows = 0
         self.stop_flag = threading.Event()
+        self.paused = threading.Event()
+        self.idle_seconds = 0.0
 
     def run(self) -> None:
         conns = [db.connect(self.env.schema) for db in self.env.dbs]
@@ -73,6 +83,10 @@ class Load(threading.Thread):
         j = 0
         try:
             while not self.stop_flag.is_set():
+                if self.paused.is_set():  # (`--idle`: the squeal processes' cost with nothing to deliver)
+                    self.stop_flag.wait(0.05)
+                    t = time.monotonic()
+                    continue
                 ids = [self.next_of[j] + 4 * k for k in range(10)]
                 self.next_of[j] += 40
                 with conns[j].cursor() as cur:
@@ -208,16 +222,44 @@ def planned_moves(env: Pool, moves: int) -> tuple[list[float], list[float], list
     return during, between, [b - a for a, b in windows]
 
 
-def squeal_cpu_per_krow(ports_pids: dict[int, int], load: Load, seconds: float) -> tuple[float, float, int]:
-    """(CPU ms per 1,000 rows read, rows read / rows written, rows read) over `seconds` of the running load."""
+def squeal_cpu_per_krow(ports_pids: dict[int, int], load: Load, seconds: float) -> tuple[float, float, int, float]:
+    """(CPU ms per 1,000 rows read, rows read / rows written, rows read, delete writes per 1,000 rows read) over
+    `seconds` of the running load. The writes tell how much cross-shard batching each mode got: one process
+    packs every shard's deletes for a destination into shared writes, a worker only its own shards'."""
     pids = list(ports_pids.values())
     rows0 = sum(metric_sum(p, "squeal_rows_total") for p in ports_pids)
+    writes0 = sum(metric_sum(p, "squeal_delete_writes_total") for p in ports_pids)
     cpu0, w0 = cpu_seconds(pids), load.rows
     time.sleep(seconds)
     rows1 = sum(metric_sum(p, "squeal_rows_total") for p in ports_pids)
+    writes1 = sum(metric_sum(p, "squeal_delete_writes_total") for p in ports_pids)
     cpu1, w1 = cpu_seconds(pids), load.rows
     read = int(rows1 - rows0)
-    return (cpu1 - cpu0) * 1000 / max(1, read) * 1000, read / max(1, w1 - w0), read
+    per_krow = 1000 / max(1, read)
+    return (cpu1 - cpu0) * 1000 * per_krow, read / max(1, w1 - w0), read, (writes1 - writes0) * per_krow
+
+
+def zk_requests(pids: list[int], members: list[ZooKeeper]) -> int:
+    """Requests (pings included) the ensemble has received so far on the sessions of processes `pids`: each
+    server's `cons` (packets received per connection), matched to the processes by their client ports."""
+    mine = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            mine |= {c.laddr.port for c in psutil.Process(pid).net_connections(kind="tcp") if c.raddr}
+    total = 0
+    for m in members:
+        try:
+            with socket.create_connection((m.host, m.port), timeout=2) as conn:
+                conn.sendall(b"cons")
+                reply = b""
+                while chunk := conn.recv(65536):
+                    reply += chunk
+        except OSError:
+            continue
+        for port, received in re.findall(r":(\d+)\[\d+\]\([^)]*?recved=(\d+)", reply.decode(errors="replace")):
+            if int(port) in mine:
+                total += int(received)
+    return total
 
 
 def single_topology(env: Pool) -> Path:
@@ -231,7 +273,16 @@ def single_topology(env: Pool) -> Path:
     return path
 
 
-def costs(env: Pool, rounds: int, seconds: float, load: Load) -> list[tuple[str, float, float, int]]:
+def idle_cpu(pids: list[int], seconds: float) -> float:
+    """CPU ms per second of the processes `pids` over `seconds`: what they cost with nothing to deliver (the
+    load paused 2 s before, so that its last rows are delivered first)."""
+    time.sleep(2.0)
+    cpu0, t0 = cpu_seconds(pids), time.monotonic()
+    time.sleep(seconds)
+    return (cpu_seconds(pids) - cpu0) * 1000 / (time.monotonic() - t0)
+
+
+def costs(env: Pool, rounds: int, seconds: float, load: Load) -> list[tuple[str, float, float, int, float]]:
     single = SquealDaemon(single_topology(env), "east", port=free_port(), workdir=env.base / "single")
 
     def single_health() -> dict:
@@ -251,19 +302,33 @@ def costs(env: Pool, rounds: int, seconds: float, load: Load) -> list[tuple[str,
                 )
                 time.sleep(3.0)  # past its start-up
                 figure = squeal_cpu_per_krow({single.port: single.pid}, load, seconds)
+                if load.idle_seconds:
+                    load.paused.set()
+                    idle = idle_cpu([single.pid], load.idle_seconds)
+                    load.paused.clear()
+                    print(f"  round {r + 1} single idle: {idle:.1f} ms CPU per second", flush=True)
                 single.stop(grace=10)
             else:
                 for n in ("w1", "w2"):
                     env.workers[n].start()
                 running_everywhere(env, ("w1", "w2"))
                 time.sleep(3.0)
+                pids = [env.workers[n].pid for n in ("w1", "w2")]
+                asked, t0 = zk_requests(pids, env.zk), time.monotonic()
                 figure = squeal_cpu_per_krow({env.ports[n]: env.workers[n].pid for n in ("w1", "w2")}, load, seconds)
+                rate = (zk_requests(pids, env.zk) - asked) / (time.monotonic() - t0) / len(pids)
+                print(f"  round {r + 1} pool: {rate:.1f} ZooKeeper requests/s per worker (pings included)", flush=True)
+                if load.idle_seconds:
+                    load.paused.set()
+                    idle = idle_cpu(pids, load.idle_seconds)
+                    load.paused.clear()
+                    print(f"  round {r + 1} pool idle: {idle:.1f} ms CPU per second (both workers)", flush=True)
                 for n in ("w1", "w2"):
                     env.workers[n].stop(grace=10)
             out.append((mode, *figure))
             print(
                 f"  round {r + 1} {mode}: {figure[0]:.2f} ms CPU per 1,000 rows, {figure[2]} rows read "
-                f"({figure[1]:.3f} of those written); {loadavg()}",
+                f"({figure[1]:.3f} of those written), {figure[3]:.0f} delete writes per 1,000 rows; {loadavg()}",
                 flush=True,
             )
 
@@ -277,6 +342,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--rate", type=float, default=400.0)
+    ap.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=0.0,
+        help="after each cost round, this long with the load paused: each mode's CPU with nothing to deliver",
+    )
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="squeal-pool-bench-"))
     dbs = [MariaDB(server_id=500 + i, workdir=base / f"s{i}", gtid_domain_id=50 + i) for i in range(len(SHARDS))]
@@ -286,6 +357,7 @@ def main() -> None:
                 db.start()
             env = Pool(base / "pool", dbs, zk, placement=PLACEMENT)
             load = Load(env, args.rate)
+            load.idle_seconds = args.idle_seconds
             load.start()
             print(
                 f"{len(SHARDS)} shards, 3 workers, session timeout 2 s, {args.rate:g} rows/s background; {loadavg()}",

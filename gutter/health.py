@@ -6,6 +6,7 @@ traffic the gutter absorbs (its hit rate over a short sample).
 
 from __future__ import annotations
 
+import ssl
 import time
 from dataclasses import dataclass
 
@@ -34,12 +35,12 @@ class GutterHealth:
         return [s.address for s in self.servers if not s.up]
 
 
-def _read(cluster: Cluster) -> list[ServerHealth]:
+def _read(cluster: Cluster, tls: ssl.SSLContext | None) -> list[ServerHealth]:
     out = []
     for pool in cluster.pools:
         for addr in pool.servers:
             try:
-                stats = {name: value for name, _, value in scrape_memcached(str(addr))}
+                stats = {name: value for name, _, value in scrape_memcached(str(addr), tls=tls)}
             except OSError:
                 out.append(ServerHealth(str(addr), pool.name, up=False))
                 continue
@@ -55,12 +56,13 @@ def _read(cluster: Cluster) -> list[ServerHealth]:
     return out
 
 
-def gutter_health(cluster: Cluster, sample_seconds: float = 1.0) -> GutterHealth:
-    """Which servers answer, and the gutter's hit rate over `sample_seconds`."""
+def gutter_health(cluster: Cluster, sample_seconds: float = 1.0, tls: ssl.SSLContext | None = None) -> GutterHealth:
+    """Which servers answer, and the gutter's hit rate over `sample_seconds`. `tls`: the servers speak TLS
+    (`router_config.tls_context` of the topology's `[tls]`)."""
     gutter = cluster.gutter.name if cluster.gutter else None
-    before = {s.address: s for s in _read(cluster)}
+    before = {s.address: s for s in _read(cluster, tls)}
     time.sleep(sample_seconds)
-    after = _read(cluster)
+    after = _read(cluster, tls)
     hits = misses = 0.0
     for s in after:
         if s.pool == gutter and s.up and before.get(s.address) and before[s.address].up:

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheError
 
-from router_config import Topology, client_context, mysql_options
+from router_config import Topology, mysql_options, tls_context
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class Prober:
         client = self._clients.get(address)
         if client is None:
             host, _, port = address.rpartition(":")
-            tls = client_context(self.topo.tls, "monitoring") if self.topo.tls is not None else None
+            tls = tls_context(self.topo.tls, "monitoring")
             client = Client((host, int(port)), connect_timeout=1, timeout=1, tls_context=tls)
             self._clients[address] = client
         return client

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter
 from pymemcache.client.base import Client
 
 from monitoring.verify import ConsistencyChecker, KeepFlags, shard_databases
-from router_config import Topology, client_context
+from router_config import Topology, tls_context
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class SampledDeleteChecker:
     def _client(self, address: str) -> Client:
         if address not in self._clients:
             host, _, port = address.rpartition(":")
-            tls = client_context(self.topo.tls, "monitoring") if self.topo.tls is not None else None
+            tls = tls_context(self.topo.tls, "monitoring")
             self._clients[address] = Client(
                 (host, int(port)), connect_timeout=1, timeout=2, serde=KeepFlags(), tls_context=tls
             )

@@ -8,7 +8,9 @@ ring buffers, so memory stays flat however long the demo runs.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import ssl
 import threading
 import time
 import urllib.request
@@ -115,14 +117,15 @@ MEMCACHED_FIELDS = (
 )
 
 
-def memcached_stats(address: str, timeout: float = 1.0) -> dict[str, float]:
+def memcached_stats(address: str, timeout: float = 1.0, tls: ssl.SSLContext | None = None) -> dict[str, float]:
     """memcached's (or squeal-router's) `stats` as numbers, through pymemcache (non-numeric fields dropped).
+    `tls`: the port speaks TLS (a topology with `[tls]`: `router_config.tls_context(topo.tls, "monitoring")`).
 
     OSError when the server cannot be reached or does not answer `stats` (a timeout, a closed connection, an
-    error reply): every caller counts the server as down then.
+    error reply, a failed TLS handshake): every caller counts the server as down then.
     """
     host, _, port = address.rpartition(":")
-    client = Client((host, int(port)), connect_timeout=timeout, timeout=timeout)
+    client = Client((host, int(port)), connect_timeout=timeout, timeout=timeout, tls_context=tls)
     try:
         raw = client.stats()
     except MemcacheError as e:
@@ -136,8 +139,10 @@ def memcached_stats(address: str, timeout: float = 1.0) -> dict[str, float]:
     return out
 
 
-def scrape_memcached(address: str, timeout: float = 1.0) -> Iterable[tuple[str, dict[str, str], float]]:
-    stats = memcached_stats(address, timeout)
+def scrape_memcached(
+    address: str, timeout: float = 1.0, tls: ssl.SSLContext | None = None
+) -> Iterable[tuple[str, dict[str, str], float]]:
+    stats = memcached_stats(address, timeout, tls)
     for name in MEMCACHED_FIELDS:
         if name in stats:
             yield f"memcached_{name}", {}, stats[name]
@@ -147,7 +152,9 @@ class Scraper:
     """Scrapes every target once per `interval` on a daemon thread into `store`.
 
     `discover`, if given, is called before each round and its targets are added to the fixed ones: components
-    started after the monitoring server (the demo web tier) are picked up without a restart.
+    started after the monitoring server (the demo web tier) are picked up without a restart. `memcached_tls`
+    gives the client context of memcached targets (None: plaintext), asked once per round so renewed
+    certificate files count.
     """
 
     def __init__(
@@ -156,8 +163,10 @@ class Scraper:
         store: Store,
         interval: float = 1.0,
         discover: Callable[[], list[Target]] | None = None,
+        memcached_tls: Callable[[], ssl.SSLContext | None] = lambda: None,
     ) -> None:
         self.fixed, self.store, self.interval, self.discover = list(targets), store, interval, discover
+        self.memcached_tls = memcached_tls
         self.targets = list(targets)
         self.up: dict[str, bool] = {}
         self._stop = threading.Event()
@@ -178,8 +187,9 @@ class Scraper:
                 self.targets = [t for t in self.fixed if (t.kind, t.address) not in seen] + found
             except (OSError, ValueError) as e:
                 log.warning("target discovery failed, keeping the last list: %s", e)
+        memcached = functools.partial(scrape_memcached, tls=self.memcached_tls())
         for target in self.targets:
-            fetch = scrape_prometheus if target.kind == "prometheus" else scrape_memcached
+            fetch = scrape_prometheus if target.kind == "prometheus" else memcached
             try:
                 samples = list(fetch(target.address))
             except OSError as e:

@@ -3,8 +3,8 @@
     python -m monitoring serve TOPOLOGY --state-dir var/local --port 19000
 
 Routes: `/` the dashboard page, `/api/panels` its data (JSON), `/api/targets` scrape health,
-`/api/leaders` who leads each HA region (monitoring/leaders.py), `/metrics` the prober's own Prometheus
-metrics, `/healthz`.
+`/api/leaders` who leads each HA region (monitoring/leaders.py), `/api/links` each link's TLS state
+(monitoring/links.py), `/metrics` the prober's own Prometheus metrics, `/healthz`.
 Targets come from `squealctl`'s component list (every memcached, and every process that recorded a
 metrics address), so whatever `squealctl up` started is watched without extra configuration.
 """
@@ -26,6 +26,7 @@ from twisted.web import resource, server
 import router_config
 from monitoring import panels
 from monitoring.leaders import LeaderWatch
+from monitoring.links import LinkWatch
 from monitoring.prober import Prober
 from monitoring.scrape import Scraper, Store, Target
 from squeal import CertExpiry
@@ -66,7 +67,11 @@ class _Leaf(resource.Resource):
 
 
 def build_site(
-    store: Store, scraper: Scraper, registry: CollectorRegistry, leaders: LeaderWatch | None = None
+    store: Store,
+    scraper: Scraper,
+    registry: CollectorRegistry,
+    leaders: LeaderWatch | None = None,
+    links: LinkWatch | None = None,
 ) -> server.Site:
     root = resource.Resource()
     root.putChild(b"", _Leaf(PAGE.read_bytes, b"text/html; charset=utf-8"))
@@ -78,6 +83,10 @@ def build_site(
     api.putChild(
         b"leaders",
         _Leaf(lambda: json.dumps(leaders.snapshot() if leaders else []).encode(), b"application/json"),
+    )
+    api.putChild(
+        b"links",
+        _Leaf(lambda: json.dumps(links.snapshot() if links else []).encode(), b"application/json"),
     )
     api.putChild(
         b"targets",
@@ -120,13 +129,19 @@ def main(argv: list[str] | None = None) -> int:
     store = Store()
     components = Path(args.state_dir) / "components.json"
     own = Target("prometheus", f"{args.host}:{args.port}", (("role", "monitoring"),))
-    scraper = Scraper([own], store, discover=lambda: targets_from_components(components))
+    scraper = Scraper(
+        [own],
+        store,
+        discover=lambda: targets_from_components(components),
+        memcached_tls=lambda: router_config.tls_context(topo.tls, "monitoring"),
+    )
     scraper.start()
     if not args.no_prober:
         prober = Prober(topo, registry, interval=args.probe_interval)
         prober.start()
     watch = LeaderWatch(topo).start()
-    reactor.listenTCP(args.port, build_site(store, scraper, registry, watch), interface=args.host)
+    link_watch = LinkWatch(topo).start()
+    reactor.listenTCP(args.port, build_site(store, scraper, registry, watch, link_watch), interface=args.host)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: reactor.callFromThread(reactor.stop))
     log.info("dashboard on http://%s:%d/ scraping %d targets", args.host, args.port, len(scraper.targets))

@@ -614,7 +614,7 @@ def _client(address: router_config.Address, tls: ssl.SSLContext | None) -> Clien
 
 def router_tls(topo: router_config.Topology) -> ssl.SSLContext | None:
     """monitoring's client context for the routers with `[tls]` (None: plaintext)."""
-    return router_config.client_context(topo.tls, "monitoring") if topo.tls is not None else None
+    return router_config.tls_context(topo.tls, "monitoring")
 
 
 def _connect(cluster: router_config.Cluster, tls: ssl.SSLContext | None) -> tuple[Client, router_config.Address]:

@@ -1,6 +1,7 @@
 """`squealctl`: the operator's command for a squeal deployment.
 
-squealctl up TOPOLOGY            start the whole topology on this machine, supervised (restarted on exit)
+squealctl up TOPOLOGY [--tls]    start the whole topology on this machine, supervised (restarted on exit);
+                                 --tls: a local CA and TLS on every link (docs/deploy.md)
 squealctl status [--json]        what runs, where, whether it answers, uptime and restarts
 squealctl down                   stop everything `up` started, whatever its pid now, and the supervisor
 squealctl stop|start|restart NAME
@@ -63,6 +64,12 @@ def _parser() -> argparse.ArgumentParser:
         "--demo", action="store_true", help="also run the demo web tier (loadtest/webtier.py) against every cluster"
     )
     up.add_argument("--demo-rate", type=float, default=40.0, help="demo requests per second per cluster")
+    up.add_argument(
+        "--tls",
+        action="store_true",
+        help="TLS on every link: a topology without [tls] gets a local CA and certificates in STATE_DIR/tls and "
+        "runs as STATE_DIR/topology-tls.toml (its [tls] section added; every server refuses plaintext)",
+    )
     up.add_argument(
         "--without",
         default="",
@@ -292,7 +299,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         unknown = without - {"mariadb", "memcached", "router", "squeal", "monitoring", "zookeeper"}
         if unknown:
             raise HarnessError(f"--without: unknown component(s) {', '.join(sorted(unknown))}")
-        started = deployment.up(args.topology, without, demo=args.demo, demo_rate=args.demo_rate)
+        started = deployment.up(args.topology, without, demo=args.demo, demo_rate=args.demo_rate, tls=args.tls)
         print(
             f"squeal: {len(started)} components up (state in {deployment.state_dir}); "
             "`squealctl status` lists them, `squealctl down` stops them."
@@ -365,9 +372,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command in ("workers", "drain", "move"):
         return _pool_command(deployment, args)
     if args.command == "gutter":
-        topo = router_config.load(args.topology)
+        path = deployment.topology(args.topology)  # `up --tls`'s file: the TLS copy the deployment runs
+        assert path is not None  # TOPOLOGY is required here
+        topo = router_config.load(path)
         if args.cluster:
-            health = gutter.gutter_health(topo.cluster(args.cluster))
+            tls = router_config.tls_context(topo.tls, "monitoring")
+            health = gutter.gutter_health(topo.cluster(args.cluster), tls=tls)
             for server in health.servers:
                 print(f"{server.pool:10} {server.address:21} {'up' if server.up else 'DOWN'}")
             rate = "-" if health.gutter_hit_rate is None else f"{health.gutter_hit_rate:.0%}"
@@ -391,7 +401,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "verify":
         from monitoring.verify import run as verify_run
 
-        topology = args.topology or deployment.recorded_topology()
+        topology = deployment.topology(args.topology)
         if topology is None:
             raise HarnessError(f"verify: no TOPOLOGY given and no deployment recorded in {deployment.state_file}")
         return verify_run(
@@ -404,7 +414,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "flush":
         from ops.flush import main as flush_main
 
-        topology = args.topology or deployment.recorded_topology()
+        topology = deployment.topology(args.topology)
         if topology is None:
             raise HarnessError(f"flush: no --topology given and no deployment recorded in {deployment.state_file}")
         configs = deployment.state_dir / "routers" if args.topology is None else None
@@ -414,7 +424,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "accept-data-loss":
         from squeal.cli import main as squeal_main
 
-        topology = args.topology or deployment.recorded_topology()
+        topology = deployment.topology(args.topology)
         if topology is None:
             raise HarnessError(f"accept-data-loss: no TOPOLOGY given and none recorded in {deployment.state_file}")
         return squeal_main(
@@ -442,7 +452,7 @@ def _replay(deployment: Deployment, args: argparse.Namespace) -> int:
             "replay: --state-dir is squealctl's option and goes before the command (squealctl --state-dir D "
             "replay ...); to replay a daemon started by hand with its own state dir use `squeal replay`"
         )
-    topology = args.topology or deployment.recorded_topology()
+    topology = deployment.topology(args.topology)
     if topology is None:
         raise HarnessError(
             f"replay: no TOPOLOGY given and no deployment recorded in {deployment.state_file}: name the topology "
@@ -548,7 +558,7 @@ def _pool_command(deployment: Deployment, args: argparse.Namespace) -> int:
 
     from squeal import pool, zookeeper_client_options
 
-    path = args.topology or deployment.recorded_topology()
+    path = deployment.topology(args.topology)
     if path is None:
         raise HarnessError(f"{args.command}: no --topology given and no deployment recorded in {deployment.state_file}")
     topo = router_config.load(path)

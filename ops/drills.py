@@ -69,16 +69,18 @@ class Drill:
     def row(self, name: str) -> dict:
         return self.rows()[name]
 
-    @staticmethod
-    def answers(row: dict) -> bool:
+    def answers(self, row: dict) -> bool:
         """A real answer, not an accepted connection (the kernel accepts for a paused process too): routers and
-        memcached reply to `version`, MariaDB greets a new connection, the others answer HTTP on /healthz."""
+        memcached reply to `version` (over TLS with the topology's `[tls]`: their ports speak nothing else),
+        MariaDB greets a new connection, the others answer HTTP on /healthz."""
         if not row["running"]:
             return False
         host, _, port = row["address"].rpartition(":")
         try:
             if row["role"] in ("router", "memcached"):
-                return memcached_command((host, int(port)), b"version\r\n", timeout=0.5).startswith(b"VERSION")
+                tls = router_config.tls_context(self.topo.tls, "monitoring")
+                reply = memcached_command((host, int(port)), b"version\r\n", timeout=0.5, tls=tls)
+                return reply.startswith(b"VERSION")
             if row["role"].startswith("mariadb"):
                 with socket.create_connection((host, int(port)), timeout=0.5) as s:
                     return bool(s.recv(1))
@@ -303,5 +305,5 @@ def run_drill(
             f"the deployment in {deployment.state_dir} has no running supervisor: nothing would restart what the "
             "drill kills; `squealctl down`, then `squealctl up`"
         )
-    topology = topology or deployment.recorded_topology()
+    topology = deployment.topology(topology)
     return Drill(deployment, str(topology), pause, back_within).run(verify)

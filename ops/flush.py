@@ -10,6 +10,9 @@
   servers directly, from the topology: pool P of the cluster, or of every cluster of the region;
   `--pool regional` is the region's regional pool.
 
+With `[tls]` every `flush_all` goes over TLS (router and memcached ports speak nothing else), verifying the
+server against the topology's CA and presenting `[tls.monitoring]`'s certificate, as the other operator tools.
+
 Nothing is flushed without a confirmation (typing the name at a terminal) or `--yes`. Exit status: 0 every
 target flushed; 1 a router or server refused or failed (each named), or the prompt was declined; 2 nothing
 to flush (unknown name or pool) or no terminal to ask and no `--yes`. The runbook: docs/runbooks/data-loss.md.
@@ -17,7 +20,9 @@ to flush (unknown name or pool) or no terminal to ask and no `--yes`. The runboo
 
 from __future__ import annotations
 
+import functools
 import json
+import ssl
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,9 +72,7 @@ def router_pools(topo: Topology, cluster: str, configs: Path | None = None) -> d
         config = json.loads(path.read_text())
     else:
         config = router_config.cluster_config(topo, cluster)
-    pools = {name: list(body.get("servers", [])) for name, body in config.get("pools", {}).items()}
-    # a replicated pool's per-replica pools (`sessions__r0`) repeat servers the pool itself names
-    return {n: s for n, s in pools.items() if not ("__r" in n and n.split("__r", 1)[0] in pools)}
+    return {name: list(body.get("servers", [])) for name, body in config.get("pools", {}).items()}
 
 
 def _describe_pool(topo: Topology, cluster: str, name: str, servers: list[str]) -> str:
@@ -133,9 +136,10 @@ def describe(targets: list[Target]) -> str:
     return "\n".join(lines)
 
 
-def flush_one(address: Address, timeout: float = TIMEOUT) -> str | None:
-    """`flush_all` to one router or memcached: None if it answered OK, else why not (one line)."""
-    client = Client((address.host, address.port), connect_timeout=2, timeout=timeout)
+def flush_one(address: Address, timeout: float = TIMEOUT, tls: ssl.SSLContext | None = None) -> str | None:
+    """`flush_all` to one router or memcached: None if it answered OK, else why not (one line). `tls`: the
+    port speaks TLS (`router_config.tls_context`)."""
+    client = Client((address.host, address.port), connect_timeout=2, timeout=timeout, tls_context=tls)
     try:
         client.flush_all(noreply=False)
         return None
@@ -144,6 +148,8 @@ def flush_one(address: Address, timeout: float = TIMEOUT) -> str | None:
         return f"{type(e).__name__.removeprefix('Memcache')}: {detail.strip() or type(e).__name__}"
     except TimeoutError:
         return f"no answer within {timeout:g}s"
+    except ssl.SSLError as e:  # before OSError, its base: say why the handshake failed
+        return f"TLS handshake failed ({getattr(e, 'verify_message', None) or e.reason or e})"
     except OSError as e:
         return f"does not answer ({e.strerror or type(e).__name__})"
     finally:
@@ -211,7 +217,7 @@ def main(
         if not confirm(name, targets, stdin, out):
             print("squealctl flush: not confirmed; nothing flushed", file=err)
             return 1
-    outcomes = run(targets)
+    outcomes = run(targets, functools.partial(flush_one, tls=router_config.tls_context(topo.tls, "monitoring")))
     for o in outcomes:
         for line in o.errors:
             print(f"squealctl flush: {'warning' if o.ok else 'error'}: {line}", file=err)

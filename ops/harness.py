@@ -122,9 +122,15 @@ def _tail(log_file: Path | None, lines: int = 15) -> str:
     return f"\n--- last lines of {log_file} ---\n" + "\n".join(text)
 
 
-def memcached_command(address: tuple[str, int], command: bytes, timeout: float = 2.0) -> bytes:
-    """Send one text command and return the first reply line (with its terminator stripped)."""
-    with socket.create_connection(address, timeout=timeout) as s:
+def memcached_command(
+    address: tuple[str, int], command: bytes, timeout: float = 2.0, tls: ssl.SSLContext | None = None
+) -> bytes:
+    """Send one text command and return the reply up to its first line end (the terminator stripped). `tls`: the
+    port speaks TLS (a topology with `[tls]`: `router_config.tls_context`), the server verified with it."""
+    with contextlib.ExitStack() as stack:
+        s = stack.enter_context(socket.create_connection(address, timeout=timeout))
+        if tls is not None:
+            s = stack.enter_context(tls.wrap_socket(s, server_hostname=address[0]))
         s.sendall(command)
         buf = b""
         while not buf.endswith(b"\r\n"):
@@ -140,24 +146,11 @@ def tls_memcached_command(
 ) -> bytes:
     """`memcached_command` over TLS: the server's certificate is checked against `ca` if given (else not at
     all: a readiness check of a server whose certificate is meant to be bad)."""
-    import ssl
-
     ctx = ssl.create_default_context(cafile=str(ca)) if ca else ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     if not ca:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
-    with (
-        socket.create_connection(address, timeout=timeout) as raw,
-        ctx.wrap_socket(raw, server_hostname=address[0]) as s,
-    ):
-        s.sendall(command)
-        buf = b""
-        while not buf.endswith(b"\r\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-        return buf.rstrip(b"\r\n")
+    return memcached_command(address, command, timeout, tls=ctx)
 
 
 class ManagedProcess:
@@ -338,8 +331,11 @@ class MariaDB(ManagedProcess):
 
     `user`/`password`: a TCP account (root has no password; the test account is created at start).
     TLS (issue 25): `ssl_cert`/`ssl_key`/`ssl_ca` start the server with `--ssl-cert/--ssl-key/--ssl-ca`;
-    `require_ssl` creates the account `REQUIRE SSL`; `auth = "ed25519"` creates it `IDENTIFIED VIA ed25519`
-    (the `auth_ed25519` plugin, loaded at start). `connect()` then dials with TLS, verifying against `ssl_ca`.
+    `require_ssl` creates the account `REQUIRE SSL`; `secure_transport_only` refuses every plaintext TCP
+    connection, whatever the account (`--require-secure-transport`: root's password-less TCP account too; the
+    Unix socket still counts as secure); `auth = "ed25519"` creates the account `IDENTIFIED VIA ed25519` (the
+    `auth_ed25519` plugin, loaded at start). `connect()` then dials with TLS, verifying against `ssl_ca`, and a
+    replica (`replicate_from`) replicates over TLS (`MASTER_SSL`), verifying its primary the same way.
     """
 
     name = "mariadb"
@@ -360,14 +356,15 @@ class MariaDB(ManagedProcess):
         ssl_ca: str | Path | None = None,
         require_ssl: bool = False,
         auth: str = "mysql_native_password",
+        secure_transport_only: bool = False,
     ) -> None:
         super().__init__(port, workdir, host)
         if auth not in ("mysql_native_password", "ed25519"):
             raise HarnessError(f"MariaDB auth {auth!r}: expected mysql_native_password or ed25519")
-        if require_ssl and not (ssl_cert and ssl_key):
-            raise HarnessError("MariaDB require_ssl needs ssl_cert and ssl_key")
+        if (require_ssl or secure_transport_only) and not (ssl_cert and ssl_key):
+            raise HarnessError("MariaDB require_ssl and secure_transport_only need ssl_cert and ssl_key")
         self.ssl_cert, self.ssl_key, self.ssl_ca = ssl_cert, ssl_key, ssl_ca
-        self.require_ssl = require_ssl
+        self.require_ssl, self.secure_transport_only = require_ssl, secure_transport_only
         self.auth = auth
         self.server_id = server_id
         self.replica = replica
@@ -436,6 +433,8 @@ class MariaDB(ManagedProcess):
             cmd += [f"--ssl-cert={self.ssl_cert}", f"--ssl-key={self.ssl_key}"]
             if self.ssl_ca:
                 cmd.append(f"--ssl-ca={self.ssl_ca}")
+        if self.secure_transport_only:
+            cmd.append("--require-secure-transport=ON")
         if self.auth == "ed25519":
             cmd.append("--plugin-load-add=auth_ed25519")
         if self.replica:
@@ -461,6 +460,8 @@ class MariaDB(ManagedProcess):
                 identified = f"IDENTIFIED BY '{self.password}'"
             require = "REQUIRE SSL" if self.require_ssl else "REQUIRE NONE"
             cur.execute(f"CREATE USER IF NOT EXISTS '{self.user}'@'%' {identified} {require}")
+            # A reused datadir (`up --tls`, then `up`) keeps the account's old REQUIRE: this start's setting wins.
+            cur.execute(f"ALTER USER '{self.user}'@'%' {require}")
             cur.execute(f"GRANT ALL PRIVILEGES ON *.* TO '{self.user}'@'%' WITH GRANT OPTION")
         return True
 
@@ -498,12 +499,23 @@ class MariaDB(ManagedProcess):
 
         Safe to re-run on a replica already set up (a reused datadir: it restarts its replication threads by
         itself): MASTER_USE_GTID=slave_pos resumes from @@gtid_slave_pos, which is stored in the datadir.
+
+        A primary with a certificate is replicated from over TLS (`MASTER_SSL`), its certificate and host name
+        verified against its `ssl_ca`, this server presenting its own certificate: the binlog stream between
+        regions is encrypted like every other link.
         """
+        tls = ", MASTER_SSL=0"  # explicitly: CHANGE MASTER keeps what it is not told (a reused datadir's TLS)
+        if primary.ssl_cert and primary.ssl_key:
+            if not primary.ssl_ca:
+                raise HarnessError(f"replicating over TLS from {primary.address} needs its ssl_ca to verify it")
+            tls = f", MASTER_SSL=1, MASTER_SSL_CA='{primary.ssl_ca}', MASTER_SSL_VERIFY_SERVER_CERT=1"
+            if self.ssl_cert and self.ssl_key:
+                tls += f", MASTER_SSL_CERT='{self.ssl_cert}', MASTER_SSL_KEY='{self.ssl_key}'"
         self.execute(
             "STOP SLAVE",
             f"CHANGE MASTER TO MASTER_HOST='{primary.host}', MASTER_PORT={primary.port}, "
             f"MASTER_USER='{primary.user}', MASTER_PASSWORD='{primary.password}', MASTER_USE_GTID=slave_pos, "
-            "MASTER_CONNECT_RETRY=1",
+            f"MASTER_CONNECT_RETRY=1{tls}",
             "START SLAVE",
         )
 
@@ -516,7 +528,12 @@ class MariaDB(ManagedProcess):
 
 
 class Router(ManagedProcess):
-    """squeal-router (the Rust binary built by scripts/setup.sh) serving one cluster's config."""
+    """squeal-router (the Rust binary built by scripts/setup.sh) serving one cluster's config.
+
+    `tls` = (certificate, key, CA) makes `port` a TLS-only port (`--ssl-port`, no plaintext `-p`: what a
+    topology with `[tls]` runs): the router serves its certificate there, verifies TLS pools' memcached against
+    the CA (`--pem-ca-path`) and presents the same certificate to them; its readiness check verifies it too.
+    `ssl_port` instead adds a TLS port beside the plaintext one (its certificate flags in `extra_args`)."""
 
     name = "router"
 
@@ -530,10 +547,14 @@ class Router(ManagedProcess):
         host: str = "127.0.0.1",
         extra_args: tuple[str, ...] = (),
         ssl_port: int | None = None,
+        tls: tuple[str | Path, str | Path, str | Path] | None = None,
     ) -> None:
         super().__init__(port, workdir, host)
         # a TLS port beside the plaintext one (`--ssl-port`; its certificate flags go in extra_args)
         self.ssl_port = ssl_port
+        self.tls = tls
+        if tls is not None and ssl_port is not None:
+            raise HarnessError("Router: tls (a TLS-only port) and ssl_port (a TLS port beside -p) exclude each other")
         if not ROUTER_BIN.exists():
             raise HarnessError(f"{ROUTER_BIN} not built: run scripts/setup.sh (cargo build --release in router/)")
         self.config_path = Path(config_path)
@@ -542,25 +563,27 @@ class Router(ManagedProcess):
         self.extra_args = extra_args
 
     def command(self) -> list[str]:
-        cmd = [
-            str(ROUTER_BIN),
-            "--config-file",
-            str(self.config_path),
-            "-p",
-            str(self.port),
-            "--listen",
-            self.host,
-            "--spool-dir",
-            str(self.spool_dir),
-        ]
+        cmd = [str(ROUTER_BIN), "--config-file", str(self.config_path)]
+        if self.tls is None:
+            cmd += ["-p", str(self.port)]
+        else:
+            cert, key, ca = self.tls
+            cmd += ["--ssl-port", str(self.port), "--pem-cert-path", str(cert), "--pem-key-path", str(key)]
+            cmd += ["--pem-ca-path", str(ca)]
+        cmd += ["--listen", self.host, "--spool-dir", str(self.spool_dir)]
         if self.metrics_port:
             cmd += ["--metrics-port", str(self.metrics_port)]
         if self.ssl_port:
             cmd += ["--ssl-port", str(self.ssl_port)]
         return cmd + list(self.extra_args)
 
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """A client context for `port` (None: plaintext), verifying the router against its CA."""
+        return ssl.create_default_context(cafile=str(self.tls[2])) if self.tls is not None else None
+
     def ready(self) -> bool:
-        return memcached_command((self.host, self.port), b"version\r\n").startswith(b"VERSION")
+        reply = memcached_command((self.host, self.port), b"version\r\n", tls=self.ssl_context())
+        return reply.startswith(b"VERSION")
 
 
 # ZooKeeper 3.8 as Debian's `zookeeper` package installs it: zookeeper.jar's manifest names its dependencies,
@@ -593,7 +616,7 @@ def zookeeper_config(
             f"ssl.keyStore.location={keystore}\nssl.keyStore.type=PEM\n"
             f"ssl.trustStore.location={truststore}\nssl.trustStore.type=PEM\nssl.clientAuth=want\n"
         )
-    text += "admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr\n"
+    text += "admin.enableServer=false\n4lw.commands.whitelist=ruok,srvr,cons\n"
     if peers:
         text += "initLimit=10\nsyncLimit=5\n" + "".join(f"server.{i}={h}:{q}:{e}\n" for i, h, q, e in peers)
     return text
@@ -759,6 +782,7 @@ class MonitoringServer(ManagedProcess):
     """`python -m monitoring serve`: scrapes the deployment, runs the prober, serves the dashboard."""
 
     name = "monitoring"
+    start_timeout = 60.0  # its imports alone take seconds; on a loaded box, while squeal starts, tens of them
 
     def __init__(
         self,

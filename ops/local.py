@@ -32,8 +32,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
+import tomli_w
 
 import router_config
+from ops import tls as pki
 from ops.harness import (
     REPO_ROOT,
     DemoWorkload,
@@ -178,6 +180,28 @@ class Deployment:
         except json.JSONDecodeError as e:
             raise HarnessError(f"{self.state_file}: corrupt state file ({e})") from e
 
+    @property
+    def tls_topology(self) -> Path:
+        """The topology `up --tls` runs: the file it was given plus `[tls]` (`with_tls`)."""
+        return self.state_dir / "topology-tls.toml"
+
+    def topology(self, given: str | Path | None) -> str | None:
+        """The topology file a command about this deployment reads: `given` (None: the one `up` recorded), except
+        that the file `up --tls` was given means the TLS copy made of it, which the deployment runs — a plaintext
+        reading of it would dial TLS-only ports in plaintext."""
+        recorded = self.recorded_topology()
+        if given is None:
+            return recorded
+        source = self.tls_topology.with_suffix(".source")
+        if (
+            recorded is not None
+            and Path(recorded) == self.tls_topology
+            and source.exists()
+            and Path(given).resolve() == Path(source.read_text())
+        ):
+            return recorded
+        return str(given)
+
     def squeal_state_dir(self, region: str, instance: str | None = None) -> Path:
         """Where `up` has the region's squeal daemon keep its datamarkers and pid file (`squealctl replay`); an
         HA instance keeps only its pid file and requests there (its region's markers are in ZooKeeper)."""
@@ -232,9 +256,13 @@ class Deployment:
         without: frozenset[str] = frozenset(),
         demo: bool = False,
         demo_rate: float = 40.0,
+        tls: bool = False,
     ) -> list[Component]:
         """Start the supervisor, which starts every component of the topology and keeps it running; returns once
-        every component answers. On any failure the supervisor stops what it started and the error is raised."""
+        every component answers. On any failure the supervisor stops what it started and the error is raised.
+
+        With a `[tls]` section (or `tls`: `squealctl up --tls`, which gives the topology one, see `with_tls`)
+        every server starts with TLS on its topology port and every client dials it with TLS."""
         topo = router_config.load(topology_path)
         supervisor = self.supervisor()
         if (supervisor and self.is_running(supervisor)) or any(self.locate(self.components())):
@@ -251,6 +279,12 @@ class Deployment:
                 f"{topology_path}: {len(busy)} port(s) already in use, nothing started: {', '.join(busy[:5])}{more}; "
                 "stop what listens there or change the port in the topology file"
             )
+        if tls and topo.tls is None:
+            topology_path = self.with_tls(topology_path, topo)
+            topo = router_config.load(topology_path)
+        if topo.tls is not None:
+            for component in _tls_servers(topo, without):  # a missing certificate: nothing started
+                router_config.server_certificate(topo, component)
         # Never wipe the state dir: it holds durable state a restart must resume from (MariaDB datadirs,
         # reused by MariaDB.prepare; squeal's datamarkers; the routers' delete spools). components.json is
         # rewritten by the supervisor before it starts anything (nothing it names runs: checked above); a squeal
@@ -262,6 +296,28 @@ class Deployment:
         (self.state_dir / "warmup.json").unlink(missing_ok=True)
         self.state_file.unlink(missing_ok=True)
         return self._start_supervisor(topology_path, without, demo, demo_rate)
+
+    def with_tls(self, topology_path: str | Path, topo: router_config.Topology) -> Path:
+        """`squealctl up --tls` on a topology without `[tls]`: a local CA and a certificate per component in
+        `<state>/tls/` (ops/tls.py; the CA is kept across `up`s), each valid for every host of the topology, and
+        `<state>/topology-tls.toml` — the topology file as it is, plus `[tls] dir = <state>/tls, require = true`
+        — which every component then reads: the servers take their certificates from it, the clients (squeal,
+        monitoring, the demo web tier, `squealctl verify/flush/drill`) their CA and their own certificates."""
+        directory = self.state_dir / "tls"
+        zookeepers = topo.zookeeper.servers if topo.zookeeper is not None else ()
+        hosts = [*topo.hosts(), *(a.host for a in zookeepers), "localhost"]
+        pki.issue_for_components(directory, router_config.TLS_COMPONENTS, hosts)
+        text = Path(topology_path).read_text()
+        section = tomli_w.dumps({"tls": {"dir": str(directory), "require": True}})
+        out = self.tls_topology
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.tls_topology.with_suffix(".source").write_text(str(Path(topology_path).resolve()))
+        out.write_text(
+            text.rstrip("\n")
+            + f"\n\n# Added by `squealctl up --tls` to {Path(topology_path).resolve()}: every link over TLS.\n"
+            + section
+        )
+        return out
 
     def _start_supervisor(
         self, topology_path: str | Path, without: frozenset[str], demo: bool, demo_rate: float
@@ -337,6 +393,7 @@ class Deployment:
                         # squeal flushes a region through its routers (on_truncate/on_data_loss "flush",
                         # `squeal accept-data-loss`); the web tier never sends flush_all.
                         extra_args=("--enable-flush-cmd",),
+                        tls=_router_tls(topo),
                     )
                     name = component_name("router", cluster.region, cluster.name, None, i)
                     track(router, name, "router", cluster.region, cluster.name, metrics=f"{addr.host}:{metrics_port}")
@@ -414,6 +471,7 @@ class Deployment:
                 workdir=self.state_dir / "zookeeper",
                 server_id=server_id,
                 peers=peers if len(peers) > 1 else (),
+                **_zookeeper_tls(topo),
             )
             members.append(member)
             waits.append(
@@ -443,6 +501,7 @@ class Deployment:
                 host=db.host,
                 replica=not region.master,
                 workdir=self.state_dir / f"mariadb-{region.name}",
+                **_mariadb_tls(topo),
             )
             role = f"mariadb-{db.role}"
             track(server, component_name(role, region.name, None, None), role, region.name)
@@ -471,6 +530,7 @@ class Deployment:
                 host=db.host,
                 replica=True,
                 workdir=self.state_dir / f"mariadb-{db.name}",  # copy names are unique (the loader checks)
+                **_mariadb_tls(topo),
             )
             name = component_name("mariadb-replica", region.name, None, None, instance=db.name)
             track(server, name, "mariadb-replica", region.name, instance=db.name)
@@ -492,6 +552,7 @@ class Deployment:
                     replica=db.role == "replica",
                     workdir=self.state_dir / f"mariadb-{db.name}",
                     gtid_domain_id=db.gtid_domain_id,
+                    **_mariadb_tls(topo),
                 )
                 role = f"mariadb-{db.role}"
                 track(
@@ -534,11 +595,12 @@ class Deployment:
     def _start_memcached(self, topo: router_config.Topology, without: frozenset[str], track) -> None:
         if "memcached" in without:
             return
+        tls = _memcached_tls(topo)
         for region in topo.regions:
             if region.regional_pool:
                 for i, addr in enumerate(region.regional_pool.servers):
                     track(
-                        Memcached(port=addr.port, host=addr.host, workdir=self.state_dir / "memcached"),
+                        Memcached(port=addr.port, host=addr.host, workdir=self.state_dir / "memcached", **tls),
                         component_name("memcached", region.name, None, "regional", i),
                         "memcached",
                         region.name,
@@ -549,7 +611,7 @@ class Deployment:
                 for pool in cluster.pools:
                     for i, addr in enumerate(pool.servers):
                         track(
-                            Memcached(port=addr.port, host=addr.host, workdir=self.state_dir / "memcached"),
+                            Memcached(port=addr.port, host=addr.host, workdir=self.state_dir / "memcached", **tls),
                             component_name("memcached", region.name, cluster.name, pool.name, i),
                             "memcached",
                             region.name,
@@ -682,6 +744,57 @@ class Deployment:
         if not answer["ok"]:
             raise HarnessError(answer["error"])
         return answer["message"]
+
+
+# -- TLS: which certificate each server of a `[tls]` topology starts with ----------------------------------------
+
+
+def _tls_servers(topo: router_config.Topology, without: frozenset[str]) -> list[str]:
+    """The kinds of server (`router_config.TLS_SERVERS`) `up` starts, each with its certificate under `[tls]`."""
+    return [
+        c for c in router_config.TLS_SERVERS if c not in without and (c != "zookeeper" or topo.zookeeper is not None)
+    ]
+
+
+def _zookeeper_tls(topo: router_config.Topology) -> dict:
+    """ZooKeeper's TLS-only client port on its topology port (none: plaintext)."""
+    if topo.tls is None:
+        return {}
+    mine = router_config.server_certificate(topo, "zookeeper")
+    return {"ssl_cert": mine.cert, "ssl_key": mine.key, "ssl_ca": topo.tls.ca}
+
+
+def _mariadb_tls(topo: router_config.Topology) -> dict:
+    """MariaDB with its certificate; `require = true`: accounts REQUIRE SSL and no plaintext TCP at all (as
+    `render systemd`'s tls.cnf). A replica of a TLS primary replicates over TLS (`MariaDB.replicate_from`)."""
+    if topo.tls is None:
+        return {}
+    mine = router_config.server_certificate(topo, "mariadb")
+    require = topo.tls.require
+    return {
+        "ssl_cert": mine.cert,
+        "ssl_key": mine.key,
+        "ssl_ca": topo.tls.ca,
+        "require_ssl": require,
+        "secure_transport_only": require,
+    }
+
+
+def _memcached_tls(topo: router_config.Topology) -> dict:
+    """memcached `-Z`: its topology port speaks TLS only (the routers reach it with `security_mech: tls`)."""
+    if topo.tls is None:
+        return {}
+    mine = router_config.server_certificate(topo, "memcached")
+    return {"tls": (Path(mine.cert), Path(mine.key)), "ssl_ca": topo.tls.ca}
+
+
+def _router_tls(topo: router_config.Topology) -> tuple[str, str, str] | None:
+    """The router's topology port as its one TLS port (no plaintext port), and the CA its TLS pools verify."""
+    if topo.tls is None:
+        return None
+    mine = router_config.server_certificate(topo, "router")
+    assert topo.tls.ca is not None  # server_certificate checked it
+    return mine.cert, mine.key, topo.tls.ca
 
 
 def _same_command(actual: list[str], recorded: list[str]) -> bool:

@@ -22,8 +22,10 @@ addresses, `regions.<r>.squeal.host`, each squeal instance's `host`, `zookeeper.
 With `[tls]` (docs/deploy.md, "Encrypt every link") the units carry the TLS options of what they run: each
 ZooKeeper server a TLS-only client port (`secureClientPort`, Netty, a PEM key store built from
 `[tls.zookeeper]` at each start), MariaDB's settings in mariadb/tls.cnf (`[tls.mariadb]`; `require = true`
-adds `require-secure-transport`); squeal, monitoring and the web tier read `[tls]` from the topology copy.
-memcached and the routers stay plaintext here until the router's TLS flags land (issue 25, items 1-2).
+adds `require-secure-transport`); each memcached `-Z` with `[tls.memcached]` (its topology port speaks TLS only)
+and each router its topology port as its one TLS port (`--ssl-port`, no plaintext `-p`; `[tls.router]`, the CA
+verifying its TLS pools: routers/<cluster>.json says `security_mech: tls` for every pool), as `squealctl up` runs
+them; squeal, monitoring and the web tier read `[tls]` from the topology copy.
 
 An HA or pooled region never gets a `--region` daemon (`squeal run` refuses one for it), and `[shards]` add
 no unit: a region's daemon or leading instance runs every shard's pipeline itself, a pool's workers the shards
@@ -167,14 +169,12 @@ def zookeeper_files(topo: Topology, host: str, opts: RenderOptions) -> dict[str,
     }
 
 
-def _server_cert(topo: Topology, component: str, what: str) -> router_config.CertKey:
+def _server_cert(topo: Topology, component: str) -> router_config.CertKey:
     """The certificate `[tls.<component>]` a server needs with `[tls]`; RenderError naming the key if missing."""
-    assert topo.tls is not None
-    mine = topo.tls.cert(component)
-    if mine is None or topo.tls.ca is None:
-        missing = f"tls.{component}" if mine is None else "tls.ca"
-        raise RenderError(f"{topo.source}: {missing}: [tls] needs it for {what}")
-    return mine
+    try:
+        return router_config.server_certificate(topo, component)
+    except router_config.TopologyError as e:
+        raise RenderError(str(e)) from e
 
 
 def zookeeper_keystore(opts: RenderOptions, server_id: int) -> Path:
@@ -186,7 +186,7 @@ def _zookeeper_tls(topo: Topology, opts: RenderOptions, server_id: int) -> tuple
     """With [tls]: (key store, CA) for a TLS-only client port (`secureClientPort`), as `squealctl up` runs it."""
     if topo.tls is None:
         return None
-    _server_cert(topo, "zookeeper", "ZooKeeper's TLS client port ([zookeeper] servers)")
+    _server_cert(topo, "zookeeper")
     assert topo.tls.ca is not None
     return zookeeper_keystore(opts, server_id), topo.tls.ca
 
@@ -196,7 +196,7 @@ def mariadb_tls_cnf(topo: Topology) -> str | None:
     that signs its clients', and (`require = true`) no plaintext connection at all."""
     if topo.tls is None:
         return None
-    mine = _server_cert(topo, "mariadb", "MariaDB's TLS (the databases of the topology)")
+    mine = _server_cert(topo, "mariadb")
     lines = [
         "# Rendered by `squealctl render systemd` from the topology's [tls]: include it in every MariaDB server's",
         "# configuration (e.g. /etc/mysql/mariadb.conf.d/90-squeal-tls.cnf), then restart the server.",
@@ -271,7 +271,7 @@ def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> li
         myid = f"mkdir -p {shlex.quote(str(data))} && echo {server_id} > {shlex.quote(str(data / 'myid'))}"
         pre: tuple[tuple[str, ...], ...] = (("/bin/sh", "-c", myid),) if len(ensemble) > 1 else ()
         if tls is not None:  # ZooKeeper's PEM key store is one file: key + chain, rebuilt from [tls] at each start
-            mine = _server_cert(topo, "zookeeper", "ZooKeeper's TLS client port")
+            mine = _server_cert(topo, "zookeeper")
             keystore = shlex.quote(str(zookeeper_keystore(opts, server_id)))
             pre += (
                 (
@@ -309,6 +309,9 @@ def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> li
             "-c", str(opts.memcached_connections),
             "-u", opts.user,  # ignored unless started as root (by hand): then it drops to this account
         )  # fmt: skip
+        if topo.tls is not None:  # the port speaks TLS only, as under `squealctl up`
+            mine = _server_cert(topo, "memcached")
+            argv += ("-Z", "-o", f"ssl_chain_cert={mine.cert},ssl_key={mine.key}")
         return Unit(
             name=f"squeal-memcached-{name}-{addr.port}.service",
             description=f"squeal memcached {addr} ({where})",
@@ -335,10 +338,16 @@ def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> li
                 continue
             spool = f"router-{_part(cluster.name)}-{addr.port}"
             metrics = addr.port + opts.router_metrics_offset
+            if topo.tls is None:
+                port: tuple[str, ...] = ("-p", str(addr.port))
+            else:  # the topology port is the router's one port, TLS only; the CA verifies its TLS pools
+                mine = _server_cert(topo, "router")
+                port = ("--ssl-port", str(addr.port), "--pem-cert-path", mine.cert, "--pem-key-path", mine.key)
+                port += ("--pem-ca-path", str(topo.tls.ca))
             argv = (
                 str(opts.router_bin),
                 "--config-file", str(config_dir / "routers" / f"{cluster.name}.json"),
-                "-p", str(addr.port),
+                *port,
                 "--listen", addr.host,
                 "--spool-dir", str(opts.data_dir / spool),
                 "--metrics-port", str(metrics),

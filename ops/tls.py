@@ -132,3 +132,16 @@ def issue(
 def expires_at(cert_path: Path) -> datetime.datetime:
     """When the (first) certificate in a PEM file stops being valid, in UTC; for the expiry metric."""
     return x509.load_pem_x509_certificate(cert_path.read_bytes()).not_valid_after_utc
+
+
+def issue_for_components(
+    directory: Path, components: tuple[str, ...] | list[str], hosts: tuple[str, ...] | list[str]
+) -> CertPair:
+    """The layout a topology's `[tls] dir` reads (`<directory>/ca.crt`, `<directory>/<component>.crt` + `.key`):
+    the CA — kept if `ca.crt` and `ca.key` are already there, so a deployment's certificates stay in one chain
+    across `up`s — and a fresh certificate for each component, valid for every host of `hosts`. Returns the CA."""
+    ca_files = CertPair(directory / "ca.crt", directory / "ca.key")
+    ca = ca_files if ca_files.cert.is_file() and ca_files.key.is_file() else make_ca(directory)
+    for component in components:
+        issue(ca, directory, component, hosts=tuple(dict.fromkeys(hosts)))
+    return ca

@@ -3,7 +3,14 @@
 Every other package reads topology through this API (never by parsing the file itself).
 """
 
-from router_config.emitter import EMITTED_HANDLES, all_cluster_configs, cluster_config, handle_types, render
+from router_config.emitter import (
+    EMITTED_HANDLES,
+    all_cluster_configs,
+    cluster_config,
+    handle_types,
+    render,
+    replicated_route,
+)
 from router_config.loader import TopologyError, load, loads
 from router_config.model import (
     TLS_COMPONENTS,
@@ -27,16 +34,20 @@ from router_config.model import (
 )
 from router_config.rewrite import can_listen, dumps, reassign_ports, to_document, with_cold_cluster
 from router_config.tls import (
+    TLS_SERVERS,
     cert_expiry_timestamp,
     certificate_files,
     client_context,
     mysql_options,
+    server_certificate,
+    tls_context,
     verifying_context,
 )
 
 __all__ = [
     "EMITTED_HANDLES",
     "TLS_COMPONENTS",
+    "TLS_SERVERS",
     "Address",
     "CertKey",
     "Cluster",
@@ -67,6 +78,9 @@ __all__ = [
     "mysql_options",
     "reassign_ports",
     "render",
+    "replicated_route",
+    "server_certificate",
+    "tls_context",
     "to_document",
     "verifying_context",
     "with_cold_cluster",

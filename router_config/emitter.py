@@ -7,8 +7,13 @@ The output is valid for real mcrouter and is what `squeal-router` loads. Shape o
       wildcard:  FailoverWithExptimeRoute(normal=wildcard pool, failover=gutter pool)   [if a gutter]
                  wrapped in WarmUpRoute(cold=..., warm=warm cluster's wildcard) [if the cluster is cold]
 
-Replicated pools: reads go to one replica (each router starts at a different one so load spreads,
-failing over to the others), sets and deletes go to every replica (AllSyncRoute).
+With `[tls]` every pool says `"security_mech": "tls"` (mcrouter's pool field): memcached's topology ports
+speak TLS only (`-Z`), and the router verifies each server against the CA it is started with (`--pem-ca-path`).
+
+Replicated pools: sets and deletes go to every replica (AllSyncRoute); a read goes to one replica
+through a LoadBalancerRoute, failing over to the others. squeal-router chooses that replica by the
+load it measures (the key's own replica unless measurably busier or slower than the key's second
+one, docs/router.md); a real mcrouter, whose memcached servers report no load, hashes the key (Ch3).
 """
 
 from __future__ import annotations
@@ -25,13 +30,15 @@ EMITTED_HANDLES = frozenset(
         "PrefixSelectorRoute",
         "OperationSelectorRoute",
         "AllSyncRoute",
-        "FailoverRoute",
+        "LoadBalancerRoute",
         "FailoverWithExptimeRoute",
         "WarmUpRoute",
     }
 )
 
 REGIONAL_POOL = "regional"
+# How long a replicated pool's router trusts a replica's measured latency (LoadBalancerRoute `load_ttl_ms`).
+REPLICA_LOAD_TTL_MS = 1000
 # Operations that change data: on a replicated pool they must reach every replica.
 _WRITE_OPS = ("set", "add", "replace", "append", "prepend", "cas", "delete", "incr", "decr", "touch")
 
@@ -40,15 +47,22 @@ def _servers(pool_servers: tuple) -> list[str]:
     return [str(a) for a in pool_servers]
 
 
-def _replicated_route(pool: Pool, rotate: int) -> dict[str, Any]:
-    all_replicas = {"type": "AllSyncRoute", "children": f"Pool|{pool.name}"}
-    # mcrouter expands "Pool|X" in server order; list explicitly so each router reads from its own replica first.
-    n = len(pool.servers)
-    order = [f"PoolRoute|{pool.name}__r{(i + rotate) % n}" for i in range(n)]
+def replicated_route(pool: Pool) -> dict[str, Any]:
+    """A replicated pool's route: writes to every replica, each read to one (by load)."""
+    replicas = f"Pool|{pool.name}"  # one destination per server, in order
+    reads = {
+        "type": "LoadBalancerRoute",
+        "children": replicas,
+        "failover_count": len(pool.servers),
+        # a replica found slow is read again (to measure it) once a second, not every 100 ms (the
+        # default): ~1 read a second per router waits on a slow replica, and one that recovers is
+        # back within a second
+        "load_ttl_ms": REPLICA_LOAD_TTL_MS,
+    }
     return {
         "type": "OperationSelectorRoute",
-        "operation_policies": {op: all_replicas for op in _WRITE_OPS},
-        "default_policy": {"type": "FailoverRoute", "children": order},
+        "operation_policies": {op: {"type": "AllSyncRoute", "children": replicas} for op in _WRITE_OPS},
+        "default_policy": reads,
     }
 
 
@@ -56,7 +70,6 @@ def cluster_config(topo: Topology, cluster_name: str) -> dict[str, Any]:
     """The mcrouter JSON config (as a dict) for every router of `cluster_name`."""
     cluster = topo.cluster(cluster_name)
     region = topo.region(cluster.region)
-    index = [c.name for c in region.clusters].index(cluster.name)
     pools: dict[str, Any] = {p.name: {"servers": _servers(p.servers)} for p in cluster.pools}
     policies: dict[str, Any] = {}
     for p in cluster.pools:
@@ -64,10 +77,7 @@ def cluster_config(topo: Topology, cluster_name: str) -> dict[str, Any]:
             for prefix in p.prefixes:
                 policies[prefix] = f"PoolRoute|{p.name}"
         elif p.kind == "replicated":
-            # single-server pools per replica, for the read-side FailoverRoute order
-            for i, server in enumerate(p.servers):
-                pools[f"{p.name}__r{i}"] = {"servers": [str(server)]}
-            route: Any = _replicated_route(p, rotate=index)
+            route = replicated_route(p)
             for prefix in p.prefixes:
                 policies[prefix] = route
     if region.regional_pool is not None:
@@ -96,6 +106,8 @@ def cluster_config(topo: Topology, cluster_name: str) -> dict[str, Any]:
     route = wildcard
     if policies:
         route = {"type": "PrefixSelectorRoute", "policies": policies, "wildcard": wildcard}
+    if topo.tls is not None:
+        pools = {name: body | {"security_mech": "tls"} for name, body in pools.items()}
     return {"pools": pools, "route": route}
 
 

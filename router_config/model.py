@@ -106,11 +106,12 @@ class CertKey:
 class TlsSettings:
     """`[tls]`: one switch for the whole topology (docs/squeal.md, "TLS").
 
-    With a `[tls]` section every link that can use TLS does, verifying its peer against `ca`; `require = true`
-    also makes the servers refuse plaintext (MariaDB accounts `REQUIRE SSL`, ZooKeeper without a plaintext
-    client port). `certs`: each component's own certificate, by component name (`TLS_COMPONENTS`); a
-    component without one connects as a client without a certificate. Paths are absolute (the loader resolves
-    them against the topology file's directory and checks that each file exists)."""
+    With a `[tls]` section every link that can use TLS does, verifying its peer against `ca`: the routers,
+    memcached and ZooKeeper serve TLS only on their topology ports; `require = true` also makes MariaDB refuse
+    plaintext (accounts `REQUIRE SSL`, `require-secure-transport`). `certs`: each component's own certificate,
+    by component name (`TLS_COMPONENTS`); a component without one connects as a client without a certificate.
+    Paths are absolute (the loader resolves them against the topology file's directory and checks that each file
+    exists)."""
 
     ca: str | None = None
     require: bool = False

@@ -14,7 +14,8 @@ import ssl
 from pathlib import Path
 from typing import Any
 
-from router_config.model import Database, TlsSettings
+from router_config.loader import TopologyError
+from router_config.model import CertKey, Database, TlsSettings, Topology
 
 
 def verifying_context(ca: str | None, cert: str | None = None, key: str | None = None) -> ssl.SSLContext:
@@ -32,6 +33,35 @@ def client_context(tls: TlsSettings, component: str) -> ssl.SSLContext:
     """A verifying client context from `[tls]`, presenting `component`'s certificate if it has one."""
     mine = tls.cert(component)
     return verifying_context(tls.ca, mine.cert if mine else None, mine.key if mine else None)
+
+
+def tls_context(tls: TlsSettings | None, component: str) -> ssl.SSLContext | None:
+    """What a client of the routers and memcached dials with: `client_context` with `[tls]`, None (plaintext)
+    without. Every memcached-protocol client outside squeal's Twisted sender takes it (pymemcache's
+    `tls_context`, `ops.harness.memcached_command`): with `[tls]` the topology's router and memcached ports
+    speak TLS only."""
+    return client_context(tls, component) if tls is not None else None
+
+
+# The servers a `[tls]` topology starts (`squealctl up`) or renders (`render systemd`) with a certificate of their
+# own, and what it serves: the words of the error naming a missing `[tls.<component>]`.
+TLS_SERVERS = {
+    "zookeeper": "ZooKeeper's TLS client port ([zookeeper] servers)",
+    "mariadb": "MariaDB's TLS (the databases of the topology)",
+    "memcached": "memcached's TLS port (-Z) on every pool server",
+    "router": "the routers' TLS port (--ssl-port) on every router address",
+}
+
+
+def server_certificate(topo: Topology, component: str) -> CertKey:
+    """`[tls.<component>]` of a server in `TLS_SERVERS`, which it needs under `[tls]`; a TopologyError naming the
+    missing key (`tls.router`, or `tls.ca`) and what it is for."""
+    assert topo.tls is not None
+    mine = topo.tls.cert(component)
+    if mine is None or topo.tls.ca is None:
+        missing = f"tls.{component}" if mine is None else "tls.ca"
+        raise TopologyError(topo.source, missing, f"[tls] needs it for {TLS_SERVERS[component]}")
+    return mine
 
 
 def mysql_options(db: Database, component: str) -> dict[str, Any]:

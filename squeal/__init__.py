@@ -9,6 +9,8 @@ The pipeline, one module per stage, read top to bottom:
     batcher       `md <key> q` ... `mn` batches over TCP, failover across routers, backoff
     datamarkers   durable per-flow positions (file store; zkstore: the same on ZooKeeper for HA)
     ha            HA mode: one leader per region through ZooKeeper, fenced, standbys take over
+    pool          a region's shards divided among workers through ZooKeeper, placed by load (`placement`)
+    owner         what an HA leader and a pool worker share: the session lease, start-up, rejoin
     daemon        wires them on the Twisted reactor; cli: `squeal run` / `squeal replay`
     healthz       the one client of a daemon's /healthz
 """

@@ -502,7 +502,11 @@ class Daemon:
         self.live.start()
         if self.source_poller is not None:
             self.source_poller.start()
-        self._checkpoints = task.LoopingCall(self.checkpoint)
+        self.start_checkpoints()
+
+    def start_checkpoints(self) -> None:
+        """The checkpoint timer (`checkpoint(periodic=True)` every `checkpoint_interval`)."""
+        self._checkpoints = task.LoopingCall(self.checkpoint, periodic=True)
         self._checkpoints.clock = self.reactor
         self._checkpoints.start(self.checkpoint_interval, now=False)
 
@@ -593,8 +597,11 @@ class Daemon:
 
     # -- checkpoints, replay, health --------------------------------------------------------------------------
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, periodic: bool = False) -> None:
         """Apply replay requests, then write the datamarkers of flows that moved.
+
+        `periodic` (the checkpoint timer): replay requests are looked for only if the store knows of a change
+        (`take_replay_requests(if_changed=True)`: a ZooKeeper store's watch); an asked checkpoint (SIGHUP) looks.
 
         Never raises (that would stop the checkpoint loop for good) and never waits for the disk: the round
         (take replay requests, apply them, write the markers of flows that moved) runs on the store's thread,
@@ -615,7 +622,7 @@ class Daemon:
         try:
             self._watch_markers()
             if self._marker_round is None:
-                self._start_marker_round()
+                self._start_marker_round(if_changed=periodic)
         except Exception:
             log.exception("datamarker checkpoint failed; retried at the next one")
         if self.live is not None and self.live.error is not None and not self.stopping:
@@ -626,9 +633,9 @@ class Daemon:
     def _marker_where(self) -> str:
         return str(getattr(self.store, "dir", self.state_dir))
 
-    def _start_marker_round(self) -> defer.Deferred:
+    def _start_marker_round(self, if_changed: bool = False) -> defer.Deferred:
         """One checkpoint round; its Deferred fires True if it wrote every marker it had to (it never errs)."""
-        d = self._store_thread.call(self.store.take_replay_requests)
+        d = self._store_thread.call(self.store.take_replay_requests, if_changed)
         d.addCallbacks(self._apply_replays, self._replays_failed)
         d.addCallback(lambda _: self._write_moved_markers())
 

@@ -57,8 +57,10 @@ class DatamarkerStore(Protocol):
     def request_replay(self, flow: str, position: str) -> None:
         """Ask the running (or next) daemon to re-send `flow` everything after `position`."""
 
-    def take_replay_requests(self) -> dict[str, str]:
-        """Pending replay requests (flow -> position), removed from the store."""
+    def take_replay_requests(self, if_changed: bool = False) -> dict[str, str]:
+        """Pending replay requests (flow -> position), removed from the store. `if_changed`: the caller looks
+        periodically; a store that can tell nothing changed since its last look (a watch) may answer {} without
+        looking. Without it the look is made now."""
 
     def check_writable(self) -> None:
         """Raise DatamarkerDirError unless markers can be written now (optional: the daemon's start-up check)."""
@@ -161,8 +163,9 @@ class FileDatamarkerStore:
         doc = {"flow": flow, "position": position, "saved_at": time.time()}
         _write_atomic(self._path(flow, "replay"), json.dumps(doc).encode() + b"\n")
 
-    def take_replay_requests(self) -> dict[str, str]:
-        """A request that does not parse is logged and renamed `<flow>.replay.corrupt` (never blocks the others).
+    def take_replay_requests(self, if_changed: bool = False) -> dict[str, str]:
+        """(`if_changed` changes nothing here: a directory listing is cheap.) A request that does not parse is
+        logged and renamed `<flow>.replay.corrupt` (never blocks the others).
         A request that cannot be removed is left for next time, not returned (it would be applied again and
         again); if nothing could be taken because of that, the OSError is raised."""
         out: dict[str, str] = {}

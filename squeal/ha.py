@@ -26,10 +26,11 @@ candidate it reads the `epoch` record, and if that names this instance and was n
 last term was lost (killed, crashed, deposed) and it starts as rejoining — until the `leader` znode of that
 term (its old session's, alive until ZooKeeper expires it) is gone, and `handback_after` seconds from then.
 
-Fencing. A leader may act only while it holds a *lease*: each round trip to ZooKeeper (every `tick`,
-a fraction of the session timeout T) proves the server heard from this session at the time the request
-was sent, so the session cannot expire before that time + T; the lease runs until that time
-+ `lease_fraction` x T. `may_send()` and `fence_token()` answer only within the lease and while the
+Fencing. A leader may act only while it holds a *lease* (`squeal.owner.SessionLease`, the same lease a pool
+worker holds, here tied to the term's `leader` znode and started when the term is won): each round trip to
+ZooKeeper (every `tick`, a fraction of the session timeout T) proves the server heard from this session at
+the time the request was sent, so the session cannot expire before that time + T; the lease runs until that
+time + `lease_fraction` x T. `may_send()` and `fence_token()` answer only within the lease and while the
 connection is up (kazoo SUSPENDED pauses the leader at once; CONNECTED within the lease resumes it). A LOST
 session or a `leader` znode that is no longer this session's depose the leader (`on_deposed`), which then
 stands by again. Since a new leader can only be elected once the old session has expired (or the old leader
@@ -46,8 +47,8 @@ and bumps the epoch in one operation), so nobody else sent in between; and this 
 lapsed. Only when no answer comes within `resume_within` (default T) after the lapse - by then the session has
 most likely expired and a standby is being elected - is the leader deposed ("lease").
 
-Everything blocking runs on the election thread; the lease watchdog has a thread of its own (a hung
-ZooKeeper call must not keep a leader leading past its lease). Callbacks run on those threads (or kazoo's):
+Everything blocking runs on the election thread; the term's lease renews itself and has its own watchdog (a
+hung ZooKeeper call must not keep a leader leading past its lease). Callbacks run on those threads (or kazoo's):
 they must not block for long.
 """
 
@@ -56,40 +57,44 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import pymysql
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, RolledBackError
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.twisted import MetricsResource
 from twisted.internet import threads
-from twisted.web import resource, server
 
 from router_config import Topology
 from squeal import gtid as g
 from squeal.daemon import (
-    HealthResource,
-    SampledDeletesResource,
     connect_with_retry,
     source_for,
     state_dir_for,
 )
-from squeal.reader import ReaderConfigError, check_server, current_position
+from squeal.owner import (
+    SessionLease,
+    TakeoverError,
+    connect_zookeeper,
+    rejoin_as_standby,
+    rejoined,
+    serve_status,
+    serve_while_preparing,
+    startup_timeout,
+    wait_for_copy,
+)
+from squeal.reader import check_server
 from squeal.region import RegionDaemon
-from squeal.zkstore import UNAVAILABLE, ZooKeeperDatamarkerStore, client_options, region_path
+from squeal.zkstore import UNAVAILABLE, Watched, ZooKeeperDatamarkerStore, region_path
 
 log = logging.getLogger(__name__)
 
 LEADER, STANDBY = "leader", "standby"
-STARTUP_ERRORS = (ConnectionError, ReaderConfigError, ValueError)  # `prepare`'s one-line errors (squeal.cli)
 GIVEN_UP = ("resign", "handback")  # deposition reasons of a term given up (not lost: not rejoining after it)
 STATES = (LEADER, STANDBY)
 STARTING = "starting"  # /healthz `state` while `prepare` waits for the copy or ZooKeeper (not a candidate yet)
@@ -202,13 +207,13 @@ class Elector:
     ) -> None:
         if not 0 < lease_fraction < 1:
             raise ValueError("lease_fraction must be between 0 and 1: the lease must end before the session can")
+        self.lease_fraction = lease_fraction
         self.client = client
         self.region = region
         self.name = name
         self.rank = rank
         self.session_timeout = session_timeout
         self.tick = tick if tick is not None else session_timeout / 6
-        self.lease_length = lease_fraction * session_timeout
         self.resume_within = resume_within if resume_within is not None else session_timeout
         self.defer = defer
         self.handback_after = handback_after
@@ -231,8 +236,7 @@ class Elector:
         self.state = STANDBY
         self._token: int | None = None
         self._epoch: int | None = None  # (leader) the epoch number of this term, for the record of its release
-        self._lease_until = 0.0
-        self._lapsed = False  # (leader) the lease ran out waiting for an answer: paused until one confirms the term
+        self._lease: SessionLease | None = None  # (leader) this term's lease, tied to the leader znode
         self._suspended = False
         self._healthy = healthy
         self._published: tuple[int, bool, bool] | None = None  # (rank, healthy, rejoining) in our candidate znode
@@ -251,16 +255,22 @@ class Elector:
         self._wake = threading.Event()
         self._retry_in: float | None = None
         self._threads: list[threading.Thread] = []
+        # What the election step reads, each znode again only after its watch fired (which wakes the step).
+        self._leader_view = self._watched(self.leader_path)
+        self._candidates_view = self._watched(self.candidates_path, children=True)
+        self._candidate_views: dict[str, Watched] = {}
+
+    def _watched(self, path: str, children: bool = False) -> Watched:
+        return Watched(self.client, path, children=children, timeout=self.call_timeout, on_change=self._wake.set)
 
     # -- life cycle ---------------------------------------------------------------------------------------------
 
     def start(self) -> Elector:
         self.client.add_listener(self._on_connection)
         self.metrics.zk_connected.set(1 if self.client.connected else 0)
-        for target, what in ((self._run, "election"), (self._watchdog, "lease")):
-            t = threading.Thread(target=target, name=f"ha-{what}-{self.name}", daemon=True)
-            t.start()
-            self._threads.append(t)
+        t = threading.Thread(target=self._run, name=f"ha-election-{self.name}", daemon=True)
+        t.start()
+        self._threads.append(t)
         return self
 
     def stop(self, release: bool = True) -> None:
@@ -289,11 +299,13 @@ class Elector:
         return self.state == LEADER
 
     def lease_left(self) -> float:
-        return max(0.0, self._lease_until - self.clock()) if self.state == LEADER else 0.0
+        lease = self._lease
+        return lease.left() if self.state == LEADER and lease is not None else 0.0
 
     def may_send(self) -> bool:
         """True while this instance leads, within its lease, with its ZooKeeper connection up."""
-        return self.state == LEADER and not self._suspended and self.clock() < self._lease_until
+        lease = self._lease
+        return self.state == LEADER and lease is not None and lease.valid()
 
     def fence_token(self) -> int | None:
         """The epoch version this leader set (for compare-and-set marker writes), None unless `may_send()`."""
@@ -331,7 +343,7 @@ class Elector:
             "zookeeper": "suspended" if self._suspended else ("connected" if self.client.connected else "lost"),
             "healthy": self._healthy,
             "rejoining": self._rejoining(),
-            "lease": ("lapsed" if self._lapsed else "held") if self.state == LEADER else None,
+            "lease": ("lapsed" if self._lease and self._lease.lapsed else "held") if self.state == LEADER else None,
         }
 
     # -- threads --------------------------------------------------------------------------------------------------
@@ -350,79 +362,18 @@ class Elector:
             self._wake.wait(wait)
             self._wake.clear()
 
-    def _watchdog(self) -> None:
-        """Pauses the leader the moment its lease runs out (an answer from ZooKeeper that is late: `_lapse`), and
-        deposes it when no answer has confirmed its term `resume_within` seconds later (a ZooKeeper that stopped
-        answering, a partition)."""
-        with self._lock:
-            while not self._stopping.is_set():
-                if self.state != LEADER:
-                    self._lock.wait(1.0)
-                    continue
-                now = self.clock()
-                left = self._lease_until - now
-                if left > 0:
-                    self._lock.wait(left)
-                    continue
-                if not self._lapsed:
-                    self._lapsed = True
-                    self._lock.release()
-                    try:
-                        self._lapse()
-                    finally:
-                        self._lock.acquire()
-                    continue
-                left = self._lease_until + self.resume_within - now
-                if left > 0:
-                    self._lock.wait(left)
-                    continue
-                self._lock.release()
-                try:
-                    self._depose(
-                        "lease",
-                        f"lease ran out and no answer from ZooKeeper confirmed the term within "
-                        f"{self.resume_within:g}s more (session timeout {self.session_timeout:g}s)",
-                    )
-                finally:
-                    self._lock.acquire()
-
-    def _lapse(self) -> None:
-        """The lease ran out (no answer for lease_fraction x T): stop sending, keep the term; the next round trip
-        that confirms it resumes it (`_confirm_term`)."""
-        self.metrics.lease_lapses.inc()
-        log.warning(
-            "instance %s: lease ran out: no answer from ZooKeeper for %.1fs (session timeout %gs): sending "
-            "paused; the same term resumes if ZooKeeper confirms it within %gs",
-            self.name,
-            self.lease_length,
-            self.session_timeout,
-            self.resume_within,
-        )
-        self.on_pause(True)
-        self._wake.set()  # a round trip now, not at the next tick
-
     def _on_connection(self, state: str) -> None:
         """kazoo's connection thread: never block here."""
+        # (A leader's pause and resumption are its term's lease's business: `SessionLease`.)
         self.metrics.zk_connected.set(1 if state == KazooState.CONNECTED else 0)
         if state == KazooState.SUSPENDED:
             self._suspended = True
-            if self.state == LEADER:
-                log.warning(
-                    "instance %s: ZooKeeper connection suspended: sending paused (lease %.2fs left)",
-                    self.name,
-                    self.lease_left(),
-                )
-                self.on_pause(True)
         elif state == KazooState.LOST:
             self._suspended = True
             self._published = None  # ephemeral znodes died with the session
             self._depose("session", "ZooKeeper session lost (expired or closed)")
         else:  # CONNECTED
-            was = self._suspended
             self._suspended = False
-            if was and self.state == LEADER and not self._lapsed:  # (a lapsed lease resumes in `_renew`)
-                log.warning("instance %s: ZooKeeper connection back within the lease: sending resumed", self.name)
-                self.on_pause(False)
         self._wake.set()
 
     # -- one step of the election ---------------------------------------------------------------------------------
@@ -441,19 +392,14 @@ class Elector:
         if not self._recalled:
             self._recall_last_term(session)
         self._publish_candidate()
-        if self.state == LEADER:
-            sent = self.clock()
-            stat = self._call(self.client.exists_async(self.leader_path))
-            if stat is None or stat.ephemeralOwner != session:
-                self._depose("znode", "the leader znode is gone or belongs to another session")
-                return
-            if not self._renew(sent):
-                if self._lapsed:
-                    self._confirm_term(sent, stat.version)
-                return
-            self._consider_handback()
+        if self.state == LEADER:  # (the term's lease renews itself: its own thread checks the leader znode)
+            if self.may_send():
+                self._consider_handback()
             return
-        stat = self._call(self.client.exists_async(self.leader_path, watch=lambda event: self._wake.set()))
+        # (read again only when its watch fired, which also wakes this loop: no request per step while a leader
+        # leads - before, an `exists` and a `get` every tick, and a new watch callback kept by kazoo every time)
+        data = self._leader_view.value()
+        stat = self._leader_view.stat if data is not None else None
         if self._old_term_session is not None and (stat is None or stat.ephemeralOwner != self._old_term_session):
             self._old_term_ended()
         if stat is not None:
@@ -461,7 +407,7 @@ class Elector:
                 # Ours, from a term this instance has given up (a lease that ran out): free it for everyone.
                 self._release()
                 return
-            self._saw_leader()
+            self._saw_leader(data)
             return
         self._saw_vacancy()
         if not self._healthy:
@@ -552,14 +498,19 @@ class Elector:
         self._published = want
 
     def _candidates(self) -> list[dict[str, Any]]:
+        """Every published candidate; each znode read again only after it changed (a leader asks every tick)."""
         out: list[dict[str, Any]] = []
-        try:
-            names = self._call(self.client.get_children_async(self.candidates_path))
-        except NoNodeError:
-            return out
+        names = self._candidates_view.value()
+        for gone in set(self._candidate_views) - set(names):
+            del self._candidate_views[gone]
         for name in names:
+            view = self._candidate_views.get(name)
+            if view is None:
+                view = self._candidate_views[name] = self._watched(f"{self.candidates_path}/{name}")
             try:
-                data, _ = self._call(self.client.get_async(f"{self.candidates_path}/{name}"))
+                data = view.value()
+                if data is None:
+                    continue
                 doc = json.loads(data.decode())
                 out.append(
                     {
@@ -573,11 +524,10 @@ class Elector:
                 continue
         return out
 
-    def _saw_leader(self) -> None:
+    def _saw_leader(self, data: bytes) -> None:
         try:
-            data, _ = self._call(self.client.get_async(self.leader_path))
             self.leader_name = json.loads(data.decode()).get("name")
-        except (NoNodeError, ValueError):
+        except (ValueError, AttributeError):
             return
         self.metrics.leader_present.set(1)
         with self._lock:
@@ -618,11 +568,27 @@ class Elector:
         if any(isinstance(r, Exception) for r in results):
             return  # someone else won (or the epoch moved): watch the new leader at the next step
         token = epoch_stat.version + 1
+        lease = SessionLease(
+            self.client,
+            self.leader_path,
+            self.session_timeout,
+            on_lost=self._lease_lost,
+            tick=self.tick,
+            clock=self.clock,
+            lease_fraction=self.lease_fraction,
+            resume_within=self.resume_within,
+            checks=((self.epoch_path, token),),  # a lapsed term resumes only if the epoch is still its own
+            on_pause=self.on_pause,
+            on_lapse=self.metrics.lease_lapses.inc,
+            on_resume=self.metrics.lease_resumptions.inc,
+            who=f"instance {self.name}",
+        )
+        lease.start(sent)  # (its threads start before the term is seen to be held: nothing waits on them)
         with self._lock:
             self.state = LEADER
             self._token = token
             self._epoch = epoch
-            self._lease_until = sent + self.lease_length
+            self._lease = lease
             self.term += 1
             since, self._vacant_since = self._vacant_since, None
             self._better_since = None
@@ -645,54 +611,17 @@ class Elector:
             previous.get("leader") or "none",
         )
         self.on_elected(token)
+        if lease.lost is not None:  # lost before the term was recorded (its own `_lease_lost` found no term)
+            self._lease_lost(lease.lost)
 
-    def _renew(self, sent: float, confirmed: bool = False) -> bool:
-        """Extend the lease to `sent` (when the round trip that answered was sent) + the lease length. A lapsed
-        lease is extended only by a `confirmed` round trip (`_confirm_term`), and only if that answer itself came
-        within the lease it gives. Returns whether the lease holds now."""
-        with self._lock:
-            if self.state != LEADER or (self._lapsed and not confirmed):
-                return False
-            until = sent + self.lease_length
-            if self._lapsed and until <= self.clock():
-                return False  # confirmed, but too late to send on it: the next round trip
-            resumed, self._lapsed = self._lapsed, False
-            self._lease_until = max(self._lease_until, until)
-            self._lock.notify_all()
-        if resumed:
-            self.metrics.lease_resumptions.inc()
-            log.warning(
-                "instance %s: ZooKeeper answered again and confirmed the term (epoch %s, fencing token %s): "
-                "sending resumed, no election",
-                self.name,
-                self._epoch,
-                self._token,
-            )
-            if not self._suspended:
-                self.on_pause(False)
-        return True
-
-    def _confirm_term(self, sent: float, leader_version: int) -> None:
-        """After a lapse: one round trip through ZooKeeper's leader (a multi-operation of checks only) that the
-        `epoch` is still this term's token and the `leader` znode still exists. ZooKeeper refuses it for an
-        expired session, so success means the session lived (its ephemeral leader znode never went: nobody else
-        can have been elected) and the epoch did not move: the term resumes. A failed check deposes."""
-        token = self._token
-        if token is None:
-            return
-        t = self.client.transaction()
-        t.check(self.epoch_path, token)
-        t.check(self.leader_path, leader_version)
-        results = self._call(t.commit_async())
-        failures = [r for r in results if isinstance(r, Exception) and not isinstance(r, RolledBackError)]
-        if failures:
-            self._depose(
-                "znode",
-                f"lease ran out and the term is over: {type(failures[0]).__name__} checking the "
-                "epoch and the leader znode",
-            )
-            return
-        self._renew(sent, confirmed=True)
+    def _lease_lost(self, reason: str) -> None:
+        """The term's lease is over for good (the session LOST, no confirmation in time, the leader znode or the
+        epoch no longer this term's)."""
+        why = {
+            "lease": "lease ran out and no answer from ZooKeeper confirmed the term in time",
+            "session": "ZooKeeper session lost (expired or closed)",
+        }.get(reason, "the leader znode is gone or belongs to another session, or the epoch moved")
+        self._depose(reason, why)
 
     def _consider_handback(self) -> None:
         if self.on_handback is None or self._handing_back:
@@ -723,11 +652,12 @@ class Elector:
             self.state = STANDBY
             self._token = None
             self._epoch = None
-            self._lapsed = False
-            self._lease_until = 0.0
+            lease, self._lease = self._lease, None
             if reason not in GIVEN_UP:  # a lost term, not one given up: come back as a standby
                 self._rejoining_until = self.clock() + self.handback_after
             self._lock.notify_all()
+        if lease is not None:
+            lease.stop(wait=False)  # (may be its own callback, or kazoo's thread; may_send() says no already)
         self.metrics.set_state(STANDBY)
         self.metrics.depositions.labels(reason=reason).inc()
         log.warning("instance %s no longer leads region %s: %s", self.name, self.region, why)
@@ -800,54 +730,6 @@ def gate_flows(flows: Any, may_send: Callable[[], bool]) -> None:
     (Batches already written are acknowledged as usual.)"""
     for flow in flows:
         flow.may_send = may_send
-
-
-class TakeoverError(RuntimeError):
-    """A new leader could not start delivering (its copy too far behind, the database unreachable, ...)."""
-
-
-def wait_for_copy(
-    connect: Callable[[], Any],
-    target: Any,
-    timeout: float,
-    progress: Callable[[float], None] = lambda waited: None,
-    interval: float = 0.05,
-) -> float:
-    """Block until the copy's `@@gtid_binlog_pos` covers `target` (every flow's marker): a takeover never
-    skips what its copy has not applied yet. Returns the seconds waited; TakeoverError after `timeout`."""
-    started = time.monotonic()
-    conn = connect()
-    try:
-        while True:
-            have = current_position(conn)
-            waited = time.monotonic() - started
-            progress(waited)
-            if g.covers_position(have, target):
-                return waited
-            if waited >= timeout:
-                raise TakeoverError(
-                    f"this copy has applied only {g.format_position(have) or 'nothing'} after "
-                    f"{waited:.1f}s; the flows' datamarkers need {g.format_position(target)} "
-                    "(takeover_wait_s)"
-                )
-            time.sleep(interval)
-    finally:
-        conn.close()
-
-
-def rejoin_as_standby(reason: str) -> None:
-    """Replace this process by a fresh one with the same command line: a deposed leader keeps nothing of its
-    term (queues, readers, connections to the destinations) and comes back as a standby."""
-    log.warning("rejoining as a standby (%s): restarting this process", reason)
-    for h in logging.getLogger().handlers:
-        try:
-            h.flush()
-        except Exception:  # noqa: BLE001
-            pass
-    sys.stdout.flush()
-    sys.stderr.flush()
-    env = dict(os.environ, SQUEAL_HA_REJOINED=reason)
-    os.execve(sys.executable, sys.orig_argv, env)
 
 
 class HaInstance:
@@ -929,36 +811,24 @@ class HaInstance:
         A process that replaced a deposed leader (`rejoin_as_standby`) waits for its copy and ZooKeeper as long
         as it takes instead: it was deposed *because* they stopped answering (a partition, a ZooKeeper without
         quorum), the same configuration worked a moment ago, and a standby that waits is harmless."""
-        rejoined = os.environ.get("SQUEAL_HA_REJOINED")
-        if rejoined:
+        why = rejoined()
+        if why:
             log.warning(
                 "instance %s: rejoining after %s: waiting for %s and ZooKeeper %s without a time-out",
                 self.instance.name,
-                rejoined,
+                why,
                 self.instance.database.address,
                 self.zk.hosts,
             )
-        timeout = math.inf if rejoined else self.connect_timeout
+        timeout = startup_timeout(self.connect_timeout)
         self.waiting_for = "database"
-        conn = connect_with_retry(self.source, timeout)
+        conn = connect_with_retry(self.source, math.inf if timeout is None else timeout)
         try:
             check_server(conn, replica=self.instance.database.role == "replica")
         finally:
             conn.close()
         self.waiting_for = "zookeeper"
-        self.client = KazooClient(
-            hosts=self.zk.hosts,
-            timeout=self.zk.session_timeout_s,
-            connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 1.0},
-            **client_options(self.topology),
-        )
-        try:
-            self.client.start(timeout=None if rejoined else self.connect_timeout)
-        except Exception as e:
-            self.client.stop()
-            raise ConnectionError(
-                f"cannot reach ZooKeeper {self.zk.hosts} within {self.connect_timeout:g}s: {e or type(e).__name__}"
-            ) from e
+        self.client = connect_zookeeper(self.topology, timeout)
         self.waiting_for = None
         log.info(
             "instance %s (region %s, rank %d) on %s %s: standing by%s",
@@ -967,7 +837,7 @@ class HaInstance:
             self.rank,
             self.instance.database.role,
             self.instance.database.address,
-            f" (rejoined after: {rejoined})" if rejoined else "",
+            f" (rejoined after: {why})" if why else "",
         )
 
     def serve(self) -> None:
@@ -975,15 +845,14 @@ class HaInstance:
         waiting for its copy or ZooKeeper says so there instead of looking dead)."""
         if self._serving:
             return
-        root = resource.Resource()
-        root.putChild(b"metrics", MetricsResource(registry=self.registry))
-        root.putChild(b"healthz", HealthResource(self.status))
-        # the leader's samples; a standby sends nothing, so it has none
-        root.putChild(
-            b"sampled-deletes",
-            SampledDeletesResource(lambda since: self.daemon.sampler.recent(since) if self.daemon is not None else []),
+        serve_status(
+            self.reactor,
+            self.metrics_port,
+            self.instance.host,
+            self.registry,
+            self.status,
+            lambda since: self.daemon.sampler.recent(since) if self.daemon is not None else [],
         )
-        self.reactor.listenTCP(self.metrics_port, server.Site(root), interface=self.instance.host)
         self._serving = True
 
     def start(self) -> None:
@@ -1004,7 +873,7 @@ class HaInstance:
             on_handback=lambda: self.reactor.callFromThread(self._hand_back),
             on_pause=self._paused,
             healthy=self._healthy,
-            rejoining=bool(os.environ.get("SQUEAL_HA_REJOINED")),
+            rejoining=bool(rejoined()),
         )  # it replaced a deposed leader
         self.elector.start()
         threading.Thread(target=self._watch_health, name="ha-health", daemon=True).start()
@@ -1272,48 +1141,3 @@ def run_instance(
         sample_every=sample_every,
     )
     return serve_while_preparing(reactor, inst)
-
-
-class Preparing(Protocol):
-    """What `serve_while_preparing` runs: an HA instance or a pool worker."""
-
-    exit_code: int
-
-    def serve(self) -> None: ...
-    def prepare(self) -> None: ...
-    def start(self) -> None: ...
-
-
-def serve_while_preparing(reactor: Any, process: Preparing) -> int:
-    """Serve /healthz at once, `prepare` on a thread (it blocks: waiting for the copy and ZooKeeper, without a
-    time-out after a rejoin), then `start`; run the reactor until SIGTERM/SIGINT and return the exit code.
-
-    A start-up error (`prepare` gave up) is the one line `squeal: error: ...` on stderr and exit code 2, as the
-    command's other start-up errors (squeal.cli)."""
-
-    def prepared() -> None:
-        if reactor.running:
-            process.start()
-
-    def failed(e: BaseException) -> None:
-        if not isinstance(e, STARTUP_ERRORS):
-            log.error("start-up failed", exc_info=e)
-        print(f"squeal: error: {e}", file=sys.stderr)
-        process.exit_code = 2
-        if reactor.running:
-            reactor.stop()
-
-    def prepare() -> None:
-        try:
-            process.prepare()
-        except Exception as e:  # noqa: BLE001 - reported by `failed`, on the reactor
-            reactor.callFromThread(failed, e)
-        else:
-            reactor.callFromThread(prepared)
-
-    # A thread of its own, not the reactor's pool: a shutdown waits for the pool's threads, and this one may wait
-    # for ZooKeeper indefinitely.
-    process.serve()
-    reactor.callWhenRunning(lambda: threading.Thread(target=prepare, name="squeal-prepare", daemon=True).start())
-    reactor.run()
-    return process.exit_code

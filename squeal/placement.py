@@ -35,7 +35,11 @@ largest ratio of load to `L` among the sharing workers (or `L` to load, for an u
 1. *Eligible* workers are the alive ones that do not drain. A shard whose owner is not eligible — a new
    shard (`unassigned`), one whose worker died or left the pool (`orphaned`), one whose worker drains
    (`drain`) — is placed at once, with no hysteresis and no cooldown: greedily by decreasing load (LPT), each
-   on the least-loaded eligible worker (ties: fewer shards, then name).
+   on the least-loaded eligible worker (ties: fewer shards, then name). A *hot* orphan (a crash took the
+   worker it was alone on) goes instead to an empty worker if there is one, else to the sharing worker
+   whose shards are the fewest that fit into the other sharing workers' room below the band's top, and
+   those shards move there at once (`_room_for_hot`): the least-loaded worker may hold dozens of small
+   shards, and a shard that fits nowhere would ripple through the pool.
 2. Rebalancing waits for the imbalance to persist: `plan()` takes `imbalanced_since` (None when the last
    plan found the pool balanced) and returns the new value for the caller to keep; only after
    `settings.persist_s` of continuous violation does it move shards (`rebalance`). One exception: a worker
@@ -47,8 +51,10 @@ largest ratio of load to `L` among the sharing workers (or `L` to load, for an u
    the band, the smallest shard that closes its deficit, else the largest that fits. If no shard keeps
    both inside the band, the one that best evens the pair while the target stays below the source
    ("never the new max"). A hot shard with company keeps its worker and the others leave (its own move
-   would cost the most; so a hot shard orphaned by a crash costs the company of the worker it lands on:
-   the placement benchmark's "crash (hot)"). The loop
+   would cost the most; rule 1 chooses where an orphaned hot shard lands so that its company is small:
+   the placement benchmark's "crash (hot)") — unless an empty worker is being filled and the company
+   outnumbers the hot shard's own move plus the refill of what it leaves behind (a join that lowers the
+   level makes a shard hot: it moves to the new worker, not its dozens of small companions). The loop
    stops as soon as nothing violates, or when no move improves anything, or at `settings.max_moves`.
    Each move strictly lowers the sum of squared worker loads, so the loop always ends.
 4. Cooldown: a shard moved less than `settings.cooldown_s` ago (`last_moved`, kept by the caller for every
@@ -86,7 +92,8 @@ import bisect
 import hashlib
 import heapq
 import math
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 UNASSIGNED = "unassigned"  # a shard nobody owns yet (new, or its owner is unknown)
@@ -335,24 +342,51 @@ def plan(
         copy, why = read_copy(by_name[target], shard_of[shard])
         moves.append(Move(shard, source, target, reason, detail, loads[shard], copy, why))
 
-    # 1. placements: LPT onto the least-loaded eligible worker
+    def movable(shard: str) -> bool:
+        """A rebalance may move it: not moved in this plan, not within its cooldown."""
+        if shard in moved_now:
+            return False
+        at = last_moved.get(shard)
+        return at is None or now - at >= cfg.cooldown_s
+
+    def place(name: str, source: str | None, target: str, reason: str, detail: str) -> None:
+        if source is not None and source in held:
+            held[source].discard(name)
+            wload[source] -= loads[name]
+        owner[name] = target
+        held[target].add(name)
+        wload[target] += loads[name]
+        moved_now.add(name)
+        record(name, source, target, reason, detail)
+
+    # 1. placements: a hot orphan onto the worker whose company is cheapest to move away (`_room_for_hot`),
+    # the rest LPT onto the least-loaded eligible worker
     lvl, hot_above = level(loads.values(), len(held))
     hot = frozenset(s for s, x in loads.items() if x > hot_above)
+    high, low = lvl * cfg.threshold, lvl / cfg.threshold
+    moved_now: set[str] = set()
     unplaced: tuple[str, ...] = ()
     if not eligible:
         unplaced = tuple(name for name, _, _, _ in orphans)
     else:
         ordered = sorted(orphans, key=lambda o: (-loads[o[0]], o[0]))
+        lpt: list[tuple[str, str, str | None, str]] = []
+        for name, reason, old, detail in ordered:
+            room = _room_for_hot(held, wload, loads, hot, high, movable) if name in hot else None
+            if room is None:
+                lpt.append((name, reason, old, detail))
+                continue
+            target, evictions = room
+            place(name, old, target, reason, detail)
+            for shard, to in evictions:
+                place(shard, target, to, REBALANCE, f"making room for hot shard {name} on {target}")
 
         heap = [(wload[w], len(held[w]), w) for w in held]
         heapq.heapify(heap)
-        for name, reason, old, detail in ordered:
+        for name, reason, old, detail in lpt:
             _, _, target = heapq.heappop(heap)
-            owner[name] = target
-            held[target].add(name)
-            wload[target] += loads[name]
+            place(name, old, target, reason, detail)
             heapq.heappush(heap, (wload[target], len(held[target]), target))
-            record(name, old, target, reason, detail)
 
     before = _judge(loads, held, wload, lvl, hot, cfg.threshold)
     notes: list[str] = []
@@ -371,16 +405,8 @@ def plan(
         notes.append(f"filling {len(empty)} empty worker(s) at once; other imbalance waits for the hysteresis")
 
     # 3. rebalance: fewest moves, worst violation first
-    high, low = before.high, before.low
     eps = 1e-9 * max(lvl, 1e-12)
-    moved_now = {m.shard for m in moves}
     kept: dict[str, str | None] = {w: _kept_hot(held[w], hot, loads) for w in held}
-
-    def movable(shard: str) -> bool:
-        if shard in moved_now:
-            return False
-        at = last_moved.get(shard)
-        return at is None or now - at >= cfg.cooldown_s
 
     offers: dict[str, tuple[list[float], list[str]]] = {}  # worker → its movable shards by (load, name)
 
@@ -459,6 +485,24 @@ def plan(
                 return picked[1], source
         return None
 
+    def hot_for_empty(target: str) -> tuple[str, str] | None:
+        """A hot shard with company that should rather move to the empty `target`: (shard, source).
+
+        Its company must leave it anyway; when that is more shards than the hot shard's own move plus the fill
+        of the company it leaves behind (each fill move brings at most the band's width), the hot shard moves.
+        """
+        width = max(high - low, eps)
+        best: tuple[int, str, str] | None = None
+        for source in held:
+            hot_shard = kept[source]
+            if hot_shard is None or len(held[source]) < 2 or not movable(hot_shard):
+                continue
+            company = wload[source] - loads[hot_shard]
+            saved = (len(held[source]) - 1) - (1 + math.ceil(max(0.0, low - company) / width))
+            if saved > 0 and (best is None or (-saved, hot_shard) < (best[0], best[1])):
+                best = (-saved, hot_shard, source)
+        return (best[1], best[2]) if best else None
+
     rebalanced = 0
     state = before
     stuck: set[str] = set()  # violations no move could fix in this plan; the next plan tries again
@@ -475,10 +519,16 @@ def plan(
                 if found:
                     why = f"with hot shard {kept[w]}" if kept[w] is not None else f"at {wload[w] / lvl:.2f}x"
                     move = (found[0], w, found[1], f"{w} {why} of the level")
-            else:  # too little: take one shard in
-                found = take_into(w)
-                if found:
-                    move = (found[0], found[1], w, f"{w} at {wload[w] / lvl:.2f}x of the level")
+            else:  # too little: take one shard in (an empty worker: perhaps a hot shard instead of its company)
+                hot_move = hot_for_empty(w) if not held[w] else None
+                if hot_move:
+                    move = (hot_move[0], hot_move[1], w, f"hot shard {hot_move[0]} alone, not its company moved")
+                    if only_targets is not None:
+                        only_targets.add(hot_move[1])  # its old worker keeps only the company: fill it too
+                else:
+                    found = take_into(w)
+                    if found:
+                        move = (found[0], found[1], w, f"{w} at {wload[w] / lvl:.2f}x of the level")
             if move:
                 break
             stuck.add(w)
@@ -511,6 +561,58 @@ def plan(
             if not only_targets:
                 break
     return _done(moves, owner, wload, before, state, since if state.violations else None, unplaced, notes)
+
+
+def _room_for_hot(
+    held: Mapping[str, set[str]],
+    wload: Mapping[str, float],
+    loads: Mapping[str, float],
+    hot: frozenset[str],
+    high: float,
+    movable: Callable[[str], bool],
+) -> tuple[str, list[tuple[str, str]]] | None:
+    """Where an orphaned hot shard goes, and where that worker's company goes: (worker, [(shard, to)]).
+
+    A hot shard must be alone, so the worker it lands on loses all its other shards. The least-loaded worker
+    (LPT's choice) may hold dozens of small shards; a worker with a few shards that fit into the others' room
+    below the band's top costs a few moves and no ripple. Each candidate's company is tried largest first
+    into the roomiest other sharing worker; a shard that fits nowhere costs as much as it would take to
+    re-balance (`_OVERFLOW_COST` moves). None when every candidate holds a shard in cooldown (the caller then
+    places the hot shard as any other and the rebalance moves its company later).
+    """
+    sharing = [w for w in sorted(held) if not held[w] & hot]
+    empty = [w for w in sharing if not held[w]]
+    if empty:
+        return min(empty, key=lambda w: (wload[w], w)), []
+    best: tuple[tuple[int, int, float, str], list[tuple[str, str]]] | None = None
+    for w in sharing:
+        company = sorted(held[w], key=lambda s: (-loads[s], s))
+        if best is not None and len(company) > best[0][0]:
+            continue  # each shard costs at least one move: it cannot beat the best so far
+        if not all(movable(s) for s in company):
+            continue
+        rooms = [(-(high - wload[t]), t) for t in sharing if t != w]
+        heapq.heapify(rooms)
+        cost, plan = 0, []
+        for s in company:
+            if not rooms:
+                cost = sys.maxsize
+                break
+            room, t = heapq.heappop(rooms)
+            if loads[s] > -room:
+                cost += _OVERFLOW_COST
+            cost += 1
+            plan.append((s, t))
+            heapq.heappush(rooms, (room + loads[s], t))
+        key = (cost, len(company), wload[w], w)
+        if best is None or key < best[0]:
+            best = (key, plan)
+    if best is None or best[0][0] == sys.maxsize:
+        return None
+    return best[0][3], best[1]
+
+
+_OVERFLOW_COST = 1000  # moves a shard that overflows its target is taken to cost (the rebalance it triggers)
 
 
 def _kept_hot(held: set[str], hot: frozenset[str], loads: Mapping[str, float]) -> str | None:

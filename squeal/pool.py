@@ -45,10 +45,12 @@ Load: each owner measures rows/s (`squeal_rows_total`) and binlog bytes/s (`Binl
 both (`[regions.R.squeal_placement] half_life_s`) and publishes them with their combination (`placement.shard_load`,
 `bytes_per_row`); the controller plans with the region's `squeal_placement` settings.
 
-Which copy of a shard a worker reads: `squeal.copies.read_order` (the copy it names, else an extra copy on its
-host, else the region's own copy; the region's copy is every reader's fallback), the same for every worker.
-
-Not yet (later steps): the HA election of non-pooled regions stays as it is (squeal/ha.py).
+What a worker shares with an HA leader (the session lease, start-up, the rejoin after a loss) is squeal/owner.py.
+A shard that has no markers znode yet starts from the HA layout's markers of the same shard (an HA region turned
+into a pool). Which copy of a shard a worker reads: `squeal.copies.read_order` (the copy it names, else an extra
+copy on its host, else the region's own copy; the region's copy is every reader's fallback). Not yet (later
+steps): the HA election of non-pooled regions stays as it is (squeal/ha.py); no shard is placed on a worker for
+the copy it would read.
 """
 
 from __future__ import annotations
@@ -65,27 +67,34 @@ from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, RolledBackError
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.twisted import MetricsResource
 from twisted.internet import defer, threads
-from twisted.web import resource, server
 
 from router_config import PoolPlacement, Topology
 from squeal import gtid as g
 from squeal import placement
 from squeal.copies import placement_shard, placement_worker
-from squeal.daemon import HealthResource, SampledDeletesResource, accept_path, source_for, state_dir_for
-from squeal.ha import rejoin_as_standby, serve_while_preparing, wait_for_copy
+from squeal.daemon import accept_path, source_for, state_dir_for
+from squeal.owner import (
+    SessionLease,
+    connect_zookeeper,
+    rejoin_as_standby,
+    serve_status,
+    serve_while_preparing,
+    startup_timeout,
+    wait_for_copy,
+)
 from squeal.region import RegionDaemon
-from squeal.zkstore import UNAVAILABLE, ShardMarkerStore, client_options, pool_path, shard_path
+from squeal.zkstore import UNAVAILABLE, ShardMarkerStore, Watched, ha_marker_dir, pool_path, shard_path
 
 log = logging.getLogger(__name__)
 
-LEASE_FRACTION = 0.6
 LOAD_HALF_LIFE_S = 60.0
 PUBLISH_EVERY_S = 1.0
 PLAN_EVERY_S = 1.0
+BINLOG_EVERY_S = 5.0  # how often a worker asks each owned shard's copy for its binlog's size (`BinlogMeter`)
+LOAD_CHANGE = 0.05  # a worker republishes a shard's load when it moved by more than this fraction of itself
 PAUSE_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 30, 60, 120, 300)  # seconds; the members publish every second
 RETRY_FAILED_S = 5.0  # a shard whose pipeline failed to start is tried again after this long
 WARM_ALL_UP_TO = 64  # a worker of a region with at most this many shards checks every shard's pipeline ahead
@@ -99,6 +108,18 @@ def _doc(data: bytes) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
+def loads_changed(before: dict[str, dict[str, float]], now: dict[str, dict[str, float]]) -> bool:
+    """Whether a worker's published shard loads are out of date: a shard came or went, or its load moved by more
+    than `LOAD_CHANGE` of itself (0.05 rows/s equivalents at least)."""
+    if before.keys() != now.keys():
+        return True
+    for shard, load in now.items():
+        old = before[shard].get("load", 0.0)
+        if abs(load.get("load", 0.0) - old) > max(0.05, LOAD_CHANGE * old):
+            return True
+    return False
+
+
 def placement_settings(p: PoolPlacement) -> placement.Settings:
     """The controller's `placement.Settings` from a region's `[regions.R.squeal_placement]`."""
     return placement.Settings(
@@ -110,13 +131,21 @@ class BinlogMeter:
     """How fast each owned shard's binlog grows: every `every` seconds, `SHOW BINARY LOGS` on the copy the worker
     reads (what its reader streams, whether or not the transactions touch tables with rules). `grown[shard]` is
     the bytes added since the first sample (file by file: a rotation adds the new file's size, a purge subtracts
-    nothing). A copy that does not answer (down, or the account lacks BINLOG MONITOR / REPLICATION CLIENT) keeps
-    its last figure; the load then rests on rows/s alone."""
+    nothing), `rate[shard]` the bytes/s between the last two samples (over the meter's own interval, so the load's
+    once-a-second smoothing sees a steady figure, not a burst every `every` seconds). A copy that does not answer
+    (down, or the account lacks BINLOG MONITOR / REPLICATION CLIENT) keeps its last figure; the load then rests on
+    rows/s alone. Every `BINLOG_EVERY_S` (5 s), not every second: a query per owned shard per second is a cost only a
+    pool worker pays (its fixed cost, docs/benchmarks.md), and a load smoothed over a minute does not need it."""
 
-    def __init__(self, source: Callable[[str], Any], every: float = PUBLISH_EVERY_S) -> None:
+    def __init__(
+        self, source: Callable[[str], Any], every: float = BINLOG_EVERY_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.source = source
         self.every = every
+        self.clock = clock
         self.grown: dict[str, int] = {}
+        self.rate: dict[str, float] = {}
+        self._sampled_at: dict[str, float] = {}
         self._sizes: dict[str, dict[str, int]] = {}
         self._conns: dict[str, Any] = {}
         self._wanted: set[str] = set()
@@ -141,6 +170,8 @@ class BinlogMeter:
             for shard in sorted(set(self._sizes) - wanted):
                 self._sizes.pop(shard, None)
                 self.grown.pop(shard, None)
+                self.rate.pop(shard, None)
+                self._sampled_at.pop(shard, None)
             for shard in sorted(wanted):
                 try:
                     self.sample(shard)
@@ -170,121 +201,22 @@ class BinlogMeter:
         with conn.cursor() as cur:
             cur.execute("SHOW BINARY LOGS")
             sizes = {str(row[0]): int(row[1]) for row in cur.fetchall()}
+        now = self.clock()
         before = self._sizes.get(shard)
         self._sizes[shard] = sizes
         if before is None:
             self.grown[shard] = 0
         else:
-            self.grown[shard] = self.grown.get(shard, 0) + sum(
+            added = sum(
                 max(0, size - before.get(name, 0 if name > max(before, default="") else size))
                 for name, size in sizes.items()
             )
+            self.grown[shard] = self.grown.get(shard, 0) + added
+            elapsed = now - self._sampled_at.get(shard, now)
+            if elapsed > 0:
+                self.rate[shard] = added / elapsed
+        self._sampled_at[shard] = now
         return self.grown[shard]
-
-
-class SessionLease:
-    """How long this worker may still act for the shards it owns: every `tick` a round trip to ZooKeeper (its
-    member znode still belongs to its session) extends the lease to the round trip's send time + 0.6 T (T: the
-    session timeout), so the lease ends before ZooKeeper can expire the session and give the shards to others.
-    A lease that runs out only because answers were slow *lapses* (nothing is sent) and resumes when a
-    multi-operation through ZooKeeper's leader confirms the member znode (the session lived: its ephemeral
-    `owner` znodes never went); no confirmation within T more, or the session LOST, calls `on_lost(reason)`."""
-
-    def __init__(
-        self,
-        client: KazooClient,
-        member_path: str,
-        session_timeout: float,
-        on_lost: Callable[[str], None],
-        tick: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.client = client
-        self.member_path = member_path
-        self.session_timeout = session_timeout
-        self.length = LEASE_FRACTION * session_timeout
-        self.tick = tick if tick is not None else session_timeout / 6
-        self.call_timeout = max(0.5, session_timeout / 3)
-        self.on_lost = on_lost
-        self.clock = clock
-        self.until = 0.0
-        self.lapsed = False
-        self.suspended = False
-        self.lost: str | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self, sent: float) -> None:
-        """The member znode was just created by a request sent at `sent`: the first lease."""
-        self.until = sent + self.length
-        self.client.add_listener(self._on_connection)
-        self._thread = threading.Thread(target=self._run, name="pool-lease", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        with contextlib.suppress(Exception):
-            self.client.remove_listener(self._on_connection)
-
-    def valid(self) -> bool:
-        return self.lost is None and not self.suspended and not self.lapsed and self.clock() < self.until
-
-    def left(self) -> float:
-        return max(0.0, self.until - self.clock()) if self.valid() else 0.0
-
-    def _on_connection(self, state: str) -> None:
-        if state == KazooState.SUSPENDED:
-            self.suspended = True
-        elif state == KazooState.LOST:
-            self.suspended = True
-            self._lose("session", "ZooKeeper session lost (expired or closed)")
-        else:
-            self.suspended = False
-
-    def _lose(self, reason: str, why: str) -> None:
-        if self.lost is not None:
-            return
-        self.lost = reason
-        log.warning("pool worker lease lost: %s", why)
-        threading.Thread(target=self.on_lost, args=(reason,), name="pool-lost", daemon=True).start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.tick):
-            if self.lost is not None:
-                return
-            sent = self.clock()
-            try:
-                self._renew(sent)
-            except (*UNAVAILABLE, KazooException) as e:
-                log.debug("lease renewal: %s", e)
-            now = self.clock()
-            if now >= self.until and not self.lapsed:
-                self.lapsed = True
-                log.warning(
-                    "pool worker lease ran out (no answer from ZooKeeper for %.1fs): sending paused", self.length
-                )
-            if self.lapsed and now >= self.until + self.session_timeout:
-                self._lose(
-                    "lease", f"no answer confirmed the session within {self.session_timeout:g}s after the lease ran out"
-                )
-
-    def _renew(self, sent: float) -> None:
-        stat = self.client.exists_async(self.member_path).get(timeout=self.call_timeout)
-        session = self.client.client_id[0] if self.client.client_id else None
-        if stat is None or stat.ephemeralOwner != session:
-            self._lose("znode", f"the member znode {self.member_path} is gone or belongs to another session")
-            return
-        if self.lapsed:
-            t = self.client.transaction()
-            t.check(self.member_path, stat.version)
-            results = t.commit_async().get(timeout=self.call_timeout)
-            if any(isinstance(r, Exception) and not isinstance(r, RolledBackError) for r in results):
-                return  # (a concurrent publish moved the version: the next tick)
-            if sent + self.length <= self.clock():
-                return
-            log.warning("pool worker: ZooKeeper confirmed the session again: sending resumed")
-            self.lapsed = False
-        self.until = max(self.until, sent + self.length)
 
 
 class Ownership:
@@ -463,10 +395,11 @@ class _DaemonMetrics:
 
 
 class Controller:
-    """The pool's controller, elected with kazoo's `Election` recipe: every `PLAN_EVERY_S` it reads the members,
-    their published loads, drain and move requests and the assignment, calls `placement.plan`, and writes the
-    new assignment (compare-and-set: two controllers for a moment, an old one's session ending, cannot overwrite
-    each other's plans unseen)."""
+    """The pool's controller, elected with kazoo's `Election` recipe: every `PLAN_EVERY_S`, and at once when a
+    watch fires, it takes the members, their published loads, drain and move requests and the assignment, calls
+    `placement.plan`, and writes the new assignment (compare-and-set: two controllers for a moment, an old one's
+    session ending, cannot overwrite each other's plans unseen). Each of those znodes is read again only after
+    its watch fired (`Watched`): a plan a second costs no request while nothing changes."""
 
     def __init__(self, worker: PoolWorker, settings: placement.Settings | None = None) -> None:
         self.worker = worker
@@ -478,8 +411,10 @@ class Controller:
         self.unowned_since: dict[str, float] = {}  # shard -> when this controller first saw it run nowhere
         self.leading = False
         self._stop = threading.Event()
-        self._kick = threading.Event()  # set by a watch on the members: plan now, not at the next second
+        self._kick = threading.Event()  # set by the watches: plan now, not at the next second
         self._election: Any = None
+        self._views: dict[str, Watched] = {}  # (while leading) workers/, drain/, move/, assignment
+        self._member_views: dict[str, Watched] = {}  # (while leading) workers/<name>
 
     def start(self) -> None:
         threading.Thread(target=self._run, name="pool-controller", daemon=True).start()
@@ -504,6 +439,11 @@ class Controller:
         self.leading = True
         self.worker.metrics.controller.set(1)
         log.warning("worker %s is the controller of region %s's pool", self.worker.name, self.worker.region.name)
+        self._views = {
+            name: self._watched(f"{self.base}/{name}", children=name != "assignment")
+            for name in ("workers", "drain", "move", "assignment")
+        }
+        self._member_views = {}
         try:
             while not self._stop.is_set() and self.client.state == KazooState.CONNECTED:
                 try:
@@ -519,15 +459,28 @@ class Controller:
             self.worker.metrics.controller.set(0)
             self.unowned_since.clear()  # the next controller measures from its own first look
             self.worker.metrics.unowned.clear()
+            self._views, self._member_views = {}, {}  # (a next term reads everything afresh)
+
+    def _watched(self, path: str, children: bool = False) -> Watched:
+        return Watched(self.client, path, children=children, timeout=self.worker.call_timeout, on_change=self._kick.set)
 
     def _get(self, path: str) -> Any:
         return self.client.get_async(path).get(timeout=self.worker.call_timeout)
 
-    def _children(self, path: str, watch: Callable[[Any], None] | None = None) -> list[str]:
-        try:
-            return list(self.client.get_children_async(path, watch=watch).get(timeout=self.worker.call_timeout))
-        except NoNodeError:
-            return []
+    def _members(self) -> dict[str, dict[str, Any]]:
+        """Every member's published document (name -> doc), each znode read again only after it changed."""
+        names = self._views["workers"].value()
+        for gone in set(self._member_views) - set(names):
+            del self._member_views[gone]
+        members: dict[str, dict[str, Any]] = {}
+        for name in names:
+            view = self._member_views.get(name)
+            if view is None:
+                view = self._member_views[name] = self._watched(f"{self.base}/workers/{name}")
+            data = view.value()
+            if data is not None:
+                members[name] = _doc(data)
+        return members
 
     def _account_unowned(self, members: dict[str, dict[str, Any]], names: list[str]) -> None:
         """Which shards run on no worker now (the members' published `shards`, each at most a second old), and
@@ -544,25 +497,13 @@ class Controller:
                 since = self.unowned_since.setdefault(shard, now)
                 self.worker.metrics.unowned.labels(shard=shard).set(now - since)
 
-    def _members_changed(self, _: Any) -> None:
-        """A worker joined or its session ended (a crash's orphans): plan at once."""
-        self._kick.set()
-
     def plan_once(self) -> placement.Plan | None:
-        members: dict[str, dict[str, Any]] = {}
-        asked = {
-            name: self.client.get_async(f"{self.base}/workers/{name}")  # (all at once: one round trip)
-            for name in self._children(f"{self.base}/workers", watch=self._members_changed)
-        }
-        for name, answer in asked.items():
-            with contextlib.suppress(NoNodeError):
-                members[name] = _doc(answer.get(timeout=self.worker.call_timeout)[0])
-        drains = set(self._children(f"{self.base}/drain"))
-        try:
-            data, stat = self._get(f"{self.base}/assignment")
-            doc, version = _doc(data), stat.version
-        except NoNodeError:
-            doc, version = {}, None
+        # (a member joining or its session ending - a crash's orphans - fires the watch on workers/: plan at once)
+        members = self._members()
+        drains = set(self._views["drain"].value())
+        assignment_view = self._views["assignment"]
+        data = assignment_view.value()
+        doc, version = (_doc(data), assignment_view.version) if data is not None else ({}, None)
         assignment: dict[str, str] = dict(doc.get("assignment") or {})
         last_moved: dict[str, float] = {k: float(v) for k, v in (doc.get("last_moved") or {}).items()}
         names = [s.name for s in self.worker.topology.shards]
@@ -574,7 +515,7 @@ class Controller:
         now = time.time()
         manual: list[placement.Move] = []
         taken: list[str] = []
-        for shard in self._children(f"{self.base}/move"):
+        for shard in self._views["move"].value():
             taken.append(shard)
             with contextlib.suppress(NoNodeError):
                 to = str(_doc(self._get(f"{self.base}/move/{shard}")[0]).get("to"))
@@ -636,13 +577,17 @@ class Controller:
                 self.client.create_async(f"{self.base}/assignment", data, makepath=True).get(
                     timeout=self.worker.call_timeout
                 )
+                written = 0
             else:
-                self.client.set_async(f"{self.base}/assignment", data, version=version).get(
+                stat = self.client.set_async(f"{self.base}/assignment", data, version=version).get(
                     timeout=self.worker.call_timeout
                 )
+                written = stat.version
         except (NodeExistsError, KazooException) as e:
+            assignment_view.mark_stale()
             log.warning("controller: the assignment changed meanwhile (%s): planning again", type(e).__name__)
             return None
+        assignment_view.wrote(data, written)  # (the next plan starts from it, whether or not the watch fired yet)
         for shard in taken:
             with contextlib.suppress(NoNodeError):
                 self.client.delete_async(f"{self.base}/move/{shard}").get(timeout=self.worker.call_timeout)
@@ -710,14 +655,14 @@ class PoolWorker:
         self.daemon: RegionDaemon | None = None
         self.stores: dict[str, ShardMarkerStore] = {}
         self.assignment: dict[str, str] = {}
-        self._assignment_stale = True  # its watch fired (or it was never read): read it at the next step
-        self._assignment_read_at = 0.0
+        self._assignment: Watched | None = None  # the `assignment` znode, read when its watch fires
         self.starting: set[str] = set()
         self.stopping_shards: set[str] = set()
         self.failed_at: dict[str, float] = {}
         self.loads: dict[str, dict[str, float]] = {}
-        self._rows: dict[str, tuple[float, float, int | None]] = {}  # shard -> (rows counted, when, binlog grown)
-        self._published_at = 0.0
+        self._rows: dict[str, tuple[float, float]] = {}  # shard -> (rows counted, when)
+        self._measured_at = 0.0
+        self._published: dict[str, Any] | None = None  # the member znode's content as last written
         self.stopping = False
         self.exit_code = 0
         self._wake = threading.Event()
@@ -730,21 +675,8 @@ class PoolWorker:
 
     def prepare(self) -> None:
         """ZooKeeper answers (a one-line start-up error otherwise)."""
-        rejoined = os.environ.get("SQUEAL_HA_REJOINED")
         self.waiting_for = "zookeeper"
-        self.client = KazooClient(
-            hosts=self.zk.hosts,
-            timeout=self.zk.session_timeout_s,
-            connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 1.0},
-            **client_options(self.topology),
-        )
-        try:
-            self.client.start(timeout=None if rejoined else self.connect_timeout)
-        except Exception as e:
-            self.client.stop()
-            raise ConnectionError(
-                f"cannot reach ZooKeeper {self.zk.hosts} within {self.connect_timeout:g}s: {e or type(e).__name__}"
-            ) from e
+        self.client = connect_zookeeper(self.topology, startup_timeout(self.connect_timeout))
         for sub in ("workers", "drain", "move", "shards"):
             self.client.ensure_path(f"{self.base}/{sub}")
         self.waiting_for = None
@@ -753,14 +685,14 @@ class PoolWorker:
         """/metrics, /healthz, /sampled-deletes, from before `prepare` on (waiting for ZooKeeper shows there)."""
         if self._serving:
             return
-        root = resource.Resource()
-        root.putChild(b"metrics", MetricsResource(registry=self.registry))
-        root.putChild(b"healthz", HealthResource(self.status))
-        root.putChild(
-            b"sampled-deletes",
-            SampledDeletesResource(lambda since: self.daemon.sampler.recent(since) if self.daemon is not None else []),
+        serve_status(
+            self.reactor,
+            self.metrics_port,
+            self.instance.host,
+            self.registry,
+            self.status,
+            lambda since: self.daemon.sampler.recent(since) if self.daemon is not None else [],
         )
-        self.reactor.listenTCP(self.metrics_port, server.Site(root), interface=self.instance.host)
         self._serving = True
 
     def start(self) -> None:
@@ -795,7 +727,9 @@ class PoolWorker:
         while not self._stop.is_set():
             sent = time.monotonic()
             try:
+                member = self._member()
                 self.client.create(self.member_path, self._member_doc(), ephemeral=True, makepath=True)
+                self._published = member
                 return sent
             except NodeExistsError:
                 log.warning(
@@ -813,10 +747,15 @@ class PoolWorker:
         sent = self._join()
         if self._stop.is_set():
             return
-        self.lease = SessionLease(self.client, self.member_path, self.zk.session_timeout_s, on_lost=self._lost)
+        self.lease = SessionLease(
+            self.client, self.member_path, self.zk.session_timeout_s, on_lost=self._lost, who=f"worker {self.name}"
+        )
         self.lease.start(sent)
         self.ownership = Ownership(
             self.client, self.zk.root, self.region.name, self.name, self.lease, self.call_timeout
+        )
+        self._assignment = Watched(
+            self.client, f"{self.base}/assignment", timeout=self.call_timeout, on_change=self._wake.set
         )
         self.controller = Controller(self, self.settings)
         self.controller.start()
@@ -849,6 +788,7 @@ class PoolWorker:
                 shard,
                 owner=self.name,
                 fence=lambda: ownership.fence(shard),
+                legacy=ha_marker_dir(self.zk.root, self.region.name, shard if self.topology.sharded else None),
             )
         return store
 
@@ -873,29 +813,16 @@ class PoolWorker:
     def _gate(self, shard: str) -> Callable[[], bool]:
         return lambda: self.ownership is not None and self.ownership.may_send(shard)
 
-    def _assignment_changed(self, _: Any) -> None:
-        self._assignment_stale = True
+    def _owner_changed(self, _: Any) -> None:
+        """A shard this worker waits for changed hands (one bound method: kazoo keeps one callback per znode,
+        not one per step that asked)."""
         self._wake.set()
 
     def _read_assignment(self) -> dict[str, str]:
-        """The assignment, read again only when its watch fired or a second has passed (the step runs every lease
-        tick: reading and re-arming the watch each time was most of an idle worker's ZooKeeper traffic)."""
-        assert self.client is not None
-        if not self._assignment_stale and time.monotonic() - self._assignment_read_at < PUBLISH_EVERY_S:
-            return self.assignment
-        self._assignment_stale = False
-        self._assignment_read_at = time.monotonic()
-        try:
-            data, _ = self.client.get_async(f"{self.base}/assignment", watch=self._assignment_changed).get(
-                timeout=self.call_timeout
-            )
-        except NoNodeError:
-            self.client.exists_async(f"{self.base}/assignment", watch=self._assignment_changed)
-            return {}
-        except BaseException:
-            self._assignment_stale = True  # (not read: again at the next step)
-            raise
-        return {str(k): str(v) for k, v in (_doc(data).get("assignment") or {}).items()}
+        """The assignment, read again only when its watch fired (the step runs every lease tick)."""
+        assert self._assignment is not None
+        data = self._assignment.value()
+        return {str(k): str(v) for k, v in (_doc(data or b"").get("assignment") or {}).items()}
 
     def _step(self) -> None:
         assert self.lease is not None and self.ownership is not None
@@ -915,17 +842,18 @@ class PoolWorker:
                 with self._state:
                     self.starting.add(shard)
                 self.reactor.callFromThread(self._start_shard, shard)
-            elif self.ownership.owner_of(shard, watch=lambda _: self._wake.set()) is None:
+            elif self.ownership.owner_of(shard, watch=self._owner_changed) is None:
                 self._wake.set()  # released between the two: try again at once
             # (else its owner has not released it yet: the watch on `owner` wakes this loop when it does)
         for shard in sorted(owned - mine - busy):
             with self._state:
                 self.stopping_shards.add(shard)
             self.reactor.callFromThread(self._stop_shard, shard)
-        if time.monotonic() - self._published_at >= PUBLISH_EVERY_S:
+        if time.monotonic() - self._measured_at >= PUBLISH_EVERY_S:
+            self._measured_at = time.monotonic()
             self._measure()
-            self._publish()
             self._take_loss_acceptance()
+        self._publish_if_changed()
 
     def _take_loss_acceptance(self) -> None:
         """`squeal accept-data-loss` for a shard this worker owns (a znode beside its markers, taken fenced by the
@@ -1074,9 +1002,8 @@ class PoolWorker:
         self.meter.keep(set(daemon.shards))
         for shard, pipeline in list(daemon.shards.items()):
             rows = sum(s.value for m in pipeline.metrics.rows.collect() for s in m.samples if s.name.endswith("_total"))
-            grown = self.meter.grown.get(shard)
             before = self._rows.get(shard)
-            self._rows[shard] = (rows, now, grown)
+            self._rows[shard] = (rows, now)
             if before is None or now <= before[1]:
                 continue
             elapsed = now - before[1]
@@ -1085,12 +1012,10 @@ class PoolWorker:
                 previous.get("rows_s"), max(0.0, (rows - before[0]) / elapsed), elapsed, self.half_life_s
             )
             bytes_s = previous.get("bytes_s", 0.0)
-            if grown is not None and before[2] is not None:  # (None: the binlog's size is not known yet)
+            rate = self.meter.rate.get(shard)
+            if rate is not None:  # (None: the binlog's growth is not known yet)
                 bytes_s = placement.smooth(
-                    previous.get("bytes_s") if "rows_s" in previous else None,
-                    max(0.0, (grown - before[2]) / elapsed),
-                    elapsed,
-                    self.half_life_s,
+                    previous.get("bytes_s") if "rows_s" in previous else None, max(0.0, rate), elapsed, self.half_life_s
                 )
             load = placement.shard_load(rows_s, bytes_s, bytes_per_row=self.bytes_per_row)
             self.loads[shard] = {"rows_s": round(rows_s, 3), "bytes_s": round(bytes_s, 1), "load": round(load, 3)}
@@ -1099,26 +1024,32 @@ class PoolWorker:
             self.metrics.shard_bytes.labels(shard=shard).set(bytes_s)
         self.metrics.load.set(sum(v["load"] for s, v in self.loads.items() if s in daemon.shards))
 
-    def _member_doc(self) -> bytes:
+    def _member(self) -> dict[str, Any]:
         shards = sorted(self.daemon.shards) if self.daemon is not None else []
         loads = {s: v for s, v in self.loads.items() if s in shards}
-        return json.dumps(
-            {
-                "name": self.name,
-                "region": self.region.name,
-                "pid": os.getpid(),
-                "shards": shards,
-                "loads": loads,
-                "load": round(sum(v["load"] for v in loads.values()), 3),
-                "at": time.time(),
-            },
-            sort_keys=True,
-        ).encode()
+        return {
+            "name": self.name,
+            "region": self.region.name,
+            "pid": os.getpid(),
+            "shards": shards,
+            "loads": loads,
+            "load": round(sum(v["load"] for v in loads.values()), 3),
+        }
 
-    def _publish(self) -> None:
+    def _member_doc(self) -> bytes:
+        return json.dumps({**self._member(), "at": time.time()}, sort_keys=True).encode()
+
+    def _publish_if_changed(self) -> None:
+        """Write the member znode when what the controller plans with changed: the shards this worker runs (at
+        once: the controller's count of unowned time reads them), or a load by more than `LOAD_CHANGE` of itself
+        (every second under a steady load was a write - and a read by the controller - for nothing)."""
+        now = self._member()
+        last = self._published
+        if last is not None and last["shards"] == now["shards"] and not loads_changed(last["loads"], now["loads"]):
+            return
         assert self.client is not None
         self.client.set_async(self.member_path, self._member_doc()).get(timeout=self.call_timeout)
-        self._published_at = time.monotonic()
+        self._published = now
 
     def _lost(self, reason: str) -> None:
         """The lease is gone for good (session lost, no confirmation): nothing more is sent (the gate says no

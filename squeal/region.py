@@ -403,13 +403,14 @@ class RegionDaemon:
     def take_loss_acceptances(self, stores: dict[str, Any], who: str) -> None:
         """`squeal accept-data-loss` requests kept in ZooKeeper (a znode per shard, `stores`: shard -> its store)
         handed to each running shard's pipeline, which applies it at its next checkpoint (its own request file).
-        Called every second or so by an HA leader or a pool worker; a ZooKeeper error waits for the next call."""
+        Called every second or so by an HA leader or a pool worker; a ZooKeeper error waits for the next call. A
+        store looks only when its watch on the request's znode fired (`if_changed`): no request per shard per call."""
         for shard, store in list(stores.items()):
             pipeline = self.shards.get(shard)
             if pipeline is None:
                 continue
             try:
-                if store.take_loss_acceptance():
+                if store.take_loss_acceptance(if_changed=True):
                     log.warning("%s: data loss accepted by the operator (%s)", who, store.accept_path)
                     pipeline.accept_path().write_text("accepted\n")
             except Exception as e:  # noqa: BLE001 - retried at the next call; ZooKeeper may be away for a while

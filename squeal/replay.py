@@ -286,9 +286,11 @@ def zookeeper_store(
         ) from e
     try:
         if topo.region(region).squeal_pool:  # a pooled region: the shard's own znodes, whoever owns it
-            from squeal.zkstore import ShardMarkerStore
+            from squeal.zkstore import ShardMarkerStore, ha_marker_dir
 
-            yield ShardMarkerStore(client, zk.root, region, shard or topo.shards[0].name, timeout=timeout)
+            name = shard or topo.shards[0].name
+            legacy = ha_marker_dir(zk.root, region, shard)  # (what an HA leader left: the start, until overwritten)
+            yield ShardMarkerStore(client, zk.root, region, name, timeout=timeout, legacy=legacy)
         else:
             yield ZooKeeperDatamarkerStore(client, zk.root, region, timeout=timeout, shard=shard)
     except ZooKeeperUnavailable as e:

@@ -111,6 +111,12 @@ def region_path(root: str, region: str) -> str:
     return f"{root.rstrip('/')}/regions/{region}"
 
 
+def ha_marker_dir(root: str, region: str, shard: str | None = None) -> str:
+    """Where an HA leader keeps a region's (with [shards]: a shard's) markers, one znode per destination."""
+    base = region_path(root, region)
+    return f"{base}/shards/{shard}/markers" if shard else f"{base}/markers"
+
+
 class ZooKeeperDatamarkerStore:
     """The region's flows' datamarkers and replay requests in ZooKeeper, written with compare-and-set.
 
@@ -136,7 +142,7 @@ class ZooKeeperDatamarkerStore:
         self.base = region_path(root, region)  # the region's election (`leader`, `epoch`)
         # A shard's markers, replay and accept-data-loss requests (with [shards]: under shards/<name>; the fence is
         # still the region's epoch: one leader owns every shard of the region).
-        self.data = f"{self.base}/shards/{shard}" if shard else self.base
+        self.data = ha_marker_dir(root, region, shard).removesuffix("/markers")
         self.dir = f"zookeeper:{self.data}"  # where markers live, for the daemon's messages
         self.owner = owner
         self.fence = fence
@@ -145,6 +151,11 @@ class ZooKeeperDatamarkerStore:
         self.epoch_path = f"{self.base}/epoch"
         # flow -> the marker znode's version this store last read or wrote (None: it did not exist)
         self._versions: dict[str, int | None] = {}
+        # Operator requests are looked for only after a watch said something changed (`if_changed`): a look per
+        # checkpoint was two requests per shard per second for nothing. Each flag starts set (never looked yet);
+        # a watch's event - any event, also kazoo's "connection lost" one, which drops every watch - sets it again.
+        self._replay_changed = True
+        self._accept_changed = True
 
     # -- plumbing ---------------------------------------------------------------------------------------------
 
@@ -280,17 +291,41 @@ class ZooKeeperDatamarkerStore:
         except NodeExistsError:
             self._wait(self.client.set_async(path, doc), f"write {path}")  # the newer request wins
 
-    def take_replay_requests(self) -> dict[str, str]:
+    def _replays_changed(self, _: Any) -> None:
+        self._replay_changed = True  # (kazoo's thread: a flag, nothing else)
+
+    def _acceptance_changed(self, _: Any) -> None:
+        self._accept_changed = True
+
+    def take_replay_requests(self, if_changed: bool = False) -> dict[str, str]:
         """Pending requests, each removed with its version (a request replaced meanwhile stays for next time)
-        and, when fenced, only while this instance leads (a deposed leader must not swallow one)."""
+        and, when fenced, only while this instance leads (a deposed leader must not swallow one).
+
+        Every look leaves a watch on `replay/`. `if_changed` (the daemon's periodic checkpoint): no request at all
+        unless that watch fired since the last look - a request is then taken at the first checkpoint after this
+        session's server has it. Without it (start-up, SIGHUP, tools and tests) the look is synchronous: a
+        request confirmed to an operator through another server is seen now."""
+        if if_changed and not self._replay_changed:
+            return {}
+        self._replay_changed = False
+        try:
+            return self._take_replay_requests()
+        except BaseException:
+            self._replay_changed = True  # not looked at (in full): look again next time
+            raise
+
+    def _take_replay_requests(self) -> dict[str, str]:
         out: dict[str, str] = {}
         base = f"{self.data}/replay"
         try:
             # This session's server may be a follower behind the leader: sync first, so a request an operator's
             # client has had confirmed (through another server) is seen now, not a checkpoint later.
             self._wait(self.client.sync_async(base), f"sync {base}")
-            children = self._wait(self.client.get_children_async(base), f"list {base}")
+            children = self._wait(self.client.get_children_async(base, watch=self._replays_changed), f"list {base}")
         except NoNodeError:
+            # (no `replay/` yet: watch for it, so that a request creating it is not missed)
+            if self._wait(self.client.exists_async(base, watch=self._replays_changed), f"watch {base}") is not None:
+                self._replay_changed = True  # made in between: look at the next call
             return out
         if not children:
             return out
@@ -317,6 +352,7 @@ class ZooKeeperDatamarkerStore:
             if isinstance(failure, BadVersionError | NoNodeError | NotEmptyError):
                 if token is not None and not self._epoch_is(token):
                     raise FencedError(f"replay request {path} not taken: another leader has been elected")
+                self._replay_changed = True  # (a child's new data fires no watch on `replay/`)
                 continue  # replaced by a newer request: taken at the next checkpoint
             if failure is not None:
                 raise failure
@@ -338,13 +374,26 @@ class ZooKeeperDatamarkerStore:
         except NodeExistsError:
             self._wait(self.client.set_async(self.accept_path, doc), f"write {self.accept_path}")
 
-    def take_loss_acceptance(self) -> bool:
+    def take_loss_acceptance(self, if_changed: bool = False) -> bool:
         """Whether an operator accepted data loss since the last call: the request is removed with its version
-        and, when fenced, only while this instance leads (a deposed leader must not swallow it)."""
+        and, when fenced, only while this instance leads (a deposed leader must not swallow it). `if_changed`:
+        as for `take_replay_requests`, no request unless the watch every look leaves on the znode fired."""
+        if if_changed and not self._accept_changed:
+            return False
+        self._accept_changed = False
+        try:
+            return self._take_loss_acceptance()
+        except BaseException:
+            self._accept_changed = True
+            raise
+
+    def _take_loss_acceptance(self) -> bool:
         path = self.accept_path
         try:
-            _, stat = self._wait(self.client.get_async(path), f"read {path}")
+            _, stat = self._wait(self.client.get_async(path, watch=self._acceptance_changed), f"read {path}")
         except NoNodeError:
+            if self._wait(self.client.exists_async(path, watch=self._acceptance_changed), f"watch {path}") is not None:
+                self._accept_changed = True  # made in between: taken at the next call
             return False
         token = self._fence_token(f"{path} not taken")
         t = self.client.transaction()
@@ -356,10 +405,77 @@ class ZooKeeperDatamarkerStore:
         if isinstance(failure, BadVersionError | NoNodeError):
             if token is not None and not self._epoch_is(token):
                 raise FencedError(f"{path} not taken: another leader has been elected")
+            self._accept_changed = True
             return False  # renewed meanwhile: taken next time
         if failure is not None:
             raise failure
         return True
+
+
+class Watched:
+    """One znode's data (or its children, `children=True`) as last read, read again only after the watch that
+    every read leaves fired: a change, or kazoo's connection-lost event, which drops every watch - so a value is
+    never trusted across a lost connection. Instead of a read per second, a read per change.
+
+    `value()`: the data (None: no such znode) or the sorted child names ([]: none); `version` and `stat` the
+    znode's version and `ZnodeStat` with the data (None: no such znode). `on_change` is called from kazoo's
+    thread when the watch fires (set a flag or an event there; nothing blocking)."""
+
+    def __init__(
+        self,
+        client: KazooClient,
+        path: str,
+        children: bool = False,
+        timeout: float = 5.0,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.client = client
+        self.path = path
+        self.children = children
+        self.timeout = timeout
+        self.on_change = on_change
+        self.stale = True
+        self.version: int | None = None
+        self.stat: Any = None
+        self._value: Any = [] if children else None
+
+    def _fired(self, _: Any) -> None:
+        self.stale = True
+        self.on_change()
+
+    def mark_stale(self) -> None:
+        self.stale = True
+
+    def wrote(self, data: bytes, version: int) -> None:
+        """This client just wrote the znode (`version` from the answer): the value until the watch says more."""
+        self._value, self.version = data, version  # (`stat` stays the last one read)
+
+    def value(self) -> Any:
+        if not self.stale:
+            return self._value
+        self.stale = False  # (before the read: a watch that fires during it sets it again)
+        try:
+            self._read()
+        except BaseException:
+            self.stale = True
+            raise
+        return self._value
+
+    def _read(self) -> None:
+        get = self.client.get_children_async if self.children else self.client.get_async
+        try:
+            answer = get(self.path, watch=self._fired).get(timeout=self.timeout)
+        except NoNodeError:
+            # (no watch is left by a read of a missing znode: an `exists` leaves one for its creation)
+            self._value, self.version, self.stat = ([] if self.children else None), None, None
+            if self.client.exists_async(self.path, watch=self._fired).get(timeout=self.timeout) is not None:
+                self.stale = True  # made in between: read it next time
+            return
+        if self.children:
+            self._value = sorted(answer)
+        else:
+            self._value, self.stat = answer[0], answer[1]
+            self.version = self.stat.version
 
 
 def pool_path(root: str, region: str) -> str:
@@ -383,6 +499,11 @@ class ShardMarkerStore(ZooKeeperDatamarkerStore):
     shard (its fencing token, from `fence()`), and sets the markers znode with the version this store last read or
     wrote. A deposed or released owner's write fails as a whole (`FencedError`): no marker ever goes back.
     Replay and accept-data-loss requests live beside it (`replay/<flow>`, `accept-data-loss`), fenced the same way.
+
+    `legacy`: the HA layout's marker znodes of the same shard (`ha_marker_dir`: one znode per destination), read
+    when the shard has no markers znode yet - a region whose HA leader wrote markers and that runs on the pool now
+    starts each shard where the leader left it, not from "now". The first write makes the shard's znode, which
+    alone counts from then on; the old znodes are left as they were (nothing writes them any more).
     """
 
     def __init__(
@@ -395,9 +516,11 @@ class ShardMarkerStore(ZooKeeperDatamarkerStore):
         fence: Callable[[], int | None] | None = None,
         timeout: float = 5.0,
         on_write: Callable[[float], None] | None = None,
+        legacy: str | None = None,
     ) -> None:
         super().__init__(client, root, region, owner=owner, fence=fence, timeout=timeout, on_write=on_write)
         self.shard = shard
+        self.legacy = legacy
         self.data = shard_path(root, region, shard)
         self.dir = f"zookeeper:{self.data}"  # the shard's znode: `markers`, `replay/`, `accept-data-loss` below it
         self.epoch_path = f"{self.data}/epoch"
@@ -422,7 +545,7 @@ class ShardMarkerStore(ZooKeeperDatamarkerStore):
         try:
             data, stat = self._wait(self.client.get_async(path), f"read {path}")
         except NoNodeError:
-            return {}, None
+            return self._read_legacy(), None  # (version None: the first write creates the znode, compare-and-set)
         try:
             doc = json.loads(data.decode())
             positions = doc["positions"]
@@ -433,6 +556,34 @@ class ShardMarkerStore(ZooKeeperDatamarkerStore):
         for flow, position in positions.items():
             check_position(position, f"{path}: flow {flow}")
         return dict(positions), stat.version
+
+    def _read_legacy(self) -> dict[str, str]:
+        """The HA layout's markers of this shard (flow -> position), {} without any; ValueError naming the znode
+        for a corrupt one (never silently "now")."""
+        if self.legacy is None:
+            return {}
+        try:
+            flows = self._wait(self.client.get_children_async(self.legacy), f"list {self.legacy}")
+        except NoNodeError:
+            return {}
+        out: dict[str, str] = {}
+        for flow in sorted(flows):
+            path = f"{self.legacy}/{flow}"
+            try:
+                data, _ = self._wait(self.client.get_async(path), f"read {path}")
+            except NoNodeError:
+                continue
+            out[flow] = decode_marker(data, path)
+        if out:
+            log.warning(
+                "shard %s of region %s has no markers in %s yet: starting from the HA layout's in %s (%s)",
+                self.shard,
+                self.region,
+                self.markers_path,
+                self.legacy,
+                ", ".join(f"{f} {p}" for f, p in out.items()),
+            )
+        return out
 
     def load(self, flow: str) -> str | None:
         """The flow's marker. The first call reads the shard's znode (and its version, for the compare-and-set of

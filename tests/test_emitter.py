@@ -71,13 +71,22 @@ def test_gutter_caps_ttl_and_cold_cluster_reads_from_warm():
     assert config["pools"][warm_up["warm"].split("|")[1]]["servers"] == ["127.0.0.1:31101", "127.0.0.1:31102"]
 
 
-def test_replicated_pool_reads_start_at_a_different_replica_per_cluster():
+def test_replicated_pool_reads_go_through_the_load_balancer_writes_to_all():
+    """Reads: LoadBalancerRoute over the replicas (squeal-router chooses by measured load; a real
+    mcrouter hashes the key), failing over to every other replica; writes and deletes: AllSyncRoute."""
     topo = router_config.load(EXAMPLE)
-    firsts = [
-        router_config.cluster_config(topo, c)["route"]["policies"]["session:"]["default_policy"]["children"][0]
-        for c in ("east-a", "east-b")
-    ]
-    assert firsts[0] != firsts[1]
+    for cluster in ("east-a", "east-b"):
+        config = router_config.cluster_config(topo, cluster)
+        route = config["route"]["policies"]["session:"]
+        assert route["default_policy"] == {
+            "type": "LoadBalancerRoute",
+            "children": "Pool|sessions",
+            "failover_count": 2,
+            "load_ttl_ms": 1000,
+        }
+        assert route["operation_policies"]["delete"] == {"type": "AllSyncRoute", "children": "Pool|sessions"}
+        assert set(route["operation_policies"]) >= {"set", "add", "delete", "incr", "touch", "cas"}
+        assert [p for p in config["pools"] if p.startswith("sessions")] == ["sessions"]
 
 
 def _strings(node):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pymysql
 import pytest
 
+from ops import tls as pki
 from ops.harness import HarnessError, MariaDB, memcached_command, require_binary, wait_until
 
 
@@ -110,3 +112,30 @@ def test_wait_until_lets_other_exceptions_through_and_fails_when_the_process_exi
     log.write_text("first\nlast words\n")
     with pytest.raises(HarnessError, match="(?s)x exited with code 3 during start-up.*last words"):
         wait_until(lambda: False, 5, "x", _Exited(), log)  # type: ignore[arg-type]
+
+
+def test_a_datadir_reused_with_and_without_tls_follows_the_current_setting(processes, tmp_path):
+    """`squealctl up --tls`, `down`, `up` on one state dir: the account's REQUIRE SSL and a replica's MASTER_SSL
+    follow the current start, not the first one (CREATE USER IF NOT EXISTS and CHANGE MASTER keep old settings)."""
+    d = tmp_path / "tls"
+    ca = pki.make_ca(d)
+    pki.issue(ca, d, "mariadb")
+    tls = {"ssl_cert": d / "mariadb.crt", "ssl_key": d / "mariadb.key", "ssl_ca": ca.cert, "require_ssl": True}
+    primary = processes.add(MariaDB(1, workdir=tmp_path / "p", **tls))
+    replica = processes.add(MariaDB(2, workdir=tmp_path / "r", replica=True, **tls))
+    replica.replicate_from(primary)
+    replica.wait_for_gtid(primary.gtid_binlog_pos())
+    with replica.connect() as conn, conn.cursor(pymysql.cursors.DictCursor) as cur:
+        cur.execute("SHOW SLAVE STATUS")
+        assert (cur.fetchone() or {}).get("Master_SSL_Allowed") == "Yes"
+    for server in (replica, primary):
+        server.stop()
+    again_primary = processes.add(MariaDB(1, port=primary.port, workdir=tmp_path / "p"))
+    again_replica = processes.add(MariaDB(2, port=replica.port, workdir=tmp_path / "r", replica=True))
+    again_replica.replicate_from(again_primary)
+    again_primary.execute("CREATE DATABASE IF NOT EXISTS after_tls")
+    again_replica.wait_for_gtid(again_primary.gtid_binlog_pos())  # replicating in plaintext
+    with pymysql.connect(  # a plaintext login of the account: REQUIRE SSL is gone
+        host=again_primary.host, port=again_primary.port, user="squeal", password="squeal", ssl_disabled=True
+    ):
+        pass

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,9 +114,10 @@ class WarmupController:
             raise WarmupError(f"cluster {cluster} is not warming up (`squealctl warmup start {cluster}` first)")
         topo = self.topology()
         cold, warm = self._cluster(topo, cluster), self._cluster(topo, entry["warm"])
-        before = {c.name: _hits_misses(c) for c in (cold, warm)}
+        tls = router_config.tls_context(topo.tls, "monitoring")
+        before = {c.name: _hits_misses(c, tls) for c in (cold, warm)}
         time.sleep(sample_seconds)
-        after = {c.name: _hits_misses(c) for c in (cold, warm)}
+        after = {c.name: _hits_misses(c, tls) for c in (cold, warm)}
 
         def rate(name: str) -> float | None:
             hits = after[name][0] - before[name][0]
@@ -149,12 +151,13 @@ class WarmupController:
             raise WarmupError(str(e).strip("'\"")) from e
 
 
-def _hits_misses(cluster: router_config.Cluster) -> tuple[float, float]:
-    """Summed get hits and misses of the cluster's wildcard pool servers (unreachable servers count 0)."""
+def _hits_misses(cluster: router_config.Cluster, tls: ssl.SSLContext | None) -> tuple[float, float]:
+    """Summed get hits and misses of the cluster's wildcard pool servers (unreachable servers count 0); `tls`:
+    they speak TLS (the topology's `[tls]`)."""
     hits = misses = 0.0
     for addr in cluster.wildcard.servers:
         try:
-            stats = {name: value for name, _, value in scrape_memcached(str(addr))}
+            stats = {name: value for name, _, value in scrape_memcached(str(addr), tls=tls)}
         except OSError:
             continue
         hits += stats.get("memcached_get_hits", 0.0)

@@ -44,7 +44,13 @@ pub struct Builder<'c> {
     servers: HashMap<String, Arc<Server>>,
     /// The get counters of every pool built (shown in `stats` once the config loads).
     pool_gets: Vec<Arc<crate::stats::PoolCounters>>,
+    /// Lists that `"$children_list$"` stands for while a handle is built around them (the
+    /// EagerShardSelection routes build one child per shard this way; mcrouter's factory does the same).
+    children_lists: Vec<Vec<RouteRef>>,
 }
+
+/// The string that stands for the destinations of the shard being built (mcrouter's spelling).
+pub const CHILDREN_LIST: &str = "$children_list$";
 
 impl<'c> Builder<'c> {
     pub fn new(ctx: &'c Arc<Context>, pools: Map<String, Value>) -> Builder<'c> {
@@ -60,7 +66,34 @@ impl<'c> Builder<'c> {
             weighted_pools: Default::default(),
             servers: HashMap::new(),
             pool_gets: Vec::new(),
+            children_lists: Vec::new(),
         }
+    }
+
+    /// Build with `"$children_list$"` standing for `list` (in `children`, or as one route).
+    pub fn with_children_list<T>(&mut self, list: Vec<RouteRef>, build: impl FnOnce(&mut Self) -> T) -> T {
+        self.children_lists.push(list);
+        let out = build(self);
+        self.children_lists.pop();
+        out
+    }
+
+    fn children_list(&self) -> Result<Vec<RouteRef>, String> {
+        self.children_lists
+            .last()
+            .cloned()
+            .ok_or_else(|| format!("`{CHILDREN_LIST}` outside the children settings of an EagerShardSelection route"))
+    }
+
+    /// One route from a list of destinations: as in mcrouter, only a list of exactly one is.
+    fn one_of(mut dests: Vec<RouteRef>, what: &str, hint: &str) -> Result<RouteRef, String> {
+        if dests.len() != 1 {
+            return Err(format!(
+                "{what} is {} destinations where one route is expected ({hint})",
+                dests.len()
+            ));
+        }
+        Ok(dests.remove(0))
     }
 
     /// The config's server at `addr`, over TLS or not (a server is one connection: the same
@@ -94,17 +127,14 @@ impl<'c> Builder<'c> {
                     if ty == "Pool" {
                         // as in mcrouter: a list of destinations stands for one route only
                         // when it has exactly one
-                        let mut dests = self.pool(&Value::String(rest.to_string()))?;
-                        if dests.len() != 1 {
-                            return Err(format!(
-                                "`{s}` is {} destinations where one route is expected \
-                                 (use `PoolRoute|{rest}` to hash over them, or put it in `children`)",
-                                dests.len()
-                            ));
-                        }
-                        return Ok(dests.remove(0));
+                        let dests = self.pool(&Value::String(rest.to_string()))?;
+                        return Self::one_of(
+                            dests,
+                            &format!("`{s}`"),
+                            &format!("use `PoolRoute|{rest}` to hash over them, or put it in `children`"),
+                        );
                     }
-                    let h = lookup(ty).ok_or_else(|| format!("unknown route handle type `{ty}` in `{s}`"))?;
+                    let h = lookup(ty).ok_or_else(|| format!("{} in `{s}`", crate::routes::unknown_type(ty)))?;
                     let mut obj = Map::new();
                     obj.insert("type".into(), Value::String(ty.to_string()));
                     if let Some(field) = h.shorthand {
@@ -112,6 +142,9 @@ impl<'c> Builder<'c> {
                     }
                     self.types_used.insert(h.name);
                     (h.build)(self, &obj).map_err(|e| format!("{s}: {e}"))
+                } else if s == CHILDREN_LIST {
+                    let list = self.children_list()?;
+                    Self::one_of(list, &format!("`{CHILDREN_LIST}`"), "put it in `children`")
                 } else if let Some(r) = self.named.get(s) {
                     Ok(r.clone())
                 } else if let Some(h) = lookup(s) {
@@ -130,7 +163,16 @@ impl<'c> Builder<'c> {
                         return Err(format!("route handle object without `type`: {}", short(v)));
                     }
                 };
-                let h = lookup(ty).ok_or_else(|| format!("unknown route handle type `{ty}`"))?;
+                if is_pool_type(ty) {
+                    // an inline pool where one route is expected: as `"Pool|NAME"`
+                    let dests = self.pool(v)?;
+                    return Self::one_of(
+                        dests,
+                        "an inline `Pool`",
+                        "put it in `children`, or in a PoolRoute's `pool`",
+                    );
+                }
+                let h = lookup(ty).ok_or_else(|| crate::routes::unknown_type(ty))?;
                 self.types_used.insert(h.name);
                 let r = (h.build)(self, obj).map_err(|e| if e.starts_with(ty) { e } else { format!("{ty}: {e}") })?;
                 self.warn_unknown_fields(h.name, obj);
@@ -168,6 +210,11 @@ impl<'c> Builder<'c> {
                     match item.as_str().and_then(|s| s.strip_prefix("Pool|")) {
                         // a pool inside a list stands for all its destinations, in order
                         Some(name) => out.extend(self.pool(&Value::String(name.to_string()))?),
+                        // so do an inline `{"type": "Pool", …}` and `$children_list$`
+                        None if item.get("type").and_then(Value::as_str).is_some_and(is_pool_type) => {
+                            out.extend(self.pool(item)?)
+                        }
+                        None if item.as_str() == Some(CHILDREN_LIST) => out.extend(self.children_list()?),
                         // so does a ShadowRoute (one route per child)
                         None if item.get("type").and_then(Value::as_str) == Some("ShadowRoute") => {
                             let obj = item.as_object().expect("an object has a type");
@@ -182,7 +229,10 @@ impl<'c> Builder<'c> {
                 Ok(out)
             }
             Value::String(s) if s.starts_with("Pool|") => self.pool(&Value::String(s["Pool|".len()..].to_string())),
-            other => Ok(vec![self.route(other)?]),
+            Value::String(s) if s == CHILDREN_LIST => self.children_list(),
+            Value::Object(obj) if obj.get("type").and_then(Value::as_str).is_some_and(is_pool_type) => self.pool(v),
+            // one handle is a list of one (a ShadowRoute there stands for all its routes)
+            other => self.children(&Value::Array(vec![other.clone()])),
         }
     }
 
@@ -249,14 +299,38 @@ impl<'c> Builder<'c> {
             None => self.ctx.opts.server_timeout,
         };
         let pool_tls = pool_security_mech(name, obj)?;
+        let port_override = match get_i64(obj, "port_override").map_err(|e| format!("pool `{name}`: {e}"))? {
+            None => None,
+            Some(p) => Some(
+                u16::try_from(p)
+                    .ok()
+                    .filter(|p| *p > 0)
+                    .ok_or_else(|| format!("pool `{name}`: `port_override` must be from 1 to 65535, not {p}"))?,
+            ),
+        };
         let pool: Arc<str> = Arc::from(name);
         let gets = self.ctx.stats.pool_counters(name);
         self.pool_gets.push(gets.clone());
         let mut dests: Vec<RouteRef> = Vec::with_capacity(servers.len());
         for (index, s) in servers.iter().enumerate() {
-            let addr = s
-                .as_str()
-                .ok_or_else(|| format!("pool `{name}`: server entries must be strings"))?;
+            if s.is_object() {
+                // as mcrouter: a route handle may stand in a pool's place of a server
+                let route = self
+                    .route(s)
+                    .map_err(|e| format!("pool `{name}`: servers[{index}]: {e}"))?;
+                dests.push(route);
+                continue;
+            }
+            let given = s.as_str().ok_or_else(|| {
+                format!("pool `{name}`: servers[{index}] must be \"host:port\" or a route handle object, not {s}")
+            })?;
+            let overridden = port_override.map(|p| with_port(given, p));
+            let addr = overridden.as_deref().unwrap_or(given);
+            if let Some(p) = server_protocol(addr)
+                && !p.eq_ignore_ascii_case("ascii")
+            {
+                return Err(unsupported_protocol(name, &format!("\"{p}\" (server `{addr}`)")));
+            }
             let tls = server_security_mech(addr)
                 .map_err(|e| format!("pool `{name}`: server `{addr}`: {e}"))?
                 .unwrap_or(pool_tls);
@@ -296,15 +370,23 @@ impl<'c> Builder<'c> {
             "name",
             "security_mech",
             "use_ssl",
+            "type",
+            // read by the ShardSelection routes (mcrouter keeps a pool's shard map in the pool)
+            "shards",
+            "shadow_shards",
+            // an empty pool: an error (default) or NullRoute's answers (PoolRoute)
+            "error_on_empty",
+            "port_override",
         ];
+        match obj.get("type") {
+            None => {}
+            Some(Value::String(t)) if is_pool_type(t) => {}
+            Some(other) => return Err(format!("pool `{name}`: `type` must be \"Pool\", not {other}")),
+        }
         match obj.get("protocol") {
             None => {}
             Some(Value::String(p)) if p.eq_ignore_ascii_case("ascii") => {}
-            Some(other) => {
-                return Err(format!(
-                    "pool `{name}`: protocol {other} is not supported (the router speaks memcached's ascii protocol only)"
-                ));
-            }
+            Some(other) => return Err(unsupported_protocol(name, &other.to_string())),
         }
         match obj.get("keep_routing_prefix") {
             None | Some(Value::Bool(false)) => {}
@@ -404,14 +486,55 @@ fn security_mech(m: &str) -> Result<bool, String> {
     }
 }
 
+/// `protocol: caret`/`thrift` (mcrouter's binary protocols) are out of scope: say so.
+fn unsupported_protocol(pool: &str, protocol: &str) -> String {
+    format!(
+        "pool `{pool}`: protocol {protocol} is not supported (the router speaks memcached's ascii protocol only; \
+         caret and thrift are out of scope, docs/router.md)"
+    )
+}
+
+/// A server entry with its port set to `port` (mcrouter's `port_override`): `host` and `host:1`
+/// both become `host:port`; a `:protocol:mech` suffix stays.
+fn with_port(addr: &str, port: u16) -> String {
+    let (host, rest) = match addr.strip_prefix('[') {
+        Some(s) => match s.split_once(']') {
+            Some((h, r)) => (format!("[{h}]"), r.strip_prefix(':').unwrap_or(r)),
+            None => return addr.to_string(),
+        },
+        None => match addr.split_once(':') {
+            Some((h, r)) => (h.to_string(), r),
+            None => (addr.to_string(), ""),
+        },
+    };
+    match rest.split_once(':') {
+        Some((_, suffix)) => format!("{host}:{port}:{suffix}"),
+        None => format!("{host}:{port}"),
+    }
+}
+
+/// `"Pool"` (or mcrouter's lower-case `"pool"`): an inline pool object's type.
+fn is_pool_type(t: &str) -> bool {
+    t == "Pool" || t == "pool"
+}
+
+/// What follows the host in a server entry, mcrouter's `host:port:protocol:mech` (`port:…`).
+fn after_host(addr: &str) -> &str {
+    match addr.strip_prefix('[') {
+        Some(s) => s.split_once("]:").map_or("", |(_, r)| r),
+        None => addr.split_once(':').map_or("", |(_, r)| r),
+    }
+}
+
+/// A server entry's own protocol (`host:port:protocol[:mech]`), if it has one.
+fn server_protocol(addr: &str) -> Option<&str> {
+    after_host(addr).split(':').nth(1).filter(|p| !p.is_empty())
+}
+
 /// A server entry's own security mech, mcrouter's `host:port:protocol:mech` form (e.g.
 /// `127.0.0.1:11211:ascii:ssl`), if it has one.
 fn server_security_mech(addr: &str) -> Result<Option<bool>, String> {
-    let rest = match addr.strip_prefix('[') {
-        Some(s) => s.split_once("]:").map_or("", |(_, r)| r),
-        None => addr.split_once(':').map_or("", |(_, r)| r),
-    };
-    match rest.split(':').nth(2) {
+    match after_host(addr).split(':').nth(2) {
         None | Some("") => Ok(None),
         Some(m) => security_mech(m).map(Some),
     }
@@ -574,17 +697,19 @@ fn line_col(text: &str, at: usize) -> (usize, usize) {
 /// Parse and build a config. `default_prefix` picks the default of a `routes` config (mcrouter's
 /// `--route-prefix`); without it, the first alias of the first entry is the default.
 pub fn load(ctx: &Arc<Context>, text: &str, default_prefix: Option<&str>) -> Result<RouterConfig, String> {
-    load_from(ctx, text, default_prefix, None)
+    load_from(ctx, text, default_prefix, None, &[])
 }
 
-/// [`load`] for a config read from a file in `dir`: its `@import(path)`s read files relative to `dir`.
+/// [`load`] for a config read from a file in `dir`: its `@import(path)`s read files relative to `dir`,
+/// and `params` (mcrouter's `--config-params`) are constants its macros can read.
 pub fn load_from(
     ctx: &Arc<Context>,
     text: &str,
     default_prefix: Option<&str>,
     dir: Option<&std::path::Path>,
+    params: &[(String, String)],
 ) -> Result<RouterConfig, String> {
-    let v = crate::preprocess::expand_file(text, default_prefix, dir, &[])?;
+    let v = crate::preprocess::expand_file(text, default_prefix, dir, params)?;
     let top = v.as_object().ok_or("config must be a JSON object")?;
     let pools = match top.get("pools") {
         None => Map::new(),
@@ -685,10 +810,13 @@ pub fn load_from(
         Root::Single((_, counters)) => ctx.stats.register([counters]),
         Root::Aliased { aliases, .. } => ctx.stats.register(aliases.iter().map(|(_, (_, counters))| counters)),
     }
+    // a handle built once per shard says the same thing once
+    let mut seen = std::collections::HashSet::new();
+    let warnings: Vec<String> = b.warnings.drain(..).filter(|w| seen.insert(w.clone())).collect();
     Ok(RouterConfig {
         root,
         unroutable: ctx.stats.no_route.clone(),
-        warnings: b.warnings,
+        warnings,
         types_used: b.types_used.into_iter().collect(),
         pools: pool_count,
         flush_targets,
@@ -746,7 +874,21 @@ mod tests {
                   "li:": {"type": "LatencyInjectionRoute", "child": "PoolRoute|a", "before_latency_ms": 1},
                   "mk:": {"type": "ModifyKeyRoute", "target": "PoolRoute|a", "ensure_key_prefix": "p:"},
                   "dn:": "DevNullRoute",
-                  "bh:": {"type": "BlackholeRoute", "default": "PoolRoute|a", "policies": {}}},
+                  "bh:": {"type": "BlackholeRoute", "default": "PoolRoute|a", "policies": {}},
+                  "ss:": {"type": "ShardSelectionRoute", "pool": "a", "shards": [[1], "2,3"]},
+                  "es:": {"type": "EagerShardSelectionRoute", "children_type": "LatestRoute", "children_settings": {},
+                          "pools": [{"pool": "a", "shards": [[1], [2]]}]},
+                  "ess:": {"type": "EagerShardSelectionShadowRoute", "children_type": "LoadBalancerRoute",
+                           "children_settings": {}, "shadow_children_type": "LatestRoute", "shadow_children_settings": {},
+                           "pools": [{"pool": "a", "shards": [[1], [2]], "shadow_shards": [[2], [1]]}]},
+                  "di:": {"type": "DistributionRoute", "child": "PoolRoute|a"},
+                  "ls:": {"type": "L1L2SizeSplitRoute", "l1": "PoolRoute|b", "l2": "PoolRoute|a", "threshold": 100},
+                  "hs:": {"type": "HashStopAllowListRoute", "target": "PoolRoute|a", "prefixes": ["hs:"]},
+                  "mb:": {"type": "McBucketRoute", "total_buckets": 10, "bucketization_keyspace": "k",
+                          "target": {"type": "PoolRoute", "pool": "a", "useBucketHashSelector": true}},
+                  "rg:": {"type": "RoutingGroupRoute", "routing_group_policies": {"delete_like": "PoolRoute|a"}},
+                  "pp:": {"type": "PrefixPolicyRoute", "default_policy": "PoolRoute|a"},
+                  "hi:": "HostIdRoute|Pool|a"},
                 "wildcard": {"type": "FailoverWithExptimeRoute", "normal": "PoolRoute|a",
                              "failover": ["gutter"], "failover_exptime": 10}}
             }"#;
@@ -812,6 +954,10 @@ mod tests {
                 (
                     r#"{"route": {"type": "BogusRoute"}}"#,
                     "unknown route handle type `BogusRoute`",
+                ),
+                (
+                    r#"{"route": {"type": "FailoverRoute", "children": ["SRRoute|x"]}}"#,
+                    "mcrouter's route handle `SRRoute` is not supported by squeal-router (it is Meta's service-router lookup; docs/router.md) in `SRRoute|x`",
                 ),
                 (
                     r#"{"pools": {"a": {"servers": ["nohost"]}}, "route": "PoolRoute|a"}"#,
@@ -950,7 +1096,7 @@ mod tests {
                 "a:": {"type": "L1L2CacheRoute", "l1": "NullRoute", "l2": "NullRoute", "upgradingL1Exptime": 5, "ncacheUpdatePeriod": 3},
                 "b:": {"type": "LatencyInjectionRoute", "child": "NullRoute", "request_payload_latency": true},
                 "c:": {"type": "ModifyKeyRoute", "target": "NullRoute", "set_routing_prefix": "/a/b/"},
-                "d:": {"type": "LoadBalancerRoute", "children": ["NullRoute"], "load_ttl_ms": 5},
+                "d:": {"type": "LoadBalancerRoute", "children": ["NullRoute"], "load_ttl_ms": 5, "default_server_load_percent": 50},
                 "e:": {"type": "BlackholeRoute", "default": "NullRoute", "policies": {}},
                 "f:": {"type": "LatestRoute", "children": ["NullRoute"], "thresholds": {}}},
                 "wildcard": "NullRoute"}}"#;
@@ -960,7 +1106,7 @@ mod tests {
                 "L1L2CacheRoute: `ncacheUpdatePeriod` ignored",
                 "LatencyInjectionRoute: `request_payload_latency` ignored",
                 "ModifyKeyRoute: `set_routing_prefix` ignored",
-                "LoadBalancerRoute: memcached reports no server load",
+                "LoadBalancerRoute: `default_server_load_percent` ignored",
                 "BlackholeRoute: `policies` match Carbon request fields",
                 "LatestRoute: `thresholds` ignored",
             ] {
@@ -1029,6 +1175,116 @@ mod tests {
                 err.contains("`Pool|a` is 2 destinations where one route is expected"),
                 "{err}"
             );
+        });
+    }
+
+    #[test]
+    fn inline_pool_objects_stand_where_a_pool_name_may() {
+        run(async {
+            let c = ctx();
+            // in a list: every server; where one route is expected: one server; in a PoolRoute
+            let text = r#"{"route": {"type": "FailoverRoute", "children": [
+                {"type": "Pool", "name": "B1", "servers": ["127.0.0.1:1", "127.0.0.1:2"]},
+                {"type": "ModifyExptimeRoute", "exptime": 5, "target": {"type": "Pool", "servers": ["127.0.0.1:3"]}},
+                {"type": "PoolRoute", "pool": {"type": "Pool", "name": "C", "servers": ["127.0.0.1:4"]}}]}}"#;
+            let cfg = load(&c, text, None).unwrap();
+            assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
+            assert_eq!(cfg.servers.len(), 4);
+            let mut names = Vec::new();
+            let mut r = req(Cmd::Get, "k");
+            let root = cfg.select(&mut r).ok().unwrap().0.clone();
+            root.traverse(&r, &mut |child, _| names.push(child.route_name()));
+            assert_eq!(names.len(), 4, "{names:?}");
+            assert!(
+                names[0].contains("pool=B1|id=0") && names[1].contains("pool=B1|id=1"),
+                "{names:?}"
+            );
+            let err = load(
+                &c,
+                r#"{"route": {"type": "Pool", "servers": ["127.0.0.1:1", "127.0.0.1:2"]}}"#,
+                None,
+            )
+            .err()
+            .unwrap();
+            assert!(
+                err.contains("an inline `Pool` is 2 destinations where one route is expected"),
+                "{err}"
+            );
+            let err = load(
+                &c,
+                r#"{"route": {"type": "PoolRoute", "pool": {"type": "Poo", "servers": []}}}"#,
+                None,
+            )
+            .err()
+            .unwrap();
+            assert!(err.contains("`type` must be \"Pool\""), "{err}");
+        });
+    }
+
+    #[test]
+    fn a_pool_server_may_be_a_route_handle_as_in_mcrouter() {
+        run(async {
+            let c = ctx();
+            let text = r#"{"route": {"type": "ShardSelectionRoute", "shards": [[1], [2]],
+                "pool": {"type": "Pool", "servers": [{"type": "ErrorRoute", "response": "one"}, "127.0.0.1:5"]}}}"#;
+            let cfg = load(&c, text, None).unwrap();
+            let mut r = req(Cmd::Get, "k:1:x");
+            let reply = cfg.select(&mut r).ok().unwrap().0.route(&r).await;
+            assert_eq!(&reply.wire[..], b"SERVER_ERROR one\r\n");
+            assert_eq!(cfg.servers.len(), 1);
+            let err = load(
+                &c,
+                r#"{"pools": {"p": {"servers": [5]}}, "route": "PoolRoute|p"}"#,
+                None,
+            )
+            .err()
+            .unwrap();
+            assert!(
+                err.contains("pool `p`: servers[0] must be \"host:port\" or a route handle object, not 5"),
+                "{err}"
+            );
+        });
+    }
+
+    #[test]
+    fn caret_and_thrift_are_refused_as_out_of_scope_in_the_pool_or_a_server() {
+        run(async {
+            let c = ctx();
+            for (text, want) in [
+                (
+                    r#"{"pools": {"p": {"servers": ["127.0.0.1:1:caret"]}}, "route": "PoolRoute|p"}"#,
+                    r#"pool `p`: protocol "caret" (server `127.0.0.1:1:caret`) is not supported"#,
+                ),
+                (
+                    r#"{"pools": {"p": {"servers": ["[::1]:1:thrift:ssl"]}}, "route": "PoolRoute|p"}"#,
+                    r#"protocol "thrift" (server `[::1]:1:thrift:ssl`)"#,
+                ),
+                (
+                    r#"{"pools": {"p": {"servers": ["127.0.0.1:1"], "protocol": "thrift"}}, "route": "PoolRoute|p"}"#,
+                    "caret and thrift are out of scope",
+                ),
+            ] {
+                let err = load(&c, text, None).err().unwrap_or_else(|| panic!("{text} loaded"));
+                assert!(err.contains(want), "{want} not in {err}");
+            }
+            let ascii = r#"{"pools": {"p": {"servers": ["127.0.0.1:1:ascii:plain"]}}, "route": "PoolRoute|p"}"#;
+            assert!(load(&c, ascii, None).is_ok());
+        });
+    }
+
+    #[test]
+    fn config_params_reach_the_macros() {
+        run(async {
+            let c = ctx();
+            let text = r#"{"pools": {"A": {"servers": ["127.0.0.1:%PORT%"]}}, "route": "PoolRoute|%POOL%"}"#;
+            let params = [
+                ("PORT".to_string(), "7".to_string()),
+                ("POOL".to_string(), "A".to_string()),
+            ];
+            let cfg = load_from(&c, text, None, None, &params).unwrap();
+            assert_eq!(cfg.servers[0].addr, "127.0.0.1:7");
+            let err = load(&c, text, None).err().unwrap();
+            assert!(err.contains("'%PORT%': no such parameter"), "{err}");
         });
     }
 
@@ -1161,6 +1417,30 @@ mod tests {
         fn the_dialect_parser_never_panics_on_any_text(s in "\\PC{0,64}") {
             let _ = parse_jsonc(&s);
         }
+    }
+
+    #[test]
+    fn port_override_sets_every_servers_port() {
+        assert_eq!(with_port("localhost", 7), "localhost:7");
+        assert_eq!(with_port("h:1", 7), "h:7");
+        assert_eq!(with_port("h:1:ascii:ssl", 7), "h:7:ascii:ssl");
+        assert_eq!(with_port("[::1]:1", 7), "[::1]:7");
+        assert_eq!(with_port("[::1]", 7), "[::1]:7");
+        run(async {
+            let c = ctx();
+            let text = r#"{"pools": {"p": {"servers": ["127.0.0.1", "127.0.0.2:5"], "port_override": 11311}}, "route": "PoolRoute|p"}"#;
+            let cfg = load(&c, text, None).unwrap();
+            let mut addrs: Vec<_> = cfg.servers.iter().map(|s| s.addr.clone()).collect();
+            addrs.sort();
+            assert_eq!(addrs, ["127.0.0.1:11311", "127.0.0.2:11311"]);
+            let bad = r#"{"pools": {"p": {"servers": ["h"], "port_override": 0}}, "route": "PoolRoute|p"}"#;
+            assert!(
+                load(&c, bad, None)
+                    .err()
+                    .unwrap()
+                    .contains("`port_override` must be from 1 to 65535")
+            );
+        });
     }
 
     #[test]

@@ -19,7 +19,7 @@ use tokio::net::TcpStream;
 
 use crate::auth::Login;
 use crate::config::RouterConfig;
-use crate::protocol::reply::{first_line_end, meta_hit_as_value};
+use crate::protocol::reply::first_line_end;
 use crate::protocol::request::{BINARY_REQUEST_MAGIC, binary_refusal, parse_with};
 use crate::protocol::{Cmd, Command, ParseOutcome, Reply, Request};
 use crate::routes::{BoxFuture, RouteRef};
@@ -533,15 +533,10 @@ impl Conn {
     fn get_and_touch(&mut self, ctx: Arc<Context>, cas: bool, exptime: i64, keys: Vec<Bytes>, start: Instant) {
         let mut reqs = Vec::with_capacity(keys.len());
         for key in keys {
-            let mut req = Request::simple(Cmd::MetaGet, key);
-            req.meta = vec![
-                Bytes::from_static(b"v"),
-                Bytes::from_static(b"f"),
-                Bytes::from(format!("T{exptime}")),
-            ];
-            if cas {
-                req.meta.push(Bytes::from_static(b"c"));
-            }
+            // each key as `gat <exptime> <key>`, never `mg <key> T…`: an mg of a stale item would take
+            // its win token (stale-while-revalidate) away from the meta client that should recache it
+            let mut req = Request::simple(if cas { Cmd::Gats } else { Cmd::Gat }, key);
+            req.exptime = exptime;
             let (route, asked) = select_route(&self.config, &mut req);
             let client_key = asked.unwrap_or_else(|| req.key.clone());
             let route = route.map(|(r, _)| r.clone());
@@ -559,7 +554,7 @@ impl Conn {
                 }))
                 .await;
                 let mut out = BytesMut::new();
-                for ((_, _, client_key), reply) in reqs.iter().zip(replies) {
+                for ((req, _, client_key), reply) in reqs.iter().zip(replies) {
                     if reply.res.is_error() {
                         ctx.stats.errors.fetch_add(1, Relaxed);
                         if single {
@@ -568,8 +563,8 @@ impl Conn {
                                 start,
                             };
                         }
-                    } else if let Some(block) = meta_hit_as_value(client_key, cas, &reply.wire) {
-                        out.put_slice(&block);
+                    } else if reply.res.is_hit() {
+                        append_value(&mut out, client_key, req, &reply.wire);
                     }
                 }
                 out.put_slice(END);

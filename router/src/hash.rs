@@ -283,30 +283,29 @@ pub fn weighted_ch3(key: &[u8], weights: &[f64]) -> usize {
     index
 }
 
-/// mcrouter's ConstShard: the shard id is the first run of digits between two colons
-/// (`prefix:1234:rest` → 1234); a key with one that is below the pool size goes to that index,
-/// any other key is placed by Ch3.
+/// mcrouter's ConstShard: a key with a shard id (see [`shard_id`]) below the pool size goes to
+/// that index; any other key is placed by Ch3.
 pub fn const_shard(key: &[u8], n: usize) -> usize {
     if let Some(id) = shard_id(key)
-        && id < n
+        && (id as usize) < n
     {
-        return id;
+        return id as usize;
     }
     furc_hash(key, n as u32) as usize
 }
 
-fn shard_id(key: &[u8]) -> Option<usize> {
-    let mut parts = key.split(|&b| b == b':');
-    parts.next()?; // the prefix
-    let mut rest = parts.peekable();
-    // first field that is all digits and followed by another colon
-    while let Some(field) = rest.next() {
-        rest.peek()?;
-        if !field.is_empty() && field.iter().all(u8::is_ascii_digit) {
-            return std::str::from_utf8(field).ok()?.parse().ok();
-        }
+/// The shard id of a key as mcrouter reads it (its `getShardId`, used by ConstShard and by the
+/// ShardSelection routes here): the field between the first and the second colon, all digits
+/// (`prefix:1234:rest` → 1234). Keys without one (`a:b:7:c`, `key:12`, `key::x`) have none.
+pub fn shard_id(key: &[u8]) -> Option<u32> {
+    let mut fields = key.splitn(3, |&b| b == b':');
+    fields.next()?; // the prefix
+    let field = fields.next()?;
+    fields.next()?; // the second colon must be there
+    if field.is_empty() || !field.iter().all(u8::is_ascii_digit) {
+        return None;
     }
-    None
+    std::str::from_utf8(field).ok()?.parse().ok()
 }
 
 /// "Latest" (LatestRoute's choice): `count` of `n` children for the router host `host`, in
@@ -482,10 +481,14 @@ mod tests {
 
     #[test]
     fn const_shard_vectors() {
-        // "For key key:1234:blah the result is 1234": the first all-digit field between colons.
+        // "For key key:1234:blah the result is 1234": the field between the first two colons
+        // (mcrouter's getShardId reads only that one), all digits.
         assert_eq!(shard_id(b"key:1234:blah"), Some(1234));
-        assert_eq!(shard_id(b"a:b:7:c"), Some(7));
-        assert_eq!(shard_id(b"key::5:x"), Some(5));
+        assert_eq!(shard_id(b"a:b:7:c"), None);
+        assert_eq!(shard_id(b"key::5:x"), None);
+        assert_eq!(shard_id(b"foo:0:test"), Some(0)); // mcrouter's test_const_shard_hash keys
+        assert_eq!(shard_id(b"key:99999999999:x"), None); // not a shard id
+
         assert_eq!(shard_id(b"key:12"), None); // not surrounded by colons
         assert_eq!(shard_id(b"12:key"), None); // the prefix is not a shard id
         assert_eq!(shard_id(b"key:1a:x"), None);

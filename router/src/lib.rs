@@ -21,6 +21,7 @@ pub mod config;
 pub mod connection;
 pub mod flush;
 pub mod hash;
+pub mod load;
 pub mod metrics_http;
 pub mod preprocess;
 pub mod protocol;

@@ -30,9 +30,15 @@ struct Cli {
     /// mcrouter-format JSON config (reloaded when the file changes, and on SIGHUP)
     #[arg(short = 'f', long, value_name = "PATH")]
     config_file: PathBuf,
-    /// Port to serve memcached clients on
-    #[arg(short = 'p', long, value_name = "PORT", allow_negative_numbers = true)]
-    port: u16,
+    /// Port to serve plaintext memcached clients on (optional with --ssl-port: a TLS-only router)
+    #[arg(
+        short = 'p',
+        long,
+        value_name = "PORT",
+        allow_negative_numbers = true,
+        required_unless_present = "ssl_port"
+    )]
+    port: Option<u16>,
     /// Address to listen on (clients and metrics)
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
     listen: String,
@@ -60,6 +66,9 @@ struct Cli {
     /// Routing prefix of the default tree of a `routes` config (else the first alias)
     #[arg(short = 'R', long, value_name = "PREFIX")]
     route_prefix: Option<String>,
+    /// Constants the config's macros read as %name%, as mcrouter's flag: name:value,name:value
+    #[arg(long, value_name = "PARAMS", value_parser = config_params)]
+    config_params: Option<ConfigParams>,
     /// Worker threads (1: one thread runs everything)
     #[arg(long, value_name = "N", allow_negative_numbers = true, default_value_t = 1)]
     threads: usize,
@@ -110,6 +119,14 @@ struct Cli {
     ssl_service_identity: Option<String>,
 }
 
+/// `--config-params` as parsed (a pair without `:` is a bad value).
+#[derive(Clone, Debug)]
+struct ConfigParams(Vec<(String, String)>);
+
+fn config_params(text: &str) -> Result<ConfigParams, String> {
+    squeal_router::preprocess::parse_params(text).map(ConfigParams)
+}
+
 /// A `-Y` file, read when the command line is (a file that cannot be read or parsed is a bad value).
 fn auth_file(path: &str) -> Result<AuthFile, String> {
     AuthFile::read(path.as_ref())
@@ -126,12 +143,15 @@ fn positive_ms(v: &str) -> Result<u64, String> {
 /// The command line as the router uses it.
 struct Args {
     config_file: PathBuf,
-    port: u16,
+    /// The plaintext port; None: only the `--ssl-port`s (as mcrouter, one of the two is required).
+    port: Option<u16>,
     listen: String,
     metrics_port: Option<u16>,
     spool_dir: Option<PathBuf>,
     spool_max_mb: u64,
     route_prefix: Option<String>,
+    /// `--config-params`: constants for the config's macros.
+    config_params: Vec<(String, String)>,
     threads: usize,
     /// Client connection limit (`--conn-limit`, or from the fd limit).
     conn_limit: u64,
@@ -187,7 +207,7 @@ fn startup_options(c: &Cli) -> Vec<(String, String)> {
     let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
     vec![
         ("config_file".into(), c.config_file.display().to_string()),
-        ("port".into(), c.port.to_string()),
+        ("port".into(), opt(c.port.map(|p| p.to_string()))),
         ("listen".into(), c.listen.clone()),
         ("metrics_port".into(), opt(c.metrics_port.map(|p| p.to_string()))),
         (
@@ -200,6 +220,15 @@ fn startup_options(c: &Cli) -> Vec<(String, String)> {
         ("probe_delay_initial_ms".into(), c.probe_delay_initial_ms.to_string()),
         ("probe_delay_max_ms".into(), c.probe_delay_max_ms.to_string()),
         ("route_prefix".into(), opt(c.route_prefix.clone())),
+        (
+            "config_params".into(),
+            opt(c.config_params.as_ref().map(|p| {
+                p.0.iter()
+                    .map(|(k, v)| format!("{k}:{v}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })),
+        ),
         ("threads".into(), c.threads.to_string()),
         ("enable_flush_cmd".into(), yes_no(c.enable_flush_cmd)),
         ("max_item_size".into(), c.max_item_size.to_string()),
@@ -252,6 +281,7 @@ impl TryFrom<Cli> for Args {
             spool_dir: c.spool_dir,
             spool_max_mb: c.spool_max_mb,
             route_prefix: c.route_prefix,
+            config_params: c.config_params.map(|p| p.0).unwrap_or_default(),
             threads: c.threads,
             conn_limit: conn_limit(c.conn_limit),
             watch: !c.no_config_watch,
@@ -305,7 +335,15 @@ fn load(ctx: &Arc<Context>, args: &Args) -> (Stamp, Result<config::RouterConfig,
     let stamp = mtime(&args.config_file);
     let cfg = std::fs::read_to_string(&args.config_file)
         .map_err(|e| format!("cannot read {}: {e}", args.config_file.display()))
-        .and_then(|text| config::load_from(ctx, &text, args.route_prefix.as_deref(), args.config_file.parent()));
+        .and_then(|text| {
+            config::load_from(
+                ctx,
+                &text,
+                args.route_prefix.as_deref(),
+                args.config_file.parent(),
+                &args.config_params,
+            )
+        });
     (stamp, cfg)
 }
 
@@ -525,11 +563,20 @@ async fn run(args: Args) -> Result<(), String> {
             )));
         }
     }
-    let addr = format!("{}:{}", args.listen, args.port);
-    let listener = TcpListener::bind(&addr)
-        .await
-        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    eprintln!("squeal-router: listening on {addr}");
+    let listener = match args.port {
+        Some(port) => {
+            let addr = format!("{}:{port}", args.listen);
+            let l = TcpListener::bind(&addr)
+                .await
+                .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+            eprintln!("squeal-router: listening on {addr}");
+            Some(l)
+        }
+        None => {
+            eprintln!("squeal-router: no plaintext port (no -p): TLS clients only");
+            None
+        }
+    };
     if args.opts.enable_flush {
         eprintln!("squeal-router: flush_all enabled (--enable-flush-cmd): it flushes every server of every pool");
     }
@@ -550,7 +597,14 @@ async fn run(args: Args) -> Result<(), String> {
         eprintln!("squeal-router: config file not watched (--no-config-watch): reload with SIGHUP");
     }
     eprintln!("squeal-router: at most {} clients at a time", args.conn_limit);
-    let accept = accept::serve(listener, shared.clone(), args.conn_limit, None);
+    let (plain, limit) = (shared.clone(), args.conn_limit);
+    let accept = async move {
+        match listener {
+            Some(l) => accept::serve(l, plain, limit, None).await,
+            // A TLS-only router: the --ssl-port tasks serve; this waits for a signal like the others.
+            None => std::future::pending::<()>().await,
+        }
+    };
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
     tokio::select! {
@@ -650,7 +704,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             (a.config_file.to_str(), a.port, &a.listen[..]),
-            (Some("c.json"), 5000, "0.0.0.0")
+            (Some("c.json"), Some(5000), "0.0.0.0")
         );
         assert_eq!(
             (a.metrics_port, a.spool_dir.as_deref()),
@@ -835,6 +889,25 @@ mod tests {
         assert!(a.listener_tls.is_none() && a.upstream_tls.is_none() && a.ssl_ports.is_empty());
         let e = parse(&["-f", "c.json", "-p", "1", "--ssl-port", "5001"]).err().unwrap();
         assert!(e.contains("--ssl-port needs a certificate and key"), "{e}");
+    }
+
+    #[test]
+    fn a_tls_only_router_needs_no_plaintext_port() {
+        // as mcrouter: -p or --ssl-port, either is enough (`squealctl up --tls` serves TLS only)
+        let tls = [
+            "--ssl-port",
+            "5001",
+            "--pem-cert-path",
+            "r.crt",
+            "--pem-key-path",
+            "r.key",
+        ];
+        let a = parse(&[&["-f", "c.json"][..], &tls].concat()).unwrap();
+        assert_eq!((a.port, &a.ssl_ports[..]), (None, &[5001][..]));
+        let a = parse(&[&["-f", "c.json", "-p", "5000"][..], &tls].concat()).unwrap();
+        assert_eq!((a.port, &a.ssl_ports[..]), (Some(5000), &[5001][..]));
+        let e = parse(&["-f", "c.json"]).err().unwrap();
+        assert!(e.contains("--port"), "{e}");
     }
 
     #[test]

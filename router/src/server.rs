@@ -60,12 +60,14 @@ pub struct Server {
     login_demanded: AtomicBool,
     /// Reached over TLS (its pool's `"security_mech": "tls"`), verified with `--pem-ca-path`.
     pub tls: bool,
+    /// Requests outstanding and reply latency (`crate::load`), kept on every request for LoadBalancerRoute.
+    pub load: crate::load::Load,
     ctx: Weak<Context>,
 }
 
 pub fn reply_kind(cmd: Cmd) -> ReplyKind {
     match cmd {
-        Cmd::Get | Cmd::Gets => ReplyKind::Values,
+        Cmd::Get | Cmd::Gets | Cmd::Gat | Cmd::Gats => ReplyKind::Values,
         Cmd::MetaGet | Cmd::MetaArith => ReplyKind::Meta,
         _ => ReplyKind::Line,
     }
@@ -91,6 +93,7 @@ impl Server {
             retired: AtomicBool::new(false),
             login_demanded: AtomicBool::new(false),
             tls,
+            load: crate::load::Load::default(),
             ctx: Arc::downgrade(ctx),
         });
         // The connection task holds the server weakly: it ends when the server is dropped.
@@ -130,19 +133,21 @@ impl Server {
     /// Several requests, queued on the connection in the order given before any reply is awaited
     /// (so they reach the server in that order): their replies, in order, all within `timeout`.
     pub async fn send_all(self: &Arc<Self>, reqs: &[Request], timeout: Duration) -> Vec<Reply> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let queued: Vec<Result<oneshot::Receiver<Reply>, Reply>> = reqs
+        let started = tokio::time::Instant::now();
+        let deadline = started + timeout;
+        let queued: Vec<_> = reqs
             .iter()
             .map(|req| {
                 let mut data = BytesMut::new();
                 req.encode(&mut data);
-                self.enqueue(data.freeze(), reply_kind(req.cmd))
+                let flight = self.load.start(started.into_std());
+                self.enqueue(data.freeze(), reply_kind(req.cmd)).map(|rx| (rx, flight))
             })
             .collect();
         let mut replies = Vec::with_capacity(queued.len());
         for q in queued {
             replies.push(match q {
-                Ok(rx) => self.wait(rx, deadline).await,
+                Ok((rx, flight)) => self.wait(rx, deadline, flight).await,
                 Err(busy) => busy,
             });
         }
@@ -158,15 +163,29 @@ impl Server {
     }
 
     async fn send_raw(self: &Arc<Self>, data: Bytes, kind: ReplyKind, timeout: Duration) -> Reply {
+        let started = tokio::time::Instant::now();
+        // outstanding from here (a refused one is dropped at once: not counted, not timed)
+        let flight = self.load.start(started.into_std());
         match self.enqueue(data, kind) {
-            Ok(rx) => self.wait(rx, tokio::time::Instant::now() + timeout).await,
+            Ok(rx) => self.wait(rx, started + timeout, flight).await,
             Err(busy) => busy,
         }
     }
 
-    async fn wait(self: &Arc<Self>, rx: oneshot::Receiver<Reply>, deadline: tokio::time::Instant) -> Reply {
+    /// The reply, or the error that stands for it; a server's reply (or a timeout: the server is at
+    /// least that slow) is a latency sample for its load, a failed or lost connection is not.
+    async fn wait(
+        self: &Arc<Self>,
+        rx: oneshot::Receiver<Reply>,
+        deadline: tokio::time::Instant,
+        flight: crate::load::InFlight<'_>,
+    ) -> Reply {
         match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(reply)) => {
+                // a failed connect is answered by the router itself, at once: not the server's speed
+                if !matches!(reply.res, Res::ConnectError | Res::ConnectTimeout) {
+                    flight.answered();
+                }
                 if !reply.res.is_failover_error() || reply.res == Res::RemoteError {
                     self.consecutive_timeouts.store(0, Relaxed);
                 }
@@ -174,6 +193,7 @@ impl Server {
             }
             Ok(Err(_)) => Reply::error(Res::ConnectError, "connection to server lost"),
             Err(_) => {
+                flight.answered();
                 let n = self.consecutive_timeouts.fetch_add(1, Relaxed) + 1;
                 if n >= SOFT_TKO_THRESHOLD {
                     self.mark_tko(&format!("{n} consecutive timeouts"));

@@ -10,7 +10,7 @@ import urllib.request
 from pathlib import Path
 
 import router_config
-from ops.harness import MonitoringServer, free_port
+from ops.harness import MonitoringServer, free_port, wait_until
 from tests.binaries import needs_binary
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "local.toml"
@@ -150,3 +150,39 @@ def test_dashboard_shows_who_leads_each_ha_region(tmp_path, ha_deployment):
     with urllib.request.urlopen(f"http://{address}/api/leaders", timeout=5) as resp:
         (east,) = json.loads(resp.read())
     assert (east["leader"], east["standbys"]) == (leader, [standby]) and east["since"] > 0
+
+
+def test_dashboard_shows_each_links_tls_state(tmp_path, ha_deployment):
+    """The links table (monitoring/links.py): a plaintext deployment's every link is PLAINTEXT, one row per
+    server, as /api/links says (the TLS deployment's links are checked in tests/ops/test_tls_deployment.py)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    address = ha_deployment.status()["monitoring"]["address"]
+
+    def links() -> list[dict]:
+        with urllib.request.urlopen(f"http://{address}/api/links", timeout=5) as resp:
+            return json.loads(resp.read())
+
+    found = wait_until(links, 30, "the monitoring server's first round of link checks")
+    assert found and all(link["tls"] is False and link["detail"].startswith("plaintext") for link in found), found
+    routers = {str(a) for c in ha_deployment.topo.clusters for a in c.routers}
+    assert routers <= {link["address"] for link in found if link["server"].startswith("router ")}
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path / 'chrome'}")
+    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    try:
+        driver.get(f"http://{address}/")
+        rows = "[...document.querySelectorAll('#links tr[data-server]')]"
+        WebDriverWait(driver, 20).until(lambda d: d.execute_script(f"return {rows}.length") == len(found))
+        states = driver.execute_script(f"return {rows}.map(r => r.querySelector('.state').textContent)")
+        assert set(states) == {"PLAINTEXT"}, states
+        summary = driver.execute_script("return document.querySelector('#links summary').textContent")
+        assert summary == f"links: 0 of {len(found)} over TLS", summary
+    finally:
+        driver.quit()

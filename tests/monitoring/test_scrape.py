@@ -13,6 +13,7 @@ import threading
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, start_http_server
 
+import router_config
 from loadtest.experiments.batching import histogram_median
 from monitoring.scrape import (
     memcached_stats,
@@ -22,6 +23,7 @@ from monitoring.scrape import (
     scrape_memcached,
     scrape_prometheus,
 )
+from ops import tls as pki
 from ops.harness import free_port, memcached_command
 
 
@@ -132,3 +134,17 @@ def test_a_server_that_does_not_answer_stats_is_down(reply):
 def test_nothing_listening_is_down():
     with pytest.raises(OSError):
         memcached_stats(f"127.0.0.1:{free_port()}", timeout=0.5)
+
+
+def test_memcached_stats_over_tls_from_memcached_dash_z(memcached_factory, tmp_path):
+    """A topology with [tls] runs memcached -Z: its stats are read over TLS, verified against the CA."""
+    d = tmp_path / "tls"
+    ca = pki.make_ca(d)
+    pair = pki.issue(ca, d, "memcached")
+    server = memcached_factory(tls=(pair.cert, pair.key), ssl_ca=ca.cert)
+    ctx = router_config.verifying_context(str(ca.cert))
+    assert memcached_command((server.host, server.port), b"set k 0 0 1\r\nx\r\n", tls=ctx) == b"STORED"
+    stats = memcached_stats(server.address, tls=ctx)
+    assert stats["cmd_set"] == 1.0 and stats["pid"] == float(server.pid)
+    with pytest.raises(OSError):  # plaintext to a TLS-only port: no stats
+        memcached_stats(server.address, timeout=2)

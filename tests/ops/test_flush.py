@@ -14,8 +14,9 @@ from pymemcache.client.base import Client
 
 import router_config
 from ops import cli
+from ops import tls as pki
 from ops.flush import main as flush_main
-from ops.harness import REPO_ROOT, ROUTER_BIN, free_port
+from ops.harness import REPO_ROOT, ROUTER_BIN, free_port, memcached_command
 from tests.binaries import needs_binary
 
 pytestmark = needs_binary(ROUTER_BIN.exists(), "router not built (scripts/setup.sh)")
@@ -176,3 +177,24 @@ def test_squealctl_flush_asks_on_a_real_terminal(world):
         proc.kill()
         os.close(leader)
     assert world.holding() == {"wa", "ga", "regional"}
+
+
+def test_a_tls_pool_is_flushed_over_tls(memcached_factory, tmp_path, capsys):
+    """With [tls] memcached runs -Z (its port speaks TLS only): `flush --pool` dials it over TLS."""
+    d = tmp_path / "tls"
+    ca = pki.make_ca(d)
+    for name in ("memcached", "monitoring"):
+        pki.issue(ca, d, name)
+    server = memcached_factory(tls=(d / "memcached.crt", d / "memcached.key"), ssl_ca=ca.cert)
+    ctx = router_config.verifying_context(str(ca.cert))
+    address = (server.host, server.port)
+    assert memcached_command(address, b"set k 0 0 1\r\nx\r\n", tls=ctx) == b"STORED"
+    path = tmp_path / "topology.toml"
+    text = TOPOLOGY.format(db=free_port(), ra=free_port(), rb=free_port(), wa=server.address, ga="127.0.0.1:1",
+                           wb="127.0.0.1:2", regional="127.0.0.1:3")  # fmt: skip
+    path.write_text('[tls]\ndir = "tls"\nrequire = true\n' + text)
+    code = cli.main(["--state-dir", str(tmp_path / "state"), "flush", "a", "--pool", "wildcard", "--yes",
+                     "--topology", str(path)])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert (code, out, err) == (0, "flushed pool a/wildcard\n", "")
+    assert memcached_command(address, b"get k\r\n", tls=ctx) == b"END"

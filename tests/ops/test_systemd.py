@@ -30,7 +30,7 @@ from pymemcache.client.base import Client
 import router_config
 from ops import systemd, tls
 from ops.cli import main as squealctl
-from ops.harness import ROUTER_BIN, free_port, wait_until, zookeeper_mode
+from ops.harness import ROUTER_BIN, free_port, memcached_command, wait_until, zookeeper_mode
 from ops.local import squeal_state
 from router_config import TopologyError
 from tests.binaries import needs_binary, require_binary
@@ -700,7 +700,9 @@ def test_pooled_region_renders_one_unit_per_worker_and_the_ensemble(tmp_path):
 # -- [tls] (issue 25) -----------------------------------------------------------------------------------------
 
 
-def _tls_topology(tmp_path: Path, components: tuple[str, ...] = ("mariadb", "zookeeper", "squeal")) -> Path:
+def _tls_topology(
+    tmp_path: Path, components: tuple[str, ...] = ("mariadb", "zookeeper", "squeal", "router", "memcached")
+) -> Path:
     """examples/three-hosts-ha.toml with `[tls] dir = "tls"` (ops.tls's CA and certificates) and one ZooKeeper
     server on a free port (a standalone server starts quickly on a shared machine)."""
     d = tmp_path / "tls"
@@ -784,3 +786,63 @@ def test_tls_topology_without_a_servers_certificate_is_a_one_line_error(tmp_path
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert "tls.zookeeper" in err and str(topology) in err, err
+
+
+@needs_router
+def test_tls_topology_renders_tls_only_routers_and_memcached_that_serve_tls(tmp_path):
+    """With [tls] a router's topology port is its one port, TLS only (no plaintext -p), and memcached runs -Z;
+    the rendered router reaches the rendered memcached over TLS (its config says security_mech tls)."""
+    d = tmp_path / "tls"
+    ca = tls.make_ca(d)
+    for name in ("mariadb", "zookeeper", "squeal", "router", "memcached"):
+        tls.issue(ca, d, name, hosts=HOSTS)
+    account = _service_account()
+    for key in d.glob("*.key"):  # the services' account reads its keys, as an operator would arrange
+        os.chown(key, account.pw_uid, account.pw_gid)
+    moved = router_config.reassign_ports(router_config.load(THREE_HA), free_port)
+    topology = tmp_path / "tls-ha.toml"
+    topology.write_text('[tls]\ndir = "tls"\nrequire = true\n\n' + router_config.dumps(moved))
+    topo = router_config.load(topology)
+    east_a, regional = topo.cluster("east-a"), topo.region("east").regional_pool
+    assert regional is not None
+    router, cache = east_a.routers[0], regional.servers[0]  # on 127.0.0.2 and 127.0.0.1
+    options = ["--data-dir", str(tmp_path / "data"), "--user", account.pw_name]
+    render(topology, router.host, tmp_path / router.host, *options)
+    render(topology, cache.host, tmp_path / cache.host, *options)
+    router_unit = tmp_path / router.host / f"squeal-router-east-a-{router.port}.service"
+    cache_unit = tmp_path / cache.host / f"squeal-memcached-east-regional-{cache.port}.service"
+    argv = exec_start(parse_unit(router_unit))
+    assert "-p" not in argv and argv[argv.index("--ssl-port") + 1] == str(router.port), argv
+    assert [argv[argv.index(f) + 1] for f in ("--pem-cert-path", "--pem-key-path", "--pem-ca-path")] == [
+        str(d / "router.crt"),
+        str(d / "router.key"),
+        str(d / "ca.crt"),
+    ]
+    argv = exec_start(parse_unit(cache_unit))
+    assert argv[-3:] == ["-Z", "-o", f"ssl_chain_cert={d / 'memcached.crt'},ssl_key={d / 'memcached.key'}"], argv
+    config = json.loads((tmp_path / router.host / "routers" / "east-a.json").read_text())
+    assert {p.get("security_mech") for p in config["pools"].values()} == {"tls"}, config["pools"]
+
+    # and they serve: TLS only, the router reaching memcached over TLS
+    started = _Started(tmp_path)
+    try:
+        started.start(cache_unit)
+        started.start(router_unit)
+        ctx = ssl.create_default_context(cafile=str(d / "ca.crt"))
+        for a in (cache, router):
+            wait_until(
+                lambda a=a: memcached_command((a.host, a.port), b"version\r\n", tls=ctx).startswith(b"VERSION"),
+                30,
+                f"{a} answering over TLS",
+            )
+            try:  # a plaintext client gets nothing: the connection is closed (or reset) on it
+                reply = memcached_command((a.host, a.port), b"version\r\n", timeout=5)
+            except OSError:
+                reply = b""
+            assert not reply.startswith(b"VERSION"), f"{a} answered a plaintext client"
+        to_router = (router.host, router.port)
+        assert memcached_command(to_router, b"set regional:k 0 0 2\r\nhi\r\n", tls=ctx) == b"STORED"
+        assert memcached_command((cache.host, cache.port), b"get regional:k\r\n", tls=ctx).startswith(b"VALUE")
+        assert not started.exited(), started.exited()
+    finally:
+        started.stop()

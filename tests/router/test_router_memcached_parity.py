@@ -208,6 +208,22 @@ def test_argument_errors_verbosity_and_gat_like_memcached(memcached_factory, rou
     assert got == want
 
 
+def test_a_gat_of_a_stale_item_leaves_its_win_token_to_the_meta_client(memcached_factory, router_factory) -> None:
+    """memcached hands the right to recache an invalidated (stale) item to the first *meta* get
+    (`W`, then `Z` to the rest); a classic `gat` reads the stale value without taking it. The router
+    sent each key of a `gat` as `mg … T`, which took the token: the lease client after it saw `Z`
+    and waited for a refill that the classic client never knew it owed (found by the fuzzer)."""
+    direct, behind = memcached_factory(), memcached_factory()
+    router = router_factory(pool(behind))
+    stream = (
+        b"set n 0 0 1\r\n4\r\nset o 0 0 1\r\n5\r\nmd n I\r\nmd o I\r\n"
+        + b"gat 1000 n\r\ngats 1000 o n\r\nmg n s v f\r\nmg o s v f\r\nmn\r\n"
+    )
+    want, got = both(direct, router, stream)
+    assert want.count(b" X W\r\n") == 2, want  # both meta gets won the recache
+    assert got == want
+
+
 def test_stats_reset_answers_reset_like_memcached(memcached_factory, router_factory) -> None:
     """memcached 1.6.18 answers `RESET` to `stats reset` whatever follows it (`noreply` too: stats
     ignores it); the router answers the same once every server of the config has reset."""
@@ -340,3 +356,36 @@ def test_long_command_lines_like_memcached(memcached_factory, router_factory) ->
         c.send(b"set w 0 0 1" + b" " * 2037)
         c.send(b"\r\nw\r\nmn\r\n")
         assert (c.line(), c.line()) == (b"STORED", b"MN")
+
+
+def test_bget_is_a_get_like_memcached(memcached_factory, router_factory) -> None:
+    """memcached 1.6.18 still serves `bget`, an old alias of `get` (the same code in its
+    proto_text.c: VALUE blocks without cas, END, counted in cmd_get); its line is not exempt from
+    the 2 KiB partial-line bound as `get`/`gets` lines are."""
+    direct, behind = memcached_factory(), memcached_factory()
+    router = router_factory(pool(behind))
+    stream = (
+        b"set a 5 0 2\r\naa\r\nset b 0 0 3\r\nbbb\r\n"
+        + b"bget a\r\nbget a nope b\r\nbget  b  a \r\nbget\r\nbget a noreply\r\nmn\r\n"
+    )
+    want, got = both(direct, router, stream)
+    assert b"VALUE a 5 2\r\naa\r\nEND\r\nVALUE a 5 2\r\naa\r\nVALUE b 0 3\r\nbbb\r\nEND\r\n" in want, want
+    assert b"END\r\nERROR\r\nVALUE a" in want, want
+    assert got == want
+    # counted as gets, hits and misses, by both
+    stats = {}
+    for name, mc in (("memcached", direct), ("router", router)):
+        lines = exchange(mc.address, b"stats\r\n", b"END\r\n").decode().splitlines()
+        stats[name] = {ln.split()[1]: ln.split()[2] for ln in lines if ln.startswith("STAT ")}
+    # 8 keys asked (`noreply` is a key here), 6 found
+    for stat, n in (("cmd_get", "8"), ("get_hits", "6"), ("get_misses", "2")):
+        assert stats["memcached"][stat] == stats["router"][stat] == n, (stat, stats)
+    # a key over 250 bytes refuses the whole line (on its own: memcached drops the unwritten answers
+    # of earlier pipelined commands then, a known difference, docs/router.md)
+    want, got = both(direct, router, b"bget a " + b"k" * 251 + b"\r\nmn\r\n")
+    assert want == b"CLIENT_ERROR bad command line format\r\nMN\r\n", want
+    assert got == want
+    # past 2 KiB without a newline: closed without a reply, as any non-get line
+    data = b"bget " + b"k " * 1100
+    assert until_closed(direct.address, data) == b""
+    assert until_closed(router.address, data) == b""

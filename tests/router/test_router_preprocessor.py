@@ -102,3 +102,23 @@ def test_config_params_are_constants_and_a_bad_one_is_a_usage_error(tmp_path: Pa
     assert json.loads(out.stdout)["route"] == "NullRoute"
     out = subprocess.run([CONFIG_BIN, "--config-params", "nocolon", path], capture_output=True, text=True)
     assert out.returncode == 1 and "--config-params: `nocolon` is not name:value" in out.stderr, out.stderr
+
+
+def test_config_params_reach_the_router_and_the_check_as_mcrouters_harness_passes_them(
+    memcached_factory, router_factory, tmp_path: Path
+) -> None:
+    """mcrouter's own test_config_params.json: the port and the pool name come from --config-params
+    (before, only `--expand` passed them on: the check and the router refused the config)."""
+    mc = memcached_factory()
+    path = tmp_path / "params.json"
+    path.write_text('{"pools": {"A": {"servers": ["127.0.0.1:%PORT%"]}}, "route": "PoolRoute|%POOL%"}')
+    params = f"PORT:{mc.port},POOL:A"
+    checked = subprocess.run([CONFIG_BIN, "--config-params", params, path], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+    router = router_factory(path, extra_args=("--config-params", params))
+    c = Conn(router.address)
+    assert c.call(b"set key 0 0 5\r\nvalue\r\n") == b"STORED"
+    assert mc_get(mc.address, "key") == b"VALUE key 0 5\r\nvalue\r\nEND\r\n"
+    c.close()
+    bad = subprocess.run([ROUTER_BIN, "--config-file", path, "-p", "1", "--config-params", "x"], capture_output=True)
+    assert bad.returncode == 2 and b"`x` is not name:value" in bad.stderr, bad.stderr

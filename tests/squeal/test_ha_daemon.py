@@ -20,7 +20,7 @@ from test_ha_support import SESSION_TIMEOUT, HaEnv, MarkerWatch, ensemble, start
 from test_squeal_faults import Writer, post_keys
 
 from squeal import gtid as g
-from squeal.ha import TakeoverError, wait_for_copy
+from squeal.owner import TakeoverError, wait_for_copy
 from squeal.zkstore import region_path
 
 

@@ -677,3 +677,46 @@ def test_a_lapsed_leader_whose_term_ended_meanwhile_does_not_resume(zk, clients,
     assert a.events[-1][2] == "znode" and not a.elector.may_send()
     assert a.metric("squeal_ha_lease_resumptions_total") == 0
     assert a.last_send_ok < a.when("deposed")[0]
+
+
+def recorded_requests(c) -> list[tuple[str, str]]:
+    """(request type, path) of every request client `c` sends from now on (kazoo's calls all go through `_call`)."""
+    sent: list[tuple[str, str]] = []
+    call = c._call
+
+    def recording(request, async_object):
+        sent.append((type(request).__name__, getattr(request, "path", "")))
+        return call(request, async_object)
+
+    c._call = recording
+    return sent
+
+
+def test_a_steady_election_asks_zookeeper_nothing_but_the_leaders_lease(zk, clients, candidates) -> None:
+    """Nothing changes: a leader, a standby. The standby's step reads the leader znode, and the leader's step the
+    candidates (for a hand-back), again only after their watches fired - before, every tick the standby sent an
+    `exists` and a `get` (and left kazoo one more watch callback each time) and the leader listed and read every
+    candidate. What remains is the leader's lease (an `exists` of its leader znode every tick)."""
+    root = unique_root()
+    base = region_path(root, "east")
+    a = candidates(clients(), root, "east-1", 0)
+    wait_until(lambda: a.elector.is_leader, 15, "east-1 to lead")
+    b = candidates(clients(), root, "east-2", 1)
+    wait_until(lambda: b.elector.leader_name == "east-1", 10, "east-2 to see east-1 lead")
+    steps = {"east-1": 0, "east-2": 0}
+    for c in (a, b):
+        step = c.elector._step
+
+        def counted(step=step, name=c.elector.name) -> None:
+            steps[name] += 1
+            step()
+
+        c.elector._step = counted
+    wait_until(lambda: min(steps.values()) >= 3, 15, "a few steps (east-1 has read east-2's candidate)")
+    sent_a, sent_b = recorded_requests(a.elector.client), recorded_requests(b.elector.client)
+    seen = dict(steps)
+    wait_until(lambda: all(steps[n] >= seen[n] + 20 for n in steps), 30, "twenty more steps each")
+    assert a.elector.is_leader and b.elector.state == STANDBY
+    assert sent_b == [], f"the standby asked {len(sent_b)} times in 20 steps: {sent_b[:4]}"
+    assert set(sent_a) <= {("Exists", f"{base}/leader")}, f"the leader asked more than its lease: {sent_a[:6]}"
+    assert len(b.elector.client._data_watchers[f"{base}/leader"]) <= 1, "one watch callback, not one per step"

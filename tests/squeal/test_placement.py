@@ -155,6 +155,45 @@ def test_a_shard_with_ten_times_the_writes_ends_alone_on_its_worker() -> None:
     assert q.after.hot_not_alone == 0
 
 
+def test_a_hot_shard_orphaned_by_a_crash_lands_where_the_fewest_shards_must_make_room() -> None:
+    """Its worker died: it must be alone again. The least-loaded worker (w1) holds ten small shards that
+    would all have to leave; w2's three shards fit into the others' room, so the hot shard goes there."""
+    shards = (
+        [Shard("hot", 20.0)]
+        + [Shard(f"a{i}", 0.9) for i in range(10)]  # w1: 9.0, the least loaded
+        + [Shard(f"b{i}", 3.2) for i in range(3)]  # w2: 9.6
+        + [Shard(f"c{i}", 2.0) for i in range(10)]  # w3, w4: 10.0 each
+    )
+    assignment = {"hot": "w0"}
+    assignment |= {f"a{i}": "w1" for i in range(10)} | {f"b{i}": "w2" for i in range(3)}
+    assignment |= {f"c{i}": f"w{3 + i // 5}" for i in range(10)}
+    p = plan(workers(5, w0={"alive": False}), shards, assignment, {}, now=0.0, settings=S)
+    assert held(p, "w2") == {"hot"}
+    assert [(m.shard, m.reason) for m in p.moves[:1]] == [("hot", ORPHANED)]
+    assert sorted(m.shard for m in p.moves[1:]) == ["b0", "b1", "b2"]
+    assert all(m.reason == REBALANCE and "hot shard hot" in m.detail for m in p.moves[1:])
+    assert p.after.hot_not_alone == 0 and not p.after.violations
+    # w2's shards were just moved (cooldown): the next cheapest company (w3's five) makes room instead
+    recent = {f"b{i}": -10.0 for i in range(3)}
+    q = plan(workers(5, w0={"alive": False}), shards, assignment, recent, now=0.0, settings=S)
+    assert held(q, "w3") == {"hot"} and len(q.moves) == 6 and q.after.hot_not_alone == 0
+
+
+def test_a_join_that_makes_a_shard_hot_gives_the_new_worker_that_shard_not_its_company() -> None:
+    """With a fourth worker the level drops under `big`'s load: it must be alone. Its twenty small
+    companions would all have to leave; moving `big` to the empty worker, then refilling w0, is four moves."""
+    shards = [Shard("big", 6.0)] + [Shard(f"t{i:02d}", 0.1) for i in range(20)]
+    shards += [Shard(f"u{i}", 1.0) for i in range(14)]
+    assignment = {"big": "w0"} | {f"t{i:02d}": "w0" for i in range(20)} | {f"u{i}": f"w{1 + i // 7}" for i in range(14)}
+    first = plan(workers(4), shards, assignment, {}, now=0.0, settings=S)
+    assert first.before.hot == frozenset({"big"})
+    assert (first.moves[0].shard, first.moves[0].source, first.moves[0].target) == ("big", "w0", "w3")
+    assert held(first, "w3") == {"big"} and first.after.hot_not_alone == 0
+    recent = {m.shard: 0.0 for m in first.moves}
+    later = plan(workers(4), shards, first.assignment, recent, now=400.0, imbalanced_since=0.0, settings=S)
+    assert not later.after.violations and len(first.moves) + len(later.moves) <= 6
+
+
 def test_drain_moves_everything_off_the_worker() -> None:
     shards, assignment = even(4, 5)
     p = plan(workers(4, w2={"draining": True}), shards, assignment, {}, now=0.0, settings=S)

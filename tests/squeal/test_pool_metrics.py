@@ -42,3 +42,50 @@ def test_the_controller_measures_how_long_each_shard_ran_nowhere(monkeypatch: py
     assert _value(registry, "squeal_pool_unowned_seconds_sum") == 3.0
     assert _value(registry, "squeal_pool_unowned_seconds_bucket", le="2.0") == 0.0
     assert _value(registry, "squeal_pool_unowned_seconds_bucket", le="3.0") == 1.0
+
+
+class _Copy:
+    """What `BinlogMeter` asks of a shard's copy: `SHOW BINARY LOGS` answering the sizes it is given."""
+
+    def __init__(self, sizes: dict[str, int]) -> None:
+        self.sizes = sizes
+
+    def connect(self) -> _Copy:
+        return self
+
+    def cursor(self) -> _Copy:
+        return self
+
+    def __enter__(self) -> _Copy:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        pass
+
+    def execute(self, sql: str) -> None:
+        assert sql == "SHOW BINARY LOGS"
+
+    def fetchall(self) -> list[tuple[str, int]]:
+        return list(self.sizes.items())
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_binlog_meter_gives_bytes_per_second_over_its_own_interval() -> None:
+    """Sampled every 5 s, the meter's `rate` is the growth over its own interval (a rotation counts the new file
+    whole, a purge nothing), so the load's once-a-second smoothing sees a steady figure, not a burst in one
+    second of five."""
+    clock = [0.0]
+    copy = _Copy({"bin.000001": 1000})
+    meter = pool.BinlogMeter(lambda shard: copy, every=5.0, clock=lambda: clock[0])
+    assert meter.sample("s0") == 0 and "s0" not in meter.rate  # one sample: no rate yet
+    clock[0] = 5.0
+    copy.sizes = {"bin.000001": 6000}
+    assert meter.sample("s0") == 5000 and meter.rate["s0"] == 1000.0
+    clock[0] = 10.0
+    copy.sizes = {"bin.000001": 8000, "bin.000002": 500}  # rotated: 2,000 more in the old file, 500 in the new
+    assert meter.sample("s0") == 7500 and meter.rate["s0"] == 500.0
+    clock[0] = 15.0
+    copy.sizes = {"bin.000002": 500}  # the old file purged, nothing written
+    assert meter.sample("s0") == 7500 and meter.rate["s0"] == 0.0

@@ -26,7 +26,9 @@ from test_ha_support import NetnsSquealDaemon, ensemble, hosts, unique_root
 
 from ops import harness
 from ops.harness import MariaDB, Memcached, SquealDaemon, free_port
-from squeal.zkstore import shard_path
+from squeal import current_position
+from squeal import gtid as g
+from squeal.zkstore import ZooKeeperDatamarkerStore, shard_path
 
 SHARDS = ("p0", "p1", "p2", "p3")
 SESSION_TIMEOUT = 2.0
@@ -81,11 +83,21 @@ class Pool:
         netns = netns or {}
         self.hosts = {n: netns[n][1] if n in netns else "127.0.0.1" for n in ("w1", "w2", "w3")}
         self.root = unique_root()
-        self.zk_hosts = hosts(zk)
-        self.ports = {f"w{i}": free_port() for i in (1, 2, 3)}
+        self.zk, self.zk_hosts = zk, hosts(zk)
+        # (The topology reserves each ZooKeeper server's port + 100 and + 200 for its peers, in use or not: a free
+        # port that happens to be one of them makes the loader refuse the file.)
+        reserved = {m.port + d for m in zk for d in (0, 100, 200)}
+
+        def port() -> int:
+            while (p := free_port()) in reserved:
+                pass
+            reserved.add(p)
+            return p
+
+        self.ports = {f"w{i}": port() for i in (1, 2, 3)}
         clusters = "".join(
             f'[regions.east.clusters.c{i}]\nrouters = ["{host}:{m.port}"]\n'
-            f'pools.wildcard = {{ kind = "wildcard", servers = ["{host}:{free_port()}"] }}\n'
+            f'pools.wildcard = {{ kind = "wildcard", servers = ["{host}:{port()}"] }}\n'
             for i, m in enumerate(self.memcacheds)
         )
         instances = "".join(
@@ -95,7 +107,7 @@ class Pool:
         servers = ", ".join(f'"{h}"' for h in self.zk_hosts.split(","))
         self.topology = base / "topology.toml"
         self.topology.write_text(
-            f'[squeal]\ndatamarker_dir = "var/dm"\nmetrics_port_base = {free_port()}\n\n'
+            f'[squeal]\ndatamarker_dir = "var/dm"\nmetrics_port_base = {port()}\n\n'
             f"[zookeeper]\nservers = [{servers}]\nsession_timeout_s = {SESSION_TIMEOUT}\n"
             f'root = "{self.root}"\n\n'
             + "".join(
@@ -356,6 +368,43 @@ def test_workers_check_shards_ahead_and_a_new_owner_starts_from_the_markers_with
     writer.start()
     wait_until(lambda: len(writer.written) > 100, DEADLINE, "writes after the move")
     assert_nothing_lost(env, writer.stop())
+
+
+def test_a_region_whose_markers_an_ha_leader_wrote_runs_on_the_pool_from_them_nothing_lost(make_pool) -> None:
+    """Upgrade: the markers an HA leader left (one znode per destination under `<region>/shards/<shard>/markers/`)
+    are where the pool's first owner of each shard starts. Rows committed after those markers while no squeal ran
+    are invalidated once the workers start (before, a shard without a pool markers znode started from "now": all
+    of them stayed cached), and the shard's own markers znode carries on from there."""
+    env = make_pool()
+    prime(env, range(1, 20001))
+    zk = pool_of(env)
+    try:
+        for shard, db in zip(SHARDS, env.dbs, strict=True):  # what the HA leader acknowledged: everything so far
+            with db.connect() as conn:
+                position = g.format_position(current_position(conn))
+            ha = ZooKeeperDatamarkerStore(zk, env.root, "east", owner="east-1", shard=shard)
+            ha.ensure_paths()
+            for flow in ("c0", "c1"):
+                ha.load(flow)
+                ha.save(flow, position)
+        writer = Writer(env, rate=60)  # committed with nobody delivering
+        writer.start()
+        wait_until(lambda: len(writer.written) > 60, DEADLINE, "rows committed while no squeal runs")
+        written = writer.stop()
+        env.workers["w1"].start()
+        env.workers["w2"].start()
+        wait_until(lambda: env.placed(("w1", "w2")), DEADLINE, "every shard running on w1 or w2")
+        assert_nothing_lost(env, written)
+        for shard in SHARDS:  # each shard's own znode now, written by its owner
+            wait_until(
+                lambda shard=shard: zk.exists(f"{shard_path(env.root, 'east', shard)}/markers"),
+                DEADLINE,
+                f"{shard}'s pool markers znode",
+            )
+    finally:
+        zk.stop()
+        zk.close()
+    assert "starting from the HA layout's" in env.log("w1") + env.log("w2")
 
 
 def test_kill_9_of_a_worker_with_two_shards_resumes_them_elsewhere_nothing_lost(make_pool) -> None:

@@ -10,10 +10,19 @@ from collections.abc import Iterator
 
 import pytest
 from squeal_helpers import wait_until
-from test_ha_support import SESSION_TIMEOUT, client, ensemble, expire_session, hosts, unique_root
+from test_ha_support import SESSION_TIMEOUT, Link, client, ensemble, expire_session, hosts, unique_root
 
-from squeal.pool import Ownership, SessionLease
-from squeal.zkstore import FencedError, ShardMarkerStore, pool_path, shard_path
+from squeal.owner import SessionLease
+from squeal.pool import Ownership
+from squeal.zkstore import (
+    FencedError,
+    ShardMarkerStore,
+    Watched,
+    ZooKeeperDatamarkerStore,
+    ha_marker_dir,
+    pool_path,
+    shard_path,
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +49,14 @@ def clients(zk) -> Iterator:
             pass
 
 
-def member(c, root: str, name: str, lost: list[str]) -> tuple[SessionLease, Ownership]:
+def member(
+    c, root: str, name: str, lost: list[str], session_timeout: float = SESSION_TIMEOUT, **kwargs
+) -> tuple[SessionLease, Ownership]:
     """A pool member `name` on client `c`: its ephemeral member znode, its lease, its ownership."""
     path = f"{pool_path(root, 'east')}/workers/{name}"
     sent = time.monotonic()
     c.create(path, b"{}", ephemeral=True, makepath=True)
-    lease = SessionLease(c, path, SESSION_TIMEOUT, on_lost=lost.append)
+    lease = SessionLease(c, path, session_timeout, on_lost=lost.append, **kwargs)
     lease.start(sent)
     return lease, Ownership(c, root, "east", name, lease)
 
@@ -57,6 +68,9 @@ def test_one_owner_per_shard_and_the_marker_znode_is_fenced_by_the_shard_epoch(c
     lease_a, a = member(a_client, root, "w-a", lost)
     lease_b, b = member(b_client, root, "w-b", lost)
     try:
+        # (A member's first lease runs from before its znode was created: on a loaded box that can be over by the
+        # time it returns, and a lapsed lease takes nothing until a renewal confirms it.)
+        wait_until(lambda: lease_a.valid() and lease_b.valid(), 10, "both members' leases")
         token_a = a.acquire("s0")
         assert token_a is not None and a.may_send("s0")
         assert b.acquire("s0") is None, "a shard has one owner at a time"
@@ -119,3 +133,159 @@ def test_a_crashed_owners_shards_free_only_after_its_session_expires(clients, zk
     finally:
         lease_a.stop()
         lease_b.stop()
+
+
+def count_requests(c) -> list[int]:
+    """How many requests client `c` sends from now on (every kazoo call goes through `KazooClient._call`)."""
+    sent = [0]
+    call = c._call
+
+    def counting(request, async_object):
+        sent[0] += 1
+        return call(request, async_object)
+
+    c._call = counting
+    return sent
+
+
+def test_an_owner_looks_for_operator_requests_only_after_their_watch_fired(clients) -> None:
+    """A periodic look for replay and accept-data-loss requests (`if_changed`) costs no request while nothing
+    changed - it was a sync, a list and a read per shard every second - and still takes every request an operator
+    leaves, through another client; a look without `if_changed` (start-up, SIGHUP) is made at once."""
+    root = unique_root()
+    owner_client, operator_client = clients(), clients()
+    store = ShardMarkerStore(owner_client, root, "east", "s0", owner="w-a")
+    store.ensure_paths()
+    operator = ShardMarkerStore(operator_client, root, "east", "s0")
+    sent = count_requests(owner_client)
+    assert store.take_replay_requests(if_changed=True) == {}  # the first look is made (and leaves the watches)
+    assert not store.take_loss_acceptance(if_changed=True)
+    assert sent[0] > 0
+    quiet = sent[0]
+    for _ in range(20):  # twenty checkpoints with nothing requested
+        assert store.take_replay_requests(if_changed=True) == {}
+        assert not store.take_loss_acceptance(if_changed=True)
+    assert sent[0] == quiet, "looks while nothing changed must not ask ZooKeeper"
+
+    operator.request_replay("c0", "0-1-5")
+    operator.request_loss_acceptance()
+    taken: dict[str, str] = {}
+    wait_until(lambda: taken.update(store.take_replay_requests(if_changed=True)) or taken, 10, "the replay taken")
+    assert taken == {"c0": "0-1-5"}
+    wait_until(lambda: store.take_loss_acceptance(if_changed=True), 10, "the accepted data loss taken")
+    assert not operator_client.exists(f"{shard_path(root, 'east', 's0')}/accept-data-loss"), "taken means removed"
+    assert store.take_replay_requests(if_changed=True) == {} and not store.take_loss_acceptance(if_changed=True)
+    assert store.take_replay_requests(if_changed=True) == {}, "taken once"
+
+    # A synchronous look sees a request at once, watch or not (the operator's server may be ahead of ours).
+    operator.request_replay("c1", "0-1-7")
+    assert store.take_replay_requests() == {"c1": "0-1-7"}
+
+
+def test_a_watched_znode_is_read_again_only_after_it_changed(clients) -> None:
+    """`Watched` (the pool controller's and workers' view of their znodes): one read per change, not per look; a
+    znode created later is seen; the change wakes its owner (`on_change`)."""
+    root = unique_root()
+    reader_client, writer = clients(), clients()
+    path = f"{pool_path(root, 'east')}/assignment"
+    changed: list[int] = []
+    view = Watched(reader_client, path, on_change=lambda: changed.append(1))
+    sent = count_requests(reader_client)
+    assert view.value() is None and view.version is None
+    looked = sent[0]
+    assert view.value() is None and sent[0] == looked, "a missing znode is watched for, not asked again"
+    writer.create(path, b"one", makepath=True)
+    wait_until(lambda: view.value() == b"one", 10, "the created znode read")
+    assert view.version == 0 and changed
+    looked = sent[0]
+    for _ in range(20):
+        assert view.value() == b"one"
+    assert sent[0] == looked, "an unchanged znode is not read again"
+    writer.set(path, b"two")
+    wait_until(lambda: view.value() == b"two", 10, "the new data read")
+    assert view.version == 1
+
+
+def test_a_shard_without_pool_markers_starts_from_the_ha_layouts_markers(clients) -> None:
+    """A region whose markers were written by an HA leader (one znode per destination: `<region>/markers/<flow>`,
+    or `<region>/shards/<shard>/markers/<flow>` with [shards]) and that now runs on the pool: each shard's first
+    owner reads those, so nothing committed since is skipped; its first write makes the shard's own znode, which
+    is what counts from then on (the old znodes are left as they were)."""
+    root = unique_root()
+    ha_client, pool_client = clients(), clients()
+    for shard, ha_shard in (("main", None), ("s1", "s1")):
+        ha = ZooKeeperDatamarkerStore(ha_client, root, "east", owner="east-1", shard=ha_shard)
+        ha.ensure_paths()
+        for flow, position in (("c0", "0-1-7"), ("regional", "0-1-5")):
+            ha.load(flow)
+            ha.save(flow, position)
+        store = ShardMarkerStore(
+            pool_client, root, "east", shard, owner="w1", legacy=ha_marker_dir(root, "east", ha_shard)
+        )
+        store.ensure_paths()
+        assert store.read() == {"c0": "0-1-7", "regional": "0-1-5"}, "the HA layout's markers are the start"
+        assert store.positions() == {"c0": "0-1-7", "regional": "0-1-5"}  # (what `squeal replay` shows)
+        store.save_many({"c0": "0-1-9"})
+        doc = json.loads(pool_client.get(f"{shard_path(root, 'east', shard)}/markers")[0])
+        assert doc["positions"] == {"c0": "0-1-9", "regional": "0-1-5"}, "nothing of the old layout dropped"
+        ha.save("regional", "0-1-6")  # (an old leader still writing: the shard's own znode wins from now on)
+        fresh = ShardMarkerStore(
+            pool_client, root, "east", shard, owner="w2", legacy=ha_marker_dir(root, "east", ha_shard)
+        )
+        assert fresh.read() == {"c0": "0-1-9", "regional": "0-1-5"}
+    corrupt = ha_marker_dir(root, "east", "s2")
+    ha_client.create(f"{corrupt}/c0", b"not json", makepath=True)
+    with pytest.raises(ValueError, match=f"{corrupt}/c0"):
+        ShardMarkerStore(pool_client, root, "east", "s2", legacy=corrupt).read()
+
+
+def test_a_workers_lease_lapsed_on_slow_answers_resumes_and_its_shards_keep_their_epochs(zk, clients) -> None:
+    """Issue 27 item 3 for a pool worker (the lease an HA leader holds too, `squeal.owner.SessionLease`): every byte
+    between the worker and the ensemble held for 2 s, longer than its lease (0.6 x 3 s). The lease lapses - the
+    shard is not sent for, its marker not written - but the session lives, so its member and owner znodes are its
+    own still: the first confirmed round trip resumes it. Same token, same epoch record, no loss, no new owner."""
+    root = unique_root()
+    links = [Link(("127.0.0.1", m.port)) for m in zk]
+    tool = clients()
+    try:
+        a_client = client(hosts(links), 3.0)
+        lost: list[str] = []
+        pauses: list[bool] = []
+        lease, own = member(a_client, root, "w-a", lost, 3.0, on_pause=pauses.append)
+        try:
+            wait_until(lease.valid, 10, "w-a's lease")
+            token = own.acquire("s0")
+            assert token is not None
+            store = ShardMarkerStore(a_client, root, "east", "s0", owner="w-a", fence=lambda: own.fence("s0"))
+            store.ensure_paths()
+            store.load("c0")
+            store.save_many({"c0": "0-1-1"})
+            epoch_path = f"{shard_path(root, 'east', 's0')}/epoch"
+            epoch_before = tool.get(epoch_path)
+            t_stall = time.monotonic()
+            for link in links:
+                link.stall()
+            try:
+                wait_until(lambda: not own.may_send("s0"), 10, "w-a to stop sending for s0")
+                assert own.fence("s0") is None
+                with pytest.raises(FencedError):
+                    store.save_many({"c0": "0-1-2"})  # (refused before it is sent: no valid lease)
+                time.sleep(max(0.0, 2.0 - (time.monotonic() - t_stall)))  # (the fault lasts 2 s)
+            finally:
+                for link in links:
+                    link.unstall()
+            wait_until(lambda: own.may_send("s0") or lost, 10, "w-a to resume (or lose its lease)")
+            assert not lost, lost
+            assert pauses[:1] == [True] and pauses[-1] is False, pauses
+            assert own.fence("s0") == token and tool.get(epoch_path) == epoch_before, "the same term, no new epoch"
+            store.save_many({"c0": "0-1-3"})  # its token is still good
+            markers = f"{shard_path(root, 'east', 's0')}/markers"
+            tool.sync(markers)  # (the tool's server may not have applied the write yet)
+            assert json.loads(tool.get(markers)[0])["positions"] == {"c0": "0-1-3"}
+        finally:
+            lease.stop()
+            a_client.stop()
+            a_client.close()
+    finally:
+        for link in links:
+            link.close()

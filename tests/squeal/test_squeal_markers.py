@@ -342,6 +342,7 @@ class FlakyStore:
         self.hang = threading.Event()  # set: save() blocks until `release` is set
         self.release = threading.Event()
         self.calls = 0
+        self.looks: list[bool] = []  # each take_replay_requests call's `if_changed`
         self.dir = "/fake/markers"
 
     def load(self, flow: str) -> str | None:
@@ -358,7 +359,8 @@ class FlakyStore:
     def request_replay(self, flow: str, position: str) -> None:
         raise NotImplementedError
 
-    def take_replay_requests(self) -> dict[str, str]:
+    def take_replay_requests(self, if_changed: bool = False) -> dict[str, str]:
+        self.looks.append(if_changed)
         if self.fail_replays is not None:
             raise self.fail_replays
         return {}
@@ -489,3 +491,19 @@ def test_shutdown_with_a_failing_store_fires_and_exits_1_and_with_a_good_one_exi
     finished2 = d2.shutdown()
     reactor2.pump(lambda: finished2.called)
     assert d2.exit_code == 0 and store2.saved == {"a": "0-1-9"}
+
+
+def test_the_checkpoint_timer_looks_for_replay_requests_only_if_changed_an_asked_checkpoint_looks_now(
+    tmp_path: Path,
+) -> None:
+    """The periodic checkpoint lets a store skip its look when nothing changed (a ZooKeeper store's watch: no
+    request per shard per second); SIGHUP's checkpoint (`squeal replay`'s "apply now") and the final markers look."""
+    store = FlakyStore()
+    d, reactor = make_daemon(tmp_path, store)
+    d.start_checkpoints()  # the timer start_pipeline starts, on the fake clock
+    reactor.advance(d.checkpoint_interval)
+    reactor.pump(lambda: d._marker_round is None)
+    assert store.looks == [True]
+    checkpoint(d, reactor)  # asked (SIGHUP)
+    assert store.looks == [True, False]
+    d._checkpoints.stop()

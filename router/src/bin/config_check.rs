@@ -49,7 +49,7 @@ async fn main() {
         return;
     }
     let ctx = Context::new(Options::default(), None);
-    match config::load_from(&ctx, &text, cli.route_prefix.as_deref(), dir) {
+    match config::load_from(&ctx, &text, cli.route_prefix.as_deref(), dir, &params) {
         Ok(cfg) => {
             for w in &cfg.warnings {
                 eprintln!("{}: warning: {w}", path.display());

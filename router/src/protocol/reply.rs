@@ -280,55 +280,9 @@ pub fn parse_reply_counted(buf: &[u8], kind: ReplyKind) -> Result<Option<(Res, u
     }
 }
 
-/// A meta get's hit (`VA <len> f<flags> [c<cas>] ...` and its data) as the classic `VALUE <key>
-/// <flags> <len> [<cas>]` block a `gat`/`gats` answers with (`with_cas`: the `gats` form).
-/// `None` if `wire` is not a `VA` reply.
-pub fn meta_hit_as_value(key: &[u8], with_cas: bool, wire: &[u8]) -> Option<Bytes> {
-    let nl = wire.iter().position(|&b| b == b'\n')?;
-    let line = wire[..nl].strip_suffix(b"\r").unwrap_or(&wire[..nl]);
-    let mut tokens = line.split(|&b| b == b' ').filter(|t| !t.is_empty());
-    if tokens.next()? != b"VA" {
-        return None;
-    }
-    let len = parse_decimal(tokens.next()?)?;
-    let data = wire.get(nl + 1..nl + 1 + len)?;
-    let (mut flags, mut cas): (&[u8], &[u8]) = (b"0", b"0");
-    for t in tokens {
-        match t.split_first() {
-            Some((b'f', v)) => flags = v,
-            Some((b'c', v)) => cas = v,
-            _ => {}
-        }
-    }
-    let mut out = BytesMut::with_capacity(key.len() + len + 64);
-    out.extend_from_slice(b"VALUE ");
-    out.extend_from_slice(key);
-    out.extend_from_slice(b" ");
-    out.extend_from_slice(flags);
-    out.extend_from_slice(format!(" {len}").as_bytes());
-    if with_cas {
-        out.extend_from_slice(b" ");
-        out.extend_from_slice(cas);
-    }
-    out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(data);
-    out.extend_from_slice(b"\r\n");
-    Some(out.freeze())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn meta_hit_becomes_a_classic_value_block() {
-        let wire = b"VA 7 f5 c42 t10\r\nfooval1\r\n";
-        let got = meta_hit_as_value(b"/e/a/foo1", false, wire).unwrap();
-        assert_eq!(&got[..], b"VALUE /e/a/foo1 5 7\r\nfooval1\r\n");
-        let got = meta_hit_as_value(b"foo1", true, wire).unwrap();
-        assert_eq!(&got[..], b"VALUE foo1 5 7 42\r\nfooval1\r\n");
-        assert!(meta_hit_as_value(b"foo1", false, b"EN\r\n").is_none());
-    }
 
     #[test]
     fn a_line_ends_at_its_crlf_not_at_a_cr_in_a_key() {

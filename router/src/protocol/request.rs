@@ -50,6 +50,8 @@ pub enum Cmd {
     Incr,
     Decr,
     Touch,
+    Gat,
+    Gats,
     MetaGet,
     MetaSet,
     MetaDelete,
@@ -77,6 +79,10 @@ pub const COMMANDS: [CmdInfo; Cmd::COUNT] = [
     CmdInfo::classic(Cmd::Incr, "incr", Op::Incr),
     CmdInfo::classic(Cmd::Decr, "decr", Op::Decr),
     CmdInfo::classic(Cmd::Touch, "touch", Op::Touch),
+    // One key of a classic `gat`/`gats` line (the line itself is `Command::GetAndTouch`). Sent as
+    // itself, never as `mg … T`: an `mg` of a stale item takes its win token from meta clients.
+    CmdInfo::one_key_of_a_line(Cmd::Gat, "gat", Op::Get),
+    CmdInfo::one_key_of_a_line(Cmd::Gats, "gats", Op::Gets),
     CmdInfo::meta(Cmd::MetaGet, "mg", Op::Get),
     CmdInfo::meta(Cmd::MetaSet, "ms", Op::Set),
     CmdInfo::meta(Cmd::MetaDelete, "md", Op::Delete),
@@ -103,6 +109,9 @@ pub struct CmdInfo {
     pub op: Op,
     /// A meta command (`mg`, `ms`, ...): not an operation name, not named by `__mcrouter__.route`.
     pub meta: bool,
+    /// Parsed by its name as `<name> <key> …` (every command but the keys of a `gat`/`gats` line,
+    /// which are parsed as the whole line and, as today, routed as gets).
+    pub keyed_line: bool,
 }
 
 impl CmdInfo {
@@ -112,6 +121,7 @@ impl CmdInfo {
             name,
             op,
             meta: false,
+            keyed_line: true,
         }
     }
 
@@ -121,6 +131,17 @@ impl CmdInfo {
             name,
             op,
             meta: true,
+            keyed_line: true,
+        }
+    }
+
+    const fn one_key_of_a_line(cmd: Cmd, name: &'static str, op: Op) -> CmdInfo {
+        CmdInfo {
+            cmd,
+            name,
+            op,
+            meta: false,
+            keyed_line: false,
         }
     }
 }
@@ -133,13 +154,16 @@ impl Cmd {
     pub fn from_name(name: &[u8]) -> Option<Cmd> {
         COMMANDS
             .iter()
-            .find(|c| !c.meta && c.name.as_bytes() == name)
+            .find(|c| !c.meta && c.keyed_line && c.name.as_bytes() == name)
             .map(|c| c.cmd)
     }
 
     /// Any command, classic or meta, by its name on the wire.
     pub fn from_wire(name: &[u8]) -> Option<Cmd> {
-        COMMANDS.iter().find(|c| c.name.as_bytes() == name).map(|c| c.cmd)
+        COMMANDS
+            .iter()
+            .find(|c| c.keyed_line && c.name.as_bytes() == name)
+            .map(|c| c.cmd)
     }
 
     #[inline]
@@ -173,7 +197,10 @@ pub enum Op {
 
 impl Op {
     pub fn from_name(name: &str) -> Option<Op> {
-        COMMANDS.iter().find(|c| !c.meta && c.name == name).map(|c| c.op)
+        COMMANDS
+            .iter()
+            .find(|c| !c.meta && c.keyed_line && c.name == name)
+            .map(|c| c.op)
     }
 }
 
@@ -204,6 +231,14 @@ pub struct Request {
     /// Set only by `__mcrouter__.route(...)` (see `crate::admin`): destinations record themselves
     /// here and answer as a server that is up would by default, sending nothing.
     pub recording: Option<std::sync::Arc<crate::admin::Recorder>>,
+    /// The bucket a McBucketRoute above put the key in (mcrouter keeps it in the request's
+    /// context): a bucketized pool below hashes it instead of the key.
+    pub bucket: Option<u64>,
+}
+
+/// Where a key's hash stop `|#|` starts, if it has one.
+fn hash_stop(key: &[u8]) -> Option<usize> {
+    key.windows(3).position(|w| w == b"|#|")
 }
 
 /// A parsed client command.
@@ -311,6 +346,7 @@ impl Request {
             base64_key: false,
             too_large: false,
             recording: None,
+            bucket: None,
         }
     }
 
@@ -338,11 +374,11 @@ impl Request {
     }
 
     pub fn is_get(&self) -> bool {
-        matches!(self.cmd, Cmd::Get | Cmd::Gets | Cmd::MetaGet)
+        matches!(self.cmd, Cmd::Get | Cmd::Gets | Cmd::Gat | Cmd::Gats | Cmd::MetaGet)
     }
 
     /// A get counted in get hits and misses: `get`/`gets`/`mg`, but not one that also touches
-    /// (`mg … T`, which `gat`/`gats` become): memcached counts those as touches, not gets.
+    /// (`gat`/`gats`, `mg … T`): memcached counts those as touches, not gets.
     #[inline]
     pub fn counts_as_get(&self) -> bool {
         match self.cmd {
@@ -360,7 +396,16 @@ impl Request {
     pub fn has_exptime(&self) -> bool {
         matches!(
             self.cmd,
-            Cmd::Set | Cmd::Add | Cmd::Replace | Cmd::Append | Cmd::Prepend | Cmd::Cas | Cmd::Touch | Cmd::MetaSet
+            Cmd::Set
+                | Cmd::Add
+                | Cmd::Replace
+                | Cmd::Append
+                | Cmd::Prepend
+                | Cmd::Cas
+                | Cmd::Touch
+                | Cmd::Gat
+                | Cmd::Gats
+                | Cmd::MetaSet
         )
     }
 
@@ -369,14 +414,26 @@ impl Request {
         self.meta.iter().find(|t| t.first() == Some(&flag)).map(|t| &t[1..])
     }
 
-    /// The bytes to hash for routing: the decoded key for base64 meta keys.
+    /// The bytes to hash for routing: the decoded key for base64 meta keys, and only the part
+    /// before a hash stop `|#|` (mcrouter's routing key: `user:1|#|avatar` is placed with `user:1`).
     pub fn routing_key(&self) -> std::borrow::Cow<'_, [u8]> {
+        if self.base64_key
+            && let Some(mut decoded) = meta::decode_key(&self.key)
+        {
+            decoded.truncate(hash_stop(&decoded).unwrap_or(decoded.len()));
+            return std::borrow::Cow::Owned(decoded);
+        }
+        std::borrow::Cow::Borrowed(&self.key[..hash_stop(&self.key).unwrap_or(self.key.len())])
+    }
+
+    /// Whether the key has a hash stop (see `routing_key`).
+    pub fn has_hash_stop(&self) -> bool {
         if self.base64_key
             && let Some(decoded) = meta::decode_key(&self.key)
         {
-            return std::borrow::Cow::Owned(decoded);
+            return hash_stop(&decoded).is_some();
         }
-        std::borrow::Cow::Borrowed(&self.key)
+        hash_stop(&self.key).is_some()
     }
 
     /// The request's exptime (meta: its `T` flag; absent means 0, never expires).
@@ -421,10 +478,17 @@ impl Request {
         let name = self.cmd.name().as_bytes();
         out.reserve(name.len() + self.key.len() + self.value.len() + 64);
         out.put_slice(name);
+        if matches!(self.cmd, Cmd::Gat | Cmd::Gats) {
+            // the one command whose key comes after a number: `gat <exptime> <key>`
+            out.put_slice(format!(" {} ", self.exptime).as_bytes());
+            out.put_slice(&self.key);
+            out.put_slice(b"\r\n");
+            return;
+        }
         out.put_u8(b' ');
         out.put_slice(&self.key);
         match self.cmd {
-            Cmd::Get | Cmd::Gets | Cmd::Delete => {}
+            Cmd::Get | Cmd::Gets | Cmd::Gat | Cmd::Gats | Cmd::Delete => {}
             Cmd::Set | Cmd::Add | Cmd::Replace | Cmd::Append | Cmd::Prepend | Cmd::Cas => {
                 let head = if self.cmd == Cmd::Cas {
                     format!(
@@ -577,14 +641,17 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
     let done = |c: Command| ParseOutcome::Done(c, line_len);
     // the keyed commands are found by their name in `COMMANDS`; the others are named here
     match (Cmd::from_wire(name), &name[..]) {
-        (Some(cmd @ (Cmd::Get | Cmd::Gets)), _) => {
+        // `bget` is memcached's undocumented alias of `get` ("binary get", kept for old clients): the
+        // same code serves it there, so the same parse serves it here; its line is bounded as any
+        // command's (memcached exempts only `get `/`gets ` lines from the partial-line bound)
+        (Some(Cmd::Get | Cmd::Gets), _) | (None, b"bget") => {
             if tokens.len() < 2 {
                 return err(UNKNOWN);
             }
             if !tokens[1..].iter().all(|k| valid_key(k)) {
                 return err(BAD_FORMAT);
             }
-            let gets = cmd == Cmd::Gets;
+            let gets = &name[..] == b"gets";
             let mut keys = tokens;
             keys.remove(0); // the keys reuse the token list
             done(Command::MultiGet { gets, keys })
@@ -965,6 +1032,20 @@ mod tests {
     }
 
     #[test]
+    fn a_hash_stop_ends_the_routing_key_as_in_mcrouter() {
+        let r = Request::simple(Cmd::Get, Bytes::from_static(b"user:1|#|avatar"));
+        assert_eq!(&r.routing_key()[..], b"user:1");
+        assert!(r.has_hash_stop());
+        let r = Request::simple(Cmd::Get, Bytes::from_static(b"a|b#|c"));
+        assert_eq!(&r.routing_key()[..], b"a|b#|c");
+        assert!(!r.has_hash_stop());
+        // a base64 meta key: the stop is looked for in the decoded key
+        let (r, _) = keyed(b"mg dXNlcjoxfCN8YXZhdGFy b v\r\n"); // "user:1|#|avatar"
+        assert_eq!(&r.routing_key()[..], b"user:1");
+        assert!(r.has_hash_stop());
+    }
+
+    #[test]
     fn every_command_is_named_once_in_the_table() {
         let mut seen = std::collections::HashSet::new();
         for (i, row) in COMMANDS.iter().enumerate() {
@@ -972,6 +1053,13 @@ mod tests {
             assert!(seen.insert(row.name), "{} twice", row.name);
             assert_eq!(row.cmd.name(), row.name);
             assert_eq!(row.cmd.is_meta(), row.meta);
+            if !row.keyed_line {
+                // a key of a `gat`/`gats` line: the line parses as a whole (`GetAndTouch`)
+                assert_eq!(Cmd::from_wire(row.name.as_bytes()), None);
+                assert_eq!(Cmd::from_name(row.name.as_bytes()), None);
+                assert_eq!(Op::from_name(row.name), None);
+                continue;
+            }
             assert_eq!(Cmd::from_wire(row.name.as_bytes()), Some(row.cmd));
             // classic commands name their operation and `__mcrouter__.route(<name>,KEY)`; meta ones do not
             let classic = (!row.meta).then_some(row.cmd);
@@ -1022,6 +1110,18 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn bget_is_a_get() {
+        match p(b"bget a b\r\n") {
+            ParseOutcome::Done(Command::MultiGet { gets: false, keys }, 10) => assert_eq!(keys.len(), 2),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(p(b"bget\r\n"), ParseOutcome::Error { reply: "ERROR\r\n", .. }));
+        // not exempt from the partial-line bound, as on memcached
+        let long = Bytes::from(format!("bget {}", "k ".repeat(1100)));
+        assert!(matches!(p(&long), ParseOutcome::Error { close: true, .. }));
     }
 
     #[test]

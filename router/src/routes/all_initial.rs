@@ -32,7 +32,7 @@ impl Route for AllInitial {
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let children = b.children(required(obj, "children", "AllInitialRoute")?)?;
     if children.is_empty() {
-        return Err("AllInitialRoute: empty `children`".into());
+        return Ok(super::null::over_nothing(b, "AllInitialRoute"));
     }
     Ok(Arc::new(AllInitial { children }))
 }

@@ -75,4 +75,8 @@ impl Route for Destination {
     fn first_get_target(&self, _req: &Request) -> Option<&Destination> {
         (!self.server.is_tko()).then_some(self)
     }
+
+    fn first_server(&self, _req: &Request) -> Option<&Server> {
+        Some(&self.server)
+    }
 }

@@ -54,12 +54,16 @@ impl Route for Failover {
     fn first_get_target(&self, req: &Request) -> Option<&crate::routes::destination::Destination> {
         self.children[0].first_get_target(req)
     }
+
+    fn first_server(&self, req: &Request) -> Option<&crate::server::Server> {
+        self.children[0].first_server(req)
+    }
 }
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let children = b.children(required(obj, "children", "FailoverRoute")?)?;
     if children.is_empty() {
-        return Err("FailoverRoute: empty `children`".into());
+        return Ok(super::null::over_nothing(b, "FailoverRoute"));
     }
     Ok(Arc::new(Failover {
         children,

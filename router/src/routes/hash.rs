@@ -40,6 +40,11 @@ impl Route for HashRoute {
         let i = self.func.pick(&req.routing_key(), &self.salt, self.children.len());
         self.children[i].first_get_target(req)
     }
+
+    fn first_server(&self, req: &Request) -> Option<&crate::server::Server> {
+        let i = self.func.pick(&req.routing_key(), &self.salt, self.children.len());
+        self.children[i].first_server(req)
+    }
 }
 
 /// `hash_func`/`salt`/`weights` from the handle itself or from a `hash` field (string or
@@ -113,10 +118,63 @@ pub fn hash_settings(
     Ok((func, salt))
 }
 
+/// mcrouter's hash routes over no children: an ErrorRoute (`SERVER_ERROR HashRoute with empty
+/// children, name: NAME`), or a NullRoute with `error_on_empty: false` on the pool; said at load.
+pub fn over_nothing(b: &mut Builder, handle: &str, name: &str, error_on_empty: bool) -> RouteRef {
+    b.warnings.push(format!(
+        "{handle}: `{name}` has no servers: every request gets {}",
+        if error_on_empty {
+            "an error"
+        } else {
+            "NullRoute's answer"
+        }
+    ));
+    if error_on_empty {
+        std::sync::Arc::new(super::error::ErrorRoute {
+            response: format!("HashRoute with empty children, name: {name}"),
+        })
+    } else {
+        std::sync::Arc::new(super::null::Null)
+    }
+}
+
+/// mcrouter's `hash_func` `Latest` and `LoadBalancer` are not hashes: they make a LatestRoute or a
+/// LoadBalancerRoute over the children, with the `hash` object's other fields as its settings.
+pub fn as_route(b: &mut Builder, obj: &Map<String, Value>, children: &[RouteRef]) -> Result<Option<RouteRef>, String> {
+    let top = get_str(obj, "hash_func")?;
+    let (name, settings) = match obj.get("hash") {
+        Some(Value::String(f)) => (f.as_str(), Map::new()),
+        Some(Value::Object(h)) if h.contains_key("hash_func") => {
+            let mut settings = h.clone();
+            settings.remove("hash_func");
+            (get_str(h, "hash_func")?.unwrap_or_default(), settings)
+        }
+        _ => match top {
+            Some(f) => (f, Map::new()),
+            None => return Ok(None),
+        },
+    };
+    let ty = match name {
+        "Latest" => "LatestRoute",
+        "LoadBalancer" => "LoadBalancerRoute",
+        _ => return Ok(None),
+    };
+    let mut template = settings;
+    template.insert("type".into(), Value::String(ty.into()));
+    template.insert("children".into(), Value::String(crate::config::CHILDREN_LIST.into()));
+    let template = Value::Object(template);
+    b.with_children_list(children.to_vec(), |b| b.route(&template))
+        .map(Some)
+}
+
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let children = b.children(required(obj, "children", "HashRoute")?)?;
     if children.is_empty() {
-        return Err("HashRoute: empty `children`".into());
+        let name = get_str(obj, "name")?.unwrap_or("").to_string();
+        return Ok(over_nothing(b, "HashRoute", &name, true));
+    }
+    if let Some(r) = as_route(b, obj, &children)? {
+        return Ok(r);
     }
     let (func, salt) = hash_settings(b, obj, "HashRoute", None, children.len())?;
     Ok(std::sync::Arc::new(HashRoute { children, func, salt }))
@@ -127,6 +185,44 @@ mod tests {
     use super::*;
     use crate::protocol::{Cmd, Res};
     use crate::routes::testing::*;
+
+    #[test]
+    fn latest_and_load_balancer_as_hash_funcs_and_empty_pools_as_mcrouter_builds_them() {
+        run(async {
+            let c = crate::Context::new(crate::Options::default(), None);
+            let text = r#"{"pools": {"p": {"servers": ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]},
+                                   "none": {"servers": []}, "quiet": {"servers": [], "error_on_empty": false}},
+              "route": {"type": "PrefixSelectorRoute", "policies": {
+                "l:": {"type": "PoolRoute", "pool": "p", "hash": {"hash_func": "Latest", "failover_count": 2}},
+                "b:": {"type": "PoolRoute", "pool": "p", "hash": "LoadBalancer"},
+                "h:": {"type": "HashRoute", "children": "Pool|p", "hash_func": "Latest"},
+                "e:": "PoolRoute|none", "q:": "PoolRoute|quiet", "eh:": "HashRoute|Pool|none"},
+                "wildcard": "NullRoute"}}"#;
+            let cfg = crate::config::load(&c, text, None).unwrap();
+            let root = |key: &str| {
+                let mut r = req(Cmd::Get, key);
+                let route = cfg.select(&mut r).ok().unwrap().0.clone();
+                let mut names = Vec::new();
+                route.traverse(&r, &mut |child, _| names.push(child.route_name()));
+                names
+            };
+            assert_eq!(root("l:k")[0], "failover");
+            assert_eq!(root("h:k")[0], "failover");
+            assert_eq!(root("b:k")[0], "loadbalancer|weighted-hashing"); // LoadBalancerRoute, by measured load
+            assert_eq!(root("e:k")[0], "error|HashRoute with empty children, name: none");
+            assert_eq!(root("eh:k")[0], "error|HashRoute with empty children, name: ");
+            assert_eq!(root("q:k")[0], "null");
+            let w = cfg.warnings.join("\n");
+            assert!(
+                w.contains("PoolRoute: `none` has no servers: every request gets an error"),
+                "{w}"
+            );
+            assert!(
+                w.contains("`quiet` has no servers: every request gets NullRoute's answer"),
+                "{w}"
+            );
+        });
+    }
 
     #[test]
     fn spreads_and_is_stable() {

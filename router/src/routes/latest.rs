@@ -21,7 +21,7 @@ pub fn host_id() -> String {
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let children = b.children(required(obj, "children", "LatestRoute")?)?;
     if children.is_empty() {
-        return Err("LatestRoute: empty `children`".into());
+        return Ok(super::null::over_nothing(b, "LatestRoute"));
     }
     let count = get_i64(obj, "failover_count")?.unwrap_or(5);
     if count < 1 {

@@ -41,7 +41,7 @@ impl Route for MissFailover {
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let children = b.children(required(obj, "children", "MissFailoverRoute")?)?;
     if children.is_empty() {
-        return Err("MissFailoverRoute: empty `children`".into());
+        return Ok(super::null::over_nothing(b, "MissFailoverRoute"));
     }
     Ok(Arc::new(MissFailover { children }))
 }

@@ -20,14 +20,21 @@ pub mod all_majority;
 pub mod all_sync;
 pub mod destination;
 pub mod dev_null;
+pub mod distribution;
+pub mod eager_shard_selection;
+pub mod eager_shard_selection_shadow;
 pub mod error;
 pub mod failover;
 pub mod failover_with_exptime;
 pub mod hash;
+pub mod hash_stop_allow_list;
+pub mod host_id;
 pub mod l1l2_cache;
+pub mod l1l2_size_split;
 pub mod latency_injection;
 pub mod latest;
 pub mod load_balancer;
+pub mod mc_bucket;
 pub mod migrate;
 pub mod miss_failover;
 pub mod modify_exptime;
@@ -37,8 +44,10 @@ pub mod operation_selector;
 pub mod pool;
 pub mod prefix_selector;
 pub mod random;
+pub mod routing_group;
 pub mod salted_failover;
 pub mod shadow;
+pub mod shard_selection;
 pub mod warm_up;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -53,6 +62,13 @@ pub trait Route: Send + Sync + 'static {
     /// multi-key `get` per destination (counted in its pool's hits and misses); any key whose
     /// batched get fails goes through `route` as usual.
     fn first_get_target(&self, _req: &Request) -> Option<&crate::routes::destination::Destination> {
+        None
+    }
+
+    /// The server this route would send `req` to first, when that is known without routing it
+    /// (a destination; a hash over destinations; a failover's first child): LoadBalancerRoute
+    /// compares its children by that server's measured load (`crate::load`). Others have none.
+    fn first_server(&self, _req: &Request) -> Option<&crate::server::Server> {
         None
     }
 
@@ -103,7 +119,25 @@ pub const REGISTRY: &[Handle] = &[
         name: "PoolRoute",
         build: pool::build,
         shorthand: Some("pool"),
-        fields: &["pool", "hash", "hash_func", "salt", "weights"],
+        fields: &[
+            "pool",
+            "hash",
+            "hash_func",
+            "salt",
+            "weights",
+            // bucketized pools (mc_bucket.rs) and the DistributionRoute in front (distribution.rs)
+            "bucketize",
+            "useBucketHashSelector",
+            "total_buckets",
+            "total_buckets_by_prefix",
+            "bucketization_keyspace",
+            "distribution_enabled",
+            "distributed_delete_rpc_enabled",
+            "replay",
+            "distribution_source_region",
+            "distribution_secure_writes_enabled",
+            "return_error_on_mc_delete_failure",
+        ],
     },
     Handle {
         name: "HashRoute",
@@ -165,6 +199,13 @@ pub const REGISTRY: &[Handle] = &[
         shorthand: None,
         fields: &["default_policy", "operation_policies"],
     },
+    // mcrouter's older name for OperationSelectorRoute
+    Handle {
+        name: "PrefixPolicyRoute",
+        build: operation_selector::build,
+        shorthand: None,
+        fields: &["default_policy", "operation_policies"],
+    },
     Handle {
         name: "PrefixSelectorRoute",
         build: prefix_selector::build,
@@ -217,7 +258,15 @@ pub const REGISTRY: &[Handle] = &[
         name: "LoadBalancerRoute",
         build: load_balancer::build,
         shorthand: Some("children"),
-        fields: &["children", "salt", "load_ttl_ms", "default_server_load_percent"],
+        fields: &[
+            "children",
+            "salt",
+            "load_ttl_ms",
+            "failover_count",
+            "algorithm",
+            "default_server_load_percent",
+            "enable_thrift_server_load",
+        ],
     },
     Handle {
         name: "SaltedFailoverRoute",
@@ -291,10 +340,133 @@ pub const REGISTRY: &[Handle] = &[
         shorthand: None,
         fields: &["default", "blackhole_child", "policies"],
     },
+    Handle {
+        name: "ShardSelectionRoute",
+        build: shard_selection::build,
+        shorthand: None,
+        fields: &["pool", "shards", "out_of_range"],
+    },
+    Handle {
+        name: "EagerShardSelectionRoute",
+        build: eager_shard_selection::build,
+        shorthand: None,
+        fields: &["pools", "children_type", "children_settings", "out_of_range"],
+    },
+    Handle {
+        name: "EagerShardSelectionShadowRoute",
+        build: eager_shard_selection_shadow::build,
+        shorthand: None,
+        fields: &[
+            "pools",
+            "children_type",
+            "children_settings",
+            "out_of_range",
+            "shadow_children_type",
+            "shadow_children_settings",
+            "shadow_weights",
+        ],
+    },
+    Handle {
+        name: "DistributionRoute",
+        build: distribution::build,
+        shorthand: None,
+        fields: &[
+            "child",
+            "distributed_delete_rpc_enabled",
+            "replay",
+            "distribution_source_region",
+            "distribution_secure_writes_enabled",
+            "return_error_on_mc_delete_failure",
+        ],
+    },
+    Handle {
+        name: "L1L2SizeSplitRoute",
+        build: l1l2_size_split::build,
+        shorthand: None,
+        fields: &[
+            "l1",
+            "l2",
+            "threshold",
+            "ttl_threshold",
+            "failure_ttl",
+            "both_full_set",
+            "retries",
+        ],
+    },
+    Handle {
+        name: "HashStopAllowListRoute",
+        build: hash_stop_allow_list::build,
+        shorthand: None,
+        fields: &["target", "prefixes"],
+    },
+    Handle {
+        name: "McBucketRoute",
+        build: mc_bucket::build,
+        shorthand: None,
+        fields: &[
+            "target",
+            "bucketize",
+            "total_buckets",
+            "total_buckets_by_prefix",
+            "bucketization_keyspace",
+            "salt",
+        ],
+    },
+    Handle {
+        name: "HostIdRoute",
+        build: host_id::build,
+        shorthand: Some("children"),
+        fields: &["children", "salt"],
+    },
+    Handle {
+        name: "RoutingGroupRoute",
+        build: routing_group::build,
+        shorthand: None,
+        fields: &["default_policy", "routing_group_policies"],
+    },
 ];
 
 pub fn lookup(name: &str) -> Option<&'static Handle> {
     REGISTRY.iter().find(|h| h.name == name)
+}
+
+/// mcrouter's route handles this router does not have (its registry and the routes its tests
+/// build): a config naming one is refused saying so, not as a typo.
+pub const NOT_SUPPORTED: &[(&str, &str)] = &[
+    ("BigValueRoute", "values are not split into chunks"),
+    ("CarbonLookasideRoute", "it caches Carbon (Thrift) replies"),
+    ("KeyParseRoute", "not implemented"),
+    ("KeySplitRoute", "not implemented"),
+    ("LoggingRoute", "not implemented"),
+    (
+        "OriginalClientHashRoute",
+        "it hashes the client's address, which mcrouter takes from Thrift",
+    ),
+    ("RateLimitRoute", "not implemented"),
+    (
+        "SetDistributionTargetRoute",
+        "there is no distribution layer (see DistributionRoute)",
+    ),
+    ("StagingRoute", "not implemented"),
+    ("SRRoute", "it is Meta's service-router lookup"),
+    ("AxonLogRoute", "it writes to Meta's Axon"),
+    ("McRefillRoute", "it is Meta's refill service"),
+    ("DistributionLoadTestRoute", "it writes to Meta's distribution layer"),
+    ("ShardFilterRoute", "its shard filter is the embedding router's own"),
+    ("ShardSplitRoute", "not implemented (PoolRoute `shard_splits`)"),
+    ("ClientCompatibilityCheckerRoute", "it reads Carbon client versions"),
+    ("OutstandingLimitRoute", "not implemented"),
+    ("SlowWarmUpRoute", "not implemented"),
+];
+
+/// The load error for a handle type the registry does not have.
+pub fn unknown_type(ty: &str) -> String {
+    match NOT_SUPPORTED.iter().find(|(name, _)| *name == ty) {
+        Some((_, why)) => {
+            format!("mcrouter's route handle `{ty}` is not supported by squeal-router ({why}; docs/router.md)")
+        }
+        None => format!("unknown route handle type `{ty}`"),
+    }
 }
 
 /// What a route answers when it has nothing better (NullRoute, AllAsyncRoute): a miss for gets,
@@ -305,7 +477,7 @@ pub fn default_reply(req: &Request) -> Reply {
         return Reply::error(Res::RemoteError, "object too large for cache");
     }
     match req.cmd {
-        Cmd::Get | Cmd::Gets => Reply::new(Res::Miss, bytes::Bytes::new()),
+        Cmd::Get | Cmd::Gets | Cmd::Gat | Cmd::Gats => Reply::new(Res::Miss, bytes::Bytes::new()),
         Cmd::MetaGet | Cmd::MetaDebug => Reply::new(Res::Miss, req.meta_line("EN")),
         Cmd::Set | Cmd::Add | Cmd::Replace | Cmd::Append | Cmd::Prepend | Cmd::Cas => {
             Reply::line(Res::NotStored, "NOT_STORED")

@@ -20,3 +20,12 @@ impl Route for Null {
 pub fn build(_b: &mut Builder, _obj: &Map<String, Value>) -> Result<RouteRef, String> {
     Ok(Arc::new(Null))
 }
+
+/// What mcrouter builds for a handle over no children (an empty pool in `children`): a NullRoute.
+/// Said at load, since every request then gets a miss or `NOT_STORED`/`NOT_FOUND`.
+pub fn over_nothing(b: &mut Builder, handle: &str) -> RouteRef {
+    b.warnings.push(format!(
+        "{handle}: no children (an empty pool?): a NullRoute, as in mcrouter: gets miss, updates are not stored"
+    ));
+    Arc::new(Null)
+}

@@ -1,4 +1,7 @@
 //! PoolRoute: a HashRoute over the servers of a named (or inline) pool — mcrouter's usual leaf.
+//! As in mcrouter, `"bucketize": true` hashes buckets instead of keys (a McBucketRoute around a
+//! bucket-hashed pool, `mc_bucket.rs`; `useBucketHashSelector` hashes the bucket of a McBucketRoute
+//! above), and `"distribution_enabled": true` puts a DistributionRoute in front.
 
 use std::sync::Arc;
 
@@ -6,23 +9,63 @@ use serde_json::{Map, Value};
 
 use super::RouteRef;
 use super::hash::{HashRoute, hash_settings};
+use super::mc_bucket::BucketHashRoute;
 use super::required;
 use crate::config::Builder;
+
+fn flag(obj: &Map<String, Value>, field: &str) -> Result<bool, String> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(other) => Err(format!("PoolRoute: `{field}` must be true or false, not {other}")),
+    }
+}
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let pool = required(obj, "pool", "PoolRoute")?;
     let dests = b.pool(pool)?;
     if dests.is_empty() {
-        return Err("PoolRoute: pool has no servers".into());
+        let name = match pool {
+            Value::String(name) => name.clone(),
+            other => other
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or("inline")
+                .to_string(),
+        };
+        let error_on_empty = b
+            .pool_field(pool, "error_on_empty")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(true);
+        return Ok(super::hash::over_nothing(b, "PoolRoute", &name, error_on_empty));
+    }
+    if let Some(r) = super::hash::as_route(b, obj, &dests)? {
+        return Ok(r);
     }
     let pool_weights = b.pool_field(pool, "weights");
     let (func, salt) = hash_settings(b, obj, "PoolRoute", pool_weights.as_ref(), dests.len())?;
     if pool_weights.is_some() && matches!(func, crate::hash::HashFunc::WeightedCh3(_)) {
         b.weights_used(pool);
     }
-    Ok(Arc::new(HashRoute {
-        children: dests,
-        func,
-        salt,
-    }))
+    let bucketize = flag(obj, "bucketize")?;
+    let mut route: RouteRef = if bucketize || flag(obj, "useBucketHashSelector")? {
+        Arc::new(BucketHashRoute {
+            children: dests,
+            func,
+            salt,
+        })
+    } else {
+        Arc::new(HashRoute {
+            children: dests,
+            func,
+            salt,
+        })
+    };
+    if flag(obj, "distribution_enabled")? {
+        route = super::distribution::wrap(route, obj)?;
+    }
+    if bucketize {
+        route = super::mc_bucket::wrap(route, obj)?;
+    }
+    Ok(route)
 }

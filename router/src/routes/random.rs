@@ -14,29 +14,44 @@ use crate::protocol::{Reply, Request};
 
 pub struct RandomRoute {
     pub children: Vec<RouteRef>,
-    state: AtomicU64,
+    rng: Rng,
 }
 
 impl RandomRoute {
     pub fn new(children: Vec<RouteRef>) -> RandomRoute {
+        RandomRoute {
+            children,
+            rng: Rng::new(),
+        }
+    }
+}
+
+/// xorshift64* seeded from the clock: cheap, good enough to spread load or sample requests (not
+/// for secrets). Shared by the routes that choose at random.
+pub struct Rng(AtomicU64);
+
+impl Rng {
+    pub fn new() -> Rng {
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64)
             | 1;
-        RandomRoute {
-            children,
-            state: AtomicU64::new(seed),
-        }
+        Rng(AtomicU64::new(seed))
     }
 
-    /// xorshift64*: cheap, good enough to spread load (not for secrets).
-    fn next(&self) -> u64 {
-        let mut x = self.state.load(Relaxed);
+    pub fn next(&self) -> u64 {
+        let mut x = self.0.load(Relaxed);
         x ^= x >> 12;
         x ^= x << 25;
         x ^= x >> 27;
-        self.state.store(x, Relaxed);
+        self.0.store(x, Relaxed);
         x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+impl Default for Rng {
+    fn default() -> Rng {
+        Rng::new()
     }
 }
 
@@ -48,7 +63,7 @@ impl Route for RandomRoute {
     }
 
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
-        let i = (self.next() % self.children.len() as u64) as usize;
+        let i = (self.rng.next() % self.children.len() as u64) as usize;
         self.children[i].route(req)
     }
 }
@@ -56,7 +71,7 @@ impl Route for RandomRoute {
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let children = b.children(required(obj, "children", "RandomRoute")?)?;
     if children.is_empty() {
-        return Err("RandomRoute: empty `children`".into());
+        return Ok(super::null::over_nothing(b, "RandomRoute"));
     }
     Ok(Arc::new(RandomRoute::new(children)))
 }
