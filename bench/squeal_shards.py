@@ -1,6 +1,7 @@
 """One squeal process over 1, 2, 4, 8 shards (not a test: prints figures for docs/benchmarks.md).
 
     .venv/bin/python bench/squeal_shards.py [--shards 1,2,4,8] [--rows 200000] [--rate 400] [--seconds 20]
+        [--flush-ms 0.5[,2,5]]
 
 1. Cost per row: `--rows` row changes (transactions of 10 single-row INSERTs, then 10 UPDATEs) spread evenly
    over N shards (one MariaDB primary each, its own GTID domain) are read by one `squeal run` process from
@@ -8,10 +9,18 @@
    rows per CPU-second of the squeal process (all threads) from /healthz answering to every flow having
    acknowledged the last GTID of its shard, as a ratio to the 1-shard figure of the same run (target >= 0.8:
    sharding must not cost per row), and squeal's RSS at the end, per shard.
-2. Aggregation: a paced write load of `--rate` single-row transactions per second in total (2 keys each),
-   spread round robin over the N shards for `--seconds`, while squeal follows live. Reported: deletes per
-   write (squeal_deletes_per_write: mean and median from its buckets), which should grow with N at a fixed
-   total rate, since the shards' batches to one cluster share one connection and one write.
+2. Aggregation: a paced write load of `--rate` single-row transactions per second in total (2 keys each), from
+   8 writer connections spread round robin over the N shards for `--seconds` (the rate reported is the one the
+   writers achieved: a busy box may not reach `--rate`), while squeal follows live. Reported: deletes per
+   write (squeal_deletes_per_write: mean, median interpolated in its buckets as Prometheus' histogram_quantile
+   does, and the share of writes carrying more than 16), which should grow with N at a fixed total rate, since
+   the shards' batches to one cluster share one connection and one write; writes and deletes per second per
+   cluster (from the load's start to the last acknowledgement), the delivery latency (binlog read -> delete
+   acknowledged, p50 and p99 interpolated) that the packing costs, squeal's CPU time per 1,000 transactions
+   (all threads, same window), and how long after the load the last delete was acknowledged (> ~1 s: squeal
+   fell behind the load, and its read-to-ack latency alone does not show it).
+   `--flush-ms` repeats the live rounds for each `[squeal] flush_interval_ms` given: how much a longer
+   coalescing window packs, and what it adds to the latency.
 """
 
 from __future__ import annotations
@@ -28,10 +37,12 @@ from pathlib import Path
 
 import psutil
 
+from monitoring.panels import quantile
 from ops.harness import MariaDB, Memcached, SquealDaemon, free_port, wait_until
 from squeal import probe_health
 
 DOMAIN = 30  # shard i runs in GTID domain 30 + i
+WRITERS = 8  # writer connections of the live load, spread round robin over the shards
 SCHEMA = "CREATE TABLE users (id INT PRIMARY KEY, email VARCHAR(200), name VARCHAR(200), n INT) ENGINE=InnoDB"
 
 
@@ -47,7 +58,7 @@ def health(port: int) -> dict:
     return probe_health(f"127.0.0.1:{port}", timeout=5)[1]
 
 
-def topology(dbs: list[MariaDB], schema: str, caches: list[Memcached]) -> str:
+def topology(dbs: list[MariaDB], schema: str, caches: list[Memcached], flush_ms: float = 0.5) -> str:
     shards = "".join(
         f"[shards.s{i}]\ngtid_domain_id = {DOMAIN + i}\neast = {{ port = {db.port}, server_id = {db.server_id} }}\n"
         for i, db in enumerate(dbs)
@@ -59,7 +70,8 @@ def topology(dbs: list[MariaDB], schema: str, caches: list[Memcached]) -> str:
     )
     # max_backlog above any round's keys: no flow is shed to a catch-up reader (which would read rows twice)
     return (
-        f'[squeal]\ndatamarker_dir = "dm"\nmetrics_port_base = {free_port()}\nmax_backlog = 5000000\n{shards}'
+        f'[squeal]\ndatamarker_dir = "dm"\nmetrics_port_base = {free_port()}\nmax_backlog = 5000000\n'
+        f"flush_interval_ms = {flush_ms}\n{shards}"
         f'[[rules]]\ntable = "{schema}.users"\nkeys = ["user:{{id}}", "user:email:{{email}}"]\n'
         f"[regions.east]\nmaster = true\n{clusters}"
     )
@@ -145,62 +157,78 @@ def replay_round(base: Path, dbs: list[MariaDB], caches: list[Memcached], rows: 
     }
 
 
-def histogram_median(text: str, name: str) -> float | None:
+def histogram_buckets(text: str, name: str) -> dict[float, float]:
+    """{upper bound: cumulative count} of histogram `name`, summed over its series (every flow)."""
     buckets: dict[float, float] = {}
     for line in text.splitlines():
         if line.startswith(name + "_bucket{"):
-            le = line.split('le="', 1)[1].split('"', 1)[0]
-            buckets[float("inf") if le == "+Inf" else float(le)] = buckets.get(float(le), 0.0) + float(
-                line.rsplit(" ", 1)[1]
-            )
-    if not buckets or max(buckets.values()) == 0:
-        return None
-    total = buckets[max(buckets)]
-    return next(le for le, count in sorted(buckets.items()) if count >= total / 2)
+            le = float(line.split('le="', 1)[1].split('"', 1)[0])  # ("+Inf" reads as inf)
+            buckets[le] = buckets.get(le, 0.0) + float(line.rsplit(" ", 1)[1])
+    return buckets
 
 
-def live_round(base: Path, dbs: list[MariaDB], caches: list[Memcached], rate: float, seconds: float) -> dict:
+def live_round(
+    base: Path, dbs: list[MariaDB], caches: list[Memcached], rate: float, seconds: float, flush_ms: float
+) -> dict:
     n = len(dbs)
-    schema = f"live_{n}_{int(time.time()) % 100000}"
+    schema = f"live_{n}_{int(time.time() * 1000) % 10000000}"
     for db in dbs:
         db.execute(f"CREATE DATABASE {schema}", f"USE {schema}", SCHEMA)
-    work = base / f"live-{n}"
+    work = base / f"live-{n}-{flush_ms:g}ms"
     work.mkdir()
-    (work / "topology.toml").write_text(topology(dbs, schema, caches))
+    (work / "topology.toml").write_text(topology(dbs, schema, caches, flush_ms))
     daemon = SquealDaemon(work / "topology.toml", "east", workdir=work, state_dir=work / "state")
     daemon.start()
-    stop = time.monotonic() + seconds
-    sent = [0] * n
+    started = time.monotonic()
+    stop = started + seconds
+    writers = max(n, WRITERS)  # the same writers whatever N: one shard is not held back by a single connection
+    sent = [0] * writers
 
-    def writer(i: int) -> None:  # rate/n transactions a second on shard i, paced by the clock
-        interval = n / rate
-        with dbs[i].connect(schema) as conn, conn.cursor() as cur:
+    def writer(j: int) -> None:  # rate/writers transactions a second on shard j % n, paced by the clock, until `stop`
+        interval = writers / rate
+        with dbs[j % n].connect(schema) as conn, conn.cursor() as cur:
             k, next_at = 0, time.monotonic()
-            while next_at < stop:
+            while time.monotonic() < stop:  # (a box too busy for the rate ends on time, at a lower rate)
                 k += 1
-                cur.execute("INSERT INTO users VALUES (%s, %s, 'x', 0)", (k, f"e{k}@x"))
-                sent[i] += 1
+                row = k * writers + j  # (unique on the shard whichever writers share it)
+                cur.execute("INSERT INTO users VALUES (%s, %s, 'x', 0)", (row, f"e{row}@x"))
+                sent[j] += 1
                 next_at += interval
                 time.sleep(max(0.0, next_at - time.monotonic()))
 
     try:
-        threads = [threading.Thread(target=writer, args=(i,)) for i in range(n)]
+        proc = psutil.Process(daemon.proc.pid)
+        cpu0 = sum(proc.cpu_times()[:2])
+        threads = [threading.Thread(target=writer, args=(j,)) for j in range(writers)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        loaded = time.monotonic()
         targets = {f"s{i}": seq(db.gtid_binlog_pos(), DOMAIN + i) for i, db in enumerate(dbs)}
         wait_until(lambda: acked_all(daemon, targets), 120, "the live load to be acknowledged", interval=0.05)
+        done = time.monotonic()  # (a squeal that lags behind the load is still working after it: `behind_s`)
+        cpu = sum(proc.cpu_times()[:2]) - cpu0  # (from the load's start until all of it is acknowledged)
         text = scrape(daemon.port)
     finally:
         daemon.stop(grace=10)
     deletes = metric_sum(text, "squeal_deletes_per_write_sum")
     writes = metric_sum(text, "squeal_deletes_per_write_count")
+    per_write = histogram_buckets(text, "squeal_deletes_per_write")
+    latency = histogram_buckets(text, "squeal_delivery_latency_seconds")
     return {
         "shards": n,
-        "txn_per_s": sum(sent) / seconds,
+        "flush_ms": flush_ms,
+        "txn_per_s": sum(sent) / (loaded - started),  # what the writers achieved (at most `rate`)
         "deletes_per_write_mean": deletes / max(writes, 1),
-        "deletes_per_write_median": histogram_median(text, "squeal_deletes_per_write"),
+        "deletes_per_write_median": quantile(0.5, per_write),
+        "over_16": 1 - per_write.get(16.0, 0.0) / max(writes, 1),
+        "writes_per_s": writes / (done - started) / len(caches),  # per cluster (each gets the same keys)
+        "deletes_per_s": deletes / (done - started) / len(caches),
+        "behind_s": done - loaded,
+        "latency_p50_ms": 1000 * (quantile(0.5, latency) or 0.0),
+        "latency_p99_ms": 1000 * (quantile(0.99, latency) or 0.0),
+        "cpu_ms_per_1k_txn": 1e6 * cpu / max(1, sum(sent)),
     }
 
 
@@ -211,6 +239,7 @@ def main() -> int:
     p.add_argument("--rate", type=float, default=400, help="live transactions per second, over all shards")
     p.add_argument("--seconds", type=float, default=20, help="live load duration per shard count")
     p.add_argument("--only", choices=("replay", "live"), default=None, help="run one of the two parts")
+    p.add_argument("--flush-ms", default="0.5", help="[squeal] flush_interval_ms of the live rounds, a list")
     args = p.parse_args()
     counts = [int(c) for c in args.shards.split(",")]
     base = Path(tempfile.mkdtemp(prefix="squeal-shards-"))
@@ -236,13 +265,20 @@ def main() -> int:
             )
         if args.only == "replay":
             return 0
-        lives = [live_round(base, dbs[:n], caches, args.rate, args.seconds) for n in counts]
-        print("\n| shards | txn/s (all shards) | deletes per write, mean | median (bucket) |")
-        print("|---:|---:|---:|---:|")
+        flushes = [float(f) for f in args.flush_ms.split(",")]
+        lives = [live_round(base, dbs[:n], caches, args.rate, args.seconds, f) for f in flushes for n in counts]
+        print(
+            "\n| flush ms | shards | txn/s (all shards) | writes/s per cluster | deletes/s per cluster "
+            "| deletes per write: mean | median | writes > 16 | delivery p50 ms | p99 ms | squeal CPU ms / 1k txn "
+            "| last ack after the load, s |"
+        )
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in lives:
             print(
-                f"| {r['shards']} | {r['txn_per_s']:.0f} | {r['deletes_per_write_mean']:.2f} | "
-                f"{r['deletes_per_write_median']} |"
+                f"| {r['flush_ms']:g} | {r['shards']} | {r['txn_per_s']:.0f} | {r['writes_per_s']:.0f} | "
+                f"{r['deletes_per_s']:.0f} | {r['deletes_per_write_mean']:.2f} | "
+                f"{r['deletes_per_write_median'] or 0:.1f} | {r['over_16']:.0%} | {r['latency_p50_ms']:.1f} | "
+                f"{r['latency_p99_ms']:.1f} | {r['cpu_ms_per_1k_txn']:.0f} | {r['behind_s']:.1f} |"
             )
         print(f"\nload average at the end: {os.getloadavg()}")
     finally:

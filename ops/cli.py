@@ -318,11 +318,11 @@ def _dispatch(args: argparse.Namespace) -> int:
                 "healthy", "problems", "uptime", "restarts", "stopped", "log",
             )  # fmt: skip
             # HA topologies only: a squeal instance's name, state and leader; a ZooKeeper server's quorum
-            # ... and with [shards], the shard of every MariaDB copy
-            optional = ("instance", "shard", "shards", "state", "leader", "serving", "mode")
+            # ... and with [shards], the shard of every MariaDB copy, and which copy of each shard a squeal reads
+            optional = ("instance", "shard", "shards", "copies", "state", "leader", "serving", "mode")
             rows_out = [
                 {k: r[k] for k in keys}
-                | {k: r[k] for k in optional if k in r and (k not in ("instance", "shard", "shards") or r[k])}
+                | {k: r[k] for k in optional if k in r and (k not in ("instance", "shard", "shards", "copies") or r[k])}
                 for r in rows
             ]
             print(json.dumps(rows_out, indent=2))
@@ -360,7 +360,11 @@ def _dispatch(args: argparse.Namespace) -> int:
             )
         for shard in topo.shards if topo.sharded else ():
             copies = ", ".join(f"{d.region} {d.address} (server_id {d.server_id})" for d in shard.copies)
-            print(f"shard {shard.name} (GTID domain {shard.gtid_domain_id}): {copies}")
+            extra = "".join(
+                f", extra copy {d.name} in {d.region} {d.address} (server_id {d.server_id}, from {d.replicates_from})"
+                for d in shard.replicas
+            )
+            print(f"shard {shard.name} (GTID domain {shard.gtid_domain_id}): {copies}{extra}")
         print(f"{len(topo.rules)} invalidation rules")
         return 0
     if args.command == "warmup":

@@ -92,7 +92,8 @@ def component_name(
     """`router/east-a/0`, `memcached/east-a/wildcard/1`, `memcached/east/regional/0`, `mariadb/east`,
     `squeal/east`, `monitoring`, `demo` (index: the server's place in its pool's or cluster's list). HA
     topologies add `zookeeper/1` (index: the server's id), `mariadb/east/east-r1` (a region's extra replica)
-    and `squeal/east/east-1` (one squeal instance); sharded ones `mariadb/east/users-0` (a shard's copy)."""
+    and `squeal/east/east-1` (one squeal instance); sharded ones `mariadb/east/users-0` (a shard's copy) and
+    `mariadb/east/users-0/east-b` (its extra copy `[shards.users.replicas.east-b]`)."""
     if role == "zookeeper":
         return f"zookeeper/{index}"
     if role == "router":
@@ -100,7 +101,7 @@ def component_name(
     if role == "memcached":
         return f"memcached/{cluster or region}/{pool}/{index}"
     if role in ("mariadb-primary", "mariadb-replica"):
-        return f"mariadb/{region}/{instance or shard}" if instance or shard else f"mariadb/{region}"
+        return "/".join(["mariadb", region, *(part for part in (shard, instance) if part)])
     if role == "squeal":
         return f"squeal/{region}/{instance}" if instance else f"squeal/{region}"
     return role
@@ -538,10 +539,11 @@ class Deployment:
             server.wait_for_gtid(source.gtid_binlog_pos())
 
     def _start_shards(self, topo: router_config.Topology, track) -> None:
-        """Each shard's primary (in its own GTID domain, with the demo schema) and its copy in every other region,
-        a GTID replica of that primary."""
+        """Each shard's primary (in its own GTID domain, with the demo schema), its copy in every other region, a
+        GTID replica of that primary, then its extra copies, each a GTID replica of the copy it names."""
         for shard in topo.shards:
             primary: MariaDB | None = None
+            servers: dict[str, MariaDB] = {}  # copy name -> its server
             for db in sorted(shard.copies, key=lambda d: d.role != "primary"):
                 server = MariaDB(
                     db.server_id,
@@ -569,6 +571,26 @@ class Deployment:
                 else:
                     server.replicate_from(primary)
                     server.wait_for_gtid(primary.gtid_binlog_pos())
+                servers[db.name] = server
+            pending = list(shard.replicas)
+            while pending:  # in an order where each one's source runs (the loader refused loops)
+                db = next(d for d in pending if d.replicates_from in servers)
+                pending.remove(db)
+                source = servers[db.replicates_from]
+                server = MariaDB(
+                    db.server_id,
+                    port=db.port,
+                    host=db.host,
+                    replica=True,
+                    workdir=self.state_dir / f"mariadb-{db.name}",
+                    gtid_domain_id=db.gtid_domain_id,
+                )
+                extra = db.name.partition("@")[2]
+                name = component_name("mariadb-replica", db.region, None, None, instance=extra, shard=shard.name)
+                track(server, name, "mariadb-replica", db.region, instance=extra, shard=shard.name)
+                servers[db.name] = server
+                server.replicate_from(source)
+                server.wait_for_gtid(source.gtid_binlog_pos())
 
     def _start_memcached(self, topo: router_config.Topology, without: frozenset[str], track) -> None:
         if "memcached" in without:
@@ -626,8 +648,11 @@ class Deployment:
                 if c.instance:
                     row["state"] = body.get("state")
                     row["leader"] = (body.get("ha") or {}).get("leader")
-                if isinstance(body.get("shards"), dict):  # [shards]: the shards this daemon reads now
+                if isinstance(body.get("shards"), dict):  # [shards]: the shards this daemon reads now, and which copy
                     row["shards"] = sorted(body["shards"])
+                    row["copies"] = {
+                        shard: (st.get("reads") or {}).get("name") for shard, st in sorted(body["shards"].items())
+                    }
             if c.role == "zookeeper":
                 row["mode"] = zookeeper_mode(c.address, zk_tls) if row["answering"] else None
                 row["serving"] = row["mode"] is not None

@@ -221,6 +221,12 @@ def describe_databases(topo: Topology, host: str) -> list[str]:
             if d.host == host:
                 what = f"region {d.region}'s database" if shard.implicit else f"shard {shard.name}'s copy in {d.region}"
                 out.append(f"{what} ({d.role}, {d.address}, server_id {d.server_id})")
+        for d in shard.replicas:
+            if d.host == host:
+                out.append(
+                    f"shard {shard.name}'s extra copy {d.name} in {d.region} "
+                    f"({d.address}, server_id {d.server_id}, from {d.replicates_from})"
+                )
     for r in topo.regions:
         for d in r.replicas:
             if d.host == host:
@@ -507,6 +513,8 @@ def components(topo: Topology, offset: int, topology_file: Path) -> dict:
         for d in shard.copies:
             name = None if shard.implicit else shard.name
             add(f"mariadb-{d.role}", d.region, None, None, str(d.address), None, shard=name)
+        for d in shard.replicas:  # (named like `squealctl up` records them: the copy's R as the instance)
+            add("mariadb-replica", d.region, None, None, str(d.address), None, d.name.partition("@")[2], shard.name)
     for r in topo.regions:
         for d in r.replicas:
             add("mariadb-replica", r.name, None, None, str(d.address), None, d.name)

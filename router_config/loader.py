@@ -188,12 +188,14 @@ class _Builder:
 
     # -- shards --------------------------------------------------------------------------------------------
 
-    SHARD_KEYS = frozenset({"count", "gtid_domain_id", "user", "password"})
+    SHARD_KEYS = frozenset({"count", "gtid_domain_id", "user", "password", "replicas"})
+    REPLICA_KEYS = frozenset({"region", "host", "port", "server_id", "replicates_from"})
 
     def shards(self, value: Any, path: str, regions: list[str], master: str) -> tuple[Shard, ...]:
         """`[shards.NAME]`: one replication chain each, with a copy per region. `count = N` declares N alike
         shards NAME-0 … NAME-(N-1): copy i listens on the region's `port` + i, with `server_id` + i, and the
-        shard's `gtid_domain_id` + i. Names, ports, server ids and GTID domains must be unique fleet-wide."""
+        shard's `gtid_domain_id` + i. `[shards.NAME.replicas.R]`: an extra copy of each shard in one region
+        (ports and server ids + i alike). Names, ports, server ids and GTID domains must be unique fleet-wide."""
         self.typed(value, path, dict, "a table of shards ([shards.NAME])")
         if not value:
             raise self.fail(path, "no shards defined (leave [shards] out for one database per region)")
@@ -241,6 +243,7 @@ class _Builder:
                     self.port(c["port"], f"{at}.port"),
                     self.typed(c["server_id"], f"{at}.server_id", int, "a positive integer"),
                 )
+            replicas_doc = self.shard_replicas(body.get("replicas", {}), f"{here}.replicas", regions)
             for i in range(count or 1):
                 name = f"{group}-{i}" if count is not None else group
                 where = f"{here} (shard {i} of {count})" if count is not None else here
@@ -254,29 +257,102 @@ class _Builder:
                         f"used by {domains[domain + i]}: each shard needs its own domain",
                     )
                 domains[domain + i] = f"shard {name}"
-                copies = []
-                for region, (host, port, server_id) in copies_doc.items():
-                    at = f"{here}.{region}.port" + (f" (+{i}, shard {name})" if count is not None else "")
-                    if port + i > 65535:
-                        raise self.fail(at, f"port {port + i} is out of range 1-65535")
-                    self.claim(host, port + i, at)
-                    copies.append(
-                        Database(
-                            role="primary" if region == master else "replica",
-                            host=host,
-                            port=port + i,
-                            server_id=server_id + i,
-                            user=user,
-                            password=password,
-                            tls=self.tls_settings,
-                            name=f"{name}@{region}",
-                            shard=name,
-                            region=region,
-                            gtid_domain_id=domain + i,
-                        )
+                spec = (here, count, user, password, domain)
+                copies = [
+                    self.shard_copy(
+                        spec, i, name, region, host, port, server_id, "primary" if region == master else "replica"
                     )
-                out.append(Shard(name, tuple(copies), domain + i))
+                    for region, (host, port, server_id) in copies_doc.items()
+                ]
+                replicas = [
+                    self.shard_copy(spec, i, name, region, host, port, server_id, "replica", rname, source)
+                    for rname, (region, host, port, server_id, source) in replicas_doc.items()
+                ]
+                out.append(Shard(name, tuple(copies), domain + i, replicas=tuple(replicas)))
         return tuple(out)
+
+    def shard_copy(
+        self,
+        spec: tuple[str, int | None, str, str, int],
+        i: int,
+        name: str,
+        region: str,
+        host: str,
+        port: int,
+        server_id: int,
+        role: str,
+        extra: str = "",
+        source: str = "",
+    ) -> Database:
+        """Copy of shard i (`name`) of a [shards.NAME] group (`spec`: its key path, count, account and GTID
+        domain) in `region`: the region's copy, or with `extra` the extra copy R replicating from `source`. Its
+        port and server id are the group's + i; the port is claimed under the key that gave it."""
+        here, count, user, password, domain = spec
+        at = f"{here}.{'replicas.' + extra if extra else region}.port"
+        at += f" (+{i}, shard {name})" if count is not None else ""
+        if port + i > 65535:
+            raise self.fail(at, f"port {port + i} is out of range 1-65535")
+        self.claim(host, port + i, at)
+        return Database(
+            role=role,
+            host=host,
+            port=port + i,
+            server_id=server_id + i,
+            user=user,
+            password=password,
+            tls=self.tls_settings,
+            name=f"{name}@{extra or region}",
+            replicates_from=f"{name}@{source}" if extra else "",
+            shard=name,
+            region=region,
+            gtid_domain_id=domain + i,
+        )
+
+    def shard_replicas(self, value: Any, path: str, regions: list[str]) -> dict[str, tuple[str, str, int, int, str]]:
+        """`[shards.NAME.replicas.R]`: R -> (region, host, port, server_id, the copy it replicates from: a region
+        name for the shard's copy there, or another R of the same region). Only copies of the region's copy: a
+        squeal instance reads one to invalidate the region's caches, so it must never be ahead of that copy."""
+        self.typed(value, path, dict, "a table of extra copies ([shards.NAME.replicas.R])")
+        out: dict[str, tuple[str, str, int, int, str]] = {}
+        for rname, body in value.items():
+            here = f"{path}.{rname}"
+            if not COPY_NAME.match(rname):
+                raise self.fail(here, f"replica name {rname!r} may use only letters, digits, '_', '.' and '-'")
+            if rname in regions:
+                raise self.fail(
+                    here, f"{rname!r} names a region (the shard's copy there); give the replica another name"
+                )
+            self.table(body, here, set(self.REPLICA_KEYS), {"region", "port", "server_id"})
+            region = self.typed(body["region"], f"{here}.region", str, "a region name")
+            if region not in regions:
+                raise self.fail(f"{here}.region", f"unknown region {region!r} (have: {', '.join(regions)})")
+            source = self.typed(
+                body.get("replicates_from", region), f"{here}.replicates_from", str, "the name of a copy"
+            )
+            out[rname] = (
+                region,
+                self.host(body.get("host", DEFAULT_HOST), f"{here}.host"),
+                self.port(body["port"], f"{here}.port"),
+                self.typed(body["server_id"], f"{here}.server_id", int, "a positive integer"),
+                source,
+            )
+        for rname, (region, *_, source) in out.items():
+            here = f"{path}.{rname}.replicates_from"
+            if source != region and (source not in out or out[source][0] != region):
+                same = [r for r, v in out.items() if v[0] == region and r != rname]
+                raise self.fail(
+                    here,
+                    f"{source!r} is not a copy of this shard in region {region} (have: "
+                    f"{', '.join([region, *same])}): an extra copy replicates from its region's copy, or from "
+                    "another extra copy of it, never from ahead of what the region's caches are filled from",
+                )
+            seen = [rname]
+            while source != region:
+                if source in seen:
+                    raise self.fail(here, "replication loop: " + " -> ".join([*seen, source]))
+                seen.append(source)
+                source = out[source][4]
+        return out
 
     def scope_rules(self, rules: tuple[Rule, ...], shards: tuple[Shard, ...], docs: list) -> tuple[Rule, ...]:
         """A rule's `shards = [...]` (shard names, or a [shards.NAME] group for all its shards) → shard names."""
@@ -552,9 +628,10 @@ class _Builder:
                         f"{path}.{key}",
                         f"a topology with [shards] gives each shard's copies under "
                         f"[shards.NAME]; `{key}` of a region is for one database per region"
-                        + (" (extra replicas per shard are not supported yet)" if key == "replicas" else ""),
+                        + (" (a shard's extra copies: [shards.NAME.replicas.R])" if key == "replicas" else ""),
                     )
-            return self.region_body(name, body, path, master, shards[0].copy(name))
+            extra = tuple(dict.fromkeys(d.name.partition("@")[2] for sh in shards for d in sh.replicas_in(name)))
+            return self.region_body(name, body, path, master, shards[0].copy(name), extra)
         db_path = f"{path}.database"
         db = self.table(
             body["database"],
@@ -589,8 +666,11 @@ class _Builder:
         )
         return self.region_body(name, body, path, master, database)
 
-    def region_body(self, name: str, body: dict, path: str, master: bool, database: Database) -> Region:
-        """A region's clusters, pools, squeal placement and instances (`database`: the copy it reads)."""
+    def region_body(
+        self, name: str, body: dict, path: str, master: bool, database: Database, shard_replicas: tuple[str, ...] = ()
+    ) -> Region:
+        """A region's clusters, pools, squeal placement and instances (`database`: the copy it reads;
+        `shard_replicas`: with [shards], the names R of the shards' extra copies in this region)."""
         regional = None
         if "regional_pool" in body:
             rp_path = f"{path}.regional_pool"
@@ -620,6 +700,7 @@ class _Builder:
             squeal_host,
             f"{path}.squeal_instances",
             sharded=sharded,
+            shard_replicas=shard_replicas,
         )
         pool = self.typed(body.get("squeal_pool", False), f"{path}.squeal_pool", bool, "true or false")
         if pool and not instances:
@@ -705,10 +786,18 @@ class _Builder:
         return tuple(out)
 
     def instances(
-        self, value: Any, region: str, copies: tuple[Database, ...], default_host: str, path: str, sharded: bool = False
+        self,
+        value: Any,
+        region: str,
+        copies: tuple[Database, ...],
+        default_host: str,
+        path: str,
+        sharded: bool = False,
+        shard_replicas: tuple[str, ...] = (),
     ) -> tuple[SquealInstance, ...]:
-        """`[[regions.R.squeal_instances]]`: squeal daemons of the region, each on its own copy of the data (with
-        [shards]: every instance reads the region's copy of each shard; `database` is not theirs to choose)."""
+        """`[[regions.R.squeal_instances]]`: squeal daemons of the region, each on its own copy of the data. With
+        [shards] an instance reads a copy of every shard (squeal/placement.py `read_order`): `database` may name
+        the extra copy it prefers (`[shards.NAME.replicas.R]`, by R) or the region (its copy of each shard)."""
         self.typed(value, path, list, "an array of [[squeal_instances]] tables")
         by_name = {d.name: d for d in copies}
         readers: dict[str, str] = {}  # copy name -> the instance reading it
@@ -722,15 +811,22 @@ class _Builder:
                     f"{here}.name", f"instance name {name!r} may use only letters, digits, '_', '.' and '-'"
                 )
             if sharded:
-                if "database" in body:
+                prefer = self.typed(body.get("database", ""), f"{here}.database", str, "the name of a copy")
+                if prefer and prefer != region and prefer not in shard_replicas:
+                    have = ", ".join([region, *shard_replicas])
                     raise self.fail(
                         f"{here}.database",
-                        "with [shards], every instance reads the region's copy of each shard: leave `database` out",
+                        f"unknown copy {prefer!r}: with [shards], an instance names the shards' extra copy it "
+                        f"prefers ([shards.NAME.replicas.R], by R) or the region itself (have: {have})",
                     )
                 host = self.host(body.get("host", default_host), f"{here}.host")
                 port = self.port(body["metrics_port"], f"{here}.metrics_port")
                 self.claim(host, port, f"{here}.metrics_port")
-                out.append(SquealInstance(name=name, region=region, database=copies[0], metrics_port=port, host=host))
+                out.append(
+                    SquealInstance(
+                        name=name, region=region, database=copies[0], metrics_port=port, host=host, prefer=prefer
+                    )
+                )
                 continue
             copy = self.typed(body.get("database", region), f"{here}.database", str, "the name of a database copy")
             if copy not in by_name:
@@ -828,16 +924,23 @@ class _Builder:
                 copies[d.name] = (d, here)
         if topo.sharded:
             server_ids: dict[int, str] = {}
-            for sh in topo.shards:
-                for d in sh.copies:
-                    here = f"shards.{sh.name}.{d.region}.server_id"
-                    if d.server_id in server_ids:
-                        raise self.fail(
-                            here,
-                            f"server_id {d.server_id} (shard {sh.name}, region {d.region}) is "
-                            f"already used by {server_ids[d.server_id]} (replication needs distinct ids)",
-                        )
-                    server_ids[d.server_id] = f"shard {sh.name} in region {d.region}"
+            # every shard's copies, then the extra copies: a clash names the extra copy as the one at fault
+            ordered = [(s, d) for s in topo.shards for d in s.copies] + [
+                (s, d) for s in topo.shards for d in s.replicas
+            ]
+            for sh, d in ordered:
+                extra = d.name.partition("@")[2]
+                if extra == d.region:
+                    here, what = f"shards.{sh.name}.{d.region}.server_id", f"region {d.region}"
+                else:
+                    here, what = f"shards.{sh.name}.replicas.{extra}.server_id", f"replica {extra}"
+                if d.server_id in server_ids:
+                    raise self.fail(
+                        here,
+                        f"server_id {d.server_id} (shard {sh.name}, {what}) is "
+                        f"already used by {server_ids[d.server_id]} (replication needs distinct ids)",
+                    )
+                server_ids[d.server_id] = f"shard {sh.name} in {what}"
         else:
             server_ids = {r.database.server_id: f"regions.{r.name}.database" for r in topo.regions}
         for r in topo.regions:

@@ -162,12 +162,19 @@ class Shard:
     copies: tuple[Database, ...]  # one per region, in region order
     gtid_domain_id: int | None = None  # None: the implicit shard (the servers' default domain)
     implicit: bool = False  # the one shard of a topology without [shards]
+    # Extra copies for squeal instances to read (`[shards.NAME.replicas.R]`): GTID replicas (log_slave_updates) of
+    # the shard's copy in their region, or of another extra copy there; named `<shard>@<R>`, `region` set.
+    replicas: tuple[Database, ...] = ()
 
     def copy(self, region: str) -> Database:
         for d in self.copies:
             if d.region == region:
                 return d
         raise KeyError(f"shard {self.name} has no copy in region {region!r}")
+
+    def replicas_in(self, region: str) -> tuple[Database, ...]:
+        """The shard's extra copies that serve `region`, in file order."""
+        return tuple(d for d in self.replicas if d.region == region)
 
     @property
     def primary(self) -> Database:
@@ -185,6 +192,9 @@ class SquealInstance:
     database: Database  # the copy it reads: the region's database or one of its replicas
     metrics_port: int  # /metrics and /healthz (leader or standby)
     host: str = DEFAULT_HOST  # where it runs
+    # With [shards]: the extra copy (`[shards.NAME.replicas.R]`, by R) this instance would rather read of each
+    # shard that has one ("": none named; squeal/placement.py `read_order` then prefers a copy on its host).
+    prefer: str = ""
 
     @property
     def address(self) -> Address:
@@ -411,6 +421,10 @@ class Topology:
         out: list[tuple[str, str, Address]] = []
         for sh in self.declared_shards:
             out += [("mariadb", f"shards.{sh.name}.{d.region}.port", d.address) for d in sh.copies]
+            out += [
+                ("mariadb", f"shards.{sh.name}.replicas.{d.name.partition('@')[2]}.port", d.address)
+                for d in sh.replicas
+            ]
         for r in self.regions:
             at = f"regions.{r.name}"
             if not self.declared_shards:
@@ -471,7 +485,7 @@ class Topology:
         found = {self.monitoring.host}
         for r in self.regions:
             found |= {r.database.host, r.squeal_host}
-            found |= {d.host for sh in self.declared_shards for d in sh.copies}
+            found |= {d.host for sh in self.declared_shards for d in (*sh.copies, *sh.replicas)}
             found |= {d.host for d in r.replicas} | {s.host for s in r.squeal_instances}
             found |= {a.host for a in (r.regional_pool.servers if r.regional_pool else ())}
             for c in r.clusters:

@@ -32,7 +32,12 @@ def reassign_ports(topo: Topology, allocate: Callable[[], int]) -> Topology:
         return replace(c, routers=addrs(c.routers), pools=tuple(pool(p) for p in c.pools))
 
     shards = tuple(
-        replace(sh, copies=tuple(replace(d, port=allocate()) for d in sh.copies)) for sh in topo.declared_shards
+        replace(
+            sh,
+            copies=tuple(replace(d, port=allocate()) for d in sh.copies),
+            replicas=tuple(replace(d, port=allocate()) for d in sh.replicas),
+        )
+        for sh in topo.declared_shards
     )
     shard_copies = {d.name: d for sh in shards for d in sh.copies}
 
@@ -125,6 +130,22 @@ def to_document(topo: Topology) -> dict[str, Any]:
         doc["shards"] = {
             sh.name: {"gtid_domain_id": sh.gtid_domain_id, "user": sh.primary.user, "password": sh.primary.password}
             | {d.region: {"host": d.host, "port": d.port, "server_id": d.server_id} for d in sh.copies}
+            | (
+                {
+                    "replicas": {
+                        d.name.partition("@")[2]: {
+                            "region": d.region,
+                            "host": d.host,
+                            "port": d.port,
+                            "server_id": d.server_id,
+                            "replicates_from": d.replicates_from.partition("@")[2],
+                        }
+                        for d in sh.replicas
+                    }
+                }
+                if sh.replicas
+                else {}
+            )
             for sh in topo.shards
         }
     for r in topo.regions:
@@ -172,7 +193,7 @@ def to_document(topo: Topology) -> dict[str, Any]:
         if r.squeal_instances:
             body["squeal_instances"] = [
                 {"name": s.name, "host": s.host, "metrics_port": s.metrics_port}
-                | ({} if topo.sharded else {"database": s.database.name})
+                | ({"database": s.prefer} if s.prefer else {} if topo.sharded else {"database": s.database.name})
                 for s in r.squeal_instances
             ]
         if r.squeal_pool:

@@ -18,6 +18,7 @@ exponential backoff. A dead destination only ever delays its own flow.
 
 from __future__ import annotations
 
+import functools
 import logging
 import ssl
 import time
@@ -138,7 +139,7 @@ class Sender:
         if flow.name != self.name or flow.destinations != self.destinations:
             raise ValueError(f"flow {flow.name} ({flow.destinations}) is not for destination {self.name}")
         self.flows.append(flow)
-        flow.on_ready = self.kick
+        flow.on_ready = functools.partial(self.kick, flow)
 
     def remove_flow(self, flow: Flow) -> None:
         """A shard's pipeline stopped: its flow leaves (whatever it has in flight is handed back to it)."""
@@ -163,22 +164,38 @@ class Sender:
 
     # -- scheduling --------------------------------------------------------------------------------------
 
-    def kick(self) -> None:
-        """There may be something to send."""
+    def kick(self, flow: Flow | None = None) -> None:
+        """There may be something to send (from `flow`, or from any flow). What is sent at once leaves at the
+        end of this reactor turn (`callLater(0)`), not here: the shards whose transactions this turn hands on
+        (one handoff each) all enqueue first, and their batches share the write. Called for every transaction
+        queued: what it looks at does not grow with the number of shards, unless a send may be due."""
         if self.stopped or self.connecting or self.waiting or len(self.batches) >= self._limit:
             return
-        pending = self._pending()
+        timer = self.timer
+        if timer is not None and timer.getTime() <= self.reactor.seconds():
+            return  # a send at the end of this turn already looks at every flow
         if self.batches:
-            if any(f.pending_keys >= self.batch_size for f in self.flows):
-                self._send()  # a full batch joins those in flight; a partial one waits for their acks
+            if any(f.pending_keys >= self.batch_size for f in (self.flows if flow is None else (flow,))):
+                self._send_in(0.0)  # a full batch joins those in flight; a partial one waits for their acks
             return
+        if timer is not None and flow is not None and flow.pending_keys < self.batch_size:
+            return  # the flush timer runs: this flow adds nothing that would send sooner
+        pending = self._pending()
         if pending <= 0 and not any(f.queue for f in self.flows):
             self._check_drained()
             return
         if pending >= self.batch_size or self.flush_interval <= 0:
-            self._send()
-        elif self.timer is None:
-            self.timer = self.reactor.callLater(self.flush_interval, self._on_timer)
+            self._send_in(0.0)
+        else:
+            self._send_in(self.flush_interval)
+
+    def _send_in(self, delay: float) -> None:
+        """Send after `delay` seconds, unless a send is already due that soon."""
+        if self.timer is not None:
+            if self.timer.getTime() <= self.reactor.seconds() + delay:
+                return
+            self.timer.cancel()
+        self.timer = self.reactor.callLater(delay, self._on_timer)
 
     def _on_timer(self) -> None:
         self.timer = None
@@ -194,33 +211,30 @@ class Sender:
         if self.client is None:
             self._connect()
             return
-        # Nothing in flight: one batch from every flow (shard) with something queued, full or not, share one
-        # write. Then, and while batches are in flight, only full batches are pipelined, one write each (as with
-        # a single flow: `batch_size = 1` is one delete per write, the experiments' "unbatched").
-        joined: list[bytes] = []
-        joined_keys = 0
+        # A write carries at most one batch per flow (shard), so `batch_size = 1` with one shard stays one delete
+        # per write (the experiments' "unbatched"). Nothing in flight: one batch from every flow with something
+        # queued, full or not, share the write. Then, and while batches are in flight, only full batches are
+        # pipelined: those of every shard that has one share a write, round after round.
         n = len(self.flows)
-        if not self.batches:
-            for i in range(n):
-                flow = self.flows[(self._next + i) % n]
-                batch = self._take(flow)
-                if batch is not None:
-                    joined.append(batch.payload)
-                    joined_keys += batch.nkeys
-            self._write(joined, joined_keys)
+        full_only = bool(self.batches)
         progress = True
         while progress and len(self.batches) < self._limit:
             progress = False
+            joined: list[bytes] = []
+            joined_keys = 0
             for i in range(n):
                 flow = self.flows[(self._next + i) % n]
                 if len(self.batches) >= self._limit:
                     break
-                if flow.pending_keys < self.batch_size:
+                if full_only and flow.pending_keys < self.batch_size:
                     continue
                 batch = self._take(flow)
                 if batch is not None:
-                    self._write([batch.payload], batch.nkeys)
+                    joined.append(batch.payload)
+                    joined_keys += batch.nkeys
                     progress = True
+            self._write(joined, joined_keys)
+            full_only = True
         self._next = (self._next + 1) % max(1, n)
         self._check_drained()
 
@@ -311,7 +325,8 @@ class Sender:
             m.deletes.labels(flow=flow.name).inc(batch.nkeys)
         if self.sampler is not None:
             self.sampler.offer(self.name, batch.payload, batch.nkeys, time.time())
-        self.kick()
+        if not self.batches or len(self.batches) == self._limit - 1:
+            self.kick()  # partial batches may leave now, or full ones again below the limit (`flow`'s: its ack)
 
     def _on_timeout(self) -> None:
         self.timeout = None

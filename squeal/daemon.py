@@ -40,6 +40,7 @@ from router_config import Database, Region, SquealSettings, TlsSettings, Topolog
 from squeal import gtid as g
 from squeal.batcher import Sender
 from squeal.bulk import load_cascades
+from squeal.copies import read_order
 from squeal.datamarkers import (
     DatamarkerDirError,
     DatamarkerStore,
@@ -50,7 +51,7 @@ from squeal.datamarkers import (
 )
 from squeal.flows import LIVE, Committed, Dispatcher, Flow, flows_for_region
 from squeal.metrics import CertExpiry, Metrics, WriteMetrics, own_certificates
-from squeal.pipeline import Handoff, KeyStage, ReadLoop
+from squeal.pipeline import Handoff, HandoffGroup, KeyStage, ReadLoop
 from squeal.reader import (
     BinlogReader,
     DataLoss,
@@ -83,7 +84,7 @@ def source_for(region: Region | Database) -> Source:
     """The binlog source of a region's database (or of one database copy)."""
     db = region.database if isinstance(region, Region) else region
     if db.tls is None:
-        return Source(db.host, db.port, db.user, db.password)
+        return Source(db.host, db.port, db.user, db.password, copy=db.name)
     mine = db.tls.cert("squeal")
     return Source(
         db.host,
@@ -94,6 +95,7 @@ def source_for(region: Region | Database) -> Source:
         ssl_ca=db.tls.ca,
         ssl_cert=mine.cert if mine else None,
         ssl_key=mine.key if mine else None,
+        copy=db.name,
     )
 
 
@@ -202,6 +204,8 @@ class Daemon:
         sample_every: int = 1000,
         shard: str | None = None,
         hub: SenderHub | None = None,
+        instance: str | None = None,
+        handoffs: HandoffGroup | None = None,
     ) -> None:
         if reactor is None:
             from twisted.internet import reactor as default_reactor
@@ -216,8 +220,14 @@ class Daemon:
                 f"({', '.join(s.name for s in topology.shards)})"
             )
         self.shard = topology.shard(shard) if shard is not None else topology.shards[0]
-        # The copy this pipeline reads: the region's copy of its shard (without [shards]: the region's database).
+        # The region's copy of the shard (without [shards]: the region's database): what the web tier reads, so
+        # what lag is measured against (the source poller), and the last copy the readers fall back to.
         self.database = topology.shard_copy(self.shard.name, self.region.name)
+        # The copies the readers read, in the order they try them (squeal/copies.py), each with why; `instance`:
+        # the HA instance or pool worker this pipeline runs in (None: the region's single daemon).
+        self.read_order = read_order(topology, self.shard.name, self.region.name, instance)
+        self.read_sources = [source_for(d) for d, _ in self.read_order]
+        self._first_copy = 0  # the one `check` found answering first: the readers start there
         self.rules = topology.rules_for(self.shard.name)
         self.state_dir = state_dir_for(topology, state_dir)
         self.shard_dir = self.state_dir / "shards" / self.shard.name if topology.sharded else self.state_dir
@@ -232,7 +242,10 @@ class Daemon:
         self.metrics = Metrics()
         # Shared batchers (a RegionDaemon's), or our own: one Sender per destination either way.
         self.hub = hub or SenderHub(reactor, self.settings, self.metrics, self.sampler, reply_timeout, tls=topology.tls)
-        self.source = source_for(self.database)
+        self.source = source_for(self.database)  # (the source poller's)
+        # The reactor's side of the live reader's hand-off: shared by a RegionDaemon's shards, else our own.
+        self.handoffs = handoffs or HandoffGroup(reactor)
+        self._live_handoff: Handoff | None = None
         self.extractor = KeyExtractor(self.rules)
         prefixes = self.region.regional_pool.prefixes if self.region.regional_pool else ()
         self.stage = KeyStage(self.extractor, prefixes, self.metrics, rules=self.rules)
@@ -274,9 +287,10 @@ class Daemon:
         with self._check_lock:
             if self._checked_at is not None:
                 return
-            conn = connect_with_retry(self.source, self.connect_timeout)
+            conn = self._connect_first()
             try:
-                check_server(conn, replica=self.database.role == "replica")
+                self._check_fallbacks()
+                check_server(conn, replica=self.read_order[self._first_copy][0].role == "replica")
                 columns = load_columns(conn, self.extractor.tables)
                 places = [i for i, r in enumerate(self.topology.rules) if r.applies_to(self.shard.name)]
                 for warning in check_rules(self.rules, columns, places):
@@ -291,6 +305,48 @@ class Daemon:
                 check_writable()  # an unwritable marker dir: a one-line start-up error, not a failure a second later
             self._checked_at = time.monotonic()
 
+    def _connect_first(self) -> Any:
+        """A connection to the first copy of the read order that answers (`_first_copy`: where the readers
+        start), trying them in turn until `connect_timeout`; ConnectionError naming the last failure then."""
+        deadline = time.monotonic() + self.connect_timeout
+        failure = ""
+        while True:
+            for index, source in enumerate(self.read_sources):
+                try:
+                    conn = source.connect(connect_timeout=2 if index < len(self.read_sources) - 1 else 5)
+                except pymysql.err.OperationalError as e:
+                    failure = describe_failure(source, e)
+                    continue
+                if index:
+                    log.warning(
+                        "shard %s: %s does not answer; starting on %s (%s)",
+                        self.shard.name,
+                        self.read_sources[0],
+                        source,
+                        self.read_order[index][1],
+                    )
+                self._first_copy = index
+                return conn
+            if time.monotonic() > deadline:
+                raise ConnectionError(f"cannot connect to the database: {failure}")
+            time.sleep(0.5)
+
+    def _check_fallbacks(self) -> None:
+        """The binlog settings of every other copy of the read order that answers now (a reader may switch to it
+        later); one that does not answer is checked by nobody, and said so."""
+        for index, ((db, _), source) in enumerate(zip(self.read_order, self.read_sources, strict=True)):
+            if index == self._first_copy:
+                continue
+            try:
+                conn = source.connect(connect_timeout=2)
+            except pymysql.err.OperationalError as e:
+                log.warning("shard %s: %s, a copy it may read, not checked now: %s", self.shard.name, source, e)
+                continue
+            try:
+                check_server(conn, replica=db.role == "replica")
+            finally:
+                conn.close()
+
     @property
     def checked(self) -> bool:
         """Whether `check` is done."""
@@ -301,7 +357,7 @@ class Daemon:
         if that was a while ago (`fresh` False: checked before this pipeline was needed), read again."""
         if fresh and self._checked_now is not None:
             return self._checked_now
-        conn = connect_with_retry(self.source, self.connect_timeout)
+        conn = connect_with_retry(self.read_sources[self._first_copy], self.connect_timeout)
         try:
             return current_position(conn)
         finally:
@@ -375,7 +431,13 @@ class Daemon:
         # The parents of cascading foreign keys are read too (their row events signal the cascades).
         self.read_tables = self.extractor.tables | self.stage.bulk.parents
         reader = self._reader(start, "live")
-        handoff = Handoff(self.reactor, self._deliver_live, bound=max(100, s.max_backlog // 4), ready=self._live_room)
+        handoff = self._live_handoff = Handoff(
+            self.reactor,
+            self._deliver_live,
+            bound=max(100, s.max_backlog // 4),
+            ready=self._live_room,
+            group=self.handoffs,
+        )
         self.live = ReadLoop(reader, self.stage, handoff.put, self.metrics, xa=self.xa, on_data_loss=self._on_data_loss)
         self.metrics.reader_connected.labels(reader="live").set_function(lambda: int(reader.connected.is_set()))
         self.source_poller = SourcePoller(
@@ -413,9 +475,11 @@ class Daemon:
         return not live or any(f.backlog < f.max_backlog // 2 for f in live)
 
     def _reader(self, start: g.Position, name: str) -> BinlogReader | NativeBinlogReader:
+        # a catch-up reader starts on the copy the live one reads now
+        first = self.live.reader.current if self.live is not None else self._first_copy
         if self.reader_kind == "native":
             return NativeBinlogReader(
-                self.source,
+                self.read_sources,
                 start,
                 self.read_tables,
                 self.extractor.templates,
@@ -423,8 +487,9 @@ class Daemon:
                 name=name,
                 filters=self.extractor.filters,
                 regional_prefixes=self.stage.regional_prefixes,
+                first=first,
             )
-        return BinlogReader(self.source, start, self.read_tables, name=name)
+        return BinlogReader(self.read_sources, start, self.read_tables, name=name, first=first)
 
     @property
     def registry(self) -> Any:
@@ -724,6 +789,7 @@ class Daemon:
             "region": self.region.name,
             "shard": self.shard.name,
             "database": {"name": self.database.name, "address": str(self.database.address)},
+            "reads": self._reads(),
             "reader_connected": bool(live and live.reader.connected.is_set()),
             "live_position": g.format_position(self.dispatcher.live) if self.dispatcher else "",
             "source": self.source_poller.snapshot() if self.source_poller is not None else None,
@@ -733,6 +799,19 @@ class Daemon:
                 n: {"state": f.state, "backlog": f.backlog, "acked": g.format_position(f.acked)}
                 for n, f in self.flows.items()
             },
+        }
+
+    def _reads(self) -> dict[str, Any]:
+        """/healthz: the copy the live reader reads now, why, and the order it falls back in."""
+        index = self.live.reader.current if self.live is not None else self._first_copy
+        db, why = self.read_order[index]
+        if index:
+            why = f"{self.read_order[0][0].name} is not read now (it failed or is behind); {why}"
+        return {
+            "name": db.name,
+            "address": str(db.address),
+            "why": why,
+            "order": [d.name for d, _ in self.read_order],
         }
 
     # -- binlog data loss (Wormhole's onDataLoss) ------------------------------------------------------------
@@ -842,6 +921,8 @@ class Daemon:
     def _stop_reading(self) -> None:
         """Stop the live reader, the source poller and every catch-up reader (shutdown and hand-on)."""
         self.stopping = True
+        if self._live_handoff is not None:
+            self._live_handoff.close()
         if self.live is not None:
             self.live.reader.stop()
         if self.source_poller is not None:

@@ -989,6 +989,7 @@ class HaInstance:
             connect_timeout=self.connect_timeout,
             sample_every=self.sample_every,
             stores=stores.__getitem__,
+            instance=self.instance.name,
         )
         daemon.prepare()
         return daemon

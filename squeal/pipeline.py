@@ -230,6 +230,59 @@ def _mirror(
             reported[key] = n
 
 
+class HandoffGroup:
+    """The reactor's side of one or more hand-offs: one wake-up, one drain and one linger for all of them.
+
+    A region's daemon puts every shard's live hand-off in one group (`RegionDaemon`), so N shards cost the
+    reactor what one shard at the same total rate does: with a hand-off per shard, each of N trickling
+    shards would wake the reactor per transaction (its own quiet spell after every drain), where one busy
+    stream is picked up by the linger without any wake-up; and the transactions of every shard read in
+    the last `linger` reach the flows in the same turn, so their deletes share the next write.
+    """
+
+    def __init__(self, reactor: Any, chunk: int = 200, linger: float = 0.001) -> None:
+        self.reactor = reactor
+        # transactions per turn, all hand-offs together, so sockets (acks, sends) are served between however
+        # many shards have a backlog; shared out from a rotating first hand-off, so none waits behind the others
+        self.chunk = chunk
+        self.linger = linger
+        self.members: list[Handoff] = []
+        self._cond = threading.Condition()  # guards every member's items and weight, and `_scheduled`
+        self._scheduled = False
+        self._first = 0
+
+    def _drain(self) -> None:  # reactor thread
+        taken: list[tuple[Handoff, list[Committed]]] = []
+        more = held = False
+        with self._cond:
+            members = self.members[self._first :] + self.members[: self._first]
+            self._first = (self._first + 1) % max(1, len(self.members))
+            room = self.chunk
+            for h in members:
+                if h.ready is not None and h._items and not h.ready():
+                    held = True  # (still scheduled: put() won't wake us)
+                    continue
+                n = min(room, len(h._items))
+                room -= n
+                if n:
+                    items = [h._items.popleft() for _ in range(n)]
+                    h._weight -= sum(h._weigh(c) for c in items)
+                    taken.append((h, items))
+                more = more or bool(h._items)
+                if h.closed and not h._items:
+                    self.members.remove(h)
+            # busy: look again soon rather than be woken
+            again = more or held or (bool(taken) and self.linger > 0)
+            self._scheduled = again
+            self._cond.notify_all()
+        for h, items in taken:
+            h.deliver(items)
+        if more:
+            self.reactor.callLater(0, self._drain)  # let the reactor serve sockets before the next chunk
+        elif again:
+            self.reactor.callLater(max(self.linger, 0.001) if held and not taken else self.linger, self._drain)
+
+
 class Handoff:
     """Reader thread -> reactor thread, coalescing and bounded.
 
@@ -247,6 +300,8 @@ class Handoff:
     While transactions keep coming, the reactor instead looks again `linger` seconds after a drain that
     found some, without being woken per transaction: each wake-up costs a GIL hand-off between the two
     threads, and under a fast replay those hand-offs, not the work, were a good share of squeal's cost.
+    The wake-ups and the linger are the `group`'s (`HandoffGroup`, shared by a region's shards); without
+    one, the hand-off has a group of its own.
     """
 
     def __init__(
@@ -257,19 +312,19 @@ class Handoff:
         chunk: int = 200,
         linger: float = 0.001,
         ready: Callable[[], bool] | None = None,
+        group: HandoffGroup | None = None,
     ) -> None:
-        self.reactor = reactor
         self.deliver = deliver
         # Reactor: False holds the hand-off (and so, once it holds `bound`, the reader) while no destination
         # has room: a reader faster than the reactor can send must not make healthy flows shed.
         self.ready = ready
         self.bound = bound
-        self.chunk = chunk
-        self.linger = linger
+        self.group = group if group is not None else HandoffGroup(reactor, chunk, linger)
         self._items: collections.deque[Committed] = collections.deque()
         self._weight = 0
-        self._scheduled = False
-        self._cond = threading.Condition()
+        self.closed = False  # the group forgets a closed hand-off once it is empty
+        with self.group._cond:
+            self.group.members.append(self)
 
     @staticmethod
     def _weigh(c: Committed) -> int:
@@ -277,34 +332,20 @@ class Handoff:
 
     def put(self, c: Committed) -> None:  # reader thread
         w = self._weigh(c)
-        with self._cond:
+        group = self.group
+        with group._cond:
             while self._weight >= self.bound:
-                self._cond.wait(0.5)
+                group._cond.wait(0.5)
             self._items.append(c)
             self._weight += w
-            if self._scheduled:
+            if group._scheduled:
                 return
-            self._scheduled = True
-        self.reactor.callFromThread(self._drain)
+            group._scheduled = True
+        group.reactor.callFromThread(group._drain)
 
-    def _drain(self) -> None:  # reactor thread
-        if self.ready is not None and not self.ready():
-            self.reactor.callLater(max(self.linger, 0.001), self._drain)  # (still scheduled: put() won't wake us)
-            return
-        with self._cond:
-            n = min(self.chunk, len(self._items))
-            items = [self._items.popleft() for _ in range(n)]
-            self._weight -= sum(self._weigh(c) for c in items)
-            more = bool(self._items)
-            again = more or (bool(items) and self.linger > 0)  # busy: look again soon rather than be woken
-            self._scheduled = again
-            self._cond.notify_all()
-        if items:
-            self.deliver(items)
-        if more:
-            self.reactor.callLater(0, self._drain)  # let the reactor serve sockets before the next chunk
-        elif again:
-            self.reactor.callLater(self.linger, self._drain)
+    def close(self) -> None:
+        """Its reader stopped: what it holds is still delivered, then the group forgets it."""
+        self.closed = True
 
 
 def _with_native_lines(

@@ -60,15 +60,27 @@ largest ratio of load to `L` among the sharing workers (or `L` to load, for an u
 4. Cooldown: a shard moved less than `settings.cooldown_s` ago (`last_moved`, kept by the caller for every
    move of every kind) is never moved by a rebalance, nor is any shard moved twice in one plan.
 
-**Which copy a worker reads.** Every shard has a copy in every region (a GTID replica of the primary in the
-master region, the primary itself there), and a GTID names the same transaction on every copy, so any copy
-gives the same deletes and the same markers. By default a worker reads *the region's own copy* of the shard
-(the worker's region): the cheapest read (no cross-region traffic) and what today's HA instances read. A
-worker may declare preferred copies per shard (`Worker.prefer`: e.g. a local extra replica, to keep the
-binlog dump threads off the copy the web tier reads); a preference is honoured when the shard lists that
-copy (`Shard.copies`, or any copy when the shard lists none). `read_copy()` says which copy and why, and
-each `Move` carries it. Placement cost ignores distance in this version: every eligible worker of a region
-is as good as any other for every shard, and no placement is chosen because of the copy it would read.
+**Which copy a worker reads** (`read_order()`: the copies in the order the worker tries them, each with why).
+A GTID names the same transaction on every copy of a shard, so any copy gives the same deletes and markers;
+what differs is *when* a change reaches it and what reading it costs. The candidates are the region's own
+copy of the shard (the primary in the master region, a GTID replica elsewhere: what the region's web tier
+reads and refills its caches from) and the shard's extra copies in the region (GTID replicas of that copy,
+`[shards.NAME.replicas.R]`). Never another region's copy: a delete taken from a copy that is *ahead* of the
+region's would reach the caches before the region's copy has the change, and a read in between would put the
+old row back. An extra copy is always behind or level with the region's copy, so its deletes come late (by its
+replication lag), never early. In order of preference:
+
+1. the copy the worker names (`Worker.prefer`, an instance's `database`), then the region's copy;
+2. else the extra copies on the worker's own host (distance 0: no network between the dump thread and the
+   reader, and the primary keeps its binlog dump threads for its replicas), then the region's copy;
+3. else the region's own copy (also when it is on the worker's host: it is the default and the freshest).
+
+The region's copy comes last in every order: it is upstream of every extra copy, so a reader that falls back
+to it has everything the extra copy had (squeal/reader.py switches when the preferred copy stops answering, or
+is behind the position it must resume from, and goes back once that copy has caught up). `read_copy()` is the
+first of the order; each `Move` carries it. Placement cost ignores distance in this version: every eligible
+worker of a region is as good as any other for every shard, and no placement is chosen because of the copy it
+would read.
 
 `consistent_hash_assignment()` is the baseline the placement benchmark compares with (a hash ring with
 virtual nodes, blind to load).
@@ -92,22 +104,35 @@ REBALANCE = "rebalance"  # moved to fix a persistent imbalance
 
 @dataclass(frozen=True)
 class Worker:
-    """One squeal worker of the region. `prefer`: shard name → the copy it would rather read."""
+    """One squeal worker of the region. `prefer`: shard name → the copy it would rather read; `host`: where it
+    runs (for the distance to a copy)."""
 
     name: str
     alive: bool = True
     draining: bool = False
     region: str = ""
     prefer: Mapping[str, str] = field(default_factory=dict)
+    host: str = ""
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A copy of a shard that a worker of the region may read: the region's own copy (`region_copy`), or one of
+    the shard's extra copies there (a GTID replica of it)."""
+
+    name: str
+    host: str = ""
+    region_copy: bool = False
 
 
 @dataclass(frozen=True)
 class Shard:
-    """A shard with its smoothed load (`shard_load`). `copies`: copies a worker may read; () = any."""
+    """A shard with its smoothed load (`shard_load`). `copies`: the copies a worker of the region may read (the
+    region's own among them); () = only the region's own copy, named after the region."""
 
     name: str
     load: float
-    copies: tuple[str, ...] = ()
+    copies: tuple[Copy, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -172,14 +197,30 @@ def smooth(previous: float | None, sample: float, elapsed_s: float, half_life_s:
     return keep * previous + (1.0 - keep) * sample
 
 
-def read_copy(worker: Worker, shard: Shard) -> tuple[str, str]:
-    """The copy `worker` reads for `shard`, and why (see the module docstring)."""
+def read_order(worker: Worker, shard: Shard) -> tuple[tuple[str, str], ...]:
+    """The copies of `shard` that `worker` reads, in the order it tries them, each with why (see the module
+    docstring). The region's own copy is always last: the fallback of every other."""
+    own = next((c for c in shard.copies if c.region_copy), Copy(worker.region, region_copy=True))
+    extra = [c for c in shard.copies if not c.region_copy]
+    fallback = (own.name, "the region's own copy: the fallback (it has everything its extra copies have)")
     preferred = worker.prefer.get(shard.name)
-    if preferred is not None and (not shard.copies or preferred in shard.copies):
-        return preferred, "the worker's preferred copy"
-    if preferred is not None:
-        return worker.region, f"the region's own copy (preferred {preferred} is not a copy of {shard.name})"
-    return worker.region, "the region's own copy (the default: no cross-region reads)"
+    if preferred == own.name:
+        return ((own.name, "the region's own copy, named by the worker"),)
+    named = next((c for c in extra if c.name == preferred), None)
+    if named is not None:
+        return (named.name, "the extra copy the worker names"), fallback
+    unknown = f" (the worker names {preferred}, not a copy of {shard.name} in its region)" if preferred else ""
+    if worker.host and own.host != worker.host:
+        local = [c for c in extra if c.host == worker.host]
+        if local:
+            return *((c.name, f"an extra copy on the worker's host {worker.host}{unknown}") for c in local), fallback
+    where = " on the worker's host" if worker.host and own.host == worker.host else ""
+    return ((own.name, f"the region's own copy{where} (no extra copy is nearer){unknown}"),)
+
+
+def read_copy(worker: Worker, shard: Shard) -> tuple[str, str]:
+    """The copy `worker` reads first for `shard`, and why (`read_order`)."""
+    return read_order(worker, shard)[0]
 
 
 def level(loads: Iterable[float], workers: int) -> tuple[float, float]:

@@ -47,8 +47,10 @@ both (`[regions.R.squeal_placement] half_life_s`) and publishes them with their 
 
 What a worker shares with an HA leader (the session lease, start-up, the rejoin after a loss) is squeal/owner.py.
 A shard that has no markers znode yet starts from the HA layout's markers of the same shard (an HA region turned
-into a pool). Not yet (later steps): the HA election of non-pooled regions stays as it is (squeal/ha.py); a worker
-reads the region's own copy of each shard (no preferred copies, so no preferred worker either).
+into a pool). Which copy of a shard a worker reads: `squeal.copies.read_order` (the copy it names, else an extra
+copy on its host, else the region's own copy; the region's copy is every reader's fallback). Not yet (later
+steps): the HA election of non-pooled regions stays as it is (squeal/ha.py); no shard is placed on a worker for
+the copy it would read.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ from twisted.internet import defer, threads
 from router_config import PoolPlacement, Topology
 from squeal import gtid as g
 from squeal import placement
+from squeal.copies import placement_shard, placement_worker
 from squeal.daemon import accept_path, source_for, state_dir_for
 from squeal.owner import (
     SessionLease,
@@ -539,8 +542,15 @@ class Controller:
                     )
                     assignment[shard] = to
                     last_moved[shard] = now
-        workers = [placement.Worker(name, draining=name in drains, region=self.worker.region.name) for name in members]
-        shards = [placement.Shard(s, self.loads.get(s, 1.0)) for s in names]
+        topo, region = self.worker.topology, self.worker.region.name
+        known = {i.name for i in self.worker.region.squeal_instances}  # (a member not in this topology: no copy named)
+        workers = [
+            placement_worker(topo, region, name, draining=name in drains)
+            if name in known
+            else placement.Worker(name, draining=name in drains, region=region)
+            for name in members
+        ]
+        shards = [placement_shard(topo, s, region, self.loads.get(s, 1.0)) for s in names]
         p = placement.plan(workers, shards, assignment, last_moved, now, self.imbalanced_since, self.settings)
         self.imbalanced_since = p.imbalanced_since
         out = {s: w for s, w in assignment.items() if s in p.unplaced} | p.assignment
@@ -700,6 +710,7 @@ class PoolWorker:
             sample_every=self.sample_every,
             stores=self._store_for,
             gate=self._gate,
+            instance=self.name,
         )
         self.daemon = daemon
         self.registry.register(_DaemonMetrics(daemon))

@@ -26,7 +26,7 @@ import socket
 import ssl
 import threading
 from collections.abc import Iterator, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from struct import error as struct_error  # a truncated packet after a socket shutdown
 from typing import Any
 
@@ -100,9 +100,10 @@ class Source:
     ssl_ca: str | None = None
     ssl_cert: str | None = None
     ssl_key: str | None = None
+    copy: str = field(default="", compare=False)  # the topology's name of the copy, for log lines: not where it is
 
     def __str__(self) -> str:
-        return f"MariaDB {self.host}:{self.port}"
+        return f"MariaDB {self.host}:{self.port}" + (f" ({self.copy})" if self.copy else "")
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """A fresh client context per connection (renewed certificate files are read at the next connect)."""
@@ -294,23 +295,42 @@ class _StreamEnded(Exception):
         self.message = message
 
 
+FALLBACK_AFTER = 2  # failed connections in a row to a preferred copy before the reader tries the next copy
+PROBE_S = 5.0  # while on a fallback, how often a preferred copy is asked whether it has caught up
+
+
 class _Reconnecting:
     """Iterate squeal events from `start` on, forever; reconnects resume from the last `commit()`.
 
     Subclasses read one connection (`_read_once`: calls `_on_connected` once the server streams, raises
-    `_StreamEnded` when the connection fails, returns when the stream ends or `stop()` was called); this
-    loop owns reconnects, backoff and data loss.
+    `_StreamEnded` when the connection fails, returns when the stream ends or `_break_stream()` /
+    `stop()` was called); this loop owns reconnects, backoff, data loss and the choice of copy.
+
+    **Copies** (`source` may be several: `squeal.copies.read_order`, the last one the region's own copy, which
+    every other one replicates from): the reader starts on `sources[first]`. A copy before the last that fails
+    `FALLBACK_AFTER` connections in a row, or cannot serve the position to resume from (error 1236: behind it,
+    or purged), is left for the next one, which has everything it had: the same GTIDs, resumed after the last
+    committed one. Data loss is judged only on the last copy. While on a fallback, a thread asks the preferred
+    copies every `PROBE_S` whether they have caught up with the committed position, and the reader goes back
+    to the first that has (ending its current stream: the half-read transaction comes again in full).
     """
 
     def __init__(
         self,
-        source: Source,
+        source: Source | list[Source],
         start: g.Position,
         tables: set[tuple[str, str]],
         name: str = "live",
         max_backoff: float = 5.0,
+        first: int = 0,
     ) -> None:
-        self.source = source
+        self.sources = list(source) if isinstance(source, list) else [source]
+        self.current = min(max(0, first), len(self.sources) - 1)  # index of the copy read now
+        self.source = self.sources[self.current]
+        self.switches = 0  # times the reader changed copies
+        self._failures = 0  # failed connections in a row to the current copy
+        self._back_to: int | None = None  # a preferred copy that has caught up: read it at the next chance
+        self._prober: threading.Thread | None = None
         self.committed: g.Position = dict(start)
         self.tables = tables
         self.name = name
@@ -347,6 +367,10 @@ class _Reconnecting:
     def stop(self) -> None:
         """Make the blocked read return (from any thread)."""
         self._stop.set()
+        self._break_stream()
+
+    def _break_stream(self) -> None:
+        """End the current connection's blocked read (from any thread); the loop then reconnects."""
 
     @property
     def stopped(self) -> bool:
@@ -356,22 +380,29 @@ class _Reconnecting:
         if not self.connected.is_set():
             self.connected.set()
             self._backoff = 0.1
+            self._failures = 0
 
     def _read_once(self) -> Iterator[Event]:
         raise NotImplementedError
 
     def __iter__(self) -> Iterator[Event | DataLoss]:
+        self._watch_preferred()  # (started on a fallback: its preferred copy did not answer)
         while not self._stop.is_set():
             loss: DataLoss | None = None
+            fall_back = ""  # why the current copy is left for the next one
             try:
                 yield from self._read_once()
             except _StreamEnded as e:
                 if self._stop.is_set():
                     break
                 self.errors += 1
-                if e.code == BINLOG_GONE:
+                self._failures += 1
+                last = self.current == len(self.sources) - 1
+                if not last and (e.code == BINLOG_GONE or self._failures >= FALLBACK_AFTER):
+                    fall_back = e.message
+                elif e.code == BINLOG_GONE:
                     loss = self._data_loss(e.message)
-                else:
+                elif self._back_to is None:
                     log.warning(
                         "binlog reader %s: %s; reconnecting from %s in %.1fs",
                         self.name,
@@ -389,8 +420,59 @@ class _Reconnecting:
                 yield loss  # the consumer flushes and calls resume_from(), or waits for an operator
                 if self._stop.is_set():
                     break
+            back_to, self._back_to = self._back_to, None
+            if back_to is not None:
+                self._use(back_to, "it has caught up: back on it")
+                continue
+            if fall_back:
+                self._use(self.current + 1, f"the preferred copy {self.source} failed: {fall_back}")
+                continue
             self._stop.wait(self._backoff)
             self._backoff = min(self._backoff * 2, self.max_backoff)
+
+    def _use(self, index: int, why: str) -> None:
+        """Read `sources[index]` from the next connection on; a thread watches the preferred ones meanwhile."""
+        level = logging.INFO if index < self.current else logging.WARNING
+        self.current, self.source = index, self.sources[index]
+        self._failures, self._backoff = 0, 0.1
+        self.switches += 1
+        log.log(
+            level,
+            "binlog reader %s: reading %s from %s (%s)",
+            self.name,
+            self.source,
+            g.format_position(self.committed) or "the start",
+            why,
+        )
+        self._watch_preferred()
+
+    def _watch_preferred(self) -> None:
+        """On a fallback copy: the thread that finds a preferred copy caught up (`_probe`), if not running."""
+        if self.current > 0 and (self._prober is None or not self._prober.is_alive()):
+            self._prober = threading.Thread(target=self._probe, name=f"squeal-copy-probe-{self.name}", daemon=True)
+            self._prober.start()
+
+    def _probe(self) -> None:
+        """While on a fallback: every PROBE_S, the first preferred copy that answers and has applied everything
+        committed so far becomes the next one read; the current stream is ended for that."""
+        while not self._stop.wait(PROBE_S) and self.current > 0:
+            if self._back_to is not None:
+                self._break_stream()  # (asked before, while no stream was open: again)
+                continue
+            committed = dict(self.committed)
+            for index in range(self.current):
+                try:
+                    conn = self.sources[index].connect(connect_timeout=2, read_timeout=2, write_timeout=2)
+                    try:
+                        caught_up = g.covers_position(current_position(conn), committed)
+                    finally:
+                        conn.close()
+                except (pymysql.err.MySQLError, OSError, g.GtidError):
+                    continue
+                if caught_up:
+                    self._back_to = index
+                    self._break_stream()
+                    break
 
 
 class BinlogReader(_Reconnecting):
@@ -414,17 +496,17 @@ class BinlogReader(_Reconnecting):
 
     def __init__(
         self,
-        source: Source,
+        source: Source | list[Source],
         start: g.Position,
         tables: set[tuple[str, str]],
         name: str = "live",
         max_backoff: float = 5.0,
+        first: int = 0,
     ) -> None:
-        super().__init__(source, start, tables, name, max_backoff)
+        super().__init__(source, start, tables, name, max_backoff, first)
         self._stream: BinLogStreamReader | None = None
 
-    def stop(self) -> None:
-        super().stop()
+    def _break_stream(self) -> None:
         stream = self._stream
         conn = getattr(stream, "_stream_connection", None) if stream else None
         sock = getattr(conn, "_sock", None)
@@ -592,7 +674,7 @@ class NativeBinlogReader(_Reconnecting):
 
     def __init__(
         self,
-        source: Source,
+        source: Source | list[Source],
         start: g.Position,
         tables: set[tuple[str, str]],
         templates: dict[tuple[str, str], tuple[Any, ...]],
@@ -601,8 +683,9 @@ class NativeBinlogReader(_Reconnecting):
         max_backoff: float = 5.0,
         filters: dict[tuple[str, str], Any] | None = None,
         regional_prefixes: tuple[str, ...] = (),
+        first: int = 0,
     ) -> None:
-        super().__init__(source, start, tables, name, max_backoff)
+        super().__init__(source, start, tables, name, max_backoff, first)
         self.native = native_module()
         self.rules = [(s, t, [tpl.source for tpl in ts]) for (s, t), ts in sorted(templates.items())]
         self.filters = [
@@ -619,8 +702,7 @@ class NativeBinlogReader(_Reconnecting):
         self._missing: list[tuple[str, str, str, str, int]] = []
         self._filtered: list[tuple[str, str, str, int]] = []
 
-    def stop(self) -> None:
-        super().stop()
+    def _break_stream(self) -> None:
         stream = self._streamobj
         if stream is not None:
             stream.stop()

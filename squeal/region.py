@@ -4,7 +4,8 @@ Each shard of the topology (docs/squeal.md, "Shards") gets a pipeline of its own
 datamarkers, catch-up readers, data-loss policy and lag — so a shard whose binlog was purged, whose primary is
 down or whose markers cannot be written halts or lags alone. What the shards share is what makes many shards
 cheap: one `Sender` per destination (`SenderHub`), so deletes for one cluster from every shard leave on one
-connection and, when they are ready together, in one write; one HTTP server (/metrics with a `shard` label,
+connection and, when they are ready together, in one write; one wake-up of the reactor for every shard's newly
+read transactions (`HandoffGroup`); one HTTP server (/metrics with a `shard` label,
 /healthz naming the shard of every problem, /sampled-deletes); one pid file and one shutdown.
 
 A topology without [shards] has one shard: this is then the daemon `squeal run --region` has always been (its
@@ -38,6 +39,7 @@ from squeal.daemon import Daemon, HealthResource, SampledDeletesResource, Sender
 from squeal.datamarkers import DatamarkerStore
 from squeal.flows import Flow
 from squeal.metrics import WriteMetrics
+from squeal.pipeline import HandoffGroup
 from squeal.sampler import DeleteSampler
 
 log = logging.getLogger(__name__)
@@ -82,6 +84,7 @@ class RegionDaemon:
         stores: Callable[[str], DatamarkerStore] | None = None,
         checkpoint_interval: float = 1.0,
         gate: Callable[[str], Callable[[], bool]] | None = None,
+        instance: str | None = None,
     ) -> None:
         if reactor is None:
             from twisted.internet import reactor as default_reactor
@@ -101,11 +104,15 @@ class RegionDaemon:
             "connect_timeout": connect_timeout,
             "sample_every": sample_every,
             "checkpoint_interval": checkpoint_interval,
+            "instance": instance,  # the HA instance or pool worker this runs in: which copies it reads
         }
         # Write-level series (writes, deletes per write) are the destinations', not a shard's.
         self.metrics = WriteMetrics()
         self.sampler = DeleteSampler(every=sample_every)
         self.hub = SenderHub(reactor, topology.squeal, self.metrics, self.sampler, reply_timeout, tls=topology.tls)
+        # Every shard's live hand-off wakes and lingers as one (`HandoffGroup`): N shards cost the reactor what
+        # one shard at their total rate does, and their transactions of a turn share the next write.
+        self.handoffs = HandoffGroup(reactor)
         self.shards: dict[str, Daemon] = {}
         self.registry = CollectorRegistry()
         self.registry.register(ShardLabels(self._registries))
@@ -129,6 +136,7 @@ class RegionDaemon:
             reactor=self.reactor,
             shard=shard,
             hub=self.hub,
+            handoffs=self.handoffs,
             **self.pipeline_options,
         )
 

@@ -45,9 +45,12 @@ def _router(topo: router_config.Topology, cluster: router_config.Cluster) -> tup
 def test_status_names_the_shard_of_every_database_copy(sharded) -> None:
     _, topo, state = sharded
     rows = json.loads(squealctl(state, "status", "--json").stdout)
-    copies = {(r["shard"], r["region"]): r["role"] for r in rows if r["role"].startswith("mariadb")}
-    assert copies == {(s.name, d.region): f"mariadb-{d.role}" for s in topo.shards for d in s.copies}
-    assert len(copies) == 8 and all(r["running"] for r in rows)
+    copies = {(r["shard"], r["region"], r.get("instance")): r["role"] for r in rows if r["role"].startswith("mariadb")}
+    assert copies == {(s.name, d.region, None): f"mariadb-{d.role}" for s in topo.shards for d in s.copies} | {
+        (s.name, "east", "east-r"): "mariadb-replica"
+        for s in topo.shards  # each shard's extra copy in east
+    }
+    assert len(copies) == 12 and all(r["running"] for r in rows)
 
     def leaders() -> list[str]:  # one per region, each owning every shard of its region
         rows = json.loads(squealctl(state, "status", "--json").stdout)
@@ -58,6 +61,11 @@ def test_status_names_the_shard_of_every_database_copy(sharded) -> None:
     rows = json.loads(squealctl(state, "status", "--json").stdout)
     shards = sorted(s.name for s in topo.shards)
     assert all(r["shards"] == shards for r in rows if r.get("instance") in leaders)  # who reads each shard
+    # ... from which copy: east-2 names the extra copies east-r, the others read their region's copy
+    for r in rows:
+        if r.get("instance") in leaders:
+            copy = "east-r" if r["instance"] == "east-2" else r["region"]
+            assert r["copies"] == {s: f"{s}@{copy}" for s in shards}, r
     assert all("shards" not in r for r in rows if r.get("state") == "standby")
     text = squealctl(state, "status").stdout
     assert text.count(f"reads 4 shards ({', '.join(shards)})") == 2, text

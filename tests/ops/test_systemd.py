@@ -294,8 +294,17 @@ def test_sharded_topology_renders_no_unit_per_shard(tmp_path):
     assert (kinds.count("instance"), kinds.count("zookeeper"), kinds.count("daemon")) == (4, 3, 0)
     # The monitoring server's list has every shard copy (MariaDB, not rendered), instance and ZooKeeper server.
     listed = json.loads((out / "monitoring" / "components.json").read_text())["components"]
-    copies = {(c["shard"], c["region"], c["address"]) for c in listed if c["role"].startswith("mariadb-")}
-    assert copies == {(sh.name, d.region, str(d.address)) for sh in topo.shards for d in sh.copies}
+    copies = {
+        (c["shard"], c["region"], c["instance"], c["address"]) for c in listed if c["role"].startswith("mariadb-")
+    }
+    assert copies == {(sh.name, d.region, None, str(d.address)) for sh in topo.shards for d in sh.copies} | {
+        (sh.name, d.region, "east-r", str(d.address)) for sh in topo.shards for d in sh.replicas
+    }
+    assert len(copies) == 12  # the extra copies ([shards.users.replicas.east-b]) too
+    described = systemd.describe_databases(topo, "127.0.0.1")
+    assert "shard users-2's extra copy users-2@east-r in east (127.0.0.1:13432, server_id 432, from users-2@east)" in (
+        described
+    ), described
     assert {c["instance"] for c in listed if c["role"] == "squeal"} == {"east-1", "east-2", "west-1", "west-2"}
     assert [c["address"] for c in listed if c["role"] == "zookeeper"] == [str(a) for a in topo.zookeeper.servers]
 

@@ -9,6 +9,7 @@ from squeal.placement import (
     ORPHANED,
     REBALANCE,
     UNASSIGNED,
+    Copy,
     Plan,
     Settings,
     Shard,
@@ -16,6 +17,7 @@ from squeal.placement import (
     consistent_hash_assignment,
     plan,
     read_copy,
+    read_order,
     shard_load,
     smooth,
 )
@@ -237,17 +239,41 @@ def test_rebalance_respects_max_moves() -> None:
 
 
 def test_which_copy_a_worker_reads() -> None:
-    shard = Shard("users-1", 1.0, copies=("west", "west/replica-1"))
-    assert read_copy(Worker("a", region="west"), shard) == (
-        "west",
-        "the region's own copy (the default: no cross-region reads)",
+    own, local, remote = (
+        Copy("users-1@west", "h1", region_copy=True),
+        Copy("users-1@west-b", "h2"),
+        Copy("users-1@west-c", "h3"),
     )
-    picky = Worker("b", region="west", prefer={"users-1": "west/replica-1"})
-    assert read_copy(picky, shard) == ("west/replica-1", "the worker's preferred copy")
-    wrong = Worker("c", region="west", prefer={"users-1": "east/replica-9"})
-    assert read_copy(wrong, shard)[0] == "west"
+    shard = Shard("users-1", 1.0, copies=(own, local, remote))
+    fallback = ("users-1@west", "the region's own copy: the fallback (it has everything its extra copies have)")
+    # an extra copy on the worker's host first, the region's copy last
+    assert read_order(Worker("a", region="west", host="h2"), shard) == (
+        ("users-1@west-b", "an extra copy on the worker's host h2"),
+        fallback,
+    )
+    # the region's copy on the worker's host: that one alone (the default, and the freshest)
+    assert read_order(Worker("b", region="west", host="h1"), shard) == (
+        ("users-1@west", "the region's own copy on the worker's host (no extra copy is nearer)"),
+    )
+    # no copy on the worker's host: the region's copy, never a remote extra copy
+    assert read_order(Worker("c", region="west", host="h9"), shard) == (
+        ("users-1@west", "the region's own copy (no extra copy is nearer)"),
+    )
+    # a named copy wins over distance; naming the region's copy pins it
+    picky = Worker("d", region="west", host="h2", prefer={"users-1": "users-1@west-c"})
+    assert read_order(picky, shard) == (("users-1@west-c", "the extra copy the worker names"), fallback)
+    pinned = Worker("e", region="west", host="h2", prefer={"users-1": "users-1@west"})
+    assert read_order(pinned, shard) == (("users-1@west", "the region's own copy, named by the worker"),)
+    wrong = Worker("f", region="west", prefer={"users-1": "users-1@east-q"})
+    assert read_copy(wrong, shard) == (
+        "users-1@west",
+        "the region's own copy (no extra copy is nearer) (the worker names users-1@east-q, "
+        "not a copy of users-1 in its region)",
+    )
+    # a shard that lists no copies: the region's own, named after the region
+    assert read_copy(Worker("g", region="west"), Shard("s", 1.0))[0] == "west"
     p = plan([picky], [shard], {}, {}, now=0.0, settings=S)
-    assert (p.moves[0].copy, p.moves[0].copy_reason) == ("west/replica-1", "the worker's preferred copy")
+    assert (p.moves[0].copy, p.moves[0].copy_reason) == ("users-1@west-c", "the extra copy the worker names")
 
 
 def test_load_figures() -> None:

@@ -350,6 +350,101 @@ def test_layout_errors_name_the_key(tmp_path: Path) -> None:
         )
 
 
+LAYOUT_BASE = (
+    '[regions.east]\nmaster = true\n[regions.east.clusters.c0]\nrouters = ["127.0.0.1:1"]\n'
+    'pools.wildcard = { servers = ["127.0.0.1:2"] }\n'
+    '[regions.west]\n[regions.west.clusters.c1]\nrouters = ["127.0.0.1:3"]\n'
+    'pools.wildcard = { servers = ["127.0.0.1:4"] }\n'
+)
+GROUP = (
+    "[shards.u]\ncount = 3\ngtid_domain_id = 1\neast = { port = 10, server_id = 1 }\n"
+    "west = { port = 20, server_id = 10 }\n"
+)
+
+
+def test_extra_copies_per_shard_expand_like_the_shards() -> None:
+    """`[shards.NAME.replicas.R]`: one extra copy per shard of the group, ports and server ids + i as the copies'."""
+    topo = router_config.loads(
+        GROUP
+        + "replicas.east-b = { region = 'east', port = 30, server_id = 30 }\n"
+        + "replicas.east-c = { region = 'east', port = 40, server_id = 40, replicates_from = 'east-b' }\n"
+        + LAYOUT_BASE.replace("[regions.west]\n", "[regions.west]\n[regions.west.squeal]\nhost = '127.0.0.1'\n"),
+        source="t.toml",
+    )
+    u2 = topo.shard("u-2")
+    assert [(d.name, d.port, d.server_id, d.replicates_from, d.region, d.role) for d in u2.replicas] == [
+        ("u-2@east-b", 32, 32, "u-2@east", "east", "replica"),
+        ("u-2@east-c", 42, 42, "u-2@east-b", "east", "replica"),
+    ]
+    assert u2.replicas_in("west") == () and u2.replicas_in("east") == u2.replicas
+    assert ("mariadb", "shards.u-1.replicas.east-c.port", router_config.Address("127.0.0.1", 41)) in topo.listeners()
+    again = router_config.loads(router_config.dumps(topo), source="again")
+    assert again.shards == topo.shards
+
+
+def test_extra_copy_layout_errors_name_the_key() -> None:
+    instances = (
+        '[zookeeper]\nservers = ["127.0.0.1:50"]\n'
+        '[[regions.east.squeal_instances]]\nname = "e1"\nmetrics_port = 60\ndatabase = "{copy}"\n'
+    )
+    cases = [
+        (  # an extra copy in a region the topology does not have
+            "replicas.r = { region = 'north', port = 30, server_id = 30 }\n",
+            "shards.u.replicas.r.region: unknown region 'north' (have: east, west)",
+        ),
+        (  # on a port another copy uses (shard u-0's copy in west listens on 20)
+            "replicas.r = { region = 'east', port = 19, server_id = 30 }\n",
+            "shards.u.replicas.r.port (+1, shard u-1): duplicate port: 127.0.0.1:20 is already used by "
+            "shards.u.west.port (+0, shard u-0)",
+        ),
+        (  # a server id another copy uses, fleet-wide
+            "replicas.r = { region = 'west', port = 30, server_id = 11 }\n",
+            "shards.u-0.replicas.r.server_id: server_id 11 (shard u-0, replica r) is already used by "
+            "shard u-1 in region west",
+        ),
+        (  # named like a region: `u-0@east` would name two copies
+            "replicas.east = { region = 'west', port = 30, server_id = 30 }\n",
+            "shards.u.replicas.east: 'east' names a region",
+        ),
+        (  # replicating from another region's copy would be ahead of the caches it invalidates
+            "replicas.r = { region = 'west', port = 30, server_id = 30, replicates_from = 'east' }\n",
+            "shards.u.replicas.r.replicates_from: 'east' is not a copy of this shard in region west",
+        ),
+        (  # a loop
+            "replicas.r = { region = 'east', port = 30, server_id = 30, replicates_from = 's' }\n"
+            "replicas.s = { region = 'east', port = 40, server_id = 40, replicates_from = 'r' }\n",
+            "shards.u.replicas.r.replicates_from: replication loop: r -> s -> r",
+        ),
+        (  # an instance preferring a copy nobody declared
+            "replicas.r = { region = 'east', port = 30, server_id = 30 }\n" + instances.format(copy="q"),
+            "regions.east.squeal_instances[0].database: unknown copy 'q'",
+        ),
+        (  # a region's `replicas` beside [shards]
+            "",
+            "regions.east.replicas: a topology with [shards] gives each shard's copies under [shards.NAME]",
+        ),
+    ]
+    assert len(cases) == 8
+    for extra, expected in cases:
+        base = LAYOUT_BASE
+        if not extra:
+            base = base.replace("master = true\n", "master = true\nreplicas.r = { port = 30, server_id = 30 }\n")
+        copies, _, tail = extra.partition("[zookeeper]")
+        with pytest.raises(router_config.TopologyError) as e:
+            router_config.loads(GROUP + copies + base + (f"[zookeeper]{tail}" if tail else ""), source="t.toml")
+        assert str(e.value).startswith(f"t.toml: {expected}"), str(e.value)
+    # an instance may name an extra copy, or its region (the region's copy of every shard)
+    for copy in ("r", "east"):
+        topo = router_config.loads(
+            GROUP
+            + "replicas.r = { region = 'east', port = 30, server_id = 30 }\n"
+            + LAYOUT_BASE
+            + instances.format(copy=copy),
+            source="t.toml",
+        )
+        assert topo.instance("e1").prefer == copy
+
+
 def test_compact_shard_groups_expand_and_round_trip() -> None:
     topo = router_config.load(Path(__file__).resolve().parents[2] / "examples" / "sharded.toml")
     assert [s.name for s in topo.shards] == ["users-0", "users-1", "users-2", "users-3"]

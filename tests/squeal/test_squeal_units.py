@@ -12,6 +12,7 @@ from twisted.internet.testing import MemoryReactorClock, StringTransport
 
 from router_config import Address, Rule, predicate
 from squeal import gtid as g
+from squeal import reader as reader_module
 from squeal.batcher import DeleteProtocol, Sender
 from squeal.cli import main as cli_main
 from squeal.datamarkers import FileDatamarkerStore
@@ -431,7 +432,8 @@ def test_sender_batches_by_timer_fails_over_and_backs_off() -> None:
     assert transport2.value() == b"md a q\r\nmd b q\r\nmn\r\n"
     proto2.dataReceived(b"MN\r\n")
     assert f.acked == {0: (1, 2)} and f.backlog == 0
-    f.offer_live(committed(3, ["c", "d", "e"]))  # a full batch leaves at once, no timer
+    f.offer_live(committed(3, ["c", "d", "e"]))  # a full batch leaves at the end of the reactor turn, no timer
+    reactor.advance(0)
     assert transport2.value().endswith(b"md c q\r\nmd d q\r\nmd e q\r\nmn\r\n")
 
 
@@ -440,6 +442,7 @@ def test_sender_pipelines_full_batches_and_keeps_replies_apart() -> None:
     f = Flow("c0", "cluster", [Address("127.0.0.1", 1001), Address("127.0.0.1", 1002)], {}, 1000)
     s = Sender(f, reactor, batch_size=2, flush_interval=0.0005, reply_timeout=1.0, max_in_flight=2)
     f.offer_live(committed(1, ["a", "b", "c", "d", "e"]))
+    reactor.advance(0)  # (full batches leave at the end of the reactor turn)
     transport, proto = _connect(reactor, 0)
     # Two full batches in flight; the fifth key waits for an ack (no partial batch joins a pipeline).
     assert transport.value() == b"md a q\r\nmd b q\r\nmn\r\nmd c q\r\nmd d q\r\nmn\r\n"
@@ -463,11 +466,13 @@ def test_sender_failure_after_a_shed_hands_back_the_current_batches() -> None:
     f = Flow("c0", "cluster", [Address("127.0.0.1", 1001)], {}, 3)
     s = Sender(f, reactor, batch_size=2, flush_interval=0.0005, reply_timeout=1.0, max_in_flight=4)
     f.offer_live(committed(1, ["a", "b"]))
+    reactor.advance(0)
     transport, proto = _connect(reactor, 0)
     f.offer_live(committed(2, ["c", "d"]))  # backlog 4 > 3: shed while a batch is in flight
     assert f.state == SHED and f.in_flight is None and len(s.batches) == 1
     f.start_catchup()
     f.offer_catchup(committed(1, ["a", "b"]))  # re-read: sent behind the stale batch on the same connection
+    reactor.advance(0)
     assert len(s.batches) == 2 and f.in_flight is s.batches[1][1]
     proto.connectionLost(None)  # nothing acknowledged: the current batch must go back to the flow
     assert f.in_flight is None and f.pending_keys == 2 and not s.batches
@@ -507,6 +512,38 @@ def test_sender_shares_one_connection_and_one_write_among_shards() -> None:
         s.add_flow(Flow("c1", "cluster", routers, {}, 1000))
 
 
+def test_full_batches_of_several_shards_share_a_write_while_others_are_in_flight() -> None:
+    """While a write is in flight, the full batches that several shards have ready leave in one write (one batch per
+    shard), not one write each; one shard alone still writes one batch per write (`batch_size = 1`: one delete)."""
+    reactor = MemoryReactorClock()
+    routers = [Address("127.0.0.1", 1001)]
+    flows = [Flow("c0", "cluster", routers, {}, 1000) for _ in range(3)]
+    metrics = Metrics()
+    s = Sender(flows[0], reactor, batch_size=2, flush_interval=0.0005, reply_timeout=1.0, metrics=metrics)
+    for f in flows[1:]:
+        s.add_flow(f)
+    flows[0].offer_live(committed(1, ["x"]))
+    reactor.advance(0.001)
+    transport, proto = _connect(reactor, 0)
+    transport.clear()  # the first write (one delete) is in flight
+    for i, f in enumerate(flows):  # then every shard has a full batch (each handed on by its own handoff)
+        f.offer_live(committed(10 + i, [f"k{i}a", f"k{i}b"]))
+    reactor.advance(0)  # the end of the reactor turn
+    writes = metrics.writes.labels(flow="c0")._value.get()
+    assert writes == 2, writes  # the first one, and one more carrying the three full batches
+    assert transport.value().count(b"mn\r\n") == 3 and metrics.deletes_per_write.labels(flow="c0")._sum.get() == 7
+    for _ in range(4):
+        proto.dataReceived(b"MN\r\n")
+    assert all(f.acked == {0: (1, 10 + i)} for i, f in enumerate(flows)) and s.drained()
+    # one shard, batch_size 1: one delete per write, however many are ready
+    one = Flow("c1", "cluster", routers, {}, 1000)
+    alone = Sender(one, reactor, batch_size=1, flush_interval=0.0005, reply_timeout=1.0, metrics=metrics)
+    one.offer_live(committed(20, ["a", "b", "c"]))
+    reactor.advance(0.001)
+    _connect(reactor, 1)
+    assert metrics.writes.labels(flow="c1")._value.get() == 3 and alone.batches
+
+
 class _ThreadReactor:
     """`callFromThread` recorded (run by the test), `callLater` on a fake clock."""
 
@@ -519,6 +556,47 @@ class _ThreadReactor:
 
     def callFromThread(self, f, *args) -> None:  # noqa: N802 - Twisted's name
         self.woken.append((f, args))
+
+
+def test_handoffs_of_a_group_wake_the_reactor_once_and_drain_in_one_turn() -> None:
+    """A region's shards share one `HandoffGroup`: transactions read by several shards cost one wake-up and reach
+    the flows in the same reactor turn; a closed hand-off is still drained, then forgotten."""
+    from squeal.pipeline import Handoff, HandoffGroup
+
+    reactor = _ThreadReactor()
+    group = HandoffGroup(reactor, chunk=10, linger=0.001)
+    got: list[tuple[str, list[int]]] = []
+    a = Handoff(reactor, lambda items: got.append(("a", [c.gtid[2] for c in items])), group=group)
+    b = Handoff(reactor, lambda items: got.append(("b", [c.gtid[2] for c in items])), group=group)
+    a.put(committed(1, ["x"]))
+    b.put(committed(2, ["y"]))
+    a.put(committed(3, ["z"]))
+    assert len(reactor.woken) == 1  # one wake-up for both shards
+    f, args = reactor.woken.pop()
+    f(*args)
+    assert got == [("a", [1, 3]), ("b", [2])]  # one turn
+    b.put(committed(4, ["w"]))  # busy: the group looks again after `linger`, no wake-up
+    assert reactor.woken == []
+    b.close()
+    reactor.clock.advance(0.001)
+    assert got[-1] == ("b", [4]) and group.members == [a]  # delivered, then forgotten
+    reactor.clock.advance(0.001)  # a look that finds nothing: the next transaction wakes the reactor again
+    a.put(committed(5, ["v"]))
+    assert len(reactor.woken) == 1
+    # `chunk` bounds a turn for all the hand-offs together (sockets are served between turns), and each turn
+    # starts from the next hand-off, so a shard with a backlog does not hold the others back
+    reactor = _ThreadReactor()
+    group = HandoffGroup(reactor, chunk=3, linger=0.001)
+    delivered: list[list[int]] = []
+    several = [Handoff(reactor, lambda items: delivered.append([c.gtid[2] for c in items]), group=group) for _ in "xy"]
+    for i, h in enumerate(several):
+        for k in range(6 if i == 0 else 3):  # the first has a backlog
+            h.put(committed(10 * i + k, ["k"]))
+    f, args = reactor.woken.pop()
+    f(*args)
+    assert delivered == [[0, 1, 2]]  # one turn: three transactions, not three of each hand-off
+    reactor.clock.advance(0)  # (more is waiting: the next turns at once, from the next hand-off on)
+    assert delivered == [[0, 1, 2], [10, 11, 12], [3, 4, 5]]
 
 
 def test_handoff_wakes_once_then_lingers_while_busy() -> None:
@@ -612,3 +690,45 @@ def test_delete_sampler_skips_base64_keys():
     sampler = DeleteSampler(every=1)
     sampler.offer("a", b"md a2V5 b q\r\nmd plain q\r\nmn\r\n", 2, 1.0)
     assert [s.key for s in sampler.recent()] == ["plain"]
+
+
+class _ScriptedReader(reader_module._Reconnecting):
+    """A reader whose connections follow a script per copy: "lost" (a connection that fails), "behind" (error
+    1236: the copy cannot serve the position), or a list of events to stream before stopping."""
+
+    def __init__(self, sources: list, script: dict[int, list]) -> None:
+        super().__init__(sources, {1: (1, 5)}, set(), name="t")
+        self.script = script
+        self.opened: list[int] = []
+
+    def _read_once(self):
+        self.opened.append(self.current)
+        step = self.script[self.current].pop(0) if self.script[self.current] else "lost"
+        if step == "lost":
+            raise reader_module._StreamEnded(2013, "lost")
+        if step == "behind":
+            raise reader_module._StreamEnded(reader_module.BINLOG_GONE, "not in the master's binlog")
+        self._on_connected()
+        yield from step
+        self.stop()
+
+
+def test_a_reader_leaves_a_failing_or_lagging_copy_for_the_next_and_judges_data_loss_only_on_the_last(
+    monkeypatch,
+) -> None:
+    monkeypatch.setattr(reader_module, "PROBE_S", 3600.0)  # (the probe needs a server: not in this test)
+    copies = [reader_module.Source("h", 1, "u", "p", copy="s@r"), reader_module.Source("h", 2, "u", "p", copy="s@east")]
+    # one lost connection is retried on the same copy; the second in a row moves to the next copy
+    r = _ScriptedReader(copies, {0: ["lost", "lost"], 1: [["event"]]})
+    r._backoff = 0.0
+    events = list(r)
+    assert r.opened == [0, 0, 1] and r.current == 1 and r.switches == 1
+    assert not [e for e in events if isinstance(e, reader_module.DataLoss)]
+    # a copy behind the position to resume from (1236) is left at once: not data loss, which only the last judges
+    r = _ScriptedReader(copies, {0: ["behind"], 1: [["event"]]})
+    events = list(r)
+    assert r.opened == [0, 1] and not [e for e in events if isinstance(e, reader_module.DataLoss)]
+    monkeypatch.setattr(reader_module._Reconnecting, "_data_loss", lambda self, message: ("loss", self.current))
+    r = _ScriptedReader(copies, {0: ["behind"], 1: ["behind", ["event"]]})
+    events = list(r)
+    assert ("loss", 1) in events and r.opened == [0, 1, 1]
