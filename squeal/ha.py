@@ -54,6 +54,7 @@ they must not block for long.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -881,18 +882,26 @@ class HaInstance:
         self.reactor.addSystemEventTrigger("during", "shutdown", self._release)
 
     def _watch_health(self) -> None:
-        """Whether this instance's copy answers, every second (the election's preference)."""
+        """Whether this instance's copy answers, every second (the election's preference).
+
+        On one kept connection: a new one a second was a MariaDB login (and a TLS handshake) a second per
+        instance. Timeouts bound a check of a frozen server; a failed check drops the connection and the
+        next one reconnects, so a restarted server is seen again."""
+        conn = None
+        timeout = 2
         while not self._health_stop.wait(1.0):
             try:
-                conn = self.source.connect()
-                try:
-                    with conn.cursor() as cur:
-                        cur.execute("SELECT 1")
-                finally:
-                    conn.close()
+                if conn is None:
+                    conn = self.source.connect(connect_timeout=timeout, read_timeout=timeout, write_timeout=timeout)
+                with conn.cursor() as cur:
+                    cur.execute("SELECT 1")
                 healthy = True
             except Exception:  # noqa: BLE001 - any failure: not healthy
                 healthy = False
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+                    conn = None
             if healthy != self._healthy:
                 log.warning(
                     "instance %s: its copy %s %s",
@@ -904,6 +913,9 @@ class HaInstance:
             if self.elector is not None:
                 self.elector.set_healthy(healthy)
             self._take_loss_acceptance()
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
 
     def _take_loss_acceptance(self) -> None:
         """The leader hands `squeal accept-data-loss` (a znode per shard: any instance's operator may run it) to the

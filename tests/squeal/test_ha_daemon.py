@@ -293,3 +293,35 @@ def test_a_preferred_instance_restarted_by_a_supervisor_never_wins_the_vacancy_i
     assert [name for _, name in watch.leaders] == ["east-1", "east-2"] * rounds + ["east-1"], watch.leaders
     watch.check_one_leader_at_a_time()
     print(f"after {rounds} kill -9 + restarts: east-1 delivers ({gone * 1000:.0f} ms)")
+
+
+def connections_opened(db, seconds: float) -> int:
+    """How many connections MariaDB `db` accepted over `seconds` (its `Connections` counter), on one connection."""
+    conn = db.connect()
+    try:
+        with conn.cursor() as cur:
+
+            def count() -> int:
+                cur.execute("SHOW GLOBAL STATUS LIKE 'Connections'")
+                return int(cur.fetchone()[1])
+
+            before = count()
+            time.sleep(seconds)
+            return count() - before
+    finally:
+        conn.close()
+
+
+def test_an_instance_watches_its_copy_on_one_connection_not_a_new_one_a_second(ha_env: HaEnv) -> None:
+    """Each instance checks every second that its copy answers (the election's preference). A new connection
+    per check is a MariaDB login a second per instance (a TLS handshake too, under [tls]): keep one."""
+    env = ha_env
+    start_pair(env)
+    wait_until(lambda: env.state("east-2") == "standby" and env.state("east-1") == "leader", 30, "leader and standby")
+    time.sleep(2)  # past start-up's own connections
+    opened = {
+        "primary (east-1)": connections_opened(env.primary, 6),
+        "replica (east-2)": connections_opened(env.replica, 6),
+    }
+    # One reconnection would be allowed (a check that failed); a connection a second is 6.
+    assert all(n <= 1 for n in opened.values()), opened
