@@ -588,8 +588,19 @@ class Router(ManagedProcess):
 
 # ZooKeeper 3.8 as Debian's `zookeeper` package installs it: zookeeper.jar's manifest names its dependencies,
 # /etc/zookeeper/conf holds its log4j settings. `squealctl up` and `squealctl render systemd` both start it so.
-ZOOKEEPER_CLASSPATH = "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar"
+# It logs through SLF4J, whose binding the manifest leaves out: without one ZooKeeper logs nothing, not even why
+# it exits. slf4j-simple (libslf4j-java, a dependency of the package) logs INFO and up to stderr, i.e. the
+# process's log file (or the journal). zookeeper.jar stays last: `render systemd` checks it by that position.
+ZOOKEEPER_CLASSPATH = "/etc/zookeeper/conf:/usr/share/java/slf4j-simple.jar:/usr/share/java/zookeeper.jar"
 ZOOKEEPER_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+# slf4j-simple's settings: a timestamp on each line, and no line per four-letter command (the dashboard's link
+# probe and `squealctl status` send `srvr` to every server each time they look).
+ZOOKEEPER_LOGGING = (
+    "-Dorg.slf4j.simpleLogger.showDateTime=true",
+    "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd HH:mm:ss.SSS",
+    "-Dorg.slf4j.simpleLogger.log.org.apache.zookeeper.server.NIOServerCnxn=warn",
+    "-Dorg.slf4j.simpleLogger.log.org.apache.zookeeper.server.NettyServerCnxn=warn",
+)
 
 
 def zookeeper_config(
@@ -676,7 +687,7 @@ class ZooKeeper(ManagedProcess):
             if not codec.exists():
                 raise HarnessError(f"ZooKeeper TLS needs {codec}: install it with `apt-get install libnetty-java`")
             classpath += f":{codec}"
-        return [self.java, "-cp", classpath, ZOOKEEPER_MAIN, str(conf)]
+        return [self.java, *ZOOKEEPER_LOGGING, "-cp", classpath, ZOOKEEPER_MAIN, str(conf)]
 
     def ready(self) -> bool:
         """Standalone: serving clients. An ensemble member: answering (it serves only once a quorum of members

@@ -52,7 +52,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import router_config
-from ops.harness import REPO_ROOT, ROUTER_BIN, ZOOKEEPER_CLASSPATH, ZOOKEEPER_MAIN, zookeeper_config
+from ops.harness import (
+    REPO_ROOT,
+    ROUTER_BIN,
+    ZOOKEEPER_CLASSPATH,
+    ZOOKEEPER_LOGGING,
+    ZOOKEEPER_MAIN,
+    zookeeper_config,
+)
 from router_config import Topology
 
 TARGET = "squeal.target"
@@ -262,6 +269,7 @@ def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> li
             str(opts.java_bin),
             f"-Xmx{opts.zookeeper_heap_mb}m",
             "-XX:+ExitOnOutOfMemoryError",  # a restart beats a server limping on without memory
+            *ZOOKEEPER_LOGGING,
             # with [tls], Netty's TLS handler needs its codec, which zookeeper.jar's manifest leaves out
             "-cp", ZOOKEEPER_CLASSPATH + (f":{NETTY_CODEC_JAR}" if tls else ""),
             ZOOKEEPER_MAIN,

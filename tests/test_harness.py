@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import socket
+
 import pymysql
 import pytest
 
 from ops import tls as pki
-from ops.harness import HarnessError, MariaDB, memcached_command, require_binary, wait_until
+from ops.harness import HarnessError, MariaDB, ZooKeeper, memcached_command, require_binary, wait_until
 
 
 def test_row_on_primary_reaches_replica_binlog_with_same_gtid(mariadb_pair):
@@ -139,3 +141,16 @@ def test_a_datadir_reused_with_and_without_tls_follows_the_current_setting(proce
         host=again_primary.host, port=again_primary.port, user="squeal", password="squeal", ssl_disabled=True
     ):
         pass
+
+
+def test_a_zookeeper_that_cannot_start_says_why_in_its_log(tmp_path):
+    """ZooKeeper logs through SLF4J: without a binding on its classpath it logs nothing at all, and a server that
+    fails (here: its client port taken) leaves an operator — and the harness's error — no reason."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        server = ZooKeeper(port=taken.getsockname()[1], workdir=tmp_path)
+        with pytest.raises(HarnessError) as failed:
+            server.start()
+        server.stop()
+    assert "Address already in use" in str(failed.value), str(failed.value)
