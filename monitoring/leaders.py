@@ -10,14 +10,11 @@ delivers now. Regions with a single daemon have no election and are not listed.
 
 from __future__ import annotations
 
-import logging
-import threading
 from typing import Any
 
+from monitoring.polling import Poller
 from router_config import Topology
 from squeal import probe_health
-
-log = logging.getLogger(__name__)
 
 
 def instance_health(address: str, timeout: float = 2.0) -> dict[str, Any] | None:
@@ -74,34 +71,17 @@ def leaders(topo: Topology, health=instance_health) -> list[dict[str, Any]]:
     return out
 
 
-class LeaderWatch:
+class LeaderWatch(Poller):
     """`leaders(topo)` every `interval` seconds on a thread of its own; `snapshot()` is the last answer."""
 
+    thread_name = "leaders"
+    failure = "polling the squeal instances failed"
+
     def __init__(self, topo: Topology, interval: float = 2.0) -> None:
-        self.topo, self.interval = topo, interval
-        self._last: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
+        super().__init__(topo, interval)
 
-    def start(self) -> LeaderWatch:
-        if any(r.squeal_instances for r in self.topo.regions):
-            threading.Thread(target=self._run, name="leaders", daemon=True).start()
-        return self
+    def wanted(self) -> bool:
+        return any(r.squeal_instances for r in self.topo.regions)
 
-    def stop(self) -> None:
-        self._stop.set()
-
-    def snapshot(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return list(self._last)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                found = leaders(self.topo)
-            except Exception:
-                log.exception("polling the squeal instances failed")
-            else:
-                with self._lock:
-                    self._last = found
-            self._stop.wait(self.interval)
+    def look(self) -> list[dict[str, Any]]:
+        return leaders(self.topo)

@@ -13,18 +13,15 @@ It never tries plaintext against a TLS port (each refused attempt would be a lin
 from __future__ import annotations
 
 import datetime
-import logging
 import socket
 import ssl
-import threading
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import pymysql
 
+from monitoring.polling import Poller
 from router_config import Database, Topology, mysql_options, tls_context
-
-log = logging.getLogger(__name__)
 
 TIMEOUT = 2.0
 
@@ -177,33 +174,14 @@ def _database(topo: Topology, link: Link) -> Database:
     raise KeyError(f"{topo.source}: no database copy {name!r}")
 
 
-class LinkWatch:
+class LinkWatch(Poller):
     """`check` on every link every `interval` seconds on a thread of its own; `snapshot()` is the last round."""
 
+    thread_name = "links"
+    failure = "checking the links' TLS failed"
+
     def __init__(self, topo: Topology, interval: float = 10.0) -> None:
-        self.topo, self.interval = topo, interval
-        self._last: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
+        super().__init__(topo, interval)
 
-    def start(self) -> LinkWatch:
-        threading.Thread(target=self._run, name="links", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def snapshot(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return list(self._last)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                found = [check(link, self.topo).as_json() for link in links(self.topo)]
-            except Exception:
-                log.exception("checking the links' TLS failed")
-            else:
-                with self._lock:
-                    self._last = found
-            self._stop.wait(self.interval)
+    def look(self) -> list[dict[str, Any]]:
+        return [check(link, self.topo).as_json() for link in links(self.topo)]
