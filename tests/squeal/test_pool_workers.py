@@ -576,7 +576,14 @@ def test_a_shard_with_ten_times_the_writes_ends_alone_on_its_worker_nothing_lost
     assert alone
     at = len(writer.written)
     wait_until(lambda: len(writer.written) > at + 200, DEADLINE, "writes after the rebalance")
-    rows = {w["name"]: w for w in json.loads(squealctl(env, "workers", "--json"))}
+
+    def published() -> dict | None:
+        """`squealctl workers --json` by worker, once p0's binlog bytes/s is in it: the meter samples every 5 s
+        and needs two samples that saw the binlog grow, which a quick rebalance can outrun."""
+        rows = {w["name"]: w for w in json.loads(squealctl(env, "workers", "--json"))}
+        return rows if rows[hot_worker]["loads"].get("p0", {}).get("bytes_s", 0) > 0 else None
+
+    rows = wait_until(published, DEADLINE, "p0's binlog bytes/s measured and published")
     p0 = rows[hot_worker]["loads"]["p0"]
     others = {s: v for w in rows.values() for s, v in w["loads"].items() if s != "p0"}
     assert p0["rows_s"] > 0 and p0["bytes_s"] > 0, p0  # both terms measured
