@@ -50,7 +50,8 @@ from ops.harness import (
     child_env,
     free_port,
     wait_until,
-    zookeeper_mode,
+    mode_of,
+    zookeeper_srvr,
 )
 from squeal import probe_health
 
@@ -633,11 +634,13 @@ class Deployment:
         zk_tls = self._zookeeper_tls() if any(c.role == "zookeeper" for c in components) else None
         for c, pid in zip(components, self.locate(components), strict=True):
             running = pid is not None
+            srvr = zookeeper_srvr(c.address, zk_tls) if running and c.role == "zookeeper" else None
             row = {
                 **asdict(c),
                 "pid": pid if running else c.pid,
                 "running": running,
-                "answering": running and _port_open(c.address),
+                # ZooKeeper: its `srvr` answer (a bare connect would put a stack trace in its log each time)
+                "answering": srvr is not None if c.role == "zookeeper" else running and _port_open(c.address),
                 "uptime": _uptime(pid) if running and pid is not None else None,
             }
             if c.role == "squeal":
@@ -654,7 +657,7 @@ class Deployment:
                         shard: (st.get("reads") or {}).get("name") for shard, st in sorted(body["shards"].items())
                     }
             if c.role == "zookeeper":
-                row["mode"] = zookeeper_mode(c.address, zk_tls) if row["answering"] else None
+                row["mode"] = mode_of(srvr)
                 row["serving"] = row["mode"] is not None
             if c.role != "squeal":  # squeal's come from its /healthz; the others' from what we can see
                 row["problems"] = _visible_problems(row)
