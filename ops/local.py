@@ -49,8 +49,8 @@ from ops.harness import (
     _tail,
     child_env,
     free_port,
-    wait_until,
     mode_of,
+    wait_until,
     zookeeper_srvr,
 )
 from squeal import probe_health
