@@ -45,9 +45,11 @@ def _topology(path: str) -> router_config.Topology:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from squeal.pipeline import favour_the_reactor
     from squeal.region import run
 
     topo = _topology(args.topology)
+    favour_the_reactor(topo.squeal.gil_switch_interval_ms)
     if args.instance is not None:  # HA mode (docs/squeal.md, "High availability")
         from squeal.ha import run_instance
 
