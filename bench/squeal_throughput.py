@@ -31,6 +31,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import resource
 import socket
@@ -431,6 +432,11 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="rounds over the same binlog (median reported)")
     ap.add_argument("--readers", default="native,python", help="squeal readers to run end to end, comma-separated")
     ap.add_argument(
+        "--no-decoders",
+        action="store_true",
+        help="skip the bare and C decoders in each round (for --tls / --gil-ms comparisons of squeal with itself)",
+    )
+    ap.add_argument(
         "--gil-ms",
         default="",
         help="run each reader once per [squeal] gil_switch_interval_ms in this comma-separated list "
@@ -479,19 +485,23 @@ def main() -> int:
         variants = list(variant_of)
         end, rows = grow_for_window(base, db, schema, caches, start, end, args.rows, readers, args.min_seconds)
         print(f"measured over {rows} row changes ({start} -> {g.format_position(end)})")
-        bare_decode(db, schema, start, end)  # warm-up: binlog in the page cache, server and library warm
+        if not args.no_decoders:
+            bare_decode(db, schema, start, end)  # warm-up: binlog in the page cache, server and library warm
         rounds = []
         for i in range(args.repeat):
             print(f"round {i + 1}/{args.repeat}: {loadavg()}")
-            bare_rows, bare_s, bare_cpu = bare_decode(db, schema, start, end)
-            bare = bare_rows / bare_s
-            c_s, c_cpu = c_decoder(db, start, end)
-            c_rate = bare_rows / c_s
-            print(
-                f"  bare mysql-replication decode: {bare_rows} rows in {bare_s:.2f}s = {bare:,.0f} rows/s; "
-                f"CPU {bare_cpu:.2f}s"
-            )
-            print(f"  C decoder (mariadb-binlog -R -v): {c_s:.2f}s = {c_rate:,.0f} rows/s; CPU {c_cpu:.2f}s")
+            if args.no_decoders:  # squeal against itself only (plaintext/TLS, switch intervals): nan for the rest
+                bare_rows, bare, bare_cpu, c_rate = rows, math.nan, math.nan, math.nan
+            else:
+                bare_rows, bare_s, bare_cpu = bare_decode(db, schema, start, end)
+                bare = bare_rows / bare_s
+                c_s, c_cpu = c_decoder(db, start, end)
+                c_rate = bare_rows / c_s
+                print(
+                    f"  bare mysql-replication decode: {bare_rows} rows in {bare_s:.2f}s = {bare:,.0f} rows/s; "
+                    f"CPU {bare_cpu:.2f}s"
+                )
+                print(f"  C decoder (mariadb-binlog -R -v): {c_s:.2f}s = {c_rate:,.0f} rows/s; CPU {c_cpu:.2f}s")
             result = {"bare": bare, "bare_cpu": bare_cpu, "c": c_rate}
             for variant in variants:
                 reader, gil_ms = variant_of[variant]
