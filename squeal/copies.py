@@ -20,15 +20,26 @@ def placement_shard(topology: Topology, shard: str, region: str, load: float = 1
 
 
 def placement_worker(
-    topology: Topology, region: str, instance: str | None = None, *, alive: bool = True, draining: bool = False
+    topology: Topology,
+    region: str,
+    instance: str | None = None,
+    *,
+    alive: bool = True,
+    draining: bool = False,
+    healthy: bool = True,
+    settled: bool = True,
 ) -> placement.Worker:
-    """A squeal process of `region` as placement sees it: an instance (HA or pool worker) with the copy it names,
-    or the region's single daemon (`instance` None) on the region's squeal host."""
+    """A squeal process of `region` as placement sees it: a pool worker with the copy it names and its rank (its
+    place in `squeal_instances`: the first is preferred), or the region's single daemon (`instance` None) on the
+    region's squeal host."""
     if instance is None:
         return placement.Worker(region, alive, draining, region, {}, topology.region(region).squeal_host)
     inst = topology.instance(instance)
     prefer = {s.name: f"{s.name}@{inst.prefer}" for s in topology.shards} if inst.prefer else {}
-    return placement.Worker(inst.name, alive, draining, region, prefer, inst.host)
+    rank = [i.name for i in topology.region(region).squeal_instances].index(inst.name)
+    return placement.Worker(
+        inst.name, alive, draining, region, prefer, inst.host, healthy=healthy, rank=rank, settled=settled
+    )
 
 
 def read_order(

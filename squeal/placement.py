@@ -411,9 +411,7 @@ def plan(
         source = owner.get(name)
         if source is None or name in moved_now or held[source] != {name}:
             continue
-        better = [
-            w for w in held if not held[w] and by_name[w].settled and by_name[w].rank < by_name[source].rank
-        ]
+        better = [w for w in held if not held[w] and by_name[w].settled and by_name[w].rank < by_name[source].rank]
         if better:
             target = min(better, key=lambda w: (by_name[w].rank, w))
             place(name, source, target, HANDBACK, f"{target} (rank {by_name[target].rank}) is back and settled")

@@ -63,6 +63,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,7 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from twisted.internet import defer, threads
 
-from router_config import PoolPlacement, Topology
+from router_config import PoolPlacement, SquealInstance, Topology
 from squeal import gtid as g
 from squeal import placement
 from squeal.copies import placement_shard, placement_worker
@@ -98,6 +99,18 @@ LOAD_CHANGE = 0.05  # a worker republishes a shard's load when it moved by more 
 PAUSE_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 30, 60, 120, 300)  # seconds; the members publish every second
 RETRY_FAILED_S = 5.0  # a shard whose pipeline failed to start is tried again after this long
 WARM_ALL_UP_TO = 64  # a worker of a region with at most this many shards checks every shard's pipeline ahead
+HEALTH_EVERY_S = 1.0  # how often a worker of a region without [shards] asks its own copy whether it answers
+
+
+def own_copy_topology(topology: Topology, instance: SquealInstance) -> Topology:
+    """The topology as `instance` reads it: without [shards], its region's database is the instance's own copy
+    (the primary, or a replica of its own: each instance of a region names a different one, so losing a copy loses
+    one worker). With [shards], unchanged: every worker reads the shards' copies (`squeal.copies.read_order`)."""
+    if topology.sharded:
+        return topology
+    region = topology.region(instance.region)
+    mine = replace(region, database=instance.database)
+    return replace(topology, regions=tuple(mine if r.name == mine.name else r for r in topology.regions))
 
 
 def _doc(data: bytes) -> dict[str, Any]:
@@ -370,6 +383,11 @@ class PoolMetrics:
         self.zk_connected = Gauge(
             "squeal_pool_zookeeper_connected", "1 while the ZooKeeper session is connected", registry=r
         )
+        self.healthy = Gauge(
+            "squeal_pool_worker_healthy",
+            "1 while this worker's own copy answers (0: the controller places no shard on it)",
+            registry=r,
+        )
         self.unowned = Gauge(
             "squeal_pool_shard_unowned_seconds",
             "(controller) How long the shard has run on no "
@@ -409,6 +427,7 @@ class Controller:
         self.imbalanced_since: float | None = None
         self.loads: dict[str, float] = {}
         self.unowned_since: dict[str, float] = {}  # shard -> when this controller first saw it run nowhere
+        self.healthy_since: dict[str, float] = {}  # member -> since when this controller has seen it healthy
         self.leading = False
         self._stop = threading.Event()
         self._kick = threading.Event()  # set by the watches: plan now, not at the next second
@@ -458,6 +477,7 @@ class Controller:
             self.leading = False
             self.worker.metrics.controller.set(0)
             self.unowned_since.clear()  # the next controller measures from its own first look
+            self.healthy_since.clear()
             self.worker.metrics.unowned.clear()
             self._views, self._member_views = {}, {}  # (a next term reads everything afresh)
 
@@ -497,9 +517,24 @@ class Controller:
                 since = self.unowned_since.setdefault(shard, now)
                 self.worker.metrics.unowned.labels(shard=shard).set(now - since)
 
+    def _settled(self, members: dict[str, dict[str, Any]]) -> set[str]:
+        """The members that have been healthy (their own copy answers) for the region's `handback_after_s`, as
+        this controller has seen them: only those get a shard handed back (`placement.HANDBACK`)."""
+        now = time.monotonic()
+        for name in set(self.healthy_since) - set(members):
+            del self.healthy_since[name]
+        for name, member in members.items():
+            if member.get("healthy", True):
+                self.healthy_since.setdefault(name, now)
+            else:
+                self.healthy_since.pop(name, None)
+        wait = self.worker.zk.handback_after_s
+        return {name for name, since in self.healthy_since.items() if now - since >= wait}
+
     def plan_once(self) -> placement.Plan | None:
         # (a member joining or its session ending - a crash's orphans - fires the watch on workers/: plan at once)
         members = self._members()
+        settled = self._settled(members)
         drains = set(self._views["drain"].value())
         assignment_view = self._views["assignment"]
         data = assignment_view.value()
@@ -545,9 +580,16 @@ class Controller:
         topo, region = self.worker.topology, self.worker.region.name
         known = {i.name for i in self.worker.region.squeal_instances}  # (a member not in this topology: no copy named)
         workers = [
-            placement_worker(topo, region, name, draining=name in drains)
+            placement_worker(
+                topo,
+                region,
+                name,
+                draining=name in drains,
+                healthy=bool(members[name].get("healthy", True)),
+                settled=name in settled,
+            )
             if name in known
-            else placement.Worker(name, draining=name in drains, region=region)
+            else placement.Worker(name, draining=name in drains, region=region, rank=len(known), settled=False)
             for name in members
         ]
         shards = [placement_shard(topo, s, region, self.loads.get(s, 1.0)) for s in names]
@@ -628,7 +670,7 @@ class PoolWorker:
         if topology.zookeeper is None:
             raise ValueError(f"{topology.source}: a squeal pool needs a [zookeeper] section")
         self.zk = topology.zookeeper
-        self.topology = topology
+        self.topology = topology = own_copy_topology(topology, self.instance)
         self.region = topology.region(self.instance.region)
         if not self.region.squeal_pool:
             raise ValueError(f"region {self.region.name} is not a pool (squeal_pool = true)")
@@ -670,6 +712,8 @@ class PoolWorker:
         self._state = threading.Lock()
         self.waiting_for: str | None = None  # during `prepare`: "zookeeper" (a /healthz problem)
         self._serving = False
+        self.healthy = True  # this worker's own copy answers (published: the controller places nothing otherwise)
+        self.metrics.healthy.set(1)
 
     # -- start-up ---------------------------------------------------------------------------------------------
 
@@ -719,6 +763,45 @@ class PoolWorker:
         if threading.current_thread() is threading.main_thread():  # as a region daemon: replay requests now
             signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(daemon.checkpoint))
         threading.Thread(target=self._run, name="pool-worker", daemon=True).start()
+        if not self.topology.sharded:
+            threading.Thread(target=self._watch_health, name="pool-health", daemon=True).start()
+
+    def _watch_health(self) -> None:
+        """Whether this worker's own copy answers, every `HEALTH_EVERY_S` (regions without [shards], where each
+        worker reads a copy of its own): published in the member znode, so that the controller gives a worker
+        whose copy is lost no shard and moves its shard to one whose copy answers.
+
+        On one kept connection (a new one a second was a MariaDB login, and a TLS handshake, a second per worker);
+        timeouts bound a check of a frozen server; a failed check drops the connection and the next reconnects."""
+        source = source_for(self.topology.region(self.region.name).database)
+        conn = None
+        timeout = 2
+        while not self._stop.wait(HEALTH_EVERY_S):
+            try:
+                if conn is None:
+                    conn = source.connect(connect_timeout=timeout, read_timeout=timeout, write_timeout=timeout)
+                with conn.cursor() as cur:
+                    cur.execute("SELECT 1")
+                healthy = True
+            except Exception:  # noqa: BLE001 - any failure: not healthy
+                healthy = False
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+                    conn = None
+            if healthy != self.healthy:
+                log.warning(
+                    "worker %s: its copy %s %s",
+                    self.name,
+                    self.instance.database.address,
+                    "answers again" if healthy else "does not answer: it should own nothing",
+                )
+                self.healthy = healthy
+                self.metrics.healthy.set(1 if healthy else 0)
+                self._wake.set()  # publish it now
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
 
     def _join(self) -> float:
         """Create this worker's member znode (waiting for a previous process's to expire); returns when the
@@ -1034,6 +1117,7 @@ class PoolWorker:
             "shards": shards,
             "loads": loads,
             "load": round(sum(v["load"] for v in loads.values()), 3),
+            "healthy": self.healthy,
         }
 
     def _member_doc(self) -> bytes:
@@ -1045,7 +1129,12 @@ class PoolWorker:
         (every second under a steady load was a write - and a read by the controller - for nothing)."""
         now = self._member()
         last = self._published
-        if last is not None and last["shards"] == now["shards"] and not loads_changed(last["loads"], now["loads"]):
+        if (
+            last is not None
+            and last["shards"] == now["shards"]
+            and last.get("healthy") == now["healthy"]
+            and not loads_changed(last["loads"], now["loads"])
+        ):
             return
         assert self.client is not None
         self.client.set_async(self.member_path, self._member_doc()).get(timeout=self.call_timeout)
@@ -1109,6 +1198,8 @@ class PoolWorker:
             problems["zookeeper"] = f"starting: waiting for ZooKeeper {self.zk.hosts} to answer"
         if lease is None or not lease.valid():
             problems["lease"] = "no valid lease on the ZooKeeper session: this worker sends nothing"
+        if not self.healthy:
+            problems["database"] = f"this worker's copy {self.instance.database.address} does not answer"
         return {
             "ok": not problems and not self.stopping,
             "problems": problems,
@@ -1116,6 +1207,7 @@ class PoolWorker:
             "instance": self.name,
             "region": self.region.name,
             "pid": os.getpid(),
+            "healthy": self.healthy,
             "controller": bool(self.controller and self.controller.leading),
             "owns": sorted(self.ownership.tokens) if self.ownership is not None else [],
             "starting": sorted(self.starting),

@@ -179,7 +179,8 @@ class HaEnv:
     `host`: where the primary and the memcacheds listen (the topology's addresses); `instance_hosts` and
     `netns`: where an instance listens for /healthz and the namespace it runs in (default: loopback, here).
     `session_timeout`: the topology's. `zk_servers`: what an instance connects to instead of the ensemble's
-    members (e.g. a `Link` to each), in a topology file of its own that differs only there."""
+    members (e.g. a `Link` to each), in a topology file of its own that differs only there. `pool`: the region is a
+    pool (`squeal_pool = true`): its one shard is owned by one of the two workers."""
 
     def __init__(
         self,
@@ -194,6 +195,7 @@ class HaEnv:
         netns: dict[str, str] | None = None,
         session_timeout: float = SESSION_TIMEOUT,
         zk_servers: dict[str, list[Link]] | None = None,
+        pool: bool = False,
     ) -> None:
         self.primary, self.replica = primary, replica
         self.schema = unique_db("ha")
@@ -205,6 +207,8 @@ class HaEnv:
         ports = {"east-1": free_port(), "east-2": free_port()}
         where = {"east-1": "127.0.0.1", "east-2": "127.0.0.1", **(instance_hosts or {})}
         text = topology_text(primary, self.schema, [m.port for m in self.memcacheds], host=primary.host)
+        if pool:  # the same two instances as a pool: "one shard, two workers"
+            text = text.replace("[regions.east]\n", "[regions.east]\nsqueal_pool = true\n", 1)
         text += (
             f'\n[regions.east.replicas.east-r1]\nhost = "{replica.host}"\nport = {replica.port}\n'
             f'server_id = {replica.server_id}\nuser = "{replica.user}"\npassword = "{replica.password}"\n'
