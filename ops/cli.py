@@ -626,6 +626,8 @@ def _pool_command(deployment: Deployment, args: argparse.Namespace) -> int:
     print(f"{'WORKER':<14} {'REGION':<8} {'PID':>7} {'LOAD':>9}  SHARDS (owned now)")
     for w in rows:
         extra = " [draining]" if w["draining"] else ""
+        if not w.get("healthy", True):
+            extra += " [its copy does not answer: given nothing]"
         if sorted(w["assigned"]) != sorted(w["shards"]):
             extra += f" (assigned: {', '.join(w['assigned']) or 'none'})"
         print(

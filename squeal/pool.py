@@ -48,9 +48,13 @@ both (`[regions.R.squeal_placement] half_life_s`) and publishes them with their 
 What a worker shares with an HA leader (the session lease, start-up, the rejoin after a loss) is squeal/owner.py.
 A shard that has no markers znode yet starts from the HA layout's markers of the same shard (an HA region turned
 into a pool). Which copy of a shard a worker reads: `squeal.copies.read_order` (the copy it names, else an extra
-copy on its host, else the region's own copy; the region's copy is every reader's fallback). Not yet (later
-steps): the HA election of non-pooled regions stays as it is (squeal/ha.py); no shard is placed on a worker for
-the copy it would read.
+copy on its host, else the region's own copy; the region's copy is every reader's fallback); without [shards], its
+instance's own copy (`own_copy_topology`), whose health it publishes (`healthy` in its member znode: a worker whose
+copy does not answer is given nothing and its shard moves). Preference: the instance's rank in `squeal_instances`
+breaks ties, and a shard alone on its worker is handed back to an empty better-ranked worker once that one has been
+healthy for `handback_after_s` (`placement.HANDBACK`): HA mode's "two instances, one leader" as "one shard, two
+workers". Not yet: the HA election of non-pooled regions still runs as it is (squeal/ha.py; docs/squeal.md, "HA mode
+on the pool: inventory"); no shard is placed on a worker for the copy it would read.
 """
 
 from __future__ import annotations
@@ -1286,6 +1290,7 @@ def workers(client: KazooClient, root: str, region: str) -> list[dict[str, Any]]
                 "loads": doc.get("loads", {}),
                 "assigned": sorted(s for s, w in assignment.items() if w == name),
                 "draining": name in drains,
+                "healthy": bool(doc.get("healthy", True)),
             }
         )
     return out
