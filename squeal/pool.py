@@ -387,6 +387,29 @@ class PoolMetrics:
         self.zk_connected = Gauge(
             "squeal_pool_zookeeper_connected", "1 while the ZooKeeper session is connected", registry=r
         )
+        self.lease_lapses = Counter(
+            "squeal_pool_lease_lapses",
+            "Times this worker's lease ran out waiting for an answer from ZooKeeper (sending paused, shards kept)",
+            registry=r,
+        )
+        self.lease_resumptions = Counter(
+            "squeal_pool_lease_resumptions",
+            "Lapsed leases ZooKeeper confirmed: sending resumed, every shard in the same epoch",
+            registry=r,
+        )
+        self.copy_wait = Gauge(
+            "squeal_pool_takeover_wait_seconds",
+            "How long the shard's last start waited for this worker's copy to apply its datamarkers (while "
+            "waiting: so far)",
+            ["shard"],
+            registry=r,
+        )
+        self.marker_write = Histogram(
+            "squeal_pool_marker_write_seconds",
+            "Datamarker writes to ZooKeeper (a compare-and-set multi-operation per shard)",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
+            registry=r,
+        )
         self.healthy = Gauge(
             "squeal_pool_worker_healthy",
             "1 while this worker's own copy answers (0: the controller places no shard on it)",
@@ -835,7 +858,13 @@ class PoolWorker:
         if self._stop.is_set():
             return
         self.lease = SessionLease(
-            self.client, self.member_path, self.zk.session_timeout_s, on_lost=self._lost, who=f"worker {self.name}"
+            self.client,
+            self.member_path,
+            self.zk.session_timeout_s,
+            on_lost=self._lost,
+            on_lapse=self.metrics.lease_lapses.inc,
+            on_resume=self.metrics.lease_resumptions.inc,
+            who=f"worker {self.name}",
         )
         self.lease.start(sent)
         self.ownership = Ownership(
@@ -875,6 +904,7 @@ class PoolWorker:
                 shard,
                 owner=self.name,
                 fence=lambda: ownership.fence(shard),
+                on_write=self.metrics.marker_write.observe,
                 legacy=ha_marker_dir(self.zk.root, self.region.name, shard if self.topology.sharded else None),
             )
         return store
@@ -967,7 +997,9 @@ class PoolWorker:
             for position in store.read().values():  # read once: the pipeline starts from these
                 g.merge(target, g.parse_position(position))
             copy = source_for(self.topology.shard_copy(shard, self.region.name))
-            wait_for_copy(copy.connect, target, self.zk.takeover_wait_s)
+            wait_for_copy(
+                copy.connect, target, self.zk.takeover_wait_s, progress=self.metrics.copy_wait.labels(shard=shard).set
+            )
             phases["markers"] = time.monotonic() - taken
 
         def started(_: Any) -> None:

@@ -5,7 +5,12 @@ workers". Region east without [shards] (its one shard, `main`), `squeal_pool = t
 * the preferred worker owns the shard; kill -9 of it under load: east-2 takes the shard over reading its own copy;
   east-1 back and settled (`handback_after_s`): the shard is handed back; 0 lost;
 * the owner's copy stops answering (the primary SIGSTOPped): the shard moves to the worker whose copy answers and
-  the sick one owns nothing; its copy back: handed back; 0 lost.
+  the sick one owns nothing; its copy back: handed back; 0 lost;
+* the owner SIGSTOPped past its session: east-2 takes over, no marker ever goes back, the old owner starts over
+  owning nothing and gets the shard back only by the hand-back; 0 lost;
+* a takeover by a worker whose copy lags the markers waits for it (sending nothing) instead of skipping; 0 lost;
+* the primary's host dies (its database and its worker), the replica is promoted: its worker delivers everything;
+* each worker checks its copy on one kept connection, not a new login a second.
 
 "0 lost" is checked key by key against the database. Time-outs only catch hangs.
 """
@@ -14,14 +19,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 from kazoo.exceptions import NoNodeError
-from squeal_helpers import scrape, wait_until
+from squeal_helpers import healthz, scrape, wait_until
 from test_ha_support import HaEnv, ensemble
 from test_squeal_faults import Writer, post_keys
 
+from ops.harness import MariaDB
 from router_config.model import IMPLICIT_SHARD
 from squeal import gtid as g
 from squeal.zkstore import ShardMarkerStore, shard_path
@@ -148,3 +156,174 @@ def test_a_worker_whose_copy_stops_answering_owns_nothing_and_gets_the_shard_bac
     wait_until(lambda: writer.next_id > at + 300, 30, "writes after the hand-back")
     written = writer.stop()
     check_nothing_lost(env, written)
+
+
+def test_an_owner_stopped_past_its_session_never_moves_a_marker_back_and_gets_the_shard_back_by_hand_back(
+    pool_env: HaEnv,
+) -> None:
+    env = pool_env
+    start_both(env)
+    markers = ShardMarkerStore(env.zk_client, env.root, "east", IMPLICIT_SHARD)
+    seen: dict[str, list[str]] = {}
+    stop = threading.Event()
+
+    def watch_markers() -> None:  # every marker value ZooKeeper shows, in order
+        while not stop.is_set():
+            fresh = ShardMarkerStore(env.zk_client, env.root, "east", IMPLICIT_SHARD)
+            with contextlib.suppress(Exception):
+                for flow, position in fresh.positions().items():
+                    if not seen.get(flow) or seen[flow][-1] != position:
+                        seen.setdefault(flow, []).append(position)
+            stop.wait(0.02)
+
+    watcher = threading.Thread(target=watch_markers, daemon=True)
+    watcher.start()
+    for c in env.caches:
+        c.set_many(post_keys(range(1, 6001)))
+    writer = Writer(env, first=1, rate=150)
+    writer.start()
+    wait_until(lambda: writer.next_id > 200, 15, "some writes")
+    env.daemons["east-1"].pause()  # SIGSTOP: it keeps its connections, session and queue, and answers nothing
+    try:
+        wait_until(lambda: delivering(env, "east-2"), DEADLINE, "east-2 to own the shard")
+        at = writer.next_id
+        wait_until(lambda: writer.next_id > at + 150, 30, "east-2 to deliver a while (its markers move on)")
+    finally:
+        env.daemons["east-1"].resume()  # SIGCONT: its lease is long gone: it must send and write nothing
+    wait_until(lambda: delivering(env, "east-1"), DEADLINE, "east-1 to start over and get the shard handed back")
+    at = writer.next_id
+    wait_until(lambda: writer.next_id > at + 300, 30, "writes after the hand-back")
+    written = writer.stop()
+    check_nothing_lost(env, written)
+    stop.set()
+    watcher.join(5)
+    assert seen, "the watcher saw the markers"
+    for flow, values in seen.items():  # no marker ever went back (a resumed old owner would write its older one)
+        positions = [g.parse_position(v) for v in values]
+        for before, after in zip(positions, positions[1:], strict=False):
+            assert g.covers_position(after, before), (flow, values)
+    assert "lost its ZooKeeper session" in env.daemons["east-1"].log_file.read_text()
+    assert markers.positions(), "the markers exist"
+
+
+@pytest.fixture
+def pool_env_own_replica(mariadb_pair, mariadb_factory, zk, memcached_factory, processes, tmp_path) -> Iterator[HaEnv]:
+    """As pool_env, with a replica of its own (the test stops its SQL thread)."""
+    primary = mariadb_pair[0]
+    replica = mariadb_factory(23, replica=True)
+    replica.replicate_from(primary)
+    replica.wait_for_gtid(primary.gtid_binlog_pos(), timeout=120)
+    env = HaEnv(tmp_path / "pool", primary, replica, zk, [memcached_factory() for _ in range(2)], processes, pool=True)
+    yield env
+    env.close()
+
+
+def test_a_takeover_waits_for_a_lagging_copy_instead_of_skipping(pool_env_own_replica: HaEnv) -> None:
+    env = pool_env_own_replica
+    for c in env.caches:
+        c.set_many(post_keys(range(1, 4001)))
+    start_both(env)
+    writer = Writer(env, first=1, rate=150)
+    writer.start()
+    wait_until(lambda: writer.next_id > 150, 15, "some writes")
+    env.replica.execute("STOP SLAVE SQL_THREAD")  # east-2's copy stops applying: it falls behind the markers
+    try:
+        wait_until(lambda: writer.next_id > 450, 15, "writes the replica has not applied")
+        env.all_gone(list(range(1, 400)), DEADLINE)  # east-1 delivered them (and its markers say so)
+        env.daemons["east-1"].kill()
+        wait_until(
+            lambda: scrape(env.daemons["east-2"].port).get(
+                f'squeal_pool_takeover_wait_seconds{{shard="{IMPLICIT_SHARD}"}}', 0
+            )
+            >= 0.9,
+            DEADLINE,
+            "east-2 to own the shard and wait for its copy a while",
+        )
+        body = env.health("east-2")
+        assert body["owns"] == [IMPLICIT_SHARD] and body["starting"] == [IMPLICIT_SHARD], body
+        assert not any(k.startswith("squeal_deletes_sent_total") for k in scrape(env.daemons["east-2"].port))
+    finally:
+        env.replica.execute("START SLAVE SQL_THREAD")
+    wait_until(lambda: delivering(env, "east-2"), DEADLINE, "east-2 to deliver once its copy caught up")
+    written = writer.stop()
+    check_nothing_lost(env, written)
+
+
+def test_the_primary_host_dies_the_promoted_replicas_worker_delivers_everything(
+    zk, mariadb_factory, memcached_factory, processes, tmp_path
+) -> None:
+    primary: MariaDB = mariadb_factory(43)
+    replica: MariaDB = mariadb_factory(44, replica=True)
+    replica.replicate_from(primary)
+    assert replica.execute("SELECT @@log_slave_updates")[0][0] == 1  # east-2 reads what its copy applies
+    env = HaEnv(tmp_path / "pool", primary, replica, zk, [memcached_factory() for _ in range(2)], processes, pool=True)
+    try:
+        for c in env.caches:
+            c.set_many(post_keys(range(1, 6001)))
+        start_both(env)
+        writer = Writer(env, first=1, rate=150)
+        writer.start()
+        wait_until(lambda: writer.next_id > 300, 15, "some writes")
+        env.all_gone(list(range(1, 150)), DEADLINE)
+
+        env.daemons["east-1"].kill()  # the host dies: its database and its worker at once, mid-load
+        primary.kill()
+        writer.join(15)
+        assert writer.error is not None  # the writer's connection died with the primary
+        wait_until(lambda: delivering(env, "east-2"), DEADLINE, "east-2 to own the shard")
+        replica.execute("STOP SLAVE", "RESET SLAVE ALL", "SET GLOBAL read_only = OFF")  # the operator promotes it
+        env.primary = replica
+        first = env.sql("SELECT COALESCE(MAX(id), 0) FROM posts")[0][0] + 1
+        writer = Writer(env, first=first, rate=150)
+        writer.start()
+        env.probe(10_000_001, DEADLINE)  # committed on the promoted copy: east-2 reads its own binlog
+        wait_until(lambda: writer.next_id > first + 300, 30, "writes to the promoted copy")
+        writer.stop()
+        in_db = [r[0] for r in env.sql("SELECT id FROM posts ORDER BY id")]
+        assert set(range(first, writer.next_id)) <= set(in_db)
+        env.all_gone(in_db, DEADLINE)  # every row the surviving copy has: its key gone from every cluster
+        last = replica.gtid_binlog_pos()
+        assert f"-{replica.server_id}-" in last, last
+        markers = ShardMarkerStore(env.zk_client, env.root, "east", IMPLICIT_SHARD)
+        wait_until(
+            lambda: all(
+                g.covers_position(g.parse_position(p), g.parse_position(last)) for p in markers.positions().values()
+            ),
+            DEADLINE,
+            "markers to reach the last commit",
+        )
+        body = env.health("east-2")
+        assert body["healthy"] is True and body["shards"][IMPLICIT_SHARD]["database"]["name"] == "east-r1", body
+    finally:
+        env.close()
+
+
+def connections_opened(db: MariaDB, seconds: float) -> int:
+    """How many connections MariaDB `db` accepted over `seconds` (its `Connections` counter), on one connection."""
+    conn = db.connect()
+    try:
+        with conn.cursor() as cur:
+
+            def count() -> int:
+                cur.execute("SHOW GLOBAL STATUS LIKE 'Connections'")
+                return int(cur.fetchone()[1])
+
+            before = count()
+            time.sleep(seconds)
+            return count() - before
+    finally:
+        conn.close()
+
+
+def test_a_worker_checks_its_copy_on_one_connection_not_a_new_one_a_second(pool_env: HaEnv) -> None:
+    """A new connection per check is a MariaDB login a second per worker (a TLS handshake too, under [tls])."""
+    env = pool_env
+    start_both(env)
+    wait_until(lambda: healthz(env.daemons["east-2"].port)[1].get("healthy") is True, 15, "east-2 healthy")
+    time.sleep(2)  # past start-up's own connections
+    opened = {
+        "primary (east-1, the owner)": connections_opened(env.primary, 6),
+        "replica (east-2, owning nothing)": connections_opened(env.replica, 6),
+    }
+    # One reconnection would be allowed (a check that failed); a connection a second is 6.
+    assert all(n <= 1 for n in opened.values()), opened
