@@ -1,6 +1,6 @@
 """Which copy of a shard a pipeline reads: the topology's copies put to `placement.read_order`, and back.
 
-One place for the choice, for every process that reads a shard — a region's daemon, an HA leader, a pool worker
+One place for the choice, for every process that reads a shard — a region's daemon, a pool worker
 (`Daemon` asks `read_order` for its shard) — and for the pool's controller, whose moves say which copy their
 target reads. The policy itself (and why) is `squeal.placement.read_order`; docs/squeal.md, "Which copy".
 """
@@ -46,8 +46,8 @@ def read_order(
     topology: Topology, shard: str, region: str, instance: str | None = None
 ) -> tuple[tuple[Database, str], ...]:
     """The copies of `shard` that `instance` of `region` (None: the region's single daemon) reads, in the order it
-    tries them, each with why; the region's own copy is last. Without [shards], the region's database alone (an HA
-    instance there reads the copy it names, and another instance takes over when that copy is lost)."""
+    tries them, each with why; the region's own copy is last. Without [shards], the region's database alone (a pool
+    worker's topology has its own copy there, `pool.own_copy_topology`; another worker takes over when it is lost)."""
     if not topology.sharded:
         return ((topology.shard_copy(shard, region), "the region's database"),)
     by_name = {d.name: d for d in (topology.shard_copy(shard, region), *topology.shard(shard).replicas_in(region))}

@@ -1,6 +1,6 @@
 """An elastic squeal worker pool (issue 24): a region's shards divided among its workers through ZooKeeper.
 
-A pooled region (`[regions.R] squeal_pool = true`) runs its `[[regions.R.squeal_instances]]` as *workers*
+A region with `[[regions.R.squeal_instances]]` runs them as the *workers* of its pool
 (`squeal run --instance NAME`). Each (region, shard) has exactly one owner among them; one elected
 controller decides who owns what with the load-aware policy (`squeal.placement.plan`); a worker runs one
 pipeline per shard it owns (a `RegionDaemon` whose shards come and go at run time). Znodes, under
@@ -45,7 +45,7 @@ Load: each owner measures rows/s (`squeal_rows_total`) and binlog bytes/s (`Binl
 both (`[regions.R.squeal_placement] half_life_s`) and publishes them with their combination (`placement.shard_load`,
 `bytes_per_row`); the controller plans with the region's `squeal_placement` settings.
 
-What a worker shares with an HA leader (the session lease, start-up, the rejoin after a loss) is squeal/owner.py.
+The session lease, start-up and the rejoin after a loss are squeal/owner.py.
 A shard that has no markers znode yet starts from the HA layout's markers of the same shard (an HA region turned
 into a pool). Which copy of a shard a worker reads: `squeal.copies.read_order` (the copy it names, else an extra
 copy on its host, else the region's own copy; the region's copy is every reader's fallback); without [shards], its
@@ -53,8 +53,8 @@ instance's own copy (`own_copy_topology`), whose health it publishes (`healthy` 
 copy does not answer is given nothing and its shard moves). Preference: the instance's rank in `squeal_instances`
 breaks ties, and a shard alone on its worker is handed back to an empty better-ranked worker once that one has been
 healthy for `handback_after_s` (`placement.HANDBACK`): HA mode's "two instances, one leader" as "one shard, two
-workers". Not yet: the HA election of non-pooled regions still runs as it is (squeal/ha.py; docs/squeal.md, "HA mode
-on the pool: inventory"); no shard is placed on a worker for the copy it would read.
+workers" (the region-level election it replaces is gone: docs/squeal.md, "HA mode on the pool: inventory"). Not yet:
+no shard is placed on a worker for the copy it would read.
 """
 
 from __future__ import annotations
@@ -686,6 +686,7 @@ class PoolWorker:
         sample_every: int = 1000,
         connect_timeout: float = 20.0,
         rejoin: Callable[[str], None] = rejoin_as_standby,
+        from_gtid: str | None = None,
         settings: placement.Settings | None = None,
     ) -> None:
         if reactor is None:
@@ -699,14 +700,13 @@ class PoolWorker:
         self.zk = topology.zookeeper
         self.topology = topology = own_copy_topology(topology, self.instance)
         self.region = topology.region(self.instance.region)
-        if not self.region.squeal_pool:
-            raise ValueError(f"region {self.region.name} is not a pool (squeal_pool = true)")
         self.name = self.instance.name
         self.state_dir = Path(state_dir) if state_dir is not None else state_dir_for(topology, None) / self.name
         self.metrics_port = metrics_port if metrics_port is not None else self.instance.metrics_port
         self.reply_timeout = reply_timeout
         self.sample_every = sample_every
         self.connect_timeout = connect_timeout
+        self.from_gtid = from_gtid  # where a flow without a marker starts (`squeal run --from-gtid`; default: now)
         self.rejoin = rejoin
         self.settings = settings if settings is not None else placement_settings(self.region.squeal_placement)
         self.bytes_per_row = self.region.squeal_placement.bytes_per_row
@@ -775,6 +775,7 @@ class PoolWorker:
             self.region.name,
             self.state_dir,
             metrics_port=None,
+            from_gtid=self.from_gtid,
             reactor=self.reactor,
             reply_timeout=self.reply_timeout,
             connect_timeout=self.connect_timeout,
@@ -913,7 +914,7 @@ class PoolWorker:
         """Check ahead (`RegionDaemon.warm`: the database checks, no markers, nothing sent) the pipelines of the
         shards this worker may take next: those the assignment gives it (a planned move: while their old owner
         hands them on) and, in a region of at most `WARM_ALL_UP_TO` shards, every shard (a takeover after a
-        crash), like an HA standby that has prepared its pipeline."""
+        crash), so that a takeover starts from checks already made."""
         daemon = self.daemon
         if daemon is None:
             return
@@ -1178,7 +1179,7 @@ class PoolWorker:
 
     def _lost(self, reason: str) -> None:
         """The lease is gone for good (session lost, no confirmation): nothing more is sent (the gate says no
-        already); like a deposed HA leader, the process starts over."""
+        already); the process starts over (it comes back owning nothing)."""
         if self.stopping:
             return
         log.error(
@@ -1261,10 +1262,11 @@ def run_worker(
     instance: str,
     state_dir: str | Path | None = None,
     metrics_port: int | None = None,
+    from_gtid: str | None = None,
     reply_timeout: float = 2.0,
     sample_every: int = 1000,
 ) -> int:
-    """`squeal run --instance NAME` in a pooled region: run until SIGTERM/SIGINT; returns the exit code."""
+    """`squeal run --instance NAME`: a worker of its region's pool, until SIGTERM/SIGINT; returns the exit code."""
     from twisted.internet import reactor
 
     worker = PoolWorker(
@@ -1272,6 +1274,7 @@ def run_worker(
         instance,
         state_dir,
         metrics_port,
+        from_gtid=from_gtid,
         reactor=reactor,
         reply_timeout=reply_timeout,
         sample_every=sample_every,
