@@ -774,7 +774,7 @@ class SquealDaemon(ManagedProcess):
         super().__init__(port, workdir, host)
         self.topology_path = Path(topology_path)
         self.region = region
-        self.instance = instance  # HA mode: `--instance NAME` (a standby until elected)
+        self.instance = instance  # a pool's worker: `--instance NAME` (it owns what the controller gives it)
         me = instance or region
         self.state_dir = Path(state_dir) if state_dir else self.workdir / f"state-{me}"
         self.extra_args = (("--instance", instance) if instance else ()) + tuple(extra_args)

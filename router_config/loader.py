@@ -704,20 +704,29 @@ class _Builder:
             sharded=sharded,
             shard_replicas=shard_replicas,
         )
-        pool = self.typed(body.get("squeal_pool", False), f"{path}.squeal_pool", bool, "true or false")
-        if pool and not instances:
+        # A region's instances are always a pool (the HA election is the pool's "one shard, two workers" now):
+        # `squeal_pool` is still read, and redundant.
+        flag = self.typed(body.get("squeal_pool", True), f"{path}.squeal_pool", bool, "true or false")
+        if flag and "squeal_pool" in body and not instances:
             raise self.fail(
                 f"{path}.squeal_pool",
                 "a squeal pool needs its workers: [[regions."
                 f"{name}.squeal_instances]] (each runs `squeal run --instance NAME`)",
             )
+        if not flag and instances:
+            raise self.fail(
+                f"{path}.squeal_pool",
+                "a region's squeal instances always run as a pool now (the leader election of one instance per "
+                "region is the pool's one shard on one of two workers): remove squeal_pool = false",
+            )
+        pool = bool(instances)
         placement = PoolPlacement()
         if "squeal_placement" in body:
             if not pool:
                 raise self.fail(
                     f"{path}.squeal_placement",
-                    "placement settings are for a squeal pool: set "
-                    f"squeal_pool = true in [regions.{name}] or remove this table",
+                    "placement settings are for a squeal pool: add the region's workers "
+                    f"([[regions.{name}.squeal_instances]]) or remove this table",
                 )
             placement = self.pool_placement(body["squeal_placement"], f"{path}.squeal_placement")
         return Region(
@@ -729,7 +738,6 @@ class _Builder:
             squeal_host=squeal_host,
             replicas=replicas,
             squeal_instances=instances,
-            squeal_pool=pool,
             squeal_placement=placement,
         )
 
