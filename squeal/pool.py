@@ -99,6 +99,7 @@ LOAD_HALF_LIFE_S = 60.0
 PUBLISH_EVERY_S = 1.0
 PLAN_EVERY_S = 1.0
 BINLOG_EVERY_S = 5.0  # how often a worker asks each owned shard's copy for its binlog's size (`BinlogMeter`)
+BINLOG_TIMEOUT_S = 5.0  # `BinlogMeter`'s connect/read/write timeout: a frozen copy must not hang its thread
 LOAD_CHANGE = 0.05  # a worker republishes a shard's load when it moved by more than this fraction of itself
 PAUSE_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 30, 60, 120, 300)  # seconds; the members publish every second
 RETRY_FAILED_S = 5.0  # a shard whose pipeline failed to start is tried again after this long
@@ -151,8 +152,10 @@ class BinlogMeter:
     nothing), `rate[shard]` the bytes/s between the last two samples (over the meter's own interval, so the load's
     once-a-second smoothing sees a steady figure, not a burst every `every` seconds). A copy that does not answer
     (down, or the account lacks BINLOG MONITOR / REPLICATION CLIENT) keeps its last figure; the load then rests on
-    rows/s alone. Every `BINLOG_EVERY_S` (5 s), not every second: a query per owned shard per second is a cost only a
-    pool worker pays (its fixed cost, docs/benchmarks.md), and a load smoothed over a minute does not need it."""
+    rows/s alone; one that stops answering mid-query (frozen, a cut network) fails the sample after
+    `BINLOG_TIMEOUT_S`, so the other shards' figures keep coming. Every `BINLOG_EVERY_S` (5 s), not every
+    second: a query per owned shard per second is a cost only a pool worker pays (its fixed cost,
+    docs/benchmarks.md), and a load smoothed over a minute does not need it."""
 
     def __init__(
         self, source: Callable[[str], Any], every: float = BINLOG_EVERY_S, clock: Callable[[], float] = time.monotonic
@@ -214,7 +217,8 @@ class BinlogMeter:
     def sample(self, shard: str) -> int:
         conn = self._conns.get(shard)
         if conn is None:
-            conn = self._conns[shard] = self.source(shard).connect()
+            t = BINLOG_TIMEOUT_S
+            conn = self._conns[shard] = self.source(shard).connect(connect_timeout=t, read_timeout=t, write_timeout=t)
         with conn.cursor() as cur:
             cur.execute("SHOW BINARY LOGS")
             sizes = {str(row[0]): int(row[1]) for row in cur.fetchall()}
