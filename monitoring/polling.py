@@ -24,6 +24,7 @@ class Poller:
         self._last: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self.thread: threading.Thread | None = None  # None: not started, or nothing to ask
 
     def look(self) -> list[dict[str, Any]]:
         raise NotImplementedError
@@ -34,11 +35,15 @@ class Poller:
 
     def start(self) -> Self:
         if self.wanted():
-            threading.Thread(target=self._run, name=self.thread_name, daemon=True).start()
+            self.thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+            self.thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, wait: float = 5.0) -> None:
+        """Stop asking; wait up to `wait` seconds for a look in progress to end."""
         self._stop.set()
+        if self.thread is not None:
+            self.thread.join(wait)
 
     def snapshot(self) -> list[dict[str, Any]]:
         with self._lock:

@@ -45,4 +45,15 @@ def test_a_failed_look_keeps_the_last_good_answer_and_the_poller_goes_on(caplog)
 def test_a_poller_with_nothing_to_ask_starts_no_thread() -> None:
     poller = Answers(failing=set(), wanted=False).start()
     assert poller.calls == 0 and poller.snapshot() == []
+    assert poller.thread is None
+
+
+def test_stop_ends_the_thread() -> None:
+    """(Before `stop` waited, the thread of one poller outlived it and a check by thread name in the next test
+    found it: a flaky test under load.)"""
+    poller = Answers(failing=set()).start()
+    wait_until(lambda: poller.calls >= 1, 10, "a look")
+    assert poller.thread is not None and poller.thread.is_alive()
+    poller.stop()
+    assert not poller.thread.is_alive()
     assert not any(t.name == "test-poller" for t in threading.enumerate())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from squeal_helpers import wait_until
@@ -67,6 +68,13 @@ def test_one_owner_per_shard_and_the_marker_znode_is_fenced_by_the_shard_epoch(c
     lost: list[str] = []
     lease_a, a = member(a_client, root, "w-a", lost)
     lease_b, b = member(b_client, root, "w-b", lost)
+
+    def fresh(path: str) -> tuple[bytes, Any]:
+        """`tool` reads what the members wrote: another session, maybe on another server of the ensemble, so
+        first `sync` (ZooKeeper orders reads only within a session)."""
+        tool.sync(path)
+        return tool.get(path)
+
     try:
         # (A member's first lease runs from before its znode was created: on a loaded box that can be over by the
         # time it returns, and a lapsed lease takes nothing until a renewal confirms it.)
@@ -83,7 +91,7 @@ def test_one_owner_per_shard_and_the_marker_znode_is_fenced_by_the_shard_epoch(c
         store_a.save_many({"c0": "20-1-5", "c1": "20-1-4", "regional": "20-1-5"})
         store_a.save_many({"c0": "20-1-9"})
         # One znode per (region, shard) with every destination's GTID, written once per checkpoint.
-        data, stat = tool.get(f"{shard_path(root, 'east', 's0')}/markers")
+        data, stat = fresh(f"{shard_path(root, 'east', 's0')}/markers")
         doc = json.loads(data)
         assert doc["positions"] == {"c0": "20-1-9", "c1": "20-1-4", "regional": "20-1-5"} and doc["by"] == "w-a"
         assert stat.version == 1, "two checkpoints, two writes, whatever the number of destinations"
@@ -105,9 +113,9 @@ def test_one_owner_per_shard_and_the_marker_znode_is_fenced_by_the_shard_epoch(c
         stale.load("c0")
         with pytest.raises(FencedError, match="another owner"):
             stale.save_many({"c0": "20-1-2"})
-        epoch = json.loads(tool.get(f"{shard_path(root, 'east', 's0')}/epoch")[0])
+        epoch = json.loads(fresh(f"{shard_path(root, 'east', 's0')}/epoch")[0])
         assert epoch["owner"] == "w-b" and epoch["epoch"] == 2
-        doc = json.loads(tool.get(f"{shard_path(root, 'east', 's0')}/markers")[0])
+        doc = json.loads(fresh(f"{shard_path(root, 'east', 's0')}/markers")[0])
         assert doc["positions"] == {"c0": "20-1-9", "c1": "20-1-12", "regional": "20-1-5"}, "no marker went back"
     finally:
         lease_a.stop()
