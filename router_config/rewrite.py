@@ -196,10 +196,9 @@ def to_document(topo: Topology) -> dict[str, Any]:
                 | ({"database": s.prefer} if s.prefer else {} if topo.sharded else {"database": s.database.name})
                 for s in r.squeal_instances
             ]
-        if r.squeal_pool:
-            body["squeal_pool"] = True
-            if r.squeal_placement != PoolPlacement():
-                body["squeal_placement"] = asdict(r.squeal_placement)
+        # (no `squeal_pool`: a region's instances are always a pool, and the key beside none is refused)
+        if r.squeal_instances and r.squeal_placement != PoolPlacement():
+            body["squeal_placement"] = asdict(r.squeal_placement)
         doc["regions"][r.name] = body
     return doc
 

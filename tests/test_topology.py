@@ -212,3 +212,14 @@ def test_squeal_run_sets_the_topologys_gil_switch_interval(monkeypatch):
     with pytest.raises(ValueError, match="--region"):
         cli.cmd_run(args)
     assert seen == [0.002]
+
+
+def test_a_written_topology_whose_region_loses_its_instances_still_loads():
+    """`to_document` writes no redundant `squeal_pool` (a region's instances are always a pool, and the key beside
+    none is refused): the load experiments drop the instances of a written topology to run one daemon."""
+    import tomli_w
+
+    doc = router_config.to_document(router_config.load(EXAMPLE))
+    assert doc["regions"]["east"]["squeal_instances"]
+    doc["regions"]["east"].pop("squeal_instances")
+    assert not router_config.loads(tomli_w.dumps(doc)).region("east").squeal_instances
