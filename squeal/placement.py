@@ -488,17 +488,23 @@ def plan(
     def hot_for_empty(target: str) -> tuple[str, str] | None:
         """A hot shard with company that should rather move to the empty `target`: (shard, source).
 
-        Its company must leave it anyway; when that is more shards than the hot shard's own move plus the fill
-        of the company it leaves behind (each fill move brings at most the band's width), the hot shard moves.
+        Its company must leave it anyway, and `target` must be filled anyway. Moving the hot shard instead costs
+        its own move plus the fill of the company it leaves behind, and saves the fill of `target` (each fill
+        move is taken to bring at most the band's width): it moves when that is fewer moves. (Counting only
+        the company's refill, as this once did, kept a hot shard with two to four companions in place.)
         """
         width = max(high - low, eps)
+
+        def fill(deficit: float) -> int:
+            return math.ceil(max(0.0, deficit) / width - 1e-9)
+
         best: tuple[int, str, str] | None = None
         for source in held:
             hot_shard = kept[source]
             if hot_shard is None or len(held[source]) < 2 or not movable(hot_shard):
                 continue
             company = wload[source] - loads[hot_shard]
-            saved = (len(held[source]) - 1) - (1 + math.ceil(max(0.0, low - company) / width))
+            saved = (len(held[source]) - 1) + fill(low - wload[target]) - (1 + fill(low - company))
             if saved > 0 and (best is None or (-saved, hot_shard) < (best[0], best[1])):
                 best = (-saved, hot_shard, source)
         return (best[1], best[2]) if best else None

@@ -194,6 +194,21 @@ def test_a_join_that_makes_a_shard_hot_gives_the_new_worker_that_shard_not_its_c
     assert not later.after.violations and len(first.moves) + len(later.moves) <= 6
 
 
+def test_a_join_moves_a_hot_shard_with_a_few_companions_when_that_is_fewer_moves() -> None:
+    """A fourth worker joins: `big` turns hot with three small companions on w0. Keeping it there moves the
+    three companions and still fills the new worker (four 1.0 shards): 7 moves. Moving `big` to the new
+    worker and refilling w0 (four 1.0 shards) is 5, the fewest. The rule once weighed the companions only
+    against w0's refill and forgot that the new worker then needs no fill of its own."""
+    shards = [Shard("big", 6.0)] + [Shard(f"t{i}", 0.1) for i in range(3)]
+    shards += [Shard(f"u{i:02d}", 1.0) for i in range(14)]
+    assignment = {"big": "w0"} | {f"t{i}": "w0" for i in range(3)} | {f"u{i:02d}": f"w{1 + i // 7}" for i in range(14)}
+    p = plan(workers(4), shards, assignment, {}, now=0.0, settings=S)  # the join: filled at once
+    assert p.before.hot == frozenset({"big"}) and p.before.hot_not_alone == 1
+    assert held(p, "w3") == {"big"} and {f"t{i}" for i in range(3)} <= held(p, "w0")
+    assert len(p.moves) == 5 and all(m.reason == REBALANCE for m in p.moves)
+    assert p.after.hot_not_alone == 0 and not p.after.violations and p.imbalanced_since is None
+
+
 def test_drain_moves_everything_off_the_worker() -> None:
     shards, assignment = even(4, 5)
     p = plan(workers(4, w2={"draining": True}), shards, assignment, {}, now=0.0, settings=S)
