@@ -149,29 +149,34 @@ def min_moves(loads: dict[str, float], assignment: dict[str, str], workers: list
         if w in held:
             held[w].append(s)
     wl = {w: math.fsum(loads[s] for s in held[w]) for w in workers}
-    sharing = [w for w in workers if not any(s in b.hot for s in held[w])]
-    under = [w for w in sharing if wl[w] < b.low]
-    over_room = max((b.high - wl[w] for w in sharing), default=0.0)  # the most any target can take
-    under_room = max((b.high - wl[w] for w in under), default=0.0)
+    hot_workers = {w for w in workers if any(s in b.hot for s in held[w])}
+    under = [w for w in workers if w not in hot_workers and wl[w] < b.low]
+    under_room = max((b.high - wl[w] for w in under), default=0.0)  # the most an underloaded worker can take
+    deficit = math.fsum(b.low - wl[w] for w in under)
+    deepest = sorted((b.low - wl[w] for w in under), reverse=True)  # the deficits a hot shard could take away
+    fewest_held = min((len(held[w]) for w in workers if w not in hot_workers), default=0)
     over = 0
-    spare: list[float] = []  # per source: what it can give and stay in the band
-    offered: list[float] = []  # single shards that fit their source's spare and an underloaded target
+    spare: list[float] = []  # per source: the most it can give and end in the band
+    offered: list[float] = []  # single shards that fit their source's spare and an underloaded worker
     for w in workers:
-        hots = [s for s in held[w] if s in b.hot]
-        if hots:
-            keep = max(hots, key=lambda s: loads[s])
-            rest = [loads[s] for s in held[w] if s != keep]
-            over += len(rest)
-            spare.append(sum(rest))
-            offered += [x for x in rest if x <= under_room]
+        if w in hot_workers:
+            # a crowded hot shard: either its company leaves, or it leaves itself for another worker whose
+            # shards then all leave, and its company stays. The bound takes the cheaper count, and both the
+            # company as an offer and (if an underloaded worker could take the hot shard) the deficit that
+            # worker then no longer has, less the one its old worker gets
+            company = [loads[s] for s in held[w] if s not in b.hot]
+            if company:
+                over += min(len(company), 1 + fewest_held)
+                if deepest:
+                    deficit -= max(0.0, deepest.pop(0) - max(0.0, b.low - math.fsum(company)))
+                spare.append(math.fsum(company))
+                offered += [x for x in company if x <= under_room]
             continue
         if wl[w] > b.high:
-            xs = [loads[s] for s in held[w]]
-            over += fewest([x for x in xs if x <= over_room], wl[w] - b.high) or fewest(xs, wl[w] - b.high) or 0
+            over += fewest([loads[s] for s in held[w]], wl[w] - b.high) or 0
         if wl[w] >= b.low:
             spare.append(wl[w] - b.low)
             offered += [loads[s] for s in held[w] if loads[s] <= min(wl[w] - b.low, under_room)]
-    deficit = math.fsum(b.low - wl[w] for w in under)
     sources = fewest(spare, deficit) or 0
     shards = fewest(offered, deficit) or 0
     return max(over, len(under), sources, shards)

@@ -509,6 +509,149 @@ def plan(
                 best = (-saved, hot_shard, source)
         return (best[1], best[2]) if best else None
 
+    def spare(w: str) -> float:
+        """What `w` can give and stay in the band (a hot shard's company may all go)."""
+        hot_shard = kept[w]
+        return wload[w] - loads[hot_shard] if hot_shard is not None else wload[w] - low
+
+    def plan_fills(targets: list[str]) -> dict[str, list[tuple[str, str]]]:
+        """How the workers being filled (joined, or left with a hot shard's company) reach the band: target →
+        [(shard, source)], in the fewest moves this finds. Each source offers the largest shard that keeps
+        it in the band; the largest offers are dealt out first, each to the target that lacks the most, until
+        their sum covers the targets' deficits; a target still short then trades one of its shards for a
+        larger offer or for a larger shard of a target with room to spare, and only if neither exists takes
+        one more (the smallest that closes it). Dealing the largest shard to whoever lacks most and topping
+        up at the end (`take_into`'s way) leaves many targets a hair short, each one move more."""
+        need = {t: low - wload[t] for t in targets}
+        room = {t: high - wload[t] for t in targets}
+        cap = {w: spare(w) for w in held if w not in need}
+        taken: dict[str, tuple[float, str, str]] = {}  # shard → (load, source, target)
+        got = dict.fromkeys(targets, 0.0)
+        bins: dict[str, list[str]] = {t: [] for t in targets}
+
+        def best(w: str) -> tuple[float, str] | None:
+            xs, names = offer(w)
+            i = bisect.bisect_right(xs, cap[w] + eps) - 1
+            while i >= 0 and names[i] in taken:
+                i -= 1
+            return (xs[i], names[i]) if i >= 0 else None
+
+        def assign(shard: str, source: str, target: str) -> None:
+            taken[shard] = (loads[shard], source, target)
+            cap[source] -= loads[shard]
+            got[target] += loads[shard]
+            bins[target].append(shard)
+
+        def unassign(shard: str) -> None:
+            x, source, target = taken.pop(shard)
+            cap[source] += x
+            got[target] -= x
+            bins[target].remove(shard)
+
+        def short(t: str) -> float:
+            return need[t] - got[t]
+
+        def smallest_closing(t: str) -> tuple[float, str, str] | None:
+            """The smallest offer of any source that closes `t`'s deficit and fits it: (load, shard, source)."""
+            found: tuple[float, str, str] | None = None
+            for w in cap:
+                xs, names = offer(w)
+                i = bisect.bisect_left(xs, short(t) - eps)
+                while i < len(xs) and names[i] in taken:
+                    i += 1
+                if i < len(xs) and xs[i] <= min(cap[w], room[t] - got[t]) + eps and w != t:
+                    found = min(found or (xs[i], names[i], w), (xs[i], names[i], w))
+            return found
+
+        heap = [(-o[0], o[1], w) for w in cap if cap[w] > eps and (o := best(w))]
+        heapq.heapify(heap)
+        while heap and math.fsum(got.values()) < math.fsum(need.values()) - eps:
+            _, shard, source = heapq.heappop(heap)
+            if best(source) != (loads[shard], shard):
+                if (o := best(source)) is not None:
+                    heapq.heappush(heap, (-o[0], o[1], source))
+                continue
+            if math.fsum(got.values()) + loads[shard] > math.fsum(need.values()) + eps:
+                break  # the rest is closed target by target below
+            fits = [t for t in targets if got[t] + loads[shard] <= room[t] + eps and source != t]
+            if fits:
+                assign(shard, source, max(fits, key=lambda t: (short(t), t)))
+            if (o := best(source)) is not None:
+                heapq.heappush(heap, (-o[0], o[1], source))
+
+        for t in sorted(targets, key=lambda t: (short(t), t)):
+            lack = short(t)
+            if lack <= eps:
+                continue
+            offers = [(o[0], o[1], w) for w in cap if w != t and (o := best(w))]
+            # trade one of t's shards for a larger offer that closes it
+            trade = min(
+                (
+                    (y - loads[a], a, name, w)
+                    for a in bins[t]
+                    for y, name, w in offers
+                    if lack - eps <= y - loads[a] <= room[t] - got[t] + eps
+                    and (w != taken[a][1] or y <= cap[w] + loads[a] + eps)
+                ),
+                default=None,
+            )
+            if trade is not None:
+                _, a, name, w = trade
+                unassign(a)
+                assign(name, w, t)
+                continue
+            # trade with a target that has more than it needs
+            swap = min(
+                (
+                    (loads[b] - loads[a], a, b, u)
+                    for u in targets
+                    if u != t and short(u) < -eps
+                    for a in bins[t]
+                    for b in bins[u]
+                    if lack - eps <= loads[b] - loads[a] <= -short(u) + eps
+                    and loads[b] - loads[a] <= room[t] - got[t] + eps
+                    and taken[a][1] != u
+                    and taken[b][1] != t
+                ),
+                default=None,
+            )
+            if swap is not None:
+                _, a, b, u = swap
+                a_source, b_source = taken[a][1], taken[b][1]
+                unassign(a)
+                unassign(b)
+                assign(a, a_source, u)
+                assign(b, b_source, t)
+                continue
+            closing = smallest_closing(t)
+            if closing is not None:
+                assign(closing[1], closing[2], t)
+        return {t: sorted(((s, taken[s][1]) for s in bins[t]), key=lambda p: (-loads[p[0]], p[0])) for t in targets}
+
+    fills = {w for w in held if not held[w] and wload[w] < low}  # joined: filled by plan_fills
+    planned: dict[str, list[tuple[str, str]]] | None = None
+
+    def planned_into(target: str) -> tuple[str, str] | None:
+        """The next move of the fill plan into `target` that is still valid: (shard, source)."""
+        nonlocal planned
+        if target not in fills:
+            return None
+        if planned is None:
+            planned = plan_fills(sorted(w for w in fills if wload[w] < low - eps))
+        queue = planned.get(target, [])
+        while queue:
+            shard, source = queue.pop(0)
+            x = loads[shard]
+            if (
+                owner.get(shard) == source
+                and shard not in moved_now
+                and movable(shard)
+                and spare(source) >= x - eps
+                and wload[target] + x <= high + eps
+            ):
+                return shard, source
+        return None
+
     rebalanced = 0
     state = before
     stuck: set[str] = set()  # violations no move could fix in this plan; the next plan tries again
@@ -526,13 +669,14 @@ def plan(
                     why = f"with hot shard {kept[w]}" if kept[w] is not None else f"at {wload[w] / lvl:.2f}x"
                     move = (found[0], w, found[1], f"{w} {why} of the level")
             else:  # too little: take one shard in (an empty worker: perhaps a hot shard instead of its company)
-                hot_move = hot_for_empty(w) if not held[w] else None
+                hot_move = hot_for_empty(w) if not held[w] and planned is None else None
                 if hot_move:
                     move = (hot_move[0], hot_move[1], w, f"hot shard {hot_move[0]} alone, not its company moved")
+                    fills.add(hot_move[1])
                     if only_targets is not None:
                         only_targets.add(hot_move[1])  # its old worker keeps only the company: fill it too
                 else:
-                    found = take_into(w)
+                    found = planned_into(w) or take_into(w)
                     if found:
                         move = (found[0], found[1], w, f"{w} at {wload[w] / lvl:.2f}x of the level")
             if move:
@@ -582,8 +726,10 @@ def _room_for_hot(
     A hot shard must be alone, so the worker it lands on loses all its other shards. The least-loaded worker
     (LPT's choice) may hold dozens of small shards; a worker with a few shards that fit into the others' room
     below the band's top costs a few moves and no ripple. Each candidate's company is tried largest first
-    into the roomiest other sharing worker; a shard that fits nowhere costs as much as it would take to
-    re-balance (`_OVERFLOW_COST` moves). None when every candidate holds a shard in cooldown (the caller then
+    into the roomiest other sharing worker; a shard that fits nowhere pushes that worker over the band's top,
+    and costs as many moves as that worker then needs to shed the excess (its fewest shards, largest first,
+    that cover it; `_OVERFLOW_COST` if none do): a shard a hair too big costs one move more, a shard near the
+    level on a worker of small shards costs dozens. None when every candidate holds a shard in cooldown (the caller then
     places the hot shard as any other and the rebalance moves its company later).
     """
     sharing = [w for w in sorted(held) if not held[w] & hot]
@@ -606,7 +752,7 @@ def _room_for_hot(
                 break
             room, t = heapq.heappop(rooms)
             if loads[s] > -room:
-                cost += _OVERFLOW_COST
+                cost += _shed(sorted((loads[x] for x in held[t]), reverse=True), loads[s] + room)
             cost += 1
             plan.append((s, t))
             heapq.heappush(rooms, (room + loads[s], t))
@@ -618,7 +764,16 @@ def _room_for_hot(
     return best[0][3], best[1]
 
 
-_OVERFLOW_COST = 1000  # moves a shard that overflows its target is taken to cost (the rebalance it triggers)
+_OVERFLOW_COST = 1000  # moves an overflow its target cannot shed is taken to cost (the rebalance it triggers)
+
+
+def _shed(descending: list[float], excess: float) -> int:
+    """The fewest of `descending` (loads, largest first) whose sum covers `excess`; `_OVERFLOW_COST` if all do not."""
+    for i, x in enumerate(descending):
+        excess -= x
+        if excess <= 0:
+            return i + 1
+    return _OVERFLOW_COST
 
 
 def _kept_hot(held: set[str], hot: frozenset[str], loads: Mapping[str, float]) -> str | None:
