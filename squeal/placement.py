@@ -529,10 +529,12 @@ def plan(
         got = dict.fromkeys(targets, 0.0)
         bins: dict[str, list[str]] = {t: [] for t in targets}
 
+        too_big: set[str] = set()  # offers no target has room for (targets only fill up while dealing)
+
         def best(w: str) -> tuple[float, str] | None:
             xs, names = offer(w)
             i = bisect.bisect_right(xs, cap[w] + eps) - 1
-            while i >= 0 and names[i] in taken:
+            while i >= 0 and (names[i] in taken or names[i] in too_big):
                 i -= 1
             return (xs[i], names[i]) if i >= 0 else None
 
@@ -573,12 +575,15 @@ def plan(
                 continue
             if math.fsum(got.values()) + loads[shard] > math.fsum(need.values()) + eps:
                 break  # the rest is closed target by target below
-            fits = [t for t in targets if got[t] + loads[shard] <= room[t] + eps and source != t]
+            fits = [t for t in targets if got[t] + loads[shard] <= room[t] + eps]
             if fits:
                 assign(shard, source, max(fits, key=lambda t: (short(t), t)))
+            else:
+                too_big.add(shard)
             if (o := best(source)) is not None:
                 heapq.heappush(heap, (-o[0], o[1], source))
 
+        too_big.clear()
         for t in sorted(targets, key=lambda t: (short(t), t)):
             lack = short(t)
             if lack <= eps:

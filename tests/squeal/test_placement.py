@@ -209,6 +209,38 @@ def test_a_join_moves_a_hot_shard_with_a_few_companions_when_that_is_fewer_moves
     assert p.after.hot_not_alone == 0 and not p.after.violations and p.imbalanced_since is None
 
 
+def test_workers_joining_together_are_filled_in_the_fewest_moves() -> None:
+    """Three workers join three (loads 26, 21, 25): the level is 12, the band [10.43, 13.8]. Six moves is the
+    fewest (an exact search says so). Dealing the largest shard to whoever lacks most and topping up each
+    new worker on its own left w4 at 8 + 2 + 1: seven. One fill plan deals 9, 8, 7, 6 and then closes the
+    two still short with the smallest shards that do (3 and 2)."""
+    loads = {"s00": 2.0, "s01": 7.0, "s02": 9.0, "s03": 2.0, "s04": 6.0, "s10": 7.0, "s11": 1.0}
+    loads |= {"s12": 5.0, "s13": 8.0, "s20": 7.0, "s21": 6.0, "s22": 2.0, "s23": 3.0, "s24": 7.0}
+    shards = [Shard(name, x) for name, x in loads.items()]
+    assignment = {name: f"w{name[1]}" for name in loads}
+    p = plan(workers(6), shards, assignment, {}, now=0.0, settings=S)
+    assert p.before.level == 12.0 and not p.before.hot
+    assert len(p.moves) == 6 and all(m.reason == REBALANCE and m.target in {"w3", "w4", "w5"} for m in p.moves)
+    assert not p.after.violations and p.imbalanced_since is None
+    assert sorted(p.loads.values()) == [11.0, 11.0, 11.0, 13.0, 13.0, 13.0]
+    # the same plan whatever the order the controller lists them in
+    again = plan(list(reversed(workers(6))), list(reversed(shards)), assignment, {}, now=0.0, settings=S)
+    assert again.moves == p.moves
+
+
+def test_a_fill_plan_passes_over_an_offer_no_joined_worker_has_room_for() -> None:
+    """Three workers join four; three shards turn hot and go to them, and their old workers are refilled.
+    While the fill plan dealt its offers, one fitted no target any more: it was offered again and again
+    (the plan never returned). It is passed over now, and the pool ends balanced."""
+    loads = {"s00": 9.0, "s01": 2.0, "s10": 1.0, "s11": 9.0, "s12": 1.0, "s20": 1.0, "s21": 3.0, "s22": 4.0}
+    loads |= {"s23": 5.0, "s30": 1.0, "s31": 7.0, "s32": 2.0}
+    assignment = {name: f"w{name[1]}" for name in loads}
+    p = plan(workers(7), [Shard(name, x) for name, x in loads.items()], assignment, {}, now=0.0, settings=S)
+    assert p.before.hot == frozenset({"s00", "s11", "s31"}) and p.before.level == 5.0
+    assert not p.after.violations and p.after.hot_not_alone == 0 and p.imbalanced_since is None
+    assert len(p.moves) <= 7 and len({m.shard for m in p.moves}) == len(p.moves)
+
+
 def test_drain_moves_everything_off_the_worker() -> None:
     shards, assignment = even(4, 5)
     p = plan(workers(4, w2={"draining": True}), shards, assignment, {}, now=0.0, settings=S)
