@@ -376,7 +376,7 @@ def plan(
             if room is None:
                 lpt.append((name, reason, old, detail))
                 continue
-            target, evictions = room
+            target, evictions, _ = room
             place(name, old, target, reason, detail)
             for shard, to in evictions:
                 place(shard, target, to, REBALANCE, f"making room for hot shard {name} on {target}")
@@ -657,6 +657,32 @@ def plan(
                 return shard, source
         return None
 
+    def relocate_hot(source: str) -> bool:
+        """A hot shard with company moves instead to the worker whose shards are cheapest to move away
+        (`_room_for_hot`), when that and the refill of the company it leaves are fewer moves than the
+        company's own: a load shift can make a shard hot on a worker of twenty small shards."""
+        hot_shard = kept[source]
+        if hot_shard is None or not movable(hot_shard) or any(s in hot for s in held[source] - {hot_shard}):
+            return False
+        company = len(held[source]) - 1
+        width = max(high - low, eps)
+        refill = math.ceil(max(0.0, low - (wload[source] - loads[hot_shard])) / width - 1e-9)
+        room = _room_for_hot(held, wload, loads, hot, high, movable)
+        if room is None or 1 + room[2] + refill >= company:
+            return False
+        target, evictions, _ = room
+        for name, to in [(hot_shard, target), *evictions]:
+            origin = owner[name]
+            place(name, origin, to, REBALANCE, f"hot shard {hot_shard} alone on {target}, not its company moved")
+        kept[source] = None
+        kept[target] = hot_shard
+        offers.clear()
+        if wload[source] < low:
+            fills.add(source)  # the company it keeps is topped up like a joined worker
+        return True
+
+    relocated = False
+    placed = len(moves)
     rebalanced = 0
     state = before
     stuck: set[str] = set()  # violations no move could fix in this plan; the next plan tries again
@@ -668,6 +694,9 @@ def plan(
         for w in state.violations:
             if w in stuck or (only_targets is not None and w not in only_targets):
                 continue
+            if kept[w] is not None and relocate_hot(w):
+                relocated = True
+                break
             if kept[w] is not None or wload[w] > high + eps:  # too much: send one shard away
                 found = send_from(w)
                 if found:
@@ -687,6 +716,11 @@ def plan(
             if move:
                 break
             stuck.add(w)
+        if relocated:
+            relocated = False
+            rebalanced = len(moves) - placed
+            state = _judge(loads, held, wload, lvl, hot, cfg.threshold)
+            continue
         if move is None:
             blocked = [
                 s for w in state.violations for s in held[w] if s in last_moved and now - last_moved[s] < cfg.cooldown_s
@@ -725,8 +759,8 @@ def _room_for_hot(
     hot: frozenset[str],
     high: float,
     movable: Callable[[str], bool],
-) -> tuple[str, list[tuple[str, str]]] | None:
-    """Where an orphaned hot shard goes, and where that worker's company goes: (worker, [(shard, to)]).
+) -> tuple[str, list[tuple[str, str]], int] | None:
+    """Where a hot shard goes, and where that worker's company goes: (worker, [(shard, to)], estimated moves).
 
     A hot shard must be alone, so the worker it lands on loses all its other shards. The least-loaded worker
     (LPT's choice) may hold dozens of small shards; a worker with a few shards that fit into the others' room
@@ -740,7 +774,7 @@ def _room_for_hot(
     sharing = [w for w in sorted(held) if not held[w] & hot]
     empty = [w for w in sharing if not held[w]]
     if empty:
-        return min(empty, key=lambda w: (wload[w], w)), []
+        return min(empty, key=lambda w: (wload[w], w)), [], 0
     best: tuple[tuple[int, int, float, str], list[tuple[str, str]]] | None = None
     for w in sharing:
         company = sorted(held[w], key=lambda s: (-loads[s], s))
@@ -766,7 +800,7 @@ def _room_for_hot(
             best = (key, plan)
     if best is None or best[0][0] == sys.maxsize:
         return None
-    return best[0][3], best[1]
+    return best[0][3], best[1], best[0][0]
 
 
 _OVERFLOW_COST = 1000  # moves an overflow its target cannot shed is taken to cost (the rebalance it triggers)

@@ -241,6 +241,20 @@ def test_a_fill_plan_passes_over_an_offer_no_joined_worker_has_room_for() -> Non
     assert len(p.moves) <= 7 and len({m.shard for m in p.moves}) == len(p.moves)
 
 
+def test_a_shard_turned_hot_among_many_small_ones_moves_to_the_worker_cheapest_to_clear() -> None:
+    """`big` turns hot on w0 beside ten small shards: keeping it there moves all ten. w1's three shards make
+    room cheaper: `big` moves there, w1's shards go where there is room, and w0 is topped up (6 moves)."""
+    shards = [Shard("big", 6.0)] + [Shard(f"t{i}", 0.3) for i in range(10)] + [Shard(f"a{i}", 1.5) for i in range(3)]
+    shards += [Shard(f"b{i}", 0.9) for i in range(5)] + [Shard(f"c{i}", 0.9) for i in range(5)]
+    assignment = {"big": "w0"} | {f"t{i}": "w0" for i in range(10)} | {f"a{i}": "w1" for i in range(3)}
+    assignment |= {f"b{i}": "w2" for i in range(5)} | {f"c{i}": "w3" for i in range(5)}
+    p = plan(workers(4), shards, assignment, {}, now=100.0, imbalanced_since=0.0, settings=S)
+    assert p.before.hot == frozenset({"big"}) and p.before.level == 5.5
+    assert held(p, "w1") == {"big"} and {f"t{i}" for i in range(10)} <= held(p, "w0")
+    assert len(p.moves) == 6 and all(m.reason == REBALANCE for m in p.moves)
+    assert p.after.hot_not_alone == 0 and not p.after.violations and p.imbalanced_since is None
+
+
 def test_drain_moves_everything_off_the_worker() -> None:
     shards, assignment = even(4, 5)
     p = plan(workers(4, w2={"draining": True}), shards, assignment, {}, now=0.0, settings=S)
