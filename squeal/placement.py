@@ -39,7 +39,8 @@ largest ratio of load to `L` among the sharing workers (or `L` to load, for an u
    worker it was alone on) goes instead to an empty worker if there is one, else to the sharing worker
    whose shards are the fewest that fit into the other sharing workers' room below the band's top, and
    those shards move there at once (`_room_for_hot`): the least-loaded worker may hold dozens of small
-   shards, and a shard that fits nowhere would ripple through the pool.
+   shards. A shard that fits nowhere counts as the moves its target then needs to shed the excess (one for
+   a shard a hair too big, dozens for a shard near the level among small ones).
 2. Rebalancing waits for the imbalance to persist: `plan()` takes `imbalanced_since` (None when the last
    plan found the pool balanced) and returns the new value for the caller to keep; only after
    `settings.persist_s` of continuous violation does it move shards (`rebalance`). One exception: a worker
@@ -50,13 +51,22 @@ largest ratio of load to `L` among the sharing workers (or `L` to load, for an u
    those that leave both inside the band. An underloaded worker takes, from any worker that stays inside
    the band, the smallest shard that closes its deficit, else the largest that fits. If no shard keeps
    both inside the band, the one that best evens the pair while the target stays below the source
-   ("never the new max"). A hot shard with company keeps its worker and the others leave (its own move
-   would cost the most; rule 1 chooses where an orphaned hot shard lands so that its company is small:
-   the placement benchmark's "crash (hot)") — unless an empty worker is being filled and the company
-   outnumbers the hot shard's own move plus the refill of what it leaves behind (a join that lowers the
-   level makes a shard hot: it moves to the new worker, not its dozens of small companions). The loop
-   stops as soon as nothing violates, or when no move improves anything, or at `settings.max_moves`.
-   Each move strictly lowers the sum of squared worker loads, so the loop always ends.
+   ("never the new max"). Workers that start empty (joined) are filled from one plan instead
+   (`plan_fills`): each other worker offers the largest shard it can give and stay in the band, the
+   largest offers are dealt out, each to the worker that lacks the most, until they add up to what the
+   joined workers lack; one still short then trades a shard for a larger offer, or with a joined worker
+   that has more than it needs, and only then takes one more shard (the smallest that closes it). Topping
+   up each worker on its own left many a hair short, each one move more (the placement benchmark's
+   "join 10%": 135 moves against 126). A hot shard with company keeps its worker and the others leave
+   (rule 1 chooses where an orphaned hot shard lands so that its company is small: the placement
+   benchmark's "crash (hot)") — unless moving the hot shard is fewer moves: to an empty worker being
+   filled, when the company outnumbers the hot shard's own move plus the refill of the company it leaves
+   less the fill the empty worker no longer needs (a join that lowers the level makes a shard hot: it
+   moves to the new worker, not its small companions); else to the worker `_room_for_hot` finds cheapest
+   to clear, when that, the hot shard's move and the company's refill are fewer than the company (a load
+   shift that makes a shard hot among twenty small ones). The loop stops as soon as nothing violates, or
+   when no move improves anything, or at `settings.max_moves`; each round moves a shard that has not moved
+   in this plan (rule 4), so the loop always ends.
 4. Cooldown: a shard moved less than `settings.cooldown_s` ago (`last_moved`, kept by the caller for every
    move of every kind) is never moved by a rebalance, nor is any shard moved twice in one plan.
 
