@@ -179,6 +179,25 @@ def test_a_hot_shard_orphaned_by_a_crash_lands_where_the_fewest_shards_must_make
     assert held(q, "w3") == {"hot"} and len(q.moves) == 6 and q.after.hot_not_alone == 0
 
 
+def test_a_hot_orphan_weighs_an_overflow_by_what_its_target_must_shed() -> None:
+    """w0 dies with `hot`; the level is 10.5 (band top 12.08). w2's three shards fit the others' room: 3 moves
+    plus the hot shard's own. w1's one shard (8) fits nowhere, but w3 only has to shed one shard for it and
+    w2 can take that: 3 moves in all, the fewest. An overflow used to count as 1,000 moves whatever its
+    size, so w2 was chosen (4 moves), and in the placement benchmark a worker whose near-level shard
+    overflowed by most of the level beat one whose eighth small shard overflowed by a hair."""
+    shards = [Shard("hot", 40.0), Shard("s10", 8.0), Shard("s20", 1.0), Shard("s21", 3.0), Shard("s22", 1.0)]
+    shards.append(Shard("s30", 8.0))
+    assignment = {"hot": "w0", "s10": "w1", "s20": "w2", "s21": "w2", "s22": "w2", "s30": "w3"}
+    pool = workers(4, w0={"alive": False})
+    first = plan(pool, shards, assignment, {}, now=0.0, settings=S)
+    assert first.moves[0].shard == "hot" and held(first, first.moves[0].target) == {"hot"}
+    assert first.moves[0].target != "w2"
+    moved = {m.shard: 0.0 for m in first.moves}
+    then = plan(pool, shards, first.assignment, moved, 60.0, first.imbalanced_since, S)
+    assert len(first.moves) + len(then.moves) == 3
+    assert not then.after.violations and then.after.hot_not_alone == 0
+
+
 def test_a_join_that_makes_a_shard_hot_gives_the_new_worker_that_shard_not_its_company() -> None:
     """With a fourth worker the level drops under `big`'s load: it must be alone. Its twenty small
     companions would all have to leave; moving `big` to the empty worker, then refilling w0, is four moves."""
