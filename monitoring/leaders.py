@@ -1,11 +1,10 @@
-"""Who owns what in each region with squeal instances: every instance's /healthz, polled (the dashboard's
-"leaders" table).
+"""Who owns what in each region with squeal instances (the workers of its pool): every worker's /healthz, polled
+(the dashboard's owners table, `/api/leaders`).
 
-An HA region has one leader (it delivers every shard) and standbys (connected, reading nothing); each instance's
-/healthz says which it is (`state`), who it sees leading (`ha.leader`) and, for the leader, when it took over
-(`takeover.since`). A pooled region has workers (`state` "worker"), each owning some shards (`owns`). Either way
-`owners` maps every shard of the topology to the instance delivering it, and `unowned` lists the shards nobody
-delivers now. Regions with a single daemon have no election and are not listed.
+A worker's /healthz says its `state` ("worker"; "starting" while it waits for ZooKeeper) and the shards it owns
+(`owns`); `owners` maps every shard of the topology to the worker delivering it, and `unowned` lists the shards
+nobody delivers now (a move or a takeover in progress, or no healthy worker). Regions with a single daemon have no
+pool and are not listed.
 """
 
 from __future__ import annotations
@@ -24,46 +23,33 @@ def instance_health(address: str, timeout: float = 2.0) -> dict[str, Any] | None
 
 
 def leaders(topo: Topology, health=instance_health) -> list[dict[str, Any]]:
-    """Per region with squeal instances: `pool` (its instances are a pool's workers), `leader` (instance name, None
-    while nobody leads, always None in a pool), `since` (unix time it took over), `standbys` (names), `instances`
-    (name, address, state: leader/standby/taking_over/worker/starting, or "down"; `owns`: the shards it delivers),
-    `owners` (shard -> the instance delivering it) and `unowned` (shards nobody delivers now)."""
+    """Per region with squeal instances: `instances` (name, address, database, state: worker/starting, or "down";
+    `owns`: the shards it delivers), `idle` (the workers that answer and own nothing: a standby in the region's
+    "one shard, two workers"), `owners` (shard -> the worker delivering it) and `unowned` (shards nobody delivers
+    now)."""
     shards = [s.name for s in topo.shards]
     out = []
     for region in topo.regions:
         if not region.squeal_instances:
             continue
         rows = []
-        leader, since = None, None
         for inst in region.squeal_instances:
             body = health(str(inst.address)) or {}
-            state = body.get("state") or "down"
-            if state == "leader":
-                leader, since = inst.name, (body.get("takeover") or {}).get("since")
-                owns = list(shards)  # one leader delivers every shard of its region
-            elif state == "worker":
-                owns = sorted(str(s) for s in body.get("owns") or [])
-            else:
-                owns = []
             rows.append(
                 {
                     "name": inst.name,
                     "address": str(inst.address),
                     "database": inst.database.name,
-                    "state": state,
-                    "owns": owns,
+                    "state": body.get("state") or "down",
+                    "owns": sorted(str(s) for s in body.get("owns") or []),
                 }
             )
-        standbys = [r["name"] for r in rows if r["state"] == "standby"]
         owners = {shard: r["name"] for r in rows for shard in r["owns"]}
         out.append(
             {
                 "region": region.name,
-                "pool": region.squeal_pool,
-                "leader": leader,
-                "since": since,
-                "standbys": standbys,
                 "instances": rows,
+                "idle": [r["name"] for r in rows if r["state"] == "worker" and not r["owns"]],
                 "owners": {s: owners[s] for s in shards if s in owners},
                 "unowned": [s for s in shards if s not in owners],
             }

@@ -34,8 +34,8 @@ class SampledDeleteChecker:
         database: str = "app",
     ) -> None:
         self.topo, self.recheck_after, self.database = topo, recheck_after, database
-        # Every daemon: a region's single one, or each HA instance (only the leader has samples; a standby
-        # answers an empty list, and after a failover the new leader's samples come from its own address).
+        # Every daemon: a region's single one, or each pool worker (only owners have samples; a worker owning
+        # nothing answers an empty list, and after a failover the new owner's samples come from its own address).
         self.daemons = {d.name: (d.region, str(d.address)) for d in topo.squeal_daemons()}
         self.since = {name: time.time() for name in self.daemons}
         self.pending: list[tuple[str, dict[str, Any]]] = []  # (region, sample)

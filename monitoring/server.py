@@ -3,7 +3,7 @@
     python -m monitoring serve TOPOLOGY --state-dir var/local --port 19000
 
 Routes: `/` the dashboard page, `/api/panels` its data (JSON), `/api/targets` scrape health,
-`/api/leaders` who leads each HA region (monitoring/leaders.py), `/api/links` each link's TLS state
+`/api/leaders` who owns each shard of a pooled region (monitoring/leaders.py), `/api/links` each link's TLS state
 (monitoring/links.py), `/metrics` the prober's own Prometheus metrics, `/healthz`.
 Targets come from `squealctl`'s component list (every memcached, and every process that recorded a
 metrics address), so whatever `squealctl up` started is watched without extra configuration.

@@ -234,7 +234,7 @@ def _parser() -> argparse.ArgumentParser:
     wk = sub.add_parser(
         "workers",
         help="a pooled region's squeal workers: who owns which shard, each worker's load",
-        description="For every region with squeal_pool = true (or --region): each worker of its pool, the shards "
+        description="For every region with squeal instances (or --region): each worker of its pool, the shards "
         "it owns now (ZooKeeper's per-shard owner znodes), the shards the controller assigns it, its measured load "
         "(rows/s equivalents, smoothed) and whether it drains. Runbook: docs/runbooks/workers.md.",
         epilog="Exit status: 0 listed; 2 no pooled region, or ZooKeeper does not answer.",
@@ -317,9 +317,9 @@ def _dispatch(args: argparse.Namespace) -> int:
                 "name", "role", "region", "cluster", "pool", "pid", "address", "metrics", "running", "answering",
                 "healthy", "problems", "uptime", "restarts", "stopped", "log",
             )  # fmt: skip
-            # HA topologies only: a squeal instance's name, state and leader; a ZooKeeper server's quorum
+            # pools only: a squeal worker's name, state and the shards it owns; a ZooKeeper server's quorum
             # ... and with [shards], the shard of every MariaDB copy, and which copy of each shard a squeal reads
-            optional = ("instance", "shard", "shards", "copies", "state", "leader", "serving", "mode")
+            optional = ("instance", "shard", "shards", "copies", "state", "owns", "serving", "mode")
             rows_out = [
                 {k: r[k] for k in keys}
                 | {k: r[k] for k in optional if k in r and (k not in ("instance", "shard", "shards", "copies") or r[k])}
@@ -526,11 +526,9 @@ def _print_status(rows: list[dict], supervisor: dict | None = None) -> None:
             state = "running, not answering"
         else:
             state = "stopped (squealctl start NAME)" if r.get("stopped") else "DOWN"
-        if r["answering"] and r.get("state"):  # an HA squeal instance: who leads its region
-            ha = r["state"].upper()
-            if r["state"] != "leader" and r.get("leader"):
-                ha += f" (leader: {r['leader']})"
-            state = f"{ha}, {state}"
+        if r["answering"] and r.get("state"):  # a pool's worker: what it owns
+            owns = r.get("owns") or []
+            state = f"{r['state'].upper()} (owns {', '.join(owns) or 'nothing'}), {state}"
         if r.get("shards"):  # a sharded region's reader: which shards it runs
             state = f"{state}; reads {len(r['shards'])} shards ({', '.join(r['shards'])})"
         pid = r["pid"] if r["running"] else "-"
@@ -580,7 +578,7 @@ def _pool_command(deployment: Deployment, args: argparse.Namespace) -> int:
     if not pooled or topo.zookeeper is None:
         raise HarnessError(
             f"{topo.source}: no pooled region{'' if args.command == 'workers' else ' for ' + name} "
-            "([regions.R] squeal_pool = true)"
+            "(a region with [[regions.R.squeal_instances]])"
         )
     zk = topo.zookeeper
     client = KazooClient(
@@ -626,6 +624,8 @@ def _pool_command(deployment: Deployment, args: argparse.Namespace) -> int:
     print(f"{'WORKER':<14} {'REGION':<8} {'PID':>7} {'LOAD':>9}  SHARDS (owned now)")
     for w in rows:
         extra = " [draining]" if w["draining"] else ""
+        if not w.get("healthy", True):
+            extra += " [its copy does not answer: given nothing]"
         if sorted(w["assigned"]) != sorted(w["shards"]):
             extra += f" (assigned: {', '.join(w['assigned']) or 'none'})"
         print(

@@ -253,9 +253,9 @@ class Drill:
         2: verify could not check (every status but 0 and 1)."""
         master = self.topo.master.name
         router = self._pick("router")
-        # in an HA region: its leader (the standby must take over, the killed one come back as a standby)
+        # in a pooled region: a worker that owns shards (another must take them over, the killed one come back)
         self.kill(
-            self._pick("squeal", lambda r: r["region"] == master and r.get("state", "leader") == "leader"),
+            self._pick("squeal", lambda r: r["region"] == master and (not r.get("instance") or bool(r.get("owns")))),
             "squeal daemon",
         )
         self.kill(router, "router")

@@ -721,6 +721,21 @@ class ZooKeeper(ManagedProcess):
 def zookeeper_mode(address: str, tls: ssl.SSLContext | None = None) -> str | None:
     """A ZooKeeper server's `Mode:` from the `srvr` four-letter word (`leader`, `follower`, `standalone`);
     None when it does not serve (no quorum yet, or not answering). `tls`: the port is a TLS client port."""
+    return mode_of(zookeeper_srvr(address, tls))
+
+
+def mode_of(srvr: str | None) -> str | None:
+    """The `Mode:` of a `srvr` answer (None: no answer, or not serving)."""
+    for line in (srvr or "").splitlines():
+        if line.startswith("Mode: "):
+            return line.removeprefix("Mode: ").strip()
+    return None
+
+
+def zookeeper_srvr(address: str, tls: ssl.SSLContext | None = None) -> str | None:
+    """A ZooKeeper server's answer to `srvr` (a server without a quorum answers that it is not serving); None
+    when nothing answered. A probe that only connects and closes would cost the server a WARN with a stack
+    trace in its log (EndOfStreamException) every time: ask it something instead."""
     host, _, port = address.rpartition(":")
     try:
         with (
@@ -734,10 +749,7 @@ def zookeeper_mode(address: str, tls: ssl.SSLContext | None = None) -> str | Non
                 reply += chunk
     except OSError:
         return None
-    for line in reply.decode(errors="replace").splitlines():
-        if line.startswith("Mode: "):
-            return line.removeprefix("Mode: ").strip()
-    return None
+    return reply.decode(errors="replace") if reply else None
 
 
 class SquealDaemon(ManagedProcess):
@@ -762,7 +774,7 @@ class SquealDaemon(ManagedProcess):
         super().__init__(port, workdir, host)
         self.topology_path = Path(topology_path)
         self.region = region
-        self.instance = instance  # HA mode: `--instance NAME` (a standby until elected)
+        self.instance = instance  # a pool's worker: `--instance NAME` (it owns what the controller gives it)
         me = instance or region
         self.state_dir = Path(state_dir) if state_dir else self.workdir / f"state-{me}"
         self.extra_args = (("--instance", instance) if instance else ()) + tuple(extra_args)

@@ -2,9 +2,9 @@
 
 `up` starts a supervisor in the background (ops/supervisor.py), which starts every component the topology
 names (MariaDB primary and replica, memcached per pool member, one router per cluster, one squeal daemon per
-region, monitoring; for an HA topology also the ZooKeeper ensemble, each region's extra replicas and one
-squeal instance per `squeal_instances` entry instead of the region's single daemon), restarts any that
-exits without being asked to, and records them — current pid,
+region, monitoring; for a topology with squeal instances also the ZooKeeper ensemble, each region's extra
+replicas and one squeal worker per `squeal_instances` entry instead of the region's single daemon), restarts
+any that exits without being asked to, and records them — current pid,
 restarts, held down by `stop` — in `<state_dir>/components.json`; `status` and `down` read that file, so they
 work from any later shell. Processes are stopped by pid, and only if the pid still runs the command we started
 (pids get reused); a component whose recorded pid is gone is looked for by its command line (restarted by hand,
@@ -49,8 +49,9 @@ from ops.harness import (
     _tail,
     child_env,
     free_port,
+    mode_of,
     wait_until,
-    zookeeper_mode,
+    zookeeper_srvr,
 )
 from squeal import probe_health
 
@@ -429,17 +430,6 @@ class Deployment:
                         f"every shard of region {region.name} running on one of its squeal workers "
                         f"{', '.join(addresses)}",
                     )
-                elif region.squeal_instances:  # `up` returns with every HA region led
-                    addresses = [str(s.address) for s in region.squeal_instances]
-
-                    def led(addresses: list[str] = addresses) -> bool:
-                        return any(squeal_state(a) == "leader" for a in addresses)
-
-                    wait_until(
-                        led,
-                        60,
-                        f"a leader of region {region.name} among its squeal instances {', '.join(addresses)}",
-                    )
         if "monitoring" not in without:
             monitor = MonitoringServer(
                 topology_path,
@@ -625,19 +615,21 @@ class Deployment:
         """Every recorded component with its current `pid`, `running` (alive), `answering` (port accepts),
         `uptime` (seconds, None when not running), `restarts` and `stopped` (held down by `squealctl stop`); a
         squeal daemon also `healthy` (its /healthz: True on 200, False on 503, None when it did not answer) and
-        `problems` (what its /healthz names), an HA instance `state` (`leader`, `standby`, `taking_over`; None
-        when it did not answer); a ZooKeeper server `serving` (it has a quorum and serves clients) and `mode`
-        (`leader`, `follower`, `standalone`; None when not serving)."""
+        `problems` (what its /healthz names), a pool's worker `state` (`worker`, `starting`; None when it did not
+        answer) and `owns` (the shards it owns now); a ZooKeeper server `serving` (it has a quorum and serves
+        clients) and `mode` (`leader`, `follower`, `standalone`; None when not serving)."""
         out = []
         components = self.components()
         zk_tls = self._zookeeper_tls() if any(c.role == "zookeeper" for c in components) else None
         for c, pid in zip(components, self.locate(components), strict=True):
             running = pid is not None
+            srvr = zookeeper_srvr(c.address, zk_tls) if running and c.role == "zookeeper" else None
             row = {
                 **asdict(c),
                 "pid": pid if running else c.pid,
                 "running": running,
-                "answering": running and _port_open(c.address),
+                # ZooKeeper: its `srvr` answer (a bare connect would put a stack trace in its log each time)
+                "answering": srvr is not None if c.role == "zookeeper" else running and _port_open(c.address),
                 "uptime": _uptime(pid) if running and pid is not None else None,
             }
             if c.role == "squeal":
@@ -647,14 +639,14 @@ class Deployment:
                 row["problems"] = problems if isinstance(problems, dict) else {"healthz": str(problems)}
                 if c.instance:
                     row["state"] = body.get("state")
-                    row["leader"] = (body.get("ha") or {}).get("leader")
+                    row["owns"] = sorted(str(s) for s in body.get("owns") or [])
                 if isinstance(body.get("shards"), dict):  # [shards]: the shards this daemon reads now, and which copy
                     row["shards"] = sorted(body["shards"])
                     row["copies"] = {
                         shard: (st.get("reads") or {}).get("name") for shard, st in sorted(body["shards"].items())
                     }
             if c.role == "zookeeper":
-                row["mode"] = zookeeper_mode(c.address, zk_tls) if row["answering"] else None
+                row["mode"] = mode_of(srvr)
                 row["serving"] = row["mode"] is not None
             if c.role != "squeal":  # squeal's come from its /healthz; the others' from what we can see
                 row["problems"] = _visible_problems(row)
@@ -814,11 +806,6 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
-
-
-def squeal_state(address: str) -> str | None:
-    """An HA squeal instance's state from its /healthz (`leader`, `standby`, `taking_over`), None if no answer."""
-    return probe_health(address)[1].get("state")
 
 
 def _stopped(c: Component) -> bool:

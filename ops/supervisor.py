@@ -4,7 +4,7 @@
 
 Started by `squealctl up` (ops/local.py), not by hand. It starts the deployment's components in order
 (`Deployment.start_components`: ops/harness.py's command lines and readiness checks, MariaDB first — after
-starting an HA topology's ZooKeeper servers, which come up meanwhile — then memcached, routers, squeal,
+starting a topology's ZooKeeper servers, which come up meanwhile — then memcached, routers, squeal,
 monitoring) and then keeps them running. It is Twisted's ProcessMonitor
 (twisted.runner.procmon) with three changes: a component's output goes to its own log file (not through a pipe
 to the supervisor, so components outlive a supervisor that dies), `stop` sends the component's own stop signal

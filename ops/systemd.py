@@ -10,8 +10,8 @@ addresses, `regions.<r>.squeal.host`, each squeal instance's `host`, `zookeeper.
     squeal-memcached-*.service          one per memcached instance (pool member or regional pool member)
     squeal-router-*.service             one per router address, with routers/<cluster>.json
     squeal-daemon-<region>.service      the squeal daemon of a region without squeal_instances
-    squeal-instance-<name>.service      one per squeal instance of an HA region (`squeal run --instance`)
-    squeal-worker-<name>.service        one per worker of a pooled region (`squeal_pool = true`; the same command)
+    squeal-worker-<name>.service        one per squeal instance (a worker of its region's pool: `squeal run
+                                        --instance`)
     squeal-monitoring.service           the dashboard + prober, scraping monitoring/components.json
     topology.toml                       a copy of the topology file the units read
     routers/<cluster>.json              the cluster's router config (router_config.cluster_config)
@@ -27,9 +27,9 @@ and each router its topology port as its one TLS port (`--ssl-port`, no plaintex
 verifying its TLS pools: routers/<cluster>.json says `security_mech: tls` for every pool), as `squealctl up` runs
 them; squeal, monitoring and the web tier read `[tls]` from the topology copy.
 
-An HA or pooled region never gets a `--region` daemon (`squeal run` refuses one for it), and `[shards]` add
-no unit: a region's daemon or leading instance runs every shard's pipeline itself, a pool's workers the shards
-its controller gives each.
+A region with squeal instances (a pool) never gets a `--region` daemon (`squeal run` refuses one for it), and
+`[shards]` add no unit: a region's daemon runs every shard's pipeline itself, a pool's workers the shards its
+controller gives each.
 
 Every service restarts on failure, has resource limits (open files; memcached's memory from its `-m`,
 ZooKeeper's from its Java heap) and runs sandboxed (read-only system, private /tmp, no home
@@ -245,9 +245,9 @@ def describe_databases(topo: Topology, host: str) -> list[str]:
 def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> list[Unit]:
     """The services `host` runs, in start order: ZooKeeper, memcached, routers, squeal daemons, monitoring.
 
-    A region with `squeal_instances` (HA, or a pool's workers) runs one `squeal run --instance NAME` per instance,
-    never a `--region` daemon (`squeal run` refuses that for such a region). With `[shards]` nothing more is
-    rendered: a region's daemon or leading instance runs a pipeline per shard itself."""
+    A region with `squeal_instances` (a pool's workers) runs one `squeal run --instance NAME` per instance, never
+    a `--region` daemon (`squeal run` refuses that for such a region). With `[shards]` nothing more is rendered: a
+    region's daemon or a pool's workers run a pipeline per shard themselves."""
     hosts = topo.hosts()
     if host not in hosts:
         raise RenderError(f"{host} runs nothing in {topo.source}; the hosts it names: {', '.join(hosts)}")
@@ -377,7 +377,7 @@ def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> li
     def squeal_unit(
         name: str, description: str, selector: tuple[str, str], port: int, state: str, after: tuple[str, ...] = ()
     ) -> Unit:
-        """`squeal run TOPOLOGY --region R` (a region's daemon) or `--instance NAME` (an HA instance)."""
+        """`squeal run TOPOLOGY --region R` (a region's daemon) or `--instance NAME` (a pool's worker)."""
         argv: tuple[str, ...] = (
             str(venv / "bin" / "squeal"),
             "run", str(topology_file),
@@ -403,27 +403,14 @@ def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> li
             if inst.host != host:
                 continue
             part = _part(inst.name)  # its state dir: pid file and requests; the markers are in ZooKeeper
-            if region.squeal_pool:  # the same command line; the pool's controller gives it its shards
-                units.append(
-                    squeal_unit(
-                        f"squeal-worker-{part}.service",
-                        f"squeal worker {inst.name} of region {region.name}'s pool (the shards the pool's controller "
-                        f"assigns it, each from its copy in {region.name})",
-                        ("--instance", inst.name),
-                        inst.metrics_port,
-                        f"squeal-worker-{part}",
-                        after=zookeepers_here,
-                    )
-                )
-                continue
-            units.append(
+            units.append(  # the pool's controller gives it its shards
                 squeal_unit(
-                    f"squeal-instance-{part}.service",
-                    f"squeal instance {inst.name} of region {region.name} (HA; reads "
-                    f"{inst.database.name or region.name} at {inst.database.address})",
+                    f"squeal-worker-{part}.service",
+                    f"squeal worker {inst.name} of region {region.name}'s pool (the shards the pool's controller "
+                    f"assigns it, each from its copy in {region.name})",
                     ("--instance", inst.name),
                     inst.metrics_port,
-                    f"squeal-instance-{part}",
+                    f"squeal-worker-{part}",
                     after=zookeepers_here,
                 )
             )
@@ -536,7 +523,7 @@ def components(topo: Topology, offset: int, topology_file: Path) -> dict:
     for c in topo.clusters:
         for a in c.routers:
             add("router", c.region, c.name, None, str(a), f"{a.host}:{a.port + offset}")
-    for daemon in topo.squeal_daemons():  # a region's HA instances, else its single daemon
+    for daemon in topo.squeal_daemons():  # a region's pool workers, else its single daemon
         address = str(daemon.address)
         add("squeal", daemon.region, None, None, address, address, daemon.instance.name if daemon.instance else None)
     return {"topology": str(topology_file), "rendered": True, "components": out}
@@ -740,8 +727,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "systemd",
         help="systemd units + configs for one host of the topology",
         description="Write the systemd unit files and generated configs that one host of the topology runs "
-        "(ZooKeeper servers, memcached instances, routers with their JSON configs, squeal daemons or HA "
-        "instances, monitoring) and a "
+        "(ZooKeeper servers, memcached instances, routers with their JSON configs, squeal daemons or pool "
+        "workers, monitoring) and a "
         "squeal.target grouping them. Walk-through: docs/deploy.md.",
         epilog="Example: squealctl render systemd examples/three-hosts.toml --host 127.0.0.2 --out /etc/squeal",
     )

@@ -511,6 +511,7 @@ class _Builder:
             "max_lag_s": ((int, float), "a number of seconds"),
             "on_data_loss": (str, " or ".join(f'"{c}"' for c in ON_DATA_LOSS)),
             "reader": (str, " or ".join(f'"{c}"' for c in READERS)),
+            "gil_switch_interval_ms": ((int, float), "a number of milliseconds"),
         }
         out: dict[str, Any] = {}
         for name in names:
@@ -519,7 +520,8 @@ class _Builder:
             self.typed(v, f"{path}.{name}", kind, what)
             if isinstance(v, int | float) and not isinstance(v, bool) and v <= 0:
                 raise self.fail(f"{path}.{name}", f"must be greater than 0, got {v}")
-            out[name] = float(v) if name in ("flush_interval_ms", "marker_max_age_s", "max_lag_s") else v
+            floats = ("flush_interval_ms", "marker_max_age_s", "max_lag_s", "gil_switch_interval_ms")
+            out[name] = float(v) if name in floats else v
         if out["on_data_loss"] not in ON_DATA_LOSS:
             choices = " or ".join(f'"{c}"' for c in ON_DATA_LOSS)
             raise self.fail(f"{path}.on_data_loss", f"must be {choices}, got {out['on_data_loss']!r}")
@@ -702,20 +704,29 @@ class _Builder:
             sharded=sharded,
             shard_replicas=shard_replicas,
         )
-        pool = self.typed(body.get("squeal_pool", False), f"{path}.squeal_pool", bool, "true or false")
-        if pool and not instances:
+        # A region's instances are always a pool (the HA election is the pool's "one shard, two workers" now):
+        # `squeal_pool` is still read, and redundant.
+        flag = self.typed(body.get("squeal_pool", True), f"{path}.squeal_pool", bool, "true or false")
+        if flag and "squeal_pool" in body and not instances:
             raise self.fail(
                 f"{path}.squeal_pool",
                 "a squeal pool needs its workers: [[regions."
                 f"{name}.squeal_instances]] (each runs `squeal run --instance NAME`)",
             )
+        if not flag and instances:
+            raise self.fail(
+                f"{path}.squeal_pool",
+                "a region's squeal instances always run as a pool now (the leader election of one instance per "
+                "region is the pool's one shard on one of two workers): remove squeal_pool = false",
+            )
+        pool = bool(instances)
         placement = PoolPlacement()
         if "squeal_placement" in body:
             if not pool:
                 raise self.fail(
                     f"{path}.squeal_placement",
-                    "placement settings are for a squeal pool: set "
-                    f"squeal_pool = true in [regions.{name}] or remove this table",
+                    "placement settings are for a squeal pool: add the region's workers "
+                    f"([[regions.{name}.squeal_instances]]) or remove this table",
                 )
             placement = self.pool_placement(body["squeal_placement"], f"{path}.squeal_placement")
         return Region(
@@ -727,7 +738,6 @@ class _Builder:
             squeal_host=squeal_host,
             replicas=replicas,
             squeal_instances=instances,
-            squeal_pool=pool,
             squeal_placement=placement,
         )
 

@@ -183,14 +183,14 @@ class Shard:
 
 @dataclass(frozen=True)
 class SquealInstance:
-    """One squeal daemon of a region in HA mode (`[[regions.<region>.squeal_instances]]`), reading one copy of
-    the region's data. The instances of a region elect one leader through ZooKeeper, which owns every flow of
-    the region; the others stand by. Earlier in the list is preferred (put the instance on the primary first)."""
+    """One squeal worker of a region's pool (`[[regions.<region>.squeal_instances]]`), reading one copy of the
+    region's data (without [shards]) or of each shard. The pool's controller gives each shard to one worker
+    (squeal/pool.py); earlier in the list is preferred (put the instance on the primary first)."""
 
     name: str
     region: str
     database: Database  # the copy it reads: the region's database or one of its replicas
-    metrics_port: int  # /metrics and /healthz (leader or standby)
+    metrics_port: int  # /metrics and /healthz
     host: str = DEFAULT_HOST  # where it runs
     # With [shards]: the extra copy (`[shards.NAME.replicas.R]`, by R) this instance would rather read of each
     # shard that has one ("": none named; squeal/placement.py `read_order` then prefers a copy on its host).
@@ -203,16 +203,16 @@ class SquealInstance:
 
 @dataclass(frozen=True)
 class ZooKeeperSettings:
-    """The ZooKeeper ensemble of squeal's HA mode (`[zookeeper]`): leader election and the shared datamarkers."""
+    """The ZooKeeper ensemble of a region's squeal pool (`[zookeeper]`): membership, ownership, the datamarkers."""
 
     servers: tuple[Address, ...]
-    # A leader's session expires this long after ZooKeeper last heard from it (the floor of a takeover after a
-    # crash); a leader stops sending well before (docs/squeal.md, "High availability").
+    # A worker's session expires this long after ZooKeeper last heard from it (the floor of a takeover after a
+    # crash); a worker stops sending well before (docs/squeal.md, "Worker pool", fencing).
     session_timeout_s: float = 3.0
     root: str = "/squeal"  # the znode under which squeal keeps its state
-    # A new leader waits at most this long for its copy to apply the markers' GTIDs, then gives leadership up.
+    # A shard's new owner waits at most this long for its copy to apply the markers' GTIDs, then releases it.
     takeover_wait_s: float = 30.0
-    # A leader hands the region back to a better-ranked instance once that one has been healthy this long.
+    # A shard alone on its worker is handed back to a better-ranked, empty worker healthy for this long.
     handback_after_s: float = 10.0
     # Each server's (quorum, election) ports, for `squealctl up` to start the ensemble (`peer_ports`; by
     # default the client port + 100 and + 200). Clients never use them.
@@ -250,8 +250,9 @@ class PoolPlacement:
 class SquealEndpoint:
     """One squeal daemon as the other parts reach it: the region's single daemon, or one HA instance.
 
-    `name` is the instance's name (HA) or the region's (a single daemon); `instance` is None for a single daemon.
-    Every daemon serves /metrics, /healthz and /sampled-deletes on `address` (a standby: no flows, no samples).
+    `name` is the instance's name (a pool's worker) or the region's (a single daemon); `instance` is None for a
+    single daemon. Every daemon serves /metrics, /healthz and /sampled-deletes on `address` (a worker owning
+    nothing: no flows, no samples).
     """
 
     region: str
@@ -271,11 +272,16 @@ class Region:
     # squeal.metrics_port_base + the region's index.
     squeal_host: str = DEFAULT_HOST
     replicas: tuple[Database, ...] = ()  # more copies of the region's data (for squeal instances to read)
-    squeal_instances: tuple[SquealInstance, ...] = ()  # HA mode: several daemons, one leader (needs [zookeeper])
-    # Pool mode (`squeal_pool = true`): the instances are workers that divide the region's shards among them
-    # (squeal/pool.py), each shard with its own owner; without it, the instances elect one leader (squeal/ha.py).
-    squeal_pool: bool = False
-    squeal_placement: PoolPlacement = field(default_factory=PoolPlacement)  # pool mode only
+    # Several squeal daemons (needs [zookeeper]): the workers of the region's pool, which divide its shards among
+    # them (squeal/pool.py), each shard with one owner; none: the region's single daemon.
+    squeal_instances: tuple[SquealInstance, ...] = ()
+    squeal_placement: PoolPlacement = field(default_factory=PoolPlacement)  # the pool's controller's settings
+
+    @property
+    def squeal_pool(self) -> bool:
+        """Whether the region runs a pool of squeal workers: whenever it has `squeal_instances` (the only way to run
+        several; the topology's `squeal_pool` key is redundant)."""
+        return bool(self.squeal_instances)
 
     @property
     def copies(self) -> tuple[Database, ...]:
@@ -329,6 +335,9 @@ class SquealSettings:
     marker_max_age_s: float = 30.0  # /healthz fails while a flow's datamarker waits longer to be written
     max_lag_s: float = 60.0  # /healthz fails while a flow is further behind the primary's commits (a stalled copy)
     reader: str = "native"  # see READERS: the Rust extension (squeal_native) or python-mysql-replication
+    # How long one of squeal's Python threads may hold the GIL while another waits (CPython's default is 5):
+    # short, so the reactor is not kept waiting by the binlog read loop (squeal/pipeline.py, favour_the_reactor)
+    gil_switch_interval_ms: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -345,7 +354,7 @@ class Topology:
     rules: tuple[Rule, ...]
     squeal: SquealSettings = field(default_factory=SquealSettings)
     monitoring: MonitoringSettings = field(default_factory=MonitoringSettings)
-    zookeeper: ZooKeeperSettings | None = None  # only for squeal's HA mode
+    zookeeper: ZooKeeperSettings | None = None  # only for squeal's worker pools
     # [shards]: the declared shards; () for a topology of one database per region (then `shards` is the one
     # implicit shard made of the regions' databases). With [shards], `Region.database` is the region's copy of
     # the first shard (for parts that read one database: the demo web tier's schema, the prober's canary).
@@ -438,7 +447,7 @@ class Topology:
         for i, r in enumerate(self.regions):
             at = f"regions.{r.name}"
             out += [("mariadb", f"{at}.replicas.{d.name}.port", d.address) for d in r.replicas]
-            if r.squeal_instances:  # HA mode: the instances instead of the region's single daemon
+            if r.squeal_instances:  # a pool: its workers instead of the region's single daemon
                 out += [
                     ("squeal", f"{at}.squeal_instances[{k}].metrics_port", s.address)
                     for k, s in enumerate(r.squeal_instances)
@@ -454,7 +463,7 @@ class Topology:
         return out
 
     def instance(self, name: str) -> SquealInstance:
-        """A squeal instance (HA mode) by name; a KeyError naming the instances there are."""
+        """A squeal instance (a pool's worker) by name; a KeyError naming the instances there are."""
         every = [s for r in self.regions for s in r.squeal_instances]
         for s in every:
             if s.name == name:
@@ -469,8 +478,8 @@ class Topology:
         return Address(self.region(region).squeal_host, self.squeal.metrics_port_base + index)
 
     def squeal_daemons(self, region: str | None = None) -> tuple[SquealEndpoint, ...]:
-        """Every squeal daemon of the topology (or of one region), in region order: a region's HA instances
-        (leader or standby, in order of preference), else its single daemon. What monitoring scrapes and
+        """Every squeal daemon of the topology (or of one region), in region order: a region's pool workers (in
+        order of preference), else its single daemon. What monitoring scrapes and
         `squealctl up` starts."""
         out: list[SquealEndpoint] = []
         for r in self.regions if region is None else (self.region(region),):

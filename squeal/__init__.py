@@ -7,10 +7,10 @@ The pipeline, one module per stage, read top to bottom:
     rules         transaction -> keys (rule templates over before/after images, /* mcd: */ comments)
     flows         one flow per destination: queue, datamarker position, shedding, catch-up
     batcher       `md <key> q` ... `mn` batches over TCP, failover across routers, backoff
-    datamarkers   durable per-flow positions (file store; zkstore: the same on ZooKeeper for HA)
-    ha            HA mode: one leader per region through ZooKeeper, fenced, standbys take over
-    pool          a region's shards divided among workers through ZooKeeper, placed by load (`placement`)
-    owner         what an HA leader and a pool worker share: the session lease, start-up, rejoin
+    datamarkers   durable per-flow positions (file store; zkstore: the same on ZooKeeper for a pool)
+    pool          a region's shards divided among its workers through ZooKeeper, placed by load (`placement`),
+                  fenced per shard; a region of one shard and two workers is what HA mode was
+    owner         a pool worker's session lease, start-up and rejoin
     daemon        wires them on the Twisted reactor; cli: `squeal run` / `squeal replay`
     healthz       the one client of a daemon's /healthz
 """

@@ -45,27 +45,18 @@ def _topology(path: str) -> router_config.Topology:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from squeal.pipeline import favour_the_reactor
     from squeal.region import run
 
     topo = _topology(args.topology)
-    if args.instance is not None:  # HA mode (docs/squeal.md, "High availability")
-        from squeal.ha import run_instance
+    favour_the_reactor(topo.squeal.gil_switch_interval_ms)
+    if args.instance is not None:  # a worker of the region's pool (docs/squeal.md, "Worker pool")
+        from squeal.pool import run_worker
 
         instance = topo.instance(args.instance)
         if args.region is not None and args.region != instance.region:
             raise ValueError(f"instance {instance.name} belongs to region {instance.region}, not {args.region}")
-        if topo.region(instance.region).squeal_pool:  # a worker of the region's pool (docs/squeal.md, "Worker pool")
-            from squeal.pool import run_worker
-
-            return run_worker(
-                topo,
-                instance.name,
-                state_dir=args.state_dir,
-                metrics_port=args.metrics_port,
-                reply_timeout=args.reply_timeout,
-                sample_every=args.sample_every,
-            )
-        return run_instance(
+        return run_worker(
             topo,
             instance.name,
             state_dir=args.state_dir,
@@ -75,11 +66,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             sample_every=args.sample_every,
         )
     if args.region is None:
-        raise ValueError("squeal run needs --region REGION (or --instance NAME in HA mode)")
+        raise ValueError("squeal run needs --region REGION (or --instance NAME for a worker of a region's pool)")
     region = topo.region(args.region)  # a clear error for a wrong region before anything starts
     if region.squeal_instances:
         raise ValueError(
-            f"region {region.name} runs squeal instances with leader election: start each with "
+            f"region {region.name} runs a pool of squeal workers: start each with "
             f"--instance NAME ({', '.join(s.name for s in region.squeal_instances)})"
         )
     port = args.metrics_port
@@ -134,17 +125,17 @@ def cmd_accept_data_loss(args: argparse.Namespace) -> int:
         print(f"squeal accept-data-loss: error: {e}", file=sys.stderr)
         return e.code
     of = f" shard {shard} of" if shard else ""
-    if region.squeal_instances:  # HA: the request goes where every instance can see it, to ZooKeeper
-        from squeal.replay import zookeeper_leader, zookeeper_store
+    if region.squeal_instances:  # a pool: the request goes where every worker can see it, beside the shard's markers
+        from squeal.replay import zookeeper_owner, zookeeper_store
 
         try:
             with zookeeper_store(topo, region.name, shard=shard) as store:
                 store.request_loss_acceptance()
-                leader = zookeeper_leader(store)
+                owner = zookeeper_owner(store)
         except ReplayError as e:
             print(f"squeal accept-data-loss: error: {e}", file=sys.stderr)
             return e.code
-        who = f"its leader, instance {leader}," if leader else "its next leader"
+        who = f"its owner, worker {owner}," if owner else "its next owner"
         print(
             f"data loss accepted for{of} region {region.name} ({store.dir}/accept-data-loss): {who} flushes the "
             "region's destinations and resumes within a second or two; watch its /healthz"
@@ -182,8 +173,8 @@ def parser() -> argparse.ArgumentParser:
         "--instance",
         default=None,
         metavar="NAME",
-        help="HA mode: run the topology's squeal instance NAME (one of its region's "
-        "[[squeal_instances]]): a standby until elected leader through ZooKeeper",
+        help="run the topology's squeal instance NAME (one of its region's [[squeal_instances]]) as a worker of "
+        "the region's pool: it owns the shards the pool's controller gives it (docs/squeal.md, \"Worker pool\")",
     )
     run.add_argument(
         "--metrics-port",

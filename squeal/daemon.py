@@ -160,7 +160,7 @@ class SampledDeletesResource(resource.Resource):
 
     def __init__(self, recent: Callable[[float], list[SampledDelete]]) -> None:
         super().__init__()
-        self.recent = recent  # since -> samples (an HA standby has none)
+        self.recent = recent  # since -> samples (a worker owning nothing has none)
 
     def render_GET(self, request: Any) -> bytes:  # noqa: N802 - Twisted's name
         try:
@@ -224,7 +224,7 @@ class Daemon:
         # what lag is measured against (the source poller), and the last copy the readers fall back to.
         self.database = topology.shard_copy(self.shard.name, self.region.name)
         # The copies the readers read, in the order they try them (squeal/copies.py), each with why; `instance`:
-        # the HA instance or pool worker this pipeline runs in (None: the region's single daemon).
+        # the pool worker this pipeline runs in (None: the region's single daemon).
         self.read_order = read_order(topology, self.shard.name, self.region.name, instance)
         self.read_sources = [source_for(d) for d, _ in self.read_order]
         self._first_copy = 0  # the one `check` found answering first: the readers start there

@@ -2,7 +2,7 @@
 and `up`, the dashboard's leaders table, the benchmarks and the tests.
 
 A daemon answers 200 while healthy and 503 with its `problems` otherwise; both carry the status JSON (a
-region daemon's `flows` and `shards`, an HA instance's `state` and `ha`, a pool worker's `owns`)."""
+region daemon's `flows` and `shards`, a pool worker's `state` and `owns`)."""
 
 from __future__ import annotations
 

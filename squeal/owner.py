@@ -1,10 +1,10 @@
-"""What every ZooKeeper-fenced owner of squeal's work shares: an HA region's leader (squeal/ha.py) and a pool's
-worker (squeal/pool.py) are the same kind of process, and this module is the one place for what they both do.
+"""What a ZooKeeper-fenced owner of squeal's work needs beyond the pool's own logic (squeal/pool.py): a worker's
+session lease, its start-up and its rejoin after a loss.
 
 * `SessionLease`: how long the process may still act on what it owns (docs/squeal.md, "Fencing" and "A lapsed
   lease resumes"): each round trip to ZooKeeper proves the session alive until the request's send time + T (the
   session timeout), so the lease runs to send time + `lease_fraction` x T and ends before ZooKeeper can expire
-  the session and hand its ephemeral znodes - a `leader`, a shard's `owner` - to someone else. A lease that runs
+  the session and hand its ephemeral znodes - a member, a shard's `owner` - to someone else. A lease that runs
   out on a slow answer only *lapses* (nothing is sent) and resumes when a multi-operation through ZooKeeper's
   leader confirms the znode it is tied to (the session lived, so its ephemeral znodes never went: nobody else can
   have taken over); no confirmation within `resume_within` more, a LOST session, or the znode gone or another
@@ -46,11 +46,10 @@ STARTUP_ERRORS = (ConnectionError, ReaderConfigError, ValueError)  # `prepare`'s
 
 
 class SessionLease:
-    """The lease of one ZooKeeper session, tied to one of its ephemeral znodes (`path`: an HA leader's `leader`
-    znode, a pool worker's member znode); see the module docstring.
+    """The lease of one ZooKeeper session, tied to one of its ephemeral znodes (`path`: a pool worker's member
+    znode); see the module docstring.
 
-    `checks`: (path, version) pairs a confirmation after a lapse also checks (an HA term's `epoch` record: a term
-    that ZooKeeper moved on from does not resume). `on_pause(True)` when sending must stop (the connection
+    `on_pause(True)` when sending must stop (the connection
     SUSPENDED, the lease lapsed), `on_pause(False)` when it may go on; `on_lapse()` / `on_resume()` once per lapse
     and per confirmed resumption (metrics). Callbacks run on the lease's or kazoo's threads: they must not block.
     Two threads: the renewal (a round trip every `tick`) and the watchdog (the lapse at the instant the lease ends,
@@ -67,7 +66,6 @@ class SessionLease:
         *,
         lease_fraction: float = LEASE_FRACTION,
         resume_within: float | None = None,
-        checks: tuple[tuple[str, int], ...] = (),
         on_pause: Callable[[bool], None] = lambda paused: None,
         on_lapse: Callable[[], None] = lambda: None,
         on_resume: Callable[[], None] = lambda: None,
@@ -82,7 +80,6 @@ class SessionLease:
         self.tick = tick if tick is not None else session_timeout / 6
         self.resume_within = resume_within if resume_within is not None else session_timeout
         self.call_timeout = max(0.5, session_timeout / 3)
-        self.checks = checks
         self.on_lost, self.on_pause, self.on_lapse, self.on_resume = on_lost, on_pause, on_lapse, on_resume
         self.who = who or path
         self.clock = clock
@@ -222,13 +219,11 @@ class SessionLease:
         if not self.lapsed:
             self._extend(sent)
             return
-        # Lapsed: an answer alone proves nothing about the time between; a multi-operation of checks goes through
+        # Lapsed: an answer alone proves nothing about the time between; a multi-operation (a check) goes through
         # ZooKeeper's leader, which refuses it for an expired session, so its success means the session - and so
         # its ephemeral znode - lived all along.
         t = self.client.transaction()
         t.check(self.path, stat.version)
-        for path, version in self.checks:
-            t.check(path, version)
         results = t.commit_async().get(timeout=self.call_timeout)
         failures = [
             (i, r) for i, r in enumerate(results) if isinstance(r, Exception) and not isinstance(r, RolledBackError)
@@ -239,8 +234,7 @@ class SessionLease:
                 return  # (its owner rewrote the znode meanwhile: a member's publication) the next tick
             self._lose(
                 "znode",
-                f"the lease ran out and is over: {type(failure).__name__} checking {self.path}"
-                + "".join(f", {p}" for p, _ in self.checks),
+                f"the lease ran out and is over: {type(failure).__name__} checking {self.path}",
             )
             return
         if sent + self.length <= self.clock():
@@ -302,7 +296,7 @@ def serve_status(
 
 
 class Preparing(Protocol):
-    """What `serve_while_preparing` runs: an HA instance or a pool worker."""
+    """What `serve_while_preparing` runs: a pool worker."""
 
     exit_code: int
 

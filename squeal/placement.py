@@ -32,15 +32,20 @@ largest ratio of load to `L` among the sharing workers (or `L` to load, for an u
 
 **Rules, in the order `plan()` applies them.**
 
-1. *Eligible* workers are the alive ones that do not drain. A shard whose owner is not eligible — a new
-   shard (`unassigned`), one whose worker died or left the pool (`orphaned`), one whose worker drains
-   (`drain`) — is placed at once, with no hysteresis and no cooldown: greedily by decreasing load (LPT), each
-   on the least-loaded eligible worker (ties: fewer shards, then name). A *hot* orphan (a crash took the
+1. *Eligible* workers are the alive, healthy ones (their own copy answers) that do not drain. A shard whose
+   owner is not eligible — a new shard (`unassigned`), one whose worker died or left the pool (`orphaned`), one
+   whose worker drains (`drain`), one whose worker's copy does not answer (`unhealthy`) — is placed at once, with
+   no hysteresis and no cooldown: greedily by decreasing load (LPT), each on the least-loaded eligible worker
+   (ties: fewer shards, then better rank, then name). A *hot* orphan (a crash took the
    worker it was alone on) goes instead to an empty worker if there is one, else to the sharing worker
    whose shards are the fewest that fit into the other sharing workers' room below the band's top, and
    those shards move there at once (`_room_for_hot`): the least-loaded worker may hold dozens of small
    shards. A shard that fits nowhere counts as the moves its target then needs to shed the excess (one for
    a shard a hair too big, dozens for a shard near the level among small ones).
+   *Hand-back*: a shard alone on its worker goes to an empty eligible worker of better `rank` once that one is
+   `settled` (a healthy member for the region's `handback_after_s`): the region of one shard and two workers
+   (what HA mode was) gets its shard back on the instance on the primary. Both workers' loads swap, nothing else
+   changes, so no rebalance answers it; the cooldown does not hold it back (`settled` is its delay).
 2. Rebalancing waits for the imbalance to persist: `plan()` takes `imbalanced_since` (None when the last
    plan found the pool balanced) and returns the new value for the caller to keep; only after
    `settings.persist_s` of continuous violation does it move shards (`rebalance`). One exception: a worker
@@ -110,12 +115,16 @@ UNASSIGNED = "unassigned"  # a shard nobody owns yet (new, or its owner is unkno
 ORPHANED = "orphaned"  # its worker is dead or left the pool
 DRAIN = "drain"  # its worker drains (leaving gracefully)
 REBALANCE = "rebalance"  # moved to fix a persistent imbalance
+UNHEALTHY = "unhealthy"  # its worker's own copy does not answer
+HANDBACK = "handback"  # handed back to a better-ranked worker that is back and settled
 
 
 @dataclass(frozen=True)
 class Worker:
     """One squeal worker of the region. `prefer`: shard name → the copy it would rather read; `host`: where it
-    runs (for the distance to a copy)."""
+    runs (for the distance to a copy). `healthy`: its own copy answers (False: it may own nothing); `rank`: its
+    place in the topology's `squeal_instances` (lower is preferred: the one on the primary first); `settled`: it
+    has been a healthy member for the region's `handback_after_s` (only then is anything handed back to it)."""
 
     name: str
     alive: bool = True
@@ -123,6 +132,9 @@ class Worker:
     region: str = ""
     prefer: Mapping[str, str] = field(default_factory=dict)
     host: str = ""
+    healthy: bool = True
+    rank: int = 0
+    settled: bool = True
 
 
 @dataclass(frozen=True)
@@ -159,7 +171,7 @@ class Move:
     shard: str
     source: str | None  # None: nobody held it
     target: str
-    reason: str  # UNASSIGNED | ORPHANED | DRAIN | REBALANCE
+    reason: str  # UNASSIGNED | ORPHANED | DRAIN | UNHEALTHY | REBALANCE | HANDBACK
     detail: str  # why, in words
     load: float
     copy: str  # the copy `target` reads for this shard (read_copy)
@@ -328,7 +340,8 @@ def plan(
     by_name = {w.name: w for w in sorted(workers, key=lambda w: w.name)}
     shard_of = {s.name: s for s in sorted(shards, key=lambda s: s.name)}
     loads = {name: s.load for name, s in shard_of.items()}
-    eligible = [w for w in by_name.values() if w.alive and not w.draining]
+    eligible = [w for w in by_name.values() if w.alive and not w.draining and w.healthy]
+    ranks = {w.name: w.rank for w in eligible}
     held: dict[str, set[str]] = {w.name: set() for w in eligible}
     owner: dict[str, str] = {}
     orphans: list[tuple[str, str, str | None, str]] = []  # (shard, reason, old owner, detail)
@@ -343,8 +356,10 @@ def plan(
             orphans.append((name, ORPHANED, old, f"worker {old} left the pool"))
         elif not by_name[old].alive:
             orphans.append((name, ORPHANED, old, f"worker {old} is dead"))
-        else:
+        elif by_name[old].draining:
             orphans.append((name, DRAIN, old, f"worker {old} drains"))
+        else:
+            orphans.append((name, UNHEALTHY, old, f"worker {old}'s copy does not answer"))
     wload = {w: math.fsum(loads[s] for s in sorted(held[w])) for w in held}
     moves: list[Move] = []
 
@@ -382,7 +397,7 @@ def plan(
         ordered = sorted(orphans, key=lambda o: (-loads[o[0]], o[0]))
         lpt: list[tuple[str, str, str | None, str]] = []
         for name, reason, old, detail in ordered:
-            room = _room_for_hot(held, wload, loads, hot, high, movable) if name in hot else None
+            room = _room_for_hot(held, wload, loads, hot, high, movable, ranks) if name in hot else None
             if room is None:
                 lpt.append((name, reason, old, detail))
                 continue
@@ -391,12 +406,25 @@ def plan(
             for shard, to in evictions:
                 place(shard, target, to, REBALANCE, f"making room for hot shard {name} on {target}")
 
-        heap = [(wload[w], len(held[w]), w) for w in held]
+        heap = [(wload[w], len(held[w]), by_name[w].rank, w) for w in held]
         heapq.heapify(heap)
         for name, reason, old, detail in lpt:
-            _, _, target = heapq.heappop(heap)
+            _, _, _, target = heapq.heappop(heap)
             place(name, old, target, reason, detail)
-            heapq.heappush(heap, (wload[target], len(held[target]), target))
+            heapq.heappush(heap, (wload[target], len(held[target]), by_name[target].rank, target))
+
+    # 1b. hand-back: a shard alone on its worker goes to an empty, settled worker of better rank (the region's
+    # "one shard, two workers": the instance on the primary gets its shard back once it has been back a while).
+    # Every worker's load stays what it was, only their names swap, so balance is untouched and nothing moves
+    # back; the cooldown does not hold it (the `settled` delay is its hysteresis).
+    for name in sorted(shard_of):
+        source = owner.get(name)
+        if source is None or name in moved_now or held[source] != {name}:
+            continue
+        better = [w for w in held if not held[w] and by_name[w].settled and by_name[w].rank < by_name[source].rank]
+        if better:
+            target = min(better, key=lambda w: (by_name[w].rank, w))
+            place(name, source, target, HANDBACK, f"{target} (rank {by_name[target].rank}) is back and settled")
 
     before = _judge(loads, held, wload, lvl, hot, cfg.threshold)
     notes: list[str] = []
@@ -677,7 +705,7 @@ def plan(
         company = len(held[source]) - 1
         width = max(high - low, eps)
         refill = math.ceil(max(0.0, low - (wload[source] - loads[hot_shard])) / width - 1e-9)
-        room = _room_for_hot(held, wload, loads, hot, high, movable)
+        room = _room_for_hot(held, wload, loads, hot, high, movable, ranks)
         if room is None or 1 + room[2] + refill >= company:
             return False
         target, evictions, _ = room
@@ -769,6 +797,7 @@ def _room_for_hot(
     hot: frozenset[str],
     high: float,
     movable: Callable[[str], bool],
+    rank: Mapping[str, int],
 ) -> tuple[str, list[tuple[str, str]], int] | None:
     """Where a hot shard goes, and where that worker's company goes: (worker, [(shard, to)], estimated moves).
 
@@ -784,7 +813,7 @@ def _room_for_hot(
     sharing = [w for w in sorted(held) if not held[w] & hot]
     empty = [w for w in sharing if not held[w]]
     if empty:
-        return min(empty, key=lambda w: (wload[w], w)), [], 0
+        return min(empty, key=lambda w: (wload[w], rank[w], w)), [], 0
     best: tuple[tuple[int, int, float, str], list[tuple[str, str]]] | None = None
     for w in sharing:
         company = sorted(held[w], key=lambda s: (-loads[s], s))

@@ -1,6 +1,6 @@
 """An elastic squeal worker pool (issue 24): a region's shards divided among its workers through ZooKeeper.
 
-A pooled region (`[regions.R] squeal_pool = true`) runs its `[[regions.R.squeal_instances]]` as *workers*
+A region with `[[regions.R.squeal_instances]]` runs them as the *workers* of its pool
 (`squeal run --instance NAME`). Each (region, shard) has exactly one owner among them; one elected
 controller decides who owns what with the load-aware policy (`squeal.placement.plan`); a worker runs one
 pipeline per shard it owns (a `RegionDaemon` whose shards come and go at run time). Znodes, under
@@ -45,12 +45,16 @@ Load: each owner measures rows/s (`squeal_rows_total`) and binlog bytes/s (`Binl
 both (`[regions.R.squeal_placement] half_life_s`) and publishes them with their combination (`placement.shard_load`,
 `bytes_per_row`); the controller plans with the region's `squeal_placement` settings.
 
-What a worker shares with an HA leader (the session lease, start-up, the rejoin after a loss) is squeal/owner.py.
+The session lease, start-up and the rejoin after a loss are squeal/owner.py.
 A shard that has no markers znode yet starts from the HA layout's markers of the same shard (an HA region turned
 into a pool). Which copy of a shard a worker reads: `squeal.copies.read_order` (the copy it names, else an extra
-copy on its host, else the region's own copy; the region's copy is every reader's fallback). Not yet (later
-steps): the HA election of non-pooled regions stays as it is (squeal/ha.py); no shard is placed on a worker for
-the copy it would read.
+copy on its host, else the region's own copy; the region's copy is every reader's fallback); without [shards], its
+instance's own copy (`own_copy_topology`), whose health it publishes (`healthy` in its member znode: a worker whose
+copy does not answer is given nothing and its shard moves). Preference: the instance's rank in `squeal_instances`
+breaks ties, and a shard alone on its worker is handed back to an empty better-ranked worker once that one has been
+healthy for `handback_after_s` (`placement.HANDBACK`): HA mode's "two instances, one leader" as "one shard, two
+workers" (the region-level election it replaces is gone: docs/squeal.md, "HA mode on the pool: inventory"). Not yet:
+no shard is placed on a worker for the copy it would read.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +76,7 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from twisted.internet import defer, threads
 
-from router_config import PoolPlacement, Topology
+from router_config import PoolPlacement, SquealInstance, Topology
 from squeal import gtid as g
 from squeal import placement
 from squeal.copies import placement_shard, placement_worker
@@ -94,10 +99,23 @@ LOAD_HALF_LIFE_S = 60.0
 PUBLISH_EVERY_S = 1.0
 PLAN_EVERY_S = 1.0
 BINLOG_EVERY_S = 5.0  # how often a worker asks each owned shard's copy for its binlog's size (`BinlogMeter`)
+BINLOG_TIMEOUT_S = 5.0  # `BinlogMeter`'s connect/read/write timeout: a frozen copy must not hang its thread
 LOAD_CHANGE = 0.05  # a worker republishes a shard's load when it moved by more than this fraction of itself
 PAUSE_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 30, 60, 120, 300)  # seconds; the members publish every second
 RETRY_FAILED_S = 5.0  # a shard whose pipeline failed to start is tried again after this long
 WARM_ALL_UP_TO = 64  # a worker of a region with at most this many shards checks every shard's pipeline ahead
+HEALTH_EVERY_S = 1.0  # how often a worker of a region without [shards] asks its own copy whether it answers
+
+
+def own_copy_topology(topology: Topology, instance: SquealInstance) -> Topology:
+    """The topology as `instance` reads it: without [shards], its region's database is the instance's own copy
+    (the primary, or a replica of its own: each instance of a region names a different one, so losing a copy loses
+    one worker). With [shards], unchanged: every worker reads the shards' copies (`squeal.copies.read_order`)."""
+    if topology.sharded:
+        return topology
+    region = topology.region(instance.region)
+    mine = replace(region, database=instance.database)
+    return replace(topology, regions=tuple(mine if r.name == mine.name else r for r in topology.regions))
 
 
 def _doc(data: bytes) -> dict[str, Any]:
@@ -134,8 +152,10 @@ class BinlogMeter:
     nothing), `rate[shard]` the bytes/s between the last two samples (over the meter's own interval, so the load's
     once-a-second smoothing sees a steady figure, not a burst every `every` seconds). A copy that does not answer
     (down, or the account lacks BINLOG MONITOR / REPLICATION CLIENT) keeps its last figure; the load then rests on
-    rows/s alone. Every `BINLOG_EVERY_S` (5 s), not every second: a query per owned shard per second is a cost only a
-    pool worker pays (its fixed cost, docs/benchmarks.md), and a load smoothed over a minute does not need it."""
+    rows/s alone; one that stops answering mid-query (frozen, a cut network) fails the sample after
+    `BINLOG_TIMEOUT_S`, so the other shards' figures keep coming. Every `BINLOG_EVERY_S` (5 s), not every
+    second: a query per owned shard per second is a cost only a pool worker pays (its fixed cost,
+    docs/benchmarks.md), and a load smoothed over a minute does not need it."""
 
     def __init__(
         self, source: Callable[[str], Any], every: float = BINLOG_EVERY_S, clock: Callable[[], float] = time.monotonic
@@ -197,7 +217,8 @@ class BinlogMeter:
     def sample(self, shard: str) -> int:
         conn = self._conns.get(shard)
         if conn is None:
-            conn = self._conns[shard] = self.source(shard).connect()
+            t = BINLOG_TIMEOUT_S
+            conn = self._conns[shard] = self.source(shard).connect(connect_timeout=t, read_timeout=t, write_timeout=t)
         with conn.cursor() as cur:
             cur.execute("SHOW BINARY LOGS")
             sizes = {str(row[0]): int(row[1]) for row in cur.fetchall()}
@@ -370,6 +391,34 @@ class PoolMetrics:
         self.zk_connected = Gauge(
             "squeal_pool_zookeeper_connected", "1 while the ZooKeeper session is connected", registry=r
         )
+        self.lease_lapses = Counter(
+            "squeal_pool_lease_lapses",
+            "Times this worker's lease ran out waiting for an answer from ZooKeeper (sending paused, shards kept)",
+            registry=r,
+        )
+        self.lease_resumptions = Counter(
+            "squeal_pool_lease_resumptions",
+            "Lapsed leases ZooKeeper confirmed: sending resumed, every shard in the same epoch",
+            registry=r,
+        )
+        self.copy_wait = Gauge(
+            "squeal_pool_takeover_wait_seconds",
+            "How long the shard's last start waited for this worker's copy to apply its datamarkers (while "
+            "waiting: so far)",
+            ["shard"],
+            registry=r,
+        )
+        self.marker_write = Histogram(
+            "squeal_pool_marker_write_seconds",
+            "Datamarker writes to ZooKeeper (a compare-and-set multi-operation per shard)",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
+            registry=r,
+        )
+        self.healthy = Gauge(
+            "squeal_pool_worker_healthy",
+            "1 while this worker's own copy answers (0: the controller places no shard on it)",
+            registry=r,
+        )
         self.unowned = Gauge(
             "squeal_pool_shard_unowned_seconds",
             "(controller) How long the shard has run on no "
@@ -409,6 +458,7 @@ class Controller:
         self.imbalanced_since: float | None = None
         self.loads: dict[str, float] = {}
         self.unowned_since: dict[str, float] = {}  # shard -> when this controller first saw it run nowhere
+        self.healthy_since: dict[str, float] = {}  # member -> since when this controller has seen it healthy
         self.leading = False
         self._stop = threading.Event()
         self._kick = threading.Event()  # set by the watches: plan now, not at the next second
@@ -458,6 +508,7 @@ class Controller:
             self.leading = False
             self.worker.metrics.controller.set(0)
             self.unowned_since.clear()  # the next controller measures from its own first look
+            self.healthy_since.clear()
             self.worker.metrics.unowned.clear()
             self._views, self._member_views = {}, {}  # (a next term reads everything afresh)
 
@@ -497,9 +548,24 @@ class Controller:
                 since = self.unowned_since.setdefault(shard, now)
                 self.worker.metrics.unowned.labels(shard=shard).set(now - since)
 
+    def _settled(self, members: dict[str, dict[str, Any]]) -> set[str]:
+        """The members that have been healthy (their own copy answers) for the region's `handback_after_s`, as
+        this controller has seen them: only those get a shard handed back (`placement.HANDBACK`)."""
+        now = time.monotonic()
+        for name in set(self.healthy_since) - set(members):
+            del self.healthy_since[name]
+        for name, member in members.items():
+            if member.get("healthy", True):
+                self.healthy_since.setdefault(name, now)
+            else:
+                self.healthy_since.pop(name, None)
+        wait = self.worker.zk.handback_after_s
+        return {name for name, since in self.healthy_since.items() if now - since >= wait}
+
     def plan_once(self) -> placement.Plan | None:
         # (a member joining or its session ending - a crash's orphans - fires the watch on workers/: plan at once)
         members = self._members()
+        settled = self._settled(members)
         drains = set(self._views["drain"].value())
         assignment_view = self._views["assignment"]
         data = assignment_view.value()
@@ -545,9 +611,16 @@ class Controller:
         topo, region = self.worker.topology, self.worker.region.name
         known = {i.name for i in self.worker.region.squeal_instances}  # (a member not in this topology: no copy named)
         workers = [
-            placement_worker(topo, region, name, draining=name in drains)
+            placement_worker(
+                topo,
+                region,
+                name,
+                draining=name in drains,
+                healthy=bool(members[name].get("healthy", True)),
+                settled=name in settled,
+            )
             if name in known
-            else placement.Worker(name, draining=name in drains, region=region)
+            else placement.Worker(name, draining=name in drains, region=region, rank=len(known), settled=False)
             for name in members
         ]
         shards = [placement_shard(topo, s, region, self.loads.get(s, 1.0)) for s in names]
@@ -617,6 +690,7 @@ class PoolWorker:
         sample_every: int = 1000,
         connect_timeout: float = 20.0,
         rejoin: Callable[[str], None] = rejoin_as_standby,
+        from_gtid: str | None = None,
         settings: placement.Settings | None = None,
     ) -> None:
         if reactor is None:
@@ -628,16 +702,15 @@ class PoolWorker:
         if topology.zookeeper is None:
             raise ValueError(f"{topology.source}: a squeal pool needs a [zookeeper] section")
         self.zk = topology.zookeeper
-        self.topology = topology
+        self.topology = topology = own_copy_topology(topology, self.instance)
         self.region = topology.region(self.instance.region)
-        if not self.region.squeal_pool:
-            raise ValueError(f"region {self.region.name} is not a pool (squeal_pool = true)")
         self.name = self.instance.name
         self.state_dir = Path(state_dir) if state_dir is not None else state_dir_for(topology, None) / self.name
         self.metrics_port = metrics_port if metrics_port is not None else self.instance.metrics_port
         self.reply_timeout = reply_timeout
         self.sample_every = sample_every
         self.connect_timeout = connect_timeout
+        self.from_gtid = from_gtid  # where a flow without a marker starts (`squeal run --from-gtid`; default: now)
         self.rejoin = rejoin
         self.settings = settings if settings is not None else placement_settings(self.region.squeal_placement)
         self.bytes_per_row = self.region.squeal_placement.bytes_per_row
@@ -670,6 +743,8 @@ class PoolWorker:
         self._state = threading.Lock()
         self.waiting_for: str | None = None  # during `prepare`: "zookeeper" (a /healthz problem)
         self._serving = False
+        self.healthy = True  # this worker's own copy answers (published: the controller places nothing otherwise)
+        self.metrics.healthy.set(1)
 
     # -- start-up ---------------------------------------------------------------------------------------------
 
@@ -704,6 +779,7 @@ class PoolWorker:
             self.region.name,
             self.state_dir,
             metrics_port=None,
+            from_gtid=self.from_gtid,
             reactor=self.reactor,
             reply_timeout=self.reply_timeout,
             connect_timeout=self.connect_timeout,
@@ -719,6 +795,45 @@ class PoolWorker:
         if threading.current_thread() is threading.main_thread():  # as a region daemon: replay requests now
             signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(daemon.checkpoint))
         threading.Thread(target=self._run, name="pool-worker", daemon=True).start()
+        if not self.topology.sharded:
+            threading.Thread(target=self._watch_health, name="pool-health", daemon=True).start()
+
+    def _watch_health(self) -> None:
+        """Whether this worker's own copy answers, every `HEALTH_EVERY_S` (regions without [shards], where each
+        worker reads a copy of its own): published in the member znode, so that the controller gives a worker
+        whose copy is lost no shard and moves its shard to one whose copy answers.
+
+        On one kept connection (a new one a second was a MariaDB login, and a TLS handshake, a second per worker);
+        timeouts bound a check of a frozen server; a failed check drops the connection and the next reconnects."""
+        source = source_for(self.topology.region(self.region.name).database)
+        conn = None
+        timeout = 2
+        while not self._stop.wait(HEALTH_EVERY_S):
+            try:
+                if conn is None:
+                    conn = source.connect(connect_timeout=timeout, read_timeout=timeout, write_timeout=timeout)
+                with conn.cursor() as cur:
+                    cur.execute("SELECT 1")
+                healthy = True
+            except Exception:  # noqa: BLE001 - any failure: not healthy
+                healthy = False
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+                    conn = None
+            if healthy != self.healthy:
+                log.warning(
+                    "worker %s: its copy %s %s",
+                    self.name,
+                    self.instance.database.address,
+                    "answers again" if healthy else "does not answer: it should own nothing",
+                )
+                self.healthy = healthy
+                self.metrics.healthy.set(1 if healthy else 0)
+                self._wake.set()  # publish it now
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
 
     def _join(self) -> float:
         """Create this worker's member znode (waiting for a previous process's to expire); returns when the
@@ -748,7 +863,13 @@ class PoolWorker:
         if self._stop.is_set():
             return
         self.lease = SessionLease(
-            self.client, self.member_path, self.zk.session_timeout_s, on_lost=self._lost, who=f"worker {self.name}"
+            self.client,
+            self.member_path,
+            self.zk.session_timeout_s,
+            on_lost=self._lost,
+            on_lapse=self.metrics.lease_lapses.inc,
+            on_resume=self.metrics.lease_resumptions.inc,
+            who=f"worker {self.name}",
         )
         self.lease.start(sent)
         self.ownership = Ownership(
@@ -788,6 +909,7 @@ class PoolWorker:
                 shard,
                 owner=self.name,
                 fence=lambda: ownership.fence(shard),
+                on_write=self.metrics.marker_write.observe,
                 legacy=ha_marker_dir(self.zk.root, self.region.name, shard if self.topology.sharded else None),
             )
         return store
@@ -796,7 +918,7 @@ class PoolWorker:
         """Check ahead (`RegionDaemon.warm`: the database checks, no markers, nothing sent) the pipelines of the
         shards this worker may take next: those the assignment gives it (a planned move: while their old owner
         hands them on) and, in a region of at most `WARM_ALL_UP_TO` shards, every shard (a takeover after a
-        crash), like an HA standby that has prepared its pipeline."""
+        crash), so that a takeover starts from checks already made."""
         daemon = self.daemon
         if daemon is None:
             return
@@ -880,7 +1002,9 @@ class PoolWorker:
             for position in store.read().values():  # read once: the pipeline starts from these
                 g.merge(target, g.parse_position(position))
             copy = source_for(self.topology.shard_copy(shard, self.region.name))
-            wait_for_copy(copy.connect, target, self.zk.takeover_wait_s)
+            wait_for_copy(
+                copy.connect, target, self.zk.takeover_wait_s, progress=self.metrics.copy_wait.labels(shard=shard).set
+            )
             phases["markers"] = time.monotonic() - taken
 
         def started(_: Any) -> None:
@@ -1034,6 +1158,7 @@ class PoolWorker:
             "shards": shards,
             "loads": loads,
             "load": round(sum(v["load"] for v in loads.values()), 3),
+            "healthy": self.healthy,
         }
 
     def _member_doc(self) -> bytes:
@@ -1045,7 +1170,12 @@ class PoolWorker:
         (every second under a steady load was a write - and a read by the controller - for nothing)."""
         now = self._member()
         last = self._published
-        if last is not None and last["shards"] == now["shards"] and not loads_changed(last["loads"], now["loads"]):
+        if (
+            last is not None
+            and last["shards"] == now["shards"]
+            and last.get("healthy") == now["healthy"]
+            and not loads_changed(last["loads"], now["loads"])
+        ):
             return
         assert self.client is not None
         self.client.set_async(self.member_path, self._member_doc()).get(timeout=self.call_timeout)
@@ -1053,7 +1183,7 @@ class PoolWorker:
 
     def _lost(self, reason: str) -> None:
         """The lease is gone for good (session lost, no confirmation): nothing more is sent (the gate says no
-        already); like a deposed HA leader, the process starts over."""
+        already); the process starts over (it comes back owning nothing)."""
         if self.stopping:
             return
         log.error(
@@ -1109,6 +1239,8 @@ class PoolWorker:
             problems["zookeeper"] = f"starting: waiting for ZooKeeper {self.zk.hosts} to answer"
         if lease is None or not lease.valid():
             problems["lease"] = "no valid lease on the ZooKeeper session: this worker sends nothing"
+        if not self.healthy:
+            problems["database"] = f"this worker's copy {self.instance.database.address} does not answer"
         return {
             "ok": not problems and not self.stopping,
             "problems": problems,
@@ -1116,6 +1248,7 @@ class PoolWorker:
             "instance": self.name,
             "region": self.region.name,
             "pid": os.getpid(),
+            "healthy": self.healthy,
             "controller": bool(self.controller and self.controller.leading),
             "owns": sorted(self.ownership.tokens) if self.ownership is not None else [],
             "starting": sorted(self.starting),
@@ -1133,10 +1266,11 @@ def run_worker(
     instance: str,
     state_dir: str | Path | None = None,
     metrics_port: int | None = None,
+    from_gtid: str | None = None,
     reply_timeout: float = 2.0,
     sample_every: int = 1000,
 ) -> int:
-    """`squeal run --instance NAME` in a pooled region: run until SIGTERM/SIGINT; returns the exit code."""
+    """`squeal run --instance NAME`: a worker of its region's pool, until SIGTERM/SIGINT; returns the exit code."""
     from twisted.internet import reactor
 
     worker = PoolWorker(
@@ -1144,6 +1278,7 @@ def run_worker(
         instance,
         state_dir,
         metrics_port,
+        from_gtid=from_gtid,
         reactor=reactor,
         reply_timeout=reply_timeout,
         sample_every=sample_every,
@@ -1194,6 +1329,7 @@ def workers(client: KazooClient, root: str, region: str) -> list[dict[str, Any]]
                 "loads": doc.get("loads", {}),
                 "assigned": sorted(s for s, w in assignment.items() if w == name),
                 "draining": name in drains,
+                "healthy": bool(doc.get("healthy", True)),
             }
         )
     return out

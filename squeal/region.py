@@ -68,7 +68,7 @@ class ShardLabels:
 
 
 class RegionDaemon:
-    """Every shard's pipeline of one region in one process (`squeal run --region`, and an HA leader's)."""
+    """Every shard's pipeline of one region in one process (`squeal run --region`, and a pool worker's shards)."""
 
     def __init__(
         self,
@@ -95,7 +95,7 @@ class RegionDaemon:
         self.region = topology.region(region)
         self.state_dir = state_dir_for(topology, state_dir)
         self.metrics_port = metrics_port
-        self.stores = stores  # shard -> its datamarker store (HA: ZooKeeper); None: files under state_dir
+        self.stores = stores  # shard -> its datamarker store (a pool: ZooKeeper); None: files under state_dir
         self.gate = gate  # shard -> whether its flows may hand out a batch now (a pool worker's per-shard fence)
         # what every shard's pipeline is made with (the keyword arguments of `Daemon`)
         self.pipeline_options: dict[str, Any] = {
@@ -104,7 +104,7 @@ class RegionDaemon:
             "connect_timeout": connect_timeout,
             "sample_every": sample_every,
             "checkpoint_interval": checkpoint_interval,
-            "instance": instance,  # the HA instance or pool worker this runs in: which copies it reads
+            "instance": instance,  # the pool worker this runs in: which copies it reads
         }
         # Write-level series (writes, deletes per write) are the destinations', not a shard's.
         self.metrics = WriteMetrics()
@@ -403,7 +403,7 @@ class RegionDaemon:
     def take_loss_acceptances(self, stores: dict[str, Any], who: str) -> None:
         """`squeal accept-data-loss` requests kept in ZooKeeper (a znode per shard, `stores`: shard -> its store)
         handed to each running shard's pipeline, which applies it at its next checkpoint (its own request file).
-        Called every second or so by an HA leader or a pool worker; a ZooKeeper error waits for the next call. A
+        Called every second or so by a pool worker; a ZooKeeper error waits for the next call. A
         store looks only when its watch on the request's znode fired (`if_changed`): no request per shard per call."""
         for shard, store in list(stores.items()):
             pipeline = self.shards.get(shard)

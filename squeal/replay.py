@@ -1,9 +1,9 @@
 """Replay: rewind flows' datamarkers and tell the region's running daemon, and only that daemon.
 
 Shared by `squeal replay` (a daemon's own --state-dir) and `squealctl replay` (the daemon `squealctl up`
-started, whose markers live in the deployment's state dir). A region with HA instances keeps its markers in
-ZooKeeper: there a replay is a request znode the region's leader takes at its next checkpoint
-(`replay_zookeeper`), whichever instance leads and wherever it runs; no state dir, no pid.
+started, whose markers live in the deployment's state dir). A region with a pool of squeal workers keeps its
+markers in ZooKeeper: there a replay is a request znode beside the shard's markers, which the shard's owner takes at
+its next checkpoint (`replay_zookeeper`), whichever worker owns it and wherever it runs; no state dir, no pid.
 
 A pid file can be stale and its pid reused, so
 a pid is signalled only after /proc shows it runs `squeal run --region R` on the same state dir; the check
@@ -21,11 +21,15 @@ import os
 import signal
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import router_config
 from squeal import gtid as g
 from squeal.datamarkers import FileDatamarkerStore
 from squeal.flows import flow_names
+
+if TYPE_CHECKING:
+    from squeal.zkstore import ShardMarkerStore
 
 ALL_FLOWS = "all"
 
@@ -259,11 +263,11 @@ def check_shard(topo: router_config.Topology, shard: str | None) -> str | None:
 def zookeeper_store(
     topo: router_config.Topology, region: str, timeout: float = ZK_CONNECT_TIMEOUT, shard: str | None = None
 ):
-    """An unfenced `ZooKeeperDatamarkerStore` of an HA region (for operator requests); ReplayError (exit 1)
+    """An unfenced `ShardMarkerStore` of a pooled region's shard (for operator requests); ReplayError (exit 1)
     naming the servers and the topology key when ZooKeeper does not answer within `timeout`."""
     from kazoo.client import KazooClient
 
-    from squeal.zkstore import ZooKeeperDatamarkerStore, ZooKeeperUnavailable, client_options
+    from squeal.zkstore import ShardMarkerStore, ZooKeeperUnavailable, client_options, ha_marker_dir
 
     zk = topo.zookeeper
     if zk is None:  # the loader refuses instances without [zookeeper]
@@ -285,14 +289,9 @@ def zookeeper_store(
             f"{e or type(e).__name__}; region {region}'s datamarkers live there: nothing requested"
         ) from e
     try:
-        if topo.region(region).squeal_pool:  # a pooled region: the shard's own znodes, whoever owns it
-            from squeal.zkstore import ShardMarkerStore, ha_marker_dir
-
-            name = shard or topo.shards[0].name
-            legacy = ha_marker_dir(zk.root, region, shard)  # (what an HA leader left: the start, until overwritten)
-            yield ShardMarkerStore(client, zk.root, region, name, timeout=timeout, legacy=legacy)
-        else:
-            yield ZooKeeperDatamarkerStore(client, zk.root, region, timeout=timeout, shard=shard)
+        name = shard or topo.shards[0].name  # the shard's own znodes, whichever worker owns it
+        legacy = ha_marker_dir(zk.root, region, shard)  # (what an HA leader left: the start, until overwritten)
+        yield ShardMarkerStore(client, zk.root, region, name, timeout=timeout, legacy=legacy)
     except ZooKeeperUnavailable as e:
         raise ReplayError(f"{e}; the request may not have been recorded: run the command again") from e
     finally:
@@ -300,23 +299,18 @@ def zookeeper_store(
         client.close()
 
 
-def zookeeper_leader(store: object) -> str | None:
-    """Who leads the store's region now (the `leader` znode's name), None when nobody does; in a pooled region,
-    which worker owns the store's shard (its `owner` znode)."""
+def zookeeper_owner(store: ShardMarkerStore) -> str | None:
+    """Which worker owns the store's shard now (its `owner` znode), None when nobody does."""
     import json
 
     from kazoo.exceptions import NoNodeError
 
-    from squeal.zkstore import ShardMarkerStore
-
-    client, base = store.client, store.base  # type: ignore[attr-defined]
-    path, key = (f"{store.data}/owner", "worker") if isinstance(store, ShardMarkerStore) else (f"{base}/leader", "name")
     try:
-        data, _ = client.get(path)
+        data, _ = store.client.get(f"{store.data}/owner")
     except NoNodeError:
         return None
     try:
-        return json.loads(data.decode()).get(key)
+        return json.loads(data.decode()).get("worker")
     except ValueError:
         return "?"
 
@@ -324,9 +318,9 @@ def zookeeper_leader(store: object) -> str | None:
 def replay_zookeeper(
     topo: router_config.Topology, region: str, flows: list[str], position: str, shard: str | None = None
 ) -> list[str]:
-    """Leave a replay request per flow in ZooKeeper (`replay/<flow>`); the leader applies it at its next
-    checkpoint (rewinds the flow, re-reads it through a catch-up reader, moves the marker by compare-and-set).
-    The marker itself is left to the leader: a write from here would fail its next compare-and-set."""
+    """Leave a replay request per flow in ZooKeeper (`replay/<flow>` beside the shard's markers); the shard's owner
+    applies it at its next checkpoint (rewinds the flow, re-reads it through a catch-up reader, moves the marker by
+    compare-and-set). The marker itself is left to the owner: a write from here would fail its next compare-and-set."""
     lines = []
     with zookeeper_store(topo, region, shard=shard) as store:
         markers = store.positions()
@@ -336,12 +330,12 @@ def replay_zookeeper(
                 f"flow {name}: replay from {position or '(start of the binlog)'} requested in "
                 f"{store.dir}/replay/{name} (datamarker now {markers.get(name) or '(none)'})"
             )
-        leader = zookeeper_leader(store)
-    if leader:
+        owner = zookeeper_owner(store)
+    if owner:
         lines.append(
-            f"the leader of region {region}, instance {leader}, applies it at its next checkpoint (within "
-            "a second); its /healthz shows the flow catching up"
+            f"the owner of shard {store.shard} of region {region}, worker {owner}, applies it at its next checkpoint "
+            "(within a second); its /healthz shows the flow catching up"
         )
     else:
-        lines.append(f"no squeal instance leads region {region} now: the next leader applies it when it takes over")
+        lines.append(f"no squeal worker owns shard {store.shard} of region {region} now: its next owner applies it")
     return lines

@@ -20,6 +20,8 @@ from twisted.python.failure import Failure
 from router_config import TlsSettings
 from router_config import client_context as _client_context
 
+READ_SIZE = 1 << 14  # one TLS record's plaintext at most; replies are small (`MN`, an error line)
+
 
 class TlsError(ConnectionError):
     """The TLS handshake failed (the message names the peer and the reason)."""
@@ -118,11 +120,14 @@ class TlsClientProtocol(protocol.Protocol):
             if not self.handshaken:
                 return
         chunks = []
-        while True:
+        # Read while a whole record may be waiting: each `read` releases the GIL, and on the reactor thread
+        # every release can cost a wait for the binlog reader's thread (see pipeline.favour_the_reactor), so
+        # the usual reply (one record: `MN`) takes one call, not a second one that only finds nothing.
+        while self.incoming.pending or self.tls.pending():
             try:
-                chunk = self.tls.read(1 << 16)
+                chunk = self.tls.read(READ_SIZE)
             except ssl.SSLWantReadError:
-                break
+                break  # the rest of a record is still on its way
             except ssl.SSLZeroReturnError:
                 self.tcp.loseConnection()
                 break

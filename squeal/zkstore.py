@@ -1,19 +1,20 @@
-"""Datamarkers in ZooKeeper: the `DatamarkerStore` of squeal's HA mode (Wormhole's MCRD, §3.3.2).
+"""Datamarkers in ZooKeeper: the `DatamarkerStore` of a region's squeal pool (Wormhole's MCRD, §3.3.2).
 
-Every squeal instance of a region reads its own copy of the region's data; the flows' positions must
-outlive any one of them, so they live in ZooKeeper as *logical positions*: a MariaDB GTID list names the
-same transactions on the primary and on every GTID replica (`log_slave_updates`), so a marker written by
-the leader on one copy is a valid starting point on another.
-
-Znodes, under `<root>/regions/<region>/`:
+Every worker of a region may read its own copy of the region's data; the flows' positions must outlive any one of
+them, so they live in ZooKeeper as *logical positions*: a MariaDB GTID list names the same transactions on the
+primary and on every GTID replica (`log_slave_updates`), so a marker written by one owner on one copy is a valid
+starting point for the next on another. The pool keeps one znode per (region, shard) (`ShardMarkerStore`, below);
+`ZooKeeperDatamarkerStore` is its base and the layout of the HA election squeal had before (one znode per
+destination), which a shard without pool markers still starts from (`legacy`). That layout's znodes, under
+`<root>/regions/<region>/`:
 
     markers/<flow>   persistent, JSON {"flow", "position", "saved_at", "by"}: the flow's last position whose
                      deletes its destination acknowledged (never inside a transaction)
     replay/<flow>    persistent, JSON {"flow", "position", "saved_at"}: an operator's replay request, taken
                      (deleted) by the leader, which rewinds the flow; apart from the marker so that the
                      leader's own checkpoint cannot overwrite a request before it has been applied
-    epoch            persistent: the election's fencing token (squeal/ha.py); its version grows by one with
-                     every new leader, and once more when a leader gives its term up (the record says "released")
+    epoch            persistent: the fencing token (the HA election's; a pool shard has its own, `shards/<s>/epoch`):
+                     its version grows by one with every new owner, and once more when an owner gives it up
     accept-data-loss persistent, JSON {"requested_at"}: `squeal accept-data-loss` for a region halted on binlog
                      data loss; taken (deleted) by the leader, whose daemon then flushes the region and resumes
 
@@ -32,7 +33,7 @@ they log in with that credential and create every znode with an ACL that lets on
 
 Failures: ZooKeeper unreachable (no quorum, connection lost, session expired, an answer slower than
 `timeout`) is `ZooKeeperUnavailable`, an OSError, so the daemon treats it like a marker file that cannot
-be written: deletes keep flowing while the lease allows (squeal/ha.py), the write is retried at the next
+be written: deletes keep flowing while the lease allows (squeal/pool.py), the write is retried at the next
 checkpoint, `squeal_datamarker_write_errors_total` counts it.
 """
 

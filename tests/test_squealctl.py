@@ -48,26 +48,31 @@ def test_up_status_down_leaves_no_process(tmp_path, topology_file):
         squealctl(state, "up", str(topology_file), *without)
         rows = json.loads(squealctl(state, "status", "--json").stdout)
         roles = [r["role"] for r in rows]
-        # examples/local.toml is an HA layout: east's primary + a local replica, west's replica + a second one
+        # examples/local.toml has two squeal workers per region on two copies: east's primary + a local replica,
+        # west's replica + a second one
         assert roles.count("mariadb-primary") == 1 and roles.count("mariadb-replica") == 3
         assert roles.count("zookeeper") == 3
         assert roles.count("memcached") == 22  # 4 clusters x (2 wildcard + 1 gutter + 2 replicated) + 2 regional
         if not without:
             assert (roles.count("router"), roles.count("squeal"), roles.count("monitoring")) == (4, 4, 1)
-            leaders = sorted(r["name"] for r in rows if r.get("state") == "leader")
-            assert leaders == ["squeal/east/east-1", "squeal/west/west-1"]  # the preferred instance of each
-            assert sorted(r["name"] for r in rows if r.get("state") == "standby") == [
-                "squeal/east/east-2",
-                "squeal/west/west-2",
-            ]
+            # each region's one shard on its preferred worker, the other worker owning nothing
+            workers = {r["name"]: r["owns"] for r in rows if r.get("state") == "worker"}
+            assert workers == {
+                "squeal/east/east-1": ["main"],
+                "squeal/east/east-2": [],
+                "squeal/west/west-1": ["main"],
+                "squeal/west/west-2": [],
+            }, workers
         assert all(r["running"] and r["answering"] for r in rows), rows
         assert all(r["healthy"] and r["problems"] == {} for r in rows), rows
         assert all(r["serving"] for r in rows if r["role"] == "zookeeper"), rows
         base = {"name", "role", "region", "cluster", "pool", "pid", "address", "metrics", "running", "answering"}
         base |= {"uptime", "restarts", "stopped", "log", "healthy", "problems"}
-        ha = {"squeal": {"instance", "state", "leader"}, "zookeeper": {"serving", "mode"}}
+        ha = {"squeal": {"instance", "state", "owns"}, "zookeeper": {"serving", "mode"}}
         for r in rows:
             extra = {"instance"} if r["name"].count("/") == 2 and r["role"] == "mariadb-replica" else set()
+            if r.get("owns"):  # a worker owning a shard: which shards it reads and from which copy
+                extra = {"shards", "copies"}
             assert set(r) == base | ha.get(r["role"], set()) | extra, r
         a_memcached = next(r for r in rows if r["role"] == "memcached")
         host, port = a_memcached["address"].split(":")

@@ -104,16 +104,19 @@ def test_dashboard_renders_live_charts(tmp_path, memcached_factory):
             driver.quit()
 
 
-def test_dashboard_shows_who_leads_each_ha_region(tmp_path, ha_deployment):
-    """The deployment's own monitoring server (`squealctl up` of an HA topology): east's leader, since when,
-    and its standby, as the instances' /healthz say; west (a single daemon) has no election to show."""
+def test_dashboard_shows_who_owns_each_shard_of_a_pooled_region(tmp_path, ha_deployment):
+    """The deployment's own monitoring server (`squealctl up` of a topology whose east has two workers): the worker
+    that owns east's shard and the one owning nothing, as the workers' /healthz say; west (a single daemon) has no
+    pool to show."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.support.ui import WebDriverWait
 
     rows = ha_deployment.status()
-    leader = next(r["instance"] for r in rows.values() if r.get("state") == "leader" and r["region"] == "east")
-    standby = next(r["instance"] for r in rows.values() if r.get("state") == "standby" and r["region"] == "east")
+    workers = [r for r in rows.values() if r.get("state") == "worker" and r["region"] == "east"]
+    owner = next(r["instance"] for r in workers if r.get("owns"))
+    idle = next(r["instance"] for r in workers if not r.get("owns"))
+    (shard,) = next(r["owns"] for r in workers if r.get("owns"))
     address = rows["monitoring"]["address"]
     with urllib.request.urlopen(f"http://{address}/api/leaders", timeout=5) as resp:
         api = json.loads(resp.read())
@@ -139,17 +142,15 @@ def test_dashboard_shows_who_leads_each_ha_region(tmp_path, ha_deployment):
         row = "document.querySelector('#leaders tr[data-region=east]')"
         WebDriverWait(driver, 20).until(lambda d: d.execute_script(f"return {row} !== null"))
         shown = driver.execute_script(
-            f"const r = {row}; return [r.querySelector('.leader').textContent, "
-            "r.querySelector('.standbys').textContent, r.querySelector('.since').textContent]"
+            f"const r = {row}; return [r.querySelector('.owners').textContent, r.querySelector('.idle').textContent]"
         )
-        assert shown[:2] == [leader, standby], shown
-        assert shown[2], "no 'since' time for the leader"
+        assert shown == [f"{shard} → {owner}", idle], shown
         assert driver.execute_script("return document.querySelector('#leaders tr[data-region=west]')") is None
     finally:
         driver.quit()
     with urllib.request.urlopen(f"http://{address}/api/leaders", timeout=5) as resp:
         (east,) = json.loads(resp.read())
-    assert (east["leader"], east["standbys"]) == (leader, [standby]) and east["since"] > 0
+    assert (east["owners"], east["idle"], east["unowned"]) == ({shard: owner}, [idle], [])
 
 
 def test_dashboard_shows_each_links_tls_state(tmp_path, ha_deployment):

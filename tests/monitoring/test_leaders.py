@@ -1,6 +1,5 @@
-"""monitoring.leaders from the instances' /healthz answers (given here; the HA and pool deployment tests ask real
-instances): who leads an HA region, and which instance delivers each shard - the leader every one, a pool's
-workers the ones they own - with the shards nobody delivers named."""
+"""monitoring.leaders from the workers' /healthz answers (given here; the pool deployment tests ask real workers):
+which worker delivers each shard of a pooled region, which own nothing, and the shards nobody delivers."""
 
 from __future__ import annotations
 
@@ -43,7 +42,6 @@ routers = ["127.0.0.1:7001"]
 pools.wildcard = { servers = ["127.0.0.1:7002"] }
 
 [regions.west]
-squeal_pool = true
 [[regions.west.squeal_instances]]
 name = "w1"
 metrics_port = 19210
@@ -59,20 +57,19 @@ pools.wildcard = { servers = ["127.0.0.1:7102"] }
 """
 
 
-def test_owners_of_every_shard_in_an_ha_region_and_a_pool() -> None:
+def test_owners_of_every_shard_of_two_pools() -> None:
     topo = router_config.loads(TOPOLOGY)
     answers: dict[str, dict[str, Any] | None] = {
-        "127.0.0.1:19110": {"state": "standby", "ha": {"leader": "east-2"}},
-        "127.0.0.1:19111": {"state": "leader", "takeover": {"since": 1700000000.0}},
+        "127.0.0.1:19110": {"state": "worker", "owns": []},  # east's "standby": a worker owning nothing
+        "127.0.0.1:19111": {"state": "worker", "owns": ["p1", "p0", "p2"]},
         "127.0.0.1:19210": {"state": "worker", "owns": ["p2", "p0"]},
         "127.0.0.1:19211": {"state": "worker", "owns": []},
         "127.0.0.1:19212": None,  # down
     }
     east, west = leaders(topo, health=lambda address: answers[address])
-    assert (east["region"], east["pool"], east["leader"], east["since"]) == ("east", False, "east-2", 1700000000.0)
-    assert east["standbys"] == ["east-1"]
+    assert east["region"] == "east" and east["idle"] == ["east-1"]
     assert east["owners"] == {"p0": "east-2", "p1": "east-2", "p2": "east-2"} and east["unowned"] == []
-    assert (west["region"], west["pool"], west["leader"], west["standbys"]) == ("west", True, None, [])
+    assert (west["region"], west["idle"]) == ("west", ["w2"])
     assert west["owners"] == {"p0": "w1", "p2": "w1"} and west["unowned"] == ["p1"]
     assert [(i["name"], i["state"], i["owns"]) for i in west["instances"]] == [
         ("w1", "worker", ["p0", "p2"]),
@@ -80,6 +77,6 @@ def test_owners_of_every_shard_in_an_ha_region_and_a_pool() -> None:
         ("w3", "down", []),
     ]
 
-    answers["127.0.0.1:19111"] = {"state": "taking_over"}  # nobody delivers east now
+    answers["127.0.0.1:19111"] = {"state": "starting"}  # nobody delivers east now
     east, _ = leaders(topo, health=lambda address: answers[address])
-    assert east["leader"] is None and east["owners"] == {} and east["unowned"] == ["p0", "p1", "p2"]
+    assert east["owners"] == {} and east["unowned"] == ["p0", "p1", "p2"] and east["idle"] == ["east-1"]

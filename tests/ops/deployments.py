@@ -98,7 +98,8 @@ metrics_port = 12
 
 @dataclass
 class HaDeployment:
-    """`squealctl up` of HA_TWO_REGIONS on stable free ports (tests/conftest.py's `ha_deployment`)."""
+    """`squealctl up` of HA_TWO_REGIONS (east: two workers on two copies) on stable free ports (tests/conftest.py's
+    `ha_deployment`)."""
 
     topology: Path
     topo: router_config.Topology
@@ -108,10 +109,11 @@ class HaDeployment:
         """`squealctl status --json`, by component name."""
         return {r["name"]: r for r in json.loads(squealctl(self.state, "status", "--json", check=False).stdout)}
 
-    def leader(self, region: str = "east") -> str | None:
+    def owner(self, region: str = "east") -> str | None:
+        """The worker that owns the region's (one) shard now, None while none or several say they do."""
         rows = self.status().values()
-        leaders = [r["instance"] for r in rows if r.get("state") == "leader" and r["region"] == region]
-        return leaders[0] if len(leaders) == 1 else None
+        owners = [r["instance"] for r in rows if r.get("owns") and r["region"] == region]
+        return owners[0] if len(owners) == 1 else None
 
 
 @contextlib.contextmanager

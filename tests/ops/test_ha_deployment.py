@@ -1,6 +1,7 @@
-"""`squealctl up` of an HA topology: the ZooKeeper ensemble, a region's extra replica and its squeal instances,
-`status` (who leads, the ensemble's quorum), replay and accept-data-loss through ZooKeeper, and a hand-over
-forced by stopping the leader's component. One deployment (tests/conftest.py `ha_deployment`) for all."""
+"""`squealctl up` of a topology whose region east has two squeal workers on two copies (what HA mode was: one
+shard, two workers): the ZooKeeper ensemble, the region's extra replica and its workers, `status` (who owns the
+shard, the ensemble's quorum), replay and accept-data-loss through ZooKeeper, and a hand-over forced by stopping the
+owner's component. One deployment (tests/conftest.py `ha_deployment`) for all."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from kazoo.client import KazooClient
 
 import router_config
 from ops.harness import REPO_ROOT, memcached_command, wait_until
+from router_config.model import IMPLICIT_SHARD
 from squeal import gtid as g
+from squeal.zkstore import shard_path
 from tests.ops.deployments import HaDeployment, run_sql, squealctl, stable_port
 
 WITHIN = 30.0  # a deadline for something that must happen, not a speed check
@@ -59,7 +62,13 @@ def _zk(ha: HaDeployment) -> KazooClient:
     return client
 
 
-def test_up_starts_the_ensemble_the_replica_and_the_instances_and_status_shows_who_leads(ha_deployment):
+def _shard(ha: HaDeployment) -> str:
+    """The znode of east's one shard (its owner, epoch, markers, operator requests)."""
+    assert ha.topo.zookeeper is not None
+    return shard_path(ha.topo.zookeeper.root, "east", IMPLICIT_SHARD)
+
+
+def test_up_starts_the_ensemble_the_replica_and_the_workers_and_status_shows_who_owns_what(ha_deployment):
     rows = ha_deployment.status()
     zookeepers = [r for r in rows.values() if r["role"] == "zookeeper"]
     assert sorted(r["name"] for r in zookeepers) == ["zookeeper/1", "zookeeper/2", "zookeeper/3"]
@@ -67,52 +76,53 @@ def test_up_starts_the_ensemble_the_replica_and_the_instances_and_status_shows_w
     assert sorted(r["mode"] for r in zookeepers) == ["follower", "follower", "leader"]
     replica = rows["mariadb/east/east-r1"]
     assert replica["role"] == "mariadb-replica" and replica["answering"] and replica["instance"] == "east-r1"
-    assert rows["squeal/east/east-1"]["state"] == "leader"  # the preferred instance (on the primary)
-    standby = rows["squeal/east/east-2"]
-    assert (standby["state"], standby["leader"], standby["instance"]) == ("standby", "east-1", "east-2")
-    # west has no instances: its single daemon, as without HA (no HA keys in its row)
+    owner = rows["squeal/east/east-1"]  # the preferred worker (on the primary)
+    assert (owner["state"], owner["owns"]) == ("worker", [IMPLICIT_SHARD])
+    idle = rows["squeal/east/east-2"]
+    assert (idle["state"], idle["owns"], idle["instance"]) == ("worker", [], "east-2")
+    # west has no instances: its single daemon (no worker keys in its row)
     assert rows["squeal/west"]["running"] and "state" not in rows["squeal/west"]
     assert "squeal/east" not in rows
 
     table = squealctl(ha_deployment.state, "status").stdout
     line = {ln.split()[0]: ln for ln in table.splitlines() if ln.startswith(("squeal/", "zookeeper/"))}
-    assert "LEADER, up" in line["squeal/east/east-1"]
-    assert "STANDBY (leader: east-1), up" in line["squeal/east/east-2"]
+    assert f"WORKER (owns {IMPLICIT_SHARD}), up" in line["squeal/east/east-1"]
+    assert "WORKER (owns nothing), up" in line["squeal/east/east-2"]
     assert "up, serving (" in line["zookeeper/1"]
 
 
-def test_the_leader_invalidates_both_regions(ha_deployment):
+def test_the_owner_invalidates_both_regions(ha_deployment):
     _committed_and_gone(ha_deployment, 7001)
 
 
-def test_replay_goes_to_the_leader_through_zookeeper(ha_deployment):
+def test_replay_goes_to_the_owner_through_zookeeper(ha_deployment):
     before = _committed_and_gone(ha_deployment, 7002)
     east = _cache(ha_deployment.topo, "east")
     _set(east, "user:7002")  # cached again after its delete: only a replay deletes it now
     out = squealctl(ha_deployment.state, "replay", "--region", "east", "--flow", "all", "--from", before).stdout
-    assert "/replay/east-a" in out and "instance east-1" in out, out
+    assert "/replay/east-a" in out and "worker east-1" in out, out
     wait_until(lambda: not _has(east, "user:7002"), WITHIN, "user:7002 deleted again by the replay")
     client = _zk(ha_deployment)
     try:
-        root = f"{ha_deployment.topo.zookeeper.root}/regions/east"
-        wait_until(lambda: client.get_children(f"{root}/replay") == [], WITHIN, "the leader to take the requests")
+        replay = f"{_shard(ha_deployment)}/replay"
+        wait_until(lambda: client.get_children(replay) == [], WITHIN, "the owner to take the requests")
     finally:
         client.stop()
         client.close()
 
 
-def test_accept_data_loss_goes_to_the_leader_through_zookeeper(ha_deployment):
+def test_accept_data_loss_goes_to_the_owner_through_zookeeper(ha_deployment):
     out = squealctl(ha_deployment.state, "accept-data-loss", "--region", "east").stdout
-    assert "/regions/east/accept-data-loss" in out and "instance east-1" in out, out
+    path = f"{_shard(ha_deployment)}/accept-data-loss"
+    assert path in out and "worker east-1" in out, out
     client = _zk(ha_deployment)
     try:
-        path = f"{ha_deployment.topo.zookeeper.root}/regions/east/accept-data-loss"
-        wait_until(lambda: client.exists(path) is None, WITHIN, "the leader to take the acceptance")
+        wait_until(lambda: client.exists(path) is None, WITHIN, "the owner to take the acceptance")
     finally:
         client.stop()
         client.close()
     log = ha_deployment.state / "squeal" / "squeal-east-1.log"
-    # nothing was halted: the leader's daemon got the request and says so
+    # nothing was halted: the owner's pipeline got the request and says so
     wait_until(
         lambda: "accept-data-loss request ignored: no reader is halted" in log.read_text(),
         WITHIN,
@@ -120,18 +130,18 @@ def test_accept_data_loss_goes_to_the_leader_through_zookeeper(ha_deployment):
     )
 
 
-def test_stopping_the_leader_hands_the_region_over_and_starting_it_hands_it_back(ha_deployment):
+def test_stopping_the_owner_hands_the_shard_over_and_starting_it_hands_it_back(ha_deployment):
     ha = ha_deployment
     squealctl(ha.state, "stop", "squeal/east/east-1")
     try:
-        wait_until(lambda: ha.leader() == "east-2", WITHIN, "east-2 to lead")
-        _committed_and_gone(ha, 7003)  # the standby's copy delivers now
+        wait_until(lambda: ha.owner() == "east-2", WITHIN, "east-2 to own the shard")
+        _committed_and_gone(ha, 7003)  # the other copy's worker delivers now
     finally:
         squealctl(ha.state, "start", "squeal/east/east-1")
-    # the preferred instance, back and healthy for handback_after_s, gets its region back
-    wait_until(lambda: ha.leader() == "east-1", WITHIN, "east-1 to lead again")
+    # the preferred worker, back and healthy for handback_after_s, gets the shard back
+    wait_until(lambda: ha.owner() == "east-1", WITHIN, "east-1 to own the shard again")
     rows = ha.status()
-    assert rows["squeal/east/east-2"]["state"] == "standby" and rows["squeal/east/east-1"]["restarts"] == 0
+    assert rows["squeal/east/east-2"]["owns"] == [] and rows["squeal/east/east-1"]["restarts"] == 0
     _committed_and_gone(ha, 7004)
 
 
@@ -159,18 +169,15 @@ def test_replay_and_accept_data_loss_name_zookeeper_when_it_does_not_answer(tmp_
 
 def test_down_and_up_keep_the_ensemble_data_and_the_markers(ha_deployment):
     """ZooKeeper's data is durable under the state dir like MariaDB's: after `down` + `up` the region's
-    markers are where the leader left them (or later), and the preferred instance leads again."""
+    markers are where the owner left them (or later), and the preferred worker owns the shard again."""
     ha = ha_deployment
     _committed_and_gone(ha, 7005)
 
     def markers() -> dict[str, g.Position]:
         client = _zk(ha)
-        root = f"{ha.topo.zookeeper.root}/regions/east/markers"
         try:
-            return {
-                flow: g.parse_position(json.loads(client.get(f"{root}/{flow}")[0])["position"])
-                for flow in client.get_children(root)
-            }
+            doc = json.loads(client.get(f"{_shard(ha)}/markers")[0])
+            return {flow: g.parse_position(position) for flow, position in doc["positions"].items()}
         finally:
             client.stop()
             client.close()
@@ -179,8 +186,8 @@ def test_down_and_up_keep_the_ensemble_data_and_the_markers(ha_deployment):
     assert before, "no markers in ZooKeeper"
     squealctl(ha.state, "down")
     squealctl(ha.state, "up", str(ha.topology))
-    # `up` returns once the region is led; by the preferred instance, at the latest after a hand-back
-    wait_until(lambda: ha.leader() == "east-1", WITHIN, "east-1 to lead after up")
+    # `up` returns once every shard runs on a worker; on the preferred one, at the latest after a hand-back
+    wait_until(lambda: ha.owner() == "east-1", WITHIN, "east-1 to own the shard after up")
     after = markers()
     assert sorted(after) == sorted(before)
     assert all(g.covers_position(after[flow], old) for flow, old in before.items()), (before, after)

@@ -1,4 +1,5 @@
-"""`squealctl up examples/sharded.toml` (ports moved to free ones): four shards in two regions, HA squeal.
+"""`squealctl up examples/sharded.toml` (ports moved to free ones): four shards in two regions, each region's shards
+divided among its two squeal workers.
 
 A write on each shard's primary must delete its keys in every cluster of both regions (checked key by key,
 through the routers), `status --json` names the shard of every MariaDB copy, and `squealctl verify` finds
@@ -52,26 +53,33 @@ def test_status_names_the_shard_of_every_database_copy(sharded) -> None:
     }
     assert len(copies) == 12 and all(r["running"] for r in rows)
 
-    def leaders() -> list[str]:  # one per region, each owning every shard of its region
-        rows = json.loads(squealctl(state, "status", "--json").stdout)
-        found = [r["instance"] for r in rows if r.get("state") == "leader"]
-        return found if len(found) == 2 else []
-
-    leaders = wait_until(leaders, WITHIN, "a leader in each region", interval=0.5)
-    rows = json.loads(squealctl(state, "status", "--json").stdout)
     shards = sorted(s.name for s in topo.shards)
-    assert all(r["shards"] == shards for r in rows if r.get("instance") in leaders)  # who reads each shard
-    # ... from which copy: east-2 names the extra copies east-r, the others read their region's copy
-    for r in rows:
-        if r.get("instance") in leaders:
+
+    def placed() -> dict[str, list[dict]] | None:  # every region's shards each on exactly one of its workers
+        rows = json.loads(squealctl(state, "status", "--json").stdout)
+        by_region = {r.name: [row for row in rows if row.get("state") == "worker" and row["region"] == r.name]
+                     for r in topo.regions}  # fmt: skip
+        for workers in by_region.values():
+            running = sorted(s for row in workers for s in row.get("shards") or [])
+            if running != shards:
+                return None
+        return by_region
+
+    by_region = wait_until(placed, WITHIN, "every shard running on one worker of each region", interval=0.5)
+    for workers in by_region.values():
+        for r in workers:  # who reads each shard, from which copy: east-2 names the extra copies east-r
             copy = "east-r" if r["instance"] == "east-2" else r["region"]
-            assert r["copies"] == {s: f"{s}@{copy}" for s in shards}, r
-    assert all("shards" not in r for r in rows if r.get("state") == "standby")
+            assert r["copies"] == {s: f"{s}@{copy}" for s in r["shards"]}, r
+            assert r["owns"] == r["shards"], r
     text = squealctl(state, "status").stdout
-    assert text.count(f"reads 4 shards ({', '.join(shards)})") == 2, text
-    for leader in (s for r in topo.regions for s in r.squeal_instances if s.name in leaders):
-        health = fetch_health(str(leader.address), timeout=5)[1]
-        assert set(health["shards"]) == {s.name for s in topo.shards} and health["ok"], health["problems"]
+    for workers in by_region.values():
+        for r in workers:
+            if r.get("shards"):
+                assert f"reads {len(r['shards'])} shards ({', '.join(r['shards'])})" in text, text
+    for region in topo.regions:
+        for worker in region.squeal_instances:
+            health = fetch_health(str(worker.address), timeout=5)[1]
+            assert health["ok"], health["problems"]
 
 
 def test_a_write_on_each_shard_deletes_its_keys_in_every_cluster_of_both_regions(sharded) -> None:

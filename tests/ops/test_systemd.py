@@ -31,8 +31,8 @@ import router_config
 from ops import systemd, tls
 from ops.cli import main as squealctl
 from ops.harness import ROUTER_BIN, free_port, memcached_command, wait_until, zookeeper_mode
-from ops.local import squeal_state
 from router_config import TopologyError
+from squeal import probe_health
 from tests.binaries import needs_binary, require_binary
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,7 +80,7 @@ def exec_start_pre(unit: dict) -> list[list[str]]:
 
 
 def role_of(path: Path) -> str:
-    """A rendered service's kind from its name: zookeeper, memcached, router, daemon, instance, worker,
+    """A rendered service's kind from its name: zookeeper, memcached, router, daemon, worker,
     monitoring."""
     return path.stem.split("-")[1]
 
@@ -171,12 +171,12 @@ def test_rendered_units_pass_systemd_analyze_verify(tmp_path):
     render(LOCAL, "127.0.0.1", out, "--memcached-mb", "100")
     services = services_of(out)
     kinds = [role_of(p) for p in services]
-    # examples/local.toml is HA: two instances per region and a 3-server ensemble, never a `--region` daemon.
+    # examples/local.toml: two workers per region and a 3-server ensemble, never a `--region` daemon.
     assert {k: kinds.count(k) for k in kinds} == {
         "zookeeper": 3,
         "memcached": 22,
         "router": 4,
-        "instance": 4,
+        "worker": 4,
         "monitoring": 1,
     }
     verify([*services, out / "squeal.target"])
@@ -214,7 +214,7 @@ def test_rendered_units_pass_systemd_analyze_verify(tmp_path):
             spool = argv[argv.index("--spool-dir") + 1]
             assert service["StateDirectory"] == [spool.removeprefix("/var/lib/")]
             assert spool.startswith("/var/lib/squeal/router-")
-        if "daemon" in path.name or "instance" in path.name:
+        if "daemon" in path.name or "worker" in path.name:
             assert argv[1:3] == ["run", str(out / "topology.toml")]
             assert service["StateDirectory"] == [argv[argv.index("--state-dir") + 1].removeprefix("/var/lib/")]
         if "zookeeper" in path.name:
@@ -241,12 +241,12 @@ def _squeal_argvs(topology: Path, tmp_path: Path) -> dict[str, list[list[str]]]:
     for host in router_config.load(topology).hosts():
         where = tmp_path / f"{topology.stem}-{host}"
         render(topology, host, where)
-        out[host] = [exec_start(parse_unit(p)) for p in services_of(where) if role_of(p) in ("daemon", "instance")]
+        out[host] = [exec_start(parse_unit(p)) for p in services_of(where) if role_of(p) in ("daemon", "worker")]
     return out
 
 
-def test_ha_region_never_gets_a_region_daemon(tmp_path):
-    # east runs two HA instances on host C (a standalone ZooKeeper on host A); west keeps its single daemon.
+def test_a_region_with_instances_never_gets_a_region_daemon(tmp_path):
+    # east runs two workers on host C (a standalone ZooKeeper on host A); west keeps its single daemon.
     mixed = tmp_path / "mixed.toml"
     mixed.write_text(
         THREE.read_text()
@@ -259,20 +259,20 @@ def test_ha_region_never_gets_a_region_daemon(tmp_path):
     argvs = _squeal_argvs(mixed, tmp_path)
     assert argvs["127.0.0.3"] == [
         [str(systemd.DEFAULT_VENV / "bin" / "squeal"), "run", str(tmp_path / "mixed-127.0.0.3" / "topology.toml"),
-         "--instance", name, "--metrics-port", port, "--state-dir", f"/var/lib/squeal/squeal-instance-{name}"]
+         "--instance", name, "--metrics-port", port, "--state-dir", f"/var/lib/squeal/squeal-worker-{name}"]
         for name, port in (("east-1", "29110"), ("east-2", "29111"))
     ]  # fmt: skip
     assert [a[a.index("--region") + 1] for a in argvs["127.0.0.2"]] == ["west"]  # the single daemon stays
     assert argvs["127.0.0.1"] == []
 
-    # A standalone ZooKeeper: no myid, no peers; ordered before the instances of its host (none here).
+    # A standalone ZooKeeper: no myid, no peers; ordered before the workers of its host (none here).
     zk = parse_unit(tmp_path / "mixed-127.0.0.1" / "squeal-zookeeper-1.service")
     assert "ExecStartPre" not in zk["Service"]
     cfg = (tmp_path / "mixed-127.0.0.1" / "zookeeper" / "zoo-1.cfg").read_text()
     assert "clientPort=29181\nclientPortAddress=127.0.0.1\n" in cfg and "server." not in cfg
     assert "dataDir=/var/lib/squeal/zookeeper-1\n" in cfg
 
-    # Every HA topology, on every host: instances only, each exactly once, on the host the topology names.
+    # Every topology with instances, on every host: workers only, each exactly once, on the host it names.
     for topology in (LOCAL, THREE_HA, SHARDED):
         topo = router_config.load(topology)
         argvs = _squeal_argvs(topology, tmp_path)
@@ -288,10 +288,10 @@ def test_sharded_topology_renders_no_unit_per_shard(tmp_path):
     render(SHARDED, "127.0.0.1", out)
     services = services_of(out)
     topo = router_config.load(SHARDED)
-    # A region's instances run every shard's pipeline: nothing is named after a shard.
+    # A region's workers run the shards' pipelines: nothing is named after a shard.
     assert not [p.name for p in services for sh in topo.shards if sh.name in p.name]
     kinds = [role_of(p) for p in services]
-    assert (kinds.count("instance"), kinds.count("zookeeper"), kinds.count("daemon")) == (4, 3, 0)
+    assert (kinds.count("worker"), kinds.count("zookeeper"), kinds.count("daemon")) == (4, 3, 0)
     # The monitoring server's list has every shard copy (MariaDB, not rendered), instance and ZooKeeper server.
     listed = json.loads((out / "monitoring" / "components.json").read_text())["components"]
     copies = {
@@ -420,7 +420,7 @@ def _start_in_order(started: _Started, services: list[Path], topo: router_config
     systemd starts each host's units in any order and the routers cope (a server that does not answer yet is
     marked down and probed again); here the memcached servers of every host come first, so that no router
     starts by failing over to its gutter pool and the keys cached by the test land where they hash."""
-    for role in ("zookeeper", "memcached", "router", "daemon", "instance", "monitoring"):
+    for role in ("zookeeper", "memcached", "router", "daemon", "worker", "monitoring"):
         of_role = [path for path in services if role_of(path) == role]
         if not of_role:
             continue
@@ -430,7 +430,7 @@ def _start_in_order(started: _Started, services: list[Path], topo: router_config
             for a in topo.zookeeper.servers:
                 wait_until(lambda a=a: zookeeper_mode(str(a)) is not None, 90, f"ZooKeeper {a} serving")
             continue
-        listening = {"daemon": "squeal", "instance": "squeal"}.get(role, role)
+        listening = {"daemon": "squeal", "worker": "squeal"}.get(role, role)
         for kind, _, a in topo.listeners():
             if kind == listening:
                 wait_until(lambda a=a: _port_open(a.host, a.port), 60, f"{role} on {a}")
@@ -535,9 +535,9 @@ def test_three_hosts_run_from_rendered_units(mariadb_factory, tmp_path):
 
 
 def _check_ha_units(topo: router_config.Topology, base: Path, services: list[Path], data: Path) -> None:
-    """Every host's share of an HA topology: one `squeal run --instance` per instance on its host (no `--region`
-    daemon), one ZooKeeper unit per server on its host with the same ensemble in every zoo.cfg, and the
-    monitoring server's list naming every instance and ZooKeeper server."""
+    """Every host's share of a topology with squeal instances: one `squeal run --instance` per instance on its
+    host (no `--region` daemon), one ZooKeeper unit per server on its host with the same ensemble in every
+    zoo.cfg, and the monitoring server's list naming every instance and ZooKeeper server."""
     instances = {s.name: s for r in topo.regions for s in r.squeal_instances}
     seen_instances: dict[str, str] = {}
     seen_zookeepers: dict[int, str] = {}
@@ -546,7 +546,7 @@ def _check_ha_units(topo: router_config.Topology, base: Path, services: list[Pat
         host, unit = path.parent.name, parse_unit(path)
         argv = exec_start(unit)
         assert role_of(path) != "daemon" and "--region" not in argv, path
-        if role_of(path) == "instance":
+        if role_of(path) == "worker":
             name = argv[argv.index("--instance") + 1]
             assert argv[1:3] == ["run", str(path.parent / "topology.toml")]
             assert argv[argv.index("--metrics-port") + 1] == str(instances[name].metrics_port)
@@ -582,8 +582,9 @@ def _check_ha_units(topo: router_config.Topology, base: Path, services: list[Pat
 
 
 def _leader(topo: router_config.Topology, region: str) -> router_config.SquealInstance | None:
-    leaders = [s for s in topo.region(region).squeal_instances if squeal_state(str(s.address)) == "leader"]
-    return leaders[0] if len(leaders) == 1 else None
+    """The worker that owns the region's one shard now (None: none, or several say they do)."""
+    owners = [s for s in topo.region(region).squeal_instances if probe_health(str(s.address))[1].get("owns")]
+    return owners[0] if len(owners) == 1 else None
 
 
 @needs_router
@@ -619,7 +620,7 @@ def test_three_hosts_ha_run_from_rendered_units(mariadb_factory, tmp_path):
         services = _render_hosts(topology, base, options)
         kinds = [role_of(p) for p in services]
         assert {k: kinds.count(k) for k in kinds} == {
-            "zookeeper": 3, "memcached": 8, "router": 2, "instance": 4, "monitoring": 1
+            "zookeeper": 3, "memcached": 8, "router": 2, "worker": 4, "monitoring": 1
         }  # fmt: skip
         _check_ha_units(topo, base, services, data)
 
@@ -634,9 +635,11 @@ def test_three_hosts_ha_run_from_rendered_units(mariadb_factory, tmp_path):
 
         # `systemctl stop` of east's leader on its host: the other east instance, on the other host, leads.
         gone = leaders["east"]
-        started.stop_unit(f"squeal-instance-{gone.name}.service")
+        started.stop_unit(f"squeal-worker-{gone.name}.service")
         wait_until(
-            lambda: (s := _leader(topo, "east")) is not None and s.name != gone.name, 60, "east's standby to lead"
+            lambda: (s := _leader(topo, "east")) is not None and s.name != gone.name,
+            60,
+            "east's other worker to own the shard",
         )
         successor = _leader(topo, "east")
         assert successor.host != gone.host
@@ -648,9 +651,9 @@ def test_three_hosts_ha_run_from_rendered_units(mariadb_factory, tmp_path):
 
 
 def test_pooled_region_renders_one_unit_per_worker_and_the_ensemble(tmp_path):
-    """Issue 24 item 5: a region with `squeal_pool = true` runs one `squeal run --instance NAME` per worker (named a
-    worker: it runs the shards the pool's controller gives it, not a leader's every shard), never a `--region`
-    daemon, next to the ZooKeeper servers; an HA region beside it keeps its instances."""
+    """Issue 24 item 5: a region with squeal instances (`squeal_pool = true` or not: the same) runs one `squeal run
+    --instance NAME` per worker (it runs the shards the pool's controller gives it), never a `--region` daemon,
+    next to the ZooKeeper servers."""
     pooled = tmp_path / "pooled.toml"
     text = SHARDED.read_text().replace(
         "[regions.east]\nmaster = true\n", "[regions.east]\nmaster = true\nsqueal_pool = true\n"
@@ -667,12 +670,7 @@ def test_pooled_region_renders_one_unit_per_worker_and_the_ensemble(tmp_path):
     render(pooled, "127.0.0.1", here)
     render(pooled, "127.0.0.2", there)
     kinds = [role_of(p) for p in services_of(here)]
-    assert (kinds.count("worker"), kinds.count("instance"), kinds.count("zookeeper"), kinds.count("daemon")) == (
-        2,
-        2,
-        3,
-        0,
-    )
+    assert (kinds.count("worker"), kinds.count("zookeeper"), kinds.count("daemon")) == (4, 3, 0)
     assert [p.name for p in services_of(there)] == ["squeal-worker-east-3.service"]
     verify([*services_of(here), here / "squeal.target"])
     for out, name, port in ((here, "east-1", "19410"), (here, "east-2", "19411"), (there, "east-3", "19412")):

@@ -1,10 +1,10 @@
-"""Shared pieces of the HA tests (no tests here): a ZooKeeper ensemble, a TCP link a test can cut, clients,
-an HA region (`HaEnv`: two `squeal run --instance` daemons on a primary and its replica), a marker watcher."""
+"""Shared pieces of the ZooKeeper tests (no tests here): a ZooKeeper ensemble, a TCP link a test can cut, clients,
+a region of two workers on two copies (`HaEnv`: what HA mode was, "one shard, two workers": `squeal run --instance`
+on a primary and on its replica), a network namespace link, a commit -> invalidated prober."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import socket
@@ -13,25 +13,16 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import (
-    ConnectionClosedError,
-    ConnectionLoss,
-    NoNodeError,
-    OperationTimeoutError,
-    SessionExpiredError,
-)
-from kazoo.handlers.threading import KazooTimeoutError
 from squeal_helpers import Cache, create_schema, healthz, topology_text, unique_db, wait_until
 from test_squeal_faults import post_keys
 
 from ops import harness
 from ops.harness import MariaDB, Memcached, SquealDaemon, ZooKeeper, free_port
-from squeal import gtid as g
-from squeal.zkstore import ZooKeeperDatamarkerStore
+from router_config.model import IMPLICIT_SHARD
+from squeal.zkstore import ShardMarkerStore
 
 SESSION_TIMEOUT = 2.0  # seconds: ZooKeeper's floor with the harness's tickTime of 500 ms is 1 s
 
@@ -173,8 +164,9 @@ class NetnsSquealDaemon(SquealDaemon):
 
 
 class HaEnv:
-    """A schema on `primary` (replicated to `replica`), memcached clusters, an HA topology with instance east-1
-    on the primary and east-2 on the replica, and their daemons (not started; stopped by pid at teardown).
+    """A schema on `primary` (replicated to `replica`), memcached clusters, a topology whose region east has two
+    workers, east-1 on the primary (ranked first) and east-2 on the replica, and their daemons (not started;
+    stopped by pid at teardown).
 
     `host`: where the primary and the memcacheds listen (the topology's addresses); `instance_hosts` and
     `netns`: where an instance listens for /healthz and the namespace it runs in (default: loopback, here).
@@ -250,7 +242,7 @@ class HaEnv:
         for d in self.daemons.values():
             processes.started.append(d)  # stopped by pid at teardown, whatever the test did
         self.zk_client = client(hosts(zk))
-        self.markers = ZooKeeperDatamarkerStore(self.zk_client, self.root, "east")
+        self.markers = ShardMarkerStore(self.zk_client, self.root, "east", IMPLICIT_SHARD)  # the region's one shard
 
     def state(self, name: str) -> str | None:
         d = self.daemons[name]
@@ -312,122 +304,6 @@ class HaEnv:
             c.close()
         self.zk_client.stop()
         self.zk_client.close()
-
-
-def start_pair(env: HaEnv) -> None:
-    """east-1 leads, then east-2 stands by behind it."""
-    env.daemons["east-1"].start()
-    wait_until(lambda: env.state("east-1") == "leader", 30, "east-1 to lead")
-    env.daemons["east-2"].start()
-    wait_until(
-        lambda: env.health("east-2").get("ha", {}).get("leader") == "east-1", 15, "east-2 to stand by behind east-1"
-    )
-    body = env.health("east-2")
-    assert body["state"] == "standby" and body["database"]["name"] == "east-r1", body
-
-
-@dataclass
-class MarkerSeen:
-    position: str
-    by: str
-    version: int
-    mtime_ms: int  # ZooKeeper's modification time (the server's clock, ms since the epoch)
-
-
-# ZooKeeper not answering (servers down, the watch's own session gone meanwhile): look again later
-ZOOKEEPER_AWAY = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError, KazooTimeoutError)
-
-
-@dataclass
-class MarkerWatch:
-    """Every value the region's marker znodes and leader znode take while it runs, read through its own
-    ZooKeeper session every 20 ms (ZooKeeper unavailable: tried again). Any other error stops the watch and
-    fails `stop()`: an observer that saw nothing must not pass for one that saw nothing go wrong."""
-
-    client: KazooClient
-    base: str
-    markers: dict[str, list[MarkerSeen]] = field(default_factory=dict)
-    leaders: list[tuple[int, str]] = field(default_factory=list)  # (epoch, name) as they came
-    error: BaseException | None = None
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> MarkerWatch:
-        self._thread = threading.Thread(target=self._run, daemon=True, name="marker-watch")
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.02):
-            try:
-                self._look()
-            except ZOOKEEPER_AWAY:
-                continue
-            except BaseException as e:  # noqa: BLE001 - kept for stop() to raise in the test's thread
-                self.error = e
-                return
-
-    def _look(self) -> None:
-        with contextlib.suppress(NoNodeError):
-            data, _ = self.client.get(f"{self.base}/leader")
-            doc = json.loads(data.decode())
-            if not self.leaders or self.leaders[-1] != (doc["epoch"], doc["name"]):
-                self.leaders.append((doc["epoch"], doc["name"]))
-        with contextlib.suppress(NoNodeError):
-            for flow in self.client.get_children(f"{self.base}/markers"):
-                data, stat = self.client.get(f"{self.base}/markers/{flow}")
-                doc = json.loads(data.decode())
-                seen = self.markers.setdefault(flow, [])
-                if not seen or seen[-1].version != stat.version:
-                    seen.append(MarkerSeen(doc["position"], doc.get("by", ""), stat.version, stat.mtime))
-
-    def stop(self) -> None:
-        """Stop watching; raises what made the watch stop early, if anything did."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-            assert not self._thread.is_alive(), "the marker watch did not stop"
-        if self.error is not None:
-            raise AssertionError(f"the marker watch failed: {self.error!r}") from self.error
-
-    def wait_covering(self, position: str, timeout: float = 20.0) -> None:
-        """Until the watch has seen every flow's marker at or past `position` (a checkpoint after the last
-        writes, observed rather than slept for)."""
-        target = g.parse_position(position)
-
-        def covered() -> bool:
-            markers = dict(self.markers)
-            return bool(markers) and all(
-                seen and g.covers_position(g.parse_position(seen[-1].position), target) for seen in markers.values()
-            )
-
-        wait_until(covered, timeout, f"every marker the watch sees to reach {position}")
-
-    def check_markers_moved(self) -> None:
-        """The watch saw every flow's marker take more than one value (else "none went back" says nothing)."""
-        assert self.markers, f"the marker watch saw no marker under {self.base}/markers"
-        still = {
-            flow: [v.position for v in values]
-            for flow, values in self.markers.items()
-            if len({v.position for v in values}) < 2
-        }
-        assert not still, f"markers the watch never saw move: {still}"
-
-    def check_one_leader_at_a_time(self) -> None:
-        """The markers moved, no marker ever went back, and the instances that wrote each marker took turns in
-        the order the leader znode named them (a deposed leader that wrote after its successor would break the
-        order)."""
-        self.check_markers_moved()
-        assert self.leaders, f"the marker watch saw no leader znode under {self.base}"
-        epochs = [e for e, _ in self.leaders]
-        assert epochs == sorted(set(epochs)), self.leaders
-        for flow, values in self.markers.items():
-            positions = [g.parse_position(v.position) for v in values]
-            for before, after in zip(positions, positions[1:], strict=False):
-                assert g.covers_position(after, before), (flow, [v.position for v in values])
-            writers = [v.by for i, v in enumerate(values) if i == 0 or values[i - 1].by != v.by]
-            names = iter([name for _, name in self.leaders])
-            assert all(w in names for w in writers), (flow, writers, self.leaders)  # a subsequence
 
 
 class NetnsLink:

@@ -1,4 +1,5 @@
-"""HA topology: a [zookeeper] ensemble, more copies of a region's data, several squeal instances per region.
+"""Several squeal instances per region (the workers of its pool), each on its own copy of the region's data, and
+the [zookeeper] ensemble they need.
 
 Same style as tests/test_topology.py: a good file loads, round-trips with new ports, and each impossible
 layout is one error naming the file and the key.
@@ -82,7 +83,7 @@ def test_ha_topology_loads():
     assert ("zookeeper", "zookeeper.servers[2]") in roles
     assert ("mariadb", "regions.east.replicas.east-r1.port") in roles
     assert ("squeal", "regions.west.squeal_instances[1].metrics_port") in roles
-    # An HA region's daemons are its instances: the single daemon's port (metrics_port_base + i) is not listed.
+    # A pooled region's daemons are its workers: the single daemon's port (metrics_port_base + i) is not listed.
     assert [w for r, w in roles if r == "squeal"] == [
         "regions.east.squeal_instances[0].metrics_port",
         "regions.east.squeal_instances[1].metrics_port",
@@ -92,7 +93,7 @@ def test_ha_topology_loads():
 
 
 def test_a_topology_without_ha_is_unchanged():
-    from tests.ops.deployments import TWO_REGIONS  # examples/local.toml is an HA layout now
+    from tests.ops.deployments import TWO_REGIONS  # examples/local.toml has squeal instances
 
     topo = router_config.loads(TWO_REGIONS)
     assert topo.zookeeper is None
@@ -220,15 +221,15 @@ def test_each_impossible_layout_names_file_and_key(old, new, path, words):
     assert words in message, message
 
 
-def test_squeal_run_in_an_ha_region_needs_an_instance(tmp_path, capsys):
+def test_squeal_run_in_a_region_with_instances_needs_an_instance(tmp_path, capsys):
     from squeal.cli import main
 
     path = tmp_path / "ha.toml"
     path.write_text(HA_GOOD)
     assert main(["run", str(path), "--region", "east"]) == 2
     assert (
-        "region east runs squeal instances with leader election: start each with --instance NAME "
-        "(east-1, east-2)" in capsys.readouterr().err
+        "region east runs a pool of squeal workers: start each with --instance NAME (east-1, east-2)"
+        in capsys.readouterr().err
     )
     assert main(["run", str(path), "--instance", "east-9"]) == 2
     assert "no squeal instance 'east-9' (have: east-1, east-2, west-1, west-2)" in capsys.readouterr().err

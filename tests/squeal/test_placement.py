@@ -6,9 +6,11 @@ import random
 
 from squeal.placement import (
     DRAIN,
+    HANDBACK,
     ORPHANED,
     REBALANCE,
     UNASSIGNED,
+    UNHEALTHY,
     Copy,
     Plan,
     Settings,
@@ -371,3 +373,55 @@ def test_consistent_hash_baseline_is_stable_and_moves_only_to_a_new_worker() -> 
     moved = [s for s in names if before[s] != after[s]]
     assert moved and all(after[s] == "w8" for s in moved)
     assert before == consistent_hash_assignment(reversed([f"w{i}" for i in range(8)]), reversed(names))
+
+
+# -- "one shard, two workers": what HA mode was (issue 24 item 1) -------------------------------------------------
+
+
+def ranked(*specs: dict) -> list[Worker]:
+    """Workers w0, w1, ... ranked in that order (w0 first: the instance on the primary)."""
+    return [Worker(f"w{i}", rank=i, **spec) for i, spec in enumerate(specs)]
+
+
+def test_a_new_shard_goes_to_the_best_ranked_worker_whatever_the_names() -> None:
+    pool = [Worker("zz-primary", rank=0), Worker("aa-replica", rank=1)]
+    p = plan(pool, [Shard("only", 5.0)], {}, {}, now=0.0, settings=S)
+    assert [(m.shard, m.target, m.reason) for m in p.moves] == [("only", "zz-primary", UNASSIGNED)]
+
+
+def test_a_worker_whose_copy_does_not_answer_owns_nothing() -> None:
+    p = plan(ranked({"healthy": False}, {}), [Shard("only", 5.0)], {"only": "w0"}, {}, now=10.0, settings=S)
+    assert [(m.shard, m.source, m.target, m.reason) for m in p.moves] == [("only", "w0", "w1", UNHEALTHY)]
+    assert "w0" not in p.loads
+    # and nothing is placed on it, new or orphaned
+    p = plan(ranked({"healthy": False}, {}), [Shard("a", 1.0), Shard("b", 1.0)], {}, {}, now=10.0, settings=S)
+    assert set(p.assignment.values()) == {"w1"}
+    # with no healthy worker at all, the shard is unplaced (its assignment kept), not given to a sick one
+    p = plan(ranked({"healthy": False}), [Shard("only", 5.0)], {"only": "w0"}, {}, now=10.0, settings=S)
+    assert p.unplaced == ("only",) and p.moves == ()
+
+
+def test_a_preferred_worker_gets_its_shard_back_only_once_settled_and_then_it_stays() -> None:
+    shard = [Shard("only", 5.0)]
+    just_moved = {"only": 100.0}  # the failover a moment ago: within the cooldown, which a hand-back ignores
+    back = plan(ranked({"settled": False}, {}), shard, {"only": "w1"}, just_moved, now=101.0, settings=S)
+    assert back.moves == (), "not before it has been back and healthy for handback_after_s"
+    settled = plan(ranked({}, {}), shard, {"only": "w1"}, just_moved, now=103.0, settings=S)
+    assert [(m.shard, m.source, m.target, m.reason) for m in settled.moves] == [("only", "w1", "w0", HANDBACK)]
+    again = plan(ranked({}, {}), shard, settled.assignment, {"only": 103.0}, now=104.0, settings=S)
+    assert again.moves == (), "nothing goes back the other way"
+    unhealthy = plan(ranked({"healthy": False}, {}), shard, {"only": "w1"}, just_moved, now=200.0, settings=S)
+    assert unhealthy.moves == ()
+
+
+def test_a_hand_back_never_breaks_up_a_worker_that_shares() -> None:
+    # w1 holds two shards: handing one to the empty w0 would be a rebalance (with its hysteresis), not a hand-back
+    shards = [Shard("a", 1.0), Shard("b", 1.0)]
+    p = plan(ranked({}, {}), shards, {"a": "w1", "b": "w1"}, {}, now=0.0, settings=Settings(fill_empty_at_once=False))
+    assert all(m.reason != HANDBACK for m in p.moves)
+    # a shard alone on a worse-ranked worker goes to the empty better-ranked one; its balance is unchanged
+    shards = [Shard("a", 4.0), Shard("b", 1.0), Shard("c", 1.0), Shard("d", 2.0)]
+    wait = Settings(fill_empty_at_once=False)  # (an empty worker is filled at once otherwise: not this test's point)
+    p = plan(ranked({}, {}, {}), shards, {"a": "w2", "b": "w1", "c": "w1", "d": "w1"}, {}, now=0.0, settings=wait)
+    assert [(m.shard, m.source, m.target, m.reason) for m in p.moves] == [("a", "w2", "w0", HANDBACK)]
+    assert p.after.imbalance == p.before.imbalance

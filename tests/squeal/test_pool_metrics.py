@@ -3,12 +3,15 @@ owner", a move's pause), from the members' published shards; a clock of the test
 
 from __future__ import annotations
 
+import socket
+import threading
 from types import SimpleNamespace
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from squeal import pool
+from squeal.reader import Source
 
 
 def _value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
@@ -50,7 +53,7 @@ class _Copy:
     def __init__(self, sizes: dict[str, int]) -> None:
         self.sizes = sizes
 
-    def connect(self) -> _Copy:
+    def connect(self, **timeouts: float) -> _Copy:
         return self
 
     def cursor(self) -> _Copy:
@@ -89,3 +92,27 @@ def test_the_binlog_meter_gives_bytes_per_second_over_its_own_interval() -> None
     clock[0] = 15.0
     copy.sizes = {"bin.000002": 500}  # the old file purged, nothing written
     assert meter.sample("s0") == 7500 and meter.rate["s0"] == 0.0
+
+
+def test_the_binlog_meter_gives_up_on_a_copy_that_accepts_and_never_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A frozen copy (SIGSTOPped, a cut network: the connection is accepted, nothing comes back) fails the sample
+    after the meter's timeout instead of hanging its thread, which measures every other shard too."""
+    monkeypatch.setattr(pool, "BINLOG_TIMEOUT_S", 1.0)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        meter = pool.BinlogMeter(lambda shard: Source("127.0.0.1", port, "squeal", "squeal"))
+        failed: list[BaseException] = []
+
+        def sample() -> None:
+            try:
+                meter.sample("s0")
+            except Exception as e:  # noqa: BLE001 - what the meter's loop catches
+                failed.append(e)
+
+        thread = threading.Thread(target=sample, daemon=True)
+        thread.start()
+        thread.join(60)  # a deadline far past the timeout, not a speed check
+        assert not thread.is_alive(), "the meter hangs on a copy that never answers"
+        assert failed and "timed out" in str(failed[0]).lower(), failed

@@ -1,5 +1,5 @@
-"""Pool mode in the topology: `[regions.R] squeal_pool = true` makes the region's squeal instances workers that
-divide its shards (squeal/pool.py); without it they elect one leader as before (squeal/ha.py)."""
+"""Pools in the topology: a region's squeal instances are workers that divide its shards (squeal/pool.py), with or
+without `[regions.R] squeal_pool = true` (redundant: the leader election of one instance is gone)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ def test_pool_flag_loads_and_round_trips() -> None:
     assert POOLED != HA_GOOD, "the test's edit must apply"
     topo = router_config.loads(POOLED)
     assert topo.region("east").squeal_pool is True
-    assert topo.region("west").squeal_pool is False  # the other region keeps its leader election
-    assert router_config.loads(HA_GOOD).region("east").squeal_pool is False  # the default: today's HA mode
+    assert topo.region("west").squeal_pool is True  # instances without the key: a pool all the same
+    assert router_config.loads(HA_GOOD).regions == topo.regions  # the key changes nothing
     ports = itertools.count(42000)
     moved = router_config.reassign_ports(topo, lambda: next(ports))
     again = router_config.loads(router_config.dumps(moved))
@@ -30,6 +30,7 @@ def test_pool_flag_loads_and_round_trips() -> None:
     ("old", "new", "words"),
     [
         ("squeal_pool = true", 'squeal_pool = "yes"', "true or false"),
+        ("squeal_pool = true", "squeal_pool = false", "always run as a pool now"),
     ],
 )
 def test_pool_flag_mistakes_name_the_key(old: str, new: str, words: str) -> None:
@@ -60,15 +61,14 @@ pools.wildcard = { servers = ["127.0.0.1:5001"] }
 
 def test_squealctl_pool_commands_refuse_what_is_not_a_pool(tmp_path, capsys) -> None:
     from ops.cli import main as squealctl
+    from tests.ops.deployments import TWO_REGIONS  # single daemons, no instances
 
-    pooled, plain = tmp_path / "pool.toml", tmp_path / "ha.toml"
+    pooled, plain = tmp_path / "pool.toml", tmp_path / "plain.toml"
     pooled.write_text(POOLED)
-    plain.write_text(HA_GOOD)
+    plain.write_text(TWO_REGIONS)
     state = ["--state-dir", str(tmp_path / "state")]
     assert squealctl([*state, "drain", "east-9", "--topology", str(pooled)]) == 2
     assert "no squeal instance 'east-9'" in capsys.readouterr().err
-    assert squealctl([*state, "drain", "west-1", "--topology", str(pooled)]) == 2  # west elects a leader
-    assert "no pooled region for west-1" in capsys.readouterr().err
     assert squealctl([*state, "workers", "--topology", str(plain)]) == 2
     assert "no pooled region" in capsys.readouterr().err
     assert squealctl([*state, "move", "nosuch", "--to", "east-1", "--topology", str(pooled)]) == 2
@@ -118,7 +118,12 @@ def test_placement_setting_mistakes_name_the_key(old: str, new: str, key: str, w
 
 
 def test_placement_settings_need_a_pool() -> None:
-    text = HA_GOOD.replace("[regions.west]\n", "[regions.east.squeal_placement]\npersist_s = 5\n\n[regions.west]\n", 1)
+    from tests.ops.deployments import TWO_REGIONS  # single daemons, no instances
+
+    text = TWO_REGIONS.replace(
+        "[regions.west]\n", "[regions.east.squeal_placement]\npersist_s = 5\n\n[regions.west]\n", 1
+    )
+    assert text != TWO_REGIONS, "the test's edit must apply"
     with pytest.raises(TopologyError) as info:
-        router_config.loads(text, source="ha.toml")
-    assert info.value.path == "regions.east.squeal_placement" and "squeal_pool = true" in str(info.value)
+        router_config.loads(text, source="plain.toml")
+    assert info.value.path == "regions.east.squeal_placement" and "squeal_instances" in str(info.value)

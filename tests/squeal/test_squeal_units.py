@@ -304,7 +304,7 @@ def test_batches_span_and_split_transactions_and_ack_in_order() -> None:
 def test_a_gated_flow_hands_out_nothing_while_its_gate_says_no() -> None:
     f = make_flow()
     lease = [False]
-    f.may_send = lambda: lease[0]  # what squeal.ha.gate_flows installs: the leader's lease
+    f.may_send = lambda: lease[0]  # what a pool worker installs: its lease and ownership
     f.offer_live(committed(1, ["a", "b"]))
     assert f.take_batch(2) is None and f.pending_keys == 2  # queued, not sent, not lost
     lease[0] = True

@@ -19,8 +19,9 @@ from kazoo.handlers.threading import KazooTimeoutError
 import router_config
 from ops import tls
 from ops.harness import ZooKeeper
+from router_config.model import IMPLICIT_SHARD
 from squeal import zookeeper_client_options
-from squeal.zkstore import ZooKeeperDatamarkerStore, region_path
+from squeal.zkstore import ZooKeeperDatamarkerStore, region_path, shard_path
 from tests.conftest import _Processes
 
 ROOT = "/squeal-tls"
@@ -143,8 +144,8 @@ def test_a_client_that_does_not_trust_the_server_gets_no_session(secure_zk, pki)
     assert "CERTIFICATE_VERIFY_FAILED" in str(e.value) or isinstance(e.value, KazooTimeoutError), e.value
 
 
-def test_an_ha_instance_leads_and_invalidates_over_tls_everywhere(tmp_path, secure_zk, pki):
-    """`squeal run --instance` with [tls] and a digest: ZooKeeper over TLS (election, markers with squeal's ACL),
+def test_a_pool_worker_owns_and_invalidates_over_tls_everywhere(tmp_path, secure_zk, pki):
+    """`squeal run --instance` with [tls] and a digest: ZooKeeper over TLS (ownership, markers with squeal's ACL),
     MariaDB over TLS with an ed25519 REQUIRE SSL account, deletes over TLS to memcached -Z."""
     from squeal_helpers import create_schema, topology_text, unique_db, wait_gone, wait_until
 
@@ -191,8 +192,8 @@ def test_an_ha_instance_leads_and_invalidates_over_tls_everywhere(tmp_path, secu
                 instance="east-1",
             )
         )
-        # leading and delivering: its flows start at the binlog's "now" (no datamarker yet)
-        wait_until(lambda: "leads region east: delivering" in daemon.log_file.read_text(), 30, "east-1 to lead")
+        # owning the region's shard and delivering: its flows start at the binlog's "now" (no datamarker yet)
+        wait_until(lambda: f"shard {IMPLICIT_SHARD} delivering" in daemon.log_file.read_text(), 30, "east-1 to deliver")
         clients = [m.cache() for m in caches]
         for c in clients:
             c.set("user:71")
@@ -201,13 +202,13 @@ def test_an_ha_instance_leads_and_invalidates_over_tls_everywhere(tmp_path, secu
 
         intruder = started(secure_zk, use_ssl=True, ca=str(pki["ca"].cert), check_hostname=True)
         try:
-            east = region_path(root, "east")
-            wait_until(lambda: intruder.exists(f"{east}/markers/c0") is not None, 30, "east-1's first marker")
-            for path in (root, f"{east}/epoch", f"{east}/markers/c0"):
+            shard = shard_path(root, "east", IMPLICIT_SHARD)
+            wait_until(lambda: intruder.exists(f"{shard}/markers") is not None, 30, "east-1's first marker")
+            for path in (root, f"{shard}/epoch", f"{shard}/markers"):
                 acls, _ = intruder.get_acls(path)
                 assert {(a.id.scheme, a.perms) for a in acls} == {("digest", 31), ("world", 1)}, (path, acls)
             with pytest.raises(NoAuthError):
-                intruder.set(f"{east}/markers/c0", b"{}")
+                intruder.set(f"{shard}/markers", b"{}")
         finally:
             intruder.stop()
             intruder.close()

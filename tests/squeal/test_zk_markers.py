@@ -1,0 +1,189 @@
+"""The per-destination ZooKeeper datamarker store (squeal/zkstore.py `ZooKeeperDatamarkerStore`: the HA layout a
+pool still reads a shard's first markers from, and the base of the pool's `ShardMarkerStore`) against a real
+3-server ZooKeeper ensemble (the harness's, Debian's ZooKeeper 3.8): compare-and-set, fencing by an epoch znode,
+replay requests, a cut link and an expired session.
+
+Time-outs below only catch hangs; measured times are printed (run with -s to see them).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+from squeal_helpers import wait_until
+from test_ha_support import SESSION_TIMEOUT, Link, client, ensemble, expire_session, hosts, unique_root
+
+from squeal.zkstore import FencedError, ZooKeeperDatamarkerStore, ZooKeeperUnavailable
+
+
+@pytest.fixture(scope="module")
+def zk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list]:
+    with ensemble(tmp_path_factory.mktemp("zk-ensemble")) as members:
+        yield members
+
+
+@pytest.fixture
+def clients(zk) -> Iterator:
+    """`clients(connect=None)`: a started kazoo client on the ensemble (or `connect`), closed afterwards."""
+    made = []
+
+    def make(connect: str | None = None, timeout: float = SESSION_TIMEOUT):
+        c = client(connect or hosts(zk), timeout)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        try:
+            c.stop()
+            c.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+@pytest.fixture
+def links(zk) -> Iterator:
+    """`links()`: one cuttable proxy per ensemble member; returns (connect string, [Link])."""
+    made: list[Link] = []
+
+    def make():
+        new = [Link(("127.0.0.1", m.port)) for m in zk]
+        made.extend(new)
+        return hosts(new), new
+
+    yield make
+    for link in made:
+        link.close()
+
+
+# -- the datamarker store ------------------------------------------------------------------------------------------
+
+
+def test_marker_round_trip(clients) -> None:
+    root = unique_root()
+    store = ZooKeeperDatamarkerStore(clients(), root, "east", owner="east-1")
+    store.check_writable()
+    assert store.load("c0") is None
+    store.save("c0", "0-1-5")
+    store.save("c0", "0-1-9,1-3-2")
+    assert store.load("c0") == "0-1-9,1-3-2"
+    assert store.load("regional") is None
+    store.save("regional", "0-1-7")
+    # Another instance (another session) reads the same positions: they outlive the writer.
+    other = ZooKeeperDatamarkerStore(clients(), root, "east")
+    assert other.positions() == {"c0": "0-1-9,1-3-2", "regional": "0-1-7"}
+    assert other.load("c0") == "0-1-9,1-3-2"
+    data, stat = other.client.get(f"{root}/regions/east/markers/c0")
+    assert json.loads(data)["by"] == "east-1" and stat.version == 1
+    # Regions are apart.
+    assert ZooKeeperDatamarkerStore(other.client, root, "west").positions() == {}
+    # A marker that does not parse is an error naming the znode, never "now".
+    other.client.set(f"{root}/regions/east/markers/regional", b'{"position": "0-1"}')
+    with pytest.raises(ValueError, match=f"{root}/regions/east/markers/regional"):
+        other.load("regional")
+
+
+def test_a_stale_writer_cannot_overwrite_a_newer_marker(clients) -> None:
+    root = unique_root()
+    a = ZooKeeperDatamarkerStore(clients(), root, "east", owner="a")
+    b = ZooKeeperDatamarkerStore(clients(), root, "east", owner="b")
+    a.ensure_paths()
+    assert a.load("c0") is None and b.load("c0") is None
+    a.save("c0", "0-1-10")
+    with pytest.raises(FencedError, match="created by someone else"):
+        b.save("c0", "0-1-3")  # b found no marker: its create fails now that a wrote one
+    a.save("c0", "0-1-20")
+    assert b.load("c0") == "0-1-20"
+    b.save("c0", "0-1-25")  # b read the newest marker: its write goes through ...
+    with pytest.raises(FencedError, match="changed since this daemon read it"):
+        a.save("c0", "0-1-21")  # ... and a, which has not read it since, can no longer move it
+    assert b.load("c0") == "0-1-25"
+    with pytest.raises(FencedError, match="before it was read"):
+        ZooKeeperDatamarkerStore(a.client, root, "east").save("c0", "0-1-1")
+
+
+def test_marker_writes_are_fenced_by_the_election_epoch(clients) -> None:
+    """A leader's store checks the epoch version it won with: once another leader bumps it, nothing it writes
+    (markers, replay requests taken) goes through, even with a marker version that is still current."""
+    root = unique_root()
+    zk = clients()
+    epoch = f"{root}/regions/east/epoch"
+    zk.create(epoch, b'{"epoch": 1}', makepath=True)
+    token = {"value": zk.exists(epoch).version}
+    old = ZooKeeperDatamarkerStore(zk, root, "east", fence=lambda: token["value"])
+    old.ensure_paths()
+    assert old.load("c0") is None
+    old.save("c0", "0-1-4")
+    old.request_replay("c1", "0-1-2")
+    zk.set(epoch, b'{"epoch": 2}')  # another leader won
+    with pytest.raises(FencedError, match="another leader has been elected"):
+        old.save("c0", "0-1-5")
+    with pytest.raises(FencedError, match="another leader has been elected"):
+        old.take_replay_requests()
+    assert ZooKeeperDatamarkerStore(zk, root, "east").positions() == {"c0": "0-1-4"}
+    assert zk.exists(f"{root}/regions/east/replay/c1") is not None  # the request waits for the new leader
+    token["value"] = None  # not the leader at all: refused before anything is sent
+    with pytest.raises(FencedError, match="not the leader"):
+        old.save("c0", "0-1-6")
+
+
+def test_replay_requests(clients) -> None:
+    root = unique_root()
+    store = ZooKeeperDatamarkerStore(clients(), root, "east")
+    assert store.take_replay_requests() == {}
+    store.ensure_paths()
+    operator = ZooKeeperDatamarkerStore(clients(), root, "east")
+    operator.request_replay("c0", "0-1-100")
+    operator.request_replay("c0", "0-1-50")  # the newer request wins
+    operator.request_replay("regional", "")  # from the start
+    with pytest.raises(ValueError):
+        operator.request_replay("c1", "not-a-gtid")
+    assert store.take_replay_requests() == {"c0": "0-1-50", "regional": ""}
+    assert store.take_replay_requests() == {}  # taken once
+    store.client.create(f"{root}/regions/east/replay/c1", b"garbage")
+    assert store.take_replay_requests() == {}  # a corrupt request is logged and removed, never applied
+    assert store.client.get_children(f"{root}/regions/east/replay") == []
+    # Requests and markers are apart: taking a request leaves the marker alone.
+    assert store.load("c0") is None
+
+
+def test_session_loss_and_partition(clients, links) -> None:
+    """Through a link the test cuts: writes fail with ZooKeeperUnavailable (bounded), nothing half-written;
+    after the heal (the session expired meanwhile: a new one) the markers are intact and writable."""
+    root = unique_root()
+    connect, cut_links = links()
+    store = ZooKeeperDatamarkerStore(clients(connect), root, "east", timeout=1.0)
+    store.ensure_paths()
+    assert store.load("c0") is None
+    store.save("c0", "0-1-1")
+    for link in cut_links:
+        link.cut()
+    t0 = time.monotonic()
+    with pytest.raises(ZooKeeperUnavailable, match="write"):
+        store.save("c0", "0-1-2")
+    failed_after = time.monotonic() - t0
+    assert failed_after < 10, failed_after  # (a hang detector, not a speed requirement)
+    time.sleep(SESSION_TIMEOUT * 1.5)  # the session expires on the servers
+    observer = ZooKeeperDatamarkerStore(clients(), root, "east")
+    assert observer.positions() == {"c0": "0-1-1"}
+    old_session = store.client.client_id
+    for link in cut_links:
+        link.heal()
+    # kazoo finds its session expired, starts a new one; the marker (persistent) is still there.
+    wait_until(
+        lambda: store.client.connected and store.client.client_id != old_session, 20, "a new session", interval=0.1
+    )
+    store.save("c0", "0-1-2")
+    assert observer.positions() == {"c0": "0-1-2"}
+    # An expired session (ZooKeeper closed it) is the same: the next write works on the new session.
+    old_session = store.client.client_id
+    expire_session(store.client, connect)
+    wait_until(
+        lambda: store.client.connected and store.client.client_id != old_session, 20, "a new session", interval=0.1
+    )
+    store.save("c0", "0-1-3")
+    assert observer.positions() == {"c0": "0-1-3"}
+    print(f"\nwrite through a cut link failed after {failed_after:.2f}s (timeout 1.0s)")
