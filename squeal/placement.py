@@ -40,7 +40,8 @@ largest ratio of load to `L` among the sharing workers (or `L` to load, for an u
    worker it was alone on) goes instead to an empty worker if there is one, else to the sharing worker
    whose shards are the fewest that fit into the other sharing workers' room below the band's top, and
    those shards move there at once (`_room_for_hot`): the least-loaded worker may hold dozens of small
-   shards, and a shard that fits nowhere would ripple through the pool.
+   shards. A shard that fits nowhere counts as the moves its target then needs to shed the excess (one for
+   a shard a hair too big, dozens for a shard near the level among small ones).
    *Hand-back*: a shard alone on its worker goes to an empty eligible worker of better `rank` once that one is
    `settled` (a healthy member for the region's `handback_after_s`): the region of one shard and two workers
    (what HA mode was) gets its shard back on the instance on the primary. Both workers' loads swap, nothing else
@@ -55,13 +56,22 @@ largest ratio of load to `L` among the sharing workers (or `L` to load, for an u
    those that leave both inside the band. An underloaded worker takes, from any worker that stays inside
    the band, the smallest shard that closes its deficit, else the largest that fits. If no shard keeps
    both inside the band, the one that best evens the pair while the target stays below the source
-   ("never the new max"). A hot shard with company keeps its worker and the others leave (its own move
-   would cost the most; rule 1 chooses where an orphaned hot shard lands so that its company is small:
-   the placement benchmark's "crash (hot)") — unless an empty worker is being filled and the company
-   outnumbers the hot shard's own move plus the refill of what it leaves behind (a join that lowers the
-   level makes a shard hot: it moves to the new worker, not its dozens of small companions). The loop
-   stops as soon as nothing violates, or when no move improves anything, or at `settings.max_moves`.
-   Each move strictly lowers the sum of squared worker loads, so the loop always ends.
+   ("never the new max"). Workers that start empty (joined) are filled from one plan instead
+   (`plan_fills`): each other worker offers the largest shard it can give and stay in the band, the
+   largest offers are dealt out, each to the worker that lacks the most, until they add up to what the
+   joined workers lack; one still short then trades a shard for a larger offer, or with a joined worker
+   that has more than it needs, and only then takes one more shard (the smallest that closes it). Topping
+   up each worker on its own left many a hair short, each one move more (the placement benchmark's
+   "join 10%": 135 moves against 126). A hot shard with company keeps its worker and the others leave
+   (rule 1 chooses where an orphaned hot shard lands so that its company is small: the placement
+   benchmark's "crash (hot)") — unless moving the hot shard is fewer moves: to an empty worker being
+   filled, when the company outnumbers the hot shard's own move plus the refill of the company it leaves
+   less the fill the empty worker no longer needs (a join that lowers the level makes a shard hot: it
+   moves to the new worker, not its small companions); else to the worker `_room_for_hot` finds cheapest
+   to clear, when that, the hot shard's move and the company's refill are fewer than the company (a load
+   shift that makes a shard hot among twenty small ones). The loop stops as soon as nothing violates, or
+   when no move improves anything, or at `settings.max_moves`; each round moves a shard that has not moved
+   in this plan (rule 4), so the loop always ends.
 4. Cooldown: a shard moved less than `settings.cooldown_s` ago (`last_moved`, kept by the caller for every
    move of every kind) is never moved by a rebalance, nor is any shard moved twice in one plan.
 
@@ -391,7 +401,7 @@ def plan(
             if room is None:
                 lpt.append((name, reason, old, detail))
                 continue
-            target, evictions = room
+            target, evictions, _ = room
             place(name, old, target, reason, detail)
             for shard, to in evictions:
                 place(shard, target, to, REBALANCE, f"making room for hot shard {name} on {target}")
@@ -516,21 +526,201 @@ def plan(
     def hot_for_empty(target: str) -> tuple[str, str] | None:
         """A hot shard with company that should rather move to the empty `target`: (shard, source).
 
-        Its company must leave it anyway; when that is more shards than the hot shard's own move plus the fill
-        of the company it leaves behind (each fill move brings at most the band's width), the hot shard moves.
+        Its company must leave it anyway, and `target` must be filled anyway. Moving the hot shard instead costs
+        its own move plus the fill of the company it leaves behind, and saves the fill of `target` (each fill
+        move is taken to bring at most the band's width): it moves when that is fewer moves. (Counting only
+        the company's refill, as this once did, kept a hot shard with two to four companions in place.)
         """
         width = max(high - low, eps)
+
+        def fill(deficit: float) -> int:
+            return math.ceil(max(0.0, deficit) / width - 1e-9)
+
         best: tuple[int, str, str] | None = None
         for source in held:
             hot_shard = kept[source]
             if hot_shard is None or len(held[source]) < 2 or not movable(hot_shard):
                 continue
             company = wload[source] - loads[hot_shard]
-            saved = (len(held[source]) - 1) - (1 + math.ceil(max(0.0, low - company) / width))
+            saved = (len(held[source]) - 1) + fill(low - wload[target]) - (1 + fill(low - company))
             if saved > 0 and (best is None or (-saved, hot_shard) < (best[0], best[1])):
                 best = (-saved, hot_shard, source)
         return (best[1], best[2]) if best else None
 
+    def spare(w: str) -> float:
+        """What `w` can give and stay in the band (a hot shard's company may all go)."""
+        hot_shard = kept[w]
+        return wload[w] - loads[hot_shard] if hot_shard is not None else wload[w] - low
+
+    def plan_fills(targets: list[str]) -> dict[str, list[tuple[str, str]]]:
+        """How the workers being filled (joined, or left with a hot shard's company) reach the band: target →
+        [(shard, source)], in the fewest moves this finds. Each source offers the largest shard that keeps
+        it in the band; the largest offers are dealt out first, each to the target that lacks the most, until
+        their sum covers the targets' deficits; a target still short then trades one of its shards for a
+        larger offer or for a larger shard of a target with room to spare, and only if neither exists takes
+        one more (the smallest that closes it). Dealing the largest shard to whoever lacks most and topping
+        up at the end (`take_into`'s way) leaves many targets a hair short, each one move more."""
+        need = {t: low - wload[t] for t in targets}
+        room = {t: high - wload[t] for t in targets}
+        cap = {w: spare(w) for w in held if w not in need}
+        taken: dict[str, tuple[float, str, str]] = {}  # shard → (load, source, target)
+        got = dict.fromkeys(targets, 0.0)
+        bins: dict[str, list[str]] = {t: [] for t in targets}
+
+        too_big: set[str] = set()  # offers no target has room for (targets only fill up while dealing)
+
+        def best(w: str) -> tuple[float, str] | None:
+            xs, names = offer(w)
+            i = bisect.bisect_right(xs, cap[w] + eps) - 1
+            while i >= 0 and (names[i] in taken or names[i] in too_big):
+                i -= 1
+            return (xs[i], names[i]) if i >= 0 else None
+
+        def assign(shard: str, source: str, target: str) -> None:
+            taken[shard] = (loads[shard], source, target)
+            cap[source] -= loads[shard]
+            got[target] += loads[shard]
+            bins[target].append(shard)
+
+        def unassign(shard: str) -> None:
+            x, source, target = taken.pop(shard)
+            cap[source] += x
+            got[target] -= x
+            bins[target].remove(shard)
+
+        def short(t: str) -> float:
+            return need[t] - got[t]
+
+        def smallest_closing(t: str) -> tuple[float, str, str] | None:
+            """The smallest offer of any source that closes `t`'s deficit and fits it: (load, shard, source)."""
+            found: tuple[float, str, str] | None = None
+            for w in cap:
+                xs, names = offer(w)
+                i = bisect.bisect_left(xs, short(t) - eps)
+                while i < len(xs) and names[i] in taken:
+                    i += 1
+                if i < len(xs) and xs[i] <= min(cap[w], room[t] - got[t]) + eps and w != t:
+                    found = min(found or (xs[i], names[i], w), (xs[i], names[i], w))
+            return found
+
+        heap = [(-o[0], o[1], w) for w in cap if cap[w] > eps and (o := best(w))]
+        heapq.heapify(heap)
+        while heap and math.fsum(got.values()) < math.fsum(need.values()) - eps:
+            _, shard, source = heapq.heappop(heap)
+            if best(source) != (loads[shard], shard):
+                if (o := best(source)) is not None:
+                    heapq.heappush(heap, (-o[0], o[1], source))
+                continue
+            if math.fsum(got.values()) + loads[shard] > math.fsum(need.values()) + eps:
+                break  # the rest is closed target by target below
+            fits = [t for t in targets if got[t] + loads[shard] <= room[t] + eps]
+            if fits:
+                assign(shard, source, max(fits, key=lambda t: (short(t), t)))
+            else:
+                too_big.add(shard)
+            if (o := best(source)) is not None:
+                heapq.heappush(heap, (-o[0], o[1], source))
+
+        too_big.clear()
+        for t in sorted(targets, key=lambda t: (short(t), t)):
+            lack = short(t)
+            if lack <= eps:
+                continue
+            offers = [(o[0], o[1], w) for w in cap if w != t and (o := best(w))]
+            # trade one of t's shards for a larger offer that closes it
+            trade = min(
+                (
+                    (y - loads[a], a, name, w)
+                    for a in bins[t]
+                    for y, name, w in offers
+                    if lack - eps <= y - loads[a] <= room[t] - got[t] + eps
+                    and (w != taken[a][1] or y <= cap[w] + loads[a] + eps)
+                ),
+                default=None,
+            )
+            if trade is not None:
+                _, a, name, w = trade
+                unassign(a)
+                assign(name, w, t)
+                continue
+            # trade with a target that has more than it needs
+            swap = min(
+                (
+                    (loads[b] - loads[a], a, b, u)
+                    for u in targets
+                    if u != t and short(u) < -eps
+                    for a in bins[t]
+                    for b in bins[u]
+                    if lack - eps <= loads[b] - loads[a] <= -short(u) + eps
+                    and loads[b] - loads[a] <= room[t] - got[t] + eps
+                    and taken[a][1] != u
+                    and taken[b][1] != t
+                ),
+                default=None,
+            )
+            if swap is not None:
+                _, a, b, u = swap
+                a_source, b_source = taken[a][1], taken[b][1]
+                unassign(a)
+                unassign(b)
+                assign(a, a_source, u)
+                assign(b, b_source, t)
+                continue
+            closing = smallest_closing(t)
+            if closing is not None:
+                assign(closing[1], closing[2], t)
+        return {t: sorted(((s, taken[s][1]) for s in bins[t]), key=lambda p: (-loads[p[0]], p[0])) for t in targets}
+
+    fills = {w for w in held if not held[w] and wload[w] < low}  # joined: filled by plan_fills
+    planned: dict[str, list[tuple[str, str]]] | None = None
+
+    def planned_into(target: str) -> tuple[str, str] | None:
+        """The next move of the fill plan into `target` that is still valid: (shard, source)."""
+        nonlocal planned
+        if target not in fills:
+            return None
+        if planned is None:
+            planned = plan_fills(sorted(w for w in fills if wload[w] < low - eps))
+        queue = planned.get(target, [])
+        while queue:
+            shard, source = queue.pop(0)
+            x = loads[shard]
+            if (
+                owner.get(shard) == source
+                and shard not in moved_now
+                and movable(shard)
+                and spare(source) >= x - eps
+                and wload[target] + x <= high + eps
+            ):
+                return shard, source
+        return None
+
+    def relocate_hot(source: str) -> bool:
+        """A hot shard with company moves instead to the worker whose shards are cheapest to move away
+        (`_room_for_hot`), when that and the refill of the company it leaves are fewer moves than the
+        company's own: a load shift can make a shard hot on a worker of twenty small shards."""
+        hot_shard = kept[source]
+        if hot_shard is None or not movable(hot_shard) or any(s in hot for s in held[source] - {hot_shard}):
+            return False
+        company = len(held[source]) - 1
+        width = max(high - low, eps)
+        refill = math.ceil(max(0.0, low - (wload[source] - loads[hot_shard])) / width - 1e-9)
+        room = _room_for_hot(held, wload, loads, hot, high, movable, ranks)
+        if room is None or 1 + room[2] + refill >= company:
+            return False
+        target, evictions, _ = room
+        for name, to in [(hot_shard, target), *evictions]:
+            origin = owner[name]
+            place(name, origin, to, REBALANCE, f"hot shard {hot_shard} alone on {target}, not its company moved")
+        kept[source] = None
+        kept[target] = hot_shard
+        offers.clear()
+        if wload[source] < low:
+            fills.add(source)  # the company it keeps is topped up like a joined worker
+        return True
+
+    relocated = False
+    placed = len(moves)
     rebalanced = 0
     state = before
     stuck: set[str] = set()  # violations no move could fix in this plan; the next plan tries again
@@ -542,24 +732,33 @@ def plan(
         for w in state.violations:
             if w in stuck or (only_targets is not None and w not in only_targets):
                 continue
+            if kept[w] is not None and relocate_hot(w):
+                relocated = True
+                break
             if kept[w] is not None or wload[w] > high + eps:  # too much: send one shard away
                 found = send_from(w)
                 if found:
                     why = f"with hot shard {kept[w]}" if kept[w] is not None else f"at {wload[w] / lvl:.2f}x"
                     move = (found[0], w, found[1], f"{w} {why} of the level")
             else:  # too little: take one shard in (an empty worker: perhaps a hot shard instead of its company)
-                hot_move = hot_for_empty(w) if not held[w] else None
+                hot_move = hot_for_empty(w) if not held[w] and planned is None else None
                 if hot_move:
                     move = (hot_move[0], hot_move[1], w, f"hot shard {hot_move[0]} alone, not its company moved")
+                    fills.add(hot_move[1])
                     if only_targets is not None:
                         only_targets.add(hot_move[1])  # its old worker keeps only the company: fill it too
                 else:
-                    found = take_into(w)
+                    found = planned_into(w) or take_into(w)
                     if found:
                         move = (found[0], found[1], w, f"{w} at {wload[w] / lvl:.2f}x of the level")
             if move:
                 break
             stuck.add(w)
+        if relocated:
+            relocated = False
+            rebalanced = len(moves) - placed
+            state = _judge(loads, held, wload, lvl, hot, cfg.threshold)
+            continue
         if move is None:
             blocked = [
                 s for w in state.violations for s in held[w] if s in last_moved and now - last_moved[s] < cfg.cooldown_s
@@ -599,20 +798,22 @@ def _room_for_hot(
     high: float,
     movable: Callable[[str], bool],
     rank: Mapping[str, int],
-) -> tuple[str, list[tuple[str, str]]] | None:
-    """Where an orphaned hot shard goes, and where that worker's company goes: (worker, [(shard, to)]).
+) -> tuple[str, list[tuple[str, str]], int] | None:
+    """Where a hot shard goes, and where that worker's company goes: (worker, [(shard, to)], estimated moves).
 
     A hot shard must be alone, so the worker it lands on loses all its other shards. The least-loaded worker
     (LPT's choice) may hold dozens of small shards; a worker with a few shards that fit into the others' room
     below the band's top costs a few moves and no ripple. Each candidate's company is tried largest first
-    into the roomiest other sharing worker; a shard that fits nowhere costs as much as it would take to
-    re-balance (`_OVERFLOW_COST` moves). None when every candidate holds a shard in cooldown (the caller then
+    into the roomiest other sharing worker; a shard that fits nowhere pushes that worker over the band's top,
+    and costs as many moves as that worker then needs to shed the excess (its fewest shards, largest first,
+    that cover it; `_OVERFLOW_COST` if none do): a shard a hair too big costs one move more, a shard near the
+    level on a worker of small shards costs dozens. None when every candidate holds a shard in cooldown (the caller then
     places the hot shard as any other and the rebalance moves its company later).
     """
     sharing = [w for w in sorted(held) if not held[w] & hot]
     empty = [w for w in sharing if not held[w]]
     if empty:
-        return min(empty, key=lambda w: (wload[w], rank[w], w)), []
+        return min(empty, key=lambda w: (wload[w], rank[w], w)), [], 0
     best: tuple[tuple[int, int, float, str], list[tuple[str, str]]] | None = None
     for w in sharing:
         company = sorted(held[w], key=lambda s: (-loads[s], s))
@@ -629,7 +830,7 @@ def _room_for_hot(
                 break
             room, t = heapq.heappop(rooms)
             if loads[s] > -room:
-                cost += _OVERFLOW_COST
+                cost += _shed(sorted((loads[x] for x in held[t]), reverse=True), loads[s] + room)
             cost += 1
             plan.append((s, t))
             heapq.heappush(rooms, (room + loads[s], t))
@@ -638,10 +839,19 @@ def _room_for_hot(
             best = (key, plan)
     if best is None or best[0][0] == sys.maxsize:
         return None
-    return best[0][3], best[1]
+    return best[0][3], best[1], best[0][0]
 
 
-_OVERFLOW_COST = 1000  # moves a shard that overflows its target is taken to cost (the rebalance it triggers)
+_OVERFLOW_COST = 1000  # moves an overflow its target cannot shed is taken to cost (the rebalance it triggers)
+
+
+def _shed(descending: list[float], excess: float) -> int:
+    """The fewest of `descending` (loads, largest first) whose sum covers `excess`; `_OVERFLOW_COST` if all do not."""
+    for i, x in enumerate(descending):
+        excess -= x
+        if excess <= 0:
+            return i + 1
+    return _OVERFLOW_COST
 
 
 def _kept_hot(held: set[str], hot: frozenset[str], loads: Mapping[str, float]) -> str | None:

@@ -181,6 +181,25 @@ def test_a_hot_shard_orphaned_by_a_crash_lands_where_the_fewest_shards_must_make
     assert held(q, "w3") == {"hot"} and len(q.moves) == 6 and q.after.hot_not_alone == 0
 
 
+def test_a_hot_orphan_weighs_an_overflow_by_what_its_target_must_shed() -> None:
+    """w0 dies with `hot`; the level is 10.5 (band top 12.08). w2's three shards fit the others' room: 3 moves
+    plus the hot shard's own. w1's one shard (8) fits nowhere, but w3 only has to shed one shard for it and
+    w2 can take that: 3 moves in all, the fewest. An overflow used to count as 1,000 moves whatever its
+    size, so w2 was chosen (4 moves), and in the placement benchmark a worker whose near-level shard
+    overflowed by most of the level beat one whose eighth small shard overflowed by a hair."""
+    shards = [Shard("hot", 40.0), Shard("s10", 8.0), Shard("s20", 1.0), Shard("s21", 3.0), Shard("s22", 1.0)]
+    shards.append(Shard("s30", 8.0))
+    assignment = {"hot": "w0", "s10": "w1", "s20": "w2", "s21": "w2", "s22": "w2", "s30": "w3"}
+    pool = workers(4, w0={"alive": False})
+    first = plan(pool, shards, assignment, {}, now=0.0, settings=S)
+    assert first.moves[0].shard == "hot" and held(first, first.moves[0].target) == {"hot"}
+    assert first.moves[0].target != "w2"
+    moved = {m.shard: 0.0 for m in first.moves}
+    then = plan(pool, shards, first.assignment, moved, 60.0, first.imbalanced_since, S)
+    assert len(first.moves) + len(then.moves) == 3
+    assert not then.after.violations and then.after.hot_not_alone == 0
+
+
 def test_a_join_that_makes_a_shard_hot_gives_the_new_worker_that_shard_not_its_company() -> None:
     """With a fourth worker the level drops under `big`'s load: it must be alone. Its twenty small
     companions would all have to leave; moving `big` to the empty worker, then refilling w0, is four moves."""
@@ -194,6 +213,67 @@ def test_a_join_that_makes_a_shard_hot_gives_the_new_worker_that_shard_not_its_c
     recent = {m.shard: 0.0 for m in first.moves}
     later = plan(workers(4), shards, first.assignment, recent, now=400.0, imbalanced_since=0.0, settings=S)
     assert not later.after.violations and len(first.moves) + len(later.moves) <= 6
+
+
+def test_a_join_moves_a_hot_shard_with_a_few_companions_when_that_is_fewer_moves() -> None:
+    """A fourth worker joins: `big` turns hot with three small companions on w0. Keeping it there moves the
+    three companions and still fills the new worker (four 1.0 shards): 7 moves. Moving `big` to the new
+    worker and refilling w0 (four 1.0 shards) is 5, the fewest. The rule once weighed the companions only
+    against w0's refill and forgot that the new worker then needs no fill of its own."""
+    shards = [Shard("big", 6.0)] + [Shard(f"t{i}", 0.1) for i in range(3)]
+    shards += [Shard(f"u{i:02d}", 1.0) for i in range(14)]
+    assignment = {"big": "w0"} | {f"t{i}": "w0" for i in range(3)} | {f"u{i:02d}": f"w{1 + i // 7}" for i in range(14)}
+    p = plan(workers(4), shards, assignment, {}, now=0.0, settings=S)  # the join: filled at once
+    assert p.before.hot == frozenset({"big"}) and p.before.hot_not_alone == 1
+    assert held(p, "w3") == {"big"} and {f"t{i}" for i in range(3)} <= held(p, "w0")
+    assert len(p.moves) == 5 and all(m.reason == REBALANCE for m in p.moves)
+    assert p.after.hot_not_alone == 0 and not p.after.violations and p.imbalanced_since is None
+
+
+def test_workers_joining_together_are_filled_in_the_fewest_moves() -> None:
+    """Three workers join three (loads 26, 21, 25): the level is 12, the band [10.43, 13.8]. Six moves is the
+    fewest (an exact search says so). Dealing the largest shard to whoever lacks most and topping up each
+    new worker on its own left w4 at 8 + 2 + 1: seven. One fill plan deals 9, 8, 7, 6 and then closes the
+    two still short with the smallest shards that do (3 and 2)."""
+    loads = {"s00": 2.0, "s01": 7.0, "s02": 9.0, "s03": 2.0, "s04": 6.0, "s10": 7.0, "s11": 1.0}
+    loads |= {"s12": 5.0, "s13": 8.0, "s20": 7.0, "s21": 6.0, "s22": 2.0, "s23": 3.0, "s24": 7.0}
+    shards = [Shard(name, x) for name, x in loads.items()]
+    assignment = {name: f"w{name[1]}" for name in loads}
+    p = plan(workers(6), shards, assignment, {}, now=0.0, settings=S)
+    assert p.before.level == 12.0 and not p.before.hot
+    assert len(p.moves) == 6 and all(m.reason == REBALANCE and m.target in {"w3", "w4", "w5"} for m in p.moves)
+    assert not p.after.violations and p.imbalanced_since is None
+    assert sorted(p.loads.values()) == [11.0, 11.0, 11.0, 13.0, 13.0, 13.0]
+    # the same plan whatever the order the controller lists them in
+    again = plan(list(reversed(workers(6))), list(reversed(shards)), assignment, {}, now=0.0, settings=S)
+    assert again.moves == p.moves
+
+
+def test_a_fill_plan_passes_over_an_offer_no_joined_worker_has_room_for() -> None:
+    """Three workers join four; three shards turn hot and go to them, and their old workers are refilled.
+    While the fill plan dealt its offers, one fitted no target any more: it was offered again and again
+    (the plan never returned). It is passed over now, and the pool ends balanced."""
+    loads = {"s00": 9.0, "s01": 2.0, "s10": 1.0, "s11": 9.0, "s12": 1.0, "s20": 1.0, "s21": 3.0, "s22": 4.0}
+    loads |= {"s23": 5.0, "s30": 1.0, "s31": 7.0, "s32": 2.0}
+    assignment = {name: f"w{name[1]}" for name in loads}
+    p = plan(workers(7), [Shard(name, x) for name, x in loads.items()], assignment, {}, now=0.0, settings=S)
+    assert p.before.hot == frozenset({"s00", "s11", "s31"}) and p.before.level == 5.0
+    assert not p.after.violations and p.after.hot_not_alone == 0 and p.imbalanced_since is None
+    assert len(p.moves) <= 7 and len({m.shard for m in p.moves}) == len(p.moves)
+
+
+def test_a_shard_turned_hot_among_many_small_ones_moves_to_the_worker_cheapest_to_clear() -> None:
+    """`big` turns hot on w0 beside ten small shards: keeping it there moves all ten. w1's three shards make
+    room cheaper: `big` moves there, w1's shards go where there is room, and w0 is topped up (6 moves)."""
+    shards = [Shard("big", 6.0)] + [Shard(f"t{i}", 0.3) for i in range(10)] + [Shard(f"a{i}", 1.5) for i in range(3)]
+    shards += [Shard(f"b{i}", 0.9) for i in range(5)] + [Shard(f"c{i}", 0.9) for i in range(5)]
+    assignment = {"big": "w0"} | {f"t{i}": "w0" for i in range(10)} | {f"a{i}": "w1" for i in range(3)}
+    assignment |= {f"b{i}": "w2" for i in range(5)} | {f"c{i}": "w3" for i in range(5)}
+    p = plan(workers(4), shards, assignment, {}, now=100.0, imbalanced_since=0.0, settings=S)
+    assert p.before.hot == frozenset({"big"}) and p.before.level == 5.5
+    assert held(p, "w1") == {"big"} and {f"t{i}" for i in range(10)} <= held(p, "w0")
+    assert len(p.moves) == 6 and all(m.reason == REBALANCE for m in p.moves)
+    assert p.after.hot_not_alone == 0 and not p.after.violations and p.imbalanced_since is None
 
 
 def test_drain_moves_everything_off_the_worker() -> None:
