@@ -24,6 +24,15 @@ round robin over the shards) throughout.
    requests/s per worker (each server's `cons`); with `--idle-seconds N`, each mode's CPU per second over N
    seconds with the load paused (the fixed cost alone).
 
+4. Throughput, with `--backlog N` (N > 0), `--rounds` times alternating: a region of its own (a new schema,
+   ZooKeeper root and memcached pair on the same shards), its single daemon and its pool (2 workers) each
+   started once to write their datamarkers at "now", then per round N rows written to the shards while no
+   squeal runs (the background load paused) and read by one mode, then by the other (the order alternates):
+   each mode catches up on the same backlog from the same markers. Rows/s = the rows read (`squeal_rows_total`,
+   summed over the mode's processes) / the time from its first shard running (a pool places its shards one
+   by one) until every flow of every shard acknowledged the shards' last GTIDs; also the time from the start
+   of the processes. The issue's "the pool's throughput vs one daemon ... (cost <= 2%)" is pool / single here.
+
 The load average is printed with every phase (the machine is shared). Everything started is stopped by pid
 and the temporary directory removed at the end.
 """
@@ -32,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import re
 import shutil
@@ -56,6 +66,7 @@ from test_ha_support import ensemble
 from test_pool_workers import SHARDS, Pool
 
 from ops.harness import REPO_ROOT, MariaDB, SquealDaemon, ZooKeeper, free_port, wait_until
+from squeal import gtid as g
 from squeal.pool import request_move
 
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))
@@ -335,6 +346,94 @@ def costs(env: Pool, rounds: int, seconds: float, load: Load) -> list[tuple[str,
     return out
 
 
+def write_backlog(env: Pool, rows: int, first: int) -> dict[str, g.Position]:
+    """`rows` rows over the shards (100-row transactions, row i on shard i % 4, ids from `first`): each shard's
+    binlog position after them."""
+    per = rows // len(SHARDS)
+    for j, db in enumerate(env.dbs):
+        with db.connect(env.schema) as conn, conn.cursor() as cur:
+            for start in range(0, per, 100):
+                ids = [first + j + len(SHARDS) * (start + k) for k in range(min(100, per - start))]
+                cur.executemany("INSERT INTO users VALUES (%s, %s, 'backlog')", [(i, f"b{i}@backlog") for i in ids])
+                conn.commit()
+    return {s: g.parse_position(db.gtid_binlog_pos()) for s, db in zip(SHARDS, env.dbs, strict=True)}
+
+
+def caught_up(ports: list[int], ends: dict[str, g.Position]) -> bool:
+    """Every flow of every shard, in whichever of the processes on `ports` runs it, acknowledged its end."""
+    done: set[str] = set()
+    for port in ports:
+        try:
+            shards = healthz(port)[1].get("shards") or {}
+        except OSError:
+            continue
+        for shard, st in shards.items():
+            flows = st.get("flows") or {}
+            if flows and all(g.covers_position(g.parse_position(f["acked"]), ends[shard]) for f in flows.values()):
+                done.add(shard)
+    return done == set(SHARDS)
+
+
+def rows_read(ports: list[int]) -> float:
+    return sum(metric_sum(p, 'squeal_rows_total{reader="live"') for p in ports)
+
+
+def throughputs(env: Pool, rounds: int, backlog: int) -> list[tuple[str, float, float, int]]:
+    """(mode, rows/s from the first shard running to caught up, seconds from the processes' start to caught up,
+    rows read) per round and mode."""
+    single = SquealDaemon(single_topology(env), "east", port=free_port(), workdir=env.base / "single-tp")
+    workers = [env.workers[n] for n in ("w1", "w2")]
+
+    def shards_running(ports: list[int]) -> int:
+        n = 0
+        for port in ports:
+            with contextlib.suppress(OSError):
+                n += len(healthz(port)[1].get("shards") or {})
+        return n
+
+    def start(mode: str) -> tuple[list[int], float]:
+        """The mode's ports, and when its first shard ran (a pool's shards start one by one as they are placed)."""
+        if mode == "single":
+            single.start()
+            ports = [single.port]
+        else:
+            for w in workers:
+                w.start()
+            ports = [env.ports[n] for n in ("w1", "w2")]
+        wait_until(lambda: shards_running(ports) > 0, DEADLINE, f"a shard running in {mode}", interval=0.02)
+        return ports, time.monotonic()
+
+    def stop(mode: str) -> None:
+        for d in [single] if mode == "single" else workers:
+            d.stop(grace=10)
+
+    for mode in ("single", "pool"):  # markers at "now" for both, before any backlog
+        ports, _ = start(mode)
+        wait_until(lambda p=ports: shards_running(p) == len(SHARDS), DEADLINE, f"every shard running in {mode}")
+        stop(mode)
+    out = []
+    first = 50_000_000
+    for r in range(rounds):
+        ends = write_backlog(env, backlog, first)  # both modes' markers are where the last backlog ended
+        first += backlog + len(SHARDS)
+        for mode in ("single", "pool") if r % 2 == 0 else ("pool", "single"):
+            t0 = time.monotonic()
+            ports, t_first = start(mode)
+            wait_until(functools.partial(caught_up, ports, ends), 600, f"{mode} to catch up", interval=0.05)
+            t_done = time.monotonic()
+            read = rows_read(ports)
+            stop(mode)
+            rate = read / (t_done - t_first)
+            out.append((mode, rate, t_done - t0, int(read)))
+            print(
+                f"  round {r + 1} {mode}: {read:.0f} rows in {t_done - t_first:.2f} s from its first shard running "
+                f"= {rate:,.0f} rows/s; {t_done - t0:.2f} s from the start ({t_first - t0:.2f} s to the first "
+                f"shard); {loadavg()}",
+                flush=True,
+            )
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kills", type=int, default=20)
@@ -342,6 +441,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--rate", type=float, default=400.0)
+    ap.add_argument(
+        "--backlog",
+        type=int,
+        default=0,
+        help="also measure throughput: rows per round both modes catch up on (0: skip; e.g. 200000)",
+    )
     ap.add_argument(
         "--idle-seconds",
         type=float,
@@ -395,6 +500,24 @@ def main() -> None:
                     print(
                         f"cost: squeal CPU per 1,000 rows, single median {pct(s, 0.5):.2f} ms, pool median "
                         f"{pct(p, 0.5):.2f} ms: pool / single {pct(p, 0.5) / pct(s, 0.5):.3f}",
+                        flush=True,
+                    )
+                if args.backlog:
+                    load.paused.set()
+                    tp = Pool(base / "throughput", dbs, zk)
+                    try:
+                        figures2 = throughputs(tp, max(args.rounds, 1), args.backlog)
+                    finally:
+                        tp.stop()
+                        load.paused.clear()
+                    s = sorted(f[1] for f in figures2 if f[0] == "single")
+                    p = sorted(f[1] for f in figures2 if f[0] == "pool")
+                    pairs = [dict((m, f) for m, f, *_ in figures2[i : i + 2]) for i in range(0, len(figures2), 2)]
+                    ratios = [pair["pool"] / pair["single"] for pair in pairs]
+                    print(
+                        f"throughput: rows/s catching up on {args.backlog:,} rows, single median {pct(s, 0.5):,.0f}, "
+                        f"pool median {pct(p, 0.5):,.0f}: pool / single {pct(p, 0.5) / pct(s, 0.5):.3f} "
+                        f"(per round: {', '.join(f'{x:.2f}' for x in ratios)})",
                         flush=True,
                     )
             finally:
