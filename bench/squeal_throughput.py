@@ -1,7 +1,7 @@
 """squeal throughput, batching and memory benchmark (not a test: prints figures for docs/benchmarks.md).
 
     .venv/bin/python bench/squeal_throughput.py [--rows 50000] [--repeat 3] [--readers native,python]
-                                                [--dead-seconds 60] [--no-memory] [--tls] [--gil-ms 5,0.5]
+                                                [--dead-seconds 60] [--no-memory] [--tls] [--no-decoders]
 
 1. Throughput: one binlog of `--rows` row changes (a 4-column table, transactions of 10 single-row
    statements, half INSERTs, half UPDATEs; grown until every reader's window below lasts `--min-seconds`,
@@ -22,8 +22,7 @@
    topology's `[tls]` section: TLS to MariaDB (the server verified) and, since `[tls]` is one switch for every
    link, the deletes over TLS too, to a second pair of memcached started with `-Z`. RATIO squeal[reader]
    tls/plaintext is the median of the rounds' TLS rows/s / plaintext rows/s (issue 25's target: >= 0.9).
-   With `--gil-ms`, each reader runs once per `[squeal] gil_switch_interval_ms` given (its figures named
-   "READER gil Xms"), so CPython's 5 ms and squeal's 0.5 ms are compared in the same rounds.
+   With `--no-decoders` the rounds skip the bare and C decoders (squeal against itself: TLS vs plaintext).
 3. Memory: squeal following a steady write load while one cluster's memcached is SIGSTOPped for
    `--dead-seconds`; squeal's RSS is sampled throughout, then after the dead cluster has caught up.
 """
@@ -243,17 +242,14 @@ def squeal_replay(
     reader: str = "python",
     timeout: float = 900,
     tls_dir: Path | None = None,
-    gil_ms: float | None = None,
 ) -> dict:
-    """`tls_dir`: the topology gets `[tls] dir = tls_dir` (squeal dials MariaDB with TLS); `gil_ms`: its
-    `[squeal] gil_switch_interval_ms` (None: the default)."""
+    """`tls_dir`: the topology gets `[tls] dir = tls_dir` (squeal dials MariaDB with TLS)."""
     work = Path(tempfile.mkdtemp(dir=base))
     topo = work / "topology.toml"
     text = topology_text(db, schema, [m.port for m in caches], regional=False, batch_size=batch_size)
     if tls_dir is not None:
         text = f'[tls]\ndir = "{tls_dir}"\nrequire = true\n' + text
-    settings = f'reader = "{reader}"\n' + (f"gil_switch_interval_ms = {gil_ms}\n" if gil_ms is not None else "")
-    topo.write_text(text.replace("[squeal]\n", "[squeal]\n" + settings, 1))
+    topo.write_text(text.replace("[squeal]\n", f'[squeal]\nreader = "{reader}"\n', 1))
     # The 4-column table: rules render two keys per row image.
     daemon = SquealDaemon(topo, "east", workdir=work, state_dir=work / "state", extra_args=("--from-gtid", start))
     daemon.start()
@@ -434,13 +430,7 @@ def main() -> int:
     ap.add_argument(
         "--no-decoders",
         action="store_true",
-        help="skip the bare and C decoders in each round (for --tls / --gil-ms comparisons of squeal with itself)",
-    )
-    ap.add_argument(
-        "--gil-ms",
-        default="",
-        help="run each reader once per [squeal] gil_switch_interval_ms in this comma-separated list "
-        "(e.g. 5,0.5: CPython's default against squeal's); empty: the topology's default only",
+        help="skip the bare and C decoders in each round (for --tls: squeal against itself)",
     )
     ap.add_argument("--dead-seconds", type=float, default=60.0)
     ap.add_argument("--no-memory", action="store_true", help="skip the dead-cluster memory run")
@@ -477,12 +467,6 @@ def main() -> int:
         print(f"wrote {args.rows} row changes in {time.perf_counter() - t:.1f}s ({start} -> {g.format_position(end)})")
 
         readers = [r for r in args.readers.split(",") if r]
-        gils: list[float | None] = [float(v) for v in args.gil_ms.split(",") if v] or [None]
-        # each reader once per switch interval: "native" alone, or "native gil 5ms", "native gil 0.5ms", ...
-        variant_of = {
-            (reader if gil is None else f"{reader} gil {gil:g}ms"): (reader, gil) for reader in readers for gil in gils
-        }
-        variants = list(variant_of)
         end, rows = grow_for_window(base, db, schema, caches, start, end, args.rows, readers, args.min_seconds)
         print(f"measured over {rows} row changes ({start} -> {g.format_position(end)})")
         if not args.no_decoders:
@@ -490,7 +474,7 @@ def main() -> int:
         rounds = []
         for i in range(args.repeat):
             print(f"round {i + 1}/{args.repeat}: {loadavg()}")
-            if args.no_decoders:  # squeal against itself only (plaintext/TLS, switch intervals): nan for the rest
+            if args.no_decoders:  # squeal against itself only (plaintext vs TLS): nan for the rest
                 bare_rows, bare, bare_cpu, c_rate = rows, math.nan, math.nan, math.nan
             else:
                 bare_rows, bare_s, bare_cpu = bare_decode(db, schema, start, end)
@@ -503,33 +487,28 @@ def main() -> int:
                 )
                 print(f"  C decoder (mariadb-binlog -R -v): {c_s:.2f}s = {c_rate:,.0f} rows/s; CPU {c_cpu:.2f}s")
             result = {"bare": bare, "bare_cpu": bare_cpu, "c": c_rate}
-            for variant in variants:
-                reader, gil_ms = variant_of[variant]
-                r = squeal_replay(base, db, schema, caches, start, end, 256, reader=reader, gil_ms=gil_ms)
+            for reader in readers:
+                r = squeal_replay(base, db, schema, caches, start, end, 256, reader=reader)
                 if r["rows"] != bare_rows:
-                    raise RuntimeError(f"squeal ({variant}) read {r['rows']:.0f} rows, bare decode {bare_rows}")
+                    raise RuntimeError(f"squeal ({reader}) read {r['rows']:.0f} rows, bare decode {bare_rows}")
                 r["ratio"] = r["rows_per_s"] / bare
                 r["of_c"] = r["rows_per_s"] / c_rate
                 # CPU over the window, per row, against bare decode's CPU per row
                 r["cpu_ratio"] = (bare_cpu / bare_rows) / (r["cpu"] / max(r["window_rows"], 1))
-                result[variant] = r
+                result[reader] = r
                 if tls_dir is not None:
-                    t = squeal_replay(
-                        base, db, schema, tls_caches, start, end, 256, reader=reader, tls_dir=tls_dir, gil_ms=gil_ms
-                    )
+                    t = squeal_replay(base, db, schema, tls_caches, start, end, 256, reader=reader, tls_dir=tls_dir)
                     if t["rows"] != bare_rows:
-                        raise RuntimeError(
-                            f"squeal ({variant}, TLS) read {t['rows']:.0f} rows, bare decode {bare_rows}"
-                        )
+                        raise RuntimeError(f"squeal ({reader}, TLS) read {t['rows']:.0f} rows, bare decode {bare_rows}")
                     r["tls"] = t["rows_per_s"] / r["rows_per_s"]
                     print(
-                        f"  squeal {variant:6} over TLS: {t['window_rows']:.0f} rows in {t['seconds']:.2f}s = "
+                        f"  squeal {reader:6} over TLS: {t['window_rows']:.0f} rows in {t['seconds']:.2f}s = "
                         f"{t['rows_per_s']:,.0f} rows/s = {r['tls']:.2f}x plaintext; CPU per 1,000 rows "
                         f"{t['cpu_per_1000'] * 1000:.1f} ms (plaintext {r['cpu_per_1000'] * 1000:.1f} ms); by thread, "
                         f"TLS / plaintext: {per_thread(t, r)}"
                     )
                 print(
-                    f"  squeal {variant:6} end to end: {r['window_rows']:.0f} rows in {r['seconds']:.2f}s = "
+                    f"  squeal {reader:6} end to end: {r['window_rows']:.0f} rows in {r['seconds']:.2f}s = "
                     f"{r['rows_per_s']:,.0f} rows/s ({r['rows'] - r['window_rows']:.0f} read before /healthz);"
                     f" {r['deletes_per_write']:.1f} deletes/write; RSS {r['rss_mb']:.0f} MB; sheds "
                     f"{r['sheds']:.0f}; CPU {r['cpu']:.2f}s = {r['cpu_per_1000'] * 1000:.1f} ms per 1,000 rows; "
@@ -537,26 +516,26 @@ def main() -> int:
                 )
             rounds.append(result)
         print(f"after the rounds: {loadavg()}")
-        for variant in variants:
-            ordered = sorted(rounds, key=lambda x: x[variant]["ratio"])
+        for reader in readers:
+            ordered = sorted(rounds, key=lambda x: x[reader]["ratio"])
             mid = ordered[(len(ordered) - 1) // 2]
-            cpu_ratios = sorted(x[variant]["cpu_ratio"] for x in rounds)
-            each = ", ".join(f"{x[variant]['ratio']:.2f}" for x in ordered)
+            cpu_ratios = sorted(x[reader]["cpu_ratio"] for x in rounds)
+            each = ", ".join(f"{x[reader]['ratio']:.2f}" for x in ordered)
             print(
-                f"RATIO squeal[{variant}]/bare: median {mid[variant]['ratio']:.2f} of {len(rounds)} rounds ({each}); "
+                f"RATIO squeal[{reader}]/bare: median {mid[reader]['ratio']:.2f} of {len(rounds)} rounds ({each}); "
                 f"in the median round bare {mid['bare']:,.0f} rows/s, C decoder {mid['c']:,.0f} rows/s, "
-                f"squeal {mid[variant]['rows_per_s']:,.0f} rows/s = {mid[variant]['of_c']:.2f} of C; CPU ratio "
+                f"squeal {mid[reader]['rows_per_s']:,.0f} rows/s = {mid[reader]['of_c']:.2f} of C; CPU ratio "
                 f"median {cpu_ratios[(len(cpu_ratios) - 1) // 2]:.2f}; CPU per 1,000 rows "
-                f"{mid[variant]['cpu_per_1000'] * 1000:.1f} ms; RSS {mid[variant]['rss_mb']:.0f} MB"
+                f"{mid[reader]['cpu_per_1000'] * 1000:.1f} ms; RSS {mid[reader]['rss_mb']:.0f} MB"
             )
             if tls_dir is not None:
-                tls_ratios = sorted(x[variant]["tls"] for x in rounds)
+                tls_ratios = sorted(x[reader]["tls"] for x in rounds)
                 print(
-                    f"RATIO squeal[{variant}] tls/plaintext: median {tls_ratios[(len(tls_ratios) - 1) // 2]:.2f} "
+                    f"RATIO squeal[{reader}] tls/plaintext: median {tls_ratios[(len(tls_ratios) - 1) // 2]:.2f} "
                     f"of {len(rounds)} rounds ({', '.join(f'{v:.2f}' for v in tls_ratios)})"
                 )
         main_reader = readers[0] if readers else "python"
-        batched = rounds[(len(rounds) - 1) // 2][variants[0]]
+        batched = rounds[(len(rounds) - 1) // 2][readers[0]]
         single = squeal_replay(base, db, schema, caches, start, end, batch_size=1, reader=main_reader)
         print(
             f"squeal[{main_reader}] end to end (batch 1): {single['rows_per_s']:,.0f} rows/s; "

@@ -511,7 +511,6 @@ class _Builder:
             "max_lag_s": ((int, float), "a number of seconds"),
             "on_data_loss": (str, " or ".join(f'"{c}"' for c in ON_DATA_LOSS)),
             "reader": (str, " or ".join(f'"{c}"' for c in READERS)),
-            "gil_switch_interval_ms": ((int, float), "a number of milliseconds"),
         }
         out: dict[str, Any] = {}
         for name in names:
@@ -520,7 +519,7 @@ class _Builder:
             self.typed(v, f"{path}.{name}", kind, what)
             if isinstance(v, int | float) and not isinstance(v, bool) and v <= 0:
                 raise self.fail(f"{path}.{name}", f"must be greater than 0, got {v}")
-            floats = ("flush_interval_ms", "marker_max_age_s", "max_lag_s", "gil_switch_interval_ms")
+            floats = ("flush_interval_ms", "marker_max_age_s", "max_lag_s")
             out[name] = float(v) if name in floats else v
         if out["on_data_loss"] not in ON_DATA_LOSS:
             choices = " or ".join(f'"{c}"' for c in ON_DATA_LOSS)

@@ -335,9 +335,6 @@ class SquealSettings:
     marker_max_age_s: float = 30.0  # /healthz fails while a flow's datamarker waits longer to be written
     max_lag_s: float = 60.0  # /healthz fails while a flow is further behind the primary's commits (a stalled copy)
     reader: str = "native"  # see READERS: the Rust extension (squeal_native) or python-mysql-replication
-    # How long one of squeal's Python threads may hold the GIL while another waits (CPython's default is 5):
-    # short, so the reactor is not kept waiting by the binlog read loop (squeal/pipeline.py, favour_the_reactor)
-    gil_switch_interval_ms: float = 0.5
 
 
 @dataclass(frozen=True)

@@ -45,11 +45,9 @@ def _topology(path: str) -> router_config.Topology:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from squeal.pipeline import favour_the_reactor
     from squeal.region import run
 
     topo = _topology(args.topology)
-    favour_the_reactor(topo.squeal.gil_switch_interval_ms)
     if args.instance is not None:  # a worker of the region's pool (docs/squeal.md, "Worker pool")
         from squeal.pool import run_worker
 

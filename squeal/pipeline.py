@@ -15,7 +15,6 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -38,18 +37,6 @@ log = logging.getLogger(__name__)
 # pieces of about this size: big enough that a piece costs one hand-off among thousands of keys, small
 # enough that the deletes of a 100,000-row transaction start within a few milliseconds of its first rows.
 STREAM_LINES = 8192
-
-
-def favour_the_reactor(interval_ms: float) -> None:
-    """Set this process's GIL switch interval (`[squeal] gil_switch_interval_ms`); call once, before threads start.
-
-    How long a thread may keep the GIL while another waits for it (CPython's default: 5 ms). squeal runs two busy
-    Python threads: the binlog read loop and the reactor, which serves every socket. Each time the reactor
-    releases the GIL — every socket call, and with [tls] every TLS record it reads or writes (memcached `-Z`
-    answers a batch's `NF`s in a dozen records or more) — the read loop may take it, and the reactor then waits
-    until the read loop yields: up to the whole interval, for a call that took microseconds. squeal's default,
-    0.5 ms, bounds that wait (measured: bench/squeal_throughput.py --tls, docs/benchmarks.md "TLS")."""
-    sys.setswitchinterval(interval_ms / 1000)
 
 
 class KeyStage:

@@ -121,7 +121,7 @@ class TlsClientProtocol(protocol.Protocol):
                 return
         chunks = []
         # Read while a whole record may be waiting: each `read` releases the GIL, and on the reactor thread
-        # every release can cost a wait for the binlog reader's thread (see pipeline.favour_the_reactor), so
+        # every release lets the binlog read loop take it for up to the switch interval, so
         # the usual reply (one record: `MN`) takes one call, not a second one that only finds nothing.
         while self.incoming.pending or self.tls.pending():
             try:

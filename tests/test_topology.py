@@ -188,32 +188,6 @@ def test_unreadable_file_names_it(tmp_path):
         router_config.load(tmp_path / "missing.toml")
 
 
-def test_the_gil_switch_interval_is_a_positive_number_of_milliseconds():
-    assert router_config.loads(GOOD).squeal.gil_switch_interval_ms == 0.5
-    assert router_config.loads("[squeal]\ngil_switch_interval_ms = 2\n" + GOOD).squeal.gil_switch_interval_ms == 2.0
-    for bad, words in (("0", "must be greater than 0"), ('"fast"', "a number of milliseconds")):
-        with pytest.raises(TopologyError) as info:
-            router_config.loads(f"[squeal]\ngil_switch_interval_ms = {bad}\n" + GOOD, source="bad.toml")
-        assert info.value.path == "squeal.gil_switch_interval_ms" and words in str(info.value), info.value
-
-
-def test_squeal_run_sets_the_topologys_gil_switch_interval(monkeypatch):
-    """`squeal run` applies the setting before anything starts (then stops at the first thing it needs)."""
-    import sys
-
-    from squeal import cli
-
-    seen: list[float] = []
-    monkeypatch.setattr(sys, "setswitchinterval", seen.append)
-    monkeypatch.setattr(
-        cli, "_topology", lambda path: router_config.loads("[squeal]\ngil_switch_interval_ms = 2\n" + GOOD)
-    )
-    args = cli.parser().parse_args(["run", "topology.toml"])  # no --region: refused after the setting
-    with pytest.raises(ValueError, match="--region"):
-        cli.cmd_run(args)
-    assert seen == [0.002]
-
-
 def test_a_written_topology_whose_region_loses_its_instances_still_loads():
     """`to_document` writes no redundant `squeal_pool` (a region's instances are always a pool, and the key beside
     none is refused): the load experiments drop the instances of a written topology to run one daemon."""
