@@ -82,6 +82,17 @@ def start_both(env: HaEnv) -> None:
     assert env.health("east-2")["owns"] == []
 
 
+def start_under_load(env: HaEnv, cached: int, rate: float = 150, written: int = 300) -> Writer:
+    """Keys 1..`cached` in both caches, both workers running, a Writer at `rate` rows/s past `written` rows."""
+    for c in env.caches:
+        c.set_many(post_keys(range(1, cached + 1)))
+    start_both(env)
+    writer = Writer(env, first=1, rate=rate)
+    writer.start()
+    wait_until(lambda: writer.next_id > written, 15, "some writes")
+    return writer
+
+
 def check_nothing_lost(env: HaEnv, written: list[int]) -> None:
     in_db = [r[0] for r in env.sql("SELECT id FROM posts ORDER BY id")]
     assert in_db == written
@@ -99,12 +110,7 @@ def test_kill_9_of_the_owner_fails_over_to_the_other_copy_and_the_preferred_work
     pool_env: HaEnv,
 ) -> None:
     env = pool_env
-    for c in env.caches:
-        c.set_many(post_keys(range(1, 12001)))
-    start_both(env)
-    writer = Writer(env, first=1, rate=200)
-    writer.start()
-    wait_until(lambda: writer.next_id > 300, 15, "some writes")
+    writer = start_under_load(env, 12000, rate=200)
     env.all_gone(list(range(1, 200)), DEADLINE)
     assert not any(k.startswith("squeal_deletes_sent_total") for k in scrape(env.daemons["east-2"].port))
 
@@ -138,12 +144,7 @@ def test_a_worker_whose_copy_stops_answering_owns_nothing_and_gets_the_shard_bac
     pool_env: HaEnv,
 ) -> None:
     env = pool_env
-    for c in env.caches:
-        c.set_many(post_keys(range(1, 12001)))
-    start_both(env)
-    writer = Writer(env, first=1, rate=150)
-    writer.start()
-    wait_until(lambda: writer.next_id > 300, 15, "some writes")
+    writer = start_under_load(env, 12000)
 
     env.primary.pause()  # east-1's copy stops answering (the writer waits on it too); east-2's replica answers
     try:
@@ -225,12 +226,7 @@ def pool_env_own_replica(mariadb_pair, mariadb_factory, zk, memcached_factory, p
 
 def test_a_takeover_waits_for_a_lagging_copy_instead_of_skipping(pool_env_own_replica: HaEnv) -> None:
     env = pool_env_own_replica
-    for c in env.caches:
-        c.set_many(post_keys(range(1, 4001)))
-    start_both(env)
-    writer = Writer(env, first=1, rate=150)
-    writer.start()
-    wait_until(lambda: writer.next_id > 150, 15, "some writes")
+    writer = start_under_load(env, 4000, written=150)
     env.replica.execute("STOP SLAVE SQL_THREAD")  # east-2's copy stops applying: it falls behind the markers
     try:
         wait_until(lambda: writer.next_id > 450, 15, "writes the replica has not applied")
@@ -263,12 +259,7 @@ def test_the_primary_host_dies_the_promoted_replicas_worker_delivers_everything(
     assert replica.execute("SELECT @@log_slave_updates")[0][0] == 1  # east-2 reads what its copy applies
     env = HaEnv(tmp_path / "pool", primary, replica, zk, [memcached_factory() for _ in range(2)], processes)
     try:
-        for c in env.caches:
-            c.set_many(post_keys(range(1, 6001)))
-        start_both(env)
-        writer = Writer(env, first=1, rate=150)
-        writer.start()
-        wait_until(lambda: writer.next_id > 300, 15, "some writes")
+        writer = start_under_load(env, 6000)
         env.all_gone(list(range(1, 150)), DEADLINE)
 
         env.daemons["east-1"].kill()  # the host dies: its database and its worker at once, mid-load
@@ -367,12 +358,7 @@ def test_zookeeper_answers_stalled_past_the_lease_the_owner_resumes_in_the_same_
     epoch = f"{shard_path(env.root, 'east', IMPLICIT_SHARD)}/epoch"
     prober: Prober | None = None
     try:
-        for c in env.caches:
-            c.set_many(post_keys(range(1, 6001)))
-        start_both(env)
-        writer = Writer(env, first=1, rate=150)
-        writer.start()
-        wait_until(lambda: writer.next_id > 300, 15, "some writes")
+        writer = start_under_load(env, 6000)
         epoch_before = env.zk_client.get(epoch)
         prober = Prober(env, first=20_000_001, every=0.1).start()
         wait_until(lambda: len(prober.gone) >= 5, DEADLINE, "the prober's first changes to be invalidated")
