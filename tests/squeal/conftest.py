@@ -29,3 +29,25 @@ def squeal_env(primary: MariaDB, tmp_path: Path) -> Iterator:
     yield make
     for env in made:
         env.stop()
+
+
+@pytest.fixture
+def clients(zk) -> Iterator:
+    """`clients(connect=None)`: a started kazoo client on the module's ZooKeeper ensemble (its `zk` fixture) or on
+    `connect`, stopped and closed afterwards."""
+    from test_ha_support import SESSION_TIMEOUT, client, hosts
+
+    made = []
+
+    def make(connect: str | None = None, timeout: float = SESSION_TIMEOUT):
+        c = client(connect or hosts(zk), timeout)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        try:
+            c.stop()
+            c.close()
+        except Exception:  # noqa: BLE001 - a client a test already closed or whose ensemble is gone
+            pass

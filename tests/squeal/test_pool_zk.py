@@ -32,24 +32,6 @@ def zk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list]:
         yield members
 
 
-@pytest.fixture
-def clients(zk) -> Iterator:
-    made = []
-
-    def make():
-        c = client(hosts(zk), SESSION_TIMEOUT)
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        try:
-            c.stop()
-            c.close()
-        except Exception:  # noqa: BLE001
-            pass
-
-
 def member(
     c, root: str, name: str, lost: list[str], session_timeout: float = SESSION_TIMEOUT, **kwargs
 ) -> tuple[SessionLease, Ownership]:

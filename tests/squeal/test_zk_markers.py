@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 from squeal_helpers import wait_until
-from test_ha_support import SESSION_TIMEOUT, Link, client, ensemble, expire_session, hosts, unique_root
+from test_ha_support import SESSION_TIMEOUT, Link, ensemble, expire_session, hosts, unique_root
 
 from squeal.zkstore import FencedError, ZooKeeperDatamarkerStore, ZooKeeperUnavailable
 
@@ -23,25 +23,6 @@ from squeal.zkstore import FencedError, ZooKeeperDatamarkerStore, ZooKeeperUnava
 def zk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list]:
     with ensemble(tmp_path_factory.mktemp("zk-ensemble")) as members:
         yield members
-
-
-@pytest.fixture
-def clients(zk) -> Iterator:
-    """`clients(connect=None)`: a started kazoo client on the ensemble (or `connect`), closed afterwards."""
-    made = []
-
-    def make(connect: str | None = None, timeout: float = SESSION_TIMEOUT):
-        c = client(connect or hosts(zk), timeout)
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        try:
-            c.stop()
-            c.close()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 @pytest.fixture
