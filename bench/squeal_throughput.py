@@ -1,7 +1,7 @@
 """squeal throughput, batching and memory benchmark (not a test: prints figures for docs/benchmarks.md).
 
     .venv/bin/python bench/squeal_throughput.py [--rows 50000] [--repeat 3] [--readers native,python]
-                                                [--dead-seconds 60] [--no-memory] [--tls] [--no-decoders]
+                                                [--dead-seconds 60] [--no-memory] [--tls] [--no-decoders] [--via-router]
 
 1. Throughput: one binlog of `--rows` row changes (a 4-column table, transactions of 10 single-row
    statements, half INSERTs, half UPDATEs; grown until every reader's window below lasts `--min-seconds`,
@@ -23,6 +23,8 @@
    link, the deletes over TLS too, to a second pair of memcached started with `-Z`. RATIO squeal[reader]
    tls/plaintext is the median of the rounds' TLS rows/s / plaintext rows/s (issue 25's target: >= 0.9).
    With `--no-decoders` the rounds skip the bare and C decoders (squeal against itself: TLS vs plaintext).
+   With `--via-router` squeal sends to a squeal-router in front of each memcached, as a deployment does (the
+   router's TLS port in front of memcached `-Z` under `--tls`), instead of to the memcacheds themselves.
 3. Memory: squeal following a steady write load while one cluster's memcached is SIGSTOPped for
    `--dead-seconds`; squeal's RSS is sampled throughout, then after the dead cluster has caught up.
 """
@@ -30,6 +32,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import resource
@@ -41,6 +44,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -51,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "squea
 from squeal_helpers import topology_text
 
 from ops import tls as pki
-from ops.harness import MariaDB, Memcached, SquealDaemon, wait_until
+from ops.harness import ManagedProcess, MariaDB, Memcached, Router, SquealDaemon, wait_until
 from squeal import fetch_health
 from squeal import gtid as g
 from squeal.reader import BinlogReader
@@ -75,6 +79,16 @@ class TlsMemcached(Memcached):
         ):
             t.sendall(b"version\r\n")
             return t.recv(64).startswith(b"VERSION")
+
+
+def router_in_front(mc: Memcached, workdir: Path, tls: tuple[Path, Path, Path] | None = None) -> Router:
+    """A squeal-router whose one pool is `mc` (over TLS, with the router's TLS-only port, when `tls` =
+    (certificate, key, CA) is given)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    pool: dict = {"servers": [f"{mc.host}:{mc.port}"]} | ({"security_mech": "tls"} if tls else {})
+    config = workdir / f"router-{mc.port}.json"
+    config.write_text(json.dumps({"pools": {"main": pool}, "route": "PoolRoute|main"}))
+    return Router(config, workdir=workdir, tls=tls).start()
 
 
 def health(port: int) -> dict:
@@ -235,7 +249,7 @@ def squeal_replay(
     base: Path,
     db: MariaDB,
     schema: str,
-    caches: list[Memcached],
+    caches: Sequence[ManagedProcess],
     start: str,
     end: g.Position,
     batch_size: int,
@@ -390,7 +404,7 @@ def grow_for_window(
     base: Path,
     db: MariaDB,
     schema: str,
-    caches: list[Memcached],
+    caches: Sequence[ManagedProcess],
     start: str,
     end: g.Position,
     rows: int,
@@ -428,6 +442,11 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="rounds over the same binlog (median reported)")
     ap.add_argument("--readers", default="native,python", help="squeal readers to run end to end, comma-separated")
     ap.add_argument(
+        "--via-router",
+        action="store_true",
+        help="squeal sends to a squeal-router in front of each memcached (as deployed), not to memcached itself",
+    )
+    ap.add_argument(
         "--no-decoders",
         action="store_true",
         help="skip the bare and C decoders in each round (for --tls: squeal against itself)",
@@ -457,7 +476,18 @@ def main() -> int:
     tls_caches = (
         [TlsMemcached(server, ca, workdir=base / "mc-tls", memory_mb=256).start() for _ in range(2)] if args.tls else []
     )
+    routers: list[Router] = []
     try:
+        # where squeal's deletes go: the memcacheds, or (--via-router) a router in front of each
+        dests: Sequence[ManagedProcess] = caches
+        tls_dests: Sequence[ManagedProcess] = tls_caches
+        if args.via_router:
+            dests = [router_in_front(m, base / "routers") for m in caches]
+            routers += dests
+            if args.tls:
+                r = pki.issue(ca, tls_dir, "router")
+                tls_dests = [router_in_front(m, base / "routers-tls", (r.cert, r.key, ca.cert)) for m in tls_caches]
+                routers += tls_dests
         schema = "bench"
         create_schema(db, schema)
         start = db.gtid_binlog_pos()
@@ -467,7 +497,7 @@ def main() -> int:
         print(f"wrote {args.rows} row changes in {time.perf_counter() - t:.1f}s ({start} -> {g.format_position(end)})")
 
         readers = [r for r in args.readers.split(",") if r]
-        end, rows = grow_for_window(base, db, schema, caches, start, end, args.rows, readers, args.min_seconds)
+        end, rows = grow_for_window(base, db, schema, dests, start, end, args.rows, readers, args.min_seconds)
         print(f"measured over {rows} row changes ({start} -> {g.format_position(end)})")
         if not args.no_decoders:
             bare_decode(db, schema, start, end)  # warm-up: binlog in the page cache, server and library warm
@@ -488,7 +518,7 @@ def main() -> int:
                 print(f"  C decoder (mariadb-binlog -R -v): {c_s:.2f}s = {c_rate:,.0f} rows/s; CPU {c_cpu:.2f}s")
             result = {"bare": bare, "bare_cpu": bare_cpu, "c": c_rate}
             for reader in readers:
-                r = squeal_replay(base, db, schema, caches, start, end, 256, reader=reader)
+                r = squeal_replay(base, db, schema, dests, start, end, 256, reader=reader)
                 if r["rows"] != bare_rows:
                     raise RuntimeError(f"squeal ({reader}) read {r['rows']:.0f} rows, bare decode {bare_rows}")
                 r["ratio"] = r["rows_per_s"] / bare
@@ -497,7 +527,7 @@ def main() -> int:
                 r["cpu_ratio"] = (bare_cpu / bare_rows) / (r["cpu"] / max(r["window_rows"], 1))
                 result[reader] = r
                 if tls_dir is not None:
-                    t = squeal_replay(base, db, schema, tls_caches, start, end, 256, reader=reader, tls_dir=tls_dir)
+                    t = squeal_replay(base, db, schema, tls_dests, start, end, 256, reader=reader, tls_dir=tls_dir)
                     if t["rows"] != bare_rows:
                         raise RuntimeError(f"squeal ({reader}, TLS) read {t['rows']:.0f} rows, bare decode {bare_rows}")
                     r["tls"] = t["rows_per_s"] / r["rows_per_s"]
@@ -556,6 +586,8 @@ def main() -> int:
             f"{mem['live_deletes_per_write']:.1f}"
         )
     finally:
+        for router in routers:
+            router.stop()
         for m in tls_caches:
             m.stop()
         for m in caches:
