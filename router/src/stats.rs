@@ -546,4 +546,36 @@ mod tests {
         );
         assert!(prom.contains("squeal_router_errors_total 4\n"), "{prom}");
     }
+
+    /// The metric families `prometheus_text` renders (from its `# TYPE` lines), with the
+    /// `_total` suffix that docs/metrics.md leaves off counters.
+    fn rendered_families(text: &str) -> std::collections::BTreeSet<String> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .map(|n| n.strip_suffix("_total").unwrap_or(n).to_string())
+            .collect()
+    }
+
+    #[test]
+    fn docs_metrics_md_lists_exactly_the_families_the_router_renders() {
+        // Both ways: a new series must be documented, and a documented one that no longer
+        // exists is a stale row an operator would alert on in vain.
+        let doc = include_str!("../../docs/metrics.md");
+        let documented: std::collections::BTreeSet<String> = doc
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `squeal_router_"))
+            .filter_map(|l| l.split('`').next())
+            .map(|n| format!("squeal_router_{n}"))
+            .collect();
+        let rendered = rendered_families(&Stats::default().prometheus_text(0));
+        assert!(rendered.len() > 20, "{rendered:?}");
+        let undocumented: Vec<_> = rendered.difference(&documented).collect();
+        let stale: Vec<_> = documented.difference(&rendered).collect();
+        assert!(
+            undocumented.is_empty(),
+            "rendered but not in docs/metrics.md: {undocumented:?}"
+        );
+        assert!(stale.is_empty(), "in docs/metrics.md but never rendered: {stale:?}");
+    }
 }

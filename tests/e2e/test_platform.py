@@ -64,13 +64,19 @@ def test_updates_at_master_invalidate_every_cluster_of_both_regions(platform):
     db = topo.master.database
     clients = {c.name: _router_client(c) for c in topo.clusters}
     conn = pymysql.connect(host=db.host, port=db.port, user=db.user, password=db.password, autocommit=True)
+    last = f"user:{UPDATES}"
+    # A sentinel for the insert's last row, cached before the insert: once the insert's delete of it has
+    # arrived, so have all of the insert's (one transaction, delivered in order per cluster). Filling before
+    # that would let a late insert delete pass for the UPDATE's.
+    for client in clients.values():
+        client.set(last, b"sentinel", expire=600)
+        assert client.get(last) == b"sentinel"
     with conn, conn.cursor() as cur:
         cur.executemany(
             "INSERT INTO app.users (id, name, email) VALUES (%s, %s, %s)",
             [(i, f"user{i}", f"u{i}@example.com") for i in range(1, UPDATES + 1)],
         )
-        # the insert's own deletes may still be in flight: fill only after they have passed
-        _wait(lambda: all(c.get(f"user:{UPDATES}") is None for c in clients.values()), 30, "insert deletes")
+        _wait(lambda: all(c.get(last) is None for c in clients.values()), 30, "the insert's deletes")
         for client in clients.values():
             client.set_many({f"user:{i}": b"cached" for i in range(1, UPDATES + 1)}, expire=600)
         for i in range(1, UPDATES + 1):
