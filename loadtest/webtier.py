@@ -104,7 +104,6 @@ class KeyFamily:
     prefix: str
     query: str  # one %s: the key's argument
     shape: str
-    all_args: str  # every argument currently in the database (for sampling)
     shards: str = "arg"
 
     def key(self, arg: Any) -> str:
@@ -134,36 +133,28 @@ class KeyFamily:
             return [next(iter(r.values())) for r in rows]
         return rows
 
-    def all_keys(self, db: SqlClient) -> list[str]:
-        return [self.key(next(iter(r.values()))) for r in db.query(self.all_args, ())]
-
 
 KEY_FAMILIES: dict[str, KeyFamily] = {
     f.prefix: f
     for f in (
-        KeyFamily("user", "SELECT id, name, email FROM users WHERE id = %s", "row", "SELECT id FROM users"),
-        KeyFamily(
-            "user:email", "SELECT id, name, email FROM users WHERE email = %s", "row", "SELECT email FROM users", "all"
-        ),
-        KeyFamily("post", "SELECT id, author_id, body FROM posts WHERE id = %s", "row", "SELECT id FROM posts"),
+        KeyFamily("user", "SELECT id, name, email FROM users WHERE id = %s", "row"),
+        KeyFamily("user:email", "SELECT id, name, email FROM users WHERE email = %s", "row", "all"),
+        KeyFamily("post", "SELECT id, author_id, body FROM posts WHERE id = %s", "row"),
         KeyFamily(
             "feed",
             f"SELECT id, author_id, body FROM posts WHERE author_id = %s ORDER BY id DESC LIMIT {FEED_LENGTH}",
             "rows",
-            "SELECT DISTINCT author_id FROM posts",
         ),
         KeyFamily(
             "followers",
             "SELECT follower_id FROM follows WHERE followee_id = %s ORDER BY 1",
             "column",
-            "SELECT DISTINCT followee_id FROM follows",
             "all",  # follows live with the follower: a followee's followers are on every shard
         ),
         KeyFamily(
             "following",
             "SELECT followee_id FROM follows WHERE follower_id = %s ORDER BY 1",
             "column",
-            "SELECT DISTINCT follower_id FROM follows",
         ),
     )
 }

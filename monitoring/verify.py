@@ -592,13 +592,6 @@ class KeepFlags:
         return value, flags
 
 
-def decode_value(value: bytes, flags: int) -> Any:
-    """A web-tier JSON value as Python (other values as bytes)."""
-    if flags != JSON_FLAG:
-        return value
-    return json.loads(value)
-
-
 def _reason(e: BaseException) -> str:
     if isinstance(e, pymysql.err.Error) and e.args:
         return str(e.args[-1])

@@ -15,7 +15,7 @@ The pipeline, one module per stage, read top to bottom:
     healthz       the one client of a daemon's /healthz
 """
 
-from squeal.daemon import Daemon, run
+from squeal.daemon import Daemon
 from squeal.datamarkers import DatamarkerStore, FileDatamarkerStore
 from squeal.flows import Committed, Dispatcher, Flow, flow_names, flows_for_region, split_keys
 from squeal.gtid import GtidError, format_position, parse_gtid, parse_position
@@ -56,7 +56,6 @@ __all__ = [
     "parse_position",
     "own_certificates",
     "probe_health",
-    "run",
     "split_keys",
     "zookeeper_client_options",
 ]

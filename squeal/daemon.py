@@ -1073,31 +1073,3 @@ class Daemon:
 
         next_round()
         return result
-
-
-def run(
-    topology: Topology,
-    region: str,
-    state_dir: str | Path | None = None,
-    metrics_port: int | None = None,
-    from_gtid: str | None = None,
-    reply_timeout: float = 2.0,
-    sample_every: int = 1000,
-) -> int:
-    """Run the daemon until SIGTERM/SIGINT; returns the exit code."""
-    from twisted.internet import reactor
-
-    daemon = Daemon(
-        topology,
-        region,
-        state_dir,
-        metrics_port,
-        from_gtid,
-        reactor=reactor,
-        reply_timeout=reply_timeout,
-        sample_every=sample_every,
-    )
-    daemon.prepare()
-    reactor.callWhenRunning(daemon.start)
-    reactor.run()
-    return daemon.exit_code

@@ -416,10 +416,6 @@ class RegionDaemon:
             except Exception as e:  # noqa: BLE001 - retried at the next call; ZooKeeper may be away for a while
                 log.debug("cannot take %s: %s", store.accept_path, e)
 
-    def accept_paths(self) -> list[Path]:
-        """Each shard's `squeal accept-data-loss` request file."""
-        return [d.accept_path() for d in self.shards.values()]
-
     def _pid_path(self) -> Path:
         return self.state_dir / f"squeal-{self.region.name}.pid"
 

@@ -128,12 +128,8 @@ class SourceLag:
             return self._last_known + max(0.0, now - self._stalled_since)
         return float(self.seconds_behind_master or 0)
 
-    def binlog_lag(self, acked: g.Position, now: float) -> float:
-        """Seconds since the poller first saw a source position that `acked` does not cover (0 if none)."""
-        with self._lock:
-            return self._binlog_lag(acked, now)
-
     def _binlog_lag(self, acked: g.Position, now: float) -> float:
+        """Seconds since the poller first saw a source position that `acked` does not cover (0 if none)."""
         for seen, pos in self._history:
             if not g.covers_position(acked, pos):
                 return max(0.0, now - seen)
