@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from monitoring.scrape import scrape_memcached
@@ -56,12 +57,17 @@ def _read(cluster: Cluster, tls: ssl.SSLContext | None) -> list[ServerHealth]:
     return out
 
 
-def gutter_health(cluster: Cluster, sample_seconds: float = 1.0, tls: ssl.SSLContext | None = None) -> GutterHealth:
+def gutter_health(
+    cluster: Cluster,
+    sample_seconds: float = 1.0,
+    tls: ssl.SSLContext | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> GutterHealth:
     """Which servers answer, and the gutter's hit rate over `sample_seconds`. `tls`: the servers speak TLS
-    (`router_config.tls_context` of the topology's `[tls]`)."""
+    (`router_config.tls_context` of the topology's `[tls]`); `sleep` waits out the sample window."""
     gutter = cluster.gutter.name if cluster.gutter else None
     before = {s.address: s for s in _read(cluster, tls)}
-    time.sleep(sample_seconds)
+    sleep(sample_seconds)
     after = _read(cluster, tls)
     hits = misses = 0.0
     for s in after:

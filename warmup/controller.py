@@ -14,6 +14,7 @@ import json
 import os
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,8 +56,10 @@ class WarmupStatus:
 class WarmupController:
     """Warm-up of clusters in the deployment whose `squealctl` state lives in `state_dir`."""
 
-    def __init__(self, state_dir: str | Path) -> None:
+    def __init__(self, state_dir: str | Path, sleep: Callable[[float], None] = time.sleep) -> None:
+        """`sleep` waits out a hit-rate sample window (a test passes one that makes the window's traffic)."""
         self.state_dir = Path(state_dir)
+        self._sleep = sleep
         self.overlay_file = self.state_dir / "warmup.json"
         components = self.state_dir / "components.json"
         if not components.exists():
@@ -116,7 +119,7 @@ class WarmupController:
         cold, warm = self._cluster(topo, cluster), self._cluster(topo, entry["warm"])
         tls = router_config.tls_context(topo.tls, "monitoring")
         before = {c.name: _hits_misses(c, tls) for c in (cold, warm)}
-        time.sleep(sample_seconds)
+        self._sleep(sample_seconds)
         after = {c.name: _hits_misses(c, tls) for c in (cold, warm)}
 
         def rate(name: str) -> float | None:

@@ -89,7 +89,7 @@ def _gets(server: Memcached, hits: int, misses: int) -> None:
                 reply += s.recv(1000)
 
 
-def test_warmup_status_compares_hit_rates_and_finish_waits_for_target(deployment, processes, monkeypatch):
+def test_warmup_status_compares_hit_rates_and_finish_waits_for_target(deployment, processes):
     state, topo = deployment
     servers = {
         name: [
@@ -98,15 +98,14 @@ def test_warmup_status_compares_hit_rates_and_finish_waits_for_target(deployment
         ]
         for name in ("east-a", "east-b")
     }
-    controller = WarmupController(state)
-    controller.start("east-b")
     samples = iter([(servers["east-b"][0], 2, 8), (servers["east-a"][0], 8, 2)])
 
     def traffic(seconds: float) -> None:  # the "sleep" of the sample window: make gets happen in it
         for server, hits, misses in samples:
             _gets(server, hits, misses)
 
-    monkeypatch.setattr("warmup.controller.time.sleep", traffic)
+    controller = WarmupController(state, sleep=traffic)
+    controller.start("east-b")
     status = controller.status("east-b")
     assert status.cold_hit_rate == pytest.approx(0.2) and status.warm_hit_rate == pytest.approx(0.8)
     assert status.progress == pytest.approx(0.25)
@@ -115,3 +114,23 @@ def test_warmup_status_compares_hit_rates_and_finish_waits_for_target(deployment
     with pytest.raises(WarmupError, match="not warm yet"):
         controller.finish("east-b")
     assert "east-b" in controller.overlay()
+
+
+def test_gutter_health_reports_the_gutters_hit_rate_over_the_sample_window(deployment, processes):
+    _, topo = deployment
+    cluster = topo.cluster("east-a")
+    assert cluster.gutter is not None
+    gutter_server = processes.add(Memcached(port=cluster.gutter.servers[0].port, workdir=processes.base / "mc-gutter"))
+    # the cluster's other pools stay down: reported as down, not counted
+
+    def traffic(seconds: float) -> None:  # the sample window: 3 hits and 1 miss on the gutter
+        _gets(gutter_server, 3, 1)
+
+    health = gutter.gutter_health(cluster, sample_seconds=2.0, sleep=traffic)
+    assert health.gutter_hit_rate == pytest.approx(0.75)
+    up = {s.address: s.up for s in health.servers}
+    assert up[str(cluster.gutter.servers[0])] is True
+    assert {a for a, ok in up.items() if not ok} == {str(a) for p in cluster.pools for a in p.servers} - {
+        str(cluster.gutter.servers[0])
+    }
+    assert set(map(str, cluster.wildcard.servers)) <= set(health.down)
