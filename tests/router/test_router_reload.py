@@ -7,7 +7,6 @@ import json
 import signal
 import socket
 import threading
-import time
 
 from ops.harness import free_port
 from tests.router.conftest import FAST, Conn, furc_hash, wait_for
@@ -52,8 +51,8 @@ def stat(address: str, name: bytes) -> int:
 
 def test_reload_forgets_removed_servers_and_stops_probing_them(memcached_factory, router_factory) -> None:
     alive = memcached_factory()
-    port = free_port()
-    dead = f"127.0.0.1:{port}"
+    port, control_port = free_port(), free_port()
+    dead, control = f"127.0.0.1:{port}", f"127.0.0.1:{control_port}"
     config = {"pools": {"p": {"servers": [alive.address, dead]}}, "route": "PoolRoute|p"}
     router = router_factory(config, extra_args=FAST)
     key = next(b"k%d" % i for i in range(1000) if furc_hash(b"k%d" % i, 2) == 1)
@@ -63,18 +62,26 @@ def test_reload_forgets_removed_servers_and_stops_probing_them(memcached_factory
     probes = CountingListener(port)  # probes now reach something that never answers `version`
     try:
         wait_for(lambda: probes.count >= 2, what="TKO probes of the dead server")
-        without_dead = {"pools": {"p": {"servers": [alive.address]}}, "route": "PoolRoute|p"}
-        router.config_path.write_text(json.dumps(without_dead))
+        # The new config swaps the dead server for another dead one in the same place: its probes are the
+        # clock that shows the probe loop kept running long enough for the removed server to be probed.
+        swapped = {"pools": {"p": {"servers": [alive.address, control]}}, "route": "PoolRoute|p"}
+        router.config_path.write_text(json.dumps(swapped))
         wait_for(lambda: "reloaded" in router.log_file.read_text(), what="reload")
         assert stat(router.address, b"servers_tko") == 0
-        time.sleep(0.5)  # a probe already under way may still land
-        seen = probes.count
-        time.sleep(3)  # probes came every <= 1 s before the reload
-        assert probes.count == seen, f"{probes.count - seen} probes of a server no longer in the config"
+        assert c.call(b"get " + key + b"\r\n").startswith(b"SERVER_ERROR")  # the control server's TKO
+        controls = CountingListener(control_port)
+        try:
+            wait_for(lambda: controls.count >= 1, what="the first probe of the control server")
+            seen = probes.count  # (a probe of the removed server under way at the reload has landed by now)
+            wait_for(lambda: controls.count >= 4, what="three more probes of the control server")
+            assert probes.count == seen, f"{probes.count - seen} probes of a server no longer in the config"
+        finally:
+            controls.close()
     finally:
         probes.close()
-    assert c.call(b"set " + key + b" 0 0 1\r\nv\r\n") == b"STORED"
-    assert Conn(alive.address).call(b"mg " + key + b" v\r\n") == b"VA 1\r\nv\r\n"
+    other = next(b"k%d" % i for i in range(1000) if furc_hash(b"k%d" % i, 2) == 0)
+    assert c.call(b"set " + other + b" 0 0 1\r\nv\r\n") == b"STORED"
+    assert Conn(alive.address).call(b"mg " + other + b" v\r\n") == b"VA 1\r\nv\r\n"
 
 
 def _reload_setup(memcached_factory, router_factory):
