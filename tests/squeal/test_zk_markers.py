@@ -140,6 +140,8 @@ def test_session_loss_and_partition(clients, links) -> None:
     store.ensure_paths()
     assert store.load("c0") is None
     store.save("c0", "0-1-1")
+    witness = f"{root}/session-witness"  # an ephemeral znode of the store's session: gone when it expired
+    store.client.create(witness, ephemeral=True)
     for link in cut_links:
         link.cut()
     t0 = time.monotonic()
@@ -147,8 +149,8 @@ def test_session_loss_and_partition(clients, links) -> None:
         store.save("c0", "0-1-2")
     failed_after = time.monotonic() - t0
     assert failed_after < 10, failed_after  # (a hang detector, not a speed requirement)
-    time.sleep(SESSION_TIMEOUT * 1.5)  # the session expires on the servers
     observer = ZooKeeperDatamarkerStore(clients(), root, "east")
+    wait_until(lambda: observer.client.exists(witness) is None, SESSION_TIMEOUT * 4, "the session to expire")
     assert observer.positions() == {"c0": "0-1-1"}
     old_session = store.client.client_id
     for link in cut_links:
