@@ -217,7 +217,7 @@ def test_down_stops_a_component_restarted_by_hand_after_the_supervisor_died(tmp_
         name = "memcached/east-a/wildcard/0"
         row = status(state)[name]
         os.kill(row["pid"], signal.SIGKILL)
-        time.sleep(1)  # nothing restarts it now
+        wait_until(lambda: not alive(row["pid"]), 10, f"{name} (pid {row['pid']}) to die", error=None)
         after = squealctl(state, "status", check=False)
         assert after.returncode == 1 and f"supervisor (pid {supervisor}) is NOT RUNNING" in after.stdout
         assert not status(state)[name]["running"]
