@@ -3,7 +3,7 @@
     python -m monitoring serve TOPOLOGY --state-dir var/local --port 19000
 
 Routes: `/` the dashboard page, `/api/panels` its data (JSON), `/api/targets` scrape health,
-`/api/leaders` who owns each shard of a pooled region (monitoring/leaders.py), `/api/links` each link's TLS state
+`/api/owners` who owns each shard of a pooled region (monitoring/owners.py), `/api/links` each link's TLS state
 (monitoring/links.py), `/metrics` the prober's own Prometheus metrics, `/healthz`.
 Targets come from `squealctl`'s component list (every memcached, and every process that recorded a
 metrics address), so whatever `squealctl up` started is watched without extra configuration.
@@ -25,8 +25,8 @@ from twisted.web import resource, server
 
 import router_config
 from monitoring import panels
-from monitoring.leaders import LeaderWatch
 from monitoring.links import LinkWatch
+from monitoring.owners import OwnershipWatch
 from monitoring.prober import Prober
 from monitoring.scrape import Scraper, Store, Target
 from squeal import CertExpiry
@@ -70,7 +70,7 @@ def build_site(
     store: Store,
     scraper: Scraper,
     registry: CollectorRegistry,
-    leaders: LeaderWatch | None = None,
+    owners: OwnershipWatch | None = None,
     links: LinkWatch | None = None,
 ) -> server.Site:
     root = resource.Resource()
@@ -81,8 +81,8 @@ def build_site(
     root.putChild(b"api", api)
     api.putChild(b"panels", _Leaf(lambda: json.dumps(panels.build(store)).encode(), b"application/json"))
     api.putChild(
-        b"leaders",
-        _Leaf(lambda: json.dumps(leaders.snapshot() if leaders else []).encode(), b"application/json"),
+        b"owners",
+        _Leaf(lambda: json.dumps(owners.snapshot() if owners else []).encode(), b"application/json"),
     )
     api.putChild(
         b"links",
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_prober:
         prober = Prober(topo, registry, interval=args.probe_interval)
         prober.start()
-    watch = LeaderWatch(topo).start()
+    watch = OwnershipWatch(topo).start()
     link_watch = LinkWatch(topo).start()
     reactor.listenTCP(args.port, build_site(store, scraper, registry, watch, link_watch), interface=args.host)
     for sig in (signal.SIGTERM, signal.SIGINT):

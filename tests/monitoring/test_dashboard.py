@@ -118,7 +118,7 @@ def test_dashboard_shows_who_owns_each_shard_of_a_pooled_region(tmp_path, ha_dep
     idle = next(r["instance"] for r in workers if not r.get("owns"))
     (shard,) = next(r["owns"] for r in workers if r.get("owns"))
     address = rows["monitoring"]["address"]
-    with urllib.request.urlopen(f"http://{address}/api/leaders", timeout=5) as resp:
+    with urllib.request.urlopen(f"http://{address}/api/owners", timeout=5) as resp:
         api = json.loads(resp.read())
     assert [r["region"] for r in api] in ([], ["east"])  # [] until its first poll
 
@@ -139,16 +139,16 @@ def test_dashboard_shows_who_owns_each_shard_of_a_pooled_region(tmp_path, ha_dep
     driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
     try:
         driver.get(f"http://{address}/")
-        row = "document.querySelector('#leaders tr[data-region=east]')"
+        row = "document.querySelector('#owners tr[data-region=east]')"
         WebDriverWait(driver, 20).until(lambda d: d.execute_script(f"return {row} !== null"))
         shown = driver.execute_script(
             f"const r = {row}; return [r.querySelector('.owners').textContent, r.querySelector('.idle').textContent]"
         )
         assert shown == [f"{shard} → {owner}", idle], shown
-        assert driver.execute_script("return document.querySelector('#leaders tr[data-region=west]')") is None
+        assert driver.execute_script("return document.querySelector('#owners tr[data-region=west]')") is None
     finally:
         driver.quit()
-    with urllib.request.urlopen(f"http://{address}/api/leaders", timeout=5) as resp:
+    with urllib.request.urlopen(f"http://{address}/api/owners", timeout=5) as resp:
         (east,) = json.loads(resp.read())
     assert (east["owners"], east["idle"], east["unowned"]) == ({shard: owner}, [idle], [])
 

@@ -1,12 +1,13 @@
-"""monitoring.leaders from the workers' /healthz answers (given here; the pool deployment tests ask real workers):
-which worker delivers each shard of a pooled region, which own nothing, and the shards nobody delivers."""
+"""monitoring.owners.ownership from the workers' /healthz answers (given here; the pool deployment tests ask
+real workers): which worker delivers each shard of a pooled region, which own nothing, and the shards nobody
+delivers."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import router_config
-from monitoring.leaders import leaders
+from monitoring.owners import ownership
 
 TOPOLOGY = """
 [zookeeper]
@@ -66,7 +67,7 @@ def test_owners_of_every_shard_of_two_pools() -> None:
         "127.0.0.1:19211": {"state": "worker", "owns": []},
         "127.0.0.1:19212": None,  # down
     }
-    east, west = leaders(topo, health=lambda address: answers[address])
+    east, west = ownership(topo, health=lambda address: answers[address])
     assert east["region"] == "east" and east["idle"] == ["east-1"]
     assert east["owners"] == {"p0": "east-2", "p1": "east-2", "p2": "east-2"} and east["unowned"] == []
     assert (west["region"], west["idle"]) == ("west", ["w2"])
@@ -78,5 +79,5 @@ def test_owners_of_every_shard_of_two_pools() -> None:
     ]
 
     answers["127.0.0.1:19111"] = {"state": "starting"}  # nobody delivers east now
-    east, _ = leaders(topo, health=lambda address: answers[address])
+    east, _ = ownership(topo, health=lambda address: answers[address])
     assert east["owners"] == {} and east["unowned"] == ["p0", "p1", "p2"] and east["idle"] == ["east-1"]

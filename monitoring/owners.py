@@ -1,5 +1,5 @@
 """Who owns what in each region with squeal instances (the workers of its pool): every worker's /healthz, polled
-(the dashboard's owners table, `/api/leaders`).
+(the dashboard's owners table, `/api/owners`).
 
 A worker's /healthz says its `state` ("worker"; "starting" while it waits for ZooKeeper) and the shards it owns
 (`owns`); `owners` maps every shard of the topology to the worker delivering it, and `unowned` lists the shards
@@ -22,7 +22,7 @@ def instance_health(address: str, timeout: float = 2.0) -> dict[str, Any] | None
     return body if code is not None else None
 
 
-def leaders(topo: Topology, health=instance_health) -> list[dict[str, Any]]:
+def ownership(topo: Topology, health=instance_health) -> list[dict[str, Any]]:
     """Per region with squeal instances: `instances` (name, address, database, state: worker/starting, or "down";
     `owns`: the shards it delivers), `idle` (the workers that answer and own nothing: a standby in the region's
     "one shard, two workers"), `owners` (shard -> the worker delivering it) and `unowned` (shards nobody delivers
@@ -57,10 +57,10 @@ def leaders(topo: Topology, health=instance_health) -> list[dict[str, Any]]:
     return out
 
 
-class LeaderWatch(Poller):
-    """`leaders(topo)` every `interval` seconds on a thread of its own; `snapshot()` is the last answer."""
+class OwnershipWatch(Poller):
+    """`ownership(topo)` every `interval` seconds on a thread of its own; `snapshot()` is the last answer."""
 
-    thread_name = "leaders"
+    thread_name = "owners"
     failure = "polling the squeal instances failed"
 
     def __init__(self, topo: Topology, interval: float = 2.0) -> None:
@@ -70,4 +70,4 @@ class LeaderWatch(Poller):
         return any(r.squeal_instances for r in self.topo.regions)
 
     def look(self) -> list[dict[str, Any]]:
-        return leaders(self.topo)
+        return ownership(self.topo)
