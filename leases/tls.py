@@ -23,6 +23,8 @@ import ssl
 import threading
 from collections.abc import Callable
 
+from router_config import handshake_failure_reason
+
 log = logging.getLogger(__name__)
 
 _warned: dict[str, str] = {}  # server -> the reason last reported (one line per server and reason)
@@ -31,17 +33,6 @@ _warned_lock = threading.Lock()
 
 class TlsConnectError(ConnectionError):
     """The TLS handshake with a memcached/router failed (the message names the server and the reason)."""
-
-
-def reason_of(e: BaseException) -> str:
-    """The reason in words: OpenSSL's verify message, or what a protocol error means here."""
-    if isinstance(e, ssl.SSLCertVerificationError):
-        return f"certificate verify failed: {e.verify_message}"
-    if isinstance(e, ssl.SSLError):
-        if e.reason in ("WRONG_VERSION_NUMBER", "PACKET_LENGTH_TOO_LONG", "RECORD_LAYER_FAILURE"):
-            return f"the server does not answer TLS on this port (a plaintext port?) ({e.reason})"
-        return e.reason or str(e)
-    return str(e) or type(e).__name__
 
 
 def _report(server: str, reason: str | None) -> None:
@@ -113,7 +104,7 @@ def tls_socket_factory(
             tls = context().wrap_socket(raw, server_hostname=host)  # the handshake, within connect_timeout
         except (ssl.SSLError, ssl.CertificateError, OSError) as e:
             raw.close()
-            reason = reason_of(e)
+            reason = handshake_failure_reason(e)
             _report(server, reason)
             raise TlsConnectError(f"TLS to memcache {server} failed: {reason}") from None
         _report(server, None)

@@ -29,6 +29,18 @@ def verifying_context(ca: str | None, cert: str | None = None, key: str | None =
     return ctx
 
 
+def handshake_failure_reason(e: BaseException) -> str:
+    """Why a TLS handshake failed, in words: OpenSSL's verify message, or what a protocol error means here
+    (every client of a TLS server logs the same reason for the same failure)."""
+    if isinstance(e, ssl.SSLCertVerificationError):
+        return f"certificate verify failed: {e.verify_message}"
+    if isinstance(e, ssl.SSLError):
+        if e.reason in ("WRONG_VERSION_NUMBER", "PACKET_LENGTH_TOO_LONG", "RECORD_LAYER_FAILURE"):
+            return f"the server does not answer TLS on this port (a plaintext port?) ({e.reason})"
+        return e.reason or str(e)
+    return str(e) or type(e).__name__
+
+
 def client_context(tls: TlsSettings, component: str) -> ssl.SSLContext:
     """A verifying client context from `[tls]`, presenting `component`'s certificate if it has one."""
     mine = tls.cert(component)

@@ -17,7 +17,7 @@ from twisted.internet import defer, protocol
 from twisted.internet.interfaces import ITCPTransport
 from twisted.python.failure import Failure
 
-from router_config import TlsSettings
+from router_config import TlsSettings, handshake_failure_reason
 from router_config import client_context as _client_context
 
 READ_SIZE = 1 << 14  # one TLS record's plaintext at most; replies are small (`MN`, an error line)
@@ -30,17 +30,6 @@ class TlsError(ConnectionError):
 def client_context(tls: TlsSettings, component: str = "squeal") -> ssl.SSLContext:
     """A verifying client context from the topology's [tls] (read afresh per connection: renewed files count)."""
     return _client_context(tls, component)
-
-
-def reason_of(e: BaseException) -> str:
-    """The reason in words: OpenSSL's verify message, or its reason code with what it means here."""
-    if isinstance(e, ssl.SSLCertVerificationError):
-        return f"certificate verify failed: {e.verify_message}"
-    if isinstance(e, ssl.SSLError):
-        if e.reason in ("WRONG_VERSION_NUMBER", "PACKET_LENGTH_TOO_LONG", "RECORD_LAYER_FAILURE"):
-            return f"the server does not answer TLS on this port (a plaintext port?) ({e.reason})"
-        return e.reason or str(e)
-    return str(e)
 
 
 class _InnerTransport:
@@ -103,7 +92,7 @@ class TlsClientProtocol(protocol.Protocol):
             return
         except ssl.SSLError as e:
             self._flush()
-            self._fail(reason_of(e))
+            self._fail(handshake_failure_reason(e))
             return
         self._flush()
         self.handshaken = True
@@ -132,7 +121,7 @@ class TlsClientProtocol(protocol.Protocol):
                 self.tcp.loseConnection()
                 break
             except ssl.SSLError as e:
-                self._fail(reason_of(e))
+                self._fail(handshake_failure_reason(e))
                 return
             if not chunk:
                 break
