@@ -1,12 +1,13 @@
 """squeal: the binlog invalidation daemon (the paper's mcsqueal, with Wormhole's reliable delivery).
 
-The pipeline, one module per stage, read top to bottom:
+The pipeline, one module per stage, in the order a row meets it:
 
     reader        binlog events (MariaDB, GTID, annotate rows) as plain events; owns reconnects
-    transactions  events -> committed transactions (nothing before the XID/commit)
-    rules         transaction -> keys (rule templates over before/after images, /* mcd: */ comments)
+    rules         each row event -> keys as it is read (rule templates over before/after images)
+    transactions  events -> committed transactions holding their keys (nothing before the XID/commit)
+    pipeline      that loop on a read thread; at commit the /* mcd: */ comment keys, split by destination
     flows         one flow per destination: queue, datamarker position, shedding, catch-up
-    batcher       `md <key> q` ... `mn` batches over TCP, failover across routers, backoff
+    batcher       `md <key> q` ... `mn` batches over TCP, failover across routers, backoff; acks
     datamarkers   durable per-flow positions (file store; zkstore: the same on ZooKeeper for a pool)
     pool          a region's shards divided among its workers through ZooKeeper, placed by load (`placement`),
                   fenced per shard; a region of one shard and two workers is what HA mode was
