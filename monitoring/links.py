@@ -4,7 +4,7 @@ A link is a server of the topology and who dials it: the routers (squeal's delet
 each memcached (its cluster's routers), each MariaDB copy (squeal's binlog readers, the web tier, monitoring),
 each replica's stream from the copy it replicates, each ZooKeeper server (squeal). Its state is observed, not
 read from the configuration: the monitoring server dials every server as a client of the topology would —
-with `[tls]` a verifying TLS handshake (`router_config.tls_context`, `mysql_options`), without it plaintext —
+with `[tls]` a verifying TLS handshake (`router_config.tls_context`, `connect_database`), without it plaintext —
 and reports what it got: the protocol (`TLSv1.3`), the certificate's expiry, or why it failed. A replica's
 stream is what the replica reports (`SHOW SLAVE STATUS`: `Master_SSL_Allowed`, `Master_SSL_Verify_Server_Cert`).
 It never tries plaintext against a TLS port (each refused attempt would be a line in that server's log).
@@ -21,7 +21,7 @@ from typing import Any
 import pymysql
 
 from monitoring.polling import Poller
-from router_config import Database, Topology, mysql_options, tls_context
+from router_config import Database, Topology, connect_database, tls_context
 
 TIMEOUT = 2.0
 
@@ -114,14 +114,7 @@ def _stream(link: Link, ctx: ssl.SSLContext | None, hello: bytes) -> tuple[bytes
 
 
 def _mysql(db: Database) -> pymysql.connections.Connection:
-    return pymysql.connect(
-        host=db.host,
-        port=db.port,
-        user=db.user,
-        password=db.password,
-        connect_timeout=TIMEOUT,
-        **mysql_options(db, "monitoring"),
-    )
+    return connect_database(db, "monitoring", connect_timeout=TIMEOUT)
 
 
 def check(link: Link, topo: Topology) -> LinkState:

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheError
 
-from router_config import Topology, mysql_options, tls_context
+from router_config import Topology, connect_database, tls_context
 
 log = logging.getLogger(__name__)
 
@@ -113,15 +113,7 @@ class Prober:
     def _db(self, shard: str | None = None) -> pymysql.connections.Connection:
         """A connection to `shard`'s primary (default: the first probed shard's)."""
         db = self.topo.shard_copy(shard, self.topo.master.name) if shard else self.master
-        return pymysql.connect(
-            host=db.host,
-            port=db.port,
-            user=db.user,
-            password=db.password,
-            autocommit=True,
-            connect_timeout=3,
-            **mysql_options(db, "monitoring"),
-        )
+        return connect_database(db, "monitoring", connect_timeout=3)
 
     def ensure_canary_table(self) -> None:
         """The canary table and this prober's rows on every probed shard's primary."""

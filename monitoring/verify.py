@@ -261,16 +261,12 @@ class Database:
 
     def connect(self) -> None:
         try:
-            self.conn = pymysql.connect(
-                host=self.db.host,
-                port=self.db.port,
-                user=self.db.user,
-                password=self.db.password,
-                autocommit=True,
+            self.conn = router_config.connect_database(
+                self.db,
+                "monitoring",
                 connect_timeout=self.connect_timeout,
                 read_timeout=30,
                 cursorclass=pymysql.cursors.DictCursor,
-                **router_config.mysql_options(self.db, "monitoring"),
             )
         except pymysql.err.Error as e:
             self.lost = True

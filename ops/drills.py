@@ -278,15 +278,7 @@ class Drill:
 
 
 def _connect(db: router_config.Database) -> pymysql.connections.Connection:
-    return pymysql.connect(
-        host=db.host,
-        port=db.port,
-        user=db.user,
-        password=db.password,
-        autocommit=True,
-        connect_timeout=5,
-        **router_config.mysql_options(db, "monitoring"),
-    )
+    return router_config.connect_database(db, "monitoring")
 
 
 def run_drill(

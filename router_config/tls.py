@@ -86,6 +86,15 @@ def mysql_options(db: Database, component: str) -> dict[str, Any]:
     return {"ssl": client_context(db.tls, component)}
 
 
+def connect_database(db: Database, component: str, **kwargs: Any) -> Any:
+    """A PyMySQL connection to `db` as `component`, dialled as `mysql_options` says (autocommit, a 5 s connect
+    timeout unless `kwargs` say otherwise): the one place a topology's database is dialled by its clients."""
+    import pymysql  # here: most importers of router_config never dial a database
+
+    options = {"autocommit": True, "connect_timeout": 5, **kwargs, **mysql_options(db, component)}
+    return pymysql.connect(host=db.host, port=db.port, user=db.user, password=db.password, **options)
+
+
 def cert_expiry_timestamp(cert_path: str | Path) -> float:
     """When the (first) certificate in a PEM file stops being valid, as a Unix timestamp (the expiry metric,
     `squeal_tls_cert_expiry_timestamp_seconds`)."""
