@@ -715,8 +715,8 @@ class _Builder:
         if not flag and instances:
             raise self.fail(
                 f"{path}.squeal_pool",
-                "a region's squeal instances always run as a pool now (the leader election of one instance per "
-                "region is the pool's one shard on one of two workers): remove squeal_pool = false",
+                "a region's squeal instances always run as a pool of workers (one shard and two workers is what "
+                "the old single-owner election was): remove squeal_pool = false",
             )
         pool = bool(instances)
         placement = PoolPlacement()
@@ -979,7 +979,7 @@ class _Builder:
                 raise self.fail(
                     f"regions.{r.name}.squeal_instances",
                     "squeal instances need a [zookeeper] section "
-                    '(servers = ["host:port", ...]): their leader election and shared datamarkers live '
+                    '(servers = ["host:port", ...]): their shard ownership and shared datamarkers live '
                     "there",
                 )
             for i, s in enumerate(r.squeal_instances):

@@ -248,7 +248,7 @@ class PoolPlacement:
 
 @dataclass(frozen=True)
 class SquealEndpoint:
-    """One squeal daemon as the other parts reach it: the region's single daemon, or one HA instance.
+    """One squeal daemon as the other parts reach it: the region's single daemon, or one worker of its pool.
 
     `name` is the instance's name (a pool's worker) or the region's (a single daemon); `instance` is None for a
     single daemon. Every daemon serves /metrics, /healthz and /sampled-deletes on `address` (a worker owning
@@ -470,7 +470,7 @@ class Topology:
 
     def squeal_address(self, region: str) -> Address:
         """Where the region's single squeal daemon serves /metrics and /healthz: its host, metrics_port_base +
-        index. A region with HA instances has several daemons: use `squeal_daemons`."""
+        index. A region with squeal instances (a pool of workers) has several daemons: use `squeal_daemons`."""
         index = [r.name for r in self.regions].index(self.region(region).name)
         return Address(self.region(region).squeal_host, self.squeal.metrics_port_base + index)
 

@@ -59,7 +59,7 @@ def topology_doc(
     east = doc["regions"]["east"]
     doc["regions"] = {"east": east}
     # One squeal daemon on the primary: the experiments measure the paper's mechanisms, not failover (the
-    # example's HA layout would add a ZooKeeper ensemble, a replica and a standby to every run).
+    # example's pool would add a ZooKeeper ensemble, a replica and a second worker to every run).
     doc.pop("zookeeper", None)
     east.pop("replicas", None)
     east.pop("squeal_instances", None)

@@ -581,7 +581,7 @@ def _check_ha_units(topo: router_config.Topology, base: Path, services: list[Pat
     assert replicas == {d.name: str(d.address) for r in topo.regions for d in r.replicas}
 
 
-def _leader(topo: router_config.Topology, region: str) -> router_config.SquealInstance | None:
+def _owner(topo: router_config.Topology, region: str) -> router_config.SquealInstance | None:
     """The worker that owns the region's one shard now (None: none, or several say they do)."""
     owners = [s for s in topo.region(region).squeal_instances if probe_health(str(s.address))[1].get("owns")]
     return owners[0] if len(owners) == 1 else None
@@ -590,8 +590,8 @@ def _leader(topo: router_config.Topology, region: str) -> router_config.SquealIn
 @needs_router
 def test_three_hosts_ha_run_from_rendered_units(mariadb_factory, tmp_path):
     """examples/three-hosts-ha.toml from its rendered units: a ZooKeeper server on each host, two squeal
-    instances per region on hosts 2 and 3; a leader per region deletes on the other hosts, and once the east
-    leader is stopped the other east instance, on the other host, takes over."""
+    workers per region on hosts 2 and 3; the owner of each region's shard deletes on the other hosts, and once
+    east's owner is stopped the other east worker, on the other host, takes the shard over."""
     topo = router_config.reassign_ports(router_config.load(THREE_HA), free_port)
     offset = _metrics_offset(topo)
     account = _service_account()
@@ -626,24 +626,24 @@ def test_three_hosts_ha_run_from_rendered_units(mariadb_factory, tmp_path):
 
         _start_in_order(started, services, topo)
         for region in topo.regions:
-            wait_until(lambda r=region.name: _leader(topo, r) is not None, 60, f"a leader of region {region.name}")
+            wait_until(lambda r=region.name: _owner(topo, r) is not None, 60, f"an owner in {region.name}")
         assert not started.exited(), started.exited()
 
-        leaders = {r.name: _leader(topo, r.name) for r in topo.regions}
-        _invalidated_elsewhere(topo, primary, {r: s.host for r, s in leaders.items()}, 1)
+        owners = {r.name: _owner(topo, r.name) for r in topo.regions}
+        _invalidated_elsewhere(topo, primary, {r: s.host for r, s in owners.items()}, 1)
         _probed_everywhere(topo)
 
-        # `systemctl stop` of east's leader on its host: the other east instance, on the other host, leads.
-        gone = leaders["east"]
+        # `systemctl stop` of east's owner on its host: the other east worker, on the other host, takes over.
+        gone = owners["east"]
         started.stop_unit(f"squeal-worker-{gone.name}.service")
         wait_until(
-            lambda: (s := _leader(topo, "east")) is not None and s.name != gone.name,
+            lambda: (s := _owner(topo, "east")) is not None and s.name != gone.name,
             60,
             "east's other worker to own the shard",
         )
-        successor = _leader(topo, "east")
+        successor = _owner(topo, "east")
         assert successor.host != gone.host
-        _invalidated_elsewhere(topo, primary, {"east": successor.host, "west": leaders["west"].host}, 2)
+        _invalidated_elsewhere(topo, primary, {"east": successor.host, "west": owners["west"].host}, 2)
         assert not started.exited(), started.exited()
     finally:
         started.stop()

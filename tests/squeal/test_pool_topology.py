@@ -1,5 +1,5 @@
 """Pools in the topology: a region's squeal instances are workers that divide its shards (squeal/pool.py), with or
-without `[regions.R] squeal_pool = true` (redundant: the leader election of one instance is gone)."""
+without `[regions.R] squeal_pool = true` (redundant: every region with squeal instances runs them as a pool)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def test_pool_flag_loads_and_round_trips() -> None:
     ("old", "new", "words"),
     [
         ("squeal_pool = true", 'squeal_pool = "yes"', "true or false"),
-        ("squeal_pool = true", "squeal_pool = false", "always run as a pool now"),
+        ("squeal_pool = true", "squeal_pool = false", "always run as a pool of workers"),
     ],
 )
 def test_pool_flag_mistakes_name_the_key(old: str, new: str, words: str) -> None:
