@@ -182,7 +182,7 @@ def _family(template: str) -> KeyFamily:
 
 class VerifyCodec:
     """How `squealctl verify` reads what this web tier caches: registered as the `codec` of the rules in
-    examples/local.toml (monitoring/verify.py has the contract), as `loadtest.webtier:verify_codec`."""
+    examples/local.toml (monitoring/verify/__init__.py has the contract), as `loadtest.webtier:verify_codec`."""
 
     def __call__(self, family: str, value: bytes, flags: int) -> Any:
         """`family` is a rule's key template, e.g. "feed:{author_id}"; the answer is the rows the value holds,
