@@ -161,7 +161,6 @@ class ManagedProcess:
     def __init__(self, port: int | None = None, workdir: str | Path | None = None, host: str = "127.0.0.1") -> None:
         self.host = host
         self.port = port or free_port(host)
-        self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"squeal-{self.name}-")).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log_file = self.workdir / f"{self.name}-{self.port}.log"
@@ -250,12 +249,6 @@ class ManagedProcess:
     def resume(self) -> None:
         assert self.proc is not None
         os.kill(self.proc.pid, signal.SIGCONT)
-
-    def cleanup(self) -> None:
-        """Stop, and remove the work dir if we created it."""
-        self.stop()
-        if self._own_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self):
         return self.start()
