@@ -485,14 +485,7 @@ class Deployment:
         primary: MariaDB | None = None
         for region in [topo.master] + [r for r in topo.regions if not r.master]:
             db = region.database
-            server = MariaDB(
-                db.server_id,
-                port=db.port,
-                host=db.host,
-                replica=not region.master,
-                workdir=self.state_dir / f"mariadb-{region.name}",
-                **_mariadb_tls(topo),
-            )
+            server = _mariadb(topo, db, self.state_dir / f"mariadb-{region.name}", replica=not region.master)
             role = f"mariadb-{db.role}"
             track(server, component_name(role, region.name, None, None), role, region.name)
             servers[db.name or region.name] = server
@@ -514,14 +507,8 @@ class Deployment:
             region, db = next((r, d) for r, d in pending if (d.replicates_from or r.database.name) in servers)
             pending.remove((region, db))
             source = servers[db.replicates_from or region.database.name]
-            server = MariaDB(
-                db.server_id,
-                port=db.port,
-                host=db.host,
-                replica=True,
-                workdir=self.state_dir / f"mariadb-{db.name}",  # copy names are unique (the loader checks)
-                **_mariadb_tls(topo),
-            )
+            # (copy names are unique: the loader checks)
+            server = _mariadb(topo, db, self.state_dir / f"mariadb-{db.name}", replica=True)
             name = component_name("mariadb-replica", region.name, None, None, instance=db.name)
             track(server, name, "mariadb-replica", region.name, instance=db.name)
             servers[db.name] = server
@@ -535,15 +522,7 @@ class Deployment:
             primary: MariaDB | None = None
             servers: dict[str, MariaDB] = {}  # copy name -> its server
             for db in sorted(shard.copies, key=lambda d: d.role != "primary"):
-                server = MariaDB(
-                    db.server_id,
-                    port=db.port,
-                    host=db.host,
-                    replica=db.role == "replica",
-                    workdir=self.state_dir / f"mariadb-{db.name}",
-                    gtid_domain_id=db.gtid_domain_id,
-                    **_mariadb_tls(topo),
-                )
+                server = _mariadb(topo, db, self.state_dir / f"mariadb-{db.name}", replica=db.role == "replica")
                 role = f"mariadb-{db.role}"
                 track(
                     server,
@@ -567,14 +546,7 @@ class Deployment:
                 db = next(d for d in pending if d.replicates_from in servers)
                 pending.remove(db)
                 source = servers[db.replicates_from]
-                server = MariaDB(
-                    db.server_id,
-                    port=db.port,
-                    host=db.host,
-                    replica=True,
-                    workdir=self.state_dir / f"mariadb-{db.name}",
-                    gtid_domain_id=db.gtid_domain_id,
-                )
+                server = _mariadb(topo, db, self.state_dir / f"mariadb-{db.name}", replica=True)
                 extra = db.name.partition("@")[2]
                 name = component_name("mariadb-replica", db.region, None, None, instance=extra, shard=shard.name)
                 track(server, name, "mariadb-replica", db.region, instance=extra, shard=shard.name)
@@ -754,6 +726,20 @@ def _zookeeper_tls(topo: router_config.Topology) -> dict:
         return {}
     mine = router_config.server_certificate(topo, "zookeeper")
     return {"ssl_cert": mine.cert, "ssl_key": mine.key, "ssl_ca": topo.tls.ca}
+
+
+def _mariadb(topo: router_config.Topology, db: router_config.Database, workdir: Path, replica: bool) -> MariaDB:
+    """The one way `up` makes a MariaDB server of the topology: every copy (a primary, a region's copy, an extra
+    copy) gets the same TLS, and its shard's GTID domain (None outside [shards])."""
+    return MariaDB(
+        db.server_id,
+        port=db.port,
+        host=db.host,
+        replica=replica,
+        workdir=workdir,
+        gtid_domain_id=db.gtid_domain_id,
+        **_mariadb_tls(topo),
+    )
 
 
 def _mariadb_tls(topo: router_config.Topology) -> dict:
