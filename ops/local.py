@@ -17,6 +17,8 @@ delete spools stay where the previous `up` left them, so a restarted platform re
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import functools
 import hashlib
 import json
@@ -28,6 +30,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -40,6 +43,7 @@ from ops.harness import (
     REPO_ROOT,
     DemoWorkload,
     HarnessError,
+    ManagedProcess,
     MariaDB,
     Memcached,
     MonitoringServer,
@@ -487,21 +491,17 @@ class Deployment:
             db = region.database
             server = _mariadb(topo, db, self.state_dir / f"mariadb-{region.name}", replica=not region.master)
             role = f"mariadb-{db.role}"
-            track(server, component_name(role, region.name, None, None), role, region.name)
+            name = component_name(role, region.name, None, None)
+            track(server, name, role, region.name)
             servers[db.name or region.name] = server
             if region.master:
                 primary = server
-                if DEMO_SCHEMA.exists():
-                    # squeal checks rule templates against the schema at start-up, so it must exist first.
-                    with server.connect() as conn, conn.cursor() as cur:
-                        for statement in _sql_statements(DEMO_SCHEMA.read_text()):
-                            cur.execute(statement)
+                _load_demo_schema(name, server)
             else:
                 assert primary is not None
-                server.replicate_from(primary)
-                server.wait_for_gtid(primary.gtid_binlog_pos())
-        # HA: more copies of a region's data, each a GTID replica of the copy it names (in an order where that
-        # copy already runs: the loader refused loops).
+                _replicate(name, server, primary)
+        # More copies of a region's data, each a GTID replica of the copy it names (in an order where that copy
+        # already runs: the loader refused loops).
         pending = [(r, d) for r in topo.regions for d in r.replicas]
         while pending:
             region, db = next((r, d) for r, d in pending if (d.replicates_from or r.database.name) in servers)
@@ -512,47 +512,43 @@ class Deployment:
             name = component_name("mariadb-replica", region.name, None, None, instance=db.name)
             track(server, name, "mariadb-replica", region.name, instance=db.name)
             servers[db.name] = server
-            server.replicate_from(source)
-            server.wait_for_gtid(source.gtid_binlog_pos())
+            _replicate(name, server, source)
 
     def _start_shards(self, topo: router_config.Topology, track) -> None:
-        """Each shard's primary (in its own GTID domain, with the demo schema), its copy in every other region, a
+        """Every shard's chain of servers. Shards are independent: each chain starts on a thread of its own, so
+        all the primaries start at once, then their copies (issue 37: one at a time, a 4-shard example's twelve
+        servers took over a minute)."""
+        with concurrent.futures.ThreadPoolExecutor(len(topo.shards), thread_name_prefix="start-shard") as pool:
+            started = [pool.submit(self._start_shard, topo, shard, track) for shard in topo.shards]
+        for future in started:
+            future.result()  # the first failure raises; the supervisor stops every server started, other shards' too
+
+    def _start_shard(self, topo: router_config.Topology, shard: router_config.Shard, track) -> None:
+        """A shard's primary (in its own GTID domain, with the demo schema), its copy in every other region, a
         GTID replica of that primary, then its extra copies, each a GTID replica of the copy it names."""
-        for shard in topo.shards:
-            primary: MariaDB | None = None
-            servers: dict[str, MariaDB] = {}  # copy name -> its server
-            for db in sorted(shard.copies, key=lambda d: d.role != "primary"):
-                server = _mariadb(topo, db, self.state_dir / f"mariadb-{db.name}", replica=db.role == "replica")
-                role = f"mariadb-{db.role}"
-                track(
-                    server,
-                    component_name(role, db.region, None, None, shard=shard.name),
-                    role,
-                    db.region,
-                    shard=shard.name,
-                )
-                if primary is None:
-                    primary = server
-                    if DEMO_SCHEMA.exists():  # squeal checks rule templates against it at start-up
-                        with server.connect() as conn, conn.cursor() as cur:
-                            for statement in _sql_statements(DEMO_SCHEMA.read_text()):
-                                cur.execute(statement)
-                else:
-                    server.replicate_from(primary)
-                    server.wait_for_gtid(primary.gtid_binlog_pos())
-                servers[db.name] = server
-            pending = list(shard.replicas)
-            while pending:  # in an order where each one's source runs (the loader refused loops)
-                db = next(d for d in pending if d.replicates_from in servers)
-                pending.remove(db)
-                source = servers[db.replicates_from]
-                server = _mariadb(topo, db, self.state_dir / f"mariadb-{db.name}", replica=True)
-                extra = db.name.partition("@")[2]
-                name = component_name("mariadb-replica", db.region, None, None, instance=extra, shard=shard.name)
-                track(server, name, "mariadb-replica", db.region, instance=extra, shard=shard.name)
-                servers[db.name] = server
-                server.replicate_from(source)
-                server.wait_for_gtid(source.gtid_binlog_pos())
+        primary: MariaDB | None = None
+        servers: dict[str, MariaDB] = {}  # copy name -> its server
+        for db in sorted(shard.copies, key=lambda d: d.role != "primary"):
+            server = _mariadb(topo, db, self.state_dir / f"mariadb-{db.name}", replica=db.role == "replica")
+            role = f"mariadb-{db.role}"
+            name = component_name(role, db.region, None, None, shard=shard.name)
+            track(server, name, role, db.region, shard=shard.name)
+            if primary is None:
+                primary = server
+                _load_demo_schema(name, server)
+            else:
+                _replicate(name, server, primary)
+            servers[db.name] = server
+        pending = list(shard.replicas)
+        while pending:  # in an order where each one's source runs (the loader refused loops)
+            db = next(d for d in pending if d.replicates_from in servers)
+            pending.remove(db)
+            server = _mariadb(topo, db, self.state_dir / f"mariadb-{db.name}", replica=True)
+            extra = db.name.partition("@")[2]
+            name = component_name("mariadb-replica", db.region, None, None, instance=extra, shard=shard.name)
+            track(server, name, "mariadb-replica", db.region, instance=extra, shard=shard.name)
+            servers[db.name] = server
+            _replicate(name, server, servers[db.replicates_from])
 
     def _start_memcached(self, topo: router_config.Topology, without: frozenset[str], track) -> None:
         if "memcached" in without:
@@ -726,6 +722,48 @@ def _zookeeper_tls(topo: router_config.Topology) -> dict:
         return {}
     mine = router_config.server_certificate(topo, "zookeeper")
     return {"ssl_cert": mine.cert, "ssl_key": mine.key, "ssl_ca": topo.tls.ca}
+
+
+class StartupError(HarnessError):
+    """`up` could not start a component: the message names it (as `status` lists it), its address, what was being
+    done and the log to read."""
+
+
+def failure_reason(e: BaseException) -> str:
+    """An exception in one line: a MySQL error as `code: message`, others as their text."""
+    if isinstance(e, HarnessError):
+        return str(e)
+    if e.args and isinstance(e.args[0], int) and len(e.args) > 1:
+        return f"{type(e).__name__} {e.args[0]}: {e.args[1]}"
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+@contextlib.contextmanager
+def doing(name: str, proc: ManagedProcess, what: str) -> Iterator[None]:
+    """Run a start-up step of component `name`; a failure names the component, its address, the step and its log."""
+    try:
+        yield
+    except StartupError:
+        raise  # (already named: the step of a component inside this one's)
+    except Exception as e:
+        raise StartupError(f"{name} ({proc.address}, log {proc.log_file}): {what} failed: {failure_reason(e)}") from e
+
+
+def _load_demo_schema(name: str, server: MariaDB) -> None:
+    """The demo schema on a primary: squeal checks rule templates against it at start-up, so it must exist first."""
+    if not DEMO_SCHEMA.exists():
+        return
+    with doing(name, server, f"loading the demo schema ({DEMO_SCHEMA.name})"):
+        with server.connect() as conn, conn.cursor() as cur:
+            for statement in _sql_statements(DEMO_SCHEMA.read_text()):
+                cur.execute(statement)
+
+
+def _replicate(name: str, server: MariaDB, source: MariaDB) -> None:
+    """`server` a GTID replica of `source`, caught up with it before anything reads it."""
+    with doing(name, server, f"replicating from {source.address} and catching up with it"):
+        server.replicate_from(source)
+        server.wait_for_gtid(source.gtid_binlog_pos())
 
 
 def _mariadb(topo: router_config.Topology, db: router_config.Database, workdir: Path, replica: bool) -> MariaDB:

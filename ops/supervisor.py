@@ -56,7 +56,7 @@ from twisted.web import resource, server, static
 
 import router_config
 from ops.harness import HarnessError, ManagedProcess, free_port, wait_until
-from ops.local import Component, Deployment
+from ops.local import Component, Deployment, doing
 
 log = logging.getLogger("ops.supervisor")
 # The global reactor provides every interface used here (TCP, Unix sockets, threads, processes); its stub names one.
@@ -190,7 +190,8 @@ class Supervisor(procmon.ProcessMonitor):
             that waits for that (slow starters, e.g. ZooKeeper's JVMs, start while the rest does)."""
             if self.stopping:
                 raise HarnessError("the supervisor was stopped during start-up")
-            proc.prepare()
+            with doing(name, proc, "preparing it"):
+                proc.prepare()
             component = Component(
                 role,
                 region,
@@ -208,7 +209,8 @@ class Supervisor(procmon.ProcessMonitor):
             run = blockingCallFromThread(reactor, self.add, component, proc)
 
             def ready() -> None:
-                wait_until(proc.ready, proc.start_timeout, f"{proc.name} on {proc.address}", run, proc.log_file)
+                with doing(name, proc, "starting it"):
+                    wait_until(proc.ready, proc.start_timeout, f"{proc.name} on {proc.address}", run, proc.log_file)
 
             if wait:
                 ready()
