@@ -405,8 +405,9 @@ class Deployment:
         for ready in zk_ready:
             ready()
         if zookeepers:
-            ZooKeeper.wait_serving(zookeepers)  # a quorum: squeal instances can elect their leaders
+            ZooKeeper.wait_serving(zookeepers)  # a quorum: the pools' workers can take their shards
         if "squeal" not in without:
+            workers: dict[str, list[tuple[str, SquealDaemon]]] = {}  # region -> its daemons, by component name
             for endpoint in topo.squeal_daemons():
                 instance = endpoint.instance.name if endpoint.instance else None
                 daemon = SquealDaemon(
@@ -420,6 +421,7 @@ class Deployment:
                 )
                 name = component_name("squeal", endpoint.region, None, None, instance=instance)
                 track(daemon, name, "squeal", endpoint.region, metrics=daemon.address, instance=instance)
+                workers.setdefault(endpoint.region, []).append((name, daemon))
             for region in topo.regions:
                 if region.squeal_pool:  # `up` returns with every shard of a pooled region running on a worker
                     addresses = [str(s.address) for s in region.squeal_instances]
@@ -428,11 +430,12 @@ class Deployment:
                     def every_shard_runs(addresses: list[str] = addresses, want: set[str] = want) -> bool:
                         return want <= {s for a in addresses for s in (probe_health(a)[1].get("shards") or {})}
 
+                    named = "; ".join(f"{n} ({d.address}, log {d.log_file})" for n, d in workers[region.name])
                     wait_until(
                         every_shard_runs,
                         60,
-                        f"every shard of region {region.name} running on one of its squeal workers "
-                        f"{', '.join(addresses)}",
+                        f"every shard of region {region.name} running on one of its squeal workers: {named}",
+                        error=StartupError,
                     )
         if "monitoring" not in without:
             monitor = MonitoringServer(

@@ -50,6 +50,7 @@ from kazoo.exceptions import (
     BadVersionError,
     ConnectionClosedError,
     ConnectionLoss,
+    NoAuthError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
@@ -78,6 +79,22 @@ class FencedError(RuntimeError):
 
 class ZooKeeperUnavailable(OSError):
     """ZooKeeper did not answer (no quorum, connection lost, session expired, timeout)."""
+
+
+class ZooKeeperRefused(RuntimeError):
+    """ZooKeeper answered and refused a write for a reason that is not fencing: the znode's ACL does not let this
+    process write it (NoAuth). Retried at the next checkpoint, like any failed write, until someone fixes it."""
+
+
+def refused_write(path: str, position: str, failure: Exception) -> ZooKeeperRefused | None:
+    """The error of a marker write ZooKeeper refused for a reason other than fencing, None for fencing's."""
+    if isinstance(failure, NoAuthError):
+        return ZooKeeperRefused(
+            f"markers {path} not moved to {position}: ZooKeeper refused the write (NoAuth: the znode's ACL does not "
+            "let this process write it; squeal's znodes are written with [zookeeper] digest or x509 credentials, "
+            "docs/squeal.md)"
+        )
+    return None
 
 
 def squeal_acl(digest: str) -> list[ACL]:
@@ -263,7 +280,10 @@ class ZooKeeperDatamarkerStore:
 
     def _fenced(
         self, path: str, flow: str, position: str, token: int | None, version: int | None, failure: Exception
-    ) -> FencedError:
+    ) -> FencedError | ZooKeeperRefused:
+        refused = refused_write(path, position, failure)
+        if refused is not None:
+            return refused
         if token is not None and isinstance(failure, BadVersionError | NoNodeError) and not self._epoch_is(token):
             why = (
                 f"another leader has been elected since this one (epoch version {token}): it owns the "
@@ -649,7 +669,10 @@ class ShardMarkerStore(ZooKeeperDatamarkerStore):
 
     def _fenced(
         self, path: str, flow: str, position: str, token: int | None, version: int | None, failure: Exception
-    ) -> FencedError:
+    ) -> FencedError | ZooKeeperRefused:
+        refused = refused_write(path, position, failure)
+        if refused is not None:
+            return refused
         if token is not None and isinstance(failure, BadVersionError | NoNodeError) and not self._epoch_is(token):
             why = (
                 f"shard {self.shard} has had another owner since this one took it (epoch version {token}), or "

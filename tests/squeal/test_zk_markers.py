@@ -170,3 +170,29 @@ def test_session_loss_and_partition(clients, links) -> None:
     store.save("c0", "0-1-3")
     assert observer.positions() == {"c0": "0-1-3"}
     print(f"\nwrite through a cut link failed after {failed_after:.2f}s (timeout 1.0s)")
+
+
+def test_a_write_the_acl_refuses_is_named_as_such_not_as_fencing(clients) -> None:
+    """A marker znode made read-only (squeal's digest ACL lost, an operator's mistake): the write fails with NoAuth,
+    and the error names NoAuth and the znode; it is not a FencedError (nobody else owns the shard)."""
+    from kazoo.security import make_acl
+
+    from squeal.datamarkers import describe_error
+    from squeal.zkstore import ShardMarkerStore, ZooKeeperRefused
+
+    root = unique_root()
+    zk = clients()
+    store = ShardMarkerStore(zk, root, "east", "main")
+    store.ensure_paths()
+    store.read()
+    store.save("c0", "0-1-1")
+    zk.set_acls(store.markers_path, [make_acl("world", "anyone", read=True, admin=True)])  # no write
+    with pytest.raises(ZooKeeperRefused) as refused:
+        store.save("c0", "0-1-2")
+    text = describe_error(refused.value)  # what /healthz and the log say
+    assert text.startswith("ZooKeeperRefused: ") and "NoAuth" in text and store.markers_path in text, text
+    assert not isinstance(refused.value, FencedError)
+    assert "changed since this owner read them" not in text
+    zk.set_acls(store.markers_path, [make_acl("world", "anyone", all=True)])
+    store.save("c0", "0-1-2")  # the next checkpoint's retry goes through once the ACL is fixed
+    assert ShardMarkerStore(zk, root, "east", "main").read() == {"c0": "0-1-2"}
