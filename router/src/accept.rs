@@ -240,7 +240,7 @@ async fn handshake(shared: Arc<Shared>, tls: Arc<tls::Listener>, stream: TcpStre
             stats.tls_handshakes.fetch_add(1, Relaxed);
             connection::serve(shared.clone(), connection::TlsClient::new(s)).await
         }
-        Ok(Err(e)) => fail(format!("handshake failed: {}", tls::reason(&e))),
+        Ok(Err(e)) => fail(format!("handshake failed: {}", tls::reason(&e, tls::Peer::Client))),
         Err(_) => fail("handshake not finished within 10 s; closed".into()),
     }
 }

@@ -396,6 +396,10 @@ async fn open(
             NotReady::Failed(m) if tls && m.contains("alert") => NotReady::Failed(format!(
                 "TLS: the server refused the router after the handshake ({m}): does it demand a client certificate (--pem-cert-path) from another CA?"
             )),
+            // memcached -Z resets a connection whose first bytes are not a TLS handshake
+            NotReady::Failed(m) if !tls && plaintext_refused(&m) => NotReady::Failed(format!(
+                "{m}: the server may require TLS (memcached -Z): set \"security_mech\": \"tls\" on its pool (with --pem-ca-path)"
+            )),
             e => e,
         })?;
         Ok(stream)
@@ -404,6 +408,18 @@ async fn open(
         Ok(opened) => opened.map_err(|e| (Res::ConnectError, e)),
         Err(_) => Err((Res::ConnectTimeout, NotReady::Failed("connect timeout".to_string()))),
     }
+}
+
+/// A plaintext first exchange that a TLS-only server answers by closing the connection (or with a
+/// TLS alert record, 0x15 0x03).
+fn plaintext_refused(message: &str) -> bool {
+    [
+        "reset by peer",
+        "connection closed",
+        "unexpected answer to version: \u{15}\u{3}",
+    ]
+    .iter()
+    .any(|m| message.contains(m))
 }
 
 /// Connection manager: connects on demand, serves until the connection breaks, repeats; ends when

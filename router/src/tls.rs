@@ -233,7 +233,7 @@ impl Upstream {
         tokio_rustls::TlsConnector::from(config)
             .connect(name, tcp)
             .await
-            .map_err(|e| format!("TLS handshake failed: {}", reason(&e)))
+            .map_err(|e| format!("TLS handshake failed: {}", reason(&e, Peer::Server)))
     }
 }
 
@@ -243,8 +243,18 @@ fn host_of(addr: &str) -> &str {
     host.trim_start_matches('[').trim_end_matches(']')
 }
 
-/// Why a handshake failed, in words an operator can act on.
-pub fn reason(e: &io::Error) -> String {
+/// Which end of a handshake the router is: it accepts TLS clients and it dials TLS servers, and a
+/// peer that does not speak TLS at all is a different mistake on each side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peer {
+    /// The router accepted the connection on a TLS port.
+    Client,
+    /// The router dialled a server of a TLS pool.
+    Server,
+}
+
+/// Why a handshake with `peer` failed, in words an operator can act on.
+pub fn reason(e: &io::Error, peer: Peer) -> String {
     use rustls::{AlertDescription as A, CertificateError as C, Error as E};
     let Some(tls) = e.get_ref().and_then(|inner| inner.downcast_ref::<E>()) else {
         return match e.kind() {
@@ -280,9 +290,12 @@ pub fn reason(e: &io::Error) -> String {
                 format!("the peer refused the handshake: {why} (alert {a:?})")
             }
         }
-        E::InvalidMessage(_) | E::InappropriateMessage { .. } | E::InappropriateHandshakeMessage { .. } => {
-            format!("not a TLS handshake from the peer (a plaintext client on a TLS port?): {tls}")
-        }
+        E::InvalidMessage(_) | E::InappropriateMessage { .. } | E::InappropriateHandshakeMessage { .. } => match peer {
+            Peer::Client => format!("not a TLS handshake from the client (a plaintext client on a TLS port?): {tls}"),
+            Peer::Server => format!(
+                "the server did not answer in TLS (a plaintext memcached? start it with -Z, or remove \"security_mech\": \"tls\" from its pool): {tls}"
+            ),
+        },
         other => other.to_string(),
     }
 }

@@ -430,3 +430,25 @@ def test_the_router_shows_its_certificate_to_a_memcached_that_demands_one(proces
     assert c2.call(b"get k\r\n").startswith(b"SERVER_ERROR")
     lines = [line for line in without.log_file.read_text().splitlines() if "marked TKO" in line]
     assert len(lines) == 1 and mc.address in lines[0] and "client certificate (--pem-cert-path)" in lines[0], lines
+
+
+def test_a_plaintext_pool_in_front_of_memcached_z_says_the_server_may_require_tls(processes, pki):
+    """memcached -Z resets a plaintext `version`: the router's log says the server may want TLS and how to say so."""
+    mc = tls_memcached(processes, pki.memcached)
+    config = {"pools": {"p": {"servers": [mc.address]}}, "route": "PoolRoute|p"}
+    router = start_router(processes, config, (), ssl=False)
+    assert Conn(router.address).call(b"get k\r\n").startswith(b"SERVER_ERROR")
+    wait_for(lambda: f"server {mc.address}" in router.log_file.read_text(), what="the failure logged")
+    line = next(x for x in router.log_file.read_text().splitlines() if f"server {mc.address}" in x)
+    assert "may require TLS" in line and '"security_mech": "tls"' in line, line
+
+
+def test_a_tls_pool_in_front_of_a_plaintext_memcached_blames_the_server_not_a_client(processes, memcached_factory, pki):
+    mc = memcached_factory()
+    config = {"pools": {"p": {"servers": [mc.address], "security_mech": "tls"}}, "route": "PoolRoute|p"}
+    router = start_router(processes, config, ("--pem-ca-path", str(pki.ca.cert)), ssl=False)
+    assert Conn(router.address).call(b"get k\r\n").startswith(b"SERVER_ERROR")
+    wait_for(lambda: "TLS handshake failed" in router.log_file.read_text(), what="the handshake failure logged")
+    line = next(x for x in router.log_file.read_text().splitlines() if "TLS handshake failed" in x)
+    assert "plaintext client" not in line, line
+    assert "did not answer in TLS" in line and "-Z" in line, line
