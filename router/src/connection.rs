@@ -397,7 +397,12 @@ impl Conn {
         match cmd {
             Command::Keyed(req) => self.route_one(ctx, req, start, keyed_reply),
             Command::MultiGet { gets, keys } => self.multi_get(ctx, gets, keys, start),
-            Command::GetAndTouch { cas, exptime, keys } => self.get_and_touch(ctx, cas, exptime, keys, start),
+            Command::GetAndTouch {
+                cas,
+                exptime,
+                keys,
+                refused,
+            } => self.get_and_touch(ctx, cas, exptime, keys, refused, start),
             Command::MetaNoop => {
                 ctx.stats.no_route.count("mn");
                 self.push_ready(Bytes::from_static(b"MN\r\n"));
@@ -530,7 +535,15 @@ impl Conn {
     /// plus `c` for `gats`), which routes count as a `get`; the hits come back as classic `VALUE`
     /// blocks in the order the keys were asked, then `END`. As for a multi-key get, one key's error
     /// makes that key a miss, except for a single key, whose error is the answer.
-    fn get_and_touch(&mut self, ctx: Arc<Context>, cas: bool, exptime: i64, keys: Vec<Bytes>, start: Instant) {
+    fn get_and_touch(
+        &mut self,
+        ctx: Arc<Context>,
+        cas: bool,
+        exptime: i64,
+        keys: Vec<Bytes>,
+        refused: Option<&'static str>,
+        start: Instant,
+    ) {
         let mut reqs = Vec::with_capacity(keys.len());
         for key in keys {
             // each key as `gat <exptime> <key>`, never `mg <key> T…`: an mg of a stale item would take
@@ -553,6 +566,13 @@ impl Conn {
                     }
                 }))
                 .await;
+                if let Some(error) = refused {
+                    // the keys before the refused one are touched, their values never sent
+                    return Done::Merged {
+                        bytes: Bytes::from_static(error.as_bytes()),
+                        start,
+                    };
+                }
                 let mut out = BytesMut::new();
                 for ((req, _, client_key), reply) in reqs.iter().zip(replies) {
                     if reply.res.is_error() {

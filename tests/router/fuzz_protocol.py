@@ -153,6 +153,16 @@ class Gen:
         tokens += [key() for _ in range(self.rng.randint(0 if self.chance(0.05) else 1, 4))]
         return self.line(tokens)
 
+    def touch_then_refuse(self) -> bytes:
+        """`gat`/`gats` whose keys go on with one over 250 bytes: memcached touches the keys before it, then
+        answers only CLIENT_ERROR. Only ever a stream's first command, on seeded keys (`seeded`), so the touch
+        shows in the contents (an exptime of -1 expires them) and no earlier answer is pending."""
+        tokens = [self.pick([b"gat", b"gats"]), self.pick([b"-1", b"-1", b"0", b"1000"])]
+        tokens += [self.pick(KEYS) for _ in range(self.rng.randint(1, 3))] + [self.pick(BAD_KEYS)]
+        if self.chance(0.5):
+            tokens.append(self.pick(KEYS))  # a key after the refused one: memcached never reaches it
+        return b" ".join(tokens) + b"\r\n"
+
     def delete(self) -> bytes:
         tokens = [b"delete", self.key()]
         r = self.rng.random()
@@ -222,6 +232,8 @@ class Gen:
 
     def command(self, first: bool = False) -> bytes:
         r = self.rng.random()
+        if first and r < 0.03:
+            return self.touch_then_refuse()
         if first and r < 0.05:
             return self.retrieval(first=True)
         if r < 0.30:
@@ -290,6 +302,18 @@ def quiet_autovivifying_ma(stream: bytes) -> bool:
             if any(f.startswith(b"q") for f in flags) and any(f.startswith(b"N") for f in flags):
                 return True
     return False
+
+
+_TOUCH_THEN_REFUSE = re.compile(rb"^(gat|gats) [^\r\n]* L{251,}(?: |\r)")
+
+
+def seeded(stream: bytes) -> bool:
+    """Whether the stream starts with a `gat`/`gats` line a key over 250 bytes ends (`Gen.touch_then_refuse`): its
+    case runs on servers where every key holds a value, or the touches it makes would touch nothing."""
+    return bool(_TOUCH_THEN_REFUSE.match(stream))
+
+
+SEED = b"".join(b"set %s 0 0 1\r\ns\r\n" % k for k in KEYS)
 
 
 def overlong_get(stream: bytes) -> bool:
@@ -444,6 +468,9 @@ class Target:
 
     def check(self, chunks: list[bytes]) -> Divergence | None:
         self.reset()
+        if seeded(b"".join(chunks)):
+            for address in (self.direct, self.behind):
+                assert exchange(address, [SEED]) == b"STORED\r\n" * len(KEYS) + b"ERROR\r\n" + END_REPLY
         want = normalise(exchange(self.direct, chunks))
         got = normalise(exchange(self.router, chunks))
         if cut_short(want) and got.startswith(want):

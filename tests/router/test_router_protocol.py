@@ -431,3 +431,29 @@ def test_metrics_endpoint_speaks_http_1_1(three, router_factory) -> None:
     head = conn.getresponse()
     assert head.status == 200 and head.read() == b""
     conn.close()
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b"gat 1000 k k2 L", b"gats 1000 k L k2", b"gat -1 k L", b"gats -1 k2 k L"],
+    ids=["gat-1000", "gats-1000-stops-at-the-long-key", "gat-expire", "gats-expire"],
+)
+def test_gat_with_a_key_over_250_bytes_touches_the_keys_before_it_as_memcached_does(
+    line, memcached_factory, router_factory
+) -> None:
+    """memcached 1.6.18 touches a gat/gats line's keys up to the one over 250 bytes, then answers only
+    CLIENT_ERROR (issue 37): through the router the same line must leave the same TTLs behind."""
+    line = line.replace(b"L", b"L" * 251) + b"\r\n"
+    direct, behind = memcached_factory(), memcached_factory()
+    router = router_factory(pool_config(behind))
+    answers, ttls = [], []
+    for client_side, server in ((Conn(direct.address), direct), (Conn(router.address), behind)):
+        for key in (b"k", b"k2"):
+            assert Conn(server.address).call(b"set " + key + b" 0 0 1\r\nv\r\n") == b"STORED"
+        answers.append(client_side.call(line))
+        ttls.append([Conn(server.address).call(b"mg " + key + b" t\r\n") for key in (b"k", b"k2")])
+    assert answers[0] == answers[1] == b"CLIENT_ERROR bad command line format"
+    # t1000 may read t999 on one of them: the two memcacheds' clocks tick apart
+    norm = [[t.replace(b"t999", b"t1000") for t in pair] for pair in ttls]
+    assert norm[1] == norm[0], (ttls, line[:30])
+    assert norm[0] != [b"HD t-1", b"HD t-1"], "the line touched nothing on memcached: the test checks nothing"

@@ -258,6 +258,10 @@ pub enum Command {
         cas: bool,
         exptime: i64,
         keys: Vec<Bytes>,
+        /// The line went on with a key memcached refuses (over 250 bytes): memcached 1.6.18 has
+        /// touched the keys before it when it finds it, then answers only this error, so `keys`
+        /// are those before it, touched, and this is the answer.
+        refused: Option<&'static str>,
     },
     /// Meta no-op: answered after every earlier request of the connection.
     MetaNoop,
@@ -664,13 +668,19 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
             let Some(exptime) = strtol32(&tokens[1]).map(i64::from) else {
                 return err("CLIENT_ERROR invalid exptime argument\r\n");
             };
-            if !tokens[2..].iter().all(|k| valid_key(k)) {
-                return err(BAD_FORMAT);
-            }
             let cas = &name[..] == b"gats";
             let mut keys = tokens;
             keys.drain(..2);
-            done(Command::GetAndTouch { cas, exptime, keys })
+            let refused = keys.iter().position(|k| !valid_key(k)).map(|bad| {
+                keys.truncate(bad);
+                BAD_FORMAT
+            });
+            done(Command::GetAndTouch {
+                cas,
+                exptime,
+                keys,
+                refused,
+            })
         }
         (Some(cmd @ (Cmd::Set | Cmd::Add | Cmd::Replace | Cmd::Append | Cmd::Prepend | Cmd::Cas)), _) => {
             parse_storage(cmd, buf, &tokens, line_len, max_value)
@@ -1293,7 +1303,15 @@ mod tests {
     #[test]
     fn gat_and_gats_parse_exptime_and_keys() {
         match p(b"gats 10 foo1 foo2\r\n") {
-            ParseOutcome::Done(Command::GetAndTouch { cas, exptime, keys }, 19) => {
+            ParseOutcome::Done(
+                Command::GetAndTouch {
+                    cas,
+                    exptime,
+                    keys,
+                    refused: None,
+                },
+                19,
+            ) => {
                 assert!(cas);
                 assert_eq!(exptime, 10);
                 assert_eq!(keys, vec![Bytes::from_static(b"foo1"), Bytes::from_static(b"foo2")]);
@@ -1306,6 +1324,7 @@ mod tests {
                     cas: false,
                     exptime: -1,
                     keys,
+                    refused: None,
                 },
                 _,
             ) => assert_eq!(keys.len(), 1),
@@ -1316,6 +1335,22 @@ mod tests {
             matches!(p(b"gat 10\r\n"), ParseOutcome::Done(Command::GetAndTouch { ref keys, .. }, _) if keys.is_empty())
         );
         assert_eq!(refusal(b"gat x k\r\n").0, "CLIENT_ERROR invalid exptime argument\r\n");
+        // a key over 250 bytes: the keys before it are still touched (as memcached does), then the error
+        let line = [&b"gats 100 a b "[..], &[b'x'; 251], b" c\r\n"].concat();
+        match p(&line) {
+            ParseOutcome::Done(
+                Command::GetAndTouch {
+                    keys,
+                    refused: Some(reply),
+                    ..
+                },
+                n,
+            ) => {
+                assert_eq!(keys, vec![Bytes::from_static(b"a"), Bytes::from_static(b"b")]);
+                assert_eq!((reply, n), (BAD_FORMAT, line.len()));
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     fn refusal(s: &[u8]) -> (&'static str, usize) {
