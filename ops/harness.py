@@ -18,6 +18,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,50 @@ T = TypeVar("T")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ROUTER_BIN = Path(os.environ.get("SQUEAL_ROUTER_BIN", REPO_ROOT / "router/target/release/squeal-router"))
+
+
+class _Reaper:
+    """This process's `python -m ops.reaper` (started on first use): told of every server `ManagedProcess.start`
+    starts and stops, it kills the ones still running when this process ends without stopping them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._owner = 0  # the pid that started it (a forked child must start its own)
+
+    def _send(self, line: str) -> None:
+        with self._lock:
+            if self._proc is None or self._owner != os.getpid():
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "ops.reaper"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    env=child_env(),
+                    cwd=REPO_ROOT,
+                    start_new_session=True,  # a signal to this process group must not end it before its parent
+                    text=True,
+                )
+                self._owner = os.getpid()
+            assert self._proc.stdin is not None
+            try:
+                self._proc.stdin.write(line + "\n")
+                self._proc.stdin.flush()
+            except (BrokenPipeError, ValueError):
+                log.warning("the reaper (pid %s) is gone: servers started from now on outlive a crash", self._proc.pid)
+
+    def started(self, pid: int) -> None:
+        from ops.reaper import start_time
+
+        started = start_time(pid)
+        if started is not None:
+            self._send(f"+{pid} {started}")
+
+    def stopped(self, pid: int) -> None:
+        if self._proc is not None:
+            self._send(f"-{pid}")
+
+
+_reaper = _Reaper()
 
 
 class HarnessError(RuntimeError):
@@ -200,6 +245,7 @@ class ManagedProcess:
             start_new_session=True,  # a Ctrl-C in the terminal must not kill children before we stop them
         )
         log_handle.close()
+        _reaper.started(self.proc.pid)  # and if this process dies without stopping it, it goes too
         try:
             wait_until(self.ready, self.start_timeout, f"{self.name} on {self.address}", self.proc, self.log_file)
         except BaseException:
@@ -219,12 +265,14 @@ class ManagedProcess:
         except subprocess.TimeoutExpired:
             log.warning("%s pid %s ignored SIGTERM for %.0fs; killing", self.name, self.proc.pid, grace)
             self.kill()
+        _reaper.stopped(self.proc.pid)
 
     def kill(self) -> None:
         """SIGKILL: for tests that simulate a crash."""
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+            _reaper.stopped(self.proc.pid)
 
     def pause(self) -> None:
         """SIGSTOP: the process keeps its port but stops answering (a hung server).
