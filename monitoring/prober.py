@@ -26,12 +26,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheError
 
-from router_config import Topology, connect_database, tls_context
+from router_config import CANARY_TABLE, Topology, connect_database, tls_context
 
 log = logging.getLogger(__name__)
 
-CANARY_SCHEMA = "squeal_canary"
-CANARY_TABLE = f"{CANARY_SCHEMA}.probe"
+CANARY_SCHEMA = CANARY_TABLE.split(".")[0]
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 

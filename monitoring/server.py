@@ -135,13 +135,13 @@ def main(argv: list[str] | None = None) -> int:
         discover=lambda: targets_from_components(components),
         memcached_tls=lambda: router_config.tls_context(topo.tls, "monitoring"),
     )
-    scraper.start()
     if not args.no_prober:
         prober = Prober(topo, registry, interval=args.probe_interval)
         prober.start()
     watch = OwnershipWatch(topo).start()
     link_watch = LinkWatch(topo).start()
     reactor.listenTCP(args.port, build_site(store, scraper, registry, watch, link_watch), interface=args.host)
+    scraper.start()  # after the listen: its first scrape is of this server's own /metrics
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: reactor.callFromThread(reactor.stop))
     log.info("dashboard on http://%s:%d/ scraping %d targets", args.host, args.port, len(scraper.targets))

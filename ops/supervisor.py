@@ -22,8 +22,9 @@ component's `restarts` in components.json.
 
 `squealctl stop|start|restart NAME` reach it on a Unix socket (`Deployment.control_socket`), one JSON line each
 way: `stop` takes the component out of the monitor (it stays down until `start`), `start` puts it back and
-answers once its readiness check passes. SIGTERM (`squealctl down`) stops every component, newest first, waits
-for them (SIGKILL after `killTime` seconds) and exits.
+answers once its readiness check passes. SIGTERM (`squealctl down`) stops every component — the demo and
+monitoring, then squeal, routers, memcached, MariaDB and ZooKeeper last (`STOP_TIERS`), each tier after the one
+before has exited — waits for them (SIGKILL after `killTime` seconds) and exits.
 """
 
 from __future__ import annotations
@@ -91,6 +92,15 @@ class _ComponentProtocol(protocol.ProcessProtocol):
 
     def processEnded(self, reason: Failure) -> None:  # noqa: N802 - twisted's naming
         self.supervisor.component_exited(self.name, self.run, reason)
+
+
+# `down` stops components in this order, each tier once the one before has exited: who sends requests before
+# whom they send them to. A role not listed goes first.
+STOP_TIERS = (("squeal",), ("router",), ("memcached",), ("mariadb-primary", "mariadb-replica"), ("zookeeper",))
+
+
+def stop_tier(role: str) -> int:
+    return next((i + 1 for i, roles in enumerate(STOP_TIERS) if role in roles), 0)
 
 
 class Supervisor(procmon.ProcessMonitor):
@@ -312,13 +322,11 @@ class Supervisor(procmon.ProcessMonitor):
         self.murder[name] = self._clock.callLater(self.killTime, self._forceStopProcess, transport)
 
     def stopService(self) -> None:  # noqa: N802 - twisted's naming
-        """procmon's, newest component first (what `squealctl down` always did)."""
+        """procmon's: no more restarts; `shutdown` then stops the components, tier by tier."""
         service.Service.stopService(self)
         for call in self.restart.values():
             if call.active():
                 call.cancel()
-        for name in reversed(list(self._processes)):
-            self.stopProcess(name)
 
     def component_exited(self, name: str, run: Run, reason: Failure) -> None:
         code, sig = getattr(reason.value, "exitCode", None), getattr(reason.value, "signal", None)
@@ -438,12 +446,26 @@ class Supervisor(procmon.ProcessMonitor):
         return d.addErrback(failed)
 
     def shutdown(self) -> defer.Deferred:
-        """Before the reactor stops (SIGTERM, or a failed start-up): stop every component and wait for it."""
+        """Before the reactor stops (SIGTERM, or a failed start-up): stop every component and wait for it, the
+        clients before what they use (`STOP_TIERS`): a squeal worker flushes its deletes, writes its markers and
+        releases its shards while its routers, databases and ZooKeeper still answer (stopped all at once, the
+        workers found ZooKeeper gone, logged warnings and were killed after `killTime`)."""
         self.stopping = True
-        exits = [self._exit_of(name) for name in list(self.protocols)]
+        exits = {name: self._exit_of(name) for name in list(self.protocols)}
         log.info("stopping %d components", len(exits))
         self.stopService()
-        return defer.DeferredList(exits).addCallback(lambda _: self.save())
+        tiers: dict[int, list[str]] = {}
+        for name in reversed(list(self._processes)):  # newest first within a tier
+            tiers.setdefault(stop_tier(self.units[name].component.role), []).append(name)
+        d: defer.Deferred = defer.succeed(None)
+        for tier in sorted(tiers):
+            d.addCallback(self._stop_tier, tiers[tier], exits)
+        return d.addCallback(lambda _: self.save())
+
+    def _stop_tier(self, _: object, names: list[str], exits: dict[str, defer.Deferred]) -> defer.Deferred:
+        for name in names:
+            self.stopProcess(name)
+        return defer.DeferredList([exits[name] for name in names if name in exits])
 
 
 class _Control(LineReceiver):

@@ -13,6 +13,7 @@ from router_config.emitter import (
 )
 from router_config.loader import TopologyError, load, loads
 from router_config.model import (
+    CANARY_TABLE,
     TLS_COMPONENTS,
     Address,
     CertKey,
@@ -48,6 +49,7 @@ from router_config.tls import (
 )
 
 __all__ = [
+    "CANARY_TABLE",
     "EMITTED_HANDLES",
     "TLS_COMPONENTS",
     "TLS_SERVERS",

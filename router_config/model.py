@@ -11,6 +11,9 @@ from dataclasses import dataclass, field, replace
 from router_config.predicate import Predicate
 
 # A rule template placeholder: `{column_name}`.
+# The monitoring prober's canary table (monitoring/prober.py creates it on its first probe; its rule in a topology
+# names it before it exists, which is expected, not a mistake).
+CANARY_TABLE = "squeal_canary.probe"
 PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 COLUMN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

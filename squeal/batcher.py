@@ -151,11 +151,6 @@ class Sender:
         flow.on_ready = lambda: None
 
     @property
-    def flow(self) -> Flow:
-        """The first flow (a daemon of one shard has only this one)."""
-        return self.flows[0]
-
-    @property
     def _limit(self) -> int:
         return self.max_in_flight * max(1, len(self.flows))
 

@@ -144,7 +144,7 @@ class SessionLease:
         else:  # CONNECTED
             was, self.suspended = self.suspended, False
             if was and self.lost is None and not self.lapsed:  # (a lapsed lease resumes only when confirmed)
-                log.warning("%s: ZooKeeper connection back within the lease: sending resumed", self.who)
+                log.info("%s: ZooKeeper connection back within the lease: sending resumed", self.who)
                 self.on_pause(False)
 
     def _lose(self, reason: str, why: str) -> None:
@@ -242,7 +242,7 @@ class SessionLease:
         with self._lock:
             self.lapsed = False
             self._extend(sent)
-        log.warning("%s: ZooKeeper confirmed the session again: sending resumed, nothing lost, no new epoch", self.who)
+        log.info("%s: ZooKeeper confirmed the session again: sending resumed, nothing lost, no new epoch", self.who)
         self.on_resume()
         if not self.suspended:
             self.on_pause(False)
@@ -355,7 +355,7 @@ def startup_timeout(connect_timeout: float) -> float | None:
 def rejoin_as_standby(reason: str) -> None:
     """Replace this process by a fresh one with the same command line: a deposed owner keeps nothing of what it
     owned (queues, readers, connections to the destinations) and comes back owning nothing."""
-    log.warning("rejoining as a standby (%s): restarting this process", reason)
+    log.warning("rejoining the pool owning nothing (%s): restarting this process", reason)
     for h in logging.getLogger().handlers:
         with contextlib.suppress(Exception):
             h.flush()

@@ -300,7 +300,7 @@ class Ownership:
         with self._lock:
             self.tokens[shard] = token
             self.epochs[shard] = epoch
-        log.warning("worker %s owns shard %s (epoch %d, fencing token %d)", self.worker, shard, epoch, token)
+        log.info("worker %s owns shard %s (epoch %d, fencing token %d)", self.worker, shard, epoch, token)
         return token
 
     def may_send(self, shard: str) -> bool:
@@ -345,7 +345,7 @@ class Ownership:
                 "worker %s: could not release shard %s (%s); it is free when this session ends", self.worker, shard, e
             )
             return
-        log.warning("worker %s released shard %s (%s)", self.worker, shard, reason)
+        log.info("worker %s released shard %s (%s)", self.worker, shard, reason)
 
 
 class PoolMetrics:
@@ -488,7 +488,7 @@ class Controller:
     def _lead(self) -> None:
         self.leading = True
         self.worker.metrics.controller.set(1)
-        log.warning("worker %s is the controller of region %s's pool", self.worker.name, self.worker.region.name)
+        log.info("worker %s is the controller of region %s's pool", self.worker.name, self.worker.region.name)
         self._views = {
             name: self._watched(f"{self.base}/{name}", children=name != "assignment")
             for name in ("workers", "drain", "move", "assignment")
@@ -658,7 +658,7 @@ class Controller:
                 written = stat.version
         except (NodeExistsError, KazooException) as e:
             assignment_view.mark_stale()
-            log.warning("controller: the assignment changed meanwhile (%s): planning again", type(e).__name__)
+            log.info("controller: the assignment changed meanwhile (%s): planning again", type(e).__name__)
             return None
         assignment_view.wrote(data, written)  # (the next plan starts from it, whether or not the watch fired yet)
         for shard in taken:
@@ -669,8 +669,17 @@ class Controller:
                 self.worker.metrics.owner.labels(shard=m.shard, worker=m.source).set(0)
             self.worker.metrics.owner.labels(shard=m.shard, worker=m.target).set(1)
             self.worker.metrics.moves.labels(reason=m.reason).inc()
-            log.warning(
-                "controller: shard %s: %s -> %s (%s: %s)", m.shard, m.source or "nobody", m.target, m.reason, m.detail
+            # a move that follows a failure says so at WARNING (the failure itself is someone's problem); planned
+            # ones (a new shard, a drain, a rebalance, a hand-back, squealctl move) are routine
+            level = logging.WARNING if m.reason in (placement.ORPHANED, placement.UNHEALTHY) else logging.INFO
+            log.log(
+                level,
+                "controller: shard %s: %s -> %s (%s: %s)",
+                m.shard,
+                m.source or "nobody",
+                m.target,
+                m.reason,
+                m.detail,
             )
         return p
 
@@ -822,7 +831,8 @@ class PoolWorker:
                         conn.close()
                     conn = None
             if healthy != self.healthy:
-                log.warning(
+                log.log(
+                    logging.INFO if healthy else logging.WARNING,
                     "worker %s: its copy %s %s",
                     self.name,
                     self.instance.database.address,
@@ -847,7 +857,7 @@ class PoolWorker:
                 self._published = member
                 return sent
             except NodeExistsError:
-                log.warning(
+                log.info(
                     "worker %s: a previous process of this worker is still a member (its session has not "
                     "expired yet): waiting",
                     self.name,
@@ -881,7 +891,7 @@ class PoolWorker:
         self.controller = Controller(self, self.settings)
         self.controller.start()
         self.meter.start()
-        log.warning("worker %s joined region %s's pool", self.name, self.region.name)
+        log.info("worker %s joined region %s's pool", self.name, self.region.name)
         while not self._stop.is_set():
             try:
                 self.metrics.zk_connected.set(1 if self.client.connected else 0)
@@ -1012,7 +1022,7 @@ class PoolWorker:
             self.metrics.owned.labels(shard=shard).set(1)
             self.metrics.starts.inc()
             self.metrics.start_seconds.observe(took)
-            log.warning(
+            log.info(
                 "worker %s: shard %s delivering %.0f ms after it was taken (waited for a thread %.0f ms, "
                 "markers read and copy caught up by %.0f ms, then %s and the start)",
                 self.name,
@@ -1051,7 +1061,7 @@ class PoolWorker:
         its markers, then release it."""
         assert self.daemon is not None and self.ownership is not None
         ownership = self.ownership
-        log.warning(
+        log.info(
             "worker %s: shard %s is assigned to %s now: handing it on",
             self.name,
             shard,

@@ -266,7 +266,7 @@ class RegionDaemon:
         """Prepare a shard's pipeline on a thread and start it: one new in the topology (SIGHUP), or one whose
         database did not answer before (`new=False`, retried every RETRY_S)."""
         if new:
-            log.warning("shard %s is new in %s: starting its pipeline", shard, topology.source)
+            log.info("shard %s is new in %s: starting its pipeline", shard, topology.source)
         self.topology = topology
 
         def ready(_: Any) -> None:
@@ -357,7 +357,7 @@ class RegionDaemon:
                     flow.may_send = may_send
             self.shards[shard] = daemon
             daemon.start_pipeline()
-            log.warning("shard %s: pipeline started (%d shards)", shard, len(self.shards))
+            log.info("shard %s: pipeline started (%d shards)", shard, len(self.shards))
             return daemon
 
         def failed(f: Any) -> Any:
@@ -375,7 +375,7 @@ class RegionDaemon:
         daemon = self.shards.pop(shard, None)
         if daemon is None:
             return defer.succeed(True)
-        log.warning("shard %s: stopping its pipeline (%d shards left)", shard, len(self.shards))
+        log.info("shard %s: stopping its pipeline (%d shards left)", shard, len(self.shards))
         return daemon.retire(flush_timeout, save_timeout)
 
     def status(self) -> dict[str, Any]:
@@ -426,6 +426,8 @@ class RegionDaemon:
 
         def done(_: Any) -> None:
             self.exit_code = max([self.exit_code, *(d.exit_code for d in self.shards.values())])
+            for sender in self.hub.senders.values():  # (one whose shards all moved away is still connected)
+                sender.stop()
             try:
                 self._pid_path().unlink(missing_ok=True)
             except OSError:
