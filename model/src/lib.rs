@@ -31,7 +31,7 @@ pub struct Config {
     pub region1: bool,
     /// The second region: its replica, its squeal, its reader, remote markers.
     pub region2: bool,
-    /// Ownership hand-overs in region 1 (a new epoch each, the old owner possibly still alive).
+    /// Ownership hand-overs in region 1 (a new epoch each, the old owner possibly still alive); at most 3.
     pub takeovers: u8,
     /// Times the region-1 main pool may go down (reads, fills and deletes fail over to gutter).
     pub failovers: u8,
@@ -212,6 +212,12 @@ pub struct Protocol {
 
 impl Protocol {
     pub fn new(cfg: Config) -> Self {
+        // `State::senders` has a slot per epoch: the first owner's and up to three takeovers'.
+        assert!(
+            cfg.takeovers <= 3,
+            "Config.takeovers: at most 3, got {}",
+            cfg.takeovers
+        );
         Protocol { cfg }
     }
 
