@@ -44,6 +44,12 @@ if [ -f router/Cargo.toml ]; then
   (cd router && cargo build --release --locked -q)
 fi
 
+# The protocol model (model/, docs/model.md): only its pinned crates fetched here; `make test` builds it.
+if [ -f model/Cargo.toml ]; then
+  command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found: install Rust (https://rustup.rs)" >&2; exit 1; }
+  (cd model && cargo fetch --locked -q)
+fi
+
 # squeal itself, editable, with its pinned dependencies and its native binlog reader (squeal_native/, Rust +
 # PyO3, compiled by setuptools-rust as part of the install, docs/squeal.md): again only when pyproject.toml or
 # the reader's sources change, or the reader does not import.
