@@ -28,6 +28,7 @@ def placement_worker(
     draining: bool = False,
     healthy: bool = True,
     settled: bool = True,
+    restarted: bool = False,
 ) -> placement.Worker:
     """A squeal process of `region` as placement sees it: a pool worker with the copy it names and its rank (its
     place in `squeal_instances`: the first is preferred), or the region's single daemon (`instance` None) on the
@@ -38,7 +39,16 @@ def placement_worker(
     prefer = {s.name: f"{s.name}@{inst.prefer}" for s in topology.shards} if inst.prefer else {}
     rank = [i.name for i in topology.region(region).squeal_instances].index(inst.name)
     return placement.Worker(
-        inst.name, alive, draining, region, prefer, inst.host, healthy=healthy, rank=rank, settled=settled
+        inst.name,
+        alive,
+        draining,
+        region,
+        prefer,
+        inst.host,
+        healthy=healthy,
+        rank=rank,
+        settled=settled,
+        restarted=restarted,
     )
 
 

@@ -124,7 +124,10 @@ class Worker:
     """One squeal worker of the region. `prefer`: shard name → the copy it would rather read; `host`: where it
     runs (for the distance to a copy). `healthy`: its own copy answers (False: it may own nothing); `rank`: its
     place in the topology's `squeal_instances` (lower is preferred: the one on the primary first); `settled`: it
-    has been a healthy member for the region's `handback_after_s` (only then is anything handed back to it)."""
+    has been a healthy member for the region's `handback_after_s` (only then is anything handed back to it);
+    `restarted`: a new process of a worker whose previous process held shards and died (a supervisor restarts a
+    crashed worker within a second) — its shards are orphans, and it takes none until it has settled, unless no
+    other worker can: it must not win the vacancy its own failure made."""
 
     name: str
     alive: bool = True
@@ -135,6 +138,7 @@ class Worker:
     healthy: bool = True
     rank: int = 0
     settled: bool = True
+    restarted: bool = False
 
 
 @dataclass(frozen=True)
@@ -340,7 +344,9 @@ def plan(
     by_name = {w.name: w for w in sorted(workers, key=lambda w: w.name)}
     shard_of = {s.name: s for s in sorted(shards, key=lambda s: s.name)}
     loads = {name: s.load for name, s in shard_of.items()}
-    eligible = [w for w in by_name.values() if w.alive and not w.draining and w.healthy]
+    able = [w for w in by_name.values() if w.alive and not w.draining and w.healthy]
+    # a restarted worker waits until it has settled, unless nobody else can take anything
+    eligible = [w for w in able if not (w.restarted and not w.settled)] or able
     ranks = {w.name: w.rank for w in eligible}
     held: dict[str, set[str]] = {w.name: set() for w in eligible}
     owner: dict[str, str] = {}
@@ -356,6 +362,8 @@ def plan(
             orphans.append((name, ORPHANED, old, f"worker {old} left the pool"))
         elif not by_name[old].alive:
             orphans.append((name, ORPHANED, old, f"worker {old} is dead"))
+        elif by_name[old].restarted and by_name[old].healthy and not by_name[old].draining:
+            orphans.append((name, ORPHANED, old, f"worker {old} restarted: the process that held it died"))
         elif by_name[old].draining:
             orphans.append((name, DRAIN, old, f"worker {old} drains"))
         else:

@@ -459,6 +459,8 @@ class Controller:
         self.loads: dict[str, float] = {}
         self.unowned_since: dict[str, float] = {}  # shard -> when this controller first saw it run nowhere
         self.healthy_since: dict[str, float] = {}  # member -> since when this controller has seen it healthy
+        self.pids: dict[str, Any] = {}  # member -> the process (pid) this controller saw last (a new one: a restart)
+        self.restarted: set[str] = set()  # members whose process died holding shards, until they settle
         self.leading = False
         self._stop = threading.Event()
         self._kick = threading.Event()  # set by the watches: plan now, not at the next second
@@ -509,6 +511,8 @@ class Controller:
             self.worker.metrics.controller.set(0)
             self.unowned_since.clear()  # the next controller measures from its own first look
             self.healthy_since.clear()
+            self.pids.clear()
+            self.restarted.clear()
             self.worker.metrics.unowned.clear()
             self._views, self._member_views = {}, {}  # (a next term reads everything afresh)
 
@@ -555,6 +559,10 @@ class Controller:
         for name in set(self.healthy_since) - set(members):
             del self.healthy_since[name]
         for name, member in members.items():
+            pid = member.get("pid")
+            if self.pids.get(name, pid) != pid:  # a new process of the worker: it has been healthy since now
+                self.healthy_since.pop(name, None)
+            self.pids[name] = pid
             if member.get("healthy", True):
                 self.healthy_since.setdefault(name, now)
             else:
@@ -572,6 +580,15 @@ class Controller:
         doc, version = (_doc(data), assignment_view.version) if data is not None else ({}, None)
         assignment: dict[str, str] = dict(doc.get("assignment") or {})
         last_moved: dict[str, float] = {k: float(v) for k, v in (doc.get("last_moved") or {}).items()}
+        # The process each worker had when it was given its shards: a member with another one restarted, and the
+        # process that held them died (issue 37: the supervisor restarts a killed worker within a second, and it
+        # must not win the vacancy its own crash made). It is `restarted` until it has settled.
+        assigned_pids: dict[str, Any] = dict(doc.get("pids") or {})
+        for name, member in members.items():
+            if name in assigned_pids and assigned_pids[name] != member.get("pid") and name in assignment.values():
+                self.restarted.add(name)
+        self.restarted &= set(members)
+        self.restarted -= settled
         names = [s.name for s in self.worker.topology.shards]
         self._account_unowned(members, names)
         for member in members.values():
@@ -618,6 +635,7 @@ class Controller:
                 draining=name in drains,
                 healthy=bool(members[name].get("healthy", True)),
                 settled=name in settled,
+                restarted=name in self.restarted,
             )
             if name in known
             else placement.Worker(name, draining=name in drains, region=region, rank=len(known), settled=False)
@@ -629,7 +647,9 @@ class Controller:
         out = {s: w for s, w in assignment.items() if s in p.unplaced} | p.assignment
         for shard, worker in out.items():
             self.worker.metrics.owner.labels(shard=shard, worker=worker).set(1)
-        if not p.moves and not manual:
+        # each holder's process, which alone may take what it holds (`PoolWorker._read_assignment`)
+        pids = {w: members[w].get("pid") for w in sorted(set(out.values())) if w in members}
+        if not p.moves and not manual and pids == {w: assigned_pids.get(w) for w in pids}:
             for shard in taken:
                 with contextlib.suppress(NoNodeError):
                     self.client.delete_async(f"{self.base}/move/{shard}").get(timeout=self.worker.call_timeout)
@@ -641,6 +661,7 @@ class Controller:
             "assignment": out,
             "last_moved": last_moved,
             "moves": int(doc.get("moves", 0)) + len(p.moves) + len(manual),
+            "pids": pids,
             "by": self.worker.name,
             "at": now,
         }
@@ -953,8 +974,13 @@ class PoolWorker:
     def _read_assignment(self) -> dict[str, str]:
         """The assignment, read again only when its watch fired (the step runs every lease tick)."""
         assert self._assignment is not None
-        data = self._assignment.value()
-        return {str(k): str(v) for k, v in (_doc(data or b"").get("assignment") or {}).items()}
+        doc = _doc(self._assignment.value() or b"")
+        assignment = {str(k): str(v) for k, v in (doc.get("assignment") or {}).items()}
+        given_to = (doc.get("pids") or {}).get(self.name, os.getpid())
+        if given_to != os.getpid():
+            # given to this worker's previous process, which died: the controller places them anew, away from it
+            return {s: w for s, w in assignment.items() if w != self.name}
+        return assignment
 
     def _step(self) -> None:
         assert self.lease is not None and self.ownership is not None

@@ -414,6 +414,31 @@ def test_a_preferred_worker_gets_its_shard_back_only_once_settled_and_then_it_st
     assert unhealthy.moves == ()
 
 
+def test_a_restarted_worker_does_not_win_the_vacancy_its_own_crash_made() -> None:
+    """Issue 37: killed, the preferred worker is back (a new process) before anyone else took its shard. The shard is
+    an orphan placed on the other worker; the restarted one gets it back by hand-back once settled, not before."""
+    shard = [Shard("only", 5.0)]
+    back = plan(ranked({"restarted": True, "settled": False}, {}), shard, {"only": "w0"}, {}, now=10.0, settings=S)
+    assert [(m.shard, m.source, m.target, m.reason) for m in back.moves] == [("only", "w0", "w1", ORPHANED)]
+    assert "restarted" in back.moves[0].detail
+    # while it settles it gets nothing, its own shard or a new one
+    new = [Shard("only", 5.0), Shard("other", 1.0)]
+    waiting = plan(ranked({"restarted": True, "settled": False}, {}), new, back.assignment, {}, now=11.0, settings=S)
+    assert waiting.moves and all(m.target == "w1" for m in waiting.moves)
+    # settled: the hand-back returns its shard, as for any failover
+    settled = plan(ranked({"restarted": True}, {}), shard, back.assignment, {"only": 10.0}, now=14.0, settings=S)
+    assert [(m.shard, m.source, m.target, m.reason) for m in settled.moves] == [("only", "w1", "w0", HANDBACK)]
+
+
+def test_a_restarted_worker_alone_keeps_its_shard() -> None:
+    """With nobody else able to take it, the shard stays with the new process rather than with nobody."""
+    alone = plan(ranked({"restarted": True, "settled": False}), [Shard("only", 5.0)], {"only": "w0"}, {}, 0.0, None, S)
+    assert alone.moves == () and alone.assignment == {"only": "w0"} and alone.unplaced == ()
+    other_sick = ranked({"restarted": True, "settled": False}, {"healthy": False})
+    p = plan(other_sick, [Shard("only", 5.0)], {"only": "w0"}, {}, 0.0, None, S)
+    assert p.moves == () and p.assignment == {"only": "w0"}
+
+
 def test_a_hand_back_never_breaks_up_a_worker_that_shares() -> None:
     # w1 holds two shards: handing one to the empty w0 would be a rebalance (with its hysteresis), not a hand-back
     shards = [Shard("a", 1.0), Shard("b", 1.0)]

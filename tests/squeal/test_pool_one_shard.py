@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -138,6 +139,39 @@ def test_kill_9_of_the_owner_fails_over_to_the_other_copy_and_the_preferred_work
         f"\nkill -9 of the owner: a change committed after it gone in {gap * 1000:.0f} ms; after the hand-back in "
         f"{back_gap * 1000:.0f} ms; {len(written)} rows checked key by key"
     )
+
+
+def test_a_worker_restarted_at_once_after_kill_9_does_not_win_the_vacancy_its_crash_made(pool_env: HaEnv) -> None:
+    """Issue 37: the supervisor restarts a killed worker within a second. The new process must not take the shard
+    its previous process held: the other worker takes it and keeps it until the hand-back (handback_after_s after
+    the new process is back and healthy). Read from the workers' own logs, which record every take in order."""
+    env = pool_env
+    east1, east2 = env.daemons["east-1"], env.daemons["east-2"]
+    # east-1 the controller too, as in the issue's drills: its crash also ends the controller's term, and the next
+    # controller's first plan finds the restarted east-1 already back
+    east1.start()
+    wait_until(lambda: env.health("east-1").get("controller"), DEADLINE, "east-1 to be the controller")
+    east2.start()
+    wait_until(lambda: delivering(env, "east-1"), DEADLINE, "east-1 to own the shard")
+    before = {d: d.log_file.read_text().count("\n") for d in (east1, east2)}
+    east1.kill()
+    east1.start()  # at once, as the supervisor does
+
+    def takes(daemon) -> list[tuple[str, int]]:
+        lines = daemon.log_file.read_text().splitlines()[before[daemon] :]
+        return [
+            (m[1], int(m[2])) for line in lines if (m := re.search(r"worker (\S+) owns shard main \(epoch (\d+)", line))
+        ]
+
+    wait_until(lambda: takes(east1), DEADLINE, "east-1's new process to get the shard back by hand-back")
+    assert takes(east2), "east-2 took the shard after the kill"
+    first_after_kill = min(takes(east1) + takes(east2), key=lambda t: t[1])
+    assert first_after_kill[0] == "east-2", f"the restarted east-1 took its own vacancy first: {first_after_kill}"
+    assert takes(east1)[0][1] > takes(east2)[0][1], (takes(east1), takes(east2))
+    handbacks = sum(
+        scrape(d.port).get('squeal_pool_moves_total{reason="handback"}', 0) for d in (east1, east2) if d.proc
+    )
+    assert handbacks >= 1, "east-1 got it back by a hand-back, after it had settled"
 
 
 def test_a_worker_whose_copy_stops_answering_owns_nothing_and_gets_the_shard_back_when_it_answers(
