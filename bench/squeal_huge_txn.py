@@ -13,7 +13,8 @@ it to /dev/null. ratio = squeal's commit -> all keys deleted / bare decode (lowe
 the "x bare" speed-up). The median pair is reported with every pair, squeal's sheds (must be 0), its RSS
 (before, peak while the pair ran) and the CPU that squeal and the two memcacheds used from COMMIT to the
 acknowledgement (on a 2-core box, the memcacheds' deletes share the cores with squeal: their CPU is part of
-the wall-clock time). `--reader` is the daemon's `[squeal] reader` (default native).
+the wall-clock time). `--reader` is the daemon's `[squeal] reader` (default native). Each pair stops the bench
+unless squeal counted exactly one transaction.
 """
 
 from __future__ import annotations
@@ -29,7 +30,15 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "squeal"))
 from squeal_helpers import Cache, topology_text
-from squeal_throughput import bare_decode, c_decoder, cpu_seconds, create_schema, loadavg, metric_sum
+from squeal_throughput import (
+    bare_decode,
+    c_decoder,
+    check_transactions,
+    cpu_seconds,
+    create_schema,
+    loadavg,
+    metric_sum,
+)
 
 from ops.harness import MariaDB, Memcached, SquealDaemon
 from squeal import fetch_health
@@ -70,6 +79,7 @@ def one_pair(
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     sheds0 = metric_sum(daemon.port, "squeal_flow_sheds_total")
+    txns0 = metric_sum(daemon.port, 'squeal_transactions_total{reader="live"')
     start = db.gtid_binlog_pos()
     with db.connect(schema, autocommit=False) as conn, conn.cursor() as cur:
         rows = list(ids)
@@ -104,6 +114,8 @@ def one_pair(
     if left:
         raise RuntimeError(f"{left} keys still cached after squeal acknowledged the transaction")
     sheds = metric_sum(daemon.port, "squeal_flow_sheds_total") - sheds0
+    txns = metric_sum(daemon.port, 'squeal_transactions_total{reader="live"') - txns0
+    check_transactions(txns, 1, "the huge transaction")  # one COMMIT: one transaction, whatever its statements
     bare_rows, bare_s, _ = bare_decode(db, schema, start, end)
     if bare_rows != len(ids):
         raise RuntimeError(f"bare decode read {bare_rows} rows, want {len(ids)}")

@@ -12,7 +12,7 @@ follows a sustained write load of 80% of its capacity. One run, on the harness o
    imported): a binlog of `--capacity-rows` row changes (10 single-row statements per transaction, half
    INSERTs, half UPDATEs of the 4-column `users` table) replayed by `squeal run --from-gtid`; rows/s from
    `/healthz` answering to both clusters acknowledging the last GTID. `--capacity-rounds` replays, the
-   median is the capacity.
+   median is the capacity. Each replay stops the bench unless squeal counted the transactions written.
 2. A fresh `squeal run` follows the binlog live, with one more rule: `bench.probe` -> `squeal:canary:{id}`
    (the prober's canary rule). Probes run back to back, one at a time, from this process, like
    monitoring/prober.py: set the probe row's key in both memcached clusters, UPDATE the row and COMMIT on a
@@ -75,7 +75,7 @@ from pymysql.constants import CLIENT
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "squeal"))
 from squeal_helpers import Cache, healthz, topology_text
-from squeal_throughput import create_schema, load, loadavg, metric_sum, squeal_replay
+from squeal_throughput import check_transactions, create_schema, load, loadavg, metric_sum, squeal_replay
 
 from ops.harness import MariaDB, Memcached, SquealDaemon, wait_until
 from squeal import gtid as g
@@ -449,7 +449,7 @@ def main() -> int:
         # 1. capacity
         start = db.gtid_binlog_pos()
         t = time.perf_counter()
-        load(db, SCHEMA, args.capacity_rows)
+        txns = load(db, SCHEMA, args.capacity_rows)
         end = g.parse_position(db.gtid_binlog_pos())
         print(f"capacity binlog: {args.capacity_rows} row changes written in {time.perf_counter() - t:.1f}s")
         rates = []
@@ -458,6 +458,7 @@ def main() -> int:
             r = squeal_replay(base, db, SCHEMA, mcs, start, end, batch_size=256, reader="native")
             if r["rows"] != args.capacity_rows:
                 raise RuntimeError(f"squeal read {r['rows']:.0f} rows, {args.capacity_rows} written")
+            check_transactions(r["transactions"], txns, f"capacity replay {i + 1} (10-row transactions)")
             rates.append(r["rows_per_s"])
             print(
                 f"  {r['window_rows']:.0f} rows in {r['seconds']:.3f}s = {r['rows_per_s']:,.0f} rows/s "

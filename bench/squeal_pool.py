@@ -5,8 +5,8 @@
 One run, on this machine, with the acceptance tests' set-up (tests/squeal/test_pool_workers.py's `Pool`): a
 MariaDB primary per shard (4 shards), two memcached clusters, a 3-server ZooKeeper ensemble (session timeout
 2 s), a pooled region of three workers `squeal run --instance wN` (placement: cooldown 2 s, so a restarted
-worker is filled again at once), and a background load of `--rate` rows/s (10-row INSERT transactions,
-round robin over the shards) throughout.
+worker is filled again at once), and a background load of `--rate` rows/s (10-row INSERT transactions: BEGIN,
+10 single-row INSERTs, COMMIT; round robin over the shards) throughout.
 
 1. Failover, `--kills` times: a canary key (a row of a shard the victim owns) set in both clusters, kill -9 of
    the worker owning that shard, the canary row committed at once, polled every 1 ms until gone from both
@@ -31,7 +31,11 @@ round robin over the shards) throughout.
    each mode catches up on the same backlog from the same markers. Rows/s = the rows read (`squeal_rows_total`,
    summed over the mode's processes) / the time from its first shard running (a pool places its shards one
    by one) until every flow of every shard acknowledged the shards' last GTIDs; also the time from the start
-   of the processes. The issue's "the pool's throughput vs one daemon ... (cost <= 2%)" is pool / single here.
+   of the processes. The backlog is 100-row transactions (BEGIN, 100 single-row INSERTs, COMMIT: the harness's
+   connections autocommit, and PyMySQL's executemany sends one statement per row when a VALUES item is a
+   literal, so without the BEGIN each row was a transaction of its own); each mode's
+   `squeal_transactions_total` must equal the transactions written, or the bench stops. The issue's "the
+   pool's throughput vs one daemon ... (cost <= 2%)" is pool / single here.
 
 The load average is printed with every phase (the machine is shared). Everything started is stopped by pid
 and the temporary directory removed at the end.
@@ -61,7 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from squeal_helpers import healthz
 from squeal_latency_load import pct
-from squeal_throughput import cpu_seconds, loadavg, metric_sum
+from squeal_throughput import check_transactions, cpu_seconds, loadavg, metric_sum
 from test_ha_support import ensemble
 from test_pool_workers import SHARDS, Pool
 
@@ -346,17 +350,24 @@ def costs(env: Pool, rounds: int, seconds: float, load: Load) -> list[tuple[str,
     return out
 
 
-def write_backlog(env: Pool, rows: int, first: int) -> dict[str, g.Position]:
+BACKLOG_TXN_ROWS = 100
+
+
+def write_backlog(env: Pool, rows: int, first: int) -> tuple[dict[str, g.Position], int]:
     """`rows` rows over the shards (100-row transactions, row i on shard i % 4, ids from `first`): each shard's
-    binlog position after them."""
+    binlog position after them, and the transactions written."""
     per = rows // len(SHARDS)
+    txns = 0
     for j, db in enumerate(env.dbs):
         with db.connect(env.schema) as conn, conn.cursor() as cur:
-            for start in range(0, per, 100):
-                ids = [first + j + len(SHARDS) * (start + k) for k in range(min(100, per - start))]
+            for start in range(0, per, BACKLOG_TXN_ROWS):
+                ids = [first + j + len(SHARDS) * (start + k) for k in range(min(BACKLOG_TXN_ROWS, per - start))]
+                # autocommit is on: the explicit BEGIN/COMMIT makes the 100 INSERTs one transaction
+                cur.execute("BEGIN")
                 cur.executemany("INSERT INTO users VALUES (%s, %s, 'backlog')", [(i, f"b{i}@backlog") for i in ids])
-                conn.commit()
-    return {s: g.parse_position(db.gtid_binlog_pos()) for s, db in zip(SHARDS, env.dbs, strict=True)}
+                cur.execute("COMMIT")
+                txns += 1
+    return {s: g.parse_position(db.gtid_binlog_pos()) for s, db in zip(SHARDS, env.dbs, strict=True)}, txns
 
 
 def caught_up(ports: list[int], ends: dict[str, g.Position]) -> bool:
@@ -376,6 +387,10 @@ def caught_up(ports: list[int], ends: dict[str, g.Position]) -> bool:
 
 def rows_read(ports: list[int]) -> float:
     return sum(metric_sum(p, 'squeal_rows_total{reader="live"') for p in ports)
+
+
+def transactions_read(ports: list[int]) -> float:
+    return sum(metric_sum(p, 'squeal_transactions_total{reader="live"') for p in ports)
 
 
 def throughputs(env: Pool, rounds: int, backlog: int) -> list[tuple[str, float, float, int]]:
@@ -414,7 +429,7 @@ def throughputs(env: Pool, rounds: int, backlog: int) -> list[tuple[str, float, 
     out = []
     first = 50_000_000
     for r in range(rounds):
-        ends = write_backlog(env, backlog, first)  # both modes' markers are where the last backlog ended
+        ends, txns = write_backlog(env, backlog, first)  # both modes' markers are where the last backlog ended
         first += backlog + len(SHARDS)
         for mode in ("single", "pool") if r % 2 == 0 else ("pool", "single"):
             t0 = time.monotonic()
@@ -422,13 +437,15 @@ def throughputs(env: Pool, rounds: int, backlog: int) -> list[tuple[str, float, 
             wait_until(functools.partial(caught_up, ports, ends), 600, f"{mode} to catch up", interval=0.05)
             t_done = time.monotonic()
             read = rows_read(ports)
+            transactions = transactions_read(ports)
             stop(mode)
+            check_transactions(transactions, txns, f"round {r + 1} {mode}")
             rate = read / (t_done - t_first)
             out.append((mode, rate, t_done - t0, int(read)))
             print(
                 f"  round {r + 1} {mode}: {read:.0f} rows in {t_done - t_first:.2f} s from its first shard running "
                 f"= {rate:,.0f} rows/s; {t_done - t0:.2f} s from the start ({t_first - t0:.2f} s to the first "
-                f"shard); {loadavg()}",
+                f"shard); {transactions:.0f} transactions of {BACKLOG_TXN_ROWS} rows; {loadavg()}",
                 flush=True,
             )
     return out

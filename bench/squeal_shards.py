@@ -36,6 +36,7 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+from squeal_throughput import check_transactions
 
 from monitoring.panels import quantile
 from ops.harness import MariaDB, Memcached, SquealDaemon, free_port, wait_until
@@ -77,8 +78,9 @@ def topology(dbs: list[MariaDB], schema: str, caches: list[Memcached], flush_ms:
     )
 
 
-def load(db: MariaDB, schema: str, rows: int) -> None:
-    """rows/2 INSERTs then rows/2 UPDATEs, 10 statements per transaction."""
+def load(db: MariaDB, schema: str, rows: int, txns: list[int]) -> None:
+    """rows/2 INSERTs then rows/2 UPDATEs, 10 statements per transaction (autocommit off: each `commit()`
+    ends one); adds the transactions written to `txns`."""
     n = rows // 2
     with db.connect(schema, autocommit=False) as conn, conn.cursor() as cur:
         for phase in ("insert", "update"):
@@ -89,6 +91,7 @@ def load(db: MariaDB, schema: str, rows: int) -> None:
                     else:
                         cur.execute("UPDATE users SET n = n + 1, email = %s WHERE id = %s", (f"v{i}@x", i))
                 conn.commit()
+                txns.append(1)
 
 
 def write_markers(state: Path, shards: int, positions: list[str], clusters: int) -> None:
@@ -123,7 +126,8 @@ def replay_round(base: Path, dbs: list[MariaDB], caches: list[Memcached], rows: 
     for db in dbs:
         db.execute(f"CREATE DATABASE {schema}", f"USE {schema}", SCHEMA)
     before = [db.gtid_binlog_pos() for db in dbs]
-    threads = [threading.Thread(target=load, args=(db, schema, rows // n)) for db in dbs]
+    txns: list[int] = []  # (list.append is atomic across the loaders' threads)
+    threads = [threading.Thread(target=load, args=(db, schema, rows // n, txns)) for db in dbs]
     for t in threads:
         t.start()
     for t in threads:
@@ -143,10 +147,13 @@ def replay_round(base: Path, dbs: list[MariaDB], caches: list[Memcached], rows: 
         wait_until(lambda: acked_all(daemon, after), 600, "every shard's flows to acknowledge the load", interval=0.05)
         wall = time.monotonic() - t0
         cpu = sum(proc.cpu_times()[:2]) - cpu0
-        rows_read = metric_sum(scrape(daemon.port), "squeal_rows_total") - rows0
+        text = scrape(daemon.port)
+        rows_read = metric_sum(text, "squeal_rows_total") - rows0
+        counted = metric_sum(text, 'squeal_transactions_total{reader="live"')
         rss = proc.memory_info().rss / 2**20
     finally:
         daemon.stop(grace=10)
+    check_transactions(counted, len(txns), f"replay over {n} shards (10-row transactions)")
     return {
         "shards": n,
         "rows": rows_read,
@@ -212,6 +219,8 @@ def live_round(
         text = scrape(daemon.port)
     finally:
         daemon.stop(grace=10)
+    counted = metric_sum(text, 'squeal_transactions_total{reader="live"')
+    check_transactions(counted, sum(sent), f"live round over {n} shards (single-row transactions)")
     deletes = metric_sum(text, "squeal_deletes_per_write_sum")
     writes = metric_sum(text, "squeal_deletes_per_write_count")
     per_write = histogram_buckets(text, "squeal_deletes_per_write")

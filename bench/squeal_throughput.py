@@ -2,9 +2,15 @@
 
     .venv/bin/python bench/squeal_throughput.py [--rows 50000] [--repeat 3] [--readers native,python]
                                                 [--dead-seconds 60] [--no-memory] [--tls] [--no-decoders] [--via-router]
+                                                [--rows-per-txn 10]
 
-1. Throughput: one binlog of `--rows` row changes (a 4-column table, transactions of 10 single-row
-   statements, half INSERTs, half UPDATEs; grown until every reader's window below lasts `--min-seconds`,
+Transaction shape: every transaction this bench writes is `--rows-per-txn` single-row statements (default 10,
+the shape of the figures in docs/benchmarks.md; `--rows-per-txn 1` writes single-row autocommit transactions,
+the common OLTP shape), and every squeal replay checks that squeal counted exactly the transactions written
+(`squeal_transactions_total{reader="live"}`): a bench that wrote another shape than it says fails.
+
+1. Throughput: one binlog of `--rows` row changes (a 4-column table, transactions of `--rows-per-txn`
+   single-row statements, half INSERTs, half UPDATEs; grown until every reader's window below lasts `--min-seconds`,
    default 2 s: the native reader needs several hundred thousand rows) is read by bare
    python-mysql-replication (decode every row, nothing else), by `mariadb-binlog --read-from-remote-server
    -v` decoding the same GTID range to /dev/null (the "C decoder": the limit), and by `squeal run` end to
@@ -25,8 +31,9 @@
    With `--no-decoders` the rounds skip the bare and C decoders (squeal against itself: TLS vs plaintext).
    With `--via-router` squeal sends to a squeal-router in front of each memcached, as a deployment does (the
    router's TLS port in front of memcached `-Z` under `--tls`), instead of to the memcacheds themselves.
-3. Memory: squeal following a steady write load while one cluster's memcached is SIGSTOPped for
-   `--dead-seconds`; squeal's RSS is sampled throughout, then after the dead cluster has caught up.
+3. Memory: squeal following a steady write load (10-row transactions, whatever `--rows-per-txn`) while one
+   cluster's memcached is SIGSTOPped for `--dead-seconds`; squeal's RSS is sampled throughout, then after
+   the dead cluster has caught up.
 """
 
 from __future__ import annotations
@@ -139,18 +146,33 @@ def loadavg() -> str:
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f}"
 
 
-def load(db: MariaDB, schema: str, rows: int, first_id: int = 1) -> None:
-    """rows/2 INSERTs then rows/2 UPDATEs, 10 statements per transaction."""
+def load(db: MariaDB, schema: str, rows: int, first_id: int = 1, per_txn: int = 10) -> int:
+    """rows/2 INSERTs then rows/2 UPDATEs, `per_txn` single-row statements per transaction (autocommit off,
+    so each `commit()` ends one); returns the transactions written."""
     n = rows // 2
+    txns = 0
     with db.connect(schema, autocommit=False) as conn, conn.cursor() as cur:
-        for start in range(first_id, first_id + n, 10):
-            for i in range(start, min(start + 10, first_id + n)):
+        for start in range(first_id, first_id + n, per_txn):
+            for i in range(start, min(start + per_txn, first_id + n)):
                 cur.execute("INSERT INTO users VALUES (%s, %s, %s, %s)", (i, f"u{i}@example.com", f"name {i}", i))
             conn.commit()
-        for start in range(first_id, first_id + n, 10):
-            for i in range(start, min(start + 10, first_id + n)):
+            txns += 1
+        for start in range(first_id, first_id + n, per_txn):
+            for i in range(start, min(start + per_txn, first_id + n)):
                 cur.execute("UPDATE users SET n = n + 1, email = %s WHERE id = %s", (f"v{i}@example.com", i))
             conn.commit()
+            txns += 1
+    return txns
+
+
+def check_transactions(counted: float, meant: int, what: str) -> None:
+    """Fail the bench loudly unless squeal counted the transactions it was meant to read: a bench whose
+    writes are folded or split differently than it says measures another shape (issue 37 item 6)."""
+    if int(counted) != meant:
+        raise SystemExit(
+            f"{what}: squeal counted {counted:.0f} transactions (squeal_transactions_total), the bench meant to "
+            f"write {meant}: the transaction shape is not the one stated"
+        )
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -291,6 +313,7 @@ def squeal_replay(
         # The live reader's rows only: a flow that shed is re-read by a catch-up reader, whose rows are
         # extra work, not extra throughput.
         rows = metric_sum(daemon.port, 'squeal_rows_total{reader="live"')
+        transactions = metric_sum(daemon.port, 'squeal_transactions_total{reader="live"')
         sheds = metric_sum(daemon.port, "squeal_flow_sheds_total")
         deletes = metric_sum(daemon.port, "squeal_deletes_sent_total")
         writes = metric_sum(daemon.port, "squeal_delete_writes_total")
@@ -304,6 +327,7 @@ def squeal_replay(
     cpu = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
     return {
         "rows": rows,
+        "transactions": transactions,
         "window_rows": window,
         "seconds": elapsed,
         "rows_per_s": window / elapsed,
@@ -410,11 +434,13 @@ def grow_for_window(
     rows: int,
     readers: list[str],
     min_seconds: float,
-) -> tuple[g.Position, int]:
+    per_txn: int,
+    txns: int,
+) -> tuple[g.Position, int, int]:
     """Writes more row changes until every reader's squeal replay is measured over at least `min_seconds`
     (its window opens at /healthz, and the rows read before are not counted: at the native reader's speed
     50,000 rows left a window of 0.1-0.2 s, and one figure swung 10-19x between rounds). Returns the new
-    end of the binlog range and its row changes."""
+    end of the binlog range, its row changes and its transactions (`txns` written so far)."""
     for reader in readers:
         for _ in range(6):
             r = squeal_replay(base, db, schema, caches, start, end, batch_size=256, reader=reader)
@@ -422,9 +448,10 @@ def grow_for_window(
                 break
             # enough rows for the window at this rate (+25%), beyond those read before /healthz
             want = int(r["rows_per_s"] * min_seconds * 1.25 + (r["rows"] - r["window_rows"]))
-            more = max(want - rows, rows // 2, 1000) // 20 * 20  # load(): half INSERTs, half UPDATEs
+            # load(): half INSERTs, half UPDATEs, whole transactions of each
+            more = max(want - rows, rows // 2, 1000) // (2 * per_txn) * (2 * per_txn)
             t = time.perf_counter()
-            load(db, schema, more, first_id=rows // 2 + 1)
+            txns += load(db, schema, more, first_id=rows // 2 + 1, per_txn=per_txn)
             rows += more
             end = g.parse_position(db.gtid_binlog_pos())
             print(
@@ -433,7 +460,7 @@ def grow_for_window(
             )
         else:
             raise RuntimeError(f"squeal ({reader}) still measured over less than {min_seconds:.1f}s")
-    return end, rows
+    return end, rows, txns
 
 
 def main() -> int:
@@ -461,7 +488,15 @@ def main() -> int:
         "grows past --rows until it does (the native reader needs far more rows than the python one)",
     )
     ap.add_argument("--tls", action="store_true", help="also run each reader over TLS to MariaDB (RATIO tls/plaintext)")
+    ap.add_argument(
+        "--rows-per-txn",
+        type=int,
+        default=10,
+        help="single-row statements per transaction (10: the recorded figures; 1: single-row transactions)",
+    )
     args = ap.parse_args()
+    per_txn = args.rows_per_txn
+    shape = f"{per_txn}-row transactions"
     base = Path(tempfile.mkdtemp(prefix="squeal-bench-"))
     tls_dir: Path | None = None
     server_tls: dict = {}
@@ -492,13 +527,18 @@ def main() -> int:
         create_schema(db, schema)
         start = db.gtid_binlog_pos()
         t = time.perf_counter()
-        load(db, schema, args.rows)
+        txns = load(db, schema, args.rows, per_txn=per_txn)
         end = g.parse_position(db.gtid_binlog_pos())
-        print(f"wrote {args.rows} row changes in {time.perf_counter() - t:.1f}s ({start} -> {g.format_position(end)})")
+        print(
+            f"wrote {args.rows} row changes as {txns} {shape} in {time.perf_counter() - t:.1f}s "
+            f"({start} -> {g.format_position(end)})"
+        )
 
         readers = [r for r in args.readers.split(",") if r]
-        end, rows = grow_for_window(base, db, schema, dests, start, end, args.rows, readers, args.min_seconds)
-        print(f"measured over {rows} row changes ({start} -> {g.format_position(end)})")
+        end, rows, txns = grow_for_window(
+            base, db, schema, dests, start, end, args.rows, readers, args.min_seconds, per_txn, txns
+        )
+        print(f"measured over {rows} row changes in {txns} {shape} ({start} -> {g.format_position(end)})")
         if not args.no_decoders:
             bare_decode(db, schema, start, end)  # warm-up: binlog in the page cache, server and library warm
         rounds = []
@@ -521,6 +561,7 @@ def main() -> int:
                 r = squeal_replay(base, db, schema, dests, start, end, 256, reader=reader)
                 if r["rows"] != bare_rows:
                     raise RuntimeError(f"squeal ({reader}) read {r['rows']:.0f} rows, bare decode {bare_rows}")
+                check_transactions(r["transactions"], txns, f"squeal ({reader})")
                 r["ratio"] = r["rows_per_s"] / bare
                 r["of_c"] = r["rows_per_s"] / c_rate
                 # CPU over the window, per row, against bare decode's CPU per row
@@ -530,6 +571,7 @@ def main() -> int:
                     t = squeal_replay(base, db, schema, tls_dests, start, end, 256, reader=reader, tls_dir=tls_dir)
                     if t["rows"] != bare_rows:
                         raise RuntimeError(f"squeal ({reader}, TLS) read {t['rows']:.0f} rows, bare decode {bare_rows}")
+                    check_transactions(t["transactions"], txns, f"squeal ({reader}, TLS)")
                     r["tls"] = t["rows_per_s"] / r["rows_per_s"]
                     print(
                         f"  squeal {reader:6} over TLS: {t['window_rows']:.0f} rows in {t['seconds']:.2f}s = "
@@ -552,7 +594,8 @@ def main() -> int:
             cpu_ratios = sorted(x[reader]["cpu_ratio"] for x in rounds)
             each = ", ".join(f"{x[reader]['ratio']:.2f}" for x in ordered)
             print(
-                f"RATIO squeal[{reader}]/bare: median {mid[reader]['ratio']:.2f} of {len(rounds)} rounds ({each}); "
+                f"RATIO squeal[{reader}]/bare ({shape}): median {mid[reader]['ratio']:.2f} of {len(rounds)} rounds "
+                f"({each}); "
                 f"in the median round bare {mid['bare']:,.0f} rows/s, C decoder {mid['c']:,.0f} rows/s, "
                 f"squeal {mid[reader]['rows_per_s']:,.0f} rows/s = {mid[reader]['of_c']:.2f} of C; CPU ratio "
                 f"median {cpu_ratios[(len(cpu_ratios) - 1) // 2]:.2f}; CPU per 1,000 rows "
@@ -567,8 +610,9 @@ def main() -> int:
         main_reader = readers[0] if readers else "python"
         batched = rounds[(len(rounds) - 1) // 2][readers[0]]
         single = squeal_replay(base, db, schema, caches, start, end, batch_size=1, reader=main_reader)
+        check_transactions(single["transactions"], txns, f"squeal ({main_reader}, batch 1)")
         print(
-            f"squeal[{main_reader}] end to end (batch 1): {single['rows_per_s']:,.0f} rows/s; "
+            f"squeal[{main_reader}] end to end (batch 1, {shape}): {single['rows_per_s']:,.0f} rows/s; "
             f"{single['deletes_per_write']:.1f} deletes/write; sheds {single['sheds']:.0f}; batching = "
             f"{batched['deletes_per_write'] / single['deletes_per_write']:.0f}x deletes per write"
         )

@@ -89,7 +89,27 @@ def test_dashboard_renders_live_charts(tmp_path, memcached_factory):
                     "p.querySelector('h2').textContent.includes('hit rate') && +p.dataset.points > 0).length"
                 )
 
+            # record the axis labels each canvas draws (canvas text is not in the DOM), then wait for a redraw
+            driver.execute_script(
+                "window.axisLabels = new Map();"
+                "const fill = CanvasRenderingContext2D.prototype.fillText;"
+                "CanvasRenderingContext2D.prototype.fillText = function (text, ...rest) {"
+                "  const c = this.canvas, seen = window.axisLabels.get(c) || new Set();"
+                "  seen.add(String(text)); window.axisLabels.set(c, seen); return fill.call(this, text, ...rest); };"
+            )
             WebDriverWait(driver, 20).until(hit_rate_panel_has_points)
+
+            def hit_rate_axis(d):
+                return d.execute_script(
+                    "const p = [...document.querySelectorAll('.panel')].find(p => "
+                    "p.querySelector('h2').textContent.includes('hit rate'));"
+                    "const seen = window.axisLabels.get(p.querySelector('canvas'));"
+                    "return seen ? [...seen].filter(t => t.endsWith('%')) : null"
+                )
+
+            percents = WebDriverWait(driver, 20).until(hit_rate_axis)
+            # a ratio's axis ends at 100 % (it ran to 108 %: the headroom other panels get)
+            assert max(int(t.rstrip("%")) for t in percents) == 100, percents
             assert "live" in driver.find_element("id", "status").text
             legend = driver.execute_script(
                 "return [...document.querySelectorAll('.panel')].find(p => "

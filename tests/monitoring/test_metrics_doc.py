@@ -48,3 +48,14 @@ def test_dashboards_only_chart_documented_metrics():
     panels = (ROOT / "monitoring" / "panels.py").read_text()
     used = {_base(n) for n in re.findall(r"squeal_[a-z_]+", exprs + panels) if not n.endswith("_")}
     assert used - DOCUMENTED == set()
+
+
+def test_grafana_percentage_axes_end_at_100_percent():
+    """A ratio cannot pass 100 %: an axis that autoscales past it (the built-in page's ran to 108 %,
+    issue 37 item 8) draws headroom nothing can fill."""
+    panels = json.loads((ROOT / "monitoring" / "grafana-dashboard.json").read_text())["panels"]
+    ratios = [p for p in panels if p.get("fieldConfig", {}).get("defaults", {}).get("unit") == "percentunit"]
+    assert ratios, "no percentage panel: the check checks nothing"
+    for p in ratios:
+        defaults = p["fieldConfig"]["defaults"]
+        assert (defaults.get("min"), defaults.get("max")) == (0, 1), p["title"]

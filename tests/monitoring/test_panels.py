@@ -91,8 +91,11 @@ def test_sharded_series_give_latency_and_lag_per_shard():
     canary = _last(panels["Invalidation latency per shard (canary commit → key gone, every cluster)"])
     assert set(canary) == {"s0 p50", "s0 p99", "s1 p50", "s1 p99"}
     assert canary["s0 p99"] < 0.01 < 0.1 < canary["s1 p99"] <= 0.5
-    squeal = _last(panels[next(t for t in panels if t.startswith("squeal invalidation latency p99 per shard"))])
-    assert set(squeal) == {"east/s0", "east/s1"} and squeal["east/s0"] < 0.01 < 0.1 < squeal["east/s1"] <= 0.5
+    # squeal's own commit → acknowledged histogram starts from the binlog's whole-second commit time: its
+    # p99 read 1.0-1.6 s, mostly that resolution (issue 37 item 8). The canary's millisecond clock
+    # measures the same path per shard, so no panel draws the coarse one.
+    assert not [t for t in panels if "1 s resolution" in t or t.startswith("squeal invalidation latency")]
+    assert all("canary" in t or "binlog read" in t for t in panels if "latency" in t), list(panels)
     # the per-cluster canary panel still sums every shard's probes
     per_cluster = _last(panels["Invalidation latency (canary commit → key gone)"])
     assert set(per_cluster) == {"east/east-a p50", "east/east-a p99"}

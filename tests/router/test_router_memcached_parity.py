@@ -389,3 +389,36 @@ def test_bget_is_a_get_like_memcached(memcached_factory, router_factory) -> None
     data = b"bget " + b"k " * 1100
     assert until_closed(direct.address, data) == b""
     assert until_closed(router.address, data) == b""
+
+
+def test_a_gat_with_an_overlong_key_touches_the_keys_before_it_like_memcached(
+    memcached_factory, router_factory
+) -> None:
+    """memcached 1.6.18 reads a `gat`/`gats` line key by key: the keys before one over 250 bytes are
+    touched (found, their TTL set) before the long one is refused, and the VALUE lines already
+    built are dropped, so the answer is the error alone; the keys after it are not touched. A plain
+    `get`/`gets` line with a long key answers the same bare error. Each line goes first on its own
+    connection: memcached drops the unwritten answers pipelined before such a line (a known
+    difference, docs/router.md)."""
+    direct, behind = memcached_factory(), memcached_factory()
+    router = router_factory(pool(behind))
+    long_key = b"L" * 251
+    setup = b"set k 0 0 1\r\na\r\nset j 0 0 1\r\nb\r\nset e 0 0 1\r\nc\r\nset f 0 0 1\r\nd\r\nmn\r\n"
+    both(direct, router, setup)
+    bad = b"CLIENT_ERROR bad command line format\r\n"
+    for line in (
+        b"gat 1000 k " + long_key + b" j\r\n",
+        b"gats 1000 f " + long_key + b"\r\n",
+        b"gat -1 e " + long_key + b"\r\n",
+        b"get k j " + long_key + b"\r\n",
+        b"gets k " + long_key + b" j\r\n",
+        b"gat 1000 " + long_key + b" j\r\n",
+    ):
+        want, got = both(direct, router, line, until=bad)
+        assert want == bad, (line[:20], want)
+        assert got == want, line[:20]
+    # TTLs in whole seconds, from each server's own clock: 1000 (or 999 a second later) vs -1
+    check = b"mg k v t\r\nmg j v t\r\nmg e v t\r\nmg f v t\r\nmn\r\n"
+    want, got = both(direct, router, check)
+    assert want.startswith(b"VA 1 t") and b"VA 1 t-1\r\nb\r\nEN\r\nVA 1 t" in want, want
+    assert got.replace(b"t999", b"t1000") == want.replace(b"t999", b"t1000")
