@@ -2,10 +2,12 @@
 
     .venv/bin/python bench/squeal_throughput.py [--rows 50000] [--repeat 3] [--readers native,python]
                                                 [--dead-seconds 60] [--no-memory] [--tls] [--no-decoders] [--via-router]
+                                                [--txn-rows 10]
 
 1. Throughput: one binlog of `--rows` row changes (a 4-column table, transactions of 10 single-row
-   statements, half INSERTs, half UPDATEs; grown until every reader's window below lasts `--min-seconds`,
-   default 2 s: the native reader needs several hundred thousand rows) is read by bare
+   statements -- `--txn-rows`, 1 for single-row transactions --, half INSERTs, half UPDATEs; grown until
+   every reader's window below lasts `--min-seconds`, default 2 s: the native reader needs several hundred
+   thousand rows) is read by bare
    python-mysql-replication (decode every row, nothing else), by `mariadb-binlog --read-from-remote-server
    -v` decoding the same GTID range to /dev/null (the "C decoder": the limit), and by `squeal run` end to
    end with each of `--readers` (keys rendered, batched, sent to two memcached "clusters", acknowledged,
@@ -139,16 +141,22 @@ def loadavg() -> str:
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f}"
 
 
+# Statements per transaction in load() (--txn-rows): 10 by default; 1 measures the per-transaction cost
+# that issue 33 found to dominate (OLTP primaries commit mostly 1-3-row transactions).
+TXN_ROWS = 10
+
+
 def load(db: MariaDB, schema: str, rows: int, first_id: int = 1) -> None:
-    """rows/2 INSERTs then rows/2 UPDATEs, 10 statements per transaction."""
+    """rows/2 INSERTs then rows/2 UPDATEs, TXN_ROWS statements per transaction."""
     n = rows // 2
+    per = TXN_ROWS
     with db.connect(schema, autocommit=False) as conn, conn.cursor() as cur:
-        for start in range(first_id, first_id + n, 10):
-            for i in range(start, min(start + 10, first_id + n)):
+        for start in range(first_id, first_id + n, per):
+            for i in range(start, min(start + per, first_id + n)):
                 cur.execute("INSERT INTO users VALUES (%s, %s, %s, %s)", (i, f"u{i}@example.com", f"name {i}", i))
             conn.commit()
-        for start in range(first_id, first_id + n, 10):
-            for i in range(start, min(start + 10, first_id + n)):
+        for start in range(first_id, first_id + n, per):
+            for i in range(start, min(start + per, first_id + n)):
                 cur.execute("UPDATE users SET n = n + 1, email = %s WHERE id = %s", (f"v{i}@example.com", i))
             conn.commit()
 
@@ -451,6 +459,12 @@ def main() -> int:
         action="store_true",
         help="skip the bare and C decoders in each round (for --tls: squeal against itself)",
     )
+    ap.add_argument(
+        "--txn-rows",
+        type=int,
+        default=10,
+        help="row changes per transaction in the throughput binlog (1: single-row transactions)",
+    )
     ap.add_argument("--dead-seconds", type=float, default=60.0)
     ap.add_argument("--no-memory", action="store_true", help="skip the dead-cluster memory run")
     ap.add_argument(
@@ -462,6 +476,8 @@ def main() -> int:
     )
     ap.add_argument("--tls", action="store_true", help="also run each reader over TLS to MariaDB (RATIO tls/plaintext)")
     args = ap.parse_args()
+    global TXN_ROWS
+    TXN_ROWS = max(1, args.txn_rows)
     base = Path(tempfile.mkdtemp(prefix="squeal-bench-"))
     tls_dir: Path | None = None
     server_tls: dict = {}
