@@ -24,7 +24,7 @@ def test_stale_set_race_with_stock_client(memcached_factory, router_factory, lea
     reader = PyClient(("127.0.0.1", router.port), timeout=5)
     direct = PyClient(("127.0.0.1", mc.port), timeout=5)
     assert reader.get(b"user:1") is None  # miss: the reader goes to the database, reads "old"
-    direct.delete(b"user:1")  # the writer commits "new"; the invalidation deletes the key
+    direct.delete(b"user:1", noreply=False)  # the writer commits "new"; the invalidation deletes the key
     stored = reader.set(b"user:1", b"old", noreply=False)
     cached = direct.get(b"user:1")
     if leases:
