@@ -881,6 +881,7 @@ mod tests {
                   "o:": {"type": "OperationSelectorRoute", "operation_policies": {"delete": "NullRoute"},
                          "default_policy": {"type": "PoolRoute", "pool": {"name": "inl", "servers": ["127.0.0.1:4"]}}},
                   "m:": {"type": "ModifyExptimeRoute", "target": "PoolRoute|a", "exptime": 10, "action": "min"},
+                  "tl:": {"type": "TransparentLeaseRoute", "target": "PoolRoute|a", "lease_ttl": 5},
                   "e:": "ErrorRoute|fenced",
                   "n:": "NullRoute",
                   "af:": "AllFastestRoute|Pool|a",

@@ -48,6 +48,7 @@ pub mod routing_group;
 pub mod salted_failover;
 pub mod shadow;
 pub mod shard_selection;
+pub mod transparent_lease;
 pub mod warm_up;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -214,6 +215,12 @@ pub const REGISTRY: &[Handle] = &[
         build: prefix_selector::build,
         shorthand: None,
         fields: &["policies", "wildcard"],
+    },
+    Handle {
+        name: "TransparentLeaseRoute",
+        build: transparent_lease::build,
+        shorthand: None,
+        fields: &["target", "lease_ttl", "lease_wait_ms", "lease_retries", "max_tokens"],
     },
     Handle {
         name: "ModifyExptimeRoute",

@@ -1,0 +1,254 @@
+//! TransparentLeaseRoute: memcached leases (meta `mg N` / `ms C`) for clients that send plain
+//! `get`/`gets`/`set` (off unless a config puts this handle in front of a route).
+//!
+//! - A classic `get`/`gets` goes down as `mg KEY v f c N<lease_ttl>`. A hit is answered as the
+//!   classic `VALUE` block. A miss that wins the lease (`W`) keeps the item's CAS as this key's
+//!   token and answers a plain miss. A key whose lease another client holds (`Z`, or a stale `X`
+//!   without `W`) is asked again after `lease_wait_ms`, at most `lease_retries` times, then
+//!   answered as a miss: readers of a hot key wait for the winner's fill instead of all going to
+//!   the database.
+//! - A plain `set` of a key with a token goes down as `ms KEY <len> F<flags> T<exptime> C<token>`:
+//!   stored only if nothing deleted or changed the item since the lease was won. A refused fill
+//!   answers `NOT_STORED` (see docs/router.md). A `set` without a token passes through unchanged.
+//! - Tokens are kept per key, not per connection (stock clients pool connections), in a map of at
+//!   most `max_tokens` entries; the oldest are evicted (counted), and a token older than
+//!   `lease_ttl` is dropped (the vivified item it belongs to has expired by then).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use serde_json::{Map, Value};
+
+use super::{BoxFuture, Route, RouteRef, get_i64, required};
+use crate::config::Builder;
+use crate::protocol::reply::first_line_end;
+use crate::protocol::{Cmd, Reply, Request, Res};
+
+/// Per-key lease tokens with insertion order for eviction.
+#[derive(Default)]
+struct Tokens {
+    map: HashMap<Bytes, (u64, Instant, u64)>,
+    order: VecDeque<(Bytes, u64)>,
+    seq: u64,
+}
+
+/// Counters of one handle (readable in tests and by stats).
+#[derive(Default)]
+pub struct LeaseCounters {
+    pub won: AtomicU64,
+    pub waited: AtomicU64,
+    pub gave_up: AtomicU64,
+    pub fills_stored: AtomicU64,
+    pub fills_refused: AtomicU64,
+    pub evicted: AtomicU64,
+}
+
+pub struct TransparentLease {
+    pub target: RouteRef,
+    pub lease_ttl: i64,
+    pub wait: Duration,
+    pub retries: u32,
+    pub max_tokens: usize,
+    tokens: Mutex<Tokens>,
+    pub counters: LeaseCounters,
+}
+
+/// What one `mg … N` answered.
+enum Got {
+    Hit(Reply),
+    Won(u64),
+    Held,
+    Other(Reply),
+}
+
+impl TransparentLease {
+    pub fn new(target: RouteRef, lease_ttl: i64, wait: Duration, retries: u32, max_tokens: usize) -> Self {
+        TransparentLease {
+            target,
+            lease_ttl,
+            wait,
+            retries,
+            max_tokens,
+            tokens: Mutex::new(Tokens::default()),
+            counters: LeaseCounters::default(),
+        }
+    }
+
+    fn remember(&self, key: &Bytes, token: u64) {
+        let mut t = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        t.seq += 1;
+        let seq = t.seq;
+        t.map.insert(key.clone(), (token, Instant::now(), seq));
+        t.order.push_back((key.clone(), seq));
+        while t.map.len() > self.max_tokens || t.order.len() > 2 * self.max_tokens.max(1) {
+            let Some((old, s)) = t.order.pop_front() else { break };
+            if t.map.get(&old).is_some_and(|e| e.2 == s) {
+                t.map.remove(&old);
+                self.counters.evicted.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn take(&self, key: &[u8]) -> Option<u64> {
+        let mut t = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        let (token, at, _) = t.map.remove(key)?;
+        let ttl = Duration::from_secs(self.lease_ttl.max(0) as u64);
+        (at.elapsed() < ttl).then_some(token)
+    }
+
+    /// Tokens held now (for stats).
+    pub fn tokens_held(&self) -> usize {
+        self.tokens.lock().unwrap_or_else(|e| e.into_inner()).map.len()
+    }
+
+    fn meta_get(&self, key: &Bytes) -> Request {
+        let mut r = Request::simple(Cmd::MetaGet, key.clone());
+        r.meta = vec![
+            Bytes::from_static(b"v"),
+            Bytes::from_static(b"f"),
+            Bytes::from_static(b"c"),
+            Bytes::from(format!("N{}", self.lease_ttl)),
+        ];
+        r
+    }
+
+    async fn get_once(&self, req: &Request) -> Got {
+        let reply = self.target.route(&self.meta_get(&req.key)).await;
+        let wire = &reply.wire;
+        let end = first_line_end(wire);
+        let line = &wire[..end];
+        if !line.starts_with(b"VA ") {
+            return Got::Other(reply);
+        }
+        let toks: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
+        let len = toks
+            .get(1)
+            .and_then(|t| std::str::from_utf8(t).ok()?.parse::<usize>().ok());
+        let num = |flag: u8| {
+            toks.iter()
+                .skip(2)
+                .find(|t| t.first() == Some(&flag) && t.len() > 1)
+                .and_then(|t| std::str::from_utf8(&t[1..]).ok()?.parse::<u64>().ok())
+        };
+        let has = |flag: u8| toks.iter().skip(2).any(|t| *t == [flag]);
+        let (Some(len), Some(flags), Some(cas)) = (len, num(b'f'), num(b'c')) else {
+            return Got::Other(Reply::error(
+                Res::RemoteError,
+                "TransparentLeaseRoute: malformed mg reply",
+            ));
+        };
+        if has(b'W') {
+            return Got::Won(cas);
+        }
+        if has(b'Z') || has(b'X') {
+            return Got::Held;
+        }
+        // data starts after the line's CRLF
+        let start = (end + 2).min(wire.len());
+        let Some(data) = wire.get(start..start + len) else {
+            return Got::Other(Reply::error(Res::RemoteError, "TransparentLeaseRoute: short mg value"));
+        };
+        let mut out = BytesMut::with_capacity(len + req.key.len() + 48);
+        out.extend_from_slice(b"VALUE ");
+        out.extend_from_slice(&req.key);
+        out.extend_from_slice(format!(" {flags} {len}").as_bytes());
+        if req.cmd == Cmd::Gets {
+            out.extend_from_slice(format!(" {cas}").as_bytes());
+        }
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(data);
+        out.extend_from_slice(b"\r\n");
+        let mut r = Reply::new(Res::Found, out.freeze());
+        r.values = 1;
+        Got::Hit(r)
+    }
+
+    async fn get(&self, req: &Request) -> Reply {
+        let mut tries = 0;
+        loop {
+            match self.get_once(req).await {
+                Got::Hit(r) | Got::Other(r) => return r,
+                Got::Won(token) => {
+                    self.counters.won.fetch_add(1, Ordering::Relaxed);
+                    self.remember(&req.key, token);
+                    return Reply::new(Res::Miss, Bytes::new());
+                }
+                Got::Held if tries < self.retries => {
+                    tries += 1;
+                    self.counters.waited.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(self.wait).await;
+                }
+                Got::Held => {
+                    self.counters.gave_up.fetch_add(1, Ordering::Relaxed);
+                    return Reply::new(Res::Miss, Bytes::new());
+                }
+            }
+        }
+    }
+
+    async fn set(&self, req: &Request, token: u64) -> Reply {
+        let mut ms = Request::simple(Cmd::MetaSet, req.key.clone());
+        ms.value = req.value.clone();
+        ms.meta = vec![
+            Bytes::from(format!("F{}", req.client_flags)),
+            Bytes::from(format!("T{}", req.exptime)),
+            Bytes::from(format!("C{token}")),
+        ];
+        let reply = self.target.route(&ms).await;
+        if reply.wire.starts_with(b"HD") {
+            self.counters.fills_stored.fetch_add(1, Ordering::Relaxed);
+            Reply::line(Res::Stored, "STORED")
+        } else if reply.wire.starts_with(b"EX") || reply.wire.starts_with(b"NF") || reply.wire.starts_with(b"NS") {
+            self.counters.fills_refused.fetch_add(1, Ordering::Relaxed);
+            Reply::line(Res::NotStored, "NOT_STORED")
+        } else {
+            reply
+        }
+    }
+}
+
+impl Route for TransparentLease {
+    fn traverse(&self, req: &Request, visit: &mut dyn FnMut(&RouteRef, &Request)) {
+        visit(&self.target, req);
+    }
+
+    fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
+        let plain = req.recording.is_none() && !req.too_large;
+        match req.cmd {
+            Cmd::Get | Cmd::Gets if plain => Box::pin(self.get(req)),
+            Cmd::Set if plain => match self.take(&req.key) {
+                Some(token) => Box::pin(self.set(req, token)),
+                None => self.target.route(req),
+            },
+            _ => self.target.route(req),
+        }
+    }
+}
+
+pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
+    let target = b.route(required(obj, "target", "TransparentLeaseRoute")?)?;
+    let field = |name: &str, default: i64, min: i64| -> Result<i64, String> {
+        let v = get_i64(obj, name)?.unwrap_or(default);
+        if v < min {
+            return Err(format!(
+                "TransparentLeaseRoute: `{name}` must be at least {min}, not {v}"
+            ));
+        }
+        Ok(v)
+    };
+    let lease_ttl = field("lease_ttl", 10, 1)?;
+    let wait_ms = field("lease_wait_ms", 20, 0)?;
+    let retries = field("lease_retries", 10, 0)?;
+    let max_tokens = field("max_tokens", 100_000, 1)?;
+    Ok(Arc::new(TransparentLease::new(
+        target,
+        lease_ttl,
+        Duration::from_millis(wait_ms as u64),
+        retries.min(u32::MAX as i64) as u32,
+        max_tokens as usize,
+    )))
+}
