@@ -35,7 +35,7 @@ from typing import Any
 
 from leases import ClientStats, LeaseCache, WaitPolicy, connect
 from leases.serializer import JSON_FLAG
-from monitoring.verify import CachedRows
+from monitoring.verify import CachedRows, order_terms
 from remote_markers import RemoteMarkers, SqlClient
 from router_config import Topology, client_context
 
@@ -119,7 +119,7 @@ class KeyFamily:
         merged = [item for part in parts for item in part]
         query = _QUERY.match(self.query)
         assert query, self.query
-        for column, descending in reversed(_order(query["order"])):  # stable sorts, last key first
+        for column, descending in reversed(order_terms(query["order"])):  # stable sorts, last key first
             whole = column == "1" or self.shape == "column"  # a list of values, else of rows
             merged.sort(key=functools.partial(_nulls_first, None if whole else column), reverse=descending)
         return merged[: int(query["limit"])] if query["limit"] else merged
@@ -163,16 +163,6 @@ KEY_FAMILIES: dict[str, KeyFamily] = {
 _QUERY = re.compile(
     r"SELECT (?P<columns>.+?) FROM \w+ WHERE .+?(?: ORDER BY (?P<order>.+?))?(?: LIMIT (?P<limit>\d+))?$"
 )
-
-
-def _order(order: str | None) -> list[tuple[str, bool]]:
-    """A query's ORDER BY as [(column, descending)]."""
-    out = []
-    for part in (order or "").split(","):
-        words = part.split()
-        if words:
-            out.append((words[0], len(words) > 1 and words[1].upper() == "DESC"))
-    return out
 
 
 def _family(template: str) -> KeyFamily:

@@ -332,8 +332,11 @@ def plan(
     now: float,
     imbalanced_since: float | None = None,
     settings: Settings | None = None,
+    pinned: frozenset[str] = frozenset(),
 ) -> Plan:
     """The moves that place every unowned shard and, once an imbalance has persisted, fix it.
+
+    `pinned`: shards an operator moved (`squealctl move`) within the cooldown: no hand-back takes them away.
 
     `assignment`: shard → worker as it stands (shards missing from it are new); `last_moved`: shard → the
     time of its last move (any reason); `now`: the controller's clock, in the same unit (seconds);
@@ -427,7 +430,7 @@ def plan(
     # back; the cooldown does not hold it (the `settled` delay is its hysteresis).
     for name in sorted(shard_of):
         source = owner.get(name)
-        if source is None or name in moved_now or held[source] != {name}:
+        if source is None or name in moved_now or name in pinned or held[source] != {name}:
             continue
         better = [w for w in held if not held[w] and by_name[w].settled and by_name[w].rank < by_name[source].rank]
         if better:

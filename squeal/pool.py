@@ -596,6 +596,11 @@ class Controller:
                 if shard in names and assignment.get(shard) == member.get("name"):
                     self.loads[shard] = float(load.get("load", 1.0))
         now = time.time()
+        # shards an operator moved, and when: a hand-back does not undo a move within the cooldown (it did at once
+        # when the preferred worker had settled, so `squealctl move` away from it never took effect)
+        manual_at: dict[str, float] = {
+            k: float(v) for k, v in (doc.get("manual_moves") or {}).items() if now - float(v) < self.settings.cooldown_s
+        }
         manual: list[placement.Move] = []
         taken: list[str] = []
         for shard in self._views["move"].value():
@@ -625,6 +630,7 @@ class Controller:
                     )
                     assignment[shard] = to
                     last_moved[shard] = now
+                    manual_at[shard] = now
         topo, region = self.worker.topology, self.worker.region.name
         known = {i.name for i in self.worker.region.squeal_instances}  # (a member not in this topology: no copy named)
         workers = [
@@ -642,7 +648,16 @@ class Controller:
             for name in members
         ]
         shards = [placement_shard(topo, s, region, self.loads.get(s, 1.0)) for s in names]
-        p = placement.plan(workers, shards, assignment, last_moved, now, self.imbalanced_since, self.settings)
+        p = placement.plan(
+            workers,
+            shards,
+            assignment,
+            last_moved,
+            now,
+            self.imbalanced_since,
+            self.settings,
+            pinned=frozenset(manual_at),
+        )
         self.imbalanced_since = p.imbalanced_since
         out = {s: w for s, w in assignment.items() if s in p.unplaced} | p.assignment
         for shard, worker in out.items():
@@ -662,6 +677,7 @@ class Controller:
             "last_moved": last_moved,
             "moves": int(doc.get("moves", 0)) + len(p.moves) + len(manual),
             "pids": pids,
+            "manual_moves": manual_at,
             "by": self.worker.name,
             "at": now,
         }

@@ -45,7 +45,7 @@ code) and `cli` (`squealctl verify`).
 from monitoring.verify.checker import ConsistencyChecker, Verdict
 from monitoring.verify.cli import run
 from monitoring.verify.codec import JSON_FLAG, CachedRows, Codec, VerifyError, json_rows, load_codec, resolve_codec
-from monitoring.verify.database import Database, agree, database_rows, shard_databases
+from monitoring.verify.database import Database, agree, database_rows, order_terms, shard_databases
 from monitoring.verify.families import KeyFamily, family_of, key_families
 from monitoring.verify.report import (
     EXIT_CANNOT_CHECK,
@@ -92,6 +92,7 @@ __all__ = [
     "json_rows",
     "key_families",
     "load_codec",
+    "order_terms",
     "measured_grace",
     "resolve_codec",
     "router_tls",

@@ -110,7 +110,7 @@ def connection_lost(e: BaseException) -> bool:
     return isinstance(e, pymysql.err.InterfaceError) or code in (2003, 2006, 2013, 2055)
 
 
-def _order_terms(order_by: str | None) -> list[tuple[str, bool]]:
+def order_terms(order_by: str | None) -> list[tuple[str, bool]]:
     """`a DESC, b` → [("a", True), ("b", False)]."""
     out = []
     for term in (order_by or "").split(","):
@@ -132,7 +132,7 @@ def database_rows(
     databases (the shards a key's rows may be on): their rows merged in the value's order, cut to its window."""
     dbs = [db] if isinstance(db, Database) else list(db)
     columns = list(dict.fromkeys(c for row in cached.rows for c in row))
-    order = _order_terms(cached.order_by)
+    order = order_terms(cached.order_by)
     # merging shards sorts here: the order's columns must come back even when the value does not hold them
     extra = [c for c, _ in order if c not in columns] if columns and len(dbs) > 1 else []
     select = ", ".join(quote_name(c) for c in columns + extra) if columns else "*"

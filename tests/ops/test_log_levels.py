@@ -7,10 +7,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import router_config
 from ops.harness import ROUTER_BIN, wait_until
 from tests.binaries import needs_binary
-from tests.ops.deployments import HA_TWO_REGIONS, HaDeployment, squealctl, stable_port
+from tests.ops.deployments import ha_deployment_up, squealctl
 
 pytestmark = needs_binary(ROUTER_BIN.exists(), "router not built (scripts/setup.sh)")
 
@@ -23,21 +22,15 @@ def python_logs(state: Path) -> list[Path]:
 
 
 def test_a_clean_up_a_planned_move_and_a_down_log_nothing_above_info(tmp_path):
-    topo = router_config.reassign_ports(router_config.loads(HA_TWO_REGIONS, source="ha.toml"), stable_port)
-    path = tmp_path / "ha.toml"
-    path.write_text(router_config.dumps(topo))
-    state = tmp_path / "state"
-    try:
-        squealctl(state, "up", str(path))
-        owner = HaDeployment(path, router_config.load(path), state).owner("east")
+    with ha_deployment_up(tmp_path) as deployment:  # up ... down
+        state = deployment.state
+        owner = deployment.owner("east")
         assert owner is not None
-        other = next(i.name for i in topo.region("east").squeal_instances if i.name != owner)
+        other = next(i.name for i in deployment.topo.region("east").squeal_instances if i.name != owner)
         squealctl(state, "move", "main", "--to", other)
         # (the preferred worker may get it back soon after: handback_after_s is 2 s here)
         took = re.compile(rf"worker {other} owns shard main \(epoch [2-9]")
         wait_until(lambda: any(took.search(p.read_text()) for p in python_logs(state)), 60, f"{other} took main")
-    finally:
-        squealctl(state, "down", check=False)
     logs = python_logs(state)
     assert len(logs) >= 4, logs  # the supervisor, three squeal daemons, the monitoring server
     loud = [f"{p.name}: {line}" for p in logs for line in p.read_text().splitlines() if NOT_ROUTINE.search(line)]

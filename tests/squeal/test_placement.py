@@ -430,6 +430,17 @@ def test_a_restarted_worker_does_not_win_the_vacancy_its_own_crash_made() -> Non
     assert [(m.shard, m.source, m.target, m.reason) for m in settled.moves] == [("only", "w1", "w0", HANDBACK)]
 
 
+def test_an_operators_move_away_from_the_preferred_worker_is_not_handed_back_at_once() -> None:
+    """`squealctl move only --to w1` with w0 settled: the hand-back undid it in the same plan, so the move never
+    took effect. Pinned (moved by hand within the cooldown), the shard stays; unpinned, the hand-back applies."""
+    shard = [Shard("only", 5.0)]
+    moved = {"only": "w1"}
+    pinned = plan(ranked({}, {}), shard, moved, {"only": 10.0}, 11.0, None, S, pinned=frozenset({"only"}))
+    assert pinned.moves == () and pinned.assignment == moved
+    later = plan(ranked({}, {}), shard, moved, {"only": 10.0}, 400.0, None, S)
+    assert [(m.shard, m.target, m.reason) for m in later.moves] == [("only", "w0", HANDBACK)]
+
+
 def test_a_restarted_worker_alone_keeps_its_shard() -> None:
     """With nobody else able to take it, the shard stays with the new process rather than with nobody."""
     alone = plan(ranked({"restarted": True, "settled": False}), [Shard("only", 5.0)], {"only": "w0"}, {}, 0.0, None, S)
