@@ -13,7 +13,7 @@ session lease, its start-up and its rejoin after a loss.
   answer), `serve_status` (/metrics, /healthz, /sampled-deletes from the process's first moment),
   `serve_while_preparing` (the blocking checks on a thread while /healthz already answers).
 * After a takeover: `wait_for_copy` (a new owner never skips what its copy has not applied yet).
-* After a loss: `rejoin_as_standby` (the process replaces itself: nothing of what it owned survives).
+* After a loss: `rejoin_owning_nothing` (the process replaces itself: nothing of what it owned survives).
 """
 
 from __future__ import annotations
@@ -341,9 +341,9 @@ def serve_while_preparing(reactor: Any, process: Preparing) -> int:
 
 
 def rejoined() -> str | None:
-    """Why this process replaced a deposed owner (`rejoin_as_standby`), None for a first start: it then waits for
-    its copy and ZooKeeper without a time-out (it lost them a moment ago; a standby that waits is harmless)."""
-    return os.environ.get("SQUEAL_HA_REJOINED") or None
+    """Why this process replaced a deposed owner (`rejoin_owning_nothing`), None for a first start: it then waits for
+    its copy and ZooKeeper without a time-out (it lost them a moment ago; waiting while owning nothing is harmless)."""
+    return os.environ.get("SQUEAL_REJOINED") or None
 
 
 def startup_timeout(connect_timeout: float) -> float | None:
@@ -352,7 +352,7 @@ def startup_timeout(connect_timeout: float) -> float | None:
     return None if rejoined() else connect_timeout
 
 
-def rejoin_as_standby(reason: str) -> None:
+def rejoin_owning_nothing(reason: str) -> None:
     """Replace this process by a fresh one with the same command line: a deposed owner keeps nothing of what it
     owned (queues, readers, connections to the destinations) and comes back owning nothing."""
     log.warning("rejoining the pool owning nothing (%s): restarting this process", reason)
@@ -361,7 +361,7 @@ def rejoin_as_standby(reason: str) -> None:
             h.flush()
     sys.stdout.flush()
     sys.stderr.flush()
-    env = dict(os.environ, SQUEAL_HA_REJOINED=reason)
+    env = dict(os.environ, SQUEAL_REJOINED=reason)
     os.execve(sys.executable, sys.orig_argv, env)
 
 

@@ -84,7 +84,7 @@ from squeal.daemon import accept_path, source_for, state_dir_for
 from squeal.owner import (
     SessionLease,
     connect_zookeeper,
-    rejoin_as_standby,
+    rejoin_owning_nothing,
     serve_status,
     serve_while_preparing,
     startup_timeout,
@@ -735,7 +735,7 @@ class PoolWorker:
         reply_timeout: float = 2.0,
         sample_every: int = 1000,
         connect_timeout: float = 20.0,
-        rejoin: Callable[[str], None] = rejoin_as_standby,
+        rejoin: Callable[[str], None] = rejoin_owning_nothing,
         from_gtid: str | None = None,
         settings: placement.Settings | None = None,
     ) -> None:

@@ -61,7 +61,7 @@ pools.wildcard = { servers = ["127.0.0.1:7102"] }
 def test_owners_of_every_shard_of_two_pools() -> None:
     topo = router_config.loads(TOPOLOGY)
     answers: dict[str, dict[str, Any] | None] = {
-        "127.0.0.1:19110": {"state": "worker", "owns": []},  # east's "standby": a worker owning nothing
+        "127.0.0.1:19110": {"state": "worker", "owns": []},  # east's idle worker: owning nothing
         "127.0.0.1:19111": {"state": "worker", "owns": ["p1", "p0", "p2"]},
         "127.0.0.1:19210": {"state": "worker", "owns": ["p2", "p0"]},
         "127.0.0.1:19211": {"state": "worker", "owns": []},

@@ -455,7 +455,7 @@ def test_a_worker_that_replaced_itself_waits_for_zookeeper_as_long_as_it_takes(
             text = text.replace(f'"{m.host}:{m.port}"', f'"127.0.0.1:{link.port}"')
         for link in links:
             link.cut()  # ZooKeeper unreachable
-        monkeypatch.setenv("SQUEAL_HA_REJOINED", "lease")  # as rejoin_as_standby sets it for the new process
+        monkeypatch.setenv("SQUEAL_REJOINED", "lease")  # as rejoin_owning_nothing sets it for the new process
         worker = PoolWorker(loads(text), "east-1", state_dir=tmp_path / "state", connect_timeout=0.5)
         failed: list[BaseException] = []
 
