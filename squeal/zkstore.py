@@ -11,20 +11,21 @@ destination), which a shard without pool markers still starts from (`legacy`). T
     markers/<flow>   persistent, JSON {"flow", "position", "saved_at", "by"}: the flow's last position whose
                      deletes its destination acknowledged (never inside a transaction)
     replay/<flow>    persistent, JSON {"flow", "position", "saved_at"}: an operator's replay request, taken
-                     (deleted) by the leader, which rewinds the flow; apart from the marker so that the
-                     leader's own checkpoint cannot overwrite a request before it has been applied
+                     (deleted) by the owner, which rewinds the flow; apart from the marker so that the
+                     owner's own checkpoint cannot overwrite a request before it has been applied
     epoch            persistent: the fencing token (the HA election's; a pool shard has its own, `shards/<s>/epoch`):
                      its version grows by one with every new owner, and once more when an owner gives it up
     accept-data-loss persistent, JSON {"requested_at"}: `squeal accept-data-loss` for a region halted on binlog
-                     data loss; taken (deleted) by the leader, whose daemon then flushes the region and resumes
+                     data loss; taken (deleted) by the owner, whose daemon then flushes the region and resumes
 
 Fencing: a write is a ZooKeeper multi-operation that (1) checks the `epoch` znode still has the version
-this leader set when it won, and (2) sets the marker with the znode version this store last read or wrote
-(compare-and-set; a marker that does not exist yet is created, which fails if someone else created it).
-So a deposed leader, paused and resumed, partitioned and healed, or simply slow, can never overwrite a
-newer marker: its write fails as a whole and raises `FencedError`. A new leader wins the election (and
-bumps the epoch) *before* it reads the markers, so everything the old leader wrote up to then is what the
-new leader starts from.
+this owner set when it took the shard, and (2) sets the marker with the znode version this store last read or
+wrote (compare-and-set; a marker that does not exist yet is created, which fails if someone else created it).
+So a deposed owner, paused and resumed, partitioned and healed, or simply slow, can never overwrite a newer
+marker: its write fails as a whole and raises `FencedError`. A new owner takes the shard (and bumps the epoch)
+*before* it reads the markers, so everything the old owner wrote up to then is what the new one starts from.
+(The messages of the per-destination layout below still say "leader": it is the layout HA mode's elected
+leader wrote, kept for a shard's first markers after an upgrade.)
 
 Security (issue 25, `client_options`): with `[tls]` squeal's clients dial the ensemble's TLS client port,
 verifying the servers against the topology's CA (and presenting squeal's certificate); with `[zookeeper] digest`
@@ -130,7 +131,8 @@ def region_path(root: str, region: str) -> str:
 
 
 def ha_marker_dir(root: str, region: str, shard: str | None = None) -> str:
-    """Where an HA leader keeps a region's (with [shards]: a shard's) markers, one znode per destination."""
+    """Where HA mode's elected leader kept a region's (with [shards]: a shard's) markers, one znode per destination
+    (read as a shard's first markers after an upgrade to the pool)."""
     base = region_path(root, region)
     return f"{base}/shards/{shard}/markers" if shard else f"{base}/markers"
 
@@ -138,8 +140,8 @@ def ha_marker_dir(root: str, region: str, shard: str | None = None) -> str:
 class ZooKeeperDatamarkerStore:
     """The region's flows' datamarkers and replay requests in ZooKeeper, written with compare-and-set.
 
-    `fence()` returns the version of the region's `epoch` znode this instance set when it won the election
-    (`Elector.fence_token`), or None when it is not the leader: then nothing is written (FencedError). With
+    `fence()` returns the version of the `epoch` znode this process set when it took ownership (its fencing
+    token), or None when it owns nothing: then nothing is written (FencedError). With
     `fence=None` writes are guarded by the markers' own versions only (tools, tests).
     `on_write(seconds)` is told how long each marker write took (a metric).
     """
