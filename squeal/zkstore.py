@@ -552,6 +552,10 @@ class ShardMarkerStore(ZooKeeperDatamarkerStore):
         self._version: int | None = None
         self._read = False
         self._paths_made = False
+        # A write whose answer never came (ConnectionLoss, timeout): (the bytes sent, the positions they hold).
+        # ZooKeeper may have applied it, moving the znode's version without this owner knowing; the next write
+        # first looks (`_settle_unanswered`), else every compare-and-set after it would be refused for good.
+        self._unanswered: tuple[bytes, dict[str, str]] | None = None
 
     def ensure_paths(self) -> None:
         """The shard's znodes exist (persistent: once made, later calls of this store do not ask again)."""
@@ -642,6 +646,7 @@ class ShardMarkerStore(ZooKeeperDatamarkerStore):
                 "version this owner started from)"
             )
         token = self._fence_token(f"markers {path} not written")
+        self._settle_unanswered()
         positions = {**self._positions, **moved}
         doc: dict[str, Any] = {"positions": positions, "saved_at": time.time()}
         if self.owner:
@@ -658,7 +663,11 @@ class ShardMarkerStore(ZooKeeperDatamarkerStore):
         else:
             t.set_data(path, data, version=version)
         started = time.monotonic()
-        results = self._wait(t.commit_async(), f"write {path}")
+        try:
+            results = self._wait(t.commit_async(), f"write {path}")
+        except ZooKeeperUnavailable:
+            self._unanswered = (data, positions)
+            raise
         if self.on_write is not None:
             self.on_write(time.monotonic() - started)
         failure = next((r for r in results if isinstance(r, Exception) and not isinstance(r, RolledBackError)), None)
@@ -668,6 +677,23 @@ class ShardMarkerStore(ZooKeeperDatamarkerStore):
             self._positions = positions
             return
         raise self._fenced(path, ",".join(sorted(moved)), json.dumps(moved), token, version, failure)
+
+    def _settle_unanswered(self) -> None:
+        """After a write whose answer was lost: if the znode holds exactly the bytes it sent (each write's
+        `saved_at` makes them unique), it was applied: take its version and positions. Anything else (not
+        applied, or another owner wrote since) leaves the compare-and-set to decide, as before."""
+        if self._unanswered is None:
+            return
+        sent, positions = self._unanswered
+        path = self.markers_path
+        try:
+            data, stat = self._wait(self.client.get_async(path), f"read {path}")
+        except NoNodeError:
+            data, stat = None, None
+        self._unanswered = None
+        if data == sent and stat is not None:
+            log.info("shard %s: the markers write whose answer was lost had been applied (%s)", self.shard, path)
+            self._version, self._positions = stat.version, positions
 
     def _fenced(
         self, path: str, flow: str, position: str, token: int | None, version: int | None, failure: Exception

@@ -646,11 +646,16 @@ def test_zookeeper_losing_its_quorum_pauses_every_owner_and_quorum_back_resumes_
     wait_until(lambda: len(writer.written) > at + 100, DEADLINE, "writes after the quorum is back")
     written = writer.stop()
     assert_nothing_lost(env, written)
-    wait_until(
-        lambda: all(any(m > back_ms for *_, m in w) for w in watch.writes.values()),
-        DEADLINE,
-        "every shard's markers written after the quorum came back",
-    )
+
+    def not_written_since() -> list[str]:
+        return [s for s, w in watch.writes.items() if not any(m > back_ms for *_, m in w)]
+
+    try:
+        wait_until(lambda: not not_written_since(), DEADLINE, "every shard's markers written after the quorum is back")
+    except AssertionError as e:
+        said = [line for n in env.workers for line in env.log(n).splitlines() if "datamarker" in line]
+        shards = ", ".join(not_written_since())
+        raise AssertionError(f"{e}: not {shards}; the workers said:\n" + "\n".join(said[-20:])) from None
     watch.stop()
     assert not watch.went_back, watch.went_back
     during = {s: [(v, by, m) for v, _, by, m in w if paused_ms < m < back_ms] for s, w in watch.writes.items()}

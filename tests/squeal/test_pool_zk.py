@@ -279,3 +279,71 @@ def test_a_workers_lease_lapsed_on_slow_answers_resumes_and_its_shards_keep_thei
     finally:
         for link in links:
             link.close()
+
+
+class _AnswerLost:
+    """A kazoo client whose next transaction reaches ZooKeeper and is applied, but whose answer is lost on the
+    way back (the connection dropped after the server took the write: what a quorum loss mid-write does)."""
+
+    def __init__(self, real) -> None:
+        self._real = real
+        self.lose_next = False
+
+    def __getattr__(self, name: str):
+        return getattr(self._real, name)
+
+    def transaction(self):
+        t = self._real.transaction()
+        if not self.lose_next:
+            return t
+        self.lose_next = False
+        commit = t.commit_async
+
+        def applied_then_lost():
+            from kazoo.exceptions import ConnectionLoss
+            from kazoo.handlers.threading import AsyncResult
+
+            commit().get(timeout=10)  # ZooKeeper applied it ...
+            lost = AsyncResult(self._real.handler)
+            lost.set_exception(ConnectionLoss())  # ... and the owner never heard
+            return lost
+
+        t.commit_async = applied_then_lost
+        return t
+
+
+def test_a_marker_write_whose_answer_was_lost_does_not_wedge_the_shards_markers(clients) -> None:
+    """A checkpoint's write that ZooKeeper applied but whose answer never came (the quorum went away mid-write)
+    moved the znode's version without the owner knowing: every later compare-and-set was refused as if another
+    owner had written, and the shard's markers stopped for good while its deletes kept flowing."""
+    root = unique_root()
+    real, tool = clients(), clients()
+    lost: list[str] = []
+    lease, own = member(real, root, "w-a", lost)
+    try:
+        wait_until(lease.valid, 10, "the member's lease")
+        assert own.acquire("s0") is not None
+        c = _AnswerLost(real)
+        store = ShardMarkerStore(c, root, "east", "s0", owner="w-a", fence=lambda: own.fence("s0"))
+        store.ensure_paths()
+        store.read()
+        store.save_many({"c0": "20-1-5"})
+        c.lose_next = True
+        with pytest.raises(OSError, match="ConnectionLoss"):
+            store.save_many({"c0": "20-1-9"})
+        store.save_many({"c0": "20-1-12"})  # the next checkpoint
+        path = f"{shard_path(root, 'east', 's0')}/markers"
+        tool.sync(path)
+        assert json.loads(tool.get(path)[0])["positions"] == {"c0": "20-1-12"}
+
+        # Another owner's write in between is still refused: the lost write is adopted only when the znode holds
+        # exactly what this owner sent.
+        c.lose_next = True
+        with pytest.raises(OSError, match="ConnectionLoss"):
+            store.save_many({"c0": "20-1-20"})
+        data, stat = tool.get(path)
+        tool.set(path, data.replace(b"20-1-20", b"20-1-21"), version=stat.version)
+        with pytest.raises(FencedError, match="changed since"):
+            store.save_many({"c0": "20-1-25"})
+    finally:
+        lease.stop()
