@@ -19,6 +19,7 @@ from router_config.model import (
     CertKey,
     Cluster,
     ColdStart,
+    ConsistencySlo,
     Database,
     MonitoringSettings,
     Pool,
@@ -33,6 +34,7 @@ from router_config.model import (
     TlsSettings,
     Topology,
     ZooKeeperSettings,
+    window_label,
 )
 from router_config.rewrite import can_listen, dumps, reassign_ports, to_document, with_cold_cluster
 from router_config.tls import (
@@ -49,6 +51,7 @@ from router_config.tls import (
 )
 
 __all__ = [
+    "window_label",
     "CANARY_TABLE",
     "EMITTED_HANDLES",
     "TLS_COMPONENTS",
@@ -58,6 +61,7 @@ __all__ = [
     "Cluster",
     "ColdStart",
     "Database",
+    "ConsistencySlo",
     "MonitoringSettings",
     "Pool",
     "PoolPlacement",

@@ -28,6 +28,7 @@ from router_config.model import (
     CertKey,
     Cluster,
     ColdStart,
+    ConsistencySlo,
     Database,
     MonitoringSettings,
     Pool,
@@ -46,6 +47,8 @@ from router_config.model import (
 CODEC_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")  # a rule's `codec` (monitoring/verify.py)
 # Names of database copies and squeal instances: they become znode and file names.
 COPY_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+# `[monitoring] consistency_slo`: "6 nines within 1s", "4.5 nines within 100ms", "3 nines within 1m"
+SLO = re.compile(r"^\s*(\d+(?:\.\d+)?)\s+nines?\s+within\s+(\d+(?:\.\d+)?)\s*(ms|s|m)\s*$")
 ZNODE_PATH = re.compile(r"^(/[A-Za-z0-9_.-]+)+$")
 
 
@@ -530,7 +533,11 @@ class _Builder:
         return SquealSettings(**out)
 
     def monitoring(self, value: Any, path: str) -> MonitoringSettings:
-        self.table(value, path, {"port", "probe_interval", "host"})
+        self.table(
+            value,
+            path,
+            {"port", "probe_interval", "host", "consistency_sample", "consistency_check_after", "consistency_slo"},
+        )
         host = self.host(value.get("host", DEFAULT_HOST), f"{path}.host")
         port = self.port(value.get("port", MonitoringSettings.port), f"{path}.port")
         self.claim(host, port, f"{path}.port")
@@ -542,7 +549,42 @@ class _Builder:
         )
         if interval <= 0:
             raise self.fail(f"{path}.probe_interval", f"must be greater than 0, got {interval}")
-        return MonitoringSettings(port=port, probe_interval=float(interval), host=host)
+        defaults = MonitoringSettings()
+        sample = self.typed(
+            value.get("consistency_sample", defaults.consistency_sample), f"{path}.consistency_sample", int, "1 in N"
+        )
+        if sample < 1:
+            raise self.fail(f"{path}.consistency_sample", f"must be 1 or more (1 = every row change), got {sample}")
+        after = self.typed(
+            value.get("consistency_check_after", defaults.consistency_check_after),
+            f"{path}.consistency_check_after",
+            (int, float),
+            "seconds",
+        )
+        if after <= 0:
+            raise self.fail(f"{path}.consistency_check_after", f"must be greater than 0 seconds, got {after}")
+        slo = None
+        if "consistency_slo" in value:
+            slo = self.consistency_slo(value["consistency_slo"], f"{path}.consistency_slo")
+        return MonitoringSettings(
+            port=port,
+            probe_interval=float(interval),
+            host=host,
+            consistency_sample=sample,
+            consistency_check_after=float(after),
+            consistency_slo=slo,
+        )
+
+    def consistency_slo(self, value: Any, path: str) -> ConsistencySlo:
+        text = self.typed(value, path, str, 'a string like "6 nines within 1s"')
+        m = SLO.match(text)
+        if m is None:
+            raise self.fail(path, f'{text!r} does not read like "6 nines within 1s" (or "4.5 nines within 100ms")')
+        nines, amount, unit = float(m.group(1)), float(m.group(2)), m.group(3)
+        within = amount / 1000 if unit == "ms" else amount * 60 if unit == "m" else amount
+        if nines <= 0 or within <= 0:
+            raise self.fail(path, f"{text!r}: the nines and the window must be greater than 0")
+        return ConsistencySlo(nines, within)
 
     def rules(self, value: Any, path: str) -> tuple[Rule, ...]:
         self.typed(value, path, list, "an array of [[rules]] tables")

@@ -341,10 +341,38 @@ class SquealSettings:
 
 
 @dataclass(frozen=True)
+class ConsistencySlo:
+    """`[monitoring] consistency_slo = "6 nines within 1s"`: at least `nines` (-log10 of the inconsistent share)
+    of sampled changes consistent in every cache `within` seconds after their commit."""
+
+    nines: float
+    within: float  # seconds
+
+    def __str__(self) -> str:
+        return f"{self.nines:g} nines within {window_label(self.within)}"
+
+
+def window_label(seconds: float) -> str:
+    """A check window as the inspector's series and reports name it: 0.1 -> "100ms", 1 -> "1s", 60 -> "60s"."""
+    return f"{seconds * 1000:g}ms" if seconds < 1 else f"{seconds:g}s"
+
+
+@dataclass(frozen=True)
 class MonitoringSettings:
     port: int = 19000  # the dashboard / monitoring server
     probe_interval: float = 1.0  # seconds between canary probes
     host: str = DEFAULT_HOST  # where the monitoring server runs (and listens)
+    # The consistency inspector (monitoring/inspector.py): 1 in `consistency_sample` committed row changes is
+    # checked in every cluster `consistency_check_after` seconds after its commit, and again at 10 s and 60 s.
+    consistency_sample: int = 1
+    consistency_check_after: float = 1.0
+    consistency_slo: ConsistencySlo | None = None
+
+    @property
+    def consistency_windows(self) -> tuple[float, ...]:
+        """Every check window in seconds, ascending: T, 10 s, 60 s, and the SLO's own."""
+        slo = (self.consistency_slo.within,) if self.consistency_slo else ()
+        return tuple(sorted({self.consistency_check_after, 10.0, 60.0, *slo}))
 
 
 @dataclass(frozen=True)

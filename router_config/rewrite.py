@@ -99,7 +99,10 @@ def to_document(topo: Topology) -> dict[str, Any]:
             "host": topo.monitoring.host,
             "port": topo.monitoring.port,
             "probe_interval": topo.monitoring.probe_interval,
-        },
+            "consistency_sample": topo.monitoring.consistency_sample,
+            "consistency_check_after": topo.monitoring.consistency_check_after,
+        }
+        | ({"consistency_slo": str(topo.monitoring.consistency_slo)} if topo.monitoring.consistency_slo else {}),
         "rules": [
             {"table": r.table, "keys": list(r.keys), "on_truncate": r.on_truncate}
             | ({"codec": r.codec} if r.codec else {})  # for `squealctl verify`

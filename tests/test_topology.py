@@ -144,7 +144,39 @@ MISTAKES = [
     ('keys = ["user:{id}"]', 'keys = ["user:{id}"]\nwhere = "status != NULL"', "rules[0].where", "IS NULL"),
     ('keys = ["user:{id}"]', 'keys = ["user:{id}"]\nwhere = "(a = 1"', "rules[0].where", "expected ')'"),
     ('keys = ["user:{id}"]', 'keys = ["user:{id}"]\nwhere = "a = \'x\' b = 1"', "rules[0].where", "AND/OR missing?"),
+    (
+        "[[rules]]",
+        '[monitoring]\nconsistency_slo = "six nines"\n[[rules]]',
+        "monitoring.consistency_slo",
+        "does not read",
+    ),
+    (
+        "[[rules]]",
+        '[monitoring]\nconsistency_slo = "0 nines within 1s"\n[[rules]]',
+        "monitoring.consistency_slo",
+        "greater",
+    ),
+    ("[[rules]]", "[monitoring]\nconsistency_slo = 6\n[[rules]]", "monitoring.consistency_slo", "must be a string"),
+    ("[[rules]]", "[monitoring]\nconsistency_sample = 0\n[[rules]]", "monitoring.consistency_sample", "1 or more"),
+    (
+        "[[rules]]",
+        "[monitoring]\nconsistency_check_after = -1\n[[rules]]",
+        "monitoring.consistency_check_after",
+        "than 0",
+    ),
 ]
+
+
+def test_the_consistency_settings_parse_and_round_trip():
+    topo = router_config.loads(GOOD)
+    assert topo.monitoring.consistency_sample == 1 and topo.monitoring.consistency_slo is None
+    assert topo.monitoring.consistency_windows == (1.0, 10.0, 60.0)
+    text = '[monitoring]\nconsistency_slo = "4.5 nines within 250ms"\nconsistency_sample = 10\n' + GOOD
+    topo = router_config.loads(text)
+    assert topo.monitoring.consistency_slo == router_config.ConsistencySlo(4.5, 0.25)
+    assert str(topo.monitoring.consistency_slo) == "4.5 nines within 250ms"
+    assert [router_config.window_label(w) for w in topo.monitoring.consistency_windows] == ["250ms", "1s", "10s", "60s"]
+    assert router_config.loads(router_config.dumps(topo)).monitoring == topo.monitoring
 
 
 def test_rule_filters_parse_and_round_trip():
