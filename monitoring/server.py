@@ -4,7 +4,8 @@
 
 Routes: `/` the dashboard page, `/api/panels` its data (JSON), `/api/targets` scrape health,
 `/api/owners` who owns each shard of a pooled region (monitoring/owners.py), `/api/links` each link's TLS state
-(monitoring/links.py), `/metrics` the prober's own Prometheus metrics, `/healthz`.
+(monitoring/links.py), `/api/consistency?since=SECONDS` the consistency inspector's figures (monitoring/inspector.py),
+`/metrics` the prober's and the inspector's own Prometheus metrics, `/healthz`.
 Targets come from `squealctl`'s component list (every memcached, and every process that recorded a
 metrics address), so whatever `squealctl up` started is watched without extra configuration.
 """
@@ -25,6 +26,7 @@ from twisted.web import resource, server
 
 import router_config
 from monitoring import panels
+from monitoring.inspector import Inspector
 from monitoring.links import LinkWatch
 from monitoring.owners import OwnershipWatch
 from monitoring.prober import Prober
@@ -66,12 +68,38 @@ class _Leaf(resource.Resource):
         return self._render()
 
 
+class _Consistency(resource.Resource):
+    """`/api/consistency?since=600`: the inspector's report over the last `since` seconds (default 600)."""
+
+    isLeaf = True
+
+    def __init__(self, inspector: Inspector | None) -> None:
+        super().__init__()
+        self.inspector = inspector
+
+    def render_GET(self, request):  # noqa: N802 - twisted's naming
+        request.setHeader(b"content-type", b"application/json")
+        request.setHeader(b"cache-control", b"no-store")
+        if self.inspector is None:
+            request.setResponseCode(404)
+            return json.dumps({"error": "the consistency inspector is not running (--no-inspector)"}).encode()
+        try:
+            since = float((request.args.get(b"since") or [b"600"])[0])
+            if not since > 0:
+                raise ValueError
+        except ValueError:
+            request.setResponseCode(400)
+            return json.dumps({"error": "since must be a number of seconds greater than 0"}).encode()
+        return json.dumps(self.inspector.report(since)).encode()
+
+
 def build_site(
     store: Store,
     scraper: Scraper,
     registry: CollectorRegistry,
     owners: OwnershipWatch | None = None,
     links: LinkWatch | None = None,
+    inspector: Inspector | None = None,
 ) -> server.Site:
     root = resource.Resource()
     root.putChild(b"", _Leaf(PAGE.read_bytes, b"text/html; charset=utf-8"))
@@ -84,6 +112,7 @@ def build_site(
         b"owners",
         _Leaf(lambda: json.dumps(owners.snapshot() if owners else []).encode(), b"application/json"),
     )
+    api.putChild(b"consistency", _Consistency(inspector))
     api.putChild(
         b"links",
         _Leaf(lambda: json.dumps(links.snapshot() if links else []).encode(), b"application/json"),
@@ -115,7 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--port", type=int, default=19000, help="HTTP port for the dashboard (default %(default)s)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--probe-interval", type=float, default=1.0, help="seconds between canary probes")
-    s.add_argument("--no-prober", action="store_true", help="only scrape and serve")
+    s.add_argument("--no-prober", action="store_true", help="no canary probes")
+    s.add_argument(
+        "--no-inspector",
+        action="store_true",
+        help="no consistency inspector (it reads every shard's binlog and checks 1 in [monitoring] "
+        "consistency_sample committed row changes in every cluster)",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -140,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         prober.start()
     watch = OwnershipWatch(topo).start()
     link_watch = LinkWatch(topo).start()
-    reactor.listenTCP(args.port, build_site(store, scraper, registry, watch, link_watch), interface=args.host)
+    inspector = None if args.no_inspector else Inspector(topo, registry).start()
+    site = build_site(store, scraper, registry, watch, link_watch, inspector)
+    reactor.listenTCP(args.port, site, interface=args.host)
     scraper.start()  # after the listen: its first scrape is of this server's own /metrics
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: reactor.callFromThread(reactor.stop))

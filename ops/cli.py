@@ -180,6 +180,25 @@ def _parser() -> argparse.ArgumentParser:
         "daemons measure, 2 s when none answers)",
     )
 
+    cs = sub.add_parser(
+        "consistency",
+        help="how many nines of committed changes every cache holds consistently (the inspector's figures)",
+        description="The monitoring server's consistency inspector reads every shard's binlog itself, samples 1 in "
+        "[monitoring] consistency_sample committed row changes and reads their keys in every cluster T (consistency_"
+        "check_after), 10 and 60 seconds after the commit. This prints, per region, cluster and shard, the share "
+        "found consistent within each window and its nines (-log10 of the inconsistent share), and the last "
+        "inconsistencies. Docs: docs/monitoring.md, 'Consistency in nines'.",
+        epilog="Exit status: 0; 1 a region is under the topology's consistency_slo; 2 the monitoring server did not "
+        "answer, or --since is not a duration.",
+    )
+    cs.add_argument(
+        "topology", nargs="?", metavar="TOPOLOGY", help="topology file (default: the one `squealctl up` recorded)"
+    )
+    cs.add_argument("--since", default="10m", help="the span to report: 90s, 10m, 2h, 1d (default %(default)s)")
+    cs.add_argument(
+        "--json", action="store_true", help="JSON keyed by region: checked, inconsistent, ratio, nines per window"
+    )
+
     fl = sub.add_parser(
         "flush",
         help="empty a cluster's or a region's caches through its routers (asks first)",
@@ -411,6 +430,13 @@ def _dispatch(args: argparse.Namespace) -> int:
             codec=args.codec,
             grace=args.grace,
         )
+    if args.command == "consistency":
+        from monitoring import consistency_main
+
+        topology = deployment.topology(args.topology)
+        if topology is None:
+            raise HarnessError(f"consistency: no TOPOLOGY given and no deployment recorded in {deployment.state_file}")
+        return consistency_main(router_config.load(topology), args.since, args.json)
     if args.command == "flush":
         from ops.flush import main as flush_main
 

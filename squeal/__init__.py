@@ -16,21 +16,22 @@ The pipeline, one module per stage, in the order a row meets it:
     healthz       the one client of a daemon's /healthz
 """
 
-from squeal.daemon import Daemon
+from squeal.daemon import Daemon, source_for
 from squeal.datamarkers import DatamarkerStore, FileDatamarkerStore
 from squeal.flows import Committed, Dispatcher, Flow, flow_names, flows_for_region, split_keys
 from squeal.gtid import GtidError, format_position, parse_gtid, parse_position
 from squeal.healthz import fetch_health, probe_health
 from squeal.metrics import CertExpiry, own_certificates
-from squeal.reader import BinlogReader, ReaderConfigError, Source, check_server, current_position
+from squeal.reader import BinlogReader, DataLoss, ReaderConfigError, Source, check_server, current_position
 from squeal.rules import KeyExtractor, RuleError, check_rules, comment_keys, delete_line, encode_key
-from squeal.transactions import Transaction, TransactionGrouper
+from squeal.transactions import Rows, Transaction, TransactionGrouper
 from squeal.zkstore import client_options as zookeeper_client_options
 
 __all__ = [
     "BinlogReader",
     "CertExpiry",
     "Committed",
+    "DataLoss",
     "Daemon",
     "DatamarkerStore",
     "Dispatcher",
@@ -40,6 +41,7 @@ __all__ = [
     "KeyExtractor",
     "ReaderConfigError",
     "RuleError",
+    "Rows",
     "Source",
     "Transaction",
     "TransactionGrouper",
@@ -57,6 +59,7 @@ __all__ = [
     "parse_position",
     "own_certificates",
     "probe_health",
+    "source_for",
     "split_keys",
     "zookeeper_client_options",
 ]
