@@ -7,6 +7,7 @@ inspector names that cluster's stale keys and its region's nines fall, while the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -89,6 +90,8 @@ def test_a_region_under_the_slo_is_named() -> None:
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
     topo = router_config.reassign_ports(router_config.load(EXAMPLE), stable_port)
+    slo = router_config.ConsistencySlo(6, 1.0)  # any inconsistency in under 10^6 checks is below it
+    topo = dataclasses.replace(topo, monitoring=dataclasses.replace(topo.monitoring, consistency_slo=slo))
     path = tmp_path_factory.mktemp("inspector") / "local.toml"
     path.write_text(router_config.dumps(topo))
     state = Path(tempfile.mkdtemp(prefix="squeal-insp-"))  # short: MariaDB's socket path limit
@@ -116,7 +119,7 @@ def checked(doc: dict, region: str, window: str, cluster: str | None = None) -> 
 @pytest.mark.slow
 @needs_binary(ROUTER_BIN.exists(), "router not built (scripts/setup.sh)")
 def test_the_demo_load_leaves_nothing_inconsistent_in_any_cluster(deployment) -> None:
-    topo, _ = deployment
+    topo, state = deployment
     wait_until(
         lambda: all(checked(report(topo), c.region, "10s", c.name) >= 100 for c in topo.clusters),
         90,
@@ -129,6 +132,7 @@ def test_the_demo_load_leaves_nothing_inconsistent_in_any_cluster(deployment) ->
             assert f["inconsistent"] == 0, (region, window, doc["recent"][:3])
     assert doc["recent"] == []
     assert all(s["reading"] and not s["error"] for s in doc["shards"].values()), doc["shards"]
+    assert "(SLO: 6 nines within 1s)" in squealctl(state, "consistency").stdout  # exit status 0: not below it
 
 
 @pytest.mark.slow
@@ -178,9 +182,12 @@ def test_a_router_swallowing_one_clusters_deletes_shows_as_that_clusters_inconsi
     assert "renamed" in line["expected"] and line["gtid"]
 
     # squealctl consistency: the same figures, as text and as JSON keyed by region; the log names the key once.
-    text = squealctl(state, "consistency", "--since", "1h").stdout
+    result = squealctl(state, "consistency", "--since", "1h", check=False)
+    assert result.returncode == 1, "exit status 1: a region under the SLO"
+    text = result.stdout
+    assert "BELOW THE SLO: region west" in text and "BELOW THE SLO: region east" not in text
     assert f"in {SWALLOWING} (" in text.split("last inconsistencies:")[1], text
-    as_json = json.loads(squealctl(state, "consistency", "--json").stdout)
+    as_json = json.loads(squealctl(state, "consistency", "--json", check=False).stdout)
     assert set(as_json) == {r.name for r in topo.regions}
     assert as_json["west"]["clusters"][SWALLOWING]["1s"]["inconsistent"] >= len(stale)
     logged = (state / "monitoring" / f"monitoring-{topo.monitoring.port}.log").read_text()
@@ -189,3 +196,4 @@ def test_a_router_swallowing_one_clusters_deletes_shows_as_that_clusters_inconsi
         text = m.read().decode()
     assert f'squeal_consistency_inconsistent_total{{cluster="{SWALLOWING}",region="west"' in text
     assert 'squeal_consistency_nines{region="west",window="1s"}' in text
+    assert 'squeal_consistency_slo_nines{window="1s"} 6.0' in text

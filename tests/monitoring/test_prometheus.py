@@ -133,6 +133,7 @@ def test_every_alert_has_for_severity_runbook_tests_and_docs() -> None:
         "SquealDatamarkerAgeHigh",
         "SquealDatamarkerWriteErrors",
         "SquealProbeDeadlineMissed",
+        "SquealConsistencyBelowSlo",
         "SquealGutterActive",
         "SquealRouterServersTKO",
         "SquealPoolShardUnowned",
