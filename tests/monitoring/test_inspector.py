@@ -22,7 +22,7 @@ import router_config
 from loadtest.webtier import WebServer
 from monitoring.inspector import Tally, below_slo, format_report, nines, parse_since, summarize
 from ops.harness import REPO_ROOT, ROUTER_BIN, wait_until
-from tests.binaries import needs_binary
+from tests.binaries import binaries_required, needs_binary
 from tests.ops.deployments import squealctl, stable_port
 
 EXAMPLE = REPO_ROOT / "examples" / "local.toml"
@@ -137,7 +137,9 @@ def test_the_demo_load_leaves_nothing_inconsistent_in_any_cluster(deployment) ->
 
 @pytest.mark.slow
 @needs_binary(ROUTER_BIN.exists(), "router not built (scripts/setup.sh)")
-def test_a_router_swallowing_one_clusters_deletes_shows_as_that_clusters_inconsistent_keys(deployment) -> None:
+def test_a_router_swallowing_one_clusters_deletes_shows_as_that_clusters_inconsistent_keys(
+    deployment, tmp_path: Path
+) -> None:
     topo, state = deployment
     config = state / "routers" / f"{SWALLOWING}.json"
     doc = json.loads(config.read_text())
@@ -197,3 +199,35 @@ def test_a_router_swallowing_one_clusters_deletes_shows_as_that_clusters_inconsi
     assert f'squeal_consistency_inconsistent_total{{cluster="{SWALLOWING}",region="west"' in text
     assert 'squeal_consistency_nines{region="west",window="1s"}' in text
     assert 'squeal_consistency_slo_nines{window="1s"} 6.0' in text
+
+    # The dashboard: a big number per region (west's marked below the SLO) and the last stale keys.
+    if shutil.which("chromedriver") is not None or binaries_required():  # (CI: always)
+        west_box = "document.querySelector('#consistency .region[data-region=west] .nines')"
+        shown = dashboard(
+            tmp_path,
+            f"{topo.monitoring.host}:{topo.monitoring.port}",
+            f"[{west_box}.textContent, {west_box}.classList.contains('below'), "
+            "[...document.querySelectorAll('#consistency .recent td.key')].map(td => td.textContent)]",
+            f"{west_box} !== null && document.querySelector('#consistency .recent') !== null",
+        )
+        assert shown[0].endswith(" nines") and shown[1] is True and shown[2], shown
+
+
+def dashboard(tmp_path: Path, address: str, script: str, until: str) -> object:
+    """`script`'s value on the dashboard page in headless Chromium, once `until` (a JS expression) holds."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync"):
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path / 'chrome'}")
+    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    try:
+        driver.get(f"http://{address}/")
+        WebDriverWait(driver, 20).until(lambda d: d.execute_script(f"return {until}"))
+        return driver.execute_script(f"return {script}")
+    finally:
+        driver.quit()
