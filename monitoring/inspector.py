@@ -374,8 +374,8 @@ class Inspector:
             if check.cluster is not None and check.key is not None:
                 wanted[check.cluster].append((check, check.key))
             else:
-                for cluster in wanted:
-                    wanted[cluster].extend((check, k) for k in check.change.keys if _plain(k))
+                for pairs in wanted.values():
+                    pairs.extend((check, k) for k in check.change.keys if _plain(k))
         for cluster in self.topo.clusters:
             pairs = wanted[cluster.name]
             if pairs:
