@@ -12,7 +12,8 @@ Each (key, cluster) read is one check, counted in the window it was made for:
   with the database now, as the rule's codec reads it (`monitoring.verify`'s `ConsistencyChecker`);
 * a value that disagrees is read again `RECHECK_S` later: a newer write's invalidation in flight deletes or
   replaces it. Still disagreeing, it is inconsistent, logged once (key, cluster, row, GTID, age, value found)
-  and listed on the dashboard;
+  and listed on the dashboard - unless the inspector has read a newer change of that key since (a hot key):
+  then the copy is the newer change's to judge (`superseded`, not counted for this one);
 * a value the codec cannot read, or a cluster whose routers do not answer, is not checked (counted apart).
 
 squeal's acks, datamarkers and metrics are never read: a dropped transaction, a flow that skipped a range or a
@@ -248,12 +249,16 @@ class _ShardTail:
             step = 2 if rows.kind == "update" else 1  # an update is its before and after images
             for i in range(0, len(rows.images), step):
                 self.changes += 1
-                if self.changes % self.every:
+                sample = self.changes % self.every == 0
+                if not sample and not self.inspector.watching:
                     continue
                 images = rows.images[i : i + step]
                 keys, _ = self.extractor.render(Rows(rows.schema, rows.table, rows.kind, images), {})
                 if not keys.images:
                     continue  # a row its rule's filters skip
+                self.inspector.changed(keys.images, now)
+                if not sample:
+                    continue
                 columns = self.columns.get((rows.schema, rows.table), [])
                 row = {c: images[-1].get(c) for c in columns}
                 change = Change(self.shard, f"{rows.schema}.{rows.table}", txn.gtid_text, row, keys.images, now)
@@ -282,6 +287,12 @@ class Inspector:
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT)
         self._reported: set[tuple[str, str, str]] = set()  # (key, cluster, value found) logged already
         self._waiting: list[_Check] = []
+        # Keys with checks waiting (-> until when) and, of those, when a change of them was last read: a copy
+        # that disagrees after a newer change of its key is not blamed on the older one (`_superseded`).
+        self._watched: dict[str, float] = {}
+        self._last_change: dict[str, float] = {}
+        self._changes_lock = threading.Lock()
+        self._pruned = time.monotonic()
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -337,9 +348,37 @@ class Inspector:
 
     # -- sampling (the tails' threads) --------------------------------------------------------------------------
 
+    @property
+    def watching(self) -> bool:
+        """Whether any sampled key waits for a check (then every change's keys matter: `changed`)."""
+        return bool(self._watched)
+
+    def changed(self, keys: Iterable[str], seen: float) -> None:
+        """A committed change of `keys` was read at `seen` (wall clock): sampled or not."""
+        with self._changes_lock:
+            for k in keys:
+                if k in self._watched:
+                    self._last_change[k] = seen
+
+    def _superseded(self, key: str, change: Change) -> bool:
+        """A change of `key` was read after `change`: its invalidation may still be in flight, so a disagreeing
+        copy is that change's to judge (when it is sampled), not this one's."""
+        return self._last_change.get(key, 0.0) > change.seen
+
+    def _prune(self, now: float) -> None:
+        with self._changes_lock:
+            for k in [k for k, until in self._watched.items() if until < now]:
+                del self._watched[k]
+                self._last_change.pop(k, None)
+        self._pruned = now
+
     def sampled(self, change: Change) -> None:
         self.metrics_sampled.labels(shard=change.shard).inc()
         now = time.monotonic()
+        until = now + max(self.windows) + 5 * RECHECK_S
+        with self._changes_lock:
+            for k in change.keys:
+                self._watched[k] = until
         with self._cond:
             if len(self._waiting) + len(self.windows) > MAX_WAITING:
                 self.metrics_skipped.labels(shard=change.shard).inc()
@@ -362,6 +401,8 @@ class Inspector:
                 now = time.monotonic()
                 while self._waiting and self._waiting[0].due <= now:
                     due.append(heapq.heappop(self._waiting))
+            if time.monotonic() - self._pruned > 10:
+                self._prune(time.monotonic())
             if due:
                 try:
                     self._check(due)
@@ -417,6 +458,8 @@ class Inspector:
                         ),
                     )
                     self._cond.notify()
+            elif v.state == "differs" and self._superseded(key, check.change):
+                self.metrics_unchecked.labels(region=cluster.region, cluster=cluster.name, reason="superseded").inc()
             else:
                 self._count(cluster, check, key, v if v.state == "differs" else None)
 

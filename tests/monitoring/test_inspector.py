@@ -20,13 +20,26 @@ import pytest
 
 import router_config
 from loadtest.webtier import WebServer
-from monitoring.inspector import Tally, below_slo, format_report, nines, parse_since, summarize
+from monitoring.inspector import Change, Inspector, Tally, below_slo, format_report, nines, parse_since, summarize
+from monitoring.verify import Verdict
 from ops.harness import REPO_ROOT, ROUTER_BIN, wait_until
 from tests.binaries import binaries_required, needs_binary
 from tests.ops.deployments import squealctl, stable_port
 
 EXAMPLE = REPO_ROOT / "examples" / "local.toml"
-SWALLOWING = "west-b"  # the cluster whose router drops deletes in the fault test
+SWALLOWING = "west-b"
+ONE_CLUSTER = """
+[[rules]]
+table = "app.users"
+keys = ["user:{id}"]
+
+[regions.east]
+master = true
+database = { role = "primary", port = 33306, server_id = 1 }
+[regions.east.clusters.a]
+routers = ["127.0.0.1:5000"]
+pools.wildcard = { servers = ["127.0.0.1:5001"] }
+"""  # the cluster whose router drops deletes in the fault test
 
 # -- the figures (pure logic) ------------------------------------------------------------------------------------
 
@@ -82,6 +95,64 @@ def test_a_region_under_the_slo_is_named() -> None:
     assert below_slo(report) == ["west"]
     assert "BELOW THE SLO: region west" in format_report(report)
     assert below_slo(report | {"slo": None}) == []
+
+
+class _Judge:
+    """Stands in for the database comparison: every cached value disagrees with the database."""
+
+    def judge(self, key: str, value: bytes, flags: int) -> Verdict:
+        return Verdict("differs", cached=value.decode(), expected="newer")
+
+
+def _inspector_reading(value: bytes | None) -> Inspector:
+    """An Inspector on a one-cluster topology whose cluster holds `value` for every key (no threads started)."""
+    topo = router_config.loads(ONE_CLUSTER)
+    inspector = Inspector(topo)
+    inspector._checker = _Judge()  # type: ignore[assignment]
+    inspector._read = lambda cluster, keys: {k: (value, 0) for k in keys} if value is not None else {}  # type: ignore[method-assign]
+    return inspector
+
+
+def _run_due(inspector: Inspector, rounds: int = 2) -> None:
+    """Make every waiting check due now and run it (twice: the first look, then the re-read of a disagreeing copy)."""
+    for _ in range(rounds):
+        with inspector._cond:
+            due = sorted(inspector._waiting)
+            inspector._waiting.clear()
+        inspector._check(due)
+
+
+def _counts(inspector: Inspector) -> dict:
+    """Checks and inconsistencies over every window (one check per window here)."""
+    rows = inspector.tally.since(3600)
+    return {"checked": sum(r[4] for r in rows), "inconsistent": sum(r[5] for r in rows)}
+
+
+def test_a_copy_still_disagreeing_after_the_reread_is_inconsistent() -> None:
+    inspector = _inspector_reading(b"old")
+    inspector.sampled(Change("main", "app.users", "0-1-5", {"id": 7}, ("user:7",), time.time()))
+    _run_due(inspector)
+    assert _counts(inspector) == {"checked": 3, "inconsistent": 3}
+    assert [r["key"] for r in inspector.recent] == ["user:7"] * 3
+
+
+def test_a_copy_a_newer_change_of_the_same_key_may_still_be_invalidating_is_not_blamed_on_the_older_one() -> None:
+    """A hot key changed again after the sampled change: the copy may be stale only for the newer write, whose
+    invalidation can still be in flight; the newer change's own checks judge that copy (seen in the bench: a
+    hot user renamed every few hundred ms, re-read 200 ms later, counted against an older rename)."""
+    inspector = _inspector_reading(b"old")
+    seen = time.time()
+    inspector.sampled(Change("main", "app.users", "0-1-5", {"id": 7}, ("user:7",), seen))
+    inspector.changed(("user:7",), seen + 0.05)  # read after it: a newer change of the same key
+    _run_due(inspector)
+    assert _counts(inspector)["checked"] == 0 and not inspector.recent
+
+
+def test_an_absent_key_is_consistent() -> None:
+    inspector = _inspector_reading(None)
+    inspector.sampled(Change("main", "app.users", "0-1-5", {"id": 7}, ("user:7",), time.time()))
+    _run_due(inspector)
+    assert _counts(inspector)["checked"] == 3 and _counts(inspector)["inconsistent"] == 0
 
 
 # -- on a real deployment ----------------------------------------------------------------------------------------
