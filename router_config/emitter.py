@@ -6,6 +6,7 @@ The output is valid for real mcrouter and is what `squeal-router` loads. Shape o
       policies:  app/replicated pool prefixes -> that pool; regional prefixes -> the region's pool
       wildcard:  FailoverWithExptimeRoute(normal=wildcard pool, failover=gutter pool)   [if a gutter]
                  wrapped in WarmUpRoute(cold=..., warm=warm cluster's wildcard) [if the cluster is cold]
+                 wrapped in TransparentLeaseRoute [if the pool has `leases`; app pools too]
 
 With `[tls]` every pool says `"security_mech": "tls"` (mcrouter's pool field): memcached's topology ports
 speak TLS only (`-Z`), and the router verifies each server against the CA it is started with (`--pem-ca-path`).
@@ -21,7 +22,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from router_config.model import Cluster, Pool, Topology
+from router_config.model import Cluster, Leases, Pool, Topology
 
 # Every route handle type this emitter may produce; the router must implement each (tested).
 EMITTED_HANDLES = frozenset(
@@ -33,6 +34,7 @@ EMITTED_HANDLES = frozenset(
         "LoadBalancerRoute",
         "FailoverWithExptimeRoute",
         "WarmUpRoute",
+        "TransparentLeaseRoute",
     }
 )
 
@@ -66,6 +68,20 @@ def replicated_route(pool: Pool) -> dict[str, Any]:
     }
 
 
+def with_leases(route: Any, leases: Leases | None) -> Any:
+    """`route` behind squeal-router's TransparentLeaseRoute when the pool asks for leases (`Pool.leases`)."""
+    if leases is None:
+        return route
+    return {
+        "type": "TransparentLeaseRoute",
+        "target": route,
+        "lease_ttl": leases.ttl,
+        "lease_wait_ms": leases.wait_ms,
+        "lease_retries": leases.retries,
+        "max_tokens": leases.max_tokens,
+    }
+
+
 def cluster_config(topo: Topology, cluster_name: str) -> dict[str, Any]:
     """The mcrouter JSON config (as a dict) for every router of `cluster_name`."""
     cluster = topo.cluster(cluster_name)
@@ -75,7 +91,7 @@ def cluster_config(topo: Topology, cluster_name: str) -> dict[str, Any]:
     for p in cluster.pools:
         if p.kind == "app":
             for prefix in p.prefixes:
-                policies[prefix] = f"PoolRoute|{p.name}"
+                policies[prefix] = with_leases(f"PoolRoute|{p.name}", p.leases)
         elif p.kind == "replicated":
             route = replicated_route(p)
             for prefix in p.prefixes:
@@ -103,6 +119,7 @@ def cluster_config(topo: Topology, cluster_name: str) -> dict[str, Any]:
             "warm": f"PoolRoute|{warm_pool}",
             "exptime": cluster.cold.exptime,
         }
+    wildcard = with_leases(wildcard, cluster.wildcard.leases)  # outermost: a fill after failover is guarded too
     route = wildcard
     if policies:
         route = {"type": "PrefixSelectorRoute", "policies": policies, "wildcard": wildcard}

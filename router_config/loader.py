@@ -30,6 +30,7 @@ from router_config.model import (
     ColdStart,
     ConsistencySlo,
     Database,
+    Leases,
     MonitoringSettings,
     Pool,
     PoolPlacement,
@@ -940,7 +941,7 @@ class _Builder:
         return Cluster(name=name, region=region, routers=routers, pools=pools, cold=cold)
 
     def pool(self, name: str, body: Any, path: str) -> Pool:
-        self.table(body, path, {"kind", "servers", "prefixes", "ttl"}, {"servers"})
+        self.table(body, path, {"kind", "servers", "prefixes", "ttl", "leases"}, {"servers"})
         kind = body.get("kind", "wildcard")
         if kind not in POOL_KINDS:
             raise self.fail(f"{path}.kind", f"unknown pool kind {kind!r} (expected one of: {', '.join(POOL_KINDS)})")
@@ -959,7 +960,30 @@ class _Builder:
                 raise self.fail(f"{path}.ttl", f"must be greater than 0, got {ttl}")
         elif "ttl" in body:
             raise self.fail(f"{path}.ttl", "only a gutter pool takes a ttl")
-        return Pool(name=name, kind=kind, servers=servers, prefixes=prefixes, ttl=ttl)
+        leases = None
+        if "leases" in body:
+            if kind not in ("wildcard", "app"):
+                why = (
+                    "its replicas each have their own CAS, so a lease won on one cannot guard a set on the others"
+                    if kind == "replicated"
+                    else "the router sends a gutter only what fails over from the wildcard pool, leases included"
+                )
+                raise self.fail(f"{path}.leases", f"a {kind} pool takes no leases: {why}")
+            leases = self.leases(body["leases"], f"{path}.leases")
+        return Pool(name=name, kind=kind, servers=servers, prefixes=prefixes, ttl=ttl, leases=leases)
+
+    def leases(self, value: Any, path: str) -> Leases | None:
+        if isinstance(value, bool):
+            return Leases() if value else None
+        self.table(value, path, {"ttl", "wait_ms", "retries", "max_tokens"})
+        defaults = Leases()
+        out: dict[str, int] = {}
+        for name, least in (("ttl", 1), ("wait_ms", 1), ("retries", 0), ("max_tokens", 1)):
+            v = self.typed(value.get(name, getattr(defaults, name)), f"{path}.{name}", int, "a whole number")
+            if v < least:
+                raise self.fail(f"{path}.{name}", f"must be {least} or more, got {v}")
+            out[name] = v
+        return Leases(**out)
 
     def check_copies(self, topo: Topology) -> None:
         """Database copies and squeal instances across regions: unique names, replication sources that exist

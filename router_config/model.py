@@ -48,6 +48,20 @@ class Pool:
     servers: tuple[Address, ...]
     prefixes: tuple[str, ...] = ()
     ttl: int | None = None  # gutter only: cap on the TTL of failover sets (seconds)
+    leases: Leases | None = None  # wildcard and app pools: transparent leases for plain get/set clients
+
+
+@dataclass(frozen=True)
+class Leases:
+    """A pool's `leases = { ... }` (or `leases = true`): the router gives clients that send plain `get`/`set`
+    memcached's leases (its TransparentLeaseRoute; docs/client.md, "Stock clients"). A miss wins a lease held
+    `ttl` seconds; a set is stored only if nothing invalidated the key since; readers of a key whose lease is
+    held wait `wait_ms`, up to `retries` times; the router remembers at most `max_tokens` leases."""
+
+    ttl: int = 10
+    wait_ms: int = 20
+    retries: int = 10
+    max_tokens: int = 100_000
 
 
 @dataclass(frozen=True)

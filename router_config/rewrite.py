@@ -177,6 +177,8 @@ def to_document(topo: Topology) -> dict[str, Any]:
                     pbody["prefixes"] = list(p.prefixes)
                 if p.ttl is not None:
                     pbody["ttl"] = p.ttl
+                if p.leases is not None:
+                    pbody["leases"] = asdict(p.leases)
                 cbody["pools"][p.name] = pbody
             if c.cold:
                 cbody["cold"] = {"warm_cluster": c.cold.warm_cluster, "exptime": c.cold.exptime}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -159,6 +160,24 @@ MISTAKES = [
     ("[[rules]]", "[monitoring]\nconsistency_slo = 6\n[[rules]]", "monitoring.consistency_slo", "must be a string"),
     ("[[rules]]", "[monitoring]\nconsistency_sample = 0\n[[rules]]", "monitoring.consistency_sample", "1 or more"),
     (
+        'pools.gutter = { kind = "gutter", servers = ["127.0.0.1:5002"] }',
+        'pools.gutter = { kind = "gutter", servers = ["127.0.0.1:5002"], leases = true }',
+        "regions.east.clusters.a.pools.gutter.leases",
+        "a gutter pool takes no leases",
+    ),
+    (
+        'pools.wildcard = { servers = ["127.0.0.1:5001"] }',
+        'pools.wildcard = { servers = ["127.0.0.1:5001"], leases = { ttl = 0 } }',
+        "regions.east.clusters.a.pools.wildcard.leases.ttl",
+        "must be 1 or more",
+    ),
+    (
+        'pools.wildcard = { servers = ["127.0.0.1:5001"] }',
+        'pools.wildcard = { servers = ["127.0.0.1:5001"], leases = { wait = 5 } }',
+        "regions.east.clusters.a.pools.wildcard.leases.wait",
+        "unknown key (expected one of: max_tokens, retries, ttl, wait_ms)",
+    ),
+    (
         "[[rules]]",
         "[monitoring]\nconsistency_check_after = -1\n[[rules]]",
         "monitoring.consistency_check_after",
@@ -229,3 +248,34 @@ def test_a_written_topology_whose_region_loses_its_instances_still_loads():
     assert doc["regions"]["east"]["squeal_instances"]
     doc["regions"]["east"].pop("squeal_instances")
     assert not router_config.loads(tomli_w.dumps(doc)).region("east").squeal_instances
+
+
+def test_a_pools_leases_parse_round_trip_and_put_the_lease_handle_in_front_of_it():
+    text = GOOD.replace(
+        'pools.wildcard = { servers = ["127.0.0.1:5001"] }',
+        'pools.wildcard = { servers = ["127.0.0.1:5001"], leases = { ttl = 5, wait_ms = 30 } }\n'
+        'pools.feeds = { kind = "app", prefixes = ["feed:"], servers = ["127.0.0.1:5003"], leases = true }',
+    )
+    topo = router_config.loads(text)
+    cluster = topo.cluster("a")
+    assert cluster.wildcard.leases == router_config.Leases(ttl=5, wait_ms=30, retries=10, max_tokens=100_000)
+    assert cluster.pool("feeds").leases == router_config.Leases()
+    assert cluster.gutter.leases is None
+    assert router_config.loads(router_config.dumps(topo)).regions == topo.regions
+    route = router_config.cluster_config(topo, "a")["route"]
+    wildcard = route["wildcard"]
+    assert (
+        wildcard["type"] == "TransparentLeaseRoute" and wildcard["lease_ttl"] == 5 and wildcard["lease_wait_ms"] == 30
+    )
+    assert wildcard["target"]["type"] == "FailoverWithExptimeRoute", (
+        "outside the gutter failover: fills there are guarded"
+    )
+    assert route["policies"]["feed:"] == {
+        "type": "TransparentLeaseRoute",
+        "target": "PoolRoute|feeds",
+        "lease_ttl": 10,
+        "lease_wait_ms": 20,
+        "lease_retries": 10,
+        "max_tokens": 100_000,
+    }
+    assert "TransparentLeaseRoute" not in json.dumps(router_config.cluster_config(router_config.loads(GOOD), "a"))
