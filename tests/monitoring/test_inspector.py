@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from pymemcache.client.base import Client as PyClient
 
 import router_config
 from loadtest.webtier import WebServer
@@ -153,6 +154,25 @@ def test_an_absent_key_is_consistent() -> None:
     inspector.sampled(Change("main", "app.users", "0-1-5", {"id": 7}, ("user:7",), time.time()))
     _run_due(inspector)
     assert _counts(inspector)["checked"] == 3 and _counts(inspector)["inconsistent"] == 0
+
+
+@needs_binary(ROUTER_BIN.exists(), "router not built (scripts/setup.sh)")
+def test_the_inspector_reads_without_taking_a_lease(memcached_factory, router_factory) -> None:
+    """Through a pool with leases (TransparentLeaseRoute), a plain `get` of an absent key wins a lease: the next
+    web reader would wait for a fill the inspector never makes. It reads with `mg` without N: nothing vivified."""
+    mc = memcached_factory()
+    lease_route = {"type": "TransparentLeaseRoute", "target": "PoolRoute|a"}
+    router = router_factory({"pools": {"a": {"servers": [f"127.0.0.1:{mc.port}"]}}, "route": lease_route})
+    topo = router_config.loads(ONE_CLUSTER.replace("127.0.0.1:5000", f"127.0.0.1:{router.port}"))
+    direct = PyClient(("127.0.0.1", mc.port), timeout=5)
+    direct.set(b"user:1", b'{"id": 1}', flags=64, noreply=False)
+    inspector = Inspector(topo)
+    got = inspector._read(topo.cluster("a"), ["user:1", "user:2", "user:1"])
+    assert got == {"user:1": (b'{"id": 1}', 64)}
+    assert direct.raw_command(b"mg user:2 v", b"\r\n") == b"EN", "a lease placeholder was left for user:2"
+    reader = PyClient(("127.0.0.1", router.port), timeout=5)  # a stock client then wins the lease itself ...
+    assert reader.get(b"user:2") is None
+    assert reader.set(b"user:2", b"filled", noreply=False) is True  # ... and its fill is stored
 
 
 # -- on a real deployment ----------------------------------------------------------------------------------------
