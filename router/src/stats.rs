@@ -128,6 +128,16 @@ pub struct Stats {
     pub max_connections: AtomicU64,
     pub config_loads: AtomicU64,
     pub config_rejects: AtomicU64,
+    /// TransparentLeaseRoute (every handle of the config together): leases won by a plain get miss,
+    /// waits on a lease another client held, gets that gave up waiting (answered a miss), fills
+    /// stored and refused, tokens evicted at the map's bound; `lease_tokens` is a gauge.
+    pub lease_won: AtomicU64,
+    pub lease_waits: AtomicU64,
+    pub lease_gave_up: AtomicU64,
+    pub lease_fills_stored: AtomicU64,
+    pub lease_fills_refused: AtomicU64,
+    pub lease_tokens_evicted: AtomicU64,
+    pub lease_tokens: AtomicU64,
     latency: Vec<AtomicU64>,
     latency_sum_ns: AtomicU64,
     latency_count: AtomicU64,
@@ -184,6 +194,13 @@ impl Default for Stats {
             max_connections: AtomicU64::new(0),
             config_loads: AtomicU64::new(0),
             config_rejects: AtomicU64::new(0),
+            lease_won: AtomicU64::new(0),
+            lease_waits: AtomicU64::new(0),
+            lease_gave_up: AtomicU64::new(0),
+            lease_fills_stored: AtomicU64::new(0),
+            lease_fills_refused: AtomicU64::new(0),
+            lease_tokens_evicted: AtomicU64::new(0),
+            lease_tokens: AtomicU64::new(0),
             latency: (0..=LATENCY_BUCKETS.len()).map(|_| AtomicU64::new(0)).collect(),
             latency_sum_ns: AtomicU64::new(0),
             latency_count: AtomicU64::new(0),
@@ -317,6 +334,36 @@ impl Stats {
                 "clients of a TLS port refused at the handshake",
                 g(&self.tls_handshake_failures),
             ),
+            (
+                "lease_won",
+                "plain get misses that won a lease (TransparentLeaseRoute)",
+                g(&self.lease_won),
+            ),
+            (
+                "lease_waits",
+                "waits on a lease another client held (TransparentLeaseRoute)",
+                g(&self.lease_waits),
+            ),
+            (
+                "lease_gave_up",
+                "gets that waited their retries out and answered a miss (TransparentLeaseRoute)",
+                g(&self.lease_gave_up),
+            ),
+            (
+                "lease_fills_stored",
+                "sets with a lease token that were stored (TransparentLeaseRoute)",
+                g(&self.lease_fills_stored),
+            ),
+            (
+                "lease_fills_refused",
+                "sets with a lease token refused as stale: NOT_STORED (TransparentLeaseRoute)",
+                g(&self.lease_fills_refused),
+            ),
+            (
+                "lease_tokens_evicted",
+                "lease tokens dropped at the map's bound, oldest first (TransparentLeaseRoute)",
+                g(&self.lease_tokens_evicted),
+            ),
         ]
     }
 
@@ -414,6 +461,7 @@ impl Stats {
             s += &format!("STAT {name} {}\r\n", since(v, base.scalars.get(i)));
         }
         s += &format!("STAT servers_tko {servers_tko}\r\n");
+        s += &format!("STAT lease_tokens {}\r\n", self.lease_tokens.load(Relaxed));
         s += "END\r\n";
         s
     }
@@ -467,6 +515,9 @@ impl Stats {
         s += &format!("squeal_router_max_connections {}\n", self.max_connections.load(Relaxed));
         s += "# HELP squeal_router_servers_tko servers currently marked TKO\n# TYPE squeal_router_servers_tko gauge\n";
         s += &format!("squeal_router_servers_tko {servers_tko}\n");
+        s += "# HELP squeal_router_lease_tokens lease tokens TransparentLeaseRoute holds now\n";
+        s += "# TYPE squeal_router_lease_tokens gauge\n";
+        s += &format!("squeal_router_lease_tokens {}\n", self.lease_tokens.load(Relaxed));
         s += "# HELP squeal_router_request_duration_seconds client request latency\n";
         s += "# TYPE squeal_router_request_duration_seconds histogram\n";
         let mut cumulative = 0;

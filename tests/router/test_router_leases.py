@@ -99,3 +99,44 @@ def test_held_lease_bounded_wait_then_miss(memcached_factory, router_factory) ->
 
 def _raw(port: int) -> socket.socket:
     return socket.create_connection(("127.0.0.1", port), timeout=5)
+
+
+def test_lease_counters_in_stats_and_metrics(memcached_factory, router_factory) -> None:
+    """What the handle did is visible: leases won, waits and give-ups, fills stored and refused, tokens held and
+    evicted at the bound — in `stats` (memcached's names) and in /metrics (docs/metrics.md)."""
+    import urllib.request
+
+    from ops.harness import free_port
+
+    mc = memcached_factory()
+    router = router_factory(
+        _config(mc.port, True, lease_wait_ms=1, lease_retries=2, max_tokens=2), metrics_port=free_port()
+    )
+    c = PyClient(("127.0.0.1", router.port), timeout=5)
+    direct = PyClient(("127.0.0.1", mc.port), timeout=5)
+
+    def stats() -> dict[str, int]:
+        return {k.decode(): int(v) for k, v in c.stats().items() if k.decode().startswith("lease_")}
+
+    assert c.get(b"a") is None and c.get(b"b") is None  # two leases won, two tokens held
+    assert stats() == dict.fromkeys(("lease_won", "lease_tokens"), 2) | dict.fromkeys(
+        ("lease_waits", "lease_gave_up", "lease_fills_stored", "lease_fills_refused", "lease_tokens_evicted"), 0
+    )
+    assert c.get(b"a") is None  # held by the token above: waits twice, gives up
+    direct.delete(b"b", noreply=False)
+    assert c.set(b"b", b"stale", noreply=False) is False  # invalidated since the lease: refused
+    assert c.get(b"c") is None and c.get(b"d") is None  # the bound is 2: the oldest token ("a") is evicted
+    assert c.set(b"d", b"fresh", noreply=False) is True
+    got = stats()
+    assert got["lease_won"] == 4 and got["lease_waits"] == 2 and got["lease_gave_up"] == 1, got
+    assert got["lease_fills_refused"] == 1 and got["lease_fills_stored"] == 1, got
+    assert got["lease_tokens_evicted"] == 1 and got["lease_tokens"] == 1, got  # "c" left ("a" evicted, b/d used)
+    with urllib.request.urlopen(f"http://127.0.0.1:{router.metrics_port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    for line in (
+        "squeal_router_lease_won_total 4",
+        "squeal_router_lease_fills_refused_total 1",
+        "squeal_router_lease_tokens_evicted_total 1",
+        "squeal_router_lease_tokens 1",
+    ):
+        assert f"\n{line}\n" in text, line

@@ -17,16 +17,18 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use serde_json::{Map, Value};
 
 use super::{BoxFuture, Route, RouteRef, get_i64, required};
+use crate::Context;
 use crate::config::Builder;
 use crate::protocol::reply::first_line_end;
 use crate::protocol::{Cmd, Reply, Request, Res};
+use crate::stats::Stats;
 
 /// Per-key lease tokens with insertion order for eviction.
 #[derive(Default)]
@@ -36,17 +38,6 @@ struct Tokens {
     seq: u64,
 }
 
-/// Counters of one handle (readable in tests and by stats).
-#[derive(Default)]
-pub struct LeaseCounters {
-    pub won: AtomicU64,
-    pub waited: AtomicU64,
-    pub gave_up: AtomicU64,
-    pub fills_stored: AtomicU64,
-    pub fills_refused: AtomicU64,
-    pub evicted: AtomicU64,
-}
-
 pub struct TransparentLease {
     pub target: RouteRef,
     pub lease_ttl: i64,
@@ -54,7 +45,8 @@ pub struct TransparentLease {
     pub retries: u32,
     pub max_tokens: usize,
     tokens: Mutex<Tokens>,
-    pub counters: LeaseCounters,
+    /// The router's counters (`Stats::lease_*`): every handle of the config counts into them.
+    ctx: Arc<Context>,
 }
 
 /// What one `mg … N` answered.
@@ -66,7 +58,14 @@ enum Got {
 }
 
 impl TransparentLease {
-    pub fn new(target: RouteRef, lease_ttl: i64, wait: Duration, retries: u32, max_tokens: usize) -> Self {
+    pub fn new(
+        target: RouteRef,
+        lease_ttl: i64,
+        wait: Duration,
+        retries: u32,
+        max_tokens: usize,
+        ctx: Arc<Context>,
+    ) -> Self {
         TransparentLease {
             target,
             lease_ttl,
@@ -74,21 +73,28 @@ impl TransparentLease {
             retries,
             max_tokens,
             tokens: Mutex::new(Tokens::default()),
-            counters: LeaseCounters::default(),
+            ctx,
         }
+    }
+
+    fn stats(&self) -> &Stats {
+        &self.ctx.stats
     }
 
     fn remember(&self, key: &Bytes, token: u64) {
         let mut t = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
         t.seq += 1;
         let seq = t.seq;
-        t.map.insert(key.clone(), (token, Instant::now(), seq));
+        if t.map.insert(key.clone(), (token, Instant::now(), seq)).is_none() {
+            self.stats().lease_tokens.fetch_add(1, Ordering::Relaxed);
+        }
         t.order.push_back((key.clone(), seq));
         while t.map.len() > self.max_tokens || t.order.len() > 2 * self.max_tokens.max(1) {
             let Some((old, s)) = t.order.pop_front() else { break };
             if t.map.get(&old).is_some_and(|e| e.2 == s) {
                 t.map.remove(&old);
-                self.counters.evicted.fetch_add(1, Ordering::Relaxed);
+                self.stats().lease_tokens.fetch_sub(1, Ordering::Relaxed);
+                self.stats().lease_tokens_evicted.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
@@ -96,6 +102,7 @@ impl TransparentLease {
     fn take(&self, key: &[u8]) -> Option<u64> {
         let mut t = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
         let (token, at, _) = t.map.remove(key)?;
+        self.stats().lease_tokens.fetch_sub(1, Ordering::Relaxed);
         let ttl = Duration::from_secs(self.lease_ttl.max(0) as u64);
         (at.elapsed() < ttl).then_some(token)
     }
@@ -173,17 +180,17 @@ impl TransparentLease {
             match self.get_once(req).await {
                 Got::Hit(r) | Got::Other(r) => return r,
                 Got::Won(token) => {
-                    self.counters.won.fetch_add(1, Ordering::Relaxed);
+                    self.stats().lease_won.fetch_add(1, Ordering::Relaxed);
                     self.remember(&req.key, token);
                     return Reply::new(Res::Miss, Bytes::new());
                 }
                 Got::Held if tries < self.retries => {
                     tries += 1;
-                    self.counters.waited.fetch_add(1, Ordering::Relaxed);
+                    self.stats().lease_waits.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(self.wait).await;
                 }
                 Got::Held => {
-                    self.counters.gave_up.fetch_add(1, Ordering::Relaxed);
+                    self.stats().lease_gave_up.fetch_add(1, Ordering::Relaxed);
                     return Reply::new(Res::Miss, Bytes::new());
                 }
             }
@@ -200,14 +207,22 @@ impl TransparentLease {
         ];
         let reply = self.target.route(&ms).await;
         if reply.wire.starts_with(b"HD") {
-            self.counters.fills_stored.fetch_add(1, Ordering::Relaxed);
+            self.stats().lease_fills_stored.fetch_add(1, Ordering::Relaxed);
             Reply::line(Res::Stored, "STORED")
         } else if reply.wire.starts_with(b"EX") || reply.wire.starts_with(b"NF") || reply.wire.starts_with(b"NS") {
-            self.counters.fills_refused.fetch_add(1, Ordering::Relaxed);
+            self.stats().lease_fills_refused.fetch_add(1, Ordering::Relaxed);
             Reply::line(Res::NotStored, "NOT_STORED")
         } else {
             reply
         }
+    }
+}
+
+impl Drop for TransparentLease {
+    /// A reloaded config drops its handles: their tokens leave the `lease_tokens` gauge with them.
+    fn drop(&mut self) {
+        let held = self.tokens.lock().unwrap_or_else(|e| e.into_inner()).map.len() as u64;
+        self.stats().lease_tokens.fetch_sub(held, Ordering::Relaxed);
     }
 }
 
@@ -250,5 +265,6 @@ pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, Stri
         Duration::from_millis(wait_ms as u64),
         retries.min(u32::MAX as i64) as u32,
         max_tokens as usize,
+        b.ctx().clone(),
     )))
 }
