@@ -9,7 +9,7 @@ over an equal span with the inspector idle is not separable, so the figure is re
 one binlog connection per shard the inspector adds. Not a test: run it by hand, record the table in
 docs/benchmarks.md.
 
-    .venv/bin/python bench/consistency_inspector.py --seconds 300 --writes 200
+    .venv/bin/python bench/consistency_inspector.py --seconds 300 --writes 200 [--drill]
 """
 
 from __future__ import annotations
@@ -48,6 +48,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=120.0, help="how long to measure (default %(default)s)")
     p.add_argument("--writes", type=float, default=100.0, help="extra renames per second (default %(default)s)")
+    p.add_argument(
+        "--drill",
+        action="store_true",
+        help="run `squealctl drill --no-verify` (kill -9 of squeal, a router, a memcached; a router paused; the "
+        "replica restarted and stalled) a third into the span, and report the nines from the drill on too",
+    )
     args = p.parse_args()
     base = Path(tempfile.mkdtemp(prefix="sq-nines-"))
     topo = router_config.reassign_ports(router_config.load(EXAMPLE), free_port)
@@ -74,7 +80,15 @@ def main() -> int:
         writer = threading.Thread(target=write, daemon=True)
         cpu0, t0 = cpu_seconds(pid), time.monotonic()
         writer.start()
-        time.sleep(args.seconds)
+        drill_started = drill_span = None
+        if args.drill:
+            time.sleep(args.seconds / 3)
+            drill_started = time.time()
+            print(squealctl(state, "drill", "--no-verify"), end="", file=sys.stderr)
+            drill_span = time.time() - drill_started
+            time.sleep(max(0.0, args.seconds - (time.monotonic() - t0)))
+        else:
+            time.sleep(args.seconds)
         stop.set()
         writer.join(5)
         time.sleep(11)  # the 10 s checks of the last changes
@@ -82,7 +96,10 @@ def main() -> int:
         span = time.monotonic() - t0
         url = f"http://{topo.monitoring.host}:{topo.monitoring.port}"
         with urllib.request.urlopen(f"{url}/api/consistency?since={span + 60:g}", timeout=10) as r:
-            report = json.loads(r.read())
+            reports = [("whole run", json.loads(r.read()))]
+        if drill_started is not None:  # (minute buckets: from the minute the drill began)
+            with urllib.request.urlopen(f"{url}/api/consistency?since={time.time() - drill_started:g}") as r:
+                reports.append((f"from the drill on ({drill_span:.0f} s of faults)", json.loads(r.read())))
         with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
             metrics = r.read().decode()
     finally:
@@ -97,17 +114,17 @@ def main() -> int:
         f"{span:.0f} s, {sampled:.0f} sampled changes, monitoring server CPU {cpu:.1f} s "
         f"({cpu / max(sampled, 1) * 1e6:.0f} µs per sampled change, all of its work included)"
     )
-    print("| region | window | checks | inconsistent | consistent | nines |")
-    print("|---|---|---|---|---|---|")
-    for region, doc in report["regions"].items():
-        for window in ("100ms", "1s", "10s"):
-            f = doc["windows"].get(window)
-            if not f or not f["checked"]:
-                continue
-            shown = f"≥ {f['nines_at_least']:.1f} (none)" if f["nines"] is None else f"{f['nines']:.2f}"
-            print(
-                f"| {region} | {window} | {f['checked']} | {f['inconsistent']} | {f['ratio'] * 100:.4f} % | {shown} |"
-            )
+    print("| span | region | window | checks | inconsistent | consistent | nines |")
+    print("|---|---|---|---|---|---|---|")
+    for what, report in reports:
+        for region, doc in report["regions"].items():
+            for window in ("100ms", "1s", "10s"):
+                f = doc["windows"].get(window)
+                if not f or not f["checked"]:
+                    continue
+                shown = f"≥ {f['nines_at_least']:.1f} (none)" if f["nines"] is None else f"{f['nines']:.2f}"
+                ratio = f"{f['ratio'] * 100:.4f} %"
+                print(f"| {what} | {region} | {window} | {f['checked']} | {f['inconsistent']} | {ratio} | {shown} |")
     return 0
 
 

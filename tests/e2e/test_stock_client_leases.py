@@ -16,6 +16,7 @@ import dataclasses
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -41,7 +42,8 @@ def fleet(tmp_path_factory):
     for r in topo.regions:
         clusters = []
         for c in r.clusters:
-            leases = router_config.Leases() if c.name == WITH else None
+            # a long wait budget: 200 reader threads share this process's GIL with the lease winner's fill
+            leases = router_config.Leases(retries=100) if c.name == WITH else None
             pools = tuple(dataclasses.replace(p, leases=leases) if p.kind == "wildcard" else p for p in c.pools)
             clusters.append(dataclasses.replace(c, pools=pools))
         regions.append(dataclasses.replace(r, clusters=tuple(clusters)))
@@ -145,3 +147,58 @@ def test_a_fill_after_squeals_delete_is_refused_only_with_leases(fleet, cluster:
     else:
         assert stored is True and cached == old, "without leases the stale fill stays: the race"
     db.close()
+
+
+@pytest.mark.parametrize("cluster", [WITH, WITHOUT])
+def test_a_herd_of_stock_readers_after_squeals_delete_reads_the_database_at_most_twice_with_leases(
+    fleet, cluster: str
+) -> None:
+    """200 pymemcache readers of one hot key, released together right after squeal deleted it: each misses,
+    reads the database and fills. With leases the router lets one win and the others wait for its fill."""
+    topo = fleet
+    router = topo.cluster(cluster).routers[0]
+    db = _database(topo)
+    with db.cursor() as cur:
+        cur.execute("INSERT INTO app.users (name, email) VALUES ('hot', %s)", (f"herd-{cluster}-{time.time()}",))
+        user = cur.lastrowid
+    key = f"user:{user}"
+    Client((router.host, router.port), timeout=5).set(key, b"hot", noreply=False)  # cached and hot
+    with db.cursor() as cur:
+        cur.execute("UPDATE app.users SET name = 'hotter' WHERE id = %s", (user,))
+    at = _position(db)
+    wait_until(lambda: delivered(topo, cluster, at), 30, f"squeal's delete of {key}")
+
+    n = 200
+    start = threading.Barrier(n)
+    loads: list[int] = []
+    seen: list[bytes] = []
+    lock = threading.Lock()
+
+    def reader() -> None:
+        c = Client((router.host, router.port), timeout=30, connect_timeout=10)
+        start.wait()
+        value = c.get(key)
+        if value is None:  # a miss: read the row and fill
+            conn = router_config.connect_database(topo.master.database, "webtier")
+            with conn.cursor() as cur:
+                cur.execute("SELECT name FROM app.users WHERE id = %s", (user,))
+                value = cur.fetchone()[0].encode()
+            conn.close()
+            with lock:
+                loads.append(1)
+            c.set(key, value, noreply=False)
+        with lock:
+            seen.append(value)
+        c.close()
+
+    threads = [threading.Thread(target=reader) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    db.close()
+    assert len(seen) == n and set(seen) == {b"hotter"}, "every reader got the new row"
+    if cluster == WITH:
+        assert len(loads) <= 2, f"{len(loads)} of {n} readers read the database"
+    else:
+        assert len(loads) > 2, f"without leases the herd reads the database: {len(loads)} of {n} did"
