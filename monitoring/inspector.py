@@ -30,7 +30,6 @@ import json
 import logging
 import math
 import re
-import socket
 import ssl
 import sys
 import threading
@@ -45,7 +44,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 
 import router_config
-from monitoring.verify import ConsistencyChecker, Verdict, router_tls, shard_databases
+from monitoring.verify import ConsistencyChecker, MetaReader, Verdict, router_tls, shard_databases
 from squeal import BinlogReader, DataLoss, KeyExtractor, Rows, TransactionGrouper, current_position, source_for
 
 log = logging.getLogger(__name__)
@@ -577,56 +576,6 @@ class Inspector:
         self.thread.join(5)
         for c in self._clients.values():
             c.close()
-
-
-class MetaReader:
-    """Reads keys through one router with `mg <key> v f`, pipelined and ended by `mn`. No `N`: the inspector never
-    takes a lease, so on a pool with leases (TransparentLeaseRoute turns a plain `get` miss into a won lease) the
-    next web reader is not left waiting for a fill that never comes. A lease placeholder reads as a 0-byte value."""
-
-    def __init__(self, address: router_config.Address, tls: ssl.SSLContext | None, timeout: float = 5.0) -> None:
-        self.address = address
-        sock = socket.create_connection((address.host, address.port), timeout=timeout)
-        self.sock = tls.wrap_socket(sock, server_hostname=address.host) if tls is not None else sock
-        self.buffer = b""
-
-    def get_many(self, keys: list[str]) -> dict[str, tuple[bytes, int]]:
-        """{key: (value, client flags)} of the keys cached (plain keys: `_plain`)."""
-        self.sock.sendall(b"".join(b"mg " + k.encode() + b" v f\r\n" for k in keys) + b"mn\r\n")
-        out: dict[str, tuple[bytes, int]] = {}
-        for key in keys:
-            line = self._line()
-            if line.startswith(b"VA "):
-                words = line.split()
-                flags = next((int(w[1:]) for w in words[2:] if w.startswith(b"f")), 0)
-                out[key] = (self._exactly(int(words[1]) + 2)[:-2], flags)
-            elif line != b"EN":
-                raise OSError(f"unexpected answer to mg {key}: {line[:100]!r}")
-        end = self._line()
-        if end != b"MN":
-            raise OSError(f"unexpected answer to mn: {end[:100]!r}")
-        return out
-
-    def _fill(self) -> None:
-        chunk = self.sock.recv(65536)
-        if not chunk:
-            raise OSError("the router closed the connection")
-        self.buffer += chunk
-
-    def _line(self) -> bytes:
-        while b"\r\n" not in self.buffer:
-            self._fill()
-        line, self.buffer = self.buffer.split(b"\r\n", 1)
-        return line
-
-    def _exactly(self, n: int) -> bytes:
-        while len(self.buffer) < n:
-            self._fill()
-        data, self.buffer = self.buffer[:n], self.buffer[n:]
-        return data
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def _plain(key: str) -> bool:

@@ -64,7 +64,9 @@ def test_gutter_caps_ttl_and_cold_cluster_reads_from_warm():
         )
     )
     config = router_config.cluster_config(topo, "east-b")
-    warm_up = config["route"]["wildcard"]
+    leases = config["route"]["wildcard"]  # the example's wildcard pools have leases: the outermost handle
+    assert leases["type"] == "TransparentLeaseRoute" and leases["lease_ttl"] == 10
+    warm_up = leases["target"]
     assert warm_up["type"] == "WarmUpRoute"
     assert warm_up["cold"]["type"] == "FailoverWithExptimeRoute"
     assert warm_up["cold"]["failover_exptime"] == 10

@@ -47,6 +47,7 @@ from monitoring.verify.cli import run
 from monitoring.verify.codec import JSON_FLAG, CachedRows, Codec, VerifyError, json_rows, load_codec, resolve_codec
 from monitoring.verify.database import Database, agree, database_rows, order_terms, shard_databases
 from monitoring.verify.families import KeyFamily, family_of, key_families
+from monitoring.verify.meta import MetaReader
 from monitoring.verify.report import (
     EXIT_CANNOT_CHECK,
     EXIT_CLEAN,
@@ -81,6 +82,7 @@ __all__ = [
     "Database",
     "KeepFlags",
     "KeyFamily",
+    "MetaReader",
     "StaleKey",
     "Unchecked",
     "Verdict",

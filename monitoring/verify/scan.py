@@ -13,7 +13,6 @@ from typing import Any
 
 import pymysql
 import pymysql.cursors
-from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheError
 
 import router_config
@@ -22,6 +21,7 @@ from monitoring.scrape import scrape_prometheus
 from monitoring.verify.checker import ConsistencyChecker, Verdict
 from monitoring.verify.codec import Codec, VerifyError, failure_reason
 from monitoring.verify.database import shard_databases
+from monitoring.verify.meta import MetaReader
 from monitoring.verify.report import StaleKey, Unchecked, VerifyReport
 
 log = logging.getLogger(__name__)
@@ -80,8 +80,9 @@ class KeepFlags:
 CACHE_ERRORS = (OSError, MemcacheError)  # OSError includes timeouts
 
 
-def _client(address: router_config.Address, tls: ssl.SSLContext | None) -> Client:
-    return Client((address.host, address.port), connect_timeout=2, timeout=5, serde=KeepFlags(), tls_context=tls)
+def _client(address: router_config.Address, tls: ssl.SSLContext | None) -> MetaReader:
+    """A reader that takes no lease (`meta.MetaReader`): a classic get through a pool with leases would."""
+    return MetaReader(address, tls)
 
 
 def router_tls(topo: router_config.Topology) -> ssl.SSLContext | None:
@@ -89,16 +90,15 @@ def router_tls(topo: router_config.Topology) -> ssl.SSLContext | None:
     return router_config.tls_context(topo.tls, "monitoring")
 
 
-def _connect(cluster: router_config.Cluster, tls: ssl.SSLContext | None) -> tuple[Client, router_config.Address]:
-    """A client on the first of the cluster's routers that answers `version`."""
+def _connect(cluster: router_config.Cluster, tls: ssl.SSLContext | None) -> tuple[MetaReader, router_config.Address]:
+    """A reader on the first of the cluster's routers that answers."""
     failures = []
     for router in cluster.routers:
-        client = _client(router, tls)
         try:
-            client.version()
+            client = _client(router, tls)
+            client.raw_command(b"mn")  # answers MN: the router serves
             return client, router
         except CACHE_ERRORS as e:
-            client.close()
             failures.append(f"router {router} does not answer ({failure_reason(e)})")
     raise ConnectionError("; ".join(failures))
 
@@ -108,7 +108,7 @@ def _valid_key(key: str) -> bool:
     return 0 < len(raw) <= 250 and not any(b <= 0x20 or b == 0x7F for b in raw)
 
 
-def _ttl_left(client: Client, key: str) -> int | None:
+def _ttl_left(client: MetaReader, key: str) -> int | None:
     """Remaining TTL via the meta protocol (`mg K t` → `HD t<seconds>`; -1 means no expiry)."""
     try:
         reply = client.raw_command(f"mg {key} t".encode(), b"\r\n")
@@ -164,7 +164,7 @@ class Recheck:
 
 def _look_at(
     cluster: str,
-    client: Client,
+    client: MetaReader,
     keys: list[str],
     checker: ConsistencyChecker,
     seen: dict[tuple[str, bytes, int], Verdict],
@@ -239,8 +239,9 @@ def _recheck(look: FirstLook, checker: ConsistencyChecker, grace: float, sleep: 
         again: list[_Suspect] = []
         for name in dict.fromkeys(s.cluster for s in suspects if s.cluster not in look.unchecked):
             mine = [s for s in suspects if s.cluster == name]
-            client = _client(look.routers[name], look.tls)
+            client = None
             try:
+                client = _client(look.routers[name], look.tls)
                 found = client.gets_many([s.key for s in mine])
                 for s in mine:
                     if s.key not in found:
@@ -263,7 +264,8 @@ def _recheck(look: FirstLook, checker: ConsistencyChecker, grace: float, sleep: 
                 look.clusters.remove(name)
                 again = [s for s in again if s.cluster != name]
             finally:
-                client.close()
+                if client is not None:
+                    client.close()
         suspects = again
     return result
 
