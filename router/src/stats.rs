@@ -336,32 +336,32 @@ impl Stats {
             ),
             (
                 "lease_won",
-                "plain get misses that won a lease (TransparentLeaseRoute)",
+                "lease route: plain get misses that won a lease",
                 g(&self.lease_won),
             ),
             (
                 "lease_waits",
-                "waits on a lease another client held (TransparentLeaseRoute)",
+                "lease route: waits on a lease another client held",
                 g(&self.lease_waits),
             ),
             (
                 "lease_gave_up",
-                "gets that waited their retries out and answered a miss (TransparentLeaseRoute)",
+                "lease route: gets that waited out their retries (a miss)",
                 g(&self.lease_gave_up),
             ),
             (
                 "lease_fills_stored",
-                "sets with a lease token that were stored (TransparentLeaseRoute)",
+                "lease route: sets with a lease token, stored",
                 g(&self.lease_fills_stored),
             ),
             (
                 "lease_fills_refused",
-                "sets with a lease token refused as stale: NOT_STORED (TransparentLeaseRoute)",
+                "lease route: sets with a lease token refused as stale",
                 g(&self.lease_fills_refused),
             ),
             (
                 "lease_tokens_evicted",
-                "lease tokens dropped at the map's bound, oldest first (TransparentLeaseRoute)",
+                "lease route: tokens dropped at max_tokens, oldest first",
                 g(&self.lease_tokens_evicted),
             ),
         ]
@@ -515,7 +515,7 @@ impl Stats {
         s += &format!("squeal_router_max_connections {}\n", self.max_connections.load(Relaxed));
         s += "# HELP squeal_router_servers_tko servers currently marked TKO\n# TYPE squeal_router_servers_tko gauge\n";
         s += &format!("squeal_router_servers_tko {servers_tko}\n");
-        s += "# HELP squeal_router_lease_tokens lease tokens TransparentLeaseRoute holds now\n";
+        s += "# HELP squeal_router_lease_tokens lease tokens the lease route holds now\n";
         s += "# TYPE squeal_router_lease_tokens gauge\n";
         s += &format!("squeal_router_lease_tokens {}\n", self.lease_tokens.load(Relaxed));
         s += "# HELP squeal_router_request_duration_seconds client request latency\n";

@@ -55,6 +55,8 @@ def test_warmup_start_and_finish_rewrite_the_cold_clusters_router_config(deploym
     path = controller.start("east-b")
     config = json.loads(path.read_text())
     route = config["route"]["wildcard"]
+    assert route["type"] == "TransparentLeaseRoute", "the example's wildcard pools have leases, outermost"
+    route = route["target"]
     assert route["type"] == "WarmUpRoute" and route["exptime"] == 3600
     warm_pool = route["warm"].split("|")[1]
     assert config["pools"][warm_pool]["servers"] == [str(a) for a in topo.cluster("east-a").wildcard.servers]

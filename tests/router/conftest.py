@@ -183,5 +183,8 @@ def east_a(memcached_factory, router_factory):
     ns.servers = servers
     ns.config = config
     ns.router = router
-    ns.gutter_ttl = config["route"]["wildcard"]["failover_exptime"]
+    wildcard = config["route"]["wildcard"]
+    if wildcard["type"] == "TransparentLeaseRoute":  # the example's wildcard pools have leases
+        wildcard = wildcard["target"]
+    ns.gutter_ttl = wildcard["failover_exptime"]
     return ns

@@ -273,6 +273,7 @@ def _minimal(handle: str) -> dict:
             "failover_exptime": 10,
         },
         "WarmUpRoute": {"type": "WarmUpRoute", "cold": leaf, "warm": leaf, "exptime": 60},
+        "TransparentLeaseRoute": {"type": "TransparentLeaseRoute", "target": leaf, "lease_ttl": 10, "max_tokens": 5},
     }[handle]
 
 
