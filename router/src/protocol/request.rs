@@ -1165,6 +1165,73 @@ mod tests {
     }
 
     #[test]
+    fn lease_get_takes_keys_as_mcrouter_does_and_goes_down_as_mg_with_a_lease() {
+        match p(b"lease-get a bb  c\r\n") {
+            ParseOutcome::Done(Command::LeaseGet { keys }, 19) => assert_eq!(keys, [&b"a"[..], b"bb", b"c"]),
+            other => panic!("{other:?}"),
+        }
+        for line in [&b"lease-get\r\n"[..], b"lease-get \r\n"] {
+            match p(line) {
+                ParseOutcome::Error { reply, close, .. } => {
+                    assert_eq!((reply, close), ("CLIENT_ERROR malformed request\r\n", true))
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let long = format!("lease-get {}\r\n", "k".repeat(MAX_KEY_LEN + 1));
+        match p(long.as_bytes()) {
+            ParseOutcome::Error { reply, close, .. } => assert_eq!((reply, close), (BAD_FORMAT, false)),
+            other => panic!("{other:?}"),
+        }
+        let r = Request::simple(Cmd::LeaseGet, Bytes::from_static(b"user:1"));
+        assert_eq!(encoded(&r), b"mg user:1 v f c N10\r\n");
+    }
+
+    #[test]
+    fn lease_set_is_read_as_mcrouter_reads_it_and_goes_down_as_ms_with_the_token() {
+        let (r, n) = keyed(b"lease-set k 12345 7 -1 3\r\nabc\r\n");
+        assert_eq!(n, 31);
+        assert_eq!(
+            (r.cmd, r.cas, r.client_flags, r.exptime, &r.value[..], r.quiet),
+            (Cmd::LeaseSet, 12345, 7, -1, &b"abc"[..], false)
+        );
+        assert_eq!(encoded(&r), b"ms k 3 F7 T-1 C12345\r\nabc\r\n");
+        assert!(keyed(b"lease-set k 9 0 0 1 noreply\r\nx\r\n").0.quiet);
+        // what mcrouter's grammar refuses closes the connection with its answer, nothing swallowed
+        for line in [
+            &b"lease-set k abc 0 0 1\r\n"[..],
+            b"lease-set k -5 0 0 1\r\n",
+            b"lease-set k 18446744073709551616 0 0 1\r\n", // over 64 bits
+            b"lease-set k 1 x 0 1\r\n",
+            b"lease-set k 1 4294967296 0 1\r\n", // flags memcached cannot keep
+            b"lease-set k 1 0 2147483648 1\r\n",
+            b"lease-set k 1 0 0 -1\r\n",
+            b"lease-set k 1 0 0\r\n",
+            b"lease-set k 1 0 0 1 noreply extra\r\n",
+            b"lease-set k 1 0 0 1 junk\r\n",
+        ] {
+            match p(line) {
+                ParseOutcome::Error { reply, consume, close } => assert_eq!(
+                    (reply, consume, close),
+                    ("CLIENT_ERROR malformed request\r\n", line.len(), true),
+                    "{line:?}"
+                ),
+                other => panic!("{line:?}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            p(b"lease-set k 1 0 0 3\r\nabcX\r\n"),
+            ParseOutcome::Error { reply: BAD_CHUNK, .. }
+        ));
+        assert!(matches!(p(b"lease-set k 1 0 0 3\r\nab"), ParseOutcome::Incomplete));
+        assert_eq!(
+            Request::simple(Cmd::LeaseSet, Bytes::from_static(b"k")).op(),
+            Op::Set,
+            "a lease-set routes as an update"
+        );
+    }
+
+    #[test]
     fn every_command_is_named_once_in_the_table() {
         let mut seen = std::collections::HashSet::new();
         for (i, row) in COMMANDS.iter().enumerate() {
