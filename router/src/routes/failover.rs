@@ -142,7 +142,6 @@ pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{Cmd, Res};
     use crate::routes::testing::*;
 
     #[test]
@@ -161,5 +160,69 @@ mod tests {
         a.set(Res::Timeout);
         b.set(Res::ConnectError);
         assert_eq!(run(r.route(&req(Cmd::Get, "k"))).res, Res::ConnectError);
+    }
+
+    /// A child that wins every lease with `token` and records the tokens of the fills it gets.
+    struct Leasing {
+        token: u64,
+        fills: std::sync::Mutex<Vec<u64>>,
+    }
+
+    impl Route for Leasing {
+        fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
+            Box::pin(async move {
+                if req.cmd == Cmd::LeaseSet {
+                    self.fills.lock().unwrap().push(req.cas);
+                    return Reply::line(Res::Stored, "STORED");
+                }
+                let wire = format!("VA 0 f0 c{} W\r\n\r\n", self.token);
+                let mut reply = Reply::new(Res::Miss, bytes::Bytes::from(wire));
+                reply.lease_token = self.token;
+                reply
+            })
+        }
+    }
+
+    #[test]
+    fn lease_pairing_sends_the_fill_to_the_child_that_issued_the_lease() {
+        let leasing = |token| {
+            Arc::new(Leasing {
+                token,
+                fills: Default::default(),
+            })
+        };
+        let (first, second) = (leasing(5), leasing(77));
+        let ctx = crate::Context::new(crate::Options::default(), None);
+        let r = Failover {
+            children: vec![first.clone(), second.clone()],
+            ctx: Some(ctx.clone()),
+            lease_pairing: Some("failover:p:failover_targets=2".into()),
+        };
+        // from the first child: its own token, nothing remembered
+        assert_eq!(run(r.route(&req(Cmd::LeaseGet, "k"))).lease_token, 5);
+        assert!(ctx.lease_tokens.is_empty());
+        // the first child down: the second's lease comes back as a router token
+        let down = Fake::new("down", Res::Tko);
+        let r = Failover {
+            children: vec![down.clone(), second.clone()],
+            ..r
+        };
+        let token = run(r.route(&req(Cmd::LeaseGet, "k"))).lease_token;
+        assert!(LeaseTokens::is_router_token(token), "{token}");
+        // the first child is back: the fill still goes to the second, with the second's token
+        down.set(Res::Stored);
+        let mut fill = req(Cmd::LeaseSet, "k");
+        fill.cas = token;
+        assert_eq!(run(r.route(&fill)).res, Res::Stored);
+        assert_eq!(*second.fills.lock().unwrap(), [77]);
+        assert_eq!(
+            down.count(),
+            1,
+            "only the lease-get that failed over reached the first child"
+        );
+        // used once: the same token again goes to the first child, not failed over
+        assert_eq!(run(r.route(&fill)).res, Res::Stored);
+        assert_eq!(down.count(), 2);
+        assert_eq!(second.fills.lock().unwrap().len(), 1);
     }
 }
