@@ -546,14 +546,19 @@ impl Conn {
             let mut req = Request::simple(Cmd::LeaseGet, key);
             let (route, asked) = select_route(&self.config, &mut req);
             let client_key = asked.unwrap_or_else(|| req.key.clone());
-            let route = route.map(|(r, _)| r.clone());
+            // counted in its route's get hits and misses, as a get
+            let route = route.map(|(r, counters)| (r.clone(), counters.clone()));
             reqs.push((req, route, client_key));
         }
         self.in_flight.push_back(
             async move {
                 let replies = join_all(reqs.iter().map(|(req, route, _)| async move {
                     match route {
-                        Ok(route) => route.route(req).await,
+                        Ok((route, counters)) => {
+                            let reply = route.route(req).await;
+                            counters.gets.count(reply.res);
+                            reply
+                        }
                         Err(reply) => reply.clone(),
                     }
                 }))

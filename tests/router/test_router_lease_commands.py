@@ -71,6 +71,14 @@ def test_miss_hot_miss_fill_then_hit(memcached_factory, router_factory) -> None:
     # a token is good for one fill: the item's CAS has moved on
     assert lease_set(c, b"user:1", token, b"again") == b"NOT_STORED"
     assert direct.call(b"get user:1\r\n") == b"VALUE user:1 42 5\r\nrow-1\r\nEND\r\n"
+    # counted under their own names, the lease-gets in the get hits and misses too
+    c.send(b"stats\r\n")
+    stats = {}
+    while (line := c.line()) != b"END":
+        _, name, value = line.split(b" ", 2)
+        stats[name] = value
+    assert (stats[b"cmd_lease-get"], stats[b"cmd_lease-set"]) == (b"4", b"2")
+    assert (stats[b"get_hits"], stats[b"get_misses"]) == (b"1", b"3")
 
 
 def test_fill_after_invalidation_is_refused(memcached_factory, router_factory) -> None:
@@ -185,10 +193,11 @@ def test_lease_pairing_sends_the_fill_to_the_failover_child_that_issued_it(memca
     finally:
         first.resume()
     assert to_second.call(b"mg p v c\r\n").startswith(b"VA 0 "), "the lease was taken on the second child"
-    # (the first child read the timed-out mg once resumed: it holds a lease nobody will fill, `Z`)
+    # (the first child may read the timed-out mg once resumed: then it holds a lease nobody fills)
     assert lease_set(c, b"p", token, b"filled", flags=9) == b"STORED"
     assert to_second.call(b"get p\r\n") == b"VALUE p 9 6\r\nfilled\r\nEND\r\n"
-    assert to_first.call(b"mg p v\r\n").startswith(b"VA 0 "), "the first child has only its empty lease item"
+    left_on_first = to_first.call(b"mg p v\r\n")
+    assert left_on_first == b"EN" or left_on_first.startswith(b"VA 0 "), left_on_first  # nothing, or the late lease
     # a token is redeemed once; a token the route never issued goes to the first child, not failed over
     assert lease_set(c, b"p", token, b"twice") == b"NOT_STORED"
     assert to_second.call(b"get p\r\n") == b"VALUE p 9 6\r\nfilled\r\nEND\r\n"
