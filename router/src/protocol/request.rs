@@ -87,8 +87,8 @@ pub const COMMANDS: [CmdInfo; Cmd::COUNT] = [
     CmdInfo::one_key_of_a_line(Cmd::Gats, "gats", Op::Gets),
     // mcrouter's lease commands, one key each (a `lease-get` line of several keys is
     // `Command::LeaseGet`); sent to servers as `mg … N` and `ms … C` (see `Request::encode`)
-    CmdInfo::classic(Cmd::LeaseGet, "lease-get", Op::Get),
-    CmdInfo::classic(Cmd::LeaseSet, "lease-set", Op::Set),
+    CmdInfo::classic(Cmd::LeaseGet, "lease-get", Op::LeaseGet),
+    CmdInfo::classic(Cmd::LeaseSet, "lease-set", Op::LeaseSet),
     CmdInfo::meta(Cmd::MetaGet, "mg", Op::Get),
     CmdInfo::meta(Cmd::MetaSet, "ms", Op::Set),
     CmdInfo::meta(Cmd::MetaDelete, "md", Op::Delete),
@@ -199,6 +199,10 @@ pub enum Op {
     Incr,
     Decr,
     Touch,
+    /// Operations of their own, as in mcrouter: an `operation_policies` entry for `get` does not
+    /// take `lease-get`s (nor one for `set` `lease-set`s); their routing groups are get and update.
+    LeaseGet,
+    LeaseSet,
 }
 
 impl Op {
@@ -1226,9 +1230,10 @@ mod tests {
         assert!(matches!(p(b"lease-set k 1 0 0 3\r\nab"), ParseOutcome::Incomplete));
         assert_eq!(
             Request::simple(Cmd::LeaseSet, Bytes::from_static(b"k")).op(),
-            Op::Set,
-            "a lease-set routes as an update"
+            Op::LeaseSet
         );
+        assert_eq!(Op::from_name("lease-get"), Some(Op::LeaseGet));
+        assert_eq!(Op::from_name("get"), Some(Op::Get));
     }
 
     #[test]
