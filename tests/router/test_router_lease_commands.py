@@ -213,3 +213,22 @@ def test_lease_pairing_needs_a_name(tmp_path) -> None:
     )
     assert out.returncode == 1
     assert "`name` is required when lease pairing is enabled" in out.stdout + out.stderr
+
+
+def test_routing_prefixes_pick_the_pool_and_are_echoed(memcached_factory, router_factory) -> None:
+    """`/region/cluster/` keys: each key of a lease-get goes to its prefix's pool and is answered with the key
+    as the client sent it; the lease-set goes by its prefix to the pool that issued the lease."""
+    a, b = memcached_factory(), memcached_factory()
+    config = {
+        "pools": {"A": {"servers": [a.address]}, "B": {"servers": [b.address]}},
+        "routes": [{"aliases": ["/r/a/"], "route": "PoolRoute|A"}, {"aliases": ["/r/b/"], "route": "PoolRoute|B"}],
+    }
+    router = router_factory(config)
+    c = Conn(router.address)
+    assert Conn(b.address).call(b"set k 1 0 1\r\nB\r\n") == b"STORED"
+    reply = lease_get(c, b"/r/a/k", b"/r/b/k")
+    m = re.fullmatch(rb"LVALUE /r/a/k (\d+) 0 0\r\n\r\nVALUE /r/b/k 1 1\r\nB\r\nEND\r\n", reply)
+    assert m is not None, reply
+    assert lease_set(c, b"/r/a/k", int(m.group(1)), b"A", flags=2) == b"STORED"
+    assert Conn(a.address).call(b"get k\r\n") == b"VALUE k 2 1\r\nA\r\nEND\r\n"
+    assert Conn(b.address).call(b"get k\r\n") == b"VALUE k 1 1\r\nB\r\nEND\r\n"
