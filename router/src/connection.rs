@@ -22,7 +22,7 @@ use crate::config::RouterConfig;
 use crate::protocol::reply::first_line_end;
 use crate::protocol::request::{BINARY_REQUEST_MAGIC, binary_refusal, parse_with};
 use crate::protocol::{Cmd, Command, ParseOutcome, Reply, Request};
-use crate::routes::{BoxFuture, RouteRef};
+use crate::routes::{BoxFuture, RouteRef, transparent_lease};
 use crate::stats::RouteCounters;
 use crate::{Context, Shared};
 
@@ -403,6 +403,7 @@ impl Conn {
                 keys,
                 refused,
             } => self.get_and_touch(ctx, cas, exptime, keys, refused, start),
+            Command::LeaseGet { keys } => self.lease_get(ctx, keys, start),
             Command::MetaNoop => {
                 ctx.stats.no_route.count("mn");
                 self.push_ready(Bytes::from_static(b"MN\r\n"));
@@ -535,6 +536,65 @@ impl Conn {
     /// plus `c` for `gats`), which routes count as a `get`; the hits come back as classic `VALUE`
     /// blocks in the order the keys were asked, then `END`. As for a multi-key get, one key's error
     /// makes that key a miss, except for a single key, whose error is the answer.
+    /// mcrouter's `lease-get <key>*`: each key routed as `Cmd::LeaseGet` (an `mg … N` at its
+    /// server), answered in the order asked as mcrouter answers it: a hit as `VALUE`, a miss as
+    /// `LVALUE <key> <token> <flags> <bytes>` with the lease token (1: someone else holds the
+    /// lease) and the stale or empty value, an error as its line; then `END`.
+    fn lease_get(&mut self, ctx: Arc<Context>, keys: Vec<Bytes>, start: Instant) {
+        let mut reqs = Vec::with_capacity(keys.len());
+        for key in keys {
+            let mut req = Request::simple(Cmd::LeaseGet, key);
+            let (route, asked) = select_route(&self.config, &mut req);
+            let client_key = asked.unwrap_or_else(|| req.key.clone());
+            // counted in its route's get hits and misses, as a get
+            let route = route.map(|(r, counters)| (r.clone(), counters.clone()));
+            reqs.push((req, route, client_key));
+        }
+        self.in_flight.push_back(
+            async move {
+                let replies = join_all(reqs.iter().map(|(req, route, _)| async move {
+                    match route {
+                        Ok((route, counters)) => {
+                            let reply = route.route(req).await;
+                            counters.gets.count(reply.res);
+                            reply
+                        }
+                        Err(reply) => reply.clone(),
+                    }
+                }))
+                .await;
+                let mut out = BytesMut::new();
+                for ((_, _, client_key), reply) in reqs.iter().zip(replies) {
+                    if reply.res.is_error() {
+                        ctx.stats.errors.fetch_add(1, Relaxed);
+                        out.put_slice(&reply.wire);
+                        continue;
+                    }
+                    match (transparent_lease::read_mg(&reply), reply.lease_token) {
+                        (Ok(v), 0) => {
+                            out.put_slice(&transparent_lease::value_block(b"VALUE", client_key, None, &v, None))
+                        }
+                        (Ok(v), token) => out.put_slice(&transparent_lease::value_block(
+                            b"LVALUE",
+                            client_key,
+                            Some(token),
+                            &v,
+                            None,
+                        )),
+                        // a reply that is not a value (a route's own miss): nothing for this key
+                        (Err(_), _) => {}
+                    }
+                }
+                out.put_slice(END);
+                Done::Merged {
+                    bytes: out.freeze(),
+                    start,
+                }
+            }
+            .boxed(),
+        );
+    }
+
     fn get_and_touch(
         &mut self,
         ctx: Arc<Context>,

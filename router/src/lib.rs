@@ -21,6 +21,7 @@ pub mod config;
 pub mod connection;
 pub mod flush;
 pub mod hash;
+pub mod lease_tokens;
 pub mod load;
 pub mod metrics_http;
 pub mod preprocess;
@@ -78,6 +79,8 @@ pub struct Context {
     pub stats: stats::Stats,
     pub opts: Options,
     pub spool: Option<spool::Spool>,
+    /// Tokens the router gave `lease-get` clients in place of a server's (see `lease_tokens`).
+    pub lease_tokens: lease_tokens::LeaseTokens,
     /// The servers of the config that serves, by address: the ones probed, replayed to, counted.
     servers: Mutex<HashMap<String, Arc<Server>>>,
 }
@@ -88,6 +91,7 @@ impl Context {
             stats: stats::Stats::default(),
             opts,
             spool,
+            lease_tokens: lease_tokens::LeaseTokens::default(),
             servers: Mutex::new(HashMap::new()),
         })
     }

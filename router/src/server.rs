@@ -68,7 +68,7 @@ pub struct Server {
 pub fn reply_kind(cmd: Cmd) -> ReplyKind {
     match cmd {
         Cmd::Get | Cmd::Gets | Cmd::Gat | Cmd::Gats => ReplyKind::Values,
-        Cmd::MetaGet | Cmd::MetaArith => ReplyKind::Meta,
+        Cmd::MetaGet | Cmd::MetaArith | Cmd::LeaseGet => ReplyKind::Meta,
         _ => ReplyKind::Line,
     }
 }

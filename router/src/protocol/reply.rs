@@ -105,6 +105,10 @@ pub struct Reply {
     pub spooled: bool,
     /// `VALUE` blocks in a multi-key get's reply from a server (its hits, counted while framing).
     pub values: u32,
+    /// A `lease-get`'s lease token for the client, set where the lease is read (a destination) and
+    /// replaced by a FailoverRoute that pairs leases: 1 for a hot miss (someone else holds
+    /// the lease), 0 for none (a hit; 0 is never a token: see `crate::lease_tokens`).
+    pub lease_token: u64,
 }
 
 impl Reply {
@@ -114,6 +118,7 @@ impl Reply {
             wire,
             spooled: false,
             values: 0,
+            lease_token: 0,
         }
     }
 

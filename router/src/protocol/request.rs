@@ -52,6 +52,8 @@ pub enum Cmd {
     Touch,
     Gat,
     Gats,
+    LeaseGet,
+    LeaseSet,
     MetaGet,
     MetaSet,
     MetaDelete,
@@ -83,6 +85,10 @@ pub const COMMANDS: [CmdInfo; Cmd::COUNT] = [
     // itself, never as `mg … T`: an `mg` of a stale item takes its win token from meta clients.
     CmdInfo::one_key_of_a_line(Cmd::Gat, "gat", Op::Get),
     CmdInfo::one_key_of_a_line(Cmd::Gats, "gats", Op::Gets),
+    // mcrouter's lease commands, one key each (a `lease-get` line of several keys is
+    // `Command::LeaseGet`); sent to servers as `mg … N` and `ms … C` (see `Request::encode`)
+    CmdInfo::classic(Cmd::LeaseGet, "lease-get", Op::LeaseGet),
+    CmdInfo::classic(Cmd::LeaseSet, "lease-set", Op::LeaseSet),
     CmdInfo::meta(Cmd::MetaGet, "mg", Op::Get),
     CmdInfo::meta(Cmd::MetaSet, "ms", Op::Set),
     CmdInfo::meta(Cmd::MetaDelete, "md", Op::Delete),
@@ -193,6 +199,10 @@ pub enum Op {
     Incr,
     Decr,
     Touch,
+    /// Operations of their own, as in mcrouter: an `operation_policies` entry for `get` does not
+    /// take `lease-get`s (nor one for `set` `lease-set`s); their routing groups are get and update.
+    LeaseGet,
+    LeaseSet,
 }
 
 impl Op {
@@ -262,6 +272,11 @@ pub enum Command {
         /// touched the keys before it when it finds it, then answers only this error, so `keys`
         /// are those before it, touched, and this is the answer.
         refused: Option<&'static str>,
+    },
+    /// mcrouter's `lease-get <key>*`: each key is sent as `Cmd::LeaseGet` and answered as mcrouter
+    /// answers it (`VALUE` for a hit, `LVALUE` with a lease token for a miss), then `END`.
+    LeaseGet {
+        keys: Vec<Bytes>,
     },
     /// Meta no-op: answered after every earlier request of the connection.
     MetaNoop,
@@ -386,7 +401,7 @@ impl Request {
     #[inline]
     pub fn counts_as_get(&self) -> bool {
         match self.cmd {
-            Cmd::Get | Cmd::Gets => true,
+            Cmd::Get | Cmd::Gets | Cmd::LeaseGet => true,
             Cmd::MetaGet => !self.meta.iter().any(|t| t.first() == Some(&b'T')),
             _ => false,
         }
@@ -409,6 +424,7 @@ impl Request {
                 | Cmd::Touch
                 | Cmd::Gat
                 | Cmd::Gats
+                | Cmd::LeaseSet
                 | Cmd::MetaSet
         )
     }
@@ -479,6 +495,33 @@ impl Request {
             out.put_slice(b"\r\n");
             return;
         }
+        match self.cmd {
+            Cmd::LeaseGet => {
+                // value, flags, cas, and the lease: a miss vivifies the item and wins it (`W`)
+                let ttl = crate::lease_tokens::DEFAULT_TTL.as_secs();
+                out.put_slice(b"mg ");
+                out.put_slice(&self.key);
+                out.put_slice(format!(" v f c N{ttl}\r\n").as_bytes());
+                return;
+            }
+            Cmd::LeaseSet => {
+                // stored only while the item's CAS is still the lease's token
+                out.put_slice(b"ms ");
+                out.put_slice(&self.key);
+                let head = format!(
+                    " {} F{} T{} C{}\r\n",
+                    self.value.len(),
+                    self.client_flags,
+                    self.exptime,
+                    self.cas
+                );
+                out.put_slice(head.as_bytes());
+                out.put_slice(&self.value);
+                out.put_slice(b"\r\n");
+                return;
+            }
+            _ => {}
+        }
         let name = self.cmd.name().as_bytes();
         out.reserve(name.len() + self.key.len() + self.value.len() + 64);
         out.put_slice(name);
@@ -492,7 +535,7 @@ impl Request {
         out.put_u8(b' ');
         out.put_slice(&self.key);
         match self.cmd {
-            Cmd::Get | Cmd::Gets | Cmd::Gat | Cmd::Gats | Cmd::Delete => {}
+            Cmd::Get | Cmd::Gets | Cmd::Gat | Cmd::Gats | Cmd::Delete | Cmd::LeaseGet | Cmd::LeaseSet => {}
             Cmd::Set | Cmd::Add | Cmd::Replace | Cmd::Append | Cmd::Prepend | Cmd::Cas => {
                 let head = if self.cmd == Cmd::Cas {
                     format!(
@@ -767,6 +810,19 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
             done(Command::Keyed(req))
         }
         (Some(Cmd::MetaSet), _) => parse_mset(buf, &tokens, line_len, max_value),
+        (Some(Cmd::LeaseGet), _) => {
+            // lease-get <key>+, as mcrouter reads it: no key is a malformed request
+            if tokens.len() < 2 {
+                return malformed(line_len);
+            }
+            if !tokens[1..].iter().all(|k| valid_key(k)) {
+                return err(BAD_FORMAT);
+            }
+            let mut keys = tokens;
+            keys.remove(0);
+            done(Command::LeaseGet { keys })
+        }
+        (Some(Cmd::LeaseSet), _) => parse_lease_set(buf, &tokens, line_len, max_value),
         (None, b"mn") => done(Command::MetaNoop),
         (None, b"version") => done(Command::Version),
         (None, b"stats") if tokens.len() == 1 => done(Command::Stats),
@@ -919,6 +975,63 @@ fn parse_mset(buf: &Bytes, tokens: &[Bytes], line_len: usize, max_value: usize) 
     }
 }
 
+/// mcrouter's answer to a request line it cannot parse; it closes the connection after it.
+const MALFORMED: &str = "CLIENT_ERROR malformed request\r\n";
+
+fn malformed(line_len: usize) -> ParseOutcome {
+    ParseOutcome::Error {
+        reply: MALFORMED,
+        consume: line_len,
+        close: true,
+    }
+}
+
+/// An unsigned decimal as mcrouter's parser reads one: digits only, no sign, no overflow.
+fn mc_uint(t: &[u8]) -> Option<u64> {
+    if t.is_empty() || !t.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(t).ok()?.parse().ok()
+}
+
+/// `lease-set <key> <token> <flags> <exptime> <bytes> [noreply]`, read as mcrouter reads it: a
+/// token, flags or length that is not a plain unsigned number (or overflows), an exptime that is
+/// not one with an optional `-`, a missing field or an extra one is a malformed request, which
+/// closes the connection. Where mcrouter takes wider numbers than memcached can store (flags over
+/// 32 bits, an exptime over 32 bits), the router refuses them the same way. A key over 250 bytes
+/// is refused as for `set` (nothing swallowed).
+fn parse_lease_set(buf: &Bytes, tokens: &[Bytes], line_len: usize, max_value: usize) -> ParseOutcome {
+    let noreply = tokens.len() == 7 && &tokens[6][..] == b"noreply";
+    if tokens.len() != 6 && !noreply {
+        return malformed(line_len);
+    }
+    let exptime = match tokens[4].strip_prefix(b"-") {
+        Some(abs) => mc_uint(abs).and_then(|v| i32::try_from(v).ok()).map(|v| -i64::from(v)),
+        None => mc_uint(&tokens[4]).and_then(|v| i32::try_from(v).ok()).map(i64::from),
+    };
+    let (Some(token), Some(flags), Some(exptime), Some(len)) = (
+        mc_uint(&tokens[2]),
+        mc_uint(&tokens[3]).and_then(|f| u32::try_from(f).ok()),
+        exptime,
+        mc_uint(&tokens[5]).filter(|&l| l <= MAX_DECLARED_LEN as u64),
+    ) else {
+        return malformed(line_len);
+    };
+    if !valid_key(&tokens[1]) {
+        return ParseOutcome::Error {
+            reply: hide_if(noreply, BAD_FORMAT),
+            consume: line_len,
+            close: false,
+        };
+    }
+    let mut req = Request::new(Cmd::LeaseSet, tokens[1].clone());
+    req.cas = token;
+    req.client_flags = flags;
+    req.exptime = exptime;
+    req.quiet = noreply;
+    value_or_refusal(buf, req, line_len, len as usize, max_value)
+}
+
 /// Why a value could not be taken.
 enum ValueError {
     /// Longer than the limit: memcached answers `SERVER_ERROR object too large for cache` and
@@ -1056,6 +1169,74 @@ mod tests {
     }
 
     #[test]
+    fn lease_get_takes_keys_as_mcrouter_does_and_goes_down_as_mg_with_a_lease() {
+        match p(b"lease-get a bb  c\r\n") {
+            ParseOutcome::Done(Command::LeaseGet { keys }, 19) => assert_eq!(keys, [&b"a"[..], b"bb", b"c"]),
+            other => panic!("{other:?}"),
+        }
+        for line in [&b"lease-get\r\n"[..], b"lease-get \r\n"] {
+            match p(line) {
+                ParseOutcome::Error { reply, close, .. } => {
+                    assert_eq!((reply, close), ("CLIENT_ERROR malformed request\r\n", true))
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let long = format!("lease-get {}\r\n", "k".repeat(MAX_KEY_LEN + 1));
+        match p(long.as_bytes()) {
+            ParseOutcome::Error { reply, close, .. } => assert_eq!((reply, close), (BAD_FORMAT, false)),
+            other => panic!("{other:?}"),
+        }
+        let r = Request::simple(Cmd::LeaseGet, Bytes::from_static(b"user:1"));
+        assert_eq!(encoded(&r), b"mg user:1 v f c N10\r\n");
+    }
+
+    #[test]
+    fn lease_set_is_read_as_mcrouter_reads_it_and_goes_down_as_ms_with_the_token() {
+        let (r, n) = keyed(b"lease-set k 12345 7 -1 3\r\nabc\r\n");
+        assert_eq!(n, 31);
+        assert_eq!(
+            (r.cmd, r.cas, r.client_flags, r.exptime, &r.value[..], r.quiet),
+            (Cmd::LeaseSet, 12345, 7, -1, &b"abc"[..], false)
+        );
+        assert_eq!(encoded(&r), b"ms k 3 F7 T-1 C12345\r\nabc\r\n");
+        assert!(keyed(b"lease-set k 9 0 0 1 noreply\r\nx\r\n").0.quiet);
+        // what mcrouter's grammar refuses closes the connection with its answer, nothing swallowed
+        for line in [
+            &b"lease-set k abc 0 0 1\r\n"[..],
+            b"lease-set k -5 0 0 1\r\n",
+            b"lease-set k 18446744073709551616 0 0 1\r\n", // over 64 bits
+            b"lease-set k 1 x 0 1\r\n",
+            b"lease-set k 1 4294967296 0 1\r\n", // flags memcached cannot keep
+            b"lease-set k 1 0 2147483648 1\r\n",
+            b"lease-set k 1 0 0 -1\r\n",
+            b"lease-set k 1 0 0\r\n",
+            b"lease-set k 1 0 0 1 noreply extra\r\n",
+            b"lease-set k 1 0 0 1 junk\r\n",
+        ] {
+            match p(line) {
+                ParseOutcome::Error { reply, consume, close } => assert_eq!(
+                    (reply, consume, close),
+                    ("CLIENT_ERROR malformed request\r\n", line.len(), true),
+                    "{line:?}"
+                ),
+                other => panic!("{line:?}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            p(b"lease-set k 1 0 0 3\r\nabcX\r\n"),
+            ParseOutcome::Error { reply: BAD_CHUNK, .. }
+        ));
+        assert!(matches!(p(b"lease-set k 1 0 0 3\r\nab"), ParseOutcome::Incomplete));
+        assert_eq!(
+            Request::simple(Cmd::LeaseSet, Bytes::from_static(b"k")).op(),
+            Op::LeaseSet
+        );
+        assert_eq!(Op::from_name("lease-get"), Some(Op::LeaseGet));
+        assert_eq!(Op::from_name("get"), Some(Op::Get));
+    }
+
+    #[test]
     fn every_command_is_named_once_in_the_table() {
         let mut seen = std::collections::HashSet::new();
         for (i, row) in COMMANDS.iter().enumerate() {
@@ -1083,10 +1264,14 @@ mod tests {
                 Cmd::Cas => "cas k 0 0 1 7\r\nx\r\n".to_string(),
                 Cmd::Incr | Cmd::Decr | Cmd::Touch => format!("{} k 1\r\n", row.name),
                 Cmd::MetaSet => "ms k 1\r\nx\r\n".to_string(),
+                Cmd::LeaseSet => "lease-set k 5 0 0 1\r\nx\r\n".to_string(),
                 _ => format!("{} k\r\n", row.name),
             };
             match p(line.as_bytes()) {
                 ParseOutcome::Done(Command::Keyed(r), _) => assert_eq!(r.cmd, row.cmd, "{line:?}"),
+                ParseOutcome::Done(Command::LeaseGet { keys }, _) => {
+                    assert_eq!((row.cmd, &keys[..]), (Cmd::LeaseGet, &[Bytes::from_static(b"k")][..]))
+                }
                 ParseOutcome::Done(Command::MultiGet { gets, .. }, _) => {
                     assert_eq!(if gets { Cmd::Gets } else { Cmd::Get }, row.cmd)
                 }

@@ -8,9 +8,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{BoxFuture, Route};
+use super::{BoxFuture, Route, transparent_lease};
 use crate::Context;
-use crate::protocol::{Reply, Request, Res};
+use crate::lease_tokens::{Issued, LeaseTokens};
+use crate::protocol::{Cmd, Reply, Request, Res};
 use crate::server::Server;
 
 pub struct Destination {
@@ -37,6 +38,39 @@ impl Destination {
     }
 }
 
+impl Destination {
+    /// A `lease-get`'s `mg` reply with its lease token: the item's CAS for a won lease (a router
+    /// token in its place when clients would misread it, see `crate::lease_tokens`), 1 for a
+    /// lease someone else holds (mcrouter's hot miss), none for a hit.
+    fn lease_get(&self, mut reply: Reply) -> Reply {
+        let v = match transparent_lease::read_mg(&reply) {
+            Ok(v) => v,
+            Err(Some(error)) => return error,
+            Err(None) => return reply,
+        };
+        if v.won {
+            let token = if LeaseTokens::conflicts(v.cas) {
+                let issued = Issued {
+                    original: v.cas,
+                    child: 0,
+                };
+                self.ctx.lease_tokens.insert(&self.route_name(), issued)
+            } else {
+                v.cas
+            };
+            reply.lease_token = token;
+            reply.res = Res::Miss;
+        } else if v.held {
+            reply.lease_token = HOT_MISS_TOKEN;
+            reply.res = Res::Miss;
+        }
+        reply
+    }
+}
+
+/// The lease token of a miss whose lease another client holds (mcrouter's "hot miss").
+pub const HOT_MISS_TOKEN: u64 = 1;
+
 impl Route for Destination {
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
         Box::pin(async move {
@@ -45,8 +79,23 @@ impl Route for Destination {
             }
             let reply = if self.server.is_tko() {
                 Reply::error(Res::Tko, "tko: server is marked down")
+            } else if req.cmd == Cmd::LeaseSet && req.cas <= HOT_MISS_TOKEN {
+                // never a lease: 1 is the hot-miss answer, and `C0` would store unconditionally
+                Reply::line(Res::NotStored, "NOT_STORED")
+            } else if req.cmd == Cmd::LeaseSet && LeaseTokens::is_router_token(req.cas) {
+                // a token this destination gave in place of its server's (see `lease_get`)
+                let mut fill = req.clone();
+                if let Some(issued) = self.ctx.lease_tokens.take(&self.route_name(), req.cas) {
+                    fill.cas = issued.original;
+                }
+                self.server.send(&fill, self.timeout).await
             } else {
                 self.server.send(req, self.timeout).await
+            };
+            let reply = match req.cmd {
+                Cmd::LeaseGet => self.lease_get(reply),
+                Cmd::LeaseSet => transparent_lease::fill_reply(reply),
+                _ => reply,
             };
             if req.is_delete() && reply.res.is_failover_error() {
                 return crate::ack::spool_failed(&self.ctx, &self.server, &self.pool, req, reply).await;

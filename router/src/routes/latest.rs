@@ -37,5 +37,6 @@ pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, Stri
     Ok(Arc::new(Failover {
         children: order.into_iter().map(|i| children[i].clone()).collect(),
         ctx: Some(b.ctx().clone()),
+        lease_pairing: None,
     }))
 }

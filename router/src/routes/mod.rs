@@ -503,8 +503,8 @@ pub fn default_reply(req: &Request) -> Reply {
     }
     match req.cmd {
         Cmd::Get | Cmd::Gets | Cmd::Gat | Cmd::Gats => Reply::new(Res::Miss, bytes::Bytes::new()),
-        Cmd::MetaGet | Cmd::MetaDebug => Reply::new(Res::Miss, req.meta_line("EN")),
-        Cmd::Set | Cmd::Add | Cmd::Replace | Cmd::Append | Cmd::Prepend | Cmd::Cas => {
+        Cmd::MetaGet | Cmd::MetaDebug | Cmd::LeaseGet => Reply::new(Res::Miss, req.meta_line("EN")),
+        Cmd::Set | Cmd::Add | Cmd::Replace | Cmd::Append | Cmd::Prepend | Cmd::Cas | Cmd::LeaseSet => {
             Reply::line(Res::NotStored, "NOT_STORED")
         }
         Cmd::MetaSet => Reply::new(Res::NotStored, req.meta_line("NS")),

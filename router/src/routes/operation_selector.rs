@@ -86,4 +86,21 @@ mod tests {
         run(r.route(&ms));
         assert_eq!((del.count(), def.count(), add.count()), (2, 1, 1));
     }
+
+    #[test]
+    fn lease_commands_are_operations_of_their_own() {
+        let get = Fake::new("get", Res::Found);
+        let lease = Fake::new("lease", Res::Miss);
+        let def = Fake::new("def", Res::Stored);
+        let policies: HashMap<Op, RouteRef> =
+            [(Op::Get, get.clone() as RouteRef), (Op::LeaseGet, lease.clone())].into();
+        let r = OperationSelector {
+            policies,
+            default: Some(def.clone()),
+        };
+        run(r.route(&req(Cmd::LeaseGet, "k")));
+        run(r.route(&req(Cmd::Get, "k")));
+        run(r.route(&req(Cmd::LeaseSet, "k"))); // no `lease-set` policy: the default, not `set`'s
+        assert_eq!((get.count(), lease.count(), def.count()), (1, 1, 1));
+    }
 }

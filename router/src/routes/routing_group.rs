@@ -17,8 +17,8 @@ const GROUPS: [&str; 4] = ["get_like", "update_like", "delete_like", "arithmetic
 
 fn group(req: &Request) -> Option<usize> {
     match req.op() {
-        Op::Get | Op::Gets => Some(0),
-        Op::Set | Op::Add | Op::Replace | Op::Append | Op::Prepend | Op::Cas => Some(1),
+        Op::Get | Op::Gets | Op::LeaseGet => Some(0),
+        Op::Set | Op::Add | Op::Replace | Op::Append | Op::Prepend | Op::Cas | Op::LeaseSet => Some(1),
         Op::Delete => Some(2),
         Op::Incr | Op::Decr => Some(3),
         _ => None,
