@@ -12,6 +12,7 @@ from pathlib import Path
 import router_config
 from ops.harness import MonitoringServer, free_port, wait_until
 from tests.binaries import needs_binary
+from tests.monitoring.browser import chromium
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "local.toml"
 
@@ -31,8 +32,6 @@ def _load(address: tuple[str, int], seconds: float) -> None:
 
 
 def test_dashboard_renders_live_charts(tmp_path, memcached_factory):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.support.ui import WebDriverWait
 
     cache = memcached_factory()
@@ -62,24 +61,9 @@ def test_dashboard_renders_live_charts(tmp_path, memcached_factory):
     topo_file = tmp_path / "topo.toml"
     topo_file.write_text(router_config.dumps(topo))
     monitor = MonitoringServer(topo_file, state, workdir=tmp_path / "monitoring", extra_args=("--no-prober",))
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--window-size=1400,1000",
-        f"--user-data-dir={tmp_path / 'chrome'}",
-    ):
-        options.add_argument(flag)
     with monitor:
         _load((cache.host, cache.port), 4.0)
-        driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+        driver = chromium(tmp_path / "chrome")
         try:
             driver.get(f"http://{monitor.address}/")
 
@@ -128,8 +112,6 @@ def test_dashboard_shows_who_owns_each_shard_of_a_pooled_region(tmp_path, ha_dep
     """The deployment's own monitoring server (`squealctl up` of a topology whose east has two workers): the worker
     that owns east's shard and the one owning nothing, as the workers' /healthz say; west (a single daemon) has no
     pool to show."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.support.ui import WebDriverWait
 
     rows = ha_deployment.status()
@@ -142,21 +124,7 @@ def test_dashboard_shows_who_owns_each_shard_of_a_pooled_region(tmp_path, ha_dep
         api = json.loads(resp.read())
     assert [r["region"] for r in api] in ([], ["east"])  # [] until its first poll
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--no-first-run",
-        "--window-size=1400,1000",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tmp_path / 'chrome'}",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    driver = chromium(tmp_path / "chrome")
     try:
         driver.get(f"http://{address}/")
         row = "document.querySelector('#owners tr[data-region=east]')"
@@ -176,8 +144,6 @@ def test_dashboard_shows_who_owns_each_shard_of_a_pooled_region(tmp_path, ha_dep
 def test_dashboard_shows_each_links_tls_state(tmp_path, ha_deployment):
     """The links table (monitoring/links.py): a plaintext deployment's every link is PLAINTEXT, one row per
     server, as /api/links says (the TLS deployment's links are checked in tests/ops/test_tls_deployment.py)."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.support.ui import WebDriverWait
 
     address = ha_deployment.status()["monitoring"]["address"]
@@ -191,12 +157,7 @@ def test_dashboard_shows_each_links_tls_state(tmp_path, ha_deployment):
     routers = {str(a) for c in ha_deployment.topo.clusters for a in c.routers}
     assert routers <= {link["address"] for link in found if link["server"].startswith("router ")}
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--window-size=1400,1000"):
-        options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={tmp_path / 'chrome'}")
-    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    driver = chromium(tmp_path / "chrome")
     try:
         driver.get(f"http://{address}/")
         rows = "[...document.querySelectorAll('#links tr[data-server]')]"

@@ -25,6 +25,7 @@ from monitoring.inspector import Change, Inspector, Tally, below_slo, format_rep
 from monitoring.verify import Verdict
 from ops.harness import REPO_ROOT, ROUTER_BIN, wait_until
 from tests.binaries import binaries_required, needs_binary
+from tests.monitoring.browser import chromium
 from tests.ops.deployments import squealctl, stable_port
 
 EXAMPLE = REPO_ROOT / "examples" / "local.toml"
@@ -306,16 +307,9 @@ def test_a_router_swallowing_one_clusters_deletes_shows_as_that_clusters_inconsi
 
 def dashboard(tmp_path: Path, address: str, script: str, until: str) -> object:
     """`script`'s value on the dashboard page in headless Chromium, once `until` (a JS expression) holds."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.support.ui import WebDriverWait
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync"):
-        options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={tmp_path / 'chrome'}")
-    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    driver = chromium(tmp_path / "chrome")
     try:
         driver.get(f"http://{address}/")
         WebDriverWait(driver, 20).until(lambda d: d.execute_script(f"return {until}"))
