@@ -44,7 +44,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 
 import router_config
-from monitoring.verify import ConsistencyChecker, MetaReader, Verdict, router_tls, shard_databases
+from monitoring.verify import ConsistencyChecker, MetaReader, Verdict, plain_key, router_tls, shard_databases
 from squeal import BinlogReader, DataLoss, KeyExtractor, Rows, TransactionGrouper, current_position, source_for
 
 log = logging.getLogger(__name__)
@@ -415,7 +415,7 @@ class Inspector:
                 wanted[check.cluster].append((check, check.key))
             else:
                 for pairs in wanted.values():
-                    pairs.extend((check, k) for k in check.change.keys if _plain(k))
+                    pairs.extend((check, k) for k in check.change.keys if plain_key(k))
         for cluster in self.topo.clusters:
             pairs = wanted[cluster.name]
             if pairs:
@@ -425,8 +425,7 @@ class Inspector:
         keys = list(dict.fromkeys(k for _, k in pairs))
         try:
             found = self._read(cluster, keys)
-        except OSError as e:
-            self._clients.pop(cluster.name, None)
+        except OSError as e:  # (`_read` dropped the connection)
             self.metrics_unchecked.labels(region=cluster.region, cluster=cluster.name, reason="router").inc(len(pairs))
             log.warning("consistency inspector: cluster %s not checked: %s", cluster.name, e)
             return
@@ -576,12 +575,6 @@ class Inspector:
         self.thread.join(5)
         for c in self._clients.values():
             c.close()
-
-
-def _plain(key: str) -> bool:
-    """A key a text-protocol get can name (others are sent base64 or hashed by squeal; not checked here)."""
-    raw = key.encode()
-    return 0 < len(raw) <= 250 and not any(b <= 0x20 or b == 0x7F for b in raw)
 
 
 # -- `squealctl consistency` -------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ from monitoring.verify.cli import run
 from monitoring.verify.codec import JSON_FLAG, CachedRows, Codec, VerifyError, json_rows, load_codec, resolve_codec
 from monitoring.verify.database import Database, agree, database_rows, order_terms, shard_databases
 from monitoring.verify.families import KeyFamily, family_of, key_families
-from monitoring.verify.meta import MetaReader
+from monitoring.verify.meta import MetaReader, plain_key
 from monitoring.verify.report import (
     EXIT_CANNOT_CHECK,
     EXIT_CLEAN,
@@ -95,6 +95,7 @@ __all__ = [
     "key_families",
     "load_codec",
     "order_terms",
+    "plain_key",
     "measured_grace",
     "resolve_codec",
     "router_tls",

@@ -14,6 +14,13 @@ import ssl
 import router_config
 
 
+def plain_key(key: str) -> bool:
+    """A key a text-protocol command can name as it is: 1-250 bytes, no spaces or control bytes (squeal sends
+    others base64 or hashed; memcached refuses them as they are)."""
+    raw = key.encode()
+    return 0 < len(raw) <= 250 and not any(b <= 0x20 or b == 0x7F for b in raw)
+
+
 class MetaReader:
     """One connection to one router; `gets_many` pipelines one `mg` per key and ends the batch with `mn`. Every
     failure is an OSError (the router closed, timed out, or answered something that is not meta)."""

@@ -21,7 +21,7 @@ from monitoring.scrape import scrape_prometheus
 from monitoring.verify.checker import ConsistencyChecker, Verdict
 from monitoring.verify.codec import Codec, VerifyError, failure_reason
 from monitoring.verify.database import shard_databases
-from monitoring.verify.meta import MetaReader
+from monitoring.verify.meta import MetaReader, plain_key
 from monitoring.verify.report import StaleKey, Unchecked, VerifyReport
 
 log = logging.getLogger(__name__)
@@ -101,11 +101,6 @@ def _connect(cluster: router_config.Cluster, tls: ssl.SSLContext | None) -> tupl
         except CACHE_ERRORS as e:
             failures.append(f"router {router} does not answer ({failure_reason(e)})")
     raise ConnectionError("; ".join(failures))
-
-
-def _valid_key(key: str) -> bool:
-    raw = key.encode()
-    return 0 < len(raw) <= 250 and not any(b <= 0x20 or b == 0x7F for b in raw)
 
 
 def _ttl_left(client: MetaReader, key: str) -> int | None:
@@ -298,7 +293,7 @@ def verify(
         for db in dbs.values():
             db.connect()
         keys = keys if keys is not None else checker.sample_keys(sample, random.Random(seed))
-        keys = [k for k in keys if _valid_key(k)]  # a row whose key memcached refuses is never cached
+        keys = [k for k in keys if plain_key(k)]  # a row whose key memcached refuses is never cached
         look = _first_look(topo, keys, checker)
         grace, grace_source = _grace(topo, look, grace)
         recheck = _recheck(look, checker, grace, sleep) if grace is not None and grace_source else Recheck()
