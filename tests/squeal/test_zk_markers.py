@@ -77,6 +77,7 @@ def test_a_stale_writer_cannot_overwrite_a_newer_marker(clients) -> None:
     with pytest.raises(FencedError, match="created by someone else"):
         b.save("c0", "0-1-3")  # b found no marker: its create fails now that a wrote one
     a.save("c0", "0-1-20")
+    b.client.sync(b._marker("c0"))  # b's session may be on another server: ZooKeeper orders reads per session
     assert b.load("c0") == "0-1-20"
     b.save("c0", "0-1-25")  # b read the newest marker: its write goes through ...
     with pytest.raises(FencedError, match="changed since this daemon read it"):
