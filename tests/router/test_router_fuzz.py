@@ -17,6 +17,7 @@ from tests.router.fuzz_protocol import (
     ROUTER_ARGS,
     Gen,
     Target,
+    blank_arithmetic,
     clock_sensitive,
     load_regressions,
     overlong_get,
@@ -66,6 +67,11 @@ def test_the_generator_covers_what_it_promises() -> None:
     # what CI's run 1245719449 found: a mutation put `q` into an `ma … N1000` line (the known difference)
     assert quiet_autovivifying_ma(b"ma \x01c k M+ q N1000\r\ndecr k1 13 x q\r\n")
     assert not quiet_autovivifying_ma(b"ma k N1000\r\nma k q\r\nmg k q N30\r\n")
+    # what CI's run 2484044196 found: `incr` of a value of one space, which memcached reads past its end
+    assert blank_arithmetic(b"ms a\tb 1 T1000 F7 I\r\n \r\nincr a\tb 0 noreply\r\n")
+    assert blank_arithmetic(b"set k 0 0 2\r\n\r\n\r\nma k\r\n")
+    assert not blank_arithmetic(b"set k 0 0 2\r\n 7\r\nincr k 1\r\nget k\r\n")
+    assert not blank_arithmetic(b"set k 0 0 1\r\n \r\nget k\r\n")
     # what CI's run 4073628866 found: `set k0 … 1 4` (exptime 1 s) expired on memcached, which the
     # fuzzer asked first, before the contents were read: two clocks compared, not the router
     assert clock_sensitive(b"get k0\r\nset k0 4294967301 1 4 noreply\r\nb e\n\r\n")
