@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from router_config import Address, Region
 from squeal import gtid as g
-from squeal.metrics import Metrics
+from squeal.metrics import Metrics, observe_times
 
 LIVE, SHED, CATCHING_UP = "live", "shed", "catching_up"
 # Sent ahead of a transaction's deletes when its changes carry no row images (TRUNCATE with the "flush"
@@ -53,7 +53,9 @@ REGIONAL = "regional"
 
 @dataclass(slots=True)
 class Committed:
-    """One committed transaction as the flows see it: its GTID, times, and the delete lines per kind."""
+    """One committed transaction as the flows see it: its GTID, times, and the delete lines per kind; or a run
+    of them (`transactions` > 1, the native reader's `CommittedRun`: `position` is where they reach, `gtid` the
+    last, the times the first's)."""
 
     gtid: g.Gtid
     commit_ts: float  # GTID event timestamp (wall clock, 1 s resolution)
@@ -61,15 +63,18 @@ class Committed:
     cluster_lines: tuple[bytes, ...]
     regional_lines: tuple[bytes, ...]
     flush: bool = False  # flush every destination before these deletes (a change without row images)
-    # Binlog data loss: instead of one GTID, the flows move to this position (every transaction between the
-    # flow's position and it is gone from the binlog; `flush` is set so nothing cached from then survives).
-    jump: g.Position | None = None
+    # Instead of one GTID, the flows move to this position: each domain's last transaction of a run, or after
+    # binlog data loss the position reading resumes after (every transaction between the flow's position and
+    # it is gone from the binlog; `flush` is set so nothing cached from then survives). A flow that has some
+    # of a run's transactions already takes its lines all the same: a delete sent twice is harmless.
+    position: g.Position | None = None
     # A huge transaction is handed on in pieces while it is still being read (squeal/pipeline.py, ReadLoop):
     # each piece holds the lines of its row events [rows_from, rows_to); `partial` says more follow. The last
     # piece (partial False, rows_from > 0) holds the rest and the comment keys; only it completes the GTID.
     partial: bool = False
     rows_from: int = 0
     rows_to: int = 0
+    transactions: int = 1  # (a run's: its latency is observed once per transaction)
 
     @property
     def continued(self) -> bool:
@@ -95,8 +100,9 @@ class Entry:
     commit_ts: float
     read_ts: float
     lines: tuple[bytes, ...]
-    jump: g.Position | None = None  # acknowledged: the flow's position becomes (at least) this
+    position: g.Position | None = None  # acknowledged: the flow's position becomes (at least) this
     partial: bool = False  # a piece of a transaction, not its last: acknowledging it completes nothing
+    transactions: int = 1
 
 
 @dataclass(slots=True)
@@ -179,10 +185,10 @@ class Flow:
             self._enqueue(c, may_shed=False)  # the catch-up reader is held back by backlog instead
 
     def _enqueue(self, c: Committed, may_shed: bool) -> None:
-        if c.jump is not None:
-            if g.covers_position(self.enqueued, c.jump):
-                return  # this flow is already past the lost range
-            g.merge(self.enqueued, c.jump)
+        if c.position is not None:
+            if g.covers_position(self.enqueued, c.position):
+                return  # this flow has every transaction up to there already
+            g.merge(self.enqueued, c.position)
         elif g.covers(self.enqueued, c.gtid):
             return
         elif c.partial or c.continued:
@@ -200,13 +206,13 @@ class Flow:
         if not lines and not self.queue and not self.sending:
             if c.partial:
                 return  # nothing to send, nothing completed
-            if c.jump is not None:  # nothing to delete and nothing ahead of it: done already
-                g.merge(self.acked, c.jump)
+            if c.position is not None:  # nothing to delete and nothing ahead of it: done already
+                g.merge(self.acked, c.position)
             else:
                 g.advance(self.acked, c.gtid)
             self.dirty = True
             return
-        self.queue.append(Entry(c.gtid, c.commit_ts, c.read_ts, lines, c.jump, c.partial))
+        self.queue.append(Entry(c.gtid, c.commit_ts, c.read_ts, lines, c.position, c.partial, c.transactions))
         self.backlog += len(lines)
         # (counts the keys in catch-up too; a transaction's pieces count as that one transaction)
         over = self._over_bound(len(lines), self._pieces_start if c.partial or c.continued else None)
@@ -350,14 +356,14 @@ class Flow:
             e = self.queue.popleft()
             if e.partial:
                 continue  # its transaction completes with its last piece
-            if e.jump is not None:
-                g.merge(self.acked, e.jump)
+            if e.position is not None:
+                g.merge(self.acked, e.position)
             else:
                 g.advance(self.acked, e.gtid)
             self.last_acked_commit_ts = e.commit_ts
             if e.lines and latency is not None and delivery is not None:
-                latency.observe(max(0.0, now - e.commit_ts))
-                delivery.observe(max(0.0, now - e.read_ts))
+                observe_times(latency, max(0.0, now - e.commit_ts), e.transactions)
+                observe_times(delivery, max(0.0, now - e.read_ts), e.transactions)
         self.head_offset = batch.end_offset
         self.backlog -= batch.nkeys
         self.dirty = True
@@ -429,8 +435,8 @@ class Dispatcher:
         self.pieces: g.Gtid | None = None  # the transaction being handed on in pieces, until its last one
 
     def dispatch(self, c: Committed) -> None:
-        if c.jump is not None:
-            g.merge(self.live, c.jump)
+        if c.position is not None:
+            g.merge(self.live, c.position)
             self.pieces = None
         elif c.partial:
             self.pieces = c.gtid

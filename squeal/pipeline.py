@@ -29,7 +29,7 @@ from squeal.flows import Committed, split_keys
 from squeal.metrics import Metrics
 from squeal.reader import BinlogReader, DataLoss, NativeBinlogReader
 from squeal.rules import LINES, RENDERED, KeyExtractor, delete_lines
-from squeal.transactions import Begin, PreparedXa, Restart, Rows, Transaction, TransactionGrouper
+from squeal.transactions import Begin, CommittedRun, PreparedXa, Restart, Rows, Transaction, TransactionGrouper
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,21 @@ class KeyStage:
             rows_to=len(txn.rows),
         )
 
+    def run(self, run: CommittedRun) -> Committed:
+        """A run of ordinary transactions the native reader grouped and rendered: nothing to decide here."""
+        if self._keys_rule is not None:
+            self._keys_rule.inc(len(run.cluster_lines) + len(run.regional_lines))
+        self._mirror_counts()
+        return Committed(
+            run.last,
+            run.first_ts,
+            time.time(),
+            run.cluster_lines,
+            run.regional_lines,
+            position=run.position,
+            transactions=run.transactions,
+        )
+
     def _lines(self, keys: list[str], rewritten: dict[str, int]) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
         """(delete lines for every cluster, for the regional pool only)."""
         if self.regional_prefixes:
@@ -173,17 +188,24 @@ class KeyStage:
                 self._keys_comment.inc(from_comments)  # type: ignore[union-attr]
             for how, n in rewritten.items():
                 m.keys_rewritten.labels(encoding=how).inc(n)
-            _mirror(
-                self.extractor.missing_columns,
-                self._missing_reported,
-                lambda s, t, column: m.missing_columns.labels(table=f"{s}.{t}", column=column),
-            )
-            _mirror(
-                self.extractor.filtered,
-                self._filtered_reported,
-                lambda s, t, reason: m.rule_filtered.labels(table=f"{s}.{t}", reason=reason),
-            )
+        self._mirror_counts()
         return c
+
+    def _mirror_counts(self) -> None:
+        """The extractor's running counts of missing columns and filtered rows, into Prometheus."""
+        m = self.metrics
+        if m is None:
+            return
+        _mirror(
+            self.extractor.missing_columns,
+            self._missing_reported,
+            lambda s, t, column: m.missing_columns.labels(table=f"{s}.{t}", column=column),
+        )
+        _mirror(
+            self.extractor.filtered,
+            self._filtered_reported,
+            lambda s, t, reason: m.rule_filtered.labels(table=f"{s}.{t}", reason=reason),
+        )
 
     def _report(self, txn: Transaction, change: BulkChange) -> None:
         rule, policy = change.rule, change.rule.on_truncate
@@ -382,6 +404,8 @@ class ReadLoop:
     ) -> None:
         self.reader = reader
         self.stream_lines = stream_lines  # hand a transaction on in pieces once this many lines wait (0: never)
+        if stream_lines and isinstance(reader, NativeBinlogReader):
+            reader.whole_up_to = stream_lines  # (a bigger transaction comes as events, to be handed on in pieces)
         self.xa = xa  # the live reader records XA prepares and decisions here (datamarkers wait for them)
         # Called on this thread when the binlog cannot serve the reader's position: returns the position to
         # resume after (the destinations have been told to flush) or None (stopping). May block (halt).
@@ -438,6 +462,27 @@ class ReadLoop:
             for ev in self.reader:
                 if isinstance(ev, DataLoss):  # (isinstance: mypy narrows the event union by it)
                     self._data_loss(ev)
+                    continue
+                if type(ev) is CommittedRun:  # the native reader's: ordinary transactions, grouped and rendered
+                    self.grouper.abandon()
+                    group, cascades, streamed, waiting = {}, [], 0, 0
+                    read_rows += ev.rows
+                    if take_counts is not None:
+                        self.stage.rendered_elsewhere(*take_counts())
+                    self.reader.commit_run(ev)  # type: ignore[union-attr]
+                    if self.wait is not None:
+                        self.wait()
+                        if self.reader.stopped:
+                            break
+                    c = self.stage.run(ev)
+                    if tx is not None and rows is not None and event_time is not None:
+                        tx.inc(ev.transactions)
+                        if read_rows:
+                            rows.inc(read_rows)
+                        event_time.set(ev.last_ts)
+                    read_rows = 0
+                    self.sink(c)
+                    del c
                     continue
                 if type(ev) is Rows:
                     read_rows += ev.changes
@@ -526,7 +571,7 @@ class ReadLoop:
         self.reader.resume_from(resume)
         domain, (server, seq) = next(iter(sorted(resume.items())), (0, (0, 0)))
         now = time.time()
-        self.sink(Committed((domain, server, seq), now, now, (), (), flush=True, jump=dict(resume)))
+        self.sink(Committed((domain, server, seq), now, now, (), (), flush=True, position=dict(resume)))
 
     def start(self) -> threading.Thread:
         self.thread = threading.Thread(target=self.run, name=f"squeal-reader-{self.reader.name}", daemon=True)

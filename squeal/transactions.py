@@ -22,6 +22,10 @@ returns a `Transaction` only when the transaction's outcome is seen:
   so the key stage can tell the operator.
 * `Restart` means the reader reconnected: anything half-read is discarded, the reader resumes from the
   last committed GTID so the transaction will come again in full.
+* `CommittedRun` (the native reader only) is not fed to the grouper: consecutive *ordinary* transactions
+  (rows and an XID, nothing this stage would decide) that the native reader grouped itself, handed on as
+  their delete lines and the position they reach (`squeal_native/src/stream.rs`). It comes only between
+  groups; one still open when it comes never committed (`TransactionGrouper.abandon`).
 
 Invalidations happen only for what this stage emits, so a delete is never sent for a transaction that
 did not commit (and rows of a rolled-back group only when they could not be rolled back).
@@ -124,7 +128,21 @@ class Restart:
     pass
 
 
-Event = Begin | Annotate | Rows | Commit | Query | XaPrepare | Restart
+@dataclass(frozen=True, slots=True)
+class CommittedRun:
+    """Consecutive ordinary transactions, grouped and rendered by the native reader (one object for all)."""
+
+    position: g.Position  # each domain's last transaction in the run
+    last: Gtid
+    first_ts: float  # commit time (GTID event timestamp) of the first transaction
+    last_ts: float
+    transactions: int
+    rows: int  # rows changed in ruled tables
+    cluster_lines: tuple[bytes, ...]  # delete lines for every cluster, in transaction order
+    regional_lines: tuple[bytes, ...]  # for the regional pool only
+
+
+Event = Begin | Annotate | Rows | Commit | Query | XaPrepare | Restart | CommittedRun
 
 
 @dataclass(slots=True)
@@ -193,6 +211,13 @@ class TransactionGrouper:
             self._open = None
             return None
         raise TypeError(f"not a transaction event: {event!r}")
+
+    def abandon(self) -> None:
+        """A `CommittedRun` came: the native reader saw a GTID event after the open group, which never
+        committed (what `feed(Begin)` does with it)."""
+        if self._open is not None:
+            self.discarded += 1
+            self._open = None
 
     @property
     def committing(self) -> Transaction | None:

@@ -3,8 +3,11 @@
 //! `NativeStream` reads one MariaDB binlog connection on a Rust thread (`stream`) and hands Python
 //! squeal's plain events (`squeal.transactions`) in batches: `next_batch` waits for events with the GIL
 //! released and takes it once per batch to build the Python objects. Row events of ruled tables arrive
-//! already rendered to keys and encoded as delete lines (`keys`, `lines`). Grouping into transactions, XA, savepoints, DDL, reconnects and
-//! positions stay in Python (`squeal.reader.NativeBinlogReader`, `squeal.transactions`).
+//! already rendered to keys and encoded as delete lines (`keys`, `lines`). Ordinary transactions (rows and an
+//! XID, nothing to decide) are grouped here and handed on as runs: consecutive ones waiting in the queue become
+//! one Python object with their delete lines and the position they reach. XA, savepoints, DDL, comments,
+//! cascades, huge transactions, reconnects and positions stay in Python (`squeal.reader.NativeBinlogReader`,
+//! `squeal.transactions`).
 
 pub mod conn;
 pub mod filter;
@@ -14,7 +17,7 @@ pub mod stream;
 
 #[cfg(feature = "python")]
 mod python {
-    use std::collections::HashMap;
+    use std::collections::{BTreeMap, HashMap};
     use std::sync::atomic::Ordering;
     use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError};
     use std::sync::{Arc, Mutex};
@@ -23,11 +26,11 @@ mod python {
     use pyo3::create_exception;
     use pyo3::exceptions::{PyException, PyValueError};
     use pyo3::prelude::*;
-    use pyo3::types::{PyBytes, PyFrozenSet, PyList, PyString, PyTuple};
+    use pyo3::types::{PyBytes, PyDict, PyFrozenSet, PyList, PyString, PyTuple};
 
     use crate::conn::Tls;
     use crate::keys::{Charset, FilterSpec, Rules, Template};
-    use crate::stream::{self, Kind, Out, Settings, Shared};
+    use crate::stream::{self, Kind, Out, Settings, Shared, Whole};
 
     create_exception!(
         squeal_native,
@@ -63,6 +66,54 @@ mod python {
         query: Py<PyAny>,
         xa_prepare: Py<PyAny>,
         kinds: [Py<PyString>; 4], // insert, update, delete, and the LINES kind
+        run: Option<Py<PyAny>>,   // squeal.transactions.CommittedRun
+    }
+
+    /// Consecutive whole transactions of one `next_batch`, becoming one `CommittedRun`.
+    #[derive(Default)]
+    struct Run {
+        position: BTreeMap<u32, (u32, u64)>,
+        last: (u32, u32, u64),
+        first_ts: u32,
+        last_ts: u32,
+        transactions: u64,
+        changed: u64,
+        cluster: Vec<Vec<u8>>,
+        regional: Vec<Vec<u8>>,
+    }
+
+    impl Run {
+        fn add(&mut self, w: Whole) {
+            let g = w.gtid;
+            if self.transactions == 0 {
+                self.first_ts = g.timestamp;
+            }
+            self.transactions += 1;
+            self.last_ts = g.timestamp;
+            self.last = (g.domain, g.server, g.seq);
+            self.position.insert(g.domain, (g.server, g.seq)); // (sequence numbers grow within a domain)
+            self.changed += w.changed;
+            self.cluster.extend(w.lines.0);
+            self.regional.extend(w.lines.1);
+        }
+
+        fn build<'py>(self, py: Python<'py>, class: &Py<PyAny>) -> PyResult<Bound<'py, PyAny>> {
+            let position = PyDict::new(py);
+            for (domain, at) in &self.position {
+                position.set_item(domain, at)?;
+            }
+            let lines = |v: &Vec<Vec<u8>>| PyTuple::new(py, v.iter().map(|l| PyBytes::new(py, l)));
+            class.bind(py).call1((
+                position,
+                self.last,
+                self.first_ts as f64,
+                self.last_ts as f64,
+                self.transactions,
+                self.changed,
+                lines(&self.cluster)?,
+                lines(&self.regional)?,
+            ))
+        }
     }
 
     #[pyclass(module = "squeal_native", frozen)]
@@ -89,11 +140,13 @@ mod python {
         /// -> "text" | "raw" | "cp1252" | "unsupported"; `events`: (Begin, Annotate, Rows, Commit, Query, XaPrepare,
         /// LINES); `filters`: [(schema, table, watched columns, where steps)] (`Rule.watched`,
         /// `Predicate.steps`); `regional_prefixes`: keys for the regional pool only; `tls`: (CA, certificate,
-        /// key) files to dial with TLS, verifying the server (None: plaintext).
+        /// key) files to dial with TLS, verifying the server (None: plaintext); `run`: the `CommittedRun` class,
+        /// to hand on ordinary transactions with at most `whole_up_to` delete lines as runs (None: every
+        /// transaction as plain events).
         #[new]
         #[pyo3(signature = (host, port, user, password, server_id, position, rules, read_tables, parents,
                             charsets, events, heartbeat=1.0, queue=256, filters=Vec::new(),
-                            regional_prefixes=Vec::new(), tls=None))]
+                            regional_prefixes=Vec::new(), tls=None, run=None, whole_up_to=8192))]
         #[allow(clippy::too_many_arguments)]
         fn new(
             py: Python<'_>,
@@ -113,6 +166,8 @@ mod python {
             filters: Vec<FilterArg>,
             regional_prefixes: Vec<String>,
             tls: Option<TlsArg>,
+            run: Option<Py<PyAny>>,
+            whole_up_to: usize,
         ) -> PyResult<Self> {
             if !(heartbeat > 0.0 && heartbeat < 4_000_000.0) {
                 return Err(PyValueError::new_err("heartbeat must be > 0 seconds"));
@@ -160,6 +215,7 @@ mod python {
                     PyString::new(py, "delete").unbind(),
                     PyString::new(py, &lines_kind).unbind(),
                 ],
+                run,
             };
             let settings = Settings {
                 host,
@@ -169,6 +225,11 @@ mod python {
                 server_id,
                 position,
                 heartbeat: Duration::from_secs_f64(heartbeat),
+                whole_up_to: if factories.run.is_some() {
+                    whole_up_to
+                } else {
+                    0
+                },
                 tls: tls.map(|(ca, cert, key)| Tls {
                     ca: ca.map(Into::into),
                     cert: cert.map(Into::into),
@@ -211,9 +272,22 @@ mod python {
             let outs = py.detach(|| self.wait(max_events, timeout));
             let list = PyList::empty(py);
             let f = &self.factories;
+            let mut run = Run::default();
             for out in outs {
+                if let Out::Whole(w) = out {
+                    run.add(w);
+                    continue;
+                }
+                if run.transactions > 0 {
+                    let class = f
+                        .run
+                        .as_ref()
+                        .expect("whole transactions only when asked for");
+                    list.append(std::mem::take(&mut run).build(py, class)?)?;
+                }
                 let item: Bound<'py, PyAny> = match out {
                     Out::Connected => continue,
+                    Out::Whole(_) => unreachable!("taken above"),
                     Out::Begin {
                         domain,
                         server,
@@ -275,6 +349,13 @@ mod python {
                     }
                 };
                 list.append(item)?;
+            }
+            if run.transactions > 0 {
+                let class = f
+                    .run
+                    .as_ref()
+                    .expect("whole transactions only when asked for");
+                list.append(run.build(py, class)?)?;
             }
             Ok(Some(list))
         }

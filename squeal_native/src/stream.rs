@@ -1,9 +1,17 @@
 //! The binlog read on a thread of its own: connect, ask for the binlog from a GTID position, turn events
 //! into `Out` items (squeal's plain events, with rows already rendered to keys) and queue them.
 //!
-//! Transaction semantics stay in Python (`squeal.transactions.TransactionGrouper`): this yields the same
-//! plain events `squeal.reader.convert` does, with these differences, none of which changes a transaction's
-//! keys:
+//! Transaction semantics stay in Python (`squeal.transactions.TransactionGrouper`) for every transaction that
+//! needs them. An *ordinary* transaction — a GTID event that is neither standalone (DDL) nor an XA PREPARE
+//! group, then row events of tables with rules or without, then its XID — comes as one `Out::Whole` instead
+//! of Begin, rows and Commit (`Settings::whole_up_to`): its delete lines and its GTID, nothing for Python to
+//! decide. The first event that needs a decision (a `/* mcd: */` comment, any query event, an XA PREPARE, a
+//! row of a cascading foreign key's parent, a new GTID before the XID) or more delete lines than
+//! `whole_up_to` (a huge transaction, which Python hands on in pieces) makes the reader hand on what it
+//! withheld as the plain events below and go on with those until the next GTID event.
+//!
+//! The plain events are the ones `squeal.reader.convert` yields, with these differences, none of which
+//! changes a transaction's keys:
 //! * Rows of tables with rules come as delete lines (kind `LINES`: the keys deduplicated within the event
 //!   group as `KeyStage.render` does, encoded as `rules.delete_line` does, split into cluster and regional
 //!   lines as `flows.split_keys` does); consecutive ones are merged into one event (up to `MERGE_KEYS`).
@@ -81,6 +89,8 @@ pub enum Out {
         columns: Option<Vec<String>>,
     },
     Commit,
+    /// An ordinary transaction read whole (Begin, rows and commit at once).
+    Whole(Whole),
     Query {
         sql: Vec<u8>,
         schema: Vec<u8>,
@@ -95,6 +105,23 @@ pub enum Out {
 /// Delete lines: (for every cluster, for the regional pool only).
 pub type Lines = (Vec<Vec<u8>>, Vec<Vec<u8>>);
 
+/// A GTID event, not yet handed on: its transaction may still come whole.
+#[derive(Debug, Clone, Copy)]
+pub struct Gtid {
+    pub domain: u32,
+    pub server: u32,
+    pub seq: u64,
+    pub timestamp: u32,
+}
+
+#[derive(Debug)]
+pub struct Whole {
+    pub gtid: Gtid,
+    pub lines: Lines,
+    /// Rows changed in ruled tables (as `Out::Rows::changed` would have counted them).
+    pub changed: u64,
+}
+
 pub struct Settings {
     pub host: String,
     pub port: u16,
@@ -103,6 +130,9 @@ pub struct Settings {
     pub server_id: u32,
     pub position: String,
     pub heartbeat: Duration,
+    /// An ordinary transaction with at most this many delete lines comes as one `Out::Whole`; 0: none does
+    /// (every transaction as plain events).
+    pub whole_up_to: usize,
     /// Dial with TLS (the topology's `[tls]`), verifying the server.
     pub tls: Option<Tls>,
 }
@@ -151,6 +181,9 @@ struct Reader {
     /// still keyed per process (row values come from users: no fixed-seed hash an attacker could collide).
     group: HashSet<Vec<u8>, ahash::RandomState>,
     pending: Option<Pending>,
+    /// The GTID event of the transaction being read whole (withheld until it ends or needs Python).
+    withheld: Option<Gtid>,
+    whole_up_to: usize,
     /// The images of the row being read (two for an UPDATE), reused.
     images: [Image; 2],
 }
@@ -164,6 +197,8 @@ pub fn run(settings: Settings, rules: Arc<Rules>, shared: Arc<Shared>, tx: SyncS
         plans: HashMap::new(),
         group: HashSet::with_hasher(ahash::RandomState::new()),
         pending: None,
+        withheld: None,
+        whole_up_to: settings.whole_up_to,
         images: Default::default(),
     };
     let result = reader.read(&settings);
@@ -271,7 +306,19 @@ impl Reader {
         }
     }
 
+    /// Hands on what the reader holds of the group as plain events: the withheld GTID event (the
+    /// transaction is no longer read whole), then the merged rows.
     fn flush(&mut self) -> Result<(), Failure> {
+        if let Some(g) = self.withheld.take() {
+            self.send(Out::Begin {
+                domain: g.domain,
+                server: g.server,
+                seq: g.seq,
+                timestamp: g.timestamp,
+                standalone: false,
+                prepared_xa: false,
+            })?;
+        }
         if let Some(p) = self.pending.take() {
             self.send(Out::Rows {
                 schema: p.schema,
@@ -300,13 +347,24 @@ impl Reader {
                     return Err(Failure::Decode("short GTID event".into()));
                 };
                 self.group.clear();
-                self.send(Out::Begin {
+                let gtid = Gtid {
                     domain,
                     server: header.server_id(),
                     seq,
                     timestamp: header.timestamp(),
-                    standalone: flags & 0x01 != 0,
-                    prepared_xa: flags & 0x40 != 0,
+                };
+                let (standalone, prepared_xa) = (flags & 0x01 != 0, flags & 0x40 != 0);
+                if self.whole_up_to > 0 && !standalone && !prepared_xa {
+                    self.withheld = Some(gtid);
+                    return Ok(());
+                }
+                self.send(Out::Begin {
+                    domain,
+                    server: gtid.server,
+                    seq,
+                    timestamp: gtid.timestamp,
+                    standalone,
+                    prepared_xa,
                 })
             }
             MARIA_ANNOTATE_ROWS => {
@@ -317,6 +375,17 @@ impl Reader {
                 Ok(())
             }
             x if x == EventType::XID_EVENT as u8 => {
+                if let Some(gtid) = self.withheld.take() {
+                    let (lines, changed) = match self.pending.take() {
+                        Some(p) => (p.lines, p.changed),
+                        None => ((Vec::new(), Vec::new()), 0),
+                    };
+                    return self.send(Out::Whole(Whole {
+                        gtid,
+                        lines,
+                        changed,
+                    }));
+                }
                 self.flush()?;
                 self.send(Out::Commit)
             }
@@ -374,7 +443,8 @@ impl Reader {
                     ev.columns_after_image(),
                 )
             }
-            x if x == EventType::HEARTBEAT_EVENT as u8 => self.flush(),
+            // (rows of a transaction read whole wait for its end; plain events are handed on now)
+            x if x == EventType::HEARTBEAT_EVENT as u8 && self.withheld.is_none() => self.flush(),
             x if MARIA_COMPRESSED.contains(&x) => Err(Failure::Unsupported(format!(
                 "compressed binlog event (type {x:#x}, log_bin_compress): the native reader does not \
                  decode them; set [squeal] reader = \"python\""
@@ -577,8 +647,15 @@ impl Reader {
         let pending = self
             .pending
             .as_ref()
-            .map(|p| p.lines.0.len() + p.lines.1.len());
-        if pending.unwrap_or(0) >= MERGE_KEYS {
+            .map(|p| p.lines.0.len() + p.lines.1.len())
+            .unwrap_or(0);
+        // A transaction read whole holds its lines to its end, up to `whole_up_to`; plain events go out merged.
+        let bound = if self.withheld.is_some() {
+            self.whole_up_to
+        } else {
+            MERGE_KEYS
+        };
+        if pending >= bound {
             self.flush()?;
         }
         Ok(())

@@ -7,21 +7,20 @@ dropped and added back), XA (commit, rollback, one phase, a prepare across other
 MyISAM (alone, and in a rolled-back transaction), `/* mcd: */` comments, TRUNCATE, a statement-logged
 change, foreign-key cascades, a transaction larger than the native reader's merge size, and tables without
 rules. Both readers decode it through the same `ReadLoop` (grouping, key stage) and must hand on the
-identical sequence of (GTID, delete lines per destination kind, flush).
+identical sequence of (GTID, delete lines per destination kind, flush). With its runs (the native data plane:
+ordinary transactions grouped in Rust, `CommittedRun`), the native reader must hand on the same lines in the
+same transaction order, each run ending where a transaction of the reference ends.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
-
 import pytest
+from differential import decode, regroup, stage_for
 from squeal_helpers import unique_db
 
 from router_config import Rule, predicate
 from squeal import gtid as g
 from squeal.bulk import load_cascades
-from squeal.flows import Committed
 from squeal.pipeline import KeyStage, ReadLoop
 from squeal.reader import (
     BinlogReader,
@@ -32,7 +31,6 @@ from squeal.reader import (
     native_problems,
 )
 from squeal.rules import KeyExtractor, delete_line
-from squeal.transactions import PreparedXa
 
 # No skip when the extension is missing: it is part of the package (scripts/setup.sh, `pip install .`), and a
 # skipped differential test would let CI pass without the default reader.
@@ -225,51 +223,6 @@ def workload(conn, other, schema: str) -> None:
 FILTERED = {("articles", "where"): 2, ("articles", "when_changed"): 4, ("scores", "where"): 4}
 
 
-def decode(
-    make_reader: Callable[[g.Position], object],
-    stage: KeyStage,
-    start: g.Position,
-    end: g.Position,
-    timeout: float = 60,
-) -> list[tuple]:
-    """Everything `ReadLoop` hands on from `start` up to `end`, as (GTID, cluster lines, regional lines, flush,
-    pieces): a transaction handed on in pieces is put back together (the readers group row events differently,
-    so the pieces' bounds differ; what they send in all must not), `pieces` says how many it came in."""
-    out: list[tuple] = []
-    pieces: list[Committed] = []
-    done = threading.Event()
-    reader = make_reader(start)
-
-    def sink(c: Committed) -> None:
-        if c.partial:
-            if pieces and pieces[-1].gtid != c.gtid or not c.continued:
-                pieces.clear()  # (a first piece, or one read again after a reconnect)
-            pieces.append(c)
-            return
-        before = [p for p in pieces if p.gtid == c.gtid] if c.continued else []
-        pieces.clear()
-        out.append(
-            (
-                c.gtid,
-                tuple(line for p in [*before, c] for line in p.cluster_lines),
-                tuple(line for p in [*before, c] for line in p.regional_lines),
-                c.flush,
-                len(before) + 1,
-            )
-        )
-        if g.covers_position({c.gtid[0]: (c.gtid[1], c.gtid[2])}, end):
-            done.set()
-
-    loop = ReadLoop(reader, stage, sink, xa=PreparedXa())  # type: ignore[arg-type]
-    loop.start()
-    try:
-        assert done.wait(timeout), f"{type(reader).__name__} stopped at {out[-1][0] if out else 'nothing'}"
-    finally:
-        loop.stop()
-    assert loop.error is None, loop.error
-    return out
-
-
 @pytest.fixture(scope="module")
 def corpus(mariadb_pair):
     """(db, schema, rules, cascades, start, end): the binlog range holding the workload."""
@@ -290,10 +243,27 @@ def corpus(mariadb_pair):
     return db, schema, rules_for(schema), cascades, start, end
 
 
-def stage_for(rules: list[Rule], cascades) -> KeyStage:
-    stage = KeyStage(KeyExtractor(rules), ("region:",), rules=rules)
-    stage.bulk.set_cascades(cascades)
-    return stage
+def decode_native(corpus, runs: bool) -> tuple[list[tuple], KeyStage]:
+    db, schema, rules, cascades, start, end = corpus
+    source = Source(db.host, db.port, db.user, db.password)
+    stage = stage_for(rules, cascades)
+    native = decode(
+        lambda s: NativeBinlogReader(
+            source,
+            s,
+            stage.extractor.tables | stage.bulk.parents,
+            stage.extractor.templates,
+            stage.bulk.parents,
+            name="native",
+            filters=stage.extractor.filters,
+            regional_prefixes=stage.regional_prefixes,
+            runs=runs,
+        ),
+        stage,
+        start,
+        end,
+    )
+    return native, stage
 
 
 def test_both_readers_hand_on_identical_transactions(corpus):
@@ -304,30 +274,22 @@ def test_both_readers_hand_on_identical_transactions(corpus):
     tables = py_stage.extractor.tables | py_stage.bulk.parents
     python = decode(lambda s: BinlogReader(source, s, tables, name="python"), py_stage, start, end)
 
-    native_stage = stage_for(rules, cascades)
-    native = decode(
-        lambda s: NativeBinlogReader(
-            source,
-            s,
-            tables,
-            native_stage.extractor.templates,
-            native_stage.bulk.parents,
-            name="native",
-            filters=native_stage.extractor.filters,
-            regional_prefixes=native_stage.regional_prefixes,
-        ),
-        native_stage,
-        start,
-        end,
-    )
-
-    assert len(native) == len(python)
-    for p, n in zip(python, native, strict=True):
-        assert n[:4] == p[:4], f"GTID {p[0]}: python {p[1:]!r}\nnative {n[1:]!r}"
-    assert [n > 1 for *_, n in native] == [n > 1 for *_, n in python]  # the same transactions came in pieces
-    assert native_stage.extractor.missing_columns == py_stage.extractor.missing_columns
+    for runs in (False, True):
+        native, native_stage = decode_native(corpus, runs)
+        expected = regroup(python, native) if runs else python
+        assert len(native) == len(expected)
+        for p, n in zip(expected, native, strict=True):
+            assert n[:4] == p[:4], f"runs={runs}, GTID {p[0]}: python {p[1:]!r}\nnative {n[1:]!r}"
+            assert n[5] == p[5]
+        # the same transactions came in pieces
+        assert [n[4] > 1 for n in native] == [p[4] > 1 for p in expected], f"runs={runs}"
+        assert native_stage.extractor.missing_columns == py_stage.extractor.missing_columns
+        assert native_stage.extractor.filtered == py_stage.extractor.filtered
+        if runs:
+            assert any(n[5] > 1 for n in native), "the corpus read from the binlog gave no run to compare"
+        else:
+            assert all(n[5] == 1 for n in native)
     assert {(t, why): n for (_, t, why), n in py_stage.extractor.filtered.items()} == FILTERED
-    assert native_stage.extractor.filtered == py_stage.extractor.filtered
     # the corpus really exercises what it claims
     lines = {line for _, cluster, regional, *_ in python for line in cluster + regional}
     for key in (
@@ -369,11 +331,11 @@ def test_both_readers_hand_on_identical_transactions(corpus):
         assert delete_line(key)[0] not in lines, key
     for key in ("post:300", "post:301"):  # rolled back (the MyISAM row beside 300 persisted: counter:2)
         assert delete_line(key)[0] not in lines
-    assert any(flush for _, _, _, flush, _ in python), "TRUNCATE / cascade with on_truncate = flush"
-    flushed = {gtid: flush for gtid, _, _, flush, _ in python}
+    assert any(flush for _, _, _, flush, *_ in python), "TRUNCATE / cascade with on_truncate = flush"
+    flushed = {gtid: flush for gtid, _, _, flush, *_ in python}
     assert flushed[NOTED["parent update, cascade"]]
     assert not flushed[NOTED["parent update, no cascade"]], "an update of no referenced column flushed"
-    assert any(n > 1 for *_, n in python), "a transaction big enough to be handed on in pieces"
+    assert any(pieces > 1 for *_, pieces, _ in python), "a transaction big enough to be handed on in pieces"
     assert py_stage.extractor.missing_columns == {(schema, "evolving", "b"): 3}  # an insert, an update (2 images)
 
 

@@ -28,8 +28,8 @@ from ops.harness import MariaDB, Memcached, SquealDaemon
 from router_config import Rule
 from squeal import gtid as g
 from squeal.reader import BinlogReader, NativeBinlogReader, Source, native_module
-from squeal.rules import LINES, KeyExtractor, delete_line
-from squeal.transactions import Restart, Rows
+from squeal.rules import KeyExtractor, delete_line
+from squeal.transactions import CommittedRun, Restart, Rows
 from tests.conftest import _Processes
 
 native_module()  # part of the package: never skipped
@@ -116,17 +116,19 @@ def test_reader_streams_a_committed_rows_keys_over_tls_with_ed25519(hardened, pk
     hardened.execute(f"INSERT INTO {schema}.users VALUES (7, 'seven@example')")
     rules = [Rule(table=f"{schema}.users", keys=("user:{id}",))]
     reader = reader_for(kind, source_of(hardened, pki), start, rules)
-    found: list[Rows] = []
+    found: list[Rows | CommittedRun] = []
     for ev in reader:
         assert not isinstance(ev, Restart), f"the {kind} reader lost its connection"
-        if isinstance(ev, Rows) and ev.table == "users":
+        if isinstance(ev, Rows) and ev.table == "users" or isinstance(ev, CommittedRun):
             found.append(ev)
             reader.stop()
     assert len(found) == 1
     if kind == "python":
-        assert found[0].images == ({"id": 7, "email": "seven@example"},)
-    else:
-        assert found[0].kind == LINES and found[0].images == ((delete_line("user:7")[0],), ())
+        assert isinstance(found[0], Rows) and found[0].images == ({"id": 7, "email": "seven@example"},)
+    else:  # an ordinary transaction: the native reader hands it on whole, as a run
+        run = found[0]
+        assert isinstance(run, CommittedRun), run
+        assert (run.cluster_lines, run.regional_lines, run.transactions) == ((delete_line("user:7")[0],), (), 1)
     assert reader.errors == 0
 
 
@@ -162,7 +164,7 @@ def test_an_untrusted_server_gives_one_clear_error_and_the_reader_retries(untrus
     caplog.set_level(logging.WARNING, logger="squeal.reader")
     restarts = 0
     for ev in reader:
-        assert not isinstance(ev, Rows)
+        assert not isinstance(ev, Rows | CommittedRun)
         if isinstance(ev, Restart):
             restarts += 1
             if restarts == 2:  # it failed, said why, and tried again
