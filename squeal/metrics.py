@@ -38,6 +38,7 @@ def observe_times(histogram: Any, amount: float, times: int) -> None:
             bucket.inc(times)
             break
 
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)
 # Fine below 64, where the median of a live load lies (the paper reports 18 deletes per packet).
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024)

@@ -57,7 +57,7 @@ class Mix:
         return ids
 
     def some_id(self) -> int:
-        return self.self.some_id()
+        return self.rng.randrange(1, max(2, self.next_id))
 
     def statement(self) -> str:
         r, rng = self.rng.random(), self.rng
