@@ -262,11 +262,14 @@ class HandoffGroup:
     the last `linger` reach the flows in the same turn, so their deletes share the next write.
     """
 
-    def __init__(self, reactor: Any, chunk: int = 200, linger: float = 0.001) -> None:
+    def __init__(self, reactor: Any, chunk: int = 200, linger: float = 0.001, chunk_keys: int = 8192) -> None:
         self.reactor = reactor
-        # transactions per turn, all hand-offs together, so sockets (acks, sends) are served between however
-        # many shards have a backlog; shared out from a rotating first hand-off, so none waits behind the others
+        # items per turn and their keys (an item's weight), all hand-offs together, so sockets (acks, sends) are
+        # served between however many shards have a backlog; shared out from a rotating first hand-off, so none
+        # waits behind the others. The keys bound matters for the native reader's runs (up to ~8,192 lines an
+        # item): a turn that delivered 200 of them could put more than `max_backlog` into a flow at once.
         self.chunk = chunk
+        self.chunk_keys = chunk_keys
         self.linger = linger
         self.members: list[Handoff] = []
         self._cond = threading.Condition()  # guards every member's items and weight, and `_scheduled`
@@ -279,16 +282,20 @@ class HandoffGroup:
         with self._cond:
             members = self.members[self._first :] + self.members[: self._first]
             self._first = (self._first + 1) % max(1, len(self.members))
-            room = self.chunk
+            room, keys = self.chunk, self.chunk_keys
             for h in members:
                 if h.ready is not None and h._items and not h.ready():
                     held = True  # (still scheduled: put() won't wake us)
                     continue
-                n = min(room, len(h._items))
-                room -= n
-                if n:
-                    items = [h._items.popleft() for _ in range(n)]
-                    h._weight -= sum(h._weigh(c) for c in items)
+                items = []
+                while h._items and room > 0 and keys > 0:  # (the first item of a turn always goes)
+                    c = h._items.popleft()
+                    w = h._weigh(c)
+                    h._weight -= w
+                    keys -= w
+                    room -= 1
+                    items.append(c)
+                if items:
                     taken.append((h, items))
                 more = more or bool(h._items)
                 if h.closed and not h._items:
@@ -316,7 +323,8 @@ class Handoff:
     reader back while another has room; only its flow sheds.
     `put` waits only while the hand-off already holds `bound` or more, so a transaction heavier than the
     whole bound goes through (into an empty hand-off at worst) and the next `put` waits for the drain.
-    The reactor takes at most `chunk` transactions per turn so sockets (acks, sends) are served between.
+    The reactor takes at most `chunk` items (transactions, runs or pieces) and about `chunk_keys` keys per turn
+    so sockets (acks, sends) are served between.
 
     Wake-ups: the first transaction after a quiet spell wakes the reactor at once (no added latency).
     While transactions keep coming, the reactor instead looks again `linger` seconds after a drain that

@@ -69,6 +69,10 @@ mod python {
         run: Option<Py<PyAny>>,   // squeal.transactions.CommittedRun
     }
 
+    /// A run is closed at this many delete lines and the next one begins: Python's hand-off and flows weigh
+    /// an item by its lines (a reactor turn takes ~8,192: `HandoffGroup.chunk_keys`).
+    const RUN_LINES: usize = 8192;
+
     /// Consecutive whole transactions of one `next_batch`, becoming one `CommittedRun`.
     #[derive(Default)]
     struct Run {
@@ -83,6 +87,10 @@ mod python {
     }
 
     impl Run {
+        fn lines(&self) -> usize {
+            self.cluster.len() + self.regional.len()
+        }
+
         fn add(&mut self, w: Whole) {
             let g = w.gtid;
             if self.transactions == 0 {
@@ -275,6 +283,13 @@ mod python {
             let mut run = Run::default();
             for out in outs {
                 if let Out::Whole(w) = out {
+                    if run.lines() >= RUN_LINES {
+                        let class = f
+                            .run
+                            .as_ref()
+                            .expect("whole transactions only when asked for");
+                        list.append(std::mem::take(&mut run).build(py, class)?)?;
+                    }
                     run.add(w);
                     continue;
                 }

@@ -599,6 +599,32 @@ def test_handoffs_of_a_group_wake_the_reactor_once_and_drain_in_one_turn() -> No
     assert delivered == [[0, 1, 2], [10, 11, 12], [3, 4, 5]]
 
 
+def test_a_turn_is_bounded_by_keys_too() -> None:
+    """The native reader's runs carry thousands of lines each: a turn of `chunk` of them could put more than a
+    flow's `max_backlog` into it at once. `chunk_keys` bounds a turn's keys (its first item always goes)."""
+    from squeal.pipeline import Handoff, HandoffGroup
+
+    reactor = _ThreadReactor()
+    group = HandoffGroup(reactor, chunk=200, linger=0.001, chunk_keys=250)
+    delivered: list[list[int]] = []
+    h = Handoff(reactor, lambda items: delivered.append([c.gtid[2] for c in items]), group=group)
+    for k in range(5):
+        h.put(committed(k, [f"k{k}:{i}" for i in range(99)]))  # weight 100 each
+    h.put(committed(5, [f"huge:{i}" for i in range(999)]))
+    f, args = reactor.woken.pop()
+    f(*args)
+    assert delivered == [[0, 1, 2]]  # 300 keys: the turn stops once it reached 250
+    reactor.clock.advance(0)
+    assert delivered[1:] == [[3, 4, 5]]
+    reactor.clock.advance(0.001)
+    assert delivered[2:] == []
+    h.put(committed(6, [f"huge:{i}" for i in range(999)]))
+    h.put(committed(7, ["after"]))
+    f, args = reactor.woken.pop()  # (quiet before: the put woke the reactor)
+    f(*args)
+    assert delivered[2:] == [[6]]  # heavier than the bound on its own: alone in its turn
+
+
 def test_handoff_wakes_once_then_lingers_while_busy() -> None:
     from squeal.pipeline import Handoff
 
