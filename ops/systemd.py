@@ -172,7 +172,7 @@ def processes(topo: Topology, host: str, opts: RenderOptions) -> list[Process]:
 
 def zookeeper_files(here: list[Process], opts: RenderOptions) -> dict[str, str]:
     """The zoo.cfg of every ZooKeeper server among a host's processes (`here`), by path relative to DIR
-    (`zookeeper/zoo-N.cfg`, N its myid): the same file `squealctl up` writes (ops.harness.zookeeper_config), with
+    (`zookeeper/zoo-N.cfg`, N its myid): the same file `squealctl up` writes (ops/processes/zookeeper.py), with
     its data in the data dir."""
     return {
         f"zookeeper/zoo-{p.server_id}.cfg": zookeeper_config(
