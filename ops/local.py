@@ -1,14 +1,13 @@
 """A whole topology on this machine: `squealctl up` / `status` / `down` / `stop|start|restart NAME`.
 
-`up` starts a supervisor in the background (ops/supervisor.py), which starts every component the topology
-names (MariaDB primary and replica, memcached per pool member, one router per cluster, one squeal daemon per
-region, monitoring; for a topology with squeal instances also the ZooKeeper ensemble, each region's extra
-replicas and one squeal worker per `squeal_instances` entry instead of the region's single daemon), restarts
-any that exits without being asked to, and records them — current pid,
-restarts, held down by `stop` — in `<state_dir>/components.json`; `status` and `down` read that file, so they
-work from any later shell. Processes are stopped by pid, and only if the pid still runs the command we started
-(pids get reused); a component whose recorded pid is gone is looked for by its command line (restarted by hand,
-or by a supervisor that has since died), so `down` stops it whatever its pid now.
+`up` starts a supervisor in the background (ops/supervisor.py), which starts every process of the topology's
+plan (ops/plan.py, the list `render systemd` writes units for too: the ZooKeeper ensemble of a topology with
+workers, every MariaDB copy, memcached per pool member, one router per router address, a region's squeal
+workers or its single daemon, monitoring), restarts any that exits without being asked to, and records them —
+current pid, restarts, held down by `stop` — in `<state_dir>/components.json`; `status` and `down` read that
+file, so they work from any later shell. Processes are stopped by pid, and only if the pid still runs the
+command we started (pids get reused); a component whose recorded pid is gone is looked for by its command line
+(restarted by hand, or by a supervisor that has since died), so `down` stops it whatever its pid now.
 
 The state dir is durable: `up` never deletes it. MariaDB datadirs, squeal's datamarkers and the routers'
 delete spools stay where the previous `up` left them, so a restarted platform resumes where it stopped
@@ -82,7 +81,7 @@ class Component:
     name: str = ""  # how `status` lists it and `stop|start|restart` take it: router/east-a/0, squeal/east
     restarts: int = 0  # times the supervisor restarted it after an exit nobody asked for
     stopped: bool = False  # held down by `squealctl stop` until `squealctl start`
-    instance: str | None = None  # HA: the squeal instance's name, or the extra replica's (a copy of the region)
+    instance: str | None = None  # a pool's worker's name, or the extra replica's (a copy of the region)
     shard: str | None = None  # a MariaDB copy of a topology with [shards]: the shard it holds
 
 
@@ -182,8 +181,8 @@ class Deployment:
         return str(given)
 
     def squeal_state_dir(self, region: str, instance: str | None = None) -> Path:
-        """Where `up` has the region's squeal daemon keep its datamarkers and pid file (`squealctl replay`); an
-        HA instance keeps only its pid file and requests there (its region's markers are in ZooKeeper)."""
+        """Where `up` has the region's squeal daemon keep its datamarkers and pid file (`squealctl replay`); a
+        pool's worker keeps only its pid file and requests there (its region's markers are in ZooKeeper)."""
         if instance is not None:
             return self.state_dir / "squeal" / f"instance-{instance}"
         return self.state_dir / "squeal" / f"markers-{region}"

@@ -6,7 +6,7 @@ addresses, `regions.<r>.squeal.host`, each squeal instance's `host`, `zookeeper.
 `monitoring.host`); this module picks the components of one host and writes, into DIR:
 
     squeal.target                       groups every unit below (`systemctl enable --now squeal.target`)
-    squeal-zookeeper-<N>.service        ZooKeeper server N (its myid) of the [zookeeper] ensemble (HA)
+    squeal-zookeeper-<N>.service        ZooKeeper server N (its myid) of the [zookeeper] ensemble (pools)
     squeal-memcached-*.service          one per memcached instance (pool member or regional pool member)
     squeal-router-*.service             one per router address, with routers/<cluster>.json
     squeal-daemon-<region>.service      the squeal daemon of a region without squeal_instances
@@ -101,7 +101,7 @@ class RenderOptions:
     memcached_mb: int = 64  # memcached -m (item memory, MB); MemoryMax is derived from it
     memcached_connections: int = 4096  # memcached -c
     router_metrics_offset: int = DEFAULT_ROUTER_METRICS_OFFSET  # router /metrics port = router port + this
-    java_bin: Path = field(default_factory=_default_java)  # runs the [zookeeper] servers (HA mode)
+    java_bin: Path = field(default_factory=_default_java)  # runs the [zookeeper] servers (worker pools)
     zookeeper_heap_mb: int = 512  # ZooKeeper's -Xmx; its MemoryMax is derived from it
 
 

@@ -56,7 +56,7 @@ def zookeeper_config(
 
 
 class ZooKeeper(ManagedProcess):
-    """A ZooKeeper 3.8 server (Debian package) for squeal's HA mode: standalone, or one member of an ensemble
+    """A ZooKeeper 3.8 server (Debian package) for squeal's worker pools: standalone, or one member of an ensemble
     (`ZooKeeper.ensemble(3)`: each member with its `myid` and the peers' quorum and election ports)."""
 
     name = "zookeeper"
