@@ -20,6 +20,7 @@ import router_config
 from router_config import Address, Database, Topology
 
 KINDS = ("zookeeper", "mariadb", "memcached", "router", "squeal", "monitoring")
+TLS_SERVERS = frozenset(router_config.TLS_SERVERS)  # the kinds that serve a certificate under [tls]
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Process:
 
     kind: str  # one of KINDS (what `up --without` takes)
     role: str  # the kind, but MariaDB's is mariadb-primary or mariadb-replica
-    name: str  # router/east-a/0, mariadb/east/users-0, squeal/east/east-1 (ops.local.component_name)
+    name: str  # router/east-a/0, mariadb/east/users-0, squeal/east/east-1 (`component_name`)
     region: str
     address: Address  # its topology port (ZooKeeper: the client port; squeal: /metrics and /healthz)
     cluster: str | None = None
@@ -126,11 +127,8 @@ def plan(
     chosen = [p for p in every if p.kind not in without and (host is None or p.address.host == host)]
     if topo.tls is None or not certificates:
         return chosen
-    tls = {kind: server_tls(topo, kind) for kind in dict.fromkeys(p.kind for p in chosen) if kind in _TLS_SERVERS}
-    return [_with_tls(p, tls.get(p.kind)) for p in chosen]
-
-
-_TLS_SERVERS = frozenset(router_config.TLS_SERVERS)
+    tls = {kind: server_tls(topo, kind) for kind in dict.fromkeys(p.kind for p in chosen) if kind in TLS_SERVERS}
+    return [replace(p, tls=tls[p.kind]) if p.kind in tls else p for p in chosen]
 
 
 def server_tls(topo: Topology, kind: str) -> ServerTLS | None:
@@ -141,10 +139,6 @@ def server_tls(topo: Topology, kind: str) -> ServerTLS | None:
     mine = router_config.server_certificate(topo, kind)
     assert topo.tls.ca is not None  # server_certificate checked it
     return ServerTLS(mine.cert, mine.key, topo.tls.ca, topo.tls.require)
-
-
-def _with_tls(p: Process, tls: ServerTLS | None) -> Process:
-    return replace(p, tls=tls) if tls is not None else p
 
 
 def _zookeepers(topo: Topology) -> list[Process]:
