@@ -63,10 +63,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # This checkout before the venv's editable install (another checkout's, in a worktree): the harness's REPO_ROOT,
 # and so every squeal process's PYTHONPATH, is then this checkout - without it the bench measured that other code.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from pool_support import ensemble
 from squeal_helpers import healthz
 from squeal_latency_load import pct
 from squeal_throughput import check_transactions, cpu_seconds, loadavg, metric_sum
-from test_ha_support import ensemble
 from test_pool_workers import SHARDS, Pool
 
 from ops.harness import REPO_ROOT, MariaDB, SquealDaemon, ZooKeeper, free_port, wait_until
@@ -200,7 +200,7 @@ class Prober(threading.Thread):
 
 
 def planned_moves(env: Pool, moves: int) -> tuple[list[float], list[float], list[float]]:
-    from test_ha_support import client
+    from pool_support import client
 
     names = ("w1", "w2", "w3")
     zk = client(env.zk_hosts, 2.0)

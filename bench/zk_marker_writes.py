@@ -3,9 +3,9 @@ docs/squeal.md's datamarker model and docs/benchmarks.md).
 
     .venv/bin/python bench/zk_marker_writes.py [--shards 512] [--bytes 2400] [--seconds 10] [--in-flight 64]
 
-A 3-server ensemble from ops/harness.py (tickTime 500 ms, data and logs in a temp dir on this machine's disk,
-the servers' default fsync of every transaction log write), one kazoo client, `--shards` znodes of `--bytes`
-each (2.4 KB: a pool shard's marker znode with 64 destinations, docs/squeal.md), and as fast as the ensemble
+A 3-server ensemble from ops/processes/zookeeper.py (tickTime 500 ms, data and logs in a temp dir on this
+machine's disk, the servers' default fsync of every transaction log write), one kazoo client, `--shards` znodes of
+`--bytes` each (2.4 KB: a pool shard's marker znode with 64 destinations, docs/squeal.md), and as fast as the ensemble
 answers for `--seconds`: each write a multi-operation like `ShardMarkerStore.save_many` (check the shard's epoch
 znode, set the markers znode), `--in-flight` outstanding at a time, round robin over the shards. Prints writes/s,
 MB/s of znode data and the write latency p50/p99.
@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "squeal"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pool_support import client, ensemble, hosts
 from squeal_latency_load import pct
 from squeal_throughput import loadavg
-from test_ha_support import client, ensemble, hosts
 
 
 def main() -> None:

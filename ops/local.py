@@ -1,14 +1,13 @@
 """A whole topology on this machine: `squealctl up` / `status` / `down` / `stop|start|restart NAME`.
 
-`up` starts a supervisor in the background (ops/supervisor.py), which starts every component the topology
-names (MariaDB primary and replica, memcached per pool member, one router per cluster, one squeal daemon per
-region, monitoring; for a topology with squeal instances also the ZooKeeper ensemble, each region's extra
-replicas and one squeal worker per `squeal_instances` entry instead of the region's single daemon), restarts
-any that exits without being asked to, and records them — current pid,
-restarts, held down by `stop` — in `<state_dir>/components.json`; `status` and `down` read that file, so they
-work from any later shell. Processes are stopped by pid, and only if the pid still runs the command we started
-(pids get reused); a component whose recorded pid is gone is looked for by its command line (restarted by hand,
-or by a supervisor that has since died), so `down` stops it whatever its pid now.
+`up` starts a supervisor in the background (ops/supervisor.py), which starts every process of the topology's
+plan (ops/plan.py, the list `render systemd` writes units for too: the ZooKeeper ensemble of a topology with
+workers, every MariaDB copy, memcached per pool member, one router per router address, a region's squeal
+workers or its single daemon, monitoring), restarts any that exits without being asked to, and records them —
+current pid, restarts, held down by `stop` — in `<state_dir>/components.json`; `status` and `down` read that
+file, so they work from any later shell. Processes are stopped by pid, and only if the pid still runs the
+command we started (pids get reused); a component whose recorded pid is gone is looked for by its command line
+(restarted by hand, or by a supervisor that has since died), so `down` stops it whatever its pid now.
 
 The state dir is durable: `up` never deletes it. MariaDB datadirs, squeal's datamarkers and the routers'
 delete spools stay where the previous `up` left them, so a restarted platform resumes where it stopped
@@ -57,6 +56,7 @@ from ops.harness import (
     wait_until,
     zookeeper_srvr,
 )
+from ops.plan import KINDS, Process, plan
 from squeal import probe_health
 
 log = logging.getLogger(__name__)
@@ -81,35 +81,8 @@ class Component:
     name: str = ""  # how `status` lists it and `stop|start|restart` take it: router/east-a/0, squeal/east
     restarts: int = 0  # times the supervisor restarted it after an exit nobody asked for
     stopped: bool = False  # held down by `squealctl stop` until `squealctl start`
-    instance: str | None = None  # HA: the squeal instance's name, or the extra replica's (a copy of the region)
+    instance: str | None = None  # a pool's worker's name, or the extra replica's (a copy of the region)
     shard: str | None = None  # a MariaDB copy of a topology with [shards]: the shard it holds
-
-
-def component_name(
-    role: str,
-    region: str,
-    cluster: str | None,
-    pool: str | None,
-    index: int = 0,
-    instance: str | None = None,
-    shard: str | None = None,
-) -> str:
-    """`router/east-a/0`, `memcached/east-a/wildcard/1`, `memcached/east/regional/0`, `mariadb/east`,
-    `squeal/east`, `monitoring`, `demo` (index: the server's place in its pool's or cluster's list). HA
-    topologies add `zookeeper/1` (index: the server's id), `mariadb/east/east-r1` (a region's extra replica)
-    and `squeal/east/east-1` (one squeal instance); sharded ones `mariadb/east/users-0` (a shard's copy) and
-    `mariadb/east/users-0/east-b` (its extra copy `[shards.users.replicas.east-b]`)."""
-    if role == "zookeeper":
-        return f"zookeeper/{index}"
-    if role == "router":
-        return f"router/{cluster}/{index}"
-    if role == "memcached":
-        return f"memcached/{cluster or region}/{pool}/{index}"
-    if role in ("mariadb-primary", "mariadb-replica"):
-        return "/".join(["mariadb", region, *(part for part in (shard, instance) if part)])
-    if role == "squeal":
-        return f"squeal/{region}/{instance}" if instance else f"squeal/{region}"
-    return role
 
 
 def _visible_problems(row: dict) -> dict[str, str]:
@@ -208,8 +181,8 @@ class Deployment:
         return str(given)
 
     def squeal_state_dir(self, region: str, instance: str | None = None) -> Path:
-        """Where `up` has the region's squeal daemon keep its datamarkers and pid file (`squealctl replay`); an
-        HA instance keeps only its pid file and requests there (its region's markers are in ZooKeeper)."""
+        """Where `up` has the region's squeal daemon keep its datamarkers and pid file (`squealctl replay`); a
+        pool's worker keeps only its pid file and requests there (its region's markers are in ZooKeeper)."""
         if instance is not None:
             return self.state_dir / "squeal" / f"instance-{instance}"
         return self.state_dir / "squeal" / f"markers-{region}"
@@ -287,9 +260,7 @@ class Deployment:
         if tls and topo.tls is None:
             topology_path = self.with_tls(topology_path, topo)
             topo = router_config.load(topology_path)
-        if topo.tls is not None:
-            for component in _tls_servers(topo, without):  # a missing certificate: nothing started
-                router_config.server_certificate(topo, component)
+        plan(topo, without=without)  # with [tls], a missing certificate: nothing started
         # Never wipe the state dir: it holds durable state a restart must resume from (MariaDB datadirs,
         # reused by MariaDB.prepare; squeal's datamarkers; the routers' delete spools). components.json is
         # rewritten by the supervisor before it starts anything (nothing it names runs: checked above); a squeal
@@ -374,211 +345,138 @@ class Deployment:
         demo_rate: float,
         track,
     ) -> None:
-        """Start the topology's components in order (run by the supervisor): `track(proc, name, role, region,
-        cluster, pool, metrics, instance, wait=True)` starts one ManagedProcess and returns once its readiness
-        check passes (with `wait=False` at once, returning a function that waits for it)."""
+        """Start the topology's processes (ops/plan.py) in order (run by the supervisor): `track(proc, name, role,
+        region, cluster, pool, metrics, instance, wait=True, shard=None)` starts one ManagedProcess and returns once
+        its readiness check passes (with `wait=False` at once, returning a function that waits for it)."""
         topo = router_config.load(topology_path)
+        processes = plan(topo, without=without)
+        kind = {k: [p for p in processes if p.kind == k] for k in KINDS}
         # ZooKeeper's JVMs take seconds: they start first and come up while the databases and caches do.
-        zookeepers, zk_ready = self._start_zookeeper(topo, without, track)
-        self._start_databases(topo, without, track)
-        self._start_memcached(topo, without, track)
-        if "router" not in without:
-            for cluster in topo.clusters:
-                config = self.state_dir / "routers" / f"{cluster.name}.json"
-                config.parent.mkdir(parents=True, exist_ok=True)
-                config.write_text(router_config.render(router_config.cluster_config(topo, cluster.name)))
-                for i, addr in enumerate(cluster.routers):
-                    metrics_port = free_port(addr.host)
-                    router = Router(
-                        config,
-                        port=addr.port,
-                        host=addr.host,
-                        metrics_port=metrics_port,
-                        workdir=self.state_dir / "routers",
-                        # squeal flushes a region through its routers (on_truncate/on_data_loss "flush",
-                        # `squeal accept-data-loss`); the web tier never sends flush_all.
-                        extra_args=("--enable-flush-cmd",),
-                        tls=_router_tls(topo),
-                    )
-                    name = component_name("router", cluster.region, cluster.name, None, i)
-                    track(router, name, "router", cluster.region, cluster.name, metrics=f"{addr.host}:{metrics_port}")
+        zookeepers = [self._zookeeper(p) for p in kind["zookeeper"]]
+        zk_ready = [
+            track(zk, p.name, p.role, p.region, wait=False) for zk, p in zip(zookeepers, kind["zookeeper"], strict=True)
+        ]
+        self._start_databases(topo, kind["mariadb"], track)
+        for p in kind["memcached"]:
+            memcached = Memcached(
+                port=p.address.port,
+                host=p.address.host,
+                workdir=self.state_dir / "memcached",
+                # `-Z`: its topology port speaks TLS only (the routers reach it with `security_mech: tls`)
+                tls=(Path(p.tls.cert), Path(p.tls.key)) if p.tls else None,
+                ssl_ca=p.tls.ca if p.tls else None,
+            )
+            track(memcached, p.name, p.role, p.region, p.cluster, p.pool)
+        for cluster in dict.fromkeys(p.cluster for p in kind["router"] if p.cluster):
+            config = self.state_dir / "routers" / f"{cluster}.json"
+            config.parent.mkdir(parents=True, exist_ok=True)
+            config.write_text(router_config.render(router_config.cluster_config(topo, cluster)))
+        for p in kind["router"]:
+            metrics_port = free_port(p.address.host)
+            router = Router(
+                self.state_dir / "routers" / f"{p.cluster}.json",
+                port=p.address.port,
+                host=p.address.host,
+                metrics_port=metrics_port,
+                workdir=self.state_dir / "routers",
+                # squeal flushes a region through its routers (on_truncate/on_data_loss "flush",
+                # `squeal accept-data-loss`); the web tier never sends flush_all.
+                extra_args=("--enable-flush-cmd",),
+                # the topology port as the router's one TLS port; the CA verifies its TLS pools
+                tls=(p.tls.cert, p.tls.key, p.tls.ca) if p.tls else None,
+            )
+            track(router, p.name, p.role, p.region, p.cluster, metrics=f"{p.address.host}:{metrics_port}")
         for ready in zk_ready:
             ready()
         if zookeepers:
             ZooKeeper.wait_serving(zookeepers)  # a quorum: the pools' workers can take their shards
-        if "squeal" not in without:
-            workers: dict[str, list[tuple[str, SquealDaemon]]] = {}  # region -> its daemons, by component name
-            for endpoint in topo.squeal_daemons():
-                instance = endpoint.instance.name if endpoint.instance else None
-                daemon = SquealDaemon(
-                    topology_path,
-                    endpoint.region,
-                    port=endpoint.address.port,
-                    host=endpoint.address.host,
-                    workdir=self.state_dir / "squeal",
-                    state_dir=self.squeal_state_dir(endpoint.region, instance),
-                    instance=instance,
-                )
-                name = component_name("squeal", endpoint.region, None, None, instance=instance)
-                track(daemon, name, "squeal", endpoint.region, metrics=daemon.address, instance=instance)
-                workers.setdefault(endpoint.region, []).append((name, daemon))
-            for region in topo.regions:
-                if region.squeal_pool:  # `up` returns with every shard of a pooled region running on a worker
-                    addresses = [str(s.address) for s in region.squeal_instances]
-                    want = {s.name for s in topo.shards}
-
-                    def every_shard_runs(addresses: list[str] = addresses, want: set[str] = want) -> bool:
-                        return want <= {s for a in addresses for s in (probe_health(a)[1].get("shards") or {})}
-
-                    named = "; ".join(f"{n} ({d.address}, log {d.log_file})" for n, d in workers[region.name])
-                    wait_until(
-                        every_shard_runs,
-                        60,
-                        f"every shard of region {region.name} running on one of its squeal workers: {named}",
-                        error=StartupError,
-                    )
-        if "monitoring" not in without:
+        self._start_squeal(topo, topology_path, kind["squeal"], track)
+        for p in kind["monitoring"]:
             monitor = MonitoringServer(
                 topology_path,
                 self.state_dir,
-                port=topo.monitoring.port,
+                port=p.address.port,
+                host=p.address.host,
                 workdir=self.state_dir / "monitoring",
                 extra_args=("--probe-interval", str(topo.monitoring.probe_interval)),
             )
-            track(monitor, "monitoring", "monitoring", topo.master.name, metrics=monitor.address)
+            track(monitor, p.name, p.role, p.region, metrics=monitor.address)
         if demo:
             workload = DemoWorkload(topology_path, workdir=self.state_dir / "demo", rate=demo_rate)
             track(workload, "demo", "demo", topo.master.name, metrics=workload.address)
 
-    def _start_zookeeper(
-        self, topo: router_config.Topology, without: frozenset[str], track
-    ) -> tuple[list[ZooKeeper], list]:
-        """Every `[zookeeper]` server, not waited for (returns the members and their readiness waits). Each keeps
-        its data in `<state>/zookeeper/zkdata-<port>` (durable across `up`s, like MariaDB's datadirs)."""
-        zk = topo.zookeeper
-        if zk is None or "zookeeper" in without:
-            return [], []
-        peers = zk.peers()
-        members, waits = [], []
-        for server_id, host, _, _ in peers:
-            port = zk.servers[server_id - 1].port
-            member = ZooKeeper(
-                port=port,
-                host=host,
-                workdir=self.state_dir / "zookeeper",
-                server_id=server_id,
-                peers=peers if len(peers) > 1 else (),
-                **_zookeeper_tls(topo),
-            )
-            members.append(member)
-            waits.append(
-                track(
-                    member,
-                    component_name("zookeeper", topo.master.name, None, None, server_id),
-                    "zookeeper",
-                    topo.master.name,
-                    wait=False,
-                )
-            )
-        return members, waits
+    def _zookeeper(self, p: Process) -> ZooKeeper:
+        """A `[zookeeper]` server. Each keeps its data in `<state>/zookeeper/zkdata-<port>` (durable across `up`s,
+        like MariaDB's datadirs)."""
+        tls = {"ssl_cert": p.tls.cert, "ssl_key": p.tls.key, "ssl_ca": p.tls.ca} if p.tls else {}
+        return ZooKeeper(
+            port=p.address.port,
+            host=p.address.host,
+            workdir=self.state_dir / "zookeeper",
+            server_id=p.server_id,
+            peers=p.peers,
+            **tls,
+        )
 
-    def _start_databases(self, topo: router_config.Topology, without: frozenset[str], track) -> None:
-        if "mariadb" in without:
+    def _start_databases(self, topo: router_config.Topology, databases: list[Process], track) -> None:
+        """Every chain of MariaDB servers (a shard's; without [shards] the regions' databases and their replicas).
+        Chains are independent: each starts on a thread of its own, so all the primaries start at once, then their
+        copies (issue 37: one at a time, a 4-shard example's twelve servers took over a minute)."""
+        chains: dict[str, list[Process]] = {}
+        for p in databases:
+            chains.setdefault(p.chain, []).append(p)
+        if not chains:
             return
-        if topo.sharded:
-            self._start_shards(topo, track)
-            return
-        servers: dict[str, MariaDB] = {}  # copy name (a region's database is named after the region) -> server
-        primary: MariaDB | None = None
-        for region in [topo.master] + [r for r in topo.regions if not r.master]:
-            db = region.database
-            server = _mariadb(topo, db, self.state_dir / f"mariadb-{region.name}", replica=not region.master)
-            role = f"mariadb-{db.role}"
-            name = component_name(role, region.name, None, None)
-            track(server, name, role, region.name)
-            servers[db.name or region.name] = server
-            if region.master:
-                primary = server
-                _load_demo_schema(name, server)
-            else:
-                assert primary is not None
-                _replicate(name, server, primary)
-        # More copies of a region's data, each a GTID replica of the copy it names (in an order where that copy
-        # already runs: the loader refused loops).
-        pending = [(r, d) for r in topo.regions for d in r.replicas]
-        while pending:
-            region, db = next((r, d) for r, d in pending if (d.replicates_from or r.database.name) in servers)
-            pending.remove((region, db))
-            source = servers[db.replicates_from or region.database.name]
-            # (copy names are unique: the loader checks)
-            server = _mariadb(topo, db, self.state_dir / f"mariadb-{db.name}", replica=True)
-            name = component_name("mariadb-replica", region.name, None, None, instance=db.name)
-            track(server, name, "mariadb-replica", region.name, instance=db.name)
-            servers[db.name] = server
-            _replicate(name, server, source)
-
-    def _start_shards(self, topo: router_config.Topology, track) -> None:
-        """Every shard's chain of servers. Shards are independent: each chain starts on a thread of its own, so
-        all the primaries start at once, then their copies (issue 37: one at a time, a 4-shard example's twelve
-        servers took over a minute)."""
-        with concurrent.futures.ThreadPoolExecutor(len(topo.shards), thread_name_prefix="start-shard") as pool:
-            started = [pool.submit(self._start_shard, topo, shard, track) for shard in topo.shards]
+        with concurrent.futures.ThreadPoolExecutor(len(chains), thread_name_prefix="start-shard") as pool:
+            started = [pool.submit(self._start_chain, topo, chain, track) for chain in chains.values()]
         for future in started:
-            future.result()  # the first failure raises; the supervisor stops every server started, other shards' too
+            future.result()  # the first failure raises; the supervisor stops every server started, other chains' too
 
-    def _start_shard(self, topo: router_config.Topology, shard: router_config.Shard, track) -> None:
-        """A shard's primary (in its own GTID domain, with the demo schema), its copy in every other region, a
-        GTID replica of that primary, then its extra copies, each a GTID replica of the copy it names."""
-        primary: MariaDB | None = None
-        servers: dict[str, MariaDB] = {}  # copy name -> its server
-        for db in sorted(shard.copies, key=lambda d: d.role != "primary"):
-            server = _mariadb(topo, db, self.state_dir / f"mariadb-{db.name}", replica=db.role == "replica")
-            role = f"mariadb-{db.role}"
-            name = component_name(role, db.region, None, None, shard=shard.name)
-            track(server, name, role, db.region, shard=shard.name)
-            if primary is None:
-                primary = server
-                _load_demo_schema(name, server)
+    def _start_chain(self, topo: router_config.Topology, chain: list[Process], track) -> None:
+        """One chain in plan order: its primary (in its shard's GTID domain, with the demo schema), then each copy,
+        a GTID replica of the copy it names, caught up with it before the next starts."""
+        servers: dict[str, MariaDB] = {}  # process name -> its server
+        for p in chain:
+            server = _mariadb(p, self.state_dir)
+            track(server, p.name, p.role, p.region, instance=p.instance, shard=p.shard)
+            if p.source is None:
+                _load_demo_schema(p.name, server)
             else:
-                _replicate(name, server, primary)
-            servers[db.name] = server
-        pending = list(shard.replicas)
-        while pending:  # in an order where each one's source runs (the loader refused loops)
-            db = next(d for d in pending if d.replicates_from in servers)
-            pending.remove(db)
-            server = _mariadb(topo, db, self.state_dir / f"mariadb-{db.name}", replica=True)
-            extra = db.name.partition("@")[2]
-            name = component_name("mariadb-replica", db.region, None, None, instance=extra, shard=shard.name)
-            track(server, name, "mariadb-replica", db.region, instance=extra, shard=shard.name)
-            servers[db.name] = server
-            _replicate(name, server, servers[db.replicates_from])
+                _replicate(p.name, server, servers[p.source])
+            servers[p.name] = server
 
-    def _start_memcached(self, topo: router_config.Topology, without: frozenset[str], track) -> None:
-        if "memcached" in without:
-            return
-        tls = _memcached_tls(topo)
+    def _start_squeal(
+        self, topo: router_config.Topology, topology_path: str | Path, processes: list[Process], track
+    ) -> None:
+        """Every squeal daemon; `up` returns with every shard of a pooled region running on one of its workers."""
+        workers: dict[str, list[tuple[str, SquealDaemon]]] = {}  # region -> its daemons, by component name
+        for p in processes:
+            daemon = SquealDaemon(
+                topology_path,
+                p.region,
+                port=p.address.port,
+                host=p.address.host,
+                workdir=self.state_dir / "squeal",
+                state_dir=self.squeal_state_dir(p.region, p.instance),
+                instance=p.instance,
+            )
+            track(daemon, p.name, p.role, p.region, metrics=daemon.address, instance=p.instance)
+            workers.setdefault(p.region, []).append((p.name, daemon))
         for region in topo.regions:
-            if region.regional_pool:
-                for i, addr in enumerate(region.regional_pool.servers):
-                    track(
-                        Memcached(port=addr.port, host=addr.host, workdir=self.state_dir / "memcached", **tls),
-                        component_name("memcached", region.name, None, "regional", i),
-                        "memcached",
-                        region.name,
-                        None,
-                        "regional",
-                    )
-            for cluster in region.clusters:
-                for pool in cluster.pools:
-                    for i, addr in enumerate(pool.servers):
-                        track(
-                            Memcached(port=addr.port, host=addr.host, workdir=self.state_dir / "memcached", **tls),
-                            component_name("memcached", region.name, cluster.name, pool.name, i),
-                            "memcached",
-                            region.name,
-                            cluster.name,
-                            pool.name,
-                        )
+            if region.squeal_pool and region.name in workers:
+                addresses = [str(s.address) for s in region.squeal_instances]
+                want = {s.name for s in topo.shards}
+
+                def every_shard_runs(addresses: list[str] = addresses, want: set[str] = want) -> bool:
+                    return want <= {s for a in addresses for s in (probe_health(a)[1].get("shards") or {})}
+
+                named = "; ".join(f"{n} ({d.address}, log {d.log_file})" for n, d in workers[region.name])
+                wait_until(
+                    every_shard_runs,
+                    60,
+                    f"every shard of region {region.name} running on one of its squeal workers: {named}",
+                    error=StartupError,
+                )
 
     # -- status / down / stop|start|restart ------------------------------------------------------------
 
@@ -709,24 +607,6 @@ class Deployment:
         return answer["message"]
 
 
-# -- TLS: which certificate each server of a `[tls]` topology starts with ----------------------------------------
-
-
-def _tls_servers(topo: router_config.Topology, without: frozenset[str]) -> list[str]:
-    """The kinds of server (`router_config.TLS_SERVERS`) `up` starts, each with its certificate under `[tls]`."""
-    return [
-        c for c in router_config.TLS_SERVERS if c not in without and (c != "zookeeper" or topo.zookeeper is not None)
-    ]
-
-
-def _zookeeper_tls(topo: router_config.Topology) -> dict:
-    """ZooKeeper's TLS-only client port on its topology port (none: plaintext)."""
-    if topo.tls is None:
-        return {}
-    mine = router_config.server_certificate(topo, "zookeeper")
-    return {"ssl_cert": mine.cert, "ssl_key": mine.key, "ssl_ca": topo.tls.ca}
-
-
 class StartupError(HarnessError):
     """`up` could not start a component: the message names it (as `status` lists it), its address, what was being
     done and the log to read."""
@@ -769,51 +649,26 @@ def _replicate(name: str, server: MariaDB, source: MariaDB) -> None:
         server.wait_for_gtid(source.gtid_binlog_pos())
 
 
-def _mariadb(topo: router_config.Topology, db: router_config.Database, workdir: Path, replica: bool) -> MariaDB:
-    """The one way `up` makes a MariaDB server of the topology: every copy (a primary, a region's copy, an extra
-    copy) gets the same TLS, and its shard's GTID domain (None outside [shards])."""
+def _mariadb(p: Process, state_dir: Path) -> MariaDB:
+    """The one way `up` makes a MariaDB server of the plan: every copy (a primary, a region's copy, an extra copy)
+    gets the plan's TLS — with `require = true` accounts REQUIRE SSL and no plaintext TCP at all, as `render
+    systemd`'s tls.cnf; a replica of a TLS primary replicates over TLS (`MariaDB.replicate_from`) — and its
+    shard's GTID domain (None outside [shards]). Its datadir is `<state>/mariadb-<copy>`, durable across `up`s."""
+    assert p.database is not None
+    db, tls = p.database, p.tls
     return MariaDB(
         db.server_id,
         port=db.port,
         host=db.host,
-        replica=replica,
-        workdir=workdir,
+        replica=p.source is not None,
+        workdir=state_dir / f"mariadb-{db.name}",
         gtid_domain_id=db.gtid_domain_id,
-        **_mariadb_tls(topo),
+        ssl_cert=tls.cert if tls else None,
+        ssl_key=tls.key if tls else None,
+        ssl_ca=tls.ca if tls else None,
+        require_ssl=bool(tls and tls.require),
+        secure_transport_only=bool(tls and tls.require),
     )
-
-
-def _mariadb_tls(topo: router_config.Topology) -> dict:
-    """MariaDB with its certificate; `require = true`: accounts REQUIRE SSL and no plaintext TCP at all (as
-    `render systemd`'s tls.cnf). A replica of a TLS primary replicates over TLS (`MariaDB.replicate_from`)."""
-    if topo.tls is None:
-        return {}
-    mine = router_config.server_certificate(topo, "mariadb")
-    require = topo.tls.require
-    return {
-        "ssl_cert": mine.cert,
-        "ssl_key": mine.key,
-        "ssl_ca": topo.tls.ca,
-        "require_ssl": require,
-        "secure_transport_only": require,
-    }
-
-
-def _memcached_tls(topo: router_config.Topology) -> dict:
-    """memcached `-Z`: its topology port speaks TLS only (the routers reach it with `security_mech: tls`)."""
-    if topo.tls is None:
-        return {}
-    mine = router_config.server_certificate(topo, "memcached")
-    return {"tls": (Path(mine.cert), Path(mine.key)), "ssl_ca": topo.tls.ca}
-
-
-def _router_tls(topo: router_config.Topology) -> tuple[str, str, str] | None:
-    """The router's topology port as its one TLS port (no plaintext port), and the CA its TLS pools verify."""
-    if topo.tls is None:
-        return None
-    mine = router_config.server_certificate(topo, "router")
-    assert topo.tls.ca is not None  # server_certificate checked it
-    return mine.cert, mine.key, topo.tls.ca
 
 
 def _same_command(actual: list[str], recorded: list[str]) -> bool:

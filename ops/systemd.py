@@ -6,7 +6,7 @@ addresses, `regions.<r>.squeal.host`, each squeal instance's `host`, `zookeeper.
 `monitoring.host`); this module picks the components of one host and writes, into DIR:
 
     squeal.target                       groups every unit below (`systemctl enable --now squeal.target`)
-    squeal-zookeeper-<N>.service        ZooKeeper server N (its myid) of the [zookeeper] ensemble (HA)
+    squeal-zookeeper-<N>.service        ZooKeeper server N (its myid) of the [zookeeper] ensemble (pools)
     squeal-memcached-*.service          one per memcached instance (pool member or regional pool member)
     squeal-router-*.service             one per router address, with routers/<cluster>.json
     squeal-daemon-<region>.service      the squeal daemon of a region without squeal_instances
@@ -48,7 +48,7 @@ import re
 import shlex
 import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import router_config
@@ -60,6 +60,7 @@ from ops.harness import (
     ZOOKEEPER_MAIN,
     zookeeper_config,
 )
+from ops.plan import Process, plan
 from router_config import Topology
 
 TARGET = "squeal.target"
@@ -100,7 +101,7 @@ class RenderOptions:
     memcached_mb: int = 64  # memcached -m (item memory, MB); MemoryMax is derived from it
     memcached_connections: int = 4096  # memcached -c
     router_metrics_offset: int = DEFAULT_ROUTER_METRICS_OFFSET  # router /metrics port = router port + this
-    java_bin: Path = field(default_factory=_default_java)  # runs the [zookeeper] servers (HA mode)
+    java_bin: Path = field(default_factory=_default_java)  # runs the [zookeeper] servers (worker pools)
     zookeeper_heap_mb: int = 512  # ZooKeeper's -Xmx; its MemoryMax is derived from it
 
 
@@ -156,32 +157,34 @@ def zookeeper_data_dir(opts: RenderOptions, server_id: int) -> Path:
     return opts.data_dir / f"zookeeper-{server_id}"
 
 
-def zookeeper_files(topo: Topology, host: str, opts: RenderOptions) -> dict[str, str]:
-    """The zoo.cfg of every `[zookeeper]` server on `host`, by path relative to DIR (`zookeeper/zoo-N.cfg`, N its
-    myid): the same file `squealctl up` writes (ops.harness.zookeeper_config), with its data in the data dir."""
-    zk = topo.zookeeper
-    if zk is None:
-        return {}
-    peers = zk.peers()
-    return {
-        f"zookeeper/zoo-{server_id}.cfg": zookeeper_config(
-            where,
-            zk.servers[server_id - 1].port,
-            zookeeper_data_dir(opts, server_id),
-            peers if len(peers) > 1 else (),
-            tls=_zookeeper_tls(topo, opts, server_id),
-        )
-        for server_id, where, _, _ in peers
-        if where == host
-    }
-
-
-def _server_cert(topo: Topology, component: str) -> router_config.CertKey:
-    """The certificate `[tls.<component>]` a server needs with `[tls]`; RenderError naming the key if missing."""
+def processes(topo: Topology, host: str, opts: RenderOptions) -> list[Process]:
+    """The plan's processes on `host` (ops/plan.py), each router's /metrics on its port + the offset; with `[tls]`
+    a RenderError naming a certificate a server of this host lacks."""
+    hosts = topo.hosts()
+    if host not in hosts:
+        raise RenderError(f"{host} runs nothing in {topo.source}; the hosts it names: {', '.join(hosts)}")
+    _check_router_metrics_ports(topo, opts.router_metrics_offset)
     try:
-        return router_config.server_certificate(topo, component)
+        return plan(topo, host=host, router_metrics=lambda a: a.port + opts.router_metrics_offset)
     except router_config.TopologyError as e:
         raise RenderError(str(e)) from e
+
+
+def zookeeper_files(here: list[Process], opts: RenderOptions) -> dict[str, str]:
+    """The zoo.cfg of every ZooKeeper server among a host's processes (`here`), by path relative to DIR
+    (`zookeeper/zoo-N.cfg`, N its myid): the same file `squealctl up` writes (ops/processes/zookeeper.py), with
+    its data in the data dir."""
+    return {
+        f"zookeeper/zoo-{p.server_id}.cfg": zookeeper_config(
+            p.address.host,
+            p.address.port,
+            zookeeper_data_dir(opts, p.server_id),
+            p.peers,
+            tls=(zookeeper_keystore(opts, p.server_id), p.tls.ca) if p.tls else None,
+        )
+        for p in here
+        if p.kind == "zookeeper"
+    }
 
 
 def zookeeper_keystore(opts: RenderOptions, server_id: int) -> Path:
@@ -189,30 +192,22 @@ def zookeeper_keystore(opts: RenderOptions, server_id: int) -> Path:
     return zookeeper_data_dir(opts, server_id) / "tls-keystore.pem"
 
 
-def _zookeeper_tls(topo: Topology, opts: RenderOptions, server_id: int) -> tuple[Path, str] | None:
-    """With [tls]: (key store, CA) for a TLS-only client port (`secureClientPort`), as `squealctl up` runs it."""
-    if topo.tls is None:
+def mariadb_tls_cnf(here: list[Process]) -> str | None:
+    """With [tls], the `[mariadbd]` settings of the MariaDB servers among a host's processes (`here`; None: none
+    there, or plaintext):
+    their certificate, the CA that signs their clients', and (`require = true`) no plaintext connection at all."""
+    tls = next((p.tls for p in here if p.kind == "mariadb"), None)
+    if tls is None:
         return None
-    _server_cert(topo, "zookeeper")
-    assert topo.tls.ca is not None
-    return zookeeper_keystore(opts, server_id), topo.tls.ca
-
-
-def mariadb_tls_cnf(topo: Topology) -> str | None:
-    """With [tls], the `[mariadbd]` settings of every MariaDB server of the topology: its certificate, the CA
-    that signs its clients', and (`require = true`) no plaintext connection at all."""
-    if topo.tls is None:
-        return None
-    mine = _server_cert(topo, "mariadb")
     lines = [
         "# Rendered by `squealctl render systemd` from the topology's [tls]: include it in every MariaDB server's",
         "# configuration (e.g. /etc/mysql/mariadb.conf.d/90-squeal-tls.cnf), then restart the server.",
         "[mariadbd]",
-        f"ssl-cert = {mine.cert}",
-        f"ssl-key = {mine.key}",
-        f"ssl-ca = {topo.tls.ca}",
+        f"ssl-cert = {tls.cert}",
+        f"ssl-key = {tls.key}",
+        f"ssl-ca = {tls.ca}",
     ]
-    if topo.tls.require:
+    if tls.require:
         lines += [
             "# [tls] require = true: refuse plaintext clients (accounts may also say REQUIRE SSL)",
             "require-secure-transport = ON",
@@ -223,237 +218,211 @@ def mariadb_tls_cnf(topo: Topology) -> str | None:
 def describe_databases(topo: Topology, host: str) -> list[str]:
     """The MariaDB servers (each shard's copies, every extra replica) that run on `host`, one phrase each."""
     out: list[str] = []
-    for shard in topo.shards:
-        for d in shard.copies:
-            if d.host == host:
-                what = f"region {d.region}'s database" if shard.implicit else f"shard {shard.name}'s copy in {d.region}"
-                out.append(f"{what} ({d.role}, {d.address}, server_id {d.server_id})")
-        for d in shard.replicas:
-            if d.host == host:
-                out.append(
-                    f"shard {shard.name}'s extra copy {d.name} in {d.region} "
-                    f"({d.address}, server_id {d.server_id}, from {d.replicates_from})"
-                )
-    for r in topo.regions:
-        for d in r.replicas:
-            if d.host == host:
-                source = d.replicates_from or r.database.name
-                out.append(f"replica {d.name} of region {r.name} ({d.address}, server_id {d.server_id}, from {source})")
+    for p in plan(topo, host=host, certificates=False):
+        d = p.database
+        if d is None:
+            continue
+        if p.source is not None and p.instance is not None:  # an extra copy
+            source = d.replicates_from or topo.region(p.region).database.name
+            what = f"shard {p.shard}'s extra copy {d.name} in" if p.shard else f"replica {d.name} of region"
+            out.append(f"{what} {p.region} ({d.address}, server_id {d.server_id}, from {source})")
+        else:
+            what = f"shard {p.shard}'s copy in {p.region}" if p.shard else f"region {p.region}'s database"
+            out.append(f"{what} ({d.role}, {d.address}, server_id {d.server_id})")
     return out
 
 
-def plan(topo: Topology, host: str, opts: RenderOptions, config_dir: Path) -> list[Unit]:
-    """The services `host` runs, in start order: ZooKeeper, memcached, routers, squeal daemons, monitoring.
+def units(topo: Topology, here: list[Process], opts: RenderOptions, config_dir: Path) -> list[Unit]:
+    """A service for each of a host's processes (`here`, from `processes()`), in plan order: ZooKeeper, memcached,
+    routers, squeal daemons, monitoring. MariaDB gets none: it runs under Debian's own service
+    (`describe_databases`).
 
     A region with `squeal_instances` (a pool's workers) runs one `squeal run --instance NAME` per instance, never
     a `--region` daemon (`squeal run` refuses that for such a region). With `[shards]` nothing more is rendered: a
     region's daemon or a pool's workers run a pipeline per shard themselves."""
-    hosts = topo.hosts()
-    if host not in hosts:
-        raise RenderError(f"{host} runs nothing in {topo.source}; the hosts it names: {', '.join(hosts)}")
-    _check_router_metrics_ports(topo, opts.router_metrics_offset)
-    venv = opts.venv
-    python_env = (("PYTHONUNBUFFERED", "1"), ("PYTHONDONTWRITEBYTECODE", "1"))
-    topology_file = config_dir / "topology.toml"
-    units: list[Unit] = []
-
-    zk = topo.zookeeper
-    ensemble, clients = (zk.peers(), zk.servers) if zk else ((), ())
-    for server_id, where, quorum, election in ensemble:
-        if where != host:
-            continue
-        client = clients[server_id - 1]
-        data = zookeeper_data_dir(opts, server_id)
-        tls = _zookeeper_tls(topo, opts, server_id)
-        argv: tuple[str, ...] = (
-            str(opts.java_bin),
-            f"-Xmx{opts.zookeeper_heap_mb}m",
-            "-XX:+ExitOnOutOfMemoryError",  # a restart beats a server limping on without memory
-            *ZOOKEEPER_LOGGING,
-            # with [tls], Netty's TLS handler needs its codec, which zookeeper.jar's manifest leaves out
-            "-cp", ZOOKEEPER_CLASSPATH + (f":{NETTY_CODEC_JAR}" if tls else ""),
-            ZOOKEEPER_MAIN,
-            str(config_dir / "zookeeper" / f"zoo-{server_id}.cfg"),
-        )  # fmt: skip
-        # An ensemble member finds its id in dataDir/myid (systemd creates the state directory, empty).
-        myid = f"mkdir -p {shlex.quote(str(data))} && echo {server_id} > {shlex.quote(str(data / 'myid'))}"
-        pre: tuple[tuple[str, ...], ...] = (("/bin/sh", "-c", myid),) if len(ensemble) > 1 else ()
-        if tls is not None:  # ZooKeeper's PEM key store is one file: key + chain, rebuilt from [tls] at each start
-            mine = _server_cert(topo, "zookeeper")
-            keystore = shlex.quote(str(zookeeper_keystore(opts, server_id)))
-            pre += (
-                (
-                    "/bin/sh",
-                    "-c",
-                    f"mkdir -p {shlex.quote(str(data))} && umask 077 && "
-                    f"cat {shlex.quote(mine.key)} {shlex.quote(mine.cert)} > {keystore}",
-                ),
-            )
-        units.append(
-            Unit(
-                name=f"squeal-zookeeper-{server_id}.service",
-                description=f"ZooKeeper server {server_id} of squeal's ensemble on {client} (quorum {quorum}, "
-                f"election {election}{'; TLS client port' if tls else ''})",
-                argv=argv,
-                kind="zookeeper",
-                state=(data.name,),
-                memory_max_mb=_zookeeper_mem_max(opts.zookeeper_heap_mb),
-                ports=(client.port, quorum, election),
-                jit_free=False,  # the JVM's JIT writes code
-                needs_network=True,  # its peers on other hosts
-                pre=pre,
-            )
-        )
-    zookeepers_here = tuple(u.name for u in units)
-
-    def memcached(addr: router_config.Address, where: str, name: str) -> Unit:
-        mb = opts.memcached_mb
-        argv: tuple[str, ...] = (
-            str(opts.memcached_bin),
-            "-l", addr.host,
-            "-p", str(addr.port),
-            "-U", "0",
-            "-m", str(mb),
-            "-c", str(opts.memcached_connections),
-            "-u", opts.user,  # ignored unless started as root (by hand): then it drops to this account
-        )  # fmt: skip
-        if topo.tls is not None:  # the port speaks TLS only, as under `squealctl up`
-            mine = _server_cert(topo, "memcached")
-            argv += ("-Z", "-o", f"ssl_chain_cert={mine.cert},ssl_key={mine.key}")
-        return Unit(
-            name=f"squeal-memcached-{name}-{addr.port}.service",
-            description=f"squeal memcached {addr} ({where})",
-            argv=argv,
-            kind="memcached",
-            limit_nofile=opts.memcached_connections + 1024,
-            memory_max_mb=_memcached_mem_max(mb),
-            ports=(addr.port,),
-        )
-
-    for region in topo.regions:
-        for addr in region.regional_pool.servers if region.regional_pool else ():
-            if addr.host == host:
-                units.append(memcached(addr, f"region {region.name}, regional pool", f"{_part(region.name)}-regional"))
-        for cluster in region.clusters:
-            for pool in cluster.pools:
-                for addr in pool.servers:
-                    if addr.host == host:
-                        where = f"region {region.name}, cluster {cluster.name}, pool {pool.name}"
-                        units.append(memcached(addr, where, f"{_part(cluster.name)}-{_part(pool.name)}"))
-    for cluster in topo.clusters:
-        for addr in cluster.routers:
-            if addr.host != host:
-                continue
-            spool = f"router-{_part(cluster.name)}-{addr.port}"
-            metrics = addr.port + opts.router_metrics_offset
-            if topo.tls is None:
-                port: tuple[str, ...] = ("-p", str(addr.port))
-            else:  # the topology port is the router's one port, TLS only; the CA verifies its TLS pools
-                mine = _server_cert(topo, "router")
-                port = ("--ssl-port", str(addr.port), "--pem-cert-path", mine.cert, "--pem-key-path", mine.key)
-                port += ("--pem-ca-path", str(topo.tls.ca))
-            argv = (
-                str(opts.router_bin),
-                "--config-file", str(config_dir / "routers" / f"{cluster.name}.json"),
-                *port,
-                "--listen", addr.host,
-                "--spool-dir", str(opts.data_dir / spool),
-                "--metrics-port", str(metrics),
-                # squeal flushes a region through its routers (on_truncate/on_data_loss "flush",
-                # `squeal accept-data-loss`), as under `squealctl up`.
-                "--enable-flush-cmd",
-            )  # fmt: skip
-            units.append(
-                Unit(
-                    name=f"squeal-router-{_part(cluster.name)}-{addr.port}.service",
-                    description=f"squeal-router {addr} (region {cluster.region}, cluster {cluster.name})",
-                    argv=argv,
-                    kind="router",
-                    state=(spool,),
-                    ports=(addr.port, metrics),
-                )
-            )
-
-    def squeal_unit(
-        name: str, description: str, selector: tuple[str, str], port: int, state: str, after: tuple[str, ...] = ()
-    ) -> Unit:
-        """`squeal run TOPOLOGY --region R` (a region's daemon) or `--instance NAME` (a pool's worker)."""
-        argv: tuple[str, ...] = (
-            str(venv / "bin" / "squeal"),
-            "run", str(topology_file),
-            *selector,
-            "--metrics-port", str(port),
-            "--state-dir", str(opts.data_dir / state),
-        )  # fmt: skip
-        return Unit(
-            name=name,
-            description=description,
-            argv=argv,
-            kind="squeal",
-            state=(state,),
-            environment=python_env,
-            ports=(port,),
-            jit_free=False,
-            needs_network=True,
-            after=after,
-        )
-
-    for region in topo.regions:
-        for inst in region.squeal_instances:
-            if inst.host != host:
-                continue
-            part = _part(inst.name)  # its state dir: pid file and requests; the markers are in ZooKeeper
-            units.append(  # the pool's controller gives it its shards
-                squeal_unit(
-                    f"squeal-worker-{part}.service",
-                    f"squeal worker {inst.name} of region {region.name}'s pool (the shards the pool's controller "
-                    f"assigns it, each from its copy in {region.name})",
-                    ("--instance", inst.name),
-                    inst.metrics_port,
-                    f"squeal-worker-{part}",
-                    after=zookeepers_here,
-                )
-            )
-        if region.squeal_instances or region.squeal_host != host:
-            continue
-        units.append(
-            squeal_unit(
-                f"squeal-daemon-{_part(region.name)}.service",
-                f"squeal invalidation daemon, region {region.name} (database {region.database.address})",
-                ("--region", region.name),
-                topo.squeal_address(region.name).port,
-                f"squeal-{_part(region.name)}",
-            )
-        )
-    if topo.monitoring.host == host:
-        m = topo.monitoring
-        argv = (
-            str(venv / "bin" / "python"),
-            "-m", "monitoring",
-            "serve", str(topology_file),
-            "--state-dir", str(config_dir / "monitoring"),
-            "--port", str(m.port),
-            "--host", m.host,
-            "--probe-interval", str(m.probe_interval),
-        )  # fmt: skip
-        units.append(
-            Unit(
-                name="squeal-monitoring.service",
-                description=f"squeal monitoring: dashboard and canary prober on {m.host}:{m.port}",
-                argv=argv,
-                kind="monitoring",
-                environment=python_env,
-                limit_nofile=8192,
-                ports=(m.port,),
-                jit_free=False,
-                needs_network=True,
-            )
-        )
-    names = [u.name for u in units]
+    render = {
+        "zookeeper": _zookeeper_unit,
+        "memcached": _memcached_unit,
+        "router": _router_unit,
+        "squeal": _squeal_unit,
+        "monitoring": _monitoring_unit,
+    }
+    out: list[Unit] = []
+    for p in here:
+        if p.kind in render:
+            out.append(render[p.kind](topo, p, opts, config_dir))
+    # squeal workers start after the host's ZooKeeper servers (ordering only)
+    zookeepers_here = tuple(u.name for u in out if u.kind == "zookeeper")
+    out = [replace(u, after=zookeepers_here) if u.name.startswith("squeal-worker-") else u for u in out]
+    names = [u.name for u in out]
     clash = sorted({n for n in names if names.count(n) > 1})
     if clash:
         raise RenderError(f"two components would share the unit name {clash[0]}: rename a cluster, pool or region")
-    return units
+    return out
+
+
+_PYTHON_ENV = (("PYTHONUNBUFFERED", "1"), ("PYTHONDONTWRITEBYTECODE", "1"))
+
+
+def _zookeeper_unit(topo: Topology, p: Process, opts: RenderOptions, config_dir: Path) -> Unit:
+    server_id, tls = p.server_id, p.tls
+    data = zookeeper_data_dir(opts, server_id)
+    quorum, election = p.peer_ports
+    argv: tuple[str, ...] = (
+        str(opts.java_bin),
+        f"-Xmx{opts.zookeeper_heap_mb}m",
+        "-XX:+ExitOnOutOfMemoryError",  # a restart beats a server limping on without memory
+        *ZOOKEEPER_LOGGING,
+        # with [tls], Netty's TLS handler needs its codec, which zookeeper.jar's manifest leaves out
+        "-cp", ZOOKEEPER_CLASSPATH + (f":{NETTY_CODEC_JAR}" if tls else ""),
+        ZOOKEEPER_MAIN,
+        str(config_dir / "zookeeper" / f"zoo-{server_id}.cfg"),
+    )  # fmt: skip
+    # An ensemble member finds its id in dataDir/myid (systemd creates the state directory, empty).
+    myid = f"mkdir -p {shlex.quote(str(data))} && echo {server_id} > {shlex.quote(str(data / 'myid'))}"
+    pre: tuple[tuple[str, ...], ...] = (("/bin/sh", "-c", myid),) if p.peers else ()
+    if tls is not None:  # ZooKeeper's PEM key store is one file: key + chain, rebuilt from [tls] at each start
+        keystore = shlex.quote(str(zookeeper_keystore(opts, server_id)))
+        pre += (
+            (
+                "/bin/sh",
+                "-c",
+                f"mkdir -p {shlex.quote(str(data))} && umask 077 && "
+                f"cat {shlex.quote(tls.key)} {shlex.quote(tls.cert)} > {keystore}",
+            ),
+        )
+    return Unit(
+        name=f"squeal-zookeeper-{server_id}.service",
+        description=f"ZooKeeper server {server_id} of squeal's ensemble on {p.address} (quorum {quorum}, "
+        f"election {election}{'; TLS client port' if tls else ''})",
+        argv=argv,
+        kind="zookeeper",
+        state=(data.name,),
+        memory_max_mb=_zookeeper_mem_max(opts.zookeeper_heap_mb),
+        ports=p.ports,
+        jit_free=False,  # the JVM's JIT writes code
+        needs_network=True,  # its peers on other hosts
+        pre=pre,
+    )
+
+
+def _memcached_unit(topo: Topology, p: Process, opts: RenderOptions, config_dir: Path) -> Unit:
+    mb, addr = opts.memcached_mb, p.address
+    argv: tuple[str, ...] = (
+        str(opts.memcached_bin),
+        "-l", addr.host,
+        "-p", str(addr.port),
+        "-U", "0",
+        "-m", str(mb),
+        "-c", str(opts.memcached_connections),
+        "-u", opts.user,  # ignored unless started as root (by hand): then it drops to this account
+    )  # fmt: skip
+    if p.tls is not None:  # the port speaks TLS only, as under `squealctl up`
+        argv += ("-Z", "-o", f"ssl_chain_cert={p.tls.cert},ssl_key={p.tls.key}")
+    if p.cluster is None:
+        where, name = f"region {p.region}, regional pool", f"{_part(p.region)}-regional"
+    else:
+        where = f"region {p.region}, cluster {p.cluster}, pool {p.pool}"
+        name = f"{_part(p.cluster)}-{_part(p.pool or '')}"
+    return Unit(
+        name=f"squeal-memcached-{name}-{addr.port}.service",
+        description=f"squeal memcached {addr} ({where})",
+        argv=argv,
+        kind="memcached",
+        limit_nofile=opts.memcached_connections + 1024,
+        memory_max_mb=_memcached_mem_max(mb),
+        ports=(addr.port,),
+    )
+
+
+def _router_unit(topo: Topology, p: Process, opts: RenderOptions, config_dir: Path) -> Unit:
+    addr, cluster, metrics = p.address, p.cluster or "", p.metrics_port
+    assert metrics is not None  # `processes` chose it
+    spool = f"router-{_part(cluster)}-{addr.port}"
+    if p.tls is None:
+        port: tuple[str, ...] = ("-p", str(addr.port))
+    else:  # the topology port is the router's one port, TLS only; the CA verifies its TLS pools
+        port = ("--ssl-port", str(addr.port), "--pem-cert-path", p.tls.cert, "--pem-key-path", p.tls.key)
+        port += ("--pem-ca-path", p.tls.ca)
+    argv = (
+        str(opts.router_bin),
+        "--config-file", str(config_dir / "routers" / f"{cluster}.json"),
+        *port,
+        "--listen", addr.host,
+        "--spool-dir", str(opts.data_dir / spool),
+        "--metrics-port", str(metrics),
+        # squeal flushes a region through its routers (on_truncate/on_data_loss "flush",
+        # `squeal accept-data-loss`), as under `squealctl up`.
+        "--enable-flush-cmd",
+    )  # fmt: skip
+    return Unit(
+        name=f"squeal-router-{_part(cluster)}-{addr.port}.service",
+        description=f"squeal-router {addr} (region {p.region}, cluster {cluster})",
+        argv=argv,
+        kind="router",
+        state=(spool,),
+        ports=(addr.port, metrics),
+    )
+
+
+def _squeal_unit(topo: Topology, p: Process, opts: RenderOptions, config_dir: Path) -> Unit:
+    """`squeal run TOPOLOGY --instance NAME` (a pool's worker: the pool's controller gives it its shards; its state
+    dir holds its pid file and requests, the markers are in ZooKeeper) or `--region R` (a region's daemon)."""
+    if p.instance is not None:
+        part = _part(p.instance)
+        name, state, selector = f"squeal-worker-{part}.service", f"squeal-worker-{part}", ("--instance", p.instance)
+        description = (
+            f"squeal worker {p.instance} of region {p.region}'s pool (the shards the pool's controller "
+            f"assigns it, each from its copy in {p.region})"
+        )
+    else:
+        part = _part(p.region)
+        name, state, selector = f"squeal-daemon-{part}.service", f"squeal-{part}", ("--region", p.region)
+        description = (
+            f"squeal invalidation daemon, region {p.region} (database {topo.region(p.region).database.address})"
+        )
+    argv: tuple[str, ...] = (
+        str(opts.venv / "bin" / "squeal"),
+        "run", str(config_dir / "topology.toml"),
+        *selector,
+        "--metrics-port", str(p.address.port),
+        "--state-dir", str(opts.data_dir / state),
+    )  # fmt: skip
+    return Unit(
+        name=name,
+        description=description,
+        argv=argv,
+        kind="squeal",
+        state=(state,),
+        environment=_PYTHON_ENV,
+        ports=(p.address.port,),
+        jit_free=False,
+        needs_network=True,
+    )
+
+
+def _monitoring_unit(topo: Topology, p: Process, opts: RenderOptions, config_dir: Path) -> Unit:
+    m = p.address
+    argv = (
+        str(opts.venv / "bin" / "python"),
+        "-m", "monitoring",
+        "serve", str(config_dir / "topology.toml"),
+        "--state-dir", str(config_dir / "monitoring"),
+        "--port", str(m.port),
+        "--host", m.host,
+        "--probe-interval", str(topo.monitoring.probe_interval),
+    )  # fmt: skip
+    return Unit(
+        name="squeal-monitoring.service",
+        description=f"squeal monitoring: dashboard and canary prober on {m.host}:{m.port}",
+        argv=argv,
+        kind="monitoring",
+        environment=_PYTHON_ENV,
+        limit_nofile=8192,
+        ports=(m.port,),
+        jit_free=False,
+        needs_network=True,
+    )
 
 
 def _check_router_metrics_ports(topo: Topology, offset: int) -> None:
@@ -475,57 +444,15 @@ def _check_router_metrics_ports(topo: Topology, offset: int) -> None:
 
 
 def components(topo: Topology, offset: int, topology_file: Path) -> dict:
-    """The monitoring server's component list (the shape `squealctl up` records): what to scrape, everywhere."""
-    out: list[dict] = []
-
-    def add(
-        role: str,
-        region: str,
-        cluster: str | None,
-        pool: str | None,
-        address: str,
-        metrics: str | None,
-        instance: str | None = None,
-        shard: str | None = None,
-    ):
-        out.append(
-            {
-                "role": role,
-                "region": region,
-                "cluster": cluster,
-                "pool": pool,
-                "address": address,
-                "metrics": metrics,
-                "instance": instance,
-                "shard": shard,
-            }
-        )
-
-    if topo.zookeeper is not None:  # recorded as `squealctl up` does: under the master region
-        for a in topo.zookeeper.servers:
-            add("zookeeper", topo.master.name, None, None, str(a), None)
-    for shard in topo.shards:
-        for d in shard.copies:
-            name = None if shard.implicit else shard.name
-            add(f"mariadb-{d.role}", d.region, None, None, str(d.address), None, shard=name)
-        for d in shard.replicas:  # (named like `squealctl up` records them: the copy's R as the instance)
-            add("mariadb-replica", d.region, None, None, str(d.address), None, d.name.partition("@")[2], shard.name)
-    for r in topo.regions:
-        for d in r.replicas:
-            add("mariadb-replica", r.name, None, None, str(d.address), None, d.name)
-    for r in topo.regions:
-        for a in r.regional_pool.servers if r.regional_pool else ():
-            add("memcached", r.name, None, "regional", str(a), None)
-        for c in r.clusters:
-            for p in c.pools:
-                for a in p.servers:
-                    add("memcached", r.name, c.name, p.name, str(a), None)
-    for c in topo.clusters:
-        for a in c.routers:
-            add("router", c.region, c.name, None, str(a), f"{a.host}:{a.port + offset}")
-    for daemon in topo.squeal_daemons():  # a region's pool workers, else its single daemon
-        address = str(daemon.address)
-        add("squeal", daemon.region, None, None, address, address, daemon.instance.name if daemon.instance else None)
+    """The monitoring server's component list (the shape `squealctl up` records): what to scrape, everywhere —
+    every process of the plan but monitoring itself, a router's /metrics on its port + `offset`."""
+    every = plan(topo, certificates=False, router_metrics=lambda a: a.port + offset)
+    fields = ("role", "region", "cluster", "pool", "address", "metrics", "instance", "shard")
+    out = [
+        {f: str(p.address) if f == "address" else getattr(p, f) for f in fields}
+        for p in every
+        if p.kind != "monitoring"
+    ]
     return {"topology": str(topology_file), "rendered": True, "components": out}
 
 
@@ -668,44 +595,44 @@ def render_systemd(
     for what, path in (("--data-dir", opts.data_dir), ("the config dir", config_dir)):
         if any(c.isspace() for c in str(path)):
             raise RenderError(f"{what} {path} contains whitespace, which unit files cannot carry in a path")
-    units = plan(topo, host, opts, config_dir)
+    here = processes(topo, host, opts)
+    services = units(topo, here, opts, config_dir)
     out.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
     topology_copy = out / "topology.toml"
     if topology_path.resolve() != topology_copy:
         shutil.copyfile(topology_path, topology_copy)
     files.append(topology_copy)
-    for cluster in topo.clusters:
-        if any(a.host == host for a in cluster.routers):
-            path = out / "routers" / f"{cluster.name}.json"
-            path.parent.mkdir(exist_ok=True)
-            path.write_text(router_config.render(router_config.cluster_config(topo, cluster.name)))
-            files.append(path)
-    for relative, text in zookeeper_files(topo, host, opts).items():
+    for cluster in dict.fromkeys(p.cluster for p in here if p.kind == "router" and p.cluster):
+        path = out / "routers" / f"{cluster}.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(router_config.render(router_config.cluster_config(topo, cluster)))
+        files.append(path)
+    for relative, text in zookeeper_files(here, opts).items():
         path = out / relative
         path.parent.mkdir(exist_ok=True)
         path.write_text(text)
         files.append(path)
     databases = describe_databases(topo, host)
-    tls_cnf = mariadb_tls_cnf(topo) if databases else None
+    tls_cnf = mariadb_tls_cnf(here)
     if tls_cnf is not None:
         path = out / "mariadb" / "tls.cnf"
         path.parent.mkdir(exist_ok=True)
         path.write_text(tls_cnf)
         files.append(path)
-    if any(u.kind == "monitoring" for u in units):
+    if any(u.kind == "monitoring" for u in services):
         path = out / "monitoring" / "components.json"
         path.parent.mkdir(exist_ok=True)
         doc = components(topo, opts.router_metrics_offset, config_dir / "topology.toml")
         path.write_text(json.dumps(doc, indent=2) + "\n")
         files.append(path)
     written: list[Path] = []
-    for unit in units:
+    for unit in services:
         path = out / unit.name
         path.write_text(unit_text(unit, opts, config_dir))
         written.append(path)
     target = out / TARGET
-    target.write_text(target_text(host, units))
+    target.write_text(target_text(host, services))
     written.append(target)
     # A unit an earlier render wrote for a component that no longer runs here must not be installed again.
     for old in out.glob("squeal-*.service"):

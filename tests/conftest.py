@@ -120,14 +120,14 @@ def zookeeper(processes: _Processes) -> ZooKeeper:
 
 
 @pytest.fixture(scope="module")
-def ha_deployment(tmp_path_factory: pytest.TempPathFactory):
-    """`squealctl up` of a small HA topology (tests/ops/deployments.py HA_TWO_REGIONS: a 3-server ZooKeeper
-    ensemble, east's squeal instances east-1 on the primary and east-2 on a replica, west's single daemon),
+def two_worker_deployment(tmp_path_factory: pytest.TempPathFactory):
+    """`squealctl up` of a small topology with two workers (tests/ops/deployments.py TWO_WORKERS_TWO_REGIONS: a
+    3-server ZooKeeper ensemble, east's workers east-1 on the primary and east-2 on a replica, west's single daemon),
     shared by the tests of one module; `squealctl down` after it. (Per module, not per session: ~20 processes
-    left running through the rest of the suite would load the timing-sensitive HA and router tests.)"""
+    left running through the rest of the suite would load the timing-sensitive pool and router tests.)"""
     from ops.harness import ROUTER_BIN
-    from tests.ops.deployments import ha_deployment_up
+    from tests.ops.deployments import two_worker_deployment_up
 
     require_binary(ROUTER_BIN.exists(), "router not built (scripts/setup.sh)")
-    with ha_deployment_up(tmp_path_factory.mktemp("ha-deployment")) as deployment:
+    with two_worker_deployment_up(tmp_path_factory.mktemp("two-worker-deployment")) as deployment:
         yield deployment

@@ -59,6 +59,12 @@ def _wait(predicate, timeout: float, what: str) -> None:
     wait_until(predicate, timeout, what, ignore=(), error=AssertionError)
 
 
+def cached(client: Client) -> list[str]:
+    """The user:N keys (N up to UPDATES) the client's cluster holds."""
+    keys = [f"user:{i}" for i in range(1, UPDATES + 1)]
+    return [k for start in range(0, UPDATES, 100) for k in client.get_many(keys[start : start + 100])]
+
+
 def test_updates_at_master_invalidate_every_cluster_of_both_regions(platform):
     topo, _ = platform
     db = topo.master.database
@@ -79,12 +85,11 @@ def test_updates_at_master_invalidate_every_cluster_of_both_regions(platform):
         _wait(lambda: all(c.get(last) is None for c in clients.values()), 30, "the insert's deletes")
         for client in clients.values():
             client.set_many({f"user:{i}": b"cached" for i in range(1, UPDATES + 1)}, expire=600)
+        # Every key is there before the UPDATE: its absence below is then the UPDATE's deletes, not a set that
+        # never landed.
+        assert {name: len(cached(c)) for name, c in clients.items()} == {name: UPDATES for name in clients}
         for i in range(1, UPDATES + 1):
             cur.execute("UPDATE app.users SET name = %s WHERE id = %s", (f"renamed{i}", i))
-
-    def cached(client: Client) -> list[str]:
-        keys = [f"user:{i}" for i in range(1, UPDATES + 1)]
-        return [k for start in range(0, UPDATES, 100) for k in client.get_many(keys[start : start + 100])]
 
     _wait(lambda: not any(cached(c) for c in clients.values()), 60, "every user:N key to leave every cluster")
     assert {name: cached(c) for name, c in clients.items()} == {name: [] for name in clients}

@@ -108,13 +108,13 @@ def test_dashboard_renders_live_charts(tmp_path, memcached_factory):
             driver.quit()
 
 
-def test_dashboard_shows_who_owns_each_shard_of_a_pooled_region(tmp_path, ha_deployment):
+def test_dashboard_shows_who_owns_each_shard_of_a_pooled_region(tmp_path, two_worker_deployment):
     """The deployment's own monitoring server (`squealctl up` of a topology whose east has two workers): the worker
     that owns east's shard and the one owning nothing, as the workers' /healthz say; west (a single daemon) has no
     pool to show."""
     from selenium.webdriver.support.ui import WebDriverWait
 
-    rows = ha_deployment.status()
+    rows = two_worker_deployment.status()
     workers = [r for r in rows.values() if r.get("state") == "worker" and r["region"] == "east"]
     owner = next(r["instance"] for r in workers if r.get("owns"))
     idle = next(r["instance"] for r in workers if not r.get("owns"))
@@ -141,12 +141,12 @@ def test_dashboard_shows_who_owns_each_shard_of_a_pooled_region(tmp_path, ha_dep
     assert (east["owners"], east["idle"], east["unowned"]) == ({shard: owner}, [idle], [])
 
 
-def test_dashboard_shows_each_links_tls_state(tmp_path, ha_deployment):
+def test_dashboard_shows_each_links_tls_state(tmp_path, two_worker_deployment):
     """The links table (monitoring/links.py): a plaintext deployment's every link is PLAINTEXT, one row per
     server, as /api/links says (the TLS deployment's links are checked in tests/ops/test_tls_deployment.py)."""
     from selenium.webdriver.support.ui import WebDriverWait
 
-    address = ha_deployment.status()["monitoring"]["address"]
+    address = two_worker_deployment.status()["monitoring"]["address"]
 
     def links() -> list[dict]:
         with urllib.request.urlopen(f"http://{address}/api/links", timeout=5) as resp:
@@ -154,7 +154,7 @@ def test_dashboard_shows_each_links_tls_state(tmp_path, ha_deployment):
 
     found = wait_until(links, 30, "the monitoring server's first round of link checks")
     assert found and all(link["tls"] is False and link["detail"].startswith("plaintext") for link in found), found
-    routers = {str(a) for c in ha_deployment.topo.clusters for a in c.routers}
+    routers = {str(a) for c in two_worker_deployment.topo.clusters for a in c.routers}
     assert routers <= {link["address"] for link in found if link["server"].startswith("router ")}
 
     driver = chromium(tmp_path / "chrome")

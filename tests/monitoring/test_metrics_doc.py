@@ -42,12 +42,17 @@ def test_every_python_metric_is_documented_and_every_documented_one_is_defined()
     assert python_rows - defined == set(), "in docs/metrics.md but defined nowhere"
 
 
+def _charted(text: str) -> set[str]:
+    return {_base(n) for n in re.findall(r"squeal_[a-z_]+", text) if not n.endswith("_")}
+
+
 def test_dashboards_only_chart_documented_metrics():
     grafana = (ROOT / "monitoring" / "grafana-dashboard.json").read_text()
     exprs = " ".join(t["expr"] for p in json.loads(grafana)["panels"] for t in p["targets"])
     panels = (ROOT / "monitoring" / "panels.py").read_text()
-    used = {_base(n) for n in re.findall(r"squeal_[a-z_]+", exprs + panels) if not n.endswith("_")}
-    assert used - DOCUMENTED == set()
+    # each source charts something: a regex that finds nothing would pass any dashboard
+    assert len(_charted(exprs)) > 10 and len(_charted(panels)) > 10, (_charted(exprs), _charted(panels))
+    assert (_charted(exprs) | _charted(panels)) - DOCUMENTED == set()
 
 
 def test_grafana_percentage_axes_end_at_100_percent():

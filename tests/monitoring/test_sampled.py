@@ -74,8 +74,8 @@ def test_checker_flags_a_key_that_holds_a_wrong_value_after_its_delete(
     assert checker.stale.labels("east", "a")._value.get() == 1
 
 
-def test_checker_asks_every_squeal_instance_of_an_ha_region():
-    # Only the leader has samples, and any instance may lead: each is asked, by its own address.
+def test_checker_asks_every_worker_of_a_pooled_region():
+    # Only the workers owning shards have samples, and any worker may own one: each is asked, by its own address.
     example = router_config.load(Path(__file__).resolve().parents[2] / "examples" / "local.toml")
     checker = SampledDeleteChecker(example)
     assert checker.daemons == {s.name: (s.region, str(s.address)) for r in example.regions for s in r.squeal_instances}

@@ -65,9 +65,9 @@ def squealctl(state: Path, *args: str, check: bool = True) -> subprocess.Complet
     return result
 
 
-# HA: east runs two squeal instances (on the primary, on a GTID replica of it) behind a 3-server ZooKeeper
+# east runs two squeal workers (on the primary, on a GTID replica of it) behind a 3-server ZooKeeper
 # ensemble; west keeps its single daemon (a topology may mix both). Placeholder ports, as above.
-HA_TWO_REGIONS = (
+TWO_WORKERS_TWO_REGIONS = (
     """
 [zookeeper]
 servers = ["127.0.0.1:7", "127.0.0.1:8", "127.0.0.1:9"]
@@ -97,9 +97,9 @@ metrics_port = 12
 
 
 @dataclass
-class HaDeployment:
-    """`squealctl up` of HA_TWO_REGIONS (east: two workers on two copies) on stable free ports (tests/conftest.py's
-    `ha_deployment`)."""
+class TwoWorkerDeployment:
+    """`squealctl up` of TWO_WORKERS_TWO_REGIONS (east: two workers on two copies) on stable free ports
+    (tests/conftest.py's `two_worker_deployment`)."""
 
     topology: Path
     topo: router_config.Topology
@@ -117,14 +117,16 @@ class HaDeployment:
 
 
 @contextlib.contextmanager
-def ha_deployment_up(base: Path) -> Iterator[HaDeployment]:
-    topo = router_config.reassign_ports(router_config.loads(HA_TWO_REGIONS, source="ha.toml"), stable_port)
-    path = base / "ha.toml"
+def two_worker_deployment_up(base: Path) -> Iterator[TwoWorkerDeployment]:
+    topo = router_config.reassign_ports(
+        router_config.loads(TWO_WORKERS_TWO_REGIONS, source="workers.toml"), stable_port
+    )
+    path = base / "workers.toml"
     path.write_text(router_config.dumps(topo))
     state = base / "state"
     try:
         squealctl(state, "up", str(path))
-        yield HaDeployment(path, router_config.load(path), state)
+        yield TwoWorkerDeployment(path, router_config.load(path), state)
     finally:
         squealctl(state, "down", check=False)
 

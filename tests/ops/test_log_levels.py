@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ops.harness import ROUTER_BIN, wait_until
 from tests.binaries import needs_binary
-from tests.ops.deployments import ha_deployment_up, squealctl
+from tests.ops.deployments import squealctl, two_worker_deployment_up
 
 pytestmark = needs_binary(ROUTER_BIN.exists(), "router not built (scripts/setup.sh)")
 
@@ -22,7 +22,7 @@ def python_logs(state: Path) -> list[Path]:
 
 
 def test_a_clean_up_a_planned_move_and_a_down_log_nothing_above_info(tmp_path):
-    with ha_deployment_up(tmp_path) as deployment:  # up ... down
+    with two_worker_deployment_up(tmp_path) as deployment:  # up ... down
         state = deployment.state
         owner = deployment.owner("east")
         assert owner is not None

@@ -13,10 +13,10 @@ import pytest
 import router_config
 from ops.harness import ROUTER_BIN, memcached_command, wait_until
 from tests.binaries import require_binary
-from tests.ops.deployments import HA_TWO_REGIONS, run_sql, squealctl, stable_port
+from tests.ops.deployments import TWO_WORKERS_TWO_REGIONS, run_sql, squealctl, stable_port
 
 WITHIN = 30.0  # a deadline for something that must happen, not a speed check
-POOLED = HA_TWO_REGIONS.replace(
+POOLED = TWO_WORKERS_TWO_REGIONS.replace(
     "[regions.east]\nmaster = true\n", "[regions.east]\nmaster = true\nsqueal_pool = true\n"
 )
 
@@ -24,7 +24,7 @@ POOLED = HA_TWO_REGIONS.replace(
 @pytest.fixture(scope="module")
 def pooled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, router_config.Topology]]:
     require_binary(ROUTER_BIN.exists(), "router not built (scripts/setup.sh)")
-    assert POOLED != HA_TWO_REGIONS, "the test's edit must apply"
+    assert POOLED != TWO_WORKERS_TWO_REGIONS, "the test's edit must apply"
     base = tmp_path_factory.mktemp("pool-deployment")
     topo = router_config.reassign_ports(router_config.loads(POOLED, source="pool.toml"), stable_port)
     path = base / "pool.toml"

@@ -148,9 +148,12 @@ def test_stop_keeps_it_down_until_start_and_restart_gives_a_new_pid(small: Path)
     before = status(small)[name]
     result = squealctl(small, "stop", name)
     assert result.stdout.startswith(f"{name} stopped (pid {before['pid']}"), result.stdout
-    # Down, and it stays down: the supervisor reacts to an exit at once (a restart would come within its
-    # 0.5-1 s back-off), so 3 s covers several of its chances to restart it.
-    time.sleep(3)
+    # Down, and it stays down: the supervisor decides about an exit when it sees it (component_exited), logging
+    # either "stopped" (asked for) or "restarting it in N s" (a restart scheduled). Wait for that decision.
+    log, exit_of = small / "supervisor.log", f"{name} (pid {before['pid']})"
+    wait_until(lambda: f"{exit_of} stopped: " in log.read_text(), 10, f"the supervisor's decision about {exit_of}")
+    restarts = [line for line in log.read_text().splitlines() if exit_of in line and "restart" in line]
+    assert restarts == [], restarts  # no restart scheduled
     row = status(small)[name]
     assert (row["running"], row["answering"], row["stopped"], row["restarts"]) == (False, False, True, 0), row
     assert not alive(before["pid"])

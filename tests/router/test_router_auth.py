@@ -10,7 +10,6 @@ sends that connection nothing else.
 from __future__ import annotations
 
 import json
-import time
 
 from ops.harness import Memcached, Router, memcached_command, wait_until
 from tests.router.conftest import Conn
@@ -140,6 +139,16 @@ def test_a_wrong_upstream_login_sends_nothing_to_the_server(processes, tmp_path)
     assert direct.call(b"get login-key\r\n") == b"END"
 
 
+def total_connections(server: Conn) -> int:
+    """memcached's `total_connections`: every connection it accepted, asked on a logged-in connection."""
+    server.send(b"stats\r\n")
+    stats = {}
+    while (line := server.line()) != b"END":
+        _, name, value = line.decode().split(" ", 2)
+        stats[name] = value
+    return int(stats["total_connections"])
+
+
 def login_errors(router, mc) -> list[str]:
     """The router's ERROR lines that name the server and say to use --upstream-auth-file (the TKO
     line that follows each gives the same reason; it is not counted)."""
@@ -174,7 +183,9 @@ def test_without_upstream_credentials_a_clients_login_never_reaches_the_server(p
 
     # the operator is told which server and what to do: once, not per request nor per probe
     wait_until(lambda: login_errors(router, mc), 5.0, "the router to log the missing --upstream-auth-file")
-    time.sleep(1.0)  # probes every 100-200 ms find the same
+    # each probe (every 100-200 ms) is a new connection to the server, finding the same: wait for five of them
+    logged_at = total_connections(direct)
+    wait_until(lambda: total_connections(direct) >= logged_at + 5, 10.0, "five probes after the first log line")
     assert b.call(b"get k\r\n").startswith(b"SERVER_ERROR")
     assert len(login_errors(router, mc)) == 1, login_errors(router, mc)
 

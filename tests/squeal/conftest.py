@@ -35,7 +35,7 @@ def squeal_env(primary: MariaDB, tmp_path: Path) -> Iterator:
 def clients(zk) -> Iterator:
     """`clients(connect=None)`: a started kazoo client on the module's ZooKeeper ensemble (its `zk` fixture) or on
     `connect`, stopped and closed afterwards."""
-    from test_ha_support import SESSION_TIMEOUT, client, hosts
+    from pool_support import SESSION_TIMEOUT, client, hosts
 
     made = []
 

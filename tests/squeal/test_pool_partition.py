@@ -13,8 +13,8 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from pool_support import NetnsLink, ensemble, netns_unavailable
 from squeal_helpers import wait_until
-from test_ha_support import NetnsLink, ensemble, netns_unavailable
 from test_pool_workers import (
     DEADLINE,
     FAST_PLACEMENT,

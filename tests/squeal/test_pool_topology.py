@@ -6,20 +6,22 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from test_ha_topology import HA_GOOD
+from test_worker_topology import WORKERS_GOOD
 
 import router_config
 from router_config import TopologyError
 
-POOLED = HA_GOOD.replace("[regions.east]\nmaster = true\n", "[regions.east]\nmaster = true\nsqueal_pool = true\n", 1)
+POOLED = WORKERS_GOOD.replace(
+    "[regions.east]\nmaster = true\n", "[regions.east]\nmaster = true\nsqueal_pool = true\n", 1
+)
 
 
 def test_pool_flag_loads_and_round_trips() -> None:
-    assert POOLED != HA_GOOD, "the test's edit must apply"
+    assert POOLED != WORKERS_GOOD, "the test's edit must apply"
     topo = router_config.loads(POOLED)
     assert topo.region("east").squeal_pool is True
     assert topo.region("west").squeal_pool is True  # instances without the key: a pool all the same
-    assert router_config.loads(HA_GOOD).regions == topo.regions  # the key changes nothing
+    assert router_config.loads(WORKERS_GOOD).regions == topo.regions  # the key changes nothing
     ports = itertools.count(42000)
     moved = router_config.reassign_ports(topo, lambda: next(ports))
     again = router_config.loads(router_config.dumps(moved))

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pool_support import NetnsSquealDaemon, ensemble, hosts, unique_root
 from squeal_helpers import SCHEMA, Cache, healthz, scrape, unique_db, wait_gone, wait_until
-from test_ha_support import NetnsSquealDaemon, ensemble, hosts, unique_root
 
 from ops import harness
 from ops.harness import MariaDB, Memcached, SquealDaemon, free_port
@@ -260,7 +260,7 @@ def owned(env: Pool) -> dict[str, set[str]]:
 
 
 def pool_of(env: Pool):
-    from test_ha_support import client
+    from pool_support import client
 
     return client(env.zk_hosts, SESSION_TIMEOUT)
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from pool_support import SESSION_TIMEOUT, Link, client, ensemble, expire_session, hosts, unique_root
 from squeal_helpers import wait_until
-from test_ha_support import SESSION_TIMEOUT, Link, client, ensemble, expire_session, hosts, unique_root
 
 from squeal.owner import SessionLease
 from squeal.pool import Ownership

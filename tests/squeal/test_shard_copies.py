@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pool_support import unique_root
 from squeal_helpers import SCHEMA, Cache, healthz, unique_db, wait_gone, wait_until
-from test_ha_support import unique_root
 
 from ops.harness import MariaDB, SquealDaemon, ZooKeeper, free_port
 

@@ -13,8 +13,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from pool_support import SESSION_TIMEOUT, Link, ensemble, expire_session, hosts, unique_root
 from squeal_helpers import wait_until
-from test_ha_support import SESSION_TIMEOUT, Link, ensemble, expire_session, hosts, unique_root
 
 from squeal.zkstore import FencedError, ZooKeeperDatamarkerStore, ZooKeeperUnavailable
 

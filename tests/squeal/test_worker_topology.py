@@ -14,7 +14,7 @@ import pytest
 import router_config
 from router_config import TopologyError
 
-HA_GOOD = """
+WORKERS_GOOD = """
 [zookeeper]
 servers = ["127.0.0.1:2181", "127.0.0.1:2182", "127.0.0.1:2183"]
 session_timeout_s = 4
@@ -61,8 +61,8 @@ pools.wildcard = { servers = ["127.0.0.1:6001"] }
 """
 
 
-def test_ha_topology_loads():
-    topo = router_config.loads(HA_GOOD)
+def test_a_topology_with_workers_loads():
+    topo = router_config.loads(WORKERS_GOOD)
     zk = topo.zookeeper
     assert zk is not None and zk.hosts == "127.0.0.1:2181,127.0.0.1:2182,127.0.0.1:2183"
     assert (zk.session_timeout_s, zk.root, zk.takeover_wait_s, zk.handback_after_s) == (4.0, "/squeal", 30.0, 10.0)
@@ -92,7 +92,7 @@ def test_ha_topology_loads():
     ]
 
 
-def test_a_topology_without_ha_is_unchanged():
+def test_a_topology_without_workers_is_unchanged():
     from tests.ops.deployments import TWO_REGIONS  # examples/local.toml has squeal instances
 
     topo = router_config.loads(TWO_REGIONS)
@@ -103,8 +103,8 @@ def test_a_topology_without_ha_is_unchanged():
         topo.instance("east-1")
 
 
-def test_ha_round_trip_with_new_ports():
-    topo = router_config.loads(HA_GOOD)
+def test_workers_round_trip_with_new_ports():
+    topo = router_config.loads(WORKERS_GOOD)
     ports = itertools.count(41000)
     moved = router_config.reassign_ports(topo, lambda: next(ports))
     again = router_config.loads(router_config.dumps(moved))
@@ -117,7 +117,7 @@ def test_ha_round_trip_with_new_ports():
     assert moved.instance("east-2").database.port != topo.instance("east-2").database.port
 
 
-# (what to change in HA_GOOD, the key path the error must name, words the error must contain)
+# (what to change in WORKERS_GOOD, the key path the error must name, words the error must contain)
 MISTAKES = [
     (
         '[zookeeper]\nservers = ["127.0.0.1:2181", "127.0.0.1:2182", "127.0.0.1:2183"]\nsession_timeout_s = 4\n',
@@ -212,11 +212,11 @@ MISTAKES = [
 
 @pytest.mark.parametrize(("old", "new", "path", "words"), MISTAKES, ids=[m[3][:40] for m in MISTAKES])
 def test_each_impossible_layout_names_file_and_key(old, new, path, words):
-    assert old in HA_GOOD, "the test's edit must apply"
+    assert old in WORKERS_GOOD, "the test's edit must apply"
     with pytest.raises(TopologyError) as info:
-        router_config.loads(HA_GOOD.replace(old, new, 1), source="ha.toml")
+        router_config.loads(WORKERS_GOOD.replace(old, new, 1), source="workers.toml")
     message = str(info.value)
-    assert message.startswith("ha.toml: "), message
+    assert message.startswith("workers.toml: "), message
     assert info.value.path == path, message
     assert words in message, message
 
@@ -224,8 +224,8 @@ def test_each_impossible_layout_names_file_and_key(old, new, path, words):
 def test_squeal_run_in_a_region_with_instances_needs_an_instance(tmp_path, capsys):
     from squeal.cli import main
 
-    path = tmp_path / "ha.toml"
-    path.write_text(HA_GOOD)
+    path = tmp_path / "workers.toml"
+    path.write_text(WORKERS_GOOD)
     assert main(["run", str(path), "--region", "east"]) == 2
     assert (
         "region east runs a pool of squeal workers: start each with --instance NAME (east-1, east-2)"

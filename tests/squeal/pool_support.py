@@ -1,6 +1,7 @@
-"""Shared pieces of the ZooKeeper tests (no tests here): a ZooKeeper ensemble, a TCP link a test can cut, clients,
-a region of two workers on two copies (`HaEnv`: what HA mode was, "one shard, two workers": `squeal run --instance`
-on a primary and on its replica), a network namespace link, a commit -> invalidated prober."""
+"""Shared pieces of the ZooKeeper and worker pool tests (no tests here): a ZooKeeper ensemble, a TCP link a test can
+cut, clients, a region of two workers on two copies (`TwoWorkerPool`: "one shard, two workers", `squeal run
+--instance` on a primary and on its replica; what HA mode was before the pool), a network namespace link, a
+commit -> invalidated prober."""
 
 from __future__ import annotations
 
@@ -163,7 +164,7 @@ class NetnsSquealDaemon(SquealDaemon):
         return ["ip", "netns", "exec", self.netns, *super().command()]
 
 
-class HaEnv:
+class TwoWorkerPool:
     """A schema on `primary` (replicated to `replica`), memcached clusters, a topology whose region east has two
     workers, east-1 on the primary (ranked first) and east-2 on the replica, and their daemons (not started;
     stopped by pid at teardown).
@@ -188,7 +189,7 @@ class HaEnv:
         zk_servers: dict[str, list[Link]] | None = None,
     ) -> None:
         self.primary, self.replica = primary, replica
-        self.schema = unique_db("ha")
+        self.schema = unique_db("pool")
         create_schema(primary, self.schema)
         replica.wait_for_gtid(primary.gtid_binlog_pos())
         self.memcacheds = memcacheds
@@ -372,7 +373,7 @@ class Prober:
     connection of its own, and times each key until it is gone from every cluster: `latencies()` are commit ->
     invalidated, in commit order. The longest is the longest a change waited for delivery (a delivery gap)."""
 
-    def __init__(self, env: HaEnv, first: int, every: float = 0.1) -> None:
+    def __init__(self, env: TwoWorkerPool, first: int, every: float = 0.1) -> None:
         self.env = env
         self.next_id = first
         self.every = every
