@@ -6,8 +6,7 @@
 //! a `"Type|rest"` shorthand string, or the name of a handle defined earlier with `"name"`.
 //! `"Pool|NAME"` as `children` is one destination per server of the pool. An object without
 //! `type` but with `policies`/`wildcard` is a PrefixSelectorRoute (the implicit root).
-//! The text may carry `//` and `/* */` comments and trailing commas, as mcrouter's configs do
-//! (`parse_jsonc`); a parse error names its line and column.
+//! The text goes through `crate::preprocess` (which reads mcrouter's JSON dialect, `crate::jsonc`) first.
 //! Errors name the path of the problem so a rejected reload says why.
 
 use std::collections::HashMap;
@@ -656,50 +655,6 @@ impl RouterConfig {
     }
 }
 
-/// Parse mcrouter's JSON dialect: JSON plus `//` and `/* */` comments and trailing commas.
-///
-/// `json-strip-comments` blanks comments and trailing commas with spaces in place (string
-/// literals and their escapes are left alone), so every byte keeps its line and column and
-/// serde_json's error positions point into the file as written. (It also takes `#` line
-/// comments, which mcrouter does not; a `#` outside a string is invalid JSON anyway.)
-pub fn parse_jsonc(text: &str) -> Result<Value, String> {
-    let mut buf = text.to_string();
-    if json_strip_comments::strip(&mut buf).is_err() {
-        // the stripper fails on a `/` outside a string that starts no comment: find where
-        let at = first_bad_slash(text);
-        let (line, col) = line_col(text, at);
-        return Err(format!(
-            "invalid JSON at line {line} column {col}: `/` outside a string starts no comment (use // or /* */)"
-        ));
-    }
-    serde_json::from_str(&buf).map_err(|e| {
-        let what = e.to_string();
-        let what = what.split(" at line ").next().unwrap_or(&what).to_string();
-        format!("invalid JSON at line {} column {}: {what}", e.line(), e.column())
-    })
-}
-
-/// The byte offset where the stripper first fails: the shortest failing prefix (its state
-/// machine fails at the offending byte, so failure is monotone in the prefix length).
-fn first_bad_slash(text: &str) -> usize {
-    let bytes = text.as_bytes();
-    let fails = |n: usize| json_strip_comments::strip_slice(&mut bytes[..n].to_vec()).is_err();
-    let (mut lo, mut hi) = (0, bytes.len());
-    while lo < hi {
-        let mid = (lo + hi) / 2;
-        if fails(mid + 1) { hi = mid } else { lo = mid + 1 }
-    }
-    lo.saturating_sub(1)
-}
-
-/// 1-based line and column (in characters) of byte offset `at`.
-fn line_col(text: &str, at: usize) -> (usize, usize) {
-    let before = &text[..text.floor_char_boundary(at)];
-    let line = before.matches('\n').count() + 1;
-    let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-    (line, col)
-}
-
 /// Parse and build a config. `default_prefix` picks the default of a `routes` config (mcrouter's
 /// `--route-prefix`); without it, the first alias of the first entry is the default.
 pub fn load(ctx: &Arc<Context>, text: &str, default_prefix: Option<&str>) -> Result<RouterConfig, String> {
@@ -828,7 +783,7 @@ pub fn load_from(
         flush_targets,
         flush_problems,
         servers: b.servers.into_values().collect(),
-        md5: crate::admin::md5_hex(text.as_bytes()),
+        md5: crate::md5::md5_hex(text.as_bytes()),
         loaded_at: std::time::Instant::now(),
     })
 }
@@ -1402,49 +1357,6 @@ mod tests {
                 assert!(err.contains(want), "{want} not in {err}");
             }
         });
-    }
-
-    #[test]
-    fn comments_and_trailing_commas_as_mcrouter_users_write_them() {
-        let text = r#"{
-          // pools
-          "pools": {"a": {"servers": ["127.0.0.1:1",],},}, /* block
-             over lines, with "quotes" and // inside */
-          "route": "PoolRoute|a", // trailing
-        }"#;
-        let v = parse_jsonc(text).unwrap();
-        assert_eq!(v["route"], "PoolRoute|a");
-        assert_eq!(v["pools"]["a"]["servers"][0], "127.0.0.1:1");
-        // comment markers and commas inside strings are data
-        let v = parse_jsonc(r#"{"k": "a // b /* c */ ,]", "e": "q\"//x",}"#).unwrap();
-        assert_eq!(v["k"], "a // b /* c */ ,]");
-        assert_eq!(v["e"], "q\"//x");
-    }
-
-    #[test]
-    fn parse_errors_name_line_and_column() {
-        let err = parse_jsonc("{\n  // fine\n  \"route\": @\n}").unwrap_err();
-        assert!(
-            err.starts_with("invalid JSON at line 3 column 12: expected value"),
-            "{err}"
-        );
-        // a comment before the error does not shift the position
-        let err = parse_jsonc("{ /* x */ \"a\": 1,\n \"b\" 2}").unwrap_err();
-        assert!(err.contains("line 2 column 6"), "{err}");
-        let err = parse_jsonc("{\n  \"a\": 1 / 2\n}").unwrap_err();
-        assert!(err.starts_with("invalid JSON at line 2 column 10: `/`"), "{err}");
-    }
-
-    proptest::proptest! {
-        #[test]
-        fn the_dialect_parser_never_panics(s in "[{}\\[\\]\",:/*\\\\ a1\n]{0,64}") {
-            let _ = parse_jsonc(&s);
-        }
-
-        #[test]
-        fn the_dialect_parser_never_panics_on_any_text(s in "\\PC{0,64}") {
-            let _ = parse_jsonc(&s);
-        }
     }
 
     #[test]

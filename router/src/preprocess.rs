@@ -56,7 +56,7 @@ pub fn expand_file(
     dir: Option<&std::path::Path>,
     params: &[(String, String)],
 ) -> Result<Value> {
-    let v = crate::config::parse_jsonc(text)?;
+    let v = crate::jsonc::parse_jsonc(text)?;
     let import = |path: &str| -> Result<String> {
         // mcrouter's ConfigApi: a `file:` resource is its path as given; a bare path is relative
         // to the config's directory

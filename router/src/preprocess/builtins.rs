@@ -277,7 +277,7 @@ fn import(p: &Preprocessor<'_>, a: &Args<'_, '_>) -> Result<Value> {
         return Ok(v.clone());
     }
     let loaded = (p.import)(&path)
-        .and_then(|text| crate::config::parse_jsonc(&text))
+        .and_then(|text| crate::jsonc::parse_jsonc(&text))
         .and_then(|v| p.expand(v, &Scope::base(None)));
     // the default is expanded only when the import failed (it may be a `@fail(...)`)
     let v = match loaded {
