@@ -17,10 +17,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use tokio::sync::mpsc;
 
 use crate::config::RouterConfig;
 use crate::protocol::{Cmd, Request};
+use crate::recording::Recorder;
 use crate::routes::RouteRef;
 
 /// Keys that are admin requests start with this.
@@ -31,18 +31,6 @@ const BACKGROUND_WAIT: Duration = Duration::from_secs(2);
 
 pub fn is_admin(key: &[u8]) -> bool {
     key.starts_with(PREFIX)
-}
-
-/// Where the destinations a recorded request reaches write their server (see `crate::admin`).
-#[derive(Debug)]
-pub struct Recorder {
-    tx: mpsc::UnboundedSender<String>,
-}
-
-impl Recorder {
-    pub fn record(&self, addr: &str) {
-        let _ = self.tx.send(addr.to_string());
-    }
 }
 
 /// What the router was started with, for `options` and `config_file` (set once by `main`).
@@ -162,8 +150,8 @@ async fn answer(config: &RouterConfig, command: &[u8]) -> Result<String, String>
 
 /// The servers `req` would be sent to, in the order they are reached, each once.
 async fn destinations(route: RouteRef, mut req: Request) -> Vec<String> {
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    req.recording = Some(Arc::new(Recorder { tx }));
+    let (recorder, mut rx) = Recorder::new();
+    req.recording = Some(Arc::new(recorder));
     let _ = route.route(&req).await;
     drop(req);
     // every copy of the request (background ones too) holds the recorder: the channel closes when

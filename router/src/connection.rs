@@ -19,10 +19,11 @@ use tokio::net::TcpStream;
 
 use crate::auth::Login;
 use crate::config::RouterConfig;
+use crate::protocol::lease;
 use crate::protocol::reply::first_line_end;
 use crate::protocol::request::{BINARY_REQUEST_MAGIC, binary_refusal, parse_with};
 use crate::protocol::{Cmd, Command, ParseOutcome, Reply, Request};
-use crate::routes::{BoxFuture, RouteRef, transparent_lease};
+use crate::routes::{BoxFuture, RouteRef};
 use crate::stats::RouteCounters;
 use crate::{Context, Shared};
 
@@ -570,17 +571,11 @@ impl Conn {
                         out.put_slice(&reply.wire);
                         continue;
                     }
-                    match (transparent_lease::read_mg(&reply), reply.lease_token) {
-                        (Ok(v), 0) => {
-                            out.put_slice(&transparent_lease::value_block(b"VALUE", client_key, None, &v, None))
+                    match (lease::read_mg(&reply), reply.lease_token) {
+                        (Ok(v), 0) => out.put_slice(&lease::value_block(b"VALUE", client_key, None, &v, None)),
+                        (Ok(v), token) => {
+                            out.put_slice(&lease::value_block(b"LVALUE", client_key, Some(token), &v, None))
                         }
-                        (Ok(v), token) => out.put_slice(&transparent_lease::value_block(
-                            b"LVALUE",
-                            client_key,
-                            Some(token),
-                            &v,
-                            None,
-                        )),
                         // a reply that is not a value (a route's own miss): nothing for this key
                         (Err(_), _) => {}
                     }

@@ -28,6 +28,7 @@ pub mod md5;
 pub mod metrics_http;
 pub mod preprocess;
 pub mod protocol;
+pub mod recording;
 pub mod routes;
 pub mod server;
 pub mod spool;

@@ -5,6 +5,7 @@
 //! into a result class that route handles reason about, keeping the raw bytes to pass through.
 //! Keeping this apart from sockets makes it testable with plain bytes and fuzzable.
 
+pub mod lease;
 pub mod meta;
 pub mod numbers;
 pub mod reply;

@@ -240,7 +240,7 @@ pub struct Request {
     pub too_large: bool,
     /// Set only by `__mcrouter__.route(...)` (see `crate::admin`): destinations record themselves
     /// here and answer as a server that is up would by default, sending nothing.
-    pub recording: Option<std::sync::Arc<crate::admin::Recorder>>,
+    pub recording: Option<std::sync::Arc<crate::recording::Recorder>>,
     /// The bucket a McBucketRoute above put the key in (mcrouter keeps it in the request's
     /// context): a bucketized pool below hashes it instead of the key.
     pub bucket: Option<u64>,

@@ -8,9 +8,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{BoxFuture, Route, transparent_lease};
+use super::{BoxFuture, Route};
 use crate::Context;
 use crate::lease_tokens::{Issued, LeaseTokens};
+use crate::protocol::lease;
 use crate::protocol::{Cmd, Reply, Request, Res};
 use crate::server::Server;
 
@@ -29,7 +30,7 @@ impl Destination {
     /// `__mcrouter__.route`: a server that is down answers as it would (TKO, so failover routes
     /// go on to their next child, as mcrouter's recording does); one that is up is recorded and
     /// answers the route's default reply. Nothing is sent and nothing is spooled.
-    fn record(&self, rec: &crate::admin::Recorder, req: &Request) -> Reply {
+    fn record(&self, rec: &crate::recording::Recorder, req: &Request) -> Reply {
         if self.server.is_tko() {
             return Reply::error(Res::Tko, "tko: server is marked down");
         }
@@ -43,7 +44,7 @@ impl Destination {
     /// token in its place when clients would misread it, see `crate::lease_tokens`), 1 for a
     /// lease someone else holds (mcrouter's hot miss), none for a hit.
     fn lease_get(&self, mut reply: Reply) -> Reply {
-        let v = match transparent_lease::read_mg(&reply) {
+        let v = match lease::read_mg(&reply) {
             Ok(v) => v,
             Err(Some(error)) => return error,
             Err(None) => return reply,
@@ -94,7 +95,7 @@ impl Route for Destination {
             };
             let reply = match req.cmd {
                 Cmd::LeaseGet => self.lease_get(reply),
-                Cmd::LeaseSet => transparent_lease::fill_reply(reply),
+                Cmd::LeaseSet => lease::fill_reply(reply),
                 _ => reply,
             };
             if req.is_delete() && reply.res.is_failover_error() {
