@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use crate::Context;
+use crate::context::Context;
 use crate::flush::FlushTarget;
 use crate::protocol::{Reply, Request, Res};
 use crate::routes::destination::Destination;
@@ -791,9 +791,9 @@ pub fn load_from(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Options;
+    use crate::options::Options;
     use crate::protocol::Cmd;
-    use crate::routes::testing::{req, run};
+    use crate::testing::{req, run};
 
     fn ctx() -> Arc<Context> {
         Context::new(Options::default(), None)
@@ -893,7 +893,7 @@ mod tests {
                 None,
             )
             .unwrap();
-            let shared = crate::Shared::new(c.clone(), first);
+            let shared = crate::shared::Shared::new(c.clone(), first);
             let before: Vec<String> = {
                 let mut a: Vec<String> = c.all_servers().iter().map(|s| s.addr.clone()).collect();
                 a.sort();

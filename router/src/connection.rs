@@ -19,13 +19,14 @@ use tokio::net::TcpStream;
 
 use crate::auth::Login;
 use crate::config::RouterConfig;
+use crate::context::Context;
 use crate::protocol::lease;
 use crate::protocol::reply::first_line_end;
 use crate::protocol::request::{BINARY_REQUEST_MAGIC, binary_refusal, parse_with};
 use crate::protocol::{Cmd, Command, ParseOutcome, Reply, Request};
 use crate::routes::{BoxFuture, RouteRef};
+use crate::shared::Shared;
 use crate::stats::RouteCounters;
-use crate::{Context, Shared};
 
 mod multiget;
 use multiget::{append_value, multi_get_reply};

@@ -29,8 +29,8 @@ use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::Context;
 use crate::auth::{self, NotReady, UpstreamLogin};
+use crate::context::Context;
 use crate::protocol::reply::parse_reply_counted;
 use crate::protocol::{Cmd, Reply, ReplyKind, Request, Res};
 

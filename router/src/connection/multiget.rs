@@ -11,8 +11,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::future::join_all;
 
 use super::{END, select_route};
-use crate::Context;
 use crate::config::RouterConfig;
+use crate::context::Context;
 use crate::protocol::reply::{first_line_end, parse_decimal};
 use crate::protocol::{Cmd, Reply, Request, Res};
 use crate::routes::RouteRef;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{BoxFuture, Route};
-use crate::Context;
+use crate::context::Context;
 use crate::lease_tokens::{Issued, LeaseTokens};
 use crate::protocol::lease;
 use crate::protocol::{Cmd, Reply, Request, Res};

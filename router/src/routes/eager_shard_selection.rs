@@ -168,7 +168,7 @@ mod tests {
     #[test]
     fn each_shard_gets_a_route_over_its_servers_in_every_pool() {
         run(async {
-            let c = crate::Context::new(crate::Options::default(), None);
+            let c = crate::context::Context::new(crate::options::Options::default(), None);
             let text = r#"{"pools": {"t2": {"servers": ["127.0.0.1:21", "127.0.0.1:22"], "shards": ["1,2,3", "3"]}},
               "route": {"type": "EagerShardSelectionRoute", "children_type": "AllSyncRoute", "children_settings": {},
                 "pools": [{"pool": {"type": "Pool", "name": "t1", "servers": ["127.0.0.1:11", "127.0.0.1:12"]},

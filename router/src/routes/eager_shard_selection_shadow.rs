@@ -188,7 +188,7 @@ mod tests {
     #[test]
     fn builds_from_config_and_without_shadow_shards_is_a_plain_selection() {
         run(async {
-            let c = crate::Context::new(crate::Options::default(), None);
+            let c = crate::context::Context::new(crate::options::Options::default(), None);
             let route = |shadow: &str| {
                 format!(
                     r#"{{"route": {{"type": "EagerShardSelectionShadowRoute", "children_type": "LatestRoute",

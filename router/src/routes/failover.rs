@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use serde_json::{Map, Value};
 
 use super::{BoxFuture, Route, RouteRef, required};
-use crate::Context;
 use crate::config::Builder;
+use crate::context::Context;
 use crate::lease_tokens::{Issued, LeaseTokens};
 use crate::protocol::{Cmd, Reply, Request, Res};
 use crate::routes::destination::HOT_MISS_TOKEN;
@@ -192,7 +192,7 @@ mod tests {
             })
         };
         let (first, second) = (leasing(5), leasing(77));
-        let ctx = crate::Context::new(crate::Options::default(), None);
+        let ctx = crate::context::Context::new(crate::options::Options::default(), None);
         let r = Failover {
             children: vec![first.clone(), second.clone()],
             ctx: Some(ctx.clone()),

@@ -13,8 +13,8 @@ use serde_json::{Map, Value};
 
 use super::failover::try_in_order;
 use super::{BoxFuture, Route, RouteRef, cap_exptime, get_i64, required};
-use crate::Context;
 use crate::config::Builder;
+use crate::context::Context;
 use crate::protocol::{Reply, Request};
 
 pub struct FailoverWithExptime {

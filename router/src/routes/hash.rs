@@ -189,7 +189,7 @@ mod tests {
     #[test]
     fn latest_and_load_balancer_as_hash_funcs_and_empty_pools_as_mcrouter_builds_them() {
         run(async {
-            let c = crate::Context::new(crate::Options::default(), None);
+            let c = crate::context::Context::new(crate::options::Options::default(), None);
             let text = r#"{"pools": {"p": {"servers": ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]},
                                    "none": {"servers": []}, "quiet": {"servers": [], "error_on_empty": false}},
               "route": {"type": "PrefixSelectorRoute", "policies": {

@@ -27,12 +27,12 @@ mod tests {
     #[test]
     fn one_child_per_router_host_and_none_is_a_null_route() {
         run(async {
-            let c = crate::Context::new(crate::Options::default(), None);
+            let c = crate::context::Context::new(crate::options::Options::default(), None);
             let text = r#"{"pools": {"p": {"servers": ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]}, "e": {"servers": []}},
                 "route": {"type": "PrefixSelectorRoute", "policies": {"e:": "HostIdRoute|Pool|e"},
                           "wildcard": {"type": "HostIdRoute", "children": "Pool|p", "salt": "x"}}}"#;
             let cfg = crate::config::load(&c, text, None).unwrap();
-            let host = format!("{}x", super::super::latest::host_id());
+            let host = format!("{}x", crate::routes::latest::host_id());
             let want = crate::hash::latest_order(host.as_bytes(), 3, 1)[0];
             for key in ["a", "b", "c", "d"] {
                 let r = req(Cmd::Get, key);

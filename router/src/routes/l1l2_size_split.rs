@@ -368,7 +368,7 @@ mod tests {
     #[test]
     fn config_fields_are_checked() {
         crate::routes::testing::run(async {
-            let c = crate::Context::new(crate::Options::default(), None);
+            let c = crate::context::Context::new(crate::options::Options::default(), None);
             let ok = r#"{"route": {"type": "L1L2SizeSplitRoute", "l1": "NullRoute", "l2": "NullRoute", "threshold": 8,
                          "ttl_threshold": 5, "failure_ttl": 10, "both_full_set": true, "retries": 3}}"#;
             let cfg = crate::config::load(&c, ok, None).unwrap();

@@ -154,7 +154,7 @@ mod tests {
 
     fn load(config: &str) -> Result<crate::config::RouterConfig, String> {
         run(async {
-            let ctx = crate::Context::new(crate::Options::default(), None);
+            let ctx = crate::context::Context::new(crate::options::Options::default(), None);
             crate::config::load(&ctx, config, None)
         })
     }

@@ -26,8 +26,8 @@ use serde_json::{Map, Value};
 
 use super::failover::try_in_order;
 use super::{BoxFuture, Route, RouteRef, get_i64, get_str, required};
-use crate::Context;
 use crate::config::Builder;
+use crate::context::Context;
 use crate::hash::HashFunc;
 use crate::load::{self, Reading};
 use crate::protocol::{Reply, Request};
@@ -273,7 +273,7 @@ mod tests {
     fn a_slow_or_busy_server_loses_the_key_to_its_second_choice() {
         run(async {
             for busy in [false, true] {
-                let c = crate::Context::new(crate::Options::default(), None);
+                let c = crate::context::Context::new(crate::options::Options::default(), None);
                 // a measurement trusted for the whole test, however long the scheduler keeps it waiting
                 let text = r#"{"pools": {"p": {"servers": ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]}},
                                "route": {"type": "LoadBalancerRoute", "children": "Pool|p", "load_ttl_ms": 600000}}"#;

@@ -205,7 +205,7 @@ mod tests {
         assert_eq!(furc_hash(b"key1", 1000), 808);
         assert_eq!(crate::hash::weighted_ch3(b"808", &[0.5; 5]), 4);
         run(async {
-            let c = crate::Context::new(crate::Options::default(), None);
+            let c = crate::context::Context::new(crate::options::Options::default(), None);
             let text = r#"{"pools": {"foo": {"servers": ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4",
                              "127.0.0.1:5"], "weights": [0.5, 0.5, 0.5, 0.5, 0.5]}},
                 "route": {"type": "PoolRoute", "pool": "foo", "bucketize": true, "total_buckets": 1000,

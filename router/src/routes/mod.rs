@@ -573,6 +573,7 @@ pub fn required<'a>(obj: &'a Map<String, Value>, field: &str, handle: &str) -> R
 pub mod testing {
     //! Fake destinations for route tests.
     use super::*;
+    pub use crate::testing::{req, run, set_req};
     use std::sync::Mutex;
 
     /// Answers every request with a fixed result (or a scripted one per key) and records what it saw.
@@ -635,24 +636,5 @@ pub mod testing {
                 }
             })
         }
-    }
-
-    pub fn req(cmd: Cmd, key: &str) -> Request {
-        Request::simple(cmd, bytes::Bytes::copy_from_slice(key.as_bytes()))
-    }
-
-    pub fn set_req(key: &str, exptime: i64) -> Request {
-        let mut r = req(Cmd::Set, key);
-        r.exptime = exptime;
-        r.value = bytes::Bytes::from_static(b"v");
-        r
-    }
-
-    pub fn run<F: Future>(f: F) -> F::Output {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(f)
     }
 }

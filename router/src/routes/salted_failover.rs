@@ -19,7 +19,7 @@ pub struct SaltedFailover {
     pub func: HashFunc,
     pub salt: Vec<u8>,
     pub max_tries: usize,
-    pub ctx: Option<Arc<crate::Context>>,
+    pub ctx: Option<Arc<crate::context::Context>>,
 }
 
 impl SaltedFailover {

@@ -304,7 +304,7 @@ mod tests {
             route.traverse(req, &mut |child, r| walk(child, r, out));
         }
         run(async {
-            let ctx = crate::Context::new(crate::Options::default(), None);
+            let ctx = crate::context::Context::new(crate::options::Options::default(), None);
             let cfg = crate::config::load(&ctx, config, None).unwrap();
             let mut r = req(Cmd::Get, key);
             let root = cfg.route_for(&mut r).ok().unwrap().clone();

@@ -208,7 +208,7 @@ mod tests {
     #[test]
     fn builds_from_config_with_the_map_in_or_beside_the_pool() {
         run(async {
-            let c = crate::Context::new(crate::Options::default(), None);
+            let c = crate::context::Context::new(crate::options::Options::default(), None);
             let text = r#"{"pools": {"p": {"servers": ["127.0.0.1:1", "127.0.0.1:2"], "shards": [[1, 2], "2,3"]}},
               "route": {"type": "PrefixSelectorRoute", "policies": {
                 "a": {"type": "ShardSelectionRoute", "pool": "p"},

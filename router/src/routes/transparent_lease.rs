@@ -24,8 +24,8 @@ use bytes::Bytes;
 use serde_json::{Map, Value};
 
 use super::{BoxFuture, Route, RouteRef, get_i64, required};
-use crate::Context;
 use crate::config::Builder;
+use crate::context::Context;
 use crate::protocol::lease::{fill_reply, read_mg, value_block};
 use crate::protocol::{Cmd, Reply, Request, Res};
 use crate::stats::Stats;

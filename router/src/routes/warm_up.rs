@@ -26,8 +26,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use serde_json::{Map, Value};
 
 use super::{BoxFuture, Route, RouteRef, get_i64, required};
-use crate::Context;
 use crate::config::Builder;
+use crate::context::Context;
 use crate::protocol::reply::first_line_end;
 use crate::protocol::{Cmd, Reply, Request, Res};
 

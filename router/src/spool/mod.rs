@@ -151,11 +151,11 @@ mod tests {
 
     use bytes::Bytes;
 
-    use super::format::file_name;
     use super::*;
     use crate::protocol::Cmd;
+    use crate::spool::format::file_name;
 
-    use crate::routes::testing::run;
+    use crate::testing::run;
     use std::sync::atomic::{AtomicBool, Ordering};
 
     const SRV: &str = "127.0.0.1:7";

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use super::Spool;
 use super::format::parse_entry;
 use super::writer::{OnEmpty, Take};
-use crate::Context;
+use crate::context::Context;
 use crate::protocol::Request;
 use crate::server::Server;
 
