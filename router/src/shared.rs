@@ -42,3 +42,50 @@ impl Shared {
         self.generation.fetch_add(1, Ordering::Release);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::load;
+    use crate::options::Options;
+    use crate::testing::run;
+
+    #[test]
+    fn a_rejected_config_leaves_no_server_behind_and_a_reload_retires_removed_ones() {
+        run(async {
+            let c = Context::new(Options::default(), None);
+            let first = load(
+                &c,
+                r#"{"pools": {"p": {"servers": ["127.0.0.1:1", "127.0.0.1:2"]}}, "route": "PoolRoute|p"}"#,
+                None,
+            )
+            .unwrap();
+            let shared = Shared::new(c.clone(), first);
+            let before: Vec<String> = {
+                let mut a: Vec<String> = c.all_servers().iter().map(|s| s.addr.clone()).collect();
+                a.sort();
+                a
+            };
+            assert_eq!(before, ["127.0.0.1:1", "127.0.0.1:2"]);
+            // fails after building pool `p` with a third server: none of it stays
+            let bad = r#"{"pools": {"p": {"servers": ["127.0.0.1:3"]}},
+                         "route": {"type": "FailoverRoute", "children": ["PoolRoute|p", "PoolRoute|nope"]}}"#;
+            assert!(load(&c, bad, None).is_err());
+            let mut now: Vec<String> = c.all_servers().iter().map(|s| s.addr.clone()).collect();
+            now.sort();
+            assert_eq!(now, before);
+            // a reload keeps the server it still uses (same object: connection, TKO state) and drops the other
+            let kept = c.live_server("127.0.0.1:1").unwrap();
+            let next = load(
+                &c,
+                r#"{"pools": {"p": {"servers": ["127.0.0.1:1"]}}, "route": "PoolRoute|p"}"#,
+                None,
+            )
+            .unwrap();
+            shared.replace(next);
+            let live = c.all_servers();
+            assert_eq!(live.len(), 1);
+            assert!(Arc::ptr_eq(&live[0], &kept));
+        });
+    }
+}

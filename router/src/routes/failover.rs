@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use serde_json::{Map, Value};
 
-use super::{BoxFuture, Route, RouteRef, required};
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef};
+use crate::build::{Builder, Handle, required};
 use crate::context::Context;
 use crate::lease_tokens::{Issued, LeaseTokens};
 use crate::protocol::{Cmd, Reply, Request, Res};
@@ -113,6 +113,13 @@ impl Route for Failover {
         self.children[0].first_server(req)
     }
 }
+
+pub const FAILOVER_ROUTE: Handle = Handle {
+    name: "FailoverRoute",
+    build,
+    shorthand: Some("children"),
+    fields: &["children"],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let children = b.children(required(obj, "children", "FailoverRoute")?)?;

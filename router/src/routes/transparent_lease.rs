@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use super::{BoxFuture, Route, RouteRef, get_i64, required};
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef};
+use crate::build::{Builder, Handle, get_i64, required};
 use crate::context::Context;
 use crate::protocol::lease::{fill_reply, read_mg, value_block};
 use crate::protocol::{Cmd, Reply, Request, Res};
@@ -207,6 +207,13 @@ impl Route for TransparentLease {
         }
     }
 }
+
+pub const TRANSPARENT_LEASE_ROUTE: Handle = Handle {
+    name: "TransparentLeaseRoute",
+    build,
+    shorthand: None,
+    fields: &["target", "lease_ttl", "lease_wait_ms", "lease_retries", "max_tokens"],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let target = b.route(required(obj, "target", "TransparentLeaseRoute")?)?;
