@@ -36,7 +36,7 @@ impl Default for Options {
             probe_initial: Duration::from_secs(10),
             probe_max: Duration::from_secs(60),
             enable_flush: false,
-            max_value: protocol::request::MAX_VALUE_LEN,
+            max_value: protocol::parse::MAX_VALUE_LEN,
             client_auth: None,
             upstream_login: None,
             upstream_tls: None,

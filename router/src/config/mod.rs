@@ -18,8 +18,8 @@ use crate::context::Context;
 
 mod select;
 
-pub use select::RouterConfig;
 use select::{Root, routing_prefix};
+pub use select::{RouterConfig, Selected, select_route};
 
 /// Parse and build a config. `default_prefix` picks the default of a `routes` config (mcrouter's
 /// `--route-prefix`); without it, the first alias of the first entry is the default.

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use crate::flush::FlushTarget;
 use crate::protocol::{Reply, Request, Res};
 use crate::routes::RouteRef;
@@ -96,4 +98,15 @@ impl RouterConfig {
             }
         }
     }
+}
+
+/// A request's route and the counters of its label, or the error that answers it.
+pub type Selected<'c> = Result<(&'c RouteRef, &'c Arc<RouteCounters>), Reply>;
+
+/// Choose `req`'s route; also returns the key as the client sent it if routing stripped a
+/// prefix from it. Routing prefixes start with '/', so only such keys are kept aside.
+pub fn select_route<'c>(config: &'c RouterConfig, req: &mut Request) -> (Selected<'c>, Option<Bytes>) {
+    let asked = req.key.starts_with(b"/").then(|| req.key.clone());
+    let route = config.select(req);
+    (route, asked.filter(|a| a.len() != req.key.len()))
 }
