@@ -238,7 +238,7 @@ impl Server {
     }
 
     /// Probe (at once if `now`, else after the initial delay, then x1.5 to the maximum) until the
-    /// server answers and its spooled deletes are replayed (`spool::catch_up` clears TKO then).
+    /// server answers and its spooled deletes are replayed (`spool::replay::catch_up` clears TKO then).
     async fn recover(self: Arc<Self>, ctx: Arc<Context>, now: bool) {
         let mut delay = if now { Duration::ZERO } else { ctx.opts.probe_initial };
         loop {
@@ -248,7 +248,7 @@ impl Server {
             if self.retired.load(Relaxed) {
                 return;
             }
-            if self.probe(&ctx).await && crate::spool::catch_up(&ctx, &self).await {
+            if self.probe(&ctx).await && crate::spool::replay::catch_up(&ctx, &self).await {
                 return;
             }
             delay = if delay.is_zero() {

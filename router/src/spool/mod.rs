@@ -34,11 +34,10 @@ use tokio::sync::oneshot;
 use crate::protocol::Request;
 
 mod format;
-mod replay;
+pub mod replay;
 mod writer;
 
 pub use format::{entry_line, parse_entry};
-pub use replay::catch_up;
 use writer::{Msg, OnEmpty, SyncFn, Take, sync_data};
 
 pub struct Spool {
