@@ -2,10 +2,12 @@
 //! spool, stats, lease tokens, and the options. Routes, servers and connections hold it as `Arc<Context>`.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use crate::options::Options;
-use crate::server::Server;
+use crate::server::{Env, Server};
 use crate::{lease_tokens, spool, stats};
 
 /// Process-wide state that outlives config reloads: servers (connections, TKO), spool, stats.
@@ -88,5 +90,24 @@ impl Context {
             .values()
             .filter(|s| s.is_tko())
             .count()
+    }
+}
+
+impl Env for Context {
+    fn opts(&self) -> &Options {
+        &self.opts
+    }
+
+    fn stats(&self) -> &stats::Stats {
+        &self.stats
+    }
+
+    fn catch_up<'a>(&'a self, server: &'a Arc<Server>) -> Pin<Box<dyn Future<Output = bool> + Send + 'a>> {
+        Box::pin(spool::replay::catch_up(
+            self.spool.as_ref(),
+            &self.stats,
+            self.opts.server_timeout,
+            server,
+        ))
     }
 }
