@@ -1,12 +1,27 @@
 //! squeal-router: a memcached-protocol proxy that reads mcrouter's JSON config dialect.
 //!
-//! Layers, bottom up: `protocol` (wire format, no I/O), `server` (per-server connections, TKO),
-//! `spool` (failed deletes to disk and back), `ack` (when a delete counts as acknowledged), `routes` (route handles, one per file) built by
-//! `config` from JSON, `connection` (one client connection: buffered reads, replies in request
-//! order; `connection::multiget` batches a multi-key get per server), `flush` (opt-in `flush_all` to every server of the config), `metrics_http` (Prometheus
-//! `/metrics`), `accept` (accepting clients; refusing them at the connection limit as memcached
-//! does), `admin` (`get __mcrouter__.*` admin requests, answered by the router itself).
-//! `main` wires them together.
+//! The modules form layers, each importing only from those before it (`make lint` checks that no
+//! module imports another in a circle). Bottom up, in the order a request's life needs them:
+//!
+//! 1. Leaves, no I/O: `protocol` (the wire format: `cmd` the command vocabulary, `parse` client
+//!    lines into `request`s, `reply` server answers, `meta`, `numbers`, `lease`, `binary`), `hash`,
+//!    `load`, `auth`, `tls`, `lease_tokens`, `recording` (what `__mcrouter__.route` records with),
+//!    `jsonc`, `md5`; and `preprocess` (mcrouter's config macros, on `jsonc` alone).
+//! 2. `options` (the command line's tunables) and `stats`.
+//! 3. `server` (one pipelined connection per memcached, TKO, probes; given what it needs of the
+//!    process as a `server::Env`), `spool` (failed deletes to disk; `spool::replay` sends them back).
+//! 4. `context` (process-wide state that outlives reloads: the live servers, spool, stats, options;
+//!    it is the servers' `Env`).
+//! 5. `ack` (when a delete counts as acknowledged) and `flush` (`flush_all` to every server).
+//! 6. `routes` (the `Route` trait and the `Destination` leaf), then `build` (the `Builder` a
+//!    handle's `build` gets, and pools), then the handles `routes::*` (each with its registry
+//!    entry beside its `build`), then `registry` (every handle type a config may name).
+//! 7. `config` (loading a config with the registry; its `select` chooses the tree for each request).
+//! 8. `shared` (the config that serves, swapped on reload), `admin` (`get __mcrouter__.*`),
+//!    `connection` (one client: pipelined requests, replies in order; `connection::multiget`),
+//!    `metrics_http` (`/metrics`), `accept` (clients in, refused at the connection limit).
+//!
+//! `main` (the `squeal-router` binary) wires them together; `bin/config_check.rs` checks configs.
 
 pub mod accept;
 pub mod ack;
