@@ -23,7 +23,8 @@ use futures_util::FutureExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::{Shared, connection, tls};
+use crate::shared::Shared;
+use crate::{connection, tls};
 
 /// What memcached answers a client over its connection limit.
 pub const TOO_MANY: &[u8] = b"ERROR Too many open connections\r\n";

@@ -28,7 +28,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
-use crate::Context;
+use crate::context::Context;
 use crate::protocol::{Reply, Request, Res};
 use crate::server::Server;
 
@@ -150,7 +150,7 @@ pub fn for_client(req: &Request, reply: Reply) -> Reply {
 mod tests {
     use super::*;
     use crate::protocol::Cmd;
-    use crate::routes::testing::req;
+    use crate::testing::req;
 
     fn spooled(res: Res) -> Reply {
         let mut r = Reply::error(res, "down");

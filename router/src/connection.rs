@@ -18,13 +18,15 @@ use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::auth::Login;
-use crate::config::RouterConfig;
-use crate::protocol::reply::first_line_end;
-use crate::protocol::request::{BINARY_REQUEST_MAGIC, binary_refusal, parse_with};
+use crate::config::{RouterConfig, select_route};
+use crate::context::Context;
+use crate::protocol::binary::{BINARY_REQUEST_MAGIC, binary_refusal};
+use crate::protocol::lease;
+use crate::protocol::parse::parse_with;
+use crate::protocol::reply::{END, first_line_end};
 use crate::protocol::{Cmd, Command, ParseOutcome, Reply, Request};
-use crate::routes::{BoxFuture, RouteRef, transparent_lease};
-use crate::stats::RouteCounters;
-use crate::{Context, Shared};
+use crate::routes::BoxFuture;
+use crate::shared::Shared;
 
 mod multiget;
 use multiget::{append_value, multi_get_reply};
@@ -570,17 +572,11 @@ impl Conn {
                         out.put_slice(&reply.wire);
                         continue;
                     }
-                    match (transparent_lease::read_mg(&reply), reply.lease_token) {
-                        (Ok(v), 0) => {
-                            out.put_slice(&transparent_lease::value_block(b"VALUE", client_key, None, &v, None))
+                    match (lease::read_mg(&reply), reply.lease_token) {
+                        (Ok(v), 0) => out.put_slice(&lease::value_block(b"VALUE", client_key, None, &v, None)),
+                        (Ok(v), token) => {
+                            out.put_slice(&lease::value_block(b"LVALUE", client_key, Some(token), &v, None))
                         }
-                        (Ok(v), token) => out.put_slice(&transparent_lease::value_block(
-                            b"LVALUE",
-                            client_key,
-                            Some(token),
-                            &v,
-                            None,
-                        )),
                         // a reply that is not a value (a route's own miss): nothing for this key
                         (Err(_), _) => {}
                     }
@@ -714,9 +710,6 @@ impl Conn {
     }
 }
 
-/// The end of a get's answer.
-const END: &[u8] = b"END\r\n";
-
 /// The answer to `flush_all` without `--enable-flush-cmd`. A `SERVER_ERROR`, as real mcrouter's
 /// refusal (`SERVER_ERROR Command disabled`), not memcached's `-F` `CLIENT_ERROR`: callers such as
 /// squeal's sender retry server errors and give up on client errors, and a refused flush must be
@@ -734,17 +727,6 @@ fn single_get_reply(ctx: &Context, orig: &[u8], req: &Request, reply: Reply, out
     } else {
         out.put_slice(END);
     }
-}
-
-/// A request's route and the counters of its label, or the error that answers it.
-type Selected<'c> = Result<(&'c RouteRef, &'c Arc<RouteCounters>), Reply>;
-
-/// Choose `req`'s route; also returns the key as the client sent it if routing stripped a
-/// prefix from it. Routing prefixes start with '/', so only such keys are kept aside.
-fn select_route<'c>(config: &'c RouterConfig, req: &mut Request) -> (Selected<'c>, Option<Bytes>) {
-    let asked = req.key.starts_with(b"/").then(|| req.key.clone());
-    let route = config.select(req);
-    (route, asked.filter(|a| a.len() != req.key.len()))
 }
 
 /// A keyed request's answer: `finish`, with the client's key put back into meta `k` flags.

@@ -132,8 +132,9 @@ async fn to_every_server(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::routes::testing::run;
-    use crate::{Context, Options};
+    use crate::context::Context;
+    use crate::options::Options;
+    use crate::testing::run;
     use std::sync::Mutex;
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
     use tokio::net::TcpListener;

@@ -29,10 +29,21 @@ use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::Context;
 use crate::auth::{self, NotReady, UpstreamLogin};
+use crate::options::Options;
 use crate::protocol::reply::parse_reply_counted;
 use crate::protocol::{Cmd, Reply, ReplyKind, Request, Res};
+use crate::stats::Stats;
+
+/// What a server needs of the process it serves in: the options, the stats it counts TKO in, and
+/// the replay of its spooled deletes before it serves again. `crate::context::Context` is it; the
+/// server holds it weakly (the Context holds the live servers) and, being given it, does not name it.
+pub trait Env: Send + Sync + 'static {
+    fn opts(&self) -> &Options;
+    fn stats(&self) -> &Stats;
+    /// Replay `server`'s spooled deletes, then clear its TKO (`crate::spool::replay::catch_up`).
+    fn catch_up<'a>(&'a self, server: &'a Arc<Server>) -> Pin<Box<dyn Future<Output = bool> + Send + 'a>>;
+}
 
 /// Consecutive timeouts that make a server TKO.
 pub const SOFT_TKO_THRESHOLD: u32 = 3;
@@ -62,7 +73,7 @@ pub struct Server {
     pub tls: bool,
     /// Requests outstanding and reply latency (`crate::load`), kept on every request for LoadBalancerRoute.
     pub load: crate::load::Load,
-    ctx: Weak<Context>,
+    ctx: Weak<dyn Env>,
 }
 
 pub fn reply_kind(cmd: Cmd) -> ReplyKind {
@@ -83,7 +94,9 @@ fn jitter(d: Duration) -> Duration {
 }
 
 impl Server {
-    pub fn new(addr: String, tls: bool, ctx: &Arc<Context>) -> Arc<Server> {
+    pub fn new<E: Env>(addr: String, tls: bool, ctx: &Arc<E>) -> Arc<Server> {
+        let ctx: Weak<E> = Arc::downgrade(ctx);
+        let ctx: Weak<dyn Env> = ctx;
         let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
         let server = Arc::new(Server {
             addr,
@@ -94,7 +107,7 @@ impl Server {
             login_demanded: AtomicBool::new(false),
             tls,
             load: crate::load::Load::default(),
-            ctx: Arc::downgrade(ctx),
+            ctx,
         });
         // The connection task holds the server weakly: it ends when the server is dropped.
         tokio::spawn(run(Arc::downgrade(&server), rx));
@@ -222,7 +235,7 @@ impl Server {
         let Some(ctx) = self.ctx.upgrade() else {
             return;
         };
-        ctx.stats.tko_events.fetch_add(1, Relaxed);
+        ctx.stats().tko_events.fetch_add(1, Relaxed);
         if now {
             eprintln!(
                 "squeal-router: server {} held out of rotation ({why}) until its spooled deletes are replayed",
@@ -238,9 +251,9 @@ impl Server {
     }
 
     /// Probe (at once if `now`, else after the initial delay, then x1.5 to the maximum) until the
-    /// server answers and its spooled deletes are replayed (`spool::catch_up` clears TKO then).
-    async fn recover(self: Arc<Self>, ctx: Arc<Context>, now: bool) {
-        let mut delay = if now { Duration::ZERO } else { ctx.opts.probe_initial };
+    /// server answers and its spooled deletes are replayed (`spool::replay::catch_up` clears TKO then).
+    async fn recover(self: Arc<Self>, ctx: Arc<dyn Env>, now: bool) {
+        let mut delay = if now { Duration::ZERO } else { ctx.opts().probe_initial };
         loop {
             if !delay.is_zero() {
                 tokio::time::sleep(jitter(delay)).await;
@@ -248,13 +261,13 @@ impl Server {
             if self.retired.load(Relaxed) {
                 return;
             }
-            if self.probe(&ctx).await && crate::spool::catch_up(&ctx, &self).await {
+            if self.probe(&*ctx).await && ctx.catch_up(&self).await {
                 return;
             }
             delay = if delay.is_zero() {
-                ctx.opts.probe_initial
+                ctx.opts().probe_initial
             } else {
-                delay.mul_f64(1.5).min(ctx.opts.probe_max)
+                delay.mul_f64(1.5).min(ctx.opts().probe_max)
             };
         }
     }
@@ -266,7 +279,7 @@ impl Server {
             return;
         }
         if let Some(ctx) = self.ctx.upgrade() {
-            ctx.stats.tko_recoveries.fetch_add(1, Relaxed);
+            ctx.stats().tko_recoveries.fetch_add(1, Relaxed);
         }
         eprintln!(
             "squeal-router: server {} is back (probe answered, spooled deletes replayed); TKO cleared",
@@ -279,19 +292,19 @@ impl Server {
         self.retired.store(true, Relaxed);
     }
 
-    async fn probe(&self, ctx: &Context) -> bool {
+    async fn probe(&self, ctx: &dyn Env) -> bool {
         let opened = open(
             &self.addr,
             self.tls_config(ctx),
-            ctx.opts.upstream_login.as_ref(),
-            ctx.opts.connect_timeout,
+            ctx.opts().upstream_login.as_ref(),
+            ctx.opts().connect_timeout,
         )
         .await;
         self.note_opened(&opened);
         let Ok(mut s) = opened else {
             return false;
         };
-        if ctx.opts.upstream_login.is_none() {
+        if ctx.opts().upstream_login.is_none() {
             return true; // `open` asked `version` already (auth::prepare) and got `VERSION`
         }
         let attempt = async {
@@ -301,14 +314,18 @@ impl Server {
             buf[..n].starts_with(b"VERSION").then_some(())
         };
         matches!(
-            tokio::time::timeout(ctx.opts.server_timeout, attempt).await,
+            tokio::time::timeout(ctx.opts().server_timeout, attempt).await,
             Ok(Some(()))
         )
     }
 
     /// The TLS setup to reach this server with, if it is reached over TLS.
-    fn tls_config(&self, ctx: &Context) -> Option<Arc<crate::tls::Upstream>> {
-        if self.tls { ctx.opts.upstream_tls.clone() } else { None }
+    fn tls_config(&self, ctx: &dyn Env) -> Option<Arc<crate::tls::Upstream>> {
+        if self.tls {
+            ctx.opts().upstream_tls.clone()
+        } else {
+            None
+        }
     }
 
     /// After a connection (or probe) was opened: say so once when the server starts demanding a
@@ -430,9 +447,9 @@ async fn run(server: Weak<Server>, mut rx: mpsc::Receiver<Job>) {
             let ctx = s.ctx.upgrade()?;
             Some((
                 s.addr.clone(),
-                s.tls_config(&ctx),
-                ctx.opts.connect_timeout,
-                ctx.opts.upstream_login.clone(),
+                s.tls_config(&*ctx),
+                ctx.opts().connect_timeout,
+                ctx.opts().upstream_login.clone(),
             ))
         }) else {
             return;

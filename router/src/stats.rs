@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::protocol::Cmd;
-use crate::protocol::request::COMMANDS;
+use crate::protocol::cmd::COMMANDS;
 
 /// Labels of the per-operation request counter (client commands as received): the keyed
 /// commands first, named and ordered by [`COMMANDS`] (so a `Cmd` is its own index), then the

@@ -4,7 +4,8 @@
 
 use bytes::Bytes;
 use proptest::prelude::*;
-use squeal_router::protocol::request::{Cmd, Command, ParseOutcome, parse_with};
+use squeal_router::protocol::parse::parse_with;
+use squeal_router::protocol::{Cmd, Command, ParseOutcome};
 
 const MAX_VALUE: usize = 64;
 

@@ -2,8 +2,8 @@
 
 use bytes::Bytes;
 use proptest::prelude::*;
+use squeal_router::protocol::parse::parse;
 use squeal_router::protocol::reply::parse_reply;
-use squeal_router::protocol::request::parse;
 use squeal_router::protocol::{ParseOutcome, ReplyKind};
 
 fn command_like() -> impl Strategy<Value = Vec<u8>> {

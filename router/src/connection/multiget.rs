@@ -10,10 +10,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::future::join_all;
 
-use super::{END, select_route};
-use crate::Context;
-use crate::config::RouterConfig;
-use crate::protocol::reply::{first_line_end, parse_decimal};
+use crate::config::{RouterConfig, select_route};
+use crate::context::Context;
+use crate::protocol::reply::{END, first_line_end, parse_decimal};
 use crate::protocol::{Cmd, Reply, Request, Res};
 use crate::routes::RouteRef;
 use crate::routes::destination::Destination;

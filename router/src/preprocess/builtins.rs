@@ -1,11 +1,15 @@
 //! The preprocessor's built-in macros, as mcrouter documents them (docs/router.md lists them).
 
-use super::{
-    Args, Map, Preprocessor, Result, Scope, Value, Var, as_bool, as_double, as_int, compare, equal, int, is_int,
-    type_name,
-};
+use serde_json::{Map, Value};
 
-type Builtin = fn(&Preprocessor<'_>, &Args<'_, '_>) -> Result<Value>;
+use super::engine::{Args, Builtin, Builtins, Preprocessor, Result, Scope, Var};
+use super::values::{as_bool, as_double, as_int, compare, equal, int, is_int, type_name};
+
+/// Every built-in, given to the preprocessor by `expand_config`.
+pub(super) static BUILTINS: Builtins = Builtins {
+    table: TABLE,
+    objects: &[("transform", transform), ("process", process), ("foreach", foreach)],
+};
 
 /// (name, parameters — `?` marks an optional one, whether arguments are expanded before the call, body)
 pub(super) const TABLE: &[(&str, &[&str], Builtin, bool)] = &[
@@ -277,7 +281,7 @@ fn import(p: &Preprocessor<'_>, a: &Args<'_, '_>) -> Result<Value> {
         return Ok(v.clone());
     }
     let loaded = (p.import)(&path)
-        .and_then(|text| crate::config::parse_jsonc(&text))
+        .and_then(|text| crate::jsonc::parse_jsonc(&text))
         .and_then(|v| p.expand(v, &Scope::base(None)));
     // the default is expanded only when the import failed (it may be a `@fail(...)`)
     let v = match loaded {

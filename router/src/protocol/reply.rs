@@ -5,6 +5,9 @@
 
 use bytes::{Bytes, BytesMut};
 
+/// The end of a get's answer.
+pub const END: &[u8] = b"END\r\n";
+
 /// Result class of a reply, roughly mcrouter's result codes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Res {

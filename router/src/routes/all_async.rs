@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::{BoxFuture, Route, RouteRef, default_reply, required};
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef, default_reply};
+use crate::build::{Builder, Handle, required};
 use crate::protocol::{Reply, Request};
 
 pub struct AllAsync {
@@ -35,6 +35,13 @@ impl Route for AllAsync {
         Box::pin(async move { default_reply(req) })
     }
 }
+
+pub const ALL_ASYNC_ROUTE: Handle = Handle {
+    name: "AllAsyncRoute",
+    build,
+    shorthand: Some("children"),
+    fields: &["children"],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let children = b.children(required(obj, "children", "AllAsyncRoute")?)?;

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 
-use super::{BoxFuture, Route, RouteRef, required};
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef};
+use crate::build::{Builder, Handle, required};
 use crate::protocol::{Reply, Request};
 
 pub struct AllFastest {
@@ -53,6 +53,13 @@ impl Route for AllFastest {
         })
     }
 }
+
+pub const ALL_FASTEST_ROUTE: Handle = Handle {
+    name: "AllFastestRoute",
+    build,
+    shorthand: Some("children"),
+    fields: &["children"],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let children = b.children(required(obj, "children", "AllFastestRoute")?)?;

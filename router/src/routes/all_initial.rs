@@ -6,8 +6,8 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::all_async::spawn_to;
-use super::{BoxFuture, Route, RouteRef, required};
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef};
+use crate::build::{Builder, Handle, required};
 use crate::protocol::{Reply, Request};
 
 pub struct AllInitial {
@@ -28,6 +28,13 @@ impl Route for AllInitial {
         self.children[0].route(req)
     }
 }
+
+pub const ALL_INITIAL_ROUTE: Handle = Handle {
+    name: "AllInitialRoute",
+    build,
+    shorthand: Some("children"),
+    fields: &["children"],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let children = b.children(required(obj, "children", "AllInitialRoute")?)?;

@@ -8,8 +8,8 @@ use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use serde_json::{Map, Value};
 
-use super::{BoxFuture, Route, RouteRef, required};
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef};
+use crate::build::{Builder, Handle, required};
 use crate::protocol::{Reply, Request, Res};
 
 pub struct AllMajority {
@@ -68,6 +68,13 @@ impl Route for AllMajority {
         })
     }
 }
+
+pub const ALL_MAJORITY_ROUTE: Handle = Handle {
+    name: "AllMajorityRoute",
+    build,
+    shorthand: Some("children"),
+    fields: &["children"],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let children = b.children(required(obj, "children", "AllMajorityRoute")?)?;

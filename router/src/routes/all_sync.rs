@@ -7,8 +7,8 @@ use std::sync::Arc;
 use futures_util::future::join_all;
 use serde_json::{Map, Value};
 
-use super::{BoxFuture, Route, RouteRef, required};
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef};
+use crate::build::{Builder, Handle, required};
 use crate::protocol::{Reply, Request};
 
 pub struct AllSync {
@@ -29,6 +29,13 @@ impl Route for AllSync {
         })
     }
 }
+
+pub const ALL_SYNC_ROUTE: Handle = Handle {
+    name: "AllSyncRoute",
+    build,
+    shorthand: Some("children"),
+    fields: &["children"],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let children = b.children(required(obj, "children", "AllSyncRoute")?)?;

@@ -8,9 +8,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{BoxFuture, Route, transparent_lease};
-use crate::Context;
+use super::default_reply::default_reply;
+use crate::context::Context;
 use crate::lease_tokens::{Issued, LeaseTokens};
+use crate::protocol::lease;
 use crate::protocol::{Cmd, Reply, Request, Res};
 use crate::server::Server;
 
@@ -29,12 +30,12 @@ impl Destination {
     /// `__mcrouter__.route`: a server that is down answers as it would (TKO, so failover routes
     /// go on to their next child, as mcrouter's recording does); one that is up is recorded and
     /// answers the route's default reply. Nothing is sent and nothing is spooled.
-    fn record(&self, rec: &crate::admin::Recorder, req: &Request) -> Reply {
+    fn record(&self, rec: &crate::recording::Recorder, req: &Request) -> Reply {
         if self.server.is_tko() {
             return Reply::error(Res::Tko, "tko: server is marked down");
         }
         rec.record(&self.server.addr);
-        super::default_reply(req)
+        default_reply(req)
     }
 }
 
@@ -43,7 +44,7 @@ impl Destination {
     /// token in its place when clients would misread it, see `crate::lease_tokens`), 1 for a
     /// lease someone else holds (mcrouter's hot miss), none for a hit.
     fn lease_get(&self, mut reply: Reply) -> Reply {
-        let v = match transparent_lease::read_mg(&reply) {
+        let v = match lease::read_mg(&reply) {
             Ok(v) => v,
             Err(Some(error)) => return error,
             Err(None) => return reply,
@@ -54,7 +55,7 @@ impl Destination {
                     original: v.cas,
                     child: 0,
                 };
-                self.ctx.lease_tokens.insert(&self.route_name(), issued)
+                self.ctx.lease_tokens.insert(&self.name(), issued)
             } else {
                 v.cas
             };
@@ -71,47 +72,49 @@ impl Destination {
 /// The lease token of a miss whose lease another client holds (mcrouter's "hot miss").
 pub const HOT_MISS_TOKEN: u64 = 1;
 
-impl Route for Destination {
-    fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
-        Box::pin(async move {
-            if let Some(rec) = &req.recording {
-                return self.record(rec, req);
+/// What the trait's `route` runs (`impl Route for Destination` sits beside the trait in `routes/mod.rs`,
+/// which names `Destination`, so that this file need not name the trait back).
+impl Destination {
+    /// Send `req` to the server (or record it, see `crate::admin`), spooling a delete that failed.
+    pub async fn send(&self, req: &Request) -> Reply {
+        if let Some(rec) = &req.recording {
+            return self.record(rec, req);
+        }
+        let reply = if self.server.is_tko() {
+            Reply::error(Res::Tko, "tko: server is marked down")
+        } else if req.cmd == Cmd::LeaseSet && req.cas <= HOT_MISS_TOKEN {
+            // never a lease: 1 is the hot-miss answer, and `C0` would store unconditionally
+            Reply::line(Res::NotStored, "NOT_STORED")
+        } else if req.cmd == Cmd::LeaseSet && LeaseTokens::is_router_token(req.cas) {
+            // a token this destination gave in place of its server's (see `lease_get`)
+            let mut fill = req.clone();
+            if let Some(issued) = self.ctx.lease_tokens.take(&self.name(), req.cas) {
+                fill.cas = issued.original;
             }
-            let reply = if self.server.is_tko() {
-                Reply::error(Res::Tko, "tko: server is marked down")
-            } else if req.cmd == Cmd::LeaseSet && req.cas <= HOT_MISS_TOKEN {
-                // never a lease: 1 is the hot-miss answer, and `C0` would store unconditionally
-                Reply::line(Res::NotStored, "NOT_STORED")
-            } else if req.cmd == Cmd::LeaseSet && LeaseTokens::is_router_token(req.cas) {
-                // a token this destination gave in place of its server's (see `lease_get`)
-                let mut fill = req.clone();
-                if let Some(issued) = self.ctx.lease_tokens.take(&self.route_name(), req.cas) {
-                    fill.cas = issued.original;
-                }
-                self.server.send(&fill, self.timeout).await
-            } else {
-                self.server.send(req, self.timeout).await
-            };
-            let reply = match req.cmd {
-                Cmd::LeaseGet => self.lease_get(reply),
-                Cmd::LeaseSet => transparent_lease::fill_reply(reply),
-                _ => reply,
-            };
-            if req.is_delete() && reply.res.is_failover_error() {
-                return crate::ack::spool_failed(&self.ctx, &self.server, &self.pool, req, reply).await;
-            }
-            if req.counts_as_get() {
-                self.gets.gets.count(reply.res);
-            }
-            if req.too_large && !reply.res.is_error() {
-                // the server dropped the old value; the new one was never sent
-                return Reply::error(Res::RemoteError, "object too large for cache");
-            }
-            reply
-        })
+            self.server.send(&fill, self.timeout).await
+        } else {
+            self.server.send(req, self.timeout).await
+        };
+        let reply = match req.cmd {
+            Cmd::LeaseGet => self.lease_get(reply),
+            Cmd::LeaseSet => lease::fill_reply(reply),
+            _ => reply,
+        };
+        if req.is_delete() && reply.res.is_failover_error() {
+            return crate::ack::spool_failed(&self.ctx, &self.server, &self.pool, req, reply).await;
+        }
+        if req.counts_as_get() {
+            self.gets.gets.count(reply.res);
+        }
+        if req.too_large && !reply.res.is_error() {
+            // the server dropped the old value; the new one was never sent
+            return Reply::error(Res::RemoteError, "object too large for cache");
+        }
+        reply
     }
 
-    fn route_name(&self) -> String {
+    /// Its line in `__mcrouter__.route_handles` (mcrouter's name for a destination).
+    pub fn name(&self) -> String {
         format!(
             "host|pool={}|id={}|ap={}:ascii:plain:notcompressed|timeout={}ms|keep_routing_prefix=false",
             self.pool,
@@ -119,13 +122,5 @@ impl Route for Destination {
             self.server.addr,
             self.timeout.as_millis()
         )
-    }
-
-    fn first_get_target(&self, _req: &Request) -> Option<&Destination> {
-        (!self.server.is_tko()).then_some(self)
-    }
-
-    fn first_server(&self, _req: &Request) -> Option<&Server> {
-        Some(&self.server)
     }
 }

@@ -13,13 +13,27 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
+use super::RouteRef;
 use super::null::Null;
-use super::{RouteRef, required};
-use crate::config::Builder;
+use crate::build::{Builder, Handle, required};
+
+pub const DEV_NULL_ROUTE: Handle = Handle {
+    name: "DevNullRoute",
+    build: build_dev_null,
+    shorthand: None,
+    fields: &[],
+};
 
 pub fn build_dev_null(_b: &mut Builder, _obj: &Map<String, Value>) -> Result<RouteRef, String> {
     Ok(Arc::new(Null))
 }
+
+pub const BLACKHOLE_ROUTE: Handle = Handle {
+    name: "BlackholeRoute",
+    build: build_blackhole,
+    shorthand: None,
+    fields: &["default", "blackhole_child", "policies"],
+};
 
 pub fn build_blackhole(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let default = b.route(required(obj, "default", "BlackholeRoute")?)?;

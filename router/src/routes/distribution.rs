@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::{BoxFuture, Route, RouteRef, get_str, required};
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef};
+use crate::build::{Builder, Handle, get_str, required};
 use crate::protocol::{Reply, Request};
 
 pub struct DistributionRoute {
@@ -69,6 +69,20 @@ pub fn wrap(child: RouteRef, obj: &Map<String, Value>) -> Result<RouteRef, Strin
     );
     Ok(Arc::new(DistributionRoute { child, name }))
 }
+
+pub const DISTRIBUTION_ROUTE: Handle = Handle {
+    name: "DistributionRoute",
+    build,
+    shorthand: None,
+    fields: &[
+        "child",
+        "distributed_delete_rpc_enabled",
+        "replay",
+        "distribution_source_region",
+        "distribution_secure_writes_enabled",
+        "return_error_on_mc_delete_failure",
+    ],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let child = b.route(required(obj, "child", "DistributionRoute")?)?;

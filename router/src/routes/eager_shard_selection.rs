@@ -16,10 +16,10 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
+use super::RouteRef;
 use super::error::ErrorRoute;
 use super::shard_selection::{ShardSelection, out_of_range, pool_shards};
-use super::{RouteRef, lookup, required};
-use crate::config::{Builder, CHILDREN_LIST};
+use crate::build::{Builder, CHILDREN_LIST, Handle, required};
 
 /// Each shard's servers across `pools` (by shard id, in order), from their `field` maps
 /// (`shards` or `shadow_shards`). `None` when some pool has no such map.
@@ -55,6 +55,7 @@ pub fn shard_servers(
 /// The handle each shard's group is built from: `type_field` (`children_type` or
 /// `shadow_children_type`) with `settings_field`, its `children` being `"$children_list$"`.
 pub fn group_template(
+    b: &Builder,
     obj: &Map<String, Value>,
     (type_field, settings_field): (&str, &str),
     handle: &str,
@@ -76,7 +77,7 @@ pub fn group_template(
         }
         Value::Object(settings.clone())
     } else {
-        match lookup(ty) {
+        match b.handle(ty) {
             Some(h) if h.shorthand == Some("children") => {
                 let mut t = settings.clone();
                 t.insert("type".into(), Value::String(ty.into()));
@@ -113,9 +114,16 @@ pub fn group_per_shard(
     Ok((routes, index))
 }
 
+pub const EAGER_SHARD_SELECTION_ROUTE: Handle = Handle {
+    name: "EagerShardSelectionRoute",
+    build,
+    shorthand: None,
+    fields: &["pools", "children_type", "children_settings", "out_of_range"],
+};
+
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     const HANDLE: &str = "EagerShardSelectionRoute";
-    let template = group_template(obj, ("children_type", "children_settings"), HANDLE, true)?;
+    let template = group_template(b, obj, ("children_type", "children_settings"), HANDLE, true)?;
     let by_shard = shard_servers(b, obj, "shards", HANDLE)?
         .ok_or_else(|| format!("{HANDLE}: every entry of `pools` needs `shards` (in it or in its pool)"))?;
     if by_shard.is_empty() {
@@ -132,101 +140,4 @@ pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, Stri
         shard_to_child,
         out_of_range,
     }))
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::protocol::{Cmd, Request};
-    use crate::routes::testing::{req, run};
-
-    /// The servers `key` may reach (admin's traverse), as addresses.
-    fn reach(cfg: &crate::config::RouterConfig, key: &str) -> Vec<String> {
-        let mut r: Request = req(Cmd::Get, key);
-        let root = cfg.select(&mut r).ok().unwrap().0.clone();
-        let mut out = Vec::new();
-        fn walk(route: &crate::routes::RouteRef, r: &Request, out: &mut Vec<String>) {
-            if route.route_name().starts_with("host|") {
-                out.push(
-                    route
-                        .route_name()
-                        .split("|ap=")
-                        .nth(1)
-                        .unwrap()
-                        .split(':')
-                        .take(2)
-                        .collect::<Vec<_>>()
-                        .join(":"),
-                );
-            }
-            route.traverse(r, &mut |child, r| walk(child, r, out));
-        }
-        walk(&root, &r, &mut out);
-        out.sort();
-        out
-    }
-
-    #[test]
-    fn each_shard_gets_a_route_over_its_servers_in_every_pool() {
-        run(async {
-            let c = crate::Context::new(crate::Options::default(), None);
-            let text = r#"{"pools": {"t2": {"servers": ["127.0.0.1:21", "127.0.0.1:22"], "shards": ["1,2,3", "3"]}},
-              "route": {"type": "EagerShardSelectionRoute", "children_type": "AllSyncRoute", "children_settings": {},
-                "pools": [{"pool": {"type": "Pool", "name": "t1", "servers": ["127.0.0.1:11", "127.0.0.1:12"]},
-                           "shards": [[1, 2], [3, 5]]},
-                          {"pool": "t2"}]}}"#;
-            let cfg = crate::config::load(&c, text, None).unwrap();
-            assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
-            assert_eq!(reach(&cfg, "k:1:x"), ["127.0.0.1:11", "127.0.0.1:21"]);
-            assert_eq!(reach(&cfg, "k:3:x"), ["127.0.0.1:12", "127.0.0.1:21", "127.0.0.1:22"]);
-            assert_eq!(reach(&cfg, "k:5:x"), ["127.0.0.1:12"]);
-            assert!(reach(&cfg, "k:4:x").is_empty()); // out of range: an ErrorRoute
-            // LoadBalancerRoute / LatestRoute children take their settings; CustomJsonmRoute is a
-            // handle of its own with "$children_list$"
-            for (ty, settings) in [
-                ("LoadBalancerRoute", r#"{"load_ttl_ms": 100}"#),
-                ("LatestRoute", r#"{"failover_count": 1}"#),
-                (
-                    "CustomJsonmRoute",
-                    r#"{"type": "FailoverRoute", "children": "$children_list$"}"#,
-                ),
-            ] {
-                let text = format!(
-                    r#"{{"route": {{"type": "EagerShardSelectionRoute", "children_type": "{ty}", "children_settings": {settings},
-                        "pools": [{{"pool": {{"servers": ["127.0.0.1:1", "127.0.0.1:2"]}}, "shards": [[1], [1]]}}]}}}}"#
-                );
-                let cfg = crate::config::load(&c, &text, None).unwrap_or_else(|e| panic!("{ty}: {e}"));
-                let n = reach(&cfg, "k:1:x").len();
-                // a one-server LatestRoute reaches one of them; a failover both, and so does a
-                // LoadBalancerRoute (the key's two candidates: either may be the less loaded)
-                assert_eq!(n, if ty == "LatestRoute" { 1 } else { 2 }, "{ty}");
-                assert!(cfg.warnings.is_empty(), "{ty}: {:?}", cfg.warnings);
-            }
-            let bad = [
-                (r#""children_settings": {}, "pools": []"#, "`children_type` not found"),
-                (
-                    r#""children_type": "LatestRoute", "pools": []"#,
-                    "`children_settings` not found",
-                ),
-                (
-                    r#""children_type": "WarmUpRoute", "children_settings": {}, "pools": [{"pool": {"servers": ["127.0.0.1:1"]}, "shards": [[1]]}]"#,
-                    "`children_type` WarmUpRoute is not supported",
-                ),
-                (
-                    r#""children_type": "LatestRoute", "children_settings": {}, "pools": [{"pool": {"servers": ["127.0.0.1:1"]}, "shards": [[1], [3]]}]"#,
-                    "pools[0]: `shards` must have the same number of entries as servers in `pool`. Servers size: 1. Shards size: 2.",
-                ),
-                (
-                    r#""children_type": "LatestRoute", "children_settings": {}, "pools": [{"pool": {"servers": ["127.0.0.1:1"]}}]"#,
-                    "needs `shards`",
-                ),
-            ];
-            for (fields, want) in bad {
-                let text = format!(r#"{{"route": {{"type": "EagerShardSelectionRoute", {fields}}}}}"#);
-                let err = crate::config::load(&c, &text, None)
-                    .err()
-                    .unwrap_or_else(|| panic!("{text} loaded"));
-                assert!(err.contains(want), "{want} not in {err}");
-            }
-        });
-    }
 }

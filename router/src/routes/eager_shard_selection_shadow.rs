@@ -23,7 +23,7 @@ use super::error::ErrorRoute;
 use super::random::Rng;
 use super::shard_selection::{ShardSelection, key_shard, out_of_range};
 use super::{BoxFuture, Route, RouteRef};
-use crate::config::Builder;
+use crate::build::{Builder, Handle};
 use crate::protocol::{Reply, Request};
 
 pub struct ShardSelectionWithShadow {
@@ -79,10 +79,31 @@ pub fn shadow_percent(servers: usize, shadows: usize, weight: f64) -> u16 {
     (usize::from(scaled) / (servers + shadows).max(1)) as u16
 }
 
+pub const EAGER_SHARD_SELECTION_SHADOW_ROUTE: Handle = Handle {
+    name: "EagerShardSelectionShadowRoute",
+    build,
+    shorthand: None,
+    fields: &[
+        "pools",
+        "children_type",
+        "children_settings",
+        "out_of_range",
+        "shadow_children_type",
+        "shadow_children_settings",
+        "shadow_weights",
+    ],
+};
+
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     const HANDLE: &str = "EagerShardSelectionShadowRoute";
-    let template = group_template(obj, ("children_type", "children_settings"), HANDLE, true)?;
-    let shadow_template = group_template(obj, ("shadow_children_type", "shadow_children_settings"), HANDLE, false)?;
+    let template = group_template(b, obj, ("children_type", "children_settings"), HANDLE, true)?;
+    let shadow_template = group_template(
+        b,
+        obj,
+        ("shadow_children_type", "shadow_children_settings"),
+        HANDLE,
+        false,
+    )?;
     let weight = match obj.get("shadow_weights") {
         None => 1.0,
         Some(v) => v
@@ -183,34 +204,5 @@ mod tests {
         let copies = shadow.count();
         assert!((800..1200).contains(&copies), "{copies} of 2000 shadowed");
         assert!(shadow.seen.lock().unwrap().iter().all(|r| r.key.starts_with(b"k:1:")));
-    }
-
-    #[test]
-    fn builds_from_config_and_without_shadow_shards_is_a_plain_selection() {
-        run(async {
-            let c = crate::Context::new(crate::Options::default(), None);
-            let route = |shadow: &str| {
-                format!(
-                    r#"{{"route": {{"type": "EagerShardSelectionShadowRoute", "children_type": "LatestRoute",
-                    "children_settings": {{"failover_count": 2}}, "shadow_children_type": "LoadBalancerRoute",
-                    "shadow_children_settings": {{}}, "shadow_weights": 0.5,
-                    "pools": [{{"pool": {{"servers": ["127.0.0.1:1", "127.0.0.1:2"]}}, "shards": [[1], [2]] {shadow}}}]}}}}"#
-                )
-            };
-            let cfg = crate::config::load(&c, &route(r#", "shadow_shards": [[2], [1, 3]]"#), None).unwrap();
-            let mut r = req(Cmd::Get, "k:1:x");
-            let root = cfg.select(&mut r).ok().unwrap().0.clone();
-            assert_eq!(root.route_name(), "selection|key-shard-id|shadow_enabled");
-            let plain = crate::config::load(&c, &route(""), None).unwrap();
-            let root = plain.select(&mut r).ok().unwrap().0.clone();
-            assert_eq!(root.route_name(), "selection|key-shard-id");
-            let bad = route(r#", "shadow_shards": [[2], [1, 3]]"#)
-                .replace(r#""shadow_children_type": "LoadBalancerRoute","#, "");
-            let err = crate::config::load(&c, &bad, None).err().unwrap();
-            assert!(err.contains("`shadow_children_type` not found"), "{err}");
-            let bad = route("").replace("LoadBalancerRoute", "CustomJsonmRoute");
-            let err = crate::config::load(&c, &bad, None).err().unwrap();
-            assert!(err.contains("CustomJsonmRoute is not supported"), "{err}");
-        });
     }
 }

@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::{BoxFuture, Route, RouteRef, get_str};
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef};
+use crate::build::{Builder, Handle, get_str};
 use crate::protocol::{Reply, Request, Res};
 
 pub struct ErrorRoute {
@@ -21,6 +21,13 @@ impl Route for ErrorRoute {
         Box::pin(async move { Reply::error(Res::LocalError, &self.response) })
     }
 }
+
+pub const ERROR_ROUTE: Handle = Handle {
+    name: "ErrorRoute",
+    build,
+    shorthand: Some("response"),
+    fields: &["response"],
+};
 
 pub fn build(_b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let response = get_str(obj, "response")?.unwrap_or("ErrorRoute").to_string();

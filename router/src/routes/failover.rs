@@ -6,9 +6,9 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use serde_json::{Map, Value};
 
-use super::{BoxFuture, Route, RouteRef, required};
-use crate::Context;
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef};
+use crate::build::{Builder, Handle, required};
+use crate::context::Context;
 use crate::lease_tokens::{Issued, LeaseTokens};
 use crate::protocol::{Cmd, Reply, Request, Res};
 use crate::routes::destination::HOT_MISS_TOKEN;
@@ -114,6 +114,13 @@ impl Route for Failover {
     }
 }
 
+pub const FAILOVER_ROUTE: Handle = Handle {
+    name: "FailoverRoute",
+    build,
+    shorthand: Some("children"),
+    fields: &["children"],
+};
+
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let children = b.children(required(obj, "children", "FailoverRoute")?)?;
     if children.is_empty() {
@@ -192,7 +199,7 @@ mod tests {
             })
         };
         let (first, second) = (leasing(5), leasing(77));
-        let ctx = crate::Context::new(crate::Options::default(), None);
+        let ctx = crate::context::Context::new(crate::options::Options::default(), None);
         let r = Failover {
             children: vec![first.clone(), second.clone()],
             ctx: Some(ctx.clone()),

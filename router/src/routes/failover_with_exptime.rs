@@ -12,9 +12,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use serde_json::{Map, Value};
 
 use super::failover::try_in_order;
-use super::{BoxFuture, Route, RouteRef, cap_exptime, get_i64, required};
-use crate::Context;
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef, cap_exptime};
+use crate::build::{Builder, Handle, get_i64, required};
+use crate::context::Context;
 use crate::protocol::{Reply, Request};
 
 pub struct FailoverWithExptime {
@@ -54,6 +54,13 @@ impl Route for FailoverWithExptime {
         self.normal.first_get_target(req)
     }
 }
+
+pub const FAILOVER_WITH_EXPTIME_ROUTE: Handle = Handle {
+    name: "FailoverWithExptimeRoute",
+    build,
+    shorthand: None,
+    fields: &["normal", "failover", "failover_exptime"],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let normal = b.route(required(obj, "normal", "FailoverWithExptimeRoute")?)?;

@@ -5,8 +5,8 @@
 
 use serde_json::{Map, Value};
 
-use super::{BoxFuture, Route, RouteRef, get_str, required};
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef};
+use crate::build::{Builder, Handle, get_str, required};
 use crate::hash::HashFunc;
 use crate::protocol::{Reply, Request};
 
@@ -161,11 +161,18 @@ pub fn as_route(b: &mut Builder, obj: &Map<String, Value>, children: &[RouteRef]
     };
     let mut template = settings;
     template.insert("type".into(), Value::String(ty.into()));
-    template.insert("children".into(), Value::String(crate::config::CHILDREN_LIST.into()));
+    template.insert("children".into(), Value::String(crate::build::CHILDREN_LIST.into()));
     let template = Value::Object(template);
     b.with_children_list(children.to_vec(), |b| b.route(&template))
         .map(Some)
 }
+
+pub const HASH_ROUTE: Handle = Handle {
+    name: "HashRoute",
+    build,
+    shorthand: Some("children"),
+    fields: &["children", "hash", "hash_func", "salt", "weights"],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let children = b.children(required(obj, "children", "HashRoute")?)?;
@@ -185,44 +192,6 @@ mod tests {
     use super::*;
     use crate::protocol::{Cmd, Res};
     use crate::routes::testing::*;
-
-    #[test]
-    fn latest_and_load_balancer_as_hash_funcs_and_empty_pools_as_mcrouter_builds_them() {
-        run(async {
-            let c = crate::Context::new(crate::Options::default(), None);
-            let text = r#"{"pools": {"p": {"servers": ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]},
-                                   "none": {"servers": []}, "quiet": {"servers": [], "error_on_empty": false}},
-              "route": {"type": "PrefixSelectorRoute", "policies": {
-                "l:": {"type": "PoolRoute", "pool": "p", "hash": {"hash_func": "Latest", "failover_count": 2}},
-                "b:": {"type": "PoolRoute", "pool": "p", "hash": "LoadBalancer"},
-                "h:": {"type": "HashRoute", "children": "Pool|p", "hash_func": "Latest"},
-                "e:": "PoolRoute|none", "q:": "PoolRoute|quiet", "eh:": "HashRoute|Pool|none"},
-                "wildcard": "NullRoute"}}"#;
-            let cfg = crate::config::load(&c, text, None).unwrap();
-            let root = |key: &str| {
-                let mut r = req(Cmd::Get, key);
-                let route = cfg.select(&mut r).ok().unwrap().0.clone();
-                let mut names = Vec::new();
-                route.traverse(&r, &mut |child, _| names.push(child.route_name()));
-                names
-            };
-            assert_eq!(root("l:k")[0], "failover");
-            assert_eq!(root("h:k")[0], "failover");
-            assert_eq!(root("b:k")[0], "loadbalancer|weighted-hashing"); // LoadBalancerRoute, by measured load
-            assert_eq!(root("e:k")[0], "error|HashRoute with empty children, name: none");
-            assert_eq!(root("eh:k")[0], "error|HashRoute with empty children, name: ");
-            assert_eq!(root("q:k")[0], "null");
-            let w = cfg.warnings.join("\n");
-            assert!(
-                w.contains("PoolRoute: `none` has no servers: every request gets an error"),
-                "{w}"
-            );
-            assert!(
-                w.contains("`quiet` has no servers: every request gets NullRoute's answer"),
-                "{w}"
-            );
-        });
-    }
 
     #[test]
     fn spreads_and_is_stable() {

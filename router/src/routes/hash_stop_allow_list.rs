@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::{BoxFuture, Route, RouteRef, required};
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef};
+use crate::build::{Builder, Handle, required};
 use crate::protocol::{Reply, Request, Res};
 
 pub struct HashStopAllowListRoute {
@@ -49,6 +49,13 @@ impl Route for HashStopAllowListRoute {
         }
     }
 }
+
+pub const HASH_STOP_ALLOW_LIST_ROUTE: Handle = Handle {
+    name: "HashStopAllowListRoute",
+    build,
+    shorthand: None,
+    fields: &["target", "prefixes"],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let target = b.route(required(obj, "target", "HashStopAllowListRoute")?)?;

@@ -17,8 +17,8 @@ use std::sync::Arc;
 use futures_util::future::join;
 use serde_json::{Map, Value};
 
-use super::{BoxFuture, Route, RouteRef, get_i64, required};
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef};
+use crate::build::{Builder, Handle, get_i64, required};
 use crate::protocol::{Cmd, Reply, Request};
 
 pub struct L1L2Cache {
@@ -65,6 +65,13 @@ impl Route for L1L2Cache {
         })
     }
 }
+
+pub const L1L2_CACHE_ROUTE: Handle = Handle {
+    name: "L1L2CacheRoute",
+    build,
+    shorthand: None,
+    fields: &["l1", "l2", "upgradingL1Exptime", "ncacheExptime", "ncacheUpdatePeriod"],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let l1 = b.route(required(obj, "l1", "L1L2CacheRoute")?)?;

@@ -19,8 +19,8 @@ use std::sync::Arc;
 use bytes::{BufMut, Bytes, BytesMut};
 use serde_json::{Map, Value};
 
-use super::{BoxFuture, Route, RouteRef, get_i64, required};
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef};
+use crate::build::{Builder, Handle, get_i64, required};
 use crate::protocol::{Cmd, Reply, Request, Res};
 
 /// mcrouter's `MC_MSG_FLAG_SIZE_SPLIT`: the client flag that marks an l1 sentinel.
@@ -174,6 +174,21 @@ fn non_negative(obj: &Map<String, Value>, field: &str) -> Result<Option<i64>, St
         n => Ok(n),
     }
 }
+
+pub const L1L2_SIZE_SPLIT_ROUTE: Handle = Handle {
+    name: "L1L2SizeSplitRoute",
+    build,
+    shorthand: None,
+    fields: &[
+        "l1",
+        "l2",
+        "threshold",
+        "ttl_threshold",
+        "failure_ttl",
+        "both_full_set",
+        "retries",
+    ],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     const HANDLE: &str = "L1L2SizeSplitRoute";
@@ -362,35 +377,6 @@ mod tests {
             let got = r.route(&get(Cmd::Get, "j")).await;
             assert_eq!(got.res, Res::LocalError);
             assert_eq!(l1.get("j"), None);
-        });
-    }
-
-    #[test]
-    fn config_fields_are_checked() {
-        crate::routes::testing::run(async {
-            let c = crate::Context::new(crate::Options::default(), None);
-            let ok = r#"{"route": {"type": "L1L2SizeSplitRoute", "l1": "NullRoute", "l2": "NullRoute", "threshold": 8,
-                         "ttl_threshold": 5, "failure_ttl": 10, "both_full_set": true, "retries": 3}}"#;
-            let cfg = crate::config::load(&c, ok, None).unwrap();
-            assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
-            for (fields, want) in [
-                (r#""l1": "NullRoute", "l2": "NullRoute""#, "no threshold"),
-                (
-                    r#""l1": "NullRoute", "l2": "NullRoute", "threshold": 8, "retries": 100"#,
-                    "`retries` must be from 1 to 10",
-                ),
-                (
-                    r#""l1": "NullRoute", "l2": "NullRoute", "threshold": 8, "failure_ttl": 0"#,
-                    "`failure_ttl` must not be zero",
-                ),
-                (r#""l1": "NullRoute", "threshold": 8"#, "missing `l2`"),
-            ] {
-                let text = format!(r#"{{"route": {{"type": "L1L2SizeSplitRoute", {fields}}}}}"#);
-                let err = crate::config::load(&c, &text, None)
-                    .err()
-                    .unwrap_or_else(|| panic!("{text} loaded"));
-                assert!(err.contains(want), "{want} not in {err}");
-            }
         });
     }
 }

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 
-use super::{BoxFuture, Route, RouteRef, get_i64, required};
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef};
+use crate::build::{Builder, Handle, get_i64, required};
 use crate::protocol::{Reply, Request};
 
 pub struct LatencyInjection {
@@ -117,6 +117,21 @@ fn percentiles(obj: &Map<String, Value>) -> Result<Vec<(f64, Duration)>, String>
     Ok(steps)
 }
 
+pub const LATENCY_INJECTION_ROUTE: Handle = Handle {
+    name: "LatencyInjectionRoute",
+    build,
+    shorthand: None,
+    fields: &[
+        "child",
+        "before_latency_ms",
+        "after_latency_ms",
+        "total_latency_ms",
+        "total_latency_percentile_ms",
+        "request_payload_latency",
+        "max_request_latency_us",
+    ],
+};
+
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let child = b.route(required(obj, "child", "LatencyInjectionRoute")?)?;
     let given = [
@@ -151,37 +166,6 @@ mod tests {
     use super::*;
     use crate::protocol::{Cmd, Res};
     use crate::routes::testing::*;
-
-    fn load(config: &str) -> Result<crate::config::RouterConfig, String> {
-        run(async {
-            let ctx = crate::Context::new(crate::Options::default(), None);
-            crate::config::load(&ctx, config, None)
-        })
-    }
-
-    fn with_percentiles(steps: &str) -> String {
-        format!(
-            r#"{{"route": {{"type": "LatencyInjectionRoute", "child": "NullRoute", "total_latency_percentile_ms": {steps}}}}}"#
-        )
-    }
-
-    #[test]
-    fn total_latency_percentile_ms_loads_and_is_checked_as_mcrouter_checks_it() {
-        // mcrouter's LatencyInjectionRouteTest: [[50, 500], [90, 1000], [99, 2000]]
-        let cfg = load(&with_percentiles("[[50, 500], [90, 1000], [99, 2000]]")).unwrap();
-        assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
-        for (steps, why) in [
-            ("[[50, 5], [50, 10]]", "strictly increasing"),
-            ("[[0, 5]]", "percentile must be in (0, 100]"),
-            ("[[101, 5]]", "percentile must be in (0, 100]"),
-            ("[[50, -1]]", "must not be negative"),
-            ("[[50]]", "[percentile, latency_ms]"),
-            ("{}", "must be a list"),
-        ] {
-            let err = load(&with_percentiles(steps)).err().unwrap_or_default();
-            assert!(err.contains(why), "{steps}: {err}");
-        }
-    }
 
     #[test]
     fn a_percentile_takes_the_first_step_above_it() {

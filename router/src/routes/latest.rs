@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
+use super::RouteRef;
 use super::failover::Failover;
-use super::{RouteRef, get_i64, required};
-use crate::config::Builder;
+use crate::build::{Builder, Handle, get_i64, required};
 
 /// This machine's name (the host id the choice is made from).
 pub fn host_id() -> String {
@@ -17,6 +17,19 @@ pub fn host_id() -> String {
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "localhost".into())
 }
+
+pub const LATEST_ROUTE: Handle = Handle {
+    name: "LatestRoute",
+    build,
+    shorthand: Some("children"),
+    fields: &[
+        "children",
+        "failover_count",
+        "thresholds",
+        "failover_errors",
+        "failover_tag",
+    ],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let children = b.children(required(obj, "children", "LatestRoute")?)?;

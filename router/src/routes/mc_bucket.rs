@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::{BoxFuture, Route, RouteRef, get_str, required};
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef};
+use crate::build::{Builder, Handle, get_str, required};
 use crate::hash::{HashFunc, furc_hash};
 use crate::protocol::{Reply, Request, Res};
 
@@ -150,6 +150,20 @@ pub fn wrap(target: RouteRef, obj: &Map<String, Value>) -> Result<RouteRef, Stri
     }))
 }
 
+pub const MC_BUCKET_ROUTE: Handle = Handle {
+    name: "McBucketRoute",
+    build,
+    shorthand: None,
+    fields: &[
+        "target",
+        "bucketize",
+        "total_buckets",
+        "total_buckets_by_prefix",
+        "bucketization_keyspace",
+        "salt",
+    ],
+};
+
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let target = b.route(required(obj, "target", "McBucketRoute")?)?;
     wrap(target, obj)
@@ -194,38 +208,6 @@ mod tests {
             assert_eq!(*servers.entry(bucket).or_insert(server), server, "{key}");
         }
         assert_eq!(servers.len(), 100);
-    }
-
-    #[test]
-    fn mcrouters_bucketized_pool_test_places_key1_as_mcrouter_does() {
-        // mcrouter's test_bucketized_poolroute.py: over five servers, "key1" is on server #3
-        // without buckets; with 1000 buckets it "maps to bucketId 808 and server #5" (WeightedCh3,
-        // every weight 0.5), which also checks WeightedCh3's SpookyHash step against mcrouter
-        assert_eq!(furc_hash(b"key1", 5), 2);
-        assert_eq!(furc_hash(b"key1", 1000), 808);
-        assert_eq!(crate::hash::weighted_ch3(b"808", &[0.5; 5]), 4);
-        run(async {
-            let c = crate::Context::new(crate::Options::default(), None);
-            let text = r#"{"pools": {"foo": {"servers": ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4",
-                             "127.0.0.1:5"], "weights": [0.5, 0.5, 0.5, 0.5, 0.5]}},
-                "route": {"type": "PoolRoute", "pool": "foo", "bucketize": true, "total_buckets": 1000,
-                          "bucketization_keyspace": "test", "hash": "WeightedCh3"}}"#;
-            let cfg = crate::config::load(&c, text, None).unwrap();
-            assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
-            let r = req(Cmd::Get, "key1");
-            let root = cfg.select(&mut r.clone()).ok().unwrap().0.clone();
-            assert!(
-                root.route_name()
-                    .starts_with("bucketize|total_buckets=1000|bucketization_keyspace=test")
-            );
-            let mut reached = Vec::new();
-            fn walk(route: &RouteRef, r: &Request, out: &mut Vec<String>) {
-                out.push(route.route_name());
-                route.traverse(r, &mut |child, r| walk(child, r, out));
-            }
-            walk(&root, &r, &mut reached);
-            assert!(reached.last().unwrap().contains("|id=4|"), "{reached:?}");
-        });
     }
 
     #[test]

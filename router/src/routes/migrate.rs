@@ -10,8 +10,8 @@ use std::sync::Arc;
 use futures_util::future::join;
 use serde_json::{Map, Value};
 
-use super::{BoxFuture, Route, RouteRef, get_i64, required};
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef};
+use crate::build::{Builder, Handle, get_i64, required};
 use crate::protocol::{Reply, Request};
 
 pub struct Migrate {
@@ -63,6 +63,13 @@ impl Route for Migrate {
         })
     }
 }
+
+pub const MIGRATE_ROUTE: Handle = Handle {
+    name: "MigrateRoute",
+    build,
+    shorthand: None,
+    fields: &["from", "to", "start_time", "interval"],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let from = b.route(required(obj, "from", "MigrateRoute")?)?;

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::{BoxFuture, Route, RouteRef, required};
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef};
+use crate::build::{Builder, Handle, required};
 use crate::protocol::{Reply, Request};
 
 pub struct MissFailover {
@@ -37,6 +37,13 @@ impl Route for MissFailover {
         })
     }
 }
+
+pub const MISS_FAILOVER_ROUTE: Handle = Handle {
+    name: "MissFailoverRoute",
+    build,
+    shorthand: Some("children"),
+    fields: &["children"],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let children = b.children(required(obj, "children", "MissFailoverRoute")?)?;

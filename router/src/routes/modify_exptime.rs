@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::{BoxFuture, Route, RouteRef, cap_exptime, get_i64, get_str, required};
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef, cap_exptime};
+use crate::build::{Builder, Handle, get_i64, get_str, required};
 use crate::protocol::{Reply, Request};
 
 pub struct ModifyExptime {
@@ -46,6 +46,13 @@ impl Route for ModifyExptime {
         }
     }
 }
+
+pub const MODIFY_EXPTIME_ROUTE: Handle = Handle {
+    name: "ModifyExptimeRoute",
+    build,
+    shorthand: None,
+    fields: &["action", "exptime", "target"],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let target = b.route(required(obj, "target", "ModifyExptimeRoute")?)?;

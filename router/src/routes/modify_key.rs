@@ -14,8 +14,8 @@ use base64::Engine;
 use bytes::{BufMut, Bytes, BytesMut};
 use serde_json::{Map, Value};
 
-use super::{BoxFuture, Route, RouteRef, get_str, required};
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef};
+use crate::build::{Builder, Handle, get_str, required};
 use crate::protocol::reply::first_line_end;
 use crate::protocol::{Reply, Request, Res};
 
@@ -140,6 +140,19 @@ impl Route for ModifyKey {
         })
     }
 }
+
+pub const MODIFY_KEY_ROUTE: Handle = Handle {
+    name: "ModifyKeyRoute",
+    build,
+    shorthand: None,
+    fields: &[
+        "target",
+        "set_routing_prefix",
+        "ensure_key_prefix",
+        "replace_key_prefix",
+        "modify_inplace",
+    ],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let target = b.route(required(obj, "target", "ModifyKeyRoute")?)?;

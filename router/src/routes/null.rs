@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::{BoxFuture, Route, RouteRef, default_reply};
-use crate::config::Builder;
+use crate::build::{Builder, Handle};
 use crate::protocol::{Reply, Request};
 
 pub struct Null;
@@ -16,6 +16,13 @@ impl Route for Null {
         Box::pin(async move { default_reply(req) })
     }
 }
+
+pub const NULL_ROUTE: Handle = Handle {
+    name: "NullRoute",
+    build,
+    shorthand: None,
+    fields: &[],
+};
 
 pub fn build(_b: &mut Builder, _obj: &Map<String, Value>) -> Result<RouteRef, String> {
     Ok(Arc::new(Null))

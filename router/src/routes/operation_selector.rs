@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::{BoxFuture, Route, RouteRef, default_reply};
-use crate::config::Builder;
+use crate::build::{Builder, Handle};
 use crate::protocol::{Op, Reply, Request};
 
 pub struct OperationSelector {
@@ -37,6 +37,21 @@ impl Route for OperationSelector {
             .first_get_target(req)
     }
 }
+
+pub const OPERATION_SELECTOR_ROUTE: Handle = Handle {
+    name: "OperationSelectorRoute",
+    build,
+    shorthand: None,
+    fields: &["default_policy", "operation_policies"],
+};
+
+// mcrouter's older name for OperationSelectorRoute
+pub const PREFIX_POLICY_ROUTE: Handle = Handle {
+    name: "PrefixPolicyRoute",
+    build,
+    shorthand: None,
+    fields: &["default_policy", "operation_policies"],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let mut policies = HashMap::new();

@@ -11,8 +11,7 @@ use serde_json::{Map, Value};
 use super::RouteRef;
 use super::hash::{HashRoute, hash_settings};
 use super::mc_bucket::BucketHashRoute;
-use super::required;
-use crate::config::Builder;
+use crate::build::{Builder, Handle, required};
 
 fn flag(obj: &Map<String, Value>, field: &str) -> Result<bool, String> {
     match obj.get(field) {
@@ -21,6 +20,34 @@ fn flag(obj: &Map<String, Value>, field: &str) -> Result<bool, String> {
         Some(other) => Err(format!("PoolRoute: `{field}` must be true or false, not {other}")),
     }
 }
+
+pub const POOL_ROUTE: Handle = Handle {
+    name: "PoolRoute",
+    build,
+    shorthand: Some("pool"),
+    fields: &[
+        "pool",
+        "hash",
+        "hash_func",
+        "salt",
+        "weights",
+        // bucketized pools (mc_bucket.rs) and the DistributionRoute in front (distribution.rs)
+        "bucketize",
+        "useBucketHashSelector",
+        "total_buckets",
+        "total_buckets_by_prefix",
+        "bucketization_keyspace",
+        "distribution_enabled",
+        "distributed_delete_rpc_enabled",
+        "replay",
+        "distribution_source_region",
+        "distribution_secure_writes_enabled",
+        "return_error_on_mc_delete_failure",
+        // copies of some servers' requests (shadow.rs)
+        "shadows",
+        "shadow_policy",
+    ],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let pool = required(obj, "pool", "PoolRoute")?;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::{BoxFuture, Route, RouteRef, default_reply};
-use crate::config::Builder;
+use crate::build::{Builder, Handle};
 use crate::protocol::{Reply, Request};
 
 pub struct PrefixSelector {
@@ -44,6 +44,13 @@ impl Route for PrefixSelector {
         self.select(&req.routing_key())?.first_get_target(req)
     }
 }
+
+pub const PREFIX_SELECTOR_ROUTE: Handle = Handle {
+    name: "PrefixSelectorRoute",
+    build,
+    shorthand: None,
+    fields: &["policies", "wildcard"],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let mut policies = Vec::new();

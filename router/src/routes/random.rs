@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use serde_json::{Map, Value};
 
-use super::{BoxFuture, Route, RouteRef, required};
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef};
+use crate::build::{Builder, Handle, required};
 use crate::protocol::{Reply, Request};
 
 pub struct RandomRoute {
@@ -67,6 +67,13 @@ impl Route for RandomRoute {
         self.children[i].route(req)
     }
 }
+
+pub const RANDOM_ROUTE: Handle = Handle {
+    name: "RandomRoute",
+    build,
+    shorthand: Some("children"),
+    fields: &["children"],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let children = b.children(required(obj, "children", "RandomRoute")?)?;

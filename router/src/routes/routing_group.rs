@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::{BoxFuture, Route, RouteRef, default_reply};
-use crate::config::Builder;
+use crate::build::{Builder, Handle};
 use crate::protocol::{Op, Reply, Request};
 
 /// mcrouter's routing group names, in the order `RoutingGroupRoute::policies` keeps them.
@@ -60,6 +60,13 @@ impl Route for RoutingGroupRoute {
         self.pick(req)?.first_get_target(req)
     }
 }
+
+pub const ROUTING_GROUP_ROUTE: Handle = Handle {
+    name: "RoutingGroupRoute",
+    build,
+    shorthand: None,
+    fields: &["default_policy", "routing_group_policies"],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let default = match obj.get("default_policy") {

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::hash::hash_settings;
-use super::{BoxFuture, Route, RouteRef, get_i64, required};
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef};
+use crate::build::{Builder, Handle, get_i64, required};
 use crate::hash::HashFunc;
 use crate::protocol::{Reply, Request};
 
@@ -19,7 +19,7 @@ pub struct SaltedFailover {
     pub func: HashFunc,
     pub salt: Vec<u8>,
     pub max_tries: usize,
-    pub ctx: Option<Arc<crate::Context>>,
+    pub ctx: Option<Arc<crate::context::Context>>,
 }
 
 impl SaltedFailover {
@@ -68,6 +68,24 @@ impl Route for SaltedFailover {
         self.servers[i].first_get_target(req)
     }
 }
+
+pub const SALTED_FAILOVER_ROUTE: Handle = Handle {
+    name: "SaltedFailoverRoute",
+    build,
+    shorthand: Some("pool"),
+    fields: &[
+        "pool",
+        "hash",
+        "hash_func",
+        "salt",
+        "weights",
+        "max_tries",
+        "shadows",
+        "shadow_policy",
+        "failover_policy",
+        "failover_errors",
+    ],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let pool = required(obj, "pool", "SaltedFailoverRoute")?;

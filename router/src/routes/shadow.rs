@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::{BoxFuture, Route, RouteRef, required};
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef};
+use crate::build::{Builder, Handle, required};
 use crate::protocol::{Reply, Request};
 
 pub struct Shadow {
@@ -43,7 +43,7 @@ pub struct ShadowRoute {
     pub shadows: Vec<Shadow>,
 }
 
-fn key_fraction(key: &[u8]) -> f64 {
+pub(crate) fn key_fraction(key: &[u8]) -> f64 {
     crate::hash::spooky32(key, 0) as f64 / u32::MAX as f64
 }
 
@@ -244,6 +244,13 @@ pub fn wrap_pool(b: &mut Builder, obj: &Map<String, Value>, servers: Vec<RouteRe
     Ok(wrap(servers, &shadows))
 }
 
+pub const SHADOW_ROUTE: Handle = Handle {
+    name: "ShadowRoute",
+    build,
+    shorthand: None,
+    fields: &["children", "shadows", "shadow_policy"],
+};
+
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let mut list = build_list(b, obj)?;
     if list.len() != 1 {
@@ -294,135 +301,6 @@ mod tests {
         };
         run(r.route(&req(Cmd::Get, "k")));
         assert_eq!((main.count(), shadow.count()), (2, 1));
-    }
-
-    /// Every handle `key`'s get traverses in `config` (mcrouter's `route_handles`), with the
-    /// load's warnings.
-    fn handles(config: &str, key: &str) -> (Vec<String>, Vec<String>) {
-        fn walk(route: &RouteRef, req: &Request, out: &mut Vec<String>) {
-            out.push(route.route_name());
-            route.traverse(req, &mut |child, r| walk(child, r, out));
-        }
-        run(async {
-            let ctx = crate::Context::new(crate::Options::default(), None);
-            let cfg = crate::config::load(&ctx, config, None).unwrap();
-            let mut r = req(Cmd::Get, key);
-            let root = cfg.route_for(&mut r).ok().unwrap().clone();
-            let mut out = Vec::new();
-            walk(&root, &r, &mut out);
-            (out, cfg.warnings.clone())
-        })
-    }
-
-    fn reaches(handles: &[String], addr: &str) -> bool {
-        handles.iter().any(|h| h.contains(&format!("ap={addr}:")))
-    }
-
-    #[test]
-    fn index_range_ends_before_its_second_number_as_in_mcrouter() {
-        // mcrouter's ShadowRoute takes child i when start <= i < end (ShadowRoute-inl.h); the
-        // wiki's Shadowing setup: `[0, 2]` is the first and second hosts ("non-inclusive")
-        let config = r#"{"pools": {"a": {"servers": ["127.0.0.1:1", "127.0.0.1:2"]},
-                                   "b": {"servers": ["127.0.0.1:9"]}},
-            "route": {"type": "AllSyncRoute", "children": [{"type": "ShadowRoute", "children": "Pool|a",
-                "shadows": [{"target": "PoolRoute|b", "index_range": [0, 1], "key_fraction_range": [0, 1]}]}]}}"#;
-        let (tree, _) = handles(config, "k");
-        let shadowed: Vec<&String> = tree.iter().filter(|h| h.contains("ap=127.0.0.1:9:")).collect();
-        assert_eq!(shadowed.len(), 1, "only child 0 is shadowed: {tree:?}");
-        let at = tree.iter().position(|h| h == "shadow").unwrap();
-        assert!(tree[at + 1].contains("ap=127.0.0.1:1:"), "{tree:?}");
-    }
-
-    #[test]
-    fn a_pool_routes_shadows_copy_the_requests_of_the_servers_in_their_index_range() {
-        // the wiki's Shadowing setup: PoolRoute `shadows`, hosts 0 and 1 of three shadowed
-        let config = r#"{"pools": {"production": {"servers": ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]},
-                                   "test": {"servers": ["127.0.0.1:9"]}},
-            "route": {"type": "PoolRoute", "pool": "production",
-                      "shadows": [{"target": "PoolRoute|test", "index_range": [0, 2], "key_fraction_range": [0, 1]}]}}"#;
-        let mut seen = [0, 0];
-        for i in 0..60 {
-            let (tree, warnings) = handles(config, &format!("key{i}"));
-            assert!(warnings.is_empty(), "{warnings:?}");
-            let shadowed = reaches(&tree, "127.0.0.1:9");
-            let third = reaches(&tree, "127.0.0.1:3");
-            assert_eq!(shadowed, !third, "key{i}: {tree:?}");
-            seen[shadowed as usize] += 1;
-        }
-        assert!(seen[0] > 0 && seen[1] > 0, "{seen:?}");
-        // without a key fraction range every key is shadowed here, warned (mcrouter's default takes none)
-        let everything = config.replace(r#", "key_fraction_range": [0, 1]"#, "");
-        let (_, warnings) = handles(&everything, "k");
-        assert_eq!(
-            warnings,
-            ["PoolRoute: shadows[0] has no `key_fraction_range`: here every key is shadowed (mcrouter shadows none)"]
-        );
-        // a key fraction range that takes no key shadows nothing
-        let none = config.replace("[0, 1]", "[0, 0]");
-        assert!((0..20).all(|i| !reaches(&handles(&none, &format!("key{i}")).0, "127.0.0.1:9")));
-    }
-
-    #[test]
-    fn the_keys_mcrouter_shadows_are_the_keys_shadowed_here() {
-        // mcrouter's test_shadow.py: the keys whose SpookyHashV2-32 (seed 0) falls in a key fraction range
-        let shadowed = |prefix: &str, low: f64, high: f64| -> Vec<usize> {
-            (0..100)
-                .filter(|i| {
-                    let f = key_fraction(format!("{prefix}{i}").as_bytes());
-                    low <= f && f <= high
-                })
-                .collect()
-        };
-        assert_eq!(
-            shadowed("f", 0.0, 0.1),
-            [5, 7, 13, 33, 43, 46, 58, 71, 83, 85, 89, 91, 93]
-        );
-        assert_eq!(shadowed("f", 0.4, 0.5), [9, 10, 20, 26, 32, 34, 42, 47, 54, 63, 64, 98]);
-        assert_eq!(shadowed("b_new", 0.0, 0.1), [10, 11, 15, 34, 40, 43, 47, 71, 93]);
-    }
-
-    #[test]
-    fn a_broken_shadow_is_warned_and_left_out_as_mcrouter_leaves_it_out() {
-        // mcrouter's test_shadow.json: makeShadowRoutes logs each of these and goes on without it
-        let config = r#"{"pools": {"a": {"servers": ["127.0.0.1:1"]}, "b": {"servers": ["127.0.0.1:9"]}},
-            "route": {"type": "PoolRoute", "pool": "a", "shadows": [
-                {"target": "PoolRoute|b", "index_range": [0, 1], "key_fraction_range": [0, 1]},
-                {"target": "NullRoute", "index_range": [0, 1], "key_fraction_range": [-1, 15]},
-                {"target": "do_not_exist", "index_range": [0, 1], "key_fraction_range": [0.0, 1.0]},
-                {"target": "NullRoute", "index_range": 1, "key_fraction_range": 2},
-                12345, {}, []]}}"#;
-        let (tree, warnings) = handles(config, "k");
-        assert!(reaches(&tree, "127.0.0.1:9"), "the good shadow stays: {tree:?}");
-        assert_eq!(tree.iter().filter(|h| *h == "null").count(), 0, "{tree:?}");
-        for (i, why) in [
-            (1, "key_fraction_range` must be within [0, 1]"),
-            (2, "do_not_exist"),
-            (3, "index_range` must be a list of two numbers"),
-            (4, "it must be an object"),
-            (5, "missing `target`"),
-            (6, "it must be an object"),
-        ] {
-            let found = warnings
-                .iter()
-                .any(|w| w.contains(&format!("shadows[{i}]")) && w.contains(why) && w.contains("left out"));
-            assert!(found, "shadows[{i}]: {why}: {warnings:?}");
-        }
-    }
-
-    #[test]
-    fn keys_to_shadow_shadows_exactly_those_keys_hash_stop_ignored() {
-        // mcrouter's test_shadow.py (test_normal_shadow_specific_keys): f101..f106 of f101..f110
-        let config = r#"{"pools": {"a": {"servers": ["127.0.0.1:1", "127.0.0.1:2"]}, "b": {"servers": ["127.0.0.1:9"]}},
-            "route": {"type": "PoolRoute", "pool": "a", "shadows": [
-                {"target": "PoolRoute|b", "keys_to_shadow": ["f101", "f102", "f103", "f104", "f105", "f106"]},
-                {"target": "NullRoute", "keys_to_shadow": ["x"], "index_range": [0, 1]}]}}"#;
-        for i in 101..111 {
-            let (tree, warnings) = handles(config, &format!("f{i}|#|ignored"));
-            assert_eq!(reaches(&tree, "127.0.0.1:9"), i <= 106, "f{i}: {tree:?}");
-            // mixing keys_to_shadow with a range is refused by mcrouter: that shadow is left out
-            assert_eq!(warnings.len(), 1, "{warnings:?}");
-            assert!(warnings[0].contains("shadows[1] left out") && warnings[0].contains("keys_to_shadow"));
-        }
     }
 
     #[test]

@@ -23,8 +23,8 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::error::ErrorRoute;
-use super::{BoxFuture, Route, RouteRef, required};
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef};
+use crate::build::{Builder, Handle, required};
 use crate::protocol::{Reply, Request};
 
 /// Picks a child by the key's shard id; keys with no listed shard go to `out_of_range`.
@@ -132,6 +132,13 @@ pub fn out_of_range(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRe
     }
 }
 
+pub const SHARD_SELECTION_ROUTE: Handle = Handle {
+    name: "ShardSelectionRoute",
+    build,
+    shorthand: None,
+    fields: &["pool", "shards", "out_of_range"],
+};
+
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     const HANDLE: &str = "ShardSelectionRoute";
     let pool = required(obj, "pool", HANDLE)?;
@@ -203,54 +210,5 @@ mod tests {
         assert!(e.contains("`x` is not a shard id"), "{e}");
         assert!(server_shards(&serde_json::json!([-1]), at).is_err());
         assert!(server_shards(&serde_json::json!(7), at).is_err());
-    }
-
-    #[test]
-    fn builds_from_config_with_the_map_in_or_beside_the_pool() {
-        run(async {
-            let c = crate::Context::new(crate::Options::default(), None);
-            let text = r#"{"pools": {"p": {"servers": ["127.0.0.1:1", "127.0.0.1:2"], "shards": [[1, 2], "2,3"]}},
-              "route": {"type": "PrefixSelectorRoute", "policies": {
-                "a": {"type": "ShardSelectionRoute", "pool": "p"},
-                "b": {"type": "ShardSelectionRoute", "out_of_range": "NullRoute",
-                      "pool": {"type": "Pool", "name": "q", "servers": ["127.0.0.1:3", "127.0.0.1:4"]},
-                      "shards": [[7], [8]]}},
-                "wildcard": "NullRoute"}}"#;
-            let cfg = crate::config::load(&c, text, None).unwrap();
-            assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
-            let target = |key: &str| {
-                let mut r = req(Cmd::Get, key);
-                let route = cfg.select(&mut r).ok().unwrap().0.clone();
-                route.first_get_target(&r).map(|d| d.server.addr.clone())
-            };
-            assert_eq!(target("a:1:k").as_deref(), Some("127.0.0.1:1"));
-            assert_eq!(target("a:2:k").as_deref(), Some("127.0.0.1:1")); // listed twice: the first
-            assert_eq!(target("a:3:k").as_deref(), Some("127.0.0.1:2"));
-            assert_eq!(target("b:8:k").as_deref(), Some("127.0.0.1:4"));
-            assert_eq!(target("b:9:k"), None); // NullRoute
-            let bad = [
-                (
-                    r#"{"route": {"type": "ShardSelectionRoute", "pool": {"servers": ["127.0.0.1:1"]}}}"#,
-                    "`shards` not found",
-                ),
-                (
-                    r#"{"route": {"type": "ShardSelectionRoute", "pool": {"servers": ["127.0.0.1:1"]}, "shards": [[1], [2]]}}"#,
-                    "Servers size: 1. Shards size: 2.",
-                ),
-                (
-                    r#"{"route": {"type": "ShardSelectionRoute", "pool": {"servers": ["127.0.0.1:1"]}, "shards": [[1.5]]}}"#,
-                    "ShardSelectionRoute: `shards[0]`: 1.5 is not a shard id",
-                ),
-            ];
-            for (text, want) in bad {
-                let err = crate::config::load(&c, text, None)
-                    .err()
-                    .unwrap_or_else(|| panic!("{text} loaded"));
-                assert!(err.contains(want), "{want} not in {err}");
-            }
-            let empty = r#"{"route": {"type": "ShardSelectionRoute", "pool": {"servers": []}, "shards": []}}"#;
-            let cfg = crate::config::load(&c, empty, None).unwrap();
-            assert!(cfg.warnings[0].contains("no servers"), "{:?}", cfg.warnings);
-        });
     }
 }

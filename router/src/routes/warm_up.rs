@@ -25,9 +25,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use bytes::{BufMut, Bytes, BytesMut};
 use serde_json::{Map, Value};
 
-use super::{BoxFuture, Route, RouteRef, get_i64, required};
-use crate::Context;
-use crate::config::Builder;
+use super::{BoxFuture, Route, RouteRef};
+use crate::build::{Builder, Handle, get_i64, required};
+use crate::context::Context;
 use crate::protocol::reply::first_line_end;
 use crate::protocol::{Cmd, Reply, Request, Res};
 
@@ -301,6 +301,13 @@ impl Route for WarmUp {
         }
     }
 }
+
+pub const WARM_UP_ROUTE: Handle = Handle {
+    name: "WarmUpRoute",
+    build,
+    shorthand: None,
+    fields: &["cold", "warm", "exptime"],
+};
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
     let cold = b.route(required(obj, "cold", "WarmUpRoute")?)?;

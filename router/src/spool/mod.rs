@@ -34,11 +34,10 @@ use tokio::sync::oneshot;
 use crate::protocol::Request;
 
 mod format;
-mod replay;
+pub mod replay;
 mod writer;
 
 pub use format::{entry_line, parse_entry};
-pub use replay::catch_up;
 use writer::{Msg, OnEmpty, SyncFn, Take, sync_data};
 
 pub struct Spool {
@@ -151,11 +150,11 @@ mod tests {
 
     use bytes::Bytes;
 
-    use super::format::file_name;
     use super::*;
     use crate::protocol::Cmd;
+    use crate::spool::format::file_name;
 
-    use crate::routes::testing::run;
+    use crate::testing::run;
     use std::sync::atomic::{AtomicBool, Ordering};
 
     const SRV: &str = "127.0.0.1:7";

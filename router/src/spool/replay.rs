@@ -4,22 +4,24 @@
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
 
 use super::Spool;
 use super::format::parse_entry;
 use super::writer::{OnEmpty, Take};
-use crate::Context;
 use crate::protocol::Request;
 use crate::server::Server;
+use crate::stats::Stats;
 
 /// Deletes of a replay sent to the server before their replies are awaited.
 const REPLAY_WINDOW: usize = 256;
 
 /// Replay `server`'s spooled deletes until none are left, then clear its TKO (in order with spool
 /// appends, see the module doc). False if a delete could not be delivered: the server stays TKO
-/// and the unsent deletes stay spooled, in order. Without a spool, just clears TKO.
-pub async fn catch_up(ctx: &Arc<Context>, server: &Arc<Server>) -> bool {
-    let Some(spool) = ctx.spool.as_ref() else {
+/// and the unsent deletes stay spooled, in order. Without a spool, just clears TKO. `timeout` is
+/// each delete's (`--server-timeout-ms`); replayed deletes are counted in `stats`.
+pub async fn catch_up(spool: Option<&Spool>, stats: &Stats, timeout: Duration, server: &Arc<Server>) -> bool {
+    let Some(spool) = spool else {
         server.clear_tko();
         return true;
     };
@@ -37,7 +39,7 @@ pub async fn catch_up(ctx: &Arc<Context>, server: &Arc<Server>) -> bool {
                 return false;
             }
             Take::Taken(path, taken) => {
-                if !replay(ctx, spool, server, &path, taken).await {
+                if !replay(spool, stats, timeout, server, &path, taken).await {
                     return false;
                 }
             }
@@ -46,7 +48,14 @@ pub async fn catch_up(ctx: &Arc<Context>, server: &Arc<Server>) -> bool {
 }
 
 /// Send the deletes of one taken file, in order; put back what was not delivered. True if all were.
-async fn replay(ctx: &Context, spool: &Spool, server: &Arc<Server>, path: &Path, taken: u64) -> bool {
+async fn replay(
+    spool: &Spool,
+    stats: &Stats,
+    timeout: Duration,
+    server: &Arc<Server>,
+    path: &Path,
+    taken: u64,
+) -> bool {
     let text = match tokio::fs::read(path).await {
         Ok(t) => String::from_utf8_lossy(&t).into_owned(),
         Err(e) => {
@@ -61,7 +70,7 @@ async fn replay(ctx: &Context, spool: &Spool, server: &Arc<Server>, path: &Path,
     'window: for (w, window) in lines.chunks(REPLAY_WINDOW).enumerate() {
         let reqs: Vec<Option<Request>> = window.iter().map(|l| parse_entry(l)).collect();
         let sendable: Vec<Request> = reqs.iter().flatten().cloned().collect();
-        let mut replies = server.send_all(&sendable, ctx.opts.server_timeout).await.into_iter();
+        let mut replies = server.send_all(&sendable, timeout).await.into_iter();
         for (i, (req, line)) in reqs.iter().zip(window).enumerate() {
             if req.is_none() {
                 eprintln!(
@@ -78,7 +87,7 @@ async fn replay(ctx: &Context, spool: &Spool, server: &Arc<Server>, path: &Path,
             replayed += 1;
         }
     }
-    ctx.stats.replayed_deletes.fetch_add(replayed, Relaxed);
+    stats.replayed_deletes.fetch_add(replayed, Relaxed);
     let rest: Vec<String> = match failed_at {
         Some(i) => lines[i..].iter().map(|l| l.to_string()).collect(),
         None => Vec::new(),
