@@ -134,6 +134,12 @@ def per_thread(tls: dict, plain: dict) -> str:
     return ", ".join(f"{n} {a.get(n, 0):.1f} / {b.get(n, 0):.1f} ms" for n in names)
 
 
+def by_thread(run: dict) -> str:
+    """`name x.x` for each thread that used ≥ 0.1 ms per 1,000 rows, most first."""
+    t = run["threads_per_1000"]
+    return ", ".join(f"{n} {ms:.1f}" for n, ms in sorted(t.items(), key=lambda kv: -kv[1]) if ms >= 0.1)
+
+
 def metric_sum(port: int, name: str) -> float:
     """Sum of a metric's series; `name` may carry the start of a label set (`squeal_rows_total{reader="live"`)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
@@ -584,7 +590,8 @@ def main() -> int:
                     f"{r['rows_per_s']:,.0f} rows/s ({r['rows'] - r['window_rows']:.0f} read before /healthz);"
                     f" {r['deletes_per_write']:.1f} deletes/write; RSS {r['rss_mb']:.0f} MB; sheds "
                     f"{r['sheds']:.0f}; CPU {r['cpu']:.2f}s = {r['cpu_per_1000'] * 1000:.1f} ms per 1,000 rows; "
-                    f"{r['ratio']:.2f}x bare, {r['of_c']:.2f} of C, CPU ratio {r['cpu_ratio']:.2f}"
+                    f"{r['ratio']:.2f}x bare, {r['of_c']:.2f} of C, CPU ratio {r['cpu_ratio']:.2f}; by thread "
+                    f"(ms per 1,000 rows): {by_thread(r)}"
                 )
             rounds.append(result)
         print(f"after the rounds: {loadavg()}")
