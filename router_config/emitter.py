@@ -72,7 +72,7 @@ def with_leases(route: Any, leases: Leases | None) -> Any:
     """`route` behind squeal-router's TransparentLeaseRoute when the pool asks for leases (`Pool.leases`)."""
     if leases is None:
         return route
-    return {
+    out = {
         "type": "TransparentLeaseRoute",
         "target": route,
         "lease_ttl": leases.ttl,
@@ -80,6 +80,9 @@ def with_leases(route: Any, leases: Leases | None) -> Any:
         "lease_retries": leases.retries,
         "max_tokens": leases.max_tokens,
     }
+    if leases.stale_ttl:
+        out["stale_ttl"] = leases.stale_ttl
+    return out
 
 
 def cluster_config(topo: Topology, cluster_name: str) -> dict[str, Any]:

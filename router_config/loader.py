@@ -975,10 +975,10 @@ class _Builder:
     def leases(self, value: Any, path: str) -> Leases | None:
         if isinstance(value, bool):
             return Leases() if value else None
-        self.table(value, path, {"ttl", "wait_ms", "retries", "max_tokens"})
+        self.table(value, path, {"ttl", "wait_ms", "retries", "max_tokens", "stale_ttl"})
         defaults = Leases()
         out: dict[str, int] = {}
-        for name, least in (("ttl", 1), ("wait_ms", 1), ("retries", 0), ("max_tokens", 1)):
+        for name, least in (("ttl", 1), ("wait_ms", 1), ("retries", 0), ("max_tokens", 1), ("stale_ttl", 0)):
             v = self.typed(value.get(name, getattr(defaults, name)), f"{path}.{name}", int, "a whole number")
             if v < least:
                 raise self.fail(f"{path}.{name}", f"must be {least} or more, got {v}")

@@ -56,12 +56,15 @@ class Leases:
     """A pool's `leases = { ... }` (or `leases = true`): the router gives clients that send plain `get`/`set`
     memcached's leases (its TransparentLeaseRoute; docs/client.md, "Stock clients"). A miss wins a lease held
     `ttl` seconds; a set is stored only if nothing invalidated the key since; readers of a key whose lease is
-    held wait `wait_ms`, up to `retries` times; the router remembers at most `max_tokens` leases."""
+    held wait `wait_ms`, up to `retries` times; the router remembers at most `max_tokens` leases.
+    `stale_ttl` > 0 (stale-while-revalidate): a delete — squeal's included — marks the value stale for at most
+    that many seconds instead of removing it; one reader refills it, the others read the stale value meanwhile."""
 
     ttl: int = 10
     wait_ms: int = 20
     retries: int = 10
     max_tokens: int = 100_000
+    stale_ttl: int = 0
 
 
 @dataclass(frozen=True)

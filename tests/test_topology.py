@@ -175,7 +175,13 @@ MISTAKES = [
         'pools.wildcard = { servers = ["127.0.0.1:5001"] }',
         'pools.wildcard = { servers = ["127.0.0.1:5001"], leases = { wait = 5 } }',
         "regions.east.clusters.a.pools.wildcard.leases.wait",
-        "unknown key (expected one of: max_tokens, retries, ttl, wait_ms)",
+        "unknown key (expected one of: max_tokens, retries, stale_ttl, ttl, wait_ms)",
+    ),
+    (
+        'pools.wildcard = { servers = ["127.0.0.1:5001"] }',
+        'pools.wildcard = { servers = ["127.0.0.1:5001"], leases = { stale_ttl = -1 } }',
+        "regions.east.clusters.a.pools.wildcard.leases.stale_ttl",
+        "must be 0 or more",
     ),
     (
         "[[rules]]",
@@ -254,12 +260,15 @@ def test_a_pools_leases_parse_round_trip_and_put_the_lease_handle_in_front_of_it
     text = GOOD.replace(
         'pools.wildcard = { servers = ["127.0.0.1:5001"] }',
         'pools.wildcard = { servers = ["127.0.0.1:5001"], leases = { ttl = 5, wait_ms = 30 } }\n'
-        'pools.feeds = { kind = "app", prefixes = ["feed:"], servers = ["127.0.0.1:5003"], leases = true }',
+        'pools.feeds = { kind = "app", prefixes = ["feed:"], servers = ["127.0.0.1:5003"], leases = true }\n'
+        'pools.users = { kind = "app", prefixes = ["user:"], servers = ["127.0.0.1:5004"], '
+        "leases = { stale_ttl = 30 } }",
     )
     topo = router_config.loads(text)
     cluster = topo.cluster("a")
     assert cluster.wildcard.leases == router_config.Leases(ttl=5, wait_ms=30, retries=10, max_tokens=100_000)
     assert cluster.pool("feeds").leases == router_config.Leases()
+    assert cluster.pool("users").leases == router_config.Leases(stale_ttl=30)
     assert cluster.gutter.leases is None
     assert router_config.loads(router_config.dumps(topo)).regions == topo.regions
     route = router_config.cluster_config(topo, "a")["route"]
@@ -278,4 +287,6 @@ def test_a_pools_leases_parse_round_trip_and_put_the_lease_handle_in_front_of_it
         "lease_retries": 10,
         "max_tokens": 100_000,
     }
+    assert "stale_ttl" not in json.dumps(route["policies"]["feed:"])  # off unless asked for
+    assert route["policies"]["user:"]["stale_ttl"] == 30
     assert "TransparentLeaseRoute" not in json.dumps(router_config.cluster_config(router_config.loads(GOOD), "a"))

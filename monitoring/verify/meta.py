@@ -4,6 +4,11 @@ A classic `get` through a pool with leases (the router's TransparentLeaseRoute) 
 empty placeholder item that makes the next web reader wait for a fill the checker never makes. Every reader here
 (`verify`, the sampled-delete re-checks, the consistency inspector) asks with meta commands that take no lease
 and pass such a pool unchanged. A lease placeholder reads as a 0-byte value.
+
+A value marked stale (`X`: a pool with `stale_ttl`, where a delete keeps the value for a while) reads as absent:
+it has been invalidated, and readers get it only while one of them refills it. memcached gives the first `mg` of a
+stale item the refill (`W`) whatever flags it asks with; a reader here that got it gives it back at once by
+marking the item stale again with the TTL it had left (`md KEY I T<ttl> q`), so the next web reader refills.
 """
 
 from __future__ import annotations
@@ -32,21 +37,33 @@ class MetaReader:
         self.buffer = b""
 
     def gets_many(self, keys: list[str]) -> dict[str, tuple[tuple[bytes, int], bytes]]:
-        """{key: ((value, client flags), cas token)} of the keys cached (keys without spaces or control bytes)."""
-        self.sock.sendall(b"".join(b"mg " + k.encode() + b" v f c\r\n" for k in keys) + b"mn\r\n")
+        """{key: ((value, client flags), cas token)} of the keys cached (keys without spaces or control bytes); a
+        value marked stale counts as not cached (see the module's docstring)."""
+        self.sock.sendall(b"".join(b"mg " + k.encode() + b" v f c t\r\n" for k in keys) + b"mn\r\n")
         out: dict[str, tuple[tuple[bytes, int], bytes]] = {}
+        give_back: list[bytes] = []
         for key in keys:
             line = self._line()
             if line.startswith(b"VA "):
                 words = line.split()
                 flags = next((int(w[1:]) for w in words[2:] if w.startswith(b"f")), 0)
                 cas = next((w[1:] for w in words[2:] if w.startswith(b"c")), b"")
-                out[key] = ((self._exactly(int(words[1]) + 2)[:-2], flags), cas)
+                value = self._exactly(int(words[1]) + 2)[:-2]
+                if b"X" not in words[2:]:
+                    out[key] = ((value, flags), cas)
+                elif b"W" in words[2:]:
+                    ttl = next((w[1:] for w in words[2:] if w.startswith(b"t")), b"-1")
+                    give_back.append(b"md " + key.encode() + b" I" + (b" T" + ttl if ttl != b"-1" else b"") + b" q\r\n")
             elif line != b"EN":
                 raise OSError(f"router {self.address}: unexpected answer to mg {key}: {line[:100]!r}")
         end = self._line()
         if end != b"MN":
             raise OSError(f"router {self.address}: unexpected answer to mn: {end[:100]!r}")
+        if give_back:
+            self.sock.sendall(b"".join(give_back) + b"mn\r\n")
+            end = self._line()
+            if end != b"MN":
+                raise OSError(f"router {self.address}: unexpected answer to a stale mark: {end[:100]!r}")
         return out
 
     def get_many(self, keys: list[str]) -> dict[str, tuple[bytes, int]]:

@@ -137,6 +137,8 @@ pub struct Stats {
     pub lease_fills_stored: AtomicU64,
     pub lease_fills_refused: AtomicU64,
     pub lease_tokens_evicted: AtomicU64,
+    pub lease_stale_marks: AtomicU64,
+    pub lease_stale_served: AtomicU64,
     pub lease_tokens: AtomicU64,
     latency: Vec<AtomicU64>,
     latency_sum_ns: AtomicU64,
@@ -200,6 +202,8 @@ impl Default for Stats {
             lease_fills_stored: AtomicU64::new(0),
             lease_fills_refused: AtomicU64::new(0),
             lease_tokens_evicted: AtomicU64::new(0),
+            lease_stale_marks: AtomicU64::new(0),
+            lease_stale_served: AtomicU64::new(0),
             lease_tokens: AtomicU64::new(0),
             latency: (0..=LATENCY_BUCKETS.len()).map(|_| AtomicU64::new(0)).collect(),
             latency_sum_ns: AtomicU64::new(0),
@@ -363,6 +367,16 @@ impl Stats {
                 "lease_tokens_evicted",
                 "lease route: tokens dropped at max_tokens, oldest first",
                 g(&self.lease_tokens_evicted),
+            ),
+            (
+                "lease_stale_marks",
+                "lease route: deletes sent as stale marks (md I T<stale_ttl>)",
+                g(&self.lease_stale_marks),
+            ),
+            (
+                "lease_stale_served",
+                "lease route: gets answered with a stale value while another reader refills it",
+                g(&self.lease_stale_served),
             ),
         ]
     }

@@ -8,7 +8,10 @@ puts its TransparentLeaseRoute in front of it) and east-b's left plain. In each 
 3. the reader fills the cache with the old row (`set`).
 
 Without leases the old row stays cached: the race. With them the fill is refused (NOT_STORED) and the next
-reader loads the new row. Clients: pymemcache, and libmemcached's command-line tools (`memccat`, `memccp`)."""
+reader loads the new row. Clients: pymemcache, and libmemcached's command-line tools (`memccat`, `memccp`).
+
+west-a's wildcard pool has leases with `stale_ttl` (stale-while-revalidate): there squeal's delete marks the
+value stale instead of removing it, one reader refills it and the others read the old row meanwhile."""
 
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ from tests.ops.deployments import squealctl, stable_port
 
 pytestmark = [pytest.mark.slow, needs_binary(ROUTER_BIN.exists(), "router not built (scripts/setup.sh)")]
 
-WITH, WITHOUT = "east-a", "east-b"
+WITH, WITHOUT, STALE = "east-a", "east-b", "west-a"
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +46,10 @@ def fleet(tmp_path_factory):
         clusters = []
         for c in r.clusters:
             # a long wait budget: 200 reader threads share this process's GIL with the lease winner's fill
-            leases = router_config.Leases(retries=100) if c.name == WITH else None
+            leases = {
+                WITH: router_config.Leases(retries=100),
+                STALE: router_config.Leases(retries=100, stale_ttl=30),
+            }.get(c.name)
             pools = tuple(dataclasses.replace(p, leases=leases) if p.kind == "wildcard" else p for p in c.pools)
             clusters.append(dataclasses.replace(c, pools=pools))
         regions.append(dataclasses.replace(r, clusters=tuple(clusters)))
@@ -202,3 +208,27 @@ def test_a_herd_of_stock_readers_after_squeals_delete_reads_the_database_at_most
         assert len(loads) <= 2, f"{len(loads)} of {n} readers read the database"
     else:
         assert len(loads) > 2, f"without leases the herd reads the database: {len(loads)} of {n} did"
+
+
+def test_with_stale_ttl_squeals_delete_leaves_the_old_row_readable_while_one_reader_refills(fleet) -> None:
+    topo = fleet
+    router = topo.cluster(STALE).routers[0]
+    db = _database(topo)
+    with db.cursor() as cur:
+        cur.execute("INSERT INTO app.users (name, email) VALUES ('old', %s)", (f"stale-{time.time()}",))
+        user = cur.lastrowid
+    key = f"user:{user}"
+    at = _position(db)
+    wait_until(lambda: delivered(topo, STALE, at), 30, f"squeal's delete of {key} after the insert")
+    refiller = Client((router.host, router.port), timeout=5)
+    other = Client((router.host, router.port), timeout=5)
+    assert refiller.set(key, b"old", noreply=False) is True  # cached
+    with db.cursor() as cur:
+        cur.execute("UPDATE app.users SET name = 'new' WHERE id = %s", (user,))
+    at = _position(db)
+    wait_until(lambda: delivered(topo, STALE, at), 30, f"squeal's delete of {key} after the update")
+    assert refiller.get(key) is None, "the first reader after squeal's delete refills (a miss)"
+    assert other.get(key) == b"old", "the others read the stale row at once while it is refilled"
+    assert refiller.set(key, b"new", noreply=False) is True
+    assert other.get(key) == b"new"
+    db.close()

@@ -120,7 +120,16 @@ def test_lease_counters_in_stats_and_metrics(memcached_factory, router_factory) 
 
     assert c.get(b"a") is None and c.get(b"b") is None  # two leases won, two tokens held
     assert stats() == dict.fromkeys(("lease_won", "lease_tokens"), 2) | dict.fromkeys(
-        ("lease_waits", "lease_gave_up", "lease_fills_stored", "lease_fills_refused", "lease_tokens_evicted"), 0
+        (
+            "lease_waits",
+            "lease_gave_up",
+            "lease_fills_stored",
+            "lease_fills_refused",
+            "lease_tokens_evicted",
+            "lease_stale_marks",
+            "lease_stale_served",
+        ),
+        0,
     )
     assert c.get(b"a") is None  # held by the token above: waits twice, gives up
     direct.delete(b"b", noreply=False)
@@ -140,3 +149,83 @@ def test_lease_counters_in_stats_and_metrics(memcached_factory, router_factory) 
         "squeal_router_lease_tokens 1",
     ):
         assert f"\n{line}\n" in text, line
+
+
+def test_stale_ttl_marks_deletes_stale_and_serves_them_while_one_reader_refills(
+    memcached_factory, router_factory
+) -> None:
+    """`stale_ttl` (stale-while-revalidate): squeal's `md KEY q` and a client's `delete` keep the value,
+    marked stale for at most stale_ttl seconds; the first reader wins the refill (a miss), the next ones get
+    the stale value at once instead of waiting; a fill from before the delete is still refused."""
+    mc = memcached_factory()
+    router = router_factory(_config(mc.port, True, stale_ttl=30, lease_wait_ms=20, lease_retries=2))
+    direct = PyClient(("127.0.0.1", mc.port), timeout=5)
+    first = PyClient(("127.0.0.1", router.port), timeout=5)
+    second = PyClient(("127.0.0.1", router.port), timeout=5)
+
+    def squeal_deletes(key: bytes) -> None:  # squeal's delete line, quiet, then its batch end
+        with _raw(router.port) as raw:
+            raw.sendall(b"md " + key + b" q\r\nmn\r\n")
+            assert _read_until(raw, b"MN\r\n") == b"MN\r\n"
+
+    # the race: a reader wins a lease on a miss, reads the old row; the row changes and squeal deletes
+    assert first.get(b"user:1") is None
+    squeal_deletes(b"user:1")
+    assert first.set(b"user:1", b"old", noreply=False) is False  # its fill predates the delete: refused
+    # the lease's placeholder, now stale, has no value to serve: the next reader refills, others wait
+    assert first.get(b"user:1") is None
+    assert second.get(b"user:1") is None  # (waited its 2 retries for the fill, then a miss)
+    assert first.set(b"user:1", b"new", noreply=False) is True
+    assert second.get(b"user:1") == b"new"
+
+    # a cached value deleted by squeal stays readable, stale, while one reader refills it
+    direct.set(b"user:2", b"v1", noreply=False)
+    squeal_deletes(b"user:2")
+    marked = _mg(mc.port, b"user:2 t")
+    assert b" X" in marked and int(marked.split(b" t", 1)[1].split()[0]) <= 30, marked
+    # (that direct read took the refill win, as any first read of a stale item does: give it back)
+    squeal_deletes(b"user:2")
+    assert first.get(b"user:2") is None  # the winner goes to the database
+    assert second.get(b"user:2") == b"v1"  # the others get the stale value at once
+    assert first.set(b"user:2", b"v2", noreply=False) is True
+    assert second.get(b"user:2") == b"v2"
+    fresh = _mg(mc.port, b"user:2 t")
+    assert b" X" not in fresh and b"t-1" in fresh, fresh  # the fill replaced the stale item
+
+    direct.set(b"k", b"v", noreply=False)
+    assert first.delete(b"k", noreply=False) is True  # a classic delete keeps its classic answer
+    assert first.delete(b"gone", noreply=False) is False
+    assert b" X" in _mg(mc.port, b"k v")
+    stats = _stats(router.port)
+    assert stats["lease_stale_marks"] == 5 and stats["lease_stale_served"] == 1, stats
+
+
+def test_without_stale_ttl_a_delete_deletes(memcached_factory, router_factory) -> None:
+    mc = memcached_factory()
+    router = router_factory(_config(mc.port, True))
+    direct = PyClient(("127.0.0.1", mc.port), timeout=5)
+    direct.set(b"k", b"v", noreply=False)
+    c = PyClient(("127.0.0.1", router.port), timeout=5)
+    assert c.delete(b"k", noreply=False) is True
+    assert direct.get(b"k") is None
+    assert _stats(router.port)["lease_stale_marks"] == 0
+
+
+def _read_until(sock: socket.socket, end: bytes) -> bytes:
+    got = b""
+    while not got.endswith(end):
+        chunk = sock.recv(4096)
+        assert chunk, f"closed after {got!r}"
+        got += chunk
+    return got
+
+
+def _mg(port: int, key_and_flags: bytes) -> bytes:
+    with _raw(port) as raw:
+        raw.sendall(b"mg " + key_and_flags + b"\r\n")
+        return _read_until(raw, b"\r\n")
+
+
+def _stats(port: int) -> dict[str, int]:
+    c = PyClient(("127.0.0.1", port), timeout=5)
+    return {k.decode(): int(v) for k, v in c.stats().items() if k.decode().startswith("lease_")}

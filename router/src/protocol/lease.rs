@@ -16,6 +16,8 @@ pub struct MgValue {
     pub won: bool,
     /// Another client holds the lease (`Z`, or a stale `X` without `W`).
     pub held: bool,
+    /// `X`: the value is stale (marked by `md … I`).
+    pub stale: bool,
 }
 
 /// Read an `mg … v f c` reply: its value, or `Err` for any other reply (`Err(None)`: pass it on as
@@ -57,6 +59,7 @@ pub fn read_mg(reply: &Reply) -> Result<MgValue, Option<Reply>> {
         data: wire.slice(start..start + data.len()),
         won,
         held: !won && (has(b'Z') || has(b'X')),
+        stale: has(b'X'),
     })
 }
 

@@ -13,6 +13,12 @@
 //! - Tokens are kept per key, not per connection (stock clients pool connections), in a map of at
 //!   most `max_tokens` entries; the oldest are evicted (counted), and a token older than
 //!   `lease_ttl` is dropped (the vivified item it belongs to has expired by then).
+//! - With `stale_ttl` (stale-while-revalidate, the paper's "stale values"): a delete — squeal's
+//!   `md KEY q` or a client's `delete` — goes down as `md KEY I T<stale_ttl>`: memcached keeps the
+//!   value, marked stale, for at most `stale_ttl` seconds, and bumps its CAS so no fill from before
+//!   the delete can store. The first reader after it wins the lease (`W`) and gets a miss, as
+//!   after a plain delete; a reader while the winner refills gets the stale value at once instead of
+//!   waiting (counted as `lease_stale_served`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -41,6 +47,8 @@ struct Tokens {
 pub struct TransparentLease {
     pub target: RouteRef,
     pub lease_ttl: i64,
+    /// Seconds a deleted value stays readable, marked stale, while one reader refills it; 0: off.
+    pub stale_ttl: i64,
     pub wait: Duration,
     pub retries: u32,
     pub max_tokens: usize,
@@ -54,6 +62,8 @@ enum Got {
     Hit(Reply),
     Won(u64),
     Held,
+    /// A stale value whose lease another reader holds (with `stale_ttl`: served).
+    Stale(Reply),
     Other(Reply),
 }
 
@@ -64,11 +74,13 @@ impl TransparentLease {
         wait: Duration,
         retries: u32,
         max_tokens: usize,
+        stale_ttl: i64,
         ctx: Arc<Context>,
     ) -> Self {
         TransparentLease {
             target,
             lease_ttl,
+            stale_ttl,
             wait,
             retries,
             max_tokens,
@@ -132,13 +144,54 @@ impl TransparentLease {
         if v.won {
             return Got::Won(v.cas);
         }
-        if v.held {
+        // (a stale lease placeholder has no value to serve: its readers wait for the fill as before)
+        let serve_stale = v.held && v.stale && self.stale_ttl > 0 && !v.data.is_empty();
+        if v.held && !serve_stale {
             return Got::Held;
         }
         let cas = (req.cmd == Cmd::Gets).then_some(v.cas);
         let mut r = Reply::new(Res::Found, value_block(b"VALUE", &req.key, None, &v, cas));
         r.values = 1;
+        if serve_stale {
+            return Got::Stale(r);
+        }
         Got::Hit(r)
+    }
+
+    /// A delete as a stale mark (`stale_ttl`): `md KEY I T<stale_ttl>` with the client's own meta
+    /// flags; a classic `delete` keeps its classic answer. A client's own `I` or `x` passes as sent.
+    async fn mark_stale(&self, req: &Request) -> Reply {
+        let mut md = req.clone();
+        if req.cmd == Cmd::Delete {
+            md = Request::simple(Cmd::MetaDelete, req.key.clone());
+        }
+        md.meta.push(Bytes::from_static(b"I"));
+        md.meta.push(Bytes::from(format!("T{}", self.stale_ttl)));
+        let reply = self.target.route(&md).await;
+        self.stats().lease_stale_marks.fetch_add(1, Ordering::Relaxed);
+        if req.cmd != Cmd::Delete {
+            return reply;
+        }
+        let w = &reply.wire;
+        if w.starts_with(b"HD") {
+            Reply::line(Res::Deleted, "DELETED")
+        } else if w.starts_with(b"NF") {
+            Reply::line(Res::NotFound, "NOT_FOUND")
+        } else {
+            reply
+        }
+    }
+
+    fn marks_stale(&self, req: &Request) -> bool {
+        self.stale_ttl > 0
+            && match req.cmd {
+                Cmd::Delete => true,
+                Cmd::MetaDelete => !req
+                    .meta
+                    .iter()
+                    .any(|f| f.first().is_some_and(|c| *c == b'I' || *c == b'x')),
+                _ => false,
+            }
     }
 
     async fn get(&self, req: &Request) -> Reply {
@@ -146,6 +199,10 @@ impl TransparentLease {
         loop {
             match self.get_once(req).await {
                 Got::Hit(r) | Got::Other(r) => return r,
+                Got::Stale(r) => {
+                    self.stats().lease_stale_served.fetch_add(1, Ordering::Relaxed);
+                    return r;
+                }
                 Got::Won(token) => {
                     self.stats().lease_won.fetch_add(1, Ordering::Relaxed);
                     self.remember(&req.key, token);
@@ -203,6 +260,7 @@ impl Route for TransparentLease {
                 Some(token) => Box::pin(self.set(req, token)),
                 None => self.target.route(req),
             },
+            _ if plain && self.marks_stale(req) => Box::pin(self.mark_stale(req)),
             _ => self.target.route(req),
         }
     }
@@ -212,7 +270,14 @@ pub const TRANSPARENT_LEASE_ROUTE: Handle = Handle {
     name: "TransparentLeaseRoute",
     build,
     shorthand: None,
-    fields: &["target", "lease_ttl", "lease_wait_ms", "lease_retries", "max_tokens"],
+    fields: &[
+        "target",
+        "lease_ttl",
+        "lease_wait_ms",
+        "lease_retries",
+        "max_tokens",
+        "stale_ttl",
+    ],
 };
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
@@ -230,12 +295,14 @@ pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, Stri
     let wait_ms = field("lease_wait_ms", 20, 0)?;
     let retries = field("lease_retries", 10, 0)?;
     let max_tokens = field("max_tokens", 100_000, 1)?;
+    let stale_ttl = field("stale_ttl", 0, 0)?;
     Ok(Arc::new(TransparentLease::new(
         target,
         lease_ttl,
         Duration::from_millis(wait_ms as u64),
         retries.min(u32::MAX as i64) as u32,
         max_tokens as usize,
+        stale_ttl,
         b.ctx().clone(),
     )))
 }
