@@ -402,6 +402,11 @@ def test_protocol_reads_replies_to_mn() -> None:
     assert replies == []
     p.dataReceived(b"N\r\nCLIENT_ERROR bad\r\nSERVER_ERROR out of memory\r\nMN\r\nOK\r\nMN\r\n")
     assert replies == [(0, [], 0), (1, [b"CLIENT_ERROR bad", b"SERVER_ERROR out of memory"], 0), (0, [], 1)]
+    # `NF` lines go in one pass; a line that only ends in NF is an error kept whole, and a split NF line is
+    # put back together before it is read
+    p.dataReceived(b"NF\r\nNF\r\nSERVER_ERROR xNF\r\nNF\r\nN")
+    p.dataReceived(b"F\r\nCLIENT_ERROR NF\r\nNF\r\nMN\r\n")
+    assert replies[-1] == (1, [b"SERVER_ERROR xNF", b"CLIENT_ERROR NF"], 0)
 
 
 def _connect(reactor: MemoryReactorClock, index: int) -> tuple[StringTransport, object]:
