@@ -25,8 +25,6 @@ delete spools stay where the previous `up` left them, so a restarted platform re
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ops.local import pids
 from ops.local.control import control as _control
 from ops.local.control import down as _down
@@ -44,33 +42,12 @@ ALL_ROLES = ("zookeeper", "mariadb-primary", "mariadb-replica", "memcached", "ro
 
 class Deployment(StateDir):
     """The local processes of one topology, tracked in `state_dir` (its files: `StateDir`). Each method is the
-    function of the same name in this package's modules, which documents it."""
+    function of the same name in this package's modules (each takes the deployment's StateDir first)."""
 
     is_running = staticmethod(pids.is_running)
-
-    def up(
-        self,
-        topology_path: str | Path,
-        without: frozenset[str] = frozenset(),
-        demo: bool = False,
-        demo_rate: float = 40.0,
-        tls: bool = False,
-    ) -> list[Component]:
-        return _up(self, topology_path, without, demo, demo_rate, tls)
-
-    def start_components(
-        self, topology_path: str | Path, without: frozenset[str], demo: bool, demo_rate: float, track
-    ) -> None:
-        _start_components(self, topology_path, without, demo, demo_rate, track)
-
-    def status(self) -> list[dict]:
-        return _status(self)
-
-    def supervisor_status(self) -> dict | None:
-        return _supervisor_status(self)
-
-    def down(self, grace: float = 10.0) -> int:
-        return _down(self, grace)
-
-    def control(self, action: str, name: str) -> str:
-        return _control(self, action, name)
+    up = _up
+    start_components = _start_components
+    status = _status
+    supervisor_status = _supervisor_status
+    down = _down
+    control = _control
