@@ -1,6 +1,7 @@
 """Monitoring: Prometheus scraping, the invalidation-latency prober, the consistency checker, the dashboard."""
 
-from monitoring.inspector import Inspector, consistency_main
+from monitoring.consistency_report import consistency_main
+from monitoring.inspector import Inspector
 from monitoring.panels import build as build_panels
 from monitoring.prober import CANARY_TABLE, Prober, ProberError, ProbeResult
 from monitoring.scrape import Scraper, Store, Target

@@ -19,6 +19,9 @@ Each (key, cluster) read is one check, counted in the window it was made for:
 squeal's acks, datamarkers and metrics are never read: a dropped transaction, a flow that skipped a range or a
 shard nobody owns shows as inconsistent keys of that shard. What the clock measures: from when the inspector
 read the commit (its own lag behind the primary is `squeal_consistency_read_lag_seconds`).
+
+The arithmetic of the figures is monitoring/nines.py; `squealctl consistency`, the client of the report, is
+monitoring/consistency_report.py (both re-exported here).
 """
 
 from __future__ import annotations
@@ -26,16 +29,12 @@ from __future__ import annotations
 import collections
 import heapq
 import itertools
-import json
 import logging
 import math
-import re
 import ssl
-import sys
 import threading
 import time
-import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,29 +43,31 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 
 import router_config
+from monitoring.consistency_report import below_slo, consistency_main, format_report, parse_since
+from monitoring.nines import Tally, nines, summarize
 from monitoring.verify import ConsistencyChecker, MetaReader, Verdict, plain_key, router_tls, shard_databases
 from squeal import BinlogReader, DataLoss, KeyExtractor, Rows, TransactionGrouper, current_position, source_for
+
+__all__ = [
+    "Change",
+    "Inspector",
+    "Tally",
+    "below_slo",
+    "consistency_main",
+    "format_report",
+    "nines",
+    "parse_since",
+    "summarize",
+]
 
 log = logging.getLogger(__name__)
 
 RECHECK_S = 0.2  # a disagreeing copy is read again this much later before it counts as inconsistent
 MAX_WAITING = 50_000  # checks waiting at most; a sampled change beyond it is skipped (and counted)
-RETENTION_S = 24 * 3600  # how far back `report(since)` can look (minute buckets)
 GAUGE_SPAN_S = 600.0  # the nines gauges cover the last this many seconds
 RECENT = 50  # inconsistencies kept for the dashboard
 CHUNK = 100  # keys per multi-get
 ROW_CHANGES = ("insert", "update", "delete")
-
-
-def nines(checked: int, inconsistent: int) -> dict[str, Any]:
-    """One figure: counts, the consistent share and its nines (-log10 of the inconsistent share). With nothing
-    inconsistent the nines are unbounded (`nines` None); `nines_at_least` is what the sample size can show."""
-    out: dict[str, Any] = {"checked": checked, "inconsistent": inconsistent, "ratio": None, "nines": None}
-    if checked:
-        out["ratio"] = (checked - inconsistent) / checked
-        out["nines"] = -math.log10(inconsistent / checked) if inconsistent else None
-        out["nines_at_least"] = math.log10(checked)
-    return out
 
 
 @dataclass(frozen=True)
@@ -89,67 +90,6 @@ class _Check:
     window: float = field(compare=False)
     cluster: str | None = field(default=None, compare=False)  # a recheck: one cluster and key
     key: str | None = field(default=None, compare=False)
-
-
-class Tally:
-    """Checks and inconsistencies by minute, region, cluster, shard and window (thread-safe, `RETENTION_S`)."""
-
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
-        self.clock = clock
-        self._lock = threading.Lock()
-        self._counts: dict[tuple[int, str, str, str, str], list[int]] = collections.defaultdict(lambda: [0, 0])
-
-    def add(self, region: str, cluster: str, shard: str, window: str, inconsistent: bool) -> None:
-        minute = int(self.clock() // 60)
-        with self._lock:
-            c = self._counts[(minute, region, cluster, shard, window)]
-            c[0] += 1
-            c[1] += inconsistent
-            if len(self._counts) % 512 == 0:
-                oldest = minute - RETENTION_S // 60
-                for k in [k for k in self._counts if k[0] < oldest]:
-                    del self._counts[k]
-
-    def since(self, seconds: float) -> list[tuple[str, str, str, str, int, int]]:
-        """(region, cluster, shard, window, checked, inconsistent) over the minutes that overlap the last
-        `seconds` (at minute resolution: a minute that began before counts whole)."""
-        first = int((self.clock() - seconds) // 60)
-        with self._lock:
-            rows = [(k, v) for k, v in self._counts.items() if k[0] >= first]
-        out: dict[tuple[str, str, str, str], list[int]] = collections.defaultdict(lambda: [0, 0])
-        for (_, region, cluster, shard, window), (checked, bad) in rows:
-            o = out[(region, cluster, shard, window)]
-            o[0] += checked
-            o[1] += bad
-        return [(*k, v[0], v[1]) for k, v in sorted(out.items())]
-
-
-def summarize(rows: Iterable[tuple[str, str, str, str, int, int]], windows: Iterable[str]) -> dict[str, Any]:
-    """{region: {"windows": {w: figure}, "clusters": {c: {w: figure}}, "shards": {s: {w: figure}}}}: every
-    window of every region, cluster and shard present, 0 checks where nothing was checked."""
-    names = list(windows)
-    sums: dict[tuple[str, str, str, str], list[int]] = collections.defaultdict(lambda: [0, 0])
-    regions: dict[str, tuple[set[str], set[str]]] = {}
-    for region, cluster, shard, window, checked, bad in rows:
-        clusters, shards = regions.setdefault(region, (set(), set()))
-        clusters.add(cluster)
-        shards.add(shard)
-        for scope in (("", ""), (cluster, ""), ("", shard)):
-            s = sums[(region, *scope, window)]
-            s[0] += checked
-            s[1] += bad
-
-    def figures(region: str, cluster: str, shard: str) -> dict[str, Any]:
-        return {w: nines(*sums.get((region, cluster, shard, w), (0, 0))) for w in names}
-
-    return {
-        region: {
-            "windows": figures(region, "", ""),
-            "clusters": {c: figures(region, c, "") for c in sorted(clusters)},
-            "shards": {s: figures(region, "", s) for s in sorted(shards)},
-        }
-        for region, (clusters, shards) in sorted(regions.items())
-    }
 
 
 class _NinesCollector:
@@ -575,93 +515,3 @@ class Inspector:
         self.thread.join(5)
         for c in self._clients.values():
             c.close()
-
-
-# -- `squealctl consistency` -------------------------------------------------------------------------------------
-
-SINCE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
-UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_since(text: str) -> float:
-    """ "10m", "90s", "2h", "1d" or plain seconds -> seconds (ValueError naming the text)."""
-    m = SINCE.match(text)
-    if m is None or float(m.group(1)) <= 0:
-        raise ValueError(f"--since {text!r}: give a duration like 90s, 10m, 2h or 1d")
-    return float(m.group(1)) * UNITS[m.group(2) or "s"]
-
-
-def _figure(f: dict[str, Any]) -> str:
-    if not f["checked"]:
-        return "not checked"
-    if f["nines"] is None:
-        shown = f">= {f['nines_at_least']:.1f} nines (none inconsistent)"
-    else:
-        shown = f"{f['nines']:.2f} nines"
-    return f"{f['checked']} checked, {f['inconsistent']} inconsistent, {f['ratio'] * 100:.5f}% = {shown}"
-
-
-def below_slo(report: dict[str, Any]) -> list[str]:
-    """Regions whose nines within the SLO's window are under the SLO (nothing without an SLO)."""
-    slo = report.get("slo")
-    if not slo:
-        return []
-    out = []
-    for region, doc in report["regions"].items():
-        f = doc["windows"].get(slo["window"])
-        if f and f["checked"] and f["nines"] is not None and f["nines"] < slo["nines"]:
-            out.append(region)
-    return out
-
-
-def format_report(report: dict[str, Any]) -> str:
-    """`squealctl consistency`'s text: per region each window, then each cluster and shard, then what was
-    found inconsistent last."""
-    since = report["since_s"]
-    head = f"consistency over the last {since / 60:g} min" if since >= 60 else f"consistency over the last {since:g}s"
-    if report.get("slo"):
-        head += f" (SLO: {report['slo']['text']})"
-    lines = [head]
-    if not report["regions"]:
-        lines.append("  nothing checked yet: no sampled change has come due (or no shard is being read)")
-    for region, doc in report["regions"].items():
-        lines.append(f"region {region}")
-        for window, f in doc["windows"].items():
-            lines.append(f"  within {window:<6} {_figure(f)}")
-        for kind in ("clusters", "shards"):
-            for name, windows in doc[kind].items():
-                worst = ", ".join(f"{w}: {f['inconsistent']}/{f['checked']}" for w, f in windows.items())
-                lines.append(f"    {kind[:-1]} {name:<12} inconsistent/checked  {worst}")
-    for region in below_slo(report):
-        lines.append(f"BELOW THE SLO: region {region}")
-    for shard, s in report.get("shards", {}).items():
-        if s.get("error"):
-            lines.append(f"shard {shard}: {s['error']}")
-    recent = report.get("recent", [])[:10]
-    if recent:
-        lines.append("last inconsistencies:")
-        for r in recent:
-            lines.append(
-                f"  {r['key']} in {r['cluster']} ({r['window']}): holds {r['found']}, the database {r['expected']} "
-                f"({r['table']} row {r['row']}, GTID {r['gtid']}, {r['age_s']:.1f}s after the commit)"
-            )
-    return "\n".join(lines)
-
-
-def consistency_main(topo: router_config.Topology, since: str, as_json: bool) -> int:
-    """`squealctl consistency`: the monitoring server's inspector report. Exit status 0, 1 when a region is under
-    the topology's consistency_slo, 2 when the monitoring server does not answer or --since is not a duration."""
-    try:
-        seconds = parse_since(since)
-    except ValueError as e:
-        print(f"squealctl consistency: {e}", file=sys.stderr)
-        return 2
-    url = f"http://{topo.monitoring.host}:{topo.monitoring.port}/api/consistency?since={seconds:g}"
-    try:
-        with urllib.request.urlopen(url, timeout=10) as answer:
-            report = json.loads(answer.read())
-    except (OSError, ValueError) as e:
-        print(f"squealctl consistency: the monitoring server at {url} did not answer: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps(report["regions"], indent=2) if as_json else format_report(report))
-    return 1 if below_slo(report) else 0

@@ -1,7 +1,7 @@
 """What a topology runs, where, on which ports and with which TLS: the one plan both renderers of a topology read.
 
-`squealctl up` (ops/local.py) starts every process of the plan on this machine; `squealctl render systemd`
-(ops/systemd.py) writes a unit for each process of the plan on one host (MariaDB aside: it runs under Debian's
+`squealctl up` (ops/local/) starts every process of the plan on this machine; `squealctl render systemd`
+(ops/systemd/) writes a unit for each process of the plan on one host (MariaDB aside: it runs under Debian's
 own service) and the monitoring server's list of everything. Each renderer still owns its own layout — command
 lines, state directories, where a router serves /metrics — but neither decides again which processes exist,
 what they are called, where they listen or which certificate they serve.

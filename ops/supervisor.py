@@ -2,7 +2,7 @@
 
     python -m ops.supervisor STATE_DIR TOPOLOGY [--without ROLES] [--demo] [--demo-rate R] [--ready-fd FD]
 
-Started by `squealctl up` (ops/local.py), not by hand. It starts the deployment's components in order
+Started by `squealctl up` (ops/local/up.py), not by hand. It starts the deployment's components in order
 (`Deployment.start_components`: ops/processes/'s command lines and readiness checks, MariaDB first — after
 starting a topology's ZooKeeper servers, which come up meanwhile — then memcached, routers, squeal,
 monitoring) and then keeps them running. It is Twisted's ProcessMonitor

@@ -1,4 +1,5 @@
-"""Typed topology objects. Built only by `router_config.loader`; everything else reads them.
+"""Typed topology objects. Built only by `router_config.loader` (its sections: router_config/loading/); everything
+else reads them.
 
 Frozen dataclasses so a topology can be shared across threads and compared in tests.
 """

@@ -56,10 +56,17 @@ class WarmupStatus:
 class WarmupController:
     """Warm-up of clusters in the deployment whose `squealctl` state lives in `state_dir`."""
 
-    def __init__(self, state_dir: str | Path, sleep: Callable[[float], None] = time.sleep) -> None:
-        """`sleep` waits out a hit-rate sample window (a test passes one that makes the window's traffic)."""
+    def __init__(
+        self,
+        state_dir: str | Path,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`sleep` waits out a hit-rate sample window and `clock` stamps when a warm-up started: a test passes
+        its own pair and drives time by hand."""
         self.state_dir = Path(state_dir)
         self._sleep = sleep
+        self._clock = clock
         self.overlay_file = self.state_dir / "warmup.json"
         components = self.state_dir / "components.json"
         if not components.exists():
@@ -107,7 +114,7 @@ class WarmupController:
         if warm_cluster in self.overlay():
             raise WarmupError(f"{warm_cluster} is itself warming up; pick a warm cluster")
         overlay = self.overlay()
-        overlay[cluster] = {"warm": warm_cluster, "exptime": exptime, "started": time.time()}
+        overlay[cluster] = {"warm": warm_cluster, "exptime": exptime, "started": self._clock()}
         self._save(overlay)
         return self._write_router_config(self.topology(), cluster)
 

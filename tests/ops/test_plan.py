@@ -12,6 +12,7 @@ import pytest
 import tomli_w
 
 import ops.local
+import ops.local.start
 import router_config
 from ops import systemd
 from ops import tls as pki
@@ -21,7 +22,7 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.tom
 
 
 class Recorded:
-    """Stands in for a ManagedProcess class in ops.local: records how `up` would make it, starts nothing."""
+    """Stands in for a ManagedProcess class in ops.local.start: records how `up` would make it, starts nothing."""
 
     kind = ""
 
@@ -54,9 +55,9 @@ def started_by_up(topology: Path, state_dir: Path, monkeypatch: pytest.MonkeyPat
         ("SquealDaemon", "squeal"),
         ("MonitoringServer", "monitoring"),
     ]:
-        monkeypatch.setattr(ops.local, cls, type(cls, (Recorded,), {"kind": kind}))
+        monkeypatch.setattr(ops.local.start, cls, type(cls, (Recorded,), {"kind": kind}))
     for step in ("_load_demo_schema", "_replicate", "wait_until"):
-        monkeypatch.setattr(ops.local, step, lambda *args, **kwargs: None)
+        monkeypatch.setattr(ops.local.start, step, lambda *args, **kwargs: None)
     rows: list[dict] = []
 
     def track(proc, name, role, region, cluster=None, pool=None, metrics=None, instance=None, wait=True, shard=None):
