@@ -13,17 +13,22 @@ HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden" / "router-configs-local.json"
 EXAMPLE = HERE.parent / "examples" / "local.toml"
 
-ROUTES = HERE.parent / "router" / "src" / "routes" / "mod.rs"
+ROUTER_SRC = HERE.parent / "router" / "src"
 
 
 def router_handles() -> set[str]:
-    """The route handles squeal-router implements: the `name`s of its registry (`REGISTRY` in
-    router/src/routes/mod.rs, one entry per handle), read from the source so the list cannot go stale."""
-    text = ROUTES.read_text()
-    start = text.index("pub const REGISTRY: &[Handle] = &[")
-    block = text[start : text.index("\n];", start)]
-    names = re.findall(r'^\s*name:\s*"(\w+)"', block, re.MULTILINE)
-    assert len(names) == len(set(names)) == block.count("Handle {"), names  # one name per entry, no repeats
+    """The route handles squeal-router implements: the `name` of every entry of its registry (`HANDLES` in
+    router/src/registry.rs, `module::CONST` each, the const beside its handle's `build` in routes/<module>.rs),
+    read from the source so the list cannot go stale."""
+    text = (ROUTER_SRC / "registry.rs").read_text()
+    start = text.index("pub const HANDLES: &[Handle] = &[")
+    entries = re.findall(r"^\s*(\w+)::(\w+),", text[start : text.index("\n];", start)], re.MULTILINE)
+    names = []
+    for module, const in entries:
+        source = (ROUTER_SRC / "routes" / f"{module}.rs").read_text()
+        at = source.index(f"pub const {const}: Handle = Handle {{")
+        names.append(re.search(r'name:\s*"(\w+)"', source[at:]).group(1))  # type: ignore[union-attr]
+    assert len(names) == len(set(names)) == len(entries) > 0, names  # one name per entry, no repeats
     return set(names)
 
 
