@@ -378,6 +378,11 @@ METRICS_HEAD = [
     "# TYPE squeal_router_lease_fills_refused_total counter",
     "# HELP squeal_router_lease_tokens_evicted_total lease route: tokens dropped at max_tokens, oldest first",
     "# TYPE squeal_router_lease_tokens_evicted_total counter",
+    "# HELP squeal_router_lease_stale_marks_total lease route: deletes sent as stale marks (md I T<stale_ttl>)",
+    "# TYPE squeal_router_lease_stale_marks_total counter",
+    "# HELP squeal_router_lease_stale_served_total lease route: gets answered with a stale value while another "
+    "reader refills it",
+    "# TYPE squeal_router_lease_stale_served_total counter",
     "# HELP squeal_router_connections open client connections",
     "# TYPE squeal_router_connections gauge",
     "# HELP squeal_router_max_connections client connection limit",
