@@ -26,6 +26,7 @@ import gevent
 from locust import User, constant, constant_throughput, events, task
 
 import router_config
+from leases import LeaseCache
 from loadtest.webtier import WebServer
 from loadtest.workload import Spec, ValueSizes, Zipf, body, cache_client
 
@@ -79,9 +80,11 @@ class _WebServerUser(User):
             leases=SPEC.leases,
             ttl=SPEC.ttl,
             recv_timeout=SPEC.recv_timeout,
+            client=SPEC.client,
         )
-        # Large values need a bigger read buffer than leases.connect gives (see workload.cache_client).
-        self.ws.cache.client = cache_client(self.ws.cluster.routers, recv_timeout=SPEC.recv_timeout)
+        if isinstance(self.ws.cache, LeaseCache):
+            # Large values need a bigger read buffer than leases.connect gives (see workload.cache_client).
+            self.ws.cache.client = cache_client(self.ws.cluster.routers, recv_timeout=SPEC.recv_timeout)
         _servers.append(self.ws)
 
     def on_stop(self) -> None:

@@ -1,10 +1,12 @@
 """A demo web tier: a tiny social network (users, posts, follows) on leases and remote markers.
 
 One `WebServer` is one web server process of one cluster in one region. Reads are look-aside through
-`leases.LeaseCache` (one lease per key, no stale sets); writes go to the master database with the keys
-they affect embedded as ``/* mcd:… */`` (plus remote markers when the region is not the master), and
-delete those keys in the local cluster for read-after-write. squeal deletes them everywhere else after
-the write replicates. Cache keys match the invalidation rules of examples/local.toml:
+`leases.LeaseCache` (one lease per key, no stale sets), or with `client="stock"` through a stock memcached
+client (`loadtest.stockcache`: pymemcache, plain get/set; leases only if the router's pool gives them).
+Writes go to the master database with the keys they affect embedded as ``/* mcd:… */`` (plus remote
+markers when the region is not the master), and delete those keys in the local cluster for read-after-write.
+squeal deletes them everywhere else after the write replicates. Cache keys match the invalidation rules
+of examples/local.toml:
 
     users   -> user:{id}, user:email:{email}
     posts   -> post:{id}, feed:{author_id}
@@ -31,13 +33,16 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from leases import ClientStats, LeaseCache, WaitPolicy, connect
 from leases.serializer import JSON_FLAG
+from loadtest.stockcache import StockCache, stock_client
 from monitoring.verify import CachedRows, order_terms
 from remote_markers import RemoteMarkers, SqlClient
 from router_config import Topology, client_context
+
+CLIENTS = ("lease", "stock")  # WebServer(client=…): our lease client, or a stock memcached client
 
 SCHEMA_SQL = Path(__file__).with_name("schema.sql")
 FEED_LENGTH = 20  # posts kept in a cached feed
@@ -227,6 +232,9 @@ class WebServer:
     on the regional pool's servers instead: for a memcached standing in for the router (tests, no
     router built), which has no prefix routing.
     leases / markers: turn either mechanism off for comparisons.
+    client: "lease" (`leases.LeaseCache`, meta commands) or "stock" (`StockCache`: pymemcache's plain get/set,
+    no lease code; `leases` does not apply, the cluster's pools decide: a pool's `leases` in the topology
+    turns the router's transparent leases on). Remote markers use the same client.
 
     Databases: one `ShardClients` per shard of the topology (`shards`); `master`, `local` and `rm` are the
     first shard's — the only one without [shards]. Writes and reads of one row go to `shard_for(id)`.
@@ -247,21 +255,40 @@ class WebServer:
         wait: WaitPolicy | None = None,
         marker_ttl: int = 300,
         recv_timeout: float = 1.0,
+        client: str = "lease",
     ) -> None:
+        if client not in CLIENTS:
+            raise ValueError(f"client {client!r}: one of {', '.join(CLIENTS)}")
         reg = topology.region(region)
         cl = topology.cluster(cluster) if cluster else reg.clusters[0]
         if cl.region != reg.name:
             raise ValueError(f"cluster {cl.name} is in region {cl.region}, not {reg.name}")
         self.region, self.cluster, self.ttl = reg, cl, ttl
-        marker_cache: LeaseCache | None = None
+        marker_cache: LeaseCache | StockCache | None = None
         # [tls]: the routers (and a regional pool dialled directly) over TLS, as the web tier
         tls = functools.partial(client_context, topology.tls, "webtier") if topology.tls is not None else None
-        client = connect(cl.routers, recv_timeout=recv_timeout, tls=tls)
-        if regional_direct and reg.regional_pool is not None:
-            marker_cache = LeaseCache(
-                connect(reg.regional_pool.servers, recv_timeout=recv_timeout, tls=tls), name=f"{reg.name}-regional"
+        self.cache: LeaseCache | StockCache
+        if client == "stock":
+            context = tls() if tls is not None else None
+            self.cache = StockCache(stock_client(cl.routers, timeout=recv_timeout, tls_context=context), name=cl.name)
+            if regional_direct and reg.regional_pool is not None:
+                marker_cache = StockCache(
+                    stock_client(reg.regional_pool.servers, timeout=recv_timeout, tls_context=context),
+                    name=f"{reg.name}-regional",
+                )
+        else:
+            if regional_direct and reg.regional_pool is not None:
+                marker_cache = LeaseCache(
+                    connect(reg.regional_pool.servers, recv_timeout=recv_timeout, tls=tls),
+                    name=f"{reg.name}-regional",
+                )
+            self.cache = LeaseCache(
+                connect(cl.routers, recv_timeout=recv_timeout, tls=tls),
+                name=cl.name,
+                leases=leases,
+                lease_ttl=lease_ttl,
+                wait=wait,
             )
-        self.cache = LeaseCache(client, name=cl.name, leases=leases, lease_ttl=lease_ttl, wait=wait)
         self.topology = topology
         self.shards: dict[str, ShardClients] = {}
         for shard in topology.shards:
@@ -272,11 +299,12 @@ class WebServer:
                 role = f"shard {shard.name} {reg.name} replica" if topology.sharded else f"{reg.name} replica"
                 local = SqlClient.for_database(copy, database, role=role)
             rm = RemoteMarkers(
-                self.cache,
+                # StockCache has every method RemoteMarkers calls (get_or_fill, set, exists, delete, stats)
+                cast(LeaseCache, self.cache),
                 master=master,
                 local=local,
                 is_master_region=reg.master,
-                markers=marker_cache,
+                markers=cast(LeaseCache | None, marker_cache),
                 enabled=markers,
                 marker_ttl=marker_ttl,
             )

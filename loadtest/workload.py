@@ -95,6 +95,9 @@ class Spec:
     clusters: the web servers' clusters; user i serves clusters[i % len(clusters)].
     write_ratio: share of the readers' own tasks that are writes; writer_rate: writes per second of the
     dedicated writer (hot-key churn), 0 for none.
+    client: the web servers' memcached client, "lease" (leases.LeaseCache; `leases` turns its leases off) or
+    "stock" (loadtest.stockcache: pymemcache's plain get/set; leases only where the topology gives the pool
+    them, `leases` unused). Its `recv_timeout` must outlast the router's lease wait (`wait_ms` x `retries`).
     """
 
     topology: str
@@ -108,6 +111,7 @@ class Spec:
     writer_rate: float = 0.0
     writer_ids: list[int] = field(default_factory=list)
     leases: bool = True
+    client: str = "lease"
     value_pool: str = "wildcard"
     think_time: float = 0.0  # seconds between one user's requests (0: as fast as it can)
     ttl: int = 300

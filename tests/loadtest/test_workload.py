@@ -7,10 +7,14 @@ import statistics
 
 import pytest
 
+from leases import LeaseCache, connect
 from loadtest.cli import main, parser
 from loadtest.experiments import EXPERIMENTS, load
 from loadtest.experiments.report import format_table
+from loadtest.stockcache import StockCache, stock_client
 from loadtest.workload import SPEC_ENV, TABLE3, Spec, ValueSizes, Zipf, body, percentile
+from ops.harness import free_port
+from router_config import Address
 
 
 def test_zipf_rank_zero_is_hottest_and_shares_match_the_law():
@@ -43,7 +47,7 @@ def test_body_has_the_requested_size():
 
 
 def test_spec_round_trips_through_the_environment():
-    spec = Spec(topology="t.toml", region="east", clusters=["east-a"], ids=[3, 1], leases=False)
+    spec = Spec(topology="t.toml", region="east", clusters=["east-a"], ids=[3, 1], leases=False, client="stock")
     assert Spec.from_env(spec.to_env()) == spec
     with pytest.raises(RuntimeError, match=SPEC_ENV):
         Spec.from_env({})
@@ -66,3 +70,26 @@ def test_table_formatting_aligns_columns():
     lines = text.splitlines()
     assert lines[1].startswith("---------") and len({len(line) for line in lines}) == 1
     assert "1,234" in text and "0.25" in text
+
+
+def test_stock_cache_is_plain_look_aside_in_the_web_tiers_json(memcached_factory):
+    """The stock-client web tier (`client="stock"`): miss → loader → set, a cached None is a hit, values are
+    the lease client's JSON (either client reads the other's), and a memcache outage falls back to the loader."""
+    mc = memcached_factory()
+    cache = StockCache(stock_client([Address("127.0.0.1", mc.port)]), name="stock-test")
+    loads = []
+
+    def no_such_row():
+        loads.append(1)
+        return None
+
+    assert cache.get_or_fill("user:1", no_such_row, 60) is None
+    assert cache.get_or_fill("user:1", no_such_row, 60) is None and len(loads) == 1  # "no row" cached, a hit
+    assert cache.get_or_fill("feed:1", lambda: [{"id": 1}], 60) == [{"id": 1}]
+    assert LeaseCache(connect([Address("127.0.0.1", mc.port)])).get("feed:1") == [{"id": 1}]
+    assert cache.delete("feed:1") and cache.get("feed:1") is None and cache.exists("feed:1") is False
+    assert {k: v for k, v in cache.stats.snapshot().items() if v} == {"hits": 1, "misses": 2, "loads": 2, "fills": 2}
+
+    down = StockCache(stock_client([Address("127.0.0.1", free_port())], timeout=0.5), name="stock-down")
+    assert down.get_or_fill("feed:1", lambda: ["db"], 60) == ["db"]
+    assert down.stats.loads == 1 and down.stats.errors == 1 and down.stats.fills == 0
