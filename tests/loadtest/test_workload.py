@@ -63,6 +63,9 @@ def test_cli_knows_every_experiment_and_rejects_others(capsys):
     assert e.value.code == 2
     with pytest.raises(KeyError):
         load("nope")
+    with pytest.raises(SystemExit) as e:
+        main(["gutter", "--client", "stock"])  # only herd has a stock-client variant
+    assert e.value.code == 2
 
 
 def test_table_formatting_aligns_columns():
