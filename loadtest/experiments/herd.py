@@ -89,17 +89,19 @@ def run(short: bool = False, workdir: Path | None = None, client: str = "lease")
             )
             router = str(cluster.routers[0])
             before = _router_leases(router)
+            first = db_selects(db)
             with Sampler({"selects": lambda: db_selects(db)}, interval=0.5) as sampler:
                 timeline = run_locust(spec, users, seconds, work)
+            # counted after locust exits: the sampler's last row can be up to `interval` before the last reads
+            last = db_selects(db)
             after = _router_leases(router)
             rates = sampler.rates("selects", timeline[0]["t"])
             counts = final_counts(timeline)
             selects = [r for _, r in rates]
-            first, last = sampler.rows[0]["selects"], sampler.rows[-1]["selects"]
             runs["on" if leases else "off"] = {
                 "cluster": cluster.name,
                 "peak_db_queries_per_s": max(selects) if selects else 0.0,
-                "db_queries": (last or 0) - (first or 0),
+                "db_queries": last - first,
                 "loads": counts.get("loads", 0),
                 "reads": counts.get("op_read", 0),
                 "writes": counts.get("op_churn", 0),
