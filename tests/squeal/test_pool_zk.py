@@ -1,5 +1,5 @@
 """The worker pool's ZooKeeper foundation against a real 3-server ensemble: per-shard ownership with its own epoch
-and lease (squeal/pool.py: `Ownership`, `SessionLease`) and one marker znode per (region, shard)
+and lease (squeal/pool/ownership.py: `Ownership`, `SessionLease`) and one marker znode per (region, shard)
 (squeal/zkstore.py: `ShardMarkerStore`), fenced by the shard's epoch."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pool_support import SESSION_TIMEOUT, Link, client, ensemble, expire_session
 from squeal_helpers import wait_until
 
 from squeal.owner import SessionLease
-from squeal.pool import Ownership
+from squeal.pool.ownership import Ownership
 from squeal.zkstore import (
     FencedError,
     ShardMarkerStore,
