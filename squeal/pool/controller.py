@@ -97,11 +97,7 @@ class Controller:
         self.leading = True
         self.worker.metrics.controller.set(1)
         log.info("worker %s is the controller of region %s's pool", self.worker.name, self.worker.region.name)
-        self._views = {
-            name: self._watched(f"{self.base}/{name}", children=name != "assignment")
-            for name in ("workers", "drain", "move", "assignment")
-        }
-        self._member_views = {}
+        self.watch_pool()
         try:
             while not self._stop.is_set() and self.client.state == KazooState.CONNECTED:
                 try:
@@ -121,6 +117,15 @@ class Controller:
             self.restarted.clear()
             self.worker.metrics.unowned.clear()
             self._views, self._member_views = {}, {}  # (a next term reads everything afresh)
+
+    def watch_pool(self) -> None:
+        """(Taking the lead) the znodes every plan reads, each read afresh once and then only after its watch fired;
+        apart from `_lead` so that a test can plan with a fake client and no election."""
+        self._views = {
+            name: self._watched(f"{self.base}/{name}", children=name != "assignment")
+            for name in ("workers", "drain", "move", "assignment")
+        }
+        self._member_views = {}
 
     def _watched(self, path: str, children: bool = False) -> Watched:
         return Watched(self.client, path, children=children, timeout=self.worker.call_timeout, on_change=self._kick.set)
