@@ -71,7 +71,7 @@ from test_pool_workers import SHARDS, Pool
 
 from ops.harness import REPO_ROOT, MariaDB, SquealDaemon, ZooKeeper, free_port, wait_until
 from squeal import gtid as g
-from squeal.pool import request_move
+from squeal.pool.squealctl import request_move
 
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))
 

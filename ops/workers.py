@@ -15,7 +15,8 @@ def command(deployment: Deployment, args: argparse.Namespace) -> int:
     """`squealctl workers`, `drain WORKER`, `move SHARD --to WORKER` for pooled regions (squeal/pool.py)."""
     from kazoo.client import KazooClient
 
-    from squeal import pool, zookeeper_client_options
+    from squeal import zookeeper_client_options
+    from squeal.pool import squealctl as pool
 
     path = deployment.topology(args.topology)
     if path is None:

@@ -49,7 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     topo = _topology(args.topology)
     if args.instance is not None:  # a worker of the region's pool (docs/squeal.md, "Worker pool")
-        from squeal.pool import run_worker
+        from squeal.pool.worker import run_worker
 
         instance = topo.instance(args.instance)
         if args.region is not None and args.region != instance.region:

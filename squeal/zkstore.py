@@ -3,18 +3,20 @@
 Every worker of a region may read its own copy of the region's data; the flows' positions must outlive any one of
 them, so they live in ZooKeeper as *logical positions*: a MariaDB GTID list names the same transactions on the
 primary and on every GTID replica (`log_slave_updates`), so a marker written by one owner on one copy is a valid
-starting point for the next on another. The pool keeps one znode per (region, shard) (`ShardMarkerStore`, below);
-`ZooKeeperDatamarkerStore` is its base and the layout of the HA election squeal had before (one znode per
-destination), which a shard without pool markers still starts from (`legacy`). That layout's znodes, under
-`<root>/regions/<region>/`:
+starting point for the next on another. The pool keeps one znode per (region, shard) (`ShardMarkerStore`, below,
+the only writer of markers); `ZooKeeperDatamarkerStore` is its base - the ZooKeeper calls, the fencing check and
+the operator requests they share - and reads the layout of the HA election squeal had before (one znode per
+destination, no longer written), which a shard without pool markers still starts from (`legacy`). That layout's
+znodes, under `<root>/regions/<region>/`:
 
     markers/<flow>   persistent, JSON {"flow", "position", "saved_at", "by"}: the flow's last position whose
                      deletes its destination acknowledged (never inside a transaction)
     replay/<flow>    persistent, JSON {"flow", "position", "saved_at"}: an operator's replay request, taken
                      (deleted) by the owner, which rewinds the flow; apart from the marker so that the
                      owner's own checkpoint cannot overwrite a request before it has been applied
-    epoch            persistent: the fencing token (the HA election's; a pool shard has its own, `shards/<s>/epoch`):
-                     its version grows by one with every new owner, and once more when an owner gives it up
+    epoch            persistent: the fencing token of HA mode's region-wide owner (a pool shard has its own,
+                     `pool/shards/<s>/epoch`): its version grows by one with every new owner, and once more when
+                     an owner gives it up
     accept-data-loss persistent, JSON {"requested_at"}: `squeal accept-data-loss` for a region halted on binlog
                      data loss; taken (deleted) by the owner, whose daemon then flushes the region and resumes
 
@@ -24,8 +26,8 @@ wrote (compare-and-set; a marker that does not exist yet is created, which fails
 So a deposed owner, paused and resumed, partitioned and healed, or simply slow, can never overwrite a newer
 marker: its write fails as a whole and raises `FencedError`. A new owner takes the shard (and bumps the epoch)
 *before* it reads the markers, so everything the old owner wrote up to then is what the new one starts from.
-(The messages of the per-destination layout below still say "leader": it is the layout HA mode's elected
-leader wrote, kept for a shard's first markers after an upgrade.)
+(The per-destination layout is the one HA mode's elected leader wrote; it is read for a shard's first markers
+after an upgrade and written by nothing any more.)
 
 Security (issue 25, `client_options`): with `[tls]` squeal's clients dial the ensemble's TLS client port,
 verifying the servers against the topology's CA (and presenting squeal's certificate); with `[zookeeper] digest`
@@ -34,7 +36,7 @@ they log in with that credential and create every znode with an ACL that lets on
 
 Failures: ZooKeeper unreachable (no quorum, connection lost, session expired, an answer slower than
 `timeout`) is `ZooKeeperUnavailable`, an OSError, so the daemon treats it like a marker file that cannot
-be written: deletes keep flowing while the lease allows (squeal/pool.py), the write is retried at the next
+be written: deletes keep flowing while the lease allows (squeal/pool/), the write is retried at the next
 checkpoint, `squeal_datamarker_write_errors_total` counts it.
 """
 
@@ -74,8 +76,8 @@ UNAVAILABLE = (ConnectionLoss, ConnectionClosedError, SessionExpiredError, Opera
 
 
 class FencedError(RuntimeError):
-    """A marker write refused by ZooKeeper because this daemon no longer owns the region's flows: another
-    leader has been elected since (the epoch moved), or the marker changed since this daemon read it."""
+    """A marker write refused by ZooKeeper because this worker no longer owns the shard's flows: another owner
+    has taken the shard since (the epoch moved), or the markers changed since this worker read them."""
 
 
 class ZooKeeperUnavailable(OSError):
@@ -138,11 +140,13 @@ def ha_marker_dir(root: str, region: str, shard: str | None = None) -> str:
 
 
 class ZooKeeperDatamarkerStore:
-    """The region's flows' datamarkers and replay requests in ZooKeeper, written with compare-and-set.
+    """What a ZooKeeper marker store shares (`ShardMarkerStore` is the one that writes markers): calls bounded by
+    `timeout`, the fencing token, the operator's replay and accept-data-loss requests (taken fenced), and a
+    read-only view of the HA layout's per-destination markers (`load`, `positions`).
 
     `fence()` returns the version of the `epoch` znode this process set when it took ownership (its fencing
-    token), or None when it owns nothing: then nothing is written (FencedError). With
-    `fence=None` writes are guarded by the markers' own versions only (tools, tests).
+    token), or None when it owns nothing: then nothing is taken or written (FencedError). With
+    `fence=None` writes are guarded by the znodes' own versions only (tools, tests).
     `on_write(seconds)` is told how long each marker write took (a metric).
     """
 
@@ -159,9 +163,9 @@ class ZooKeeperDatamarkerStore:
     ) -> None:
         self.client = client
         self.region = region
-        self.base = region_path(root, region)  # the region's election (`leader`, `epoch`)
-        # A shard's markers, replay and accept-data-loss requests (with [shards]: under shards/<name>; the fence is
-        # still the region's epoch: one leader owns every shard of the region).
+        self.base = region_path(root, region)  # (HA mode's region-wide `epoch`; `ShardMarkerStore` uses its shard's)
+        # The HA layout's markers, replay and accept-data-loss requests (with [shards]: under shards/<name>, fenced
+        # by the region's epoch all the same: HA mode's one owner had every shard of the region).
         self.data = ha_marker_dir(root, region, shard).removesuffix("/markers")
         self.dir = f"zookeeper:{self.data}"  # where markers live, for the daemon's messages
         self.owner = owner
@@ -169,8 +173,6 @@ class ZooKeeperDatamarkerStore:
         self.timeout = timeout
         self.on_write = on_write
         self.epoch_path = f"{self.base}/epoch"
-        # flow -> the marker znode's version this store last read or wrote (None: it did not exist)
-        self._versions: dict[str, int | None] = {}
         # Operator requests are looked for only after a watch said something changed (`if_changed`): a look per
         # checkpoint was two requests per shard per second for nothing. Each flag starts set (never looked yet);
         # a watch's event - any event, also kazoo's "connection lost" one, which drops every watch - sets it again.
@@ -206,33 +208,24 @@ class ZooKeeperDatamarkerStore:
         except ZooKeeperUnavailable as e:
             raise DatamarkerDirError(f"cannot reach the datamarkers in {self.dir}: {e}") from e
 
-    def _doc(self, flow: str, position: str) -> bytes:
-        doc = {"flow": flow, "position": position, "saved_at": time.time()}
-        if self.owner:
-            doc["by"] = self.owner
-        return json.dumps(doc).encode()
-
     def _fence_token(self, what: str) -> int | None:
         if self.fence is None:
             return None
         token = self.fence()
         if token is None:
-            raise FencedError(f"{what}: this instance is not the leader of region {self.region}")
+            raise FencedError(f"{what}: this process does not own region {self.region}'s flows")
         return token
 
-    # -- DatamarkerStore ------------------------------------------------------------------------------------------
+    # -- the HA layout's markers, read-only ----------------------------------------------------------------------
 
     def load(self, flow: str) -> str | None:
-        """The flow's marker (and, for the compare-and-set of the next `save`, its znode version)."""
+        """The flow's marker in the per-destination layout (None: it has none)."""
         path = self._marker(flow)
         try:
-            data, stat = self._wait(self.client.get_async(path), f"read {path}")
+            data, _ = self._wait(self.client.get_async(path), f"read {path}")
         except NoNodeError:
-            self._versions[flow] = None
             return None
-        position = decode_marker(data, path)
-        self._versions[flow] = stat.version
-        return position
+        return decode_marker(data, path)
 
     def positions(self) -> dict[str, str]:
         """Every flow's marker in the region (flow -> position), without remembering versions."""
@@ -250,53 +243,6 @@ class ZooKeeperDatamarkerStore:
             out[flow] = decode_marker(data, f"{markers}/{flow}")
         return out
 
-    def save(self, flow: str, position: str) -> None:
-        """Write the marker if this daemon still owns the flow and nobody wrote it since it last read or wrote
-        it; FencedError if not (nothing is written), ZooKeeperUnavailable if ZooKeeper does not answer."""
-        g.parse_position(position)
-        path = self._marker(flow)
-        if flow not in self._versions:
-            raise FencedError(
-                f"{path}: written before it was read (load() first: the compare-and-set needs the "
-                "version this daemon started from)"
-            )
-        token = self._fence_token(f"marker {path} not written")
-        version = self._versions[flow]
-        t = self.client.transaction()
-        if token is not None:
-            t.check(self.epoch_path, token)
-        if version is None:
-            t.create(path, self._doc(flow, position))
-        else:
-            t.set_data(path, self._doc(flow, position), version=version)
-        started = time.monotonic()
-        results = self._wait(t.commit_async(), f"write {path}")
-        if self.on_write is not None:
-            self.on_write(time.monotonic() - started)
-        failure = next((r for r in results if isinstance(r, Exception) and not isinstance(r, RolledBackError)), None)
-        if failure is None:
-            stat = results[-1]
-            self._versions[flow] = 0 if version is None else getattr(stat, "version", version + 1)
-            return
-        raise self._fenced(path, flow, position, token, version, failure)
-
-    def _fenced(
-        self, path: str, flow: str, position: str, token: int | None, version: int | None, failure: Exception
-    ) -> FencedError | ZooKeeperRefused:
-        refused = refused_write(path, position, failure)
-        if refused is not None:
-            return refused
-        if token is not None and isinstance(failure, BadVersionError | NoNodeError) and not self._epoch_is(token):
-            why = (
-                f"another leader has been elected since this one (epoch version {token}): it owns the "
-                "region's flows now"
-            )
-        elif isinstance(failure, NodeExistsError):
-            why = "the marker was created by someone else after this daemon found none"
-        else:
-            why = f"the marker changed since this daemon read it (version {version}; {type(failure).__name__})"
-        return FencedError(f"marker {path} not moved to {position}: {why}")
-
     def _epoch_is(self, token: int) -> bool:
         try:
             _, stat = self._wait(self.client.get_async(self.epoch_path), f"read {self.epoch_path}")
@@ -305,7 +251,7 @@ class ZooKeeperDatamarkerStore:
         return stat.version == token
 
     def request_replay(self, flow: str, position: str) -> None:
-        """Ask the region's leader (now, or the next one) to re-send `flow` everything after `position`."""
+        """Ask the owner (now, or the next one) to re-send `flow` everything after `position`."""
         g.parse_position(position)
         path = self._replay(flow)
         doc = json.dumps({"flow": flow, "position": position, "saved_at": time.time()}).encode()
@@ -322,7 +268,7 @@ class ZooKeeperDatamarkerStore:
 
     def take_replay_requests(self, if_changed: bool = False) -> dict[str, str]:
         """Pending requests, each removed with its version (a request replaced meanwhile stays for next time)
-        and, when fenced, only while this instance leads (a deposed leader must not swallow one).
+        and, when fenced, only while this worker owns the flows (a deposed owner must not swallow one).
 
         Every look leaves a watch on `replay/`. `if_changed` (the daemon's periodic checkpoint): no request at all
         unless that watch fired since the last look - a request is then taken at the first checkpoint after this
@@ -374,7 +320,7 @@ class ZooKeeperDatamarkerStore:
             )
             if isinstance(failure, BadVersionError | NoNodeError | NotEmptyError):
                 if token is not None and not self._epoch_is(token):
-                    raise FencedError(f"replay request {path} not taken: another leader has been elected")
+                    raise FencedError(f"replay request {path} not taken: another owner has taken over since")
                 self._replay_changed = True  # (a child's new data fires no watch on `replay/`)
                 continue  # replaced by a newer request: taken at the next checkpoint
             if failure is not None:
@@ -390,7 +336,7 @@ class ZooKeeperDatamarkerStore:
         return f"{self.data}/accept-data-loss"
 
     def request_loss_acceptance(self) -> None:
-        """`squeal accept-data-loss` for an HA region: the leader (now, or the next one) takes it."""
+        """`squeal accept-data-loss`: the owner (now, or the next one) takes it."""
         doc = json.dumps({"requested_at": time.time()}).encode()
         try:
             self._wait(self.client.create_async(self.accept_path, doc, makepath=True), f"create {self.accept_path}")
@@ -399,7 +345,7 @@ class ZooKeeperDatamarkerStore:
 
     def take_loss_acceptance(self, if_changed: bool = False) -> bool:
         """Whether an operator accepted data loss since the last call: the request is removed with its version
-        and, when fenced, only while this instance leads (a deposed leader must not swallow it). `if_changed`:
+        and, when fenced, only while this worker owns the flows (a deposed owner must not swallow it). `if_changed`:
         as for `take_replay_requests`, no request unless the watch every look leaves on the znode fired."""
         if if_changed and not self._accept_changed:
             return False
@@ -427,7 +373,7 @@ class ZooKeeperDatamarkerStore:
         failure = next((r for r in results if isinstance(r, Exception) and not isinstance(r, RolledBackError)), None)
         if isinstance(failure, BadVersionError | NoNodeError):
             if token is not None and not self._epoch_is(token):
-                raise FencedError(f"{path} not taken: another leader has been elected")
+                raise FencedError(f"{path} not taken: another owner has taken over since")
             self._accept_changed = True
             return False  # renewed meanwhile: taken next time
         if failure is not None:
@@ -502,7 +448,7 @@ class Watched:
 
 
 def pool_path(root: str, region: str) -> str:
-    """Where a pooled region's workers, controller, assignment and shards live (squeal/pool.py)."""
+    """Where a pooled region's workers, controller, assignment and shards live (squeal/pool/)."""
     return f"{region_path(root, region)}/pool"
 
 
@@ -517,7 +463,7 @@ class ShardMarkerStore(ZooKeeperDatamarkerStore):
     "by", "token"}` ("token": the writer's fencing token, the epoch znode's version), written by the shard's owner
     at most once per checkpoint for all of its flows at once (`save_many`,
     which the daemon's checkpoint uses), so ZooKeeper's write rate is bounded by shards × 1/interval, not by
-    shards × destinations. Same compare-and-set discipline as `ZooKeeperDatamarkerStore`: each write is one
+    shards × destinations. Compare-and-set: each write is one
     multi-operation that checks the *shard's* `epoch` znode still has the version this owner set when it took the
     shard (its fencing token, from `fence()`), and sets the markers znode with the version this store last read or
     wrote. A deposed or released owner's write fails as a whole (`FencedError`): no marker ever goes back.

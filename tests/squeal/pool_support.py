@@ -6,6 +6,7 @@ commit -> invalidated prober."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import socket
@@ -23,7 +24,7 @@ from test_squeal_faults import post_keys
 from ops import harness
 from ops.harness import MariaDB, Memcached, SquealDaemon, ZooKeeper, free_port
 from router_config.model import IMPLICIT_SHARD
-from squeal.zkstore import ShardMarkerStore
+from squeal.zkstore import ShardMarkerStore, ha_marker_dir
 
 SESSION_TIMEOUT = 2.0  # seconds: ZooKeeper's floor with the harness's tickTime of 500 ms is 1 s
 
@@ -58,6 +59,21 @@ def client(connect: str, timeout: float = SESSION_TIMEOUT) -> KazooClient:
     c = KazooClient(hosts=connect, timeout=timeout, connection_retry={"max_tries": -1, "delay": 0.05, "max_delay": 0.5})
     c.start(timeout=15)
     return c
+
+
+def write_ha_markers(
+    c: KazooClient, root: str, region: str, shard: str | None, positions: dict[str, str], by: str = ""
+) -> None:
+    """The markers HA mode's leader left for a region (with [shards]: a shard), one znode per destination
+    (`zkstore.ha_marker_dir`), as it wrote them: what a region upgraded to the pool starts each shard from.
+    Nothing in squeal writes this layout any more; the tests of that upgrade make it by hand."""
+    base = ha_marker_dir(root, region, shard)
+    for flow, position in positions.items():
+        doc = {"flow": flow, "position": position, "saved_at": time.time(), **({"by": by} if by else {})}
+        if c.exists(f"{base}/{flow}") is None:
+            c.create(f"{base}/{flow}", json.dumps(doc).encode(), makepath=True)
+        else:
+            c.set(f"{base}/{flow}", json.dumps(doc).encode())
 
 
 def expire_session(c: KazooClient, connect: str) -> None:

@@ -10,7 +10,10 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import CollectorRegistry
 
-from squeal import pool
+from squeal.pool import binlog_meter
+from squeal.pool.binlog_meter import BinlogMeter
+from squeal.pool.controller import Controller
+from squeal.pool.metrics import PoolMetrics
 from squeal.reader import Source
 
 
@@ -18,12 +21,11 @@ def _value(registry: CollectorRegistry, name: str, **labels: str) -> float | Non
     return registry.get_sample_value(name, labels)
 
 
-def test_the_controller_measures_how_long_each_shard_ran_nowhere(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_controller_measures_how_long_each_shard_ran_nowhere() -> None:
     registry = CollectorRegistry()
-    worker = SimpleNamespace(client=None, base="/pool", metrics=pool.PoolMetrics(registry))
-    controller = pool.Controller(worker)  # type: ignore[arg-type]  # only what the accounting reads
+    worker = SimpleNamespace(client=None, base="/pool", metrics=PoolMetrics(registry))
     clock = [100.0]
-    monkeypatch.setattr(pool.time, "monotonic", lambda: clock[0])
+    controller = Controller(worker, clock=lambda: clock[0])  # type: ignore[arg-type]  # only what the accounting reads
     names = ["s0", "s1"]
 
     def look(**running: list[str]) -> None:
@@ -81,7 +83,7 @@ def test_the_binlog_meter_gives_bytes_per_second_over_its_own_interval() -> None
     second of five."""
     clock = [0.0]
     copy = _Copy({"bin.000001": 1000})
-    meter = pool.BinlogMeter(lambda shard: copy, every=5.0, clock=lambda: clock[0])
+    meter = BinlogMeter(lambda shard: copy, every=5.0, clock=lambda: clock[0])
     assert meter.sample("s0") == 0 and "s0" not in meter.rate  # one sample: no rate yet
     clock[0] = 5.0
     copy.sizes = {"bin.000001": 6000}
@@ -97,12 +99,12 @@ def test_the_binlog_meter_gives_bytes_per_second_over_its_own_interval() -> None
 def test_the_binlog_meter_gives_up_on_a_copy_that_accepts_and_never_answers(monkeypatch: pytest.MonkeyPatch) -> None:
     """A frozen copy (SIGSTOPped, a cut network: the connection is accepted, nothing comes back) fails the sample
     after the meter's timeout instead of hanging its thread, which measures every other shard too."""
-    monkeypatch.setattr(pool, "BINLOG_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(binlog_meter, "BINLOG_TIMEOUT_S", 1.0)
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         port = silent.getsockname()[1]
-        meter = pool.BinlogMeter(lambda shard: Source("127.0.0.1", port, "squeal", "squeal"))
+        meter = BinlogMeter(lambda shard: Source("127.0.0.1", port, "squeal", "squeal"))
         failed: list[BaseException] = []
 
         def sample() -> None:

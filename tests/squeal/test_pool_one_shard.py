@@ -37,7 +37,7 @@ from router_config import loads
 from router_config.model import IMPLICIT_SHARD
 from squeal import gtid as g
 from squeal.owner import TakeoverError, wait_for_copy
-from squeal.pool import PoolWorker
+from squeal.pool.worker import PoolWorker
 from squeal.zkstore import ShardMarkerStore, ZooKeeperUnavailable, shard_path
 
 DEADLINE = 60.0

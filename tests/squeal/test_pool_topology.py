@@ -1,4 +1,4 @@
-"""Pools in the topology: a region's squeal instances are workers that divide its shards (squeal/pool.py), with or
+"""Pools in the topology: a region's squeal instances are workers that divide its shards (squeal/pool/), with or
 without `[regions.R] squeal_pool = true` (redundant: every region with squeal instances runs them as a pool)."""
 
 from __future__ import annotations

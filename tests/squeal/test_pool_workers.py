@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pool_support import NetnsSquealDaemon, ensemble, hosts, unique_root
+from pool_support import NetnsSquealDaemon, ensemble, hosts, unique_root, write_ha_markers
 from squeal_helpers import SCHEMA, Cache, healthz, scrape, unique_db, wait_gone, wait_until
 
 from ops import harness
 from ops.harness import MariaDB, Memcached, SquealDaemon, free_port
 from squeal import current_position
 from squeal import gtid as g
-from squeal.zkstore import ZooKeeperDatamarkerStore, shard_path
+from squeal.zkstore import shard_path
 
 SHARDS = ("p0", "p1", "p2", "p3")
 SESSION_TIMEOUT = 2.0
@@ -382,11 +382,7 @@ def test_a_region_whose_markers_an_ha_leader_wrote_runs_on_the_pool_from_them_no
         for shard, db in zip(SHARDS, env.dbs, strict=True):  # what the HA leader acknowledged: everything so far
             with db.connect() as conn:
                 position = g.format_position(current_position(conn))
-            ha = ZooKeeperDatamarkerStore(zk, env.root, "east", owner="east-1", shard=shard)
-            ha.ensure_paths()
-            for flow in ("c0", "c1"):
-                ha.load(flow)
-                ha.save(flow, position)
+            write_ha_markers(zk, env.root, "east", shard, {"c0": position, "c1": position}, by="east-1")
         writer = Writer(env, rate=60)  # committed with nobody delivering
         writer.start()
         wait_until(lambda: len(writer.written) > 60, DEADLINE, "rows committed while no squeal runs")

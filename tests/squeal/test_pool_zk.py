@@ -1,5 +1,5 @@
 """The worker pool's ZooKeeper foundation against a real 3-server ensemble: per-shard ownership with its own epoch
-and lease (squeal/pool.py: `Ownership`, `SessionLease`) and one marker znode per (region, shard)
+and lease (squeal/pool/ownership.py: `Ownership`, `SessionLease`) and one marker znode per (region, shard)
 (squeal/zkstore.py: `ShardMarkerStore`), fenced by the shard's epoch."""
 
 from __future__ import annotations
@@ -10,16 +10,24 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from pool_support import SESSION_TIMEOUT, Link, client, ensemble, expire_session, hosts, unique_root
+from pool_support import (
+    SESSION_TIMEOUT,
+    Link,
+    client,
+    ensemble,
+    expire_session,
+    hosts,
+    unique_root,
+    write_ha_markers,
+)
 from squeal_helpers import wait_until
 
 from squeal.owner import SessionLease
-from squeal.pool import Ownership
+from squeal.pool.ownership import Ownership
 from squeal.zkstore import (
     FencedError,
     ShardMarkerStore,
     Watched,
-    ZooKeeperDatamarkerStore,
     ha_marker_dir,
     pool_path,
     shard_path,
@@ -204,11 +212,7 @@ def test_a_shard_without_pool_markers_starts_from_the_ha_layouts_markers(clients
     root = unique_root()
     ha_client, pool_client = clients(), clients()
     for shard, ha_shard in (("main", None), ("s1", "s1")):
-        ha = ZooKeeperDatamarkerStore(ha_client, root, "east", owner="east-1", shard=ha_shard)
-        ha.ensure_paths()
-        for flow, position in (("c0", "0-1-7"), ("regional", "0-1-5")):
-            ha.load(flow)
-            ha.save(flow, position)
+        write_ha_markers(ha_client, root, "east", ha_shard, {"c0": "0-1-7", "regional": "0-1-5"}, by="east-1")
         store = ShardMarkerStore(
             pool_client, root, "east", shard, owner="w1", legacy=ha_marker_dir(root, "east", ha_shard)
         )
@@ -218,7 +222,8 @@ def test_a_shard_without_pool_markers_starts_from_the_ha_layouts_markers(clients
         store.save_many({"c0": "0-1-9"})
         doc = json.loads(pool_client.get(f"{shard_path(root, 'east', shard)}/markers")[0])
         assert doc["positions"] == {"c0": "0-1-9", "regional": "0-1-5"}, "nothing of the old layout dropped"
-        ha.save("regional", "0-1-6")  # (an old leader still writing: the shard's own znode wins from now on)
+        # (an old leader still writing: the shard's own znode wins from now on)
+        write_ha_markers(ha_client, root, "east", ha_shard, {"regional": "0-1-6"}, by="east-1")
         fresh = ShardMarkerStore(
             pool_client, root, "east", shard, owner="w2", legacy=ha_marker_dir(root, "east", ha_shard)
         )

@@ -1,7 +1,7 @@
-"""The per-destination ZooKeeper datamarker store (squeal/zkstore.py `ZooKeeperDatamarkerStore`: the HA layout a
-pool still reads a shard's first markers from, and the base of the pool's `ShardMarkerStore`) against a real
-3-server ZooKeeper ensemble (the harness's, Debian's ZooKeeper 3.8): compare-and-set, fencing by an epoch znode,
-replay requests, a cut link and an expired session.
+"""The ZooKeeper datamarker store (squeal/zkstore.py: `ShardMarkerStore`, a shard's markers in one znode, the only
+writer of markers; its base `ZooKeeperDatamarkerStore`, which holds the replay requests' code) against a real
+3-server ZooKeeper ensemble (the harness's, Debian's ZooKeeper 3.8): compare-and-set, fencing by the shard's epoch
+znode, replay requests, a cut link and an expired session.
 
 Time-outs below only catch hangs; measured times are printed (run with -s to see them).
 """
@@ -16,7 +16,7 @@ import pytest
 from pool_support import SESSION_TIMEOUT, Link, ensemble, expire_session, hosts, unique_root
 from squeal_helpers import wait_until
 
-from squeal.zkstore import FencedError, ZooKeeperDatamarkerStore, ZooKeeperUnavailable
+from squeal.zkstore import FencedError, ShardMarkerStore, ZooKeeperDatamarkerStore, ZooKeeperUnavailable, shard_path
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def links(zk) -> Iterator:
 
 def test_marker_round_trip(clients) -> None:
     root = unique_root()
-    store = ZooKeeperDatamarkerStore(clients(), root, "east", owner="east-1")
+    store = ShardMarkerStore(clients(), root, "east", "main", owner="east-1")
     store.check_writable()
     assert store.load("c0") is None
     store.save("c0", "0-1-5")
@@ -54,61 +54,62 @@ def test_marker_round_trip(clients) -> None:
     assert store.load("regional") is None
     store.save("regional", "0-1-7")
     # Another instance (another session) reads the same positions: they outlive the writer.
-    other = ZooKeeperDatamarkerStore(clients(), root, "east")
+    other = ShardMarkerStore(clients(), root, "east", "main")
     assert other.positions() == {"c0": "0-1-9,1-3-2", "regional": "0-1-7"}
     assert other.load("c0") == "0-1-9,1-3-2"
-    data, stat = other.client.get(f"{root}/regions/east/markers/c0")
-    assert json.loads(data)["by"] == "east-1" and stat.version == 1
-    # Regions are apart.
-    assert ZooKeeperDatamarkerStore(other.client, root, "west").positions() == {}
+    data, stat = other.client.get(store.markers_path)  # one znode for every flow of the shard
+    assert json.loads(data)["by"] == "east-1" and stat.version == 2
+    # Regions and shards are apart.
+    assert ShardMarkerStore(other.client, root, "west", "main").positions() == {}
+    assert ShardMarkerStore(other.client, root, "east", "s1").positions() == {}
     # A marker that does not parse is an error naming the znode, never "now".
-    other.client.set(f"{root}/regions/east/markers/regional", b'{"position": "0-1"}')
-    with pytest.raises(ValueError, match=f"{root}/regions/east/markers/regional"):
-        other.load("regional")
+    other.client.set(store.markers_path, b'{"positions": {"regional": "0-1"}}')
+    with pytest.raises(ValueError, match=store.markers_path):
+        ShardMarkerStore(other.client, root, "east", "main").load("regional")
 
 
 def test_a_stale_writer_cannot_overwrite_a_newer_marker(clients) -> None:
     root = unique_root()
-    a = ZooKeeperDatamarkerStore(clients(), root, "east", owner="a")
-    b = ZooKeeperDatamarkerStore(clients(), root, "east", owner="b")
+    a = ShardMarkerStore(clients(), root, "east", "main", owner="a")
+    b = ShardMarkerStore(clients(), root, "east", "main", owner="b")
     a.ensure_paths()
     assert a.load("c0") is None and b.load("c0") is None
     a.save("c0", "0-1-10")
     with pytest.raises(FencedError, match="created by someone else"):
         b.save("c0", "0-1-3")  # b found no marker: its create fails now that a wrote one
     a.save("c0", "0-1-20")
-    b.client.sync(b._marker("c0"))  # b's session may be on another server: ZooKeeper orders reads per session
-    assert b.load("c0") == "0-1-20"
+    b.client.sync(b.markers_path)  # b's session may be on another server: ZooKeeper orders reads per session
+    assert b.read()["c0"] == "0-1-20"
     b.save("c0", "0-1-25")  # b read the newest marker: its write goes through ...
-    with pytest.raises(FencedError, match="changed since this daemon read it"):
+    with pytest.raises(FencedError, match="changed since this owner read them"):
         a.save("c0", "0-1-21")  # ... and a, which has not read it since, can no longer move it
     assert b.load("c0") == "0-1-25"
     with pytest.raises(FencedError, match="before it was read"):
-        ZooKeeperDatamarkerStore(a.client, root, "east").save("c0", "0-1-1")
+        ShardMarkerStore(a.client, root, "east", "main").save("c0", "0-1-1")
 
 
-def test_marker_writes_are_fenced_by_the_election_epoch(clients) -> None:
-    """A leader's store checks the epoch version it won with: once another leader bumps it, nothing it writes
-    (markers, replay requests taken) goes through, even with a marker version that is still current."""
+def test_marker_writes_are_fenced_by_the_shards_epoch(clients) -> None:
+    """An owner's store checks the epoch version it took the shard with: once another owner bumps it, nothing it
+    writes (markers, replay requests taken) goes through, even with a markers version that is still current."""
     root = unique_root()
     zk = clients()
-    epoch = f"{root}/regions/east/epoch"
+    epoch = f"{shard_path(root, 'east', 'main')}/epoch"
     zk.create(epoch, b'{"epoch": 1}', makepath=True)
     token = {"value": zk.exists(epoch).version}
-    old = ZooKeeperDatamarkerStore(zk, root, "east", fence=lambda: token["value"])
+    old = ShardMarkerStore(zk, root, "east", "main", fence=lambda: token["value"])
     old.ensure_paths()
     assert old.load("c0") is None
     old.save("c0", "0-1-4")
     old.request_replay("c1", "0-1-2")
-    zk.set(epoch, b'{"epoch": 2}')  # another leader won
-    with pytest.raises(FencedError, match="another leader has been elected"):
+    zk.set(epoch, b'{"epoch": 2}')  # another owner took the shard
+    with pytest.raises(FencedError, match="has had another owner since"):
         old.save("c0", "0-1-5")
-    with pytest.raises(FencedError, match="another leader has been elected"):
+    with pytest.raises(FencedError, match="another owner has taken over since"):
         old.take_replay_requests()
-    assert ZooKeeperDatamarkerStore(zk, root, "east").positions() == {"c0": "0-1-4"}
-    assert zk.exists(f"{root}/regions/east/replay/c1") is not None  # the request waits for the new leader
-    token["value"] = None  # not the leader at all: refused before anything is sent
-    with pytest.raises(FencedError, match="not the leader"):
+    assert ShardMarkerStore(zk, root, "east", "main").positions() == {"c0": "0-1-4"}
+    assert zk.exists(f"{shard_path(root, 'east', 'main')}/replay/c1") is not None  # waits for the new owner
+    token["value"] = None  # not the owner at all: refused before anything is sent
+    with pytest.raises(FencedError, match="does not own shard main"):
         old.save("c0", "0-1-6")
 
 
@@ -137,7 +138,7 @@ def test_session_loss_and_partition(clients, links) -> None:
     after the heal (the session expired meanwhile: a new one) the markers are intact and writable."""
     root = unique_root()
     connect, cut_links = links()
-    store = ZooKeeperDatamarkerStore(clients(connect), root, "east", timeout=1.0)
+    store = ShardMarkerStore(clients(connect), root, "east", "main", timeout=1.0)
     store.ensure_paths()
     assert store.load("c0") is None
     store.save("c0", "0-1-1")
@@ -150,7 +151,7 @@ def test_session_loss_and_partition(clients, links) -> None:
         store.save("c0", "0-1-2")
     failed_after = time.monotonic() - t0
     assert failed_after < 10, failed_after  # (a hang detector, not a speed requirement)
-    observer = ZooKeeperDatamarkerStore(clients(), root, "east")
+    observer = ShardMarkerStore(clients(), root, "east", "main")
     wait_until(lambda: observer.client.exists(witness) is None, SESSION_TIMEOUT * 4, "the session to expire")
     assert observer.positions() == {"c0": "0-1-1"}
     old_session = store.client.client_id

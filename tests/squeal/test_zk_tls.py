@@ -21,7 +21,7 @@ from ops import tls
 from ops.harness import ZooKeeper
 from router_config.model import IMPLICIT_SHARD
 from squeal import zookeeper_client_options
-from squeal.zkstore import ZooKeeperDatamarkerStore, region_path, shard_path
+from squeal.zkstore import ShardMarkerStore, shard_path
 from tests.conftest import _Processes
 
 ROOT = "/squeal-tls"
@@ -92,7 +92,7 @@ def test_squeal_writes_markers_over_tls_and_a_foreign_client_cannot(tmp_path, se
     assert options["use_ssl"] and options["check_hostname"] and options["ca"] == str(pki["ca"].cert)
     squeal = started(secure_zk, **options)
     try:
-        store = ZooKeeperDatamarkerStore(squeal, ROOT, "east", owner="test")
+        store = ShardMarkerStore(squeal, ROOT, "east", "main", owner="test")
         store.check_writable()
         assert store.load("east-a") is None
         store.save("east-a", "0-1-5")
@@ -108,14 +108,14 @@ def test_squeal_writes_markers_over_tls_and_a_foreign_client_cannot(tmp_path, se
             check_hostname=True,
         )
         try:
-            marker = f"{region_path(ROOT, 'east')}/markers/east-a"
+            marker = store.markers_path
             assert b"0-1-5" in intruder.get(marker)[0]  # reading is allowed
             with pytest.raises(NoAuthError):
-                intruder.set(marker, b'{"flow": "east-a", "position": "0-1-999999"}')
+                intruder.set(marker, b'{"positions": {"east-a": "0-1-999999"}}')
             with pytest.raises(NoAuthError):
                 intruder.delete(marker)
             with pytest.raises(NoAuthError):
-                intruder.create(f"{region_path(ROOT, 'east')}/markers/east-b", b"{}")
+                intruder.create(f"{store.data}/replay/east-a", b"{}")  # (a replay request of its own)
             with pytest.raises(NoAuthError):
                 intruder.create(f"{ROOT}/regions/west", b"")
             # not even with a digest of its own
