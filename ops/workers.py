@@ -1,5 +1,5 @@
 """`squealctl workers`, `drain WORKER`, `move SHARD --to WORKER`: a pooled region's workers, read and asked
-through ZooKeeper (squeal/pool.py keeps the requests; each region's controller acts on them)."""
+through ZooKeeper (squeal/pool/squealctl.py keeps the requests; each region's controller acts on them)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from ops.local import Deployment
 
 
 def command(deployment: Deployment, args: argparse.Namespace) -> int:
-    """`squealctl workers`, `drain WORKER`, `move SHARD --to WORKER` for pooled regions (squeal/pool.py)."""
+    """`squealctl workers`, `drain WORKER`, `move SHARD --to WORKER` for pooled regions (squeal/pool/)."""
     from kazoo.client import KazooClient
 
     from squeal import zookeeper_client_options

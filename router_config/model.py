@@ -206,7 +206,7 @@ class Shard:
 class SquealInstance:
     """One squeal worker of a region's pool (`[[regions.<region>.squeal_instances]]`), reading one copy of the
     region's data (without [shards]) or of each shard. The pool's controller gives each shard to one worker
-    (squeal/pool.py); earlier in the list is preferred (put the instance on the primary first)."""
+    (squeal/pool/); earlier in the list is preferred (put the instance on the primary first)."""
 
     name: str
     region: str
@@ -294,7 +294,7 @@ class Region:
     squeal_host: str = DEFAULT_HOST
     replicas: tuple[Database, ...] = ()  # more copies of the region's data (for squeal instances to read)
     # Several squeal daemons (needs [zookeeper]): the workers of the region's pool, which divide its shards among
-    # them (squeal/pool.py), each shard with one owner; none: the region's single daemon.
+    # them (squeal/pool/), each shard with one owner; none: the region's single daemon.
     squeal_instances: tuple[SquealInstance, ...] = ()
     squeal_placement: PoolPlacement = field(default_factory=PoolPlacement)  # the pool's controller's settings
 

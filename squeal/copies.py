@@ -57,7 +57,8 @@ def read_order(
 ) -> tuple[tuple[Database, str], ...]:
     """The copies of `shard` that `instance` of `region` (None: the region's single daemon) reads, in the order it
     tries them, each with why; the region's own copy is last. Without [shards], the region's database alone (a pool
-    worker's topology has its own copy there, `pool.own_copy_topology`; another worker takes over when it is lost)."""
+    worker's topology has its own copy there, `squeal.pool.worker.own_copy_topology`; another worker takes over
+    when it is lost)."""
     if not topology.sharded:
         return ((topology.shard_copy(shard, region), "the region's database"),)
     by_name = {d.name: d for d in (topology.shard_copy(shard, region), *topology.shard(shard).replicas_in(region))}

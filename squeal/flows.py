@@ -160,8 +160,8 @@ class Flow:
         self.source_lag: Callable[[g.Position, float], float] | None = None
         self.on_ready: Callable[[], None] = lambda: None  # the batcher: there is something to send
         self.on_shed: Callable[[Flow], None] = lambda flow: None  # the daemon: start a catch-up reader
-        # A pool worker's gate (squeal/pool.py): asked before every batch; False hands out nothing (the lease ran
-        # out, or the shard is no longer this worker's).
+        # A pool worker's gate (squeal/pool/ownership.py): asked before every batch; False hands out nothing (the
+        # lease ran out, or the shard is no longer this worker's).
         self.may_send: Callable[[], bool] | None = None
         self._latency = metrics.latency.labels(flow=name) if metrics is not None else None
         self._delivery = metrics.delivery_latency.labels(flow=name) if metrics is not None else None

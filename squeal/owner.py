@@ -1,4 +1,4 @@
-"""What a ZooKeeper-fenced owner of squeal's work needs beyond the pool's own logic (squeal/pool.py): a worker's
+"""What a ZooKeeper-fenced owner of squeal's work needs beyond the pool's own logic (squeal/pool/): a worker's
 session lease, its start-up and its rejoin after a loss.
 
 * `SessionLease`: how long the process may still act on what it owns (docs/squeal.md, "Fencing" and "A lapsed
