@@ -23,7 +23,7 @@ import logging
 import ssl
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from twisted.internet import defer, protocol
@@ -46,7 +46,7 @@ def _abort(transport: Any) -> None:
 class DeleteProtocol(protocol.Protocol):
     """One connection to one router (or memcached): writes batches, reads replies up to `MN`."""
 
-    def __init__(self, on_reply: Callable[[int, list[bytes], int], None], on_lost: Callable[[str], None]) -> None:
+    def __init__(self, on_reply: Callable[[int, Sequence[bytes], int], None], on_lost: Callable[[str], None]) -> None:
         # (server error count, other error lines, `OK`s: flushes done) for the batch just finished
         self.on_reply = on_reply
         self.on_lost = on_lost
@@ -61,15 +61,26 @@ class DeleteProtocol(protocol.Protocol):
         self.transport.write(payload)
 
     def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted's name
-        buf = self._buf + data
-        lines = buf.split(b"\r\n")
-        self._buf = lines.pop()
+        buf = self._buf + data if self._buf else data
+        end = buf.rfind(b"\r\n") + 2  # the complete lines end here (1: no complete line yet)
+        if end == 1:
+            self._buf = buf
+            return
+        done = buf if end == len(buf) else buf[:end]
+        self._buf = buf[end:]
+        # Nearly every reply is `NF` (a key nothing cached), `HD` or `MN`, four bytes each. Counted in C, they
+        # account for every byte only if every line is one of them: a needle ends in CRLF, so it matches at most
+        # once per line, at the line's end, and only a line that is exactly the needle adds no other bytes.
+        acks = done.count(b"MN\r\n")
+        if 4 * (acks + done.count(b"NF\r\n") + done.count(b"HD\r\n")) == len(done):
+            for _ in range(acks):
+                self._batch_done()
+            return
+        lines = done.split(b"\r\n")
+        lines.pop()  # (empty: `done` ends in CRLF)
         for line in lines:
             if line == b"MN":
-                self.on_reply(self._server_errors, self._errors, self._oks)
-                self._errors = []
-                self._server_errors = 0
-                self._oks = 0
+                self._batch_done()
             elif line == b"NF" or line == b"HD":
                 continue  # a miss is fine: nothing cached under that key
             elif line == b"OK":
@@ -79,6 +90,16 @@ class DeleteProtocol(protocol.Protocol):
                 self._errors.append(line)
             else:
                 self._errors.append(line)  # CLIENT_ERROR and the like: retrying would not help
+
+    def _batch_done(self) -> None:
+        """`MN`: the replies of the oldest batch in flight are all in."""
+        if not (self._errors or self._server_errors or self._oks):
+            self.on_reply(0, (), 0)
+            return
+        self.on_reply(self._server_errors, self._errors, self._oks)
+        self._errors = []
+        self._server_errors = 0
+        self._oks = 0
 
     def connectionLost(self, reason: Any = None) -> None:  # noqa: N802
         self.on_lost(str(reason.value) if reason is not None else "closed")
@@ -279,7 +300,7 @@ class Sender:
 
         d.addCallbacks(connected, failed)
 
-    def _on_reply(self, server_errors: int, errors: list[bytes], oks: int = 0) -> None:
+    def _on_reply(self, server_errors: int, errors: Sequence[bytes], oks: int = 0) -> None:
         if not self.batches:
             return
         flow, batch = self.batches.popleft()

@@ -395,7 +395,7 @@ def test_regional_split() -> None:
 
 def test_protocol_reads_replies_to_mn() -> None:
     replies = []
-    p = DeleteProtocol(lambda n, errs, oks: replies.append((n, errs, oks)), lambda why: None)
+    p = DeleteProtocol(lambda n, errs, oks: replies.append((n, list(errs), oks)), lambda why: None)
     p.makeConnection(StringTransport())
     p.send(b"md a q\r\nmn\r\n")
     p.dataReceived(b"NF\r\nM")
@@ -407,6 +407,40 @@ def test_protocol_reads_replies_to_mn() -> None:
     p.dataReceived(b"NF\r\nNF\r\nSERVER_ERROR xNF\r\nNF\r\nN")
     p.dataReceived(b"F\r\nCLIENT_ERROR NF\r\nNF\r\nMN\r\n")
     assert replies[-1] == (1, [b"SERVER_ERROR xNF", b"CLIENT_ERROR NF"], 0)
+
+
+def test_protocol_reads_any_reply_stream_as_a_line_reader_would() -> None:
+    """The fast path (only NF/HD/MN lines, counted in C) and the line loop read every stream, in every chunking,
+    as a plain line-by-line reader does: random lines, near misses of the four-byte replies included."""
+    rng = random.Random(33)
+    common = [b"NF", b"HD", b"MN"]
+    vocabulary = [*common, b"OK", b"SERVER_ERROR busy", b"CLIENT_ERROR NF", b"XNF", b"MNF", b"N", b"", b"HDD"]
+
+    def by_lines(stream: bytes) -> list[tuple[int, list[bytes], int]]:
+        out, errors, server, oks = [], [], 0, 0
+        for line in stream.split(b"\r\n")[:-1]:
+            if line == b"MN":
+                out.append((server, errors, oks))
+                errors, server, oks = [], 0, 0
+            elif line == b"OK":
+                oks += 1
+            elif line not in (b"NF", b"HD"):
+                errors.append(line)
+                server += line.startswith(b"SERVER_ERROR")
+        return out
+
+    for _ in range(300):
+        only_common = rng.random() < 0.5  # half the streams hold only NF/HD/MN (the fast path throughout)
+        words = [rng.choice(common if only_common else vocabulary) for _ in range(rng.randrange(1, 60))]
+        stream = b"".join(w + b"\r\n" for w in words)
+        replies: list[tuple[int, list[bytes], int]] = []
+        record = replies.append
+        p = DeleteProtocol(lambda n, errs, oks, record=record: record((n, list(errs), oks)), lambda why: None)
+        p.makeConnection(StringTransport())
+        cuts = sorted(rng.sample(range(1, len(stream)), min(len(stream) - 1, rng.randrange(0, 8))))
+        for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+            p.dataReceived(stream[a:b])
+        assert replies == by_lines(stream), (words, cuts)
 
 
 def _connect(reactor: MemoryReactorClock, index: int) -> tuple[StringTransport, object]:
