@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from router_config import Address, Region
 from squeal import gtid as g
 from squeal.metrics import Metrics, observe_times
+from squeal.transactions import JoinedLines, Lines
 
 LIVE, SHED, CATCHING_UP = "live", "shed", "catching_up"
 # Sent ahead of a transaction's deletes when its changes carry no row images (TRUNCATE with the "flush"
@@ -60,8 +61,8 @@ class Committed:
     gtid: g.Gtid
     commit_ts: float  # GTID event timestamp (wall clock, 1 s resolution)
     read_ts: float  # when squeal read its commit (wall clock)
-    cluster_lines: tuple[bytes, ...]
-    regional_lines: tuple[bytes, ...]
+    cluster_lines: Lines
+    regional_lines: Lines
     flush: bool = False  # flush every destination before these deletes (a change without row images)
     # Instead of one GTID, the flows move to this position: each domain's last transaction of a run, or after
     # binlog data loss the position reading resumes after (every transaction between the flow's position and
@@ -99,10 +100,19 @@ class Entry:
     gtid: g.Gtid
     commit_ts: float
     read_ts: float
-    lines: tuple[bytes, ...]
+    lines: Lines
     position: g.Position | None = None  # acknowledged: the flow's position becomes (at least) this
     partial: bool = False  # a piece of a transaction, not its last: acknowledging it completes nothing
     transactions: int = 1
+    flush: bool = False  # `lines` starts with FLUSH_LINE
+
+
+def _add_lines(parts: list[bytes | memoryview], lines: Lines, a: int, b: int) -> None:
+    """Append lines [a, b) of an entry to a batch's parts: a run's joined lines as one span."""
+    if isinstance(lines, JoinedLines):
+        parts.append(lines.span(a, b))
+    else:
+        parts.extend(lines[a:b] if a or b < len(lines) else lines)
 
 
 @dataclass(slots=True)
@@ -172,7 +182,7 @@ class Flow:
 
     # -- input ------------------------------------------------------------------------------------------
 
-    def lines_of(self, c: Committed) -> tuple[bytes, ...]:
+    def lines_of(self, c: Committed) -> Lines:
         lines = c.regional_lines if self.kind == REGIONAL else c.cluster_lines
         return (FLUSH_LINE, *lines) if c.flush else lines
 
@@ -212,7 +222,7 @@ class Flow:
                 g.advance(self.acked, c.gtid)
             self.dirty = True
             return
-        self.queue.append(Entry(c.gtid, c.commit_ts, c.read_ts, lines, c.position, c.partial, c.transactions))
+        self.queue.append(Entry(c.gtid, c.commit_ts, c.read_ts, lines, c.position, c.partial, c.transactions, c.flush))
         self.backlog += len(lines)
         # (counts the keys in catch-up too; a transaction's pieces count as that one transaction)
         over = self._over_bound(len(lines), self._pieces_start if c.partial or c.continued else None)
@@ -309,7 +319,7 @@ class Flow:
             return None
         if self.may_send is not None and not self.may_send():
             return None
-        parts: list[bytes] = []
+        parts: list[bytes | memoryview] = []
         n = 0
         done = 0
         offset = self._sent_offset
@@ -317,19 +327,21 @@ class Flow:
         flushes = 0
         for e in entries:
             lines = e.lines
-            if not offset and lines and lines[0] is FLUSH_LINE:  # (only ever an entry's first line)
+            if not offset and e.flush:  # (FLUSH_LINE is only ever an entry's first line)
                 flushes += 1
             room = batch_size - n
-            avail = len(lines) - offset
+            total = len(lines)
+            avail = total - offset
             if avail <= room:
-                parts.extend(lines[offset:] if offset else lines)
+                if avail:
+                    _add_lines(parts, lines, offset, total)
                 n += avail
                 done += 1
                 offset = 0
                 if n >= batch_size:
                     break
             else:
-                parts.extend(lines[offset : offset + room])
+                _add_lines(parts, lines, offset, offset + room)
                 n += room
                 offset += room
                 break

@@ -750,7 +750,7 @@ class NativeBinlogReader(_Reconnecting):
             filters=self.filters,
             regional_prefixes=self.regional_prefixes,
             tls=(s.ssl_ca, s.ssl_cert, s.ssl_key) if s.tls else None,
-            run=CommittedRun if self.runs and self.whole_up_to > 0 else None,
+            run=CommittedRun.from_buffers if self.runs and self.whole_up_to > 0 else None,
             whole_up_to=self.whole_up_to,
         )
         self._duplicates_seen = 0

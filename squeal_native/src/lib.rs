@@ -82,13 +82,37 @@ mod python {
         last_ts: u32,
         transactions: u64,
         changed: u64,
-        cluster: Vec<Vec<u8>>,
-        regional: Vec<Vec<u8>>,
+        cluster: Joined,
+        regional: Joined,
+    }
+
+    /// A run's delete lines of one kind end to end, and where each ends (`squeal.transactions.JoinedLines`):
+    /// two Python objects per kind and run instead of one per line.
+    #[derive(Default)]
+    struct Joined {
+        data: Vec<u8>,
+        ends: Vec<u32>,
+    }
+
+    impl Joined {
+        fn extend(&mut self, lines: Vec<Vec<u8>>) {
+            for line in lines {
+                self.data.extend_from_slice(&line);
+                // A run holds at most RUN_LINES lines plus one transaction of at most `whole_up_to` (each line
+                // a key of at most 250 bytes): far below 4 GiB.
+                self.ends.push(self.data.len() as u32);
+            }
+        }
+
+        fn build<'py>(&self, py: Python<'py>) -> (Bound<'py, PyBytes>, Bound<'py, PyBytes>) {
+            let ends: Vec<u8> = self.ends.iter().flat_map(|e| e.to_ne_bytes()).collect();
+            (PyBytes::new(py, &self.data), PyBytes::new(py, &ends))
+        }
     }
 
     impl Run {
         fn lines(&self) -> usize {
-            self.cluster.len() + self.regional.len()
+            self.cluster.ends.len() + self.regional.ends.len()
         }
 
         fn add(&mut self, w: Whole) {
@@ -110,7 +134,6 @@ mod python {
             for (domain, at) in &self.position {
                 position.set_item(domain, at)?;
             }
-            let lines = |v: &Vec<Vec<u8>>| PyTuple::new(py, v.iter().map(|l| PyBytes::new(py, l)));
             class.bind(py).call1((
                 position,
                 self.last,
@@ -118,8 +141,8 @@ mod python {
                 self.last_ts as f64,
                 self.transactions,
                 self.changed,
-                lines(&self.cluster)?,
-                lines(&self.regional)?,
+                self.cluster.build(py),
+                self.regional.build(py),
             ))
         }
     }

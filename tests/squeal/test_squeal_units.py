@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import array
 import decimal
+import itertools
 import json
 import random
+from dataclasses import replace
 
 import pytest
 from meta_memcache_socket import build_meta_delete
@@ -16,7 +19,7 @@ from squeal import reader as reader_module
 from squeal.batcher import DeleteProtocol, Sender
 from squeal.cli import main as cli_main
 from squeal.datamarkers import FileDatamarkerStore
-from squeal.flows import CATCHING_UP, LIVE, SHED, Committed, Dispatcher, Flow, split_keys
+from squeal.flows import CATCHING_UP, LIVE, SHED, Batch, Committed, Dispatcher, Flow, split_keys
 from squeal.metrics import Metrics
 from squeal.reader import ReaderConfigError, check_server
 from squeal.rules import (
@@ -30,7 +33,17 @@ from squeal.rules import (
     delete_lines,
     encode_key,
 )
-from squeal.transactions import Annotate, Begin, Commit, Query, Restart, Rows, Transaction, TransactionGrouper
+from squeal.transactions import (
+    Annotate,
+    Begin,
+    Commit,
+    JoinedLines,
+    Query,
+    Restart,
+    Rows,
+    Transaction,
+    TransactionGrouper,
+)
 
 # -- gtid -------------------------------------------------------------------------------------------------
 
@@ -383,6 +396,48 @@ def test_shed_catch_up_and_rejoin() -> None:
     f.ack(f.take_batch(10))
     d.dispatch(committed(5, ["g"]))
     assert f.state == LIVE and [e.gtid[2] for e in f.queue] == [5] and f.acked == {0: (1, 4)}
+
+
+def joined(lines: tuple[bytes, ...]) -> JoinedLines:
+    ends = array.array("I", itertools.accumulate(len(line) for line in lines))
+    return JoinedLines(b"".join(lines), ends.tobytes())
+
+
+def test_joined_lines_are_the_lines_they_join() -> None:
+    lines = tuple(delete_line(k)[0] for k in ["a", "bb", "ccc"])
+    j = joined(lines)
+    assert len(j) == 3 and tuple(j) == lines and len(joined(())) == 0
+    assert bytes(j.span(0, 3)) == b"".join(lines) and bytes(j.span(1, 2)) == lines[1]
+
+
+def test_batches_of_joined_lines_are_the_batches_of_their_lines() -> None:
+    """A run's joined lines (the native reader's) and the same lines one object each, mixed with transactions of
+    plain lines and flushes, make the same payloads, batch for batch, whatever the batch size."""
+
+    def shape(batch: Batch | None) -> tuple | None:
+        return batch and (batch.payload, batch.nkeys, batch.entries, batch.flushes)
+
+    rng = random.Random(7)
+    for _ in range(200):
+        plain, mixed = make_flow(), make_flow()
+        for seq in range(1, rng.randrange(2, 12)):
+            keys = [f"k{seq}:{i}" for i in range(rng.randrange(0, 40))]
+            c = committed(seq, keys)
+            if rng.random() < 0.1:
+                c.flush = True
+            plain.offer_live(c)
+            run = rng.random() < 0.6 and not c.flush
+            mixed.offer_live(replace(c, cluster_lines=joined(c.cluster_lines)) if run else c)
+        size = rng.randrange(1, 50)
+        while True:
+            a, b = plain.take_batch(size, 3), mixed.take_batch(size, 3)
+            assert shape(a) == shape(b)
+            if a is None:
+                break
+            if rng.random() < 0.5:
+                plain.ack(a)
+                mixed.ack(b)
+        assert plain.acked == mixed.acked and plain.backlog == mixed.backlog
 
 
 def test_regional_split() -> None:

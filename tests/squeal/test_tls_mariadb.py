@@ -128,7 +128,8 @@ def test_reader_streams_a_committed_rows_keys_over_tls_with_ed25519(hardened, pk
     else:  # an ordinary transaction: the native reader hands it on whole, as a run
         run = found[0]
         assert isinstance(run, CommittedRun), run
-        assert (run.cluster_lines, run.regional_lines, run.transactions) == ((delete_line("user:7")[0],), (), 1)
+        lines = (tuple(run.cluster_lines), tuple(run.regional_lines))
+        assert (lines, run.transactions) == (((delete_line("user:7")[0],), ()), 1)
     assert reader.errors == 0
 
 
