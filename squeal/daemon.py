@@ -564,10 +564,13 @@ class Daemon:
             return
         reader = self._reader(start, f"catchup-{flow.name}")
         bound = max(1, flow.max_backlog // 2)
+        room = threading.Event()  # set on the reactor by every acknowledgement of this flow
+        flow.on_acked = room.set
 
         def brake() -> None:  # catch-up thread: hold back while the destination has not taken what it has
             while flow.backlog > bound and not reader.stopped:
-                time.sleep(0.01)
+                room.wait(0.1)  # (the timeout only bounds how long a stopped reader takes to notice)
+                room.clear()  # then look again: an ack after the wait and before the clear is seen by the loop
 
         loop: ReadLoop
         handoff = Handoff(

@@ -170,6 +170,7 @@ class Flow:
         self.source_lag: Callable[[g.Position, float], float] | None = None
         self.on_ready: Callable[[], None] = lambda: None  # the batcher: there is something to send
         self.on_shed: Callable[[Flow], None] = lambda flow: None  # the daemon: start a catch-up reader
+        self.on_acked: Callable[[], None] | None = None  # the daemon's catch-up brake: there may be room now
         # A pool worker's gate (squeal/pool/ownership.py): asked before every batch; False hands out nothing (the
         # lease ran out, or the shard is no longer this worker's).
         self.may_send: Callable[[], bool] | None = None
@@ -379,6 +380,8 @@ class Flow:
         self.head_offset = batch.end_offset
         self.backlog -= batch.nkeys
         self.dirty = True
+        if self.on_acked is not None:
+            self.on_acked()
         if self.queue:
             self.on_ready()
 

@@ -440,6 +440,19 @@ def test_batches_of_joined_lines_are_the_batches_of_their_lines() -> None:
         assert plain.acked == mixed.acked and plain.backlog == mixed.backlog
 
 
+def test_every_acknowledgement_tells_the_catch_up_brake() -> None:
+    f = make_flow()
+    woken: list[int] = []
+    f.on_acked = lambda: woken.append(f.backlog)  # (the daemon's brake: an Event's set)
+    f.offer_live(committed(1, ["a", "b"]))
+    f.offer_live(committed(2, ["c"]))
+    first, second = f.take_batch(2, 2), f.take_batch(2, 2)
+    assert first is not None and second is not None and woken == []
+    f.ack(first)
+    f.ack(second)
+    assert woken == [1, 0]
+
+
 def test_regional_split() -> None:
     assert split_keys(["regional:1", "user:1", "rmk:x"], ["regional:", "rmk:"]) == (["user:1"], ["regional:1", "rmk:x"])
     assert split_keys(["a"], []) == (["a"], [])
