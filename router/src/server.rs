@@ -31,7 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::auth::{self, NotReady, UpstreamLogin};
 use crate::options::Options;
-use crate::protocol::reply::parse_reply_counted;
+use crate::protocol::reply::{parse_reply, parse_reply_counted};
 use crate::protocol::{Cmd, Reply, ReplyKind, Request, Res};
 use crate::stats::Stats;
 
@@ -135,6 +135,38 @@ impl Server {
         }
         data.extend_from_slice(b"\r\n");
         self.send_raw(data.freeze(), ReplyKind::Values, timeout).await
+    }
+
+    /// The meta get `mg` for each of `keys` (which all live here), as one job: one write, one wait
+    /// for all their replies (a multi-key get's keys through TransparentLeaseRoute), instead of one
+    /// of each per key. Their replies, in order; a failure of the batch (timeout, lost connection)
+    /// is every key's.
+    pub async fn send_meta_gets(self: &Arc<Self>, mg: &Request, keys: &[&Bytes], timeout: Duration) -> Vec<Reply> {
+        debug_assert_eq!(reply_kind(mg.cmd), ReplyKind::Meta);
+        let mut data = BytesMut::with_capacity(keys.iter().map(|k| k.len() + 32).sum());
+        let mut one = mg.clone();
+        for key in keys {
+            one.key = Bytes::clone(key);
+            one.encode(&mut data);
+        }
+        let n = keys.len();
+        let batch = self.send_raw(data.freeze(), ReplyKind::Metas(n as u32), timeout).await;
+        if batch.res.is_error() {
+            return vec![batch; n];
+        }
+        let mut rest = batch.wire;
+        let mut replies = Vec::with_capacity(n);
+        for _ in 0..n {
+            // framed by the reader already (ReplyKind::Metas): each parses
+            let Ok(Some((res, consumed, keep))) = parse_reply(&rest, ReplyKind::Meta) else {
+                replies.push(Reply::error(Res::RemoteError, "malformed batched mg reply"));
+                continue;
+            };
+            let mut one = rest.split_to(consumed);
+            one.truncate(keep);
+            replies.push(Reply::new(res, one));
+        }
+        replies
     }
 
     /// A command that is not routed by key (e.g. `flush_all`, one line ending in CRLF), answered

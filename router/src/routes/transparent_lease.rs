@@ -6,7 +6,9 @@
 //!   token and answers a plain miss. A key whose lease another client holds (`Z`, or a stale `X`
 //!   without `W`) is asked again after `lease_wait_ms`, at most `lease_retries` times, then
 //!   answered as a miss: readers of a hot key wait for the winner's fill instead of all going to
-//!   the database.
+//!   the database. The keys of a multi-key get are handled each as above, but each round's `mg`s
+//!   go to each server as one pipelined batch, and the keys still held wait and are asked again
+//!   together (a batch costs the router about what one `mg` does, see docs/benchmarks.md).
 //! - A plain `set` of a key with a token goes down as `ms KEY <len> F<flags> T<exptime> C<token>`:
 //!   stored only if nothing deleted or changed the item since the lease was won. A refused fill
 //!   answers `NOT_STORED` (see docs/router.md). A `set` without a token passes through unchanged.
@@ -29,6 +31,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
+use futures_util::future::join_all;
+
+use super::destination::Destination;
 use super::{BoxFuture, Route, RouteRef};
 use crate::build::{Builder, Handle, get_i64, required};
 use crate::context::Context;
@@ -52,6 +57,8 @@ pub struct TransparentLease {
     pub wait: Duration,
     pub retries: u32,
     pub max_tokens: usize,
+    /// `N<lease_ttl>`, the flag that asks memcached for a lease on a miss (made once, sent per key).
+    lease_flag: Bytes,
     tokens: Mutex<Tokens>,
     /// The router's counters (`Stats::lease_*`): every handle of the config counts into them.
     ctx: Arc<Context>,
@@ -84,6 +91,7 @@ impl TransparentLease {
             wait,
             retries,
             max_tokens,
+            lease_flag: Bytes::from(format!("N{lease_ttl}")),
             tokens: Mutex::new(Tokens::default()),
             ctx,
         }
@@ -130,13 +138,13 @@ impl TransparentLease {
             Bytes::from_static(b"v"),
             Bytes::from_static(b"f"),
             Bytes::from_static(b"c"),
-            Bytes::from(format!("N{}", self.lease_ttl)),
+            self.lease_flag.clone(),
         ];
         r
     }
 
-    async fn get_once(&self, req: &Request) -> Got {
-        let reply = self.target.route(&self.meta_get(&req.key)).await;
+    /// What the reply to `req`'s `mg` says.
+    fn read(&self, req: &Request, reply: Reply) -> Got {
         let v = match read_mg(&reply) {
             Ok(v) => v,
             Err(other) => return Got::Other(other.unwrap_or(reply)),
@@ -194,31 +202,107 @@ impl TransparentLease {
             }
     }
 
+    /// The classic answer for `req` once its `mg` said `got` for the last time (a key still held
+    /// has used up its retries): counted, and a won lease's token kept for the key.
+    fn settle(&self, req: &Request, got: Got) -> Reply {
+        match got {
+            Got::Hit(r) | Got::Other(r) => r,
+            Got::Stale(r) => {
+                self.stats().lease_stale_served.fetch_add(1, Ordering::Relaxed);
+                r
+            }
+            Got::Won(token) => {
+                self.stats().lease_won.fetch_add(1, Ordering::Relaxed);
+                self.remember(&req.key, token);
+                Reply::new(Res::Miss, Bytes::new())
+            }
+            Got::Held => {
+                self.stats().lease_gave_up.fetch_add(1, Ordering::Relaxed);
+                Reply::new(Res::Miss, Bytes::new())
+            }
+        }
+    }
+
     async fn get(&self, req: &Request) -> Reply {
         let mut tries = 0;
         loop {
-            match self.get_once(req).await {
-                Got::Hit(r) | Got::Other(r) => return r,
-                Got::Stale(r) => {
-                    self.stats().lease_stale_served.fetch_add(1, Ordering::Relaxed);
-                    return r;
-                }
-                Got::Won(token) => {
-                    self.stats().lease_won.fetch_add(1, Ordering::Relaxed);
-                    self.remember(&req.key, token);
-                    return Reply::new(Res::Miss, Bytes::new());
-                }
+            let reply = self.target.route(&self.meta_get(&req.key)).await;
+            match self.read(req, reply) {
                 Got::Held if tries < self.retries => {
                     tries += 1;
                     self.stats().lease_waits.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(self.wait).await;
                 }
-                Got::Held => {
-                    self.stats().lease_gave_up.fetch_add(1, Ordering::Relaxed);
-                    return Reply::new(Res::Miss, Bytes::new());
+                got => return self.settle(req, got),
+            }
+        }
+    }
+
+    /// The keys of a multi-key get: each as `get` would answer it, in order. Each round sends the
+    /// `mg`s of the keys left as one batch per server (`meta_gets`); the keys held by another
+    /// client then wait `lease_wait_ms` together and are asked again. Every key of a round has
+    /// been held as often as the others, so `tries` counts each key's retries, as in `get`.
+    async fn get_many(&self, reqs: Vec<&Request>) -> Vec<Reply> {
+        let mut answers: Vec<Option<Reply>> = vec![None; reqs.len()];
+        let mut asking: Vec<usize> = (0..reqs.len()).collect();
+        let mut tries = 0;
+        while !asking.is_empty() {
+            let keys: Vec<&Bytes> = asking.iter().map(|&i| &reqs[i].key).collect();
+            let mut held = Vec::new();
+            for (&i, reply) in asking.iter().zip(self.meta_gets(&keys).await) {
+                match self.read(reqs[i], reply) {
+                    Got::Held if tries < self.retries => held.push(i),
+                    got => answers[i] = Some(self.settle(reqs[i], got)),
+                }
+            }
+            if !held.is_empty() {
+                tries += 1;
+                self.stats().lease_waits.fetch_add(held.len() as u64, Ordering::Relaxed);
+                tokio::time::sleep(self.wait).await;
+            }
+            asking = held;
+        }
+        answers.into_iter().map(|a| a.expect("every key settled")).collect()
+    }
+
+    /// The replies to the `mg`s of `keys`, in order. The keys whose route asks one server first go
+    /// to it as one batch (one write, one wait: the router's cost per key is what made a multi-key
+    /// get dear), all servers at once; the others, and those whose batch failed with an error that
+    /// fails over, take the full route, as `get` sends them.
+    async fn meta_gets(&self, keys: &[&Bytes]) -> Vec<Reply> {
+        // one request, its key changed per key: no per-key request to build for the batched ones
+        let mut mg = self.meta_get(&Bytes::new());
+        let mut batches: Vec<(&Destination, Vec<&Bytes>, Vec<usize>)> = Vec::new();
+        for (i, &key) in keys.iter().enumerate() {
+            mg.key = key.clone();
+            let Some(dest) = self.target.first_get_target(&mg) else {
+                continue;
+            };
+            match batches.iter_mut().find(|(d, ..)| std::ptr::eq(*d, dest)) {
+                Some((_, batch, members)) => {
+                    batch.push(key);
+                    members.push(i);
+                }
+                None => batches.push((dest, vec![key], vec![i])),
+            }
+        }
+        let mg = &mg;
+        let sent = join_all(batches.iter().map(|(dest, batch, _)| dest.send_meta_gets(mg, batch))).await;
+        let mut replies: Vec<Option<Reply>> = vec![None; keys.len()];
+        for ((.., members), got) in batches.iter().zip(sent) {
+            for (&i, reply) in members.iter().zip(got) {
+                if !reply.res.is_failover_error() {
+                    replies[i] = Some(reply);
                 }
             }
         }
+        let rest: Vec<usize> = (0..keys.len()).filter(|&i| replies[i].is_none()).collect();
+        let mgs: Vec<Request> = rest.iter().map(|&i| self.meta_get(keys[i])).collect();
+        let routed = join_all(mgs.iter().map(|mg| self.target.route(mg))).await;
+        for (i, reply) in rest.into_iter().zip(routed) {
+            replies[i] = Some(reply);
+        }
+        replies.into_iter().map(|r| r.expect("every mg answered")).collect()
     }
 
     async fn set(&self, req: &Request, token: u64) -> Reply {
@@ -253,7 +337,7 @@ impl Route for TransparentLease {
     }
 
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
-        let plain = req.recording.is_none() && !req.too_large;
+        let plain = plain(req);
         match req.cmd {
             Cmd::Get | Cmd::Gets if plain => Box::pin(self.get(req)),
             Cmd::Set if plain => match self.take(&req.key) {
@@ -264,6 +348,19 @@ impl Route for TransparentLease {
             _ => self.target.route(req),
         }
     }
+
+    fn route_multi_get<'a>(&'a self, reqs: Vec<&'a Request>) -> BoxFuture<'a, Vec<Reply>> {
+        if reqs.iter().all(|r| matches!(r.cmd, Cmd::Get | Cmd::Gets) && plain(r)) {
+            Box::pin(self.get_many(reqs))
+        } else {
+            super::route_each(self, reqs)
+        }
+    }
+}
+
+/// A request the handle may change: not one recorded by `__mcrouter__.route`, nor a too-large set.
+fn plain(req: &Request) -> bool {
+    req.recording.is_none() && !req.too_large
 }
 
 pub const TRANSPARENT_LEASE_ROUTE: Handle = Handle {
