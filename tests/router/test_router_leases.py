@@ -188,6 +188,7 @@ def test_lease_counters_in_stats_and_metrics(memcached_factory, router_factory) 
             "lease_tokens_evicted",
             "lease_stale_marks",
             "lease_stale_served",
+            "lease_pairing_redirects",  # a FailoverRoute's (test_router_lease_commands)
         ),
         0,
     )
