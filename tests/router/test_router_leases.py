@@ -157,6 +157,30 @@ def test_multi_key_get_keeps_each_keys_lease_across_servers(memcached_factory, r
     assert got == want + b"END\r\n"
 
 
+def test_multi_key_get_whose_batch_fails_over_takes_the_full_route(memcached_factory, router_factory) -> None:
+    """The first server of a FailoverRoute hangs: the batch of mgs sent to it times out, and each of its keys
+    takes the full route (the failover child), as a single-key get would."""
+    first, second = memcached_factory(), memcached_factory()
+    pools = {
+        "first": {"servers": [f"127.0.0.1:{first.port}"], "server_timeout": 300},
+        "second": {"servers": [f"127.0.0.1:{second.port}"]},
+    }
+    failover = {"type": "FailoverRoute", "children": ["PoolRoute|first", "PoolRoute|second"]}
+    router = router_factory({"pools": pools, "route": {"type": "TransparentLeaseRoute", "target": failover}})
+    to_second = PyClient(("127.0.0.1", second.port), timeout=5)
+    to_second.set_many({b"a": b"1", b"b": b"2"}, noreply=False)
+    first.pause()
+    try:
+        with _raw(router.port) as raw:
+            raw.sendall(b"get a nope b\r\n")
+            got = _read_until(raw, b"END\r\n")
+    finally:
+        first.resume()
+    assert got == b"VALUE a 0 1\r\n1\r\nVALUE b 0 1\r\n2\r\nEND\r\n"
+    assert _stats(router.port)["lease_won"] == 1  # "nope" won its lease on the second server
+    assert _mg(second.port, b"nope v").startswith(b"VA 0 "), "the lease (an empty item) was taken there"
+
+
 def _raw(port: int) -> socket.socket:
     return socket.create_connection(("127.0.0.1", port), timeout=5)
 
