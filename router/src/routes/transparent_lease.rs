@@ -272,24 +272,30 @@ impl TransparentLease {
     async fn meta_gets(&self, keys: &[&Bytes]) -> Vec<Reply> {
         // one request, its key changed per key: no per-key request to build for the batched ones
         let mut mg = self.meta_get(&Bytes::new());
-        let mut batches: Vec<(&Destination, Vec<&Bytes>, Vec<usize>)> = Vec::new();
+        let mut batches: Vec<(&Destination, Vec<usize>)> = Vec::new();
         for (i, &key) in keys.iter().enumerate() {
             mg.key = key.clone();
             let Some(dest) = self.target.first_get_target(&mg) else {
                 continue;
             };
-            match batches.iter_mut().find(|(d, ..)| std::ptr::eq(*d, dest)) {
-                Some((_, batch, members)) => {
-                    batch.push(key);
+            match batches.iter_mut().find(|(d, _)| std::ptr::eq(*d, dest)) {
+                Some((_, members)) => members.push(i),
+                None => {
+                    // room for every key left: one server often has them all
+                    let mut members = Vec::with_capacity(keys.len() - i);
                     members.push(i);
+                    batches.push((dest, members));
                 }
-                None => batches.push((dest, vec![key], vec![i])),
             }
         }
         let mg = &mg;
-        let sent = join_all(batches.iter().map(|(dest, batch, _)| dest.send_meta_gets(mg, batch))).await;
+        let sent = join_all(batches.iter().map(|(dest, members)| async move {
+            let batch: Vec<&Bytes> = members.iter().map(|&i| keys[i]).collect();
+            dest.send_meta_gets(mg, &batch).await
+        }))
+        .await;
         let mut replies: Vec<Option<Reply>> = vec![None; keys.len()];
-        for ((.., members), got) in batches.iter().zip(sent) {
+        for ((_, members), got) in batches.iter().zip(sent) {
             for (&i, reply) in members.iter().zip(got) {
                 if !reply.res.is_failover_error() {
                     replies[i] = Some(reply);
