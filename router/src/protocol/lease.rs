@@ -7,11 +7,11 @@ use bytes::{Bytes, BytesMut};
 
 use super::reply::{Reply, Res, first_line_end, parse_decimal};
 
-/// What an `mg KEY v f c N…` answered with a value (`VA`).
-pub struct MgValue {
+/// What an `mg KEY v f c N…` answered with a value (`VA`); its data is read in place.
+pub struct MgValue<'a> {
     pub flags: u32,
     pub cas: u64,
-    pub data: Bytes,
+    pub data: &'a [u8],
     /// `W`: this request won the lease (the item was missing or stale).
     pub won: bool,
     /// Another client holds the lease (`Z`, or a stale `X` without `W`).
@@ -22,7 +22,7 @@ pub struct MgValue {
 
 /// Read an `mg … v f c` reply: its value, or `Err` for any other reply (`Err(None)`: pass it on as
 /// it is; `Err(Some(error))`: a `VA` reply that cannot be read).
-pub fn read_mg(reply: &Reply) -> Result<MgValue, Option<Reply>> {
+pub fn read_mg(reply: &Reply) -> Result<MgValue<'_>, Option<Reply>> {
     let wire = &reply.wire;
     let end = first_line_end(wire);
     let line = &wire[..end];
@@ -60,7 +60,7 @@ pub fn read_mg(reply: &Reply) -> Result<MgValue, Option<Reply>> {
     Ok(MgValue {
         flags,
         cas,
-        data: wire.slice(start..start + data.len()),
+        data,
         won,
         held: !won && (z || x),
         stale: x,
@@ -99,7 +99,7 @@ pub fn value_block(head: &[u8], key: &[u8], token: Option<u64>, v: &MgValue, cas
         put_decimal(&mut out, n);
     }
     out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(&v.data);
+    out.extend_from_slice(v.data);
     out.extend_from_slice(b"\r\n");
     out.freeze()
 }
@@ -122,33 +122,38 @@ pub fn fill_reply(reply: Reply) -> Reply {
 mod tests {
     use super::*;
 
-    fn mg(wire: &'static [u8]) -> Result<MgValue, Option<Reply>> {
-        read_mg(&Reply::new(Res::Found, Bytes::from_static(wire)))
+    fn reply(wire: &'static [u8]) -> Reply {
+        Reply::new(Res::Found, Bytes::from_static(wire))
     }
 
     #[test]
     fn an_mg_reply_is_read_for_its_value_and_lease() {
-        let v = mg(b"VA 2 f7 c42 W\r\nhi\r\n").ok().unwrap();
+        let r = reply(b"VA 2 f7 c42 W\r\nhi\r\n");
+        let v = read_mg(&r).ok().unwrap();
         assert_eq!(
-            (v.flags, v.cas, &v.data[..], v.won, v.held, v.stale),
+            (v.flags, v.cas, v.data, v.won, v.held, v.stale),
             (7, 42, &b"hi"[..], true, false, false)
         );
-        let v = mg(b"VA 0 c9 f0 Z\r\n\r\n").ok().unwrap();
+        let r = reply(b"VA 0 c9 f0 Z\r\n\r\n");
+        let v = read_mg(&r).ok().unwrap();
         assert!(!v.won && v.held && !v.stale && v.data.is_empty());
-        let v = mg(b"VA 1 f0 c9 X W\r\nx\r\n").ok().unwrap();
+        let r = reply(b"VA 1 f0 c9 X W\r\nx\r\n");
+        let v = read_mg(&r).ok().unwrap();
         assert!(v.won && !v.held && v.stale);
-        let v = mg(b"VA 1 f0 c9 X Z\r\nx\r\n").ok().unwrap();
+        let r = reply(b"VA 1 f0 c9 X Z\r\nx\r\n");
+        let v = read_mg(&r).ok().unwrap();
         assert!(v.held && v.stale);
-        assert!(matches!(mg(b"EN\r\n"), Err(None)));
-        assert!(matches!(mg(b"VA 1 c9\r\nx\r\n"), Err(Some(_)))); // no flags
-        assert!(matches!(mg(b"VA 1 fx c9\r\nx\r\n"), Err(Some(_))));
-        assert!(matches!(mg(b"VA 1 f4294967296 c9\r\nx\r\n"), Err(Some(_))));
-        assert!(matches!(mg(b"VA 5 f0 c9\r\nx\r\n"), Err(Some(_)))); // short
+        assert!(matches!(read_mg(&reply(b"EN\r\n")), Err(None)));
+        assert!(matches!(read_mg(&reply(b"VA 1 c9\r\nx\r\n")), Err(Some(_)))); // no flags
+        assert!(matches!(read_mg(&reply(b"VA 1 fx c9\r\nx\r\n")), Err(Some(_))));
+        assert!(matches!(read_mg(&reply(b"VA 1 f4294967296 c9\r\nx\r\n")), Err(Some(_))));
+        assert!(matches!(read_mg(&reply(b"VA 5 f0 c9\r\nx\r\n")), Err(Some(_)))); // short
     }
 
     #[test]
     fn a_value_block_is_memcacheds_classic_line() {
-        let v = mg(b"VA 2 f18446744 c18446744073709551615\r\nhi\r\n").ok().unwrap();
+        let r = reply(b"VA 2 f18446744 c18446744073709551615\r\nhi\r\n");
+        let v = read_mg(&r).ok().unwrap();
         let cas = Some(v.cas);
         assert_eq!(
             &value_block(b"VALUE", b"k", None, &v, None)[..],
