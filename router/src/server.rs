@@ -143,11 +143,20 @@ impl Server {
     /// is every key's.
     pub async fn send_meta_gets(self: &Arc<Self>, mg: &Request, keys: &[&Bytes], timeout: Duration) -> Vec<Reply> {
         debug_assert_eq!(reply_kind(mg.cmd), ReplyKind::Meta);
-        let mut data = BytesMut::with_capacity(keys.iter().map(|k| k.len() + 32).sum());
-        let mut one = mg.clone();
+        // `mg` encoded once around an empty key (`encode` puts the key right after `mg `), so each
+        // key costs two copies, not a request of its own
+        let mut around = BytesMut::new();
+        Request {
+            key: Bytes::new(),
+            ..mg.clone()
+        }
+        .encode(&mut around);
+        let (before, after) = around.split_at(mg.cmd.name().len() + 1);
+        let mut data = BytesMut::with_capacity(keys.iter().map(|k| k.len() + around.len()).sum());
         for key in keys {
-            one.key = Bytes::clone(key);
-            one.encode(&mut data);
+            data.extend_from_slice(before);
+            data.extend_from_slice(key);
+            data.extend_from_slice(after);
         }
         let n = keys.len();
         let batch = self.send_raw(data.freeze(), ReplyKind::Metas(n as u32), timeout).await;

@@ -116,7 +116,11 @@ pub(super) async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: C
         let (route, _) = routes[i].expect("pending keys have a route");
         match slow.iter_mut().find(|(r, _)| same_route(r, route)) {
             Some((_, members)) => members.push(i),
-            None => slow.push((route, vec![i])),
+            None => {
+                let mut members = Vec::with_capacity(n - i);
+                members.push(i);
+                slow.push((route, members));
+            }
         }
     }
     if !slow.is_empty() {

@@ -88,20 +88,33 @@ fn put_decimal(out: &mut BytesMut, mut n: u64) {
 
 /// A classic value block: `<head> <key> [<token>] <flags> <bytes> [<cas>]`, the data, CRLFs.
 pub fn value_block(head: &[u8], key: &[u8], token: Option<u64>, v: &MgValue, cas: Option<u64>) -> Bytes {
+    let mut out = BytesMut::new();
+    write_value_block(&mut out, head, key, token, v, cas);
+    out.freeze()
+}
+
+/// `value_block`, appended to `out` (the blocks of many keys can share one buffer).
+pub fn write_value_block(
+    out: &mut BytesMut,
+    head: &[u8],
+    key: &[u8],
+    token: Option<u64>,
+    v: &MgValue,
+    cas: Option<u64>,
+) {
     // room for the head, the key, four numbers of 20 digits and their spaces, the data, two CRLFs
-    let mut out = BytesMut::with_capacity(head.len() + key.len() + v.data.len() + 4 * 21 + 5);
+    out.reserve(head.len() + key.len() + v.data.len() + 4 * 21 + 5);
     out.extend_from_slice(head);
     out.extend_from_slice(b" ");
     out.extend_from_slice(key);
     let numbers = [token, Some(u64::from(v.flags)), Some(v.data.len() as u64), cas];
     for n in numbers.into_iter().flatten() {
         out.extend_from_slice(b" ");
-        put_decimal(&mut out, n);
+        put_decimal(out, n);
     }
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(v.data);
     out.extend_from_slice(b"\r\n");
-    out.freeze()
 }
 
 /// The classic answer to a lease fill sent as `ms … C<token>`: `STORED` for `HD`; `NOT_STORED`

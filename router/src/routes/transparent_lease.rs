@@ -28,7 +28,7 @@ use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use serde_json::{Map, Value};
 
 use futures_util::future::join_all;
@@ -37,7 +37,7 @@ use super::destination::Destination;
 use super::{BoxFuture, Route, RouteRef};
 use crate::build::{Builder, Handle, get_i64, required};
 use crate::context::Context;
-use crate::protocol::lease::{fill_reply, read_mg, value_block};
+use crate::protocol::lease::{fill_reply, read_mg, write_value_block};
 use crate::protocol::{Cmd, Reply, Request, Res};
 use crate::stats::Stats;
 
@@ -143,8 +143,9 @@ impl TransparentLease {
         r
     }
 
-    /// What the reply to `req`'s `mg` says.
-    fn read(&self, req: &Request, reply: Reply) -> Got {
+    /// What the reply to `req`'s `mg` says; a value's classic block is written to `blocks` (a
+    /// multi-key get's hits share one buffer) and split off as the hit's reply.
+    fn read(&self, req: &Request, reply: Reply, blocks: &mut BytesMut) -> Got {
         let v = match read_mg(&reply) {
             Ok(v) => v,
             Err(other) => return Got::Other(other.unwrap_or(reply)),
@@ -158,7 +159,8 @@ impl TransparentLease {
             return Got::Held;
         }
         let cas = (req.cmd == Cmd::Gets).then_some(v.cas);
-        let mut r = Reply::new(Res::Found, value_block(b"VALUE", &req.key, None, &v, cas));
+        write_value_block(blocks, b"VALUE", &req.key, None, &v, cas);
+        let mut r = Reply::new(Res::Found, blocks.split().freeze());
         r.values = 1;
         if serve_stale {
             return Got::Stale(r);
@@ -227,7 +229,7 @@ impl TransparentLease {
         let mut tries = 0;
         loop {
             let reply = self.target.route(&self.meta_get(&req.key)).await;
-            match self.read(req, reply) {
+            match self.read(req, reply, &mut BytesMut::new()) {
                 Got::Held if tries < self.retries => {
                     tries += 1;
                     self.stats().lease_waits.fetch_add(1, Ordering::Relaxed);
@@ -248,9 +250,17 @@ impl TransparentLease {
         let mut tries = 0;
         while !asking.is_empty() {
             let keys: Vec<&Bytes> = asking.iter().map(|&i| &reqs[i].key).collect();
+            let replies = self.meta_gets(&keys).await;
+            // room for every key's VALUE block (its value, key and numbers): one allocation a round
+            let room = replies
+                .iter()
+                .zip(&keys)
+                .map(|(r, k)| r.wire.len() + k.len() + 64)
+                .sum();
+            let mut blocks = BytesMut::with_capacity(room);
             let mut held = Vec::new();
-            for (&i, reply) in asking.iter().zip(self.meta_gets(&keys).await) {
-                match self.read(reqs[i], reply) {
+            for (&i, reply) in asking.iter().zip(replies) {
+                match self.read(reqs[i], reply, &mut blocks) {
                     Got::Held if tries < self.retries => held.push(i),
                     got => answers[i] = Some(self.settle(reqs[i], got)),
                 }
