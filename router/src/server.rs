@@ -31,7 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::auth::{self, NotReady, UpstreamLogin};
 use crate::options::Options;
-use crate::protocol::reply::parse_reply_counted;
+use crate::protocol::reply::{parse_reply, parse_reply_counted};
 use crate::protocol::{Cmd, Reply, ReplyKind, Request, Res};
 use crate::stats::Stats;
 
@@ -135,6 +135,51 @@ impl Server {
         }
         data.extend_from_slice(b"\r\n");
         self.send_raw(data.freeze(), ReplyKind::Values, timeout).await
+    }
+
+    /// The meta get `mg` for each of `keys` (which all live here), as one job: one write, one wait
+    /// for all their replies (a multi-key get's keys through TransparentLeaseRoute), instead of one
+    /// of each per key. Their replies, in order; a failure of the batch (timeout, lost connection)
+    /// is every key's.
+    pub async fn send_meta_gets(self: &Arc<Self>, mg: &Request, keys: &[&Bytes], timeout: Duration) -> Vec<Reply> {
+        debug_assert_eq!(reply_kind(mg.cmd), ReplyKind::Meta);
+        // `mg` encoded once around an empty key (`encode` puts the key after the command's first
+        // space), so each key costs two copies, not a request of its own
+        let mut around = BytesMut::new();
+        Request {
+            key: Bytes::new(),
+            ..mg.clone()
+        }
+        .encode(&mut around);
+        let at = around
+            .iter()
+            .position(|&b| b == b' ')
+            .map_or(around.len(), |space| space + 1);
+        let (before, after) = around.split_at(at);
+        let mut data = BytesMut::with_capacity(keys.iter().map(|k| k.len() + around.len()).sum());
+        for key in keys {
+            data.extend_from_slice(before);
+            data.extend_from_slice(key);
+            data.extend_from_slice(after);
+        }
+        let n = keys.len();
+        let batch = self.send_raw(data.freeze(), ReplyKind::Metas(n as u32), timeout).await;
+        if batch.res.is_error() {
+            return vec![batch; n];
+        }
+        let mut rest = batch.wire;
+        let mut replies = Vec::with_capacity(n);
+        for _ in 0..n {
+            // framed by the reader already (ReplyKind::Metas): each parses
+            let Ok(Some((res, consumed, keep))) = parse_reply(&rest, ReplyKind::Meta) else {
+                replies.push(Reply::error(Res::RemoteError, "malformed batched mg reply"));
+                continue;
+            };
+            let mut one = rest.split_to(consumed);
+            one.truncate(keep);
+            replies.push(Reply::new(res, one));
+        }
+        replies
     }
 
     /// A command that is not routed by key (e.g. `flush_all`, one line ending in CRLF), answered
@@ -599,5 +644,89 @@ async fn read_loop<R: ReadHalf>(mut rd: R, mut prx: mpsc::UnboundedReceiver<Pend
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::run;
+    use std::sync::Mutex;
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    use tokio::net::TcpListener;
+
+    /// What a server needs of its process, for a server alone (the router's is `crate::context`).
+    #[derive(Default)]
+    struct Alone {
+        opts: Options,
+        stats: Stats,
+    }
+
+    impl Env for Alone {
+        fn opts(&self) -> &Options {
+            &self.opts
+        }
+        fn stats(&self) -> &Stats {
+            &self.stats
+        }
+        fn catch_up<'a>(&'a self, _: &'a Arc<Server>) -> Pin<Box<dyn Future<Output = bool> + Send + 'a>> {
+            Box::pin(async { true })
+        }
+    }
+
+    /// A fake memcached: a hit for keys starting `hit`, a miss for others; records each line.
+    async fn fake() -> (String, Arc<Mutex<Vec<String>>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let (rd, mut wr) = stream.into_split();
+                    let mut lines = BufReader::new(rd).lines();
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        let answer = match line.split(' ').nth(1) {
+                            _ if line == "version" => "VERSION fake\r\n",
+                            Some(key) if key.starts_with("hit") => "VA 2 f3 c9\r\nEN\r\n",
+                            _ => "EN\r\n",
+                        };
+                        log.lock().unwrap().push(line);
+                        if wr.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, seen)
+    }
+
+    #[test]
+    fn meta_gets_go_as_one_batch_and_come_back_one_reply_per_key() {
+        run(async {
+            let ctx = Arc::new(Alone::default());
+            let (addr, seen) = fake().await;
+            let server = Server::new(addr, false, &ctx);
+            let mut mg = Request::simple(Cmd::MetaGet, Bytes::new());
+            mg.meta = vec![Bytes::from_static(b"v"), Bytes::from_static(b"N10")];
+            let keys = [
+                Bytes::from_static(b"hit1"),
+                Bytes::from_static(b"nope"),
+                Bytes::from_static(b"hit2"),
+            ];
+            let keys: Vec<&Bytes> = keys.iter().collect();
+            let replies = server.send_meta_gets(&mg, &keys, Duration::from_secs(5)).await;
+            let got: Vec<_> = replies.iter().map(|r| (r.res, &r.wire[..])).collect();
+            // (a hit's data that looks like a reply, "EN", is data: the batch is framed reply by reply)
+            let hit = &b"VA 2 f3 c9\r\nEN\r\n"[..];
+            assert_eq!(got, [(Res::Found, hit), (Res::Miss, &b"EN\r\n"[..]), (Res::Found, hit)]);
+            let lines = seen.lock().unwrap().clone();
+            assert_eq!(
+                lines[lines.len() - 3..],
+                ["mg hit1 v N10", "mg nope v N10", "mg hit2 v N10"]
+            );
+        });
     }
 }

@@ -139,6 +139,9 @@ pub struct Stats {
     pub lease_tokens_evicted: AtomicU64,
     pub lease_stale_marks: AtomicU64,
     pub lease_stale_served: AtomicU64,
+    /// FailoverRoute with `enable_lease_pairing`: lease-sets sent to the child that issued their
+    /// token when that was not the first (without pairing they would reach a server with no lease).
+    pub lease_pairing_redirects: AtomicU64,
     pub lease_tokens: AtomicU64,
     latency: Vec<AtomicU64>,
     latency_sum_ns: AtomicU64,
@@ -204,6 +207,7 @@ impl Default for Stats {
             lease_tokens_evicted: AtomicU64::new(0),
             lease_stale_marks: AtomicU64::new(0),
             lease_stale_served: AtomicU64::new(0),
+            lease_pairing_redirects: AtomicU64::new(0),
             lease_tokens: AtomicU64::new(0),
             latency: (0..=LATENCY_BUCKETS.len()).map(|_| AtomicU64::new(0)).collect(),
             latency_sum_ns: AtomicU64::new(0),
@@ -377,6 +381,11 @@ impl Stats {
                 "lease_stale_served",
                 "lease route: gets answered with a stale value while another reader refills it",
                 g(&self.lease_stale_served),
+            ),
+            (
+                "lease_pairing_redirects",
+                "lease pairing: lease-sets sent to the failover child that issued their token, not the first",
+                g(&self.lease_pairing_redirects),
             ),
         ]
     }

@@ -13,6 +13,7 @@ import re
 import subprocess
 
 import pytest
+from pymemcache.client.base import Client as PyClient
 
 from ops.harness import ROUTER_BIN, free_port
 from tests.router.conftest import Conn
@@ -196,11 +197,16 @@ def test_lease_pairing_sends_the_fill_to_the_failover_child_that_issued_it(memca
     # (the first child may read the timed-out mg once resumed: then it holds a lease nobody fills)
     assert lease_set(c, b"p", token, b"filled", flags=9) == b"STORED"
     assert to_second.call(b"get p\r\n") == b"VALUE p 9 6\r\nfilled\r\nEND\r\n"
+    assert _stat(router.port, b"lease_pairing_redirects") == 1  # counted: a fill pairing sent away from the first
     left_on_first = to_first.call(b"mg p v\r\n")
     assert left_on_first == b"EN" or left_on_first.startswith(b"VA 0 "), left_on_first  # nothing, or the late lease
     # a token is redeemed once; a token the route never issued goes to the first child, not failed over
     assert lease_set(c, b"p", token, b"twice") == b"NOT_STORED"
     assert to_second.call(b"get p\r\n") == b"VALUE p 9 6\r\nfilled\r\nEND\r\n"
+
+
+def _stat(port: int, name: bytes) -> int:
+    return int(PyClient(("127.0.0.1", port), timeout=5).stats()[name])
 
 
 def test_lease_pairing_needs_a_name(tmp_path) -> None:

@@ -97,6 +97,90 @@ def test_held_lease_bounded_wait_then_miss(memcached_factory, router_factory) ->
     assert a.get(b"k") is None  # Z: waits three times, then a miss
 
 
+def test_multi_key_get_keeps_each_keys_lease_across_servers(memcached_factory, router_factory) -> None:
+    """One multi-key get over two servers mixing hits, misses that win and keys whose lease another client
+    holds: answered as the keys were asked (hits as VALUE blocks, END once), each key's lease handled on its
+    own — won tokens kept per key, held keys waited for per key (one filled during the wait is a hit), a
+    stale value served."""
+    mc1, mc2 = memcached_factory(), memcached_factory()
+    pool = "PoolRoute|a"
+    route = {"type": "TransparentLeaseRoute", "target": pool, "lease_wait_ms": 50, "lease_retries": 10, "stale_ttl": 30}
+    servers = [f"127.0.0.1:{mc1.port}", f"127.0.0.1:{mc2.port}"]
+    router = router_factory({"pools": {"a": {"servers": servers}}, "route": route})
+    a = PyClient(("127.0.0.1", router.port), timeout=10)
+    b = PyClient(("127.0.0.1", router.port), timeout=10)
+    direct = [PyClient(("127.0.0.1", mc.port), timeout=5) for mc in (mc1, mc2)]
+    hits = [b"hit:%d" % i for i in range(4)]
+    for k in hits:
+        assert a.set(k, b"v-" + k, noreply=False) is True  # no token: written through
+    home = {k: [d.get(k) is not None for d in direct].index(True) for k in hits}
+    assert set(home.values()) == {0, 1}, f"the hit keys should span both servers: {home}"
+    for k in (b"held:1", b"held:2"):
+        assert b.get(k) is None  # b wins these leases and does not fill them (yet)
+    assert b.set(b"stale:1", b"old", noreply=False) is True
+    assert b.delete(b"stale:1", noreply=False) is True  # marked stale (stale_ttl)
+    assert b.get(b"stale:1") is None  # b wins its refill: other readers get the stale value
+    before = _stats(router.port)
+
+    def fill_later() -> None:
+        threading.Event().wait(0.1)  # within a's waits (10 x 50 ms)
+        b.set(b"held:2", b"filled", noreply=False)
+
+    filler = threading.Thread(target=fill_later)
+    asked = [hits[0], b"miss:1", b"held:1", hits[1], b"stale:1", b"held:2", hits[2], b"miss:2", hits[0], hits[3]]
+    with _raw(router.port) as raw:
+        filler.start()
+        raw.sendall(b"get " + b" ".join(asked) + b"\r\n")
+        got = _read_until(raw, b"END\r\n")
+        filler.join()
+    values = {k: b"v-" + k for k in hits} | {b"stale:1": b"old", b"held:2": b"filled"}
+    want = b"".join(b"VALUE %s 0 %d\r\n%s\r\n" % (k, len(values[k]), values[k]) for k in asked if k in values)
+    assert got == want + b"END\r\n"
+    after = _stats(router.port)
+    delta = {k: after[k] - before[k] for k in after if k != "lease_tokens"}
+    assert delta["lease_won"] == 2 and delta["lease_stale_served"] == 1, delta  # miss:1, miss:2; stale:1
+    # held:1 waited every retry and gave up; held:2 waited until b filled it
+    assert delta["lease_waits"] >= 10 + 1 and delta["lease_gave_up"] == 1, delta
+    # a's tokens were kept per key: its fills store, one invalidated since its lease is refused
+    assert a.set(b"miss:1", b"row1", noreply=False) is True
+    for d in direct:
+        d.delete(b"miss:2", noreply=False)
+    assert a.set(b"miss:2", b"row2", noreply=False) is False
+    assert b.set(b"held:1", b"row", noreply=False) is True  # b's own token still good
+    assert a.get_many([b"miss:1", b"held:1", b"miss:2"]) == {b"miss:1": b"row1", b"held:1": b"row"}
+    # gets: the cas of each hit is the server's own
+    cas = {k: direct[home[k]].gets(k)[1] for k in hits[:2]}
+    with _raw(router.port) as raw:
+        raw.sendall(b"gets %s nope %s\r\n" % (hits[1], hits[0]))
+        got = _read_until(raw, b"END\r\n")
+    want = b"".join(b"VALUE %s 0 %d %s\r\nv-%s\r\n" % (k, len(k) + 2, cas[k], k) for k in (hits[1], hits[0]))
+    assert got == want + b"END\r\n"
+
+
+def test_multi_key_get_whose_batch_fails_over_takes_the_full_route(memcached_factory, router_factory) -> None:
+    """The first server of a FailoverRoute hangs: the batch of mgs sent to it times out, and each of its keys
+    takes the full route (the failover child), as a single-key get would."""
+    first, second = memcached_factory(), memcached_factory()
+    pools = {
+        "first": {"servers": [f"127.0.0.1:{first.port}"], "server_timeout": 300},
+        "second": {"servers": [f"127.0.0.1:{second.port}"]},
+    }
+    failover = {"type": "FailoverRoute", "children": ["PoolRoute|first", "PoolRoute|second"]}
+    router = router_factory({"pools": pools, "route": {"type": "TransparentLeaseRoute", "target": failover}})
+    to_second = PyClient(("127.0.0.1", second.port), timeout=5)
+    to_second.set_many({b"a": b"1", b"b": b"2"}, noreply=False)
+    first.pause()
+    try:
+        with _raw(router.port) as raw:
+            raw.sendall(b"get a nope b\r\n")
+            got = _read_until(raw, b"END\r\n")
+    finally:
+        first.resume()
+    assert got == b"VALUE a 0 1\r\n1\r\nVALUE b 0 1\r\n2\r\nEND\r\n"
+    assert _stats(router.port)["lease_won"] == 1  # "nope" won its lease on the second server
+    assert _mg(second.port, b"nope v").startswith(b"VA 0 "), "the lease (an empty item) was taken there"
+
+
 def _raw(port: int) -> socket.socket:
     return socket.create_connection(("127.0.0.1", port), timeout=5)
 
@@ -128,6 +212,7 @@ def test_lease_counters_in_stats_and_metrics(memcached_factory, router_factory) 
             "lease_tokens_evicted",
             "lease_stale_marks",
             "lease_stale_served",
+            "lease_pairing_redirects",  # a FailoverRoute's (test_router_lease_commands)
         ),
         0,
     )

@@ -383,6 +383,9 @@ METRICS_HEAD = [
     "# HELP squeal_router_lease_stale_served_total lease route: gets answered with a stale value while another "
     "reader refills it",
     "# TYPE squeal_router_lease_stale_served_total counter",
+    "# HELP squeal_router_lease_pairing_redirects_total lease pairing: lease-sets sent to the failover child that "
+    "issued their token, not the first",
+    "# TYPE squeal_router_lease_pairing_redirects_total counter",
     "# HELP squeal_router_connections open client connections",
     "# TYPE squeal_router_connections gauge",
     "# HELP squeal_router_max_connections client connection limit",

@@ -109,20 +109,43 @@ pub(super) async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: C
             });
         }
     }
-    let slow: Vec<usize> = (0..n).filter(|&i| matches!(parts[i], Part::Pending)).collect();
+    // The other keys take their full route, handed to it together: a route may batch them
+    // (TransparentLeaseRoute sends one batch of `mg`s per server).
+    let mut slow: Vec<(&RouteRef, Vec<usize>)> = Vec::new();
+    for i in (0..n).filter(|&i| matches!(parts[i], Part::Pending)) {
+        let (route, _) = routes[i].expect("pending keys have a route");
+        match slow.iter_mut().find(|(r, _)| same_route(r, route)) {
+            Some((_, members)) => members.push(i),
+            None => {
+                let mut members = Vec::with_capacity(n - i);
+                members.push(i);
+                slow.push((route, members));
+            }
+        }
+    }
     if !slow.is_empty() {
-        let outs = join_all(slow.iter().map(|&i| {
-            let (route, _) = routes[i].expect("pending keys have a route");
-            let req = &reqs[i];
-            async move { route.route(req).await }
-        }))
+        let outs = join_all(
+            slow.iter()
+                .map(|(route, members)| route.route_multi_get(members.iter().map(|&i| &reqs[i]).collect())),
+        )
         .await;
-        for (i, r) in slow.into_iter().zip(outs) {
-            parts[i] = Part::Routed(r);
+        for ((_, members), replies) in slow.iter().zip(outs) {
+            for (&i, r) in members.iter().zip(replies) {
+                parts[i] = Part::Routed(r);
+            }
         }
     }
     let client_key = |i: usize| asked[i].as_deref().unwrap_or(&reqs[i].key);
-    let mut out = BytesMut::new();
+    // sized once for every value (a client key with a routing prefix may still grow it)
+    let size: usize = parts
+        .iter()
+        .map(|p| match p {
+            Part::Batched(_, range) => range.len(),
+            Part::Routed(reply) => reply.wire.len(),
+            _ => 0,
+        })
+        .sum();
+    let mut out = BytesMut::with_capacity(size + END.len());
     for (i, part) in parts.iter().enumerate() {
         if let Some((_, c)) = routes[i] {
             c.gets.count(match part {
@@ -146,6 +169,11 @@ pub(super) async fn multi_get_reply(ctx: &Context, config: &RouterConfig, cmd: C
     }
     out.put_slice(END);
     out.freeze()
+}
+
+/// The same handle (not merely an equal one).
+fn same_route(a: &RouteRef, b: &RouteRef) -> bool {
+    std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
 }
 
 async fn send_batch(batch: &Batch<'_>, gets: bool, reqs: &[Request]) -> Reply {

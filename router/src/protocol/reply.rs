@@ -97,6 +97,9 @@ pub enum ReplyKind {
     Line,
     /// mg/ma: one line, plus a data block after `VA <len>`.
     Meta,
+    /// That many `Meta` replies back to back: the answer to as many pipelined meta gets sent as one
+    /// job (`Server::send_meta_gets`). `wire` keeps them all; the caller splits them.
+    Metas(u32),
 }
 
 /// One reply for one request.
@@ -285,6 +288,17 @@ pub fn parse_reply_counted(buf: &[u8], kind: ReplyKind) -> Result<Option<(Res, u
             let res = classify_line(line, kind == ReplyKind::Meta).ok_or(Desync)?;
             Ok(Some((res, next, next, 0)))
         }
+        ReplyKind::Metas(n) => {
+            // every request gets exactly one reply (errors too), so the n-th reply ends the batch
+            let mut pos = 0;
+            for _ in 0..n {
+                match parse_reply_counted(&buf[pos..], ReplyKind::Meta)? {
+                    Some((_, consumed, _, _)) => pos += consumed,
+                    None => return Ok(None),
+                }
+            }
+            Ok(Some((Res::Ok, pos, pos, 0)))
+        }
     }
 }
 
@@ -346,6 +360,23 @@ mod tests {
             Res::RemoteError
         );
         assert!(parse_reply(b"WHAT\r\n", ReplyKind::Line).is_err());
+    }
+
+    #[test]
+    fn a_batch_of_meta_replies_ends_after_the_last_one() {
+        let wire = b"VA 2 f0 c1\r\nab\r\nEN\r\nHD\r\nSERVER_ERROR x\r\nVA 1 W\r\nz\r\n";
+        assert_eq!(
+            parse_reply(wire, ReplyKind::Metas(4)).unwrap().unwrap(),
+            (Res::Ok, 40, 40)
+        );
+        assert_eq!(
+            parse_reply(wire, ReplyKind::Metas(5)).unwrap().unwrap(),
+            (Res::Ok, 51, 51)
+        );
+        assert!(parse_reply(&wire[..20], ReplyKind::Metas(4)).unwrap().is_none());
+        // a VA whose data is not all there yet is not the end
+        assert!(parse_reply(&wire[..50], ReplyKind::Metas(5)).unwrap().is_none());
+        assert!(parse_reply(b"EN\r\nWHAT\r\n", ReplyKind::Metas(2)).is_err());
     }
 
     #[test]

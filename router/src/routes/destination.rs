@@ -8,6 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use super::default_reply::default_reply;
 use crate::context::Context;
 use crate::lease_tokens::{Issued, LeaseTokens};
@@ -111,6 +113,23 @@ impl Destination {
             return Reply::error(Res::RemoteError, "object too large for cache");
         }
         reply
+    }
+
+    /// The meta get `mg` for each of `keys` (which all live here), sent as one batch
+    /// (`Server::send_meta_gets`): what `send` does for each, but in one write. Only a plain `mg`
+    /// (no recording, never too large): none of `send`'s lease, spool or too-large handling applies
+    /// to it. The pool counts each key's hit or miss, as `send` does.
+    pub async fn send_meta_gets(&self, mg: &Request, keys: &[&Bytes]) -> Vec<Reply> {
+        if self.server.is_tko() {
+            return vec![Reply::error(Res::Tko, "tko: server is marked down"); keys.len()];
+        }
+        let replies = self.server.send_meta_gets(mg, keys, self.timeout).await;
+        if mg.counts_as_get() {
+            for reply in &replies {
+                self.gets.gets.count(reply.res);
+            }
+        }
+        replies
     }
 
     /// Its line in `__mcrouter__.route_handles` (mcrouter's name for a destination).

@@ -70,6 +70,10 @@ impl Failover {
         let Some(child) = self.children.get(issued.child) else {
             return Reply::error(Res::LocalError, "LeaseSet failover destination out-of-range");
         };
+        if issued.child > 0 {
+            // where pairing matters: without it this fill would reach the first child, which has no lease
+            ctx.stats.lease_pairing_redirects.fetch_add(1, Relaxed);
+        }
         let mut fill = req.clone();
         fill.cas = issued.original;
         child.route(&fill).await
@@ -222,6 +226,7 @@ mod tests {
         fill.cas = token;
         assert_eq!(run(r.route(&fill)).res, Res::Stored);
         assert_eq!(*second.fills.lock().unwrap(), [77]);
+        assert_eq!(ctx.stats.lease_pairing_redirects.load(Relaxed), 1);
         assert_eq!(
             down.count(),
             1,
@@ -231,5 +236,6 @@ mod tests {
         assert_eq!(run(r.route(&fill)).res, Res::Stored);
         assert_eq!(down.count(), 2);
         assert_eq!(second.fills.lock().unwrap().len(), 1);
+        assert_eq!(ctx.stats.lease_pairing_redirects.load(Relaxed), 1);
     }
 }

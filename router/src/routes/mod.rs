@@ -69,6 +69,13 @@ pub trait Route: Send + Sync + 'static {
         None
     }
 
+    /// The keys of one multi-key get that take this route (and have no `first_get_target`): their
+    /// replies in order, each as `route` would answer it. By default each key is routed on its own,
+    /// all at once; TransparentLeaseRoute sends its keys' `mg`s to each server as one batch.
+    fn route_multi_get<'a>(&'a self, reqs: Vec<&'a Request>) -> BoxFuture<'a, Vec<Reply>> {
+        route_each(self, reqs)
+    }
+
     /// The server this route would send `req` to first, when that is known without routing it
     /// (a destination; a hash over destinations; a failover's first child): LoadBalancerRoute
     /// compares its children by that server's measured load (`crate::load`). Others have none.
@@ -105,6 +112,13 @@ impl Route for Destination {
     fn first_server(&self, _req: &Request) -> Option<&Server> {
         Some(&self.server)
     }
+}
+
+/// Route each request on its own, all at once: the replies in order (`Route::route_multi_get`'s default).
+pub fn route_each<'a, R: Route + ?Sized>(route: &'a R, reqs: Vec<&'a Request>) -> BoxFuture<'a, Vec<Reply>> {
+    Box::pin(futures_util::future::join_all(
+        reqs.into_iter().map(|req| route.route(req)),
+    ))
 }
 
 /// `squeal_router::routes::all_sync::AllSync` → `all-sync` (a trailing `Route` dropped).

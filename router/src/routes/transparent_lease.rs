@@ -6,7 +6,9 @@
 //!   token and answers a plain miss. A key whose lease another client holds (`Z`, or a stale `X`
 //!   without `W`) is asked again after `lease_wait_ms`, at most `lease_retries` times, then
 //!   answered as a miss: readers of a hot key wait for the winner's fill instead of all going to
-//!   the database.
+//!   the database. The keys of a multi-key get are handled each as above, but each round's `mg`s
+//!   go to each server as one pipelined batch, and the keys still held wait and are asked again
+//!   together (a batch costs the router about what one `mg` does, see docs/benchmarks.md).
 //! - A plain `set` of a key with a token goes down as `ms KEY <len> F<flags> T<exptime> C<token>`:
 //!   stored only if nothing deleted or changed the item since the lease was won. A refused fill
 //!   answers `NOT_STORED` (see docs/router.md). A `set` without a token passes through unchanged.
@@ -26,13 +28,16 @@ use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use serde_json::{Map, Value};
 
+use futures_util::future::join_all;
+
+use super::destination::Destination;
 use super::{BoxFuture, Route, RouteRef};
 use crate::build::{Builder, Handle, get_i64, required};
 use crate::context::Context;
-use crate::protocol::lease::{fill_reply, read_mg, value_block};
+use crate::protocol::lease::{fill_reply, read_mg, write_value_block};
 use crate::protocol::{Cmd, Reply, Request, Res};
 use crate::stats::Stats;
 
@@ -52,6 +57,8 @@ pub struct TransparentLease {
     pub wait: Duration,
     pub retries: u32,
     pub max_tokens: usize,
+    /// `N<lease_ttl>`, the flag that asks memcached for a lease on a miss (made once, sent per key).
+    lease_flag: Bytes,
     tokens: Mutex<Tokens>,
     /// The router's counters (`Stats::lease_*`): every handle of the config counts into them.
     ctx: Arc<Context>,
@@ -84,6 +91,7 @@ impl TransparentLease {
             wait,
             retries,
             max_tokens,
+            lease_flag: Bytes::from(format!("N{lease_ttl}")),
             tokens: Mutex::new(Tokens::default()),
             ctx,
         }
@@ -130,13 +138,14 @@ impl TransparentLease {
             Bytes::from_static(b"v"),
             Bytes::from_static(b"f"),
             Bytes::from_static(b"c"),
-            Bytes::from(format!("N{}", self.lease_ttl)),
+            self.lease_flag.clone(),
         ];
         r
     }
 
-    async fn get_once(&self, req: &Request) -> Got {
-        let reply = self.target.route(&self.meta_get(&req.key)).await;
+    /// What the reply to `req`'s `mg` says; a value's classic block is written to `blocks` (a
+    /// multi-key get's hits share one buffer) and split off as the hit's reply.
+    fn read(&self, req: &Request, reply: Reply, blocks: &mut BytesMut) -> Got {
         let v = match read_mg(&reply) {
             Ok(v) => v,
             Err(other) => return Got::Other(other.unwrap_or(reply)),
@@ -150,7 +159,8 @@ impl TransparentLease {
             return Got::Held;
         }
         let cas = (req.cmd == Cmd::Gets).then_some(v.cas);
-        let mut r = Reply::new(Res::Found, value_block(b"VALUE", &req.key, None, &v, cas));
+        write_value_block(blocks, b"VALUE", &req.key, None, &v, cas);
+        let mut r = Reply::new(Res::Found, blocks.split().freeze());
         r.values = 1;
         if serve_stale {
             return Got::Stale(r);
@@ -194,31 +204,121 @@ impl TransparentLease {
             }
     }
 
+    /// The classic answer for `req` once its `mg` said `got` for the last time (a key still held
+    /// has used up its retries): counted, and a won lease's token kept for the key.
+    fn settle(&self, req: &Request, got: Got) -> Reply {
+        match got {
+            Got::Hit(r) | Got::Other(r) => r,
+            Got::Stale(r) => {
+                self.stats().lease_stale_served.fetch_add(1, Ordering::Relaxed);
+                r
+            }
+            Got::Won(token) => {
+                self.stats().lease_won.fetch_add(1, Ordering::Relaxed);
+                self.remember(&req.key, token);
+                Reply::new(Res::Miss, Bytes::new())
+            }
+            Got::Held => {
+                self.stats().lease_gave_up.fetch_add(1, Ordering::Relaxed);
+                Reply::new(Res::Miss, Bytes::new())
+            }
+        }
+    }
+
     async fn get(&self, req: &Request) -> Reply {
         let mut tries = 0;
         loop {
-            match self.get_once(req).await {
-                Got::Hit(r) | Got::Other(r) => return r,
-                Got::Stale(r) => {
-                    self.stats().lease_stale_served.fetch_add(1, Ordering::Relaxed);
-                    return r;
-                }
-                Got::Won(token) => {
-                    self.stats().lease_won.fetch_add(1, Ordering::Relaxed);
-                    self.remember(&req.key, token);
-                    return Reply::new(Res::Miss, Bytes::new());
-                }
+            let reply = self.target.route(&self.meta_get(&req.key)).await;
+            match self.read(req, reply, &mut BytesMut::new()) {
                 Got::Held if tries < self.retries => {
                     tries += 1;
                     self.stats().lease_waits.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(self.wait).await;
                 }
-                Got::Held => {
-                    self.stats().lease_gave_up.fetch_add(1, Ordering::Relaxed);
-                    return Reply::new(Res::Miss, Bytes::new());
+                got => return self.settle(req, got),
+            }
+        }
+    }
+
+    /// The keys of a multi-key get: each as `get` would answer it, in order. Each round sends the
+    /// `mg`s of the keys left as one batch per server (`meta_gets`); the keys held by another
+    /// client then wait `lease_wait_ms` together and are asked again. Every key of a round has
+    /// been held as often as the others, so `tries` counts each key's retries, as in `get`.
+    async fn get_many(&self, reqs: Vec<&Request>) -> Vec<Reply> {
+        let mut answers: Vec<Option<Reply>> = vec![None; reqs.len()];
+        let mut asking: Vec<usize> = (0..reqs.len()).collect();
+        let mut tries = 0;
+        while !asking.is_empty() {
+            let keys: Vec<&Bytes> = asking.iter().map(|&i| &reqs[i].key).collect();
+            let replies = self.meta_gets(&keys).await;
+            // room for every key's VALUE block (its value, key and numbers): one allocation a round
+            let room = replies
+                .iter()
+                .zip(&keys)
+                .map(|(r, k)| r.wire.len() + k.len() + 64)
+                .sum();
+            let mut blocks = BytesMut::with_capacity(room);
+            let mut held = Vec::new();
+            for (&i, reply) in asking.iter().zip(replies) {
+                match self.read(reqs[i], reply, &mut blocks) {
+                    Got::Held if tries < self.retries => held.push(i),
+                    got => answers[i] = Some(self.settle(reqs[i], got)),
+                }
+            }
+            if !held.is_empty() {
+                tries += 1;
+                self.stats().lease_waits.fetch_add(held.len() as u64, Ordering::Relaxed);
+                tokio::time::sleep(self.wait).await;
+            }
+            asking = held;
+        }
+        answers.into_iter().map(|a| a.expect("every key settled")).collect()
+    }
+
+    /// The replies to the `mg`s of `keys`, in order. The keys whose route asks one server first go
+    /// to it as one batch (one write, one wait: the router's cost per key is what made a multi-key
+    /// get dear), all servers at once; the others, and those whose batch failed with an error that
+    /// fails over, take the full route, as `get` sends them.
+    async fn meta_gets(&self, keys: &[&Bytes]) -> Vec<Reply> {
+        // one request, its key changed per key: no per-key request to build for the batched ones
+        let mut mg = self.meta_get(&Bytes::new());
+        let mut batches: Vec<(&Destination, Vec<usize>)> = Vec::new();
+        for (i, &key) in keys.iter().enumerate() {
+            mg.key = key.clone();
+            let Some(dest) = self.target.first_get_target(&mg) else {
+                continue;
+            };
+            match batches.iter_mut().find(|(d, _)| std::ptr::eq(*d, dest)) {
+                Some((_, members)) => members.push(i),
+                None => {
+                    // room for every key left: one server often has them all
+                    let mut members = Vec::with_capacity(keys.len() - i);
+                    members.push(i);
+                    batches.push((dest, members));
                 }
             }
         }
+        let mg = &mg;
+        let sent = join_all(batches.iter().map(|(dest, members)| async move {
+            let batch: Vec<&Bytes> = members.iter().map(|&i| keys[i]).collect();
+            dest.send_meta_gets(mg, &batch).await
+        }))
+        .await;
+        let mut replies: Vec<Option<Reply>> = vec![None; keys.len()];
+        for ((_, members), got) in batches.iter().zip(sent) {
+            for (&i, reply) in members.iter().zip(got) {
+                if !reply.res.is_failover_error() {
+                    replies[i] = Some(reply);
+                }
+            }
+        }
+        let rest: Vec<usize> = (0..keys.len()).filter(|&i| replies[i].is_none()).collect();
+        let mgs: Vec<Request> = rest.iter().map(|&i| self.meta_get(keys[i])).collect();
+        let routed = join_all(mgs.iter().map(|mg| self.target.route(mg))).await;
+        for (i, reply) in rest.into_iter().zip(routed) {
+            replies[i] = Some(reply);
+        }
+        replies.into_iter().map(|r| r.expect("every mg answered")).collect()
     }
 
     async fn set(&self, req: &Request, token: u64) -> Reply {
@@ -253,7 +353,7 @@ impl Route for TransparentLease {
     }
 
     fn route<'a>(&'a self, req: &'a Request) -> BoxFuture<'a, Reply> {
-        let plain = req.recording.is_none() && !req.too_large;
+        let plain = plain(req);
         match req.cmd {
             Cmd::Get | Cmd::Gets if plain => Box::pin(self.get(req)),
             Cmd::Set if plain => match self.take(&req.key) {
@@ -264,6 +364,19 @@ impl Route for TransparentLease {
             _ => self.target.route(req),
         }
     }
+
+    fn route_multi_get<'a>(&'a self, reqs: Vec<&'a Request>) -> BoxFuture<'a, Vec<Reply>> {
+        if reqs.iter().all(|r| matches!(r.cmd, Cmd::Get | Cmd::Gets) && plain(r)) {
+            Box::pin(self.get_many(reqs))
+        } else {
+            super::route_each(self, reqs)
+        }
+    }
+}
+
+/// A request the handle may change: not one recorded by `__mcrouter__.route`, nor a too-large set.
+fn plain(req: &Request) -> bool {
+    req.recording.is_none() && !req.too_large
 }
 
 pub const TRANSPARENT_LEASE_ROUTE: Handle = Handle {
