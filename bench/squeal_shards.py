@@ -1,7 +1,7 @@
 """One squeal process over 1, 2, 4, 8 shards (not a test: prints figures for docs/benchmarks.md).
 
     .venv/bin/python bench/squeal_shards.py [--shards 1,2,4,8] [--rows 200000] [--rate 400] [--seconds 20]
-        [--flush-ms 0.5[,2,5]]
+        [--flush-ms 0.5[,2,5]] [--only replay|live|idle] [--idle-seconds 30]
 
 1. Cost per row: `--rows` row changes (transactions of 10 single-row INSERTs, then 10 UPDATEs) spread evenly
    over N shards (one MariaDB primary each, its own GTID domain) are read by one `squeal run` process from
@@ -23,6 +23,9 @@
    fell behind the load, and its read-to-ack latency alone does not show it).
    `--flush-ms` repeats the live rounds for each `[squeal] flush_interval_ms` given: how much a longer
    coalescing window packs, and what it adds to the latency.
+3. Idle (`--only idle`): the same process over N shards with nothing written, its CPU per second over
+   `--idle-seconds` (nothing scrapes it meanwhile), and the cost of each shard above the first (issue 33's
+   fixed cost: <= 1 ms CPU/s an idle shard).
 """
 
 from __future__ import annotations
@@ -166,6 +169,31 @@ def replay_round(base: Path, dbs: list[MariaDB], caches: list[Memcached], rows: 
     }
 
 
+def idle_round(base: Path, dbs: list[MariaDB], caches: list[Memcached], seconds: float) -> dict:
+    """The fixed cost: one `squeal run` over N shards with nothing written, CPU over `seconds` (nothing scrapes
+    it meanwhile: the monitoring server's share is not in these figures)."""
+    n = len(dbs)
+    schema = f"idle_{n}_{int(time.time()) % 100000}"
+    for db in dbs:
+        db.execute(f"CREATE DATABASE {schema}", f"USE {schema}", SCHEMA)
+    work = base / f"idle-{n}"
+    work.mkdir()
+    (work / "topology.toml").write_text(topology(dbs, schema, caches))
+    write_markers(work / "state", n, [db.gtid_binlog_pos() for db in dbs], len(caches))
+    daemon = SquealDaemon(work / "topology.toml", "east", workdir=work, state_dir=work / "state")
+    daemon.start()
+    try:
+        proc = psutil.Process(daemon.proc.pid)
+        time.sleep(3)  # start-up done: every reader connected, the first checkpoints written
+        cpu0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
+        time.sleep(seconds)
+        cpu, wall = sum(proc.cpu_times()[:2]) - cpu0, time.monotonic() - t0
+        rss = proc.memory_info().rss / 2**20
+    finally:
+        daemon.stop(grace=10)
+    return {"shards": n, "cpu_ms_per_s": 1000 * cpu / wall, "rss_mb": rss}
+
+
 def histogram_buckets(text: str, name: str) -> dict[float, float]:
     """{upper bound: cumulative count} of histogram `name`, summed over its series (every flow)."""
     buckets: dict[float, float] = {}
@@ -249,7 +277,13 @@ def main() -> int:
     p.add_argument("--rows", type=int, default=200_000, help="row changes per replay round, over all shards")
     p.add_argument("--rate", type=float, default=400, help="live transactions per second, over all shards")
     p.add_argument("--seconds", type=float, default=20, help="live load duration per shard count")
-    p.add_argument("--only", choices=("replay", "live"), default=None, help="run one of the two parts")
+    p.add_argument(
+        "--only",
+        choices=("replay", "live", "idle"),
+        default=None,
+        help="run one part; `idle` (only when asked for): the process's CPU per second with nothing written",
+    )
+    p.add_argument("--idle-seconds", type=float, default=30, help="the idle part's window per shard count")
     p.add_argument("--flush-ms", default="0.5", help="[squeal] flush_interval_ms of the live rounds, a list")
     args = p.parse_args()
     counts = [int(c) for c in args.shards.split(",")]
@@ -264,6 +298,17 @@ def main() -> int:
             f"load {os.getloadavg()[0]:.2f}",
             flush=True,
         )
+        if args.only == "idle":
+            idles = [idle_round(base, dbs[:n], caches, args.idle_seconds) for n in counts]
+            print("\n| shards | CPU ms/s (whole process) | per shard above 1 shard | RSS MB |")
+            print("|---:|---:|---:|---:|")
+            for r in idles:
+                extra = (r["cpu_ms_per_s"] - idles[0]["cpu_ms_per_s"]) / max(1, r["shards"] - idles[0]["shards"])
+                print(
+                    f"| {r['shards']} | {r['cpu_ms_per_s']:.2f} | "
+                    f"{extra if r['shards'] != idles[0]['shards'] else float('nan'):.2f} | {r['rss_mb']:.0f} |"
+                )
+            return 0
         replays = [replay_round(base, dbs[:n], caches, args.rows) for n in counts] if args.only != "live" else []
         if replays:
             one = replays[0]["rows_per_cpu_s"]
