@@ -39,6 +39,7 @@ use crate::build::{Builder, Handle, get_i64, required};
 use crate::context::Context;
 use crate::protocol::lease::{fill_reply, read_mg, write_value_block};
 use crate::protocol::{Cmd, Reply, Request, Res};
+use crate::server::MetaGetFrame;
 use crate::stats::Stats;
 
 /// Per-key lease tokens with insertion order for eviction.
@@ -59,6 +60,8 @@ pub struct TransparentLease {
     pub max_tokens: usize,
     /// `N<lease_ttl>`, the flag that asks memcached for a lease on a miss (made once, sent per key).
     lease_flag: Bytes,
+    /// The same `mg` encoded once: a multi-key get's batches are written around it.
+    mg_frame: MetaGetFrame,
     tokens: Mutex<Tokens>,
     /// The router's counters (`Stats::lease_*`): every handle of the config counts into them.
     ctx: Arc<Context>,
@@ -84,6 +87,8 @@ impl TransparentLease {
         stale_ttl: i64,
         ctx: Arc<Context>,
     ) -> Self {
+        let lease_flag = Bytes::from(format!("N{lease_ttl}"));
+        let mg_frame = MetaGetFrame::new(&meta_get(Bytes::new(), &lease_flag));
         TransparentLease {
             target,
             lease_ttl,
@@ -91,7 +96,8 @@ impl TransparentLease {
             wait,
             retries,
             max_tokens,
-            lease_flag: Bytes::from(format!("N{lease_ttl}")),
+            lease_flag,
+            mg_frame,
             tokens: Mutex::new(Tokens::default()),
             ctx,
         }
@@ -133,14 +139,7 @@ impl TransparentLease {
     }
 
     fn meta_get(&self, key: &Bytes) -> Request {
-        let mut r = Request::simple(Cmd::MetaGet, key.clone());
-        r.meta = vec![
-            Bytes::from_static(b"v"),
-            Bytes::from_static(b"f"),
-            Bytes::from_static(b"c"),
-            self.lease_flag.clone(),
-        ];
-        r
+        meta_get(key.clone(), &self.lease_flag)
     }
 
     /// What the reply to `req`'s `mg` says; a value's classic block is written to `blocks` (a
@@ -298,12 +297,25 @@ impl TransparentLease {
                 }
             }
         }
-        let mg = &mg;
-        let sent = join_all(batches.iter().map(|(dest, members)| async move {
-            let batch: Vec<&Bytes> = members.iter().map(|&i| keys[i]).collect();
-            dest.send_meta_gets(mg, &batch).await
-        }))
-        .await;
+        let frame = &self.mg_frame;
+        let sent: Vec<Vec<Reply>> = match &batches[..] {
+            // one server first for every key (the common case): its replies are the answer, in
+            // order, with no join, regrouping or second pass over the keys to allocate for
+            [(dest, members)] if members.len() == keys.len() => {
+                let replies = dest.send_meta_gets(frame, keys).await;
+                if !replies.iter().any(|r| r.res.is_failover_error()) {
+                    return replies;
+                }
+                vec![replies]
+            }
+            _ => {
+                join_all(batches.iter().map(|(dest, members)| async move {
+                    let batch: Vec<&Bytes> = members.iter().map(|&i| keys[i]).collect();
+                    dest.send_meta_gets(frame, &batch).await
+                }))
+                .await
+            }
+        };
         let mut replies: Vec<Option<Reply>> = vec![None; keys.len()];
         for ((_, members), got) in batches.iter().zip(sent) {
             for (&i, reply) in members.iter().zip(got) {
@@ -372,6 +384,18 @@ impl Route for TransparentLease {
             super::route_each(self, reqs)
         }
     }
+}
+
+/// `mg KEY v f c N<lease_ttl>`: value, flags, CAS, and a lease on a miss.
+fn meta_get(key: Bytes, lease_flag: &Bytes) -> Request {
+    let mut r = Request::simple(Cmd::MetaGet, key);
+    r.meta = vec![
+        Bytes::from_static(b"v"),
+        Bytes::from_static(b"f"),
+        Bytes::from_static(b"c"),
+        lease_flag.clone(),
+    ];
+    r
 }
 
 /// A request the handle may change: not one recorded by `__mcrouter__.route`, nor a too-large set.
