@@ -67,13 +67,13 @@ pub struct TransparentLease {
     ctx: Arc<Context>,
 }
 
-/// What one `mg … N` answered.
+/// What one `mg … N` answered (a value's classic block is written to the caller's buffer).
 enum Got {
-    Hit(Reply),
+    Hit,
     Won(u64),
     Held,
     /// A stale value whose lease another reader holds (with `stale_ttl`: served).
-    Stale(Reply),
+    Stale,
     Other(Reply),
 }
 
@@ -142,8 +142,8 @@ impl TransparentLease {
         meta_get(key.clone(), &self.lease_flag)
     }
 
-    /// What the reply to `req`'s `mg` says; a value's classic block is written to `blocks` (a
-    /// multi-key get's hits share one buffer) and split off as the hit's reply.
+    /// What the reply to `req`'s `mg` says; a value's classic block is appended to `blocks` (a
+    /// multi-key get's hits share one buffer, often the client's answer itself).
     fn read(&self, req: &Request, reply: Reply, blocks: &mut BytesMut) -> Got {
         let v = match read_mg(&reply) {
             Ok(v) => v,
@@ -159,12 +159,10 @@ impl TransparentLease {
         }
         let cas = (req.cmd == Cmd::Gets).then_some(v.cas);
         write_value_block(blocks, b"VALUE", &req.key, None, &v, cas);
-        let mut r = Reply::new(Res::Found, blocks.split().freeze());
-        r.values = 1;
         if serve_stale {
-            return Got::Stale(r);
+            return Got::Stale;
         }
-        Got::Hit(r)
+        Got::Hit
     }
 
     /// A delete as a stale mark (`stale_ttl`): `md KEY I T<stale_ttl>` with the client's own meta
@@ -204,37 +202,45 @@ impl TransparentLease {
     }
 
     /// The classic answer for `req` once its `mg` said `got` for the last time (a key still held
-    /// has used up its retries): counted, and a won lease's token kept for the key.
-    fn settle(&self, req: &Request, got: Got) -> Reply {
+    /// has used up its retries): counted, and a won lease's token kept for the key. `None` for a
+    /// value: its block is the one `read` appended.
+    fn settle(&self, req: &Request, got: Got) -> Option<Reply> {
         match got {
-            Got::Hit(r) | Got::Other(r) => r,
-            Got::Stale(r) => {
+            Got::Hit => None,
+            Got::Other(r) => Some(r),
+            Got::Stale => {
                 self.stats().lease_stale_served.fetch_add(1, Ordering::Relaxed);
-                r
+                None
             }
             Got::Won(token) => {
                 self.stats().lease_won.fetch_add(1, Ordering::Relaxed);
                 self.remember(&req.key, token);
-                Reply::new(Res::Miss, Bytes::new())
+                Some(Reply::new(Res::Miss, Bytes::new()))
             }
             Got::Held => {
                 self.stats().lease_gave_up.fetch_add(1, Ordering::Relaxed);
-                Reply::new(Res::Miss, Bytes::new())
+                Some(Reply::new(Res::Miss, Bytes::new()))
             }
         }
+    }
+
+    /// `settle`, a value's reply split off `blocks` (where `read` appended it).
+    fn settle_reply(&self, req: &Request, got: Got, blocks: &mut BytesMut) -> Reply {
+        self.settle(req, got).unwrap_or_else(|| hit(blocks.split().freeze()))
     }
 
     async fn get(&self, req: &Request) -> Reply {
         let mut tries = 0;
         loop {
             let reply = self.target.route(&self.meta_get(&req.key)).await;
-            match self.read(req, reply, &mut BytesMut::new()) {
+            let mut block = BytesMut::new();
+            match self.read(req, reply, &mut block) {
                 Got::Held if tries < self.retries => {
                     tries += 1;
                     self.stats().lease_waits.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(self.wait).await;
                 }
-                got => return self.settle(req, got),
+                got => return self.settle_reply(req, got, &mut block),
             }
         }
     }
@@ -244,9 +250,19 @@ impl TransparentLease {
     /// client then wait `lease_wait_ms` together and are asked again. Every key of a round has
     /// been held as often as the others, so `tries` counts each key's retries, as in `get`.
     async fn get_many(&self, reqs: Vec<&Request>) -> Vec<Reply> {
-        let mut answers: Vec<Option<Reply>> = vec![None; reqs.len()];
-        let mut asking: Vec<usize> = (0..reqs.len()).collect();
-        let mut tries = 0;
+        let answers: Vec<Option<Reply>> = vec![None; reqs.len()];
+        let asking: Vec<usize> = (0..reqs.len()).collect();
+        self.rounds(&reqs, answers, asking, 0).await
+    }
+
+    /// `get_many`'s rounds, from the one where `asking` are left unanswered after `tries` retries.
+    async fn rounds(
+        &self,
+        reqs: &[&Request],
+        mut answers: Vec<Option<Reply>>,
+        mut asking: Vec<usize>,
+        mut tries: u32,
+    ) -> Vec<Reply> {
         while !asking.is_empty() {
             let keys: Vec<&Bytes> = asking.iter().map(|&i| &reqs[i].key).collect();
             let replies = self.meta_gets(&keys).await;
@@ -261,7 +277,7 @@ impl TransparentLease {
             for (&i, reply) in asking.iter().zip(replies) {
                 match self.read(reqs[i], reply, &mut blocks) {
                     Got::Held if tries < self.retries => held.push(i),
-                    got => answers[i] = Some(self.settle(reqs[i], got)),
+                    got => answers[i] = Some(self.settle_reply(reqs[i], got, &mut blocks)),
                 }
             }
             if !held.is_empty() {
@@ -272,6 +288,77 @@ impl TransparentLease {
             asking = held;
         }
         answers.into_iter().map(|a| a.expect("every key settled")).collect()
+    }
+
+    /// `get_many` for all the keys of a client's get, the hits' `VALUE` blocks written straight
+    /// into the client's answer `out`, in order (no reply per key to make, copy and drop): each
+    /// key's result. When no key is held by another client — the common case — one round does it;
+    /// otherwise the blocks written so far become per-key replies, and the rounds go on as in
+    /// `get_many` before the blocks are written in order.
+    async fn get_many_into(&self, reqs: &[Request], out: &mut BytesMut) -> Vec<Res> {
+        let keys: Vec<&Bytes> = reqs.iter().map(|r| &r.key).collect();
+        let replies = self.meta_gets(&keys).await;
+        // room for every key's VALUE block (its value, key and numbers)
+        out.reserve(
+            replies
+                .iter()
+                .zip(&keys)
+                .map(|(r, k)| r.wire.len() + k.len() + 64)
+                .sum(),
+        );
+        let start = out.len();
+        let mut results = Vec::with_capacity(reqs.len());
+        // where each key's block ends in `out` (needed only if some key waits)
+        let mut ends = Vec::with_capacity(reqs.len());
+        let mut held = Vec::new();
+        let mut others = Vec::new();
+        for (i, (req, reply)) in reqs.iter().zip(replies).enumerate() {
+            let res = match self.read(req, reply, out) {
+                Got::Held if self.retries > 0 => {
+                    held.push(i);
+                    Res::Miss
+                }
+                got => match self.settle(req, got) {
+                    None => Res::Found,
+                    Some(r) if r.res.is_hit() => {
+                        out.extend_from_slice(&r.wire);
+                        Res::Found
+                    }
+                    Some(r) => {
+                        let res = r.res;
+                        others.push((i, r));
+                        res
+                    }
+                },
+            };
+            results.push(res);
+            ends.push(out.len());
+        }
+        if held.is_empty() {
+            return results;
+        }
+        let written = out.split_off(start).freeze();
+        let mut answers: Vec<Option<Reply>> = vec![None; reqs.len()];
+        let mut from = 0;
+        for (i, &end) in ends.iter().enumerate() {
+            if results[i].is_hit() {
+                answers[i] = Some(hit(written.slice(from..end)));
+            }
+            from = end;
+        }
+        for (i, r) in others {
+            answers[i] = Some(r);
+        }
+        self.stats().lease_waits.fetch_add(held.len() as u64, Ordering::Relaxed);
+        tokio::time::sleep(self.wait).await;
+        let refs: Vec<&Request> = reqs.iter().collect();
+        let replies = self.rounds(&refs, answers, held, 1).await;
+        for reply in &replies {
+            if reply.res.is_hit() {
+                out.extend_from_slice(&reply.wire);
+            }
+        }
+        replies.into_iter().map(|r| r.res).collect()
     }
 
     /// The replies to the `mg`s of `keys`, in order. The keys whose route asks one server first go
@@ -384,6 +471,24 @@ impl Route for TransparentLease {
             super::route_each(self, reqs)
         }
     }
+
+    fn route_multi_get_into<'a>(
+        &'a self,
+        reqs: &'a [Request],
+        out: &'a mut BytesMut,
+    ) -> Option<BoxFuture<'a, Vec<Res>>> {
+        if !reqs.iter().all(|r| matches!(r.cmd, Cmd::Get | Cmd::Gets) && plain(r)) {
+            return None;
+        }
+        Some(Box::pin(self.get_many_into(reqs, out)))
+    }
+}
+
+/// A value's classic block as a key's reply.
+fn hit(block: Bytes) -> Reply {
+    let mut r = Reply::new(Res::Found, block);
+    r.values = 1;
+    r
 }
 
 /// `mg KEY v f c N<lease_ttl>`: value, flags, CAS, and a lease on a miss.
