@@ -93,6 +93,37 @@ fn jitter(d: Duration) -> Duration {
     d.mul_f64(0.9 + (nanos % 1000) as f64 / 5000.0)
 }
 
+/// A meta get `mg` encoded once around an empty key (`encode` puts the key after the command's
+/// first space): each key of a batch then costs two copies, not a request of its own.
+pub struct MetaGetFrame {
+    before: Bytes,
+    after: Bytes,
+    /// Whether the pool counts its keys' hits and misses (`Request::counts_as_get`).
+    pub counts_as_get: bool,
+}
+
+impl MetaGetFrame {
+    pub fn new(mg: &Request) -> MetaGetFrame {
+        debug_assert_eq!(reply_kind(mg.cmd), ReplyKind::Meta);
+        let mut around = BytesMut::new();
+        Request {
+            key: Bytes::new(),
+            ..mg.clone()
+        }
+        .encode(&mut around);
+        let at = around
+            .iter()
+            .position(|&b| b == b' ')
+            .map_or(around.len(), |space| space + 1);
+        let after = around.split_off(at).freeze();
+        MetaGetFrame {
+            before: around.freeze(),
+            after,
+            counts_as_get: mg.counts_as_get(),
+        }
+    }
+}
+
 impl Server {
     pub fn new<E: Env>(addr: String, tls: bool, ctx: &Arc<E>) -> Arc<Server> {
         let ctx: Weak<E> = Arc::downgrade(ctx);
@@ -142,21 +173,19 @@ impl Server {
     /// of each per key. Their replies, in order; a failure of the batch (timeout, lost connection)
     /// is every key's.
     pub async fn send_meta_gets(self: &Arc<Self>, mg: &Request, keys: &[&Bytes], timeout: Duration) -> Vec<Reply> {
-        debug_assert_eq!(reply_kind(mg.cmd), ReplyKind::Meta);
-        // `mg` encoded once around an empty key (`encode` puts the key after the command's first
-        // space), so each key costs two copies, not a request of its own
-        let mut around = BytesMut::new();
-        Request {
-            key: Bytes::new(),
-            ..mg.clone()
-        }
-        .encode(&mut around);
-        let at = around
-            .iter()
-            .position(|&b| b == b' ')
-            .map_or(around.len(), |space| space + 1);
-        let (before, after) = around.split_at(at);
-        let mut data = BytesMut::with_capacity(keys.iter().map(|k| k.len() + around.len()).sum());
+        self.send_framed_meta_gets(&MetaGetFrame::new(mg), keys, timeout).await
+    }
+
+    /// `send_meta_gets` with the `mg` encoded already (a route that batches on every multi-key get
+    /// encodes it once, not per batch).
+    pub async fn send_framed_meta_gets(
+        self: &Arc<Self>,
+        frame: &MetaGetFrame,
+        keys: &[&Bytes],
+        timeout: Duration,
+    ) -> Vec<Reply> {
+        let (before, after) = (&frame.before[..], &frame.after[..]);
+        let mut data = BytesMut::with_capacity(keys.iter().map(|k| k.len() + before.len() + after.len()).sum());
         for key in keys {
             data.extend_from_slice(before);
             data.extend_from_slice(key);

@@ -15,7 +15,7 @@ use crate::context::Context;
 use crate::lease_tokens::{Issued, LeaseTokens};
 use crate::protocol::lease;
 use crate::protocol::{Cmd, Reply, Request, Res};
-use crate::server::Server;
+use crate::server::{MetaGetFrame, Server};
 
 pub struct Destination {
     pub server: Arc<Server>,
@@ -119,12 +119,12 @@ impl Destination {
     /// (`Server::send_meta_gets`): what `send` does for each, but in one write. Only a plain `mg`
     /// (no recording, never too large): none of `send`'s lease, spool or too-large handling applies
     /// to it. The pool counts each key's hit or miss, as `send` does.
-    pub async fn send_meta_gets(&self, mg: &Request, keys: &[&Bytes]) -> Vec<Reply> {
+    pub async fn send_meta_gets(&self, mg: &MetaGetFrame, keys: &[&Bytes]) -> Vec<Reply> {
         if self.server.is_tko() {
             return vec![Reply::error(Res::Tko, "tko: server is marked down"); keys.len()];
         }
-        let replies = self.server.send_meta_gets(mg, keys, self.timeout).await;
-        if mg.counts_as_get() {
+        let replies = self.server.send_framed_meta_gets(mg, keys, self.timeout).await;
+        if mg.counts_as_get {
             for reply in &replies {
                 self.gets.gets.count(reply.res);
             }

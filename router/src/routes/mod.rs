@@ -76,6 +76,18 @@ pub trait Route: Send + Sync + 'static {
         route_each(self, reqs)
     }
 
+    /// `route_multi_get` for every key of a client's get, when they all take this route: the hits'
+    /// `VALUE` blocks appended to the client's answer `out` in order, and each key's result (a hit,
+    /// a miss, or an error that makes the key a miss). `None`: the route does not do this (the
+    /// default); `route_multi_get` then answers the keys.
+    fn route_multi_get_into<'a>(
+        &'a self,
+        _reqs: &'a [Request],
+        _out: &'a mut bytes::BytesMut,
+    ) -> Option<BoxFuture<'a, Vec<crate::protocol::Res>>> {
+        None
+    }
+
     /// The server this route would send `req` to first, when that is known without routing it
     /// (a destination; a hash over destinations; a failover's first child): LoadBalancerRoute
     /// compares its children by that server's measured load (`crate::load`). Others have none.

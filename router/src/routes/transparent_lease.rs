@@ -39,6 +39,7 @@ use crate::build::{Builder, Handle, get_i64, required};
 use crate::context::Context;
 use crate::protocol::lease::{fill_reply, read_mg, write_value_block};
 use crate::protocol::{Cmd, Reply, Request, Res};
+use crate::server::MetaGetFrame;
 use crate::stats::Stats;
 
 /// Per-key lease tokens with insertion order for eviction.
@@ -59,18 +60,20 @@ pub struct TransparentLease {
     pub max_tokens: usize,
     /// `N<lease_ttl>`, the flag that asks memcached for a lease on a miss (made once, sent per key).
     lease_flag: Bytes,
+    /// The same `mg` encoded once: a multi-key get's batches are written around it.
+    mg_frame: MetaGetFrame,
     tokens: Mutex<Tokens>,
     /// The router's counters (`Stats::lease_*`): every handle of the config counts into them.
     ctx: Arc<Context>,
 }
 
-/// What one `mg … N` answered.
+/// What one `mg … N` answered (a value's classic block is written to the caller's buffer).
 enum Got {
-    Hit(Reply),
+    Hit,
     Won(u64),
     Held,
     /// A stale value whose lease another reader holds (with `stale_ttl`: served).
-    Stale(Reply),
+    Stale,
     Other(Reply),
 }
 
@@ -84,6 +87,8 @@ impl TransparentLease {
         stale_ttl: i64,
         ctx: Arc<Context>,
     ) -> Self {
+        let lease_flag = Bytes::from(format!("N{lease_ttl}"));
+        let mg_frame = MetaGetFrame::new(&meta_get(Bytes::new(), &lease_flag));
         TransparentLease {
             target,
             lease_ttl,
@@ -91,7 +96,8 @@ impl TransparentLease {
             wait,
             retries,
             max_tokens,
-            lease_flag: Bytes::from(format!("N{lease_ttl}")),
+            lease_flag,
+            mg_frame,
             tokens: Mutex::new(Tokens::default()),
             ctx,
         }
@@ -133,18 +139,11 @@ impl TransparentLease {
     }
 
     fn meta_get(&self, key: &Bytes) -> Request {
-        let mut r = Request::simple(Cmd::MetaGet, key.clone());
-        r.meta = vec![
-            Bytes::from_static(b"v"),
-            Bytes::from_static(b"f"),
-            Bytes::from_static(b"c"),
-            self.lease_flag.clone(),
-        ];
-        r
+        meta_get(key.clone(), &self.lease_flag)
     }
 
-    /// What the reply to `req`'s `mg` says; a value's classic block is written to `blocks` (a
-    /// multi-key get's hits share one buffer) and split off as the hit's reply.
+    /// What the reply to `req`'s `mg` says; a value's classic block is appended to `blocks` (a
+    /// multi-key get's hits share one buffer, often the client's answer itself).
     fn read(&self, req: &Request, reply: Reply, blocks: &mut BytesMut) -> Got {
         let v = match read_mg(&reply) {
             Ok(v) => v,
@@ -160,12 +159,10 @@ impl TransparentLease {
         }
         let cas = (req.cmd == Cmd::Gets).then_some(v.cas);
         write_value_block(blocks, b"VALUE", &req.key, None, &v, cas);
-        let mut r = Reply::new(Res::Found, blocks.split().freeze());
-        r.values = 1;
         if serve_stale {
-            return Got::Stale(r);
+            return Got::Stale;
         }
-        Got::Hit(r)
+        Got::Hit
     }
 
     /// A delete as a stale mark (`stale_ttl`): `md KEY I T<stale_ttl>` with the client's own meta
@@ -205,37 +202,45 @@ impl TransparentLease {
     }
 
     /// The classic answer for `req` once its `mg` said `got` for the last time (a key still held
-    /// has used up its retries): counted, and a won lease's token kept for the key.
-    fn settle(&self, req: &Request, got: Got) -> Reply {
+    /// has used up its retries): counted, and a won lease's token kept for the key. `None` for a
+    /// value: its block is the one `read` appended.
+    fn settle(&self, req: &Request, got: Got) -> Option<Reply> {
         match got {
-            Got::Hit(r) | Got::Other(r) => r,
-            Got::Stale(r) => {
+            Got::Hit => None,
+            Got::Other(r) => Some(r),
+            Got::Stale => {
                 self.stats().lease_stale_served.fetch_add(1, Ordering::Relaxed);
-                r
+                None
             }
             Got::Won(token) => {
                 self.stats().lease_won.fetch_add(1, Ordering::Relaxed);
                 self.remember(&req.key, token);
-                Reply::new(Res::Miss, Bytes::new())
+                Some(Reply::new(Res::Miss, Bytes::new()))
             }
             Got::Held => {
                 self.stats().lease_gave_up.fetch_add(1, Ordering::Relaxed);
-                Reply::new(Res::Miss, Bytes::new())
+                Some(Reply::new(Res::Miss, Bytes::new()))
             }
         }
+    }
+
+    /// `settle`, a value's reply split off `blocks` (where `read` appended it).
+    fn settle_reply(&self, req: &Request, got: Got, blocks: &mut BytesMut) -> Reply {
+        self.settle(req, got).unwrap_or_else(|| hit(blocks.split().freeze()))
     }
 
     async fn get(&self, req: &Request) -> Reply {
         let mut tries = 0;
         loop {
             let reply = self.target.route(&self.meta_get(&req.key)).await;
-            match self.read(req, reply, &mut BytesMut::new()) {
+            let mut block = BytesMut::new();
+            match self.read(req, reply, &mut block) {
                 Got::Held if tries < self.retries => {
                     tries += 1;
                     self.stats().lease_waits.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(self.wait).await;
                 }
-                got => return self.settle(req, got),
+                got => return self.settle_reply(req, got, &mut block),
             }
         }
     }
@@ -245,9 +250,19 @@ impl TransparentLease {
     /// client then wait `lease_wait_ms` together and are asked again. Every key of a round has
     /// been held as often as the others, so `tries` counts each key's retries, as in `get`.
     async fn get_many(&self, reqs: Vec<&Request>) -> Vec<Reply> {
-        let mut answers: Vec<Option<Reply>> = vec![None; reqs.len()];
-        let mut asking: Vec<usize> = (0..reqs.len()).collect();
-        let mut tries = 0;
+        let answers: Vec<Option<Reply>> = vec![None; reqs.len()];
+        let asking: Vec<usize> = (0..reqs.len()).collect();
+        self.rounds(&reqs, answers, asking, 0).await
+    }
+
+    /// `get_many`'s rounds, from the one where `asking` are left unanswered after `tries` retries.
+    async fn rounds(
+        &self,
+        reqs: &[&Request],
+        mut answers: Vec<Option<Reply>>,
+        mut asking: Vec<usize>,
+        mut tries: u32,
+    ) -> Vec<Reply> {
         while !asking.is_empty() {
             let keys: Vec<&Bytes> = asking.iter().map(|&i| &reqs[i].key).collect();
             let replies = self.meta_gets(&keys).await;
@@ -262,7 +277,7 @@ impl TransparentLease {
             for (&i, reply) in asking.iter().zip(replies) {
                 match self.read(reqs[i], reply, &mut blocks) {
                     Got::Held if tries < self.retries => held.push(i),
-                    got => answers[i] = Some(self.settle(reqs[i], got)),
+                    got => answers[i] = Some(self.settle_reply(reqs[i], got, &mut blocks)),
                 }
             }
             if !held.is_empty() {
@@ -273,6 +288,77 @@ impl TransparentLease {
             asking = held;
         }
         answers.into_iter().map(|a| a.expect("every key settled")).collect()
+    }
+
+    /// `get_many` for all the keys of a client's get, the hits' `VALUE` blocks written straight
+    /// into the client's answer `out`, in order (no reply per key to make, copy and drop): each
+    /// key's result. When no key is held by another client — the common case — one round does it;
+    /// otherwise the blocks written so far become per-key replies, and the rounds go on as in
+    /// `get_many` before the blocks are written in order.
+    async fn get_many_into(&self, reqs: &[Request], out: &mut BytesMut) -> Vec<Res> {
+        let keys: Vec<&Bytes> = reqs.iter().map(|r| &r.key).collect();
+        let replies = self.meta_gets(&keys).await;
+        // room for every key's VALUE block (its value, key and numbers)
+        out.reserve(
+            replies
+                .iter()
+                .zip(&keys)
+                .map(|(r, k)| r.wire.len() + k.len() + 64)
+                .sum(),
+        );
+        let start = out.len();
+        let mut results = Vec::with_capacity(reqs.len());
+        // where each key's block ends in `out` (needed only if some key waits)
+        let mut ends = Vec::with_capacity(reqs.len());
+        let mut held = Vec::new();
+        let mut others = Vec::new();
+        for (i, (req, reply)) in reqs.iter().zip(replies).enumerate() {
+            let res = match self.read(req, reply, out) {
+                Got::Held if self.retries > 0 => {
+                    held.push(i);
+                    Res::Miss
+                }
+                got => match self.settle(req, got) {
+                    None => Res::Found,
+                    Some(r) if r.res.is_hit() => {
+                        out.extend_from_slice(&r.wire);
+                        Res::Found
+                    }
+                    Some(r) => {
+                        let res = r.res;
+                        others.push((i, r));
+                        res
+                    }
+                },
+            };
+            results.push(res);
+            ends.push(out.len());
+        }
+        if held.is_empty() {
+            return results;
+        }
+        let written = out.split_off(start).freeze();
+        let mut answers: Vec<Option<Reply>> = vec![None; reqs.len()];
+        let mut from = 0;
+        for (i, &end) in ends.iter().enumerate() {
+            if results[i].is_hit() {
+                answers[i] = Some(hit(written.slice(from..end)));
+            }
+            from = end;
+        }
+        for (i, r) in others {
+            answers[i] = Some(r);
+        }
+        self.stats().lease_waits.fetch_add(held.len() as u64, Ordering::Relaxed);
+        tokio::time::sleep(self.wait).await;
+        let refs: Vec<&Request> = reqs.iter().collect();
+        let replies = self.rounds(&refs, answers, held, 1).await;
+        for reply in &replies {
+            if reply.res.is_hit() {
+                out.extend_from_slice(&reply.wire);
+            }
+        }
+        replies.into_iter().map(|r| r.res).collect()
     }
 
     /// The replies to the `mg`s of `keys`, in order. The keys whose route asks one server first go
@@ -298,12 +384,25 @@ impl TransparentLease {
                 }
             }
         }
-        let mg = &mg;
-        let sent = join_all(batches.iter().map(|(dest, members)| async move {
-            let batch: Vec<&Bytes> = members.iter().map(|&i| keys[i]).collect();
-            dest.send_meta_gets(mg, &batch).await
-        }))
-        .await;
+        let frame = &self.mg_frame;
+        let sent: Vec<Vec<Reply>> = match &batches[..] {
+            // one server first for every key (the common case): its replies are the answer, in
+            // order, with no join, regrouping or second pass over the keys to allocate for
+            [(dest, members)] if members.len() == keys.len() => {
+                let replies = dest.send_meta_gets(frame, keys).await;
+                if !replies.iter().any(|r| r.res.is_failover_error()) {
+                    return replies;
+                }
+                vec![replies]
+            }
+            _ => {
+                join_all(batches.iter().map(|(dest, members)| async move {
+                    let batch: Vec<&Bytes> = members.iter().map(|&i| keys[i]).collect();
+                    dest.send_meta_gets(frame, &batch).await
+                }))
+                .await
+            }
+        };
         let mut replies: Vec<Option<Reply>> = vec![None; keys.len()];
         for ((_, members), got) in batches.iter().zip(sent) {
             for (&i, reply) in members.iter().zip(got) {
@@ -372,6 +471,36 @@ impl Route for TransparentLease {
             super::route_each(self, reqs)
         }
     }
+
+    fn route_multi_get_into<'a>(
+        &'a self,
+        reqs: &'a [Request],
+        out: &'a mut BytesMut,
+    ) -> Option<BoxFuture<'a, Vec<Res>>> {
+        if !reqs.iter().all(|r| matches!(r.cmd, Cmd::Get | Cmd::Gets) && plain(r)) {
+            return None;
+        }
+        Some(Box::pin(self.get_many_into(reqs, out)))
+    }
+}
+
+/// A value's classic block as a key's reply.
+fn hit(block: Bytes) -> Reply {
+    let mut r = Reply::new(Res::Found, block);
+    r.values = 1;
+    r
+}
+
+/// `mg KEY v f c N<lease_ttl>`: value, flags, CAS, and a lease on a miss.
+fn meta_get(key: Bytes, lease_flag: &Bytes) -> Request {
+    let mut r = Request::simple(Cmd::MetaGet, key);
+    r.meta = vec![
+        Bytes::from_static(b"v"),
+        Bytes::from_static(b"f"),
+        Bytes::from_static(b"c"),
+        lease_flag.clone(),
+    ];
+    r
 }
 
 /// A request the handle may change: not one recorded by `__mcrouter__.route`, nor a too-large set.
