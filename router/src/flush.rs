@@ -134,40 +134,7 @@ mod tests {
     use super::*;
     use crate::context::Context;
     use crate::options::Options;
-    use crate::testing::run;
-    use std::sync::Mutex;
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-    use tokio::net::TcpListener;
-
-    /// A fake memcached answering every line with `answer` (but the router's `version` on a new
-    /// connection, see `auth::prepare`, as memcached does); returns its address and what it saw.
-    async fn fake(answer: &'static str) -> (String, Arc<Mutex<Vec<String>>>) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let log = seen.clone();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let log = log.clone();
-                tokio::spawn(async move {
-                    let (rd, mut wr) = stream.into_split();
-                    let mut lines = BufReader::new(rd).lines();
-                    while let Ok(Some(line)) = lines.next_line().await {
-                        let answer = if line == "version" {
-                            "VERSION fake\r\n"
-                        } else {
-                            log.lock().unwrap().push(line);
-                            answer
-                        };
-                        if wr.write_all(answer.as_bytes()).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        (addr, seen)
-    }
+    use crate::testing::{fake_memcached, run};
 
     fn target(ctx: &Arc<Context>, addr: &str) -> FlushTarget {
         FlushTarget {
@@ -188,8 +155,8 @@ mod tests {
     fn ok_only_when_every_server_says_ok() {
         run(async {
             let c = ctx();
-            let (a, seen_a) = fake("OK\r\n").await;
-            let (b, seen_b) = fake("OK\r\n").await;
+            let (a, seen_a) = fake_memcached(|_| "OK\r\n").await;
+            let (b, seen_b) = fake_memcached(|_| "OK\r\n").await;
             let targets = [target(&c, &a), target(&c, &b)];
             assert_eq!(flush_all(&targets, &[], None).await, Ok(2));
             assert_eq!(flush_all(&targets, &[], Some(30)).await, Ok(2));
@@ -205,9 +172,9 @@ mod tests {
     fn any_failure_fails_the_flush_and_names_the_server() {
         run(async {
             let c = ctx();
-            let (ok, seen_ok) = fake("OK\r\n").await;
-            let (bad, _) = fake("SERVER_ERROR out of memory\r\n").await;
-            let (refusing, _) = fake("CLIENT_ERROR flush_all not allowed\r\n").await;
+            let (ok, seen_ok) = fake_memcached(|_| "OK\r\n").await;
+            let (bad, _) = fake_memcached(|_| "SERVER_ERROR out of memory\r\n").await;
+            let (refusing, _) = fake_memcached(|_| "CLIENT_ERROR flush_all not allowed\r\n").await;
             // a port nothing listens on: connect error, then TKO
             let gone = {
                 let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -249,8 +216,8 @@ mod tests {
     fn stats_reset_wants_reset_from_every_server() {
         run(async {
             let c = ctx();
-            let (a, seen_a) = fake("RESET\r\n").await;
-            let (b, _) = fake("ERROR\r\n").await;
+            let (a, seen_a) = fake_memcached(|_| "RESET\r\n").await;
+            let (b, _) = fake_memcached(|_| "ERROR\r\n").await;
             assert_eq!(stats_reset(&[target(&c, &a)], &[]).await, Ok(1));
             assert_eq!(*seen_a.lock().unwrap(), ["stats reset"]);
             let err = stats_reset(&[target(&c, &a), target(&c, &b)], &[]).await.unwrap_err();

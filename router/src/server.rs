@@ -679,10 +679,7 @@ async fn read_loop<R: ReadHalf>(mut rd: R, mut prx: mpsc::UnboundedReceiver<Pend
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::run;
-    use std::sync::Mutex;
-    use tokio::io::{AsyncBufReadExt, BufReader};
-    use tokio::net::TcpListener;
+    use crate::testing::{fake_memcached, run};
 
     /// What a server needs of its process, for a server alone (the router's is `crate::context`).
     #[derive(Default)]
@@ -703,40 +700,19 @@ mod tests {
         }
     }
 
-    /// A fake memcached: a hit for keys starting `hit`, a miss for others; records each line.
-    async fn fake() -> (String, Arc<Mutex<Vec<String>>>) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let log = seen.clone();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let log = log.clone();
-                tokio::spawn(async move {
-                    let (rd, mut wr) = stream.into_split();
-                    let mut lines = BufReader::new(rd).lines();
-                    while let Ok(Some(line)) = lines.next_line().await {
-                        let answer = match line.split(' ').nth(1) {
-                            _ if line == "version" => "VERSION fake\r\n",
-                            Some(key) if key.starts_with("hit") => "VA 2 f3 c9\r\nEN\r\n",
-                            _ => "EN\r\n",
-                        };
-                        log.lock().unwrap().push(line);
-                        if wr.write_all(answer.as_bytes()).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        (addr, seen)
+    /// A hit for keys starting `hit`, a miss for others.
+    fn hit_or_miss(line: &str) -> &'static str {
+        match line.split(' ').nth(1) {
+            Some(key) if key.starts_with("hit") => "VA 2 f3 c9\r\nEN\r\n",
+            _ => "EN\r\n",
+        }
     }
 
     #[test]
     fn meta_gets_go_as_one_batch_and_come_back_one_reply_per_key() {
         run(async {
             let ctx = Arc::new(Alone::default());
-            let (addr, seen) = fake().await;
+            let (addr, seen) = fake_memcached(hit_or_miss).await;
             let server = Server::new(addr, false, &ctx);
             let mut mg = Request::simple(Cmd::MetaGet, Bytes::new());
             mg.meta = vec![Bytes::from_static(b"v"), Bytes::from_static(b"N10")];
