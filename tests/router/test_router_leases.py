@@ -97,6 +97,26 @@ def test_held_lease_bounded_wait_then_miss(memcached_factory, router_factory) ->
     assert a.get(b"k") is None  # Z: waits three times, then a miss
 
 
+def test_a_winner_that_never_fills_loses_the_lease_at_lease_ttl(memcached_factory, router_factory) -> None:
+    """The lease is memcached's vivified item: it expires at `lease_ttl`, and the next reader wins and fills."""
+    from ops.harness import wait_until
+
+    mc = memcached_factory()
+    router = router_factory(_config(mc.port, True, lease_ttl=1, lease_wait_ms=1, lease_retries=1))
+    a = PyClient(("127.0.0.1", router.port), timeout=5)
+    b = PyClient(("127.0.0.1", router.port), timeout=5)
+
+    def won() -> int:
+        return int(b.stats()[b"lease_won"])
+
+    assert a.get(b"k") is None and won() == 1  # a wins the lease, and never fills
+    assert b.get(b"k") is None and won() == 1  # held: b waits once, then a plain miss (no lease for b)
+    # memcached's clock ticks in seconds: the item vivified with TTL 1 is gone within ~2 s
+    wait_until(lambda: b.get(b"k") is None and won() == 2, 10, "the next reader to win the expired lease")
+    assert b.set(b"k", b"row", noreply=False) is True  # b's fill, under its own token
+    assert a.get(b"k") == b"row" and int(b.stats()[b"lease_fills_stored"]) == 1
+
+
 def test_multi_key_get_keeps_each_keys_lease_across_servers(memcached_factory, router_factory) -> None:
     """One multi-key get over two servers mixing hits, misses that win and keys whose lease another client
     holds: answered as the keys were asked (hits as VALUE blocks, END once), each key's lease handled on its
