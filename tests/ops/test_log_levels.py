@@ -36,11 +36,11 @@ def test_a_clean_up_a_planned_move_and_a_down_log_nothing_above_info(tmp_path):
     loud = [f"{p.name}: {line}" for p in logs for line in p.read_text().splitlines() if NOT_ROUTINE.search(line)]
     assert loud == [], "\n".join(loud)
     text = "\n".join(p.read_text() for p in logs)
-    for event in (
-        rf"INFO squeal\.pool: worker {owner} joined region east's pool",
-        r"INFO squeal\.pool: worker east-\d is the controller of region east's pool",
-        rf"INFO squeal\.pool: worker {other} owns shard main",
-        rf"INFO squeal\.pool: controller: shard main: {owner} -> {other} \(manual",
+    for event in (  # (the pool's loggers are its modules': squeal.pool.worker, .controller, ...)
+        rf"INFO squeal\.pool\.\w+: worker {owner} joined region east's pool",
+        r"INFO squeal\.pool\.\w+: worker east-\d is the controller of region east's pool",
+        rf"INFO squeal\.pool\.\w+: worker {other} owns shard main",
+        rf"INFO squeal\.pool\.\w+: controller: shard main: {owner} -> {other} \(manual",
         r"INFO ops\.supervisor: stopping \d+ components",
     ):
         assert re.search(event, text), event
