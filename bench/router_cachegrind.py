@@ -15,7 +15,10 @@ at depth > 1 the figure still moves by a percent or two with how replies happen 
 test: nothing asserts. Run from the repository root:
 
     .venv/bin/python bench/router_cachegrind.py before=/path/to/old/squeal-router \\
-        after=router/target/release/squeal-router [--seconds 4]
+        after=router/target/release/squeal-router [--seconds 4] [--routes plain,leases] [--cells 10x32x32]
+
+`--routes leases` puts a TransparentLeaseRoute in front of the pool (issue 34's "leases on"): with
+`--routes plain,leases` each build is measured both ways, so the ratio leases/plain is per build.
 """
 
 from __future__ import annotations
@@ -45,13 +48,20 @@ def total_ir(path: Path) -> int:
     raise RuntimeError(f"no summary line in {path}")
 
 
+# the route in front of the pool, by --routes name
+ROUTES = {
+    "plain": "PoolRoute|p",
+    "leases": {"type": "TransparentLeaseRoute", "target": "PoolRoute|p", "lease_ttl": 10},
+}
+
+
 def measure(
-    binary: str, backend: str, work: Path, cell: tuple[int, int, int] | None, seconds: float
+    binary: str, backend: str, work: Path, cell: tuple[int, int, int] | None, seconds: float, route: str = "plain"
 ) -> tuple[int, int]:
     """(Ir of one router run, requests answered in it); `cell` None: the idle run."""
     port = free_port()
     config = work / "router.json"
-    config.write_text(json.dumps({"pools": {"p": {"servers": [backend]}}, "route": "PoolRoute|p"}))
+    config.write_text(json.dumps({"pools": {"p": {"servers": [backend]}}, "route": ROUTES[route]}))
     out = work / f"cachegrind.out.{port}"
     proc = subprocess.Popen(
         [
@@ -111,7 +121,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("builds", nargs="+", metavar="NAME=BINARY", help="router builds to measure, in this order")
     ap.add_argument("--seconds", type=float, default=4.0, help="load per cell (under valgrind: ~50x slower)")
+    ap.add_argument("--routes", default="plain", help=f"comma-separated, of {', '.join(ROUTES)} (default: plain)")
+    ap.add_argument(
+        "--cells",
+        help="comma-separated KEYSxCONNSxDEPTH cells (default: "
+        + ",".join("x".join(map(str, c)) for c in CELLS)
+        + ")",
+    )
     args = ap.parse_args()
+    routes = args.routes.split(",")
+    if unknown := [r for r in routes if r not in ROUTES]:
+        ap.error(f"unknown route {unknown[0]!r}: one of {', '.join(ROUTES)}")
+    try:
+        cells = [tuple(int(n) for n in c.split("x")) for c in args.cells.split(",")] if args.cells else CELLS
+    except ValueError:
+        ap.error(f"--cells {args.cells!r}: each cell is KEYSxCONNSxDEPTH, e.g. 10x32x32")
+    if any(len(c) != 3 for c in cells):
+        ap.error(f"--cells {args.cells!r}: each cell is KEYSxCONNSxDEPTH, e.g. 10x32x32")
     builds = [b.split("=", 1) for b in args.builds]
     if any(len(b) != 2 for b in builds):
         ap.error("builds are NAME=BINARY")
@@ -125,23 +151,25 @@ def main() -> None:
                 s.sendall(b"set %s 0 0 %d\r\n%s\r\n" % (key, len(VALUE), VALUE))
                 assert s.recv(100) == b"STORED\r\n"
         rows = {}
-        for name, binary in builds:
-            idle, _ = measure(binary, mc.address, work, None, args.seconds)
-            print(f"{name}: idle run (start, one version, stop) {idle:,} Ir", flush=True)
-            for cell in CELLS:
-                ir, n = measure(binary, mc.address, work, cell, args.seconds)
-                rows[(cell, name)] = (ir - idle) / n
+        columns = [(name, binary, route) for name, binary in builds for route in routes]
+        for name, binary, route in columns:
+            label = name if len(routes) == 1 else f"{name} {route}"
+            idle, _ = measure(binary, mc.address, work, None, args.seconds, route)
+            print(f"{label}: idle run (start, one version, stop) {idle:,} Ir", flush=True)
+            for cell in cells:
+                ir, n = measure(binary, mc.address, work, cell, args.seconds, route)
+                rows[(cell, label)] = (ir - idle) / n
                 print(
-                    f"{name}: keys {cell[0]}, {cell[1]} conns, depth {cell[2]}: {n} requests, "
-                    f"{rows[(cell, name)]:,.0f} Ir/request",
+                    f"{label}: keys {cell[0]}, {cell[1]} conns, depth {cell[2]}: {n} requests, "
+                    f"{rows[(cell, label)]:,.0f} Ir/request",
                     flush=True,
                 )
-        names = [n for n, _ in builds]
-        print("\n| keys/req | conns | depth | " + " | ".join(f"{n} Ir/req" for n in names) + " |")
-        print("|---|---|---|" + "---|" * len(names))
-        for cell in CELLS:
+        labels = [name if len(routes) == 1 else f"{name} {route}" for name, _, route in columns]
+        print("\n| keys/req | conns | depth | " + " | ".join(f"{n} Ir/req" for n in labels) + " |")
+        print("|---|---|---|" + "---|" * len(labels))
+        for cell in cells:
             print(
-                f"| {cell[0]} | {cell[1]} | {cell[2]} | " + " | ".join(f"{rows[(cell, n)]:,.0f}" for n in names) + " |"
+                f"| {cell[0]} | {cell[1]} | {cell[2]} | " + " | ".join(f"{rows[(cell, n)]:,.0f}" for n in labels) + " |"
             )
     finally:
         mc.stop()
