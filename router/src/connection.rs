@@ -572,7 +572,7 @@ impl Conn {
                         out.put_slice(&reply.wire);
                         continue;
                     }
-                    match (lease::read_mg(&reply), reply.lease_token) {
+                    match (lease::read_mg(&reply.wire), reply.lease_token) {
                         (Ok(v), 0) => out.put_slice(&lease::value_block(b"VALUE", client_key, None, &v, None)),
                         (Ok(v), token) => {
                             out.put_slice(&lease::value_block(b"LVALUE", client_key, Some(token), &v, None))

@@ -124,6 +124,50 @@ impl MetaGetFrame {
     }
 }
 
+/// The replies to a batch of meta gets (`Server::send_meta_batch`), back to back as the server sent
+/// them; the reader framed the batch reply by reply already.
+pub struct MetaReplies {
+    wire: Bytes,
+    n: usize,
+}
+
+/// What `MetaReplies::iter` gives for a reply that cannot be framed (only a bug makes one: the
+/// reader framed the batch with the same parser).
+const MALFORMED_MG: &[u8] = b"SERVER_ERROR malformed batched mg reply\r\n";
+
+impl MetaReplies {
+    /// Each key's reply, in order: its result and its bytes, read in place.
+    pub fn iter(&self) -> impl Iterator<Item = (Res, &[u8])> + '_ {
+        let mut rest = &self.wire[..];
+        (0..self.n).map(move |_| match parse_reply(rest, ReplyKind::Meta) {
+            Ok(Some((res, consumed, keep))) => {
+                let one = &rest[..keep];
+                rest = &rest[consumed..];
+                (res, one)
+            }
+            _ => {
+                rest = &[];
+                (Res::RemoteError, MALFORMED_MG)
+            }
+        })
+    }
+
+    /// A reply per key (each a slice of the batch, no copy).
+    pub fn into_replies(self) -> Vec<Reply> {
+        self.iter()
+            .map(|(res, one)| {
+                // (the same bytes whether a server sent them or `iter` made them)
+                let wire = if one == MALFORMED_MG {
+                    Bytes::from_static(MALFORMED_MG)
+                } else {
+                    self.wire.slice_ref(one)
+                };
+                Reply::new(res, wire)
+            })
+            .collect()
+    }
+}
+
 impl Server {
     pub fn new<E: Env>(addr: String, tls: bool, ctx: &Arc<E>) -> Arc<Server> {
         let ctx: Weak<E> = Arc::downgrade(ctx);
@@ -184,6 +228,21 @@ impl Server {
         keys: &[&Bytes],
         timeout: Duration,
     ) -> Vec<Reply> {
+        match self.send_meta_batch(frame, keys, timeout).await {
+            Ok(batch) => batch.into_replies(),
+            Err(failed) => vec![failed; keys.len()],
+        }
+    }
+
+    /// The `mg`s of `keys` as one job, their replies kept as the server sent them, back to back
+    /// (read in place with `MetaReplies::iter`: no reply object per key); `Err` when the batch
+    /// failed as a whole (timeout, lost connection), which is every key's answer.
+    pub async fn send_meta_batch(
+        self: &Arc<Self>,
+        frame: &MetaGetFrame,
+        keys: &[&Bytes],
+        timeout: Duration,
+    ) -> Result<MetaReplies, Reply> {
         let (before, after) = (&frame.before[..], &frame.after[..]);
         let mut data = BytesMut::with_capacity(keys.iter().map(|k| k.len() + before.len() + after.len()).sum());
         for key in keys {
@@ -194,21 +253,9 @@ impl Server {
         let n = keys.len();
         let batch = self.send_raw(data.freeze(), ReplyKind::Metas(n as u32), timeout).await;
         if batch.res.is_error() {
-            return vec![batch; n];
+            return Err(batch);
         }
-        let mut rest = batch.wire;
-        let mut replies = Vec::with_capacity(n);
-        for _ in 0..n {
-            // framed by the reader already (ReplyKind::Metas): each parses
-            let Ok(Some((res, consumed, keep))) = parse_reply(&rest, ReplyKind::Meta) else {
-                replies.push(Reply::error(Res::RemoteError, "malformed batched mg reply"));
-                continue;
-            };
-            let mut one = rest.split_to(consumed);
-            one.truncate(keep);
-            replies.push(Reply::new(res, one));
-        }
-        replies
+        Ok(MetaReplies { wire: batch.wire, n })
     }
 
     /// A command that is not routed by key (e.g. `flush_all`, one line ending in CRLF), answered

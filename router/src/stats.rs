@@ -67,6 +67,24 @@ impl HitCounters {
         };
     }
 
+    /// `count` for many answers at once (a batch of `mg`s): two atomic adds, not one per key.
+    pub fn count_all(&self, results: impl Iterator<Item = crate::protocol::Res>) {
+        let (mut hits, mut misses) = (0, 0);
+        for res in results {
+            match res {
+                crate::protocol::Res::Found => hits += 1,
+                crate::protocol::Res::Miss => misses += 1,
+                _ => {}
+            }
+        }
+        if hits > 0 {
+            self.hits.fetch_add(hits, Relaxed);
+        }
+        if misses > 0 {
+            self.misses.fetch_add(misses, Relaxed);
+        }
+    }
+
     fn load(&self) -> [u64; 2] {
         [self.hits.load(Relaxed), self.misses.load(Relaxed)]
     }

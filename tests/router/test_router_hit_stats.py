@@ -100,3 +100,25 @@ def test_get_hits_and_misses_are_counted_per_route_and_pool(memcached_factory, r
     st = stats_of(router.address)
     assert (st["get_hits"], st["get_misses"]) == (str(1 + len(same)), "1"), st
     assert (st["pool:A:get_hits"], st["pool:A:get_misses"]) == (str(1 + len(same)), "1"), st
+
+
+def test_a_lease_routes_batched_gets_count_in_the_pool(memcached_factory, router_factory):
+    """A TransparentLeaseRoute sends a multi-key get's keys as one batch of `mg … N` per server and reads
+    the replies where they lie: the pool still counts each key, as memcached answered it (a hit's `VA`
+    and a miss that wins the lease, also a `VA`, are hits; the route's own counters say which won)."""
+    m = memcached_factory()
+    config = {
+        "pools": {"A": {"servers": [m.address]}},
+        "route": {"type": "TransparentLeaseRoute", "target": "PoolRoute|A", "lease_ttl": 10},
+    }
+    router = router_factory(config)
+    c = Conn(router.address)
+    for k in ("k0", "k1", "k2"):
+        assert c.call(f"set {k} 0 0 1\r\nv\r\n".encode()) == b"STORED"
+    multi = c.call(b"get k0 nope1 k1 k2 nope2\r\n")
+    assert multi.count(b"VALUE ") == 3
+    c.close()
+    st = stats_of(router.address)
+    # 5 `VA` replies: 3 values, 2 vivified misses whose leases this get won
+    assert (st["pool:A:get_hits"], st["pool:A:get_misses"]) == ("5", "0"), st
+    assert st["lease_won"] == "2", st

@@ -176,7 +176,7 @@ impl Reply {
 /// has no newline. A CR elsewhere belongs to the line: keys may hold one (memcached 1.6.18 stores
 /// `a\rb`), and a meta `k` flag or a `VALUE` line echoes them.
 pub fn first_line_end(wire: &[u8]) -> usize {
-    match wire.iter().position(|&b| b == b'\n') {
+    match memchr::memchr(b'\n', wire) {
         Some(nl) if nl > 0 && wire[nl - 1] == b'\r' => nl - 1,
         Some(nl) => nl,
         None => wire.len(),
@@ -188,7 +188,7 @@ pub fn first_line_end(wire: &[u8]) -> usize {
 pub struct Desync;
 
 fn line_at(buf: &[u8], pos: usize) -> Option<(&[u8], usize)> {
-    let nl = buf[pos..].iter().position(|&b| b == b'\n')? + pos;
+    let nl = memchr::memchr(b'\n', &buf[pos..])? + pos;
     let end = if nl > pos && buf[nl - 1] == b'\r' { nl - 1 } else { nl };
     Some((&buf[pos..end], nl + 1))
 }

@@ -15,7 +15,7 @@ use crate::context::Context;
 use crate::lease_tokens::{Issued, LeaseTokens};
 use crate::protocol::lease;
 use crate::protocol::{Cmd, Reply, Request, Res};
-use crate::server::{MetaGetFrame, Server};
+use crate::server::{MetaGetFrame, MetaReplies, Server};
 
 pub struct Destination {
     pub server: Arc<Server>,
@@ -46,7 +46,7 @@ impl Destination {
     /// token in its place when clients would misread it, see `crate::lease_tokens`), 1 for a
     /// lease someone else holds (mcrouter's hot miss), none for a hit.
     fn lease_get(&self, mut reply: Reply) -> Reply {
-        let v = match lease::read_mg(&reply) {
+        let v = match lease::read_mg(&reply.wire) {
             Ok(v) => v,
             Err(Some(error)) => return error,
             Err(None) => return reply,
@@ -120,16 +120,30 @@ impl Destination {
     /// (no recording, never too large): none of `send`'s lease, spool or too-large handling applies
     /// to it. The pool counts each key's hit or miss, as `send` does.
     pub async fn send_meta_gets(&self, mg: &MetaGetFrame, keys: &[&Bytes]) -> Vec<Reply> {
-        if self.server.is_tko() {
-            return vec![Reply::error(Res::Tko, "tko: server is marked down"); keys.len()];
-        }
-        let replies = self.server.send_framed_meta_gets(mg, keys, self.timeout).await;
-        if mg.counts_as_get {
-            for reply in &replies {
-                self.gets.gets.count(reply.res);
+        match self.send_meta_batch(mg, keys).await {
+            Ok(batch) => {
+                let replies = batch.into_replies();
+                self.count_gets(mg, replies.iter().map(|r| r.res));
+                replies
             }
+            Err(failed) => vec![failed; keys.len()],
         }
-        replies
+    }
+
+    /// `send_meta_gets`' replies as the server sent them, to be read in place (no reply object
+    /// per key); the caller counts them with `count_gets` as it reads them.
+    pub async fn send_meta_batch(&self, mg: &MetaGetFrame, keys: &[&Bytes]) -> Result<MetaReplies, Reply> {
+        if self.server.is_tko() {
+            return Err(Reply::error(Res::Tko, "tko: server is marked down"));
+        }
+        self.server.send_meta_batch(mg, keys, self.timeout).await
+    }
+
+    /// The pool's hits and misses for the replies to a batch of `mg`s.
+    pub fn count_gets(&self, mg: &MetaGetFrame, results: impl Iterator<Item = Res>) {
+        if mg.counts_as_get {
+            self.gets.gets.count_all(results);
+        }
     }
 
     /// Its line in `__mcrouter__.route_handles` (mcrouter's name for a destination).

@@ -74,7 +74,10 @@ enum Got {
     Held,
     /// A stale value whose lease another reader holds (with `stale_ttl`: served).
     Stale,
-    Other(Reply),
+    /// Not a value (an error, say): the reply is the answer, as the server sent it.
+    AsSent,
+    /// A `VA` reply that cannot be read: this error is the answer.
+    Unreadable(Reply),
 }
 
 impl TransparentLease {
@@ -142,12 +145,13 @@ impl TransparentLease {
         meta_get(key.clone(), &self.lease_flag)
     }
 
-    /// What the reply to `req`'s `mg` says; a value's classic block is appended to `blocks` (a
-    /// multi-key get's hits share one buffer, often the client's answer itself).
-    fn read(&self, req: &Request, reply: Reply, blocks: &mut BytesMut) -> Got {
-        let v = match read_mg(&reply) {
+    /// What the reply to `req`'s `mg` (its bytes) says; a value's classic block is appended to
+    /// `blocks` (a multi-key get's hits share one buffer, often the client's answer itself).
+    fn read(&self, req: &Request, wire: &[u8], blocks: &mut BytesMut) -> Got {
+        let v = match read_mg(wire) {
             Ok(v) => v,
-            Err(other) => return Got::Other(other.unwrap_or(reply)),
+            Err(None) => return Got::AsSent,
+            Err(Some(error)) => return Got::Unreadable(error),
         };
         if v.won {
             return Got::Won(v.cas);
@@ -203,11 +207,12 @@ impl TransparentLease {
 
     /// The classic answer for `req` once its `mg` said `got` for the last time (a key still held
     /// has used up its retries): counted, and a won lease's token kept for the key. `None` for a
-    /// value: its block is the one `read` appended.
-    fn settle(&self, req: &Request, got: Got) -> Option<Reply> {
+    /// value: its block is the one `read` appended. `as_sent`: the reply, for `Got::AsSent`.
+    fn settle(&self, req: &Request, got: Got, as_sent: impl FnOnce() -> Reply) -> Option<Reply> {
         match got {
             Got::Hit => None,
-            Got::Other(r) => Some(r),
+            Got::AsSent => Some(as_sent()),
+            Got::Unreadable(error) => Some(error),
             Got::Stale => {
                 self.stats().lease_stale_served.fetch_add(1, Ordering::Relaxed);
                 None
@@ -225,8 +230,9 @@ impl TransparentLease {
     }
 
     /// `settle`, a value's reply split off `blocks` (where `read` appended it).
-    fn settle_reply(&self, req: &Request, got: Got, blocks: &mut BytesMut) -> Reply {
-        self.settle(req, got).unwrap_or_else(|| hit(blocks.split().freeze()))
+    fn settle_reply(&self, req: &Request, got: Got, blocks: &mut BytesMut, as_sent: impl FnOnce() -> Reply) -> Reply {
+        self.settle(req, got, as_sent)
+            .unwrap_or_else(|| hit(blocks.split().freeze()))
     }
 
     async fn get(&self, req: &Request) -> Reply {
@@ -234,13 +240,13 @@ impl TransparentLease {
         loop {
             let reply = self.target.route(&self.meta_get(&req.key)).await;
             let mut block = BytesMut::new();
-            match self.read(req, reply, &mut block) {
+            match self.read(req, &reply.wire, &mut block) {
                 Got::Held if tries < self.retries => {
                     tries += 1;
                     self.stats().lease_waits.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(self.wait).await;
                 }
-                got => return self.settle_reply(req, got, &mut block),
+                got => return self.settle_reply(req, got, &mut block, || reply),
             }
         }
     }
@@ -275,9 +281,9 @@ impl TransparentLease {
             let mut blocks = BytesMut::with_capacity(room);
             let mut held = Vec::new();
             for (&i, reply) in asking.iter().zip(replies) {
-                match self.read(reqs[i], reply, &mut blocks) {
+                match self.read(reqs[i], &reply.wire, &mut blocks) {
                     Got::Held if tries < self.retries => held.push(i),
-                    got => answers[i] = Some(self.settle_reply(reqs[i], got, &mut blocks)),
+                    got => answers[i] = Some(self.settle_reply(reqs[i], got, &mut blocks, || reply)),
                 }
             }
             if !held.is_empty() {
@@ -292,18 +298,47 @@ impl TransparentLease {
 
     /// `get_many` for all the keys of a client's get, the hits' `VALUE` blocks written straight
     /// into the client's answer `out`, in order (no reply per key to make, copy and drop): each
-    /// key's result. When no key is held by another client — the common case — one round does it;
-    /// otherwise the blocks written so far become per-key replies, and the rounds go on as in
-    /// `get_many` before the blocks are written in order.
+    /// key's result. When every key asks one server first — the common case — its batch of
+    /// replies is read where it lies, as the server sent it.
     async fn get_many_into(&self, reqs: &[Request], out: &mut BytesMut) -> Vec<Res> {
         let keys: Vec<&Bytes> = reqs.iter().map(|r| &r.key).collect();
-        let replies = self.meta_gets(&keys).await;
+        let batches = self.batches(&keys);
+        let replies = match &batches[..] {
+            [(dest, members)] if members.len() == keys.len() => {
+                match dest.send_meta_batch(&self.mg_frame, &keys).await {
+                    Ok(batch) => {
+                        let views: Vec<(Res, &[u8])> = batch.iter().collect();
+                        dest.count_gets(&self.mg_frame, views.iter().map(|v| v.0));
+                        if !views.iter().any(|(res, _)| res.is_failover_error()) {
+                            return self.answer_into(reqs, &views, out).await;
+                        }
+                        let kept = batch.into_replies().into_iter();
+                        self.route_rest(&keys, kept.map(|r| (!r.res.is_failover_error()).then_some(r)).collect())
+                            .await
+                    }
+                    Err(failed) if failed.res.is_failover_error() => {
+                        self.route_rest(&keys, vec![None; keys.len()]).await
+                    }
+                    Err(failed) => vec![failed; keys.len()],
+                }
+            }
+            _ => self.send_batches(&keys, batches).await,
+        };
+        let views: Vec<(Res, &[u8])> = replies.iter().map(|r| (r.res, &r.wire[..])).collect();
+        self.answer_into(reqs, &views, out).await
+    }
+
+    /// `get_many_into` once each key's reply is in (`views`: its result and bytes, in order). When
+    /// no key is held by another client, one pass does it; otherwise the blocks written so far
+    /// become per-key replies, and the rounds go on as in `get_many` before the blocks are
+    /// written in order.
+    async fn answer_into(&self, reqs: &[Request], views: &[(Res, &[u8])], out: &mut BytesMut) -> Vec<Res> {
         // room for every key's VALUE block (its value, key and numbers)
         out.reserve(
-            replies
+            views
                 .iter()
-                .zip(&keys)
-                .map(|(r, k)| r.wire.len() + k.len() + 64)
+                .zip(reqs)
+                .map(|((_, w), r)| w.len() + r.key.len() + 64)
                 .sum(),
         );
         let start = out.len();
@@ -312,13 +347,14 @@ impl TransparentLease {
         let mut ends = Vec::with_capacity(reqs.len());
         let mut held = Vec::new();
         let mut others = Vec::new();
-        for (i, (req, reply)) in reqs.iter().zip(replies).enumerate() {
-            let res = match self.read(req, reply, out) {
+        for (i, (req, &(res, wire))) in reqs.iter().zip(views).enumerate() {
+            let as_sent = || Reply::new(res, Bytes::copy_from_slice(wire));
+            let res = match self.read(req, wire, out) {
                 Got::Held if self.retries > 0 => {
                     held.push(i);
                     Res::Miss
                 }
-                got => match self.settle(req, got) {
+                got => match self.settle(req, got, as_sent) {
                     None => Res::Found,
                     Some(r) if r.res.is_hit() => {
                         out.extend_from_slice(&r.wire);
@@ -361,11 +397,15 @@ impl TransparentLease {
         replies.into_iter().map(|r| r.res).collect()
     }
 
-    /// The replies to the `mg`s of `keys`, in order. The keys whose route asks one server first go
-    /// to it as one batch (one write, one wait: the router's cost per key is what made a multi-key
-    /// get dear), all servers at once; the others, and those whose batch failed with an error that
-    /// fails over, take the full route, as `get` sends them.
+    /// The replies to the `mg`s of `keys`, in order (`send_batches` of their `batches`).
     async fn meta_gets(&self, keys: &[&Bytes]) -> Vec<Reply> {
+        self.send_batches(keys, self.batches(keys)).await
+    }
+
+    /// The keys whose route asks one server first, grouped by that server (each group goes to it
+    /// as one batch: one write, one wait; the router's cost per key is what made a multi-key get
+    /// dear). A key with no such server is in no group.
+    fn batches(&self, keys: &[&Bytes]) -> Vec<(&Destination, Vec<usize>)> {
         // one request, its key changed per key: no per-key request to build for the batched ones
         let mut mg = self.meta_get(&Bytes::new());
         let mut batches: Vec<(&Destination, Vec<usize>)> = Vec::new();
@@ -384,10 +424,17 @@ impl TransparentLease {
                 }
             }
         }
+        batches
+    }
+
+    /// The replies to the `mg`s of `keys`, in order: each of `batches` sent to its server, all
+    /// servers at once; the keys in no batch, and those whose batch failed with an error that
+    /// fails over, take the full route, as `get` sends them (`route_rest`).
+    async fn send_batches(&self, keys: &[&Bytes], batches: Vec<(&Destination, Vec<usize>)>) -> Vec<Reply> {
         let frame = &self.mg_frame;
         let sent: Vec<Vec<Reply>> = match &batches[..] {
-            // one server first for every key (the common case): its replies are the answer, in
-            // order, with no join, regrouping or second pass over the keys to allocate for
+            // one server first for every key: its replies are the answer, in order, with no join,
+            // regrouping or second pass over the keys to allocate for
             [(dest, members)] if members.len() == keys.len() => {
                 let replies = dest.send_meta_gets(frame, keys).await;
                 if !replies.iter().any(|r| r.res.is_failover_error()) {
@@ -411,6 +458,11 @@ impl TransparentLease {
                 }
             }
         }
+        self.route_rest(keys, replies).await
+    }
+
+    /// `replies`, the keys without one (`None`) sent each on the full route, all at once.
+    async fn route_rest(&self, keys: &[&Bytes], mut replies: Vec<Option<Reply>>) -> Vec<Reply> {
         let rest: Vec<usize> = (0..keys.len()).filter(|&i| replies[i].is_none()).collect();
         let mgs: Vec<Request> = rest.iter().map(|&i| self.meta_get(keys[i])).collect();
         let routed = join_all(mgs.iter().map(|mg| self.target.route(mg))).await;
