@@ -124,9 +124,7 @@ def main() -> None:
     ap.add_argument("--routes", default="plain", help=f"comma-separated, of {', '.join(ROUTES)} (default: plain)")
     ap.add_argument(
         "--cells",
-        help="comma-separated KEYSxCONNSxDEPTH cells (default: "
-        + ",".join("x".join(map(str, c)) for c in CELLS)
-        + ")",
+        help="comma-separated KEYSxCONNSxDEPTH cells (default: " + ",".join("x".join(map(str, c)) for c in CELLS) + ")",
     )
     args = ap.parse_args()
     routes = args.routes.split(",")
