@@ -12,7 +12,9 @@ The pipeline, one module per stage, in the order a row meets it:
     pool          a region's shards divided among its workers through ZooKeeper, placed by load (`placement`),
                   fenced per shard; a region of one shard and two workers is what HA mode was
     owner         a pool worker's session lease, start-up and rejoin
-    daemon        wires them on the Twisted reactor; cli: `squeal run` / `squeal replay`
+    daemon        wires them on the Twisted reactor: one shard's pipeline, a Twisted service
+    region        a region's shards' pipelines in one process (a MultiService)
+    shell         the process of `squeal run`: the status site, signals, exit code; cli: `squeal run` / `replay`
     healthz       the one client of a daemon's /healthz
 """
 

@@ -45,24 +45,26 @@ def _topology(path: str) -> router_config.Topology:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from squeal.region import run
+    from squeal.region import RegionDaemon
+    from squeal.shell import Shell
 
     topo = _topology(args.topology)
     if args.instance is not None:  # a worker of the region's pool (docs/squeal.md, "Worker pool")
-        from squeal.pool.worker import run_worker
+        from squeal.pool.worker import PoolWorker
 
         instance = topo.instance(args.instance)
         if args.region is not None and args.region != instance.region:
             raise ValueError(f"instance {instance.name} belongs to region {instance.region}, not {args.region}")
-        return run_worker(
+        worker = PoolWorker(
             topo,
             instance.name,
             state_dir=args.state_dir,
-            metrics_port=args.metrics_port,
             from_gtid=args.from_gtid,
             reply_timeout=args.reply_timeout,
             sample_every=args.sample_every,
         )
+        port = args.metrics_port if args.metrics_port is not None else instance.metrics_port
+        return Shell(worker, port, instance.host).run()
     if args.region is None:
         raise ValueError("squeal run needs --region REGION (or --instance NAME for a worker of a region's pool)")
     region = topo.region(args.region)  # a clear error for a wrong region before anything starts
@@ -74,15 +76,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     port = args.metrics_port
     if port is None:
         port = topo.squeal.metrics_port_base + [r.name for r in topo.regions].index(args.region)
-    return run(
+    daemon = RegionDaemon(
         topo,
         args.region,
         state_dir=args.state_dir,
-        metrics_port=port,
         from_gtid=args.from_gtid,
         reply_timeout=args.reply_timeout,
         sample_every=args.sample_every,
     )
+    # The pid file `squeal replay` signals (SIGHUP: replay requests now) and checks is `squeal run --region`'s.
+    pid_file = daemon.state_dir / f"squeal-{region.name}.pid"
+    return Shell(daemon, port, region.squeal_host, pid_file=pid_file).run()
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

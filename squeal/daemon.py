@@ -1,40 +1,38 @@
 """One shard's pipeline: wires reader -> transactions -> rules -> flows -> batcher -> datamarkers together.
 
 A `Daemon` reads one shard's copy in its region (a topology without [shards] has one shard: the region's
-database). `squeal run` composes one per shard in a `RegionDaemon` (squeal/region.py), which shares the
-batchers (one `Sender` per destination for every shard) and serves one /metrics and /healthz; a `Daemon`
-started on its own (tests, tools) does both itself.
+database). It is a Twisted service; `squeal run` composes one per shard in a `RegionDaemon` (squeal/region.py,
+a `MultiService`), which shares the batchers (one `Sender` per destination for every shard), and the process shell
+(squeal/shell.py) serves its /metrics and /healthz and handles the signals.
 
 Threads: the live binlog read (and each catch-up read) blocks on a thread of its own; everything else
 (flows, sockets to routers, timers, HTTP) runs on the Twisted reactor thread, so flows need no locks.
 
 Lifecycle:
-* `prepare()` (before the reactor runs, so start-up errors are plain exceptions and a non-zero exit):
-  check the server's binlog settings, check the rules against information_schema, read each flow's
+* `check()` / `prepare()` (blocking: before the reactor runs, or on a thread, so start-up errors are plain
+  exceptions): check the server's binlog settings, check the rules against information_schema, read each flow's
   datamarker (a new destination starts from the server's current GTID position, or `--from-gtid`).
-* `start()`: HTTP `/metrics` + `/healthz`, the live reader from the earliest datamarker, a checkpoint
-  every second (datamarkers of flows that moved; operator replay requests are applied first).
-* SIGTERM/SIGINT: stop reading, flush what is queued (a few seconds at most), checkpoint, exit 0.
-* SIGHUP: apply replay requests now (`squeal replay` sends it).
+* `startService()`: the live reader from the earliest datamarker, the source poller, a checkpoint every second
+  (datamarkers of flows that moved; operator replay requests are applied first).
+* `stopService()` (SIGTERM/SIGINT, through its parent): stop reading, flush what is queued (a few seconds at
+  most), write the final markers; its Deferred fires when they are written (or given up on).
+* `retire()`: the stop that hands the shard on (a pool's planned move): in-flight deletes acknowledged first, off
+  the shared senders, final markers.
+* `checkpoint()` at once on SIGHUP: apply replay requests now (`squeal replay` sends it).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import os
-import signal
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pymysql
-from prometheus_client.twisted import MetricsResource
+from twisted.application import service
 from twisted.internet import defer, task
-from twisted.web import resource, server
 
 from router_config import CANARY_TABLE, Database, Region, SquealSettings, TlsSettings, Topology
 from squeal import gtid as g
@@ -64,7 +62,7 @@ from squeal.reader import (
     native_problems,
 )
 from squeal.rules import KeyExtractor, check_rules, load_columns
-from squeal.sampler import DeleteSampler, SampledDelete
+from squeal.sampler import DeleteSampler
 from squeal.source import SourcePoller
 from squeal.tlswrap import client_context
 from squeal.transactions import PreparedXa
@@ -153,48 +151,14 @@ def accept_path(state_dir: Path, region: str, shard: str | None = None) -> Path:
     return state_dir / (f"accept-data-loss-{region}" + (f"-{shard}" if shard else ""))
 
 
-class SampledDeletesResource(resource.Resource):
-    """`GET /sampled-deletes?since=UNIXTIME`: 1-in-N acknowledged deletes, for the prober to re-check."""
+class Daemon(service.Service):
+    """One shard's pipeline, a Twisted service (see the module docstring)."""
 
-    isLeaf = True
-
-    def __init__(self, recent: Callable[[float], list[SampledDelete]]) -> None:
-        super().__init__()
-        self.recent = recent  # since -> samples (a worker owning nothing has none)
-
-    def render_GET(self, request: Any) -> bytes:  # noqa: N802 - Twisted's name
-        try:
-            since = float(request.args.get(b"since", [b"0"])[0])
-        except ValueError:
-            request.setResponseCode(400)
-            return b"since must be a unix time\n"
-        request.setHeader(b"content-type", b"application/json")
-        return json.dumps([{"flow": s.flow, "key": s.key, "acked_at": s.acked_at} for s in self.recent(since)]).encode()
-
-
-class HealthResource(resource.Resource):
-    """`GET /healthz`: the status JSON; 200 while `ok`, else 503."""
-
-    isLeaf = True
-
-    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
-        super().__init__()
-        self.status = status
-
-    def render_GET(self, request: Any) -> bytes:  # noqa: N802 - Twisted's name
-        status = self.status()
-        request.setResponseCode(200 if status["ok"] else 503)
-        request.setHeader(b"content-type", b"application/json")
-        return json.dumps(status).encode() + b"\n"
-
-
-class Daemon:
     def __init__(
         self,
         topology: Topology,
         region: str,
         state_dir: str | Path | None = None,
-        metrics_port: int | None = None,
         from_gtid: str | None = None,
         store: DatamarkerStore | None = None,
         reactor: Any = None,
@@ -232,7 +196,6 @@ class Daemon:
         self.state_dir = state_dir_for(topology, state_dir)
         self.shard_dir = self.state_dir / "shards" / self.shard.name if topology.sharded else self.state_dir
         self.store: DatamarkerStore = store or FileDatamarkerStore(self.shard_dir)
-        self.metrics_port = metrics_port
         self.from_gtid = g.parse_position(from_gtid) if from_gtid else None
         self.reply_timeout = reply_timeout
         self.checkpoint_interval = checkpoint_interval
@@ -262,7 +225,7 @@ class Daemon:
         self.dispatcher: Dispatcher | None = None
         self.stopping = False
         self.exit_code = 0
-        self._site_port: Any = None
+        self._stopped: defer.Deferred | None = None  # stopService's or retire's: fires once stopped
         # Why the daemon is unhealthy, by cause (e.g. "data_loss", "datamarker:east-a"): /healthz answers 503
         # while any is set. Each part of the daemon sets and clears its own entries.
         self.problems: dict[str, str] = {}
@@ -512,22 +475,30 @@ class Daemon:
         self._checkpoints.clock = self.reactor
         self._checkpoints.start(self.checkpoint_interval, now=False)
 
-    def start(self) -> None:
-        """Call with the reactor about to run (or running): the pipeline plus HTTP, SIGHUP, the pid file."""
-        if self.metrics_port is not None:
-            root = resource.Resource()
-            root.putChild(b"metrics", MetricsResource(registry=self.metrics.registry))
-            root.putChild(b"healthz", HealthResource(self.status))
-            root.putChild(b"sampled-deletes", SampledDeletesResource(self.sampler.recent))
-            # On the region's squeal host from the topology (127.0.0.1 unless a multi-host topology names one),
-            # where the monitoring server and Prometheus look for it.
-            host = self.region.squeal_host
-            self._site_port = self.reactor.listenTCP(self.metrics_port, server.Site(root), interface=host)
+    def startService(self) -> None:  # noqa: N802 - Twisted's name
+        """The pipeline starts delivering (after `prepare`)."""
+        super().startService()
         self.start_pipeline()
-        self.reactor.addSystemEventTrigger("before", "shutdown", self.shutdown)
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.checkpoint))
-        self._write_pid()
+
+    def stopService(self) -> defer.Deferred:  # noqa: N802 - Twisted's name
+        """`shutdown` with its default time-outs; once stopped (or retired), the same stop again (a parent's
+        `removeService` after `retire`): fires when the final markers are written or given up on."""
+        super().stopService()
+        if self._stopped is None:
+            self._stopped = self.shutdown()
+        return self._when_stopped()
+
+    def _when_stopped(self) -> defer.Deferred:
+        """A Deferred of its own that fires (None) with `_stopped`, which it leaves as it is."""
+        assert self._stopped is not None
+        d: defer.Deferred = defer.Deferred()
+
+        def fire(result: Any) -> Any:
+            d.callback(None)
+            return result
+
+        self._stopped.addBoth(fire)
+        return d
 
     # -- the live stream and catch-up readers -------------------------------------------------------------
 
@@ -914,13 +885,6 @@ class Daemon:
             log.error("%s", text)
             self.problems["source"] = text
 
-    def _pid_path(self) -> Path:
-        return self.state_dir / f"squeal-{self.region.name}.pid"
-
-    def _write_pid(self) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        self._pid_path().write_text(f"{os.getpid()}\n")
-
     # -- shutdown ----------------------------------------------------------------------------------------------
 
     def _stop_reading(self) -> None:
@@ -981,10 +945,6 @@ class Daemon:
                         self._marker_where(),
                         save_timeout,
                     )
-                try:
-                    self._pid_path().unlink(missing_ok=True)
-                except OSError:
-                    pass
                 log.info("stopped; datamarkers: %s", markers)
             except Exception:
                 log.exception("shutdown failed")
@@ -1010,9 +970,12 @@ class Daemon:
         flows off the shared senders (which keep serving the other shards), write the final markers (at most
         `save_timeout`). Fires True if every marker is written: the next owner starts exactly where this one's
         destinations acknowledged. Anything unacknowledged at the time-out stays after the markers: the next owner
-        sends it again (at least once, never a gap)."""
+        sends it again (at least once, never a gap). The service is stopped from here on: a later `stopService`
+        (its parent's `removeService`) waits for this hand-on instead of shutting down again."""
+        super().stopService()
         self._stop_reading()
         result: defer.Deferred = defer.Deferred()
+        self._stopped = result
         started = self.reactor.seconds()
 
         def idle() -> bool:

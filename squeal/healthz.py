@@ -1,4 +1,4 @@
-"""The one client of a squeal daemon's `/healthz` (`daemon.HealthResource` serves it): for `squealctl status`
+"""The one client of a squeal daemon's `/healthz` (`shell.HealthResource` serves it): for `squealctl status`
 and `up`, the dashboard's owners table, the benchmarks and the tests.
 
 A daemon answers 200 while healthy and 503 with its `problems` otherwise; both carry the status JSON (a

@@ -10,8 +10,8 @@ session lease, its start-up and its rejoin after a loss.
   have taken over); no confirmation within `resume_within` more, a LOST session, or the znode gone or another
   session's: lost for good (`on_lost(reason)`: "lease", "session", "znode").
 * Start-up: `connect_zookeeper` (the client every owner dials the ensemble with, one error line when it does not
-  answer), `serve_status` (/metrics, /healthz, /sampled-deletes from the process's first moment),
-  `serve_while_preparing` (the blocking checks on a thread while /healthz already answers).
+  answer); `startup_timeout` (how long it waits: for ever after a rejoin). The process around it - the status
+  site from the first moment, `prepare` on a thread - is the shell's (squeal/shell.py).
 * After a takeover: `wait_for_copy` (a new owner never skips what its copy has not applied yet).
 * After a loss: `rejoin_owning_nothing` (the process replaces itself: nothing of what it owned survives).
 """
@@ -25,24 +25,19 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, KazooException, RolledBackError
-from prometheus_client import CollectorRegistry
-from prometheus_client.twisted import MetricsResource
-from twisted.web import resource, server
 
 from router_config import Topology
 from squeal import gtid as g
-from squeal.daemon import HealthResource, SampledDeletesResource
-from squeal.reader import ReaderConfigError, current_position
+from squeal.reader import current_position
 from squeal.zkstore import UNAVAILABLE, client_options
 
 log = logging.getLogger(__name__)
 
 LEASE_FRACTION = 0.6
-STARTUP_ERRORS = (ConnectionError, ReaderConfigError, ValueError)  # `prepare`'s one-line errors (squeal.cli)
 
 
 class SessionLease:
@@ -276,68 +271,6 @@ def connect_zookeeper(topology: Topology, connect_timeout: float | None) -> Kazo
         within = f" within {connect_timeout:g}s" if connect_timeout is not None else ""
         raise ConnectionError(f"cannot reach ZooKeeper {zk.hosts}{within}: {e or type(e).__name__}") from e
     return client
-
-
-def serve_status(
-    reactor: Any,
-    port: int,
-    host: str,
-    registry: CollectorRegistry,
-    status: Callable[[], dict[str, Any]],
-    sampled: Callable[[float], list[Any]],
-) -> None:
-    """/metrics, /healthz (`status()`: 200 when it says "ok", else 503) and /sampled-deletes (`sampled(since)`:
-    an owner's samples; one that owns nothing has none) on `host:port`."""
-    root = resource.Resource()
-    root.putChild(b"metrics", MetricsResource(registry=registry))
-    root.putChild(b"healthz", HealthResource(status))
-    root.putChild(b"sampled-deletes", SampledDeletesResource(sampled))
-    reactor.listenTCP(port, server.Site(root), interface=host)
-
-
-class Preparing(Protocol):
-    """What `serve_while_preparing` runs: a pool worker."""
-
-    exit_code: int
-
-    def serve(self) -> None: ...
-    def prepare(self) -> None: ...
-    def start(self) -> None: ...
-
-
-def serve_while_preparing(reactor: Any, process: Preparing) -> int:
-    """Serve /healthz at once, `prepare` on a thread (it blocks: waiting for the copy and ZooKeeper, without a
-    time-out after a rejoin), then `start`; run the reactor until SIGTERM/SIGINT and return the exit code.
-
-    A start-up error (`prepare` gave up) is the one line `squeal: error: ...` on stderr and exit code 2, as the
-    command's other start-up errors (squeal.cli)."""
-
-    def prepared() -> None:
-        if reactor.running:
-            process.start()
-
-    def failed(e: BaseException) -> None:
-        if not isinstance(e, STARTUP_ERRORS):
-            log.error("start-up failed", exc_info=e)
-        print(f"squeal: error: {e}", file=sys.stderr)
-        process.exit_code = 2
-        if reactor.running:
-            reactor.stop()
-
-    def prepare() -> None:
-        try:
-            process.prepare()
-        except Exception as e:  # noqa: BLE001 - reported by `failed`, on the reactor
-            reactor.callFromThread(failed, e)
-        else:
-            reactor.callFromThread(prepared)
-
-    # A thread of its own, not the reactor's pool: a shutdown waits for the pool's threads, and this one may wait
-    # for ZooKeeper indefinitely.
-    process.serve()
-    reactor.callWhenRunning(lambda: threading.Thread(target=prepare, name="squeal-prepare", daemon=True).start())
-    reactor.run()
-    return process.exit_code
 
 
 def rejoined() -> str | None:

@@ -5,8 +5,12 @@ datamarkers, catch-up readers, data-loss policy and lag — so a shard whose bin
 down or whose markers cannot be written halts or lags alone. What the shards share is what makes many shards
 cheap: one `Sender` per destination (`SenderHub`), so deletes for one cluster from every shard leave on one
 connection and, when they are ready together, in one write; one wake-up of the reactor for every shard's newly
-read transactions (`HandoffGroup`); one HTTP server (/metrics with a `shard` label,
-/healthz naming the shard of every problem, /sampled-deletes); one pid file and one shutdown.
+read transactions (`HandoffGroup`); one registry (/metrics with a `shard` label), one status (/healthz naming
+the shard of every problem), one sample of acknowledged deletes, and one shutdown.
+
+A `RegionDaemon` is a Twisted `MultiService` whose children are the shards' pipelines (`Daemon` services, named
+by shard): `squeal run --region` runs it in the process shell (squeal/shell.py: the status site, signals, pid file,
+exit code), and a pool worker runs one for the shards it owns.
 
 A topology without [shards] has one shard: this is then the daemon `squeal run --region` has always been (its
 /healthz and /metrics look as before: no `shard` label, no shard prefix on problems).
@@ -18,9 +22,6 @@ untouched (docs/runbooks/add-a-shard.md).
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,18 +30,17 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Sample
-from prometheus_client.twisted import MetricsResource
+from twisted.application import service
 from twisted.internet import defer, task, threads
-from twisted.web import resource, server
 
 import router_config
 from router_config import Topology
-from squeal.daemon import Daemon, HealthResource, SampledDeletesResource, SenderHub, state_dir_for
+from squeal.daemon import Daemon, SenderHub, state_dir_for
 from squeal.datamarkers import DatamarkerStore
 from squeal.flows import Flow
 from squeal.metrics import WriteMetrics
 from squeal.pipeline import HandoffGroup
-from squeal.sampler import DeleteSampler
+from squeal.sampler import DeleteSampler, SampledDelete
 
 log = logging.getLogger(__name__)
 
@@ -67,15 +67,17 @@ class ShardLabels:
         yield from families.values()
 
 
-class RegionDaemon:
-    """Every shard's pipeline of one region in one process (`squeal run --region`, and a pool worker's shards)."""
+class RegionDaemon(service.MultiService):
+    """Every shard's pipeline of one region in one process (`squeal run --region`, and a pool worker's shards): a
+    service whose children are the running shards' `Daemon`s."""
+
+    serves_while_preparing = False  # (the shell) /healthz answers once every shard is prepared: "ready"
 
     def __init__(
         self,
         topology: Topology,
         region: str,
         state_dir: str | Path | None = None,
-        metrics_port: int | None = None,
         from_gtid: str | None = None,
         reactor: Any = None,
         reply_timeout: float = 2.0,
@@ -90,11 +92,11 @@ class RegionDaemon:
             from twisted.internet import reactor as default_reactor
 
             reactor = default_reactor
+        super().__init__()
         self.reactor = reactor
         self.topology = topology
         self.region = topology.region(region)
         self.state_dir = state_dir_for(topology, state_dir)
-        self.metrics_port = metrics_port
         self.stores = stores  # shard -> its datamarker store (a pool: ZooKeeper); None: files under state_dir
         self.gate = gate  # shard -> whether its flows may hand out a batch now (a pool worker's per-shard fence)
         # what every shard's pipeline is made with (the keyword arguments of `Daemon`)
@@ -113,11 +115,9 @@ class RegionDaemon:
         # Every shard's live hand-off wakes and lingers as one (`HandoffGroup`): N shards cost the reactor what
         # one shard at their total rate does, and their transactions of a turn share the next write.
         self.handoffs = HandoffGroup(reactor)
-        self.shards: dict[str, Daemon] = {}
         self.registry = CollectorRegistry()
         self.registry.register(ShardLabels(self._registries))
         self.stopping = False
-        self.started = False
         self.exit_code = 0
         self._adding: set[str] = set()
         self._warm: dict[str, Daemon] = {}  # shard -> a pipeline checked ahead (`warm`), not started
@@ -131,7 +131,6 @@ class RegionDaemon:
             self.topology,
             self.region.name,
             self.state_dir,
-            metrics_port=None,
             store=self.stores(shard) if self.stores else None,
             reactor=self.reactor,
             shard=shard,
@@ -161,7 +160,7 @@ class RegionDaemon:
                 if not self.topology.sharded:
                     raise
                 raise type(e)(f"shard {shard.name} ({daemon.database.address}): {e}") from e
-            self.shards[shard.name] = daemon
+            self._run_shard(daemon)
         if not self.shards:
             raise ConnectionError("no shard's database answers: " + "; ".join(self.waiting.values()))
         if self.topology.sharded:
@@ -172,6 +171,16 @@ class RegionDaemon:
                 ", ".join(self.shards),
                 len(self.hub.senders),
             )
+
+    @property
+    def shards(self) -> dict[str, Daemon]:
+        """The running shards' pipelines (this service's children), by shard."""
+        return {name: d for name, d in list(self.namedServices.items()) if isinstance(d, Daemon)}
+
+    def _run_shard(self, daemon: Daemon) -> None:
+        """A prepared pipeline becomes a child: started at once if this service runs, else when it starts."""
+        daemon.setName(daemon.shard.name)
+        daemon.setServiceParent(self)
 
     @property
     def flows(self) -> dict[str, Flow]:
@@ -194,24 +203,16 @@ class RegionDaemon:
 
     # -- running ----------------------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Call with the reactor about to run (or running)."""
-        if self.metrics_port is not None:
-            root = resource.Resource()
-            root.putChild(b"metrics", MetricsResource(registry=self.registry))
-            root.putChild(b"healthz", HealthResource(self.status))
-            root.putChild(b"sampled-deletes", SampledDeletesResource(self.sampler.recent))
-            self.reactor.listenTCP(self.metrics_port, server.Site(root), interface=self.region.squeal_host)
-        for daemon in self.shards.values():
-            daemon.start_pipeline()
-        self.started = True
+    def startService(self) -> None:  # noqa: N802 - Twisted's name
+        """Every prepared shard's pipeline starts (the reactor about to run, or running); the shards whose database
+        did not answer are retried."""
+        super().startService()
         if self.waiting:
             self._schedule_retries()
-        self.reactor.addSystemEventTrigger("before", "shutdown", self.shutdown)
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self.reload))
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        self._pid_path().write_text(f"{os.getpid()}\n")
+
+    def sampled(self, since: float) -> list[SampledDelete]:
+        """/sampled-deletes: the acknowledged deletes sampled since `since`, every shard's."""
+        return self.sampler.recent(since)
 
     def checkpoint(self) -> None:
         for daemon in self.shards.values():
@@ -355,8 +356,7 @@ class RegionDaemon:
                 may_send = self.gate(shard)
                 for flow in daemon.flows.values():
                     flow.may_send = may_send
-            self.shards[shard] = daemon
-            daemon.start_pipeline()
+            self._run_shard(daemon)
             log.info("shard %s: pipeline started (%d shards)", shard, len(self.shards))
             return daemon
 
@@ -372,11 +372,13 @@ class RegionDaemon:
         in-flight deletes are acknowledged, its flows leave the shared senders, its final markers are written.
         Fires True if every marker was written (the next owner starts exactly there), False otherwise (the next
         owner starts from older markers: duplicates, never a gap)."""
-        daemon = self.shards.pop(shard, None)
+        daemon = self.shards.get(shard)
         if daemon is None:
             return defer.succeed(True)
+        retired = daemon.retire(flush_timeout, save_timeout)
+        daemon.disownServiceParent()  # (its stopService waits for the hand-on: nothing more)
         log.info("shard %s: stopping its pipeline (%d shards left)", shard, len(self.shards))
-        return daemon.retire(flush_timeout, save_timeout)
+        return retired
 
     def status(self) -> dict[str, Any]:
         statuses = {name: d.status() for name, d in self.shards.items()}
@@ -416,49 +418,15 @@ class RegionDaemon:
             except Exception as e:  # noqa: BLE001 - retried at the next call; ZooKeeper may be away for a while
                 log.debug("cannot take %s: %s", store.accept_path, e)
 
-    def _pid_path(self) -> Path:
-        return self.state_dir / f"squeal-{self.region.name}.pid"
-
-    def shutdown(self) -> defer.Deferred:
-        """Every shard's shutdown at once (each flushes, then writes its markers); fires when all are done."""
+    def stopService(self) -> defer.Deferred:  # noqa: N802 - Twisted's name
+        """SIGTERM: every shard's pipeline stops at once (each flushes, then writes its final markers); fires when
+        all are done, with the worst of their exit codes."""
         self.stopping = True
-        ds = [d.shutdown() for d in self.shards.values()]
+        shards = list(self.shards.values())
 
         def done(_: Any) -> None:
-            self.exit_code = max([self.exit_code, *(d.exit_code for d in self.shards.values())])
+            self.exit_code = max([self.exit_code, *(d.exit_code for d in shards)])
             for sender in self.hub.senders.values():  # (one whose shards all moved away is still connected)
                 sender.stop()
-            try:
-                self._pid_path().unlink(missing_ok=True)
-            except OSError:
-                pass
 
-        return defer.DeferredList(ds).addBoth(done)
-
-
-def run(
-    topology: Topology,
-    region: str,
-    state_dir: str | Path | None = None,
-    metrics_port: int | None = None,
-    from_gtid: str | None = None,
-    reply_timeout: float = 2.0,
-    sample_every: int = 1000,
-) -> int:
-    """`squeal run --region`: every shard of the region until SIGTERM/SIGINT; returns the exit code."""
-    from twisted.internet import reactor
-
-    daemon = RegionDaemon(
-        topology,
-        region,
-        state_dir,
-        metrics_port,
-        from_gtid,
-        reactor=reactor,
-        reply_timeout=reply_timeout,
-        sample_every=sample_every,
-    )
-    daemon.prepare()
-    reactor.callWhenRunning(daemon.start)
-    reactor.run()
-    return daemon.exit_code
+        return defer.maybeDeferred(super().stopService).addBoth(done)

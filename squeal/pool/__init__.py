@@ -58,8 +58,9 @@ no shard is placed on a worker for the copy it would read.
 
 The package, one idea per module (and the thread each runs on):
 
-    worker.py        `PoolWorker`, `run_worker`: a member's life - join, the step that takes and gives up shards,
-                     publish its loads, leave (its own "pool-worker" thread; start-up and shutdown on the reactor)
+    worker.py        `PoolWorker`, a service the process shell runs: a member's life - join, the step that takes and
+                     gives up shards, publish its loads, leave (its own "pool-worker" thread; start and stop on the
+                     reactor)
     handover.py      starting a taken shard's pipeline and handing a moved one on (the reactor; blocking ZooKeeper
                      calls in its thread pool)
     ownership.py     `Ownership`: the per-shard owner/epoch multi-operations and the fencing token (the caller's)

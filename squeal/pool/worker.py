@@ -1,8 +1,10 @@
-"""`PoolWorker`: one member of a region's pool (`squeal run --instance NAME`, `run_worker`) - it joins, follows
-the assignment (takes the shards it is given, hands on the ones it is not), publishes what it runs and measures,
-and leaves on SIGTERM; one pipeline per owned shard, in one `RegionDaemon`.
+"""`PoolWorker`: one member of a region's pool (`squeal run --instance NAME`) - it joins, follows the assignment
+(takes the shards it is given, hands on the ones it is not), publishes what it runs and measures, and leaves on
+SIGTERM; one pipeline per owned shard, in one `RegionDaemon`. It is a Twisted service run by the process shell
+(squeal/shell.py: the status site from the first moment, signals, exit code).
 
-Threads: `prepare` runs before the reactor; `start`, `shutdown` and `status` on the reactor. The member's loop
+Threads: `prepare` runs on the shell's "squeal-prepare" thread; `startService`, `stopService` and `status` on the
+reactor. The member's loop
 (`_run`: join, then `_step` every lease tick or at once when a watch wakes it) on its own daemon thread
 ("pool-worker"): every blocking ZooKeeper call of ownership and publication is there; what touches pipelines it
 hands to the reactor (`callFromThread`: handover.py). The controller, the binlog meter and the copy health check
@@ -14,7 +16,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -25,19 +26,13 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NodeExistsError
 from prometheus_client import CollectorRegistry
+from twisted.application import service
 from twisted.internet import defer, threads
 
 from router_config import SquealInstance, Topology
 from squeal import placement
 from squeal.daemon import source_for, state_dir_for
-from squeal.owner import (
-    SessionLease,
-    connect_zookeeper,
-    rejoin_owning_nothing,
-    serve_status,
-    serve_while_preparing,
-    startup_timeout,
-)
+from squeal.owner import SessionLease, connect_zookeeper, rejoin_owning_nothing, startup_timeout
 from squeal.pool.binlog_meter import BinlogMeter
 from squeal.pool.controller import Controller, placement_settings
 from squeal.pool.copy_health import watch_copy_health
@@ -47,6 +42,7 @@ from squeal.pool.ownership import Ownership
 from squeal.pool.shard_loads import ShardLoads, loads_changed
 from squeal.pool.znodes import read_doc
 from squeal.region import RegionDaemon
+from squeal.sampler import SampledDelete
 from squeal.zkstore import UNAVAILABLE, ShardMarkerStore, Watched, ha_marker_dir, pool_path
 
 log = logging.getLogger(__name__)
@@ -66,16 +62,18 @@ def own_copy_topology(topology: Topology, instance: SquealInstance) -> Topology:
     return replace(topology, regions=tuple(mine if r.name == mine.name else r for r in topology.regions))
 
 
-class PoolWorker:
+class PoolWorker(service.Service):
     """`squeal run --instance NAME` in a pooled region: a member of the pool, the owner of the shards the
     assignment gives it (one pipeline each, in one `RegionDaemon`), and a candidate for controller."""
+
+    serves_while_preparing = True  # (the shell) /healthz while it waits for ZooKeeper: the wait is visible
+    name: str  # type: ignore[assignment]  # the instance's name, also its service name (Twisted's `None` default)
 
     def __init__(
         self,
         topology: Topology,
         instance: str,
         state_dir: str | Path | None = None,
-        metrics_port: int | None = None,
         reactor: Any = None,
         reply_timeout: float = 2.0,
         sample_every: int = 1000,
@@ -93,11 +91,11 @@ class PoolWorker:
         if topology.zookeeper is None:
             raise ValueError(f"{topology.source}: a squeal pool needs a [zookeeper] section")
         self.zk = topology.zookeeper
+        super().__init__()
         self.topology = topology = own_copy_topology(topology, self.instance)
         self.region = topology.region(self.instance.region)
         self.name = self.instance.name
         self.state_dir = Path(state_dir) if state_dir is not None else state_dir_for(topology, None) / self.name
-        self.metrics_port = metrics_port if metrics_port is not None else self.instance.metrics_port
         self.reply_timeout = reply_timeout
         self.sample_every = sample_every
         self.connect_timeout = connect_timeout
@@ -132,11 +130,10 @@ class PoolWorker:
         self._stop = threading.Event()
         self.state_lock = threading.Lock()
         self.waiting_for: str | None = None  # during `prepare`: "zookeeper" (a /healthz problem)
-        self._serving = False
         self.healthy = True  # this worker's own copy answers (published: the controller places nothing otherwise)
         self.metrics.healthy.set(1)
 
-    # -- start-up (`prepare` before the reactor runs, `serve` and `start` on it) -----------------------------------
+    # -- start-up (`prepare` on the shell's thread, `startService` on the reactor) ---------------------------------
 
     def prepare(self) -> None:
         """ZooKeeper answers (a one-line start-up error otherwise)."""
@@ -146,29 +143,25 @@ class PoolWorker:
             self.client.ensure_path(f"{self.base}/{sub}")
         self.waiting_for = None
 
-    def serve(self) -> None:
-        """/metrics, /healthz, /sampled-deletes, from before `prepare` on (waiting for ZooKeeper shows there)."""
-        if self._serving:
-            return
-        serve_status(
-            self.reactor,
-            self.metrics_port,
-            self.instance.host,
-            self.registry,
-            self.status,
-            lambda since: self.daemon.sampler.recent(since) if self.daemon is not None else [],
-        )
-        self._serving = True
+    def sampled(self, since: float) -> list[SampledDelete]:
+        """/sampled-deletes: its shards' sampled acknowledged deletes (none while it runs no pipeline)."""
+        return self.daemon.sampler.recent(since) if self.daemon is not None else []
 
-    def start(self) -> None:
-        """Call after `prepare`, with the reactor about to run (or running)."""
+    def reload(self) -> None:
+        """SIGHUP, as for a region daemon: its shards' replay requests now."""
+        if self.daemon is not None:
+            self.daemon.checkpoint()
+
+    def startService(self) -> None:  # noqa: N802 - Twisted's name
+        """After `prepare`, on the reactor: its (empty) `RegionDaemon`, the member's loop and the copy health
+        check; shards come and go from the loop."""
         assert self.client is not None
+        super().startService()
         self.state_dir.mkdir(parents=True, exist_ok=True)  # the shards' request files (accept-data-loss)
         daemon = RegionDaemon(
             self.topology,
             self.region.name,
             self.state_dir,
-            metrics_port=None,
             from_gtid=self.from_gtid,
             reactor=self.reactor,
             reply_timeout=self.reply_timeout,
@@ -180,10 +173,7 @@ class PoolWorker:
         )
         self.daemon = daemon
         self.registry.register(DaemonMetrics(daemon))
-        self.serve()
-        self.reactor.addSystemEventTrigger("before", "shutdown", self.shutdown)
-        if threading.current_thread() is threading.main_thread():  # as a region daemon: replay requests now
-            signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(daemon.checkpoint))
+        daemon.startService()  # (a running parent: each shard's pipeline starts as it is added)
         threading.Thread(target=self._run, name="pool-worker", daemon=True).start()
         if not self.topology.sharded:
             own_copy = source_for(self.topology.region(self.region.name).database)
@@ -410,18 +400,19 @@ class PoolWorker:
         )
         self.rejoin(reason)
 
-    # -- shutdown (the reactor, then its thread pool), status (the reactor) ----------------------------------------
+    # -- stopService (the reactor, then its thread pool), status (the reactor) -------------------------------------
 
-    def shutdown(self) -> defer.Deferred:
+    def stopService(self) -> defer.Deferred:  # noqa: N802 - Twisted's name
         """SIGTERM: every shard's pipeline flushes and writes its markers, then every shard is released at once
         (its next owner starts without waiting for this session to expire), then the member znode goes."""
+        super().stopService()
         self.stopping = True
         self._stop.set()
         self.wake.set()
         if self.controller is not None:
             self.controller.stop()
         daemon = self.daemon
-        d = daemon.shutdown() if daemon is not None else defer.succeed(None)
+        d = defer.maybeDeferred(daemon.stopService) if daemon is not None else defer.succeed(None)
 
         def release(_: Any) -> defer.Deferred:
             if daemon is not None:
@@ -476,28 +467,3 @@ class PoolWorker:
             "flows": {f"{name}/{f}": v for name, st in shards.items() for f, v in st["flows"].items()},
             "shards": shards,
         }
-
-
-def run_worker(
-    topology: Topology,
-    instance: str,
-    state_dir: str | Path | None = None,
-    metrics_port: int | None = None,
-    from_gtid: str | None = None,
-    reply_timeout: float = 2.0,
-    sample_every: int = 1000,
-) -> int:
-    """`squeal run --instance NAME`: a worker of its region's pool, until SIGTERM/SIGINT; returns the exit code."""
-    from twisted.internet import reactor
-
-    worker = PoolWorker(
-        topology,
-        instance,
-        state_dir,
-        metrics_port,
-        from_gtid=from_gtid,
-        reactor=reactor,
-        reply_timeout=reply_timeout,
-        sample_every=sample_every,
-    )
-    return serve_while_preparing(reactor, worker)

@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 from squeal_helpers import create_schema, healthz, scrape, topology_text, unique_db, wait_until, write_topology
-from twisted.internet import task
+from twisted.application.service import IService
+from twisted.internet import defer, task
+from zope.interface.verify import verifyObject
 
 import router_config
 from ops.harness import REPO_ROOT, MariaDB, free_port
@@ -30,6 +32,7 @@ from squeal import gtid as g
 from squeal.daemon import Daemon
 from squeal.datamarkers import DatamarkerDirError, FileDatamarkerStore, MarkerWatch
 from squeal.flows import Flow
+from squeal.region import RegionDaemon
 
 FLOWS = ("c0", "c1", "regional")
 
@@ -507,3 +510,84 @@ def test_the_checkpoint_timer_looks_for_replay_requests_only_if_changed_an_asked
     checkpoint(d, reactor)  # asked (SIGHUP)
     assert store.looks == [True, False]
     d._checkpoints.stop()
+
+
+# -- unit: the shard pipeline as a Twisted service (issue 33 item 3) -------------------------------------------------
+
+
+def started(d: Daemon) -> list[str]:
+    """Start `d` as a service without its readers (this fake has no database): what its pipeline was asked."""
+    asked: list[str] = []
+    d.start_pipeline = lambda: asked.append("start_pipeline")  # type: ignore[method-assign]
+    d.startService()
+    return asked
+
+
+def test_the_pipeline_is_a_service_whose_stop_fires_after_its_final_markers(tmp_path: Path) -> None:
+    store = FlakyStore()
+    d, reactor = make_daemon(tmp_path, store)
+    assert verifyObject(IService, d)
+    assert started(d) == ["start_pipeline"] and d.running
+    ack(d.flows["a"], 6)
+    store.hang.set()
+    stopped = d.stopService()
+    assert isinstance(stopped, defer.Deferred) and not d.running and d.stopping
+    reactor.pump(lambda: store.calls == 1)  # the final marker's write has started, and hangs
+    assert not stopped.called
+    store.release.set()
+    reactor.pump(lambda: stopped.called)
+    assert store.saved == {"a": "0-1-6"} and d.exit_code == 0
+    again = d.stopService()  # (a parent's removeService after a shutdown): no second shutdown
+    assert again.called and store.calls == 1
+
+
+def test_retire_is_a_stop_that_hands_the_shard_on(tmp_path: Path) -> None:
+    store = FlakyStore()
+    d, reactor = make_daemon(tmp_path, store)
+    started(d)
+    ack(d.flows["a"], 7)
+    handed = d.retire()
+    assert not d.running and d.stopping
+    reactor.pump(lambda: handed.called)
+    assert handed.result is True and store.saved == {"a": "0-1-7"}
+    stopped = d.stopService()  # what a parent's removeService calls: the hand-on, not a shutdown after it
+    assert stopped.called and store.calls == 1
+
+
+def test_a_region_daemon_is_a_service_of_its_shards_pipelines(tmp_path: Path) -> None:
+    """The region's service starts its shards' pipelines and stops them all at once; a shard handed on
+    (`remove_shard`: retired) leaves it and is not stopped a second time."""
+    stores = {"s1": FlakyStore(), "s2": FlakyStore()}
+    region = RegionDaemon(
+        router_config.loads(
+            '[[rules]]\ntable = "app.users"\nkeys = ["user:{id}"]\n'
+            '[regions.east]\nmaster = true\n[regions.east.clusters.a]\nrouters = ["127.0.0.1:7001"]\n'
+            'pools.wildcard = { servers = ["127.0.0.1:7002"] }\n'
+            "[shards.s1]\ngtid_domain_id = 1\neast = { port = 3307, server_id = 11 }\n"
+            "[shards.s2]\ngtid_domain_id = 2\neast = { port = 3308, server_id = 12 }\n"
+        ),
+        "east",
+        state_dir=tmp_path,
+        reactor=(reactor := FakeReactor()),
+        stores=stores.__getitem__,
+    )
+    asked: list[str] = []
+    for shard in ("s1", "s2"):
+        d = region._pipeline(shard)
+        d.flows["a"] = Flow("a", "cluster", [Address("127.0.0.1", 7001)], {0: (1, 5)}, 1000, metrics=d.metrics)
+        d.start_pipeline = lambda shard=shard: asked.append(shard)  # type: ignore[method-assign]
+        region._run_shard(d)
+    assert asked == [] and set(region.shards) == {"s1", "s2"}  # prepared: started with the service
+    region.startService()
+    assert sorted(asked) == ["s1", "s2"] and all(d.running for d in region.shards.values())
+
+    ack(region.shards["s1"].flows["a"], 6)
+    handed = region.remove_shard("s1")
+    reactor.pump(lambda: handed.called)
+    assert handed.result is True and stores["s1"].saved == {"a": "0-1-6"} and set(region.shards) == {"s2"}
+
+    ack(region.shards["s2"].flows["a"], 8)
+    stopped = region.stopService()
+    reactor.pump(lambda: stopped.called)
+    assert stores["s2"].saved == {"a": "0-1-8"} and region.exit_code == 0
+    assert stores["s1"].calls == 1  # handed on once, not stopped again
