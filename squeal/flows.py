@@ -287,6 +287,7 @@ class Flow:
 
     def rejoin(self) -> None:
         self._set_state(LIVE)
+        self.on_acked = None  # the catch-up reader's brake went with it
         if self.metrics is not None:
             self.metrics.rejoins.labels(flow=self.name).inc()
 

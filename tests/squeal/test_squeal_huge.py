@@ -92,6 +92,8 @@ def test_catch_up_takes_an_oversize_transaction_and_the_flow_rejoins() -> None:
     f.offer_live(committed(2, keys("t", 6)))  # a plain backlog over the bound: shed
     assert f.state == SHED
     assert f.start_catchup() == {0: (1, 0)} and f.state == CATCHING_UP
+    braked: list[bool] = []
+    f.on_acked = lambda: braked.append(True)  # the catch-up reader's brake (Daemon._start_catchup)
     f.offer_catchup(committed(1, keys("s", 6)))
     f.offer_catchup(committed(2, keys("t", 6)))
     f.offer_catchup(committed(3, keys("huge", 40)))  # catch-up never sheds (its reader is braked instead)
@@ -99,6 +101,7 @@ def test_catch_up_takes_an_oversize_transaction_and_the_flow_rejoins() -> None:
     f.rejoin()
     send_all(f)
     assert f.acked == {0: (1, 3)}
+    assert f.on_acked is None and not braked, "a rejoined flow's acknowledgements no longer wake the old brake"
     f.offer_live(committed(4, keys("next", 40)))  # the exemption is free again
     assert f.state == LIVE and f.backlog == 40
 
