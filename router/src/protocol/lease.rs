@@ -30,22 +30,35 @@ pub fn read_mg(wire: &[u8]) -> Result<MgValue<'_>, Option<Reply>> {
     };
     let malformed = || Some(Reply::error(Res::RemoteError, "malformed mg reply"));
     // one pass over the line's bytes, no allocation: this runs for every key of every lease get
-    let mut tokens = Tokens(line);
-    let Some(len) = tokens.next().and_then(decimal) else {
+    let token_end = |from: usize| {
+        line[from..]
+            .iter()
+            .position(|&b| b == b' ')
+            .map_or(line.len(), |space| from + space)
+    };
+    let mut at = token_end(0);
+    let Some(len) = decimal(&line[..at]) else {
         return Err(malformed());
     };
     // the first `f…` / `c…` token counts, as memcached sends one of each
     let (mut flags, mut cas) = (None, None);
     let (mut won, mut z, mut x) = (false, false, false);
-    for token in tokens {
-        match token {
-            [b'f', n @ ..] if !n.is_empty() => flags = flags.or(Some(decimal(n))),
-            [b'c', n @ ..] if !n.is_empty() => cas = cas.or(Some(decimal(n))),
-            b"W" => won = true,
-            b"Z" => z = true,
-            b"X" => x = true,
+    while at < line.len() {
+        if line[at] == b' ' {
+            at += 1;
+            continue;
+        }
+        let next = token_end(at);
+        let arg = &line[at + 1..next];
+        match line[at] {
+            b'f' if !arg.is_empty() && flags.is_none() => flags = Some(decimal(arg)),
+            b'c' if !arg.is_empty() && cas.is_none() => cas = Some(decimal(arg)),
+            b'W' if arg.is_empty() => won = true,
+            b'Z' if arg.is_empty() => z = true,
+            b'X' if arg.is_empty() => x = true,
             _ => {}
         }
+        at = next;
     }
     let (Some(Some(flags)), Some(Some(cas))) = (flags, cas) else {
         return Err(malformed());
@@ -71,58 +84,43 @@ pub fn read_mg(wire: &[u8]) -> Result<MgValue<'_>, Option<Reply>> {
     })
 }
 
-/// A line's space-separated tokens (an empty one between two spaces, as `split` gives): a plain
-/// byte loop, which costs about half of `split`'s iterator on these short lines.
-struct Tokens<'a>(&'a [u8]);
-
-impl<'a> Iterator for Tokens<'a> {
-    type Item = &'a [u8];
-
-    fn next(&mut self) -> Option<&'a [u8]> {
-        let line = std::mem::take(&mut self.0);
-        if line.is_empty() {
-            return None;
-        }
-        let mut end = 0;
-        while end < line.len() && line[end] != b' ' {
-            end += 1;
-        }
-        // past the space; an empty rest after a trailing space ends the tokens, as memcached's
-        // lines never end in one
-        self.0 = line.get(end + 1..).unwrap_or_default();
-        Some(&line[..end])
-    }
-}
-
-/// Digits to a u64; `None` unless all digits and no overflow. Up to 19 digits cannot overflow,
-/// so only a 20-digit number pays for checked arithmetic (a CAS can be that long).
+/// Digits to a u64; `None` unless all digits and no overflow. Up to 19 digits cannot overflow, so
+/// only a 20-digit number (a CAS can be one) pays for checked arithmetic.
 fn decimal(digits: &[u8]) -> Option<u64> {
-    if digits.is_empty() || digits.len() > 20 || !digits.iter().all(u8::is_ascii_digit) {
+    if digits.is_empty() || digits.len() > 20 {
         return None;
     }
-    if digits.len() < 20 {
-        return Some(digits.iter().fold(0u64, |n, &d| n * 10 + u64::from(d - b'0')));
+    let mut n: u64 = 0;
+    for &d in digits {
+        let digit = d.wrapping_sub(b'0');
+        if digit > 9 {
+            return None;
+        }
+        n = n.wrapping_mul(10).wrapping_add(u64::from(digit));
     }
-    digits
-        .iter()
-        .try_fold(0u64, |n, &d| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))
+    if digits.len() == 20 {
+        return digits
+            .iter()
+            .try_fold(0u64, |n, &d| n.checked_mul(10)?.checked_add(u64::from(d - b'0')));
+    }
+    Some(n)
 }
 
-/// `n` in decimal at the start of `out` (room for 20 digits): how many bytes it took.
-fn put_decimal(out: &mut [u8], mut n: u64) -> usize {
+/// `n` in decimal, appended to `out` at `at` (room for 20 digits): where it ends.
+fn put_decimal(out: &mut [u8], at: usize, mut n: u64) -> usize {
     let mut digits = [0u8; 20];
-    let mut at = digits.len();
+    let mut first = digits.len();
     loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
+        first -= 1;
+        digits[first] = b'0' + (n % 10) as u8;
         n /= 10;
         if n == 0 {
             break;
         }
     }
-    let len = digits.len() - at;
-    out[..len].copy_from_slice(&digits[at..]);
-    len
+    let len = digits.len() - first;
+    out[at..at + len].copy_from_slice(&digits[first..]);
+    at + len
 }
 
 /// A classic value block: `<head> <key> [<token>] <flags> <bytes> [<cas>]`, the data, CRLFs.
@@ -141,23 +139,33 @@ pub fn write_value_block(
     v: &MgValue,
     cas: Option<u64>,
 ) {
-    // the numbers and the line's CRLF made on the stack, so the block is four copies, not ten
-    let mut numbers = [0u8; 4 * 21 + 2];
+    // the line up to its CRLF made on the stack when it fits (keys are at most 250 bytes), so a
+    // block is three copies into `out`, not seven
+    let mut line = [0u8; 8 + 250 + 4 * 21 + 2];
+    let fits = head.len() + 1 + key.len() + 4 * 21 + 2 <= line.len();
     let mut at = 0;
+    if fits {
+        line[..head.len()].copy_from_slice(head);
+        at = head.len();
+        line[at] = b' ';
+        line[at + 1..at + 1 + key.len()].copy_from_slice(key);
+        at += 1 + key.len();
+    } else {
+        out.extend_from_slice(head);
+        out.extend_from_slice(b" ");
+        out.extend_from_slice(key);
+    }
     for n in [token, Some(u64::from(v.flags)), Some(v.data.len() as u64), cas]
         .into_iter()
         .flatten()
     {
-        numbers[at] = b' ';
-        at += 1 + put_decimal(&mut numbers[at + 1..], n);
+        line[at] = b' ';
+        at = put_decimal(&mut line, at + 1, n);
     }
-    numbers[at..at + 2].copy_from_slice(b"\r\n");
+    line[at..at + 2].copy_from_slice(b"\r\n");
     at += 2;
-    out.reserve(head.len() + 1 + key.len() + at + v.data.len() + 2);
-    out.extend_from_slice(head);
-    out.extend_from_slice(b" ");
-    out.extend_from_slice(key);
-    out.extend_from_slice(&numbers[..at]);
+    out.reserve(at + v.data.len() + 2);
+    out.extend_from_slice(&line[..at]);
     out.extend_from_slice(v.data);
     out.extend_from_slice(b"\r\n");
 }
@@ -212,18 +220,15 @@ mod tests {
     }
 
     #[test]
-    fn tokens_are_splits_at_spaces() {
-        for line in [&b"1 f0 c9"[..], b"", b"1", b"1  f0", b" 1", b"1 f0 ", b"12 c5 W Z X"] {
-            let split: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
-            let ours: Vec<&[u8]> = Tokens(line).collect();
-            // the same tokens, but for the empty one `split` gives after a trailing space (or for
-            // an empty line)
-            let trimmed = if split.last() == Some(&&b""[..]) {
-                &split[..split.len() - 1]
-            } else {
-                &split[..]
-            };
-            assert_eq!(ours, trimmed, "{:?}", String::from_utf8_lossy(line));
+    fn decimals_are_all_digits_and_fit_a_u64() {
+        assert_eq!(decimal(b"0"), Some(0));
+        assert_eq!(decimal(b"1234567890123456789"), Some(1_234_567_890_123_456_789));
+        assert_eq!(decimal(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(decimal(b"18446744073709551616"), None);
+        assert_eq!(decimal(b"99999999999999999999"), None);
+        assert_eq!(decimal(b"100000000000000000000"), None);
+        for bad in [&b""[..], b"1x", b"-1", b" 1", b"1/"] {
+            assert_eq!(decimal(bad), None, "{bad:?}");
         }
     }
 
