@@ -21,7 +21,8 @@
 //!    `connection` (one client: pipelined requests, replies in order; `connection::multiget`),
 //!    `metrics_http` (`/metrics`), `accept` (clients in, refused at the connection limit).
 //!
-//! `main` (the `squeal-router` binary) wires them together; `bin/config_check.rs` checks configs.
+//! `bin/squeal-router/` (the binary: `main` starts and stops, `cli` its command line, `reload` the
+//! config and TLS reloads) wires them together; `bin/config_check.rs` checks configs.
 
 pub mod accept;
 pub mod ack;
