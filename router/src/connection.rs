@@ -91,7 +91,7 @@ impl ClientStream for TcpStream {
         TcpStream::readable(self)
     }
     fn read_now(&mut self, buf: &mut BytesMut) -> std::io::Result<Option<usize>> {
-        crate::server::read_ready(self, buf)
+        crate::server::connection::read_ready(self, buf)
     }
     fn tcp(&self) -> &TcpStream {
         self

@@ -8,8 +8,8 @@
 //!    `load`, `auth`, `tls`, `lease_tokens`, `recording` (what `__mcrouter__.route` records with),
 //!    `jsonc`, `md5`; and `preprocess` (mcrouter's config macros, on `jsonc` alone).
 //! 2. `options` (the command line's tunables) and `stats`.
-//! 3. `server` (one pipelined connection per memcached, TKO, probes; given what it needs of the
-//!    process as a `server::Env`), `spool` (failed deletes to disk; `spool::replay` sends them back).
+//! 3. `server` (one memcached server: timeouts, TKO, probes; its pipelined connection in
+//!    `server::connection`; given what it needs of the process as a `server::Env`), `spool` (failed deletes to disk; `spool::replay` sends them back).
 //! 4. `context` (process-wide state that outlives reloads: the live servers, spool, stats, options;
 //!    it is the servers' `Env`).
 //! 5. `ack` (when a delete counts as acknowledged) and `flush` (`flush_all` to every server).
