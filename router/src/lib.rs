@@ -18,7 +18,8 @@
 //!    entry beside its `build`), then `registry` (every handle type a config may name).
 //! 7. `config` (loading a config with the registry; its `select` chooses the tree for each request).
 //! 8. `shared` (the config that serves, swapped on reload), `admin` (`get __mcrouter__.*`),
-//!    `connection` (one client: pipelined requests, replies in order; `connection::multiget`),
+//!    `connection` (one client: pipelined requests, replies in order; each command's handling in
+//!    `connection::commands`, multi-gets in `connection::multiget`, plaintext or TLS `connection::stream`),
 //!    `metrics_http` (`/metrics`), `accept` (clients in, refused at the connection limit).
 //!
 //! `bin/squeal-router/` (the binary: `main` starts and stops, `cli` its command line, `reload` the
