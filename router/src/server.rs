@@ -51,6 +51,7 @@ pub trait Env: Send + Sync + 'static {
 pub const SOFT_TKO_THRESHOLD: u32 = 3;
 /// Requests queued for one server before new ones are refused as `busy`.
 const QUEUE_DEPTH: usize = 65_536;
+
 /// One memcached server as seen by the router.
 pub struct Server {
     pub addr: String,
