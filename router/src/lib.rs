@@ -8,8 +8,8 @@
 //!    `load`, `auth`, `tls`, `lease_tokens`, `recording` (what `__mcrouter__.route` records with),
 //!    `jsonc`, `md5`; and `preprocess` (mcrouter's config macros, on `jsonc` alone).
 //! 2. `options` (the command line's tunables) and `stats`.
-//! 3. `server` (one pipelined connection per memcached, TKO, probes; given what it needs of the
-//!    process as a `server::Env`), `spool` (failed deletes to disk; `spool::replay` sends them back).
+//! 3. `server` (one memcached server: timeouts, TKO, probes; its pipelined connection in
+//!    `server::connection`; given what it needs of the process as a `server::Env`), `spool` (failed deletes to disk; `spool::replay` sends them back).
 //! 4. `context` (process-wide state that outlives reloads: the live servers, spool, stats, options;
 //!    it is the servers' `Env`).
 //! 5. `ack` (when a delete counts as acknowledged) and `flush` (`flush_all` to every server).
@@ -18,10 +18,12 @@
 //!    entry beside its `build`), then `registry` (every handle type a config may name).
 //! 7. `config` (loading a config with the registry; its `select` chooses the tree for each request).
 //! 8. `shared` (the config that serves, swapped on reload), `admin` (`get __mcrouter__.*`),
-//!    `connection` (one client: pipelined requests, replies in order; `connection::multiget`),
+//!    `connection` (one client: pipelined requests, replies in order; each command's handling in
+//!    `connection::commands`, multi-gets in `connection::multiget`, plaintext or TLS `connection::stream`),
 //!    `metrics_http` (`/metrics`), `accept` (clients in, refused at the connection limit).
 //!
-//! `main` (the `squeal-router` binary) wires them together; `bin/config_check.rs` checks configs.
+//! `bin/squeal-router/` (the binary: `main` starts and stops, `cli` its command line, `reload` the
+//! config and TLS reloads) wires them together; `bin/config_check.rs` checks configs.
 
 pub mod accept;
 pub mod ack;

@@ -1,20 +1,14 @@
-//! `squeal-router`: command line, start-up, config reload, and shutdown.
-//!
-//! Wires the library together: loads the config (refusing to start on a bad one), listens for
-//! clients, serves `/metrics`, reloads the config when the file changes (unless
-//! `--no-config-watch`) and on SIGHUP (a bad new config is rejected and the old one keeps
-//! serving), and exits cleanly on SIGTERM/SIGINT. (Spooled deletes are
-//! replayed by each server's recovery, see `server` and `spool`.)
+//! The command line of `squeal-router`: clap's `Cli` (one field per flag, its doc comment the
+//! `--help` line) and `Args`, the command line as the router uses it (flags checked and combined:
+//! TLS files as mcrouter reads its flags, `-I` sizes, the connection limit, `__mcrouter__.options`).
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
 use squeal_router::auth::AuthFile;
-use squeal_router::{Context, Options, Shared, accept, config, metrics_http, spool, tls};
-use tokio::net::TcpListener;
+use squeal_router::{Options, tls};
 
 /// The command line (clap's derive API): one field per flag, its doc comment the `--help` line.
 #[derive(Parser)]
@@ -141,28 +135,28 @@ fn positive_ms(v: &str) -> Result<u64, String> {
 }
 
 /// The command line as the router uses it.
-struct Args {
-    config_file: PathBuf,
+pub struct Args {
+    pub config_file: PathBuf,
     /// The plaintext port; None: only the `--ssl-port`s (as mcrouter, one of the two is required).
-    port: Option<u16>,
-    listen: String,
-    metrics_port: Option<u16>,
-    spool_dir: Option<PathBuf>,
-    spool_max_mb: u64,
-    route_prefix: Option<String>,
+    pub port: Option<u16>,
+    pub listen: String,
+    pub metrics_port: Option<u16>,
+    pub spool_dir: Option<PathBuf>,
+    pub spool_max_mb: u64,
+    pub route_prefix: Option<String>,
     /// `--config-params`: constants for the config's macros.
-    config_params: Vec<(String, String)>,
-    threads: usize,
+    pub config_params: Vec<(String, String)>,
+    pub threads: usize,
     /// Client connection limit (`--conn-limit`, or from the fd limit).
-    conn_limit: u64,
+    pub conn_limit: u64,
     /// Poll the config file for changes (SIGHUP reloads either way).
-    watch: bool,
-    opts: Options,
+    pub watch: bool,
+    pub opts: Options,
     /// `--ssl-port`s and what their TLS is built from.
-    ssl_ports: Vec<u16>,
-    listener_tls: Option<tls::ListenerFiles>,
+    pub ssl_ports: Vec<u16>,
+    pub listener_tls: Option<tls::ListenerFiles>,
     /// TLS to servers (with `--pem-ca-path`).
-    upstream_tls: Option<tls::UpstreamFiles>,
+    pub upstream_tls: Option<tls::UpstreamFiles>,
 }
 
 /// The TLS setups of the command line, as mcrouter reads its flags: `--server-pem-*` for the
@@ -293,7 +287,7 @@ impl TryFrom<Cli> for Args {
     }
 }
 
-fn parse_args<I, T>(args: I) -> Result<Args, clap::Error>
+pub fn parse_args<I, T>(args: I) -> Result<Args, clap::Error>
 where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
@@ -318,333 +312,6 @@ fn item_size(v: &str) -> Result<usize, String> {
         return Err(bad());
     }
     Ok(bytes)
-}
-
-/// What the config file looked like when it was read: (modified time, length).
-type Stamp = Option<(SystemTime, u64)>;
-
-fn mtime(path: &PathBuf) -> Stamp {
-    let m = std::fs::metadata(path).ok()?;
-    Some((m.modified().ok()?, m.len()))
-}
-
-/// Read and build the config; also the file's stamp from *before* it was read, so that the watch,
-/// starting from that stamp, sees any edit made after this read (one made between the stat and
-/// the read is loaded now and again by the watch, which is harmless).
-fn load(ctx: &Arc<Context>, args: &Args) -> (Stamp, Result<config::RouterConfig, String>) {
-    let stamp = mtime(&args.config_file);
-    let cfg = std::fs::read_to_string(&args.config_file)
-        .map_err(|e| format!("cannot read {}: {e}", args.config_file.display()))
-        .and_then(|text| {
-            config::load_from(
-                ctx,
-                &text,
-                args.route_prefix.as_deref(),
-                args.config_file.parent(),
-                &args.config_params,
-            )
-        });
-    (stamp, cfg)
-}
-
-fn log_loaded(verb: &str, path: &std::path::Path, cfg: &config::RouterConfig) {
-    eprintln!(
-        "squeal-router: config {} {verb} ({} pools; handles: {})",
-        path.display(),
-        cfg.pools,
-        cfg.types_used.join(", ")
-    );
-    for w in &cfg.warnings {
-        eprintln!("squeal-router: config {}: warning: {w}", path.display());
-    }
-}
-
-/// Reloads of the config file after the first load, by the watch or on SIGHUP, one at a time.
-struct Reloader {
-    shared: Arc<Shared>,
-    args: Arc<Args>,
-    /// The TLS setups, whose files are read again on SIGHUP (and when they change).
-    listener_tls: Option<Arc<tls::Listener>>,
-    upstream_tls: Option<Arc<tls::Upstream>>,
-    /// The file's stamp when it was last read (loaded or rejected): the watch reloads only when it
-    /// changes, so a file SIGHUP has just loaded is not loaded again by the watch.
-    seen: Mutex<Stamp>,
-}
-
-impl Reloader {
-    fn new(shared: Arc<Shared>, args: Arc<Args>, seen: Stamp) -> Arc<Reloader> {
-        Arc::new(Reloader {
-            listener_tls: None,
-            upstream_tls: shared.ctx.opts.upstream_tls.clone(),
-            shared,
-            args,
-            seen: Mutex::new(seen),
-        })
-    }
-
-    /// Read the file again and serve it; a config that does not load is rejected (logged with the
-    /// file and the reason, e.g. a JSON error's line and column) and the old one keeps serving.
-    /// `how` says what asked (`""` for the watch, `" on SIGHUP"`).
-    fn reload(&self, how: &str) {
-        // held while loading (no await in between): a reload never interleaves with another
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        let ctx = &self.shared.ctx;
-        let path = self.args.config_file.display();
-        let (stamp, cfg) = load(ctx, &self.args);
-        *seen = stamp;
-        match cfg {
-            Ok(cfg) => {
-                log_loaded(&format!("reloaded{how}"), &self.args.config_file, &cfg);
-                ctx.stats.config_loads.fetch_add(1, Relaxed);
-                self.shared.replace(cfg);
-            }
-            Err(e) => {
-                ctx.stats.config_rejects.fetch_add(1, Relaxed);
-                eprintln!("squeal-router: config {path} rejected{how}, keeping the previous one: {e}");
-            }
-        }
-    }
-
-    /// Read the TLS certificates, keys and CAs again: new handshakes use them, connections
-    /// already open keep theirs. Files that do not load are rejected and the old ones kept.
-    fn reload_tls(&self, how: &str) {
-        if let Some(l) = &self.listener_tls {
-            match l.reload() {
-                Ok(()) => eprintln!(
-                    "squeal-router: TLS certificate for clients reloaded{how} ({})",
-                    l.files.cert.display()
-                ),
-                Err(e) => {
-                    eprintln!("squeal-router: TLS certificate for clients rejected{how}, keeping the previous one: {e}")
-                }
-            }
-        }
-        if let Some(u) = &self.upstream_tls {
-            match u.reload() {
-                Ok(()) => eprintln!("squeal-router: TLS setup for servers reloaded{how}"),
-                Err(e) => {
-                    eprintln!("squeal-router: TLS setup for servers rejected{how}, keeping the previous one: {e}")
-                }
-            }
-        }
-    }
-
-    /// Every TLS file in use.
-    fn tls_paths(&self) -> Vec<PathBuf> {
-        let mut paths = Vec::new();
-        if let Some(l) = &self.listener_tls {
-            paths.extend([l.files.cert.clone(), l.files.key.clone()]);
-            paths.extend(l.files.ca.clone());
-        }
-        if let Some(u) = &self.upstream_tls {
-            paths.extend(u.files.ca.iter().chain(&u.files.cert).chain(&u.files.key).cloned());
-        }
-        paths
-    }
-
-    fn seen(&self) -> Stamp {
-        *self.seen.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// Poll the config file every 500 ms for a change since the last load; after a change, wait until
-/// it has been still for ~1 s, then reload.
-async fn watch_config(reloader: Arc<Reloader>) {
-    let path = &reloader.args.config_file;
-    loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let now = mtime(path);
-        if now == reloader.seen() || now.is_none() {
-            continue;
-        }
-        // settle: the writer may not be done
-        let mut settled = now;
-        loop {
-            tokio::time::sleep(Duration::from_millis(1000)).await;
-            let again = mtime(path);
-            if again == settled {
-                break;
-            }
-            settled = again;
-        }
-        if settled != reloader.seen() {
-            reloader.reload("");
-        }
-    }
-}
-
-/// Poll the TLS files every second; after a change, once they have been still for ~1 s (a
-/// rotation writes several files), read them again.
-async fn watch_tls(reloader: Arc<Reloader>) {
-    let stamps = |r: &Reloader| r.tls_paths().iter().map(mtime).collect::<Vec<Stamp>>();
-    let mut seen = stamps(&reloader);
-    loop {
-        tokio::time::sleep(Duration::from_millis(1000)).await;
-        let now = stamps(&reloader);
-        if now == seen {
-            continue;
-        }
-        let mut settled = now;
-        loop {
-            tokio::time::sleep(Duration::from_millis(1000)).await;
-            let again = stamps(&reloader);
-            if again == settled {
-                break;
-            }
-            settled = again;
-        }
-        seen = settled;
-        reloader.reload_tls(" (files changed)");
-    }
-}
-
-/// Reload on every SIGHUP (the handler is installed before the router listens, so a SIGHUP never
-/// finds the default action, which would end the process).
-async fn reload_on_sighup(reloader: Arc<Reloader>, mut hup: tokio::signal::unix::Signal) {
-    while hup.recv().await.is_some() {
-        eprintln!(
-            "squeal-router: SIGHUP, reloading {}",
-            reloader.args.config_file.display()
-        );
-        reloader.reload(" on SIGHUP");
-        reloader.reload_tls(" on SIGHUP");
-    }
-}
-
-async fn run(args: Args) -> Result<(), String> {
-    let args = Arc::new(args);
-    let spool = match &args.spool_dir {
-        Some(dir) => Some(
-            spool::Spool::open(dir, args.spool_max_mb * 1024 * 1024)
-                .map_err(|e| format!("cannot open spool dir {}: {e}", dir.display()))?,
-        ),
-        None => None,
-    };
-    let mut opts = args.opts.clone();
-    if let Some(files) = &args.upstream_tls {
-        opts.upstream_tls = Some(tls::Upstream::new(files.clone())?);
-    }
-    let listener_tls = match &args.listener_tls {
-        Some(files) => Some(tls::Listener::new(files.clone())?),
-        None => None,
-    };
-    let ctx = Context::new(opts, spool);
-    let (stamp, cfg) = load(&ctx, &args);
-    let cfg = cfg.map_err(|e| format!("config {} rejected: {e}", args.config_file.display()))?;
-    log_loaded("loaded", &args.config_file, &cfg);
-    ctx.stats.config_loads.fetch_add(1, Relaxed);
-    let shared = Shared::new(ctx.clone(), cfg);
-    let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        .map_err(|e| format!("cannot handle SIGHUP: {e}"))?;
-    let reloader = {
-        let mut r = Reloader::new(shared.clone(), args.clone(), stamp);
-        Arc::get_mut(&mut r).expect("not shared yet").listener_tls = listener_tls.clone();
-        r
-    };
-    tokio::spawn(reload_on_sighup(reloader.clone(), hup));
-    let mut tls_accepts = Vec::new();
-    if let Some(tls) = &listener_tls {
-        for port in &args.ssl_ports {
-            let addr = format!("{}:{port}", args.listen);
-            let l = TcpListener::bind(&addr)
-                .await
-                .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-            let mtls = if tls.files.require_client_cert {
-                ", client certificates required"
-            } else {
-                ""
-            };
-            eprintln!("squeal-router: listening on {addr} (TLS{mtls})");
-            tls_accepts.push(tokio::spawn(accept::serve(
-                l,
-                shared.clone(),
-                args.conn_limit,
-                Some(tls.clone()),
-            )));
-        }
-    }
-    let listener = match args.port {
-        Some(port) => {
-            let addr = format!("{}:{port}", args.listen);
-            let l = TcpListener::bind(&addr)
-                .await
-                .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-            eprintln!("squeal-router: listening on {addr}");
-            Some(l)
-        }
-        None => {
-            eprintln!("squeal-router: no plaintext port (no -p): TLS clients only");
-            None
-        }
-    };
-    if args.opts.enable_flush {
-        eprintln!("squeal-router: flush_all enabled (--enable-flush-cmd): it flushes every server of every pool");
-    }
-    if let Some(p) = args.metrics_port {
-        let maddr = format!("{}:{p}", args.listen);
-        let ml = TcpListener::bind(&maddr)
-            .await
-            .map_err(|e| format!("cannot listen on {maddr}: {e}"))?;
-        eprintln!("squeal-router: metrics on http://{maddr}/metrics");
-        tokio::spawn(metrics_http::serve(ml, shared.clone()));
-    }
-    if args.watch {
-        if !reloader.tls_paths().is_empty() {
-            tokio::spawn(watch_tls(reloader.clone()));
-        }
-        tokio::spawn(watch_config(reloader));
-    } else {
-        eprintln!("squeal-router: config file not watched (--no-config-watch): reload with SIGHUP");
-    }
-    eprintln!("squeal-router: at most {} clients at a time", args.conn_limit);
-    let (plain, limit) = (shared.clone(), args.conn_limit);
-    let accept = async move {
-        match listener {
-            Some(l) => accept::serve(l, plain, limit, None).await,
-            // A TLS-only router: the --ssl-port tasks serve; this waits for a signal like the others.
-            None => std::future::pending::<()>().await,
-        }
-    };
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
-    tokio::select! {
-        _ = accept => {}
-        _ = term.recv() => eprintln!("squeal-router: SIGTERM, shutting down"),
-        _ = tokio::signal::ctrl_c() => eprintln!("squeal-router: SIGINT, shutting down"),
-    }
-    Ok(())
-}
-
-fn main() {
-    // clap prints the error (naming the flag and value) or the help, and exits 2 or 0
-    let args = parse_args(std::env::args_os()).unwrap_or_else(|e| e.exit());
-    // One thread by default: it runs everything, so a client connection and the server connection
-    // it waits on never wake each other across threads (measured here at depth 1: 27-30 us of CPU
-    // per get against 34-43 us with 2 workers, where park/unpark dominated); `--threads N` for
-    // tokio's work-stealing pool.
-    let mut rt = if args.threads <= 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-    };
-    rt.enable_all();
-    if args.threads > 1 {
-        rt.worker_threads(args.threads);
-    }
-    let rt = match rt.build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("squeal-router: cannot start runtime: {e}");
-            std::process::exit(1);
-        }
-    };
-    let result = rt.block_on(run(args));
-    // Spooled deletes were fsync'd before they were acknowledged; nothing else needs draining.
-    rt.shutdown_timeout(Duration::from_millis(200));
-    if let Err(e) = result {
-        eprintln!("squeal-router: {e}");
-        std::process::exit(1);
-    }
 }
 
 #[cfg(test)]
@@ -758,43 +425,6 @@ mod tests {
             assert!(!help.is_empty() && !help.contains('\n'), "{:?}: {help:?}", arg.get_id());
         }
         cmd.debug_assert();
-    }
-
-    #[test]
-    fn an_edit_right_after_the_first_load_is_not_missed() {
-        let dir = std::env::temp_dir().join(format!("squeal-router-watch-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("config.json");
-        std::fs::write(&path, r#"{"route": "NullRoute"}"#).unwrap();
-        let args = Arc::new(parse(&["-f", path.to_str().unwrap(), "-p", "1"]).unwrap());
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(async {
-                let ctx = Context::new(Options::default(), None);
-                let (stamp, cfg) = load(&ctx, &args);
-                let shared = Shared::new(ctx, cfg.unwrap());
-                // edited before the watch starts (and within the same clock tick of a coarse mtime)
-                let f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .truncate(true)
-                    .open(&path)
-                    .unwrap();
-                std::io::Write::write_all(&mut &f, br#"{"route": "ErrorRoute|edited"}"#).unwrap();
-                f.set_modified(stamp.unwrap().0).unwrap();
-                let watch = tokio::spawn(watch_config(Reloader::new(shared.clone(), args.clone(), stamp)));
-                for _ in 0..60 {
-                    if shared.generation() > 0 {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                watch.abort();
-                assert_eq!(shared.generation(), 1, "the edit was missed");
-                assert_eq!(shared.config().1.types_used, ["ErrorRoute"]);
-            });
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
