@@ -29,10 +29,11 @@ from typing import Any
 from twisted.internet import defer, protocol
 from twisted.internet.endpoints import TCP4ClientEndpoint
 
+from router_config import SquealSettings, TlsSettings
 from squeal.flows import Batch, Flow
-from squeal.metrics import Metrics, WriteMetrics
+from squeal.metrics import CertExpiry, Metrics, WriteMetrics, own_certificates
 from squeal.sampler import DeleteSampler
-from squeal.tlswrap import connect_tls
+from squeal.tlswrap import client_context, connect_tls
 
 log = logging.getLogger(__name__)
 
@@ -410,3 +411,41 @@ class Sender:
         if self.client is not None and self.client.transport is not None:
             self.client.transport.loseConnection()
         self.client = None
+
+
+class SenderHub:
+    """The batchers of a process, one `Sender` per destination, shared by every shard's flow to it."""
+
+    def __init__(
+        self,
+        reactor: Any,
+        settings: SquealSettings,
+        metrics: Metrics | WriteMetrics,
+        sampler: DeleteSampler,
+        reply_timeout: float,
+        tls: TlsSettings | None = None,
+    ) -> None:
+        self.reactor, self.settings, self.metrics, self.sampler = reactor, settings, metrics, sampler
+        self.reply_timeout = reply_timeout
+        self.tls = tls  # [tls]: deletes to the routers over TLS
+        self.senders: dict[str, Sender] = {}
+        if tls is not None:  # one hub per process: the expiry of the certificates squeal loads, exported once
+            metrics.registry.register(CertExpiry(own_certificates(tls, "squeal")))
+
+    def attach(self, flow: Flow) -> Sender:
+        sender = self.senders.get(flow.name)
+        if sender is None:
+            s = self.settings
+            sender = self.senders[flow.name] = Sender(
+                flow,
+                self.reactor,
+                s.batch_size,
+                s.flush_interval_ms / 1000.0,
+                reply_timeout=self.reply_timeout,
+                metrics=self.metrics,
+                sampler=self.sampler,
+                tls=functools.partial(client_context, self.tls) if self.tls is not None else None,
+            )
+        else:
+            sender.add_flow(flow)
+        return sender

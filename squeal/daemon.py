@@ -23,7 +23,6 @@ Lifecycle:
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -34,9 +33,9 @@ import pymysql
 from twisted.application import service
 from twisted.internet import defer, task
 
-from router_config import CANARY_TABLE, Database, Region, SquealSettings, TlsSettings, Topology
+from router_config import CANARY_TABLE, Database, Region, Topology
 from squeal import gtid as g
-from squeal.batcher import Sender
+from squeal.batcher import Sender, SenderHub
 from squeal.bulk import load_cascades
 from squeal.copies import read_order
 from squeal.datamarkers import (
@@ -48,7 +47,7 @@ from squeal.datamarkers import (
     describe_error,
 )
 from squeal.flows import LIVE, Committed, Dispatcher, Flow, flows_for_region
-from squeal.metrics import CertExpiry, Metrics, WriteMetrics, own_certificates
+from squeal.metrics import Metrics
 from squeal.pipeline import Handoff, HandoffGroup, KeyStage, ReadLoop
 from squeal.reader import (
     BinlogReader,
@@ -64,7 +63,6 @@ from squeal.reader import (
 from squeal.rules import KeyExtractor, check_rules, load_columns
 from squeal.sampler import DeleteSampler
 from squeal.source import SourcePoller
-from squeal.tlswrap import client_context
 from squeal.transactions import PreparedXa
 
 log = logging.getLogger(__name__)
@@ -95,44 +93,6 @@ def source_for(region: Region | Database) -> Source:
         ssl_key=mine.key if mine else None,
         copy=db.name,
     )
-
-
-class SenderHub:
-    """The batchers of a process, one `Sender` per destination, shared by every shard's flow to it."""
-
-    def __init__(
-        self,
-        reactor: Any,
-        settings: SquealSettings,
-        metrics: Metrics | WriteMetrics,
-        sampler: DeleteSampler,
-        reply_timeout: float,
-        tls: TlsSettings | None = None,
-    ) -> None:
-        self.reactor, self.settings, self.metrics, self.sampler = reactor, settings, metrics, sampler
-        self.reply_timeout = reply_timeout
-        self.tls = tls  # [tls]: deletes to the routers over TLS
-        self.senders: dict[str, Sender] = {}
-        if tls is not None:  # one hub per process: the expiry of the certificates squeal loads, exported once
-            metrics.registry.register(CertExpiry(own_certificates(tls, "squeal")))
-
-    def attach(self, flow: Flow) -> Sender:
-        sender = self.senders.get(flow.name)
-        if sender is None:
-            s = self.settings
-            sender = self.senders[flow.name] = Sender(
-                flow,
-                self.reactor,
-                s.batch_size,
-                s.flush_interval_ms / 1000.0,
-                reply_timeout=self.reply_timeout,
-                metrics=self.metrics,
-                sampler=self.sampler,
-                tls=functools.partial(client_context, self.tls) if self.tls is not None else None,
-            )
-        else:
-            sender.add_flow(flow)
-        return sender
 
 
 def connect_with_retry(source: Source, timeout: float) -> Any:

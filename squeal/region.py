@@ -35,7 +35,8 @@ from twisted.internet import defer, task, threads
 
 import router_config
 from router_config import Topology
-from squeal.daemon import Daemon, SenderHub, state_dir_for
+from squeal.batcher import SenderHub
+from squeal.daemon import Daemon, state_dir_for
 from squeal.datamarkers import DatamarkerStore
 from squeal.flows import Flow
 from squeal.metrics import WriteMetrics
