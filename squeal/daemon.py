@@ -13,7 +13,7 @@ Lifecycle:
   exceptions): check the server's binlog settings, check the rules against information_schema, read each flow's
   datamarker (a new destination starts from the server's current GTID position, or `--from-gtid`).
 * `startService()`: the live reader from the earliest datamarker, the source poller, a checkpoint every second
-  (datamarkers of flows that moved; operator replay requests are applied first).
+  (datamarkers of flows that moved; operator replay requests are applied first: squeal/checkpoints.py).
 * `stopService()` (SIGTERM/SIGINT, through its parent): stop reading, flush what is queued (a few seconds at
   most), write the final markers; its Deferred fires when they are written (or given up on).
 * `retire()`: the stop that hands the shard on (a pool's planned move): in-flight deletes acknowledged first, off
