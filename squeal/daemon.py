@@ -39,13 +39,13 @@ from squeal.batcher import Sender, SenderHub
 from squeal.bulk import load_cascades
 from squeal.checkpoints import Checkpoints
 from squeal.copies import read_order
+from squeal.data_loss import DataLossPolicy
 from squeal.datamarkers import DatamarkerDirError, DatamarkerStore, FileDatamarkerStore, describe_error
 from squeal.flows import LIVE, Committed, Dispatcher, Flow, flows_for_region
 from squeal.metrics import Metrics
 from squeal.pipeline import Handoff, HandoffGroup, KeyStage, ReadLoop
 from squeal.reader import (
     BinlogReader,
-    DataLoss,
     NativeBinlogReader,
     Source,
     check_server,
@@ -98,11 +98,6 @@ def connect_with_retry(source: Source, timeout: float) -> Any:
             if time.monotonic() > deadline:
                 raise ConnectionError(f"cannot connect to the database: {describe_failure(source, e)}") from e
             time.sleep(0.5)
-
-
-def accept_path(state_dir: Path, region: str, shard: str | None = None) -> Path:
-    """The request file `squeal accept-data-loss` leaves for a region's daemon (a shard's, with [shards])."""
-    return state_dir / (f"accept-data-loss-{region}" + (f"-{shard}" if shard else ""))
 
 
 class Daemon(service.Service):
@@ -167,11 +162,6 @@ class Daemon(service.Service):
         prefixes = self.region.regional_pool.prefixes if self.region.regional_pool else ()
         self.stage = KeyStage(self.extractor, prefixes, self.metrics, rules=self.rules)
         self.xa = PreparedXa()  # undecided XA prepares: datamarkers and catch-up readers stay before them
-        # Binlog data loss with on_data_loss = "halt": readers wait until an operator accepts the loss
-        # (`squeal accept-data-loss`, a request file taken at the next checkpoint).
-        self._loss_accepted = threading.Condition()
-        self._loss_accepted_at = 0.0
-        self._halted: set[str] = set()
         self.flows: dict[str, Flow] = {}
         self.senders: dict[str, Sender] = {}
         self.catchups: dict[str, ReadLoop] = {}
@@ -183,6 +173,17 @@ class Daemon(service.Service):
         # Why the daemon is unhealthy, by cause (e.g. "data_loss", "datamarker:east-a"): /healthz answers 503
         # while any is set. Each part of the daemon sets and clears its own entries.
         self.problems: dict[str, str] = {}
+        # Binlog data loss (squeal/data_loss.py): with on_data_loss = "halt" readers wait until an operator accepts
+        # the loss (`squeal accept-data-loss`, a request file taken at the next checkpoint).
+        self.data_loss = DataLossPolicy(
+            reactor,
+            self.settings,
+            self.metrics,
+            self.problems,
+            self.state_dir,
+            self.region.name,
+            self.shard.name if topology.sharded else None,
+        )
         # Datamarker rounds, replay requests, marker health, the final markers (squeal/checkpoints.py).
         self.checkpoints = Checkpoints(
             reactor, self.store, self.flows, self.xa, self.metrics, self.settings, self.problems, self.state_dir
@@ -352,7 +353,9 @@ class Daemon(service.Service):
             ready=self._live_room,
             group=self.handoffs,
         )
-        self.live = ReadLoop(reader, self.stage, handoff.put, self.metrics, xa=self.xa, on_data_loss=self._on_data_loss)
+        self.live = ReadLoop(
+            reader, self.stage, handoff.put, self.metrics, xa=self.xa, on_data_loss=self.data_loss.on_data_loss
+        )
         self.metrics.reader_connected.labels(reader="live").set_function(lambda: int(reader.connected.is_set()))
         self.source_poller = SourcePoller(
             self.source,
@@ -500,7 +503,9 @@ class Daemon(service.Service):
         handoff = Handoff(
             self.reactor, lambda items: self._deliver_catchup(flow, loop, items), bound=max(100, bound // 2)
         )
-        loop = ReadLoop(reader, self.stage, handoff.put, self.metrics, wait=brake, on_data_loss=self._on_data_loss)
+        loop = ReadLoop(
+            reader, self.stage, handoff.put, self.metrics, wait=brake, on_data_loss=self.data_loss.on_data_loss
+        )
         self.catchups[flow.name] = loop
         log.info("flow %s: catch-up reader from %s", flow.name, g.format_position(start) or "the start")
         loop.start()
@@ -536,7 +541,7 @@ class Daemon(service.Service):
         Never raises: that would stop the checkpoint loop for good.
         """
         try:
-            self._take_loss_acceptance()
+            self.data_loss.take_acceptance()
             self.xa.forget_decided([f.acked for f in self.flows.values()])
             self.metrics.xa_prepared.set(len(self.xa))
         except Exception:
@@ -610,92 +615,7 @@ class Daemon(service.Service):
             "order": [d.name for d, _ in self.read_order],
         }
 
-    # -- binlog data loss (Wormhole's onDataLoss) ------------------------------------------------------------
-
-    def accept_path(self) -> Path:
-        """Where `squeal accept-data-loss` leaves its request for this region's daemon (this shard's)."""
-        return accept_path(self.state_dir, self.region.name, self.shard.name if self.topology.sharded else None)
-
-    def _take_loss_acceptance(self) -> None:
-        path = self.accept_path()
-        if not path.exists():
-            return
-        path.unlink(missing_ok=True)
-        if not self._halted:
-            log.warning("accept-data-loss request ignored: no reader is halted on data loss")
-            return
-        log.warning(
-            "data loss accepted by the operator: flushing the region's destinations and resuming (%s)",
-            ", ".join(sorted(self._halted)),
-        )
-        with self._loss_accepted:
-            self._loss_accepted_at = time.time()
-            self._loss_accepted.notify_all()
-
-    def _on_data_loss(self, loop: ReadLoop, loss: DataLoss) -> g.Position | None:
-        """On a reader's thread: the binlog cannot serve `loss.requested`. Returns where to resume (after the
-        destinations are told to flush), or None when stopping. With on_data_loss = "halt" (or a position
-        this server never had) it waits here, /healthz 503, an ERROR every minute, until an operator
-        accepts the loss."""
-        name = loop.reader.name if not self.topology.sharded else f"{loop.reader.name} of shard {self.shard.name}"
-        policy = self.settings.on_data_loss
-        requested = g.format_position(loss.requested) or "the start"
-        resume = loss.resume
-        if resume is None:
-            policy = "halt"
-            why = (
-                f"binlog reader {name}: the database cannot serve position {requested} ({loss.message}) and "
-                f"that position is not behind its oldest binlog ({g.format_position(loss.oldest or {}) or '?'}):"
-                " a datamarker from another server or a restored backup? Stop squeal, set every flow's "
-                "marker with `squeal replay TOPOLOGY --region R --flow all --from GTID`, start it again"
-            )
-        else:
-            oldest = g.format_position(loss.oldest or {})
-            why = (
-                f"binlog reader {name}: DATA LOSS: the binlog after {requested} was purged ({loss.message}); "
-                f"lost GTIDs {loss.lost_range()}; the oldest binlog starts after {oldest}"
-            )
-        self.metrics.data_loss.labels(policy=policy).inc()
-        if policy == "flush":
-            log.error(
-                '%s; on_data_loss = "flush": flushing every destination of region %s and resuming after %s',
-                why,
-                self.region.name,
-                g.format_position(resume or {}),
-            )
-            return resume
-        if resume is not None:
-            shard = f" --shard {self.shard.name}" if self.topology.sharded else ""
-            why += (
-                f'; on_data_loss = "halt": delivery stopped. Recover with `squeal accept-data-loss TOPOLOGY '
-                f"--region {self.region.name}{shard}` (flushes the region's caches, resumes from the oldest "
-                "binlog; docs/runbooks/data-loss.md)"
-            )
-        self.reactor.callFromThread(self._set_halted, name, why)
-        since = last_log = time.time()
-        log.error("%s", why)
-        with self._loss_accepted:
-            while not loop.reader.stopped and self._loss_accepted_at <= since:
-                self._loss_accepted.wait(1.0)  # (short: a stopping reader is noticed within a second)
-                if time.time() - last_log >= 60 and self._loss_accepted_at <= since:
-                    last_log = time.time()
-                    log.error("still halted (%.0f min): %s", (last_log - since) / 60, why)
-        self.reactor.callFromThread(self._set_halted, name, None)
-        if loop.reader.stopped or resume is None:
-            return None
-        log.warning(
-            "binlog reader %s: data loss accepted; flushing and resuming after %s", name, g.format_position(resume)
-        )
-        return resume
-
-    def _set_halted(self, reader: str, why: str | None) -> None:
-        if why is None:
-            self._halted.discard(reader)
-            self.problems.pop(f"data_loss:{reader}", None)
-        else:
-            self._halted.add(reader)
-            self.problems[f"data_loss:{reader}"] = why
-        self.metrics.halted.set(1 if self._halted else 0)
+    # -- the source poller ---------------------------------------------------------------------------------------
 
     def _source_problem(self, text: str | None) -> None:
         """The source poller: the database could not be polled for long (text), or can be again (None)."""
