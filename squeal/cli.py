@@ -116,7 +116,8 @@ Runbook: docs/runbooks/data-loss.md.
 
 
 def cmd_accept_data_loss(args: argparse.Namespace) -> int:
-    from squeal.daemon import accept_path, state_dir_for
+    from squeal.daemon import state_dir_for
+    from squeal.data_loss import accept_path
     from squeal.replay import ReplayError, check_shard
 
     topo = _topology(args.topology)

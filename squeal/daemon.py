@@ -13,7 +13,7 @@ Lifecycle:
   exceptions): check the server's binlog settings, check the rules against information_schema, read each flow's
   datamarker (a new destination starts from the server's current GTID position, or `--from-gtid`).
 * `startService()`: the live reader from the earliest datamarker, the source poller, a checkpoint every second
-  (datamarkers of flows that moved; operator replay requests are applied first).
+  (datamarkers of flows that moved; operator replay requests are applied first: squeal/checkpoints.py).
 * `stopService()` (SIGTERM/SIGINT, through its parent): stop reading, flush what is queued (a few seconds at
   most), write the final markers; its Deferred fires when they are written (or given up on).
 * `retire()`: the stop that hands the shard on (a pool's planned move): in-flight deletes acknowledged first, off
@@ -37,21 +37,15 @@ from router_config import CANARY_TABLE, Database, Region, Topology
 from squeal import gtid as g
 from squeal.batcher import Sender, SenderHub
 from squeal.bulk import load_cascades
+from squeal.checkpoints import Checkpoints
 from squeal.copies import read_order
-from squeal.datamarkers import (
-    DatamarkerDirError,
-    DatamarkerStore,
-    FileDatamarkerStore,
-    MarkerWatch,
-    StoreThread,
-    describe_error,
-)
+from squeal.data_loss import DataLossPolicy
+from squeal.datamarkers import DatamarkerDirError, DatamarkerStore, FileDatamarkerStore, describe_error
 from squeal.flows import LIVE, Committed, Dispatcher, Flow, flows_for_region
 from squeal.metrics import Metrics
 from squeal.pipeline import Handoff, HandoffGroup, KeyStage, ReadLoop
 from squeal.reader import (
     BinlogReader,
-    DataLoss,
     NativeBinlogReader,
     Source,
     check_server,
@@ -104,11 +98,6 @@ def connect_with_retry(source: Source, timeout: float) -> Any:
             if time.monotonic() > deadline:
                 raise ConnectionError(f"cannot connect to the database: {describe_failure(source, e)}") from e
             time.sleep(0.5)
-
-
-def accept_path(state_dir: Path, region: str, shard: str | None = None) -> Path:
-    """The request file `squeal accept-data-loss` leaves for a region's daemon (a shard's, with [shards])."""
-    return state_dir / (f"accept-data-loss-{region}" + (f"-{shard}" if shard else ""))
 
 
 class Daemon(service.Service):
@@ -173,11 +162,6 @@ class Daemon(service.Service):
         prefixes = self.region.regional_pool.prefixes if self.region.regional_pool else ()
         self.stage = KeyStage(self.extractor, prefixes, self.metrics, rules=self.rules)
         self.xa = PreparedXa()  # undecided XA prepares: datamarkers and catch-up readers stay before them
-        # Binlog data loss with on_data_loss = "halt": readers wait until an operator accepts the loss
-        # (`squeal accept-data-loss`, a request file taken at the next checkpoint).
-        self._loss_accepted = threading.Condition()
-        self._loss_accepted_at = 0.0
-        self._halted: set[str] = set()
         self.flows: dict[str, Flow] = {}
         self.senders: dict[str, Sender] = {}
         self.catchups: dict[str, ReadLoop] = {}
@@ -189,11 +173,22 @@ class Daemon(service.Service):
         # Why the daemon is unhealthy, by cause (e.g. "data_loss", "datamarker:east-a"): /healthz answers 503
         # while any is set. Each part of the daemon sets and clears its own entries.
         self.problems: dict[str, str] = {}
-        # Datamarkers: the store is used from a thread of its own (a hung disk never blocks the reactor);
-        # per flow, how long its acknowledged position has waited to be durable, and its write errors.
-        self._store_thread = StoreThread(self.reactor)
-        self._marker_watch = MarkerWatch()
-        self._marker_round: defer.Deferred | None = None  # the checkpoint round in progress, if any
+        # Binlog data loss (squeal/data_loss.py): with on_data_loss = "halt" readers wait until an operator accepts
+        # the loss (`squeal accept-data-loss`, a request file taken at the next checkpoint).
+        self.data_loss = DataLossPolicy(
+            reactor,
+            self.settings,
+            self.metrics,
+            self.problems,
+            self.state_dir,
+            self.region.name,
+            self.shard.name if topology.sharded else None,
+        )
+        # Datamarker rounds, replay requests, marker health, the final markers (squeal/checkpoints.py).
+        self.checkpoints = Checkpoints(
+            reactor, self.store, self.flows, self.xa, self.metrics, self.settings, self.problems, self.state_dir
+        )
+        self._checkpoint_timer: task.LoopingCall | None = None  # start_checkpoints': every checkpoint_interval
         self.source_poller: SourcePoller | None = None  # the source's position and replication lag (prepare)
         self.reader_kind = "python"  # "native" when prepare() chose squeal_native ([squeal] reader)
         self._check_lock = threading.Lock()
@@ -330,14 +325,9 @@ class Daemon(service.Service):
                     self.store.save(f.name, g.format_position(f.acked))
             except OSError as e:
                 raise DatamarkerDirError(
-                    f"cannot write the datamarker of flow {f.name} in {self._marker_where()}: {describe_error(e)}"
+                    f"cannot write the datamarker of flow {f.name} in {self.checkpoints.where}: {describe_error(e)}"
                 ) from e
-            self.metrics.marker_write_errors.labels(flow=f.name)  # (the series exist from the start, at 0)
-
-            def marker_age(name: str = f.name) -> float:
-                return self._marker_watch.age(name, self.reactor.seconds())
-
-            self.metrics.marker_age.labels(flow=f.name).set_function(marker_age)
+            self.checkpoints.watch_flow(f)
             f.on_shed = self._on_shed
             self.senders[f.name] = self.hub.attach(f)
         start = g.earliest([f.acked for f in flows])
@@ -363,7 +353,9 @@ class Daemon(service.Service):
             ready=self._live_room,
             group=self.handoffs,
         )
-        self.live = ReadLoop(reader, self.stage, handoff.put, self.metrics, xa=self.xa, on_data_loss=self._on_data_loss)
+        self.live = ReadLoop(
+            reader, self.stage, handoff.put, self.metrics, xa=self.xa, on_data_loss=self.data_loss.on_data_loss
+        )
         self.metrics.reader_connected.labels(reader="live").set_function(lambda: int(reader.connected.is_set()))
         self.source_poller = SourcePoller(
             self.source,
@@ -431,9 +423,13 @@ class Daemon(service.Service):
 
     def start_checkpoints(self) -> None:
         """The checkpoint timer (`checkpoint(periodic=True)` every `checkpoint_interval`)."""
-        self._checkpoints = task.LoopingCall(self.checkpoint, periodic=True)
-        self._checkpoints.clock = self.reactor
-        self._checkpoints.start(self.checkpoint_interval, now=False)
+        timer = self._checkpoint_timer = task.LoopingCall(self.checkpoint, periodic=True)
+        timer.clock = self.reactor
+        timer.start(self.checkpoint_interval, now=False)
+
+    def _stop_checkpoint_timer(self) -> None:
+        if self._checkpoint_timer is not None and self._checkpoint_timer.running:
+            self._checkpoint_timer.stop()
 
     def startService(self) -> None:  # noqa: N802 - Twisted's name
         """The pipeline starts delivering (after `prepare`)."""
@@ -507,7 +503,9 @@ class Daemon(service.Service):
         handoff = Handoff(
             self.reactor, lambda items: self._deliver_catchup(flow, loop, items), bound=max(100, bound // 2)
         )
-        loop = ReadLoop(reader, self.stage, handoff.put, self.metrics, wait=brake, on_data_loss=self._on_data_loss)
+        loop = ReadLoop(
+            reader, self.stage, handoff.put, self.metrics, wait=brake, on_data_loss=self.data_loss.on_data_loss
+        )
         self.catchups[flow.name] = loop
         log.info("flow %s: catch-up reader from %s", flow.name, g.format_position(start) or "the start")
         loop.start()
@@ -531,22 +529,19 @@ class Daemon(service.Service):
         log.info("flow %s: caught up at %s, back on the live stream", flow.name, g.format_position(flow.enqueued))
         return True
 
-    # -- checkpoints, replay, health --------------------------------------------------------------------------
+    # -- the checkpoint tick, lag health ------------------------------------------------------------------------
 
     def checkpoint(self, periodic: bool = False) -> None:
-        """Apply replay requests, then write the datamarkers of flows that moved.
+        """The once-a-second tick (and SIGHUP's, `squeal replay`'s "apply now"): take an operator's acceptance of
+        data loss, forget decided XA prepares, check lag, then a checkpoint round (squeal/checkpoints.py: apply
+        replay requests, write the datamarkers of flows that moved; never waits for the disk).
 
         `periodic` (the checkpoint timer): replay requests are looked for only if the store knows of a change
         (`take_replay_requests(if_changed=True)`: a ZooKeeper store's watch); an asked checkpoint (SIGHUP) looks.
-
-        Never raises (that would stop the checkpoint loop for good) and never waits for the disk: the round
-        (take replay requests, apply them, write the markers of flows that moved) runs on the store's thread,
-        and a round still running at the next checkpoint (a slow or hung disk) is not joined by another. A
-        failed write is counted and logged and leaves the flow dirty, so the next checkpoint retries it; a
-        marker waiting longer than marker_max_age_s puts "datamarker:<flow>" in `problems` until it is written.
+        Never raises: that would stop the checkpoint loop for good.
         """
         try:
-            self._take_loss_acceptance()
+            self.data_loss.take_acceptance()
             self.xa.forget_decided([f.acked for f in self.flows.values()])
             self.metrics.xa_prepared.set(len(self.xa))
         except Exception:
@@ -555,125 +550,11 @@ class Daemon(service.Service):
             self._watch_lag()
         except Exception:
             log.exception("checkpoint: the lag check failed; retried at the next one")
-        try:
-            self._watch_markers()
-            if self._marker_round is None:
-                self._start_marker_round(if_changed=periodic)
-        except Exception:
-            log.exception("datamarker checkpoint failed; retried at the next one")
+        self.checkpoints.run(if_changed=periodic)
         if self.live is not None and self.live.error is not None and not self.stopping:
             log.error("the live binlog reader died (%s); exiting", self.live.error)
             self.exit_code = 1
             self.reactor.stop()
-
-    def _marker_where(self) -> str:
-        return str(getattr(self.store, "dir", self.state_dir))
-
-    def _start_marker_round(self, if_changed: bool = False) -> defer.Deferred:
-        """One checkpoint round; its Deferred fires True if it wrote every marker it had to (it never errs)."""
-        d = self._store_thread.call(self.store.take_replay_requests, if_changed)
-        d.addCallbacks(self._apply_replays, self._replays_failed)
-        d.addCallback(lambda _: self._write_moved_markers())
-
-        def unexpected(failure: Any) -> bool:
-            log.error("datamarker checkpoint failed: %s", failure.getTraceback())
-            return False
-
-        def done(ok: Any) -> Any:
-            if self._marker_round is d:
-                self._marker_round = None
-            return ok
-
-        d.addErrback(unexpected)
-        d.addBoth(done)
-        if not d.called:
-            self._marker_round = d
-        return d
-
-    _REPLAYS = "(replay requests)"  # MarkerWatch key of take_replay_requests' failures (for rate-limited logs)
-
-    def _apply_replays(self, requests: dict[str, str]) -> None:
-        self._marker_watch.written(self._REPLAYS)
-        for name, position in requests.items():
-            flow = self.flows.get(name)
-            if flow is None:
-                log.error("replay request for unknown flow %r ignored (flows: %s)", name, ", ".join(self.flows))
-                continue
-            log.warning("flow %s: replay from %s requested", name, position or "the start")
-            flow.rewind(g.parse_position(position))
-
-    def _replays_failed(self, failure: Any) -> None:
-        """Replay requests could not be read: logged (rate-limited); the markers are written all the same."""
-        error = describe_error(failure.value)
-        if self._marker_watch.failed(self._REPLAYS, error, self.reactor.seconds()):
-            log.error(
-                "cannot take replay requests from %s: %s (retried at every checkpoint)", self._marker_where(), error
-            )
-
-    def _write_moved_markers(self) -> defer.Deferred | bool:
-        now = self.reactor.seconds()
-        moved: dict[str, str] = {}
-        for flow in self.flows.values():
-            if flow.dirty:
-                flow.dirty = False
-                moved[flow.name] = g.format_position(self.xa.cap(flow.acked))  # never past an undecided XA
-                self._marker_watch.moved(flow.name, now)
-        if not moved:
-            return True
-        d = self._store_thread.call(self._save_markers, moved)
-        d.addCallback(self._markers_saved, moved)
-        return d
-
-    def _save_markers(self, moved: dict[str, str]) -> dict[str, Exception]:
-        """On the store's thread: write each marker; returns the failures (flow -> exception). A store with
-        `save_many` (one record for every flow of the shard: `ShardMarkerStore`) gets them in one write."""
-        errors: dict[str, Exception] = {}
-        save_many = getattr(self.store, "save_many", None)
-        if save_many is not None:
-            try:
-                save_many(moved)
-            except Exception as e:  # noqa: BLE001 - as below: the round fails as a whole and is retried
-                errors = dict.fromkeys(moved, e)
-            return errors
-        for name, position in moved.items():
-            try:
-                self.store.save(name, position)
-            except Exception as e:  # noqa: BLE001 - OSError / ValueError from a file store, anything from others
-                errors[name] = e
-        return errors
-
-    def _markers_saved(self, errors: dict[str, Exception], moved: dict[str, str]) -> bool:
-        now = self.reactor.seconds()
-        for name in moved:
-            e = errors.get(name)
-            if e is None:
-                failures = self._marker_watch.written(name)
-                self.metrics.checkpoints.labels(flow=name).inc()
-                self.problems.pop(f"datamarker:{name}", None)
-                if failures:
-                    log.warning(
-                        "flow %s: datamarker written again in %s (after %d failed writes)",
-                        name,
-                        self._marker_where(),
-                        failures,
-                    )
-                continue
-            flow = self.flows.get(name)
-            if flow is not None:
-                flow.dirty = True  # retried at the next checkpoint
-            self.metrics.marker_write_errors.labels(flow=name).inc()
-            if self._marker_watch.failed(name, describe_error(e), now):
-                log.error(
-                    "flow %s: cannot write its datamarker (%s) in %s: %s; deletes keep flowing, the write "
-                    "is retried at every checkpoint (%d failed so far; logged at most once a minute)",
-                    name,
-                    moved[name],
-                    self._marker_where(),
-                    describe_error(e),
-                    self._marker_watch.failures(name),
-                )
-        self._watch_markers()
-        return not errors
 
     def _watch_lag(self) -> None:
         """/healthz: a flow further behind the primary's commits than max_lag_s is a problem naming the copy this
@@ -699,22 +580,6 @@ class Daemon(service.Service):
             elif source and not source.get("up", True):
                 why = f"its source {copy} does not answer"
             self.problems[key] = f"flow {name}: {lag:.0f}s behind the primary's commits (max_lag_s = {limit:g}): {why}"
-
-    def _watch_markers(self) -> None:
-        """/healthz: a flow whose acknowledged position has waited more than marker_max_age_s is a problem."""
-        now = self.reactor.seconds()
-        limit = self.settings.marker_max_age_s
-        for name in self.flows:
-            key = f"datamarker:{name}"
-            age = self._marker_watch.age(name, now)
-            if age > limit:
-                error = self._marker_watch.last_error(name) or "the write has not returned (a hung disk?)"
-                self.problems[key] = (
-                    f"flow {name}: datamarker in {self._marker_where()} not written for "
-                    f"{age:.0f}s (marker_max_age_s = {limit:g}): {error}"
-                )
-            else:
-                self.problems.pop(key, None)
 
     def status(self) -> dict[str, Any]:
         live = self.live
@@ -750,92 +615,7 @@ class Daemon(service.Service):
             "order": [d.name for d, _ in self.read_order],
         }
 
-    # -- binlog data loss (Wormhole's onDataLoss) ------------------------------------------------------------
-
-    def accept_path(self) -> Path:
-        """Where `squeal accept-data-loss` leaves its request for this region's daemon (this shard's)."""
-        return accept_path(self.state_dir, self.region.name, self.shard.name if self.topology.sharded else None)
-
-    def _take_loss_acceptance(self) -> None:
-        path = self.accept_path()
-        if not path.exists():
-            return
-        path.unlink(missing_ok=True)
-        if not self._halted:
-            log.warning("accept-data-loss request ignored: no reader is halted on data loss")
-            return
-        log.warning(
-            "data loss accepted by the operator: flushing the region's destinations and resuming (%s)",
-            ", ".join(sorted(self._halted)),
-        )
-        with self._loss_accepted:
-            self._loss_accepted_at = time.time()
-            self._loss_accepted.notify_all()
-
-    def _on_data_loss(self, loop: ReadLoop, loss: DataLoss) -> g.Position | None:
-        """On a reader's thread: the binlog cannot serve `loss.requested`. Returns where to resume (after the
-        destinations are told to flush), or None when stopping. With on_data_loss = "halt" (or a position
-        this server never had) it waits here, /healthz 503, an ERROR every minute, until an operator
-        accepts the loss."""
-        name = loop.reader.name if not self.topology.sharded else f"{loop.reader.name} of shard {self.shard.name}"
-        policy = self.settings.on_data_loss
-        requested = g.format_position(loss.requested) or "the start"
-        resume = loss.resume
-        if resume is None:
-            policy = "halt"
-            why = (
-                f"binlog reader {name}: the database cannot serve position {requested} ({loss.message}) and "
-                f"that position is not behind its oldest binlog ({g.format_position(loss.oldest or {}) or '?'}):"
-                " a datamarker from another server or a restored backup? Stop squeal, set every flow's "
-                "marker with `squeal replay TOPOLOGY --region R --flow all --from GTID`, start it again"
-            )
-        else:
-            oldest = g.format_position(loss.oldest or {})
-            why = (
-                f"binlog reader {name}: DATA LOSS: the binlog after {requested} was purged ({loss.message}); "
-                f"lost GTIDs {loss.lost_range()}; the oldest binlog starts after {oldest}"
-            )
-        self.metrics.data_loss.labels(policy=policy).inc()
-        if policy == "flush":
-            log.error(
-                '%s; on_data_loss = "flush": flushing every destination of region %s and resuming after %s',
-                why,
-                self.region.name,
-                g.format_position(resume or {}),
-            )
-            return resume
-        if resume is not None:
-            shard = f" --shard {self.shard.name}" if self.topology.sharded else ""
-            why += (
-                f'; on_data_loss = "halt": delivery stopped. Recover with `squeal accept-data-loss TOPOLOGY '
-                f"--region {self.region.name}{shard}` (flushes the region's caches, resumes from the oldest "
-                "binlog; docs/runbooks/data-loss.md)"
-            )
-        self.reactor.callFromThread(self._set_halted, name, why)
-        since = last_log = time.time()
-        log.error("%s", why)
-        with self._loss_accepted:
-            while not loop.reader.stopped and self._loss_accepted_at <= since:
-                self._loss_accepted.wait(1.0)  # (short: a stopping reader is noticed within a second)
-                if time.time() - last_log >= 60 and self._loss_accepted_at <= since:
-                    last_log = time.time()
-                    log.error("still halted (%.0f min): %s", (last_log - since) / 60, why)
-        self.reactor.callFromThread(self._set_halted, name, None)
-        if loop.reader.stopped or resume is None:
-            return None
-        log.warning(
-            "binlog reader %s: data loss accepted; flushing and resuming after %s", name, g.format_position(resume)
-        )
-        return resume
-
-    def _set_halted(self, reader: str, why: str | None) -> None:
-        if why is None:
-            self._halted.discard(reader)
-            self.problems.pop(f"data_loss:{reader}", None)
-        else:
-            self._halted.add(reader)
-            self.problems[f"data_loss:{reader}"] = why
-        self.metrics.halted.set(1 if self._halted else 0)
+    # -- the source poller ---------------------------------------------------------------------------------------
 
     def _source_problem(self, text: str | None) -> None:
         """The source poller: the database could not be polled for long (text), or can be again (None)."""
@@ -875,10 +655,8 @@ class Daemon(service.Service):
             try:
                 for s in self.senders.values():
                     s.stop()
-                checkpoints = getattr(self, "_checkpoints", None)
-                if checkpoints is not None and checkpoints.running:
-                    checkpoints.stop()
-                saved = self._final_markers(save_timeout)
+                self._stop_checkpoint_timer()
+                saved = self.checkpoints.final(save_timeout)
             except Exception:
                 log.exception("shutdown: writing the datamarkers failed")
                 saved = defer.succeed(False)
@@ -887,14 +665,14 @@ class Daemon(service.Service):
         def done(saved: Any) -> None:
             try:
                 markers = {n: g.format_position(f.acked) for n, f in self.flows.items()}
-                unsaved = [n for n, f in self.flows.items() if f.dirty or self._marker_watch.pending(n)]
+                unsaved = self.checkpoints.unsaved()
                 if saved is not True and unsaved:
-                    errors = [e for e in (self._marker_watch.last_error(n) for n in unsaved) if e]
+                    errors = [e for e in (self.checkpoints.watch.last_error(n) for n in unsaved) if e]
                     log.error(
                         "could not save the datamarkers of flow(s) %s in %s within %gs (%s); on restart "
                         "they resume from their older markers and send those deletes again",
                         ", ".join(f"{n} at {markers[n]}" for n in unsaved),
-                        self._marker_where(),
+                        self.checkpoints.where,
                         save_timeout,
                         errors[0] if errors else "the write has not returned (a hung disk?)",
                     )
@@ -902,7 +680,7 @@ class Daemon(service.Service):
                 elif saved is not True:
                     log.warning(
                         "the datamarker store in %s did not answer within %gs (every marker was already written)",
-                        self._marker_where(),
+                        self.checkpoints.where,
                         save_timeout,
                     )
                 log.info("stopped; datamarkers: %s", markers)
@@ -943,9 +721,7 @@ class Daemon(service.Service):
 
         def hand_on() -> None:
             poll.stop()
-            checkpoints = getattr(self, "_checkpoints", None)
-            if checkpoints is not None and checkpoints.running:
-                checkpoints.stop()
+            self._stop_checkpoint_timer()
             if not idle():
                 log.warning(
                     "shard %s: deletes still unacknowledged after %gs (%s); the next owner sends them again",
@@ -957,10 +733,10 @@ class Daemon(service.Service):
                 sender = self.senders.get(name)
                 if sender is not None and flow in sender.flows:
                     sender.remove_flow(flow)
-            saved = self._final_markers(save_timeout)
+            saved = self.checkpoints.final(save_timeout)
 
             def handed_on(ok: Any) -> None:
-                self._store_thread.close()
+                self.checkpoints.close()
                 result.callback(ok)
 
             saved.addBoth(handed_on)
@@ -972,32 +748,4 @@ class Daemon(service.Service):
         poll = task.LoopingCall(check)
         poll.clock = self.reactor
         poll.start(0.02, now=True)
-        return result
-
-    def _final_markers(self, timeout: float) -> defer.Deferred:
-        """Checkpoint rounds until every flow's marker is written: fires True, or False after `timeout`
-        seconds (a store that keeps failing is retried every 0.5 s; a hung one is abandoned with its thread)."""
-        result: defer.Deferred = defer.Deferred()
-
-        def give_up() -> None:
-            if not result.called:
-                result.callback(False)
-
-        timer = self.reactor.callLater(timeout, give_up)
-
-        def round_done(ok: Any) -> None:
-            if result.called:
-                return
-            if ok is True and not any(f.dirty for f in self.flows.values()):
-                if timer.active():
-                    timer.cancel()
-                result.callback(True)
-            else:
-                self.reactor.callLater(0 if ok is True else 0.5, next_round)
-
-        def next_round() -> None:
-            if not result.called:
-                (self._marker_round or self._start_marker_round()).addBoth(round_done)
-
-        next_round()
         return result

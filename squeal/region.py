@@ -415,7 +415,7 @@ class RegionDaemon(service.MultiService):
             try:
                 if store.take_loss_acceptance(if_changed=True):
                     log.warning("%s: data loss accepted by the operator (%s)", who, store.accept_path)
-                    pipeline.accept_path().write_text("accepted\n")
+                    pipeline.data_loss.accept_path.write_text("accepted\n")
             except Exception as e:  # noqa: BLE001 - retried at the next call; ZooKeeper may be away for a while
                 log.debug("cannot take %s: %s", store.accept_path, e)
 

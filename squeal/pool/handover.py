@@ -18,7 +18,8 @@ from kazoo.exceptions import KazooException
 from twisted.internet import defer, threads
 
 from squeal import gtid as g
-from squeal.daemon import accept_path, source_for
+from squeal.daemon import source_for
+from squeal.data_loss import accept_path
 from squeal.owner import wait_for_copy
 from squeal.zkstore import UNAVAILABLE
 

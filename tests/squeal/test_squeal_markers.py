@@ -391,7 +391,7 @@ def ack(flow: Flow, seq: int) -> None:
 
 def checkpoint(d: Daemon, reactor: FakeReactor) -> None:
     d.checkpoint()
-    reactor.pump(lambda: d._marker_round is None)
+    reactor.pump(lambda: d.checkpoints.round is None)
 
 
 def counter(d: Daemon, name: str) -> float:
@@ -404,7 +404,7 @@ def test_failed_marker_writes_are_retried_counted_and_fail_health_after_max_age(
     flow = d.flows["a"]
     ack(flow, 6)
     store.fail = OSError(28, "No space left on device", "/fake/markers/.a.marker.1.tmp")
-    with caplog.at_level(logging.INFO, logger="squeal.daemon"):
+    with caplog.at_level(logging.INFO, logger="squeal.checkpoints"):
         for _ in range(4):
             checkpoint(d, reactor)
             reactor.advance(1.0)
@@ -414,7 +414,7 @@ def test_failed_marker_writes_are_retried_counted_and_fail_health_after_max_age(
         for _ in range(3):
             checkpoint(d, reactor)
             reactor.advance(1.0)
-        assert d._marker_watch.age("a", reactor.seconds()) == 7.0
+        assert d.checkpoints.watch.age("a", reactor.seconds()) == 7.0
         checkpoint(d, reactor)
         reason = d.problems["datamarker:a"]
         assert "/fake/markers" in reason and "No space left on device" in reason and "Errno 28" in reason
@@ -426,7 +426,7 @@ def test_failed_marker_writes_are_retried_counted_and_fail_health_after_max_age(
         checkpoint(d, reactor)
     assert store.saved == {"a": "0-1-7"} and not flow.dirty
     assert "datamarker:a" not in d.problems
-    assert d._marker_watch.age("a", reactor.seconds()) == 0.0
+    assert d.checkpoints.watch.age("a", reactor.seconds()) == 0.0
     assert counter(d, "squeal_datamarker_writes_total") == 1
     assert "written again" in caplog.text
 
@@ -442,12 +442,12 @@ def test_checkpoint_survives_replay_errors_and_unexpected_store_errors(tmp_path:
     ack(d.flows["a"], 6)
     for _ in range(3):
         reactor.advance(1.0)
-        reactor.pump(lambda: d._marker_round is None)
+        reactor.pump(lambda: d.checkpoints.round is None)
     assert loop.running
     assert counter(d, "squeal_datamarker_write_errors_total") == 3
     store.fail = store.fail_replays = None
     reactor.advance(1.0)
-    reactor.pump(lambda: d._marker_round is None)
+    reactor.pump(lambda: d.checkpoints.round is None)
     assert store.saved == {"a": "0-1-6"}
     loop.stop()
 
@@ -482,7 +482,7 @@ def test_shutdown_with_a_failing_store_fires_and_exits_1_and_with_a_good_one_exi
     finished = d.shutdown(save_timeout=2.0)
     with caplog.at_level(logging.ERROR, logger="squeal.daemon"):
         for _ in range(5):  # retried every 0.5 s until the 2 s are up
-            reactor.pump(lambda: d._marker_round is None)
+            reactor.pump(lambda: d.checkpoints.round is None)
             reactor.advance(0.5)
     assert finished.called and d.exit_code == 1
     assert store.calls >= 3
@@ -505,11 +505,11 @@ def test_the_checkpoint_timer_looks_for_replay_requests_only_if_changed_an_asked
     d, reactor = make_daemon(tmp_path, store)
     d.start_checkpoints()  # the timer start_pipeline starts, on the fake clock
     reactor.advance(d.checkpoint_interval)
-    reactor.pump(lambda: d._marker_round is None)
+    reactor.pump(lambda: d.checkpoints.round is None)
     assert store.looks == [True]
     checkpoint(d, reactor)  # asked (SIGHUP)
     assert store.looks == [True, False]
-    d._checkpoints.stop()
+    d._checkpoint_timer.stop()
 
 
 # -- unit: the shard pipeline as a Twisted service (issue 33 item 3) -------------------------------------------------
