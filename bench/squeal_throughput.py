@@ -501,8 +501,15 @@ def main() -> int:
         default=10,
         help="single-row statements per transaction (10: the recorded figures; 1: single-row transactions)",
     )
+    ap.add_argument(
+        "--batch-sizes",
+        default="256",
+        help="[squeal] batch_size of each squeal run, a list: the first is the recorded figure, the others run "
+        "after it in the same round (same binlog) and are reported by their CPU per 1,000 rows",
+    )
     args = ap.parse_args()
     per_txn = args.rows_per_txn
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     shape = f"{per_txn}-row transactions"
     base = Path(tempfile.mkdtemp(prefix="squeal-bench-"))
     tls_dir: Path | None = None
@@ -565,7 +572,7 @@ def main() -> int:
                 print(f"  C decoder (mariadb-binlog -R -v): {c_s:.2f}s = {c_rate:,.0f} rows/s; CPU {c_cpu:.2f}s")
             result = {"bare": bare, "bare_cpu": bare_cpu, "c": c_rate}
             for reader in readers:
-                r = squeal_replay(base, db, schema, dests, start, end, 256, reader=reader)
+                r = squeal_replay(base, db, schema, dests, start, end, batch_sizes[0], reader=reader)
                 if r["rows"] != bare_rows:
                     raise RuntimeError(f"squeal ({reader}) read {r['rows']:.0f} rows, bare decode {bare_rows}")
                 check_transactions(r["transactions"], txns, f"squeal ({reader})")
@@ -594,8 +601,26 @@ def main() -> int:
                     f"{r['ratio']:.2f}x bare, {r['of_c']:.2f} of C, CPU ratio {r['cpu_ratio']:.2f}; by thread "
                     f"(ms per 1,000 rows): {by_thread(r)}"
                 )
+                for size in batch_sizes[1:]:  # the same reader with another [squeal] batch_size, same round
+                    b = squeal_replay(base, db, schema, dests, start, end, size, reader=reader)
+                    check_transactions(b["transactions"], txns, f"squeal ({reader}, batch_size {size})")
+                    result[f"{reader}@{size}"] = b
+                    print(
+                        f"  squeal {reader:6} batch_size {size}: {b['window_rows']:.0f} rows in {b['seconds']:.2f}s "
+                        f"= {b['rows_per_s']:,.0f} rows/s; {b['deletes_per_write']:.1f} deletes/write; sheds "
+                        f"{b['sheds']:.0f}; CPU per 1,000 rows {b['cpu_per_1000'] * 1000:.1f} ms; by thread "
+                        f"(ms per 1,000 rows): {by_thread(b)}"
+                    )
             rounds.append(result)
         print(f"after the rounds: {loadavg()}")
+        for reader in readers:
+            for size in batch_sizes:
+                key = reader if size == batch_sizes[0] else f"{reader}@{size}"
+                cpus = sorted(x[key]["cpu_per_1000"] * 1000 for x in rounds)
+                print(
+                    f"CPU per 1,000 rows, squeal[{reader}] batch_size {size} ({shape}): median "
+                    f"{cpus[(len(cpus) - 1) // 2]:.2f} ms of {len(cpus)} rounds ({', '.join(f'{c:.2f}' for c in cpus)})"
+                )
         for reader in readers:
             ordered = sorted(rounds, key=lambda x: x[reader]["ratio"])
             mid = ordered[(len(ordered) - 1) // 2]
