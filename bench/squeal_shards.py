@@ -24,8 +24,10 @@
    `--flush-ms` repeats the live rounds for each `[squeal] flush_interval_ms` given: how much a longer
    coalescing window packs, and what it adds to the latency.
 3. Idle (`--only idle`): the same process over N shards with nothing written, its CPU per second over
-   `--idle-seconds` (nothing scrapes it meanwhile), and the cost of each shard above the first (issue 33's
-   fixed cost: <= 1 ms CPU/s an idle shard).
+   `--idle-seconds` in three modes: quiet (nothing asks it anything), scraped (/metrics read once a second,
+   as the monitoring server does) and probed (scraped, plus one single-row transaction a second on every
+   shard, as the canary prober commits); and the cost of each shard above the first (issue 33's fixed cost:
+   <= 1 ms CPU/s an idle shard).
 """
 
 from __future__ import annotations
@@ -182,29 +184,49 @@ def replay_round(base: Path, dbs: list[MariaDB], caches: list[Memcached], rows: 
     }
 
 
+IDLE_MODES = ("quiet", "scraped", "probed")
+
+
 def idle_round(base: Path, dbs: list[MariaDB], caches: list[Memcached], seconds: float) -> dict:
-    """The fixed cost: one `squeal run` over N shards with nothing written, CPU over `seconds` (nothing scrapes
-    it meanwhile: the monitoring server's share is not in these figures)."""
+    """The fixed cost: one `squeal run` over N shards with nothing written, CPU over `seconds` in each of three
+    modes one after the other: `quiet` (nothing asks it anything), `scraped` (its /metrics read once a second,
+    as the monitoring server does), `probed` (scraped, and one single-row transaction a second committed on
+    every shard, as the monitoring server's canary prober does: a deployment's "idle" shard is never idle)."""
     n = len(dbs)
     schema = f"idle_{n}_{int(time.time()) % 100000}"
     for db in dbs:
-        db.execute(f"CREATE DATABASE {schema}", f"USE {schema}", SCHEMA)
+        db.execute(f"CREATE DATABASE {schema}", f"USE {schema}", SCHEMA, "INSERT INTO users VALUES (1, 'a@x', 'a', 0)")
     work = base / f"idle-{n}"
     work.mkdir()
     (work / "topology.toml").write_text(topology(dbs, schema, caches))
     write_markers(work / "state", n, [db.gtid_binlog_pos() for db in dbs], len(caches))
     daemon = SquealDaemon(work / "topology.toml", "east", workdir=work, state_dir=work / "state")
     daemon.start()
+    conns = [db.connect(schema, autocommit=True) for db in dbs]
+    result: dict = {"shards": n}
     try:
         proc = psutil.Process(daemon.proc.pid)
         time.sleep(3)  # start-up done: every reader connected, the first checkpoints written
-        cpu0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
-        time.sleep(seconds)
-        cpu, wall = sum(proc.cpu_times()[:2]) - cpu0, time.monotonic() - t0
-        rss = proc.memory_info().rss / 2**20
+        for mode in IDLE_MODES:
+            cpu0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
+            tick = t0
+            while (now := time.monotonic()) < t0 + seconds:
+                if mode != "quiet":
+                    scrape(daemon.port)
+                if mode == "probed":
+                    for conn in conns:
+                        with conn.cursor() as cur:
+                            cur.execute("UPDATE users SET n = n + 1 WHERE id = 1")
+                tick += 1.0
+                time.sleep(max(0.0, tick - time.monotonic()))
+            cpu, wall = sum(proc.cpu_times()[:2]) - cpu0, now - t0
+            result[f"{mode}_ms_per_s"] = 1000 * cpu / wall
+        result["rss_mb"] = proc.memory_info().rss / 2**20
     finally:
+        for conn in conns:
+            conn.close()
         daemon.stop(grace=10)
-    return {"shards": n, "cpu_ms_per_s": 1000 * cpu / wall, "rss_mb": rss}
+    return result
 
 
 def histogram_buckets(text: str, name: str) -> dict[float, float]:
@@ -313,13 +335,23 @@ def main() -> int:
         )
         if args.only == "idle":
             idles = [idle_round(base, dbs[:n], caches, args.idle_seconds) for n in counts]
-            print("\n| shards | CPU ms/s (whole process) | per shard above 1 shard | RSS MB |")
-            print("|---:|---:|---:|---:|")
+            print(
+                "\n| shards | CPU ms/s: quiet | scraped | probed | per shard above the first: quiet | scraped | "
+                "probed | RSS MB |"
+            )
+            print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+            first = idles[0]
             for r in idles:
-                extra = (r["cpu_ms_per_s"] - idles[0]["cpu_ms_per_s"]) / max(1, r["shards"] - idles[0]["shards"])
+                more = r["shards"] - first["shards"]
+                extra = [
+                    (r[f"{m}_ms_per_s"] - first[f"{m}_ms_per_s"]) / more if more else float("nan") for m in IDLE_MODES
+                ]
                 print(
-                    f"| {r['shards']} | {r['cpu_ms_per_s']:.2f} | "
-                    f"{extra if r['shards'] != idles[0]['shards'] else float('nan'):.2f} | {r['rss_mb']:.0f} |"
+                    f"| {r['shards']} | "
+                    + " | ".join(f"{r[f'{m}_ms_per_s']:.2f}" for m in IDLE_MODES)
+                    + " | "
+                    + " | ".join(f"{e:.2f}" for e in extra)
+                    + f" | {r['rss_mb']:.0f} |"
                 )
             return 0
         replays = [replay_round(base, dbs[:n], caches, args.rows) for n in counts] if args.only != "live" else []
