@@ -45,9 +45,14 @@ def _topology(path: str) -> router_config.Topology:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from prometheus_client import disable_created_metrics
+
     from squeal.region import RegionDaemon
     from squeal.shell import Shell
 
+    # No `*_created` series beside every counter and histogram: nothing reads them, and they were a sixth of the
+    # samples each scrape renders (a scrape a second, per shard; bench/squeal_shards.py --only idle).
+    disable_created_metrics()
     topo = _topology(args.topology)
     if args.instance is not None:  # a worker of the region's pool (docs/squeal.md, "Worker pool")
         from squeal.pool.worker import PoolWorker

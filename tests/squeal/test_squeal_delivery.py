@@ -7,8 +7,11 @@ One daemon and two clusters (each its own memcached) are shared by the module; e
 from __future__ import annotations
 
 import base64
+import gzip
+import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from squeal_helpers import SquealEnv, scrape, wait_gone
 
 
@@ -136,6 +139,32 @@ def test_unknown_tables_are_ignored_cheaply(env: SquealEnv) -> None:
     assert after['squeal_rows_total{reader="live"}'] - rows_before == 1
     assert after['squeal_transactions_total{reader="live"}'] - tx_before >= 102
     assert_cached_everywhere(env, ["other:1"])
+
+
+def test_metrics_page_speaks_prometheus_text_openmetrics_and_gzip_without_created_series(env: SquealEnv) -> None:
+    """The daemon's /metrics as Prometheus asks for it: text by default, OpenMetrics when its Accept asks, gzip
+    when accepted; and no `*_created` series (a sixth of the samples, read by nothing)."""
+    env.fence()
+    url = f"http://127.0.0.1:{env.daemon.port}/metrics"
+
+    def get(**headers: str) -> tuple[dict[str, str], bytes]:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
+            return {k.lower(): v for k, v in r.headers.items()}, r.read()
+
+    headers, body = get()
+    assert headers["content-type"].startswith("text/plain; version=0.0.4")
+    text = body.decode()
+    families = {f.name for f in text_string_to_metric_families(text)}
+    assert {"squeal_rows", "squeal_invalidation_latency_seconds"} <= families
+    assert "_created" not in text
+
+    headers, body = get(Accept="application/openmetrics-text; version=1.0.0")
+    assert headers["content-type"].startswith("application/openmetrics-text")
+    assert body.endswith(b"# EOF\n")
+
+    headers, body = get(**{"Accept-Encoding": "gzip"})
+    assert headers.get("content-encoding") == "gzip"
+    assert b"squeal_rows_total" in gzip.decompress(body)
 
 
 def test_alter_table_mid_stream(env: SquealEnv) -> None:
