@@ -26,8 +26,8 @@
 3. Idle (`--only idle`): the same process over N shards with nothing written, its CPU per second over
    `--idle-seconds` in three modes: quiet (nothing asks it anything), scraped (/metrics read once a second,
    as the monitoring server does) and probed (scraped, plus one single-row transaction a second on every
-   shard, as the canary prober commits); and the cost of each shard above the first (issue 33's fixed cost:
-   <= 1 ms CPU/s an idle shard).
+   shard, as the canary prober commits); the cost of each shard above the first (issue 33's fixed cost:
+   <= 1 ms CPU/s an idle shard); and the CPU of one /metrics scrape (300 back to back, less the quiet rate).
 """
 
 from __future__ import annotations
@@ -221,6 +221,12 @@ def idle_round(base: Path, dbs: list[MariaDB], caches: list[Memcached], seconds:
                 time.sleep(max(0.0, tick - time.monotonic()))
             cpu, wall = sum(proc.cpu_times()[:2]) - cpu0, now - t0
             result[f"{mode}_ms_per_s"] = 1000 * cpu / wall
+        # one scrape's own cost: 300 back to back, less the quiet rate over the same time
+        cpu0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
+        for _ in range(300):
+            scrape(daemon.port)
+        cpu, wall = sum(proc.cpu_times()[:2]) - cpu0, time.monotonic() - t0
+        result["ms_per_scrape"] = 1000 * (cpu - result["quiet_ms_per_s"] / 1000 * wall) / 300
         result["rss_mb"] = proc.memory_info().rss / 2**20
     finally:
         for conn in conns:
@@ -337,9 +343,9 @@ def main() -> int:
             idles = [idle_round(base, dbs[:n], caches, args.idle_seconds) for n in counts]
             print(
                 "\n| shards | CPU ms/s: quiet | scraped | probed | per shard above the first: quiet | scraped | "
-                "probed | RSS MB |"
+                "probed | CPU ms a scrape | RSS MB |"
             )
-            print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+            print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
             first = idles[0]
             for r in idles:
                 more = r["shards"] - first["shards"]
@@ -351,7 +357,7 @@ def main() -> int:
                     + " | ".join(f"{r[f'{m}_ms_per_s']:.2f}" for m in IDLE_MODES)
                     + " | "
                     + " | ".join(f"{e:.2f}" for e in extra)
-                    + f" | {r['rss_mb']:.0f} |"
+                    + f" | {r['ms_per_scrape']:.2f} | {r['rss_mb']:.0f} |"
                 )
             return 0
         replays = [replay_round(base, dbs[:n], caches, args.rows) for n in counts] if args.only != "live" else []
