@@ -7,7 +7,7 @@ import logging
 import sys
 
 import router_config
-from squeal import gtid as g
+from squeal.read import gtid as g
 from squeal.replay import add_replay_options
 
 DESCRIPTION = """\
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     from squeal.datamarkers import DatamarkerDirError
-    from squeal.reader import ReaderConfigError
+    from squeal.read.reader import ReaderConfigError
     from squeal.rules import RuleError
 
     try:

@@ -34,7 +34,6 @@ from twisted.application import service
 from twisted.internet import defer, task
 
 from router_config import CANARY_TABLE, Database, Region, Topology
-from squeal import gtid as g
 from squeal.batcher import Sender, SenderHub
 from squeal.bulk import load_cascades
 from squeal.checkpoints import Checkpoints
@@ -44,7 +43,8 @@ from squeal.datamarkers import DatamarkerDirError, DatamarkerStore, FileDatamark
 from squeal.flows import LIVE, Committed, Dispatcher, Flow, flows_for_region
 from squeal.metrics import Metrics
 from squeal.pipeline import Handoff, HandoffGroup, KeyStage, ReadLoop
-from squeal.reader import (
+from squeal.read import gtid as g
+from squeal.read.reader import (
     BinlogReader,
     NativeBinlogReader,
     Source,
@@ -54,10 +54,10 @@ from squeal.reader import (
     native_module,
     native_problems,
 )
+from squeal.read.source import SourcePoller
+from squeal.read.transactions import PreparedXa
 from squeal.rules import KeyExtractor, check_rules, load_columns
 from squeal.sampler import DeleteSampler
-from squeal.source import SourcePoller
-from squeal.transactions import PreparedXa
 
 log = logging.getLogger(__name__)
 

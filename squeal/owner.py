@@ -31,8 +31,8 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, KazooException, RolledBackError
 
 from router_config import Topology
-from squeal import gtid as g
-from squeal.reader import current_position
+from squeal.read import gtid as g
+from squeal.read.reader import current_position
 from squeal.zkstore import UNAVAILABLE, client_options
 
 log = logging.getLogger(__name__)

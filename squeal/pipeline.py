@@ -23,13 +23,13 @@ from typing import Any
 from prometheus_client import Counter
 
 from router_config import Rule
-from squeal import gtid as g
 from squeal.bulk import BulkChange, BulkDetector, changed_columns, existing_tables
 from squeal.flows import Committed, split_keys
 from squeal.metrics import Metrics
-from squeal.reader import BinlogReader, DataLoss, NativeBinlogReader
+from squeal.read import gtid as g
+from squeal.read.reader import BinlogReader, DataLoss, NativeBinlogReader
+from squeal.read.transactions import Begin, CommittedRun, PreparedXa, Restart, Rows, Transaction, TransactionGrouper
 from squeal.rules import LINES, RENDERED, KeyExtractor, delete_lines
-from squeal.transactions import Begin, CommittedRun, PreparedXa, Restart, Rows, Transaction, TransactionGrouper
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import router_config
-from squeal import gtid as g
 from squeal.datamarkers import FileDatamarkerStore
 from squeal.flows import flow_names
+from squeal.read import gtid as g
 
 if TYPE_CHECKING:
     from squeal.zkstore import ShardMarkerStore

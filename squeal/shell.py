@@ -32,7 +32,7 @@ from twisted.application import internet
 from twisted.internet import defer
 from twisted.web import resource, server
 
-from squeal.reader import ReaderConfigError
+from squeal.read.reader import ReaderConfigError
 from squeal.sampler import SampledDelete
 
 log = logging.getLogger(__name__)

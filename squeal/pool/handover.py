@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 from kazoo.exceptions import KazooException
 from twisted.internet import defer, threads
 
-from squeal import gtid as g
 from squeal.daemon import source_for
 from squeal.data_loss import accept_path
 from squeal.owner import wait_for_copy
+from squeal.read import gtid as g
 from squeal.zkstore import UNAVAILABLE
 
 if TYPE_CHECKING:

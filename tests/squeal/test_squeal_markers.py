@@ -28,10 +28,10 @@ from zope.interface.verify import verifyObject
 import router_config
 from ops.harness import REPO_ROOT, MariaDB, free_port
 from router_config import Address
-from squeal import gtid as g
 from squeal.daemon import Daemon
 from squeal.datamarkers import DatamarkerDirError, FileDatamarkerStore, MarkerWatch
 from squeal.flows import Flow
+from squeal.read import gtid as g
 from squeal.region import RegionDaemon
 
 FLOWS = ("c0", "c1", "regional")

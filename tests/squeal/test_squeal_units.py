@@ -14,14 +14,25 @@ from meta_memcache_socket import build_meta_delete
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 
 from router_config import Address, Rule, predicate
-from squeal import gtid as g
-from squeal import reader as reader_module
 from squeal.batcher import DeleteProtocol, Sender
 from squeal.cli import main as cli_main
 from squeal.datamarkers import FileDatamarkerStore
 from squeal.flows import CATCHING_UP, LIVE, SHED, Batch, Committed, Dispatcher, Flow, split_keys
 from squeal.metrics import Metrics
-from squeal.reader import ReaderConfigError, check_server
+from squeal.read import gtid as g
+from squeal.read import reader as reader_module
+from squeal.read.reader import ReaderConfigError, check_server
+from squeal.read.transactions import (
+    Annotate,
+    Begin,
+    Commit,
+    JoinedLines,
+    Query,
+    Restart,
+    Rows,
+    Transaction,
+    TransactionGrouper,
+)
 from squeal.rules import (
     KeyExtractor,
     RowFilter,
@@ -32,17 +43,6 @@ from squeal.rules import (
     delete_line,
     delete_lines,
     encode_key,
-)
-from squeal.transactions import (
-    Annotate,
-    Begin,
-    Commit,
-    JoinedLines,
-    Query,
-    Restart,
-    Rows,
-    Transaction,
-    TransactionGrouper,
 )
 
 # -- gtid -------------------------------------------------------------------------------------------------

@@ -39,8 +39,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from squeal import gtid as g
-from squeal.gtid import Gtid
+from squeal.read import gtid as g
+from squeal.read.gtid import Gtid
 
 # MariaDB GTID event flags: the event group is a single statement with no XID (DDL, FLUSH, ...); the group
 # is an XA transaction's prepared part (committed or rolled back later, by its own decision group).

@@ -1,4 +1,4 @@
-"""Stage 1: read the binlog, as squeal's plain events (see `squeal.transactions`).
+"""Stage 1: read the binlog, as squeal's plain events (see `squeal.read.transactions`).
 
 python-mysql-replication on its MariaDB path (`is_mariadb=True`, annotate-rows on, resume by GTID list),
 blocking, on a thread of its own. Two things it does not do for us:
@@ -12,7 +12,7 @@ blocking, on a thread of its own. Two things it does not do for us:
 
 Two decoders behind one interface: `BinlogReader` (python-mysql-replication, the reference) and
 `NativeBinlogReader` (the Rust extension `squeal_native`: rows of ruled tables arrive rendered to keys).
-Both yield the same plain events to the same grouping (`squeal.transactions`) and share the reconnect
+Both yield the same plain events to the same grouping (`squeal.read.transactions`) and share the reconnect
 loop (`_Reconnecting`), so positions, `Restart` and `DataLoss` behave the same.
 """
 
@@ -43,8 +43,8 @@ from pymysqlreplication.event import (
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
 from router_config import verifying_context
-from squeal import gtid as g
-from squeal.transactions import (
+from squeal.read import gtid as g
+from squeal.read.transactions import (
     FL_PREPARED_XA,
     FL_STANDALONE,
     Annotate,
