@@ -18,7 +18,7 @@ from twisted.internet import defer
 
 from router_config import SquealSettings
 from squeal.datamarkers import DatamarkerStore, MarkerWatch, StoreThread, describe_error
-from squeal.flows import Flow
+from squeal.delivery.flows import Flow
 from squeal.metrics import Metrics
 from squeal.read import gtid as g
 from squeal.read.transactions import PreparedXa

@@ -246,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     from squeal.datamarkers import DatamarkerDirError
+    from squeal.keys.rules import RuleError
     from squeal.read.reader import ReaderConfigError
-    from squeal.rules import RuleError
 
     try:
         return args.func(args)

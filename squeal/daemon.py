@@ -34,15 +34,17 @@ from twisted.application import service
 from twisted.internet import defer, task
 
 from router_config import CANARY_TABLE, Database, Region, Topology
-from squeal.batcher import Sender, SenderHub
-from squeal.bulk import load_cascades
 from squeal.checkpoints import Checkpoints
 from squeal.copies import read_order
 from squeal.data_loss import DataLossPolicy
 from squeal.datamarkers import DatamarkerDirError, DatamarkerStore, FileDatamarkerStore, describe_error
-from squeal.flows import LIVE, Committed, Dispatcher, Flow, flows_for_region
+from squeal.delivery.batcher import Sender, SenderHub
+from squeal.delivery.flows import LIVE, Committed, Dispatcher, Flow, flows_for_region
+from squeal.delivery.sampler import DeleteSampler
+from squeal.keys.bulk import load_cascades
+from squeal.keys.pipeline import Handoff, HandoffGroup, KeyStage, ReadLoop
+from squeal.keys.rules import KeyExtractor, check_rules, load_columns
 from squeal.metrics import Metrics
-from squeal.pipeline import Handoff, HandoffGroup, KeyStage, ReadLoop
 from squeal.read import gtid as g
 from squeal.read.reader import (
     BinlogReader,
@@ -56,8 +58,6 @@ from squeal.read.reader import (
 )
 from squeal.read.source import SourcePoller
 from squeal.read.transactions import PreparedXa
-from squeal.rules import KeyExtractor, check_rules, load_columns
-from squeal.sampler import DeleteSampler
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from router_config import SquealSettings
+from squeal.keys.pipeline import ReadLoop
 from squeal.metrics import Metrics
-from squeal.pipeline import ReadLoop
 from squeal.read import gtid as g
 from squeal.read.reader import DataLoss
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import router_config
 from squeal.datamarkers import FileDatamarkerStore
-from squeal.flows import flow_names
+from squeal.delivery.flows import flow_names
 from squeal.read import gtid as g
 
 if TYPE_CHECKING:

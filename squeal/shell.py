@@ -32,8 +32,8 @@ from twisted.application import internet
 from twisted.internet import defer
 from twisted.web import resource, server
 
+from squeal.delivery.sampler import SampledDelete
 from squeal.read.reader import ReaderConfigError
-from squeal.sampler import SampledDelete
 
 log = logging.getLogger(__name__)
 

@@ -32,6 +32,7 @@ from twisted.internet import defer, threads
 from router_config import SquealInstance, Topology
 from squeal import placement
 from squeal.daemon import source_for, state_dir_for
+from squeal.delivery.sampler import SampledDelete
 from squeal.owner import SessionLease, connect_zookeeper, rejoin_owning_nothing, startup_timeout
 from squeal.pool.binlog_meter import BinlogMeter
 from squeal.pool.controller import Controller, placement_settings
@@ -42,7 +43,6 @@ from squeal.pool.ownership import Ownership
 from squeal.pool.shard_loads import ShardLoads, loads_changed
 from squeal.pool.znodes import read_doc
 from squeal.region import RegionDaemon
-from squeal.sampler import SampledDelete
 from squeal.zkstore import UNAVAILABLE, ShardMarkerStore, Watched, ha_marker_dir, pool_path
 
 log = logging.getLogger(__name__)

@@ -730,7 +730,7 @@ class NativeBinlogReader(_Reconnecting):
         return out
 
     def _read_once(self) -> Iterator[Event]:
-        from squeal.rules import LINES
+        from squeal.keys.rules import LINES
 
         native = self.native
         s = self.source

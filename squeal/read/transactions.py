@@ -207,7 +207,7 @@ class Transaction:
     xa: str = ""  # "prepare": rows of an undecided XA transaction; "commit" / "rollback": its decision group
     xid: str = ""
     xa_unknown: bool = False  # a decision whose prepare this reader never saw (its rows are unknown)
-    cascades: list = field(default_factory=list)  # squeal.bulk.BulkChange: FK cascades to ruled tables
+    cascades: list = field(default_factory=list)  # squeal.keys.bulk.BulkChange: FK cascades to ruled tables
 
     @property
     def gtid_text(self) -> str:

@@ -19,8 +19,9 @@ from differential import decode, regroup, stage_for
 from squeal_helpers import unique_db
 
 from router_config import Rule, predicate
-from squeal.bulk import load_cascades
-from squeal.pipeline import KeyStage, ReadLoop
+from squeal.keys.bulk import load_cascades
+from squeal.keys.pipeline import KeyStage, ReadLoop
+from squeal.keys.rules import KeyExtractor, delete_line
 from squeal.read import gtid as g
 from squeal.read.reader import (
     BinlogReader,
@@ -30,7 +31,6 @@ from squeal.read.reader import (
     native_module,
     native_problems,
 )
-from squeal.rules import KeyExtractor, delete_line
 
 # No skip when the extension is missing: it is part of the package (scripts/setup.sh, `pip install .`), and a
 # skipped differential test would let CI pass without the default reader.

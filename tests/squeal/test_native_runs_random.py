@@ -19,7 +19,7 @@ from differential import decode, regroup, stage_for
 from squeal_helpers import unique_db
 
 from router_config import Rule
-from squeal.bulk import load_cascades
+from squeal.keys.bulk import load_cascades
 from squeal.read import gtid as g
 from squeal.read.reader import BinlogReader, NativeBinlogReader, Source
 

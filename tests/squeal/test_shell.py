@@ -21,9 +21,9 @@ from twisted.web.test.requesthelper import DummyRequest
 from twisted.web.wsgi import WSGIResource
 
 import router_config
+from squeal.delivery.sampler import SampledDelete
 from squeal.pool.worker import PoolWorker
 from squeal.region import RegionDaemon
-from squeal.sampler import SampledDelete
 from squeal.shell import Shell
 
 SQUEAL = Path(__file__).resolve().parents[2] / "squeal"

@@ -30,7 +30,7 @@ from ops.harness import REPO_ROOT, MariaDB, free_port
 from router_config import Address
 from squeal.daemon import Daemon
 from squeal.datamarkers import DatamarkerDirError, FileDatamarkerStore, MarkerWatch
-from squeal.flows import Flow
+from squeal.delivery.flows import Flow
 from squeal.read import gtid as g
 from squeal.region import RegionDaemon
 

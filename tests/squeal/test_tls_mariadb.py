@@ -26,10 +26,10 @@ from squeal_helpers import Cache, create_schema, topology_text, unique_db, wait_
 from ops import tls
 from ops.harness import MariaDB, Memcached, SquealDaemon
 from router_config import Rule
+from squeal.keys.rules import KeyExtractor, delete_line
 from squeal.read import gtid as g
 from squeal.read.reader import BinlogReader, NativeBinlogReader, Source, native_module
 from squeal.read.transactions import CommittedRun, Restart, Rows
-from squeal.rules import KeyExtractor, delete_line
 from tests.conftest import _Processes
 
 native_module()  # part of the package: never skipped

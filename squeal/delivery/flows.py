@@ -69,7 +69,7 @@ class Committed:
     # it is gone from the binlog; `flush` is set so nothing cached from then survives). A flow that has some
     # of a run's transactions already takes its lines all the same: a delete sent twice is harmless.
     position: g.Position | None = None
-    # A huge transaction is handed on in pieces while it is still being read (squeal/pipeline.py, ReadLoop):
+    # A huge transaction is handed on in pieces while it is still being read (squeal/keys/pipeline.py, ReadLoop):
     # each piece holds the lines of its row events [rows_from, rows_to); `partial` says more follow. The last
     # piece (partial False, rows_from > 0) holds the rest and the comment keys; only it completes the GTID.
     partial: bool = False
