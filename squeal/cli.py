@@ -7,8 +7,8 @@ import logging
 import sys
 
 import router_config
+from squeal.markers.replay import add_replay_options
 from squeal.read import gtid as g
-from squeal.replay import add_replay_options
 
 DESCRIPTION = """\
 squeal tails one region's MariaDB binlog and deletes the memcache keys each committed transaction
@@ -91,7 +91,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from squeal.daemon import state_dir_for
-    from squeal.replay import ReplayError, replay
+    from squeal.markers.replay import ReplayError, replay
 
     topo = _topology(args.topology)
     try:
@@ -118,7 +118,7 @@ Runbook: docs/runbooks/data-loss.md.
 def cmd_accept_data_loss(args: argparse.Namespace) -> int:
     from squeal.daemon import state_dir_for
     from squeal.data_loss import accept_path
-    from squeal.replay import ReplayError, check_shard
+    from squeal.markers.replay import ReplayError, check_shard
 
     topo = _topology(args.topology)
     region = topo.region(args.region)
@@ -129,7 +129,7 @@ def cmd_accept_data_loss(args: argparse.Namespace) -> int:
         return e.code
     of = f" shard {shard} of" if shard else ""
     if region.squeal_instances:  # a pool: the request goes where every worker can see it, beside the shard's markers
-        from squeal.replay import zookeeper_owner, zookeeper_store
+        from squeal.markers.replay import zookeeper_owner, zookeeper_store
 
         try:
             with zookeeper_store(topo, region.name, shard=shard) as store:
@@ -245,8 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from squeal.datamarkers import DatamarkerDirError
     from squeal.keys.rules import RuleError
+    from squeal.markers.datamarkers import DatamarkerDirError
     from squeal.read.reader import ReaderConfigError
 
     try:

@@ -13,7 +13,7 @@ Lifecycle:
   exceptions): check the server's binlog settings, check the rules against information_schema, read each flow's
   datamarker (a new destination starts from the server's current GTID position, or `--from-gtid`).
 * `startService()`: the live reader from the earliest datamarker, the source poller, a checkpoint every second
-  (datamarkers of flows that moved; operator replay requests are applied first: squeal/checkpoints.py).
+  (datamarkers of flows that moved; operator replay requests are applied first: squeal/markers/checkpoints.py).
 * `stopService()` (SIGTERM/SIGINT, through its parent): stop reading, flush what is queued (a few seconds at
   most), write the final markers; its Deferred fires when they are written (or given up on).
 * `retire()`: the stop that hands the shard on (a pool's planned move): in-flight deletes acknowledged first, off
@@ -34,16 +34,16 @@ from twisted.application import service
 from twisted.internet import defer, task
 
 from router_config import CANARY_TABLE, Database, Region, Topology
-from squeal.checkpoints import Checkpoints
 from squeal.copies import read_order
 from squeal.data_loss import DataLossPolicy
-from squeal.datamarkers import DatamarkerDirError, DatamarkerStore, FileDatamarkerStore, describe_error
 from squeal.delivery.batcher import Sender, SenderHub
 from squeal.delivery.flows import LIVE, Committed, Dispatcher, Flow, flows_for_region
 from squeal.delivery.sampler import DeleteSampler
 from squeal.keys.bulk import load_cascades
 from squeal.keys.pipeline import Handoff, HandoffGroup, KeyStage, ReadLoop
 from squeal.keys.rules import KeyExtractor, check_rules, load_columns
+from squeal.markers.checkpoints import Checkpoints
+from squeal.markers.datamarkers import DatamarkerDirError, DatamarkerStore, FileDatamarkerStore, describe_error
 from squeal.metrics import Metrics
 from squeal.read import gtid as g
 from squeal.read.reader import (
@@ -184,7 +184,7 @@ class Daemon(service.Service):
             self.region.name,
             self.shard.name if topology.sharded else None,
         )
-        # Datamarker rounds, replay requests, marker health, the final markers (squeal/checkpoints.py).
+        # Datamarker rounds, replay requests, marker health, the final markers (squeal/markers/checkpoints.py).
         self.checkpoints = Checkpoints(
             reactor, self.store, self.flows, self.xa, self.metrics, self.settings, self.problems, self.state_dir
         )
@@ -533,7 +533,7 @@ class Daemon(service.Service):
 
     def checkpoint(self, periodic: bool = False) -> None:
         """The once-a-second tick (and SIGHUP's, `squeal replay`'s "apply now"): take an operator's acceptance of
-        data loss, forget decided XA prepares, check lag, then a checkpoint round (squeal/checkpoints.py: apply
+        data loss, forget decided XA prepares, check lag, then a checkpoint round (squeal/markers/checkpoints.py: apply
         replay requests, write the datamarkers of flows that moved; never waits for the disk).
 
         `periodic` (the checkpoint timer): replay requests are looked for only if the store knows of a change

@@ -19,9 +19,9 @@ from twisted.internet import defer, threads
 
 from squeal.daemon import source_for
 from squeal.data_loss import accept_path
+from squeal.markers.zkstore import UNAVAILABLE
 from squeal.owner import wait_for_copy
 from squeal.read import gtid as g
-from squeal.zkstore import UNAVAILABLE
 
 if TYPE_CHECKING:
     from squeal.pool.worker import PoolWorker

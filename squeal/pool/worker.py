@@ -33,6 +33,7 @@ from router_config import SquealInstance, Topology
 from squeal import placement
 from squeal.daemon import source_for, state_dir_for
 from squeal.delivery.sampler import SampledDelete
+from squeal.markers.zkstore import UNAVAILABLE, ShardMarkerStore, Watched, ha_marker_dir, pool_path
 from squeal.owner import SessionLease, connect_zookeeper, rejoin_owning_nothing, startup_timeout
 from squeal.pool.binlog_meter import BinlogMeter
 from squeal.pool.controller import Controller, placement_settings
@@ -43,7 +44,6 @@ from squeal.pool.ownership import Ownership
 from squeal.pool.shard_loads import ShardLoads, loads_changed
 from squeal.pool.znodes import read_doc
 from squeal.region import RegionDaemon
-from squeal.zkstore import UNAVAILABLE, ShardMarkerStore, Watched, ha_marker_dir, pool_path
 
 log = logging.getLogger(__name__)
 

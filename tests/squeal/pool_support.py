@@ -24,7 +24,7 @@ from test_squeal_faults import post_keys
 from ops import harness
 from ops.harness import MariaDB, Memcached, SquealDaemon, ZooKeeper, free_port
 from router_config.model import IMPLICIT_SHARD
-from squeal.zkstore import ShardMarkerStore, ha_marker_dir
+from squeal.markers.zkstore import ShardMarkerStore, ha_marker_dir
 
 SESSION_TIMEOUT = 2.0  # seconds: ZooKeeper's floor with the harness's tickTime of 500 ms is 1 s
 

@@ -17,11 +17,11 @@ from twisted.internet.task import Clock
 
 import router_config
 from squeal import placement
+from squeal.markers.zkstore import pool_path, shard_path
 from squeal.owner import LEASE_FRACTION, SessionLease
 from squeal.pool.controller import Controller
 from squeal.pool.metrics import PoolMetrics
 from squeal.pool.ownership import Ownership
-from squeal.zkstore import pool_path, shard_path
 
 ROOT = "/squeal"
 SESSION_TIMEOUT = 4.0

@@ -1,6 +1,6 @@
 """The worker pool's ZooKeeper foundation against a real 3-server ensemble: per-shard ownership with its own epoch
 and lease (squeal/pool/ownership.py: `Ownership`, `SessionLease`) and one marker znode per (region, shard)
-(squeal/zkstore.py: `ShardMarkerStore`), fenced by the shard's epoch."""
+(squeal/markers/zkstore.py: `ShardMarkerStore`), fenced by the shard's epoch."""
 
 from __future__ import annotations
 
@@ -22,9 +22,7 @@ from pool_support import (
 )
 from squeal_helpers import wait_until
 
-from squeal.owner import SessionLease
-from squeal.pool.ownership import Ownership
-from squeal.zkstore import (
+from squeal.markers.zkstore import (
     FencedError,
     ShardMarkerStore,
     Watched,
@@ -32,6 +30,8 @@ from squeal.zkstore import (
     pool_path,
     shard_path,
 )
+from squeal.owner import SessionLease
+from squeal.pool.ownership import Ownership
 
 
 @pytest.fixture(scope="module")

@@ -29,8 +29,8 @@ import router_config
 from ops.harness import REPO_ROOT, MariaDB, free_port
 from router_config import Address
 from squeal.daemon import Daemon
-from squeal.datamarkers import DatamarkerDirError, FileDatamarkerStore, MarkerWatch
 from squeal.delivery.flows import Flow
+from squeal.markers.datamarkers import DatamarkerDirError, FileDatamarkerStore, MarkerWatch
 from squeal.read import gtid as g
 from squeal.region import RegionDaemon
 
@@ -287,7 +287,7 @@ def test_corrupt_replay_requests_are_set_aside_and_do_not_block_the_others(tmp_p
     (tmp_path / "c.replay").write_text(json.dumps({"position": 5}))
     (tmp_path / "e.replay").write_text(json.dumps({"flow": "e"}))
     (tmp_path / "d.replay").write_text(json.dumps({"position": "x-y"}))
-    with caplog.at_level(logging.ERROR, logger="squeal.datamarkers"):
+    with caplog.at_level(logging.ERROR, logger="squeal.markers.datamarkers"):
         assert store.take_replay_requests() == {"good": "0-1-7"}
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{n}.replay.corrupt" for n in "abcde"]
     for n in "abcde":
@@ -404,7 +404,7 @@ def test_failed_marker_writes_are_retried_counted_and_fail_health_after_max_age(
     flow = d.flows["a"]
     ack(flow, 6)
     store.fail = OSError(28, "No space left on device", "/fake/markers/.a.marker.1.tmp")
-    with caplog.at_level(logging.INFO, logger="squeal.checkpoints"):
+    with caplog.at_level(logging.INFO, logger="squeal.markers.checkpoints"):
         for _ in range(4):
             checkpoint(d, reactor)
             reactor.advance(1.0)

@@ -15,7 +15,6 @@ from twisted.internet.testing import MemoryReactorClock, StringTransport
 
 from router_config import Address, Rule, predicate
 from squeal.cli import main as cli_main
-from squeal.datamarkers import FileDatamarkerStore
 from squeal.delivery.batcher import DeleteProtocol, Sender
 from squeal.delivery.flows import CATCHING_UP, LIVE, SHED, Batch, Committed, Dispatcher, Flow, split_keys
 from squeal.keys.rules import (
@@ -29,6 +28,7 @@ from squeal.keys.rules import (
     delete_lines,
     encode_key,
 )
+from squeal.markers.datamarkers import FileDatamarkerStore
 from squeal.metrics import Metrics
 from squeal.read import gtid as g
 from squeal.read import reader as reader_module

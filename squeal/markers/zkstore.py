@@ -65,7 +65,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.security import ACL, make_acl, make_digest_acl
 
 from router_config import Topology
-from squeal.datamarkers import DatamarkerDirError, check_position, decode_marker
+from squeal.markers.datamarkers import DatamarkerDirError, check_position, decode_marker
 from squeal.read import gtid as g
 
 log = logging.getLogger(__name__)
