@@ -18,7 +18,6 @@ The pipeline, one module per stage, in the order a row meets it:
     healthz       the one client of a daemon's /healthz
 """
 
-from squeal.daemon import Daemon, source_for
 from squeal.delivery.flows import Committed, Dispatcher, Flow, flow_names, flows_for_region, split_keys
 from squeal.healthz import fetch_health, probe_health
 from squeal.keys.rules import KeyExtractor, RuleError, check_rules, comment_keys, delete_line, encode_key
@@ -28,6 +27,7 @@ from squeal.metrics import CertExpiry, own_certificates
 from squeal.read.gtid import GtidError, format_position, parse_gtid, parse_position
 from squeal.read.reader import BinlogReader, DataLoss, ReaderConfigError, Source, check_server, current_position
 from squeal.read.transactions import Rows, Transaction, TransactionGrouper
+from squeal.shard.daemon import Daemon, source_for
 
 __all__ = [
     "BinlogReader",

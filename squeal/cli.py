@@ -45,7 +45,7 @@ def _topology(path: str) -> router_config.Topology:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from squeal.region import RegionDaemon
+    from squeal.shard.region import RegionDaemon
     from squeal.shell import Shell
 
     topo = _topology(args.topology)
@@ -90,8 +90,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from squeal.daemon import state_dir_for
     from squeal.markers.replay import ReplayError, replay
+    from squeal.shard.daemon import state_dir_for
 
     topo = _topology(args.topology)
     try:
@@ -116,9 +116,9 @@ Runbook: docs/runbooks/data-loss.md.
 
 
 def cmd_accept_data_loss(args: argparse.Namespace) -> int:
-    from squeal.daemon import state_dir_for
-    from squeal.data_loss import accept_path
     from squeal.markers.replay import ReplayError, check_shard
+    from squeal.shard.daemon import state_dir_for
+    from squeal.shard.data_loss import accept_path
 
     topo = _topology(args.topology)
     region = topo.region(args.region)

@@ -68,7 +68,7 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
 
 
 def pid_file(state_dir: Path, region: str) -> Path:
-    """Where `squeal run` writes its pid (squeal.daemon.Daemon._pid_path)."""
+    """Where `squeal run` writes its pid (squeal.shard.daemon.Daemon._pid_path)."""
     return state_dir / f"squeal-{region}.pid"
 
 

@@ -47,7 +47,7 @@ both (`[regions.R.squeal_placement] half_life_s`) and publishes them with their 
 
 The session lease, start-up and the rejoin after a loss are squeal/owner.py.
 A shard that has no markers znode yet starts from the HA layout's markers of the same shard (an HA region turned
-into a pool). Which copy of a shard a worker reads: `squeal.copies.read_order` (the copy it names, else an extra
+into a pool). Which copy of a shard a worker reads: `squeal.shard.copies.read_order` (the copy it names, else an extra
 copy on its host, else the region's own copy; the region's copy is every reader's fallback); without [shards], its
 instance's own copy (`own_copy_topology`), whose health it publishes (`healthy` in its member znode: a worker whose
 copy does not answer is given nothing and its shard moves). Preference: the instance's rank in `squeal_instances`

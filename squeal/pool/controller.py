@@ -20,9 +20,9 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
 from router_config import PoolPlacement
 from squeal import placement
-from squeal.copies import placement_shard, placement_worker
 from squeal.markers.zkstore import UNAVAILABLE, Watched
 from squeal.pool.znodes import read_doc
+from squeal.shard.copies import placement_shard, placement_worker
 
 if TYPE_CHECKING:
     from squeal.pool.worker import PoolWorker

@@ -31,7 +31,6 @@ from twisted.internet import defer, threads
 
 from router_config import SquealInstance, Topology
 from squeal import placement
-from squeal.daemon import source_for, state_dir_for
 from squeal.delivery.sampler import SampledDelete
 from squeal.markers.zkstore import UNAVAILABLE, ShardMarkerStore, Watched, ha_marker_dir, pool_path
 from squeal.owner import SessionLease, connect_zookeeper, rejoin_owning_nothing, startup_timeout
@@ -43,7 +42,8 @@ from squeal.pool.metrics import DaemonMetrics, PoolMetrics
 from squeal.pool.ownership import Ownership
 from squeal.pool.shard_loads import ShardLoads, loads_changed
 from squeal.pool.znodes import read_doc
-from squeal.region import RegionDaemon
+from squeal.shard.daemon import source_for, state_dir_for
+from squeal.shard.region import RegionDaemon
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ WARM_ALL_UP_TO = 64  # a worker of a region with at most this many shards checks
 def own_copy_topology(topology: Topology, instance: SquealInstance) -> Topology:
     """The topology as `instance` reads it: without [shards], its region's database is the instance's own copy
     (the primary, or a replica of its own: each instance of a region names a different one, so losing a copy loses
-    one worker). With [shards], unchanged: every worker reads the shards' copies (`squeal.copies.read_order`)."""
+    one worker). With [shards], unchanged: every worker reads the shards' copies (`squeal.shard.copies.read_order`)."""
     if topology.sharded:
         return topology
     region = topology.region(instance.region)

@@ -307,7 +307,7 @@ class _Reconnecting:
     `_StreamEnded` when the connection fails, returns when the stream ends or `_break_stream()` /
     `stop()` was called); this loop owns reconnects, backoff, data loss and the choice of copy.
 
-    **Copies** (`source` may be several: `squeal.copies.read_order`, the last one the region's own copy, which
+    **Copies** (`source` may be several: `squeal.shard.copies.read_order`, the last one the region's own copy, which
     every other one replicates from): the reader starts on `sources[first]`. A copy before the last that fails
     `FALLBACK_AFTER` connections in a row, or cannot serve the position to resume from (error 1236: behind it,
     or purged), is left for the next one, which has everything it had: the same GTIDs, resumed after the last

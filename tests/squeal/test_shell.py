@@ -23,7 +23,7 @@ from twisted.web.wsgi import WSGIResource
 import router_config
 from squeal.delivery.sampler import SampledDelete
 from squeal.pool.worker import PoolWorker
-from squeal.region import RegionDaemon
+from squeal.shard.region import RegionDaemon
 from squeal.shell import Shell
 
 SQUEAL = Path(__file__).resolve().parents[2] / "squeal"

@@ -28,11 +28,11 @@ from zope.interface.verify import verifyObject
 import router_config
 from ops.harness import REPO_ROOT, MariaDB, free_port
 from router_config import Address
-from squeal.daemon import Daemon
 from squeal.delivery.flows import Flow
 from squeal.markers.datamarkers import DatamarkerDirError, FileDatamarkerStore, MarkerWatch
 from squeal.read import gtid as g
-from squeal.region import RegionDaemon
+from squeal.shard.daemon import Daemon
+from squeal.shard.region import RegionDaemon
 
 FLOWS = ("c0", "c1", "regional")
 
@@ -467,7 +467,7 @@ def test_a_hung_store_neither_blocks_checkpoints_nor_shutdown(tmp_path: Path, ca
     finished = d.shutdown(flush_timeout=1.0, save_timeout=2.0)
     reactor.advance(1.0)
     assert not finished.called
-    with caplog.at_level(logging.ERROR, logger="squeal.daemon"):
+    with caplog.at_level(logging.ERROR, logger="squeal.shard.daemon"):
         reactor.advance(2.0)
     assert finished.called and d.exit_code == 1
     assert "could not save the datamarkers of flow(s) a at 0-1-6 in /fake/markers" in caplog.text
@@ -480,7 +480,7 @@ def test_shutdown_with_a_failing_store_fires_and_exits_1_and_with_a_good_one_exi
     ack(d.flows["a"], 6)
     store.fail = OSError(30, "Read-only file system", "/fake/markers/.a.marker.1.tmp")
     finished = d.shutdown(save_timeout=2.0)
-    with caplog.at_level(logging.ERROR, logger="squeal.daemon"):
+    with caplog.at_level(logging.ERROR, logger="squeal.shard.daemon"):
         for _ in range(5):  # retried every 0.5 s until the 2 s are up
             reactor.pump(lambda: d.checkpoints.round is None)
             reactor.advance(0.5)

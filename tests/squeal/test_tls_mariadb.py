@@ -182,7 +182,7 @@ def test_an_untrusted_server_gives_one_clear_error_and_the_reader_retries(untrus
 
 def test_the_topology_tls_section_reaches_the_reader(tmp_path, hardened, pki):
     import router_config
-    from squeal.daemon import source_for
+    from squeal.shard.daemon import source_for
 
     (tmp_path / "topo.toml").write_text(f"""
 [tls]

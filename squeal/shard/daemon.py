@@ -1,7 +1,7 @@
 """One shard's pipeline: wires reader -> transactions -> rules -> flows -> batcher -> datamarkers together.
 
 A `Daemon` reads one shard's copy in its region (a topology without [shards] has one shard: the region's
-database). It is a Twisted service; `squeal run` composes one per shard in a `RegionDaemon` (squeal/region.py,
+database). It is a Twisted service; `squeal run` composes one per shard in a `RegionDaemon` (squeal/shard/region.py,
 a `MultiService`), which shares the batchers (one `Sender` per destination for every shard), and the process shell
 (squeal/shell.py) serves its /metrics and /healthz and handles the signals.
 
@@ -34,8 +34,6 @@ from twisted.application import service
 from twisted.internet import defer, task
 
 from router_config import CANARY_TABLE, Database, Region, Topology
-from squeal.copies import read_order
-from squeal.data_loss import DataLossPolicy
 from squeal.delivery.batcher import Sender, SenderHub
 from squeal.delivery.flows import LIVE, Committed, Dispatcher, Flow, flows_for_region
 from squeal.delivery.sampler import DeleteSampler
@@ -58,6 +56,8 @@ from squeal.read.reader import (
 )
 from squeal.read.source import SourcePoller
 from squeal.read.transactions import PreparedXa
+from squeal.shard.copies import read_order
+from squeal.shard.data_loss import DataLossPolicy
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class Daemon(service.Service):
         # The region's copy of the shard (without [shards]: the region's database): what the web tier reads, so
         # what lag is measured against (the source poller), and the last copy the readers fall back to.
         self.database = topology.shard_copy(self.shard.name, self.region.name)
-        # The copies the readers read, in the order they try them (squeal/copies.py), each with why; `instance`:
+        # The copies the readers read, in the order they try them (squeal/shard/copies.py), each with why; `instance`:
         # the pool worker this pipeline runs in (None: the region's single daemon).
         self.read_order = read_order(topology, self.shard.name, self.region.name, instance)
         self.read_sources = [source_for(d) for d, _ in self.read_order]
@@ -173,8 +173,8 @@ class Daemon(service.Service):
         # Why the daemon is unhealthy, by cause (e.g. "data_loss", "datamarker:east-a"): /healthz answers 503
         # while any is set. Each part of the daemon sets and clears its own entries.
         self.problems: dict[str, str] = {}
-        # Binlog data loss (squeal/data_loss.py): with on_data_loss = "halt" readers wait until an operator accepts
-        # the loss (`squeal accept-data-loss`, a request file taken at the next checkpoint).
+        # Binlog data loss (squeal/shard/data_loss.py): with on_data_loss = "halt" readers wait until an operator
+        # accepts the loss (`squeal accept-data-loss`, a request file taken at the next checkpoint).
         self.data_loss = DataLossPolicy(
             reactor,
             self.settings,

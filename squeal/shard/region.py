@@ -35,13 +35,13 @@ from twisted.internet import defer, task, threads
 
 import router_config
 from router_config import Topology
-from squeal.daemon import Daemon, state_dir_for
 from squeal.delivery.batcher import SenderHub
 from squeal.delivery.flows import Flow
 from squeal.delivery.sampler import DeleteSampler, SampledDelete
 from squeal.keys.pipeline import HandoffGroup
 from squeal.markers.datamarkers import DatamarkerStore
 from squeal.metrics import WriteMetrics
+from squeal.shard.daemon import Daemon, state_dir_for
 
 log = logging.getLogger(__name__)
 
