@@ -45,8 +45,8 @@ def _topology(path: str) -> router_config.Topology:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from squeal.process.shell import Shell
     from squeal.shard.region import RegionDaemon
-    from squeal.shell import Shell
 
     topo = _topology(args.topology)
     if args.instance is not None:  # a worker of the region's pool (docs/squeal.md, "Worker pool")

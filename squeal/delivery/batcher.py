@@ -33,7 +33,7 @@ from router_config import SquealSettings, TlsSettings
 from squeal.delivery.flows import Batch, Flow
 from squeal.delivery.sampler import DeleteSampler
 from squeal.delivery.tlswrap import client_context, connect_tls
-from squeal.metrics import CertExpiry, Metrics, WriteMetrics, own_certificates
+from squeal.process.metrics import CertExpiry, Metrics, WriteMetrics, own_certificates
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from router_config import Address, Region
-from squeal.metrics import Metrics, observe_times
+from squeal.process.metrics import Metrics, observe_times
 from squeal.read import gtid as g
 from squeal.read.transactions import JoinedLines, Lines
 

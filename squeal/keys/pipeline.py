@@ -26,7 +26,7 @@ from router_config import Rule
 from squeal.delivery.flows import Committed, split_keys
 from squeal.keys.bulk import BulkChange, BulkDetector, changed_columns, existing_tables
 from squeal.keys.rules import LINES, RENDERED, KeyExtractor, delete_lines
-from squeal.metrics import Metrics
+from squeal.process.metrics import Metrics
 from squeal.read import gtid as g
 from squeal.read.reader import BinlogReader, DataLoss, NativeBinlogReader
 from squeal.read.transactions import Begin, CommittedRun, PreparedXa, Restart, Rows, Transaction, TransactionGrouper

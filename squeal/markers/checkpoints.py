@@ -19,7 +19,7 @@ from twisted.internet import defer
 from router_config import SquealSettings
 from squeal.delivery.flows import Flow
 from squeal.markers.datamarkers import DatamarkerStore, MarkerWatch, StoreThread, describe_error
-from squeal.metrics import Metrics
+from squeal.process.metrics import Metrics
 from squeal.read import gtid as g
 from squeal.read.transactions import PreparedXa
 

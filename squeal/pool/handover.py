@@ -18,7 +18,7 @@ from kazoo.exceptions import KazooException
 from twisted.internet import defer, threads
 
 from squeal.markers.zkstore import UNAVAILABLE
-from squeal.owner import wait_for_copy
+from squeal.pool.owner import wait_for_copy
 from squeal.read import gtid as g
 from squeal.shard.daemon import source_for
 from squeal.shard.data_loss import accept_path

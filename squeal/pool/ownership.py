@@ -19,7 +19,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
 from squeal.markers.zkstore import UNAVAILABLE, shard_path
-from squeal.owner import SessionLease
+from squeal.pool.owner import SessionLease
 from squeal.pool.znodes import read_doc
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from squeal import placement
+from squeal.pool import placement
 from squeal.pool.binlog_meter import BinlogMeter
 from squeal.pool.metrics import PoolMetrics
 from squeal.shard.region import RegionDaemon

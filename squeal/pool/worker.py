@@ -1,7 +1,7 @@
 """`PoolWorker`: one member of a region's pool (`squeal run --instance NAME`) - it joins, follows the assignment
 (takes the shards it is given, hands on the ones it is not), publishes what it runs and measures, and leaves on
 SIGTERM; one pipeline per owned shard, in one `RegionDaemon`. It is a Twisted service run by the process shell
-(squeal/shell.py: the status site from the first moment, signals, exit code).
+(squeal/process/shell.py: the status site from the first moment, signals, exit code).
 
 Threads: `prepare` runs on the shell's "squeal-prepare" thread; `startService`, `stopService` and `status` on the
 reactor. The member's loop
@@ -30,15 +30,15 @@ from twisted.application import service
 from twisted.internet import defer, threads
 
 from router_config import SquealInstance, Topology
-from squeal import placement
 from squeal.delivery.sampler import SampledDelete
 from squeal.markers.zkstore import UNAVAILABLE, ShardMarkerStore, Watched, ha_marker_dir, pool_path
-from squeal.owner import SessionLease, connect_zookeeper, rejoin_owning_nothing, startup_timeout
+from squeal.pool import placement
 from squeal.pool.binlog_meter import BinlogMeter
 from squeal.pool.controller import Controller, placement_settings
 from squeal.pool.copy_health import watch_copy_health
 from squeal.pool.handover import RETRY_FAILED_S, give_back_acceptance, start_shard, stop_shard
 from squeal.pool.metrics import DaemonMetrics, PoolMetrics
+from squeal.pool.owner import SessionLease, connect_zookeeper, rejoin_owning_nothing, startup_timeout
 from squeal.pool.ownership import Ownership
 from squeal.pool.shard_loads import ShardLoads, loads_changed
 from squeal.pool.znodes import read_doc

@@ -38,7 +38,7 @@ from typing import Any
 
 import pymysql
 
-from squeal.metrics import Metrics
+from squeal.process.metrics import Metrics
 from squeal.read import gtid as g
 from squeal.read.reader import Source
 

@@ -3,7 +3,7 @@
 A `Daemon` reads one shard's copy in its region (a topology without [shards] has one shard: the region's
 database). It is a Twisted service; `squeal run` composes one per shard in a `RegionDaemon` (squeal/shard/region.py,
 a `MultiService`), which shares the batchers (one `Sender` per destination for every shard), and the process shell
-(squeal/shell.py) serves its /metrics and /healthz and handles the signals.
+(squeal/process/shell.py) serves its /metrics and /healthz and handles the signals.
 
 Threads: the live binlog read (and each catch-up read) blocks on a thread of its own; everything else
 (flows, sockets to routers, timers, HTTP) runs on the Twisted reactor thread, so flows need no locks.
@@ -42,7 +42,7 @@ from squeal.keys.pipeline import Handoff, HandoffGroup, KeyStage, ReadLoop
 from squeal.keys.rules import KeyExtractor, check_rules, load_columns
 from squeal.markers.checkpoints import Checkpoints
 from squeal.markers.datamarkers import DatamarkerDirError, DatamarkerStore, FileDatamarkerStore, describe_error
-from squeal.metrics import Metrics
+from squeal.process.metrics import Metrics
 from squeal.read import gtid as g
 from squeal.read.reader import (
     BinlogReader,

@@ -17,7 +17,7 @@ from typing import Any
 
 from router_config import SquealSettings
 from squeal.keys.pipeline import ReadLoop
-from squeal.metrics import Metrics
+from squeal.process.metrics import Metrics
 from squeal.read import gtid as g
 from squeal.read.reader import DataLoss
 

@@ -36,7 +36,7 @@ from ops.harness import MariaDB
 from router_config import loads
 from router_config.model import IMPLICIT_SHARD
 from squeal.markers.zkstore import ShardMarkerStore, ZooKeeperUnavailable, shard_path
-from squeal.owner import TakeoverError, wait_for_copy
+from squeal.pool.owner import TakeoverError, wait_for_copy
 from squeal.pool.worker import PoolWorker
 from squeal.read import gtid as g
 

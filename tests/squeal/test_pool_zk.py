@@ -30,7 +30,7 @@ from squeal.markers.zkstore import (
     pool_path,
     shard_path,
 )
-from squeal.owner import SessionLease
+from squeal.pool.owner import SessionLease
 from squeal.pool.ownership import Ownership
 
 
@@ -235,8 +235,8 @@ def test_a_shard_without_pool_markers_starts_from_the_ha_layouts_markers(clients
 
 
 def test_a_workers_lease_lapsed_on_slow_answers_resumes_and_its_shards_keep_their_epochs(zk, clients) -> None:
-    """Issue 27 item 3 for a pool worker (the lease an HA leader holds too, `squeal.owner.SessionLease`): every byte
-    between the worker and the ensemble held for 2 s, longer than its lease (0.6 x 3 s). The lease lapses - the
+    """Issue 27 item 3 for a pool worker (the lease an HA leader holds too, `squeal.pool.owner.SessionLease`): every
+    byte between the worker and the ensemble held for 2 s, longer than its lease (0.6 x 3 s). The lease lapses - the
     shard is not sent for, its marker not written - but the session lives, so its member and owner znodes are its
     own still: the first confirmed round trip resumes it. Same token, same epoch record, no loss, no new owner."""
     root = unique_root()

@@ -15,7 +15,7 @@ from router_config import Address, Rule
 from squeal.delivery.flows import CATCHING_UP, LIVE, SHED, Committed, Flow
 from squeal.keys.pipeline import Handoff, KeyStage, ReadLoop
 from squeal.keys.rules import LINES, RENDERED, KeyExtractor, delete_line
-from squeal.metrics import Metrics
+from squeal.process.metrics import Metrics
 from squeal.read import gtid as g
 from squeal.read.transactions import Annotate, Begin, Commit, Restart, Rows, Transaction, XaPrepare
 

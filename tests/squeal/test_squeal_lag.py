@@ -16,7 +16,7 @@ from squeal_helpers import Cache, create_schema, healthz, scrape, unique_db, wai
 from ops.harness import MariaDB, SquealDaemon, free_port
 from router_config import Address
 from squeal.delivery.flows import Committed, Flow
-from squeal.metrics import Metrics
+from squeal.process.metrics import Metrics
 from squeal.read import gtid as g
 from squeal.read.reader import Source
 from squeal.read.source import SourceLag, SourcePoller

@@ -29,7 +29,7 @@ from squeal.keys.rules import (
     encode_key,
 )
 from squeal.markers.datamarkers import FileDatamarkerStore
-from squeal.metrics import Metrics
+from squeal.process.metrics import Metrics
 from squeal.read import gtid as g
 from squeal.read import reader as reader_module
 from squeal.read.reader import ReaderConfigError, check_server
@@ -136,7 +136,7 @@ def test_a_dropped_column_is_counted_not_fatal() -> None:
 
 def test_the_missing_column_counter_counts_every_row_not_only_the_first() -> None:
     from squeal.keys.pipeline import KeyStage
-    from squeal.metrics import Metrics
+    from squeal.process.metrics import Metrics
 
     metrics = Metrics()
     stage = KeyStage(KeyExtractor(RULES), (), metrics)
