@@ -28,7 +28,8 @@ from squeal.keys.bulk import BulkChange, BulkDetector, changed_columns, existing
 from squeal.keys.rules import LINES, RENDERED, KeyExtractor, delete_lines
 from squeal.process.metrics import Metrics
 from squeal.read import gtid as g
-from squeal.read.reader import BinlogReader, DataLoss, NativeBinlogReader
+from squeal.read.native import NativeBinlogReader
+from squeal.read.reader import BinlogReader, DataLoss
 from squeal.read.transactions import Begin, CommittedRun, PreparedXa, Restart, Rows, Transaction, TransactionGrouper
 
 log = logging.getLogger(__name__)

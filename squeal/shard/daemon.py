@@ -44,16 +44,8 @@ from squeal.markers.checkpoints import Checkpoints
 from squeal.markers.datamarkers import DatamarkerDirError, DatamarkerStore, FileDatamarkerStore, describe_error
 from squeal.process.metrics import Metrics
 from squeal.read import gtid as g
-from squeal.read.reader import (
-    BinlogReader,
-    NativeBinlogReader,
-    Source,
-    check_server,
-    current_position,
-    describe_failure,
-    native_module,
-    native_problems,
-)
+from squeal.read.native import NativeBinlogReader, native_module, native_problems
+from squeal.read.reader import BinlogReader, Source, check_server, current_position, describe_failure
 from squeal.read.source import SourcePoller
 from squeal.read.transactions import PreparedXa
 from squeal.shard.copies import read_order

@@ -91,7 +91,7 @@ pub enum Conv {
 }
 
 /// A charset by what python-mysql-replication does with it (Python builds this table from the library's
-/// own collation list: `squeal.read.reader.native_charsets`).
+/// own collation list: `squeal.read.native.native_charsets`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Charset {
     Text,        // UTF-8 / ASCII: the str's UTF-8 bytes are the column's bytes

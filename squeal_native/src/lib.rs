@@ -6,7 +6,7 @@
 //! already rendered to keys and encoded as delete lines (`keys`, `lines`). Ordinary transactions (rows and an
 //! XID, nothing to decide) are grouped here and handed on as runs: consecutive ones waiting in the queue become
 //! one Python object with their delete lines and the position they reach. XA, savepoints, DDL, comments,
-//! cascades, huge transactions, reconnects and positions stay in Python (`squeal.read.reader.NativeBinlogReader`,
+//! cascades, huge transactions, reconnects and positions stay in Python (`squeal.read.native.NativeBinlogReader`,
 //! `squeal.read.transactions`).
 
 pub mod conn;

@@ -23,14 +23,8 @@ from squeal.keys.bulk import load_cascades
 from squeal.keys.pipeline import KeyStage, ReadLoop
 from squeal.keys.rules import KeyExtractor, delete_line
 from squeal.read import gtid as g
-from squeal.read.reader import (
-    BinlogReader,
-    NativeBinlogReader,
-    NativeUnavailable,
-    Source,
-    native_module,
-    native_problems,
-)
+from squeal.read.native import NativeBinlogReader, NativeUnavailable, native_module, native_problems
+from squeal.read.reader import BinlogReader, Source
 
 # No skip when the extension is missing: it is part of the package (scripts/setup.sh, `pip install .`), and a
 # skipped differential test would let CI pass without the default reader.

@@ -21,7 +21,8 @@ from squeal_helpers import unique_db
 from router_config import Rule
 from squeal.keys.bulk import load_cascades
 from squeal.read import gtid as g
-from squeal.read.reader import BinlogReader, NativeBinlogReader, Source
+from squeal.read.native import NativeBinlogReader
+from squeal.read.reader import BinlogReader, Source
 
 TABLES = """
 CREATE TABLE acct (id INT PRIMARY KEY, email VARCHAR(100), name VARCHAR(100)) ENGINE=InnoDB;

@@ -28,7 +28,8 @@ from ops.harness import MariaDB, Memcached, SquealDaemon
 from router_config import Rule
 from squeal.keys.rules import KeyExtractor, delete_line
 from squeal.read import gtid as g
-from squeal.read.reader import BinlogReader, NativeBinlogReader, Source, native_module
+from squeal.read.native import NativeBinlogReader, native_module
+from squeal.read.reader import BinlogReader, Source
 from squeal.read.transactions import CommittedRun, Restart, Rows
 from tests.conftest import _Processes
 
