@@ -21,7 +21,7 @@ The pipeline, one module per stage, in the order a row meets it:
 from squeal.delivery.flows import Committed, Dispatcher, Flow, flow_names, flows_for_region, split_keys
 from squeal.keys.rules import KeyExtractor, RuleError, check_rules, comment_keys, delete_line, encode_key
 from squeal.markers.datamarkers import DatamarkerStore, FileDatamarkerStore
-from squeal.markers.zkstore import client_options as zookeeper_client_options
+from squeal.pool.zookeeper import client_options as zookeeper_client_options
 from squeal.process.healthz import fetch_health, probe_health
 from squeal.process.metrics import CertExpiry, own_certificates
 from squeal.read.gtid import GtidError, format_position, parse_gtid, parse_position

@@ -267,7 +267,8 @@ def zookeeper_store(
     naming the servers and the topology key when ZooKeeper does not answer within `timeout`."""
     from kazoo.client import KazooClient
 
-    from squeal.markers.zkstore import ShardMarkerStore, ZooKeeperUnavailable, client_options, ha_marker_dir
+    from squeal.markers.zkstore import ShardMarkerStore, ZooKeeperUnavailable
+    from squeal.pool.zookeeper import client_options, ha_marker_dir
 
     zk = topo.zookeeper
     if zk is None:  # the loader refuses instances without [zookeeper]

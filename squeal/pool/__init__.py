@@ -70,6 +70,7 @@ The package, one idea per module (and the thread each runs on):
     copy_health.py   `watch_copy_health`: whether a worker's own copy answers (its own "pool-health" thread)
     metrics.py       `PoolMetrics`: the worker's and the controller's `squeal_pool_*` series
     znodes.py        reading the pool's JSON znode documents
+    zookeeper.py     squeal's ZooKeeper: client options (TLS, ACL), `UNAVAILABLE`, the znode paths, `Watched`
     squealctl.py     what `squealctl workers/drain/move` read and ask (the caller's thread: a CLI)
     placement.py     the load-aware placement policy as pure data (`plan`, `shard_load`, `read_order`): no I/O
     owner.py         a fenced owner's session lease, its start-up and its rejoin after a loss (worker's thread)

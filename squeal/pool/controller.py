@@ -19,9 +19,9 @@ from kazoo.client import KazooState
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
 from router_config import PoolPlacement
-from squeal.markers.zkstore import UNAVAILABLE, Watched
 from squeal.pool import placement
 from squeal.pool.znodes import read_doc
+from squeal.pool.zookeeper import UNAVAILABLE, Watched
 from squeal.shard.copies import placement_shard, placement_worker
 
 if TYPE_CHECKING:

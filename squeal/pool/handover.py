@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from kazoo.exceptions import KazooException
 from twisted.internet import defer, threads
 
-from squeal.markers.zkstore import UNAVAILABLE
 from squeal.pool.owner import wait_for_copy
+from squeal.pool.zookeeper import UNAVAILABLE
 from squeal.read import gtid as g
 from squeal.shard.daemon import source_for
 from squeal.shard.data_loss import accept_path

@@ -31,7 +31,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, KazooException, RolledBackError
 
 from router_config import Topology
-from squeal.markers.zkstore import UNAVAILABLE, client_options
+from squeal.pool.zookeeper import UNAVAILABLE, client_options
 from squeal.read import gtid as g
 from squeal.read.reader import current_position
 

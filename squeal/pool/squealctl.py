@@ -12,8 +12,8 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from squeal.markers.zkstore import pool_path
 from squeal.pool.znodes import read_doc
+from squeal.pool.zookeeper import pool_path
 
 
 def workers(client: KazooClient, root: str, region: str) -> list[dict[str, Any]]:

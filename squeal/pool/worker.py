@@ -31,7 +31,7 @@ from twisted.internet import defer, threads
 
 from router_config import SquealInstance, Topology
 from squeal.delivery.sampler import SampledDelete
-from squeal.markers.zkstore import UNAVAILABLE, ShardMarkerStore, Watched, ha_marker_dir, pool_path
+from squeal.markers.zkstore import ShardMarkerStore
 from squeal.pool import placement
 from squeal.pool.binlog_meter import BinlogMeter
 from squeal.pool.controller import Controller, placement_settings
@@ -42,6 +42,7 @@ from squeal.pool.owner import SessionLease, connect_zookeeper, rejoin_owning_not
 from squeal.pool.ownership import Ownership
 from squeal.pool.shard_loads import ShardLoads, loads_changed
 from squeal.pool.znodes import read_doc
+from squeal.pool.zookeeper import UNAVAILABLE, Watched, ha_marker_dir, pool_path
 from squeal.shard.daemon import source_for, state_dir_for
 from squeal.shard.region import RegionDaemon
 

@@ -27,7 +27,7 @@ from squeal_helpers import SCHEMA, Cache, healthz, scrape, unique_db, wait_gone,
 from ops import harness
 from ops.harness import MariaDB, Memcached, SquealDaemon, free_port
 from squeal import current_position
-from squeal.markers.zkstore import shard_path
+from squeal.pool.zookeeper import shard_path
 from squeal.read import gtid as g
 
 SHARDS = ("p0", "p1", "p2", "p3")

@@ -22,16 +22,10 @@ from pool_support import (
 )
 from squeal_helpers import wait_until
 
-from squeal.markers.zkstore import (
-    FencedError,
-    ShardMarkerStore,
-    Watched,
-    ha_marker_dir,
-    pool_path,
-    shard_path,
-)
+from squeal.markers.zkstore import FencedError, ShardMarkerStore
 from squeal.pool.owner import SessionLease
 from squeal.pool.ownership import Ownership
+from squeal.pool.zookeeper import Watched, ha_marker_dir, pool_path, shard_path
 
 
 @pytest.fixture(scope="module")

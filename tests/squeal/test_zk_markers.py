@@ -16,13 +16,8 @@ import pytest
 from pool_support import SESSION_TIMEOUT, Link, ensemble, expire_session, hosts, unique_root
 from squeal_helpers import wait_until
 
-from squeal.markers.zkstore import (
-    FencedError,
-    ShardMarkerStore,
-    ZooKeeperDatamarkerStore,
-    ZooKeeperUnavailable,
-    shard_path,
-)
+from squeal.markers.zkstore import FencedError, ShardMarkerStore, ZooKeeperDatamarkerStore, ZooKeeperUnavailable
+from squeal.pool.zookeeper import shard_path
 
 
 @pytest.fixture(scope="module")
