@@ -1,4 +1,4 @@
-"""Placement model (issue 24): `squeal.placement` driven by simulated workers and shards, no servers (not a test).
+"""Placement model (issue 24): `squeal.pool.placement` driven by simulated workers and shards, no servers (not a test).
 
     .venv/bin/python bench/placement_model.py [--shards 4096] [--workers 64,256] [--seed 24]
 
@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from squeal.placement import (
+from squeal.pool.placement import (
     Plan,
     Settings,
     Shard,

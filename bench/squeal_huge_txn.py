@@ -42,7 +42,7 @@ from squeal_throughput import (
 
 from ops.harness import MariaDB, Memcached, SquealDaemon
 from squeal import fetch_health
-from squeal import gtid as g
+from squeal.read import gtid as g
 
 
 def health(port: int) -> dict:

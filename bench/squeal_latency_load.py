@@ -78,7 +78,7 @@ from squeal_helpers import Cache, healthz, topology_text
 from squeal_throughput import check_transactions, create_schema, load, loadavg, metric_sum, squeal_replay
 
 from ops.harness import MariaDB, Memcached, SquealDaemon, wait_until
-from squeal import gtid as g
+from squeal.read import gtid as g
 
 SCHEMA = "bench"
 PROBE_TEMPLATE = "squeal:canary:{id}"  # monitoring/prober.py's canary rule

@@ -70,8 +70,8 @@ from squeal_throughput import check_transactions, cpu_seconds, loadavg, metric_s
 from test_pool_workers import SHARDS, Pool
 
 from ops.harness import REPO_ROOT, MariaDB, SquealDaemon, ZooKeeper, free_port, wait_until
-from squeal import gtid as g
 from squeal.pool.squealctl import request_move
+from squeal.read import gtid as g
 
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))
 

@@ -64,8 +64,8 @@ from squeal_helpers import topology_text
 from ops import tls as pki
 from ops.harness import ManagedProcess, MariaDB, Memcached, Router, SquealDaemon, wait_until
 from squeal import fetch_health
-from squeal import gtid as g
-from squeal.reader import BinlogReader
+from squeal.read import gtid as g
+from squeal.read.reader import BinlogReader
 
 
 class TlsMemcached(Memcached):

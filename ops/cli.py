@@ -35,7 +35,7 @@ import router_config
 from ops import workers
 from ops.harness import HarnessError
 from ops.local import ALL_ROLES, Deployment
-from squeal.replay import ReplayError, add_replay_options, replay
+from squeal.markers.replay import ReplayError, add_replay_options, replay
 from warmup import WarmupController, WarmupError
 
 DEFAULT_STATE_DIR = os.environ.get("SQUEAL_STATE_DIR", "var/local")

@@ -214,7 +214,7 @@ class SquealInstance:
     metrics_port: int  # /metrics and /healthz
     host: str = DEFAULT_HOST  # where it runs
     # With [shards]: the extra copy (`[shards.NAME.replicas.R]`, by R) this instance would rather read of each
-    # shard that has one ("": none named; squeal/placement.py `read_order` then prefers a copy on its host).
+    # shard that has one ("": none named; squeal/pool/placement.py `read_order` then prefers a copy on its host).
     prefer: str = ""
 
     @property
@@ -256,8 +256,9 @@ class ZooKeeperSettings:
 
 @dataclass(frozen=True)
 class PoolPlacement:
-    """`[regions.R.squeal_placement]` of a pooled region: how its controller balances shard load over the workers
-    (squeal/placement.py; docs/squeal.md, "Placement settings"). The defaults suit production; tests shorten them."""
+    """`[regions.R.squeal_placement]` of a pooled region: how its controller balances shard load over the
+    workers (squeal/pool/placement.py; docs/squeal.md, "Placement settings"). The defaults suit production; tests
+    shorten them."""
 
     threshold: float = 1.15  # a worker is balanced within [level / threshold, level * threshold]
     persist_s: float = 60.0  # an imbalance must last this long before a rebalance moves anything

@@ -12,7 +12,7 @@ and a row image matches only when the whole predicate is true. Strings compare b
 sensitive: write values as stored); numbers compare as numbers.
 
 The topology loader parses it (syntax errors name the rule); squeal evaluates it on row images, in Python
-(`squeal.rules`) and in the native reader, which gets the predicate as `steps` (postfix).
+(`squeal.keys.rules`) and in the native reader, which gets the predicate as `steps` (postfix).
 """
 
 from __future__ import annotations

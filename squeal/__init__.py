@@ -1,33 +1,35 @@
 """squeal: the binlog invalidation daemon (the paper's mcsqueal, with Wormhole's reliable delivery).
 
-The pipeline, one module per stage, in the order a row meets it:
+One folder per part of the data path, in the order a row meets it (each folder's docstring lists its modules):
 
-    reader        binlog events (MariaDB, GTID, annotate rows) as plain events; owns reconnects
-    rules         each row event -> keys as it is read (rule templates over before/after images)
-    transactions  events -> committed transactions holding their keys (nothing before the XID/commit)
-    pipeline      that loop on a read thread; at commit the /* mcd: */ comment keys, split by destination
-    flows         one flow per destination: queue, datamarker position, shedding, catch-up
-    batcher       `md <key> q` ... `mn` batches over TCP, failover across routers, backoff; acks
-    datamarkers   durable per-flow positions (file store; zkstore: the same on ZooKeeper for a pool)
-    pool          a region's shards divided among its workers through ZooKeeper, placed by load (`placement`),
-                  fenced per shard; a region of one shard and two workers is what HA mode was
-    owner         a pool worker's session lease, start-up and rejoin
-    daemon        wires them on the Twisted reactor: one shard's pipeline, a Twisted service
-    region        a region's shards' pipelines in one process (a MultiService)
-    shell         the process of `squeal run`: the status site, signals, exit code; cli: `squeal run` / `replay`
-    healthz       the one client of a daemon's /healthz
+    read/      the source: binlog events (MariaDB, GTID, annotate rows) -> committed transactions; owns
+               reconnects (reader, or the Rust extension: native); gtid positions; the source's lag (source)
+    keys/      transactions -> memcache keys on the read thread: rules, bulk (changes without row images), and
+               pipeline, that loop handing `Committed` transactions to the reactor
+    delivery/  one flow per destination (queue, position, shedding, catch-up) and the batched `md <key> q` ...
+               `mn` deletes over TCP or TLS, failover across routers, acks; the 1-in-N delete sampler
+    markers/   durable per-flow positions (a file per flow; zkstore: ZooKeeper for a pool), a shard's
+               checkpoints, replay
+    shard/     wires them on the Twisted reactor: one shard's pipeline (daemon, its data-loss policy, the copy
+               it reads), and a region's shards in one process (region)
+    pool/      a region's shards divided among its workers through ZooKeeper, placed by load (`placement`),
+               fenced per shard (`owner`: the session lease); a region of one shard and two workers is what HA
+               mode was
+    process/   the process of `squeal run`: the status site, signals, exit code (shell); /metrics; the one
+               client of a daemon's /healthz
+    cli        `squeal run` / `squeal replay` (the `squeal` command's entry point)
 """
 
-from squeal.daemon import Daemon, source_for
-from squeal.datamarkers import DatamarkerStore, FileDatamarkerStore
-from squeal.flows import Committed, Dispatcher, Flow, flow_names, flows_for_region, split_keys
-from squeal.gtid import GtidError, format_position, parse_gtid, parse_position
-from squeal.healthz import fetch_health, probe_health
-from squeal.metrics import CertExpiry, own_certificates
-from squeal.reader import BinlogReader, DataLoss, ReaderConfigError, Source, check_server, current_position
-from squeal.rules import KeyExtractor, RuleError, check_rules, comment_keys, delete_line, encode_key
-from squeal.transactions import Rows, Transaction, TransactionGrouper
-from squeal.zkstore import client_options as zookeeper_client_options
+from squeal.delivery.flows import Committed, Dispatcher, Flow, flow_names, flows_for_region, split_keys
+from squeal.keys.rules import KeyExtractor, RuleError, check_rules, comment_keys, delete_line, encode_key
+from squeal.markers.datamarkers import DatamarkerStore, FileDatamarkerStore
+from squeal.pool.zookeeper import client_options as zookeeper_client_options
+from squeal.process.healthz import fetch_health, probe_health
+from squeal.process.metrics import CertExpiry, own_certificates
+from squeal.read.gtid import GtidError, format_position, parse_gtid, parse_position
+from squeal.read.reader import BinlogReader, DataLoss, ReaderConfigError, Source, check_server, current_position
+from squeal.read.transactions import Rows, Transaction, TransactionGrouper
+from squeal.shard.daemon import Daemon, source_for
 
 __all__ = [
     "BinlogReader",

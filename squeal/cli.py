@@ -7,8 +7,8 @@ import logging
 import sys
 
 import router_config
-from squeal import gtid as g
-from squeal.replay import add_replay_options
+from squeal.markers.replay import add_replay_options
+from squeal.read import gtid as g
 
 DESCRIPTION = """\
 squeal tails one region's MariaDB binlog and deletes the memcache keys each committed transaction
@@ -47,8 +47,8 @@ def _topology(path: str) -> router_config.Topology:
 def cmd_run(args: argparse.Namespace) -> int:
     from prometheus_client import disable_created_metrics
 
-    from squeal.region import RegionDaemon
-    from squeal.shell import Shell
+    from squeal.process.shell import Shell
+    from squeal.shard.region import RegionDaemon
 
     # No `*_created` series beside every counter and histogram: nothing reads them, and they were a sixth of the
     # samples each scrape renders (a scrape a second, per shard; bench/squeal_shards.py --only idle).
@@ -95,8 +95,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from squeal.daemon import state_dir_for
-    from squeal.replay import ReplayError, replay
+    from squeal.markers.replay import ReplayError, replay
+    from squeal.shard.daemon import state_dir_for
 
     topo = _topology(args.topology)
     try:
@@ -121,9 +121,9 @@ Runbook: docs/runbooks/data-loss.md.
 
 
 def cmd_accept_data_loss(args: argparse.Namespace) -> int:
-    from squeal.daemon import state_dir_for
-    from squeal.data_loss import accept_path
-    from squeal.replay import ReplayError, check_shard
+    from squeal.markers.replay import ReplayError, check_shard
+    from squeal.shard.daemon import state_dir_for
+    from squeal.shard.data_loss import accept_path
 
     topo = _topology(args.topology)
     region = topo.region(args.region)
@@ -134,7 +134,7 @@ def cmd_accept_data_loss(args: argparse.Namespace) -> int:
         return e.code
     of = f" shard {shard} of" if shard else ""
     if region.squeal_instances:  # a pool: the request goes where every worker can see it, beside the shard's markers
-        from squeal.replay import zookeeper_owner, zookeeper_store
+        from squeal.markers.replay import zookeeper_owner, zookeeper_store
 
         try:
             with zookeeper_store(topo, region.name, shard=shard) as store:
@@ -250,9 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from squeal.datamarkers import DatamarkerDirError
-    from squeal.reader import ReaderConfigError
-    from squeal.rules import RuleError
+    from squeal.keys.rules import RuleError
+    from squeal.markers.datamarkers import DatamarkerDirError
+    from squeal.read.reader import ReaderConfigError
 
     try:
         return args.func(args)

@@ -47,7 +47,7 @@ def test_the_wheel_carries_the_native_reader_and_the_packages(wheel: Path) -> No
     names = zipfile.ZipFile(wheel).namelist()
     native = [n for n in names if n.startswith("squeal/squeal_native") and n.endswith(".so")]
     assert native, f"no compiled squeal_native in {wheel.name}: {sorted(names)[:20]}…"
-    for expected in ("squeal/daemon.py", "router_config/__init__.py", "ops/cli.py", "monitoring/dashboard.html"):
+    for expected in ("squeal/shard/daemon.py", "router_config/__init__.py", "ops/cli.py", "monitoring/dashboard.html"):
         assert expected in names, expected
 
 

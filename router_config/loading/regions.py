@@ -226,7 +226,7 @@ class RegionSections(Reader):
         shard_replicas: tuple[str, ...] = (),
     ) -> tuple[SquealInstance, ...]:
         """`[[regions.R.squeal_instances]]`: squeal daemons of the region, each on its own copy of the data. With
-        [shards] an instance reads a copy of every shard (squeal/placement.py `read_order`): `database` may name
+        [shards] an instance reads a copy of every shard (squeal/pool/placement.py `read_order`): `database` may name
         the extra copy it prefers (`[shards.NAME.replicas.R]`, by R) or the region (its copy of each shard)."""
         self.typed(value, path, list, "an array of [[squeal_instances]] tables")
         by_name = {d.name: d for d in copies}

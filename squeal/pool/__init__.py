@@ -2,7 +2,7 @@
 
 A region with `[[regions.R.squeal_instances]]` runs them as the *workers* of its pool
 (`squeal run --instance NAME`). Each (region, shard) has exactly one owner among them; one elected
-controller decides who owns what with the load-aware policy (`squeal.placement.plan`); a worker runs one
+controller decides who owns what with the load-aware policy (`squeal.pool.placement.plan`); a worker runs one
 pipeline per shard it owns (a `RegionDaemon` whose shards come and go at run time). Znodes, under
 `<root>/regions/<region>/pool/`:
 
@@ -45,10 +45,10 @@ Load: each owner measures rows/s (`squeal_rows_total`) and binlog bytes/s (`Binl
 both (`[regions.R.squeal_placement] half_life_s`) and publishes them with their combination (`placement.shard_load`,
 `bytes_per_row`); the controller plans with the region's `squeal_placement` settings.
 
-The session lease, start-up and the rejoin after a loss are squeal/owner.py.
+The session lease, start-up and the rejoin after a loss are squeal/pool/owner.py.
 A shard that has no markers znode yet starts from the HA layout's markers of the same shard (an HA region turned
-into a pool). Which copy of a shard a worker reads: `squeal.copies.read_order` (the copy it names, else an extra
-copy on its host, else the region's own copy; the region's copy is every reader's fallback); without [shards], its
+into a pool). Which copy of a shard a worker reads: `squeal.shard.copies.read_order` (the copy it names, else an
+extra copy on its host, else the region's own copy; the region's copy is every reader's fallback); without [shards], its
 instance's own copy (`own_copy_topology`), whose health it publishes (`healthy` in its member znode: a worker whose
 copy does not answer is given nothing and its shard moves). Preference: the instance's rank in `squeal_instances`
 breaks ties, and a shard alone on its worker is handed back to an empty better-ranked worker once that one has been
@@ -70,5 +70,8 @@ The package, one idea per module (and the thread each runs on):
     copy_health.py   `watch_copy_health`: whether a worker's own copy answers (its own "pool-health" thread)
     metrics.py       `PoolMetrics`: the worker's and the controller's `squeal_pool_*` series
     znodes.py        reading the pool's JSON znode documents
+    zookeeper.py     squeal's ZooKeeper: client options (TLS, ACL), `UNAVAILABLE`, the znode paths, `Watched`
     squealctl.py     what `squealctl workers/drain/move` read and ask (the caller's thread: a CLI)
+    placement.py     the load-aware placement policy as pure data (`plan`, `shard_load`, `read_order`): no I/O
+    owner.py         a fenced owner's session lease, its start-up and its rejoin after a loss (worker's thread)
 """

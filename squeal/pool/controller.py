@@ -1,5 +1,5 @@
 """`Controller`: the pool's one planner, elected among the workers with kazoo's `Election` recipe; while it leads,
-it plans (`squeal.placement.plan`) and writes the assignment every worker follows.
+it plans (`squeal.pool.placement.plan`) and writes the assignment every worker follows.
 
 Runs on its own daemon thread ("pool-controller", started by the worker once it joined): the election's wait, the
 planning loop and every ZooKeeper call it makes; kazoo's thread only sets `_kick` (a watch fired). `plan_once` is
@@ -19,10 +19,10 @@ from kazoo.client import KazooState
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
 from router_config import PoolPlacement
-from squeal import placement
-from squeal.copies import placement_shard, placement_worker
+from squeal.pool import placement
 from squeal.pool.znodes import read_doc
-from squeal.zkstore import UNAVAILABLE, Watched
+from squeal.pool.zookeeper import UNAVAILABLE, Watched
+from squeal.shard.copies import placement_shard, placement_worker
 
 if TYPE_CHECKING:
     from squeal.pool.worker import PoolWorker

@@ -10,7 +10,7 @@ import contextlib
 import threading
 from collections.abc import Callable
 
-from squeal.reader import Source
+from squeal.read.reader import Source
 
 HEALTH_EVERY_S = 1.0  # how often a worker of a region without [shards] asks its own copy whether it answers
 

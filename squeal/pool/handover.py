@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 from kazoo.exceptions import KazooException
 from twisted.internet import defer, threads
 
-from squeal import gtid as g
-from squeal.daemon import source_for
-from squeal.data_loss import accept_path
-from squeal.owner import wait_for_copy
-from squeal.zkstore import UNAVAILABLE
+from squeal.pool.owner import wait_for_copy
+from squeal.pool.zookeeper import UNAVAILABLE
+from squeal.read import gtid as g
+from squeal.shard.daemon import source_for
+from squeal.shard.data_loss import accept_path
 
 if TYPE_CHECKING:
     from squeal.pool.worker import PoolWorker

@@ -18,9 +18,9 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
-from squeal.owner import SessionLease
+from squeal.pool.owner import SessionLease
 from squeal.pool.znodes import read_doc
-from squeal.zkstore import UNAVAILABLE, shard_path
+from squeal.pool.zookeeper import UNAVAILABLE, shard_path
 
 log = logging.getLogger(__name__)
 

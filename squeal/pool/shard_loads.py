@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from squeal import placement
+from squeal.pool import placement
 from squeal.pool.binlog_meter import BinlogMeter
 from squeal.pool.metrics import PoolMetrics
-from squeal.region import RegionDaemon
+from squeal.shard.region import RegionDaemon
 
 LOAD_CHANGE = 0.05  # a worker republishes a shard's load when it moved by more than this fraction of itself
 

@@ -13,7 +13,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from squeal.pool.znodes import read_doc
-from squeal.zkstore import pool_path
+from squeal.pool.zookeeper import pool_path
 
 
 def workers(client: KazooClient, root: str, region: str) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """`PoolWorker`: one member of a region's pool (`squeal run --instance NAME`) - it joins, follows the assignment
 (takes the shards it is given, hands on the ones it is not), publishes what it runs and measures, and leaves on
 SIGTERM; one pipeline per owned shard, in one `RegionDaemon`. It is a Twisted service run by the process shell
-(squeal/shell.py: the status site from the first moment, signals, exit code).
+(squeal/process/shell.py: the status site from the first moment, signals, exit code).
 
 Threads: `prepare` runs on the shell's "squeal-prepare" thread; `startService`, `stopService` and `status` on the
 reactor. The member's loop
@@ -30,20 +30,21 @@ from twisted.application import service
 from twisted.internet import defer, threads
 
 from router_config import SquealInstance, Topology
-from squeal import placement
-from squeal.daemon import source_for, state_dir_for
-from squeal.owner import SessionLease, connect_zookeeper, rejoin_owning_nothing, startup_timeout
+from squeal.delivery.sampler import SampledDelete
+from squeal.markers.zkstore import ShardMarkerStore
+from squeal.pool import placement
 from squeal.pool.binlog_meter import BinlogMeter
 from squeal.pool.controller import Controller, placement_settings
 from squeal.pool.copy_health import watch_copy_health
 from squeal.pool.handover import RETRY_FAILED_S, give_back_acceptance, start_shard, stop_shard
 from squeal.pool.metrics import DaemonMetrics, PoolMetrics
+from squeal.pool.owner import SessionLease, connect_zookeeper, rejoin_owning_nothing, startup_timeout
 from squeal.pool.ownership import Ownership
 from squeal.pool.shard_loads import ShardLoads, loads_changed
 from squeal.pool.znodes import read_doc
-from squeal.region import RegionDaemon
-from squeal.sampler import SampledDelete
-from squeal.zkstore import UNAVAILABLE, ShardMarkerStore, Watched, ha_marker_dir, pool_path
+from squeal.pool.zookeeper import UNAVAILABLE, Watched, ha_marker_dir, pool_path
+from squeal.shard.daemon import source_for, state_dir_for
+from squeal.shard.region import RegionDaemon
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ WARM_ALL_UP_TO = 64  # a worker of a region with at most this many shards checks
 def own_copy_topology(topology: Topology, instance: SquealInstance) -> Topology:
     """The topology as `instance` reads it: without [shards], its region's database is the instance's own copy
     (the primary, or a replica of its own: each instance of a region names a different one, so losing a copy loses
-    one worker). With [shards], unchanged: every worker reads the shards' copies (`squeal.copies.read_order`)."""
+    one worker). With [shards], unchanged: every worker reads the shards' copies (`squeal.shard.copies.read_order`)."""
     if topology.sharded:
         return topology
     region = topology.region(instance.region)

@@ -1,4 +1,4 @@
-//! A rule's filters on one changed row, exactly as `squeal.rules.RowFilter` decides in Python:
+//! A rule's filters on one changed row, exactly as `squeal.keys.rules.RowFilter` decides in Python:
 //! * `watched` (`when_changed` plus the templated columns): an UPDATE passes only if one of them differs
 //!   between its before and after image (compared as the binlog's value bytes; NULL differs from a value);
 //! * `where` (`router_config.predicate`, handed over as postfix `steps`): at least one image must match,

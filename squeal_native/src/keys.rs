@@ -1,6 +1,6 @@
 //! Rules' key templates rendered from row images, byte for byte as squeal's Python does it.
 //!
-//! `squeal.rules.Template.render` renders `"user:{id}"` from the dict python-mysql-replication builds for a
+//! `squeal.keys.rules.Template.render` renders `"user:{id}"` from the dict python-mysql-replication builds for a
 //! row image, with `_text` turning each value into text: `str` as is, `bytes` decoded UTF-8 with
 //! `surrogateescape` (so the wire key is the column's bytes), anything else `str(value)`. This module gives
 //! the same bytes for the column types whose Python value it can reproduce exactly (`Conv`); a template
@@ -91,7 +91,7 @@ pub enum Conv {
 }
 
 /// A charset by what python-mysql-replication does with it (Python builds this table from the library's
-/// own collation list: `squeal.reader.native_charsets`).
+/// own collation list: `squeal.read.native.native_charsets`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Charset {
     Text,        // UTF-8 / ASCII: the str's UTF-8 bytes are the column's bytes

@@ -1,13 +1,13 @@
 //! squeal's native binlog reader (a Python extension module, compiled by squeal's install through setuptools-rust).
 //!
 //! `NativeStream` reads one MariaDB binlog connection on a Rust thread (`stream`) and hands Python
-//! squeal's plain events (`squeal.transactions`) in batches: `next_batch` waits for events with the GIL
+//! squeal's plain events (`squeal.read.transactions`) in batches: `next_batch` waits for events with the GIL
 //! released and takes it once per batch to build the Python objects. Row events of ruled tables arrive
 //! already rendered to keys and encoded as delete lines (`keys`, `lines`). Ordinary transactions (rows and an
 //! XID, nothing to decide) are grouped here and handed on as runs: consecutive ones waiting in the queue become
 //! one Python object with their delete lines and the position they reach. XA, savepoints, DDL, comments,
-//! cascades, huge transactions, reconnects and positions stay in Python (`squeal.reader.NativeBinlogReader`,
-//! `squeal.transactions`).
+//! cascades, huge transactions, reconnects and positions stay in Python (`squeal.read.native.NativeBinlogReader`,
+//! `squeal.read.transactions`).
 
 pub mod conn;
 pub mod filter;
@@ -57,7 +57,7 @@ mod python {
     /// (schema, table, watched columns, where steps as (op, column, literal)).
     type FilterArg = (String, String, Vec<String>, Vec<(String, String, String)>);
 
-    /// The Python classes the events are built with (`squeal.transactions`).
+    /// The Python classes the events are built with (`squeal.read.transactions`).
     struct Factories {
         begin: Py<PyAny>,
         annotate: Py<PyAny>,
@@ -66,7 +66,7 @@ mod python {
         query: Py<PyAny>,
         xa_prepare: Py<PyAny>,
         kinds: [Py<PyString>; 4], // insert, update, delete, and the LINES kind
-        run: Option<Py<PyAny>>,   // squeal.transactions.CommittedRun
+        run: Option<Py<PyAny>>,   // squeal.read.transactions.CommittedRun
     }
 
     /// A run is closed at this many delete lines and the next one begins: Python's hand-off and flows weigh
@@ -86,7 +86,7 @@ mod python {
         regional: Joined,
     }
 
-    /// A run's delete lines of one kind end to end, and where each ends (`squeal.transactions.JoinedLines`):
+    /// A run's delete lines of one kind end to end, and where each ends (`squeal.read.transactions.JoinedLines`):
     /// two Python objects per kind and run instead of one per line.
     #[derive(Default)]
     struct Joined {

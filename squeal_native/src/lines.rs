@@ -1,4 +1,4 @@
-//! Delete lines, byte for byte as `squeal.rules.delete_line` writes them: `md <token> [b] q\r\n`.
+//! Delete lines, byte for byte as `squeal.keys.rules.delete_line` writes them: `md <token> [b] q\r\n`.
 //!
 //! The token is the key as the web tier's client (meta-memcache) stores it: printable ASCII without spaces,
 //! 1..=186 bytes, as is; any other key as base64 with memcached's `b` flag; a key longer than 186 bytes as
@@ -9,7 +9,7 @@ use base64::Engine;
 use blake2::digest::{Update, VariableOutput};
 use blake2::Blake2bVar;
 
-/// `squeal.rules.MAX_PLAIN_KEY`.
+/// `squeal.keys.rules.MAX_PLAIN_KEY`.
 pub const MAX_PLAIN_KEY: usize = 186;
 
 /// How a key went on the wire (`squeal_keys_rewritten_total{encoding}` counts the last two).
@@ -53,7 +53,7 @@ mod tests {
 
     #[test]
     fn lines_like_the_python_encoder() {
-        // expected values from squeal.rules.delete_line (Python's base64 and hashlib.blake2b(digest_size=18))
+        // expected values from squeal.keys.rules.delete_line (Python's base64 and hashlib.blake2b(digest_size=18))
         assert_eq!(
             delete_line(b"user:1"),
             (b"md user:1 q\r\n".to_vec(), Encoding::Plain)

@@ -1,7 +1,7 @@
 //! The binlog read on a thread of its own: connect, ask for the binlog from a GTID position, turn events
 //! into `Out` items (squeal's plain events, with rows already rendered to keys) and queue them.
 //!
-//! Transaction semantics stay in Python (`squeal.transactions.TransactionGrouper`) for every transaction that
+//! Transaction semantics stay in Python (`squeal.read.transactions.TransactionGrouper`) for every transaction that
 //! needs them. An *ordinary* transaction — a GTID event that is neither standalone (DDL) nor an XA PREPARE
 //! group, then row events of tables with rules or without, then its XID — comes as one `Out::Whole` instead
 //! of Begin, rows and Commit (`Settings::whole_up_to`): its delete lines and its GTID, nothing for Python to
@@ -10,7 +10,7 @@
 //! `whole_up_to` (a huge transaction, which Python hands on in pieces) makes the reader hand on what it
 //! withheld as the plain events below and go on with those until the next GTID event.
 //!
-//! The plain events are the ones `squeal.reader.convert` yields, with these differences, none of which
+//! The plain events are the ones `squeal.read.reader.convert` yields, with these differences, none of which
 //! changes a transaction's keys:
 //! * Rows of tables with rules come as delete lines (kind `LINES`: the keys deduplicated within the event
 //!   group as `KeyStage.render` does, encoded as `rules.delete_line` does, split into cluster and regional

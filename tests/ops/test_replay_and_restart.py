@@ -21,8 +21,8 @@ import pytest
 
 import router_config
 from ops.harness import REPO_ROOT, MariaDB, Memcached, memcached_command, wait_until
-from squeal import gtid as g
-from squeal.datamarkers import FileDatamarkerStore
+from squeal.markers.datamarkers import FileDatamarkerStore
+from squeal.read import gtid as g
 from tests.ops.deployments import TWO_REGIONS, run_sql, squealctl, stable_port
 
 TOPOLOGY = "[squeal]\nmax_backlog = 10000\n" + TWO_REGIONS

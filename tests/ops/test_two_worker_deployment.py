@@ -14,8 +14,8 @@ from kazoo.client import KazooClient
 import router_config
 from ops.harness import REPO_ROOT, memcached_command, wait_until
 from router_config.model import IMPLICIT_SHARD
-from squeal import gtid as g
-from squeal.zkstore import shard_path
+from squeal.pool.zookeeper import shard_path
+from squeal.read import gtid as g
 from tests.ops.deployments import TwoWorkerDeployment, run_sql, squealctl, stable_port
 
 WITHIN = 30.0  # a deadline for something that must happen, not a speed check

@@ -7,11 +7,11 @@ import threading
 from collections.abc import Callable
 
 from router_config import Rule
-from squeal import gtid as g
-from squeal.flows import Committed
-from squeal.pipeline import KeyStage, ReadLoop
-from squeal.rules import KeyExtractor
-from squeal.transactions import PreparedXa
+from squeal.delivery.flows import Committed
+from squeal.keys.pipeline import KeyStage, ReadLoop
+from squeal.keys.rules import KeyExtractor
+from squeal.read import gtid as g
+from squeal.read.transactions import PreparedXa
 
 
 def decode(

@@ -24,7 +24,8 @@ from test_squeal_faults import post_keys
 from ops import harness
 from ops.harness import MariaDB, Memcached, SquealDaemon, ZooKeeper, free_port
 from router_config.model import IMPLICIT_SHARD
-from squeal.zkstore import ShardMarkerStore, ha_marker_dir
+from squeal.markers.zkstore import ShardMarkerStore
+from squeal.pool.zookeeper import ha_marker_dir
 
 SESSION_TIMEOUT = 2.0  # seconds: ZooKeeper's floor with the harness's tickTime of 500 ms is 1 s
 
@@ -65,7 +66,7 @@ def write_ha_markers(
     c: KazooClient, root: str, region: str, shard: str | None, positions: dict[str, str], by: str = ""
 ) -> None:
     """The markers HA mode's leader left for a region (with [shards]: a shard), one znode per destination
-    (`zkstore.ha_marker_dir`), as it wrote them: what a region upgraded to the pool starts each shard from.
+    (`zookeeper.ha_marker_dir`), as it wrote them: what a region upgraded to the pool starts each shard from.
     Nothing in squeal writes this layout any more; the tests of that upgrade make it by hand."""
     base = ha_marker_dir(root, region, shard)
     for flow, position in positions.items():

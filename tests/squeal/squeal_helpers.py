@@ -14,7 +14,7 @@ from pathlib import Path
 from ops import harness
 from ops.harness import MariaDB, Memcached, SquealDaemon, free_port
 from squeal import fetch_health
-from squeal import gtid as g
+from squeal.read import gtid as g
 
 _counter = itertools.count(1)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from squeal.metrics import observe_times
+from squeal.process.metrics import observe_times
 
 
 def samples(h: Histogram) -> dict[tuple[str, str], float]:

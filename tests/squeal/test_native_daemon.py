@@ -14,7 +14,7 @@ import time
 import pytest
 from squeal_helpers import SquealEnv, scrape, wait_gone, wait_until
 
-from squeal.reader import native_module
+from squeal.read.native import native_module
 
 # No skip when the extension is missing: it is part of the package (scripts/setup.sh, `pip install .`), and a
 # skipped differential test would let CI pass without the default reader.

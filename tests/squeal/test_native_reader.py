@@ -19,18 +19,12 @@ from differential import decode, regroup, stage_for
 from squeal_helpers import unique_db
 
 from router_config import Rule, predicate
-from squeal import gtid as g
-from squeal.bulk import load_cascades
-from squeal.pipeline import KeyStage, ReadLoop
-from squeal.reader import (
-    BinlogReader,
-    NativeBinlogReader,
-    NativeUnavailable,
-    Source,
-    native_module,
-    native_problems,
-)
-from squeal.rules import KeyExtractor, delete_line
+from squeal.keys.bulk import load_cascades
+from squeal.keys.pipeline import KeyStage, ReadLoop
+from squeal.keys.rules import KeyExtractor, delete_line
+from squeal.read import gtid as g
+from squeal.read.native import NativeBinlogReader, NativeUnavailable, native_module, native_problems
+from squeal.read.reader import BinlogReader, Source
 
 # No skip when the extension is missing: it is part of the package (scripts/setup.sh, `pip install .`), and a
 # skipped differential test would let CI pass without the default reader.
@@ -379,8 +373,8 @@ def test_native_reader_data_loss_and_reconnect(mariadb_pair):
     """A position the server never had: error 1236 becomes DataLoss, as with the python reader."""
     db, _ = mariadb_pair
     source = Source(db.host, db.port, db.user, db.password)
-    from squeal.reader import DataLoss
-    from squeal.transactions import Restart
+    from squeal.read.reader import DataLoss
+    from squeal.read.transactions import Restart
 
     reader = NativeBinlogReader(source, {0: (1, 10**12)}, set(), {}, name="loss")
     seen = []

@@ -19,9 +19,10 @@ from differential import decode, regroup, stage_for
 from squeal_helpers import unique_db
 
 from router_config import Rule
-from squeal import gtid as g
-from squeal.bulk import load_cascades
-from squeal.reader import BinlogReader, NativeBinlogReader, Source
+from squeal.keys.bulk import load_cascades
+from squeal.read import gtid as g
+from squeal.read.native import NativeBinlogReader
+from squeal.read.reader import BinlogReader, Source
 
 TABLES = """
 CREATE TABLE acct (id INT PRIMARY KEY, email VARCHAR(100), name VARCHAR(100)) ENGINE=InnoDB;

@@ -1,10 +1,10 @@
-"""squeal.placement on plain data: exact plans for small pools (no servers, no ZooKeeper)."""
+"""squeal.pool.placement on plain data: exact plans for small pools (no servers, no ZooKeeper)."""
 
 from __future__ import annotations
 
 import random
 
-from squeal.placement import (
+from squeal.pool.placement import (
     DRAIN,
     HANDBACK,
     ORPHANED,

@@ -16,12 +16,12 @@ from prometheus_client import CollectorRegistry
 from twisted.internet.task import Clock
 
 import router_config
-from squeal import placement
-from squeal.owner import LEASE_FRACTION, SessionLease
+from squeal.pool import placement
 from squeal.pool.controller import Controller
 from squeal.pool.metrics import PoolMetrics
+from squeal.pool.owner import LEASE_FRACTION, SessionLease
 from squeal.pool.ownership import Ownership
-from squeal.zkstore import pool_path, shard_path
+from squeal.pool.zookeeper import pool_path, shard_path
 
 ROOT = "/squeal"
 SESSION_TIMEOUT = 4.0

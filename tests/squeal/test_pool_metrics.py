@@ -14,7 +14,7 @@ from squeal.pool import binlog_meter
 from squeal.pool.binlog_meter import BinlogMeter
 from squeal.pool.controller import Controller
 from squeal.pool.metrics import PoolMetrics
-from squeal.reader import Source
+from squeal.read.reader import Source
 
 
 def _value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:

@@ -35,10 +35,11 @@ from test_squeal_faults import Writer, post_keys
 from ops.harness import MariaDB
 from router_config import loads
 from router_config.model import IMPLICIT_SHARD
-from squeal import gtid as g
-from squeal.owner import TakeoverError, wait_for_copy
+from squeal.markers.zkstore import ShardMarkerStore, ZooKeeperUnavailable
+from squeal.pool.owner import TakeoverError, wait_for_copy
 from squeal.pool.worker import PoolWorker
-from squeal.zkstore import ShardMarkerStore, ZooKeeperUnavailable, shard_path
+from squeal.pool.zookeeper import shard_path
+from squeal.read import gtid as g
 
 DEADLINE = 60.0
 

@@ -27,8 +27,8 @@ from squeal_helpers import SCHEMA, Cache, healthz, scrape, unique_db, wait_gone,
 from ops import harness
 from ops.harness import MariaDB, Memcached, SquealDaemon, free_port
 from squeal import current_position
-from squeal import gtid as g
-from squeal.zkstore import shard_path
+from squeal.pool.zookeeper import shard_path
+from squeal.read import gtid as g
 
 SHARDS = ("p0", "p1", "p2", "p3")
 SESSION_TIMEOUT = 2.0
@@ -443,7 +443,7 @@ class MarkerWatch(threading.Thread):
     def run(self) -> None:
         from kazoo.exceptions import NoNodeError
 
-        from squeal import gtid as g
+        from squeal.read import gtid as g
 
         while not self.stop_flag.wait(0.05):
             for shard, path in self.paths.items():

@@ -1,6 +1,6 @@
 """The worker pool's ZooKeeper foundation against a real 3-server ensemble: per-shard ownership with its own epoch
 and lease (squeal/pool/ownership.py: `Ownership`, `SessionLease`) and one marker znode per (region, shard)
-(squeal/zkstore.py: `ShardMarkerStore`), fenced by the shard's epoch."""
+(squeal/markers/zkstore.py: `ShardMarkerStore`), fenced by the shard's epoch."""
 
 from __future__ import annotations
 
@@ -22,16 +22,10 @@ from pool_support import (
 )
 from squeal_helpers import wait_until
 
-from squeal.owner import SessionLease
+from squeal.markers.zkstore import FencedError, ShardMarkerStore
+from squeal.pool.owner import SessionLease
 from squeal.pool.ownership import Ownership
-from squeal.zkstore import (
-    FencedError,
-    ShardMarkerStore,
-    Watched,
-    ha_marker_dir,
-    pool_path,
-    shard_path,
-)
+from squeal.pool.zookeeper import Watched, ha_marker_dir, pool_path, shard_path
 
 
 @pytest.fixture(scope="module")
@@ -235,8 +229,8 @@ def test_a_shard_without_pool_markers_starts_from_the_ha_layouts_markers(clients
 
 
 def test_a_workers_lease_lapsed_on_slow_answers_resumes_and_its_shards_keep_their_epochs(zk, clients) -> None:
-    """Issue 27 item 3 for a pool worker (the lease an HA leader holds too, `squeal.owner.SessionLease`): every byte
-    between the worker and the ensemble held for 2 s, longer than its lease (0.6 x 3 s). The lease lapses - the
+    """Issue 27 item 3 for a pool worker (the lease an HA leader holds too, `squeal.pool.owner.SessionLease`): every
+    byte between the worker and the ensemble held for 2 s, longer than its lease (0.6 x 3 s). The lease lapses - the
     shard is not sent for, its marker not written - but the session lives, so its member and owner znodes are its
     own still: the first confirmed round trip resumes it. Same token, same epoch record, no loss, no new owner."""
     root = unique_root()

@@ -1,5 +1,5 @@
 """Issue 33 item 3: one process shell. `squeal run --region` (a `RegionDaemon`) and `squeal run --instance` (a
-`PoolWorker`) run inside one `squeal.shell.Shell`: the one builder of the status site (/metrics, /healthz,
+`PoolWorker`) run inside one `squeal.process.shell.Shell`: the one builder of the status site (/metrics, /healthz,
 /sampled-deletes), the signals, the shutdown and the exit code. Unit tests on fake reactors: no server starts."""
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.web.test.requesthelper import DummyRequest
 
 import router_config
+from squeal.delivery.sampler import SampledDelete
 from squeal.pool.worker import PoolWorker
-from squeal.region import RegionDaemon
-from squeal.sampler import SampledDelete
-from squeal.shell import Shell
+from squeal.process.shell import Shell
+from squeal.shard.region import RegionDaemon
 
 SQUEAL = Path(__file__).resolve().parents[2] / "squeal"
 
@@ -94,7 +94,7 @@ def test_the_status_site_is_built_in_one_place() -> None:
         for path in SQUEAL.rglob("*.py")
         if builders.search(path.read_text()) is not None
     )
-    assert found == ["squeal/shell.py"]
+    assert found == ["squeal/process/shell.py"]
 
 
 def inside_of(kind: str, reactor: Any) -> Any:

@@ -18,9 +18,9 @@ from squeal_helpers import SquealEnv, healthz, scrape, unique_db, wait_gone, wai
 
 from ops.harness import MariaDB
 from router_config import Rule
-from squeal import gtid as g
-from squeal.bulk import BulkDetector, changed_columns, statement_kind
-from squeal.transactions import (
+from squeal.keys.bulk import BulkDetector, changed_columns, statement_kind
+from squeal.read import gtid as g
+from squeal.read.transactions import (
     Annotate,
     Begin,
     Commit,

@@ -12,12 +12,12 @@ import threading
 from squeal_helpers import scrape, wait_until
 
 from router_config import Address, Rule
-from squeal import gtid as g
-from squeal.flows import CATCHING_UP, LIVE, SHED, Committed, Flow
-from squeal.metrics import Metrics
-from squeal.pipeline import Handoff, KeyStage, ReadLoop
-from squeal.rules import LINES, RENDERED, KeyExtractor, delete_line
-from squeal.transactions import Annotate, Begin, Commit, Restart, Rows, Transaction, XaPrepare
+from squeal.delivery.flows import CATCHING_UP, LIVE, SHED, Committed, Flow
+from squeal.keys.pipeline import Handoff, KeyStage, ReadLoop
+from squeal.keys.rules import LINES, RENDERED, KeyExtractor, delete_line
+from squeal.process.metrics import Metrics
+from squeal.read import gtid as g
+from squeal.read.transactions import Annotate, Begin, Commit, Restart, Rows, Transaction, XaPrepare
 
 # -- the shed rule (plain data) ------------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Flow lag that does not lie (issue 13 item 7): lag against the source's commits, not only squeal's queue.
 
-Unit tests drive `Flow.lag()` and `squeal.source.SourceLag` on a fake clock; the integration tests run a
+Unit tests drive `Flow.lag()` and `squeal.read.source.SourceLag` on a fake clock; the integration tests run a
 daemon on a replica whose SQL thread is stopped (nothing reaches squeal's queues, the region is stale)
 and on the primary with a SIGSTOPped destination.
 """
@@ -15,11 +15,11 @@ from squeal_helpers import Cache, create_schema, healthz, scrape, unique_db, wai
 
 from ops.harness import MariaDB, SquealDaemon, free_port
 from router_config import Address
-from squeal import gtid as g
-from squeal.flows import Committed, Flow
-from squeal.metrics import Metrics
-from squeal.reader import Source
-from squeal.source import SourceLag, SourcePoller
+from squeal.delivery.flows import Committed, Flow
+from squeal.process.metrics import Metrics
+from squeal.read import gtid as g
+from squeal.read.reader import Source
+from squeal.read.source import SourceLag, SourcePoller
 
 
 class FakeClock:

@@ -28,11 +28,11 @@ from zope.interface.verify import verifyObject
 import router_config
 from ops.harness import REPO_ROOT, MariaDB, free_port
 from router_config import Address
-from squeal import gtid as g
-from squeal.daemon import Daemon
-from squeal.datamarkers import DatamarkerDirError, FileDatamarkerStore, MarkerWatch
-from squeal.flows import Flow
-from squeal.region import RegionDaemon
+from squeal.delivery.flows import Flow
+from squeal.markers.datamarkers import DatamarkerDirError, FileDatamarkerStore, MarkerWatch
+from squeal.read import gtid as g
+from squeal.shard.daemon import Daemon
+from squeal.shard.region import RegionDaemon
 
 FLOWS = ("c0", "c1", "regional")
 
@@ -287,7 +287,7 @@ def test_corrupt_replay_requests_are_set_aside_and_do_not_block_the_others(tmp_p
     (tmp_path / "c.replay").write_text(json.dumps({"position": 5}))
     (tmp_path / "e.replay").write_text(json.dumps({"flow": "e"}))
     (tmp_path / "d.replay").write_text(json.dumps({"position": "x-y"}))
-    with caplog.at_level(logging.ERROR, logger="squeal.datamarkers"):
+    with caplog.at_level(logging.ERROR, logger="squeal.markers.datamarkers"):
         assert store.take_replay_requests() == {"good": "0-1-7"}
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{n}.replay.corrupt" for n in "abcde"]
     for n in "abcde":
@@ -404,7 +404,7 @@ def test_failed_marker_writes_are_retried_counted_and_fail_health_after_max_age(
     flow = d.flows["a"]
     ack(flow, 6)
     store.fail = OSError(28, "No space left on device", "/fake/markers/.a.marker.1.tmp")
-    with caplog.at_level(logging.INFO, logger="squeal.checkpoints"):
+    with caplog.at_level(logging.INFO, logger="squeal.markers.checkpoints"):
         for _ in range(4):
             checkpoint(d, reactor)
             reactor.advance(1.0)
@@ -467,7 +467,7 @@ def test_a_hung_store_neither_blocks_checkpoints_nor_shutdown(tmp_path: Path, ca
     finished = d.shutdown(flush_timeout=1.0, save_timeout=2.0)
     reactor.advance(1.0)
     assert not finished.called
-    with caplog.at_level(logging.ERROR, logger="squeal.daemon"):
+    with caplog.at_level(logging.ERROR, logger="squeal.shard.daemon"):
         reactor.advance(2.0)
     assert finished.called and d.exit_code == 1
     assert "could not save the datamarkers of flow(s) a at 0-1-6 in /fake/markers" in caplog.text
@@ -480,7 +480,7 @@ def test_shutdown_with_a_failing_store_fires_and_exits_1_and_with_a_good_one_exi
     ack(d.flows["a"], 6)
     store.fail = OSError(30, "Read-only file system", "/fake/markers/.a.marker.1.tmp")
     finished = d.shutdown(save_timeout=2.0)
-    with caplog.at_level(logging.ERROR, logger="squeal.daemon"):
+    with caplog.at_level(logging.ERROR, logger="squeal.shard.daemon"):
         for _ in range(5):  # retried every 0.5 s until the 2 s are up
             reactor.pump(lambda: d.checkpoints.round is None)
             reactor.advance(0.5)

@@ -14,15 +14,10 @@ from meta_memcache_socket import build_meta_delete
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 
 from router_config import Address, Rule, predicate
-from squeal import gtid as g
-from squeal import reader as reader_module
-from squeal.batcher import DeleteProtocol, Sender
 from squeal.cli import main as cli_main
-from squeal.datamarkers import FileDatamarkerStore
-from squeal.flows import CATCHING_UP, LIVE, SHED, Batch, Committed, Dispatcher, Flow, split_keys
-from squeal.metrics import Metrics
-from squeal.reader import ReaderConfigError, check_server
-from squeal.rules import (
+from squeal.delivery.batcher import DeleteProtocol, Sender
+from squeal.delivery.flows import CATCHING_UP, LIVE, SHED, Batch, Committed, Dispatcher, Flow, split_keys
+from squeal.keys.rules import (
     KeyExtractor,
     RowFilter,
     RuleError,
@@ -33,7 +28,12 @@ from squeal.rules import (
     delete_lines,
     encode_key,
 )
-from squeal.transactions import (
+from squeal.markers.datamarkers import FileDatamarkerStore
+from squeal.process.metrics import Metrics
+from squeal.read import gtid as g
+from squeal.read import reader as reader_module
+from squeal.read.reader import ReaderConfigError, check_server
+from squeal.read.transactions import (
     Annotate,
     Begin,
     Commit,
@@ -135,8 +135,8 @@ def test_a_dropped_column_is_counted_not_fatal() -> None:
 
 
 def test_the_missing_column_counter_counts_every_row_not_only_the_first() -> None:
-    from squeal.metrics import Metrics
-    from squeal.pipeline import KeyStage
+    from squeal.keys.pipeline import KeyStage
+    from squeal.process.metrics import Metrics
 
     metrics = Metrics()
     stage = KeyStage(KeyExtractor(RULES), (), metrics)
@@ -668,7 +668,7 @@ class _ThreadReactor:
 def test_handoffs_of_a_group_wake_the_reactor_once_and_drain_in_one_turn() -> None:
     """A region's shards share one `HandoffGroup`: transactions read by several shards cost one wake-up and reach
     the flows in the same reactor turn; a closed hand-off is still drained, then forgotten."""
-    from squeal.pipeline import Handoff, HandoffGroup
+    from squeal.keys.pipeline import Handoff, HandoffGroup
 
     reactor = _ThreadReactor()
     group = HandoffGroup(reactor, chunk=10, linger=0.001)
@@ -709,7 +709,7 @@ def test_handoffs_of_a_group_wake_the_reactor_once_and_drain_in_one_turn() -> No
 def test_a_turn_is_bounded_by_keys_too() -> None:
     """The native reader's runs carry thousands of lines each: a turn of `chunk` of them could put more than a
     flow's `max_backlog` into it at once. `chunk_keys` bounds a turn's keys (its first item always goes)."""
-    from squeal.pipeline import Handoff, HandoffGroup
+    from squeal.keys.pipeline import Handoff, HandoffGroup
 
     reactor = _ThreadReactor()
     group = HandoffGroup(reactor, chunk=200, linger=0.001, chunk_keys=250)
@@ -733,7 +733,7 @@ def test_a_turn_is_bounded_by_keys_too() -> None:
 
 
 def test_handoff_wakes_once_then_lingers_while_busy() -> None:
-    from squeal.pipeline import Handoff
+    from squeal.keys.pipeline import Handoff
 
     reactor = _ThreadReactor()
     got: list[list] = []
@@ -805,7 +805,7 @@ def test_cli_replay_rewrites_the_marker(tmp_path, capsys) -> None:
 
 
 def test_delete_sampler_keeps_every_nth_plain_key_across_batches():
-    from squeal.sampler import DeleteSampler
+    from squeal.delivery.sampler import DeleteSampler
 
     sampler = DeleteSampler(every=3, keep=10)
     keys = [f"k{i}" for i in range(1, 11)]
@@ -818,7 +818,7 @@ def test_delete_sampler_keeps_every_nth_plain_key_across_batches():
 
 
 def test_delete_sampler_skips_base64_keys():
-    from squeal.sampler import DeleteSampler
+    from squeal.delivery.sampler import DeleteSampler
 
     sampler = DeleteSampler(every=1)
     sampler.offer("a", b"md a2V5 b q\r\nmd plain q\r\nmn\r\n", 2, 1.0)

@@ -26,10 +26,11 @@ from squeal_helpers import Cache, create_schema, topology_text, unique_db, wait_
 from ops import tls
 from ops.harness import MariaDB, Memcached, SquealDaemon
 from router_config import Rule
-from squeal import gtid as g
-from squeal.reader import BinlogReader, NativeBinlogReader, Source, native_module
-from squeal.rules import KeyExtractor, delete_line
-from squeal.transactions import CommittedRun, Restart, Rows
+from squeal.keys.rules import KeyExtractor, delete_line
+from squeal.read import gtid as g
+from squeal.read.native import NativeBinlogReader, native_module
+from squeal.read.reader import BinlogReader, Source
+from squeal.read.transactions import CommittedRun, Restart, Rows
 from tests.conftest import _Processes
 
 native_module()  # part of the package: never skipped
@@ -162,7 +163,7 @@ def test_an_untrusted_server_gives_one_clear_error_and_the_reader_retries(untrus
     source = untrusted[case]()
     start = {0: (1, 1)}
     reader = reader_for(kind, source, start, [Rule(table="app.users", keys=("user:{id}",))])
-    caplog.set_level(logging.WARNING, logger="squeal.reader")
+    caplog.set_level(logging.WARNING, logger="squeal.read.reader")
     restarts = 0
     for ev in reader:
         assert not isinstance(ev, Rows | CommittedRun)
@@ -170,7 +171,7 @@ def test_an_untrusted_server_gives_one_clear_error_and_the_reader_retries(untrus
             restarts += 1
             if restarts == 2:  # it failed, said why, and tried again
                 reader.stop()
-    warnings = [r.getMessage() for r in caplog.records if r.name == "squeal.reader"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "squeal.read.reader"]
     assert len(warnings) == 2, warnings
     message = warnings[0]
     assert f"TLS to MariaDB {source.host}:{source.port} failed" in message, message
@@ -182,7 +183,7 @@ def test_an_untrusted_server_gives_one_clear_error_and_the_reader_retries(untrus
 
 def test_the_topology_tls_section_reaches_the_reader(tmp_path, hardened, pki):
     import router_config
-    from squeal.daemon import source_for
+    from squeal.shard.daemon import source_for
 
     (tmp_path / "topo.toml").write_text(f"""
 [tls]

@@ -1,6 +1,6 @@
-"""squeal's TLS over Twisted (squeal/tlswrap.py) against an in-memory TLS server: what reaches the inner protocol,
-and how many TLS reads a reply costs the reactor (each one releases the GIL). The integration — squeal's deletes
-to memcached `-Z` and TLS routers — is tested with real servers in tests/ops/test_tls_deployment.py and
+"""squeal's TLS over Twisted (squeal/delivery/tlswrap.py) against an in-memory TLS server: what reaches the inner
+protocol, and how many TLS reads a reply costs the reactor (each one releases the GIL). The integration — squeal's
+deletes to memcached `-Z` and TLS routers — is tested with real servers in tests/ops/test_tls_deployment.py and
 tests/squeal/test_tls_mariadb.py."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from twisted.internet import protocol
 from twisted.internet.testing import StringTransport
 
 from ops import tls as pki
-from squeal.tlswrap import READ_SIZE, TlsClientProtocol
+from squeal.delivery.tlswrap import READ_SIZE, TlsClientProtocol
 
 
 class Collect(protocol.Protocol):

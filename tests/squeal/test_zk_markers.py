@@ -1,5 +1,5 @@
-"""The ZooKeeper datamarker store (squeal/zkstore.py: `ShardMarkerStore`, a shard's markers in one znode, the only
-writer of markers; its base `ZooKeeperDatamarkerStore`, which holds the replay requests' code) against a real
+"""The ZooKeeper datamarker store (squeal/markers/zkstore.py: `ShardMarkerStore`, a shard's markers in one znode, the
+only writer of markers; its base `ZooKeeperDatamarkerStore`, which holds the replay requests' code) against a real
 3-server ZooKeeper ensemble (the harness's, Debian's ZooKeeper 3.8): compare-and-set, fencing by the shard's epoch
 znode, replay requests, a cut link and an expired session.
 
@@ -16,7 +16,8 @@ import pytest
 from pool_support import SESSION_TIMEOUT, Link, ensemble, expire_session, hosts, unique_root
 from squeal_helpers import wait_until
 
-from squeal.zkstore import FencedError, ShardMarkerStore, ZooKeeperDatamarkerStore, ZooKeeperUnavailable, shard_path
+from squeal.markers.zkstore import FencedError, ShardMarkerStore, ZooKeeperDatamarkerStore, ZooKeeperUnavailable
+from squeal.pool.zookeeper import shard_path
 
 
 @pytest.fixture(scope="module")
@@ -179,8 +180,8 @@ def test_a_write_the_acl_refuses_is_named_as_such_not_as_fencing(clients) -> Non
     and the error names NoAuth and the znode; it is not a FencedError (nobody else owns the shard)."""
     from kazoo.security import make_acl
 
-    from squeal.datamarkers import describe_error
-    from squeal.zkstore import ShardMarkerStore, ZooKeeperRefused
+    from squeal.markers.datamarkers import describe_error
+    from squeal.markers.zkstore import ShardMarkerStore, ZooKeeperRefused
 
     root = unique_root()
     zk = clients()

@@ -21,7 +21,8 @@ from ops import tls
 from ops.harness import ZooKeeper
 from router_config.model import IMPLICIT_SHARD
 from squeal import zookeeper_client_options
-from squeal.zkstore import ShardMarkerStore, shard_path
+from squeal.markers.zkstore import ShardMarkerStore
+from squeal.pool.zookeeper import shard_path
 from tests.conftest import _Processes
 
 ROOT = "/squeal-tls"

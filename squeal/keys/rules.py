@@ -28,7 +28,7 @@ from typing import Any
 
 from router_config import Rule
 from router_config.predicate import BoolOp, Compare, IsNull, Node, Not, Predicate
-from squeal.transactions import Rows, Transaction
+from squeal.read.transactions import Rows, Transaction
 
 log = logging.getLogger(__name__)
 

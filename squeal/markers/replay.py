@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import router_config
-from squeal import gtid as g
-from squeal.datamarkers import FileDatamarkerStore
-from squeal.flows import flow_names
+from squeal.delivery.flows import flow_names
+from squeal.markers.datamarkers import FileDatamarkerStore
+from squeal.read import gtid as g
 
 if TYPE_CHECKING:
-    from squeal.zkstore import ShardMarkerStore
+    from squeal.markers.zkstore import ShardMarkerStore
 
 ALL_FLOWS = "all"
 
@@ -68,7 +68,7 @@ def add_replay_options(p: argparse.ArgumentParser) -> None:
 
 
 def pid_file(state_dir: Path, region: str) -> Path:
-    """Where `squeal run` writes its pid (squeal.daemon.Daemon._pid_path)."""
+    """Where `squeal run` writes its pid (squeal.shard.daemon.Daemon._pid_path)."""
     return state_dir / f"squeal-{region}.pid"
 
 
@@ -241,7 +241,7 @@ def replay(
 
 ZK_CONNECT_TIMEOUT = 5.0
 # kazoo's logger for operator commands: only its errors (connection attempts are summed up by ReplayError).
-_QUIET_KAZOO = logging.getLogger("squeal.replay.kazoo")
+_QUIET_KAZOO = logging.getLogger("squeal.markers.replay.kazoo")
 _QUIET_KAZOO.setLevel(logging.ERROR)
 
 
@@ -267,7 +267,8 @@ def zookeeper_store(
     naming the servers and the topology key when ZooKeeper does not answer within `timeout`."""
     from kazoo.client import KazooClient
 
-    from squeal.zkstore import ShardMarkerStore, ZooKeeperUnavailable, client_options, ha_marker_dir
+    from squeal.markers.zkstore import ShardMarkerStore, ZooKeeperUnavailable
+    from squeal.pool.zookeeper import client_options, ha_marker_dir
 
     zk = topo.zookeeper
     if zk is None:  # the loader refuses instances without [zookeeper]

@@ -9,8 +9,8 @@ read transactions (`HandoffGroup`); one registry (/metrics with a `shard` label)
 the shard of every problem), one sample of acknowledged deletes, and one shutdown.
 
 A `RegionDaemon` is a Twisted `MultiService` whose children are the shards' pipelines (`Daemon` services, named
-by shard): `squeal run --region` runs it in the process shell (squeal/shell.py: the status site, signals, pid file,
-exit code), and a pool worker runs one for the shards it owns.
+by shard): `squeal run --region` runs it in the process shell (squeal/process/shell.py: the status site, signals, pid
+file, exit code), and a pool worker runs one for the shards it owns.
 
 A topology without [shards] has one shard: this is then the daemon `squeal run --region` has always been (its
 /healthz and /metrics look as before: no `shard` label, no shard prefix on problems).
@@ -35,13 +35,13 @@ from twisted.internet import defer, task, threads
 
 import router_config
 from router_config import Topology
-from squeal.batcher import SenderHub
-from squeal.daemon import Daemon, state_dir_for
-from squeal.datamarkers import DatamarkerStore
-from squeal.flows import Flow
-from squeal.metrics import WriteMetrics
-from squeal.pipeline import HandoffGroup
-from squeal.sampler import DeleteSampler, SampledDelete
+from squeal.delivery.batcher import SenderHub
+from squeal.delivery.flows import Flow
+from squeal.delivery.sampler import DeleteSampler, SampledDelete
+from squeal.keys.pipeline import HandoffGroup
+from squeal.markers.datamarkers import DatamarkerStore
+from squeal.process.metrics import WriteMetrics
+from squeal.shard.daemon import Daemon, state_dir_for
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,8 @@ from twisted.application import internet
 from twisted.internet import defer
 from twisted.web import resource, server
 
-from squeal.reader import ReaderConfigError
-from squeal.sampler import SampledDelete
+from squeal.delivery.sampler import SampledDelete
+from squeal.read.reader import ReaderConfigError
 
 log = logging.getLogger(__name__)
 

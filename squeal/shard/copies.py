@@ -2,13 +2,13 @@
 
 One place for the choice, for every process that reads a shard — a region's daemon, a pool worker
 (`Daemon` asks `read_order` for its shard) — and for the pool's controller, whose moves say which copy their
-target reads. The policy itself (and why) is `squeal.placement.read_order`; docs/squeal.md, "Which copy".
+target reads. The policy itself (and why) is `squeal.pool.placement.read_order`; docs/squeal.md, "Which copy".
 """
 
 from __future__ import annotations
 
 from router_config import Database, Topology
-from squeal import placement
+from squeal.pool import placement
 
 
 def placement_shard(topology: Topology, shard: str, region: str, load: float = 1.0) -> placement.Shard:

@@ -1,9 +1,9 @@
 """One shard's pipeline: wires reader -> transactions -> rules -> flows -> batcher -> datamarkers together.
 
 A `Daemon` reads one shard's copy in its region (a topology without [shards] has one shard: the region's
-database). It is a Twisted service; `squeal run` composes one per shard in a `RegionDaemon` (squeal/region.py,
+database). It is a Twisted service; `squeal run` composes one per shard in a `RegionDaemon` (squeal/shard/region.py,
 a `MultiService`), which shares the batchers (one `Sender` per destination for every shard), and the process shell
-(squeal/shell.py) serves its /metrics and /healthz and handles the signals.
+(squeal/process/shell.py) serves its /metrics and /healthz and handles the signals.
 
 Threads: the live binlog read (and each catch-up read) blocks on a thread of its own; everything else
 (flows, sockets to routers, timers, HTTP) runs on the Twisted reactor thread, so flows need no locks.
@@ -13,7 +13,7 @@ Lifecycle:
   exceptions): check the server's binlog settings, check the rules against information_schema, read each flow's
   datamarker (a new destination starts from the server's current GTID position, or `--from-gtid`).
 * `startService()`: the live reader from the earliest datamarker, the source poller, a checkpoint every second
-  (datamarkers of flows that moved; operator replay requests are applied first: squeal/checkpoints.py).
+  (datamarkers of flows that moved; operator replay requests are applied first: squeal/markers/checkpoints.py).
 * `stopService()` (SIGTERM/SIGINT, through its parent): stop reading, flush what is queued (a few seconds at
   most), write the final markers; its Deferred fires when they are written (or given up on).
 * `retire()`: the stop that hands the shard on (a pool's planned move): in-flight deletes acknowledged first, off
@@ -34,30 +34,22 @@ from twisted.application import service
 from twisted.internet import defer, task
 
 from router_config import CANARY_TABLE, Database, Region, Topology
-from squeal import gtid as g
-from squeal.batcher import Sender, SenderHub
-from squeal.bulk import load_cascades
-from squeal.checkpoints import Checkpoints
-from squeal.copies import read_order
-from squeal.data_loss import DataLossPolicy
-from squeal.datamarkers import DatamarkerDirError, DatamarkerStore, FileDatamarkerStore, describe_error
-from squeal.flows import LIVE, Committed, Dispatcher, Flow, flows_for_region
-from squeal.metrics import Metrics
-from squeal.pipeline import Handoff, HandoffGroup, KeyStage, ReadLoop
-from squeal.reader import (
-    BinlogReader,
-    NativeBinlogReader,
-    Source,
-    check_server,
-    current_position,
-    describe_failure,
-    native_module,
-    native_problems,
-)
-from squeal.rules import KeyExtractor, check_rules, load_columns
-from squeal.sampler import DeleteSampler
-from squeal.source import SourcePoller
-from squeal.transactions import PreparedXa
+from squeal.delivery.batcher import Sender, SenderHub
+from squeal.delivery.flows import LIVE, Committed, Dispatcher, Flow, flows_for_region
+from squeal.delivery.sampler import DeleteSampler
+from squeal.keys.bulk import load_cascades
+from squeal.keys.pipeline import Handoff, HandoffGroup, KeyStage, ReadLoop
+from squeal.keys.rules import KeyExtractor, check_rules, load_columns
+from squeal.markers.checkpoints import Checkpoints
+from squeal.markers.datamarkers import DatamarkerDirError, DatamarkerStore, FileDatamarkerStore, describe_error
+from squeal.process.metrics import Metrics
+from squeal.read import gtid as g
+from squeal.read.native import NativeBinlogReader, native_module, native_problems
+from squeal.read.reader import BinlogReader, Source, check_server, current_position, describe_failure
+from squeal.read.source import SourcePoller
+from squeal.read.transactions import PreparedXa
+from squeal.shard.copies import read_order
+from squeal.shard.data_loss import DataLossPolicy
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +128,7 @@ class Daemon(service.Service):
         # The region's copy of the shard (without [shards]: the region's database): what the web tier reads, so
         # what lag is measured against (the source poller), and the last copy the readers fall back to.
         self.database = topology.shard_copy(self.shard.name, self.region.name)
-        # The copies the readers read, in the order they try them (squeal/copies.py), each with why; `instance`:
+        # The copies the readers read, in the order they try them (squeal/shard/copies.py), each with why; `instance`:
         # the pool worker this pipeline runs in (None: the region's single daemon).
         self.read_order = read_order(topology, self.shard.name, self.region.name, instance)
         self.read_sources = [source_for(d) for d, _ in self.read_order]
@@ -173,8 +165,8 @@ class Daemon(service.Service):
         # Why the daemon is unhealthy, by cause (e.g. "data_loss", "datamarker:east-a"): /healthz answers 503
         # while any is set. Each part of the daemon sets and clears its own entries.
         self.problems: dict[str, str] = {}
-        # Binlog data loss (squeal/data_loss.py): with on_data_loss = "halt" readers wait until an operator accepts
-        # the loss (`squeal accept-data-loss`, a request file taken at the next checkpoint).
+        # Binlog data loss (squeal/shard/data_loss.py): with on_data_loss = "halt" readers wait until an operator
+        # accepts the loss (`squeal accept-data-loss`, a request file taken at the next checkpoint).
         self.data_loss = DataLossPolicy(
             reactor,
             self.settings,
@@ -184,7 +176,7 @@ class Daemon(service.Service):
             self.region.name,
             self.shard.name if topology.sharded else None,
         )
-        # Datamarker rounds, replay requests, marker health, the final markers (squeal/checkpoints.py).
+        # Datamarker rounds, replay requests, marker health, the final markers (squeal/markers/checkpoints.py).
         self.checkpoints = Checkpoints(
             reactor, self.store, self.flows, self.xa, self.metrics, self.settings, self.problems, self.state_dir
         )
@@ -533,7 +525,7 @@ class Daemon(service.Service):
 
     def checkpoint(self, periodic: bool = False) -> None:
         """The once-a-second tick (and SIGHUP's, `squeal replay`'s "apply now"): take an operator's acceptance of
-        data loss, forget decided XA prepares, check lag, then a checkpoint round (squeal/checkpoints.py: apply
+        data loss, forget decided XA prepares, check lag, then a checkpoint round (squeal/markers/checkpoints.py: apply
         replay requests, write the datamarkers of flows that moved; never waits for the disk).
 
         `periodic` (the checkpoint timer): replay requests are looked for only if the store knows of a change

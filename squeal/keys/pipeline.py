@@ -7,7 +7,7 @@ carries many transactions; when idle each transaction is handed over at once (no
 A huge transaction is handed on in pieces while it is read (`stream_lines`): MariaDB writes a group to the
 binlog when it commits, so its rows are committed already (except an XA PREPARE group's, which waits for its
 decision) and their deletes can start before its last row arrives; reading and sending then overlap. The
-datamarkers still move only past whole transactions (squeal/flows.py).
+datamarkers still move only past whole transactions (squeal/delivery/flows.py).
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ from typing import Any
 from prometheus_client import Counter
 
 from router_config import Rule
-from squeal import gtid as g
-from squeal.bulk import BulkChange, BulkDetector, changed_columns, existing_tables
-from squeal.flows import Committed, split_keys
-from squeal.metrics import Metrics
-from squeal.reader import BinlogReader, DataLoss, NativeBinlogReader
-from squeal.rules import LINES, RENDERED, KeyExtractor, delete_lines
-from squeal.transactions import Begin, CommittedRun, PreparedXa, Restart, Rows, Transaction, TransactionGrouper
+from squeal.delivery.flows import Committed, split_keys
+from squeal.keys.bulk import BulkChange, BulkDetector, changed_columns, existing_tables
+from squeal.keys.rules import LINES, RENDERED, KeyExtractor, delete_lines
+from squeal.process.metrics import Metrics
+from squeal.read import gtid as g
+from squeal.read.native import NativeBinlogReader
+from squeal.read.reader import BinlogReader, DataLoss
+from squeal.read.transactions import Begin, CommittedRun, PreparedXa, Restart, Rows, Transaction, TransactionGrouper
 
 log = logging.getLogger(__name__)
 

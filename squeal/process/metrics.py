@@ -164,7 +164,7 @@ class Metrics:
             ["flow"],
             registry=r,
         )
-        # the source database (squeal/source.py)
+        # the source database (squeal/read/source.py)
         self.source_up = Gauge("squeal_source_up", "1 while the last poll of the source database succeeded", registry=r)
         self.source_replication_lag = Gauge(
             "squeal_source_replication_lag_seconds",

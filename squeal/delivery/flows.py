@@ -38,9 +38,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from router_config import Address, Region
-from squeal import gtid as g
-from squeal.metrics import Metrics, observe_times
-from squeal.transactions import JoinedLines, Lines
+from squeal.process.metrics import Metrics, observe_times
+from squeal.read import gtid as g
+from squeal.read.transactions import JoinedLines, Lines
 
 LIVE, SHED, CATCHING_UP = "live", "shed", "catching_up"
 # Sent ahead of a transaction's deletes when its changes carry no row images (TRUNCATE with the "flush"
@@ -69,7 +69,7 @@ class Committed:
     # it is gone from the binlog; `flush` is set so nothing cached from then survives). A flow that has some
     # of a run's transactions already takes its lines all the same: a delete sent twice is harmless.
     position: g.Position | None = None
-    # A huge transaction is handed on in pieces while it is still being read (squeal/pipeline.py, ReadLoop):
+    # A huge transaction is handed on in pieces while it is still being read (squeal/keys/pipeline.py, ReadLoop):
     # each piece holds the lines of its row events [rows_from, rows_to); `partial` says more follow. The last
     # piece (partial False, rows_from > 0) holds the rest and the comment keys; only it completes the GTID.
     partial: bool = False
@@ -165,7 +165,7 @@ class Flow:
         self.state = LIVE
         self.dirty = False  # acked moved since the last checkpoint
         self.last_acked_commit_ts: float | None = None
-        # The daemon sets this to the source poller's `behind(acked, now)` (squeal/source.py): how far the
+        # The daemon sets this to the source poller's `behind(acked, now)` (squeal/read/source.py): how far the
         # source's data is ahead of what this flow acknowledged, even when nothing is queued (a stalled replica).
         self.source_lag: Callable[[g.Position, float], float] | None = None
         self.on_ready: Callable[[], None] = lambda: None  # the batcher: there is something to send

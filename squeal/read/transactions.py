@@ -39,8 +39,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from squeal import gtid as g
-from squeal.gtid import Gtid
+from squeal.read import gtid as g
+from squeal.read.gtid import Gtid
 
 # MariaDB GTID event flags: the event group is a single statement with no XID (DDL, FLUSH, ...); the group
 # is an XA transaction's prepared part (committed or rolled back later, by its own decision group).
@@ -207,7 +207,7 @@ class Transaction:
     xa: str = ""  # "prepare": rows of an undecided XA transaction; "commit" / "rollback": its decision group
     xid: str = ""
     xa_unknown: bool = False  # a decision whose prepare this reader never saw (its rows are unknown)
-    cascades: list = field(default_factory=list)  # squeal.bulk.BulkChange: FK cascades to ruled tables
+    cascades: list = field(default_factory=list)  # squeal.keys.bulk.BulkChange: FK cascades to ruled tables
 
     @property
     def gtid_text(self) -> str:

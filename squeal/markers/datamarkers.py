@@ -1,6 +1,6 @@
 """Stage 6: datamarkers, the durable "how far has this destination got" of every flow.
 
-A flow's datamarker is the GTID position (see `squeal.gtid`) whose deletes that destination has
+A flow's datamarker is the GTID position (see `squeal.read.gtid`) whose deletes that destination has
 acknowledged, never a position inside a transaction. After any crash the flow resumes from it, so some
 deletes may be sent twice (harmless: deletes are idempotent) but none are lost.
 
@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
-from squeal import gtid as g
+from squeal.read import gtid as g
 
 log = logging.getLogger(__name__)
 

@@ -91,7 +91,7 @@ replication lag), never early. In order of preference:
 3. else the region's own copy (also when it is on the worker's host: it is the default and the freshest).
 
 The region's copy comes last in every order: it is upstream of every extra copy, so a reader that falls back
-to it has everything the extra copy had (squeal/reader.py switches when the preferred copy stops answering, or
+to it has everything the extra copy had (squeal/read/reader.py switches when the preferred copy stops answering, or
 is behind the position it must resume from, and goes back once that copy has caught up). `read_copy()` is the
 first of the order; each `Move` carries it. Placement cost ignores distance in this version: every eligible
 worker of a region is as good as any other for every shard, and no placement is chosen because of the copy it

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from router_config import SquealSettings
-from squeal import gtid as g
-from squeal.metrics import Metrics
-from squeal.pipeline import ReadLoop
-from squeal.reader import DataLoss
+from squeal.keys.pipeline import ReadLoop
+from squeal.process.metrics import Metrics
+from squeal.read import gtid as g
+from squeal.read.reader import DataLoss
 
 log = logging.getLogger(__name__)
 

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from router_config import Rule
-from squeal import gtid as g
-from squeal.reader import current_position
-from squeal.transactions import Transaction, statement_body
+from squeal.read import gtid as g
+from squeal.read.reader import current_position
+from squeal.read.transactions import Transaction, statement_body
 
 _IDENT = r"(?:`(?:[^`]|``)+`|[A-Za-z0-9_$]+)"
 _NAME = re.compile(rf"({_IDENT})(?:\s*\.\s*({_IDENT}))?")

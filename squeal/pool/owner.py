@@ -11,7 +11,7 @@ session lease, its start-up and its rejoin after a loss.
   session's: lost for good (`on_lost(reason)`: "lease", "session", "znode").
 * Start-up: `connect_zookeeper` (the client every owner dials the ensemble with, one error line when it does not
   answer); `startup_timeout` (how long it waits: for ever after a rejoin). The process around it - the status
-  site from the first moment, `prepare` on a thread - is the shell's (squeal/shell.py).
+  site from the first moment, `prepare` on a thread - is the shell's (squeal/process/shell.py).
 * After a takeover: `wait_for_copy` (a new owner never skips what its copy has not applied yet).
 * After a loss: `rejoin_owning_nothing` (the process replaces itself: nothing of what it owned survives).
 """
@@ -31,9 +31,9 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, KazooException, RolledBackError
 
 from router_config import Topology
-from squeal import gtid as g
-from squeal.reader import current_position
-from squeal.zkstore import UNAVAILABLE, client_options
+from squeal.pool.zookeeper import UNAVAILABLE, client_options
+from squeal.read import gtid as g
+from squeal.read.reader import current_position
 
 log = logging.getLogger(__name__)
 

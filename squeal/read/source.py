@@ -38,9 +38,9 @@ from typing import Any
 
 import pymysql
 
-from squeal import gtid as g
-from squeal.metrics import Metrics
-from squeal.reader import Source
+from squeal.process.metrics import Metrics
+from squeal.read import gtid as g
+from squeal.read.reader import Source
 
 log = logging.getLogger(__name__)
 

@@ -30,10 +30,10 @@ from twisted.internet import defer, protocol
 from twisted.internet.endpoints import TCP4ClientEndpoint
 
 from router_config import SquealSettings, TlsSettings
-from squeal.flows import Batch, Flow
-from squeal.metrics import CertExpiry, Metrics, WriteMetrics, own_certificates
-from squeal.sampler import DeleteSampler
-from squeal.tlswrap import client_context, connect_tls
+from squeal.delivery.flows import Batch, Flow
+from squeal.delivery.sampler import DeleteSampler
+from squeal.delivery.tlswrap import client_context, connect_tls
+from squeal.process.metrics import CertExpiry, Metrics, WriteMetrics, own_certificates
 
 log = logging.getLogger(__name__)
 

@@ -17,11 +17,11 @@ from typing import Any
 from twisted.internet import defer
 
 from router_config import SquealSettings
-from squeal import gtid as g
-from squeal.datamarkers import DatamarkerStore, MarkerWatch, StoreThread, describe_error
-from squeal.flows import Flow
-from squeal.metrics import Metrics
-from squeal.transactions import PreparedXa
+from squeal.delivery.flows import Flow
+from squeal.markers.datamarkers import DatamarkerStore, MarkerWatch, StoreThread, describe_error
+from squeal.process.metrics import Metrics
+from squeal.read import gtid as g
+from squeal.read.transactions import PreparedXa
 
 log = logging.getLogger(__name__)
 
