@@ -70,7 +70,29 @@ def build_examples() -> None:
     )
 
 
-class Forwarder:
+class _Proxy:
+    """A proxy process on `self.port` that the bench starts and stops (logging to `self.log`)."""
+
+    port: int
+    log: Path
+    proc: subprocess.Popen
+
+    def _wait_answering(self, name: str) -> None:
+        """Returns once a `get` through the proxy is answered (an empty `END`)."""
+        wait_until(
+            lambda: memcached_command(("127.0.0.1", self.port), b"get x\r\n") == b"END",
+            10,
+            name,
+            self.proc,
+            self.log,
+        )
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(5)
+
+
+class Forwarder(_Proxy):
     """router/examples/forwarder.rs: copies bytes between each client and its own backend connection.
     The floor of any TCP proxy's cost, to tell the router's own costs from those of proxying."""
 
@@ -89,23 +111,46 @@ class Forwarder:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        wait_until(
-            lambda: memcached_command(("127.0.0.1", self.port), b"get x\r\n") == b"END",
-            10,
-            "forwarder",
-            self.proc,
-            self.log,
-        )
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(5)
+        self._wait_answering("forwarder")
 
 
 def pin(pid: int, cpu: int) -> None:
     """Pin every thread of `pid` to one CPU (threads a process starts later inherit it)."""
     for tid in os.listdir(f"/proc/{pid}/task"):
         os.sched_setaffinity(int(tid), {cpu})
+
+
+def loadgen_command(
+    port: int,
+    multi: int,
+    depth: int,
+    conns: int,
+    seconds: float,
+    threads: int | None = None,
+    tls_ca: Path | None = None,
+) -> list[str]:
+    """router/examples/loadgen.rs's command line for one load run against `port` over the bench's KEYS:
+    `multi` keys a get, `conns` connections with `depth` requests in flight each, for `seconds`
+    (`threads` None: the generator's default, one)."""
+    return [
+        str(LOADGEN),
+        "--port",
+        str(port),
+        "--conns",
+        str(conns),
+        *(["--threads", str(threads)] if threads is not None else []),
+        "--depth",
+        str(depth),
+        "--keys",
+        str(multi),
+        "--seconds",
+        str(seconds),
+        "--key-count",
+        str(len(KEYS)),
+        "--prefix",
+        "bench:key:",
+        *(["--tls-ca", str(tls_ca)] if tls_ca else []),
+    ]
 
 
 def run_load(
@@ -120,26 +165,7 @@ def run_load(
 ) -> dict:
     """One run of router/examples/loadgen.rs against `port` (same generator for every target)."""
     out = subprocess.run(
-        [
-            str(LOADGEN),
-            "--port",
-            str(port),
-            "--conns",
-            str(conns),
-            "--threads",
-            str(threads),
-            "--depth",
-            str(depth),
-            "--keys",
-            str(multi),
-            "--seconds",
-            str(seconds),
-            "--key-count",
-            str(len(KEYS)),
-            "--prefix",
-            "bench:key:",
-            *(["--tls-ca", str(tls_ca)] if tls_ca else []),
-        ],
+        loadgen_command(port, multi, depth, conns, seconds, threads, tls_ca),
         check=True,
         capture_output=True,
         text=True,
@@ -157,7 +183,7 @@ def median_run(runs: list[dict]) -> dict:
     return {f: statistics.median(r[f] for r in runs) if runs[0][f] is not None else None for f in fields}
 
 
-class Nutcracker:
+class Nutcracker(_Proxy):
     def __init__(self, backend: str, workdir: Path) -> None:
         self.port = free_port()
         self.workdir = workdir
@@ -176,17 +202,7 @@ class Nutcracker:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
         )
-        wait_until(
-            lambda: memcached_command(("127.0.0.1", self.port), b"get x\r\n") == b"END",
-            10,
-            "nutcracker",
-            self.proc,
-            self.log,
-        )
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(5)
+        self._wait_answering("nutcracker")
 
 
 def idle_connections_rss(router: Router, n: int) -> tuple[float, float, int]:
