@@ -24,9 +24,9 @@ from monitoring.verify import (
     measured_grace,
     verify,
 )
-from ops import cli
 from ops.harness import ROUTER_BIN, free_port
 from tests.binaries import needs_binary
+from tests.ops.deployments import squealctl_in_process
 from tests.topologies import east_region, webtier_rules
 
 pytestmark = needs_binary(ROUTER_BIN.exists(), "router not built (scripts/setup.sh)")
@@ -72,12 +72,6 @@ def world(mariadb_pair, memcached_factory, router_factory, tmp_path):
     web.close()
 
 
-def squealctl(capsys, *args: str) -> tuple[int, str, str]:
-    code = cli.main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_clean_caches_pass(world):
     topo, _, ids, _, _ = world
     report = verify(topo, sample=None, grace=GRACE)
@@ -100,7 +94,7 @@ def test_planted_stale_values_are_reported_with_exit_1(world, capsys):
     assert "is stale (expires in" in str(stale_b)
     assert report.exit_code == EXIT_STALE
 
-    code, out, _ = squealctl(capsys, "verify", topo.source, "--all", "--grace", str(GRACE))
+    code, out, _ = squealctl_in_process(capsys, "verify", topo.source, "--all", "--grace", str(GRACE))
     assert code == 1 and f"b: user:{ids[0]} is stale" in out and "2 stale" in out, out
 
 
@@ -159,13 +153,13 @@ def test_one_router_down_is_reported_and_the_other_cluster_still_checked(world, 
     )
     assert report.exit_code == EXIT_PARTIAL and not report.ok
 
-    code, out, err = squealctl(capsys, "verify", topo.source, "--all", "--grace", str(GRACE))
+    code, out, err = squealctl_in_process(capsys, "verify", topo.source, "--all", "--grace", str(GRACE))
     assert code == 3, (out, err)
     assert f"b: NOT CHECKED: router {topo.cluster('b').routers[0]} does not answer" in err
     assert "NOT CHECKED: b" in out.splitlines()[-1]
 
     web.master.execute("UPDATE users SET name = 'x' WHERE id = %s", (ids[0],))  # cluster a now holds a stale copy
-    code, out, err = squealctl(capsys, "verify", topo.source, "--all", "--grace", str(GRACE))
+    code, out, err = squealctl_in_process(capsys, "verify", topo.source, "--all", "--grace", str(GRACE))
     assert code == 1 and f"a: user:{ids[0]} is stale" in out, (out, err)
 
 
@@ -183,7 +177,7 @@ def test_nothing_up_is_one_line_and_exit_2(tmp_path, capsys):
             metrics=free_port(),
         )
     )
-    code, out, err = squealctl(capsys, "--state-dir", str(tmp_path / "state"), "verify", str(path))
+    code, out, err = squealctl_in_process(capsys, "--state-dir", str(tmp_path / "state"), "verify", str(path))
     assert code == EXIT_CANNOT_CHECK
     assert out == "" and len(err.splitlines()) == 1, err
     assert err.startswith("squealctl verify: cannot check: the master database") and str(closed[0]) in err

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pymysql
+import pytest
 
 import router_config
+from ops import cli
 from ops.harness import REPO_ROOT
 from tests.topologies import CANARY_RULE, USERS_RULE, east_region
 
@@ -73,6 +75,14 @@ def squealctl(state: Path, *args: str, check: bool = True) -> subprocess.Complet
     if check and result.returncode != 0:
         raise AssertionError(f"squealctl {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
     return result
+
+
+def squealctl_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """`squealctl ARGS` run in this process (ops.cli.main), its output taken from `capsys`: (exit status, stdout,
+    stderr)."""
+    code = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def write_on_stable_ports(text: str, path: Path) -> router_config.Topology:
