@@ -15,6 +15,7 @@ from client_support import new_user
 from prometheus_client import REGISTRY
 
 from leases import LeaseCache, WaitPolicy, connect
+from tests.conftest import run_threads
 
 
 def _reader_blocked_in_loader(cache: LeaseCache, key: str, load, release: threading.Event):
@@ -100,11 +101,7 @@ def _herd(cache: LeaseCache, key: str, master_sql, uid: int, readers: int = 200)
         finally:
             master_sql.close()
 
-    threads = [threading.Thread(target=read) for _ in range(readers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    run_threads(read, readers, 30)
     return queries, results
 
 

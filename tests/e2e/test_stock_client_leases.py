@@ -31,6 +31,7 @@ from loadtest.webtier import schema_statements
 from ops.harness import REPO_ROOT, ROUTER_BIN, wait_until
 from squeal import fetch_health, parse_position
 from tests.binaries import needs_binary, require_binary
+from tests.conftest import run_threads
 from tests.ops.deployments import squealctl, stable_port
 
 pytestmark = [pytest.mark.slow, needs_binary(ROUTER_BIN.exists(), "router not built (scripts/setup.sh)")]
@@ -202,11 +203,7 @@ def test_a_herd_of_stock_readers_after_squeals_delete_reads_the_database_at_most
             seen.append(value)
         c.close()
 
-    threads = [threading.Thread(target=reader) for _ in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    run_threads(reader, n, 60)
     db.close()
     assert len(seen) == n and set(seen) == {b"hotter"}, "every reader got the new row"
     if cluster == WITH:
