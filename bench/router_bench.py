@@ -70,7 +70,29 @@ def build_examples() -> None:
     )
 
 
-class Forwarder:
+class _Proxy:
+    """A proxy process on `self.port` that the bench starts and stops (logging to `self.log`)."""
+
+    port: int
+    log: Path
+    proc: subprocess.Popen
+
+    def _wait_answering(self, name: str) -> None:
+        """Returns once a `get` through the proxy is answered (an empty `END`)."""
+        wait_until(
+            lambda: memcached_command(("127.0.0.1", self.port), b"get x\r\n") == b"END",
+            10,
+            name,
+            self.proc,
+            self.log,
+        )
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(5)
+
+
+class Forwarder(_Proxy):
     """router/examples/forwarder.rs: copies bytes between each client and its own backend connection.
     The floor of any TCP proxy's cost, to tell the router's own costs from those of proxying."""
 
@@ -89,23 +111,46 @@ class Forwarder:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        wait_until(
-            lambda: memcached_command(("127.0.0.1", self.port), b"get x\r\n") == b"END",
-            10,
-            "forwarder",
-            self.proc,
-            self.log,
-        )
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(5)
+        self._wait_answering("forwarder")
 
 
 def pin(pid: int, cpu: int) -> None:
     """Pin every thread of `pid` to one CPU (threads a process starts later inherit it)."""
     for tid in os.listdir(f"/proc/{pid}/task"):
         os.sched_setaffinity(int(tid), {cpu})
+
+
+def loadgen_command(
+    port: int,
+    multi: int,
+    depth: int,
+    conns: int,
+    seconds: float,
+    threads: int | None = None,
+    tls_ca: Path | None = None,
+) -> list[str]:
+    """router/examples/loadgen.rs's command line for one load run against `port` over the bench's KEYS:
+    `multi` keys a get, `conns` connections with `depth` requests in flight each, for `seconds`
+    (`threads` None: the generator's default, one)."""
+    return [
+        str(LOADGEN),
+        "--port",
+        str(port),
+        "--conns",
+        str(conns),
+        *(["--threads", str(threads)] if threads is not None else []),
+        "--depth",
+        str(depth),
+        "--keys",
+        str(multi),
+        "--seconds",
+        str(seconds),
+        "--key-count",
+        str(len(KEYS)),
+        "--prefix",
+        "bench:key:",
+        *(["--tls-ca", str(tls_ca)] if tls_ca else []),
+    ]
 
 
 def run_load(
@@ -120,26 +165,7 @@ def run_load(
 ) -> dict:
     """One run of router/examples/loadgen.rs against `port` (same generator for every target)."""
     out = subprocess.run(
-        [
-            str(LOADGEN),
-            "--port",
-            str(port),
-            "--conns",
-            str(conns),
-            "--threads",
-            str(threads),
-            "--depth",
-            str(depth),
-            "--keys",
-            str(multi),
-            "--seconds",
-            str(seconds),
-            "--key-count",
-            str(len(KEYS)),
-            "--prefix",
-            "bench:key:",
-            *(["--tls-ca", str(tls_ca)] if tls_ca else []),
-        ],
+        loadgen_command(port, multi, depth, conns, seconds, threads, tls_ca),
         check=True,
         capture_output=True,
         text=True,
@@ -157,7 +183,7 @@ def median_run(runs: list[dict]) -> dict:
     return {f: statistics.median(r[f] for r in runs) if runs[0][f] is not None else None for f in fields}
 
 
-class Nutcracker:
+class Nutcracker(_Proxy):
     def __init__(self, backend: str, workdir: Path) -> None:
         self.port = free_port()
         self.workdir = workdir
@@ -176,17 +202,61 @@ class Nutcracker:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
         )
-        wait_until(
-            lambda: memcached_command(("127.0.0.1", self.port), b"get x\r\n") == b"END",
-            10,
-            "nutcracker",
-            self.proc,
-            self.log,
-        )
+        self._wait_answering("nutcracker")
 
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(5)
+
+def run_cells(
+    cells: list[tuple[int, int, int]],
+    targets: list[tuple[str, int, int | None]],
+    mc: Memcached,
+    args: argparse.Namespace,
+    client_cpu: int | None,
+    *,
+    pin_proxies: bool,
+    tls_ca: Path | None = None,
+) -> list[dict]:
+    """Each cell (keys, conns, depth) against each target (name, port, the proxy's pid or None), all targets in
+    turn `args.rounds` times: a load run each, with memcached's and the proxy's CPU per request (`pin_proxies`:
+    pin the proxy to the generator's CPU before each run). One result a run, printed as it comes."""
+    results = []
+    for multi, conns, depth in cells:
+        for name, port, proxy_pid in [t for _ in range(args.rounds) for t in targets]:
+            mc0 = cpu_seconds(mc.pid)
+            px0 = cpu_seconds(proxy_pid) if proxy_pid else 0.0
+            if pin_proxies and proxy_pid and client_cpu is not None:
+                pin(proxy_pid, client_cpu)
+            r = run_load(port, multi, depth, conns, args.seconds, args.loadgen_threads, client_cpu, tls_ca)
+            r["memcached_cpu_us_per_req"] = (cpu_seconds(mc.pid) - mc0) / r["requests"] * 1e6
+            proxy_cpu = (cpu_seconds(proxy_pid) - px0) if proxy_pid else None
+            r["proxy_cpu_us_per_req"] = proxy_cpu / r["requests"] * 1e6 if proxy_cpu is not None else None
+            r.update(target=name, keys=multi, depth=depth, conns=conns)
+            results.append(r)
+            print(
+                f"{name:14s} keys={multi:2d} conns={conns:3d} depth={depth:3d} req/s={r['rps']:9.0f} "
+                f"p50={r['p50_ms']:.3f}ms p99={r['p99_ms']:.3f}ms "
+                f"mc_cpu={r['memcached_cpu_us_per_req']:.2f}us "
+                f"proxy_cpu={r['proxy_cpu_us_per_req'] or 0:.2f}us",
+                flush=True,
+            )
+    return results
+
+
+def cell_medians(results: list[dict], cell: tuple[int, int, int], names: tuple[str, ...]) -> list[dict]:
+    """`median_run` of the rounds of one cell (keys, conns, depth), for each target of `names`, in that order."""
+    multi, conns, depth = cell
+    return [
+        median_run([r for r in results if (r["target"], r["keys"], r["conns"], r["depth"]) == (t, multi, conns, depth)])
+        for t in names
+    ]
+
+
+def fill_keys(port: int) -> None:
+    """Store the bench's KEYS (VALUE each) through `port`; returns once they all are."""
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"".join(b"set %s 0 0 %d noreply\r\n%s\r\n" % (k, len(VALUE), VALUE) for k in KEYS) + b"mn\r\n")
+    while not s.recv(100).endswith(b"MN\r\n"):
+        pass
+    s.close()
 
 
 def idle_connections_rss(router: Router, n: int) -> tuple[float, float, int]:
@@ -267,10 +337,7 @@ def main() -> None:
     key_counts = [int(k) for k in args.keys.split(",")]
     cells = [(multi, conns, depth) for multi in key_counts for conns in conn_counts for depth in depths]
     try:
-        s = socket.create_connection(("127.0.0.1", mc.port))
-        s.sendall(b"".join(b"set %s 0 0 %d noreply\r\n%s\r\n" % (k, len(VALUE), VALUE) for k in KEYS) + b"mn\r\n")
-        while not s.recv(100).endswith(b"MN\r\n"):
-            pass
+        fill_keys(mc.port)
         targets = [
             ("memcached", mc.port, None),
             ("squeal-router", router.port, router.pid),
@@ -282,25 +349,7 @@ def main() -> None:
         if args.pin:
             server_cpu, client_cpu = sorted(os.sched_getaffinity(0))[:2]
             pin(mc.pid, server_cpu)
-        for multi, conns, depth in cells:
-            for name, port, proxy_pid in [t for _ in range(args.rounds) for t in targets]:
-                mc0 = cpu_seconds(mc.pid)
-                px0 = cpu_seconds(proxy_pid) if proxy_pid else 0.0
-                if proxy_pid and client_cpu is not None:
-                    pin(proxy_pid, client_cpu)
-                r = run_load(port, multi, depth, conns, args.seconds, args.loadgen_threads, client_cpu)
-                r["memcached_cpu_us_per_req"] = (cpu_seconds(mc.pid) - mc0) / r["requests"] * 1e6
-                proxy_cpu = (cpu_seconds(proxy_pid) - px0) if proxy_pid else None
-                r["proxy_cpu_us_per_req"] = proxy_cpu / r["requests"] * 1e6 if proxy_cpu is not None else None
-                r.update(target=name, keys=multi, depth=depth, conns=conns)
-                results.append(r)
-                print(
-                    f"{name:14s} keys={multi:2d} conns={conns:3d} depth={depth:3d} req/s={r['rps']:9.0f} "
-                    f"p50={r['p50_ms']:.3f}ms p99={r['p99_ms']:.3f}ms "
-                    f"mc_cpu={r['memcached_cpu_us_per_req']:.2f}us "
-                    f"proxy_cpu={r['proxy_cpu_us_per_req'] or 0:.2f}us",
-                    flush=True,
-                )
+        results += run_cells(cells, targets, mc, args, client_cpu, pin_proxies=True)
         before, after, n = idle_connections_rss(router, args.idle)
         print(f"squeal-router RSS: {before:.1f} MB idle, {after:.1f} MB with {n} idle client connections")
     finally:
@@ -317,12 +366,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for multi, conns, depth in cells:
-        m, ro, nu = (
-            median_run(
-                [r for r in results if (r["target"], r["keys"], r["conns"], r["depth"]) == (t, multi, conns, depth)]
-            )
-            for t in ("memcached", "squeal-router", "nutcracker")
-        )
+        m, ro, nu = cell_medians(results, (multi, conns, depth), ("memcached", "squeal-router", "nutcracker"))
         base = m["memcached_cpu_us_per_req"]
         print(
             f"| {multi} | {conns} | {depth} | {m['rps']:.0f} | {ro['rps']:.0f} | {nu['rps']:.0f} | "
@@ -336,11 +380,8 @@ def main() -> None:
         print("\n| keys/req | conns | depth | forwarder req/s | CPU/req ÷ memcached's (forwarder / router / nut) |")
         print("|---|---|---|---|---|")
         for multi, conns, depth in cells:
-            m, ro, nu, fw = (
-                median_run(
-                    [r for r in results if (r["target"], r["keys"], r["conns"], r["depth"]) == (t, multi, conns, depth)]
-                )
-                for t in ("memcached", "squeal-router", "nutcracker", "forwarder")
+            m, ro, nu, fw = cell_medians(
+                results, (multi, conns, depth), ("memcached", "squeal-router", "nutcracker", "forwarder")
             )
             base = m["memcached_cpu_us_per_req"]
             print(
@@ -377,11 +418,7 @@ def tls_main(args: argparse.Namespace) -> None:
     handshake = {}
     try:
         filler = Router(cfg, workdir=work / "filler", extra_args=extra).start()  # a plaintext way in, to fill
-        s = socket.create_connection(("127.0.0.1", filler.port))
-        s.sendall(b"".join(b"set %s 0 0 %d noreply\r\n%s\r\n" % (k, len(VALUE), VALUE) for k in KEYS) + b"mn\r\n")
-        while not s.recv(100).endswith(b"MN\r\n"):
-            pass
-        s.close()
+        fill_keys(filler.port)
         filler.stop()
         targets = [("memcached -Z", mc.port, None), ("router TLS", router.ssl_port, router.pid)]
         client_cpu = None
@@ -389,23 +426,7 @@ def tls_main(args: argparse.Namespace) -> None:
             server_cpu, client_cpu = sorted(os.sched_getaffinity(0))[:2]
             pin(mc.pid, server_cpu)
             pin(router.pid, client_cpu)
-        for multi, conns, depth in cells:
-            for name, port, proxy_pid in [t for _ in range(args.rounds) for t in targets]:
-                mc0 = cpu_seconds(mc.pid)
-                px0 = cpu_seconds(proxy_pid) if proxy_pid else 0.0
-                r = run_load(port, multi, depth, conns, args.seconds, args.loadgen_threads, client_cpu, ca.cert)
-                r["memcached_cpu_us_per_req"] = (cpu_seconds(mc.pid) - mc0) / r["requests"] * 1e6
-                proxy_cpu = (cpu_seconds(proxy_pid) - px0) if proxy_pid else None
-                r["proxy_cpu_us_per_req"] = proxy_cpu / r["requests"] * 1e6 if proxy_cpu is not None else None
-                r.update(target=name, keys=multi, depth=depth, conns=conns)
-                results.append(r)
-                print(
-                    f"{name:14s} keys={multi:2d} conns={conns:3d} depth={depth:3d} req/s={r['rps']:9.0f} "
-                    f"p50={r['p50_ms']:.3f}ms p99={r['p99_ms']:.3f}ms "
-                    f"mc_cpu={r['memcached_cpu_us_per_req']:.2f}us "
-                    f"proxy_cpu={r['proxy_cpu_us_per_req'] or 0:.2f}us",
-                    flush=True,
-                )
+        results += run_cells(cells, targets, mc, args, client_cpu, pin_proxies=False, tls_ca=ca.cert)
         for name, port, pid in [
             ("memcached -Z", mc.port, mc.pid),
             ("router TLS", router.ssl_port, router.pid),
@@ -438,12 +459,7 @@ def tls_main(args: argparse.Namespace) -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for multi, conns, depth in cells:
-        m, ro = (
-            median_run(
-                [r for r in results if (r["target"], r["keys"], r["conns"], r["depth"]) == (t, multi, conns, depth)]
-            )
-            for t in ("memcached -Z", "router TLS")
-        )
+        m, ro = cell_medians(results, (multi, conns, depth), ("memcached -Z", "router TLS"))
         print(
             f"| {multi} | {conns} | {depth} | {m['rps']:.0f} | {ro['rps']:.0f} | "
             f"{m['p50_ms']:.3f} / {ro['p50_ms']:.3f} | {m['p99_ms']:.3f} / {ro['p99_ms']:.3f} | "

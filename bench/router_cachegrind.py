@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.router_bench import KEYS, LOADGEN, VALUE, build_examples
+from bench.router_bench import KEYS, LOADGEN, VALUE, build_examples, loadgen_command
 from ops.harness import Memcached, free_port, memcached_command, wait_until
 
 # (keys per get, connections, pipeline depth): the cells docs/benchmarks.md reports
@@ -89,23 +89,7 @@ def measure(
         if cell is not None:
             keys, conns, depth = cell
             done = subprocess.run(
-                [
-                    str(LOADGEN),
-                    "--port",
-                    str(port),
-                    "--conns",
-                    str(conns),
-                    "--depth",
-                    str(depth),
-                    "--keys",
-                    str(keys),
-                    "--seconds",
-                    str(seconds),
-                    "--key-count",
-                    str(len(KEYS)),
-                    "--prefix",
-                    "bench:key:",
-                ],
+                loadgen_command(port, keys, depth, conns, seconds),
                 check=True,
                 capture_output=True,
                 text=True,

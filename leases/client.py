@@ -360,26 +360,19 @@ class LeaseCache:
     # -- meta-memcache calls, failures as values ------------------------------------------------------
 
     def _mg(self, key: str, flags: RequestFlags) -> Value | Success | Miss | _Failed:
-        try:
-            r = self.client.meta_get(Key(key), flags=flags)
-        except MemcacheError as e:
-            return _Failed(str(e) or type(e).__name__)
-        if is_error_response(r):
-            return _Failed("server error or unreachable")
-        return r
+        return self._meta(self.client.meta_get, key, flags=flags)
 
     def _ms(self, key: str, value: Any, flags: RequestFlags) -> Any:
-        try:
-            r = self.client.meta_set(Key(key), value, flags=flags)
-        except MemcacheError as e:
-            return _Failed(str(e) or type(e).__name__)
-        if is_error_response(r):
-            return _Failed("server error or unreachable")
-        return r
+        return self._meta(self.client.meta_set, key, value, flags=flags)
 
     def _md(self, key: str, flags: RequestFlags) -> Any:
+        return self._meta(self.client.meta_delete, key, flags=flags)
+
+    @staticmethod
+    def _meta(call: Callable[..., Any], key: str, *args: Any, flags: RequestFlags) -> Any:
+        """`call(Key(key), *args, flags=flags)`: a client error or an error response comes back as `_Failed`."""
         try:
-            r = self.client.meta_delete(Key(key), flags=flags)
+            r = call(Key(key), *args, flags=flags)
         except MemcacheError as e:
             return _Failed(str(e) or type(e).__name__)
         if is_error_response(r):

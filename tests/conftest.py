@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,6 +21,15 @@ from tests.binaries import pytest_runtest_setup, require_binary  # noqa: F401 - 
 # at another checkout (a git worktree shares main's .venv): put this checkout first on their import path so
 # they run the code under test.
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))
+
+
+def run_threads(target: Callable[[], object], n: int, timeout: float | None = None) -> None:
+    """`target` in `n` threads started together; returns once each has ended (or its join's `timeout` passed)."""
+    threads = [threading.Thread(target=target) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
 
 
 class _Processes:

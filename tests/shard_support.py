@@ -6,11 +6,11 @@ per session: use a database name of your own)."""
 from __future__ import annotations
 
 from ops.harness import MariaDB, free_port
+from tests.topologies import webtier_rules
 
 SHARDS = ("s0", "s1", "s2")
 DOMAINS = {"s0": 31, "s1": 32, "s2": 33}
 SERVER_IDS = {"s0": 71, "s1": 72, "s2": 73}
-CODEC = "loadtest.webtier:verify_codec"
 
 
 def sharded_topology_text(
@@ -29,16 +29,7 @@ def sharded_topology_text(
         f'east = {{ host = "{db.host}", port = {db.port}, server_id = {db.server_id} }}\n'
         for name, db in dbs.items()
     )
-    rules = "".join(
-        f'[[rules]]\ntable = "{database}.{table}"\nkeys = [{keys}]\ncodec = "{CODEC}"\n'
-        for table, keys in (
-            ("users", '"user:{id}", "user:email:{email}"'),
-            ("posts", '"post:{id}", "feed:{author_id}"'),
-            ("follows", '"followers:{followee_id}", "following:{follower_id}"'),
-        )
-    )
-    if canary:
-        rules += '[[rules]]\ntable = "squeal_canary.probe"\nkeys = ["squeal:canary:{id}"]\n'
+    rules = webtier_rules(database, canary=canary)
     wildcard = wildcard or {}
     cluster_text = "".join(
         f'[regions.east.clusters.{name}]\nrouters = ["{router}"]\n'

@@ -10,22 +10,11 @@ import pytest
 
 import router_config
 from router_config import TopologyError
+from tests.topologies import ONE_CLUSTER
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "local.toml"
 
-GOOD = """
-[[rules]]
-table = "app.users"
-keys = ["user:{id}"]
-
-[regions.east]
-master = true
-database = { role = "primary", port = 33306, server_id = 1 }
-[regions.east.clusters.a]
-routers = ["127.0.0.1:5000"]
-pools.wildcard = { servers = ["127.0.0.1:5001"] }
-pools.gutter = { kind = "gutter", servers = ["127.0.0.1:5002"] }
-"""
+GOOD = ONE_CLUSTER + 'pools.gutter = { kind = "gutter", servers = ["127.0.0.1:5002"] }\n'
 
 
 def test_example_topology_loads():

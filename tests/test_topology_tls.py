@@ -9,19 +9,9 @@ import pytest
 import router_config
 from ops import tls
 from router_config import TopologyError
+from tests.topologies import ONE_CLUSTER
 
-BASE = """
-[[rules]]
-table = "app.users"
-keys = ["user:{id}"]
-
-[regions.east]
-master = true
-database = { role = "primary", port = 33306, server_id = 1 }
-[regions.east.clusters.a]
-routers = ["127.0.0.1:5000"]
-pools.wildcard = { servers = ["127.0.0.1:5001"] }
-"""
+BASE = ONE_CLUSTER
 
 
 @pytest.fixture(scope="module")

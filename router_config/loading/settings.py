@@ -192,28 +192,14 @@ class SettingsSections(Reader):
         host = self.host(value.get("host", DEFAULT_HOST), f"{path}.host")
         port = self.port(value.get("port", MonitoringSettings.port), f"{path}.port")
         self.claim(host, port, f"{path}.port")
-        interval = self.typed(
-            value.get("probe_interval", MonitoringSettings.probe_interval),
-            f"{path}.probe_interval",
-            (int, float),
-            "seconds",
-        )
-        if interval <= 0:
-            raise self.fail(f"{path}.probe_interval", f"must be greater than 0, got {interval}")
         defaults = MonitoringSettings()
+        interval = self.positive_seconds(value, path, "probe_interval", defaults.probe_interval)
         sample = self.typed(
             value.get("consistency_sample", defaults.consistency_sample), f"{path}.consistency_sample", int, "1 in N"
         )
         if sample < 1:
             raise self.fail(f"{path}.consistency_sample", f"must be 1 or more (1 = every row change), got {sample}")
-        after = self.typed(
-            value.get("consistency_check_after", defaults.consistency_check_after),
-            f"{path}.consistency_check_after",
-            (int, float),
-            "seconds",
-        )
-        if after <= 0:
-            raise self.fail(f"{path}.consistency_check_after", f"must be greater than 0 seconds, got {after}")
+        after = self.positive_seconds(value, path, "consistency_check_after", defaults.consistency_check_after)
         slo = None
         if "consistency_slo" in value:
             slo = self.consistency_slo(value["consistency_slo"], f"{path}.consistency_slo")
@@ -225,6 +211,13 @@ class SettingsSections(Reader):
             consistency_check_after=float(after),
             consistency_slo=slo,
         )
+
+    def positive_seconds(self, value: Any, path: str, key: str, default: float) -> int | float:
+        """`key` of the table `value` at `path` (`default` when absent): a number of seconds, more than 0."""
+        seconds = self.typed(value.get(key, default), f"{path}.{key}", (int, float), "seconds")
+        if seconds <= 0:
+            raise self.fail(f"{path}.{key}", f"must be greater than 0 seconds, got {seconds}")
+        return seconds
 
     def consistency_slo(self, value: Any, path: str) -> ConsistencySlo:
         text = self.typed(value, path, str, 'a string like "6 nines within 1s"')

@@ -15,6 +15,7 @@ from client_support import new_user
 from prometheus_client import REGISTRY
 
 from leases import LeaseCache, WaitPolicy, connect
+from tests.conftest import run_threads
 
 
 def _reader_blocked_in_loader(cache: LeaseCache, key: str, load, release: threading.Event):
@@ -34,11 +35,10 @@ def _reader_blocked_in_loader(cache: LeaseCache, key: str, load, release: thread
     return t, result
 
 
-@pytest.mark.parametrize("invalidation", ["delete", "invalidate"])
-def test_stale_set_race_fill_refused(make_cache, master_sql, invalidation):
-    """Reader A misses, wins the lease and reads the old row; writer B commits and deletes (or `md I`);
-    A's fill is refused and the next read returns B's value."""
-    cache = make_cache()
+def _stale_set_race(cache: LeaseCache, master_sql, invalidation: str):
+    """The race: reader A misses and reads a new user's old row in its loader; writer B commits `name = 'new'`
+    and invalidates the key (`invalidation`: "delete" or "invalidate", the cache's method); then A goes on and
+    finishes. Returns (the user's id, its key, A's loader, A's results, what B's invalidation returned)."""
     uid = new_user(master_sql, "old")
     key = f"user:{uid}"
 
@@ -49,10 +49,19 @@ def test_stale_set_race_fill_refused(make_cache, master_sql, invalidation):
     reader, result = _reader_blocked_in_loader(cache, key, load, release)
     # Writer B: commit, then invalidate the cache (what squeal or the web server does after a write).
     master_sql.execute("UPDATE users SET name = 'new' WHERE id = %s", (uid,))
-    assert getattr(cache, invalidation)(key)
+    invalidated = getattr(cache, invalidation)(key)
     release.set()
     reader.join(10)
+    return uid, key, load, result, invalidated
 
+
+@pytest.mark.parametrize("invalidation", ["delete", "invalidate"])
+def test_stale_set_race_fill_refused(make_cache, master_sql, invalidation):
+    """Reader A misses, wins the lease and reads the old row; writer B commits and deletes (or `md I`);
+    A's fill is refused and the next read returns B's value."""
+    cache = make_cache()
+    uid, key, load, result, invalidated = _stale_set_race(cache, master_sql, invalidation)
+    assert invalidated
     assert result == [{"id": uid, "name": "old"}]  # A's caller gets what the database said when asked
     assert cache.stats.lease_wins == 1
     assert cache.stats.fills_refused == 1 and cache.stats.fills == 0
@@ -64,18 +73,7 @@ def test_stale_set_race_fill_refused(make_cache, master_sql, invalidation):
 def test_stale_set_happens_without_leases(make_cache, master_sql):
     """The control: the same interleaving with leases off caches the old row (so the test above can fail)."""
     cache = make_cache(leases=False)
-    uid = new_user(master_sql, "old")
-    key = f"user:{uid}"
-
-    def load():
-        return master_sql.query_one("SELECT id, name FROM users WHERE id = %s", (uid,))
-
-    release = threading.Event()
-    reader, _ = _reader_blocked_in_loader(cache, key, load, release)
-    master_sql.execute("UPDATE users SET name = 'new' WHERE id = %s", (uid,))
-    cache.delete(key)
-    release.set()
-    reader.join(10)
+    _, key, load, _, _ = _stale_set_race(cache, master_sql, "delete")
     assert cache.get_or_fill(key, load, ttl=300)["name"] == "old"  # stale set: the cache now lies
 
 
@@ -103,11 +101,7 @@ def _herd(cache: LeaseCache, key: str, master_sql, uid: int, readers: int = 200)
         finally:
             master_sql.close()
 
-    threads = [threading.Thread(target=read) for _ in range(readers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    run_threads(read, readers, 30)
     return queries, results
 
 

@@ -31,6 +31,7 @@ from loadtest.webtier import schema_statements
 from ops.harness import REPO_ROOT, ROUTER_BIN, wait_until
 from squeal import fetch_health, parse_position
 from tests.binaries import needs_binary, require_binary
+from tests.conftest import run_threads
 from tests.ops.deployments import squealctl, stable_port
 
 pytestmark = [pytest.mark.slow, needs_binary(ROUTER_BIN.exists(), "router not built (scripts/setup.sh)")]
@@ -101,6 +102,20 @@ def _position(db) -> dict:
         return parse_position(cur.fetchone()[0])
 
 
+def _new_user(db, name: str, email: str) -> tuple[int, str]:
+    """Insert a users row (autocommit): (its id, its key)."""
+    with db.cursor() as cur:
+        cur.execute("INSERT INTO app.users (name, email) VALUES (%s, %s)", (name, email))
+        user = cur.lastrowid
+    return user, f"user:{user}"
+
+
+def _wait_delivered(topo: router_config.Topology, db, cluster: str, what: str) -> None:
+    """Wait until squeal has delivered what `db` has committed so far to `cluster` (`what`: what is waited for)."""
+    at = _position(db)
+    wait_until(lambda: delivered(topo, cluster, at), 30, what)
+
+
 def delivered(topo: router_config.Topology, cluster: str, position: dict) -> bool:
     """squeal has delivered everything up to `position` to `cluster`: a worker's flow for it (`/healthz` `flows`,
     "<shard>/<cluster>") acknowledged a position covering it (acked = the router answered every delete)."""
@@ -125,12 +140,8 @@ def test_a_fill_after_squeals_delete_is_refused_only_with_leases(fleet, cluster:
     router = topo.cluster(cluster).routers[0]
     get, set_ = _pymemcache_client(router) if client == "pymemcache" else _libmemcached_client(router, tmp_path)
     db = _database(topo)
-    with db.cursor() as cur:
-        cur.execute("INSERT INTO app.users (name, email) VALUES ('old', %s)", (f"{cluster}-{client}-{time.time()}",))
-        user = cur.lastrowid
-    key = f"user:{user}"
-    at = _position(db)
-    wait_until(lambda: delivered(topo, cluster, at), 30, f"squeal's delete of {key} after the insert")
+    user, key = _new_user(db, "old", f"{cluster}-{client}-{time.time()}")
+    _wait_delivered(topo, db, cluster, f"squeal's delete of {key} after the insert")
 
     # 1. the reader misses and reads the old row
     assert get(key) is None
@@ -140,8 +151,7 @@ def test_a_fill_after_squeals_delete_is_refused_only_with_leases(fleet, cluster:
     # 2. the writer commits; squeal reads it from the binlog and deletes the key in every cluster
     with db.cursor() as cur:
         cur.execute("UPDATE app.users SET name = 'new' WHERE id = %s", (user,))
-    at = _position(db)
-    wait_until(lambda: delivered(topo, cluster, at), 30, f"squeal's delete of {key} after the update")
+    _wait_delivered(topo, db, cluster, f"squeal's delete of {key} after the update")
     # 3. the reader's fill of the old row
     stored = set_(key, old)
     cached = get(key)
@@ -164,15 +174,11 @@ def test_a_herd_of_stock_readers_after_squeals_delete_reads_the_database_at_most
     topo = fleet
     router = topo.cluster(cluster).routers[0]
     db = _database(topo)
-    with db.cursor() as cur:
-        cur.execute("INSERT INTO app.users (name, email) VALUES ('hot', %s)", (f"herd-{cluster}-{time.time()}",))
-        user = cur.lastrowid
-    key = f"user:{user}"
+    user, key = _new_user(db, "hot", f"herd-{cluster}-{time.time()}")
     Client((router.host, router.port), timeout=5).set(key, b"hot", noreply=False)  # cached and hot
     with db.cursor() as cur:
         cur.execute("UPDATE app.users SET name = 'hotter' WHERE id = %s", (user,))
-    at = _position(db)
-    wait_until(lambda: delivered(topo, cluster, at), 30, f"squeal's delete of {key}")
+    _wait_delivered(topo, db, cluster, f"squeal's delete of {key}")
 
     n = 200
     start = threading.Barrier(n)
@@ -197,11 +203,7 @@ def test_a_herd_of_stock_readers_after_squeals_delete_reads_the_database_at_most
             seen.append(value)
         c.close()
 
-    threads = [threading.Thread(target=reader) for _ in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    run_threads(reader, n, 60)
     db.close()
     assert len(seen) == n and set(seen) == {b"hotter"}, "every reader got the new row"
     if cluster == WITH:
@@ -214,19 +216,14 @@ def test_with_stale_ttl_squeals_delete_leaves_the_old_row_readable_while_one_rea
     topo = fleet
     router = topo.cluster(STALE).routers[0]
     db = _database(topo)
-    with db.cursor() as cur:
-        cur.execute("INSERT INTO app.users (name, email) VALUES ('old', %s)", (f"stale-{time.time()}",))
-        user = cur.lastrowid
-    key = f"user:{user}"
-    at = _position(db)
-    wait_until(lambda: delivered(topo, STALE, at), 30, f"squeal's delete of {key} after the insert")
+    user, key = _new_user(db, "old", f"stale-{time.time()}")
+    _wait_delivered(topo, db, STALE, f"squeal's delete of {key} after the insert")
     refiller = Client((router.host, router.port), timeout=5)
     other = Client((router.host, router.port), timeout=5)
     assert refiller.set(key, b"old", noreply=False) is True  # cached
     with db.cursor() as cur:
         cur.execute("UPDATE app.users SET name = 'new' WHERE id = %s", (user,))
-    at = _position(db)
-    wait_until(lambda: delivered(topo, STALE, at), 30, f"squeal's delete of {key} after the update")
+    _wait_delivered(topo, db, STALE, f"squeal's delete of {key} after the update")
     assert refiller.get(key) is None, "the first reader after squeal's delete refills (a miss)"
     assert other.get(key) == b"old", "the others read the stale row at once while it is refilled"
     assert refiller.set(key, b"new", noreply=False) is True

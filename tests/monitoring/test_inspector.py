@@ -27,21 +27,10 @@ from ops.harness import REPO_ROOT, ROUTER_BIN, wait_until
 from tests.binaries import binaries_required, needs_binary
 from tests.monitoring.browser import chromium
 from tests.ops.deployments import squealctl, stable_port
+from tests.topologies import ONE_CLUSTER  # the cluster whose router drops deletes in the fault test
 
 EXAMPLE = REPO_ROOT / "examples" / "local.toml"
 SWALLOWING = "west-b"
-ONE_CLUSTER = """
-[[rules]]
-table = "app.users"
-keys = ["user:{id}"]
-
-[regions.east]
-master = true
-database = { role = "primary", port = 33306, server_id = 1 }
-[regions.east.clusters.a]
-routers = ["127.0.0.1:5000"]
-pools.wildcard = { servers = ["127.0.0.1:5001"] }
-"""  # the cluster whose router drops deletes in the fault test
 
 # -- the figures (pure logic) ------------------------------------------------------------------------------------
 

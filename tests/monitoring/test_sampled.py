@@ -12,6 +12,7 @@ import router_config
 from loadtest.webtier import schema_statements
 from monitoring.sampled import SampledDeleteChecker
 from ops.harness import SquealDaemon, free_port, wait_until
+from tests.topologies import east_region
 
 TOPOLOGY = """
 [squeal]
@@ -22,12 +23,6 @@ datamarker_dir = "{state}"
 table = "sampled_app.users"
 keys = ["user:{{id}}"]
 
-[regions.east]
-master = true
-database = {{ role = "primary", port = {port}, server_id = 1 }}
-[regions.east.clusters.a]
-routers = ["{a}"]
-pools.wildcard = {{ servers = ["127.0.0.1:1"] }}
 """
 
 
@@ -37,7 +32,9 @@ def test_checker_flags_a_key_that_holds_a_wrong_value_after_its_delete(
     primary, _ = mariadb_pair
     primary.execute("DROP DATABASE IF EXISTS sampled_app", *schema_statements("sampled_app"))
     cache = memcached_factory()
-    text = TOPOLOGY.format(metrics=free_port(), state=tmp_path / "state", port=primary.port, a=cache.address)
+    text = TOPOLOGY.format(metrics=free_port(), state=tmp_path / "state") + east_region(
+        primary.port, {"a": (cache.address, "127.0.0.1:1")}
+    )
     topo_file = tmp_path / "topo.toml"
     topo_file.write_text(text)
     topo = router_config.load(topo_file)

@@ -18,48 +18,26 @@ from pymemcache.client.base import Client
 
 import router_config
 from loadtest.webtier import WebServer, schema_statements
-from monitoring.prober import CANARY_TABLE, Prober
+from monitoring.prober import Prober
 from monitoring.scrape import scrape_prometheus
 from monitoring.verify import EXIT_STALE, verify
 from ops import cli, tls
 from ops.harness import MariaDB, MonitoringServer, SquealDaemon, free_port
 from tests.conftest import _Processes
+from tests.topologies import east_region, webtier_rules
 
-CODEC = "loadtest.webtier:verify_codec"
-TOPOLOGY = """
-[squeal]
-metrics_port_base = {metrics}
-{tls}
-[[rules]]
-table = "tls_app.users"
-keys = ["user:{{id}}", "user:email:{{email}}"]
-codec = "{codec}"
-
-[[rules]]
-table = "tls_app.posts"
-keys = ["post:{{id}}", "feed:{{author_id}}"]
-codec = "{codec}"
-
-[[rules]]
-table = "tls_app.follows"
-keys = ["followers:{{followee_id}}", "following:{{follower_id}}"]
-codec = "{codec}"
-
-[[rules]]
-table = "{canary}"
-keys = ["squeal:canary:{{id}}"]
-
-[regions.east]
-master = true
-database = {{ role = "primary", port = {port}, server_id = 1 }}
-[regions.east.clusters.a]
-routers = ["{ma}"]
-pools.wildcard = {{ servers = ["127.0.0.1:{pa}"] }}
-[regions.east.clusters.b]
-routers = ["{mb}"]
-pools.wildcard = {{ servers = ["127.0.0.1:{pb}"] }}
-"""
 GRACE = 0.3
+
+
+def topology(*, metrics: int, tls: str, port: int, ma: str, mb: str, pa: int, pb: int) -> str:
+    """`tls` (a `[tls]` section or nothing), the web tier's rules for tls_app and the prober's canary; region
+    east's primary on `port`, its clusters a and b memcacheds standing in for their routers (`ma`, `mb`; their
+    wildcard pools on ports `pa`, `pb`)."""
+    return (
+        f"[squeal]\nmetrics_port_base = {metrics}\n{tls}"
+        + webtier_rules("tls_app", canary=True)
+        + east_region(port, {"a": (ma, f"127.0.0.1:{pa}"), "b": (mb, f"127.0.0.1:{pb}")})
+    )
 
 
 @pytest.fixture(scope="module")
@@ -112,11 +90,9 @@ def world(server, pki, memcached_factory, processes, tmp_path):
     caches = {"a": memcached_factory(**mc), "b": memcached_factory(**mc)}
     path = tmp_path / "topology.toml"
     path.write_text(
-        TOPOLOGY.format(
+        topology(
             metrics=free_port(),
             tls=tls_section(pki) if kind == "tls" else "",
-            codec=CODEC,
-            canary=CANARY_TABLE,
             port=db.port,
             ma=caches["a"].address,
             mb=caches["b"].address,

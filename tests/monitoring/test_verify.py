@@ -24,43 +24,23 @@ from monitoring.verify import (
     measured_grace,
     verify,
 )
-from ops import cli
 from ops.harness import ROUTER_BIN, free_port
 from tests.binaries import needs_binary
+from tests.ops.deployments import squealctl_in_process
+from tests.topologies import east_region, webtier_rules
 
 pytestmark = needs_binary(ROUTER_BIN.exists(), "router not built (scripts/setup.sh)")
-
-CODEC = "loadtest.webtier:verify_codec"
-TOPOLOGY = """
-[squeal]
-metrics_port_base = {metrics}
-
-[[rules]]
-table = "{db}.users"
-keys = ["user:{{id}}", "user:email:{{email}}"]
-codec = "{codec}"
-
-[[rules]]
-table = "{db}.posts"
-keys = ["post:{{id}}", "feed:{{author_id}}"]
-codec = "{codec}"
-
-[[rules]]
-table = "{db}.follows"
-keys = ["followers:{{followee_id}}", "following:{{follower_id}}"]
-codec = "{codec}"
-
-[regions.east]
-master = true
-database = {{ role = "primary", port = {port}, server_id = 1 }}
-[regions.east.clusters.a]
-routers = ["127.0.0.1:{ra}"]
-pools.wildcard = {{ servers = ["{ma}"] }}
-[regions.east.clusters.b]
-routers = ["127.0.0.1:{rb}"]
-pools.wildcard = {{ servers = ["{mb}"] }}
-"""
 GRACE = 0.3  # tests pass --grace: nothing measures squeal latency here
+
+
+def topology(*, db: str, port: int, ra: int, rb: int, ma: str, mb: str, metrics: int) -> str:
+    """The web tier's rules for `db`; region east's primary on `port`, its clusters a and b squeal-routers on ports
+    `ra` and `rb`, each in front of one memcached (`ma`, `mb`)."""
+    return (
+        f"[squeal]\nmetrics_port_base = {metrics}\n"
+        + webtier_rules(db)
+        + east_region(port, {"a": (f"127.0.0.1:{ra}", ma), "b": (f"127.0.0.1:{rb}", mb)})
+    )
 
 
 @pytest.fixture
@@ -69,14 +49,13 @@ def world(mariadb_pair, memcached_factory, router_factory, tmp_path):
     primary, _ = mariadb_pair
     ma, mb = memcached_factory(), memcached_factory()
     ra, rb = free_port(), free_port()
-    text = TOPOLOGY.format(
+    text = topology(
         db="verify_app",
         port=primary.port,
         ra=ra,
         rb=rb,
         ma=ma.address,
         mb=mb.address,
-        codec=CODEC,
         metrics=free_port(),
     )
     path = tmp_path / "topology.toml"
@@ -91,12 +70,6 @@ def world(mariadb_pair, memcached_factory, router_factory, tmp_path):
     clients = {c: Client(("127.0.0.1", p)) for c, p in (("a", ra), ("b", rb))}
     yield topo, web, ids, clients, routers
     web.close()
-
-
-def squealctl(capsys, *args: str) -> tuple[int, str, str]:
-    code = cli.main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_clean_caches_pass(world):
@@ -121,7 +94,7 @@ def test_planted_stale_values_are_reported_with_exit_1(world, capsys):
     assert "is stale (expires in" in str(stale_b)
     assert report.exit_code == EXIT_STALE
 
-    code, out, _ = squealctl(capsys, "verify", topo.source, "--all", "--grace", str(GRACE))
+    code, out, _ = squealctl_in_process(capsys, "verify", topo.source, "--all", "--grace", str(GRACE))
     assert code == 1 and f"b: user:{ids[0]} is stale" in out and "2 stale" in out, out
 
 
@@ -180,13 +153,13 @@ def test_one_router_down_is_reported_and_the_other_cluster_still_checked(world, 
     )
     assert report.exit_code == EXIT_PARTIAL and not report.ok
 
-    code, out, err = squealctl(capsys, "verify", topo.source, "--all", "--grace", str(GRACE))
+    code, out, err = squealctl_in_process(capsys, "verify", topo.source, "--all", "--grace", str(GRACE))
     assert code == 3, (out, err)
     assert f"b: NOT CHECKED: router {topo.cluster('b').routers[0]} does not answer" in err
     assert "NOT CHECKED: b" in out.splitlines()[-1]
 
     web.master.execute("UPDATE users SET name = 'x' WHERE id = %s", (ids[0],))  # cluster a now holds a stale copy
-    code, out, err = squealctl(capsys, "verify", topo.source, "--all", "--grace", str(GRACE))
+    code, out, err = squealctl_in_process(capsys, "verify", topo.source, "--all", "--grace", str(GRACE))
     assert code == 1 and f"a: user:{ids[0]} is stale" in out, (out, err)
 
 
@@ -194,18 +167,17 @@ def test_nothing_up_is_one_line_and_exit_2(tmp_path, capsys):
     closed = [free_port() for _ in range(5)]
     path = tmp_path / "down.toml"
     path.write_text(
-        TOPOLOGY.format(
+        topology(
             db="app",
             port=closed[0],
             ra=closed[1],
             rb=closed[2],
             ma=f"127.0.0.1:{closed[3]}",
             mb=f"127.0.0.1:{closed[4]}",
-            codec=CODEC,
             metrics=free_port(),
         )
     )
-    code, out, err = squealctl(capsys, "--state-dir", str(tmp_path / "state"), "verify", str(path))
+    code, out, err = squealctl_in_process(capsys, "--state-dir", str(tmp_path / "state"), "verify", str(path))
     assert code == EXIT_CANNOT_CHECK
     assert out == "" and len(err.splitlines()) == 1, err
     assert err.startswith("squealctl verify: cannot check: the master database") and str(closed[0]) in err
@@ -245,14 +217,13 @@ def test_grace_is_a_few_times_the_p99_squeal_measures(tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         topo = router_config.loads(
-            TOPOLOGY.format(
+            topology(
                 db="app",
                 port=1,
                 ra=2,
                 rb=3,
                 ma="127.0.0.1:4",
                 mb="127.0.0.1:5",
-                codec=CODEC,
                 metrics=server.server_address[1],
             )
         )

@@ -14,8 +14,8 @@ from pymemcache.client.base import Client
 import router_config
 from loadtest import WebServer, install_schema_on_shards
 from monitoring.verify import EXIT_CANNOT_CHECK, EXIT_CLEAN, EXIT_STALE, verify
-from ops import cli
 from ops.harness import MariaDB
+from tests.ops.deployments import squealctl_in_process
 from tests.shard_support import sharded_topology_text
 
 GRACE = 0.3  # nothing measures squeal latency here
@@ -43,12 +43,6 @@ def sharded(shard_primaries: dict[str, MariaDB], memcached_factory, tmp_path) ->
     clients = {c: Client((m.host, m.port)) for c, m in caches.items()}
     yield topo, web, users, clients
     web.close()
-
-
-def squealctl(capsys, *args: str) -> tuple[int, str, str]:
-    code = cli.main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_a_consistent_sharded_cache_passes(sharded):
@@ -79,7 +73,7 @@ def test_a_stale_copy_of_a_row_on_a_non_first_shard_is_found(sharded, capsys):
     assert followers.shards == ("s0", "s1", "s2") and followers.expected == [{"follower_id": users["s0"]}]
     assert report.exit_code == EXIT_STALE
 
-    code, out, _ = squealctl(capsys, "verify", topo.source, "--all", "--grace", str(GRACE))
+    code, out, _ = squealctl_in_process(capsys, "verify", topo.source, "--all", "--grace", str(GRACE))
     assert code == 1 and f"b: user:{on_s1} is stale" in out and " 2 stale;" in out, out
     assert "(shard s1)" in out
 
@@ -90,6 +84,6 @@ def test_a_shard_primary_down_is_one_line_naming_it_and_exit_2(sharded, shard_pr
     doc["shards"]["s2"]["east"]["port"] = 1  # nothing listens there
     path = tmp_path / "down.toml"
     path.write_text(router_config.dumps(router_config.loads(__import__("tomli_w").dumps(doc))))
-    code, out, err = squealctl(capsys, "--state-dir", str(tmp_path / "state"), "verify", str(path))
+    code, out, err = squealctl_in_process(capsys, "--state-dir", str(tmp_path / "state"), "verify", str(path))
     assert code == EXIT_CANNOT_CHECK and out == "" and len(err.splitlines()) == 1, err
     assert err.startswith("squealctl verify: cannot check: the primary of shard s2 (127.0.0.1:1)"), err

@@ -12,30 +12,42 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pymysql
+import pytest
 
 import router_config
+from ops import cli
 from ops.harness import REPO_ROOT
+from tests.topologies import CANARY_RULE, USERS_RULE, east_region
 
 # Ports here are placeholders (the loader wants them distinct); every one is reassigned to a free port.
-TWO_REGIONS = """
-[[rules]]
-table = "app.users"
-keys = ["user:{id}"]
-
-[regions.east]
-master = true
-database = { role = "primary", port = 1, server_id = 1 }
-
-[regions.east.clusters.east-a]
-routers = ["127.0.0.1:2"]
-pools.wildcard = { kind = "wildcard", servers = ["127.0.0.1:3"] }
-
+TWO_REGIONS = (
+    USERS_RULE
+    + east_region(1, {"east-a": ("127.0.0.1:2", "127.0.0.1:3")})
+    + """
 [regions.west]
 database = { role = "replica", port = 4, server_id = 2 }
 
 [regions.west.clusters.west-a]
 routers = ["127.0.0.1:5"]
 pools.wildcard = { kind = "wildcard", servers = ["127.0.0.1:6"] }
+"""
+)
+
+# east's second copy of its data (a GTID replica of the primary) and a squeal worker on each. Placeholder ports 10-12.
+EAST_TWO_WORKERS = """
+[regions.east.replicas.east-r1]
+port = 10
+server_id = 3
+
+[[regions.east.squeal_instances]]
+name = "east-1"
+database = "east"
+metrics_port = 11
+
+[[regions.east.squeal_instances]]
+name = "east-2"
+database = "east-r1"
+metrics_port = 12
 """
 
 _handed_out: set[int] = set()
@@ -65,6 +77,31 @@ def squealctl(state: Path, *args: str, check: bool = True) -> subprocess.Complet
     return result
 
 
+def squealctl_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """`squealctl ARGS` run in this process (ops.cli.main), its output taken from `capsys`: (exit status, stdout,
+    stderr)."""
+    code = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write_on_stable_ports(text: str, path: Path) -> router_config.Topology:
+    """The topology `text` (placeholder ports) with every port moved to a stable free one, written to `path`."""
+    topo = router_config.reassign_ports(router_config.loads(text, source=path.name), stable_port)
+    path.write_text(router_config.dumps(topo))
+    return topo
+
+
+@contextlib.contextmanager
+def squealctl_up(state: Path, topology: Path, *up_args: str) -> Iterator[None]:
+    """`squealctl up TOPOLOGY UP_ARGS` (state in `state`) for the block; `down` after it, whatever happened."""
+    try:
+        squealctl(state, "up", str(topology), *up_args)
+        yield
+    finally:
+        squealctl(state, "down", check=False)
+
+
 # east runs two squeal workers (on the primary, on a GTID replica of it) behind a 3-server ZooKeeper
 # ensemble; west keeps its single daemon (a topology may mix both). Placeholder ports, as above.
 TWO_WORKERS_TWO_REGIONS = (
@@ -74,24 +111,9 @@ servers = ["127.0.0.1:7", "127.0.0.1:8", "127.0.0.1:9"]
 session_timeout_s = 2
 handback_after_s = 2
 
-[[rules]]
-table = "squeal_canary.probe"
-keys = ["squeal:canary:{id}"]
-
-[regions.east.replicas.east-r1]
-port = 10
-server_id = 3
-
-[[regions.east.squeal_instances]]
-name = "east-1"
-database = "east"
-metrics_port = 11
-
-[[regions.east.squeal_instances]]
-name = "east-2"
-database = "east-r1"
-metrics_port = 12
 """
+    + CANARY_RULE
+    + EAST_TWO_WORKERS
     + TWO_REGIONS
 )
 
@@ -118,17 +140,11 @@ class TwoWorkerDeployment:
 
 @contextlib.contextmanager
 def two_worker_deployment_up(base: Path) -> Iterator[TwoWorkerDeployment]:
-    topo = router_config.reassign_ports(
-        router_config.loads(TWO_WORKERS_TWO_REGIONS, source="workers.toml"), stable_port
-    )
     path = base / "workers.toml"
-    path.write_text(router_config.dumps(topo))
+    write_on_stable_ports(TWO_WORKERS_TWO_REGIONS, path)
     state = base / "state"
-    try:
-        squealctl(state, "up", str(path))
+    with squealctl_up(state, path):
         yield TwoWorkerDeployment(path, router_config.load(path), state)
-    finally:
-        squealctl(state, "down", check=False)
 
 
 def run_sql(db: router_config.Database, *statements: str) -> list[tuple]:

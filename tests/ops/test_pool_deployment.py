@@ -13,7 +13,7 @@ import pytest
 import router_config
 from ops.harness import ROUTER_BIN, memcached_command, wait_until
 from tests.binaries import require_binary
-from tests.ops.deployments import TWO_WORKERS_TWO_REGIONS, run_sql, squealctl, stable_port
+from tests.ops.deployments import TWO_WORKERS_TWO_REGIONS, run_sql, squealctl, squealctl_up, write_on_stable_ports
 
 WITHIN = 30.0  # a deadline for something that must happen, not a speed check
 POOLED = TWO_WORKERS_TWO_REGIONS.replace(
@@ -26,15 +26,11 @@ def pooled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, rou
     require_binary(ROUTER_BIN.exists(), "router not built (scripts/setup.sh)")
     assert POOLED != TWO_WORKERS_TWO_REGIONS, "the test's edit must apply"
     base = tmp_path_factory.mktemp("pool-deployment")
-    topo = router_config.reassign_ports(router_config.loads(POOLED, source="pool.toml"), stable_port)
     path = base / "pool.toml"
-    path.write_text(router_config.dumps(topo))
+    write_on_stable_ports(POOLED, path)
     state = base / "state"
-    try:
-        squealctl(state, "up", str(path))
+    with squealctl_up(state, path):
         yield state, router_config.load(path)
-    finally:
-        squealctl(state, "down", check=False)
 
 
 def test_up_runs_the_pool_and_workers_shows_who_owns_the_shard(pooled) -> None:

@@ -12,9 +12,8 @@ from types import SimpleNamespace
 import pymysql
 import pytest
 
-import router_config
 from ops.local import StartupError, doing
-from tests.ops.deployments import TWO_REGIONS, squealctl, stable_port
+from tests.ops.deployments import TWO_REGIONS, squealctl, write_on_stable_ports
 
 
 def test_a_step_that_fails_is_named_with_the_component_its_address_and_its_log(tmp_path):
@@ -36,9 +35,8 @@ def test_a_step_that_fails_is_named_with_the_component_its_address_and_its_log(t
 def test_up_names_the_server_that_did_not_start(tmp_path):
     """A real failure: MariaDB refuses a Unix socket path over 107 bytes, so a state dir that deep stops the first
     server. `up` must say which component, where, doing what, and which log says why."""
-    topo = router_config.reassign_ports(router_config.loads(TWO_REGIONS, source="two.toml"), stable_port)
     path = tmp_path / "two.toml"
-    path.write_text(router_config.dumps(topo))
+    topo = write_on_stable_ports(TWO_REGIONS, path)
     deep = Path(tempfile.mkdtemp(prefix="squeal-startup-")) / ("d" * 90)
     try:
         result = squealctl(deep, "up", str(path), "--without", "memcached,router,squeal,monitoring", check=False)

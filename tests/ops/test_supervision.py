@@ -21,35 +21,23 @@ from pathlib import Path
 
 import pytest
 
-import router_config
 from ops.harness import memcached_command, wait_until
 from ops.local import Deployment
 from squeal import probe_health
-from tests.ops.deployments import TWO_REGIONS, squealctl, stable_port
+from tests.ops.deployments import TWO_REGIONS, squealctl, squealctl_up, write_on_stable_ports
+from tests.topologies import USERS_RULE, east_region
 
 BACK_WITHIN = 5.0  # the issue's bound for a killed component to answer again (measured and printed)
 
 # Ports here are placeholders (the loader wants them distinct); every one is reassigned to a free port.
-SMALL = """
-[[rules]]
-table = "app.users"
-keys = ["user:{id}"]
-
-[regions.east]
-master = true
-database = { role = "primary", port = 1, server_id = 1 }
-
-[regions.east.clusters.east-a]
-routers = ["127.0.0.1:2"]
-pools.wildcard = { kind = "wildcard", servers = ["127.0.0.1:3", "127.0.0.1:4"] }
-"""
+SMALL = USERS_RULE + east_region(1, {"east-a": ("127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4")})
 SMALL_WITHOUT = ("--without", "mariadb,squeal,monitoring")
 SMALL_NAMES = ["memcached/east-a/wildcard/0", "memcached/east-a/wildcard/1", "router/east-a/0"]
 
 
 def write_topology(base: Path, text: str) -> Path:
     path = base / "topology.toml"
-    path.write_text(router_config.dumps(router_config.reassign_ports(router_config.loads(text), stable_port)))
+    write_on_stable_ports(text, path)
     return path
 
 
@@ -110,11 +98,8 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     base = tmp_path_factory.mktemp("small")
     topology = write_topology(base, SMALL)
     state = base / "state"
-    try:
-        squealctl(state, "up", str(topology), *SMALL_WITHOUT)
+    with squealctl_up(state, topology, *SMALL_WITHOUT):
         yield state
-    finally:
-        squealctl(state, "down", check=False)
 
 
 @pytest.mark.parametrize("name", ["router/east-a/0", "memcached/east-a/wildcard/0"])
@@ -250,11 +235,8 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, P
     base = tmp_path_factory.mktemp("platform")
     topology = write_topology(base, TWO_REGIONS)
     state = base / "state"
-    try:
-        squealctl(state, "up", str(topology), "--without", "monitoring")
+    with squealctl_up(state, topology, "--without", "monitoring"):
         yield topology, state
-    finally:
-        squealctl(state, "down", check=False)
 
 
 def test_kill_9_squeal_is_back_within_5s(platform: tuple[Path, Path]) -> None:

@@ -28,35 +28,21 @@ import router_config
 from monitoring.scrape import memcached_stats
 from ops.harness import ROUTER_BIN, memcached_command, wait_until, zookeeper_mode
 from tests.binaries import require_binary
-from tests.ops.deployments import squealctl, stable_port
+from tests.ops.deployments import EAST_TWO_WORKERS, squealctl, squealctl_up, write_on_stable_ports
+from tests.topologies import webtier_rules
 
 WITHIN = 60.0  # a deadline for something that must happen, not a speed check
 
 # Placeholder ports (the loader wants them distinct): every one is moved to a free port.
-TOPOLOGY = """
+TOPOLOGY = (
+    """
 [zookeeper]
 servers = ["127.0.0.1:1"]
 session_timeout_s = 2
 
-[[rules]]
-table = "app.users"
-keys = ["user:{id}", "user:email:{email}"]
-codec = "loadtest.webtier:verify_codec"
-
-[[rules]]
-table = "app.posts"
-keys = ["post:{id}", "feed:{author_id}"]
-codec = "loadtest.webtier:verify_codec"
-
-[[rules]]
-table = "app.follows"
-keys = ["followers:{followee_id}", "following:{follower_id}"]
-codec = "loadtest.webtier:verify_codec"
-
-[[rules]]
-table = "squeal_canary.probe"
-keys = ["squeal:canary:{id}"]
-
+"""
+    + webtier_rules("app", canary=True)
+    + """
 [regions.east]
 master = true
 database = { role = "primary", port = 2, server_id = 1 }
@@ -65,29 +51,18 @@ regional_pool = { servers = ["127.0.0.1:3"], prefixes = ["regional:", "rmk:"] }
 [regions.east.clusters.east-a]
 routers = ["127.0.0.1:4"]
 pools.wildcard = { kind = "wildcard", servers = ["127.0.0.1:5"] }
-
-[regions.east.replicas.east-r1]
-port = 6
-server_id = 3
-
-[[regions.east.squeal_instances]]
-name = "east-1"
-database = "east"
-metrics_port = 7
-
-[[regions.east.squeal_instances]]
-name = "east-2"
-database = "east-r1"
-metrics_port = 8
-
+"""
+    + EAST_TWO_WORKERS  # placeholder ports 10-12
+    + """
 [regions.west]
 database = { role = "replica", port = 9, server_id = 2 }
-regional_pool = { servers = ["127.0.0.1:10"], prefixes = ["regional:", "rmk:"] }
+regional_pool = { servers = ["127.0.0.1:13"], prefixes = ["regional:", "rmk:"] }
 
 [regions.west.clusters.west-a]
-routers = ["127.0.0.1:11"]
-pools.wildcard = { kind = "wildcard", servers = ["127.0.0.1:12"] }
+routers = ["127.0.0.1:14"]
+pools.wildcard = { kind = "wildcard", servers = ["127.0.0.1:15"] }
 """
+)
 
 
 @dataclass
@@ -109,16 +84,12 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsDeployment
     require_binary(ROUTER_BIN.exists(), "router not built (scripts/setup.sh)")
     require_binary(Path("/usr/share/java/netty-codec.jar").exists(), "libnetty-java not installed")
     base = tmp_path_factory.mktemp("tls-deployment")
-    topo = router_config.reassign_ports(router_config.loads(TOPOLOGY, source="tls.toml"), stable_port)
     path = base / "topology.toml"
-    path.write_text(router_config.dumps(topo))
+    write_on_stable_ports(TOPOLOGY, path)
     state = base / "state"
-    try:
-        squealctl(state, "up", str(path), "--tls", "--demo", "--demo-rate", "10")
+    with squealctl_up(state, path, "--tls", "--demo", "--demo-rate", "10"):
         running = json.loads((state / "components.json").read_text())["topology"]
         yield TlsDeployment(path, router_config.load(running), state)
-    finally:
-        squealctl(state, "down", check=False)
 
 
 def _plaintext_answer(address: router_config.Address, command: bytes) -> bytes:

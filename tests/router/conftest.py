@@ -65,6 +65,14 @@ class Conn:
         line, self.buf = self.buf.split(b"\r\n", 1)
         return line
 
+    def stat_lines(self) -> list[bytes]:
+        """`stats` on this connection: the `STAT name value` lines it answers, up to `END`."""
+        self.send(b"stats\r\n")
+        lines = []
+        while (line := self.line()) != b"END":
+            lines.append(line)
+        return lines
+
     def exact(self, n: int) -> bytes:
         while len(self.buf) < n:
             self._fill()

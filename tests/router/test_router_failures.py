@@ -117,12 +117,7 @@ def test_killing_a_member_under_load_uses_gutter_then_recovers(east_a) -> None:
 
 
 def _router_stats(address: str) -> list[bytes]:
-    c = Conn(address)
-    c.send(b"stats\r\n")
-    out = []
-    while (line := c.line()) != b"END":
-        out.append(line)
-    return out
+    return Conn(address).stat_lines()
 
 
 def test_delete_to_dead_server_is_replayed_when_it_returns(memcached_factory, router_factory, tmp_path) -> None:

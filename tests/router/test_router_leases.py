@@ -8,6 +8,8 @@ import threading
 import pytest
 from pymemcache.client.base import Client as PyClient
 
+from tests.conftest import run_threads
+
 
 def _config(mc_port: int, leases: bool, **fields: int) -> dict:
     pool = "PoolRoute|a"
@@ -79,11 +81,7 @@ def test_herd_waits_for_the_winner(memcached_factory, router_factory) -> None:
         with lock:
             values.append(v)
 
-    threads = [threading.Thread(target=reader) for _ in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(reader, n)
     assert len(values) == n
     assert len(misses) <= 2, f"{len(misses)} of {n} readers went to the database"
 

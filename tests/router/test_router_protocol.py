@@ -57,12 +57,7 @@ def test_hashing_spreads_100k_keys_where_mcrouter_would(three, router_factory, m
 
 
 def _stats(address: str) -> list[bytes]:
-    c = Conn(address)
-    c.send(b"stats\r\n")
-    lines = []
-    while (line := c.line()) != b"END":
-        lines.append(line)
-    return lines
+    return Conn(address).stat_lines()
 
 
 def test_crc32_pool(three, router_factory) -> None:
@@ -223,17 +218,20 @@ def test_meta_lease_commands_behave_as_on_memcached(memcached_factory, router_fa
     assert _run_meta(router.address) == _run_meta(direct.address)
 
 
-def test_stats_and_metrics(three, router_factory) -> None:
+def _router_after_a_set_and_a_get(three, router_factory) -> tuple[Conn, int]:
+    """A router over `three` serving /metrics, after a `set m` and a `get m`: (the connection that sent them, the
+    metrics port)."""
     mport = free_port()
     router = router_factory(pool_config(*three), metrics_port=mport)
     c = Conn(router.address)
     c.call(b"set m 0 0 1\r\n1\r\n")
     c.call(b"get m\r\n")
-    c.send(b"stats\r\n")
-    lines = []
-    while (line := c.line()) != b"END":
-        lines.append(line)
-    stats = dict(line.split()[1:3] for line in lines)
+    return c, mport
+
+
+def test_stats_and_metrics(three, router_factory) -> None:
+    c, mport = _router_after_a_set_and_a_get(three, router_factory)
+    stats = dict(line.split()[1:3] for line in c.stat_lines())
     assert stats[b"cmd_get"] == b"1" and stats[b"cmd_set"] == b"1"
     body = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5).read().decode()
     for name in (
@@ -285,10 +283,8 @@ def test_prefixed_multi_get_across_routes_and_servers(memcached_factory, router_
 
 
 def _stat_map(address: tuple[str, int]) -> dict[bytes, bytes]:
-    c = Conn(address)
-    c.send(b"stats\r\n")
     stats = {}
-    while (line := c.line()) != b"END":
+    for line in Conn(address).stat_lines():
         _, name, value = line.split(b" ", 2)
         stats[name] = value
     return stats
@@ -404,11 +400,7 @@ def test_metrics_format_parses_with_prometheus_client(three, router_factory) -> 
     labels and values are the ones monitoring relies on."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    mport = free_port()
-    router = router_factory(pool_config(*three), metrics_port=mport)
-    c = Conn(router.address)
-    c.call(b"set m 0 0 1\r\n1\r\n")
-    c.call(b"get m\r\n")
+    c, mport = _router_after_a_set_and_a_get(three, router_factory)
     c.call(b"get nope\r\n")
     with urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5) as response:
         assert response.status == 200

@@ -149,6 +149,23 @@ fn ends_noreply(tokens: &[Bytes]) -> bool {
     tokens.last().is_some_and(|t| &t[..] == b"noreply")
 }
 
+/// The start of `<cmd> <key> <argument> [noreply]` (incr, decr, touch): the request for the key,
+/// quiet under `noreply`, and whether it is; the caller reads the argument (`tokens[2]`). A wrong
+/// number of tokens is `ERROR` (memcached's WANT_TOKENS); a fourth token that is not `noreply` is
+/// ignored, as memcached ignores it. `Err` is the reply, hidden already where `noreply` hides it.
+fn key_and_argument(cmd: Cmd, tokens: &[Bytes]) -> Result<(Request, bool), &'static str> {
+    if tokens.len() < 3 || tokens.len() > 4 {
+        return Err(UNKNOWN);
+    }
+    let noreply = ends_noreply(tokens); // memcached looks at the last token, whatever it is
+    if !valid_key(&tokens[1]) {
+        return Err(hide_if(noreply, BAD_FORMAT));
+    }
+    let mut req = Request::new(cmd, tokens[1].clone());
+    req.quiet = noreply;
+    Ok((req, noreply))
+}
+
 /// Parse one command from the front of `buf`, refusing values longer than `max_value` bytes as
 /// memcached refuses items over its `-I` limit.
 pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
@@ -272,40 +289,27 @@ pub fn parse_with(buf: &Bytes, max_value: usize) -> ParseOutcome {
             done(Command::Keyed(req))
         }
         (Some(cmd @ (Cmd::Incr | Cmd::Decr)), _) => {
-            // incr <key> <delta> [noreply]: a wrong number of tokens is `ERROR` (memcached's
-            // WANT_TOKENS); a fourth token that is not `noreply` is ignored, as memcached ignores it
-            if tokens.len() < 3 || tokens.len() > 4 {
-                return err(UNKNOWN);
-            }
-            let noreply = ends_noreply(&tokens); // memcached looks at the last token, whatever it is
-            let err = |reply| err(hide_if(noreply, reply));
-            if !valid_key(&tokens[1]) {
-                return err(BAD_FORMAT);
-            }
-            let mut req = Request::new(cmd, tokens[1].clone());
+            // incr <key> <delta> [noreply]
+            let (mut req, noreply) = match key_and_argument(cmd, &tokens) {
+                Ok(parsed) => parsed,
+                Err(reply) => return err(reply),
+            };
             let Some(delta) = strtoull(&tokens[2]) else {
-                return err(BAD_DELTA);
+                return err(hide_if(noreply, BAD_DELTA));
             };
             req.delta = delta;
-            req.quiet = noreply;
             done(Command::Keyed(req))
         }
         (Some(Cmd::Touch), _) => {
             // touch <key> <exptime> [noreply], the fourth token read as for incr
-            if tokens.len() < 3 || tokens.len() > 4 {
-                return err(UNKNOWN);
-            }
-            let noreply = ends_noreply(&tokens); // memcached looks at the last token, whatever it is
-            let err = |reply| err(hide_if(noreply, reply));
-            if !valid_key(&tokens[1]) {
-                return err(BAD_FORMAT);
-            }
-            let mut req = Request::new(Cmd::Touch, tokens[1].clone());
+            let (mut req, noreply) = match key_and_argument(Cmd::Touch, &tokens) {
+                Ok(parsed) => parsed,
+                Err(reply) => return err(reply),
+            };
             let Some(exptime) = strtol32(&tokens[2]) else {
-                return err("CLIENT_ERROR invalid exptime argument\r\n");
+                return err(hide_if(noreply, "CLIENT_ERROR invalid exptime argument\r\n"));
             };
             req.exptime = i64::from(exptime);
-            req.quiet = noreply;
             done(Command::Keyed(req))
         }
         (Some(cmd @ (Cmd::MetaGet | Cmd::MetaDelete | Cmd::MetaArith)), _) => match meta_request(cmd, &tokens) {

@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 
 use super::{BoxFuture, Route, RouteRef};
-use crate::build::{Builder, Handle, required};
+use crate::build::{Builder, Handle};
 use crate::protocol::{Reply, Request};
 
 pub struct AllFastest {
@@ -62,11 +62,7 @@ pub const ALL_FASTEST_ROUTE: Handle = Handle {
 };
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
-    let children = b.children(required(obj, "children", "AllFastestRoute")?)?;
-    if children.is_empty() {
-        return Ok(super::null::over_nothing(b, "AllFastestRoute"));
-    }
-    Ok(Arc::new(AllFastest { children }))
+    super::null::over_children(b, obj, "AllFastestRoute", |children| Arc::new(AllFastest { children }))
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 
 use super::all_async::spawn_to;
 use super::{BoxFuture, Route, RouteRef};
-use crate::build::{Builder, Handle, required};
+use crate::build::{Builder, Handle};
 use crate::protocol::{Reply, Request};
 
 pub struct AllInitial {
@@ -37,11 +37,7 @@ pub const ALL_INITIAL_ROUTE: Handle = Handle {
 };
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
-    let children = b.children(required(obj, "children", "AllInitialRoute")?)?;
-    if children.is_empty() {
-        return Ok(super::null::over_nothing(b, "AllInitialRoute"));
-    }
-    Ok(Arc::new(AllInitial { children }))
+    super::null::over_children(b, obj, "AllInitialRoute", |children| Arc::new(AllInitial { children }))
 }
 
 #[cfg(test)]

@@ -47,6 +47,24 @@ impl Route for HashRoute {
     }
 }
 
+/// `hash_settings` of a route that hashes over the servers of `pool` (`n` of them), with the
+/// pool's own `weights` as the fallback; the pool's weights are marked used when WeightedCh3 reads
+/// them.
+pub fn pool_hash_settings(
+    b: &mut Builder,
+    obj: &Map<String, Value>,
+    handle: &str,
+    pool: &Value,
+    n: usize,
+) -> Result<(HashFunc, Vec<u8>), String> {
+    let pool_weights = b.pool_field(pool, "weights");
+    let (func, salt) = hash_settings(b, obj, handle, pool_weights.as_ref(), n)?;
+    if pool_weights.is_some() && matches!(func, HashFunc::WeightedCh3(_)) {
+        b.weights_used(pool);
+    }
+    Ok((func, salt))
+}
+
 /// `hash_func`/`salt`/`weights` from the handle itself or from a `hash` field (string or
 /// object); `pool_weights` are the `weights` of the pool a PoolRoute hashes over. WeightedCh3
 /// needs weights (0.0 to 1.0); missing ones count as 0.5 and extra ones are ignored, as in

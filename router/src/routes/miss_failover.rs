@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::{BoxFuture, Route, RouteRef};
-use crate::build::{Builder, Handle, required};
+use crate::build::{Builder, Handle};
 use crate::protocol::{Reply, Request};
 
 pub struct MissFailover {
@@ -46,11 +46,9 @@ pub const MISS_FAILOVER_ROUTE: Handle = Handle {
 };
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
-    let children = b.children(required(obj, "children", "MissFailoverRoute")?)?;
-    if children.is_empty() {
-        return Ok(super::null::over_nothing(b, "MissFailoverRoute"));
-    }
-    Ok(Arc::new(MissFailover { children }))
+    super::null::over_children(b, obj, "MissFailoverRoute", |children| {
+        Arc::new(MissFailover { children })
+    })
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::{BoxFuture, Route, RouteRef, default_reply};
-use crate::build::{Builder, Handle};
+use crate::build::{Builder, Handle, required};
 use crate::protocol::{Reply, Request};
 
 pub struct Null;
@@ -35,4 +35,19 @@ pub fn over_nothing(b: &mut Builder, handle: &str) -> RouteRef {
         "{handle}: no children (an empty pool?): a NullRoute, as in mcrouter: gets miss, updates are not stored"
     ));
     Arc::new(Null)
+}
+
+/// The route `make` builds over the handle's `children`; over none (an empty pool?), mcrouter's
+/// NullRoute ([`over_nothing`]).
+pub fn over_children(
+    b: &mut Builder,
+    obj: &Map<String, Value>,
+    handle: &str,
+    make: impl FnOnce(Vec<RouteRef>) -> RouteRef,
+) -> Result<RouteRef, String> {
+    let children = b.children(required(obj, "children", handle)?)?;
+    if children.is_empty() {
+        return Ok(over_nothing(b, handle));
+    }
+    Ok(make(children))
 }

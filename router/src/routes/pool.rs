@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::RouteRef;
-use super::hash::{HashRoute, hash_settings};
+use super::hash::{HashRoute, pool_hash_settings};
 use super::mc_bucket::BucketHashRoute;
 use crate::build::{Builder, Handle, required};
 
@@ -72,11 +72,7 @@ pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, Stri
     if let Some(r) = super::hash::as_route(b, obj, &dests)? {
         return Ok(r);
     }
-    let pool_weights = b.pool_field(pool, "weights");
-    let (func, salt) = hash_settings(b, obj, "PoolRoute", pool_weights.as_ref(), dests.len())?;
-    if pool_weights.is_some() && matches!(func, crate::hash::HashFunc::WeightedCh3(_)) {
-        b.weights_used(pool);
-    }
+    let (func, salt) = pool_hash_settings(b, obj, "PoolRoute", pool, dests.len())?;
     let bucketize = flag(obj, "bucketize")?;
     let mut route: RouteRef = if bucketize || flag(obj, "useBucketHashSelector")? {
         Arc::new(BucketHashRoute {

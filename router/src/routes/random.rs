@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use serde_json::{Map, Value};
 
 use super::{BoxFuture, Route, RouteRef};
-use crate::build::{Builder, Handle, required};
+use crate::build::{Builder, Handle};
 use crate::protocol::{Reply, Request};
 
 pub struct RandomRoute {
@@ -76,11 +76,7 @@ pub const RANDOM_ROUTE: Handle = Handle {
 };
 
 pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, String> {
-    let children = b.children(required(obj, "children", "RandomRoute")?)?;
-    if children.is_empty() {
-        return Ok(super::null::over_nothing(b, "RandomRoute"));
-    }
-    Ok(Arc::new(RandomRoute::new(children)))
+    super::null::over_children(b, obj, "RandomRoute", |children| Arc::new(RandomRoute::new(children)))
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::hash::hash_settings;
+use super::hash::pool_hash_settings;
 use super::{BoxFuture, Route, RouteRef};
 use crate::build::{Builder, Handle, get_i64, required};
 use crate::hash::HashFunc;
@@ -93,11 +93,7 @@ pub fn build(b: &mut Builder, obj: &Map<String, Value>) -> Result<RouteRef, Stri
     if servers.is_empty() {
         return Err("SaltedFailoverRoute: pool has no servers".into());
     }
-    let pool_weights = b.pool_field(pool, "weights");
-    let (func, salt) = hash_settings(b, obj, "SaltedFailoverRoute", pool_weights.as_ref(), servers.len())?;
-    if pool_weights.is_some() && matches!(func, HashFunc::WeightedCh3(_)) {
-        b.weights_used(pool);
-    }
+    let (func, salt) = pool_hash_settings(b, obj, "SaltedFailoverRoute", pool, servers.len())?;
     let max_tries = match get_i64(obj, "max_tries")? {
         None => servers.len(),
         Some(n) if n >= 1 => n as usize,
