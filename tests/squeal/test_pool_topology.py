@@ -3,13 +3,12 @@ without `[regions.R] squeal_pool = true` (redundant: every region with squeal in
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 from test_worker_topology import WORKERS_GOOD
 
 import router_config
 from router_config import TopologyError
+from tests.topologies import ONE_CLUSTER, on_new_ports
 
 POOLED = WORKERS_GOOD.replace(
     "[regions.east]\nmaster = true\n", "[regions.east]\nmaster = true\nsqueal_pool = true\n", 1
@@ -22,8 +21,7 @@ def test_pool_flag_loads_and_round_trips() -> None:
     assert topo.region("east").squeal_pool is True
     assert topo.region("west").squeal_pool is True  # instances without the key: a pool all the same
     assert router_config.loads(WORKERS_GOOD).regions == topo.regions  # the key changes nothing
-    ports = itertools.count(42000)
-    moved = router_config.reassign_ports(topo, lambda: next(ports))
+    moved = on_new_ports(topo, 42000)
     again = router_config.loads(router_config.dumps(moved))
     assert again.regions == moved.regions and again.region("east").squeal_pool is True
 
@@ -42,20 +40,10 @@ def test_pool_flag_mistakes_name_the_key(old: str, new: str, words: str) -> None
 
 
 def test_a_pool_needs_workers() -> None:
-    text = """
-[[rules]]
-table = "app.users"
-keys = ["user:{id}"]
-
-[regions.east]
-master = true
-squeal_pool = true
-database = { role = "primary", port = 33306, server_id = 1 }
-
-[regions.east.clusters.a]
-routers = ["127.0.0.1:5000"]
-pools.wildcard = { servers = ["127.0.0.1:5001"] }
-"""
+    text = ONE_CLUSTER.replace(
+        "[regions.east]\nmaster = true\n", "[regions.east]\nmaster = true\nsqueal_pool = true\n", 1
+    )
+    assert text != ONE_CLUSTER, "the test's edit must apply"
     with pytest.raises(TopologyError) as info:
         router_config.loads(text, source="pool.toml")
     assert info.value.path == "regions.east.squeal_pool" and "needs its workers" in str(info.value)
