@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import json
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +25,18 @@ CREATE TABLE users (id INT PRIMARY KEY, email VARCHAR(200), name VARCHAR(200)) E
 CREATE TABLE posts (id INT PRIMARY KEY, author_id INT, title VARCHAR(200)) ENGINE=InnoDB;
 CREATE TABLE other (id INT PRIMARY KEY, v VARCHAR(200)) ENGINE=InnoDB;
 """
+
+
+def accept_data_loss(topology: Path, state_dir: Path, *shard: str) -> subprocess.CompletedProcess:
+    """`squeal accept-data-loss TOPOLOGY --region east [--shard S] --state-dir STATE` (the documented recovery of a
+    halted daemon) in a process of its own; its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "squeal.cli", "accept-data-loss", str(topology), "--region", "east", *shard]
+        + ["--state-dir", str(state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def unique_db(prefix: str) -> str:

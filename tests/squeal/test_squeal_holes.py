@@ -9,12 +9,10 @@ on_truncate policies, and a binlog purged past the datamarkers under both on_dat
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from squeal_helpers import SquealEnv, healthz, scrape, unique_db, wait_gone, wait_until
+from squeal_helpers import SquealEnv, accept_data_loss, healthz, scrape, unique_db, wait_gone, wait_until
 
 from ops.harness import MariaDB
 from router_config import Rule
@@ -497,22 +495,7 @@ def test_purged_binlog_with_halt_policy_stops_loudly_until_accepted(lonely_db, t
         assert scrape(env.daemon.port).get("squeal_halted") == 1.0
         assert _still_cached(env, ["user:100", "unrelated"])  # halted: nothing flushed, nothing sent
         # The documented one-command recovery.
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "squeal.cli",
-                "accept-data-loss",
-                str(env.topology),
-                "--region",
-                "east",
-                "--state-dir",
-                str(env.state_dir),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        done = accept_data_loss(env.topology, env.state_dir)
         assert done.returncode == 0, done.stderr
         wait_gone(env.caches, ["user:100", "unrelated"])
         wait_until(lambda: _healthz(env)[0] == 200, 15, "/healthz 200 after recovery")

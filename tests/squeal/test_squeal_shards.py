@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from squeal_helpers import SCHEMA, Cache, healthz, scrape, wait_gone, wait_until
+from squeal_helpers import SCHEMA, Cache, accept_data_loss, healthz, scrape, wait_gone, wait_until
 
 import router_config
 from ops.harness import MariaDB, Memcached, SquealDaemon, free_port
@@ -200,41 +198,9 @@ def test_a_purged_shard_halts_alone_and_recovers_by_its_own_command(sharded) -> 
     env.tracer("s2")
     assert all(c.has("user:500") for c in env.caches)  # s1 sent nothing: halted, not flushed
     assert scrape(env.daemon.port)['squeal_halted{shard="s1"}'] == 1.0
-    wrong = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "squeal.cli",
-            "accept-data-loss",
-            str(env.topology),
-            "--region",
-            "east",
-            "--state-dir",
-            str(env.state_dir),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    wrong = accept_data_loss(env.topology, env.state_dir)
     assert wrong.returncode == 2 and "--shard" in wrong.stderr  # which shard? never a guess
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "squeal.cli",
-            "accept-data-loss",
-            str(env.topology),
-            "--region",
-            "east",
-            "--shard",
-            "s1",
-            "--state-dir",
-            str(env.state_dir),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    done = accept_data_loss(env.topology, env.state_dir, "--shard", "s1")
     assert done.returncode == 0, done.stderr
     wait_gone(env.caches, ["user:500"])  # s1 flushed the region's clusters and resumed
     wait_until(lambda: env.health()[0] == 200, 15, "/healthz 200 after recovery")
