@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import socket
@@ -10,8 +11,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from ops import harness
 from ops.harness import MariaDB, Memcached, SquealDaemon, free_port
@@ -37,6 +39,38 @@ def accept_data_loss(topology: Path, state_dir: Path, *shard: str) -> subprocess
         text=True,
         timeout=30,
     )
+
+
+T = TypeVar("T")
+
+
+def made_then_stopped(build: Callable[..., T]) -> Iterator[Callable[..., T]]:
+    """A factory fixture's body (`yield from` it): yields `make(**kwargs)`, which returns `build(n, **kwargs)` (n: how
+    many were made before), and stops every one made once the test is done."""
+    made: list = []
+
+    def make(**kwargs) -> T:
+        env = build(len(made), **kwargs)
+        made.append(env)
+        return env
+
+    yield make
+    for env in made:
+        env.stop()
+
+
+@contextlib.contextmanager
+def all_started(procs: Iterable) -> Iterator[None]:
+    """Start each of `procs` (harness processes: databases, ...) for the block; stop each (grace 5 s) after it,
+    whatever happened."""
+    procs = list(procs)
+    try:
+        for proc in procs:
+            proc.start()
+        yield
+    finally:
+        for proc in procs:
+            proc.stop(grace=5)
 
 
 def unique_db(prefix: str) -> str:

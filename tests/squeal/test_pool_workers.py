@@ -18,11 +18,20 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pool_support import NetnsSquealDaemon, ensemble, hosts, unique_root, write_ha_markers
-from squeal_helpers import SCHEMA, Cache, healthz, scrape, unique_db, wait_gone, wait_until
+from squeal_helpers import (
+    SCHEMA,
+    Cache,
+    all_started,
+    healthz,
+    made_then_stopped,
+    scrape,
+    unique_db,
+    wait_gone,
+    wait_until,
+)
 
 from ops import harness
 from ops.harness import MariaDB, Memcached, SquealDaemon, free_port
@@ -46,13 +55,8 @@ def shard_dbs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[MariaDB
     """One primary per shard of the `p` group, GTID domains 30..33."""
     base = tmp_path_factory.mktemp("pool-shards")
     dbs = [MariaDB(server_id=300 + i, workdir=base / f"s{i}", gtid_domain_id=30 + i) for i in range(len(SHARDS))]
-    try:
-        for db in dbs:
-            db.start()
+    with all_started(dbs):
         yield dbs
-    finally:
-        for db in dbs:
-            db.stop(grace=5)
 
 
 class Pool:
@@ -161,16 +165,7 @@ class Pool:
 
 @pytest.fixture
 def make_pool(shard_dbs, zk, tmp_path: Path) -> Iterator:
-    made: list[Pool] = []
-
-    def make(**kwargs: Any) -> Pool:
-        p = Pool(tmp_path / f"pool{len(made)}", shard_dbs, zk, **kwargs)
-        made.append(p)
-        return p
-
-    yield make
-    for p in made:
-        p.stop()
+    yield from made_then_stopped(lambda n, **kwargs: Pool(tmp_path / f"pool{n}", shard_dbs, zk, **kwargs))
 
 
 class Writer(threading.Thread):

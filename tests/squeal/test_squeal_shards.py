@@ -13,7 +13,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from squeal_helpers import SCHEMA, Cache, accept_data_loss, healthz, scrape, wait_gone, wait_until
+from squeal_helpers import (
+    SCHEMA,
+    Cache,
+    accept_data_loss,
+    all_started,
+    healthz,
+    made_then_stopped,
+    scrape,
+    wait_gone,
+    wait_until,
+)
 
 import router_config
 from ops.harness import MariaDB, Memcached, SquealDaemon, free_port
@@ -27,13 +37,8 @@ def shard_dbs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ma
     """One primary per shard, each in its own GTID domain (the loader insists: a GTID names its shard)."""
     base = tmp_path_factory.mktemp("shards")
     dbs = {name: MariaDB(60 + i, workdir=base / name, gtid_domain_id=DOMAINS[name]) for i, name in enumerate(SHARDS)}
-    try:
-        for db in dbs.values():
-            db.start()
+    with all_started(dbs.values()):
         yield dbs
-    finally:
-        for db in dbs.values():
-            db.stop(grace=5)
 
 
 def shard_block(name: str, db: MariaDB, domain: int | None = None) -> str:
@@ -111,16 +116,7 @@ class Sharded:
 
 @pytest.fixture
 def sharded(shard_dbs: dict[str, MariaDB], tmp_path: Path) -> Iterator:
-    made: list[Sharded] = []
-
-    def make(**kwargs) -> Sharded:
-        env = Sharded(tmp_path / f"env{len(made)}", shard_dbs, **kwargs)
-        made.append(env)
-        return env
-
-    yield make
-    for env in made:
-        env.stop()
+    yield from made_then_stopped(lambda n, **kwargs: Sharded(tmp_path / f"env{n}", shard_dbs, **kwargs))
 
 
 def test_every_shard_invalidates_every_cluster_key_by_key(sharded) -> None:
