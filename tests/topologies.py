@@ -47,6 +47,15 @@ def east_region(port: int, clusters: dict[str, tuple[str, ...]]) -> str:
 ONE_CLUSTER = USERS_RULE + east_region(33306, {"a": ("127.0.0.1:5000", "127.0.0.1:5001")})
 
 
+def tls_section(pki: dict) -> str:
+    """`[tls]` requiring TLS, trusting the CA `pki["ca"]`, squeal's own certificate `pki["squeal"]` (the tests' `pki`
+    fixtures: name -> ops.tls.CertPair)."""
+    return (
+        f'[tls]\nca = "{pki["ca"].cert}"\nrequire = true\n'
+        f'[tls.squeal]\ncert = "{pki["squeal"].cert}"\nkey = "{pki["squeal"].key}"\n'
+    )
+
+
 def assert_mistake_named(good: str, old: str, new: str, source: str, path: str, words: str) -> None:
     """`good` with its first `old` made `new` fails to load with one TopologyError that names the file `source`
     first, the key `path`, and says `words`."""
