@@ -233,6 +233,13 @@ def _with(text: str, table_suffix: str, line: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def _flushing_posts(squeal_env) -> SquealEnv:
+    """A SquealEnv (not started) whose posts rule says `on_truncate = "flush"`."""
+    env = squeal_env()
+    env.topology.write_text(_with(env.topology.read_text(), ".posts", 'on_truncate = "flush"'))
+    return env
+
+
 def _healthz(env: SquealEnv) -> tuple[int, dict]:
     return healthz(env.daemon.port)
 
@@ -343,8 +350,7 @@ def test_truncate_drop_and_rename_of_ruled_tables_alert(squeal_env) -> None:
 
 
 def test_truncate_with_the_flush_policy_flushes_every_destination(squeal_env) -> None:
-    env = squeal_env()
-    env.topology.write_text(_with(env.topology.read_text(), ".posts", 'on_truncate = "flush"'))
+    env = _flushing_posts(squeal_env)
     env.start()
     env.sql("INSERT INTO posts VALUES (1, 7, 't')")
     env.fence()
@@ -361,8 +367,7 @@ def test_truncate_with_the_flush_policy_flushes_every_destination(squeal_env) ->
 
 def test_foreign_key_cascades_to_a_ruled_table_apply_its_policy(squeal_env) -> None:
     """MariaDB does not log the child rows an ON DELETE CASCADE changes: the parent's delete must count."""
-    env = squeal_env()
-    env.topology.write_text(_with(env.topology.read_text(), ".posts", 'on_truncate = "flush"'))
+    env = _flushing_posts(squeal_env)
     env.sql(
         "CREATE TABLE authors (id INT PRIMARY KEY) ENGINE=InnoDB",
         "ALTER TABLE posts ADD FOREIGN KEY (author_id) REFERENCES authors (id) ON DELETE CASCADE",
@@ -384,8 +389,7 @@ def test_foreign_key_cascades_to_a_ruled_table_apply_its_policy(squeal_env) -> N
 def test_an_update_cascades_only_when_it_changes_the_referenced_column(squeal_env) -> None:
     """ON UPDATE CASCADE with on_truncate = "flush": an UPDATE of a parent column no foreign key references
     changes no child row, so it must not flush the region; changing the referenced column must."""
-    env = squeal_env()
-    env.topology.write_text(_with(env.topology.read_text(), ".posts", 'on_truncate = "flush"'))
+    env = _flushing_posts(squeal_env)
     env.sql(
         "CREATE TABLE authors (id INT PRIMARY KEY, handle VARCHAR(20), seen INT) ENGINE=InnoDB",
         "ALTER TABLE posts ADD FOREIGN KEY (author_id) REFERENCES authors (id) ON UPDATE CASCADE",
