@@ -56,15 +56,21 @@ def tls_section(pki: dict) -> str:
     )
 
 
+def refused(text: str, source: str) -> TopologyError:
+    """The TopologyError that loading `text` (as the file `source`) must raise."""
+    with pytest.raises(TopologyError) as info:
+        router_config.loads(text, source=source)
+    return info.value
+
+
 def assert_mistake_named(good: str, old: str, new: str, source: str, path: str, words: str) -> None:
     """`good` with its first `old` made `new` fails to load with one TopologyError that names the file `source`
     first, the key `path`, and says `words`."""
     assert old in good, "the test's edit must apply"
-    with pytest.raises(TopologyError) as info:
-        router_config.loads(good.replace(old, new, 1), source=source)
-    message = str(info.value)
+    error = refused(good.replace(old, new, 1), source)
+    message = str(error)
     assert message.startswith(f"{source}: "), message
-    assert info.value.path == path, message
+    assert error.path == path, message
     assert words in message, message
 
 
