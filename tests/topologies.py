@@ -63,11 +63,16 @@ def refused(text: str, source: str) -> TopologyError:
     return info.value
 
 
+def refused_edit(good: str, old: str, new: str, source: str) -> TopologyError:
+    """The TopologyError that loading `good` with its first `old` made `new` (as the file `source`) must raise."""
+    assert old in good, "the test's edit must apply"
+    return refused(good.replace(old, new, 1), source)
+
+
 def assert_mistake_named(good: str, old: str, new: str, source: str, path: str, words: str) -> None:
     """`good` with its first `old` made `new` fails to load with one TopologyError that names the file `source`
     first, the key `path`, and says `words`."""
-    assert old in good, "the test's edit must apply"
-    error = refused(good.replace(old, new, 1), source)
+    error = refused_edit(good, old, new, source)
     message = str(error)
     assert message.startswith(f"{source}: "), message
     assert error.path == path, message

@@ -7,7 +7,7 @@ import pytest
 from test_worker_topology import WORKERS_GOOD
 
 import router_config
-from tests.topologies import ONE_CLUSTER, on_new_ports, refused
+from tests.topologies import ONE_CLUSTER, on_new_ports, refused, refused_edit
 
 POOLED = WORKERS_GOOD.replace(
     "[regions.east]\nmaster = true\n", "[regions.east]\nmaster = true\nsqueal_pool = true\n", 1
@@ -38,11 +38,12 @@ def test_pool_flag_mistakes_name_the_key(old: str, new: str, words: str) -> None
 
 
 def test_a_pool_needs_workers() -> None:
-    text = ONE_CLUSTER.replace(
-        "[regions.east]\nmaster = true\n", "[regions.east]\nmaster = true\nsqueal_pool = true\n", 1
+    error = refused_edit(
+        ONE_CLUSTER,
+        "[regions.east]\nmaster = true\n",
+        "[regions.east]\nmaster = true\nsqueal_pool = true\n",
+        "pool.toml",
     )
-    assert text != ONE_CLUSTER, "the test's edit must apply"
-    error = refused(text, "pool.toml")
     assert error.path == "regions.east.squeal_pool" and "needs its workers" in str(error)
 
 
@@ -106,9 +107,10 @@ def test_placement_setting_mistakes_name_the_key(old: str, new: str, key: str, w
 def test_placement_settings_need_a_pool() -> None:
     from tests.ops.deployments import TWO_REGIONS  # single daemons, no instances
 
-    text = TWO_REGIONS.replace(
-        "[regions.west]\n", "[regions.east.squeal_placement]\npersist_s = 5\n\n[regions.west]\n", 1
+    error = refused_edit(
+        TWO_REGIONS,
+        "[regions.west]\n",
+        "[regions.east.squeal_placement]\npersist_s = 5\n\n[regions.west]\n",
+        "plain.toml",
     )
-    assert text != TWO_REGIONS, "the test's edit must apply"
-    error = refused(text, "plain.toml")
     assert error.path == "regions.east.squeal_placement" and "squeal_instances" in str(error)
