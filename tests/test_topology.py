@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import pytest
 
 import router_config
 from router_config import TopologyError
-from tests.topologies import ONE_CLUSTER
+from tests.topologies import ONE_CLUSTER, assert_listeners_moved, assert_mistake_named, on_new_ports
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "local.toml"
 
@@ -39,8 +38,7 @@ def test_minimal_topology_gets_defaults():
 
 def test_round_trip_with_new_ports():
     topo = router_config.load(EXAMPLE)
-    ports = itertools.count(41000)
-    moved = router_config.reassign_ports(topo, lambda: next(ports))
+    moved = on_new_ports(topo)
     again = router_config.loads(router_config.dumps(moved))
     assert again.regions == moved.regions and again.rules == moved.rules and again.squeal == moved.squeal
     assert moved.cluster("east-a").wildcard.servers != topo.cluster("east-a").wildcard.servers
@@ -49,14 +47,12 @@ def test_round_trip_with_new_ports():
 def test_listeners_are_exactly_the_ports_reassign_moves():
     # Topology.listeners() and reassign_ports() each walk every listening port; they must agree.
     topo = router_config.load(EXAMPLE)
-    ports = itertools.count(41000)
-    moved = router_config.reassign_ports(topo, lambda: next(ports))
+    moved = on_new_ports(topo)
+    assert_listeners_moved(topo, moved)
     before, after = topo.listeners(), moved.listeners()
-    assert [(role, where) for role, where, _ in before] == [(role, where) for role, where, _ in after]
     # dbs, regional, routers, pool servers, monitoring; HA: extra replicas, squeal instances, ZooKeeper client +
     # quorum + election ports
     assert len(before) == 2 + 2 + 4 + 4 * 5 + 1 + 2 + 4 + 3 * 3
-    assert not {a.port for _, _, a in before} & {a.port for _, _, a in after}
     assert all(41000 <= a.port for _, _, a in after)
 
 
@@ -220,13 +216,7 @@ def test_rule_filters_parse_and_round_trip():
 
 @pytest.mark.parametrize(("old", "new", "path", "words"), MISTAKES, ids=[m[3][:30] for m in MISTAKES])
 def test_each_mistake_names_file_and_key(old, new, path, words):
-    assert old in GOOD, "the test's edit must apply"
-    with pytest.raises(TopologyError) as info:
-        router_config.loads(GOOD.replace(old, new, 1), source="bad.toml")
-    message = str(info.value)
-    assert message.startswith("bad.toml: "), message
-    assert info.value.path == path, message
-    assert words in message, message
+    assert_mistake_named(GOOD, old, new, "bad.toml", path, words)
 
 
 def test_unreadable_file_names_it(tmp_path):

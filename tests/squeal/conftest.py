@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from squeal_helpers import SquealEnv
+from squeal_helpers import SquealEnv, made_then_stopped
 
 from ops.harness import MariaDB
 
@@ -19,16 +19,7 @@ def primary(mariadb_pair: tuple[MariaDB, MariaDB]) -> MariaDB:
 @pytest.fixture
 def squeal_env(primary: MariaDB, tmp_path: Path) -> Iterator:
     """`squeal_env(**kwargs)` builds a SquealEnv (not started); everything is stopped afterwards."""
-    made: list[SquealEnv] = []
-
-    def make(**kwargs) -> SquealEnv:
-        env = SquealEnv(tmp_path / f"env{len(made)}", primary, **kwargs)
-        made.append(env)
-        return env
-
-    yield make
-    for env in made:
-        env.stop()
+    yield from made_then_stopped(lambda n, **kwargs: SquealEnv(tmp_path / f"env{n}", primary, **kwargs))
 
 
 @pytest.fixture

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from ops import harness
 from ops.harness import MariaDB, Memcached, SquealDaemon, free_port
@@ -23,6 +27,50 @@ CREATE TABLE users (id INT PRIMARY KEY, email VARCHAR(200), name VARCHAR(200)) E
 CREATE TABLE posts (id INT PRIMARY KEY, author_id INT, title VARCHAR(200)) ENGINE=InnoDB;
 CREATE TABLE other (id INT PRIMARY KEY, v VARCHAR(200)) ENGINE=InnoDB;
 """
+
+
+def accept_data_loss(topology: Path, state_dir: Path, *shard: str) -> subprocess.CompletedProcess:
+    """`squeal accept-data-loss TOPOLOGY --region east [--shard S] --state-dir STATE` (the documented recovery of a
+    halted daemon) in a process of its own; its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "squeal.cli", "accept-data-loss", str(topology), "--region", "east", *shard]
+        + ["--state-dir", str(state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+T = TypeVar("T")
+
+
+def made_then_stopped(build: Callable[..., T]) -> Iterator[Callable[..., T]]:
+    """A factory fixture's body (`yield from` it): yields `make(**kwargs)`, which returns `build(n, **kwargs)` (n: how
+    many were made before), and stops every one made once the test is done."""
+    made: list = []
+
+    def make(**kwargs) -> T:
+        env = build(len(made), **kwargs)
+        made.append(env)
+        return env
+
+    yield make
+    for env in made:
+        env.stop()
+
+
+@contextlib.contextmanager
+def all_started(procs: Iterable) -> Iterator[None]:
+    """Start each of `procs` (harness processes: databases, ...) for the block; stop each (grace 5 s) after it,
+    whatever happened."""
+    procs = list(procs)
+    try:
+        for proc in procs:
+            proc.start()
+        yield
+    finally:
+        for proc in procs:
+            proc.stop(grace=5)
 
 
 def unique_db(prefix: str) -> str:

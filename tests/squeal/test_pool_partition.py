@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 from pool_support import NetnsLink, ensemble, netns_unavailable
-from squeal_helpers import wait_until
+from squeal_helpers import all_started, wait_until
 from test_pool_workers import (
     DEADLINE,
     FAST_PLACEMENT,
@@ -57,13 +57,8 @@ def far_dbs(link: NetnsLink, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         MariaDB(server_id=400 + i, workdir=base / f"s{i}", gtid_domain_id=40 + i, host=link.root_ip)
         for i in range(len(SHARDS))
     ]
-    try:
-        for db in dbs:
-            db.start()
+    with all_started(dbs):
         yield dbs
-    finally:
-        for db in dbs:
-            db.stop(grace=5)
 
 
 def test_a_partitioned_worker_loses_its_shards_and_after_healing_no_shard_has_two_senders(

@@ -3,13 +3,11 @@ without `[regions.R] squeal_pool = true` (redundant: every region with squeal in
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 from test_worker_topology import WORKERS_GOOD
 
 import router_config
-from router_config import TopologyError
+from tests.topologies import ONE_CLUSTER, on_new_ports, refused, refused_edit
 
 POOLED = WORKERS_GOOD.replace(
     "[regions.east]\nmaster = true\n", "[regions.east]\nmaster = true\nsqueal_pool = true\n", 1
@@ -22,8 +20,7 @@ def test_pool_flag_loads_and_round_trips() -> None:
     assert topo.region("east").squeal_pool is True
     assert topo.region("west").squeal_pool is True  # instances without the key: a pool all the same
     assert router_config.loads(WORKERS_GOOD).regions == topo.regions  # the key changes nothing
-    ports = itertools.count(42000)
-    moved = router_config.reassign_ports(topo, lambda: next(ports))
+    moved = on_new_ports(topo, 42000)
     again = router_config.loads(router_config.dumps(moved))
     assert again.regions == moved.regions and again.region("east").squeal_pool is True
 
@@ -36,29 +33,18 @@ def test_pool_flag_loads_and_round_trips() -> None:
     ],
 )
 def test_pool_flag_mistakes_name_the_key(old: str, new: str, words: str) -> None:
-    with pytest.raises(TopologyError) as info:
-        router_config.loads(POOLED.replace(old, new, 1), source="pool.toml")
-    assert info.value.path == "regions.east.squeal_pool" and words in str(info.value)
+    error = refused(POOLED.replace(old, new, 1), "pool.toml")
+    assert error.path == "regions.east.squeal_pool" and words in str(error)
 
 
 def test_a_pool_needs_workers() -> None:
-    text = """
-[[rules]]
-table = "app.users"
-keys = ["user:{id}"]
-
-[regions.east]
-master = true
-squeal_pool = true
-database = { role = "primary", port = 33306, server_id = 1 }
-
-[regions.east.clusters.a]
-routers = ["127.0.0.1:5000"]
-pools.wildcard = { servers = ["127.0.0.1:5001"] }
-"""
-    with pytest.raises(TopologyError) as info:
-        router_config.loads(text, source="pool.toml")
-    assert info.value.path == "regions.east.squeal_pool" and "needs its workers" in str(info.value)
+    error = refused_edit(
+        ONE_CLUSTER,
+        "[regions.east]\nmaster = true\n",
+        "[regions.east]\nmaster = true\nsqueal_pool = true\n",
+        "pool.toml",
+    )
+    assert error.path == "regions.east.squeal_pool" and "needs its workers" in str(error)
 
 
 def test_squealctl_pool_commands_refuse_what_is_not_a_pool(tmp_path, capsys) -> None:
@@ -113,19 +99,18 @@ def test_placement_settings_load_default_and_round_trip() -> None:
     ],
 )
 def test_placement_setting_mistakes_name_the_key(old: str, new: str, key: str, words: str) -> None:
-    with pytest.raises(TopologyError) as info:
-        router_config.loads(PLACED.replace(old, new, 1), source="pool.toml")
-    assert info.value.path == f"regions.east.squeal_placement.{key}" and words in str(info.value)
-    assert "pool.toml" in str(info.value)
+    error = refused(PLACED.replace(old, new, 1), "pool.toml")
+    assert error.path == f"regions.east.squeal_placement.{key}" and words in str(error)
+    assert "pool.toml" in str(error)
 
 
 def test_placement_settings_need_a_pool() -> None:
     from tests.ops.deployments import TWO_REGIONS  # single daemons, no instances
 
-    text = TWO_REGIONS.replace(
-        "[regions.west]\n", "[regions.east.squeal_placement]\npersist_s = 5\n\n[regions.west]\n", 1
+    error = refused_edit(
+        TWO_REGIONS,
+        "[regions.west]\n",
+        "[regions.east.squeal_placement]\npersist_s = 5\n\n[regions.west]\n",
+        "plain.toml",
     )
-    assert text != TWO_REGIONS, "the test's edit must apply"
-    with pytest.raises(TopologyError) as info:
-        router_config.loads(text, source="plain.toml")
-    assert info.value.path == "regions.east.squeal_placement" and "squeal_instances" in str(info.value)
+    assert error.path == "regions.east.squeal_placement" and "squeal_instances" in str(error)

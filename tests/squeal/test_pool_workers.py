@@ -18,11 +18,20 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pool_support import NetnsSquealDaemon, ensemble, hosts, unique_root, write_ha_markers
-from squeal_helpers import SCHEMA, Cache, healthz, scrape, unique_db, wait_gone, wait_until
+from squeal_helpers import (
+    SCHEMA,
+    Cache,
+    all_started,
+    healthz,
+    made_then_stopped,
+    scrape,
+    unique_db,
+    wait_gone,
+    wait_until,
+)
 
 from ops import harness
 from ops.harness import MariaDB, Memcached, SquealDaemon, free_port
@@ -46,13 +55,8 @@ def shard_dbs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[MariaDB
     """One primary per shard of the `p` group, GTID domains 30..33."""
     base = tmp_path_factory.mktemp("pool-shards")
     dbs = [MariaDB(server_id=300 + i, workdir=base / f"s{i}", gtid_domain_id=30 + i) for i in range(len(SHARDS))]
-    try:
-        for db in dbs:
-            db.start()
+    with all_started(dbs):
         yield dbs
-    finally:
-        for db in dbs:
-            db.stop(grace=5)
 
 
 class Pool:
@@ -161,16 +165,7 @@ class Pool:
 
 @pytest.fixture
 def make_pool(shard_dbs, zk, tmp_path: Path) -> Iterator:
-    made: list[Pool] = []
-
-    def make(**kwargs: Any) -> Pool:
-        p = Pool(tmp_path / f"pool{len(made)}", shard_dbs, zk, **kwargs)
-        made.append(p)
-        return p
-
-    yield make
-    for p in made:
-        p.stop()
+    yield from made_then_stopped(lambda n, **kwargs: Pool(tmp_path / f"pool{n}", shard_dbs, zk, **kwargs))
 
 
 class Writer(threading.Thread):
@@ -263,6 +258,17 @@ def pool_of(env: Pool):
     from pool_support import client
 
     return client(env.zk_hosts, SESSION_TIMEOUT)
+
+
+def start_spread(env: Pool, names: tuple[str, ...]) -> dict[str, set[str]]:
+    """Start the workers `names` and wait for the pool's 4 shards to run on them, each with at least one: where."""
+    for name in names:
+        env.workers[name].start()
+    return wait_until(
+        lambda: (p := env.placed(names)) and all(p.values()) and p,
+        DEADLINE,
+        f"all 4 shards running, each of {', '.join(names)} with at least one",
+    )
 
 
 def test_a_joining_worker_takes_shards_a_move_and_a_drain_nothing_lost(make_pool) -> None:
@@ -406,13 +412,7 @@ def test_a_region_whose_markers_an_ha_leader_wrote_runs_on_the_pool_from_them_no
 def test_kill_9_of_a_worker_with_two_shards_resumes_them_elsewhere_nothing_lost(make_pool) -> None:
     env = make_pool()
     prime(env, range(1, 20001))
-    for name in ("w1", "w2", "w3"):
-        env.workers[name].start()
-    placed = wait_until(
-        lambda: (p := env.placed(("w1", "w2", "w3"))) and all(p.values()) and p,
-        DEADLINE,
-        "all 4 shards running, every worker with at least one",
-    )
+    placed = start_spread(env, ("w1", "w2", "w3"))
     writer = Writer(env, rate=60)
     writer.start()
     wait_until(lambda: len(writer.written) > 100, DEADLINE, "writes before the crash")
@@ -492,11 +492,7 @@ class MarkerWatch(threading.Thread):
 def test_a_paused_worker_is_fenced_its_shards_resume_elsewhere_and_no_marker_goes_back(make_pool) -> None:
     env = make_pool()
     prime(env, range(1, 20001))
-    env.workers["w1"].start()
-    env.workers["w2"].start()
-    placed = wait_until(
-        lambda: (p := env.placed(("w1", "w2"))) and all(p.values()) and p, DEADLINE, "all 4 shards running on w1 and w2"
-    )
+    placed = start_spread(env, ("w1", "w2"))
     watch = MarkerWatch(env)
     watch.start()
     writer = Writer(env, rate=60)
@@ -544,13 +540,7 @@ FAST_PLACEMENT = "threshold = 1.5\npersist_s = 3\ncooldown_s = 5\nhalf_life_s = 
 def test_a_shard_with_ten_times_the_writes_ends_alone_on_its_worker_nothing_lost(make_pool) -> None:
     env = make_pool(placement=FAST_PLACEMENT)
     prime(env, range(1, 40001))
-    for name in ("w1", "w2", "w3"):
-        env.workers[name].start()
-    placed = wait_until(
-        lambda: (p := env.placed(("w1", "w2", "w3"))) and all(p.values()) and p,
-        DEADLINE,
-        "all 4 shards running, every worker with at least one",
-    )
+    placed = start_spread(env, ("w1", "w2", "w3"))
     hot_worker = next(n for n, s in placed.items() if "p0" in s)
     if placed[hot_worker] == {"p0"}:  # give p0 company first: the rebalance must be what leaves it alone
         crowded = next(n for n, s in placed.items() if len(s) == 2)
@@ -599,11 +589,7 @@ def test_zookeeper_losing_its_quorum_pauses_every_owner_and_quorum_back_resumes_
 
     env = make_pool()
     prime(env, range(1, 20001))
-    env.workers["w1"].start()
-    env.workers["w2"].start()
-    wait_until(
-        lambda: (p := env.placed(("w1", "w2"))) and all(p.values()) and p, DEADLINE, "all 4 shards running on w1 and w2"
-    )
+    start_spread(env, ("w1", "w2"))
     watch = MarkerWatch(env)
     watch.start()
     writer = Writer(env, rate=60)
@@ -676,11 +662,7 @@ def test_accept_data_loss_of_a_purged_shard_goes_through_its_owner(make_pool) ->
             cur.execute("INSERT INTO users VALUES (%s, %s, 'w')", (i, f"u{i}@tracer"))
         wait_gone(env.caches, [f"user:{i}"], DEADLINE)
 
-    env.workers["w1"].start()
-    env.workers["w2"].start()
-    wait_until(
-        lambda: (p := env.placed(("w1", "w2"))) and all(p.values()) and p, DEADLINE, "all 4 shards running on w1 and w2"
-    )
+    start_spread(env, ("w1", "w2"))
     tracer(101)
     zk = pool_of(env)
     try:

@@ -9,12 +9,10 @@ on_truncate policies, and a binlog purged past the datamarkers under both on_dat
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from squeal_helpers import SquealEnv, healthz, scrape, unique_db, wait_gone, wait_until
+from squeal_helpers import SquealEnv, accept_data_loss, healthz, scrape, unique_db, wait_gone, wait_until
 
 from ops.harness import MariaDB
 from router_config import Rule
@@ -235,6 +233,13 @@ def _with(text: str, table_suffix: str, line: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def _flushing_posts(squeal_env) -> SquealEnv:
+    """A SquealEnv (not started) whose posts rule says `on_truncate = "flush"`."""
+    env = squeal_env()
+    env.topology.write_text(_with(env.topology.read_text(), ".posts", 'on_truncate = "flush"'))
+    return env
+
+
 def _healthz(env: SquealEnv) -> tuple[int, dict]:
     return healthz(env.daemon.port)
 
@@ -345,8 +350,7 @@ def test_truncate_drop_and_rename_of_ruled_tables_alert(squeal_env) -> None:
 
 
 def test_truncate_with_the_flush_policy_flushes_every_destination(squeal_env) -> None:
-    env = squeal_env()
-    env.topology.write_text(_with(env.topology.read_text(), ".posts", 'on_truncate = "flush"'))
+    env = _flushing_posts(squeal_env)
     env.start()
     env.sql("INSERT INTO posts VALUES (1, 7, 't')")
     env.fence()
@@ -363,8 +367,7 @@ def test_truncate_with_the_flush_policy_flushes_every_destination(squeal_env) ->
 
 def test_foreign_key_cascades_to_a_ruled_table_apply_its_policy(squeal_env) -> None:
     """MariaDB does not log the child rows an ON DELETE CASCADE changes: the parent's delete must count."""
-    env = squeal_env()
-    env.topology.write_text(_with(env.topology.read_text(), ".posts", 'on_truncate = "flush"'))
+    env = _flushing_posts(squeal_env)
     env.sql(
         "CREATE TABLE authors (id INT PRIMARY KEY) ENGINE=InnoDB",
         "ALTER TABLE posts ADD FOREIGN KEY (author_id) REFERENCES authors (id) ON DELETE CASCADE",
@@ -386,8 +389,7 @@ def test_foreign_key_cascades_to_a_ruled_table_apply_its_policy(squeal_env) -> N
 def test_an_update_cascades_only_when_it_changes_the_referenced_column(squeal_env) -> None:
     """ON UPDATE CASCADE with on_truncate = "flush": an UPDATE of a parent column no foreign key references
     changes no child row, so it must not flush the region; changing the referenced column must."""
-    env = squeal_env()
-    env.topology.write_text(_with(env.topology.read_text(), ".posts", 'on_truncate = "flush"'))
+    env = _flushing_posts(squeal_env)
     env.sql(
         "CREATE TABLE authors (id INT PRIMARY KEY, handle VARCHAR(20), seen INT) ENGINE=InnoDB",
         "ALTER TABLE posts ADD FOREIGN KEY (author_id) REFERENCES authors (id) ON UPDATE CASCADE",
@@ -497,22 +499,7 @@ def test_purged_binlog_with_halt_policy_stops_loudly_until_accepted(lonely_db, t
         assert scrape(env.daemon.port).get("squeal_halted") == 1.0
         assert _still_cached(env, ["user:100", "unrelated"])  # halted: nothing flushed, nothing sent
         # The documented one-command recovery.
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "squeal.cli",
-                "accept-data-loss",
-                str(env.topology),
-                "--region",
-                "east",
-                "--state-dir",
-                str(env.state_dir),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        done = accept_data_loss(env.topology, env.state_dir)
         assert done.returncode == 0, done.stderr
         wait_gone(env.caches, ["user:100", "unrelated"])
         wait_until(lambda: _healthz(env)[0] == 200, 15, "/healthz 200 after recovery")

@@ -76,21 +76,16 @@ def read_only_dir(path: Path):
         finally:
             path.chmod(0o755)
         return
-    if shutil.which("mount"):
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)], capture_output=True)
-        if r.returncode == 0:
+    # (what it is, the command that makes the directory read-only, the one that undoes it), tried in turn
+    for how, make, undo in (
+        ("read-only tmpfs", ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs"], ["umount", "-l"]),
+        ("chattr +i", ["chattr", "+i"], ["chattr", "-i"]),
+    ):
+        if shutil.which(make[0]) and subprocess.run([*make, str(path)], capture_output=True).returncode == 0:
             try:
-                yield "read-only tmpfs"
+                yield how
             finally:
-                subprocess.run(["umount", "-l", str(path)], capture_output=True)
-            return
-    if shutil.which("chattr"):
-        r = subprocess.run(["chattr", "+i", str(path)], capture_output=True)
-        if r.returncode == 0:
-            try:
-                yield "chattr +i"
-            finally:
-                subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+                subprocess.run([*undo, str(path)], capture_output=True)
             return
     pytest.skip("cannot make a read-only directory here (no mount, no chattr)")
 

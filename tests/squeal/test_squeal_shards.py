@@ -9,13 +9,21 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from squeal_helpers import SCHEMA, Cache, healthz, scrape, wait_gone, wait_until
+from squeal_helpers import (
+    SCHEMA,
+    Cache,
+    accept_data_loss,
+    all_started,
+    healthz,
+    made_then_stopped,
+    scrape,
+    wait_gone,
+    wait_until,
+)
 
 import router_config
 from ops.harness import MariaDB, Memcached, SquealDaemon, free_port
@@ -29,13 +37,8 @@ def shard_dbs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ma
     """One primary per shard, each in its own GTID domain (the loader insists: a GTID names its shard)."""
     base = tmp_path_factory.mktemp("shards")
     dbs = {name: MariaDB(60 + i, workdir=base / name, gtid_domain_id=DOMAINS[name]) for i, name in enumerate(SHARDS)}
-    try:
-        for db in dbs.values():
-            db.start()
+    with all_started(dbs.values()):
         yield dbs
-    finally:
-        for db in dbs.values():
-            db.stop(grace=5)
 
 
 def shard_block(name: str, db: MariaDB, domain: int | None = None) -> str:
@@ -113,16 +116,7 @@ class Sharded:
 
 @pytest.fixture
 def sharded(shard_dbs: dict[str, MariaDB], tmp_path: Path) -> Iterator:
-    made: list[Sharded] = []
-
-    def make(**kwargs) -> Sharded:
-        env = Sharded(tmp_path / f"env{len(made)}", shard_dbs, **kwargs)
-        made.append(env)
-        return env
-
-    yield make
-    for env in made:
-        env.stop()
+    yield from made_then_stopped(lambda n, **kwargs: Sharded(tmp_path / f"env{n}", shard_dbs, **kwargs))
 
 
 def test_every_shard_invalidates_every_cluster_key_by_key(sharded) -> None:
@@ -200,41 +194,9 @@ def test_a_purged_shard_halts_alone_and_recovers_by_its_own_command(sharded) -> 
     env.tracer("s2")
     assert all(c.has("user:500") for c in env.caches)  # s1 sent nothing: halted, not flushed
     assert scrape(env.daemon.port)['squeal_halted{shard="s1"}'] == 1.0
-    wrong = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "squeal.cli",
-            "accept-data-loss",
-            str(env.topology),
-            "--region",
-            "east",
-            "--state-dir",
-            str(env.state_dir),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    wrong = accept_data_loss(env.topology, env.state_dir)
     assert wrong.returncode == 2 and "--shard" in wrong.stderr  # which shard? never a guess
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "squeal.cli",
-            "accept-data-loss",
-            str(env.topology),
-            "--region",
-            "east",
-            "--shard",
-            "s1",
-            "--state-dir",
-            str(env.state_dir),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    done = accept_data_loss(env.topology, env.state_dir, "--shard", "s1")
     assert done.returncode == 0, done.stderr
     wait_gone(env.caches, ["user:500"])  # s1 flushed the region's clusters and resumed
     wait_until(lambda: env.health()[0] == 200, 15, "/healthz 200 after recovery")

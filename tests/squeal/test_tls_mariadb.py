@@ -32,6 +32,7 @@ from squeal.read.native import NativeBinlogReader, native_module
 from squeal.read.reader import BinlogReader, Source
 from squeal.read.transactions import CommittedRun, Restart, Rows
 from tests.conftest import _Processes
+from tests.topologies import tls_section
 
 native_module()  # part of the package: never skipped
 
@@ -185,20 +186,16 @@ def test_the_topology_tls_section_reaches_the_reader(tmp_path, hardened, pki):
     import router_config
     from squeal.shard.daemon import source_for
 
-    (tmp_path / "topo.toml").write_text(f"""
-[tls]
-ca = "{pki["ca"].cert}"
-require = true
-[tls.squeal]
-cert = "{pki["squeal"].cert}"
-key = "{pki["squeal"].key}"
-[regions.east]
+    (tmp_path / "topo.toml").write_text(
+        tls_section(pki)
+        + f"""[regions.east]
 master = true
 database = {{ role = "primary", port = {hardened.port}, server_id = 31 }}
 [regions.east.clusters.a]
 routers = ["127.0.0.1:1"]
 pools.wildcard = {{ servers = ["127.0.0.1:2"] }}
-""")
+"""
+    )
     source = source_for(router_config.load(Path(tmp_path / "topo.toml")).region("east"))
     assert source == source_of(hardened, pki)
     with source.connect() as conn, conn.cursor() as cur:
@@ -215,13 +212,9 @@ def test_squeal_daemon_invalidates_over_tls_from_a_hardened_account(tmp_path, ha
     procs = _Processes(tmp_path)
     try:
         caches = [procs.add(TlsMemcached(pki["mariadb"], pki["ca"], workdir=tmp_path / "mc")) for _ in range(2)]
-        tls_section = (
-            f'[tls]\nca = "{pki["ca"].cert}"\nrequire = true\n'
-            f'[tls.squeal]\ncert = "{pki["squeal"].cert}"\nkey = "{pki["squeal"].key}"\n'
-        )
         text = topology_text(hardened, schema, [m.port for m in caches], regional=False)
         topo = tmp_path / "topology.toml"
-        topo.write_text(tls_section + text.replace("[squeal]\n", f'[squeal]\nreader = "{reader}"\n', 1))
+        topo.write_text(tls_section(pki) + text.replace("[squeal]\n", f'[squeal]\nreader = "{reader}"\n', 1))
         daemon = procs.add(SquealDaemon(topo, "east", workdir=tmp_path / "squeal", state_dir=tmp_path / "state"))
         clients = [m.cache() for m in caches]
         for c in clients:
@@ -266,12 +259,8 @@ class TlsMemcached(Memcached):
 
 
 def tls_daemon(tmp_path: Path, db: MariaDB, pki, schema: str, caches: list[Memcached], procs: _Processes):
-    tls_section = (
-        f'[tls]\nca = "{pki["ca"].cert}"\nrequire = true\n'
-        f'[tls.squeal]\ncert = "{pki["squeal"].cert}"\nkey = "{pki["squeal"].key}"\n'
-    )
     topo = tmp_path / "topology.toml"
-    topo.write_text(tls_section + topology_text(db, schema, [m.port for m in caches], regional=False))
+    topo.write_text(tls_section(pki) + topology_text(db, schema, [m.port for m in caches], regional=False))
     return procs.add(SquealDaemon(topo, "east", workdir=tmp_path / "squeal", state_dir=tmp_path / "state"))
 
 

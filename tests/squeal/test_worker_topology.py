@@ -7,26 +7,24 @@ layout is one error naming the file and the key.
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
 import router_config
-from router_config import TopologyError
+from tests.topologies import ONE_CLUSTER, assert_listeners_moved, assert_mistake_named, on_new_ports
 
-WORKERS_GOOD = """
+# ONE_CLUSTER (rule, region east, cluster a) with a ZooKeeper ensemble, a second copy of east's data and a worker
+# on each copy, and a region west of two workers on two copies.
+WORKERS_GOOD = (
+    """
 [zookeeper]
 servers = ["127.0.0.1:2181", "127.0.0.1:2182", "127.0.0.1:2183"]
 session_timeout_s = 4
-
-[[rules]]
-table = "app.users"
-keys = ["user:{id}"]
-
-[regions.east]
-master = true
-database = { role = "primary", port = 33306, server_id = 1 }
-replicas.east-r1 = { port = 33307, server_id = 3 }
+"""
+    + ONE_CLUSTER
+    + """
+[regions.east.replicas.east-r1]
+port = 33307
+server_id = 3
 
 [[regions.east.squeal_instances]]
 name = "east-1"
@@ -36,10 +34,6 @@ metrics_port = 19110
 name = "east-2"
 database = "east-r1"
 metrics_port = 19111
-
-[regions.east.clusters.a]
-routers = ["127.0.0.1:5000"]
-pools.wildcard = { servers = ["127.0.0.1:5001"] }
 
 [regions.west]
 database = { role = "replica", port = 33308, server_id = 2 }
@@ -59,6 +53,7 @@ host = "127.0.0.2"
 routers = ["127.0.0.1:6000"]
 pools.wildcard = { servers = ["127.0.0.1:6001"] }
 """
+)
 
 
 def test_a_topology_with_workers_loads():
@@ -105,13 +100,10 @@ def test_a_topology_without_workers_is_unchanged():
 
 def test_workers_round_trip_with_new_ports():
     topo = router_config.loads(WORKERS_GOOD)
-    ports = itertools.count(41000)
-    moved = router_config.reassign_ports(topo, lambda: next(ports))
+    moved = on_new_ports(topo)
     again = router_config.loads(router_config.dumps(moved))
     assert again.regions == moved.regions and again.zookeeper == moved.zookeeper
-    before, after = topo.listeners(), moved.listeners()
-    assert [(role, where) for role, where, _ in before] == [(role, where) for role, where, _ in after]
-    assert not {a.port for _, _, a in before} & {a.port for _, _, a in after}
+    assert_listeners_moved(topo, moved)
     # An instance still reads the same copy, on that copy's new port.
     assert moved.instance("east-2").database == moved.region("east").replicas[0]
     assert moved.instance("east-2").database.port != topo.instance("east-2").database.port
@@ -212,13 +204,7 @@ MISTAKES = [
 
 @pytest.mark.parametrize(("old", "new", "path", "words"), MISTAKES, ids=[m[3][:40] for m in MISTAKES])
 def test_each_impossible_layout_names_file_and_key(old, new, path, words):
-    assert old in WORKERS_GOOD, "the test's edit must apply"
-    with pytest.raises(TopologyError) as info:
-        router_config.loads(WORKERS_GOOD.replace(old, new, 1), source="workers.toml")
-    message = str(info.value)
-    assert message.startswith("workers.toml: "), message
-    assert info.value.path == path, message
-    assert words in message, message
+    assert_mistake_named(WORKERS_GOOD, old, new, "workers.toml", path, words)
 
 
 def test_squeal_run_in_a_region_with_instances_needs_an_instance(tmp_path, capsys):

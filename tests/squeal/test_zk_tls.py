@@ -24,6 +24,7 @@ from squeal import zookeeper_client_options
 from squeal.markers.zkstore import ShardMarkerStore
 from squeal.pool.zookeeper import shard_path
 from tests.conftest import _Processes
+from tests.topologies import tls_section
 
 ROOT = "/squeal-tls"
 
@@ -56,14 +57,9 @@ def secure_zk(tmp_path_factory, pki) -> Iterator[ZooKeeper]:
 
 def topology(tmp_path: Path, zk: ZooKeeper, pki: dict[str, tls.CertPair]) -> router_config.Topology:
     path = tmp_path / "topo.toml"
-    path.write_text(f"""
-[tls]
-ca = "{pki["ca"].cert}"
-require = true
-[tls.squeal]
-cert = "{pki["squeal"].cert}"
-key = "{pki["squeal"].key}"
-[zookeeper]
+    path.write_text(
+        tls_section(pki)
+        + f"""[zookeeper]
 servers = ["{zk.host}:{zk.port}"]
 root = "{ROOT}"
 digest = "squeal:s3cret"
@@ -73,7 +69,8 @@ database = {{ role = "primary", port = 1, server_id = 1 }}
 [regions.east.clusters.a]
 routers = ["127.0.0.1:2"]
 pools.wildcard = {{ servers = ["127.0.0.1:3"] }}
-""")
+"""
+    )
     return router_config.load(path)
 
 
@@ -177,12 +174,8 @@ def test_a_pool_worker_owns_and_invalidates_over_tls_everywhere(tmp_path, secure
             f'\n[zookeeper]\nservers = ["{secure_zk.host}:{secure_zk.port}"]\nroot = "{root}"\n'
             'digest = "squeal:s3cret"\nsession_timeout_s = 3\n'
         )
-        tls_section = (
-            f'[tls]\nca = "{pki["ca"].cert}"\nrequire = true\n'
-            f'[tls.squeal]\ncert = "{pki["squeal"].cert}"\nkey = "{pki["squeal"].key}"\n'
-        )
         topo = tmp_path / "topology.toml"
-        topo.write_text(tls_section + text)
+        topo.write_text(tls_section(pki) + text)
         daemon = procs.add(
             SquealDaemon(
                 topo,
