@@ -1,7 +1,7 @@
 """One squeal process over 1, 2, 4, 8 shards (not a test: prints figures for docs/benchmarks.md).
 
     .venv/bin/python bench/squeal_shards.py [--shards 1,2,4,8] [--rows 200000] [--rate 400] [--seconds 20]
-        [--flush-ms 0.5[,2,5]] [--only replay|live|idle] [--idle-seconds 30]
+        [--flush-ms 0.5[,2,5]] [--only replay|live|idle|lone] [--idle-seconds 30] [--lone-rate 50]
 
 1. Cost per row: `--rows` row changes (transactions of 10 single-row INSERTs, then 10 UPDATEs) spread evenly
    over N shards (one MariaDB primary each, its own GTID domain) are read by one `squeal run` process from
@@ -28,6 +28,9 @@
    as the monitoring server does) and probed (scraped, plus one single-row transaction a second on every
    shard, as the canary prober commits); the cost of each shard above the first (issue 33's fixed cost:
    <= 1 ms CPU/s an idle shard); and the CPU of one /metrics scrape (300 back to back, less the quiet rate).
+4. Lone transactions (`--only lone`, `--lone-rate 50`): one shard sent single-row transactions one at a time,
+   the CPU each costs above the quiet rate, by thread (user and system).
+The replay part also prints squeal's CPU per 1,000 rows by thread, user and system.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ import urllib.request
 from pathlib import Path
 
 import psutil
-from squeal_throughput import check_transactions
+from squeal_throughput import check_transactions, thread_times
 
 from monitoring.panels import quantile
 from ops.harness import MariaDB, Memcached, SquealDaemon, free_port, wait_until
@@ -127,6 +130,26 @@ def acked_all(daemon: SquealDaemon, targets: dict[str, int]) -> bool:
     return bool(flows)
 
 
+def thread_delta(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
+) -> dict[str, tuple[float, float]]:
+    """(user, system) seconds each kind of thread used between two `thread_times` readings."""
+    zero = (0.0, 0.0)
+    return {k: (u - before.get(k, zero)[0], s - before.get(k, zero)[1]) for k, (u, s) in after.items()}
+
+
+def by_thread(threads: dict[str, tuple[float, float]], per: float, unit: str) -> str:
+    """`name user U sys S` for each kind of thread, in ms per `unit` (`per` of them in the window)."""
+    return (
+        "; ".join(
+            f"{name} user {1000 * u / per:.2f} sys {1000 * s / per:.2f}"
+            for name, (u, s) in sorted(threads.items(), key=lambda kv: -sum(kv[1]))
+            if u + s > 0
+        )
+        + f" (ms per {unit})"
+    )
+
+
 def cpu_seconds(procs: list[psutil.Process]) -> float:
     return sum(sum(p.cpu_times()[:2]) for p in procs)
 
@@ -156,11 +179,13 @@ def replay_round(base: Path, dbs: list[MariaDB], caches: list[Memcached], rows: 
         # much of the box was left for squeal (the MariaDB binlog dumps above all)
         others = [psutil.Process(s.pid) for s in [*dbs, *caches] if s.pid is not None]
         cpu0, others0, box0 = sum(proc.cpu_times()[:2]), cpu_seconds(others), psutil.cpu_times()
+        threads0 = thread_times(proc.pid)
         rows0 = metric_sum(scrape(daemon.port), "squeal_rows_total")
         t0 = time.monotonic()
         wait_until(lambda: acked_all(daemon, after), 600, "every shard's flows to acknowledge the load", interval=0.05)
         wall = time.monotonic() - t0
         cpu = sum(proc.cpu_times()[:2]) - cpu0
+        threads = thread_delta(threads0, thread_times(proc.pid))
         servers_cpu = cpu_seconds(others) - others0
         box1 = psutil.cpu_times()
         box_busy = sum(box1) - box1.idle - box1.iowait - (sum(box0) - box0.idle - box0.iowait)
@@ -181,6 +206,7 @@ def replay_round(base: Path, dbs: list[MariaDB], caches: list[Memcached], rows: 
         "squeal_cores": cpu / wall,
         "servers_cores": servers_cpu / wall,  # the MariaDB primaries and memcacheds
         "box_cores": box_busy / wall,  # everything the box ran over the window
+        "threads": threads,  # name -> (user, system) CPU seconds over the window
     }
 
 
@@ -233,6 +259,43 @@ def idle_round(base: Path, dbs: list[MariaDB], caches: list[Memcached], seconds:
             conn.close()
         daemon.stop(grace=10)
     return result
+
+
+def lone_round(base: Path, db: MariaDB, caches: list[Memcached], rate: float, seconds: float) -> dict:
+    """A quiet shard's cost per transaction: single-row transactions `rate` a second, each alone (the shard idle
+    between them), CPU by thread less the quiet rate measured just before."""
+    schema = f"lone_{int(time.time()) % 100000}"
+    db.execute(f"CREATE DATABASE {schema}", f"USE {schema}", SCHEMA, "INSERT INTO users VALUES (1, 'a@x', 'a', 0)")
+    work = base / "lone"
+    work.mkdir()
+    (work / "topology.toml").write_text(topology([db], schema, caches))
+    write_markers(work / "state", 1, [db.gtid_binlog_pos()], len(caches))
+    daemon = SquealDaemon(work / "topology.toml", "east", workdir=work, state_dir=work / "state")
+    daemon.start()
+    conn = db.connect(schema, autocommit=True)
+    try:
+        time.sleep(3)  # start-up done
+        quiet0, t0 = thread_times(daemon.proc.pid), time.monotonic()
+        time.sleep(seconds)
+        quiet = thread_delta(quiet0, thread_times(daemon.proc.pid))
+        quiet_wall = time.monotonic() - t0
+        busy0, t0 = thread_times(daemon.proc.pid), time.monotonic()
+        sent, tick = 0, t0
+        while time.monotonic() < t0 + seconds:
+            with conn.cursor() as cur:
+                cur.execute("UPDATE users SET n = n + 1 WHERE id = 1")
+            sent += 1
+            tick += 1 / rate
+            time.sleep(max(0.0, tick - time.monotonic()))
+        busy = thread_delta(busy0, thread_times(daemon.proc.pid))
+        wall = time.monotonic() - t0
+    finally:
+        conn.close()
+        daemon.stop(grace=10)
+    scale = wall / quiet_wall  # the quiet rate over the busy window
+    zero = (0.0, 0.0)
+    threads = {k: (u - quiet.get(k, zero)[0] * scale, s - quiet.get(k, zero)[1] * scale) for k, (u, s) in busy.items()}
+    return {"transactions": sent, "rate": sent / wall, "threads": threads}
 
 
 def histogram_buckets(text: str, name: str) -> dict[float, float]:
@@ -320,11 +383,14 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=20, help="live load duration per shard count")
     p.add_argument(
         "--only",
-        choices=("replay", "live", "idle"),
+        choices=("replay", "live", "idle", "lone"),
         default=None,
         help="run one part; `idle` (only when asked for): the process's CPU per second with nothing written",
     )
-    p.add_argument("--idle-seconds", type=float, default=30, help="the idle part's window per shard count")
+    p.add_argument(
+        "--idle-seconds", type=float, default=30, help="the idle part's window per shard count (and lone's windows)"
+    )
+    p.add_argument("--lone-rate", type=float, default=50, help="`lone`: single-row transactions a second")
     p.add_argument("--flush-ms", default="0.5", help="[squeal] flush_interval_ms of the live rounds, a list")
     args = p.parse_args()
     counts = [int(c) for c in args.shards.split(",")]
@@ -339,6 +405,15 @@ def main() -> int:
             f"load {os.getloadavg()[0]:.2f}",
             flush=True,
         )
+        if args.only == "lone":
+            r = lone_round(base, dbs[0], caches, args.lone_rate, args.idle_seconds)
+            per = r["transactions"]
+            cpu = sum(u + s for u, s in r["threads"].values())
+            print(
+                f"\n{per} lone single-row transactions at {r['rate']:.0f}/s on one shard: {1000 * cpu / per:.3f} ms of "
+                f"CPU each above the quiet rate; by thread: {by_thread(r['threads'], per, 'transaction')}"
+            )
+            return 0
         if args.only == "idle":
             idles = [idle_round(base, dbs[:n], caches, args.idle_seconds) for n in counts]
             print(
@@ -377,6 +452,8 @@ def main() -> int:
                 f"{r['rss_mb'] / r['shards']:.0f} | {r['squeal_cores']:.2f} / {r['servers_cores']:.2f} / "
                 f"{r['box_cores']:.2f} |"
             )
+        for r in replays:
+            print(f"{r['shards']} shard(s), by thread: {by_thread(r['threads'], r['rows'] / 1000, '1,000 rows')}")
         if args.only == "replay":
             return 0
         flushes = [float(f) for f in args.flush_ms.split(",")]

@@ -102,13 +102,13 @@ def health(port: int) -> dict:
     return fetch_health(f"127.0.0.1:{port}", timeout=5)[1]
 
 
-def thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds (user + system) of a process's live threads by kind: `reactor` (the main thread, whose id is
+def thread_times(pid: int) -> dict[str, tuple[float, float]]:
+    """(user, system) CPU seconds of a process's live threads by kind: `reactor` (the main thread, whose id is
     the process's), `python threads` (every other thread named like the process: Python does not name its
     threads for the OS, so the binlog reader's Python loop, the marker store and the pools sum here) and any
     thread that has a name of its own (`/proc/PID/task/*/comm`: the native reader's `squeal-native-b…`)."""
     tick = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = {}
+    out: dict[str, tuple[float, float]] = {}
     try:
         process = Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
@@ -123,8 +123,14 @@ def thread_cpu(pid: int) -> dict[str, float]:
             name = "reactor"
         elif name == process:
             name = "python threads"
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        user, system = out.get(name, (0.0, 0.0))
+        out[name] = (user + int(fields[11]) / tick, system + int(fields[12]) / tick)  # utime, stime
     return out
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of a process's live threads by kind (see `thread_times`)."""
+    return {name: user + system for name, (user, system) in thread_times(pid).items()}
 
 
 def per_thread(tls: dict, plain: dict) -> str:
