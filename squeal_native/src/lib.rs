@@ -11,6 +11,7 @@
 
 pub mod conn;
 pub mod filter;
+pub mod flow;
 pub mod keys;
 pub mod lines;
 pub mod stream;
