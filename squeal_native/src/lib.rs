@@ -17,6 +17,9 @@ pub mod lines;
 pub mod stream;
 
 #[cfg(feature = "python")]
+mod python_flow;
+
+#[cfg(feature = "python")]
 mod python {
     use std::collections::{BTreeMap, HashMap};
     use std::sync::atomic::Ordering;
@@ -483,6 +486,8 @@ mod python {
     #[pymodule]
     fn squeal_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_class::<NativeStream>()?;
+        m.add_class::<crate::python_flow::NativeFlow>()?;
+        m.add_class::<crate::python_flow::NativeBatch>()?;
         m.add("NativeStreamError", m.py().get_type::<NativeStreamError>())?;
         m.add("ERR_UNSUPPORTED", stream::ERR_UNSUPPORTED)?;
         Ok(())
