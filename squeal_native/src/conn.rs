@@ -84,10 +84,11 @@ pub struct Tls {
 
 impl Tls {
     /// A rustls client configuration (read afresh at every connect: renewed files count at once).
-    fn config(&self) -> Result<ClientConfig, String> {
-        let ca = self.ca.as_ref().ok_or(
-            "the native reader needs a CA to verify the server with ([tls] ca in the topology)",
-        )?;
+    pub(crate) fn config(&self) -> Result<ClientConfig, String> {
+        let ca = self
+            .ca
+            .as_ref()
+            .ok_or("TLS needs a CA to verify the server with ([tls] ca in the topology)")?;
         let mut roots = RootCertStore::empty();
         let certs = CertificateDer::pem_file_iter(ca)
             .map_err(|e| format!("cannot read the CA {}: {e}", ca.display()))?;
@@ -125,9 +126,15 @@ impl Tls {
 
 /// Why a TLS handshake failed, in the words the Python reader (OpenSSL) uses where there is a match.
 fn tls_reason(e: &io::Error, host: &str, ca: &Option<PathBuf>) -> String {
-    let Some(err) = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) else {
-        return e.to_string();
-    };
+    match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+        Some(err) => rustls_reason(err, host, ca),
+        None => e.to_string(),
+    }
+}
+
+/// A rustls error in the words of `router_config.handshake_failure_reason` (OpenSSL's) where there is a match:
+/// every client of a TLS server logs the same reason for the same failure.
+pub(crate) fn rustls_reason(err: &rustls::Error, host: &str, ca: &Option<PathBuf>) -> String {
     match err {
         rustls::Error::InvalidCertificate(c) => {
             let why = match c {
@@ -146,11 +153,14 @@ fn tls_reason(e: &io::Error, host: &str, ca: &Option<PathBuf>) -> String {
                 }
                 CertificateError::NotValidForName
                 | CertificateError::NotValidForNameContext { .. } => {
-                    format!("certificate is not valid for '{host}'")
+                    format!("Hostname mismatch, certificate is not valid for '{host}'")
                 }
                 other => format!("{other:?}"),
             };
             format!("certificate verify failed: {why}")
+        }
+        rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateMessage { .. } => {
+            format!("the server does not answer TLS on this port (a plaintext port?) ({err})")
         }
         other => other.to_string(),
     }

@@ -61,6 +61,16 @@ impl Lines {
             .push(u32::try_from(self.data.len()).expect("lines under 4 GiB"));
     }
 
+    /// Lines end to end in `data`, line `i` ending at `ends[i]` (the native reader's joined lines); None unless
+    /// the ends rise and the last is the end of `data`.
+    pub fn from_parts(data: Vec<u8>, ends: Vec<u32>) -> Option<Lines> {
+        let rising = ends.windows(2).all(|w| w[0] <= w[1]);
+        let whole = ends
+            .last()
+            .map_or(data.is_empty(), |&e| e as usize == data.len());
+        (rising && whole).then_some(Lines { data, ends })
+    }
+
     pub fn len(&self) -> usize {
         self.ends.len()
     }
@@ -149,8 +159,20 @@ pub enum State {
     CatchingUp,
 }
 
-/// A batch handed out: its payload (`md … q` lines then `mn`) and what acknowledging it completes.
-#[derive(Debug, Clone, PartialEq)]
+impl State {
+    /// As `squeal.delivery.flows` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            State::Live => "live",
+            State::Shed => "shed",
+            State::CatchingUp => "catching_up",
+        }
+    }
+}
+
+/// A batch handed out: its payload (`md … q` lines then `mn`) and what acknowledging it completes. Batches are
+/// told apart by (epoch, sequence number), not by their bytes.
+#[derive(Debug, Clone)]
 pub struct Batch {
     pub payload: Vec<u8>,
     pub nkeys: usize,
@@ -159,6 +181,20 @@ pub struct Batch {
     entries: usize,
     end_offset: usize,
     epoch: u64,
+    seq: u64,
+}
+
+impl PartialEq for Batch {
+    fn eq(&self, other: &Batch) -> bool {
+        (self.epoch, self.seq) == (other.epoch, other.seq)
+    }
+}
+
+impl Batch {
+    /// Queue entries this batch completes.
+    pub fn entries(&self) -> usize {
+        self.entries
+    }
 }
 
 /// What `offer` did with a transaction.
@@ -202,6 +238,7 @@ pub struct Flow {
     oversize_span: (usize, usize),
     pieces: Option<(Gtid, u64)>,
     pieces_start: usize,
+    batches: u64, // handed out so far: the next batch's sequence number
 }
 
 impl Flow {
@@ -223,12 +260,28 @@ impl Flow {
             oversize_span: (0, 0),
             pieces: None,
             pieces_start: 0,
+            batches: 0,
         }
     }
 
     /// Lines queued and not yet in flight.
     pub fn pending_keys(&self) -> usize {
         self.backlog - self.sent_keys
+    }
+
+    /// Entries queued (transactions or runs, or pieces), in flight or not.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Some queued entry is not in a batch yet (it may hold no lines: it still needs a batch to complete).
+    pub fn has_unsent(&self) -> bool {
+        self.sent_entries < self.queue.len()
+    }
+
+    /// The commit time of the oldest entry not acknowledged.
+    pub fn oldest_commit_ts(&self) -> Option<f64> {
+        self.queue.front().map(|e| e.commit_ts)
     }
 
     pub fn in_flight(&self) -> usize {
@@ -397,7 +450,9 @@ impl Flow {
             entries: done,
             end_offset: offset,
             epoch: self.epoch,
+            seq: self.batches,
         };
+        self.batches += 1;
         self.sending.push_back(batch.clone());
         self.sent_entries += done;
         self.sent_offset = offset;

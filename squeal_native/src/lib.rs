@@ -10,12 +10,15 @@
 //! `squeal.read.transactions`).
 
 pub mod conn;
+pub mod delivery;
 pub mod filter;
 pub mod flow;
 pub mod keys;
 pub mod lines;
 pub mod stream;
 
+#[cfg(feature = "python")]
+mod python_delivery;
 #[cfg(feature = "python")]
 mod python_flow;
 
@@ -488,6 +491,7 @@ mod python {
         m.add_class::<NativeStream>()?;
         m.add_class::<crate::python_flow::NativeFlow>()?;
         m.add_class::<crate::python_flow::NativeBatch>()?;
+        m.add_class::<crate::python_delivery::NativeDelivery>()?;
         m.add("NativeStreamError", m.py().get_type::<NativeStreamError>())?;
         m.add("ERR_UNSUPPORTED", stream::ERR_UNSUPPORTED)?;
         Ok(())

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::flow::{Batch, Committed, Flow, Gtid, Lines, Offered, Position, State};
+use crate::flow::{Batch, Committed, Flow, Gtid, Lines, Offered, Position};
 
 #[pyclass(module = "squeal_native")]
 pub struct NativeBatch {
@@ -208,10 +208,6 @@ impl NativeFlow {
     /// "live", "shed" or "catching_up", as `squeal.delivery.flows` names them.
     #[getter]
     fn state(&self) -> &'static str {
-        match self.inner.state {
-            State::Live => "live",
-            State::Shed => "shed",
-            State::CatchingUp => "catching_up",
-        }
+        self.inner.state.name()
     }
 }

@@ -1,0 +1,1112 @@
+//! The delivery thread (issue 33, stage 2): every destination's flows and its connection driven by one Rust
+//! thread, so the reactor pays no per-batch write, read, timer or acknowledgement, and the GIL is never taken.
+//!
+//! It does what `squeal.delivery.batcher.Sender` does on the reactor, with the same rules:
+//! * A destination (a cluster's routers, or the regional pool's) has one connection, shared by the flows of
+//!   every shard of the process (`add_flow`): their batches share writes, each flow's acknowledged in its order.
+//! * When to send: at once when `batch_size` lines wait, else `flush_interval` after the first. While batches
+//!   are in flight only full ones join them, up to `max_in_flight` per flow.
+//! * Replies: `MN` closes the oldest batch in flight; `NF` / `HD` are fine; `OK` counts a flush done;
+//!   `SERVER_ERROR …` fails the connection (the batch is sent again); other lines are logged, not retried.
+//!   A batch with a flush not answered `OK` is never acknowledged.
+//! * Failures (connect, TLS, no `MN` within `reply_timeout`, lost): every batch in flight goes back to its flow,
+//!   the next router of the set is tried after a capped exponential back-off.
+//! * A shard's gate (`set_window`): a pool worker sends only while its lease says so. The window is an
+//!   `Instant`, so a process resumed from SIGSTOP after its lease ended finds the window shut before it sends.
+//!
+//! Python (`squeal.delivery.native`) keeps the control plane: it offers transactions, reads the acknowledged
+//! positions for the datamarkers, starts catch-up readers, and takes the counters, histograms, log lines and
+//! sampled deletes gathered here.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io::{self, ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use mio::net::TcpStream;
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ClientConnection};
+
+use crate::conn::{rustls_reason, Tls};
+use crate::flow::{Batch, Committed, Flow, Gtid, Offered, Position};
+
+const WAKER: Token = Token(usize::MAX);
+const READ_SIZE: usize = 64 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub batch_size: usize,
+    pub flush_interval: Duration,
+    pub reply_timeout: Duration,
+    pub max_in_flight: usize,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    pub latency_buckets: Vec<f64>,
+    pub batch_buckets: Vec<f64>,
+    /// Sample one acknowledged plain key in this many (`squeal.delivery.sampler`); 0: none.
+    pub sample_every: u64,
+}
+
+/// Counts per bucket (not cumulative; the last is +Inf) and the sum, since they were last taken.
+#[derive(Debug, Clone, Default)]
+pub struct Histogram {
+    pub counts: Vec<u64>,
+    pub sum: f64,
+}
+
+impl Histogram {
+    fn observe(&mut self, bounds: &[f64], value: f64, times: u64) {
+        if self.counts.len() != bounds.len() + 1 {
+            self.counts = vec![0; bounds.len() + 1];
+        }
+        let i = bounds
+            .iter()
+            .position(|&b| value <= b)
+            .unwrap_or(bounds.len());
+        self.counts[i] += times;
+        self.sum += value * times as f64;
+    }
+}
+
+/// A flow's counters since they were last taken (`take_stats`).
+#[derive(Debug, Clone, Default)]
+pub struct FlowStats {
+    pub deletes: u64,
+    pub flushes: u64,
+    pub reply_errors: BTreeMap<String, u64>,
+    pub latency: Histogram,
+    pub delivery: Histogram,
+}
+
+/// A destination's counters since they were last taken.
+#[derive(Debug, Clone, Default)]
+pub struct DestStats {
+    pub writes: u64,
+    pub per_write: Histogram,
+    pub retries: u64,
+}
+
+/// Every flow's counters (by id) and every destination's (by name), taken together.
+pub type Stats = (Vec<(usize, FlowStats)>, Vec<(String, DestStats)>);
+
+/// A sampled acknowledged delete: (destination, key, acknowledged at, unix seconds).
+pub type Sample = (String, String, f64);
+
+struct FlowSlot {
+    flow: Flow,
+    dest: usize,
+    regional: bool,
+    shard: String,
+    dirty: bool,
+    last_acked_commit_ts: Option<f64>,
+    stats: FlowStats,
+}
+
+/// Where a connection is: TCP connecting, TLS handshaking, or ready for batches.
+#[derive(Debug, PartialEq, Eq)]
+enum Phase {
+    Connecting,
+    Handshaking,
+    Ready,
+}
+
+struct Conn {
+    sock: TcpStream,
+    addr: String,
+    host: String,        // (the name the certificate must be valid for)
+    ca: Option<PathBuf>, // (named when a certificate is not signed by it)
+    tls: Option<ClientConnection>,
+    phase: Phase,
+    out: Vec<u8>, // bytes for the socket not written yet (plaintext connections; rustls buffers its own)
+    inbuf: Vec<u8>,
+    // the replies of the oldest batch in flight so far
+    errors: Vec<Vec<u8>>,
+    server_errors: u32,
+    oks: usize,
+}
+
+struct Dest {
+    name: String,
+    routers: Vec<(String, u16)>,
+    router: usize,
+    flows: Vec<usize>,
+    next: usize, // the flow asked first at the next send (round robin across shards)
+    conn: Option<Conn>,
+    // (flow, batch) in flight on `conn`, oldest first; the flow is None once it left (`remove_flow`): its
+    // batches still take their `MN` so the later ones line up.
+    in_flight: VecDeque<(Option<usize>, Batch)>,
+    linger: Option<Instant>,
+    deadline: Option<Instant>, // connect or reply timeout
+    waiting: Option<Instant>,  // backing off until then
+    backoff: Duration,
+    stats: DestStats,
+    connections: u64, // tokens: (index << 20) | connection count, so a stale event finds no connection
+}
+
+struct Inner {
+    settings: Settings,
+    tls: Option<Tls>,
+    flows: Vec<Option<FlowSlot>>,
+    dests: Vec<Dest>,
+    windows: BTreeMap<String, Option<Instant>>, // shard -> may send until (None: shut); absent: no gate
+    log: Vec<(u8, String)>, // (level: 30 warning, 40 error, 20 info, logging's), message
+    samples: Vec<Sample>,
+    until_sample: u64,
+    stopping: bool,
+    registry: Registry,
+}
+
+struct Shared {
+    inner: Mutex<Inner>,
+    room: Condvar, // notified at every acknowledgement: a catch-up reader's brake (`wait_room`)
+    waker: Waker,
+}
+
+/// The delivery thread and what it shares with the callers.
+pub struct Delivery {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// What Python offers: one committed transaction (or run), the lines for clusters and for the regional pool.
+pub struct Offer {
+    pub cluster: Committed,
+    pub regional: Committed,
+}
+
+fn wall_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+fn token(dest: usize, count: u64) -> Token {
+    Token((dest << 20) | (count as usize & 0xF_FFFF))
+}
+
+impl Delivery {
+    pub fn new(settings: Settings, tls: Option<Tls>) -> io::Result<Delivery> {
+        let poll = Poll::new()?;
+        let waker = Waker::new(poll.registry(), WAKER)?;
+        let registry = poll.registry().try_clone()?;
+        let until_sample = settings.sample_every;
+        let shared = Arc::new(Shared {
+            inner: Mutex::new(Inner {
+                settings,
+                tls,
+                flows: Vec::new(),
+                dests: Vec::new(),
+                windows: BTreeMap::new(),
+                log: Vec::new(),
+                samples: Vec::new(),
+                until_sample,
+                stopping: false,
+                registry,
+            }),
+            room: Condvar::new(),
+            waker,
+        });
+        let for_thread = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("squeal-delivery".into())
+            .spawn(move || run(&for_thread, poll))?;
+        Ok(Delivery {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.shared.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wake(&self) {
+        // (a failed wake-up only delays the send to the next timer or event)
+        let _ = self.shared.waker.wake();
+    }
+
+    /// A shard's flow to a destination (created with its first flow); its id.
+    pub fn add_flow(
+        &self,
+        dest: &str,
+        routers: Vec<(String, u16)>,
+        regional: bool,
+        shard: &str,
+        start: Position,
+        max_backlog: usize,
+    ) -> Result<usize, String> {
+        let mut inner = self.lock();
+        let d = match inner.dests.iter().position(|d| d.name == dest) {
+            Some(i) if inner.dests[i].routers != routers => {
+                return Err(format!(
+                    "flow {dest} ({routers:?}) is not for destination {dest} ({:?})",
+                    inner.dests[i].routers
+                ))
+            }
+            Some(i) => i,
+            None => {
+                let backoff = inner.settings.backoff_initial;
+                inner.dests.push(Dest {
+                    name: dest.to_string(),
+                    routers,
+                    router: 0,
+                    flows: Vec::new(),
+                    next: 0,
+                    conn: None,
+                    in_flight: VecDeque::new(),
+                    linger: None,
+                    deadline: None,
+                    waiting: None,
+                    backoff,
+                    stats: DestStats::default(),
+                    connections: 0,
+                });
+                inner.dests.len() - 1
+            }
+        };
+        let id = inner.flows.len();
+        inner.flows.push(Some(FlowSlot {
+            flow: Flow::new(start, max_backlog),
+            dest: d,
+            regional,
+            shard: shard.to_string(),
+            dirty: false,
+            last_acked_commit_ts: None,
+            stats: FlowStats::default(),
+        }));
+        inner.dests[d].flows.push(id);
+        Ok(id)
+    }
+
+    /// A shard's pipeline stopped: its flow leaves its destination (its batches in flight still take their `MN`).
+    pub fn remove_flow(&self, id: usize) {
+        let mut inner = self.lock();
+        let Some(slot) = inner.flows.get_mut(id).and_then(Option::take) else {
+            return;
+        };
+        let dest = &mut inner.dests[slot.dest];
+        dest.flows.retain(|&f| f != id);
+        for (flow, _) in dest.in_flight.iter_mut() {
+            if *flow == Some(id) {
+                *flow = None;
+            }
+        }
+    }
+
+    /// Offer a transaction to flows `ids` (live: the live stream's, else a catch-up reader's). Returns the ids
+    /// of the flows it shed (Python starts their catch-up readers) and of those it completed at once.
+    pub fn offer(&self, ids: &[usize], offer: &Offer, live: bool) -> (Vec<usize>, bool) {
+        let mut shed = Vec::new();
+        let mut queued = false;
+        {
+            let mut inner = self.lock();
+            for &id in ids {
+                let Some(slot) = inner.flows.get_mut(id).and_then(Option::as_mut) else {
+                    continue;
+                };
+                let c = if slot.regional {
+                    &offer.regional
+                } else {
+                    &offer.cluster
+                };
+                let outcome = if live {
+                    slot.flow.offer_live(c)
+                } else {
+                    slot.flow.offer_catchup(c)
+                };
+                match outcome {
+                    Offered::Shed => shed.push(id),
+                    Offered::Done => slot.dirty = true,
+                    Offered::Queued => queued = true,
+                    Offered::Ignored => {}
+                }
+            }
+        }
+        if queued {
+            self.wake();
+        }
+        (shed, queued)
+    }
+
+    /// Run `f` on flow `id` (None if it left).
+    pub fn with_flow<T>(&self, id: usize, f: impl FnOnce(&mut FlowView) -> T) -> Option<T> {
+        let mut inner = self.lock();
+        let slot = inner.flows.get_mut(id).and_then(Option::as_mut)?;
+        let mut view = FlowView { slot };
+        Some(f(&mut view))
+    }
+
+    /// Flow `id` was shed or rewound by Python: drop it, like an offer that passed the bound.
+    pub fn shed(&self, id: usize, rewind: Option<Position>) {
+        let mut inner = self.lock();
+        if let Some(slot) = inner.flows.get_mut(id).and_then(Option::as_mut) {
+            if let Some(position) = rewind {
+                slot.flow.acked = position;
+                slot.dirty = true;
+            }
+            slot.flow.shed();
+        }
+    }
+
+    /// Block (without the GIL: the caller releases it) until flow `id` holds at most `bound` unacknowledged
+    /// lines or `timeout` passed; whether there is room.
+    pub fn wait_room(&self, id: usize, bound: usize, timeout: Duration) -> bool {
+        let end = Instant::now() + timeout;
+        let mut inner = self.lock();
+        loop {
+            let backlog = match inner.flows.get(id).and_then(Option::as_ref) {
+                Some(slot) => slot.flow.backlog,
+                None => return true,
+            };
+            if backlog <= bound {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= end {
+                return false;
+            }
+            inner = self
+                .shared
+                .room
+                .wait_timeout(inner, end - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// A shard's gate: it may send for `seconds` from now (0: not at all; None: no gate).
+    pub fn set_window(&self, shard: &str, seconds: Option<f64>) {
+        let mut inner = self.lock();
+        let until = seconds.map(|s| {
+            (s > 0.0 && s.is_finite()).then(|| Instant::now() + Duration::from_secs_f64(s))
+        });
+        match until {
+            None => {
+                inner.windows.remove(shard);
+            }
+            Some(until) => {
+                inner.windows.insert(shard.to_string(), until);
+            }
+        }
+        drop(inner);
+        self.wake();
+    }
+
+    /// Nothing queued or in flight for destination `dest` (every flow of it).
+    pub fn drained(&self, dest: &str) -> bool {
+        let inner = self.lock();
+        inner
+            .dests
+            .iter()
+            .filter(|d| d.name == dest)
+            .all(|d| d.in_flight.is_empty() && d.flows.iter().all(|&f| inner.queued(f) == 0))
+    }
+
+    /// The counters gathered since the last call: (flow id, its stats), (destination, its stats).
+    pub fn take_stats(&self) -> Stats {
+        let mut inner = self.lock();
+        let flows = inner
+            .flows
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_mut().map(|s| (i, std::mem::take(&mut s.stats))))
+            .collect();
+        let dests = inner
+            .dests
+            .iter_mut()
+            .map(|d| (d.name.clone(), std::mem::take(&mut d.stats)))
+            .collect();
+        (flows, dests)
+    }
+
+    pub fn take_log(&self) -> Vec<(u8, String)> {
+        std::mem::take(&mut self.lock().log)
+    }
+
+    pub fn take_samples(&self) -> Vec<Sample> {
+        std::mem::take(&mut self.lock().samples)
+    }
+
+    /// Stop the thread; connections are closed, nothing queued is sent.
+    pub fn stop(&mut self) {
+        self.lock().stopping = true;
+        self.wake();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// One flow, for Python's questions (under the lock).
+pub struct FlowView<'a> {
+    slot: &'a mut FlowSlot,
+}
+
+impl FlowView<'_> {
+    pub fn flow(&mut self) -> &mut Flow {
+        &mut self.slot.flow
+    }
+
+    /// Whether `acked` moved since the last call (the checkpoint's question); clears it.
+    pub fn take_dirty(&mut self) -> bool {
+        std::mem::take(&mut self.slot.dirty)
+    }
+
+    pub fn set_dirty(&mut self) {
+        self.slot.dirty = true;
+    }
+
+    pub fn dirty(&self) -> bool {
+        self.slot.dirty
+    }
+
+    pub fn last_acked_commit_ts(&self) -> Option<f64> {
+        self.slot.last_acked_commit_ts
+    }
+}
+
+impl Inner {
+    fn queued(&self, id: usize) -> usize {
+        self.flows[id].as_ref().map_or(0, |s| s.flow.queued())
+    }
+
+    fn log(&mut self, level: u8, message: String) {
+        if self.log.len() < 10_000 {
+            self.log.push((level, message));
+        }
+    }
+
+    fn may_send(&self, shard: &str, now: Instant) -> bool {
+        match self.windows.get(shard) {
+            None => true,
+            Some(until) => until.is_some_and(|u| now < u),
+        }
+    }
+
+    /// The earliest instant something is due (a linger, a time-out, the end of a back-off).
+    fn next_due(&self) -> Option<Instant> {
+        self.dests
+            .iter()
+            .flat_map(|d| [d.linger, d.deadline, d.waiting])
+            .flatten()
+            .min()
+    }
+
+    fn limit(&self, d: usize) -> usize {
+        self.settings.max_in_flight.max(1) * self.dests[d].flows.len().max(1)
+    }
+
+    fn pending(&self, d: usize) -> (usize, bool) {
+        let mut keys = 0;
+        let mut unsent = false;
+        for &f in &self.dests[d].flows {
+            if let Some(s) = self.flows[f].as_ref() {
+                keys += s.flow.pending_keys();
+                unsent |= s.flow.has_unsent();
+            }
+        }
+        (keys, unsent)
+    }
+
+    /// Look at destination `d`: time-outs, the end of a back-off, a connect, what to send.
+    fn drive(&mut self, d: usize, now: Instant) {
+        if self.dests[d].waiting.is_some_and(|t| now < t) {
+            return;
+        }
+        self.dests[d].waiting = None;
+        if self.dests[d].deadline.is_some_and(|t| now >= t) {
+            let why = match self.dests[d].conn.as_ref().map(|c| &c.phase) {
+                Some(Phase::Ready) | None => format!(
+                    "no reply within {:.1}s",
+                    self.settings.reply_timeout.as_secs_f64()
+                ),
+                Some(_) => format!(
+                    "connect: no answer within {:.1}s",
+                    self.settings.reply_timeout.as_secs_f64()
+                ),
+            };
+            self.failure(d, now, &why);
+            return;
+        }
+        let (keys, unsent) = self.pending(d);
+        if !unsent {
+            self.dests[d].linger = None;
+            return;
+        }
+        match self.dests[d].conn.as_ref().map(|c| &c.phase) {
+            None => {
+                self.connect(d, now);
+                return;
+            }
+            Some(Phase::Ready) => {}
+            Some(_) => return,
+        }
+        let limit = self.limit(d);
+        let dest = &mut self.dests[d];
+        if dest.in_flight.len() >= limit {
+            return;
+        }
+        let batch_size = self.settings.batch_size;
+        if !dest.in_flight.is_empty() {
+            let full = dest.flows.iter().any(|&f| {
+                self.flows[f]
+                    .as_ref()
+                    .is_some_and(|s| s.flow.pending_keys() >= batch_size)
+            });
+            if full {
+                self.send(d, now);
+            }
+            return;
+        }
+        if keys >= batch_size || self.settings.flush_interval.is_zero() {
+            self.send(d, now);
+            return;
+        }
+        match dest.linger {
+            None => dest.linger = Some(now + self.settings.flush_interval),
+            Some(t) if now >= t => self.send(d, now),
+            Some(_) => {}
+        }
+    }
+
+    /// `Sender._send`: one batch from every flow with something queued when nothing is in flight, then (and while
+    /// batches are in flight) full batches only; every round's batches share one write.
+    fn send(&mut self, d: usize, now: Instant) {
+        self.dests[d].linger = None;
+        let batch_size = self.settings.batch_size;
+        let max_in_flight = self.settings.max_in_flight.max(1);
+        let limit = self.limit(d);
+        let flows = self.dests[d].flows.clone();
+        let n = flows.len();
+        let first = self.dests[d].next;
+        let mut full_only = !self.dests[d].in_flight.is_empty();
+        let mut progress = true;
+        while progress && self.dests[d].in_flight.len() < limit {
+            progress = false;
+            let mut joined = Vec::new();
+            let mut joined_keys = 0;
+            for i in 0..n {
+                if self.dests[d].in_flight.len() >= limit {
+                    break;
+                }
+                let id = flows[(first + i) % n];
+                let Some(slot) = self.flows[id].as_ref() else {
+                    continue;
+                };
+                if full_only && slot.flow.pending_keys() < batch_size {
+                    continue;
+                }
+                if !self.may_send(&slot.shard, now) {
+                    continue;
+                }
+                while let Some(batch) = self.flows[id]
+                    .as_mut()
+                    .and_then(|s| s.flow.take_batch(batch_size, max_in_flight))
+                {
+                    if batch.nkeys > 0 {
+                        joined.extend_from_slice(&batch.payload);
+                        joined_keys += batch.nkeys;
+                        self.dests[d].in_flight.push_back((Some(id), batch));
+                        progress = true;
+                        break;
+                    }
+                    // key-less transactions only, nothing ahead: done without a round trip
+                    self.acknowledge(id, &batch, now);
+                }
+            }
+            if !joined.is_empty() {
+                self.write(d, &joined, joined_keys, now);
+            }
+            full_only = true;
+        }
+        self.dests[d].next = (first + 1) % n.max(1);
+    }
+
+    fn write(&mut self, d: usize, payload: &[u8], nkeys: usize, now: Instant) {
+        let reply_timeout = self.settings.reply_timeout;
+        let bounds = self.settings.batch_buckets.clone();
+        let dest = &mut self.dests[d];
+        if dest.deadline.is_none() {
+            dest.deadline = Some(now + reply_timeout);
+        }
+        dest.stats.writes += 1;
+        dest.stats.per_write.observe(&bounds, nkeys as f64, 1);
+        let Some(conn) = dest.conn.as_mut() else {
+            return;
+        };
+        let result = match conn.tls.as_mut() {
+            Some(tls) => tls.writer().write_all(payload),
+            None => {
+                conn.out.extend_from_slice(payload);
+                Ok(())
+            }
+        };
+        let result = result.and_then(|()| flush(conn));
+        if let Err(e) = result {
+            self.failure(d, now, &format!("connection lost: {e}"));
+        }
+    }
+
+    /// Flow `id`'s `batch` is acknowledged: move its position, observe its latencies, sample it.
+    fn acknowledge(&mut self, id: usize, batch: &Batch, now: Instant) {
+        let _ = now;
+        let Some(slot) = self.flows[id].as_mut() else {
+            return;
+        };
+        let completed = slot.flow.ack(batch);
+        if !completed.is_empty() || batch.entries() > 0 {
+            slot.dirty = true;
+        }
+        let wall = wall_now();
+        let bounds = &self.settings.latency_buckets;
+        for c in &completed {
+            slot.last_acked_commit_ts = Some(c.commit_ts);
+            let times = u64::from(c.transactions);
+            slot.stats
+                .latency
+                .observe(bounds, (wall - c.commit_ts).max(0.0), times);
+            slot.stats
+                .delivery
+                .observe(bounds, (wall - c.read_ts).max(0.0), times);
+        }
+    }
+
+    /// `MN`: the replies of destination `d`'s oldest batch in flight are in.
+    fn batch_done(&mut self, d: usize, now: Instant) -> Result<(), String> {
+        let reply_timeout = self.settings.reply_timeout;
+        let dest = &mut self.dests[d];
+        let Some((id, batch)) = dest.in_flight.pop_front() else {
+            return Ok(());
+        };
+        dest.deadline = (!dest.in_flight.is_empty()).then(|| now + reply_timeout);
+        let conn = dest.conn.as_mut().expect("replies come on a connection");
+        let errors = std::mem::take(&mut conn.errors);
+        let server_errors = std::mem::take(&mut conn.server_errors);
+        let oks = std::mem::take(&mut conn.oks);
+        let name = dest.name.clone();
+        if let Some(slot) = id.and_then(|i| self.flows[i].as_mut()) {
+            for line in &errors {
+                let word = line.split(|&b| b == b' ').next().unwrap_or_default();
+                *slot
+                    .stats
+                    .reply_errors
+                    .entry(String::from_utf8_lossy(word).into_owned())
+                    .or_default() += 1;
+            }
+        }
+        if oks < batch.flushes {
+            self.dests[d].in_flight.push_front((id, batch));
+            let said = errors.first().map_or("no OK".to_string(), |e| {
+                format!("{:?}", String::from_utf8_lossy(e))
+            });
+            self.log(
+                40,
+                format!(
+                    "flow {name}: flush_all refused ({said}); squeal-router flushes only with --enable-flush-cmd"
+                ),
+            );
+            return Err("flush_all not acknowledged".into());
+        }
+        if server_errors > 0 {
+            self.dests[d].in_flight.push_front((id, batch));
+            return Err(format!(
+                "{server_errors} SERVER_ERROR replies, e.g. {:?}",
+                String::from_utf8_lossy(&errors[0])
+            ));
+        }
+        if !errors.is_empty() {
+            self.log(
+                30,
+                format!(
+                    "flow {name}: {} error replies in a batch (not retried), e.g. {:?}",
+                    errors.len(),
+                    String::from_utf8_lossy(&errors[0])
+                ),
+            );
+        }
+        self.dests[d].backoff = self.settings.backoff_initial;
+        let Some(id) = id else {
+            return Ok(()); // the batch of a flow that left: its `MN` is taken, nothing moves
+        };
+        if let Some(slot) = self.flows[id].as_mut() {
+            slot.stats.deletes += batch.nkeys as u64;
+            slot.stats.flushes += batch.flushes as u64;
+        }
+        self.acknowledge(id, &batch, now);
+        self.sample(&name, &batch);
+        Ok(())
+    }
+
+    /// `squeal.delivery.sampler.DeleteSampler.offer`: every `sample_every`-th plain key acknowledged.
+    fn sample(&mut self, dest: &str, batch: &Batch) {
+        let every = self.settings.sample_every;
+        if every == 0 {
+            return;
+        }
+        let nkeys = batch.nkeys as u64;
+        if nkeys < self.until_sample {
+            self.until_sample -= nkeys;
+            return;
+        }
+        let lines: Vec<&[u8]> = batch.payload.split(|&b| b == b'\n').collect();
+        let mut index = self.until_sample - 1;
+        let at = wall_now();
+        while index < nkeys {
+            let line = lines
+                .get(index as usize)
+                .map_or(&b""[..], |l| l.strip_suffix(b"\r").unwrap_or(l));
+            let parts: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
+            if parts.len() == 3 && parts[0] == b"md" && parts[2] == b"q" {
+                if let Ok(key) = std::str::from_utf8(parts[1]) {
+                    if self.samples.len() < 10_000 {
+                        self.samples.push((dest.to_string(), key.to_string(), at));
+                    }
+                }
+            }
+            index += every;
+        }
+        self.until_sample = index - nkeys + 1;
+    }
+
+    fn connect(&mut self, d: usize, now: Instant) {
+        let reply_timeout = self.settings.reply_timeout;
+        let dest = &mut self.dests[d];
+        let (host, port) = dest.routers[dest.router % dest.routers.len()].clone();
+        let addr = format!("{host}:{port}");
+        let resolved: io::Result<SocketAddr> = (host.as_str(), port)
+            .to_socket_addrs()
+            .and_then(|mut it| it.next().ok_or_else(|| ErrorKind::NotFound.into()));
+        let tls = match &self.tls {
+            None => Ok(None),
+            Some(settings) => self.tls_config(settings.clone()).and_then(|config| {
+                let name = ServerName::try_from(host.clone())
+                    .map_err(|e| format!("TLS: bad server name {host}: {e}"))?;
+                ClientConnection::new(config, name)
+                    .map(Some)
+                    .map_err(|e| format!("TLS: {e}"))
+            }),
+        };
+        let dest = &mut self.dests[d];
+        let attempt = resolved
+            .map_err(|e| e.to_string())
+            .and_then(|sa| TcpStream::connect(sa).map_err(|e| e.to_string()))
+            .and_then(|sock| tls.map(|tls| (sock, tls)));
+        let (mut sock, tls) = match attempt {
+            Ok(x) => x,
+            Err(e) => {
+                self.failure(d, now, &format!("connect to {addr}: {e}"));
+                return;
+            }
+        };
+        dest.connections += 1;
+        let tok = token(d, dest.connections);
+        if let Err(e) =
+            self.registry
+                .register(&mut sock, tok, Interest::READABLE | Interest::WRITABLE)
+        {
+            self.failure(d, now, &format!("connect to {addr}: {e}"));
+            return;
+        }
+        let dest = &mut self.dests[d];
+        dest.conn = Some(Conn {
+            sock,
+            addr,
+            host,
+            ca: self.tls.as_ref().and_then(|t| t.ca.clone()),
+            tls,
+            phase: Phase::Connecting,
+            out: Vec::new(),
+            inbuf: Vec::new(),
+            errors: Vec::new(),
+            server_errors: 0,
+            oks: 0,
+        });
+        dest.deadline = Some(now + reply_timeout);
+    }
+
+    /// A rustls configuration from `[tls]`, read afresh at every connect (as the Python sender's context is):
+    /// renewed certificate files count from the next connection on.
+    fn tls_config(&mut self, tls: Tls) -> Result<Arc<ClientConfig>, String> {
+        tls.config().map(Arc::new)
+    }
+
+    /// A socket event for destination `d`.
+    fn on_event(&mut self, d: usize, tok: Token, now: Instant) {
+        let dest = &mut self.dests[d];
+        if token(d, dest.connections) != tok || dest.conn.is_none() {
+            return; // an event of a connection since closed
+        }
+        if let Err(why) = self.pump(d, now) {
+            self.failure(d, now, &why);
+        }
+    }
+
+    /// Move bytes: finish the connect or handshake, write what waits, read and handle the replies.
+    fn pump(&mut self, d: usize, now: Instant) -> Result<(), String> {
+        let conn = self.dests[d].conn.as_mut().expect("a connection");
+        if conn.phase == Phase::Connecting {
+            if let Some(e) = conn.sock.take_error().map_err(|e| e.to_string())? {
+                return Err(format!("connect to {}: {e}", conn.addr));
+            }
+            match conn.sock.peer_addr() {
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::NotConnected => return Ok(()), // not yet
+                Err(e) => return Err(format!("connect to {}: {e}", conn.addr)),
+            }
+            let _ = conn.sock.set_nodelay(true);
+            conn.phase = if conn.tls.is_some() {
+                Phase::Handshaking
+            } else {
+                Phase::Ready
+            };
+        }
+        let mut buf = [0u8; READ_SIZE];
+        let mut lost = false;
+        loop {
+            match conn.sock.read(&mut buf) {
+                Ok(0) => {
+                    lost = true;
+                    break;
+                }
+                Ok(n) => match conn.tls.as_mut() {
+                    None => conn.inbuf.extend_from_slice(&buf[..n]),
+                    Some(tls) => {
+                        let mut rd = &buf[..n];
+                        while !rd.is_empty() {
+                            tls.read_tls(&mut rd).map_err(|e| e.to_string())?;
+                            if let Err(e) = tls.process_new_packets() {
+                                // (what rustls has to say, e.g. its alert, goes out before the close)
+                                let _ = tls.write_tls(&mut conn.sock);
+                                let reason = rustls_reason(&e, &conn.host, &conn.ca);
+                                let addr = &conn.addr;
+                                return Err(format!(
+                                    "connect to {addr}: TLS to {addr} failed: {reason}"
+                                ));
+                            }
+                        }
+                        loop {
+                            match tls.reader().read(&mut buf) {
+                                Ok(0) => {
+                                    lost = true;
+                                    break;
+                                }
+                                Ok(m) => conn.inbuf.extend_from_slice(&buf[..m]),
+                                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                                Err(e) => return Err(format!("connection lost: {e}")),
+                            }
+                        }
+                    }
+                },
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(format!("connection lost: {e}")),
+            }
+        }
+        if let Some(tls) = conn.tls.as_ref() {
+            if conn.phase == Phase::Handshaking && !tls.is_handshaking() {
+                conn.phase = Phase::Ready;
+            }
+        }
+        flush(conn).map_err(|e| format!("connection lost: {e}"))?;
+        if conn.phase == Phase::Ready && self.dests[d].in_flight.is_empty() {
+            self.dests[d].deadline = None; // (the connect's)
+        }
+        self.replies(d, now)?;
+        if lost {
+            let addr = &self.dests[d].conn.as_ref().expect("a connection").addr;
+            return Err(match self.dests[d].conn.as_ref().map(|c| &c.phase) {
+                Some(Phase::Handshaking) => format!(
+                    "connect to {addr}: TLS to {addr} failed: the connection closed during the handshake"
+                ),
+                _ => "connection lost: closed by the peer".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Handle the complete reply lines read so far.
+    fn replies(&mut self, d: usize, now: Instant) -> Result<(), String> {
+        let Some(conn) = self.dests[d].conn.as_mut() else {
+            return Ok(());
+        };
+        let Some(end) = conn.inbuf.windows(2).rposition(|w| w == b"\r\n") else {
+            return Ok(());
+        };
+        let done: Vec<u8> = conn.inbuf.drain(..end + 2).collect();
+        for line in done.split(|&b| b == b'\n') {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            match line {
+                b"" => {}
+                b"MN" => self.batch_done(d, now)?,
+                b"NF" | b"HD" => {}
+                _ => {
+                    let conn = self.dests[d].conn.as_mut().expect("a connection");
+                    if line == b"OK" {
+                        conn.oks += 1;
+                    } else {
+                        if line.starts_with(b"SERVER_ERROR") {
+                            conn.server_errors += 1;
+                        }
+                        conn.errors.push(line.to_vec());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn failure(&mut self, d: usize, now: Instant, why: &str) {
+        let dest = &mut self.dests[d];
+        let addr = {
+            let (h, p) = &dest.routers[dest.router % dest.routers.len()];
+            format!("{h}:{p}")
+        };
+        for (id, batch) in std::mem::take(&mut dest.in_flight) {
+            if let Some(slot) = id.and_then(|i| self.flows[i].as_mut()) {
+                slot.flow.fail(&batch);
+            }
+        }
+        let dest = &mut self.dests[d];
+        dest.deadline = None;
+        dest.linger = None;
+        if let Some(mut conn) = dest.conn.take() {
+            let _ = self.registry.deregister(&mut conn.sock);
+            let _ = conn.sock.shutdown(Shutdown::Both);
+        }
+        if self.stopping {
+            return;
+        }
+        let dest = &mut self.dests[d];
+        dest.router += 1;
+        dest.stats.retries += 1;
+        let wait = dest.backoff;
+        dest.waiting = Some(now + wait);
+        dest.backoff = (dest.backoff * 2).min(self.settings.backoff_max);
+        let (h, p) = &dest.routers[dest.router % dest.routers.len()];
+        let message = format!(
+            "flow {}: {addr} {why}; retrying in {:.2}s via {h}:{p}",
+            dest.name,
+            wait.as_secs_f64()
+        );
+        self.log(30, message);
+    }
+}
+
+/// Write what waits for the socket until it would block.
+fn flush(conn: &mut Conn) -> io::Result<()> {
+    if conn.phase == Phase::Connecting {
+        return Ok(());
+    }
+    match conn.tls.as_mut() {
+        Some(tls) => {
+            while tls.wants_write() {
+                match tls.write_tls(&mut conn.sock) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        None => {
+            let mut written = 0;
+            while written < conn.out.len() {
+                match conn.sock.write(&conn.out[written..]) {
+                    Ok(0) => return Err(ErrorKind::WriteZero.into()),
+                    Ok(n) => written += n,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            conn.out.drain(..written);
+        }
+    }
+    Ok(())
+}
+
+/// The delivery thread: wait for a socket, a wake-up or the next due time; then look at every destination.
+fn run(shared: &Shared, mut poll: Poll) {
+    let mut events = Events::with_capacity(256);
+    loop {
+        let timeout = {
+            let inner = shared.inner.lock().unwrap_or_else(|e| e.into_inner());
+            if inner.stopping {
+                break;
+            }
+            inner
+                .next_due()
+                .map(|t| t.saturating_duration_since(Instant::now()))
+        };
+        if let Err(e) = poll.poll(&mut events, timeout) {
+            if e.kind() != ErrorKind::Interrupted {
+                let mut inner = shared.inner.lock().unwrap_or_else(|e| e.into_inner());
+                inner.log(40, format!("delivery thread: poll failed: {e}"));
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            continue;
+        }
+        let mut inner = shared.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if inner.stopping {
+            break;
+        }
+        let now = Instant::now();
+        for ev in events.iter() {
+            let tok = ev.token();
+            if tok == WAKER {
+                continue;
+            }
+            let d = tok.0 >> 20;
+            if d < inner.dests.len() {
+                inner.on_event(d, tok, now);
+            }
+        }
+        for d in 0..inner.dests.len() {
+            inner.drive(d, now);
+        }
+        drop(inner);
+        shared.room.notify_all();
+    }
+    let mut inner = shared.inner.lock().unwrap_or_else(|e| e.into_inner());
+    for d in 0..inner.dests.len() {
+        if let Some(mut conn) = inner.dests[d].conn.take() {
+            let _ = inner.registry.deregister(&mut conn.sock);
+            let _ = conn.sock.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// (gtid, position) of an offer as Python gives them.
+pub fn committed(
+    gtid: Gtid,
+    times: (f64, f64),
+    lines: Arc<crate::flow::Lines>,
+    flush: bool,
+    position: Option<Position>,
+    piece: (bool, u64, u64),
+    transactions: u32,
+) -> Committed {
+    Committed {
+        gtid,
+        commit_ts: times.0,
+        read_ts: times.1,
+        lines,
+        flush,
+        position,
+        partial: piece.0,
+        rows_from: piece.1,
+        rows_to: piece.2,
+        transactions,
+    }
+}
