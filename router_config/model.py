@@ -22,6 +22,9 @@ POOL_KINDS = ("wildcard", "app", "replicated", "gutter")
 ON_TRUNCATE = ("alert", "flush")  # per rule: a change to the table that carries no row images
 ON_DATA_LOSS = ("halt", "flush")  # squeal: the binlog a datamarker needs was purged
 READERS = ("native", "python")  # squeal's binlog decoder (docs/squeal.md, "The native reader")
+# Who sends the deletes and takes the acknowledgements (docs/squeal.md, "The native data plane"): the Rust delivery
+# thread, or the flows and senders on the Twisted reactor.
+DELIVERIES = ("native", "python")
 # Every component runs on a host; a topology that names none runs everything on this machine.
 DEFAULT_HOST = "127.0.0.1"
 
@@ -357,6 +360,7 @@ class SquealSettings:
     marker_max_age_s: float = 30.0  # /healthz fails while a flow's datamarker waits longer to be written
     max_lag_s: float = 60.0  # /healthz fails while a flow is further behind the primary's commits (a stalled copy)
     reader: str = "native"  # see READERS: the Rust extension (squeal_native) or python-mysql-replication
+    delivery: str = "python"  # see DELIVERIES
 
 
 @dataclass(frozen=True)

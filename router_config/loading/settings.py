@@ -13,6 +13,7 @@ from router_config.loading.base import Reader
 from router_config.model import (
     COLUMN_NAME,
     DEFAULT_HOST,
+    DELIVERIES,
     ON_DATA_LOSS,
     ON_TRUNCATE,
     PLACEHOLDER,
@@ -165,6 +166,7 @@ class SettingsSections(Reader):
             "max_lag_s": ((int, float), "a number of seconds"),
             "on_data_loss": (str, " or ".join(f'"{c}"' for c in ON_DATA_LOSS)),
             "reader": (str, " or ".join(f'"{c}"' for c in READERS)),
+            "delivery": (str, " or ".join(f'"{c}"' for c in DELIVERIES)),
         }
         out: dict[str, Any] = {}
         for name in names:
@@ -181,6 +183,9 @@ class SettingsSections(Reader):
         if out["reader"] not in READERS:
             choices = " or ".join(f'"{c}"' for c in READERS)
             raise self.fail(f"{path}.reader", f"must be {choices}, got {out['reader']!r}")
+        if out["delivery"] not in DELIVERIES:
+            choices = " or ".join(f'"{c}"' for c in DELIVERIES)
+            raise self.fail(f"{path}.delivery", f"must be {choices}, got {out['delivery']!r}")
         return SquealSettings(**out)
 
     def monitoring(self, value: Any, path: str) -> MonitoringSettings:

@@ -29,11 +29,12 @@ from typing import Any
 from twisted.internet import defer, protocol
 from twisted.internet.endpoints import TCP4ClientEndpoint
 
-from router_config import SquealSettings, TlsSettings
-from squeal.delivery.flows import Batch, Flow
+from router_config import Region, SquealSettings, TlsSettings
+from squeal.delivery.flows import Batch, Dispatcher, Flow, flows_for_region
 from squeal.delivery.sampler import DeleteSampler
 from squeal.delivery.tlswrap import client_context, connect_tls
 from squeal.process.metrics import CertExpiry, Metrics, WriteMetrics, own_certificates
+from squeal.read import gtid as g
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +164,7 @@ class Sender:
         self.flows.append(flow)
         flow.on_ready = functools.partial(self.kick, flow)
 
-    def remove_flow(self, flow: Flow) -> None:
+    def remove_flow(self, flow: Any) -> None:
         """A shard's pipeline stopped: its flow leaves (whatever it has in flight is handed back to it)."""
         mine = [b for f, b in self.batches if f is flow]
         for b in mine:
@@ -432,7 +433,28 @@ class SenderHub:
         if tls is not None:  # one hub per process: the expiry of the certificates squeal loads, exported once
             metrics.registry.register(CertExpiry(own_certificates(tls, "squeal")))
 
-    def attach(self, flow: Flow) -> Sender:
+    def flows_for_region(
+        self,
+        region: Region,
+        starts: dict[str, g.Position],
+        max_backlog: int,
+        metrics: Metrics | None = None,
+        shard: str = "",
+    ) -> list[Flow]:
+        """A shard's flows (`flows.flows_for_region`; `shard` is for the native hub's gates)."""
+        return flows_for_region(region, starts, max_backlog, metrics)
+
+    def dispatcher(self, flows: Sequence[Any], start: g.Position) -> Dispatcher:
+        return Dispatcher(flows, start)
+
+    def push_gates(self) -> None:
+        """(The senders ask each flow's gate before every batch: nothing to push.)"""
+
+    def refresh(self) -> None:
+        """(The senders count into the Prometheus series as they go: nothing to take.)"""
+
+    def attach(self, flow: Any) -> Sender:
+        assert isinstance(flow, Flow)
         sender = self.senders.get(flow.name)
         if sender is None:
             s = self.settings

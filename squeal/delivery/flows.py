@@ -32,6 +32,7 @@ Everything here runs on the reactor thread; only `backlog` is read from other th
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -170,7 +171,8 @@ class Flow:
         self.source_lag: Callable[[g.Position, float], float] | None = None
         self.on_ready: Callable[[], None] = lambda: None  # the batcher: there is something to send
         self.on_shed: Callable[[Flow], None] = lambda flow: None  # the daemon: start a catch-up reader
-        self.on_acked: Callable[[], None] | None = None  # the daemon's catch-up brake: there may be room now
+        self.on_acked: Callable[[], None] | None = None  # the catch-up brake (`wait_room`): there may be room now
+        self._room = threading.Event()
         # A pool worker's gate (squeal/pool/ownership.py): asked before every batch; False hands out nothing (the
         # lease ran out, or the shard is no longer this worker's).
         self.may_send: Callable[[], bool] | None = None
@@ -284,6 +286,16 @@ class Flow:
         live stream is between transactions (`live_pieces`: the one it is handing on in pieces, if any, whose
         first pieces this flow did not get)."""
         return self.state == CATCHING_UP and live_pieces is None and g.covers_position(self.enqueued, live)
+
+    def wait_room(self, bound: int, timeout: float) -> bool:
+        """The catch-up reader's brake (its thread): wait until at most `bound` keys are unacknowledged, at most
+        `timeout` seconds; whether they are. Every acknowledgement on the reactor wakes it to look again."""
+        if self.backlog <= bound:
+            return True
+        self.on_acked = self._room.set
+        self._room.wait(timeout)
+        self._room.clear()  # (an ack between the wait and the clear is seen by the caller's next look)
+        return self.backlog <= bound
 
     def rejoin(self) -> None:
         self._set_state(LIVE)

@@ -45,6 +45,11 @@ class DeleteSampler:
             index += self.every
         self._until_next = index - nkeys + 1
 
+    def take(self, samples: list[SampledDelete]) -> None:
+        """Samples the native delivery thread took (it counts and picks them as `offer` does)."""
+        with self._lock:
+            self._ring.extend(samples)
+
     def recent(self, since: float = 0.0) -> list[SampledDelete]:
         with self._lock:
             return [s for s in self._ring if s.acked_at > since]

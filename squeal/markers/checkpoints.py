@@ -17,7 +17,7 @@ from typing import Any
 from twisted.internet import defer
 
 from router_config import SquealSettings
-from squeal.delivery.flows import Flow
+from squeal.delivery.native import AnyFlow as Flow
 from squeal.markers.datamarkers import DatamarkerStore, MarkerWatch, StoreThread, describe_error
 from squeal.process.metrics import Metrics
 from squeal.read import gtid as g

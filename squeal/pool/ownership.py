@@ -91,6 +91,10 @@ class Ownership:
     def may_send(self, shard: str) -> bool:
         return shard in self.tokens and self.lease.valid()
 
+    def window(self, shard: str) -> float:
+        """Seconds this worker may still send for `shard` (0: not at all): the rest of its lease, if it owns it."""
+        return self.lease.left() if self.may_send(shard) else 0.0
+
     def fence(self, shard: str) -> int | None:
         token = self.tokens.get(shard)
         return token if token is not None and self.lease.valid() else None

@@ -48,6 +48,23 @@ from squeal.shard.region import RegionDaemon
 
 log = logging.getLogger(__name__)
 
+
+class SendGate:
+    """A shard's permission to send, asked before every batch (`gate()`); the native delivery thread asks how long
+    it lasts (`left()`: the rest of the lease, so a window it is given never outlives the lease)."""
+
+    def __init__(self, ownership: Callable[[], Ownership | None], shard: str) -> None:
+        self.ownership = ownership
+        self.shard = shard
+
+    def __call__(self) -> bool:
+        o = self.ownership()
+        return o is not None and o.may_send(self.shard)
+
+    def left(self) -> float:
+        o = self.ownership()
+        return o.window(self.shard) if o is not None else 0.0
+
 PUBLISH_EVERY_S = 1.0  # how often a worker measures its shards' loads (and publishes them if they moved)
 WARM_ALL_UP_TO = 64  # a worker of a region with at most this many shards checks every shard's pipeline ahead
 
@@ -234,6 +251,7 @@ class PoolWorker(service.Service):
             on_lost=self._lost,
             on_lapse=self.metrics.lease_lapses.inc,
             on_resume=self.metrics.lease_resumptions.inc,
+            on_pause=self._paused,
             who=f"worker {self.name}",
         )
         self.lease.start(sent)
@@ -297,8 +315,15 @@ class PoolWorker(service.Service):
             if time.monotonic() - self.failed_at.get(shard, -RETRY_FAILED_S) >= RETRY_FAILED_S:
                 self.reactor.callFromThread(daemon.warm, shard)
 
+    def _paused(self, paused: bool) -> None:
+        """The lease's threads: sending must stop (or may go on) now. The reactor's senders ask the gate before
+        every batch; the native delivery thread is told at once (`push_gates`)."""
+        daemon = self.daemon
+        if daemon is not None:
+            daemon.hub.push_gates()
+
     def _gate(self, shard: str) -> Callable[[], bool]:
-        return lambda: self.ownership is not None and self.ownership.may_send(shard)
+        return SendGate(lambda: self.ownership, shard)
 
     def _owner_changed(self, _: Any) -> None:
         """A shard this worker waits for changed hands (one bound method: kazoo keeps one callback per znode,

@@ -34,8 +34,9 @@ from twisted.application import service
 from twisted.internet import defer, task
 
 from router_config import CANARY_TABLE, Database, Region, Topology
-from squeal.delivery.batcher import Sender, SenderHub
-from squeal.delivery.flows import LIVE, Committed, Dispatcher, Flow, flows_for_region
+from squeal.delivery.batcher import Sender
+from squeal.delivery.flows import LIVE, Committed, Dispatcher, Flow
+from squeal.delivery.native import AnyFlow, Hub, NativeSender, make_hub
 from squeal.delivery.sampler import DeleteSampler
 from squeal.keys.bulk import load_cascades
 from squeal.keys.pipeline import Handoff, HandoffGroup, KeyStage, ReadLoop
@@ -108,7 +109,7 @@ class Daemon(service.Service):
         connect_timeout: float = 20.0,
         sample_every: int = 1000,
         shard: str | None = None,
-        hub: SenderHub | None = None,
+        hub: Hub | None = None,
         instance: str | None = None,
         handoffs: HandoffGroup | None = None,
     ) -> None:
@@ -145,7 +146,7 @@ class Daemon(service.Service):
         self.settings = topology.squeal
         self.metrics = Metrics()
         # Shared batchers (a RegionDaemon's), or our own: one Sender per destination either way.
-        self.hub = hub or SenderHub(reactor, self.settings, self.metrics, self.sampler, reply_timeout, tls=topology.tls)
+        self.hub = hub or make_hub(reactor, self.settings, self.metrics, self.sampler, reply_timeout, tls=topology.tls)
         self.source = source_for(self.database)  # (the source poller's)
         # The reactor's side of the live reader's hand-off: shared by a RegionDaemon's shards, else our own.
         self.handoffs = handoffs or HandoffGroup(reactor)
@@ -154,8 +155,8 @@ class Daemon(service.Service):
         prefixes = self.region.regional_pool.prefixes if self.region.regional_pool else ()
         self.stage = KeyStage(self.extractor, prefixes, self.metrics, rules=self.rules)
         self.xa = PreparedXa()  # undecided XA prepares: datamarkers and catch-up readers stay before them
-        self.flows: dict[str, Flow] = {}
-        self.senders: dict[str, Sender] = {}
+        self.flows: dict[str, AnyFlow] = {}
+        self.senders: dict[str, Sender | NativeSender] = {}
         self.catchups: dict[str, ReadLoop] = {}
         self.live: ReadLoop | None = None
         self.dispatcher: Dispatcher | None = None
@@ -309,7 +310,7 @@ class Daemon(service.Service):
                 unsaved.add(name)
                 log.info("flow %s: replay request, starts after %s", name, position or "the start")
         s = self.settings
-        flows = flows_for_region(self.region, starts, s.max_backlog, self.metrics)
+        flows = self.hub.flows_for_region(self.region, starts, s.max_backlog, self.metrics, shard=self.shard.name)
         for f in flows:
             self.flows[f.name] = f
             try:
@@ -323,7 +324,7 @@ class Daemon(service.Service):
             f.on_shed = self._on_shed
             self.senders[f.name] = self.hub.attach(f)
         start = g.earliest([f.acked for f in flows])
-        self.dispatcher = Dispatcher(flows, start)
+        self.dispatcher = self.hub.dispatcher(flows, start)
         bulk = self.stage.bulk
         for parent in sorted(bulk.parents):
             children = {r.table: r.on_truncate for k in ("delete", "update") for r in bulk.cascade_targets(parent, k)}
@@ -483,13 +484,11 @@ class Daemon(service.Service):
             return
         reader = self._reader(start, f"catchup-{flow.name}")
         bound = max(1, flow.max_backlog // 2)
-        room = threading.Event()  # set on the reactor by every acknowledgement of this flow
-        flow.on_acked = room.set
 
         def brake() -> None:  # catch-up thread: hold back while the destination has not taken what it has
-            while flow.backlog > bound and not reader.stopped:
-                room.wait(0.1)  # (the timeout only bounds how long a stopped reader takes to notice)
-                room.clear()  # then look again: an ack after the wait and before the clear is seen by the loop
+            # (the timeout only bounds how long a stopped reader takes to notice)
+            while not flow.wait_room(bound, 0.1) and not reader.stopped:
+                pass
 
         loop: ReadLoop
         handoff = Handoff(

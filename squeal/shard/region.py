@@ -35,8 +35,7 @@ from twisted.internet import defer, task, threads
 
 import router_config
 from router_config import Topology
-from squeal.delivery.batcher import SenderHub
-from squeal.delivery.flows import Flow
+from squeal.delivery.native import AnyFlow, make_hub
 from squeal.delivery.sampler import DeleteSampler, SampledDelete
 from squeal.keys.pipeline import HandoffGroup
 from squeal.markers.datamarkers import DatamarkerStore
@@ -52,10 +51,14 @@ class ShardLabels:
     """A Prometheus collector that serves several registries as one: each shard's series get `shard="NAME"`
     (none for a topology without [shards]); families of the same name are merged."""
 
-    def __init__(self, parts: Callable[[], list[tuple[str | None, CollectorRegistry]]]) -> None:
+    def __init__(
+        self, parts: Callable[[], list[tuple[str | None, CollectorRegistry]]], before: Callable[[], None] = lambda: None
+    ) -> None:
         self.parts = parts
+        self.before = before  # (the native delivery thread's counters taken into the series first)
 
     def collect(self) -> Iterator[Metric]:
+        self.before()
         families: dict[str, Metric] = {}
         for shard, registry in self.parts():
             for family in registry.collect():
@@ -112,12 +115,12 @@ class RegionDaemon(service.MultiService):
         # Write-level series (writes, deletes per write) are the destinations', not a shard's.
         self.metrics = WriteMetrics()
         self.sampler = DeleteSampler(every=sample_every)
-        self.hub = SenderHub(reactor, topology.squeal, self.metrics, self.sampler, reply_timeout, tls=topology.tls)
+        self.hub = make_hub(reactor, topology.squeal, self.metrics, self.sampler, reply_timeout, tls=topology.tls)
         # Every shard's live hand-off wakes and lingers as one (`HandoffGroup`): N shards cost the reactor what
         # one shard at their total rate does, and their transactions of a turn share the next write.
         self.handoffs = HandoffGroup(reactor)
         self.registry = CollectorRegistry()
-        self.registry.register(ShardLabels(self._registries))
+        self.registry.register(ShardLabels(self._registries, before=self.hub.refresh))
         self.stopping = False
         self.exit_code = 0
         self._adding: set[str] = set()
@@ -184,9 +187,9 @@ class RegionDaemon(service.MultiService):
         daemon.setServiceParent(self)
 
     @property
-    def flows(self) -> dict[str, Flow]:
+    def flows(self) -> dict[str, AnyFlow]:
         """Every shard's flows: `shard/destination` (a topology without [shards]: `destination`)."""
-        out: dict[str, Flow] = {}
+        out: dict[str, AnyFlow] = {}
         for shard, daemon in self.shards.items():
             for name, flow in daemon.flows.items():
                 out[f"{shard}/{name}" if self.topology.sharded else name] = flow
