@@ -19,23 +19,18 @@
 //! sampled deletes gathered here.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::io::{self, ErrorKind, Read, Write};
-use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
-use std::path::PathBuf;
+use std::io::{self, ErrorKind};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use mio::net::TcpStream;
-use mio::{Events, Interest, Poll, Registry, Token, Waker};
-use rustls::pki_types::ServerName;
-use rustls::{ClientConfig, ClientConnection};
+use mio::{Events, Poll, Registry, Token, Waker};
 
-use crate::conn::{rustls_reason, Tls};
+use crate::conn::Tls;
 use crate::flow::{Batch, Committed, Flow, Gtid, Offered, Position};
+use crate::link::{Link, Reply};
 
 const WAKER: Token = Token(usize::MAX);
-const READ_SIZE: usize = 64 * 1024;
 
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -82,6 +77,17 @@ pub struct FlowStats {
     pub delivery: Histogram,
 }
 
+impl FlowStats {
+    /// Nothing counted (an idle flow's: not handed to Python at all).
+    pub fn is_empty(&self) -> bool {
+        self.deletes == 0
+            && self.flushes == 0
+            && self.reply_errors.is_empty()
+            && self.latency.counts.is_empty()
+            && self.delivery.counts.is_empty()
+    }
+}
+
 /// A destination's counters since they were last taken.
 #[derive(Debug, Clone, Default)]
 pub struct DestStats {
@@ -106,36 +112,13 @@ struct FlowSlot {
     stats: FlowStats,
 }
 
-/// Where a connection is: TCP connecting, TLS handshaking, or ready for batches.
-#[derive(Debug, PartialEq, Eq)]
-enum Phase {
-    Connecting,
-    Handshaking,
-    Ready,
-}
-
-struct Conn {
-    sock: TcpStream,
-    addr: String,
-    host: String,        // (the name the certificate must be valid for)
-    ca: Option<PathBuf>, // (named when a certificate is not signed by it)
-    tls: Option<ClientConnection>,
-    phase: Phase,
-    out: Vec<u8>, // bytes for the socket not written yet (plaintext connections; rustls buffers its own)
-    inbuf: Vec<u8>,
-    // the replies of the oldest batch in flight so far
-    errors: Vec<Vec<u8>>,
-    server_errors: u32,
-    oks: usize,
-}
-
 struct Dest {
     name: String,
     routers: Vec<(String, u16)>,
     router: usize,
     flows: Vec<usize>,
     next: usize, // the flow asked first at the next send (round robin across shards)
-    conn: Option<Conn>,
+    conn: Option<Link>,
     // (flow, batch) in flight on `conn`, oldest first; the flow is None once it left (`remove_flow`): its
     // batches still take their `MN` so the later ones line up.
     in_flight: VecDeque<(Option<usize>, Batch)>,
@@ -407,7 +390,8 @@ impl Delivery {
             .all(|d| d.in_flight.is_empty() && d.flows.iter().all(|&f| inner.queued(f) == 0))
     }
 
-    /// The counters gathered since the last call: (flow id, its stats), (destination, its stats).
+    /// The counters gathered since the last call: (flow id, its stats), (destination, its stats); those with
+    /// nothing counted are left out.
     pub fn take_stats(&self) -> Stats {
         let mut inner = self.lock();
         let flows = inner
@@ -415,11 +399,13 @@ impl Delivery {
             .iter_mut()
             .enumerate()
             .filter_map(|(i, s)| s.as_mut().map(|s| (i, std::mem::take(&mut s.stats))))
+            .filter(|(_, s)| !s.is_empty())
             .collect();
         let dests = inner
             .dests
             .iter_mut()
             .map(|d| (d.name.clone(), std::mem::take(&mut d.stats)))
+            .filter(|(_, s)| s.writes > 0 || s.retries > 0)
             .collect();
         (flows, dests)
     }
@@ -526,15 +512,12 @@ impl Inner {
         }
         self.dests[d].waiting = None;
         if self.dests[d].deadline.is_some_and(|t| now >= t) {
-            let why = match self.dests[d].conn.as_ref().map(|c| &c.phase) {
-                Some(Phase::Ready) | None => format!(
-                    "no reply within {:.1}s",
-                    self.settings.reply_timeout.as_secs_f64()
-                ),
-                Some(_) => format!(
-                    "connect: no answer within {:.1}s",
-                    self.settings.reply_timeout.as_secs_f64()
-                ),
+            let within = self.settings.reply_timeout.as_secs_f64();
+            let why = match &self.dests[d].conn {
+                Some(link) if link.connecting() => {
+                    format!("connect to {}: no answer within {within:.1}s", link.addr)
+                }
+                _ => format!("no reply within {within:.1}s"),
             };
             self.failure(d, now, &why);
             return;
@@ -544,13 +527,13 @@ impl Inner {
             self.dests[d].linger = None;
             return;
         }
-        match self.dests[d].conn.as_ref().map(|c| &c.phase) {
+        match &self.dests[d].conn {
             None => {
                 self.connect(d, now);
                 return;
             }
-            Some(Phase::Ready) => {}
-            Some(_) => return,
+            Some(link) if link.ready() => {}
+            Some(_) => return, // connecting
         }
         let limit = self.limit(d);
         let dest = &mut self.dests[d];
@@ -642,19 +625,11 @@ impl Inner {
         }
         dest.stats.writes += 1;
         dest.stats.per_write.observe(&bounds, nkeys as f64, 1);
-        let Some(conn) = dest.conn.as_mut() else {
+        let Some(link) = dest.conn.as_mut() else {
             return;
         };
-        let result = match conn.tls.as_mut() {
-            Some(tls) => tls.writer().write_all(payload),
-            None => {
-                conn.out.extend_from_slice(payload);
-                Ok(())
-            }
-        };
-        let result = result.and_then(|()| flush(conn));
-        if let Err(e) = result {
-            self.failure(d, now, &format!("connection lost: {e}"));
+        if let Err(why) = link.send(payload) {
+            self.failure(d, now, &why);
         }
     }
 
@@ -682,18 +657,19 @@ impl Inner {
         }
     }
 
-    /// `MN`: the replies of destination `d`'s oldest batch in flight are in.
-    fn batch_done(&mut self, d: usize, now: Instant) -> Result<(), String> {
+    /// `MN`: the replies of destination `d`'s oldest batch in flight are in (`reply`).
+    fn batch_done(&mut self, d: usize, reply: Reply, now: Instant) -> Result<(), String> {
         let reply_timeout = self.settings.reply_timeout;
         let dest = &mut self.dests[d];
         let Some((id, batch)) = dest.in_flight.pop_front() else {
             return Ok(());
         };
         dest.deadline = (!dest.in_flight.is_empty()).then(|| now + reply_timeout);
-        let conn = dest.conn.as_mut().expect("replies come on a connection");
-        let errors = std::mem::take(&mut conn.errors);
-        let server_errors = std::mem::take(&mut conn.server_errors);
-        let oks = std::mem::take(&mut conn.oks);
+        let Reply {
+            errors,
+            server_errors,
+            oks,
+        } = reply;
         let name = dest.name.clone();
         if let Some(slot) = id.and_then(|i| self.flows[i].as_mut()) {
             for line in &errors {
@@ -780,190 +756,42 @@ impl Inner {
     }
 
     fn connect(&mut self, d: usize, now: Instant) {
-        let reply_timeout = self.settings.reply_timeout;
         let dest = &mut self.dests[d];
         let (host, port) = dest.routers[dest.router % dest.routers.len()].clone();
-        let addr = format!("{host}:{port}");
-        let resolved: io::Result<SocketAddr> = (host.as_str(), port)
-            .to_socket_addrs()
-            .and_then(|mut it| it.next().ok_or_else(|| ErrorKind::NotFound.into()));
-        let tls = match &self.tls {
-            None => Ok(None),
-            Some(settings) => self.tls_config(settings.clone()).and_then(|config| {
-                let name = ServerName::try_from(host.clone())
-                    .map_err(|e| format!("TLS: bad server name {host}: {e}"))?;
-                ClientConnection::new(config, name)
-                    .map(Some)
-                    .map_err(|e| format!("TLS: {e}"))
-            }),
-        };
-        let dest = &mut self.dests[d];
-        let attempt = resolved
-            .map_err(|e| e.to_string())
-            .and_then(|sa| TcpStream::connect(sa).map_err(|e| e.to_string()))
-            .and_then(|sock| tls.map(|tls| (sock, tls)));
-        let (mut sock, tls) = match attempt {
-            Ok(x) => x,
-            Err(e) => {
-                self.failure(d, now, &format!("connect to {addr}: {e}"));
-                return;
-            }
-        };
         dest.connections += 1;
         let tok = token(d, dest.connections);
-        if let Err(e) =
-            self.registry
-                .register(&mut sock, tok, Interest::READABLE | Interest::WRITABLE)
-        {
-            self.failure(d, now, &format!("connect to {addr}: {e}"));
-            return;
+        match Link::open(&host, port, self.tls.as_ref(), &self.registry, tok) {
+            Ok(link) => {
+                let dest = &mut self.dests[d];
+                dest.conn = Some(link);
+                dest.deadline = Some(now + self.settings.reply_timeout);
+            }
+            Err(why) => self.failure(d, now, &why),
         }
-        let dest = &mut self.dests[d];
-        dest.conn = Some(Conn {
-            sock,
-            addr,
-            host,
-            ca: self.tls.as_ref().and_then(|t| t.ca.clone()),
-            tls,
-            phase: Phase::Connecting,
-            out: Vec::new(),
-            inbuf: Vec::new(),
-            errors: Vec::new(),
-            server_errors: 0,
-            oks: 0,
-        });
-        dest.deadline = Some(now + reply_timeout);
     }
 
-    /// A rustls configuration from `[tls]`, read afresh at every connect (as the Python sender's context is):
-    /// renewed certificate files count from the next connection on.
-    fn tls_config(&mut self, tls: Tls) -> Result<Arc<ClientConfig>, String> {
-        tls.config().map(Arc::new)
-    }
-
-    /// A socket event for destination `d`.
+    /// A socket event for destination `d`: the replies that came, then the end of the connection if it ended.
     fn on_event(&mut self, d: usize, tok: Token, now: Instant) {
         let dest = &mut self.dests[d];
-        if token(d, dest.connections) != tok || dest.conn.is_none() {
+        if token(d, dest.connections) != tok {
             return; // an event of a connection since closed
         }
-        if let Err(why) = self.pump(d, now) {
+        let Some(link) = dest.conn.as_mut() else {
+            return;
+        };
+        let (replies, ended) = link.pump();
+        if link.ready() && dest.in_flight.is_empty() {
+            dest.deadline = None; // (the connect's)
+        }
+        for reply in replies {
+            if let Err(why) = self.batch_done(d, reply, now) {
+                self.failure(d, now, &why);
+                return;
+            }
+        }
+        if let Some(why) = ended {
             self.failure(d, now, &why);
         }
-    }
-
-    /// Move bytes: finish the connect or handshake, write what waits, read and handle the replies.
-    fn pump(&mut self, d: usize, now: Instant) -> Result<(), String> {
-        let conn = self.dests[d].conn.as_mut().expect("a connection");
-        if conn.phase == Phase::Connecting {
-            if let Some(e) = conn.sock.take_error().map_err(|e| e.to_string())? {
-                return Err(format!("connect to {}: {e}", conn.addr));
-            }
-            match conn.sock.peer_addr() {
-                Ok(_) => {}
-                Err(e) if e.kind() == ErrorKind::NotConnected => return Ok(()), // not yet
-                Err(e) => return Err(format!("connect to {}: {e}", conn.addr)),
-            }
-            let _ = conn.sock.set_nodelay(true);
-            conn.phase = if conn.tls.is_some() {
-                Phase::Handshaking
-            } else {
-                Phase::Ready
-            };
-        }
-        let mut buf = [0u8; READ_SIZE];
-        let mut lost = false;
-        loop {
-            match conn.sock.read(&mut buf) {
-                Ok(0) => {
-                    lost = true;
-                    break;
-                }
-                Ok(n) => match conn.tls.as_mut() {
-                    None => conn.inbuf.extend_from_slice(&buf[..n]),
-                    Some(tls) => {
-                        let mut rd = &buf[..n];
-                        while !rd.is_empty() {
-                            tls.read_tls(&mut rd).map_err(|e| e.to_string())?;
-                            if let Err(e) = tls.process_new_packets() {
-                                // (what rustls has to say, e.g. its alert, goes out before the close)
-                                let _ = tls.write_tls(&mut conn.sock);
-                                let reason = rustls_reason(&e, &conn.host, &conn.ca);
-                                let addr = &conn.addr;
-                                return Err(format!(
-                                    "connect to {addr}: TLS to {addr} failed: {reason}"
-                                ));
-                            }
-                        }
-                        loop {
-                            match tls.reader().read(&mut buf) {
-                                Ok(0) => {
-                                    lost = true;
-                                    break;
-                                }
-                                Ok(m) => conn.inbuf.extend_from_slice(&buf[..m]),
-                                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                                Err(e) => return Err(format!("connection lost: {e}")),
-                            }
-                        }
-                    }
-                },
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return Err(format!("connection lost: {e}")),
-            }
-        }
-        if let Some(tls) = conn.tls.as_ref() {
-            if conn.phase == Phase::Handshaking && !tls.is_handshaking() {
-                conn.phase = Phase::Ready;
-            }
-        }
-        flush(conn).map_err(|e| format!("connection lost: {e}"))?;
-        if conn.phase == Phase::Ready && self.dests[d].in_flight.is_empty() {
-            self.dests[d].deadline = None; // (the connect's)
-        }
-        self.replies(d, now)?;
-        if lost {
-            let addr = &self.dests[d].conn.as_ref().expect("a connection").addr;
-            return Err(match self.dests[d].conn.as_ref().map(|c| &c.phase) {
-                Some(Phase::Handshaking) => format!(
-                    "connect to {addr}: TLS to {addr} failed: the connection closed during the handshake"
-                ),
-                _ => "connection lost: closed by the peer".into(),
-            });
-        }
-        Ok(())
-    }
-
-    /// Handle the complete reply lines read so far.
-    fn replies(&mut self, d: usize, now: Instant) -> Result<(), String> {
-        let Some(conn) = self.dests[d].conn.as_mut() else {
-            return Ok(());
-        };
-        let Some(end) = conn.inbuf.windows(2).rposition(|w| w == b"\r\n") else {
-            return Ok(());
-        };
-        let done: Vec<u8> = conn.inbuf.drain(..end + 2).collect();
-        for line in done.split(|&b| b == b'\n') {
-            let line = line.strip_suffix(b"\r").unwrap_or(line);
-            match line {
-                b"" => {}
-                b"MN" => self.batch_done(d, now)?,
-                b"NF" | b"HD" => {}
-                _ => {
-                    let conn = self.dests[d].conn.as_mut().expect("a connection");
-                    if line == b"OK" {
-                        conn.oks += 1;
-                    } else {
-                        if line.starts_with(b"SERVER_ERROR") {
-                            conn.server_errors += 1;
-                        }
-                        conn.errors.push(line.to_vec());
-                    }
-                }
-            }
-        }
-        Ok(())
     }
 
     fn failure(&mut self, d: usize, now: Instant, why: &str) {
@@ -980,9 +808,8 @@ impl Inner {
         let dest = &mut self.dests[d];
         dest.deadline = None;
         dest.linger = None;
-        if let Some(mut conn) = dest.conn.take() {
-            let _ = self.registry.deregister(&mut conn.sock);
-            let _ = conn.sock.shutdown(Shutdown::Both);
+        if let Some(link) = dest.conn.take() {
+            link.close(&self.registry);
         }
         if self.stopping {
             return;
@@ -1001,39 +828,6 @@ impl Inner {
         );
         self.log(30, message);
     }
-}
-
-/// Write what waits for the socket until it would block.
-fn flush(conn: &mut Conn) -> io::Result<()> {
-    if conn.phase == Phase::Connecting {
-        return Ok(());
-    }
-    match conn.tls.as_mut() {
-        Some(tls) => {
-            while tls.wants_write() {
-                match tls.write_tls(&mut conn.sock) {
-                    Ok(_) => {}
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        None => {
-            let mut written = 0;
-            while written < conn.out.len() {
-                match conn.sock.write(&conn.out[written..]) {
-                    Ok(0) => return Err(ErrorKind::WriteZero.into()),
-                    Ok(n) => written += n,
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            conn.out.drain(..written);
-        }
-    }
-    Ok(())
 }
 
 /// The delivery thread: wait for a socket, a wake-up or the next due time; then look at every destination.
@@ -1080,9 +874,8 @@ fn run(shared: &Shared, mut poll: Poll) {
     }
     let mut inner = shared.inner.lock().unwrap_or_else(|e| e.into_inner());
     for d in 0..inner.dests.len() {
-        if let Some(mut conn) = inner.dests[d].conn.take() {
-            let _ = inner.registry.deregister(&mut conn.sock);
-            let _ = conn.sock.shutdown(Shutdown::Both);
+        if let Some(link) = inner.dests[d].conn.take() {
+            link.close(&inner.registry);
         }
     }
 }

@@ -15,6 +15,7 @@ pub mod filter;
 pub mod flow;
 pub mod keys;
 pub mod lines;
+pub mod link;
 pub mod stream;
 
 #[cfg(feature = "python")]
