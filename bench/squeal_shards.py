@@ -69,6 +69,9 @@ def health(port: int) -> dict:
     return probe_health(f"127.0.0.1:{port}", timeout=5)[1]
 
 
+DELIVERY = {"setting": "python"}  # [squeal] delivery of every round (--delivery)
+
+
 def topology(dbs: list[MariaDB], schema: str, caches: list[Memcached], flush_ms: float = 0.5) -> str:
     shards = "".join(
         f"[shards.s{i}]\ngtid_domain_id = {DOMAIN + i}\neast = {{ port = {db.port}, server_id = {db.server_id} }}\n"
@@ -82,7 +85,7 @@ def topology(dbs: list[MariaDB], schema: str, caches: list[Memcached], flush_ms:
     # max_backlog above any round's keys: no flow is shed to a catch-up reader (which would read rows twice)
     return (
         f'[squeal]\ndatamarker_dir = "dm"\nmetrics_port_base = {free_port()}\nmax_backlog = 5000000\n'
-        f"flush_interval_ms = {flush_ms}\n{shards}"
+        f'flush_interval_ms = {flush_ms}\ndelivery = "{DELIVERY["setting"]}"\n{shards}'
         f'[[rules]]\ntable = "{schema}.users"\nkeys = ["user:{{id}}", "user:email:{{email}}"]\n'
         f"[regions.east]\nmaster = true\n{clusters}"
     )
@@ -392,7 +395,11 @@ def main() -> int:
     )
     p.add_argument("--lone-rate", type=float, default=50, help="`lone`: single-row transactions a second")
     p.add_argument("--flush-ms", default="0.5", help="[squeal] flush_interval_ms of the live rounds, a list")
+    p.add_argument(
+        "--delivery", choices=("native", "python"), default="python", help="[squeal] delivery (default %(default)s)"
+    )
     args = p.parse_args()
+    DELIVERY["setting"] = args.delivery
     counts = [int(c) for c in args.shards.split(",")]
     base = Path(tempfile.mkdtemp(prefix="squeal-shards-"))
     dbs = [MariaDB(500 + i, workdir=base / f"db{i}", gtid_domain_id=DOMAIN + i) for i in range(max(counts))]
@@ -402,7 +409,7 @@ def main() -> int:
             proc.start()
         print(
             f"# squeal over 1..{max(counts)} shards, {args.rows} rows per replay round, {os.cpu_count()} cores, "
-            f"load {os.getloadavg()[0]:.2f}",
+            f"delivery {args.delivery}, load {os.getloadavg()[0]:.2f}",
             flush=True,
         )
         if args.only == "lone":

@@ -96,11 +96,12 @@ def topology_text(
     extra_rules: Iterable[tuple[str, list[str]]] = (),
     routers_per_cluster: list[list[int]] | None = None,
     host: str = "127.0.0.1",
+    delivery: str | None = None,
 ) -> str:
     """One region ("east") whose clusters' routers are `cluster_ports` (memcached or squeal-router).
 
     `host`: where the database and the routers listen (a test's own address, e.g. one reachable from a
-    network namespace)."""
+    network namespace). `delivery`: `[squeal] delivery` (None: the default)."""
     rules = [
         (f"{schema}.users", ["user:{id}", "user:email:{email}"]),
         (f"{schema}.posts", ["post:{id}", "feed:{author_id}"]),
@@ -109,6 +110,7 @@ def topology_text(
     out = [
         f"[squeal]\nbatch_size = {batch_size}\nflush_interval_ms = {flush_interval_ms}\n"
         f'max_backlog = {max_backlog}\ndatamarker_dir = "var/dm"\nmetrics_port_base = {free_port()}\n'
+        + (f'delivery = "{delivery}"\n' if delivery is not None else "")
     ]
     for table, keys in rules:
         listed = ", ".join(f'"{k}"' for k in keys)

@@ -15,9 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from squeal_helpers import SquealEnv, scrape, wait_gone
 
 
-@pytest.fixture(scope="module")
-def env(primary, tmp_path_factory) -> SquealEnv:
-    e = SquealEnv(tmp_path_factory.mktemp("delivery"), primary).start()
+@pytest.fixture(scope="module", params=["native", "python"])
+def env(primary, tmp_path_factory, request) -> SquealEnv:
+    """Every test runs with both deliveries (`[squeal] delivery`): the native thread and the Python senders."""
+    e = SquealEnv(tmp_path_factory.mktemp("delivery"), primary, delivery=request.param).start()
     yield e
     e.stop()
 

@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 
+import pytest
 from squeal_helpers import create_schema, scrape, topology_text, unique_db, wait_until, write_topology
 
 from ops import harness
@@ -47,8 +48,9 @@ def post_keys(ids) -> list[str]:
     return [f"post:{i}" for i in ids]
 
 
-def test_kill_9_mid_stream_then_restart_loses_nothing(squeal_env) -> None:
-    env = squeal_env().start()
+@pytest.mark.parametrize("delivery", ["native", "python"])
+def test_kill_9_mid_stream_then_restart_loses_nothing(squeal_env, delivery: str) -> None:
+    env = squeal_env(delivery=delivery).start()
     planned = range(1, 4001)
     for c in env.caches:
         c.set_many(post_keys(planned))
@@ -82,9 +84,10 @@ def _p99(samples: list[float]) -> float:
     return s[min(len(s) - 1, int(len(s) * 0.99))]
 
 
-def test_stopped_cluster_does_not_delay_the_other_and_catches_up(squeal_env) -> None:
+@pytest.mark.parametrize("delivery", ["native", "python"])
+def test_stopped_cluster_does_not_delay_the_other_and_catches_up(squeal_env, delivery: str) -> None:
     # A small max_backlog makes the stopped cluster's flow shed and come back through a catch-up reader.
-    env = squeal_env(max_backlog=300, extra_args=("--reply-timeout", "0.5")).start()
+    env = squeal_env(max_backlog=300, extra_args=("--reply-timeout", "0.5"), delivery=delivery).start()
     healthy, stopped = env.caches
     planned = range(1, 6001)
     for c in env.caches:

@@ -258,13 +258,23 @@ class TlsMemcached(Memcached):
         return c
 
 
-def tls_daemon(tmp_path: Path, db: MariaDB, pki, schema: str, caches: list[Memcached], procs: _Processes):
+def tls_daemon(
+    tmp_path: Path,
+    db: MariaDB,
+    pki,
+    schema: str,
+    caches: list[Memcached],
+    procs: _Processes,
+    delivery: str | None = None,
+):
     topo = tmp_path / "topology.toml"
-    topo.write_text(tls_section(pki) + topology_text(db, schema, [m.port for m in caches], regional=False))
+    text = topology_text(db, schema, [m.port for m in caches], regional=False, delivery=delivery)
+    topo.write_text(tls_section(pki) + text)
     return procs.add(SquealDaemon(topo, "east", workdir=tmp_path / "squeal", state_dir=tmp_path / "state"))
 
 
-def test_a_router_that_is_untrusted_or_plaintext_gets_no_deletes_and_its_flow_waits(tmp_path, hardened, pki):
+@pytest.mark.parametrize("delivery", ["native", "python"])
+def test_a_router_that_is_untrusted_or_plaintext_gets_no_deletes_and_its_flow_waits(tmp_path, hardened, pki, delivery):
     schema = unique_db("tlsbad")
     create_schema(hardened, schema)
     procs = _Processes(tmp_path)
@@ -275,7 +285,7 @@ def test_a_router_that_is_untrusted_or_plaintext_gets_no_deletes_and_its_flow_wa
         bad.context = lambda: _no_name_check(pki)  # the test's own client only: squeal checks the name
         procs.add(bad)
         plain = procs.add(Memcached(workdir=tmp_path / "mc"))  # a plaintext port: TLS must not fall back
-        daemon = tls_daemon(tmp_path, hardened, pki, schema, [good, bad, plain], procs)
+        daemon = tls_daemon(tmp_path, hardened, pki, schema, [good, bad, plain], procs, delivery)
         clients = [good.cache(), bad.cache(), Cache(plain.port)]
         for c in clients:
             c.set("user:61")
