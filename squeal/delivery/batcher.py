@@ -149,7 +149,8 @@ class Sender:
         self.waiting = False  # backing off after a failure
         self.timer: Any = None
         self.timeout: Any = None
-        self.batches: deque[tuple[Flow, Batch]] = deque()  # in flight on `client`, oldest first
+        # In flight on `client`, oldest first; a flow of None: a removed flow's batch, still owed its `MN`.
+        self.batches: deque[tuple[Flow | None, Batch]] = deque()
         self.stopped = False
         self._drained: list[defer.Deferred] = []
         m = metrics
@@ -165,11 +166,15 @@ class Sender:
         flow.on_ready = functools.partial(self.kick, flow)
 
     def remove_flow(self, flow: Any) -> None:
-        """A shard's pipeline stopped: its flow leaves (whatever it has in flight is handed back to it)."""
+        """A shard's pipeline stopped: its flow leaves (whatever it has in flight is handed back to it).
+
+        Its batches are still on the wire and each will be answered by an `MN`: they stay in `batches`, in
+        order, with no flow (placeholders), so that `MN` is consumed by them, not taken as the next shard's
+        acknowledgement (which would move that shard's marker past keys not yet acknowledged)."""
         mine = [b for f, b in self.batches if f is flow]
         for b in mine:
             flow.fail(b)
-        self.batches = deque((f, b) for f, b in self.batches if f is not flow)
+        self.batches = deque((None if f is flow else f, b) for f, b in self.batches)
         self.flows = [f for f in self.flows if f is not flow]
         flow.on_ready = lambda: None
 
@@ -313,6 +318,10 @@ class Sender:
                 self.timeout.cancel()
         if not self.batches:
             self.timeout = None
+        if flow is None:  # a removed flow's batch (see remove_flow): already handed back; its replies are its own
+            if not self.batches or len(self.batches) == self._limit - 1:
+                self.kick()
+            return
         m = flow.metrics
         for line in errors:
             if m is not None:
@@ -357,7 +366,8 @@ class Sender:
     def _failure(self, why: str) -> None:
         addr = self.destinations[self.router % len(self.destinations)]
         for flow, batch in self.batches:  # every batch in flight goes back, in order (some may predate a shed)
-            flow.fail(batch)
+            if flow is not None:  # (a removed flow's were handed back when it left)
+                flow.fail(batch)
         self.batches.clear()
         if self.timeout is not None and self.timeout.active():
             self.timeout.cancel()

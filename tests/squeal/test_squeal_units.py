@@ -619,6 +619,45 @@ def test_sender_shares_one_connection_and_one_write_among_shards() -> None:
         s.add_flow(Flow("c1", "cluster", routers, {}, 1000))
 
 
+def test_removed_flow_batches_still_consume_their_mn_on_a_shared_connection() -> None:
+    """A shard's flow leaves a shared sender (its pipeline retires) while its batch is on the wire: that batch's
+    `MN` still arrives, and must not acknowledge the next shard's batch, whose marker would then move past keys the
+    destination has not acknowledged. Its replies' errors are its own (no failover for the shards that stay)."""
+    reactor = MemoryReactorClock()
+    routers = [Address("127.0.0.1", 1001)]
+    a = Flow("c0", "cluster", routers, {}, 1000)
+    b = Flow("c0", "cluster", routers, {}, 1000)
+    s = Sender(a, reactor, batch_size=4, flush_interval=0.0005, reply_timeout=1.0)
+    s.add_flow(b)
+    a.offer_live(committed(1, ["a1"]))
+    b.offer_live(committed(7, ["b1"]))
+    reactor.advance(0.001)
+    transport, proto = _connect(reactor, 0)
+    assert transport.value() == b"md a1 q\r\nmn\r\nmd b1 q\r\nmn\r\n"  # a's batch first, then b's
+    s.remove_flow(a)
+    assert a.in_flight is None and a.pending_keys == 1  # handed back at once: the retiring shard sees it unsent
+    reactor.advance(0.5)
+    proto.dataReceived(b"MN\r\n")  # answers a's batch, written first
+    assert b.acked == {}, "b's marker moved on the MN of a removed flow's batch"
+    assert a.acked == {} and not s.drained()
+    reactor.advance(0.9)  # the MN gave b's batch a full reply_timeout of its own
+    assert len(s.batches) == 1 and not transport.disconnecting
+    proto.dataReceived(b"MN\r\n")
+    assert b.acked == {0: (1, 7)} and s.drained() and s.timeout is None
+    # A removed flow's batch answered with an error: nothing fails over, the next MN is still b's.
+    c = Flow("c0", "cluster", routers, {}, 1000)
+    s.add_flow(c)
+    c.offer_live(committed(3, ["c1"]))
+    b.offer_live(committed(8, ["b2"]))
+    reactor.advance(0.001)
+    assert transport.value().endswith(b"md c1 q\r\nmn\r\nmd b2 q\r\nmn\r\n")
+    s.remove_flow(c)
+    proto.dataReceived(b"SERVER_ERROR busy\r\nMN\r\n")
+    assert not transport.disconnecting and len(s.batches) == 1 and b.acked == {0: (1, 7)}
+    reactor.advance(1.0)  # then no MN for b's batch: the timeout hands it back to b alone
+    assert transport.disconnecting and not s.batches and b.pending_keys == 1 and b.acked == {0: (1, 7)}
+
+
 def test_full_batches_of_several_shards_share_a_write_while_others_are_in_flight() -> None:
     """While a write is in flight, the full batches that several shards have ready leave in one write (one batch per
     shard), not one write each; one shard alone still writes one batch per write (`batch_size = 1`: one delete)."""
