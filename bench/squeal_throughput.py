@@ -1,6 +1,6 @@
 """squeal throughput, batching and memory benchmark (not a test: prints figures for docs/benchmarks.md).
 
-    .venv/bin/python bench/squeal_throughput.py [--rows 50000] [--repeat 3] [--readers native,python]
+    .venv/bin/python bench/squeal_throughput.py [--rows 50000] [--repeat 3] [--readers native,python,native/python]
                                                 [--dead-seconds 60] [--no-memory] [--tls] [--no-decoders] [--via-router]
                                                 [--rows-per-txn 10]
 
@@ -297,7 +297,9 @@ def squeal_replay(
     text = topology_text(db, schema, [m.port for m in caches], regional=False, batch_size=batch_size)
     if tls_dir is not None:
         text = f'[tls]\ndir = "{tls_dir}"\nrequire = true\n' + text
-    topo.write_text(text.replace("[squeal]\n", f'[squeal]\nreader = "{reader}"\n', 1))
+    reader, _, delivery = reader.partition("/")  # "native/python": the native reader, the Python senders
+    setting = f'delivery = "{delivery}"\n' if delivery else ""  # (else the default)
+    topo.write_text(text.replace("[squeal]\n", f'[squeal]\nreader = "{reader}"\n{setting}', 1))
     # The 4-column table: rules render two keys per row image.
     daemon = SquealDaemon(topo, "east", workdir=work, state_dir=work / "state", extra_args=("--from-gtid", start))
     daemon.start()
@@ -480,7 +482,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=50_000)
     ap.add_argument("--repeat", type=int, default=3, help="rounds over the same binlog (median reported)")
-    ap.add_argument("--readers", default="native,python", help="squeal readers to run end to end, comma-separated")
+    ap.add_argument(
+        "--readers",
+        default="native,python",
+        help="squeal readers to run end to end, comma-separated; READER/DELIVERY also sets [squeal] delivery "
+        "(native, the default, or python), e.g. native/python,native/native",
+    )
     ap.add_argument(
         "--via-router",
         action="store_true",

@@ -360,7 +360,7 @@ class SquealSettings:
     marker_max_age_s: float = 30.0  # /healthz fails while a flow's datamarker waits longer to be written
     max_lag_s: float = 60.0  # /healthz fails while a flow is further behind the primary's commits (a stalled copy)
     reader: str = "native"  # see READERS: the Rust extension (squeal_native) or python-mysql-replication
-    delivery: str = "python"  # see DELIVERIES
+    delivery: str = "native"  # see DELIVERIES
 
 
 @dataclass(frozen=True)

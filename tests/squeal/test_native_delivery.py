@@ -352,9 +352,9 @@ database = {{ role = "primary", port = 3306, server_id = 1, user = "u", password
 routers = ["127.0.0.1:5000"]
 pools.wildcard = {{ kind = "wildcard", servers = ["127.0.0.1:5001"] }}
 """
-    assert loads(base.format(setting="")).squeal.delivery == "python"
-    topo = loads(base.format(setting='delivery = "native"'))
-    assert topo.squeal.delivery == "native"
-    assert loads(dumps(topo)).squeal.delivery == "native"
+    assert loads(base.format(setting="")).squeal.delivery == "native"
+    topo = loads(base.format(setting='delivery = "python"'))
+    assert topo.squeal.delivery == "python"
+    assert loads(dumps(topo)).squeal.delivery == "python"
     with pytest.raises(TopologyError, match='squeal.delivery: must be "native" or "python", got \'rust\''):
         loads(base.format(setting='delivery = "rust"'))
