@@ -140,6 +140,9 @@ struct Inner {
     samples: Vec<Sample>,
     until_sample: u64,
     stopping: bool,
+    // The thread was woken and has not looked yet: offers meanwhile need no wake-up of their own (it looks at
+    // every destination once it has the lock). Set and cleared under the lock, so no offer is missed.
+    wake_pending: bool,
     registry: Registry,
 }
 
@@ -189,6 +192,7 @@ impl Delivery {
                 samples: Vec::new(),
                 until_sample,
                 stopping: false,
+                wake_pending: false,
                 registry,
             }),
             room: Condvar::new(),
@@ -208,9 +212,13 @@ impl Delivery {
         self.shared.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn wake(&self) {
-        // (a failed wake-up only delays the send to the next timer or event)
-        let _ = self.shared.waker.wake();
+    /// Wake the thread unless a wake-up is pending already (`inner` is the locked state).
+    fn wake(&self, inner: &mut Inner) {
+        if !inner.wake_pending {
+            inner.wake_pending = true;
+            // (a failed wake-up only delays the send to the next timer or event)
+            let _ = self.shared.waker.wake();
+        }
     }
 
     /// A shard's flow to a destination (created with its first flow); its id.
@@ -286,8 +294,8 @@ impl Delivery {
     pub fn offer(&self, ids: &[usize], offer: &Offer, live: bool) -> (Vec<usize>, bool) {
         let mut shed = Vec::new();
         let mut queued = false;
+        let mut inner = self.lock();
         {
-            let mut inner = self.lock();
             for &id in ids {
                 let Some(slot) = inner.flows.get_mut(id).and_then(Option::as_mut) else {
                     continue;
@@ -311,7 +319,7 @@ impl Delivery {
             }
         }
         if queued {
-            self.wake();
+            self.wake(&mut inner);
         }
         (shed, queued)
     }
@@ -376,8 +384,7 @@ impl Delivery {
                 inner.windows.insert(shard.to_string(), until);
             }
         }
-        drop(inner);
-        self.wake();
+        self.wake(&mut inner);
     }
 
     /// Nothing queued or in flight for destination `dest` (every flow of it).
@@ -420,8 +427,12 @@ impl Delivery {
 
     /// Stop the thread; connections are closed, nothing queued is sent.
     pub fn stop(&mut self) {
-        self.lock().stopping = true;
-        self.wake();
+        {
+            let mut inner = self.lock();
+            inner.stopping = true;
+            inner.wake_pending = false; // (this wake-up must go out)
+            self.wake(&mut inner);
+        }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -628,7 +639,7 @@ impl Inner {
         let Some(link) = dest.conn.as_mut() else {
             return;
         };
-        if let Err(why) = link.send(payload) {
+        if let Err(why) = link.send(payload, &self.registry) {
             self.failure(d, now, &why);
         }
     }
@@ -779,7 +790,7 @@ impl Inner {
         let Some(link) = dest.conn.as_mut() else {
             return;
         };
-        let (replies, ended) = link.pump();
+        let (replies, ended) = link.pump(&self.registry);
         if link.ready() && dest.in_flight.is_empty() {
             dest.deadline = None; // (the connect's)
         }
@@ -855,6 +866,7 @@ fn run(shared: &Shared, mut poll: Poll) {
         if inner.stopping {
             break;
         }
+        inner.wake_pending = false; // from here on an offer wakes the thread again
         let now = Instant::now();
         for ev in events.iter() {
             let tok = ev.token();

@@ -46,6 +46,11 @@ pub struct Link {
     out: Vec<u8>, // bytes for the socket not written yet (plaintext; rustls buffers its own)
     inbuf: Vec<u8>,
     current: Reply, // the replies of the oldest batch in flight so far
+    token: Token,
+    // Asked to be told when the socket is writable: only while connecting or while bytes wait. Edge-triggered
+    // EPOLLOUT also fires at every TCP acknowledgement that frees send buffer, a wake-up (and a futile read)
+    // per ack of the peer if it were asked for all the time.
+    writable: bool,
 }
 
 impl Link {
@@ -87,6 +92,8 @@ impl Link {
             out: Vec::new(),
             inbuf: Vec::new(),
             current: Reply::default(),
+            token,
+            writable: true,
         })
     }
 
@@ -99,8 +106,8 @@ impl Link {
         self.phase != Phase::Ready
     }
 
-    /// Write `payload` (as much as the socket takes now; the rest at the next `pump`).
-    pub fn send(&mut self, payload: &[u8]) -> Result<(), String> {
+    /// Write `payload` (as much as the socket takes now; the rest when it is writable again: `pump`).
+    pub fn send(&mut self, payload: &[u8], registry: &Registry) -> Result<(), String> {
         let queued = match self.tls.as_mut() {
             Some(tls) => tls.writer().write_all(payload),
             None => {
@@ -110,14 +117,40 @@ impl Link {
         };
         queued
             .and_then(|()| self.flush())
+            .and_then(|()| self.interest(registry))
             .map_err(|e| format!("connection lost: {e}"))
     }
 
     /// After a socket event: finish the connect or the handshake, write what waits, read. Returns the batches'
     /// replies completed since (in order), and why the connection ended if it did (after those replies).
-    pub fn pump(&mut self) -> (Vec<Reply>, Option<String>) {
-        let ended = self.move_bytes().err();
+    pub fn pump(&mut self, registry: &Registry) -> (Vec<Reply>, Option<String>) {
+        let mut ended = self.move_bytes().err();
+        if ended.is_none() {
+            ended = self
+                .interest(registry)
+                .err()
+                .map(|e| format!("connection lost: {e}"));
+        }
         (self.replies(), ended)
+    }
+
+    /// Ask for writability only while connecting or while bytes wait for the socket.
+    fn interest(&mut self, registry: &Registry) -> io::Result<()> {
+        let waiting = match &self.tls {
+            Some(tls) => tls.wants_write(),
+            None => !self.out.is_empty(),
+        };
+        let want = self.phase == Phase::Connecting || waiting;
+        if want != self.writable {
+            let interest = if want {
+                Interest::READABLE | Interest::WRITABLE
+            } else {
+                Interest::READABLE
+            };
+            registry.reregister(&mut self.sock, self.token, interest)?;
+            self.writable = want;
+        }
+        Ok(())
     }
 
     fn move_bytes(&mut self) -> Result<(), String> {
