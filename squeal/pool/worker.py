@@ -65,6 +65,7 @@ class SendGate:
         o = self.ownership()
         return o.window(self.shard) if o is not None else 0.0
 
+
 PUBLISH_EVERY_S = 1.0  # how often a worker measures its shards' loads (and publishes them if they moved)
 WARM_ALL_UP_TO = 64  # a worker of a region with at most this many shards checks every shard's pipeline ahead
 
