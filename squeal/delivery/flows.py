@@ -438,20 +438,24 @@ class Flow:
                 self.metrics.state.labels(flow=self.name, state=s).set(1 if s == state else 0)
 
 
+def destinations(region: Region) -> list[tuple[str, str, tuple[Address, ...]]]:
+    """(name, kind, routers) of each destination of `region`: every cluster, then the regional pool if it has one
+    (its keys go through any router of the region)."""
+    out = [(c.name, "cluster", tuple(c.routers)) for c in region.clusters]
+    if region.regional_pool is not None:
+        out.append((REGIONAL, REGIONAL, tuple(a for c in region.clusters for a in c.routers)))
+    return out
+
+
 def flows_for_region(
     region: Region, starts: dict[str, g.Position], max_backlog: int, metrics: Metrics | None = None
 ) -> list[Flow]:
-    """One flow per cluster of `region`, plus the regional flow if the region has a regional pool."""
-    flows = [Flow(c.name, "cluster", c.routers, starts[c.name], max_backlog, metrics) for c in region.clusters]
-    if region.regional_pool is not None:
-        every_router = tuple(a for c in region.clusters for a in c.routers)
-        flows.append(Flow(REGIONAL, REGIONAL, every_router, starts[REGIONAL], max_backlog, metrics))
-    return flows
+    """One flow per destination of `region`."""
+    return [Flow(n, kind, routers, starts[n], max_backlog, metrics) for n, kind, routers in destinations(region)]
 
 
 def flow_names(region: Region) -> list[str]:
-    names = [c.name for c in region.clusters]
-    return names + ([REGIONAL] if region.regional_pool is not None else [])
+    return [name for name, _, _ in destinations(region)]
 
 
 class Dispatcher:
@@ -463,6 +467,12 @@ class Dispatcher:
         self.pieces: g.Gtid | None = None  # the transaction being handed on in pieces, until its last one
 
     def dispatch(self, c: Committed) -> None:
+        self.dispatched(c)
+        for f in self.flows.values():
+            f.offer_live(c)
+
+    def dispatched(self, c: Committed) -> None:
+        """The live stream got as far as `c` (between transactions unless `c` is a piece with more to come)."""
         if c.position is not None:
             g.merge(self.live, c.position)
             self.pieces = None
@@ -471,5 +481,3 @@ class Dispatcher:
         else:
             g.advance(self.live, c.gtid)
             self.pieces = None
-        for f in self.flows.values():
-            f.offer_live(c)

@@ -30,7 +30,7 @@ from twisted.internet import defer, task
 
 from router_config import Address, Region, SquealSettings, TlsSettings
 from squeal.delivery.batcher import SenderHub
-from squeal.delivery.flows import REGIONAL, STATES, Committed, Dispatcher, Flow, flow_names
+from squeal.delivery.flows import REGIONAL, STATES, Committed, Dispatcher, Flow, destinations
 from squeal.delivery.sampler import DeleteSampler, SampledDelete
 from squeal.process.metrics import BATCH_BUCKETS, LATENCY_BUCKETS, CertExpiry, Metrics, WriteMetrics, own_certificates
 from squeal.read import gtid as g
@@ -51,6 +51,23 @@ def _add_counts(histogram: Any, counts: Sequence[int], total: float) -> None:
     for bucket, n in zip(histogram._buckets, counts, strict=True):
         if n:
             bucket.inc(n)
+
+
+def offered(c: Committed) -> tuple[Any, ...]:
+    """`c` as `NativeDelivery.offer` takes it, after the flow ids and `live`."""
+    return (
+        c.gtid,
+        c.commit_ts,
+        c.read_ts,
+        c.cluster_lines,
+        c.regional_lines,
+        c.flush,
+        c.position,
+        c.partial,
+        c.rows_from,
+        c.rows_to,
+        c.transactions,
+    )
 
 
 class NativeFlow:
@@ -233,14 +250,7 @@ class NativeDispatcher(Dispatcher):
         self.native_flows = list(flows)
 
     def dispatch(self, c: Committed) -> None:
-        if c.position is not None:
-            g.merge(self.live, c.position)
-            self.pieces = None
-        elif c.partial:
-            self.pieces = c.gtid
-        else:
-            g.advance(self.live, c.gtid)
-            self.pieces = None
+        self.dispatched(c)
         live = [f for f in self.native_flows if f.state == "live"]
         if live:
             self.hub.offer(live, c, live=True)
@@ -338,17 +348,11 @@ class NativeHub:
         metrics: Metrics | None = None,
         shard: str = "",
     ) -> list[NativeFlow]:
-        """One flow per cluster of `region`, plus the regional flow (`flows.flows_for_region`'s)."""
+        """One flow per destination of `region` (`flows.destinations`), this hub's."""
         flows = [
-            NativeFlow(self, c.name, "cluster", c.routers, starts[c.name], max_backlog, shard, metrics)
-            for c in region.clusters
+            NativeFlow(self, n, kind, routers, starts[n], max_backlog, shard, metrics)
+            for n, kind, routers in destinations(region)
         ]
-        if region.regional_pool is not None:
-            every_router = tuple(a for c in region.clusters for a in c.routers)
-            flows.append(
-                NativeFlow(self, REGIONAL, REGIONAL, every_router, starts[REGIONAL], max_backlog, shard, metrics)
-            )
-        assert [f.name for f in flows] == flow_names(region)
         for f in flows:
             self.flows[f.id] = f
         return flows
@@ -368,21 +372,7 @@ class NativeHub:
     # -- the data path ----------------------------------------------------------------------------------------
 
     def offer(self, flows: Sequence[NativeFlow], c: Committed, live: bool) -> None:
-        shed = self.engine.offer(
-            [f.id for f in flows],
-            live,
-            c.gtid,
-            c.commit_ts,
-            c.read_ts,
-            c.cluster_lines,
-            c.regional_lines,
-            c.flush,
-            c.position,
-            c.partial,
-            c.rows_from,
-            c.rows_to,
-            c.transactions,
-        )
+        shed = self.engine.offer([f.id for f in flows], live, *offered(c))
         for flow_id in shed:
             self.flows[flow_id]._shed()
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from squeal.delivery.flows import FLUSH_LINE, Committed, Flow
+from squeal.delivery.native import offered
 from squeal.process.metrics import BATCH_BUCKETS, LATENCY_BUCKETS
 from squeal.read import gtid as g
 from squeal.read.native import native_module
@@ -118,21 +119,7 @@ def delivery(**kwargs):
 
 
 def offer(engine, ids: list[int], c: Committed, live: bool = True) -> list[int]:
-    return engine.offer(
-        ids,
-        live,
-        c.gtid,
-        c.commit_ts,
-        c.read_ts,
-        c.cluster_lines,
-        c.regional_lines,
-        c.flush,
-        c.position,
-        c.partial,
-        c.rows_from,
-        c.rows_to,
-        c.transactions,
-    )
+    return engine.offer(ids, live, *offered(c))
 
 
 def until(check: Callable[[], bool], what: str) -> None:
@@ -334,27 +321,3 @@ def test_the_bound_sheds_and_the_catch_up_brake_waits_for_room(recorders: list[R
         assert engine.wait_room(flow, 10, WAIT_S) is True
     finally:
         engine.stop()
-
-
-def test_the_delivery_setting_is_validated_and_round_trips() -> None:
-    from router_config import TopologyError, dumps, loads
-
-    base = """
-[squeal]
-{setting}
-[[rules]]
-table = "app.users"
-keys = ["user:{{id}}"]
-[regions.east]
-master = true
-database = {{ role = "primary", port = 3306, server_id = 1, user = "u", password = "p" }}
-[regions.east.clusters.a]
-routers = ["127.0.0.1:5000"]
-pools.wildcard = {{ kind = "wildcard", servers = ["127.0.0.1:5001"] }}
-"""
-    assert loads(base.format(setting="")).squeal.delivery == "native"
-    topo = loads(base.format(setting='delivery = "python"'))
-    assert topo.squeal.delivery == "python"
-    assert loads(dumps(topo)).squeal.delivery == "python"
-    with pytest.raises(TopologyError, match='squeal.delivery: must be "native" or "python", got \'rust\''):
-        loads(base.format(setting='delivery = "rust"'))

@@ -388,7 +388,9 @@ def test_native_reader_data_loss_and_reconnect(mariadb_pair):
     assert reader.errors == 1
 
 
-def test_the_reader_setting_is_validated_and_round_trips(tmp_path):
+@pytest.mark.parametrize("key", ["reader", "delivery"])
+def test_the_native_settings_are_validated_and_round_trip(key: str) -> None:
+    """`[squeal] reader` and `delivery`: "native" by default, "python" kept, anything else named."""
     from router_config import TopologyError, dumps, loads
 
     base = """
@@ -404,9 +406,9 @@ database = {{ role = "primary", port = 3306, server_id = 1, user = "u", password
 routers = ["127.0.0.1:5000"]
 pools.wildcard = {{ kind = "wildcard", servers = ["127.0.0.1:5001"] }}
 """
-    assert loads(base.format(setting="")).squeal.reader == "native"
-    topo = loads(base.format(setting='reader = "python"'))
-    assert topo.squeal.reader == "python"
-    assert loads(dumps(topo)).squeal.reader == "python"
-    with pytest.raises(TopologyError, match='squeal.reader: must be "native" or "python", got \'rust\''):
-        loads(base.format(setting='reader = "rust"'))
+    assert getattr(loads(base.format(setting="")).squeal, key) == "native"
+    topo = loads(base.format(setting=f'{key} = "python"'))
+    assert getattr(topo.squeal, key) == "python"
+    assert getattr(loads(dumps(topo)).squeal, key) == "python"
+    with pytest.raises(TopologyError, match=f'squeal.{key}: must be "native" or "python", got \'rust\''):
+        loads(base.format(setting=f'{key} = "rust"'))
