@@ -421,21 +421,42 @@ class Flow:
 
         Read from the /metrics thread: no I/O here, and the queue may change under us.
         """
-        now = self.clock()
-        queued = 0.0
         try:
-            queued = max(0.0, now - self.queue[0].commit_ts)
+            oldest: float | None = self.queue[0].commit_ts
         except IndexError:  # nothing queued
-            if self.state != LIVE and self.last_acked_commit_ts is not None:
-                queued = max(0.0, now - self.last_acked_commit_ts)
-        source = self.source_lag(dict(self.acked), now) if self.source_lag is not None else 0.0
-        return max(queued, source)
+            oldest = None
+        return lag_of(self.clock(), oldest, self.state, self.last_acked_commit_ts, self.source_lag, dict(self.acked))
 
     def _set_state(self, state: str) -> None:
         self.state = state
-        if self.metrics is not None:
-            for s in STATES:
-                self.metrics.state.labels(flow=self.name, state=s).set(1 if s == state else 0)
+        show_state(self.metrics, self.name, state)
+
+
+def lag_of(
+    now: float,
+    oldest: float | None,
+    state: str,
+    last_acked_commit_ts: float | None,
+    source_lag: Callable[[g.Position, float], float] | None,
+    acked: g.Position,
+) -> float:
+    """`Flow.lag` from its parts (a native flow's are read from the delivery thread): the commit time of the
+    oldest entry not acknowledged (or, with nothing queued and the flow off the live stream, of the last one
+    acknowledged), or the source's lead over `acked`, whichever is further behind."""
+    queued = 0.0
+    if oldest is not None:
+        queued = max(0.0, now - oldest)
+    elif state != LIVE and last_acked_commit_ts is not None:
+        queued = max(0.0, now - last_acked_commit_ts)
+    source = source_lag(acked, now) if source_lag is not None else 0.0
+    return max(queued, source)
+
+
+def show_state(metrics: Metrics | None, name: str, state: str) -> None:
+    """`squeal_flow_state`: 1 for the flow's state, 0 for the others."""
+    if metrics is not None:
+        for s in STATES:
+            metrics.state.labels(flow=name, state=s).set(1 if s == state else 0)
 
 
 def destinations(region: Region) -> list[tuple[str, str, tuple[Address, ...]]]:

@@ -30,7 +30,7 @@ from twisted.internet import defer, task
 
 from router_config import Address, Region, SquealSettings, TlsSettings
 from squeal.delivery.batcher import SenderHub
-from squeal.delivery.flows import REGIONAL, STATES, Committed, Dispatcher, Flow, destinations
+from squeal.delivery.flows import REGIONAL, Committed, Dispatcher, Flow, destinations, lag_of, show_state
 from squeal.delivery.sampler import DeleteSampler, SampledDelete
 from squeal.process.metrics import BATCH_BUCKETS, LATENCY_BUCKETS, CertExpiry, Metrics, WriteMetrics, own_certificates
 from squeal.read import gtid as g
@@ -208,22 +208,13 @@ class NativeFlow:
     # -- observability -------------------------------------------------------------------------------------------
 
     def lag(self) -> float:
-        """As `Flow.lag`: the oldest unacknowledged commit, or the source's lead over `acked`."""
+        """As `Flow.lag` (`flows.lag_of`), from the thread's flow."""
         acked, _, _, state, _, _, _, oldest, last = self.engine.flow(self.id)
-        now = time.time()
-        queued = 0.0
-        if oldest is not None:
-            queued = max(0.0, now - oldest)
-        elif state != "live" and last is not None:
-            queued = max(0.0, now - last)
-        source = self.source_lag(acked, now) if self.source_lag is not None else 0.0
-        return max(queued, source)
+        return lag_of(time.time(), oldest, state, last, self.source_lag, acked)
 
     def _set_state(self, state: str) -> None:
         self.state = state
-        if self.metrics is not None:
-            for s in STATES:
-                self.metrics.state.labels(flow=self.name, state=s).set(1 if s == state else 0)
+        show_state(self.metrics, self.name, state)
 
     def take(self, deletes: int, flushes: int, errors: dict[str, int], latency: Any, delivery: Any) -> None:
         """The thread's counters for this flow since the last take, into its series."""

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use crate::delivery;
 use crate::flow::{Batch, Committed, Flow, Gtid, Lines, Offered, Position};
 
 #[pyclass(module = "squeal_native")]
@@ -60,18 +61,16 @@ fn committed(
     rows_to: u64,
     transactions: u32,
 ) -> Committed {
-    Committed {
+    let lines = Arc::new(lines.iter().collect::<Lines>());
+    delivery::committed(
         gtid,
-        commit_ts,
-        read_ts,
-        lines: Arc::new(lines.iter().collect::<Lines>()),
+        (commit_ts, read_ts),
+        lines,
         flush,
         position,
-        partial,
-        rows_from,
-        rows_to,
+        (partial, rows_from, rows_to),
         transactions,
-    }
+    )
 }
 
 #[pymethods]
