@@ -31,6 +31,10 @@ use crate::flow::{Batch, Committed, Flow, Gtid, Offered, Position};
 use crate::link::{Link, Reply};
 
 const WAKER: Token = Token(usize::MAX);
+// Log lines and samples held between two takes by Python (every 0.2 s): a bound on what a failing loop can pile up.
+// Samples past it are lost (they are a sample); log lines past it are counted and reported.
+const LOG_LINES: usize = 10_000;
+const SAMPLES: usize = 10_000;
 
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -137,6 +141,7 @@ struct Inner {
     dests: Vec<Dest>,
     windows: BTreeMap<String, Option<Instant>>, // shard -> may send until (None: shut); absent: no gate
     log: Vec<(u8, String)>, // (level: 30 warning, 40 error, 20 info, logging's), message
+    log_dropped: u64, // lines past LOG_LINES since the last take (counted, said in a line of their own)
     samples: Vec<Sample>,
     until_sample: u64,
     stopping: bool,
@@ -189,6 +194,7 @@ impl Delivery {
                 dests: Vec::new(),
                 windows: BTreeMap::new(),
                 log: Vec::new(),
+                log_dropped: 0,
                 samples: Vec::new(),
                 until_sample,
                 stopping: false,
@@ -290,8 +296,8 @@ impl Delivery {
     }
 
     /// Offer a transaction to flows `ids` (live: the live stream's, else a catch-up reader's). Returns the ids
-    /// of the flows it shed (Python starts their catch-up readers) and of those it completed at once.
-    pub fn offer(&self, ids: &[usize], offer: &Offer, live: bool) -> (Vec<usize>, bool) {
+    /// of the flows it shed (Python starts their catch-up readers).
+    pub fn offer(&self, ids: &[usize], offer: &Offer, live: bool) -> Vec<usize> {
         let mut shed = Vec::new();
         let mut queued = false;
         let mut inner = self.lock();
@@ -321,7 +327,7 @@ impl Delivery {
         if queued {
             self.wake(&mut inner);
         }
-        (shed, queued)
+        shed
     }
 
     /// Run `f` on flow `id` (None if it left).
@@ -417,8 +423,15 @@ impl Delivery {
         (flows, dests)
     }
 
+    /// Log lines since the last call, and a warning of their own for any that did not fit.
     pub fn take_log(&self) -> Vec<(u8, String)> {
-        std::mem::take(&mut self.lock().log)
+        let mut inner = self.lock();
+        let mut lines = std::mem::take(&mut inner.log);
+        let dropped = std::mem::take(&mut inner.log_dropped);
+        if dropped > 0 {
+            lines.push((30, format!("delivery thread: {dropped} more log lines were dropped (over {LOG_LINES} between two looks)")));
+        }
+        lines
     }
 
     pub fn take_samples(&self) -> Vec<Sample> {
@@ -479,8 +492,10 @@ impl Inner {
     }
 
     fn log(&mut self, level: u8, message: String) {
-        if self.log.len() < 10_000 {
+        if self.log.len() < LOG_LINES {
             self.log.push((level, message));
+        } else {
+            self.log_dropped += 1;
         }
     }
 
@@ -616,7 +631,7 @@ impl Inner {
                         break;
                     }
                     // key-less transactions only, nothing ahead: done without a round trip
-                    self.acknowledge(id, &batch, now);
+                    self.acknowledge(id, &batch);
                 }
             }
             if !joined.is_empty() {
@@ -645,8 +660,7 @@ impl Inner {
     }
 
     /// Flow `id`'s `batch` is acknowledged: move its position, observe its latencies, sample it.
-    fn acknowledge(&mut self, id: usize, batch: &Batch, now: Instant) {
-        let _ = now;
+    fn acknowledge(&mut self, id: usize, batch: &Batch) {
         let Some(slot) = self.flows[id].as_mut() else {
             return;
         };
@@ -730,7 +744,7 @@ impl Inner {
             slot.stats.deletes += batch.nkeys as u64;
             slot.stats.flushes += batch.flushes as u64;
         }
-        self.acknowledge(id, &batch, now);
+        self.acknowledge(id, &batch);
         self.sample(&name, &batch);
         Ok(())
     }
@@ -756,7 +770,7 @@ impl Inner {
             let parts: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
             if parts.len() == 3 && parts[0] == b"md" && parts[2] == b"q" {
                 if let Ok(key) = std::str::from_utf8(parts[1]) {
-                    if self.samples.len() < 10_000 {
+                    if self.samples.len() < SAMPLES {
                         self.samples.push((dest.to_string(), key.to_string(), at));
                     }
                 }
@@ -913,5 +927,42 @@ pub fn committed(
         rows_from: piece.1,
         rows_to: piece.2,
         transactions,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> Settings {
+        Settings {
+            batch_size: 8,
+            flush_interval: Duration::from_micros(500),
+            reply_timeout: Duration::from_secs(1),
+            max_in_flight: 2,
+            backoff_initial: Duration::from_millis(10),
+            backoff_max: Duration::from_millis(50),
+            latency_buckets: vec![0.001, 1.0],
+            batch_buckets: vec![1.0, 256.0],
+            sample_every: 0,
+        }
+    }
+
+    #[test]
+    fn log_lines_past_the_bound_are_counted_and_said_not_lost_silently() {
+        let delivery = Delivery::new(settings(), None).unwrap();
+        {
+            let mut inner = delivery.lock();
+            for i in 0..LOG_LINES + 5 {
+                inner.log(30, format!("line {i}"));
+            }
+        }
+        let lines = delivery.take_log();
+        assert_eq!(lines.len(), LOG_LINES + 1);
+        assert_eq!(lines[LOG_LINES - 1].1, format!("line {}", LOG_LINES - 1));
+        let (level, said) = &lines[LOG_LINES];
+        assert_eq!(*level, 30);
+        assert!(said.contains("5 more log lines were dropped"), "{said}");
+        assert!(delivery.take_log().is_empty(), "the count starts again");
     }
 }

@@ -144,7 +144,7 @@ impl NativeDelivery {
             cluster: make(lines(py, cluster_lines)?),
             regional: make(lines(py, regional_lines)?),
         };
-        Ok(self.inner.offer(&ids, &offer, live).0)
+        Ok(self.inner.offer(&ids, &offer, live))
     }
 
     /// (acked, enqueued, backlog, state, queued entries, batches in flight, epoch, oldest queued commit time,
