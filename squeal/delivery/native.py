@@ -32,7 +32,15 @@ from router_config import Address, Region, SquealSettings, TlsSettings
 from squeal.delivery.batcher import SenderHub
 from squeal.delivery.flows import REGIONAL, Committed, Dispatcher, Flow, destinations, lag_of, show_state
 from squeal.delivery.sampler import DeleteSampler, SampledDelete
-from squeal.process.metrics import BATCH_BUCKETS, LATENCY_BUCKETS, CertExpiry, Metrics, WriteMetrics, own_certificates
+from squeal.process.metrics import (
+    BATCH_BUCKETS,
+    LATENCY_BUCKETS,
+    CertExpiry,
+    Metrics,
+    WriteMetrics,
+    add_counts,
+    own_certificates,
+)
 from squeal.read import gtid as g
 from squeal.read.native import native_module
 
@@ -40,17 +48,6 @@ log = logging.getLogger(__name__)
 
 COLLECT_S = 0.2  # how often the thread's counters, log lines and samples are taken (and the gates pushed)
 DRAINED_POLL_S = 0.01
-
-
-def _add_counts(histogram: Any, counts: Sequence[int], total: float) -> None:
-    """Per-bucket counts and their sum into a prometheus_client histogram child (as `observe_times` does)."""
-    if not counts:
-        return
-    histogram._raise_if_not_observable()
-    histogram._sum.inc(total)
-    for bucket, n in zip(histogram._buckets, counts, strict=True):
-        if n:
-            bucket.inc(n)
 
 
 def offered(c: Committed) -> tuple[Any, ...]:
@@ -96,9 +93,7 @@ class NativeFlow:
         self.id: int = self.engine.add_flow(name, routers, kind == REGIONAL, shard, dict(start), max_backlog)
         self.source_lag: Callable[[g.Position, float], float] | None = None
         self.on_shed: Callable[[NativeFlow], None] = lambda flow: None
-        self.on_acked: Callable[[], None] | None = None  # (the Python flow's brake; here `wait_room` blocks natively)
         self._may_send: Callable[[], bool] | None = None
-        self.state = "live"
         if metrics is not None:
             self._latency = metrics.latency.labels(flow=name)
             self._delivery = metrics.delivery_latency.labels(flow=name)
@@ -112,10 +107,6 @@ class NativeFlow:
     @property
     def acked(self) -> g.Position:
         return self.engine.acked(self.id)
-
-    @acked.setter
-    def acked(self, position: g.Position) -> None:
-        raise AttributeError("a native flow's position moves by rewind (replay), not by assignment")
 
     @property
     def enqueued(self) -> g.Position:
@@ -227,8 +218,8 @@ class NativeFlow:
             m.flushes.labels(flow=self.name).inc(flushes)
         for error, n in errors.items():
             m.reply_errors.labels(flow=self.name, error=error).inc(n)
-        _add_counts(self._latency, *latency)
-        _add_counts(self._delivery, *delivery)
+        add_counts(self._latency, *latency)
+        add_counts(self._delivery, *delivery)
 
 
 class NativeDispatcher(Dispatcher):
@@ -265,7 +256,8 @@ class NativeSender:
         self.hub.engine.remove_flow(flow.id)
         self.flows = [f for f in self.flows if f is not flow]
         self.hub.flows.pop(flow.id, None)
-        self.hub.gate(flow.shard, None) if not any(f.shard == flow.shard for f in self.hub.flows.values()) else None
+        if not any(f.shard == flow.shard for f in self.hub.flows.values()):
+            self.hub.gate(flow.shard, None)  # the shard's last flow left: its gate goes with it
 
     def drained(self) -> bool:
         return bool(self.hub.engine.drained(self.name))
@@ -402,7 +394,7 @@ class NativeHub:
                 m = self.metrics
                 if writes:
                     m.writes.labels(flow=name).inc(writes)
-                    _add_counts(m.deletes_per_write.labels(flow=name), *per_write)
+                    add_counts(m.deletes_per_write.labels(flow=name), *per_write)
                 if retries:
                     flows_here = self.senders[name].flows if name in self.senders else []
                     for fm in {id(f.metrics): f.metrics for f in flows_here if f.metrics is not None}.values():

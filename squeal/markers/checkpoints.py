@@ -17,7 +17,7 @@ from typing import Any
 from twisted.internet import defer
 
 from router_config import SquealSettings
-from squeal.delivery.native import AnyFlow as Flow
+from squeal.delivery.native import AnyFlow
 from squeal.markers.datamarkers import DatamarkerStore, MarkerWatch, StoreThread, describe_error
 from squeal.process.metrics import Metrics
 from squeal.read import gtid as g
@@ -36,7 +36,7 @@ class Checkpoints:
         self,
         reactor: Any,
         store: DatamarkerStore,
-        flows: dict[str, Flow],
+        flows: dict[str, AnyFlow],
         xa: PreparedXa,
         metrics: Metrics,
         settings: SquealSettings,
@@ -57,7 +57,7 @@ class Checkpoints:
         self.round: defer.Deferred | None = None  # the round in progress, if any
         self._thread = StoreThread(reactor)
 
-    def watch_flow(self, flow: Flow) -> None:
+    def watch_flow(self, flow: AnyFlow) -> None:
         """A new flow's series: its write errors (at 0 from the start) and its marker's age."""
         self.metrics.marker_write_errors.labels(flow=flow.name)
 
