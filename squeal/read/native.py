@@ -131,6 +131,10 @@ class NativeBinlogReader(_Reconnecting):
     """
 
     batch = 1024  # events per GIL acquisition at most
+    # Seconds a batch keeps gathering when events were already waiting (`NativeStream.next_batch`): a busy
+    # stream's transactions then come in runs of hundreds, each run one pass of the Python read loop and one
+    # hand-off, instead of runs of three. A waiting reader gets a lone transaction at once.
+    linger = 0.001
     whole_up_to = 8192  # (ReadLoop: its stream_lines, so a bigger transaction is handed on in pieces)
 
     def __init__(
@@ -211,7 +215,7 @@ class NativeBinlogReader(_Reconnecting):
         self._rewritten_seen = (0, 0)
         try:
             while not self._stop.is_set():
-                batch = stream.next_batch(self.batch, 0.5)
+                batch = stream.next_batch(self.batch, 0.5, self.linger)
                 if batch is None:
                     break
                 if stream.connected:

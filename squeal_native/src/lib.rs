@@ -26,10 +26,10 @@ mod python_flow;
 #[cfg(feature = "python")]
 mod python {
     use std::collections::{BTreeMap, HashMap};
-    use std::sync::atomic::Ordering;
-    use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc::{sync_channel, Receiver};
     use std::sync::{Arc, Mutex};
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use pyo3::create_exception;
     use pyo3::exceptions::{PyException, PyValueError};
@@ -158,6 +158,7 @@ mod python {
     #[pyclass(module = "squeal_native", frozen)]
     pub struct NativeStream {
         rx: Mutex<Receiver<Out>>,
+        busy: AtomicBool, // the last batch held more than one event: the next one lingers (`next_batch`)
         shared: Arc<Shared>,
         factories: Factories,
         error: Mutex<Option<(i64, String)>>,
@@ -287,6 +288,7 @@ mod python {
                 })?;
             Ok(NativeStream {
                 rx: Mutex::new(rx),
+                busy: AtomicBool::new(false),
                 shared,
                 factories,
                 error: Mutex::new(None),
@@ -295,12 +297,17 @@ mod python {
 
         /// Up to `max_events` events, waiting at most `timeout` seconds for the first (GIL released).
         /// [] when none came in time, None once stopped; raises NativeStreamError when the stream ended.
-        #[pyo3(signature = (max_events=1024, timeout=0.5))]
+        /// `linger`: on a busy stream (the last batch held more than one event), keep gathering for up to this
+        /// many seconds after the first event, so its whole transactions make runs of hundreds, not of the two or
+        /// three decoded since the last call (the consumer is woken per network read otherwise). The first event
+        /// is never held: a lone transaction on a quiet stream is handed on at once.
+        #[pyo3(signature = (max_events=1024, timeout=0.5, linger=0.0))]
         fn next_batch<'py>(
             &self,
             py: Python<'py>,
             max_events: usize,
             timeout: f64,
+            linger: f64,
         ) -> PyResult<Option<Bound<'py, PyList>>> {
             if let Some((code, message)) = self.error.lock().unwrap().take() {
                 return Err(NativeStreamError::new_err((code, message)));
@@ -308,7 +315,7 @@ mod python {
             if self.shared.stop.load(Ordering::SeqCst) {
                 return Ok(None);
             }
-            let outs = py.detach(|| self.wait(max_events, timeout));
+            let outs = py.detach(|| self.wait(max_events, timeout, linger));
             let list = PyList::empty(py);
             let f = &self.factories;
             let mut run = Run::default();
@@ -449,34 +456,17 @@ mod python {
     }
 
     impl NativeStream {
-        fn wait(&self, max_events: usize, timeout: f64) -> Vec<Out> {
+        fn wait(&self, max_events: usize, timeout: f64, linger: f64) -> Vec<Out> {
             let rx = self.rx.lock().unwrap();
-            let mut outs = Vec::new();
-            let deadline = Instant::now() + Duration::from_secs_f64(timeout.max(0.0));
-            loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                match rx.recv_timeout(left.min(Duration::from_millis(100))) {
-                    Ok(out) => {
-                        outs.push(out);
-                        break;
-                    }
-                    Err(RecvTimeoutError::Timeout) => {
-                        if self.shared.stop.load(Ordering::SeqCst) || Instant::now() >= deadline {
-                            return outs;
-                        }
-                    }
-                    Err(RecvTimeoutError::Disconnected) => return outs,
-                }
-            }
-            while outs.len() < max_events.max(1) {
-                if matches!(outs.last(), Some(Out::Error { .. })) {
-                    break;
-                }
-                match rx.try_recv() {
-                    Ok(out) => outs.push(out),
-                    Err(_) => break,
-                }
-            }
+            let busy = self.busy.load(Ordering::Relaxed);
+            let outs = stream::take_batch(
+                &rx,
+                &self.shared.stop,
+                max_events,
+                Duration::from_secs_f64(timeout.max(0.0)),
+                busy.then(|| Duration::from_secs_f64(linger.max(0.0))),
+            );
+            self.busy.store(outs.len() > 1, Ordering::Relaxed);
             outs
         }
     }

@@ -27,9 +27,9 @@
 use std::collections::{HashMap, HashSet};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::SyncSender;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mysql_common::binlog::consts::{BinlogVersion, EventType};
 use mysql_common::binlog::events::{Event, EventData, QueryEvent, RowsEventData, TableMapEvent};
@@ -664,4 +664,149 @@ impl Reader {
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// What the consumer takes from the reader's queue in one call: up to `max_events`, waiting at most `timeout` for
+/// the first (none: the stream is quiet, or `stop` was set), then whatever else is waiting, stopping after an
+/// error. With `linger` (the stream is busy: the caller's last batch held more than one event) it then sleeps
+/// that long and takes what came meanwhile: the reader thread hands on each network read's few transactions as
+/// they are decoded, and a consumer woken for each would make runs of three. It sleeps rather than waits on the
+/// queue, which would wake it for every event sent. The first event is never held back.
+pub fn take_batch(
+    rx: &Receiver<Out>,
+    stop: &AtomicBool,
+    max_events: usize,
+    timeout: Duration,
+    linger: Option<Duration>,
+) -> Vec<Out> {
+    let max_events = max_events.max(1);
+    let mut outs = Vec::new();
+    let deadline = Instant::now() + timeout;
+    while outs.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left.min(Duration::from_millis(100))) {
+            Ok(out) => outs.push(out),
+            Err(RecvTimeoutError::Timeout) => {
+                if stop.load(Ordering::SeqCst) || Instant::now() >= deadline {
+                    return outs;
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => return outs,
+        }
+    }
+    let more = |outs: &Vec<Out>| {
+        outs.len() < max_events && !matches!(outs.last(), Some(Out::Error { .. }))
+    };
+    let drain = |outs: &mut Vec<Out>| {
+        while more(outs) {
+            match rx.try_recv() {
+                Ok(out) => outs.push(out),
+                Err(_) => break,
+            }
+        }
+    };
+    drain(&mut outs);
+    if let Some(linger) = linger {
+        if more(&outs) {
+            std::thread::sleep(linger);
+            drain(&mut outs);
+        }
+    }
+    outs
+}
+
+#[cfg(test)]
+mod batch_tests {
+    use super::*;
+    use std::sync::mpsc::sync_channel;
+
+    fn connected_later(
+        tx: std::sync::mpsc::SyncSender<Out>,
+        after: Duration,
+        n: usize,
+    ) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            std::thread::sleep(after);
+            for _ in 0..n {
+                tx.send(Out::Connected).unwrap();
+            }
+        })
+    }
+
+    #[test]
+    fn a_quiet_stream_hands_on_its_first_event_at_once() {
+        let (tx, rx) = sync_channel(16);
+        tx.send(Out::Connected).unwrap();
+        let later = connected_later(tx, Duration::from_millis(50), 3);
+        let stop = AtomicBool::new(false);
+        let outs = take_batch(&rx, &stop, 1024, Duration::from_secs(5), None);
+        assert_eq!(
+            outs.len(),
+            1,
+            "a consumer not lingering took what came after the first event"
+        );
+        later.join().unwrap();
+        assert_eq!(
+            take_batch(&rx, &stop, 1024, Duration::from_secs(5), None).len(),
+            3
+        );
+    }
+
+    #[test]
+    fn a_busy_stream_gathers_what_comes_while_it_lingers() {
+        let (tx, rx) = sync_channel(16);
+        tx.send(Out::Connected).unwrap();
+        let later = connected_later(tx, Duration::from_millis(5), 5);
+        let stop = AtomicBool::new(false);
+        let outs = take_batch(
+            &rx,
+            &stop,
+            1024,
+            Duration::from_secs(5),
+            Some(Duration::from_millis(500)),
+        );
+        later.join().unwrap();
+        assert_eq!(
+            outs.len(),
+            6,
+            "the lingering batch missed events sent while it lingered"
+        );
+    }
+
+    #[test]
+    fn lingering_stops_at_max_events_and_at_an_error() {
+        let (tx, rx) = sync_channel(16);
+        for _ in 0..4 {
+            tx.send(Out::Connected).unwrap();
+        }
+        let stop = AtomicBool::new(false);
+        let long = Some(Duration::from_secs(30)); // (reached only if either bound were ignored)
+        assert_eq!(
+            take_batch(&rx, &stop, 3, Duration::from_secs(5), long).len(),
+            3
+        );
+        tx.send(Out::Error {
+            code: 1,
+            message: "gone".into(),
+        })
+        .unwrap();
+        tx.send(Out::Connected).unwrap();
+        let outs = take_batch(&rx, &stop, 1024, Duration::from_secs(5), long);
+        assert_eq!(outs.len(), 2, "an error ends the batch");
+        assert!(matches!(outs.last(), Some(Out::Error { .. })));
+    }
+
+    #[test]
+    fn an_empty_queue_returns_nothing_after_the_timeout() {
+        let (_tx, rx) = sync_channel::<Out>(16);
+        let stop = AtomicBool::new(false);
+        assert!(take_batch(
+            &rx,
+            &stop,
+            1024,
+            Duration::from_millis(20),
+            Some(Duration::from_millis(1))
+        )
+        .is_empty());
+    }
 }
