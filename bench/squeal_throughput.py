@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/squeal_throughput.py [--rows 50000] [--repeat 3] [--readers native,python,native/python]
                                                 [--dead-seconds 60] [--no-memory] [--tls] [--no-decoders] [--via-router]
-                                                [--rows-per-txn 10]
+                                                [--rows-per-txn 10] [--max-backlog N]
 
 Transaction shape: every transaction this bench writes is `--rows-per-txn` single-row statements (default 10,
 the shape of the figures in docs/benchmarks.md; `--rows-per-txn 1` writes single-row autocommit transactions,
@@ -21,7 +21,11 @@ the common OLTP shape), and every squeal replay checks that squeal counted exact
    time runs from `/healthz` answering (the live reader starts with it; rows it had already read are
    subtracted) to both clusters having acknowledged the last GTID. Also reported: the CPU ratio, bare
    decode's CPU time / the squeal process's CPU time (all threads) over the same window, squeal's CPU per
-   1,000 row changes, and its RSS at the end of the run (at full speed).
+   1,000 row changes, and its RSS at the end of the run (at full speed). A replay reads faster than the slower
+   of two routers can take deletes, so that router's flow may reach `max_backlog` and be shed to a catch-up
+   reader, which reads its share of the binlog a second time (`sheds` in each line; Wormhole's rule: a slow
+   destination never holds the others back). `--max-backlog` above the replay's keys measures the data plane
+   alone: each row read once.
 2. Batching: deletes per write (squeal_deletes_sent_total / squeal_delete_writes_total) for the same
    replay with the topology's batch_size (256) and with batch_size = 1 (no batching).
    With `--tls` the server has a certificate (ops.tls) and every round also runs each reader with the
@@ -290,11 +294,20 @@ def squeal_replay(
     reader: str = "python",
     timeout: float = 900,
     tls_dir: Path | None = None,
+    max_backlog: int | None = None,
 ) -> dict:
-    """`tls_dir`: the topology gets `[tls] dir = tls_dir` (squeal dials MariaDB with TLS)."""
+    """`tls_dir`: the topology gets `[tls] dir = tls_dir` (squeal dials MariaDB with TLS); `max_backlog`: the
+    topology's `[squeal] max_backlog` (None: the default)."""
     work = Path(tempfile.mkdtemp(dir=base))
     topo = work / "topology.toml"
-    text = topology_text(db, schema, [m.port for m in caches], regional=False, batch_size=batch_size)
+    text = topology_text(
+        db,
+        schema,
+        [m.port for m in caches],
+        regional=False,
+        batch_size=batch_size,
+        **({"max_backlog": max_backlog} if max_backlog is not None else {}),
+    )
     if tls_dir is not None:
         text = f'[tls]\ndir = "{tls_dir}"\nrequire = true\n' + text
     reader, _, delivery = reader.partition("/")  # "native/python": the native reader, the Python senders
@@ -520,6 +533,13 @@ def main() -> int:
         help="[squeal] batch_size of each squeal run, a list: the first is the recorded figure, the others run "
         "after it in the same round (same binlog) and are reported by their CPU per 1,000 rows",
     )
+    ap.add_argument(
+        "--max-backlog",
+        type=int,
+        default=None,
+        help="[squeal] max_backlog of every squeal run (default: the topology's default, 100,000 keys); above the "
+        "replay's keys no flow is shed, so each row is read once",
+    )
     args = ap.parse_args()
     per_txn = args.rows_per_txn
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -585,7 +605,9 @@ def main() -> int:
                 print(f"  C decoder (mariadb-binlog -R -v): {c_s:.2f}s = {c_rate:,.0f} rows/s; CPU {c_cpu:.2f}s")
             result = {"bare": bare, "bare_cpu": bare_cpu, "c": c_rate}
             for reader in readers:
-                r = squeal_replay(base, db, schema, dests, start, end, batch_sizes[0], reader=reader)
+                r = squeal_replay(
+                    base, db, schema, dests, start, end, batch_sizes[0], reader=reader, max_backlog=args.max_backlog
+                )
                 if r["rows"] != bare_rows:
                     raise RuntimeError(f"squeal ({reader}) read {r['rows']:.0f} rows, bare decode {bare_rows}")
                 check_transactions(r["transactions"], txns, f"squeal ({reader})")
@@ -595,7 +617,18 @@ def main() -> int:
                 r["cpu_ratio"] = (bare_cpu / bare_rows) / (r["cpu"] / max(r["window_rows"], 1))
                 result[reader] = r
                 if tls_dir is not None:
-                    t = squeal_replay(base, db, schema, tls_dests, start, end, 256, reader=reader, tls_dir=tls_dir)
+                    t = squeal_replay(
+                        base,
+                        db,
+                        schema,
+                        tls_dests,
+                        start,
+                        end,
+                        256,
+                        reader=reader,
+                        tls_dir=tls_dir,
+                        max_backlog=args.max_backlog,
+                    )
                     if t["rows"] != bare_rows:
                         raise RuntimeError(f"squeal ({reader}, TLS) read {t['rows']:.0f} rows, bare decode {bare_rows}")
                     check_transactions(t["transactions"], txns, f"squeal ({reader}, TLS)")
@@ -615,7 +648,9 @@ def main() -> int:
                     f"(ms per 1,000 rows): {by_thread(r)}"
                 )
                 for size in batch_sizes[1:]:  # the same reader with another [squeal] batch_size, same round
-                    b = squeal_replay(base, db, schema, dests, start, end, size, reader=reader)
+                    b = squeal_replay(
+                        base, db, schema, dests, start, end, size, reader=reader, max_backlog=args.max_backlog
+                    )
                     check_transactions(b["transactions"], txns, f"squeal ({reader}, batch_size {size})")
                     result[f"{reader}@{size}"] = b
                     print(
