@@ -22,6 +22,7 @@ nothing when it resumes, before anything in Python has run.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -314,6 +315,10 @@ class NativeHub:
         self.senders: dict[str, NativeSender] = {}
         self.flows: dict[int, NativeFlow] = {}
         self._gates: dict[str, Callable[[], bool] | None] = {}
+        # One push at a time, each reading the gates and setting the windows under it: the reactor's periodic
+        # push and a lease thread's push on a pause may race, and a push that read "may send" before the pause
+        # must not set its window after the pause's push (it would reopen the window for the rest of the lease).
+        self._pushing = threading.Lock()
         if tls is not None:
             metrics.registry.register(CertExpiry(own_certificates(tls, "squeal")))
         self._collector = task.LoopingCall(self.collect)
@@ -369,17 +374,18 @@ class NativeHub:
         """Each gated shard's window: shut unless `may_send()`; else what is left of the lease when the gate tells
         it (`SendGate.left`), or two collect periods. Pushed every collect and at once when the lease pauses or
         resumes (`PoolWorker._paused`), so the thread stops sending when the Python senders would."""
-        for shard, may_send in list(self._gates.items()):  # (also called from the lease's threads)
-            if may_send is None:
-                self.engine.set_window(shard, None)
-                continue
-            left = getattr(may_send, "left", None)
-            if not may_send():
-                self.engine.set_window(shard, 0.0)
-            elif left is not None:
-                self.engine.set_window(shard, float(left()))
-            else:
-                self.engine.set_window(shard, 2 * COLLECT_S)
+        with self._pushing:  # (also called from the lease's threads)
+            for shard, may_send in list(self._gates.items()):
+                if may_send is None:
+                    self.engine.set_window(shard, None)
+                    continue
+                left = getattr(may_send, "left", None)
+                if not may_send():
+                    self.engine.set_window(shard, 0.0)
+                elif left is not None:
+                    self.engine.set_window(shard, float(left()))
+                else:
+                    self.engine.set_window(shard, 2 * COLLECT_S)
 
     def collect(self) -> None:
         """Take the thread's counters, log lines and samples (every `COLLECT_S`, and before a stop)."""

@@ -321,3 +321,61 @@ def test_the_bound_sheds_and_the_catch_up_brake_waits_for_room(recorders: list[R
         assert engine.wait_room(flow, 10, WAIT_S) is True
     finally:
         engine.stop()
+
+
+def test_a_stale_push_of_the_gates_never_reopens_a_window_the_lease_just_shut() -> None:
+    """The reactor pushes every gate each collect, the lease's threads push at once when it pauses: a push that
+    read "may send" before the pause must not land after the pause's push and reopen the window for the rest of
+    the lease (the quorum-loss pool test once saw 7 keys deleted that way, while /healthz said paused)."""
+    from twisted.internet.task import Clock
+
+    from router_config import SquealSettings
+    from squeal.delivery.native import NativeHub
+    from squeal.delivery.sampler import DeleteSampler
+    from squeal.process.metrics import WriteMetrics
+
+    hub = NativeHub(Clock(), SquealSettings(), WriteMetrics(), DeleteSampler(), reply_timeout=1.0)
+    real = hub.engine
+    windows: list[float | None] = []
+
+    class Recording:  # the real thread, its windows recorded in the order they were set
+        def set_window(self, shard: str, seconds: float | None) -> None:
+            windows.append(seconds)
+            real.set_window(shard, seconds)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+    class Gate:  # SendGate's shape; the reactor's read of it stalls until the lease has paused
+        def __init__(self) -> None:
+            self.paused = False
+            self.reading, self.go_on = threading.Event(), threading.Event()
+
+        def __call__(self) -> bool:
+            if threading.current_thread().name == "reactor":
+                self.reading.set()
+                self.go_on.wait(5)
+                return True  # (what it read before the pause)
+            return not self.paused
+
+        def left(self) -> float:
+            return 30.0 if not self.paused or threading.current_thread().name == "reactor" else 0.0
+
+    gate = Gate()
+    hub._gates["s"] = gate
+    hub.engine = Recording()
+    try:
+        reactor_push = threading.Thread(target=hub.push_gates, name="reactor")
+        reactor_push.start()
+        assert gate.reading.wait(5)
+        gate.paused = True  # the lease pauses and pushes at once (PoolWorker._paused)
+        lease_push = threading.Thread(target=hub.push_gates, name="lease")
+        lease_push.start()
+        lease_push.join(0.5)  # (it finishes now, or waits for the reactor's push: either order is allowed)
+        gate.go_on.set()
+        reactor_push.join(5)
+        lease_push.join(5)
+        assert windows[-1] == 0.0, f"the window was reopened after the pause: {windows}"
+    finally:
+        hub.engine = real
+        hub.stop()
