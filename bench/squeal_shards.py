@@ -2,10 +2,12 @@
 
     .venv/bin/python bench/squeal_shards.py [--shards 1,2,4,8] [--rows 200000] [--rate 400] [--seconds 20]
         [--flush-ms 0.5[,2,5]] [--only replay|live|idle|lone] [--idle-seconds 30] [--lone-rate 50]
+        [--delivery native[,python]]
 
 1. Cost per row: `--rows` row changes (transactions of 10 single-row INSERTs, then 10 UPDATEs) spread evenly
    over N shards (one MariaDB primary each, its own GTID domain) are read by one `squeal run` process from
-   datamarkers set just before the load, through every shard's pipeline to two memcached "clusters". Reported:
+   datamarkers set just before the load, through every shard's pipeline to two memcached "clusters" (with
+   `--delivery native,python`, one process per delivery in turn over the same binlogs). Reported:
    rows per CPU-second of the squeal process (all threads) from /healthz answering to every flow having
    acknowledged the last GTID of its shard, as a ratio to the 1-shard figure of the same run (target >= 0.8:
    sharding must not cost per row), the wall-clock rows/s over the same window and its ratio to 1 shard (issue
@@ -69,7 +71,7 @@ def health(port: int) -> dict:
     return probe_health(f"127.0.0.1:{port}", timeout=5)[1]
 
 
-DELIVERY = {"setting": "python"}  # [squeal] delivery of every round (--delivery)
+DELIVERY = {"setting": "native"}  # [squeal] delivery of the round being run (--delivery)
 
 
 def topology(dbs: list[MariaDB], schema: str, caches: list[Memcached], flush_ms: float = 0.5) -> str:
@@ -157,7 +159,10 @@ def cpu_seconds(procs: list[psutil.Process]) -> float:
     return sum(sum(p.cpu_times()[:2]) for p in procs)
 
 
-def replay_round(base: Path, dbs: list[MariaDB], caches: list[Memcached], rows: int) -> dict:
+def replay_rounds(
+    base: Path, dbs: list[MariaDB], caches: list[Memcached], rows: int, deliveries: list[str]
+) -> list[dict]:
+    """`rows` written over the shards once, then replayed by one process per delivery in turn (the same binlogs)."""
     n = len(dbs)
     schema = f"bench_{n}_{int(time.time()) % 100000}"
     for db in dbs:
@@ -170,7 +175,26 @@ def replay_round(base: Path, dbs: list[MariaDB], caches: list[Memcached], rows: 
     for t in threads:
         t.join()
     after = {f"s{i}": seq(db.gtid_binlog_pos(), DOMAIN + i) for i, db in enumerate(dbs)}
-    work = base / f"replay-{n}"
+    out = []
+    for d in deliveries:
+        DELIVERY["setting"] = d
+        r = replay_round(base / f"replay-{n}-{d}", dbs, caches, schema, before, after, len(txns))
+        out.append({**r, "delivery": d})
+    DELIVERY["setting"] = deliveries[0]
+    return out
+
+
+def replay_round(
+    work: Path,
+    dbs: list[MariaDB],
+    caches: list[Memcached],
+    schema: str,
+    before: list[str],
+    after: dict[str, int],
+    txns: int,
+) -> dict:
+    """One `squeal run` from `before` until every flow acknowledged `after`."""
+    n = len(dbs)
     work.mkdir()
     (work / "topology.toml").write_text(topology(dbs, schema, caches))
     write_markers(work / "state", n, before, len(caches))
@@ -198,7 +222,7 @@ def replay_round(base: Path, dbs: list[MariaDB], caches: list[Memcached], rows: 
         rss = proc.memory_info().rss / 2**20
     finally:
         daemon.stop(grace=10)
-    check_transactions(counted, len(txns), f"replay over {n} shards (10-row transactions)")
+    check_transactions(counted, txns, f"replay over {n} shards (10-row transactions)")
     return {
         "shards": n,
         "rows": rows_read,
@@ -396,10 +420,17 @@ def main() -> int:
     p.add_argument("--lone-rate", type=float, default=50, help="`lone`: single-row transactions a second")
     p.add_argument("--flush-ms", default="0.5", help="[squeal] flush_interval_ms of the live rounds, a list")
     p.add_argument(
-        "--delivery", choices=("native", "python"), default="python", help="[squeal] delivery (default %(default)s)"
+        "--delivery",
+        default="native",
+        help="[squeal] delivery, a list: the replay rounds run each one in turn, on the same binlogs, and compare "
+        "them with the first (the other parts run the first only); default %(default)s",
     )
     args = p.parse_args()
-    DELIVERY["setting"] = args.delivery
+    deliveries = args.delivery.split(",")
+    for d in deliveries:
+        if d not in ("native", "python"):
+            p.error(f"--delivery: {d!r} is not native or python")
+    DELIVERY["setting"] = deliveries[0]
     counts = [int(c) for c in args.shards.split(",")]
     base = Path(tempfile.mkdtemp(prefix="squeal-shards-"))
     dbs = [MariaDB(500 + i, workdir=base / f"db{i}", gtid_domain_id=DOMAIN + i) for i in range(max(counts))]
@@ -409,7 +440,7 @@ def main() -> int:
             proc.start()
         print(
             f"# squeal over 1..{max(counts)} shards, {args.rows} rows per replay round, {os.cpu_count()} cores, "
-            f"delivery {args.delivery}, load {os.getloadavg()[0]:.2f}",
+            f"deliveries {args.delivery}, load {os.getloadavg()[0]:.2f}",
             flush=True,
         )
         if args.only == "lone":
@@ -442,25 +473,33 @@ def main() -> int:
                     + f" | {r['ms_per_scrape']:.2f} | {r['rss_mb']:.0f} |"
                 )
             return 0
-        replays = [replay_round(base, dbs[:n], caches, args.rows) for n in counts] if args.only != "live" else []
+        replays = []
+        if args.only != "live":
+            for n in counts:
+                replays += replay_rounds(base, dbs[:n], caches, args.rows, deliveries)
         if replays:
-            one = replays[0]["rows_per_cpu_s"]
-            wall_one = replays[0]["rows"] / replays[0]["wall_s"]
             print(
-                "\n| shards | rows | squeal CPU s | rows / CPU-s | vs 1 shard | rows/s (wall) | vs 1 shard (wall) "
-                "| RSS MB | RSS MB per shard | cores: squeal / servers / whole box |"
+                "\n| delivery | shards | rows | squeal CPU s | rows / CPU-s | vs 1 shard | vs "
+                f"{deliveries[0]} | rows/s (wall) | vs 1 shard (wall) | RSS MB | RSS MB per shard "
+                "| cores: squeal / servers / whole box |"
             )
-            print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
         for r in replays:
-            wall = r["rows"] / r["wall_s"]
+            one = next(o for o in replays if o["delivery"] == r["delivery"])  # its first shard count
+            first = next(o for o in replays if o["shards"] == r["shards"])  # the first delivery's
+            wall, wall_one = r["rows"] / r["wall_s"], one["rows"] / one["wall_s"]
             print(
-                f"| {r['shards']} | {r['rows']:.0f} | {r['cpu_s']:.2f} | {r['rows_per_cpu_s']:,.0f} | "
-                f"{r['rows_per_cpu_s'] / one:.2f}x | {wall:,.0f} | {wall / wall_one:.2f}x | {r['rss_mb']:.0f} | "
-                f"{r['rss_mb'] / r['shards']:.0f} | {r['squeal_cores']:.2f} / {r['servers_cores']:.2f} / "
-                f"{r['box_cores']:.2f} |"
+                f"| {r['delivery']} | {r['shards']} | {r['rows']:.0f} | {r['cpu_s']:.2f} | "
+                f"{r['rows_per_cpu_s']:,.0f} | {r['rows_per_cpu_s'] / one['rows_per_cpu_s']:.2f}x | "
+                f"{r['rows_per_cpu_s'] / first['rows_per_cpu_s']:.2f}x | {wall:,.0f} | {wall / wall_one:.2f}x | "
+                f"{r['rss_mb']:.0f} | {r['rss_mb'] / r['shards']:.0f} | {r['squeal_cores']:.2f} / "
+                f"{r['servers_cores']:.2f} / {r['box_cores']:.2f} |"
             )
         for r in replays:
-            print(f"{r['shards']} shard(s), by thread: {by_thread(r['threads'], r['rows'] / 1000, '1,000 rows')}")
+            print(
+                f"{r['delivery']}, {r['shards']} shard(s), by thread: "
+                f"{by_thread(r['threads'], r['rows'] / 1000, '1,000 rows')}"
+            )
         if args.only == "replay":
             return 0
         flushes = [float(f) for f in args.flush_ms.split(",")]
