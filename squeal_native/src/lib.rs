@@ -297,10 +297,10 @@ mod python {
 
         /// Up to `max_events` events, waiting at most `timeout` seconds for the first (GIL released).
         /// [] when none came in time, None once stopped; raises NativeStreamError when the stream ended.
-        /// `linger`: on a busy stream (the last batch held more than one event), keep gathering for up to this
-        /// many seconds after the first event, so its whole transactions make runs of hundreds, not of the two or
-        /// three decoded since the last call (the consumer is woken per network read otherwise). The first event
-        /// is never held: a lone transaction on a quiet stream is handed on at once.
+        /// `linger`: on a busy stream (the last batch held more than one event), sleep this many seconds after
+        /// the first event and take what came meanwhile, so its whole transactions make runs of dozens, not of the
+        /// two or three decoded since the last call (the consumer is woken per network read otherwise). The first
+        /// event is never held: a lone transaction on a quiet stream is handed on at once (`stream::take_batch`).
         #[pyo3(signature = (max_events=1024, timeout=0.5, linger=0.0))]
         fn next_batch<'py>(
             &self,
