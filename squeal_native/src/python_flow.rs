@@ -82,11 +82,13 @@ impl NativeFlow {
         }
     }
 
-    /// "ignored", "done", "queued" or "shed".
+    /// Offer a transaction from the live stream (`live`) or a catch-up reader, as `NativeDelivery.offer` takes
+    /// it: "ignored", "done", "queued" or "shed".
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (gtid, commit_ts, read_ts, lines, flush=false, position=None, partial=false, rows_from=0, rows_to=0, transactions=1))]
-    fn offer_live(
+    #[pyo3(signature = (live, gtid, commit_ts, read_ts, lines, flush=false, position=None, partial=false, rows_from=0, rows_to=0, transactions=1))]
+    fn offer(
         &mut self,
+        live: bool,
         gtid: Gtid,
         commit_ts: f64,
         read_ts: f64,
@@ -110,37 +112,11 @@ impl NativeFlow {
             rows_to,
             transactions,
         );
-        offered(self.inner.offer_live(&c))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (gtid, commit_ts, read_ts, lines, flush=false, position=None, partial=false, rows_from=0, rows_to=0, transactions=1))]
-    fn offer_catchup(
-        &mut self,
-        gtid: Gtid,
-        commit_ts: f64,
-        read_ts: f64,
-        lines: Vec<Vec<u8>>,
-        flush: bool,
-        position: Option<Position>,
-        partial: bool,
-        rows_from: u64,
-        rows_to: u64,
-        transactions: u32,
-    ) -> &'static str {
-        let c = committed(
-            gtid,
-            commit_ts,
-            read_ts,
-            lines,
-            flush,
-            position,
-            partial,
-            rows_from,
-            rows_to,
-            transactions,
-        );
-        offered(self.inner.offer_catchup(&c))
+        offered(if live {
+            self.inner.offer_live(&c)
+        } else {
+            self.inner.offer_catchup(&c)
+        })
     }
 
     fn take_batch(&mut self, batch_size: usize, max_in_flight: usize) -> Option<NativeBatch> {

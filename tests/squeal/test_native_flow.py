@@ -99,7 +99,7 @@ def offer(flow: Flow | Any, c: Committed, catchup: bool) -> Any:
         rows_to=c.rows_to,
         transactions=c.transactions,
     )
-    return flow.offer_catchup(*args, **kwargs) if catchup else flow.offer_live(*args, **kwargs)
+    return flow.offer(not catchup, *args, **kwargs)
 
 
 def run_sequence(seed: int, steps: int = 300) -> None:
@@ -186,7 +186,7 @@ def test_the_differential_sees_a_difference() -> None:
     for seq in (1, 2):
         lines = (f"md a{seq} q\r\n".encode(), f"md b{seq} q\r\n".encode())
         py.offer_live(Committed((0, 1, seq), 1.0, 1.0, lines, ()))
-        native.offer_live((0, 1, seq), 1.0, 1.0, list(lines))
+        native.offer(True, (0, 1, seq), 1.0, 1.0, list(lines))
     p, n = state_of(py, native)
     assert py.state == "shed" and native.state == "live"
     with pytest.raises(AssertionError):
